@@ -1,0 +1,284 @@
+//! plan, render, submit, status, cancel: the commands that take a manifest.
+
+use super::SubmitArgs;
+use crate::executor::{self, local, slurm, Decision, State, Status, SubmitOptions, Unit, UnitKind};
+use crate::manifest::{ExecutorKind, Manifest};
+use crate::plan::{render, Plan};
+use anyhow::Result;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
+use serde_json::json;
+use std::path::Path;
+use std::process::ExitCode;
+
+pub fn load_plan(root: &Path, manifest: &Path) -> Result<Plan> {
+    let m = Manifest::load(manifest, root)?;
+    Ok(Plan::new(m)?)
+}
+
+fn table(header: Vec<String>) -> Table {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED).set_header(header);
+    t
+}
+
+fn cell(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
+    let plan = load_plan(root, manifest)?;
+    if json {
+        let runs: Vec<_> = plan
+            .runs
+            .iter()
+            .map(|r| json!({ "id": r.id, "name": r.name, "params": r.params }))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&runs)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let m = &plan.manifest;
+    let keys: Vec<String> = m
+        .axis_keys()
+        .map(str::to_string)
+        .chain(m.derived.iter().map(|d| d.key.clone()))
+        .collect();
+    let mut t = table(
+        ["id", "name"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(keys.iter().cloned())
+            .collect(),
+    );
+    for r in &plan.runs {
+        let mut row = vec![r.id.clone(), r.name.clone()];
+        row.extend(
+            keys.iter()
+                .map(|k| r.params.get(k).map(cell).unwrap_or_default()),
+        );
+        t.add_row(row);
+    }
+    println!("{}: {}", m.name, m.description.trim());
+    println!("{t}");
+    for s in &plan.stages {
+        let users = plan
+            .runs
+            .iter()
+            .filter(|r| r.stage.is_some_and(|i| plan.stages[i].id == s.id))
+            .count();
+        println!(
+            "stage {} ({}): {} -> {} [{} runs depend on it]",
+            s.name,
+            s.format.as_str(),
+            s.dataset.display(),
+            s.output.display(),
+            users
+        );
+    }
+    let tot = plan.totals();
+    println!(
+        "{} runs, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
+        tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn render(root: &Path, manifest: &Path) -> Result<ExitCode> {
+    let plan = load_plan(root, manifest)?;
+    let rendered = render::render(&plan)?;
+    let s = render::write(&rendered)?;
+    println!(
+        "{} runs and {} stages under {} ({} files written, {} unchanged)",
+        plan.runs.len(),
+        plan.stages.len(),
+        plan.study_dir.display(),
+        s.files_written,
+        s.files_unchanged
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Plans, renders and collects the current state of every unit.
+pub fn prepare(root: &Path, manifest: &Path) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
+    let plan = load_plan(root, manifest)?;
+    let rendered = render::render(&plan)?;
+    render::write(&rendered)?;
+    let units = executor::units(&plan, &rendered);
+    let status = executor::statuses(&units)?;
+    Ok((plan, units, status))
+}
+
+pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
+    let (plan, mut units, status) = prepare(root, &args.manifest)?;
+    let kind = args
+        .executor
+        .or(plan.manifest.executor)
+        .unwrap_or(ExecutorKind::Slurm);
+    let opts = SubmitOptions {
+        retry_failed: args.retry_failed,
+        dry_run: args.dry_run,
+    };
+    let decisions = executor::decide(&units, &status, opts, stage_ready);
+    report_decisions(&units, &decisions);
+    let todo = decisions.iter().filter(|d| **d == Decision::Submit).count();
+    if todo == 0 {
+        println!("nothing to submit");
+        return Ok(ExitCode::SUCCESS);
+    }
+    match kind {
+        ExecutorKind::Slurm => {
+            let subs = slurm::submit(&plan.study_dir, &mut units, &decisions, args.dry_run)?;
+            for s in subs {
+                let what = if s.array {
+                    format!("array of {} runs", s.units.len())
+                } else {
+                    s.units[0].clone()
+                };
+                let after = if s.depends_on.is_empty() {
+                    String::new()
+                } else {
+                    format!(" after job {}", s.depends_on.join(","))
+                };
+                if args.dry_run {
+                    println!("would submit {what}{after}: {}", s.script.display());
+                } else {
+                    println!("submitted job {}: {what}{after}", s.job_id);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ExecutorKind::Local => {
+            if args.dry_run {
+                for (u, d) in units.iter().zip(&decisions) {
+                    if *d == Decision::Submit {
+                        println!("would run {}: {}", u.name, u.command);
+                    }
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let local_opts = local::LocalOptions {
+                parallel: args.parallel.unwrap_or(plan.manifest.local.parallel).max(1),
+                threads: plan.manifest.local.threads,
+            };
+            let (outcomes, interrupted) =
+                local::run(&mut units, &decisions, local_opts, |o, started| {
+                    if started {
+                        eprintln!("started   {}", o.name);
+                    } else {
+                        eprintln!(
+                            "{:<9} {} ({:.1} s)",
+                            o.status.state.as_str(),
+                            o.name,
+                            o.seconds
+                        );
+                    }
+                })?;
+            let failed = outcomes
+                .iter()
+                .filter(|o| o.status.state != State::Completed)
+                .count();
+            println!(
+                "{} jobs finished, {} failed or cancelled; logs in each run directory's {}",
+                outcomes.len(),
+                failed,
+                local::LOG_FILE
+            );
+            Ok(if interrupted {
+                ExitCode::from(130)
+            } else if failed > 0 {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+    }
+}
+
+/// Whether a stage's output exists (and, once the data module checks it, is valid).
+fn stage_ready(u: &Unit) -> bool {
+    crate::executor::stage_output_ready(u)
+}
+
+fn report_decisions(units: &[Unit], decisions: &[Decision]) {
+    for (u, d) in units.iter().zip(decisions) {
+        match d {
+            Decision::Skip(s) if *s != State::Unsubmitted => println!("skip {} ({s})", u.name),
+            Decision::SkipFailed(s) => {
+                println!("skip {} ({s}; --retry-failed resubmits it)", u.name)
+            }
+            Decision::Blocked => println!(
+                "skip {} (its stage failed; --retry-failed resubmits both)",
+                u.name
+            ),
+            Decision::Cached => println!("skip {} (output already present)", u.name),
+            _ => {}
+        }
+    }
+}
+
+pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
+    let (_plan, units, status) = prepare(root, manifest)?;
+    if json {
+        let rows: Vec<_> = units
+            .iter()
+            .zip(&status)
+            .map(|(u, s)| {
+                json!({
+                    "name": u.name, "id": u.id, "kind": u.kind, "state": s.state,
+                    "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
+                    "job_id": s.job_id, "dir": u.dir,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = table(vec![
+        "name".into(),
+        "kind".into(),
+        "state".into(),
+        "job".into(),
+    ]);
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (u, s) in units.iter().zip(&status) {
+        let kind = if u.kind == UnitKind::Stage {
+            "stage"
+        } else {
+            "run"
+        };
+        t.add_row(vec![
+            u.name.clone(),
+            kind.into(),
+            s.describe(),
+            s.job_id.clone().unwrap_or_default(),
+        ]);
+        *counts.entry(s.state.as_str()).or_default() += 1;
+    }
+    println!("{t}");
+    println!(
+        "{}",
+        counts
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn cancel(root: &Path, manifest: &Path) -> Result<ExitCode> {
+    let (_plan, units, status) = prepare(root, manifest)?;
+    let cancelled = executor::cancel(&units, &status)?;
+    if cancelled.is_empty() {
+        println!("nothing pending or running");
+    } else {
+        println!(
+            "cancelled {} jobs: {}",
+            cancelled.len(),
+            cancelled.join(", ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

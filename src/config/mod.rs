@@ -1,0 +1,294 @@
+//! What one run executes: the schema shared by a manifest's `[defaults]`, the
+//! `config.toml` written into every run directory, and `sweep train`.
+//!
+//! Every field has a default except `dataset`, so a manifest only states what
+//! it changes. Unknown keys are rejected everywhere.
+
+pub mod model;
+
+use anyhow::{bail, Context, Result};
+pub use model::{ModelConfig, ModelOverrides, PRESETS};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Where the bundled default tokenizer lives, relative to the project root.
+pub const DEFAULT_TOKENIZER: &str = "assets/tokenizers/mistral-7b/tokenizer.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DatasetType {
+    /// One document per sample, truncated or right-padded to seq+1 tokens.
+    #[default]
+    Padded,
+    /// Documents concatenated into one token stream cut into windows.
+    PaddingFree,
+}
+
+impl DatasetType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DatasetType::Padded => "padded",
+            DatasetType::PaddingFree => "padding-free",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LrSchedule {
+    /// Linear warmup, then constant (the reference study).
+    #[default]
+    Constant,
+    /// Linear warmup, then cosine decay to `min_lr_ratio · learning_rate`.
+    Cosine,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKind {
+    /// Differentiable attention built from matmuls and a fused softmax; runs everywhere.
+    #[default]
+    Eager,
+    /// candle-flash-attn forward with a recompute backward (CUDA builds with `flash-attn`).
+    Flash,
+}
+
+/// Thresholds of the stability monitor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MonitorConfig {
+    /// A loss above this multiple of the rolling mean is a spike.
+    pub spike_factor: f64,
+    /// A gradient norm above this multiple of `grad_clip` is an explosion.
+    pub explosion_factor: f64,
+    /// Steps in the rolling window.
+    pub window: usize,
+    /// No relative improvement above `plateau_tolerance` over this many steps is a plateau (0 = off).
+    pub plateau_steps: usize,
+    pub plateau_tolerance: f64,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            spike_factor: 1.5,
+            explosion_factor: 3.0,
+            window: 20,
+            plateau_steps: 200,
+            plateau_tolerance: 0.01,
+        }
+    }
+}
+
+/// The built-in trainer's configuration: `[defaults]` in a manifest, one
+/// `config.toml` per run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    // --- data
+    /// Parquet file with a text column (the source documents).
+    pub dataset: PathBuf,
+    pub text_column: String,
+    /// A Hugging Face `tokenizer.json`.
+    pub tokenizer: PathBuf,
+    /// Special-token overrides; by default they are read from the tokenizer.
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub pad_token: Option<String>,
+    pub dataset_type: DatasetType,
+    pub pretokenized: bool,
+    /// The pretokenized file to read when `pretokenized = true`. The planner
+    /// fills it with its pretokenize stage's output unless the manifest sets it.
+    pub pretokenized_path: Option<PathBuf>,
+    pub sequence_length: usize,
+    /// Documents held out for validation, taken from the end of the dataset.
+    pub validation_documents: usize,
+    /// Batches prepared ahead of the train step by the background loader.
+    pub prefetch: usize,
+
+    // --- model
+    /// A preset name (`tiny`, `small`, `ref-1b`, `ref-8b`) ...
+    pub model: String,
+    /// ... with per-field overrides.
+    pub architecture: ModelOverrides,
+    pub precision: Precision,
+    pub attention: AttentionKind,
+    pub device: DeviceKind,
+
+    // --- optimisation
+    pub batch_size: usize,
+    pub gradient_accumulation: usize,
+    pub training_steps: usize,
+    pub learning_rate: f64,
+    pub warmup_steps: usize,
+    pub lr_schedule: LrSchedule,
+    pub min_lr_ratio: f64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub grad_clip: f64,
+    pub seed: u64,
+
+    // --- bookkeeping
+    pub logging_frequency: usize,
+    /// Save a checkpoint every this many steps (0: only on SIGUSR1/SIGTERM and at the end).
+    pub checkpoint_every: usize,
+    /// Validation loss every this many steps (0: off).
+    pub validation_every: usize,
+    pub validation_batches: usize,
+    /// Threads for the CPU kernels (0: all cores, or SLURM_CPUS_PER_TASK).
+    pub threads: usize,
+    /// Accelerator name for the peak-FLOPs table (H100, H200, GH200, A100, ...).
+    pub gpu: Option<String>,
+    /// Peak FLOP/s per device; overrides the table (and the CPU measurement).
+    pub peak_flops: Option<f64>,
+    pub monitor: MonitorConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            dataset: PathBuf::new(),
+            text_column: "text".into(),
+            tokenizer: PathBuf::from(DEFAULT_TOKENIZER),
+            bos_token: None,
+            eos_token: None,
+            pad_token: None,
+            dataset_type: DatasetType::Padded,
+            pretokenized: false,
+            pretokenized_path: None,
+            sequence_length: 2048,
+            validation_documents: 0,
+            prefetch: 4,
+            model: "tiny".into(),
+            architecture: ModelOverrides::default(),
+            precision: Precision::F32,
+            attention: AttentionKind::Eager,
+            device: DeviceKind::Cpu,
+            batch_size: 1,
+            gradient_accumulation: 1,
+            training_steps: 1000,
+            learning_rate: 5e-5,
+            warmup_steps: 100,
+            lr_schedule: LrSchedule::Constant,
+            min_lr_ratio: 0.1,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            seed: 42,
+            logging_frequency: 10,
+            checkpoint_every: 0,
+            validation_every: 0,
+            validation_batches: 4,
+            threads: 0,
+            gpu: None,
+            peak_flops: None,
+            monitor: MonitorConfig::default(),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks that hold for any run, whatever the data on disk.
+    pub fn validate(&self) -> Result<()> {
+        if self.dataset.as_os_str().is_empty() {
+            bail!("`dataset` is not set: give the Parquet file with the training text");
+        }
+        for (name, v) in [
+            ("sequence_length", self.sequence_length),
+            ("batch_size", self.batch_size),
+            ("gradient_accumulation", self.gradient_accumulation),
+            ("training_steps", self.training_steps),
+            ("logging_frequency", self.logging_frequency),
+        ] {
+            if v == 0 {
+                bail!("`{name}` must be positive");
+            }
+        }
+        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
+            bail!("`learning_rate` must be a positive number");
+        }
+        if !(0.0..1.0).contains(&self.beta1) || !(0.0..1.0).contains(&self.beta2) {
+            bail!("`beta1` and `beta2` must lie in [0, 1)");
+        }
+        if self.grad_clip < 0.0 {
+            bail!("`grad_clip` must not be negative (0 turns clipping off)");
+        }
+        if let Some(p) = self.peak_flops {
+            if p <= 0.0 {
+                bail!("`peak_flops` must be positive");
+            }
+        }
+        self.model_config()?;
+        Ok(())
+    }
+
+    /// The resolved architecture (vocab_size may still be 0: from the tokenizer).
+    pub fn model_config(&self) -> Result<ModelConfig> {
+        ModelConfig::resolve(&self.model, &self.architecture)
+    }
+
+    /// Makes every path absolute against `root`, so the job runs from anywhere.
+    pub fn absolutize(&mut self, root: &Path) {
+        self.dataset = crate::util::fs::absolute(root, &self.dataset);
+        self.tokenizer = crate::util::fs::absolute(root, &self.tokenizer);
+        if let Some(p) = &self.pretokenized_path {
+            self.pretokenized_path = Some(crate::util::fs::absolute(root, p));
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<TrainConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading run configuration {}", path.display()))?;
+        let cfg: TrainConfig =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        cfg.validate()
+            .with_context(|| format!("invalid run configuration {}", path.display()))?;
+        Ok(cfg)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a TrainConfig always serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_toml() {
+        let mut c = TrainConfig {
+            dataset: "data.parquet".into(),
+            ..Default::default()
+        };
+        c.architecture.n_layers = Some(2);
+        let back: TrainConfig = toml::from_str(&c.to_toml()).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = toml::from_str::<TrainConfig>("dataset = 'x'\nbatch_sise = 2\n").unwrap_err();
+        assert!(err.to_string().contains("batch_sise"), "{err}");
+    }
+}

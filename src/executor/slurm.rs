@@ -1,0 +1,336 @@
+//! The SLURM executor: `sbatch --parsable`, one job array per group of runs
+//! that share a job header and a dependency, `afterok` on stage jobs, and one
+//! `squeue` call for the state of the whole sweep.
+
+use super::{Decision, State, Status, Unit, UnitKind};
+use crate::manifest::ExecutorKind;
+use crate::util::process::output;
+use anyhow::{bail, Context, Result};
+use indexmap::IndexMap;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// One `sbatch` call.
+#[derive(Debug, Clone, Serialize)]
+pub struct Submission {
+    /// The job id (an array's base id for arrays); empty on a dry run.
+    pub job_id: String,
+    pub script: PathBuf,
+    pub units: Vec<String>,
+    pub array: bool,
+    pub depends_on: Vec<String>,
+}
+
+/// Submits what `decisions` says, stages first; records every job id in its
+/// unit's record as soon as sbatch returns it.
+pub fn submit(
+    study_dir: &Path,
+    units: &mut [Unit],
+    decisions: &[Decision],
+    dry_run: bool,
+) -> Result<Vec<Submission>> {
+    let mut subs = Vec::new();
+    // Dependency targets: stage index -> job id (new or still pending/running).
+    let mut stage_jobs: HashMap<usize, String> = HashMap::new();
+    for i in 0..units.len() {
+        if units[i].kind != UnitKind::Stage {
+            continue;
+        }
+        match &decisions[i] {
+            Decision::Submit => {
+                let script = units[i].dir.join(crate::plan::render::JOB_SBATCH);
+                let id = sbatch(&[], &script, dry_run)?;
+                if !dry_run {
+                    units[i].record_job(ExecutorKind::Slurm, id.clone())?;
+                }
+                stage_jobs.insert(i, id.clone());
+                subs.push(Submission {
+                    job_id: id,
+                    script,
+                    units: vec![units[i].name.clone()],
+                    array: false,
+                    depends_on: vec![],
+                });
+            }
+            Decision::Skip(s) if s.is_active() => {
+                if let Some(j) = units[i].record.last_job() {
+                    stage_jobs.insert(i, j.job_id.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // Runs that share their #SBATCH header, dependency and throttle go out as one array.
+    let mut groups: IndexMap<(Vec<String>, Option<String>, Option<u32>), Vec<usize>> =
+        IndexMap::new();
+    for (i, u) in units.iter().enumerate() {
+        if u.kind != UnitKind::Run || decisions[i] != Decision::Submit {
+            continue;
+        }
+        let dep = u.stage.and_then(|s| stage_jobs.get(&s).cloned());
+        groups
+            .entry((header(&u.script), dep, u.array_throttle))
+            .or_default()
+            .push(i);
+    }
+    for ((head, dep, throttle), members) in groups {
+        let mut args = Vec::new();
+        if let Some(d) = &dep {
+            args.push(format!("--dependency=afterok:{d}"));
+        }
+        if members.len() == 1 {
+            let u = &mut units[members[0]];
+            let script = u.dir.join(crate::plan::render::JOB_SBATCH);
+            let id = sbatch(&args, &script, dry_run)?;
+            if !dry_run {
+                u.record_job(ExecutorKind::Slurm, id.clone())?;
+            }
+            subs.push(Submission {
+                job_id: id,
+                script,
+                units: vec![u.name.clone()],
+                array: false,
+                depends_on: dep.into_iter().collect(),
+            });
+            continue;
+        }
+        let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
+        let script = write_array_script(study_dir, &head, &dirs, dry_run)?;
+        let mut range = format!("--array=0-{}", members.len() - 1);
+        if let Some(t) = throttle {
+            range.push_str(&format!("%{t}"));
+        }
+        args.push(range);
+        let id = sbatch(&args, &script, dry_run)?;
+        if !dry_run {
+            for (k, &i) in members.iter().enumerate() {
+                units[i].record_job(ExecutorKind::Slurm, format!("{id}_{k}"))?;
+            }
+        }
+        subs.push(Submission {
+            job_id: id,
+            script,
+            units: members.iter().map(|&i| units[i].name.clone()).collect(),
+            array: true,
+            depends_on: dep.into_iter().collect(),
+        });
+    }
+    Ok(subs)
+}
+
+/// The `#SBATCH` lines of a script that do not name the run (its output file).
+fn header(script: &str) -> Vec<String> {
+    script
+        .lines()
+        .filter(|l| l.starts_with("#SBATCH"))
+        .filter(|l| !l.contains("--output="))
+        .map(str::to_string)
+        .collect()
+}
+
+/// An array's script: the shared header, its own log pattern, and a body that
+/// runs the task's own `job.sbatch` (which then logs into its run directory).
+fn write_array_script(
+    study_dir: &Path,
+    head: &[String],
+    dirs: &[PathBuf],
+    dry_run: bool,
+) -> Result<PathBuf> {
+    use crate::template::shell_quote;
+    let logs = study_dir.join("logs");
+    let mut s = String::from("#!/bin/bash\n# A job array written by `sweep submit`: task i runs the i-th run directory's job.sbatch.\n");
+    for line in head {
+        s.push_str(line);
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        "#SBATCH --output={}\n\n",
+        shell_quote(&format!("{}/%x-%A_%a.out", logs.display()))
+    ));
+    s.push_str("RUN_DIRS=(\n");
+    for d in dirs {
+        s.push_str(&format!("    {}\n", shell_quote(&d.display().to_string())));
+    }
+    s.push_str(
+        ")\nexport SWEEP_ARRAY=1\nexec bash \"${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}/job.sbatch\"\n",
+    );
+    let id = crate::util::hash::sha256_bytes(s.as_bytes());
+    let path = study_dir
+        .join("arrays")
+        .join(format!("array-{}.sbatch", &id[..12]));
+    if !dry_run {
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        crate::util::fs::write_if_changed(&path, s.as_bytes())?;
+    }
+    Ok(path)
+}
+
+fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<String> {
+    if dry_run {
+        return Ok(String::new());
+    }
+    let out = output(
+        Command::new("sbatch")
+            .arg("--parsable")
+            .args(args)
+            .arg(script),
+    )
+    .with_context(|| format!("submitting {}", script.display()))?;
+    let id = out.trim().split(';').next().unwrap_or("").to_string();
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
+        bail!("sbatch printed `{}` instead of a job id", out.trim());
+    }
+    Ok(id)
+}
+
+/// Every state SLURM still knows for these jobs: one `squeue` for all of the
+/// user's jobs, then one `sacct` (when accounting runs) for those it forgot.
+pub fn query(ids: &[&str]) -> Result<HashMap<String, Status>> {
+    let out = output(Command::new("squeue").args([
+        "--me",
+        "--noheader",
+        "--states=all",
+        "--array",
+        "--Format=JobArrayID:64,State:32,exit_code:16,Reason:512",
+    ]))
+    .context(
+        "asking SLURM for the sweep's jobs (is the cluster up? `scripts/local-slurm.sh up`)",
+    )?;
+    let mut found = parse_squeue(&out);
+    let missing: Vec<&str> = ids
+        .iter()
+        .copied()
+        .filter(|id| !found.contains_key(*id))
+        .collect();
+    if !missing.is_empty() {
+        found.extend(sacct(&missing));
+    }
+    Ok(found)
+}
+
+pub(crate) fn parse_squeue(out: &str) -> HashMap<String, Status> {
+    let mut map = HashMap::new();
+    for line in out.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(id), Some(state), Some(exit)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let reason = parts.collect::<Vec<_>>().join(" ");
+        let (code, signal) = parse_exit(exit);
+        let state = State::from_slurm(state);
+        map.insert(
+            id.to_string(),
+            Status {
+                state,
+                exit_code: if state.is_active() { None } else { code },
+                signal,
+                reason: Some(reason).filter(|r| !r.is_empty() && r != "None"),
+                job_id: Some(id.to_string()),
+            },
+        );
+    }
+    map
+}
+
+/// `sacct` knows jobs long after squeue forgets them, where accounting runs;
+/// without slurmdbd it fails, and the exit-code files are the fallback.
+fn sacct(ids: &[&str]) -> HashMap<String, Status> {
+    let out = Command::new("sacct")
+        .args([
+            "-X",
+            "-P",
+            "-n",
+            "-o",
+            "JobID,State,ExitCode",
+            "-j",
+            &ids.join(","),
+        ])
+        .output();
+    let mut map = HashMap::new();
+    let Ok(out) = out else { return map };
+    if !out.status.success() {
+        return map;
+    }
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        if f.len() < 3 {
+            continue;
+        }
+        let (code, signal) = parse_exit(f[2]);
+        let state = State::from_slurm(f[1]);
+        map.insert(
+            f[0].to_string(),
+            Status {
+                state,
+                exit_code: code,
+                signal,
+                reason: None,
+                job_id: Some(f[0].to_string()),
+            },
+        );
+    }
+    map
+}
+
+/// `3:0` (code:signal, scontrol/sacct) or a raw wait status (`768`, squeue on 22.05).
+pub(crate) fn parse_exit(s: &str) -> (Option<i32>, Option<i32>) {
+    if let Some((c, sig)) = s.split_once(':') {
+        return (c.parse().ok(), sig.parse().ok().filter(|&x: &i32| x != 0));
+    }
+    match s.parse::<i32>() {
+        Ok(raw) => (Some(raw >> 8), Some(raw & 0x7f).filter(|&x| x != 0)),
+        Err(_) => (None, None),
+    }
+}
+
+/// The state of a job the scheduler no longer lists, from the exit code its
+/// script recorded in the run directory.
+pub fn status_from_exit_file(dir: &Path, job_id: &str) -> Status {
+    let text = std::fs::read_to_string(dir.join("exit_code")).unwrap_or_default();
+    let mut parts = text.split_whitespace();
+    match (
+        parts.next(),
+        parts.next().and_then(|c| c.parse::<i32>().ok()),
+    ) {
+        (Some(id), Some(code)) if id == job_id => Status::exited(code),
+        _ => Status::new(State::Unknown).with_reason(format!(
+            "SLURM no longer lists job {job_id} and it left no exit code in its run directory"
+        )),
+    }
+}
+
+pub fn cancel(ids: &[String]) -> Result<()> {
+    output(Command::new("scancel").args(ids)).context("cancelling the sweep's jobs")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_decode() {
+        assert_eq!(parse_exit("768"), (Some(3), None));
+        assert_eq!(parse_exit("15"), (Some(0), Some(15)));
+        assert_eq!(parse_exit("3:0"), (Some(3), None));
+        assert_eq!(parse_exit("0:15"), (Some(0), Some(15)));
+    }
+
+    #[test]
+    fn squeue_lines_parse() {
+        let out = "5_0       RUNNING     0      None\n4   FAILED   768   NonZeroExitCode\n7_[1-5%1]  PENDING  0  JobArrayTaskLimit\n";
+        let m = parse_squeue(out);
+        assert_eq!(m["5_0"].state, State::Running);
+        assert_eq!(m["4"].describe(), "FAILED (exit 3)");
+        assert_eq!(m["7_[1-5%1]"].reason.as_deref(), Some("JobArrayTaskLimit"));
+    }
+
+    #[test]
+    fn array_header_drops_only_the_output_line() {
+        let s = "#!/bin/bash\n#SBATCH --job-name=x\n#SBATCH --output=/r/a/%x-%j.out\n#SBATCH --time=1\necho\n";
+        assert_eq!(header(s), vec!["#SBATCH --job-name=x", "#SBATCH --time=1"]);
+    }
+}

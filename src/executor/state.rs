@@ -1,0 +1,173 @@
+//! One vocabulary of job states for both executors, with SLURM's names.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum State {
+    /// Rendered, never submitted.
+    Unsubmitted,
+    Pending,
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    Timeout,
+    OutOfMemory,
+    Preempted,
+    NodeFail,
+    /// Submitted, but neither the scheduler nor the run directory knows how it ended.
+    Unknown,
+}
+
+impl State {
+    pub fn is_active(self) -> bool {
+        matches!(self, State::Pending | State::Running)
+    }
+
+    /// Ended without completing: what `--retry-failed` resubmits.
+    pub fn is_failed(self) -> bool {
+        !self.is_active() && !matches!(self, State::Completed | State::Unsubmitted)
+    }
+
+    /// SLURM's job state names (squeue, scontrol and sacct spellings).
+    pub fn from_slurm(s: &str) -> State {
+        // sacct writes "CANCELLED by 0".
+        match s.split_whitespace().next().unwrap_or("") {
+            "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED"
+            | "RESV_DEL_HOLD" | "SUSPENDED" | "STOPPED" => State::Pending,
+            "RUNNING" | "COMPLETING" | "SIGNALING" | "STAGE_OUT" | "RESIZING" => State::Running,
+            "COMPLETED" => State::Completed,
+            "FAILED" | "BOOT_FAIL" | "DEADLINE" | "SPECIAL_EXIT" => State::Failed,
+            "CANCELLED" | "REVOKED" => State::Cancelled,
+            "TIMEOUT" => State::Timeout,
+            "OUT_OF_MEMORY" => State::OutOfMemory,
+            "PREEMPTED" => State::Preempted,
+            "NODE_FAIL" => State::NodeFail,
+            _ => State::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Unsubmitted => "UNSUBMITTED",
+            State::Pending => "PENDING",
+            State::Running => "RUNNING",
+            State::Completed => "COMPLETED",
+            State::Failed => "FAILED",
+            State::Cancelled => "CANCELLED",
+            State::Timeout => "TIMEOUT",
+            State::OutOfMemory => "OUT_OF_MEMORY",
+            State::Preempted => "PREEMPTED",
+            State::NodeFail => "NODE_FAIL",
+            State::Unknown => "UNKNOWN",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A unit's state with what the scheduler said about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub state: State,
+    /// The program's exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    pub reason: Option<String>,
+    pub job_id: Option<String>,
+}
+
+impl Status {
+    pub fn new(state: State) -> Status {
+        Status {
+            state,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            job_id: None,
+        }
+    }
+
+    pub fn exited(code: i32) -> Status {
+        Status {
+            exit_code: Some(code),
+            ..Status::new(if code == 0 {
+                State::Completed
+            } else {
+                State::Failed
+            })
+        }
+    }
+
+    pub fn with_reason(mut self, reason: impl Into<String>) -> Status {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    pub fn with_job(mut self, job: &str) -> Status {
+        self.job_id = Some(job.to_string());
+        self
+    }
+
+    /// `FAILED (exit 3)`, `CANCELLED (signal 15)`, `PENDING (Dependency)`.
+    pub fn describe(&self) -> String {
+        let mut s = self.state.to_string();
+        match (self.exit_code, self.signal) {
+            (_, Some(sig)) if sig != 0 && self.state != State::Completed => {
+                s.push_str(&format!(" (signal {sig})"))
+            }
+            (Some(code), _) if code != 0 => s.push_str(&format!(" (exit {code})")),
+            _ => {
+                if let Some(r) = self
+                    .reason
+                    .as_deref()
+                    .filter(|r| !r.is_empty() && *r != "None")
+                {
+                    s.push_str(&format!(" ({r})"));
+                }
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_names_map() {
+        assert_eq!(State::from_slurm("CANCELLED by 0"), State::Cancelled);
+        assert_eq!(State::from_slurm("OUT_OF_MEMORY"), State::OutOfMemory);
+        assert_eq!(State::from_slurm("COMPLETING"), State::Running);
+        assert_eq!(State::from_slurm("REQUEUED"), State::Pending);
+        assert!(
+            State::Timeout.is_failed()
+                && !State::Completed.is_failed()
+                && !State::Running.is_failed()
+        );
+    }
+
+    #[test]
+    fn describes_exit_and_signal() {
+        assert_eq!(Status::exited(3).describe(), "FAILED (exit 3)");
+        let s = Status {
+            signal: Some(15),
+            ..Status::new(State::Cancelled)
+        };
+        assert_eq!(s.describe(), "CANCELLED (signal 15)");
+        assert_eq!(
+            Status::new(State::Pending)
+                .with_reason("Dependency")
+                .describe(),
+            "PENDING (Dependency)"
+        );
+    }
+}

@@ -1,0 +1,7 @@
+// mimalloc: glibc malloc spends a large share of the train step in page faults.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() -> std::process::ExitCode {
+    sweep::cli::main()
+}

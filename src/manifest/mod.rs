@@ -1,0 +1,722 @@
+//! A study's manifest: parsed, checked and turned into a typed [`Manifest`]
+//! before anything else happens. Every error names the file, line, column and
+//! key path; nothing is written on error.
+
+mod diagnostic;
+mod schema;
+mod source;
+
+pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
+pub use schema::{
+    parse_slurm_time, ExecutorKind, LocalSpec, PretokenizeStageSpec, ReportSpec, SlurmSpec,
+    StagesSpec,
+};
+pub use source::{join_key, Source};
+
+use crate::config::{ModelOverrides, MonitorConfig, TrainConfig};
+use crate::template::{describe, Engine};
+use schema::ManifestFile;
+use serde::de::{DeserializeOwned, IntoDeserializer};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use toml::de::{DeTable, DeValue};
+use toml::{Spanned, Value};
+
+/// Either the built-in trainer or any program's command line.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    Train(Box<TrainConfig>),
+    Command(String),
+}
+
+/// One sweep dimension: a grid axis (one key) or a zip group (several keys
+/// whose lists are read together row by row).
+#[derive(Debug, Clone)]
+pub struct Axis {
+    pub keys: Vec<String>,
+    /// `rows[i][k]` is the value of `keys[k]` in row `i`.
+    pub rows: Vec<Vec<Value>>,
+    /// Where each key is written, for errors (`sweep.grid.batch_size`).
+    pub paths: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExcludeRule {
+    pub path: String,
+    pub conditions: Vec<(String, Value)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Derived {
+    pub key: String,
+    pub expr: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    /// As given on the command line.
+    pub path: PathBuf,
+    /// The project root: relative paths in the manifest resolve against it.
+    pub root: PathBuf,
+    pub sha256: String,
+    pub source: Source,
+    pub name: String,
+    pub description: String,
+    pub mode: Mode,
+    pub executor: Option<ExecutorKind>,
+    /// `[defaults]` as written.
+    pub defaults: toml::Table,
+    pub axes: Vec<Axis>,
+    pub exclude: Vec<ExcludeRule>,
+    pub derived: Vec<Derived>,
+    pub name_template: Option<String>,
+    pub slurm: SlurmSpec,
+    pub local: LocalSpec,
+    pub stages: StagesSpec,
+    pub report: ReportSpec,
+}
+
+impl Manifest {
+    /// Reads and validates a manifest. `root` is the project root (normally the
+    /// working directory).
+    pub fn load(path: &Path, root: &Path) -> Result<Manifest, Diagnostics> {
+        let bytes = std::fs::read(path).map_err(|e| {
+            Diagnostic::new(path, format!("cannot read the manifest: {e}"))
+                .with_help("give the path of a TOML file, e.g. experiments/quickstart.toml")
+        })?;
+        let text = String::from_utf8(bytes.clone())
+            .map_err(|e| Diagnostic::new(path, format!("the manifest is not UTF-8: {e}")))?;
+        Self::parse(path, root, text, crate::util::hash::sha256_bytes(&bytes))
+    }
+
+    pub fn parse(
+        path: &Path,
+        root: &Path,
+        text: String,
+        sha256: String,
+    ) -> Result<Manifest, Diagnostics> {
+        let mut source = Source::new(path, text.clone());
+        let doc = DeTable::parse(&text).map_err(|e| source.from_toml_error(&e))?;
+        source.index(doc.get_ref());
+        let file = ManifestFile::deserialize(toml::de::Deserializer::from(doc.clone()))
+            .map_err(|e| source.from_toml_error(&e))?;
+        let mut v = Validator {
+            source: &source,
+            doc: doc.get_ref(),
+            errors: Vec::new(),
+            engine: Engine::new(),
+        };
+        let manifest = v.validate(file, path, root, sha256.clone());
+        if v.errors.is_empty() {
+            Ok(manifest.expect("a manifest without errors"))
+        } else {
+            Err(Diagnostics(v.errors))
+        }
+    }
+
+    pub fn is_train(&self) -> bool {
+        matches!(self.mode, Mode::Train(_))
+    }
+
+    /// Every key that varies across runs, in axis order.
+    pub fn axis_keys(&self) -> impl Iterator<Item = &str> {
+        self.axes
+            .iter()
+            .flat_map(|a| a.keys.iter().map(String::as_str))
+    }
+
+    /// Where a configuration key is set (an axis or `[defaults]`), for errors
+    /// found after expansion.
+    pub fn locate(&self, key: &str) -> Diagnostic {
+        for axis in &self.axes {
+            if let Some(i) = axis.keys.iter().position(|k| k == key) {
+                return self.source.at_key(&axis.paths[i], "");
+            }
+        }
+        if let Some(d) = self.derived.iter().find(|d| d.key == key) {
+            return self.source.at_value(&join_key("sweep.derived", &d.key), "");
+        }
+        let path = key
+            .split('.')
+            .fold("defaults".to_string(), |p, k| join_key(&p, k));
+        self.source.at_value(&path, "")
+    }
+}
+
+/// The field names of a struct that rejects unknown fields, read from serde's
+/// own "expected one of" message so the list never drifts from the type.
+pub fn known_fields<T: DeserializeOwned>() -> Vec<String> {
+    let mut probe = toml::Table::new();
+    probe.insert("\u{1}".into(), Value::Integer(0));
+    match T::deserialize(Value::Table(probe)) {
+        Err(e) => source::parse_unknown(e.message())
+            .map(|(_, f)| f)
+            .unwrap_or_default(),
+        Ok(_) => Vec::new(),
+    }
+}
+
+struct Validator<'a, 'i> {
+    source: &'a Source,
+    doc: &'a DeTable<'i>,
+    errors: Vec<Diagnostic>,
+    engine: Engine,
+}
+
+impl Validator<'_, '_> {
+    fn err(&mut self, d: Diagnostic) {
+        self.errors.push(d);
+    }
+
+    fn at_key(&mut self, path: &str, msg: impl Into<String>) {
+        let d = self.source.at_key(path, msg);
+        self.err(d);
+    }
+
+    fn at_value(&mut self, path: &str, msg: impl Into<String>) {
+        let d = self.source.at_value(path, msg);
+        self.err(d);
+    }
+
+    fn at_value_help(&mut self, path: &str, msg: impl Into<String>, help: impl Into<String>) {
+        let d = self.source.at_value(path, msg).with_help(help);
+        self.err(d);
+    }
+
+    fn spanned_table(&self, key: &str) -> Option<Spanned<DeTable<'_>>> {
+        self.doc.get(key).and_then(|v| match v.get_ref() {
+            DeValue::Table(t) => Some(Spanned::new(v.span(), t.clone())),
+            _ => None,
+        })
+    }
+
+    /// Whether a dotted key is written in a top-level table of the file.
+    fn written(&self, table: &str, dotted: &str) -> bool {
+        let mut cur = match self.doc.get(table).map(|v| v.get_ref()) {
+            Some(DeValue::Table(t)) => t,
+            _ => return false,
+        };
+        let parts: Vec<&str> = dotted.split('.').collect();
+        for (i, part) in parts.iter().enumerate() {
+            match cur.get(*part).map(|v| v.get_ref()) {
+                Some(DeValue::Table(t)) if i + 1 < parts.len() => cur = t,
+                Some(_) if i + 1 == parts.len() => return true,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    fn validate(
+        &mut self,
+        file: ManifestFile,
+        path: &Path,
+        root: &Path,
+        sha256: String,
+    ) -> Option<Manifest> {
+        self.check_name(&file.name);
+
+        let mode = match &file.command {
+            Some(cmd) => {
+                if cmd.trim().is_empty() {
+                    self.at_value("command", "`command` is empty");
+                } else if let Err(e) = self.engine.check(cmd) {
+                    self.at_value(
+                        "command",
+                        format!("the command template does not compile: {}", describe(&e)),
+                    );
+                }
+                Mode::Command(cmd.clone())
+            }
+            None => Mode::Train(Box::new(self.train_defaults())),
+        };
+
+        let axes = self.axes(&file.sweep.grid, &file.sweep.zip);
+        for axis in &axes {
+            for (key, path) in axis.keys.iter().zip(&axis.paths) {
+                self.check_axis_key(&mode, key, path, axis);
+            }
+        }
+        let exclude = self.exclude(&file.sweep.exclude, &axes);
+        let derived = self.derived(&file.sweep.derived, &axes, &file.defaults);
+        if let Some(name) = &file.sweep.name {
+            if let Err(e) = self.engine.check(name) {
+                self.at_value(
+                    "sweep.name",
+                    format!("the run-name template does not compile: {}", describe(&e)),
+                );
+            }
+        }
+        if let Err(e) = file.slurm.time_seconds() {
+            self.at_value("slurm.time", e.to_string());
+        }
+        if let Some(t) = &file.stages.pretokenize.time {
+            if let Err(e) = parse_slurm_time(t) {
+                self.at_value("stages.pretokenize.time", e.to_string());
+            }
+        }
+        if file.local.parallel == 0 {
+            self.at_value("local.parallel", "`parallel` must be at least 1");
+        }
+        if file.stages.pretokenize.row_group_size == 0 {
+            self.at_value(
+                "stages.pretokenize.row_group_size",
+                "`row_group_size` must be positive",
+            );
+        }
+        if let Some(p) = &file.report.line_pattern {
+            if let Err(e) = regex::Regex::new(p) {
+                self.at_value(
+                    "report.line_pattern",
+                    format!("not a valid regular expression: {e}"),
+                );
+            }
+        }
+        for (k, _) in &file.slurm.env {
+            if !is_env_name(k) {
+                self.at_key(
+                    &join_key("slurm.env", k),
+                    format!("`{k}` is not a valid environment variable name"),
+                );
+            }
+        }
+
+        if !self.errors.is_empty() {
+            return None;
+        }
+        Some(Manifest {
+            path: path.to_path_buf(),
+            root: root.to_path_buf(),
+            sha256,
+            source: self.source.clone(),
+            name: file.name,
+            description: file.description,
+            mode,
+            executor: file.executor,
+            defaults: file.defaults,
+            axes,
+            exclude,
+            derived,
+            name_template: file.sweep.name,
+            slurm: file.slurm,
+            local: file.local,
+            stages: file.stages,
+            report: file.report,
+        })
+    }
+
+    fn check_name(&mut self, name: &str) {
+        let ok = !name.is_empty()
+            && !name.starts_with('.')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        if !ok {
+            self.at_value_help(
+                "name",
+                format!("`{name}` cannot name a study directory"),
+                "use letters, digits, `.`, `_` and `-` (it becomes results/<name>/)",
+            );
+        }
+    }
+
+    /// `[defaults]` as the trainer's configuration, type-checked with spans.
+    fn train_defaults(&mut self) -> TrainConfig {
+        let Some(table) = self.spanned_table("defaults") else {
+            return TrainConfig::default();
+        };
+        match TrainConfig::deserialize(table.into_deserializer()) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                let mut d = self.source.from_toml_error(&e);
+                if d.help.is_none() {
+                    d.help = Some("see the manifest reference in README.md".into());
+                }
+                self.err(d);
+                TrainConfig::default()
+            }
+        }
+    }
+
+    fn axes(&mut self, grid: &toml::Table, zip: &[toml::Table]) -> Vec<Axis> {
+        let mut axes = Vec::new();
+        for (key, path, value) in flatten(grid, "", "sweep.grid") {
+            if let Some(values) = self.axis_values(&key, &path, &value, true) {
+                axes.push(Axis {
+                    keys: vec![key],
+                    rows: values.into_iter().map(|v| vec![v]).collect(),
+                    paths: vec![path],
+                });
+            }
+        }
+        for (g, group) in zip.iter().enumerate() {
+            let group_path = format!("sweep.zip[{g}]");
+            let entries = flatten(group, "", &group_path);
+            if entries.is_empty() {
+                self.at_key(&group_path, "this zip group has no axes");
+                continue;
+            }
+            let mut columns = Vec::new();
+            for (key, path, value) in entries {
+                if let Some(values) = self.axis_values(&key, &path, &value, false) {
+                    columns.push((key, path, values));
+                }
+            }
+            let lens: Vec<usize> = columns.iter().map(|c| c.2.len()).collect();
+            if lens.windows(2).any(|w| w[0] != w[1]) {
+                let detail = columns
+                    .iter()
+                    .map(|(k, _, v)| format!("`{k}` has {}", v.len()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let d = self
+                    .source
+                    .at_key(&columns[1].1, format!("zipped lists must have equal lengths: {detail}"))
+                    .with_help("zip pairs the i-th values of every list; use [sweep.grid] for all combinations");
+                self.err(d);
+                continue;
+            }
+            if columns.is_empty() {
+                continue;
+            }
+            let n = lens[0];
+            let rows: Vec<Vec<Value>> = (0..n)
+                .map(|i| columns.iter().map(|c| c.2[i].clone()).collect())
+                .collect();
+            if let Some(i) = (1..n).find(|&i| rows[..i].contains(&rows[i])) {
+                let p = format!("{}[{i}]", columns[0].1);
+                self.at_value(
+                    &p,
+                    format!("row {i} of this zip group repeats an earlier row"),
+                );
+                continue;
+            }
+            axes.push(Axis {
+                keys: columns.iter().map(|c| c.0.clone()).collect(),
+                paths: columns.iter().map(|c| c.1.clone()).collect(),
+                rows,
+            });
+        }
+        // One key, one axis.
+        let mut seen: Vec<(String, String)> = Vec::new();
+        for axis in &axes {
+            for (k, p) in axis.keys.iter().zip(&axis.paths) {
+                if let Some((_, first)) = seen.iter().find(|(s, _)| s == k) {
+                    let msg = format!("`{k}` is swept twice (also at `{first}`)");
+                    self.at_key(p, msg);
+                } else {
+                    seen.push((k.clone(), p.clone()));
+                }
+            }
+        }
+        axes
+    }
+
+    /// The values of one axis; `unique` for grid axes (a zip column may repeat values).
+    fn axis_values(
+        &mut self,
+        key: &str,
+        path: &str,
+        value: &Value,
+        unique: bool,
+    ) -> Option<Vec<Value>> {
+        let Value::Array(values) = value else {
+            self.at_value_help(
+                path,
+                format!("axis `{key}` must be a list of values"),
+                format!("write `{key} = [{value}]`, or set it in [defaults] if it does not vary"),
+            );
+            return None;
+        };
+        if values.is_empty() {
+            self.at_value(path, format!("axis `{key}` has no values"));
+            return None;
+        }
+        let mut ok = true;
+        for (i, v) in values.iter().enumerate() {
+            let p = format!("{path}[{i}]");
+            match v {
+                Value::String(_) | Value::Integer(_) | Value::Float(_) | Value::Boolean(_) => {
+                    if unique && values[..i].contains(v) {
+                        self.at_value(&p, format!("axis `{key}` lists {v} twice"));
+                        ok = false;
+                    }
+                }
+                _ => {
+                    self.at_value(
+                        &p,
+                        format!(
+                            "axis values must be strings, numbers or booleans, not {}",
+                            v.type_str()
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then(|| values.clone())
+    }
+
+    fn check_axis_key(&mut self, mode: &Mode, key: &str, path: &str, axis: &Axis) {
+        let col = axis.keys.iter().position(|k| k == key).unwrap();
+        let (head, rest) = match key.split_once('.') {
+            Some((h, r)) => (h, Some(r)),
+            None => (key, None),
+        };
+        if head == "slurm" {
+            let Some(field) = rest else {
+                self.at_key(path, "sweep `slurm.<key>`, not the whole [slurm] table");
+                return;
+            };
+            if self.written("slurm", field) {
+                self.at_key_help(
+                    path,
+                    format!("`{key}` is set both in [slurm] and as an axis"),
+                    "remove one of the two",
+                );
+                return;
+            }
+            self.type_check::<SlurmSpec>(
+                key,
+                field,
+                path,
+                axis,
+                col,
+                &known_fields::<SlurmSpec>(),
+                None,
+            );
+            return;
+        }
+        if self.written("defaults", key) {
+            self.at_key_help(
+                path,
+                format!("`{key}` is set both in [defaults] and as an axis"),
+                "an axis gives the values itself: remove the key from [defaults]",
+            );
+            return;
+        }
+        if let Mode::Train(_) = mode {
+            let (fields, sub, nested): (Vec<String>, &str, Option<&str>) = match (head, rest) {
+                ("architecture", Some(r)) => {
+                    (known_fields::<ModelOverrides>(), r, Some("architecture"))
+                }
+                ("monitor", Some(r)) => (known_fields::<MonitorConfig>(), r, Some("monitor")),
+                _ => (known_fields::<TrainConfig>(), key, None),
+            };
+            self.type_check::<TrainConfig>(key, sub, path, axis, col, &fields, nested);
+        }
+    }
+
+    fn at_key_help(&mut self, path: &str, msg: impl Into<String>, help: impl Into<String>) {
+        let d = self.source.at_key(path, msg).with_help(help);
+        self.err(d);
+    }
+
+    /// Checks that `field` exists on `T` and that every value of the axis has
+    /// the right type, by deserialising a one-key table per value.
+    #[allow(clippy::too_many_arguments)]
+    fn type_check<T: DeserializeOwned>(
+        &mut self,
+        key: &str,
+        field: &str,
+        path: &str,
+        axis: &Axis,
+        col: usize,
+        fields: &[String],
+        nested: Option<&str>,
+    ) {
+        if !fields.iter().any(|f| f == field) {
+            let help = match did_you_mean(field, fields.iter().map(String::as_str)) {
+                Some(s) => format!("did you mean `{}`?", key.replace(field, s)),
+                None => format!("known keys: {}", fields.join(", ")),
+            };
+            self.at_key_help(path, format!("unknown key `{key}`"), help);
+            return;
+        }
+        for (i, row) in axis.rows.iter().enumerate() {
+            let mut inner = toml::Table::new();
+            inner.insert(field.to_string(), row[col].clone());
+            let table = match nested {
+                Some(n) => {
+                    let mut t = toml::Table::new();
+                    t.insert(n.to_string(), Value::Table(inner));
+                    t
+                }
+                None => inner,
+            };
+            if let Err(e) = T::deserialize(Value::Table(table)) {
+                self.at_value(
+                    &format!("{path}[{i}]"),
+                    format!("bad value for `{key}`: {}", e.message().trim()),
+                );
+            }
+        }
+    }
+
+    fn exclude(&mut self, rules: &[toml::Table], axes: &[Axis]) -> Vec<ExcludeRule> {
+        let mut out = Vec::new();
+        for (r, rule) in rules.iter().enumerate() {
+            let path = format!("sweep.exclude[{r}]");
+            let conds = flatten(rule, "", &path);
+            if conds.is_empty() {
+                self.at_key(&path, "an exclude rule needs at least one `key = value`");
+                continue;
+            }
+            let mut conditions = Vec::new();
+            for (key, p, value) in conds {
+                let axis = axes.iter().find(|a| a.keys.contains(&key));
+                match axis {
+                    None => {
+                        let keys: Vec<&str> = axes
+                            .iter()
+                            .flat_map(|a| a.keys.iter().map(String::as_str))
+                            .collect();
+                        let help = match did_you_mean(&key, keys.iter().copied()) {
+                            Some(s) => format!("did you mean `{s}`?"),
+                            None => format!(
+                                "exclude rules name axes; the axes are: {}",
+                                keys.join(", ")
+                            ),
+                        };
+                        self.at_key_help(&p, format!("`{key}` is not an axis"), help);
+                    }
+                    Some(a) => {
+                        let col = a.keys.iter().position(|k| *k == key).unwrap();
+                        if !a.rows.iter().any(|row| row[col] == value) {
+                            self.at_value(&p, format!("`{key} = {value}` matches no value of the axis, so this rule excludes nothing"));
+                        } else {
+                            conditions.push((key, value));
+                        }
+                    }
+                }
+            }
+            out.push(ExcludeRule { path, conditions });
+        }
+        out
+    }
+
+    fn derived(
+        &mut self,
+        table: &toml::Table,
+        axes: &[Axis],
+        defaults: &toml::Table,
+    ) -> Vec<Derived> {
+        let mut out = Vec::new();
+        for (key, value) in table {
+            let path = join_key("sweep.derived", key);
+            let Value::String(expr) = value else {
+                self.at_value_help(
+                    &path,
+                    format!("derived value `{key}` must be a string holding an expression"),
+                    "e.g. `global_batch_size = \"batch_size * slurm.nodes * slurm.gpus_per_node\"`",
+                );
+                continue;
+            };
+            if axes.iter().any(|a| a.keys.contains(key)) {
+                self.at_key(
+                    &path,
+                    format!("`{key}` is both an axis and a derived value"),
+                );
+                continue;
+            }
+            if defaults.contains_key(key) {
+                self.at_key(
+                    &path,
+                    format!("`{key}` is both in [defaults] and a derived value"),
+                );
+                continue;
+            }
+            if let Err(e) = self.engine.check(expr) {
+                self.at_value(
+                    &path,
+                    format!("derived value `{key}` does not compile: {}", describe(&e)),
+                );
+                continue;
+            }
+            out.push(Derived {
+                key: key.clone(),
+                expr: expr.clone(),
+            });
+        }
+        out
+    }
+}
+
+/// Flattens nested tables into dotted keys: `{slurm = {nodes = [..]}}` and
+/// `"slurm.nodes" = [..]` both give `slurm.nodes`. Returns (key, path, value).
+fn flatten(table: &toml::Table, prefix: &str, path: &str) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for (k, v) in table {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        let p = join_key(path, k);
+        match v {
+            Value::Table(t) => out.extend(flatten(t, &key, &p)),
+            _ => out.push((key, p, v.clone())),
+        }
+    }
+    out
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Manifest, Diagnostics> {
+        Manifest::parse(
+            Path::new("m.toml"),
+            Path::new("/p"),
+            text.to_string(),
+            "0".into(),
+        )
+    }
+
+    #[test]
+    fn known_fields_reads_the_struct() {
+        let f = known_fields::<SlurmSpec>();
+        assert!(f.contains(&"partition".to_string()) && f.contains(&"gpus_per_node".to_string()));
+        assert!(known_fields::<TrainConfig>().contains(&"batch_size".to_string()));
+    }
+
+    #[test]
+    fn a_valid_manifest_loads() {
+        let m = parse(
+            r#"
+name = "s"
+[defaults]
+dataset = "d.parquet"
+[sweep.grid]
+batch_size = [1, 2]
+slurm.nodes = [1, 2]
+[[sweep.zip]]
+learning_rate = [1e-4, 2e-4]
+warmup_steps = [10, 20]
+[sweep.derived]
+gbs = "batch_size * slurm.nodes"
+"#,
+        )
+        .unwrap();
+        assert_eq!(m.axes.len(), 3);
+        assert_eq!(m.axes[1].keys, vec!["slurm.nodes"]);
+        assert_eq!(m.axes[2].rows.len(), 2);
+        assert_eq!(m.derived[0].key, "gbs");
+    }
+
+    #[test]
+    fn unknown_key_names_line_column_and_suggestion() {
+        let e = parse("name = \"s\"\n[slurm]\npartiton = \"x\"\n").unwrap_err();
+        let d = &e.0[0];
+        assert_eq!((d.line, d.column), (3, 1), "{d}");
+        assert_eq!(d.key.as_deref(), Some("slurm.partiton"));
+        assert_eq!(d.help.as_deref(), Some("did you mean `partition`?"));
+    }
+}

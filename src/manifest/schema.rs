@@ -1,0 +1,257 @@
+//! The manifest's sections as serde types. Unknown keys are rejected
+//! everywhere; every field except the study `name` has a default.
+
+use anyhow::{bail, Result};
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+
+/// The file as written; `Manifest` is what validation makes of it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ManifestFile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// A command template for sweeps over any program; without it, runs use
+    /// the built-in trainer and `[defaults]` is its configuration.
+    pub command: Option<String>,
+    /// The executor `sweep submit`/`sweep run` use when `--executor` is not given.
+    pub executor: Option<ExecutorKind>,
+    #[serde(default)]
+    pub defaults: toml::Table,
+    #[serde(default)]
+    pub sweep: SweepFile,
+    #[serde(default)]
+    pub slurm: SlurmSpec,
+    #[serde(default)]
+    pub local: LocalSpec,
+    #[serde(default)]
+    pub stages: StagesSpec,
+    #[serde(default)]
+    pub report: ReportSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SweepFile {
+    /// key -> list of values; the cartesian product of all of them.
+    #[serde(default)]
+    pub grid: toml::Table,
+    /// Groups of equal-length lists, zipped element by element.
+    #[serde(default)]
+    pub zip: Vec<toml::Table>,
+    /// Combinations to leave out: every key of a rule must match.
+    #[serde(default)]
+    pub exclude: Vec<toml::Table>,
+    /// key -> minijinja expression (or template with `{{ }}`), in order.
+    #[serde(default)]
+    pub derived: toml::Table,
+    /// The run-name template.
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutorKind {
+    Local,
+    Slurm,
+}
+
+/// `[slurm]`: what every job asks of the scheduler. Axes may vary any of these
+/// keys as `slurm.<key>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmSpec {
+    pub account: Option<String>,
+    pub partition: Option<String>,
+    pub qos: Option<String>,
+    /// Time limit: `MM`, `HH:MM:SS` or `D-HH:MM:SS`.
+    pub time: String,
+    pub nodes: u32,
+    pub ntasks_per_node: u32,
+    pub gpus_per_node: u32,
+    pub cpus_per_task: Option<u32>,
+    pub mem: Option<String>,
+    pub constraint: Option<String>,
+    /// CSCS container engine environment (`--environment=`).
+    pub environment: Option<String>,
+    /// Job name; the study name by default.
+    pub job_name: Option<String>,
+    /// Extra `#SBATCH` lines, written as given (e.g. `--exclusive`).
+    pub extra_sbatch: Vec<String>,
+    /// Environment variables exported before the program starts.
+    pub env: IndexMap<String, String>,
+    /// Shell lines run before the program (module loads, venv activation).
+    pub setup: Vec<String>,
+    /// Extra arguments to `srun`.
+    pub srun_args: Vec<String>,
+    /// At most this many tasks of a job array run at once (`%N`).
+    pub array_throttle: Option<u32>,
+    /// `auto` (single- or multi-node by `nodes`), `single-node`, `multi-node`,
+    /// or a template file path.
+    pub template: String,
+    /// Seconds before the time limit at which SLURM sends SIGUSR1 (checkpoint, requeue).
+    pub signal_grace: u32,
+    pub requeue: bool,
+    pub master_port: u16,
+}
+
+impl Default for SlurmSpec {
+    fn default() -> Self {
+        SlurmSpec {
+            account: None,
+            partition: None,
+            qos: None,
+            time: "01:00:00".into(),
+            nodes: 1,
+            ntasks_per_node: 1,
+            gpus_per_node: 0,
+            cpus_per_task: None,
+            mem: None,
+            constraint: None,
+            environment: None,
+            job_name: None,
+            extra_sbatch: Vec::new(),
+            env: IndexMap::new(),
+            setup: Vec::new(),
+            srun_args: Vec::new(),
+            array_throttle: None,
+            template: "auto".into(),
+            signal_grace: 120,
+            requeue: true,
+            master_port: 29500,
+        }
+    }
+}
+
+impl SlurmSpec {
+    /// The time limit in seconds.
+    pub fn time_seconds(&self) -> Result<u64> {
+        parse_slurm_time(&self.time)
+    }
+
+    pub fn gpus_total(&self) -> u64 {
+        self.nodes as u64 * self.gpus_per_node as u64
+    }
+}
+
+/// SLURM's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`.
+pub fn parse_slurm_time(s: &str) -> Result<u64> {
+    let bad = || anyhow::anyhow!("`{s}` is not a SLURM time (use MM, HH:MM:SS or D-HH:MM:SS)");
+    let num = |p: &str| p.parse::<u64>().map_err(|_| bad());
+    let (days, rest) = match s.split_once('-') {
+        Some((d, r)) => (Some(num(d)?), r),
+        None => (None, s),
+    };
+    let parts: Vec<u64> = rest.split(':').map(num).collect::<Result<_>>()?;
+    let secs = match (days, parts.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) | (Some(_), [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(_), [h]) => h * 3600,
+        (Some(_), [h, m]) => h * 3600 + m * 60,
+        _ => return Err(bad()),
+    };
+    let total = days.unwrap_or(0) * 86400 + secs;
+    if total == 0 {
+        bail!("the time limit `{s}` is zero");
+    }
+    Ok(total)
+}
+
+/// `[local]`: the executor that runs jobs on this machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalSpec {
+    /// Runs at a time.
+    pub parallel: usize,
+    /// CPU threads per run (0: the machine's cores divided by `parallel`).
+    pub threads: usize,
+}
+
+impl Default for LocalSpec {
+    fn default() -> Self {
+        LocalSpec {
+            parallel: 1,
+            threads: 0,
+        }
+    }
+}
+
+/// `[stages]`: jobs that runs depend on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StagesSpec {
+    pub pretokenize: PretokenizeStageSpec,
+}
+
+/// The pretokenize stage: one job per distinct (dataset, tokenizer, sequence
+/// length, format), run before the training jobs that read its output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PretokenizeStageSpec {
+    pub enabled: bool,
+    pub row_group_size: usize,
+    /// Overrides of the `[slurm]` values for the stage job.
+    pub time: Option<String>,
+    pub cpus_per_task: Option<u32>,
+    pub partition: Option<String>,
+    pub mem: Option<String>,
+    pub template: String,
+}
+
+impl Default for PretokenizeStageSpec {
+    fn default() -> Self {
+        PretokenizeStageSpec {
+            enabled: true,
+            row_group_size: 1000,
+            time: None,
+            cpus_per_task: None,
+            partition: None,
+            mem: None,
+            template: "pretokenize".into(),
+        }
+    }
+}
+
+/// `[report]`: how `sweep report` summarises the sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReportSpec {
+    /// The run name that speedups are measured against.
+    pub baseline: Option<String>,
+    /// Log points skipped at the start of every run (warm-up).
+    pub skip_first: usize,
+    /// Axes to group runs by; all axes when empty.
+    pub group_by: Vec<String>,
+    /// For any-command sweeps: a regex with named groups (step, loss,
+    /// tokens_per_second, mfu_pct, tflops, ...) that matches the program's log lines.
+    pub line_pattern: Option<String>,
+}
+
+impl Default for ReportSpec {
+    fn default() -> Self {
+        ReportSpec {
+            baseline: None,
+            skip_first: 5,
+            group_by: Vec::new(),
+            line_pattern: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_times() {
+        assert_eq!(parse_slurm_time("30").unwrap(), 1800);
+        assert_eq!(parse_slurm_time("00:14:59").unwrap(), 899);
+        assert_eq!(parse_slurm_time("1-00:00:00").unwrap(), 86400);
+        assert_eq!(parse_slurm_time("2-3").unwrap(), 2 * 86400 + 3 * 3600);
+        assert!(parse_slurm_time("1:2:3:4").is_err());
+        assert!(parse_slurm_time("abc").is_err());
+        assert!(parse_slurm_time("0").is_err());
+    }
+}

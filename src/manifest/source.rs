@@ -1,0 +1,269 @@
+//! A manifest's text with a map from TOML key paths to byte spans, so that any
+//! error found after parsing can still name its line and column.
+
+use super::diagnostic::{did_you_mean, Diagnostic};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+#[derive(Debug, Clone)]
+struct Entry {
+    path: String,
+    key: Range<usize>,
+    value: Range<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub path: PathBuf,
+    pub text: String,
+    line_starts: Vec<usize>,
+    entries: Vec<Entry>,
+}
+
+impl Source {
+    pub fn new(path: &Path, text: String) -> Source {
+        let mut line_starts = vec![0];
+        line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        Source {
+            path: path.to_path_buf(),
+            text,
+            line_starts,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Records the span of every key and value below `table`.
+    pub fn index(&mut self, table: &DeTable<'_>) {
+        let mut entries = Vec::new();
+        walk_table(table, "", &mut entries);
+        self.entries = entries;
+    }
+
+    /// 1-based line and column (in characters) of a byte offset.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let line = self.line_starts.partition_point(|&s| s <= offset);
+        let start = self.line_starts[line - 1];
+        let col = self.text[start..offset].chars().count() + 1;
+        (line, col)
+    }
+
+    fn line_text(&self, line: usize) -> String {
+        let start = self.line_starts[line - 1];
+        let end = self
+            .line_starts
+            .get(line)
+            .copied()
+            .unwrap_or(self.text.len());
+        self.text[start..end]
+            .trim_end_matches(['\n', '\r'])
+            .to_string()
+    }
+
+    /// A diagnostic at a byte offset, with the innermost key path around it.
+    pub fn at_offset(&self, offset: usize, message: impl Into<String>) -> Diagnostic {
+        let (line, column) = self.line_col(offset);
+        Diagnostic {
+            file: self.path.clone(),
+            line,
+            column,
+            key: self.path_at(offset).map(str::to_string),
+            message: message.into(),
+            help: None,
+            excerpt: Some(self.line_text(line)),
+        }
+    }
+
+    /// A diagnostic at a key (`sweep.grid.batch_size`), pointing at the key
+    /// itself; falls back to the nearest enclosing key that has a span.
+    pub fn at_key(&self, path: &str, message: impl Into<String>) -> Diagnostic {
+        self.at(path, message, false)
+    }
+
+    /// Like [`Source::at_key`] but pointing at the value (`sweep.grid.batch_size[1]`).
+    pub fn at_value(&self, path: &str, message: impl Into<String>) -> Diagnostic {
+        self.at(path, message, true)
+    }
+
+    fn at(&self, path: &str, message: impl Into<String>, value: bool) -> Diagnostic {
+        let mut p = path;
+        loop {
+            if let Some(e) = self.entries.iter().find(|e| e.path == p) {
+                let span = if value { &e.value } else { &e.key };
+                let mut d = self.at_offset(span.start, message);
+                d.key = Some(path.to_string());
+                return d;
+            }
+            match parent_path(p) {
+                Some(parent) => p = parent,
+                None => {
+                    let mut d = Diagnostic::new(&self.path, message);
+                    d.key = Some(path.to_string());
+                    return d;
+                }
+            }
+        }
+    }
+
+    /// The innermost key path whose key or value span holds `offset`.
+    pub fn path_at(&self, offset: usize) -> Option<&str> {
+        self.entries
+            .iter()
+            .filter(|e| {
+                e.key.contains(&offset) || e.value.contains(&offset) || e.key.start == offset
+            })
+            .min_by_key(|e| {
+                if e.key.contains(&offset) {
+                    e.key.len()
+                } else {
+                    e.value.len()
+                }
+            })
+            .map(|e| e.path.as_str())
+    }
+
+    /// Turns a toml parse or deserialisation error into a diagnostic, with a
+    /// did-you-mean for unknown keys and enum values.
+    pub fn from_toml_error(&self, err: &toml::de::Error) -> Diagnostic {
+        let msg = err.message().trim().to_string();
+        let mut d = match err.span() {
+            Some(span) => self.at_offset(span.start, msg.clone()),
+            None => Diagnostic::new(&self.path, msg.clone()),
+        };
+        if let Some((word, expected)) = parse_unknown(&msg) {
+            let is_field = msg.starts_with("unknown field");
+            let section = d
+                .key
+                .as_deref()
+                .and_then(parent_path)
+                .map(|s| format!(" in [{s}]"))
+                .unwrap_or_default();
+            d.message = if is_field {
+                format!("unknown key `{word}`{section}")
+            } else {
+                format!("unknown value `{word}`")
+            };
+            d.help = Some(
+                match did_you_mean(&word, expected.iter().map(String::as_str)) {
+                    Some(s) => format!("did you mean `{s}`?"),
+                    None if expected.is_empty() => "this table takes no keys".to_string(),
+                    None => format!("expected one of: {}", expected.join(", ")),
+                },
+            );
+        }
+        d
+    }
+}
+
+/// The parent of a key path: `a.b[2]` -> `a.b`, `a.b` -> `a`, `a` -> None.
+pub fn parent_path(path: &str) -> Option<&str> {
+    if path.ends_with(']') {
+        return path.rfind('[').map(|i| &path[..i]);
+    }
+    // Quoted segments may hold dots: find the last dot outside quotes.
+    let mut in_quotes = false;
+    let mut last = None;
+    for (i, c) in path.char_indices() {
+        match c {
+            '"' => in_quotes = !in_quotes,
+            '.' if !in_quotes => last = Some(i),
+            _ => {}
+        }
+    }
+    last.map(|i| &path[..i])
+}
+
+/// Joins a key onto a path, quoting keys that are not bare TOML keys.
+pub fn join_key(prefix: &str, key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let key = if bare {
+        key.to_string()
+    } else {
+        format!("\"{key}\"")
+    };
+    if prefix.is_empty() {
+        key
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+fn walk_table(table: &DeTable<'_>, prefix: &str, out: &mut Vec<Entry>) {
+    for (k, v) in table.iter() {
+        let path = join_key(prefix, k.get_ref());
+        out.push(Entry {
+            path: path.clone(),
+            key: k.span(),
+            value: v.span(),
+        });
+        walk_value(v, &path, out);
+    }
+}
+
+fn walk_value(v: &Spanned<DeValue<'_>>, path: &str, out: &mut Vec<Entry>) {
+    match v.get_ref() {
+        DeValue::Table(t) => walk_table(t, path, out),
+        DeValue::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let p = format!("{path}[{i}]");
+                out.push(Entry {
+                    path: p.clone(),
+                    key: item.span(),
+                    value: item.span(),
+                });
+                walk_value(item, &p, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// From serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown
+/// variant ..."), the offending word and the expected ones.
+pub fn parse_unknown(msg: &str) -> Option<(String, Vec<String>)> {
+    if !(msg.starts_with("unknown field") || msg.starts_with("unknown variant")) {
+        return None;
+    }
+    let mut ticks = msg.split('`').skip(1).step_by(2).map(str::to_string);
+    let word = ticks.next()?;
+    Some((word, ticks.collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_parents() {
+        assert_eq!(parent_path("a.b[2]"), Some("a.b"));
+        assert_eq!(parent_path("a.b"), Some("a"));
+        assert_eq!(parent_path("a.\"x.y\""), Some("a"));
+        assert_eq!(parent_path("a"), None);
+        assert_eq!(
+            join_key("sweep.grid", "slurm.nodes"),
+            "sweep.grid.\"slurm.nodes\""
+        );
+    }
+
+    #[test]
+    fn unknown_field_messages_parse() {
+        let (w, e) =
+            parse_unknown("unknown field `nodez`, expected one of `nodes`, `time`").unwrap();
+        assert_eq!(w, "nodez");
+        assert_eq!(e, vec!["nodes", "time"]);
+        assert!(parse_unknown("invalid type").is_none());
+    }
+
+    #[test]
+    fn line_and_column_of_offsets() {
+        let s = Source::new(Path::new("m.toml"), "a = 1\nbé = 2\n".into());
+        assert_eq!(s.line_col(0), (1, 1));
+        assert_eq!(s.line_col(6), (2, 1));
+        assert_eq!(s.line_col(10), (2, 4)); // é is two bytes, one column
+    }
+}

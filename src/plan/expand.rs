@@ -1,0 +1,505 @@
+//! The expansion itself: combinations, derived values, configurations, ids,
+//! names and stages.
+
+use super::{Job, Plan, PretokenizedFormat, Run, Stage};
+use crate::config::TrainConfig;
+use crate::manifest::{
+    did_you_mean, join_key, known_fields, Diagnostic, Diagnostics, Manifest, Mode, SlurmSpec,
+};
+use crate::template::{describe, Engine};
+use crate::util::hash::short_id;
+use indexmap::IndexMap;
+use rayon::prelude::*;
+use serde_json::{json, Value as Json};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use toml::Value;
+
+pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
+    let study_dir = m.root.join("results").join(&m.name);
+    let combos = combinations(&m);
+    if combos.is_empty() {
+        let d = m
+            .source
+            .at_key("sweep.exclude", "the exclude rules leave no runs");
+        return Err(d.into());
+    }
+
+    let ctx = Shared::new(&m, &study_dir)?;
+    let resolved: Vec<Result<Run, Diagnostic>> =
+        combos.par_iter().map(|c| ctx.resolve(c)).collect();
+
+    let mut errors: Vec<Diagnostic> = Vec::new();
+    let mut runs = Vec::with_capacity(resolved.len());
+    for r in resolved {
+        match r {
+            Ok(run) => runs.push(run),
+            Err(d) if !errors.contains(&d) => errors.push(d),
+            Err(_) => {}
+        }
+    }
+    if !errors.is_empty() {
+        return Err(Diagnostics(errors));
+    }
+
+    check_names(&m, &runs)?;
+    let stages = stages(&m, &study_dir, &mut runs)?;
+    for run in &mut runs {
+        if let Job::Train(cfg) = &mut run.job {
+            cfg.absolutize(&m.root);
+        }
+    }
+    if let Some(b) = &m.report.baseline {
+        if !runs.iter().any(|r| &r.name == b) {
+            let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+            let help = match did_you_mean(b, names.iter().copied()) {
+                Some(s) => format!("did you mean `{s}`?"),
+                None => format!("`sweep plan` lists the run names ({} runs)", names.len()),
+            };
+            return Err(m
+                .source
+                .at_value("report.baseline", format!("no run is named `{b}`"))
+                .with_help(help)
+                .into());
+        }
+    }
+    Ok(Plan {
+        manifest: m,
+        runs,
+        stages,
+        study_dir,
+    })
+}
+
+/// Row indices, one per axis, for every combination that no rule excludes.
+/// The first axis varies slowest.
+fn combinations(m: &Manifest) -> Vec<Vec<usize>> {
+    let lens: Vec<usize> = m.axes.iter().map(|a| a.rows.len()).collect();
+    let total: usize = lens.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut idx = vec![0usize; lens.len()];
+    for _ in 0..total {
+        if !excluded(m, &idx) {
+            out.push(idx.clone());
+        }
+        for a in (0..idx.len()).rev() {
+            idx[a] += 1;
+            if idx[a] < lens[a] {
+                break;
+            }
+            idx[a] = 0;
+        }
+    }
+    out
+}
+
+fn excluded(m: &Manifest, idx: &[usize]) -> bool {
+    m.exclude.iter().any(|rule| {
+        rule.conditions.iter().all(|(key, want)| {
+            m.axes.iter().zip(idx).any(|(axis, &row)| {
+                axis.keys
+                    .iter()
+                    .position(|k| k == key)
+                    .is_some_and(|col| &axis.rows[row][col] == want)
+            })
+        })
+    })
+}
+
+/// What every run's resolution needs, computed once.
+struct Shared<'a> {
+    m: &'a Manifest,
+    study_dir: PathBuf,
+    engine: Engine,
+    slurm_table: toml::Table,
+    train_fields: Vec<String>,
+}
+
+impl<'a> Shared<'a> {
+    fn new(m: &'a Manifest, study_dir: &std::path::Path) -> Result<Self, Diagnostics> {
+        let mut engine = Engine::new();
+        if let Mode::Command(cmd) = &m.mode {
+            engine
+                .add("command", cmd)
+                .map_err(|e| m.source.at_value("command", describe(&e)))?;
+        }
+        let slurm_table = match Value::try_from(&m.slurm) {
+            Ok(Value::Table(t)) => t,
+            _ => toml::Table::new(),
+        };
+        Ok(Shared {
+            m,
+            study_dir: study_dir.to_path_buf(),
+            engine,
+            slurm_table,
+            train_fields: known_fields::<TrainConfig>(),
+        })
+    }
+
+    fn resolve(&self, combo: &[usize]) -> Result<Run, Diagnostic> {
+        let m = self.m;
+        let mut params: IndexMap<String, Json> = IndexMap::new();
+        let mut table = m.defaults.clone();
+        let mut slurm = self.slurm_table.clone();
+        for (axis, &row) in m.axes.iter().zip(combo) {
+            for (key, value) in axis.keys.iter().zip(&axis.rows[row]) {
+                params.insert(key.clone(), to_json(value));
+                match key.strip_prefix("slurm.") {
+                    Some(field) => {
+                        slurm.insert(field.to_string(), value.clone());
+                    }
+                    None => set_dotted(&mut table, key, value.clone()),
+                }
+            }
+        }
+        let slurm: SlurmSpec = Value::Table(slurm)
+            .try_into()
+            .map_err(|e: toml::de::Error| self.error_in(&params, e.message()))?;
+
+        // The context of derived values, names and commands: the configuration,
+        // `slurm`, `study`, and the derived values computed so far.
+        let mut train = match &m.mode {
+            Mode::Train(_) => Some(self.train_config(&table, &params)?),
+            Mode::Command(_) => None,
+        };
+        let mut ctx = match &train {
+            Some(cfg) => serde_json::to_value(cfg).expect("config serialises"),
+            None => to_json(&Value::Table(table.clone())),
+        };
+        ctx["slurm"] = serde_json::to_value(&slurm).expect("slurm serialises");
+        ctx["study"] = json!(m.name);
+
+        let mut config_changed = false;
+        for d in &m.derived {
+            let value = self
+                .engine
+                .eval(&d.expr, &crate::template::context(&ctx))
+                .map_err(|e| {
+                    let mut diag = m.source.at_value(
+                        &join_key("sweep.derived", &d.key),
+                        format!("derived value `{}` failed: {}", d.key, describe(&e)),
+                    );
+                    diag.help = Some(format!("in the run with {}", show_params(&params)));
+                    diag
+                })?;
+            let value = serde_json::to_value(&value).unwrap_or(Json::Null);
+            if train.is_some() && self.train_fields.contains(&d.key) {
+                if let Some(v) = json_to_toml(&value) {
+                    table.insert(d.key.clone(), v);
+                    config_changed = true;
+                }
+            }
+            ctx[d.key.as_str()] = value.clone();
+            params.insert(d.key.clone(), value);
+        }
+        if config_changed {
+            train = Some(self.train_config(&table, &params)?);
+        }
+
+        // Identity: the resolved configuration and the shape of the job, never
+        // the run's name or the manifest's cosmetic fields.
+        let world = json!({
+            "nodes": slurm.nodes,
+            "ntasks_per_node": slurm.ntasks_per_node,
+            "gpus_per_node": slurm.gpus_per_node,
+        });
+        let identity = match (&m.mode, &train) {
+            (Mode::Train(_), Some(cfg)) => json!({ "train": cfg, "world": world }),
+            (Mode::Command(cmd), _) => {
+                json!({ "command": cmd, "params": table_json(&table, &params), "world": world })
+            }
+            _ => unreachable!("train mode always has a config"),
+        };
+        let id = short_id(&identity);
+        ctx["id"] = json!(id);
+        let name = self.name(&ctx, &params)?;
+        let dir = self.study_dir.join(&name);
+
+        let job = match train {
+            Some(cfg) => Job::Train(Box::new(cfg)),
+            None => {
+                ctx["run"] = json!({ "id": id, "name": name, "dir": dir });
+                let cmd = self
+                    .engine
+                    .render("command", &crate::template::context(&ctx))
+                    .map_err(|e| {
+                        let mut d = m.source.at_value(
+                            "command",
+                            format!("the command failed to render: {}", describe(&e)),
+                        );
+                        d.help = Some(format!("in the run with {}", show_params(&params)));
+                        d
+                    })?;
+                Job::Command(cmd.trim().to_string())
+            }
+        };
+        Ok(Run {
+            id,
+            name,
+            params,
+            job,
+            slurm,
+            stage: None,
+            dir,
+        })
+    }
+
+    fn train_config(
+        &self,
+        table: &toml::Table,
+        params: &IndexMap<String, Json>,
+    ) -> Result<TrainConfig, Diagnostic> {
+        let cfg: TrainConfig = Value::Table(table.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| self.error_in(params, e.message()))?;
+        cfg.validate()
+            .map_err(|e| self.error_in(params, &format!("{e:#}")))?;
+        Ok(cfg)
+    }
+
+    /// An error in one run's configuration, located at the key it names.
+    fn error_in(&self, params: &IndexMap<String, Json>, msg: &str) -> Diagnostic {
+        let key = msg.split('`').nth(1).unwrap_or("defaults");
+        let mut d = self.m.locate(key);
+        d.message = format!("invalid run configuration: {}", msg.trim());
+        if !params.is_empty() {
+            d.help = Some(format!("in the run with {}", show_params(params)));
+        }
+        d
+    }
+
+    fn name(&self, ctx: &Json, params: &IndexMap<String, Json>) -> Result<String, Diagnostic> {
+        let raw = match &self.m.name_template {
+            Some(t) => self
+                .engine
+                .eval(t, &crate::template::context(ctx))
+                .map(|v| v.to_string())
+                .map_err(|e| {
+                    self.m.source.at_value(
+                        "sweep.name",
+                        format!("the run name failed to render: {}", describe(&e)),
+                    )
+                })?,
+            None => default_name(self.m, params),
+        };
+        let name = sanitize(&raw);
+        if name.is_empty() || name.starts_with('.') || name == "stages" || name == "logs" {
+            return Err(self
+                .m
+                .source
+                .at_value("sweep.name", format!("`{raw}` cannot name a run directory")));
+        }
+        Ok(name)
+    }
+}
+
+/// The path of the running `sweep` binary, for the commands in job scripts.
+pub fn sweep_bin() -> String {
+    std::env::var("SWEEP_BIN")
+        .ok()
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .map(|p| p.display().to_string())
+        })
+        .unwrap_or_else(|| "sweep".into())
+}
+
+/// `padded_pretokenized-true_batch_size-2`: the axis values, in axis order.
+fn default_name(m: &Manifest, params: &IndexMap<String, Json>) -> String {
+    let parts: Vec<String> = m
+        .axis_keys()
+        .map(|k| {
+            let short = k.rsplit('.').next().unwrap_or(k);
+            match &params[k] {
+                Json::String(s) => s.clone(),
+                v => format!("{short}-{v}"),
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        "run".into()
+    } else {
+        parts.join("_")
+    }
+}
+
+fn sanitize(s: &str) -> String {
+    s.trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+fn show_params(params: &IndexMap<String, Json>) -> String {
+    params
+        .iter()
+        .map(|(k, v)| format!("{k} = {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn check_names(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(runs.len());
+    for (i, r) in runs.iter().enumerate() {
+        if let Some(&j) = seen.get(r.name.as_str()) {
+            let at = if m.name_template.is_some() {
+                "sweep.name"
+            } else {
+                "sweep"
+            };
+            let d = m
+                .source
+                .at_value(at, format!("two runs are both named `{}`", r.name))
+                .with_help(format!(
+                    "runs with {} and with {}: make the run-name template use every axis that varies",
+                    show_params(&runs[j].params),
+                    show_params(&r.params)
+                ));
+            return Err(d.into());
+        }
+        seen.insert(&r.name, i);
+    }
+    Ok(())
+}
+
+/// Finds the pretokenize jobs: one per distinct input, shared by all runs that read it.
+fn stages(
+    m: &Manifest,
+    study_dir: &std::path::Path,
+    runs: &mut [Run],
+) -> Result<Vec<Stage>, Diagnostics> {
+    let spec = &m.stages.pretokenize;
+    let mut stages: Vec<Stage> = Vec::new();
+    let mut by_id: HashMap<String, usize> = HashMap::new();
+    for run in runs.iter_mut() {
+        let Job::Train(cfg) = &mut run.job else {
+            continue;
+        };
+        if !cfg.pretokenized || cfg.pretokenized_path.is_some() {
+            continue;
+        }
+        if !spec.enabled {
+            let mut d = m.locate("pretokenized");
+            d.message = format!(
+                "run `{}` reads pretokenized data but the pretokenize stage is disabled",
+                run.name
+            );
+            d.help = Some("enable [stages.pretokenize] or set `pretokenized_path`".into());
+            return Err(d.into());
+        }
+        let format = PretokenizedFormat::for_dataset(cfg.dataset_type);
+        let key = json!({
+            "dataset": cfg.dataset, "text_column": cfg.text_column, "tokenizer": cfg.tokenizer,
+            "sequence_length": cfg.sequence_length, "format": format,
+            "bos": cfg.bos_token, "eos": cfg.eos_token, "pad": cfg.pad_token,
+            "row_group_size": spec.row_group_size,
+        });
+        let id = short_id(&key);
+        let index = *by_id.entry(id.clone()).or_insert_with(|| {
+            let name = format!("pretokenize-{}-{id}", format.as_str());
+            let dir = study_dir.join("stages").join(&name);
+            let mut slurm = SlurmSpec {
+                nodes: 1,
+                ntasks_per_node: 1,
+                gpus_per_node: 0,
+                array_throttle: None,
+                requeue: false,
+                template: spec.template.clone(),
+                job_name: Some(format!("{}-pretokenize", m.name)),
+                ..m.slurm.clone()
+            };
+            if let Some(t) = &spec.time {
+                slurm.time = t.clone();
+            }
+            slurm.cpus_per_task = spec.cpus_per_task.or(slurm.cpus_per_task);
+            slurm.partition = spec.partition.clone().or(slurm.partition);
+            slurm.mem = spec.mem.clone().or(slurm.mem);
+            stages.push(Stage {
+                id: id.clone(),
+                output: dir.join(format!("{}.parquet", format.as_str())),
+                name,
+                dataset: crate::util::fs::absolute(&m.root, &cfg.dataset),
+                text_column: cfg.text_column.clone(),
+                tokenizer: crate::util::fs::absolute(&m.root, &cfg.tokenizer),
+                sequence_length: cfg.sequence_length,
+                format,
+                bos_token: cfg.bos_token.clone(),
+                eos_token: cfg.eos_token.clone(),
+                pad_token: cfg.pad_token.clone(),
+                row_group_size: spec.row_group_size,
+                dir,
+                slurm,
+            });
+            stages.len() - 1
+        });
+        cfg.pretokenized_path = Some(stages[index].output.clone());
+        run.stage = Some(index);
+    }
+    Ok(stages)
+}
+
+fn set_dotted(table: &mut toml::Table, key: &str, value: Value) {
+    match key.split_once('.') {
+        None => {
+            table.insert(key.to_string(), value);
+        }
+        Some((head, rest)) => {
+            let entry = table
+                .entry(head.to_string())
+                .or_insert_with(|| Value::Table(toml::Table::new()));
+            if !entry.is_table() {
+                *entry = Value::Table(toml::Table::new());
+            }
+            if let Value::Table(t) = entry {
+                set_dotted(t, rest, value);
+            }
+        }
+    }
+}
+
+fn table_json(table: &toml::Table, params: &IndexMap<String, Json>) -> Json {
+    let mut v = to_json(&Value::Table(table.clone()));
+    for (k, p) in params {
+        if !k.contains('.') {
+            v[k.as_str()] = p.clone();
+        }
+    }
+    v
+}
+
+pub(crate) fn to_json(v: &Value) -> Json {
+    match v {
+        Value::String(s) => Json::String(s.clone()),
+        Value::Integer(i) => json!(i),
+        Value::Float(f) => json!(f),
+        Value::Boolean(b) => json!(b),
+        Value::Datetime(d) => Json::String(d.to_string()),
+        Value::Array(a) => Json::Array(a.iter().map(to_json).collect()),
+        Value::Table(t) => Json::Object(t.iter().map(|(k, v)| (k.clone(), to_json(v))).collect()),
+    }
+}
+
+fn json_to_toml(v: &Json) -> Option<Value> {
+    Some(match v {
+        Json::Null => return None,
+        Json::Bool(b) => Value::Boolean(*b),
+        Json::Number(n) => match n.as_i64() {
+            Some(i) => Value::Integer(i),
+            None => Value::Float(n.as_f64()?),
+        },
+        Json::String(s) => Value::String(s.clone()),
+        Json::Array(a) => Value::Array(a.iter().filter_map(json_to_toml).collect()),
+        Json::Object(o) => Value::Table(
+            o.iter()
+                .filter_map(|(k, v)| Some((k.clone(), json_to_toml(v)?)))
+                .collect(),
+        ),
+    })
+}

@@ -1,0 +1,179 @@
+//! Manifest -> runs. Expands the sweep (grid x zip, minus exclusions),
+//! computes derived values, resolves every run's configuration, gives each run
+//! a stable id, a name and a directory, and finds the stage jobs runs depend on.
+//! Everything here is in memory; `render` writes it out.
+
+mod expand;
+pub mod record;
+pub mod render;
+pub mod templates;
+
+use crate::template::shell_quote;
+pub use expand::sweep_bin;
+
+use crate::config::{DatasetType, TrainConfig};
+use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
+use indexmap::IndexMap;
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// What a run executes.
+#[derive(Debug, Clone)]
+pub enum Job {
+    /// `sweep train --config <dir>/config.toml`.
+    Train(Box<TrainConfig>),
+    /// A rendered command line (already shell-escaped) and its parameters.
+    Command(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// Short stable hash of the resolved configuration.
+    pub id: String,
+    pub name: String,
+    /// Axis values and derived values, in axis order: what distinguishes runs.
+    pub params: IndexMap<String, serde_json::Value>,
+    pub job: Job,
+    pub slurm: SlurmSpec,
+    /// Index into `Plan::stages` of the stage this run waits for.
+    pub stage: Option<usize>,
+    pub dir: PathBuf,
+}
+
+impl Run {
+    /// The program line the job launches (shell syntax, every part quoted).
+    pub fn command(&self, sweep_bin: &str) -> String {
+        match &self.job {
+            Job::Train(_) => format!(
+                "{} train --config {}",
+                shell_quote(sweep_bin),
+                shell_quote(&self.dir.join(render::CONFIG_TOML).display().to_string())
+            ),
+            Job::Command(c) => c.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PretokenizedFormat {
+    /// `input_ids` + `attention_mask`, seq+1 per document (padded runs).
+    Padded,
+    /// `tokens`, one untruncated list per document (padding-free runs).
+    TokenList,
+}
+
+impl PretokenizedFormat {
+    pub fn for_dataset(t: DatasetType) -> Self {
+        match t {
+            DatasetType::Padded => PretokenizedFormat::Padded,
+            DatasetType::PaddingFree => PretokenizedFormat::TokenList,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PretokenizedFormat::Padded => "padded",
+            PretokenizedFormat::TokenList => "token-list",
+        }
+    }
+}
+
+/// A pretokenize job shared by every run with the same inputs.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub id: String,
+    pub name: String,
+    pub dataset: PathBuf,
+    pub text_column: String,
+    pub tokenizer: PathBuf,
+    pub sequence_length: usize,
+    pub format: PretokenizedFormat,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub pad_token: Option<String>,
+    pub row_group_size: usize,
+    pub dir: PathBuf,
+    /// The file training runs read.
+    pub output: PathBuf,
+    pub slurm: SlurmSpec,
+}
+
+impl Stage {
+    /// `sweep pretokenize ...` for this stage.
+    pub fn command(&self, sweep_bin: &str) -> String {
+        let path = |p: &std::path::Path| shell_quote(&p.display().to_string());
+        let mut cmd = vec![
+            shell_quote(sweep_bin),
+            "pretokenize".into(),
+            format!("--input {}", path(&self.dataset)),
+            format!("--text-column {}", shell_quote(&self.text_column)),
+            format!("--tokenizer {}", path(&self.tokenizer)),
+            format!("--sequence-length {}", self.sequence_length),
+            format!("--format {}", self.format.as_str()),
+            format!("--row-group-size {}", self.row_group_size),
+            format!("--out {}", path(&self.dir)),
+        ];
+        for (flag, v) in [
+            ("--bos-token", &self.bos_token),
+            ("--eos-token", &self.eos_token),
+            ("--pad-token", &self.pad_token),
+        ] {
+            if let Some(v) = v {
+                cmd.push(format!("{flag} {}", shell_quote(v)));
+            }
+        }
+        cmd.join(" ")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub manifest: Manifest,
+    pub runs: Vec<Run>,
+    pub stages: Vec<Stage>,
+    /// `results/<study>`.
+    pub study_dir: PathBuf,
+}
+
+/// Totals shown under `sweep plan`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Totals {
+    pub runs: usize,
+    pub jobs: usize,
+    pub node_hours: f64,
+    pub gpu_hours: f64,
+}
+
+impl Plan {
+    /// Expands a manifest into runs. Errors point into the manifest.
+    pub fn new(manifest: Manifest) -> Result<Plan, Diagnostics> {
+        expand::plan(manifest)
+    }
+
+    /// The upper bound of node- and GPU-hours: every job runs to its limit.
+    pub fn totals(&self) -> Totals {
+        let mut node_h = 0.0;
+        let mut gpu_h = 0.0;
+        let specs = self
+            .runs
+            .iter()
+            .map(|r| &r.slurm)
+            .chain(self.stages.iter().map(|s| &s.slurm));
+        for s in specs {
+            let hours = s.time_seconds().unwrap_or(0) as f64 / 3600.0;
+            node_h += s.nodes as f64 * hours;
+            gpu_h += s.gpus_total() as f64 * hours;
+        }
+        Totals {
+            runs: self.runs.len(),
+            jobs: self.runs.len() + self.stages.len(),
+            node_hours: node_h,
+            gpu_hours: gpu_h,
+        }
+    }
+
+    pub fn run_by_name(&self, name: &str) -> Option<&Run> {
+        self.runs.iter().find(|r| r.name == name)
+    }
+}

@@ -1,0 +1,217 @@
+//! Plan -> run directories. Everything is rendered in memory first (so a
+//! template error writes nothing), then written file by file, only where the
+//! content changed: re-rendering is idempotent and never touches outputs.
+
+use super::record::{ManifestRef, RunRecord};
+use super::templates::Templates;
+use super::{Job, Plan};
+use crate::manifest::{Diagnostic, Diagnostics};
+use crate::util::fs::write_if_changed;
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+pub const CONFIG_TOML: &str = "config.toml";
+pub const JOB_SBATCH: &str = "job.sbatch";
+pub const STAGE_JSON: &str = "stage.json";
+
+/// One directory's files, ready to write.
+#[derive(Debug, Clone)]
+pub struct RenderedDir {
+    pub dir: PathBuf,
+    /// `config.toml` (runs only).
+    pub config: Option<String>,
+    pub script: String,
+    pub record: RunRecord,
+    pub record_file: &'static str,
+}
+
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    pub runs: Vec<RenderedDir>,
+    pub stages: Vec<RenderedDir>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WriteSummary {
+    pub files_written: usize,
+    pub files_unchanged: usize,
+}
+
+/// Renders every run and stage of the plan in memory.
+pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
+    let templates = Templates::load(plan)?;
+    let sweep_bin = super::expand::sweep_bin();
+    let m = &plan.manifest;
+    let manifest = ManifestRef {
+        path: m.path.display().to_string(),
+        sha256: m.sha256.clone(),
+    };
+    let git_commit = crate::util::process::git_commit(&m.root);
+    let now = crate::util::now_rfc3339();
+    let fresh = |id: &str, name: &str, kind: &str, params, depends_on| RunRecord {
+        id: id.to_string(),
+        name: name.to_string(),
+        study: m.name.clone(),
+        kind: kind.to_string(),
+        manifest: manifest.clone(),
+        git_commit: git_commit.clone(),
+        sweep_version: env!("CARGO_PKG_VERSION").to_string(),
+        created_at: now.clone(),
+        params,
+        depends_on,
+        jobs: Vec::new(),
+    };
+
+    let runs: Vec<Result<RenderedDir, Diagnostics>> = plan
+        .runs
+        .par_iter()
+        .map(|run| {
+            let config = match &run.job {
+                Job::Train(cfg) => format!(
+                    "# Run `{}` ({}) of study `{}`: what `sweep train` executes.\n# Written by sweep from {}; edit the manifest, not this file.\n\n{}",
+                    run.name,
+                    run.id,
+                    m.name,
+                    m.path.display(),
+                    cfg.to_toml()
+                ),
+                Job::Command(cmd) => {
+                    let body = json!({ "command": cmd, "params": run.params });
+                    let table: toml::Value = serde_json::from_value(body).expect("json maps to toml");
+                    format!("# Run `{}` ({}) of study `{}`.\n\n{}", run.name, run.id, m.name, toml::to_string(&table).unwrap_or_default())
+                }
+            };
+            let script = templates.run_script(plan, run, &sweep_bin)?;
+            let depends_on = run.stage.map(|s| plan.stages[s].name.clone());
+            let record = merge(&run.dir, fresh(&run.id, &run.name, "run", run.params.clone(), depends_on))?;
+            Ok(RenderedDir {
+                dir: run.dir.clone(),
+                config: Some(config),
+                script,
+                record,
+                record_file: super::record::RUN_JSON,
+            })
+        })
+        .collect();
+    let stages: Vec<Result<RenderedDir, Diagnostics>> = plan
+        .stages
+        .iter()
+        .map(|s| {
+            let params = [
+                ("dataset", json!(s.dataset)),
+                ("tokenizer", json!(s.tokenizer)),
+                ("sequence_length", json!(s.sequence_length)),
+                ("format", json!(s.format.as_str())),
+                ("output", json!(s.output)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            let script = templates.stage_script(plan, s, &sweep_bin)?;
+            let record = merge(&s.dir, fresh(&s.id, &s.name, "stage", params, None))?;
+            Ok(RenderedDir {
+                dir: s.dir.clone(),
+                config: None,
+                script,
+                record,
+                record_file: STAGE_JSON,
+            })
+        })
+        .collect();
+
+    let mut errors = Vec::new();
+    let mut ok = |v: Vec<Result<RenderedDir, Diagnostics>>| -> Vec<RenderedDir> {
+        v.into_iter()
+            .filter_map(|r| r.map_err(|e| errors.extend(e.0)).ok())
+            .collect()
+    };
+    let runs = ok(runs);
+    let stages = ok(stages);
+    if !errors.is_empty() {
+        errors.dedup();
+        return Err(Diagnostics(errors));
+    }
+    Ok(Rendered { runs, stages })
+}
+
+/// Keeps what an existing record knows (creation time, commit, jobs) when the
+/// run is the same; refuses to reuse a directory for a different run.
+fn merge(dir: &Path, fresh: RunRecord) -> Result<RunRecord, Diagnostics> {
+    let file = if fresh.kind == "stage" {
+        STAGE_JSON
+    } else {
+        super::record::RUN_JSON
+    };
+    let old: Option<RunRecord> = match std::fs::read(dir.join(file)) {
+        Ok(bytes) => serde_json::from_slice(&bytes).ok(),
+        Err(_) => None,
+    };
+    let Some(old) = old else { return Ok(fresh) };
+    if old.id != fresh.id && (!old.jobs.is_empty() || has_outputs(dir)) {
+        let d = Diagnostic::new(
+            dir.join(file),
+            format!(
+                "run directory `{}` holds run {} but the manifest now gives it configuration {}",
+                fresh.name, old.id, fresh.id
+            ),
+        )
+        .with_help("its outputs would be mixed up: rename the run (sweep.name) or move the old directory away");
+        return Err(d.into());
+    }
+    if old.id != fresh.id {
+        return Ok(fresh);
+    }
+    Ok(RunRecord {
+        created_at: old.created_at,
+        git_commit: old.git_commit,
+        sweep_version: old.sweep_version,
+        jobs: old.jobs,
+        ..fresh
+    })
+}
+
+/// Anything in the directory besides what rendering writes.
+fn has_outputs(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            ![CONFIG_TOML, JOB_SBATCH, super::record::RUN_JSON, STAGE_JSON].contains(&n.as_ref())
+        })
+    })
+}
+
+/// Writes the rendered directories (in parallel), touching only changed files.
+pub fn write(rendered: &Rendered) -> Result<WriteSummary> {
+    let all: Vec<&RenderedDir> = rendered.stages.iter().chain(&rendered.runs).collect();
+    let counts: Vec<Result<(usize, usize)>> = all
+        .par_iter()
+        .map(|r| {
+            std::fs::create_dir_all(&r.dir)
+                .with_context(|| format!("creating {}", r.dir.display()))?;
+            let mut files: Vec<(PathBuf, Vec<u8>)> = vec![
+                (r.dir.join(JOB_SBATCH), r.script.clone().into_bytes()),
+                (r.dir.join(r.record_file), r.record.to_bytes()),
+            ];
+            if let Some(c) = &r.config {
+                files.push((r.dir.join(CONFIG_TOML), c.clone().into_bytes()));
+            }
+            let mut written = 0;
+            for (path, bytes) in &files {
+                if write_if_changed(path, bytes)? {
+                    written += 1;
+                }
+            }
+            Ok((written, files.len() - written))
+        })
+        .collect();
+    let mut s = WriteSummary::default();
+    for c in counts {
+        let (w, u) = c?;
+        s.files_written += w;
+        s.files_unchanged += u;
+    }
+    Ok(s)
+}

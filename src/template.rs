@@ -1,0 +1,208 @@
+//! The minijinja environment shared by manifests (derived values, run names,
+//! command lines) and job scripts.
+//!
+//! Scripts (`*.sbatch*`, `*.sh*`) and command lines auto-escape every value as
+//! a shell word, so nothing rendered into a script can split or inject; a
+//! template marks trusted shell (setup lines, extra `#SBATCH` lines) with `|safe`.
+
+use minijinja::value::Value;
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
+
+const SH: &str = "sh";
+
+pub struct Engine {
+    env: Environment<'static>,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Engine {
+    pub fn new() -> Engine {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .keep_trailing_newline(true)
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .expect("default delimiters are valid"),
+        );
+        env.set_auto_escape_callback(|name| {
+            let shell = [".sbatch", ".sh", "command"]
+                .iter()
+                .any(|s| name.contains(s));
+            if shell {
+                AutoEscape::Custom(SH.into())
+            } else {
+                AutoEscape::None
+            }
+        });
+        env.set_formatter(|out, state, value| {
+            if matches!(state.auto_escape(), AutoEscape::Custom(name) if name == SH)
+                && !value.is_safe()
+            {
+                let s = display(value);
+                out.write_str(&shell_quote(&s)).map_err(Error::from)
+            } else {
+                minijinja::escape_formatter(out, state, value)
+            }
+        });
+        env.add_filter("shquote", |v: Value| {
+            Value::from_safe_string(shell_quote(&display(&v)))
+        });
+        Engine { env }
+    }
+
+    /// Adds a named template (errors carry the name and line).
+    pub fn add(&mut self, name: &str, source: &str) -> Result<(), Error> {
+        self.env
+            .add_template_owned(name.to_string(), source.to_string())
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.env.get_template(name).is_ok()
+    }
+
+    pub fn render(&self, name: &str, ctx: &Value) -> Result<String, Error> {
+        self.env.get_template(name)?.render(ctx)
+    }
+
+    /// Checks that a derived value, name or command compiles.
+    pub fn check(&self, src: &str) -> Result<(), Error> {
+        if is_template(src) {
+            self.env.template_from_str(src).map(|_| ())
+        } else {
+            self.env.compile_expression(src).map(|_| ())
+        }
+    }
+
+    /// Evaluates a derived value: a string with `{{ }}` renders as a template
+    /// (giving a string), anything else is an expression (keeping its type).
+    pub fn eval(&self, src: &str, ctx: &Value) -> Result<Value, Error> {
+        if is_template(src) {
+            self.env.render_str(src, ctx).map(Value::from)
+        } else {
+            let v = self.env.compile_expression(src)?.eval(ctx)?;
+            if v.is_undefined() {
+                return Err(Error::new(
+                    ErrorKind::UndefinedError,
+                    "the expression is undefined",
+                ));
+            }
+            Ok(v)
+        }
+    }
+}
+
+/// A template context from anything serialisable.
+pub fn context<T: serde::Serialize>(value: &T) -> Value {
+    Value::from(minijinja::value::Serde(value))
+}
+
+fn is_template(src: &str) -> bool {
+    src.contains("{{") || src.contains("{%")
+}
+
+fn display(v: &Value) -> String {
+    if v.is_none() {
+        String::new()
+    } else {
+        v.to_string()
+    }
+}
+
+/// One shell word: unchanged when it is plain, single-quoted otherwise.
+pub fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-+=/.,:@%^".contains(c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The shell line that starts a job's program. A single simple command is
+/// `exec`ed, so that signals from SLURM (SIGUSR1 before the time limit,
+/// SIGTERM on preemption) reach the program itself rather than a shell that
+/// would die of them; a compound command line runs as written.
+pub fn launch_line(command: &str) -> String {
+    let compound = command.contains(['\n', ';', '&', '|', '(', '`']) || command.contains("$(");
+    if compound {
+        command.to_string()
+    } else {
+        format!("exec {command}")
+    }
+}
+
+/// A one-line description of a minijinja error with its template and line.
+pub fn describe(err: &Error) -> String {
+    let mut s = err
+        .detail()
+        .map(str::to_string)
+        .unwrap_or_else(|| err.kind().to_string());
+    let mut source = std::error::Error::source(err);
+    while let Some(inner) = source {
+        s.push_str(&format!(": {inner}"));
+        source = inner.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use minijinja::context;
+
+    #[test]
+    fn scripts_quote_every_value() {
+        let mut e = Engine::new();
+        e.add("x.sbatch", "echo {{ a }} {{ b }} {{ c|safe }}\n")
+            .unwrap();
+        let out = e
+            .render(
+                "x.sbatch",
+                &context! { a => "plain-1.0", b => "it's $(rm -rf /)", c => "$HOME" },
+            )
+            .unwrap();
+        assert_eq!(out, "echo plain-1.0 'it'\\''s $(rm -rf /)' $HOME\n");
+    }
+
+    #[test]
+    fn derived_values_keep_their_type() {
+        let e = Engine::new();
+        let ctx =
+            context! { batch_size => 2, slurm => context! { nodes => 4, gpus_per_node => 4 } };
+        let v = e
+            .eval("batch_size * slurm.nodes * slurm.gpus_per_node", &ctx)
+            .unwrap();
+        assert_eq!(v, Value::from(32));
+        let s = e.eval("bs{{ batch_size }}", &ctx).unwrap();
+        assert_eq!(s.as_str(), Some("bs2"));
+        assert!(e.eval("nope + 1", &ctx).is_err());
+    }
+
+    #[test]
+    fn only_simple_commands_are_execed() {
+        assert_eq!(
+            launch_line("sweep train --config 'a b'"),
+            "exec sweep train --config 'a b'"
+        );
+        assert_eq!(launch_line("echo a; exit 3"), "echo a; exit 3");
+        assert_eq!(launch_line("a && b"), "a && b");
+        assert_eq!(launch_line("x | y"), "x | y");
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("/x/y.toml"), "/x/y.toml");
+    }
+}

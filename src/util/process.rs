@@ -1,0 +1,48 @@
+//! Running external programs (git, sbatch, squeue, ...) with errors that say what ran.
+
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::process::Command;
+
+/// Runs a command to completion and returns its stdout; a non-zero exit is an
+/// error carrying the command line and its stderr.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not run {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The commit of the git checkout that holds `dir`, with `-dirty` when it has
+/// uncommitted changes; None outside a checkout or without git.
+pub fn git_commit(dir: &Path) -> Option<String> {
+    let head = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    if !head.status.success() {
+        return None;
+    }
+    let mut commit = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    let dirty = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()
+        .is_some_and(|o| !o.stdout.is_empty());
+    if dirty {
+        commit.push_str("-dirty");
+    }
+    Some(commit)
+}
