@@ -6,6 +6,7 @@
 //! job runs) -> `report` (tables and plots). `config` is the run configuration
 //! they share; `cli` parses the command line once and hands over.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod executor;

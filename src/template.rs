@@ -81,6 +81,11 @@ impl Engine {
         }
     }
 
+    /// Checks that a template (a command line) compiles.
+    pub fn check_template(&self, src: &str) -> Result<(), Error> {
+        self.env.template_from_str(src).map(|_| ())
+    }
+
     /// Evaluates a derived value: a string with `{{ }}` renders as a template
     /// (giving a string), anything else is an expression (keeping its type).
     pub fn eval(&self, src: &str, ctx: &Value) -> Result<Value, Error> {

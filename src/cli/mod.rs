@@ -1,6 +1,7 @@
 //! The `sweep` command line: options are parsed once into typed structs here
 //! and handed to the module that does the work.
 
+mod bench_cmds;
 mod sweep_cmds;
 
 use clap::{Parser, Subcommand};
@@ -57,9 +58,25 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Benchmarks of the hot paths (release build).
+    #[command(subcommand)]
+    Bench(BenchCmd),
     /// Cancel every pending or running job of a sweep.
     #[command(after_help = "Example:\n  sweep cancel experiments/pretokenization.toml")]
     Cancel { manifest: PathBuf },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Plan + render of a large sweep (goal: 10,000 runs in under 2 s).
+    #[command(after_help = "Example:\n  sweep bench plan --runs 10000")]
+    Plan {
+        #[arg(long, default_value_t = 10_000)]
+        runs: usize,
+        /// Where the temporary project is written (its file system is measured too).
+        #[arg(long, default_value = "results")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -112,5 +129,6 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Submit(args) => sweep_cmds::submit(root, &args),
         Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),
         Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest),
+        Cmd::Bench(b) => bench_cmds::run(b),
     }
 }

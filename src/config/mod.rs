@@ -238,7 +238,15 @@ impl TrainConfig {
                 bail!("`peak_flops` must be positive");
             }
         }
-        self.model_config()?;
+        if ModelConfig::preset(&self.model).is_none() {
+            bail!(
+                "`model`: unknown preset `{}` (known: {})",
+                self.model,
+                PRESETS.join(", ")
+            );
+        }
+        self.model_config()
+            .map_err(|e| anyhow::anyhow!("`architecture`: {e}"))?;
         Ok(())
     }
 

@@ -12,6 +12,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// What runs must share to go out as one array: their `#SBATCH` header, the
+/// job they wait for, and the array throttle.
+type ArrayKey = (Vec<String>, Option<String>, Option<u32>);
+
 /// One `sbatch` call.
 #[derive(Debug, Clone, Serialize)]
 pub struct Submission {
@@ -64,8 +68,7 @@ pub fn submit(
     }
 
     // Runs that share their #SBATCH header, dependency and throttle go out as one array.
-    let mut groups: IndexMap<(Vec<String>, Option<String>, Option<u32>), Vec<usize>> =
-        IndexMap::new();
+    let mut groups: IndexMap<ArrayKey, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
         if u.kind != UnitKind::Run || decisions[i] != Decision::Submit {
             continue;
@@ -162,7 +165,9 @@ fn write_array_script(
         .join("arrays")
         .join(format!("array-{}.sbatch", &id[..12]));
     if !dry_run {
-        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        for d in [&logs, &study_dir.join("arrays")] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
         crate::util::fs::write_if_changed(&path, s.as_bytes())?;
     }
     Ok(path)

@@ -125,11 +125,21 @@ impl Manifest {
             .flat_map(|a| a.keys.iter().map(String::as_str))
     }
 
-    /// Where a configuration key is set (an axis or `[defaults]`), for errors
-    /// found after expansion.
+    /// Where a key is set, for errors found after expansion: the key itself
+    /// when the file has it (`slurm.template`), else the axis or derived
+    /// value that sets it (also for a section: `architecture` finds
+    /// `architecture.n_layers`), else `[defaults]`.
     pub fn locate(&self, key: &str) -> Diagnostic {
+        if self.source.has(key) {
+            return self.source.at_value(key, "");
+        }
+        let prefix = format!("{key}.");
         for axis in &self.axes {
-            if let Some(i) = axis.keys.iter().position(|k| k == key) {
+            if let Some(i) = axis
+                .keys
+                .iter()
+                .position(|k| k == key || k.starts_with(&prefix))
+            {
                 return self.source.at_key(&axis.paths[i], "");
             }
         }
@@ -220,7 +230,7 @@ impl Validator<'_, '_> {
             Some(cmd) => {
                 if cmd.trim().is_empty() {
                     self.at_value("command", "`command` is empty");
-                } else if let Err(e) = self.engine.check(cmd) {
+                } else if let Err(e) = self.engine.check_template(cmd) {
                     self.at_value(
                         "command",
                         format!("the command template does not compile: {}", describe(&e)),

@@ -107,6 +107,11 @@ impl Source {
         }
     }
 
+    /// Whether the file spells out this key path.
+    pub fn has(&self, path: &str) -> bool {
+        self.entries.iter().any(|e| e.path == path)
+    }
+
     /// The innermost key path whose key or value span holds `offset`.
     pub fn path_at(&self, offset: usize) -> Option<&str> {
         self.entries

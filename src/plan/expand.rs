@@ -26,7 +26,7 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
     }
 
     let ctx = Shared::new(&m, &study_dir)?;
-    let resolved: Vec<Result<Run, Diagnostic>> =
+    let resolved: Vec<Result<Run, Box<Diagnostic>>> =
         combos.par_iter().map(|c| ctx.resolve(c)).collect();
 
     let mut errors: Vec<Diagnostic> = Vec::new();
@@ -34,7 +34,7 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
     for r in resolved {
         match r {
             Ok(run) => runs.push(run),
-            Err(d) if !errors.contains(&d) => errors.push(d),
+            Err(d) if !errors.contains(&d) => errors.push(*d),
             Err(_) => {}
         }
     }
@@ -136,7 +136,7 @@ impl<'a> Shared<'a> {
         })
     }
 
-    fn resolve(&self, combo: &[usize]) -> Result<Run, Diagnostic> {
+    fn resolve(&self, combo: &[usize]) -> Result<Run, Box<Diagnostic>> {
         let m = self.m;
         let mut params: IndexMap<String, Json> = IndexMap::new();
         let mut table = m.defaults.clone();
@@ -248,27 +248,37 @@ impl<'a> Shared<'a> {
         &self,
         table: &toml::Table,
         params: &IndexMap<String, Json>,
-    ) -> Result<TrainConfig, Diagnostic> {
-        let cfg: TrainConfig = Value::Table(table.clone())
-            .try_into()
-            .map_err(|e: toml::de::Error| self.error_in(params, e.message()))?;
-        cfg.validate()
-            .map_err(|e| self.error_in(params, &format!("{e:#}")))?;
-        Ok(cfg)
+    ) -> Result<TrainConfig, Box<Diagnostic>> {
+        check_train(table).map_err(|msg| self.error_in(params, &msg))
     }
 
-    /// An error in one run's configuration, located at the key it names.
-    fn error_in(&self, params: &IndexMap<String, Json>, msg: &str) -> Diagnostic {
+    /// An error in one run's configuration, located at the axis value that
+    /// causes it on its own, else at the key the message names.
+    fn error_in(&self, params: &IndexMap<String, Json>, msg: &str) -> Box<Diagnostic> {
+        let culprit = self.m.axes.iter().find_map(|axis| {
+            axis.keys.iter().zip(&axis.paths).find_map(|(key, path)| {
+                let value = params.get(key)?;
+                let row = axis.rows.iter().position(|r| {
+                    r.iter()
+                        .zip(&axis.keys)
+                        .any(|(v, k)| k == key && to_json(v) == *value)
+                })?;
+                let mut table = self.m.defaults.clone();
+                set_dotted(&mut table, key, json_to_toml(value)?);
+                (!key.starts_with("slurm.") && check_train(&table).is_err())
+                    .then(|| self.m.source.at_value(&format!("{path}[{row}]"), ""))
+            })
+        });
         let key = msg.split('`').nth(1).unwrap_or("defaults");
-        let mut d = self.m.locate(key);
+        let mut d = culprit.unwrap_or_else(|| self.m.locate(key));
         d.message = format!("invalid run configuration: {}", msg.trim());
         if !params.is_empty() {
             d.help = Some(format!("in the run with {}", show_params(params)));
         }
-        d
+        Box::new(d)
     }
 
-    fn name(&self, ctx: &Json, params: &IndexMap<String, Json>) -> Result<String, Diagnostic> {
+    fn name(&self, ctx: &Json, params: &IndexMap<String, Json>) -> Result<String, Box<Diagnostic>> {
         let raw = match &self.m.name_template {
             Some(t) => self
                 .engine
@@ -287,7 +297,8 @@ impl<'a> Shared<'a> {
             return Err(self
                 .m
                 .source
-                .at_value("sweep.name", format!("`{raw}` cannot name a run directory")));
+                .at_value("sweep.name", format!("`{raw}` cannot name a run directory"))
+                .into());
         }
         Ok(name)
     }
@@ -443,6 +454,15 @@ fn stages(
         run.stage = Some(index);
     }
     Ok(stages)
+}
+
+/// A `[defaults]`-shaped table as a checked trainer configuration.
+fn check_train(table: &toml::Table) -> Result<TrainConfig, String> {
+    let cfg: TrainConfig = Value::Table(table.clone())
+        .try_into()
+        .map_err(|e: toml::de::Error| e.message().to_string())?;
+    cfg.validate().map_err(|e| format!("{e:#}"))?;
+    Ok(cfg)
 }
 
 fn set_dotted(table: &mut toml::Table, key: &str, value: Value) {

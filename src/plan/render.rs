@@ -6,7 +6,7 @@ use super::record::{ManifestRef, RunRecord};
 use super::templates::Templates;
 use super::{Job, Plan};
 use crate::manifest::{Diagnostic, Diagnostics};
-use crate::util::fs::write_if_changed;
+use crate::util::fs::{write_atomic, write_if_changed};
 use anyhow::{Context, Result};
 use rayon::prelude::*;
 use serde_json::json;
@@ -24,6 +24,8 @@ pub struct RenderedDir {
     pub config: Option<String>,
     pub script: String,
     pub record: RunRecord,
+    /// `record` as written (`run.json`/`stage.json`).
+    pub record_bytes: Vec<u8>,
     pub record_file: &'static str,
 }
 
@@ -90,6 +92,7 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
                 dir: run.dir.clone(),
                 config: Some(config),
                 script,
+                record_bytes: record.to_bytes(),
                 record,
                 record_file: super::record::RUN_JSON,
             })
@@ -115,6 +118,7 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
                 dir: s.dir.clone(),
                 config: None,
                 script,
+                record_bytes: record.to_bytes(),
                 record,
                 record_file: STAGE_JSON,
             })
@@ -144,6 +148,7 @@ fn merge(dir: &Path, fresh: RunRecord) -> Result<RunRecord, Diagnostics> {
     } else {
         super::record::RUN_JSON
     };
+    // One failed open per new run is cheaper than a stat first.
     let old: Option<RunRecord> = match std::fs::read(dir.join(file)) {
         Ok(bytes) => serde_json::from_slice(&bytes).ok(),
         Err(_) => None,
@@ -184,23 +189,37 @@ fn has_outputs(dir: &Path) -> bool {
 }
 
 /// Writes the rendered directories (in parallel), touching only changed files.
+/// A directory that did not exist yet gets its files without reading first:
+/// on a slow file system every avoidable lookup counts.
 pub fn write(rendered: &Rendered) -> Result<WriteSummary> {
     let all: Vec<&RenderedDir> = rendered.stages.iter().chain(&rendered.runs).collect();
+    let mut parents: Vec<&Path> = all.iter().filter_map(|r| r.dir.parent()).collect();
+    parents.sort_unstable();
+    parents.dedup();
+    for p in parents {
+        std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
+    }
     let counts: Vec<Result<(usize, usize)>> = all
         .par_iter()
         .map(|r| {
-            std::fs::create_dir_all(&r.dir)
-                .with_context(|| format!("creating {}", r.dir.display()))?;
-            let mut files: Vec<(PathBuf, Vec<u8>)> = vec![
-                (r.dir.join(JOB_SBATCH), r.script.clone().into_bytes()),
-                (r.dir.join(r.record_file), r.record.to_bytes()),
+            let fresh = match std::fs::create_dir(&r.dir) {
+                Ok(()) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+                Err(e) => return Err(e).with_context(|| format!("creating {}", r.dir.display())),
+            };
+            let mut files: Vec<(PathBuf, &[u8])> = vec![
+                (r.dir.join(JOB_SBATCH), r.script.as_bytes()),
+                (r.dir.join(r.record_file), &r.record_bytes),
             ];
             if let Some(c) = &r.config {
-                files.push((r.dir.join(CONFIG_TOML), c.clone().into_bytes()));
+                files.push((r.dir.join(CONFIG_TOML), c.as_bytes()));
             }
             let mut written = 0;
             for (path, bytes) in &files {
-                if write_if_changed(path, bytes)? {
+                if fresh {
+                    write_atomic(path, bytes)?;
+                    written += 1;
+                } else if write_if_changed(path, bytes)? {
                     written += 1;
                 }
             }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: unit and integration tests, including
+# the ones that drive real jobs through the local SLURM cluster.
+#
+#   scripts/test.sh [extra cargo test arguments]
+#
+# Installs what the tests need (SLURM and munge from Debian packages, pyarrow
+# and polars from PyPI), starts the local cluster if it is not running (and
+# stops it again at the end), and runs `cargo test --release`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/setup.sh
+
+started=0
+if ! scripts/local-slurm.sh status 2>/dev/null; then
+    scripts/local-slurm.sh up >/dev/null
+    started=1
+fi
+eval "$(scripts/local-slurm.sh env)"
+[ $started -eq 1 ] && trap 'scripts/local-slurm.sh down' EXIT
+
+cargo test --release --locked "$@" -- --include-ignored

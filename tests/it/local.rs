@@ -1,0 +1,125 @@
+//! The local executor: parallel runs, exit codes, idempotence, dependencies, Ctrl-C.
+
+use super::support::{project, run_ok, status, stdout, sweep, wait_for, write};
+
+#[test]
+fn local_runs_record_exit_codes_and_resubmit_only_what_failed() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"l\"\nexecutor = \"local\"\ncommand = \"echo run {{ code }}; exit {{ code }}\"\n[sweep.grid]\ncode = [0, 3]\n[local]\nparallel = 2\n");
+    let out = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "a failed run fails the submit");
+    let s = status(root.path(), &m);
+    assert_eq!(s["code-0"], ("COMPLETED".into(), Some(0)));
+    assert_eq!(s["code-3"], ("FAILED".into(), Some(3)));
+    let log = std::fs::read_to_string(root.path().join("results/l/code-3/local.out")).unwrap();
+    assert!(log.contains("run 3"), "{log}");
+
+    let again = stdout(&run_ok(sweep(root.path()).arg("submit").arg(&m)));
+    assert!(
+        again.contains("nothing to submit") && again.contains("--retry-failed"),
+        "{again}"
+    );
+    let retry = sweep(root.path())
+        .args(["submit", "--retry-failed"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert_eq!(retry.status.code(), Some(1));
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.path().join("results/l/code-3/run.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        record["jobs"].as_array().unwrap().len(),
+        2,
+        "the failed run ran twice"
+    );
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.path().join("results/l/code-0/run.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        record["jobs"].as_array().unwrap().len(),
+        1,
+        "the completed run ran once"
+    );
+}
+
+#[test]
+fn a_failed_stage_cancels_the_runs_that_need_it() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    // The dataset does not exist, so the pretokenize stage fails.
+    write(&m, "name = \"d\"\nexecutor = \"local\"\n[defaults]\ndataset = \"missing.parquet\"\n[sweep.grid]\npretokenized = [true]\nbatch_size = [1, 2]\n");
+    let out = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let s = status(root.path(), &m);
+    let stage = s
+        .iter()
+        .find(|(k, _)| k.starts_with("pretokenize-padded-"))
+        .expect("a stage")
+        .1;
+    assert_eq!(stage.0, "FAILED");
+    assert_eq!(s["pretokenized-true_batch_size-1"].0, "CANCELLED");
+    assert_eq!(s["pretokenized-true_batch_size-2"].0, "CANCELLED");
+}
+
+#[test]
+fn ctrl_c_stops_running_jobs_and_their_children() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"c\"\nexecutor = \"local\"\ncommand = \"sleep 60 & wait\"\n[sweep.grid]\nx = [1, 2, 3]\n[local]\nparallel = 2\n");
+    let mut child = sweep(root.path())
+        .arg("submit")
+        .arg(&m)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(20, "two running jobs", || {
+        let s = status(root.path(), &m);
+        (s.values().filter(|v| v.0 == "RUNNING").count() == 2).then_some(())
+    });
+    let pids: Vec<i32> = ["x-1", "x-2"]
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(root.path().join(format!("results/c/{r}/local.json"))).unwrap(),
+            )
+            .unwrap();
+            v["pid"].as_i64().unwrap() as i32
+        })
+        .collect();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let code = wait_for(30, "sweep to stop", || child.try_wait().unwrap()).code();
+    assert_eq!(code, Some(130));
+    // The jobs' whole process groups are gone (the `sleep` children too).
+    for pid in pids {
+        wait_for(10, "the job's process group to end", || {
+            (live_members(pid) == 0).then_some(())
+        });
+    }
+    let s = status(root.path(), &m);
+    assert!(s.values().all(|v| v.0 == "CANCELLED"), "{s:?}");
+}
+
+/// Processes of a process group that are alive (zombies waiting for a slow
+/// PID 1 to reap them do not count).
+fn live_members(pgid: i32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+        .filter(|stat| {
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.len() > 2 && f[2] == pgid.to_string() && f[0] != "Z" && f[0] != "X"
+        })
+        .count()
+}

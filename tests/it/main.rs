@@ -1,0 +1,9 @@
+//! Integration tests: one binary (each test binary links every dependency).
+//! Tests marked `#[ignore]` need the local SLURM cluster or the full corpus;
+//! `scripts/test.sh` starts the cluster and runs them all.
+
+mod local;
+mod manifests;
+mod planning;
+mod slurm;
+mod support;

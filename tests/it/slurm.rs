@@ -1,0 +1,214 @@
+//! Real jobs on the local SLURM cluster (`scripts/local-slurm.sh up`): arrays,
+//! dependencies, failures, cancellation, idempotent submission, and
+//! `sbatch --test-only` on every script rendered from experiments/.
+
+use super::support::{project, repo, run_ok, status, stdout, sweep, wait_for, write};
+use std::path::Path;
+use std::process::Command;
+
+const NEEDS: &str =
+    "needs the local SLURM cluster: scripts/local-slurm.sh up (scripts/test.sh does it)";
+
+fn require_cluster() {
+    if std::env::var_os("SLURM_CONF").is_none() && !Path::new("/etc/slurm/slurm.conf").exists() {
+        std::env::set_var("SLURM_CONF", "/tmp/sweep-slurm/etc/slurm.conf");
+    }
+    let ok = Command::new("scontrol")
+        .arg("ping")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("UP"));
+    assert!(ok, "{NEEDS}");
+}
+
+/// How many jobs SLURM knows by this name.
+fn jobs_named(name: &str) -> usize {
+    let out = run_ok(
+        Command::new("squeue").args(["--me", "-h", "-t", "all", "-r", "-n", name, "-o", "%i"]),
+    );
+    stdout(&out).lines().count()
+}
+
+fn wait_until_done(
+    root: &Path,
+    m: &Path,
+    secs: u64,
+) -> std::collections::HashMap<String, (String, Option<i64>)> {
+    wait_for(secs, "every job to end", || {
+        let s = status(root, m);
+        s.values()
+            .all(|(st, _)| !matches!(st.as_str(), "PENDING" | "RUNNING"))
+            .then_some(s)
+    })
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn an_array_with_a_failing_task_and_three_submissions_without_duplicates() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"arr\"\ncommand = \"echo task {{ tag }}; exit {{ code }}\"\n[sweep.grid]\ncode = [0, 3]\ntag = [\"a\", \"b\"]\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-arr\"\narray_throttle = 2\n");
+    let first = stdout(&run_ok(
+        sweep(root.path())
+            .arg("submit")
+            .arg(&m)
+            .args(["--executor", "slurm"]),
+    ));
+    assert!(first.contains("array of 4 runs"), "{first}");
+    for _ in 0..2 {
+        let again = stdout(&run_ok(
+            sweep(root.path())
+                .arg("submit")
+                .arg(&m)
+                .args(["--executor", "slurm"]),
+        ));
+        assert!(again.contains("nothing to submit"), "{again}");
+    }
+    assert_eq!(
+        jobs_named("sweep-test-arr"),
+        4,
+        "three submissions, four array tasks"
+    );
+    let s = wait_until_done(root.path(), &m, 60);
+    assert_eq!(s["code-0_a"], ("COMPLETED".into(), Some(0)));
+    assert_eq!(s["code-3_b"], ("FAILED".into(), Some(3)));
+    // Each task logged into its own run directory; the record has the task's id.
+    let dir = root.path().join("results/arr/code-3_b");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap()).unwrap();
+    let job = rec["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    assert!(job.contains('_'), "an array task id: {job}");
+    let log = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().ends_with(".out"))
+        .expect("a job log");
+    assert!(std::fs::read_to_string(log.path())
+        .unwrap()
+        .contains("task b"));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("exit_code"))
+            .unwrap()
+            .trim(),
+        format!("{job} 3")
+    );
+    // Only the failed runs go again with --retry-failed.
+    let retry = stdout(&run_ok(sweep(root.path()).arg("submit").arg(&m).args([
+        "--executor",
+        "slurm",
+        "--retry-failed",
+    ])));
+    assert!(retry.contains("array of 2 runs"), "{retry}");
+    assert_eq!(jobs_named("sweep-test-arr"), 6);
+    wait_until_done(root.path(), &m, 60);
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn runs_wait_for_their_stage_and_are_cancelled_when_it_fails() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"dep\"\n[defaults]\ndataset = \"missing.parquet\"\npretokenized = true\n[sweep.grid]\nbatch_size = [1, 2]\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-dep\"\n");
+    let out = stdout(&run_ok(
+        sweep(root.path())
+            .arg("submit")
+            .arg(&m)
+            .args(["--executor", "slurm"]),
+    ));
+    assert!(out.contains("array of 2 runs after job"), "{out}");
+    let s = wait_until_done(root.path(), &m, 60);
+    let stage = s
+        .iter()
+        .find(|(k, _)| k.starts_with("pretokenize-"))
+        .unwrap()
+        .1;
+    assert_eq!(stage.0, "FAILED");
+    assert_eq!(
+        s["batch_size-1"].0, "CANCELLED",
+        "afterok on a failed job never runs"
+    );
+    assert_eq!(s["batch_size-2"].0, "CANCELLED");
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn cancel_stops_a_running_job() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"can\"\ncommand = \"sleep 120\"\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-cancel\"\n");
+    run_ok(
+        sweep(root.path())
+            .arg("submit")
+            .arg(&m)
+            .args(["--executor", "slurm"]),
+    );
+    wait_for(30, "the job to run", || {
+        (status(root.path(), &m)["run"].0 == "RUNNING").then_some(())
+    });
+    let out = stdout(&run_ok(sweep(root.path()).arg("cancel").arg(&m)));
+    assert!(out.contains("cancelled 1 jobs"), "{out}");
+    let s = wait_until_done(root.path(), &m, 30);
+    assert_eq!(s["run"].0, "CANCELLED");
+}
+
+/// `sbatch --test-only` on every job script rendered from experiments/. The
+/// scripts are submitted as rendered; only resources this 2-core machine
+/// lacks (GPUs beyond its two fake ones, CPUs beyond its cores) are lowered on
+/// the command line, which sbatch applies over the #SBATCH lines.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn every_script_rendered_from_experiments_passes_sbatch_test_only() {
+    require_cluster();
+    let root = project();
+    let mut scripts = Vec::new();
+    for e in std::fs::read_dir(repo().join("experiments")).unwrap() {
+        let m = e.unwrap().path();
+        run_ok(sweep(root.path()).arg("render").arg(&m));
+    }
+    collect_scripts(&root.path().join("results"), &mut scripts);
+    assert!(scripts.len() >= 8 + 2 + 8 + 6, "{} scripts", scripts.len());
+    let cores = std::thread::available_parallelism().unwrap().get();
+    for s in scripts {
+        let text = std::fs::read_to_string(&s).unwrap();
+        let mut cmd = Command::new("sbatch");
+        cmd.arg("--test-only");
+        if sbatch_value(&text, "--gpus-per-node").is_some_and(|g| g > 2) {
+            cmd.arg("--gpus-per-node=2");
+        }
+        if sbatch_value(&text, "--cpus-per-task").is_some_and(|c| c > cores) {
+            cmd.arg("--cpus-per-task=1");
+        }
+        if sbatch_value(&text, "--nodes").is_some_and(|n| n > 1) {
+            cmd.arg("--nodes=1");
+        }
+        let out = cmd.arg(&s).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && err.contains("to start at"),
+            "{}: {err}",
+            s.display()
+        );
+    }
+}
+
+fn sbatch_value(script: &str, flag: &str) -> Option<usize> {
+    script.lines().find_map(|l| {
+        l.strip_prefix(&format!("#SBATCH {flag}="))?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+fn collect_scripts(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            collect_scripts(&p, out);
+        } else if p.file_name().is_some_and(|n| n == "job.sbatch") {
+            out.push(p);
+        }
+    }
+}
