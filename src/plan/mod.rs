@@ -11,7 +11,8 @@ pub mod templates;
 use crate::template::shell_quote;
 pub use expand::sweep_bin;
 
-use crate::config::{DatasetType, TrainConfig};
+pub use crate::config::PretokenizedFormat;
+use crate::config::TrainConfig;
 use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -50,31 +51,6 @@ impl Run {
                 shell_quote(&self.dir.join(render::CONFIG_TOML).display().to_string())
             ),
             Job::Command(c) => c.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PretokenizedFormat {
-    /// `input_ids` + `attention_mask`, seq+1 per document (padded runs).
-    Padded,
-    /// `tokens`, one untruncated list per document (padding-free runs).
-    TokenList,
-}
-
-impl PretokenizedFormat {
-    pub fn for_dataset(t: DatasetType) -> Self {
-        match t {
-            DatasetType::Padded => PretokenizedFormat::Padded,
-            DatasetType::PaddingFree => PretokenizedFormat::TokenList,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PretokenizedFormat::Padded => "padded",
-            PretokenizedFormat::TokenList => "token-list",
         }
     }
 }

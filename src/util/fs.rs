@@ -9,16 +9,25 @@ use std::path::Path;
 /// torn one. No fsync: this guards against crashes of the writer, not power
 /// loss, and every writer here can simply run again. The directory must exist.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = parent_dir(path);
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    let mut tmp = temp_beside(path, ".tmp-")?;
     tmp.write_all(bytes)
         .with_context(|| format!("writing {}", path.display()))?;
     tmp.persist(path)
         .with_context(|| format!("renaming into {}", path.display()))?;
     Ok(())
+}
+
+/// A temporary file beside `target`, readable by others once renamed (temp
+/// files are created private).
+pub fn temp_beside(target: &Path, prefix: &str) -> Result<tempfile::NamedTempFile> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = parent_dir(target);
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .permissions(std::fs::Permissions::from_mode(0o644))
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    Ok(tmp)
 }
 
 /// Like [`write_atomic`], but leaves the file (and its mtime) alone when it

@@ -3,6 +3,7 @@
 pub mod fs;
 pub mod hash;
 pub mod process;
+pub mod progress;
 
 /// Seconds since the Unix epoch, as an RFC 3339 timestamp in UTC.
 pub fn now_rfc3339() -> String {

@@ -2,6 +2,7 @@
 //! Tests marked `#[ignore]` need the local SLURM cluster or the full corpus;
 //! `scripts/test.sh` starts the cluster and runs them all.
 
+mod data;
 mod local;
 mod manifests;
 mod planning;

@@ -1,0 +1,168 @@
+//! pretokenize, data import-text, data dump, data verify.
+
+use super::{DataCmd, FormatArg, PretokenizeCli};
+use crate::config::PretokenizedFormat;
+use crate::data::{import, pretokenize, verify, DataSpec, SampleStream, SourceSpec, TextTokenizer};
+use anyhow::Result;
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// Threads for CPU work: the flag, else SLURM's allocation, else every core.
+pub fn threads(flag: usize) -> usize {
+    if flag > 0 {
+        return flag;
+    }
+    ["SWEEP_THREADS", "SLURM_CPUS_PER_TASK"]
+        .iter()
+        .find_map(|v| {
+            std::env::var(v)
+                .ok()?
+                .parse()
+                .ok()
+                .filter(|&n: &usize| n > 0)
+        })
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
+    let formats = match p.format {
+        FormatArg::Padded => vec![PretokenizedFormat::Padded],
+        FormatArg::TokenList => vec![PretokenizedFormat::TokenList],
+        FormatArg::Both => vec![PretokenizedFormat::Padded, PretokenizedFormat::TokenList],
+    };
+    let args = pretokenize::PretokenizeArgs {
+        input: p.input.clone(),
+        text_column: p.text_column.clone(),
+        tokenizer: p.tokenizer.tokenizer.clone(),
+        specials: p.tokenizer.specials(),
+        seq_len: p.sequence_length,
+        formats,
+        out_dir: p.out.clone(),
+        row_group_size: p.row_group_size,
+        threads: threads(p.threads),
+        force: p.force,
+        progress: !p.quiet,
+    };
+    let r = pretokenize::run(&args)?;
+    for (path, kept) in &r.outputs {
+        println!(
+            "{} {}",
+            if *kept { "kept   " } else { "wrote  " },
+            path.display()
+        );
+    }
+    if r.documents > 0 {
+        println!(
+            "{} documents, {} tokens, {:.1} MB of text in {:.1} s on {} threads: {:.0} docs/s, {:.2} MB/s, {:.0}k tokens/s",
+            r.documents,
+            r.tokens,
+            r.text_bytes as f64 / 1e6,
+            r.seconds,
+            args.threads,
+            r.documents as f64 / r.seconds,
+            r.mb_per_s(),
+            r.tokens as f64 / 1e3 / r.seconds
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run(cmd: DataCmd) -> Result<ExitCode> {
+    match cmd {
+        DataCmd::ImportText {
+            files,
+            out,
+            no_split,
+            median_kb,
+            seed,
+            row_group_size,
+        } => {
+            let opts = import::ImportOptions {
+                split: !no_split,
+                median_bytes: median_kb * 1000.0,
+                seed,
+                row_group_size,
+                ..Default::default()
+            };
+            let r = import::import_text(&files, &out, &opts)?;
+            for f in &r.latin1 {
+                eprintln!("note: {f} is not UTF-8; read it as Latin-1");
+            }
+            println!(
+                "{} files -> {} documents ({:.1} MB, mean {:.1} KB) in {}",
+                r.files,
+                r.documents,
+                r.bytes as f64 / 1e6,
+                r.bytes as f64 / 1e3 / r.documents.max(1) as f64,
+                out.display()
+            );
+        }
+        DataCmd::Dump {
+            dataset,
+            dataset_type,
+            pretokenized,
+            text_column,
+            tokenizer,
+            seq_len,
+            samples,
+            rank,
+            world_size,
+        } => {
+            anyhow::ensure!(rank < world_size, "--rank must be below --world-size");
+            let spec = DataSpec {
+                dataset_type,
+                seq_len,
+                source: if pretokenized {
+                    SourceSpec::Pretokenized { path: dataset }
+                } else {
+                    SourceSpec::Text {
+                        path: dataset,
+                        column: text_column,
+                    }
+                },
+                tokenizer: Arc::new(TextTokenizer::load(
+                    &tokenizer.tokenizer,
+                    &tokenizer.specials(),
+                )?),
+                rank,
+                world_size,
+                holdout: 0,
+            };
+            let mut stream = SampleStream::open(&spec)?;
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            for _ in 0..samples {
+                let (inputs, labels) = stream.next_sample()?;
+                serde_json::to_writer(
+                    &mut out,
+                    &serde_json::json!({ "inputs": inputs, "labels": labels }),
+                )?;
+                out.write_all(b"\n")?;
+            }
+            out.flush()?;
+        }
+        DataCmd::Verify {
+            pretokenized,
+            source,
+            tokenizer,
+            sample,
+            seed,
+        } => {
+            let args = verify::VerifyArgs {
+                pretokenized: pretokenized.clone(),
+                source,
+                tokenizer: tokenizer.tokenizer.clone(),
+                specials: tokenizer.specials(),
+                sample,
+                seed,
+            };
+            let r = verify::verify(&args)?;
+            println!("{}", verify::describe(&r, &pretokenized));
+            if r.mismatch.is_some() {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,621 @@
+//! The four loaders: padded or padding-free, from text tokenized on the fly or
+//! from a pretokenized file. They differ only in where a document's ids come
+//! from (`Source`); sample construction is shared (`samples`).
+//!
+//! Each rank reads a contiguous range of documents (its shard), wraps around at
+//! the end of it, and skips documents with no tokens. A background thread keeps
+//! `prefetch` batches ready, as contiguous integer buffers.
+
+use super::pretokenized::{Docs, PretokFile};
+use super::samples::{self, TokenBuffer};
+use super::text::{TextChunk, TextFile};
+use super::tokenizer::TextTokenizer;
+use crate::config::{DatasetType, PretokenizedFormat};
+use anyhow::{anyhow, bail, Result};
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where documents come from.
+#[derive(Debug, Clone)]
+pub enum SourceSpec {
+    /// A Parquet text column, tokenized as it is read.
+    Text { path: PathBuf, column: String },
+    /// A file written by `sweep pretokenize`.
+    Pretokenized { path: PathBuf },
+}
+
+/// Everything a loader needs, resolved from a run's configuration.
+#[derive(Clone)]
+pub struct DataSpec {
+    pub dataset_type: DatasetType,
+    pub seq_len: usize,
+    pub source: SourceSpec,
+    pub tokenizer: Arc<TextTokenizer>,
+    pub rank: usize,
+    pub world_size: usize,
+    /// Documents at the end of the dataset kept out of training (validation).
+    pub holdout: usize,
+}
+
+/// Where a loader stands: enough to resume exactly (stored in checkpoints).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoaderState {
+    pub epoch: u64,
+    /// The next document of the shard to read.
+    pub next_doc: usize,
+    /// Padding-free: the tokens waiting in the buffer.
+    pub buffer: Vec<u32>,
+    pub samples: u64,
+}
+
+/// The documents of rank `rank` of `world`: a contiguous range.
+pub fn shard(docs: usize, rank: usize, world: usize) -> Range<usize> {
+    (rank * docs / world)..((rank + 1) * docs / world)
+}
+
+enum Source {
+    Text {
+        file: TextFile,
+        tok: Arc<TextTokenizer>,
+    },
+    Pretok(PretokFile),
+}
+
+enum Cache {
+    Empty,
+    Text(usize, TextChunk),
+    Pretok(usize, Docs),
+}
+
+/// Reads the documents of a range in order, forever, wrapping at its end.
+struct DocCursor {
+    source: Source,
+    range: Range<usize>,
+    next: usize,
+    epoch: u64,
+    cache: Cache,
+}
+
+impl DocCursor {
+    fn docs(&self) -> usize {
+        match &self.source {
+            Source::Text { file, .. } => file.docs(),
+            Source::Pretok(p) => p.docs(),
+        }
+    }
+
+    /// Copies the next document's ids into `out`; returns its index.
+    fn next_into(&mut self, out: &mut Vec<u32>) -> Result<usize> {
+        if self.next >= self.range.end {
+            self.next = self.range.start;
+            self.epoch += 1;
+        }
+        let i = self.next;
+        self.next += 1;
+        out.clear();
+        let parquet = match &self.source {
+            Source::Text { file, .. } => &file.file,
+            Source::Pretok(p) => &p.file,
+        };
+        let rg = parquet.row_group_of(i);
+        let cached = matches!(&self.cache, Cache::Text(r, _) | Cache::Pretok(r, _) if *r == rg);
+        if !cached {
+            self.cache = match &self.source {
+                Source::Text { file, .. } => Cache::Text(rg, file.read(rg)?),
+                Source::Pretok(p) => Cache::Pretok(rg, p.read(rg)?),
+            };
+        }
+        match (&self.cache, &self.source) {
+            (Cache::Text(_, chunk), Source::Text { tok, .. }) => {
+                let text = chunk.get(i - chunk.first_doc)?;
+                out.extend_from_slice(&tok.document_ids(text)?);
+            }
+            (Cache::Pretok(_, docs), _) => out.extend_from_slice(docs.doc(i - docs.first)),
+            _ => unreachable!("the cache matches the source"),
+        }
+        Ok(i)
+    }
+}
+
+/// Samples, one at a time, from one rank's shard.
+pub struct SampleStream {
+    cursor: DocCursor,
+    kind: DatasetType,
+    seq: usize,
+    bos: Option<u32>,
+    pad: u32,
+    buffer: TokenBuffer,
+    scratch: Vec<u32>,
+    samples: u64,
+}
+
+impl SampleStream {
+    /// A stream over this rank's shard of the training documents.
+    pub fn open(spec: &DataSpec) -> Result<SampleStream> {
+        let source = open_source(spec)?;
+        let mut s = Self::over(spec, source, 0..0)?;
+        let total = s.cursor.docs();
+        if spec.holdout >= total {
+            bail!(
+                "validation_documents ({}) leaves no training documents of {total}",
+                spec.holdout
+            );
+        }
+        let range = shard(total - spec.holdout, spec.rank, spec.world_size);
+        if range.is_empty() {
+            bail!(
+                "rank {} of {} gets no documents: the dataset has only {total}",
+                spec.rank,
+                spec.world_size
+            );
+        }
+        s.cursor.range = range.clone();
+        s.cursor.next = range.start;
+        Ok(s)
+    }
+
+    /// A stream over the held-out documents (the same for every rank).
+    pub fn open_validation(spec: &DataSpec) -> Result<SampleStream> {
+        let source = open_source(spec)?;
+        let mut s = Self::over(spec, source, 0..0)?;
+        let total = s.cursor.docs();
+        s.cursor.range = (total - spec.holdout.min(total))..total;
+        s.cursor.next = s.cursor.range.start;
+        Ok(s)
+    }
+
+    fn over(spec: &DataSpec, source: Source, range: Range<usize>) -> Result<SampleStream> {
+        let bos = match spec.dataset_type {
+            DatasetType::PaddingFree => Some(spec.tokenizer.require_bos("padding-free data")?),
+            DatasetType::Padded => spec.tokenizer.bos,
+        };
+        Ok(SampleStream {
+            cursor: DocCursor {
+                source,
+                next: range.start,
+                range,
+                epoch: 0,
+                cache: Cache::Empty,
+            },
+            kind: spec.dataset_type,
+            seq: spec.seq_len,
+            bos,
+            pad: spec.tokenizer.pad_id(),
+            buffer: TokenBuffer::default(),
+            scratch: Vec::new(),
+            samples: 0,
+        })
+    }
+
+    /// The next non-empty document into `scratch`; errors rather than spin
+    /// when a whole pass over the range finds none.
+    fn next_doc(&mut self) -> Result<()> {
+        let empty_len = usize::from(self.bos.is_some());
+        for _ in 0..=self.cursor.range.len() {
+            self.cursor.next_into(&mut self.scratch)?;
+            if self.scratch.len() > empty_len {
+                return Ok(());
+            }
+        }
+        bail!("documents {:?} hold no tokens at all", self.cursor.range)
+    }
+
+    /// Fills one sample; returns its training tokens (labels not -100).
+    pub fn next_into(&mut self, inputs: &mut [u32], labels: &mut [i64]) -> Result<usize> {
+        self.samples += 1;
+        match self.kind {
+            DatasetType::Padded => {
+                self.next_doc()?;
+                Ok(samples::padded(
+                    &self.scratch,
+                    self.seq,
+                    self.pad,
+                    inputs,
+                    labels,
+                ))
+            }
+            DatasetType::PaddingFree => {
+                let bos = self.bos.expect("padding-free streams have a BOS");
+                while !self.buffer.ready(self.seq) {
+                    self.next_doc()?;
+                    let doc = std::mem::take(&mut self.scratch);
+                    self.buffer.push(&doc, bos);
+                    self.scratch = doc;
+                }
+                Ok(self.buffer.take(self.seq, bos, inputs, labels))
+            }
+        }
+    }
+
+    /// One sample as owned vectors (for `sweep data dump` and tests).
+    pub fn next_sample(&mut self) -> Result<(Vec<u32>, Vec<i64>)> {
+        let (mut i, mut l) = (vec![0; self.seq], vec![0; self.seq]);
+        self.next_into(&mut i, &mut l)?;
+        Ok((i, l))
+    }
+
+    pub fn state(&self) -> LoaderState {
+        LoaderState {
+            epoch: self.cursor.epoch,
+            next_doc: self.cursor.next,
+            buffer: self.buffer.snapshot(),
+            samples: self.samples,
+        }
+    }
+
+    /// Continues exactly where `state` left off.
+    pub fn restore(&mut self, state: &LoaderState) -> Result<()> {
+        if state.next_doc < self.cursor.range.start || state.next_doc > self.cursor.range.end {
+            bail!(
+                "the checkpoint's data position (document {}) is outside this rank's shard {:?}: was the dataset or world size changed?",
+                state.next_doc,
+                self.cursor.range
+            );
+        }
+        self.cursor.next = state.next_doc;
+        self.cursor.epoch = state.epoch;
+        self.buffer = TokenBuffer::restore(state.buffer.clone());
+        self.samples = state.samples;
+        Ok(())
+    }
+
+    pub fn seq_len(&self) -> usize {
+        self.seq
+    }
+}
+
+fn open_source(spec: &DataSpec) -> Result<Source> {
+    Ok(match &spec.source {
+        SourceSpec::Text { path, column } => Source::Text {
+            file: TextFile::open(path, column)?,
+            tok: spec.tokenizer.clone(),
+        },
+        SourceSpec::Pretokenized { path } => {
+            let p = PretokFile::open(path)?;
+            check_pretokenized(&p, spec)?;
+            Source::Pretok(p)
+        }
+    })
+}
+
+/// A pretokenized file must come from this tokenizer and fit this layout.
+fn check_pretokenized(p: &PretokFile, spec: &DataSpec) -> Result<()> {
+    let path = p.file.path.display();
+    let m = &p.meta;
+    if m.tokenizer_sha256 != spec.tokenizer.sha256 {
+        bail!(
+            "{path} was tokenized with {} (sha256 {}), not with {}: pretokenize it again",
+            m.tokenizer,
+            &m.tokenizer_sha256[..12.min(m.tokenizer_sha256.len())],
+            spec.tokenizer.path.display()
+        );
+    }
+    match (spec.dataset_type, m.format) {
+        (DatasetType::PaddingFree, PretokenizedFormat::Padded) => bail!(
+            "{path} is padded (each document cut to seq+1 tokens); padding-free data needs the token-list format"
+        ),
+        (DatasetType::Padded, PretokenizedFormat::Padded) if m.sequence_length != spec.seq_len => bail!(
+            "{path} is padded to sequence length {}, but the run uses {}",
+            m.sequence_length,
+            spec.seq_len
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// One batch, ready for the train step.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// batch × seq input ids, row-major.
+    pub inputs: Vec<u32>,
+    /// batch × seq labels, -100 where ignored.
+    pub labels: Vec<i64>,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    pub training_tokens: usize,
+    /// The loader's position after this batch (to checkpoint with it).
+    pub state: LoaderState,
+}
+
+pub fn next_batch(stream: &mut SampleStream, batch_size: usize) -> Result<Batch> {
+    let seq = stream.seq_len();
+    let mut inputs = vec![0u32; batch_size * seq];
+    let mut labels = vec![0i64; batch_size * seq];
+    let mut training_tokens = 0;
+    for b in 0..batch_size {
+        let r = b * seq..(b + 1) * seq;
+        training_tokens += stream.next_into(&mut inputs[r.clone()], &mut labels[r])?;
+    }
+    Ok(Batch {
+        inputs,
+        labels,
+        batch_size,
+        seq_len: seq,
+        training_tokens,
+        state: stream.state(),
+    })
+}
+
+/// Batches made on a background thread, `prefetch` ahead of the trainer.
+pub struct DataLoader {
+    rx: Receiver<Result<Batch>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+    /// Time the trainer spent waiting for data.
+    pub waited: Duration,
+}
+
+impl DataLoader {
+    pub fn spawn(mut stream: SampleStream, batch_size: usize, prefetch: usize) -> DataLoader {
+        let (tx, rx) = sync_channel(prefetch.max(1));
+        let handle = std::thread::Builder::new()
+            .name("sweep-loader".into())
+            .spawn(move || loop {
+                let b = next_batch(&mut stream, batch_size);
+                let failed = b.is_err();
+                if tx.send(b).is_err() || failed {
+                    return; // the trainer is gone, or the error is delivered
+                }
+            })
+            .expect("spawning the loader thread");
+        DataLoader {
+            rx,
+            handle: Some(handle),
+            waited: Duration::ZERO,
+        }
+    }
+
+    pub fn next_batch(&mut self) -> Result<Batch> {
+        let t = Instant::now();
+        let b = self
+            .rx
+            .recv()
+            .map_err(|_| anyhow!("the data loader stopped"))?;
+        self.waited += t.elapsed();
+        b
+    }
+}
+
+impl Drop for DataLoader {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread at its next send.
+        let (_, dead) = sync_channel(1);
+        self.rx = dead;
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::tokenizer::tests::mistral;
+    use crate::data::tokenizer::SpecialTokens;
+    use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
+    use std::path::Path;
+
+    /// A Parquet file with one column of these values (strings or raw bytes).
+    pub fn write_column(path: &Path, name: &str, array: ArrayRef, row_group: usize) {
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            name,
+            array.data_type().clone(),
+            false,
+        )]));
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(row_group))
+            .build();
+        let mut w = parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(path).unwrap(),
+            schema.clone(),
+            Some(props),
+        )
+        .unwrap();
+        w.write(&RecordBatch::try_new(schema, vec![array]).unwrap())
+            .unwrap();
+        w.close().unwrap();
+    }
+
+    fn texts(dir: &Path, docs: &[&str]) -> PathBuf {
+        let p = dir.join("texts.parquet");
+        write_column(&p, "text", Arc::new(StringArray::from(docs.to_vec())), 3);
+        p
+    }
+
+    fn spec(path: PathBuf, kind: DatasetType, seq: usize, rank: usize, world: usize) -> DataSpec {
+        DataSpec {
+            dataset_type: kind,
+            seq_len: seq,
+            source: SourceSpec::Text {
+                path,
+                column: "text".into(),
+            },
+            tokenizer: Arc::new(mistral()),
+            rank,
+            world_size: world,
+            holdout: 0,
+        }
+    }
+
+    /// Documents named so that each one's first word identifies it.
+    fn named_docs(n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| format!("doc{i} says hello to the world number {i}"))
+            .collect()
+    }
+
+    #[test]
+    fn empty_documents_are_skipped_in_both_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = texts(dir.path(), &["", "Alpha beta.", "", "", "Gamma delta."]);
+        let tok = mistral();
+        let alpha = tok.document_ids("Alpha beta.").unwrap();
+        let gamma = tok.document_ids("Gamma delta.").unwrap();
+        let mut s = SampleStream::open(&spec(p.clone(), DatasetType::Padded, 8, 0, 1)).unwrap();
+        assert_eq!(&s.next_sample().unwrap().0[..alpha.len()], &alpha[..]);
+        assert_eq!(&s.next_sample().unwrap().0[..gamma.len()], &gamma[..]);
+        // Wraps around to the first non-empty document, one epoch later.
+        assert_eq!(&s.next_sample().unwrap().0[..alpha.len()], &alpha[..]);
+        assert_eq!(s.state().epoch, 1);
+        let mut f = SampleStream::open(&spec(p, DatasetType::PaddingFree, 6, 0, 1)).unwrap();
+        let (i, _) = f.next_sample().unwrap();
+        let mut stream = alpha.clone();
+        stream.extend(&gamma);
+        assert_eq!(
+            i,
+            stream[..6].to_vec(),
+            "no trace of the empty documents, one BOS per boundary"
+        );
+    }
+
+    #[test]
+    fn a_file_of_only_empty_documents_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = texts(dir.path(), &["", ""]);
+        let mut s = SampleStream::open(&spec(p, DatasetType::Padded, 8, 0, 1)).unwrap();
+        let e = s.next_sample().unwrap_err().to_string();
+        assert!(e.contains("hold no tokens"), "{e}");
+    }
+
+    #[test]
+    fn shards_cover_every_document_once_per_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = named_docs(10);
+        let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
+        let p = texts(dir.path(), &refs);
+        let tok = mistral();
+        let firsts: Vec<u32> = docs
+            .iter()
+            .map(|d| tok.document_ids(d).unwrap()[2])
+            .collect();
+        let mut seen = Vec::new();
+        for rank in 0..3 {
+            let r = shard(10, rank, 3);
+            let mut s =
+                SampleStream::open(&spec(p.clone(), DatasetType::Padded, 64, rank, 3)).unwrap();
+            for _ in 0..r.len() {
+                seen.push(s.next_sample().unwrap().0[2]);
+            }
+            assert_eq!(s.state().epoch, 0);
+            // The next sample starts the rank's next epoch at its first document.
+            assert_eq!(s.next_sample().unwrap().0[2], firsts[r.start]);
+        }
+        assert_eq!(
+            seen, firsts,
+            "contiguous shards, in order, each document once"
+        );
+        assert_eq!(shard(10, 0, 3), 0..3);
+        assert_eq!(shard(10, 2, 3), 6..10);
+    }
+
+    #[test]
+    fn resuming_from_a_state_continues_the_same_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = named_docs(7);
+        let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
+        let p = texts(dir.path(), &refs);
+        for kind in [DatasetType::Padded, DatasetType::PaddingFree] {
+            let mut a = SampleStream::open(&spec(p.clone(), kind, 5, 0, 1)).unwrap();
+            for _ in 0..4 {
+                a.next_sample().unwrap();
+            }
+            let state = a.state();
+            let expected: Vec<_> = (0..12).map(|_| a.next_sample().unwrap()).collect();
+            let mut b = SampleStream::open(&spec(p.clone(), kind, 5, 0, 1)).unwrap();
+            b.restore(&state).unwrap();
+            let got: Vec<_> = (0..12).map(|_| b.next_sample().unwrap()).collect();
+            assert_eq!(got, expected, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn prefetched_batches_equal_the_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = named_docs(9);
+        let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
+        let p = texts(dir.path(), &refs);
+        let s = spec(p, DatasetType::PaddingFree, 7, 0, 1);
+        let mut direct = SampleStream::open(&s).unwrap();
+        let mut loader = DataLoader::spawn(SampleStream::open(&s).unwrap(), 3, 2);
+        for _ in 0..5 {
+            let b = loader.next_batch().unwrap();
+            let want = next_batch(&mut direct, 3).unwrap();
+            assert_eq!(
+                (b.inputs, b.labels, b.training_tokens, b.state),
+                (want.inputs, want.labels, want.training_tokens, want.state)
+            );
+        }
+    }
+
+    #[test]
+    fn a_tokenizer_without_bos_cannot_make_padding_free_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let tj = dir.path().join("tokenizer.json");
+        std::fs::write(&tj, r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2},"unk_token":"[UNK]"}}"#).unwrap();
+        let tok = TextTokenizer::load(&tj, &SpecialTokens::default()).unwrap();
+        assert_eq!((tok.bos, tok.eos, tok.pad), (None, None, None));
+        let p = texts(dir.path(), &["hello world hello", "world"]);
+        let mut s = spec(p, DatasetType::PaddingFree, 2, 0, 1);
+        s.tokenizer = Arc::new(tok);
+        let e = SampleStream::open(&s).err().unwrap().to_string();
+        assert!(
+            e.contains("no BOS token") && e.contains("`bos_token`"),
+            "{e}"
+        );
+        // Padded data works without BOS (and without a pad token).
+        s.dataset_type = DatasetType::Padded;
+        let (i, l) = SampleStream::open(&s).unwrap().next_sample().unwrap();
+        assert_eq!((i, l), (vec![1, 2], vec![2, 1]));
+    }
+
+    #[test]
+    fn bad_input_gets_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        // Invalid UTF-8 in a binary text column.
+        let p = dir.path().join("bin.parquet");
+        let values: Vec<&[u8]> = vec![b"fine", b"caf\xe9"];
+        write_column(&p, "text", Arc::new(BinaryArray::from(values)), 10);
+        let mut s = SampleStream::open(&spec(p, DatasetType::Padded, 4, 0, 1)).unwrap();
+        s.next_sample().unwrap();
+        let e = s.next_sample().unwrap_err().to_string();
+        assert!(e.contains("document 1 is not valid UTF-8"), "{e}");
+        // A missing column names the ones that exist.
+        let p = texts(dir.path(), &["a"]);
+        let mut sp = spec(p, DatasetType::Padded, 4, 0, 1);
+        sp.source = SourceSpec::Text {
+            path: dir.path().join("texts.parquet"),
+            column: "content".into(),
+        };
+        let e = SampleStream::open(&sp).err().unwrap().to_string();
+        assert!(
+            e.contains("no column `content`")
+                && e.contains("its columns: text")
+                && e.contains("text_column"),
+            "{e}"
+        );
+        // A corrupt file and a missing file.
+        let c = dir.path().join("corrupt.parquet");
+        let bytes = std::fs::read(dir.path().join("texts.parquet")).unwrap();
+        std::fs::write(&c, &bytes[..bytes.len() / 2]).unwrap();
+        sp.source = SourceSpec::Text {
+            path: c,
+            column: "text".into(),
+        };
+        let e = SampleStream::open(&sp).err().unwrap().to_string();
+        assert!(e.contains("is not a readable Parquet file"), "{e}");
+        sp.source = SourceSpec::Text {
+            path: dir.path().join("nope.parquet"),
+            column: "text".into(),
+        };
+        let e = format!("{:#}", SampleStream::open(&sp).err().unwrap());
+        assert!(
+            e.contains("opening dataset") && e.contains("nope.parquet"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! `sweep pretokenize`: a text dataset -> padded and/or token-list files.
+//!
+//! Streams row group by row group through three threads (read, tokenize on a
+//! pool of `threads`, write), so memory stays flat whatever the input size.
+//! Outputs go to temporary files renamed into place at the end. A valid output
+//! whose metadata matches the inputs is kept: that is the stage's cache key.
+
+use super::pretokenized::{Meta, PretokFile, PretokWriter};
+use super::text::TextFile;
+use super::tokenizer::{SpecialTokens, TextTokenizer};
+use crate::config::PretokenizedFormat;
+use crate::util::progress::Progress;
+use anyhow::{anyhow, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::sync_channel;
+use std::time::Instant;
+
+#[derive(Debug, Clone)]
+pub struct PretokenizeArgs {
+    pub input: PathBuf,
+    pub text_column: String,
+    pub tokenizer: PathBuf,
+    pub specials: SpecialTokens,
+    pub seq_len: usize,
+    pub formats: Vec<PretokenizedFormat>,
+    pub out_dir: PathBuf,
+    pub row_group_size: usize,
+    /// Tokenizer threads (0: all cores).
+    pub threads: usize,
+    /// Rewrite outputs even when they are current.
+    pub force: bool,
+    pub progress: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PretokenizeReport {
+    /// (output, whether it was already current and kept)
+    pub outputs: Vec<(PathBuf, bool)>,
+    pub documents: u64,
+    pub tokens: u64,
+    pub text_bytes: u64,
+    pub seconds: f64,
+}
+
+impl PretokenizeReport {
+    pub fn mb_per_s(&self) -> f64 {
+        self.text_bytes as f64 / 1e6 / self.seconds.max(1e-9)
+    }
+}
+
+/// Where a format's output goes inside a stage directory.
+pub fn output_path(out_dir: &Path, format: PretokenizedFormat) -> PathBuf {
+    out_dir.join(format!("{}.parquet", format.as_str()))
+}
+
+/// The metadata an output made from these inputs carries.
+pub fn expected_meta(
+    input: &Path,
+    text_column: &str,
+    tok: &TextTokenizer,
+    seq_len: usize,
+    format: PretokenizedFormat,
+) -> Result<Meta> {
+    Ok(Meta {
+        format,
+        tokenizer: tok.name.clone(),
+        tokenizer_sha256: tok.sha256.clone(),
+        sequence_length: seq_len,
+        bos_policy: if tok.bos.is_some() {
+            "bos-per-document"
+        } else {
+            "none"
+        }
+        .into(),
+        bos_id: tok.bos,
+        pad_id: tok.pad_id(),
+        source: input.display().to_string(),
+        source_sha256: crate::util::hash::sha256_file(input)?,
+        text_column: text_column.to_string(),
+        documents: 0,
+        tokens: 0,
+        sweep_version: env!("CARGO_PKG_VERSION").into(),
+        created_at: crate::util::now_rfc3339(),
+    })
+}
+
+/// Why an existing output cannot be reused (None: it is current).
+pub fn stale_reason(path: &Path, want: &Meta) -> Option<String> {
+    if !path.exists() {
+        return Some("it does not exist".into());
+    }
+    match PretokFile::open(path) {
+        Ok(f) => f.meta.mismatch(want),
+        Err(e) => Some(format!("{e:#}")),
+    }
+}
+
+pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
+    let started = Instant::now();
+    let tok = TextTokenizer::load(&args.tokenizer, &args.specials)?;
+    if args.formats.contains(&PretokenizedFormat::TokenList) {
+        tok.require_bos("padding-free data (the token-list format)")?;
+    }
+    let text = TextFile::open(&args.input, &args.text_column)?;
+    let mut report = PretokenizeReport::default();
+    let mut todo = Vec::new();
+    for &f in &args.formats {
+        let path = output_path(&args.out_dir, f);
+        let want = expected_meta(&args.input, &args.text_column, &tok, args.seq_len, f)?;
+        match stale_reason(&path, &want) {
+            None if !args.force => {
+                eprintln!("pretokenize: {} is current, keeping it", path.display());
+                report.outputs.push((path, true));
+            }
+            why => {
+                if let Some(w) = why.filter(|_| path.exists()) {
+                    eprintln!("pretokenize: rewriting {}: {w}", path.display());
+                }
+                todo.push((f, path, want));
+            }
+        }
+    }
+    if todo.is_empty() {
+        return Ok(report);
+    }
+
+    let threads = if args.threads > 0 {
+        args.threads
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("tokenize-{i}"))
+        .build()?;
+    let writers = todo
+        .iter()
+        .map(|(_, path, want)| PretokWriter::create(path, want, args.row_group_size))
+        .collect::<Result<Vec<_>>>()?;
+
+    let total = text.docs() as u64;
+    let mut progress = Progress::new("pretokenize", total, args.progress);
+    let (text_tx, text_rx) = sync_channel(2);
+    let (ids_tx, ids_rx) = sync_channel::<Vec<Vec<u32>>>(2);
+    let (mut docs, mut tokens, mut bytes) = (0u64, 0u64, 0u64);
+    let writers = std::thread::scope(|s| -> Result<Vec<PretokWriter>> {
+        // Read: one row group of texts at a time.
+        let text = &text;
+        let reader = s.spawn(move || -> Result<()> {
+            // Owning the sender closes the channel when reading ends.
+            for rg in 0..text.file.row_groups() {
+                if text_tx.send(text.read(rg)?).is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        // Write: every format from the same ids, in input order.
+        let writer = s.spawn(move || -> Result<Vec<PretokWriter>> {
+            let mut writers = writers;
+            for chunk in ids_rx {
+                for w in writers.iter_mut() {
+                    w.write(&chunk)?;
+                }
+            }
+            Ok(writers)
+        });
+        // Tokenize on the pool, here.
+        let mut failed = None;
+        for chunk in text_rx {
+            let result = chunk.texts().and_then(|t| {
+                let n: u64 = t.iter().map(|s| s.len() as u64).sum();
+                pool.install(|| tok.documents_ids(&t)).map(|ids| (ids, n))
+            });
+            match result {
+                Ok((ids, n)) => {
+                    docs += ids.len() as u64;
+                    tokens += ids.iter().map(|d| d.len() as u64).sum::<u64>();
+                    bytes += n;
+                    progress.advance(ids.len() as u64, |secs| {
+                        format!(
+                            "{:.0} docs/s, {:.2} MB/s, {:.0}k tokens/s",
+                            docs as f64 / secs,
+                            bytes as f64 / 1e6 / secs,
+                            tokens as f64 / 1e3 / secs
+                        )
+                    });
+                    if ids_tx.send(ids).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(ids_tx);
+        let read = reader
+            .join()
+            .map_err(|_| anyhow!("the reader thread panicked"))?;
+        let writers = writer
+            .join()
+            .map_err(|_| anyhow!("the writer thread panicked"))??;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        read.map(|()| writers)
+    })
+    .with_context(|| format!("pretokenizing {}", args.input.display()))?;
+    progress.finish();
+
+    for w in writers {
+        report.outputs.push((w.finish()?, false));
+    }
+    report.documents = docs;
+    report.tokens = tokens;
+    report.text_bytes = bytes;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}

@@ -1,0 +1,261 @@
+//! Any Hugging Face `tokenizer.json`, with its special tokens found from the
+//! tokenizer itself, a `tokenizer_config.json` beside it, or the manifest.
+//!
+//! A document's ids are always built the same way, whatever the tokenizer's
+//! post-processor does: its BOS (when it has one), then the text's tokens
+//! without special tokens. That is what pretokenized files store and what the
+//! on-the-fly loaders produce, so the two agree by construction.
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::path::{Path, PathBuf};
+
+/// Special-token overrides (token strings) from the manifest or command line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecialTokens {
+    pub bos: Option<String>,
+    pub eos: Option<String>,
+    pub pad: Option<String>,
+}
+
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    pub path: PathBuf,
+    /// Short name: the folder of a `tokenizer.json`, else the file's stem.
+    pub name: String,
+    pub sha256: String,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    /// The pad token, if the tokenizer has one (padding works without it).
+    pub pad: Option<u32>,
+}
+
+const BOS_NAMES: &[&str] = &[
+    "<s>",
+    "<|begin_of_text|>",
+    "<|startoftext|>",
+    "<bos>",
+    "[BOS]",
+];
+const EOS_NAMES: &[&str] = &["</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]"];
+const PAD_NAMES: &[&str] = &["<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_id|>"];
+
+impl TextTokenizer {
+    pub fn load(path: &Path, overrides: &SpecialTokens) -> Result<TextTokenizer> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("reading tokenizer {}", path.display()))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| anyhow!("{} is not a valid tokenizer.json: {e}", path.display()))?;
+        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        let config = read_config(path);
+        let name = match path.file_name().and_then(|f| f.to_str()) {
+            Some("tokenizer.json") => path
+                .parent()
+                .and_then(|p| p.file_name())
+                .and_then(|f| f.to_str())
+                .unwrap_or("tokenizer"),
+            _ => path
+                .file_stem()
+                .and_then(|f| f.to_str())
+                .unwrap_or("tokenizer"),
+        }
+        .to_string();
+        let mut t = TextTokenizer {
+            inner,
+            path: path.to_path_buf(),
+            name,
+            sha256: crate::util::hash::sha256_bytes(&bytes),
+            bos: None,
+            eos: None,
+            pad: None,
+        };
+        t.bos = t.special(
+            "bos",
+            overrides.bos.as_deref(),
+            config.as_ref(),
+            BOS_NAMES,
+            template_bos(&json).as_deref(),
+        )?;
+        t.eos = t.special(
+            "eos",
+            overrides.eos.as_deref(),
+            config.as_ref(),
+            EOS_NAMES,
+            None,
+        )?;
+        t.pad = t.special(
+            "pad",
+            overrides.pad.as_deref(),
+            config.as_ref(),
+            PAD_NAMES,
+            None,
+        )?;
+        Ok(t)
+    }
+
+    /// The id of one special token: the override, else tokenizer_config.json,
+    /// else the post-processor's template, else a well-known name.
+    fn special(
+        &self,
+        kind: &str,
+        over: Option<&str>,
+        config: Option<&serde_json::Value>,
+        names: &[&str],
+        template: Option<&str>,
+    ) -> Result<Option<u32>> {
+        if let Some(tok) = over {
+            return match self.inner.token_to_id(tok) {
+                Some(id) => Ok(Some(id)),
+                None => bail!(
+                    "`{kind}_token = \"{tok}\"` is not in the vocabulary of {}",
+                    self.path.display()
+                ),
+            };
+        }
+        if let Some(cfg) = config {
+            match cfg.get(format!("{kind}_token")) {
+                // An explicit null says the tokenizer has no such token.
+                Some(serde_json::Value::Null) => return Ok(None),
+                Some(v) => {
+                    let tok = v
+                        .as_str()
+                        .or_else(|| v.get("content").and_then(|c| c.as_str()));
+                    if let Some(id) = tok.and_then(|t| self.inner.token_to_id(t)) {
+                        return Ok(Some(id));
+                    }
+                }
+                None => {}
+            }
+        }
+        if let Some(id) = template.and_then(|t| self.inner.token_to_id(t)) {
+            return Ok(Some(id));
+        }
+        let added = self.inner.get_added_tokens_decoder();
+        Ok(names.iter().find_map(|n| {
+            added
+                .iter()
+                .find(|(_, t)| t.content == *n)
+                .map(|(id, _)| *id)
+        }))
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The id written at padding positions: pad, else EOS, else 0. Which one
+    /// does not matter for training: padding is masked by position.
+    pub fn pad_id(&self) -> u32 {
+        self.pad.or(self.eos).unwrap_or(0)
+    }
+
+    /// BOS, or an error that names the setting to fix.
+    pub fn require_bos(&self, why: &str) -> Result<u32> {
+        self.bos.ok_or_else(|| {
+            anyhow!(
+                "the tokenizer {} has no BOS token, which {why} needs to mark where documents begin: \
+                 set `bos_token` in the manifest's [defaults] (or --bos-token) to a token of its vocabulary, e.g. `<|endoftext|>`",
+                self.path.display()
+            )
+        })
+    }
+
+    /// A document's ids: BOS (if any), then the text's tokens.
+    pub fn document_ids(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(self.with_bos(enc.get_ids()))
+    }
+
+    /// Many documents at once, in parallel on the current rayon pool.
+    pub fn documents_ids(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
+        let encs = self
+            .inner
+            .encode_batch(texts.to_vec(), false)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(encs.iter().map(|e| self.with_bos(e.get_ids())).collect())
+    }
+
+    fn with_bos(&self, ids: &[u32]) -> Vec<u32> {
+        let mut v = Vec::with_capacity(ids.len() + 1);
+        v.extend(self.bos);
+        v.extend_from_slice(ids);
+        v
+    }
+
+    /// The raw tokenizer, for benchmarks that measure it alone.
+    pub fn raw(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+fn read_config(path: &Path) -> Option<serde_json::Value> {
+    let cfg = path.parent()?.join("tokenizer_config.json");
+    serde_json::from_slice(&std::fs::read(cfg).ok()?).ok()
+}
+
+/// The first special token of a TemplateProcessing post-processor's single
+/// template (Mistral's `<s> $A`).
+fn template_bos(json: &serde_json::Value) -> Option<String> {
+    let pp = json.get("post_processor")?;
+    let pp = if pp.get("type")?.as_str()? == "Sequence" {
+        pp.get("processors")?
+            .as_array()?
+            .iter()
+            .find(|p| p.get("type").and_then(|t| t.as_str()) == Some("TemplateProcessing"))?
+    } else {
+        pp
+    };
+    let first = pp.get("single")?.as_array()?.first()?;
+    first
+        .get("SpecialToken")?
+        .get("id")?
+        .as_str()
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The bundled default tokenizer (Mistral-7B).
+    pub fn mistral() -> TextTokenizer {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(crate::config::DEFAULT_TOKENIZER);
+        TextTokenizer::load(&p, &SpecialTokens::default()).unwrap()
+    }
+
+    #[test]
+    fn mistral_special_tokens_come_from_its_config() {
+        let t = mistral();
+        assert_eq!((t.bos, t.eos, t.pad), (Some(1), Some(2), None));
+        assert_eq!(t.pad_id(), 2);
+        assert_eq!(t.name, "mistral-7b");
+        assert_eq!(t.vocab_size(), 32000);
+        // "Hello world!" -> [1, 22557, 1526, 28808] (assets.md)
+        assert_eq!(
+            t.document_ids("Hello world!").unwrap(),
+            vec![1, 22557, 1526, 28808]
+        );
+        assert_eq!(t.document_ids("").unwrap(), vec![1]);
+    }
+
+    #[test]
+    fn overrides_must_be_in_the_vocabulary() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(crate::config::DEFAULT_TOKENIZER);
+        let o = SpecialTokens {
+            pad: Some("</s>".into()),
+            ..Default::default()
+        };
+        assert_eq!(TextTokenizer::load(&p, &o).unwrap().pad, Some(2));
+        let bad = SpecialTokens {
+            bos: Some("<nope>".into()),
+            ..Default::default()
+        };
+        let e = TextTokenizer::load(&p, &bad).err().unwrap().to_string();
+        assert!(
+            e.contains("`bos_token = \"<nope>\"` is not in the vocabulary"),
+            "{e}"
+        );
+    }
+}
