@@ -13,5 +13,6 @@ pub mod data;
 pub mod executor;
 pub mod manifest;
 pub mod plan;
+pub mod report;
 pub mod template;
 pub mod util;

@@ -1,7 +1,9 @@
 //! `sweep bench ...`: the benchmarks of the hot paths. Each prints a table of
 //! figures; none is a test (speed goals are checked here, not in `cargo test`).
 
+pub mod data;
 pub mod plan;
+pub mod pretokenize;
 
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,105 @@ use super::BenchCmd;
 use anyhow::Result;
 use std::process::ExitCode;
 
-pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
+pub fn run(cmd: BenchCmd, root: &std::path::Path) -> Result<ExitCode> {
     match cmd {
+        BenchCmd::Data(a) => {
+            let args = crate::bench::data::DataBenchArgs {
+                dataset: a
+                    .dataset
+                    .unwrap_or_else(|| crate::bench::data::default_dataset(root)),
+                tokenizer: a.tokenizer,
+                seq_len: a.seq_len,
+                samples: a.samples,
+                work_dir: root.join("results/bench/data"),
+                plots: root.join("plots/bench"),
+                only: a.only,
+                repeats: a.repeats,
+            };
+            let b = crate::bench::data::run(&args)?;
+            println!(
+                "data loading: {} samples of seq {} from {} (one consumer thread, no prefetch; best of {})",
+                a.samples,
+                a.seq_len,
+                args.dataset.display(),
+                a.repeats
+            );
+            println!(
+                "{:<26} {:>10} {:>14} {:>16} {:>8}",
+                "loader", "load (s)", "us/sample", "raw tokenizer", "ratio"
+            );
+            for r in &b.rows {
+                let (raw, ratio) = match r.raw_us_per_sample {
+                    Some(raw) => (
+                        format!("{raw:.1} us"),
+                        format!("{:.3}", r.us_per_sample / raw),
+                    ),
+                    None => ("-".into(), "-".into()),
+                };
+                println!(
+                    "{:<26} {:>10.3} {:>14.2} {:>16} {:>8}",
+                    r.name, r.load_s, r.us_per_sample, raw, ratio
+                );
+            }
+            println!(
+                "chart: {}",
+                b.chart
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        BenchCmd::Pretokenize {
+            dataset,
+            tokenizer,
+            seq_len,
+            threads,
+            repeats,
+        } => {
+            let dataset = dataset.unwrap_or_else(|| crate::bench::data::default_dataset(root));
+            let five = root.join("assets/data/corpus-5x.parquet");
+            let rss_inputs: Vec<_> = [dataset.clone(), five]
+                .into_iter()
+                .filter(|p| p.exists())
+                .collect();
+            let b = crate::bench::pretokenize::run(
+                &dataset,
+                &tokenizer,
+                seq_len,
+                threads,
+                repeats,
+                &rss_inputs,
+            )?;
+            println!(
+                "pretokenize {:.1} MB of text ({} documents, {} tokens) from {} on {} threads; best of {repeats}",
+                b.mb,
+                b.docs,
+                b.tokens,
+                dataset.display(),
+                b.threads
+            );
+            println!(
+                "  raw encode_batch (texts in memory)  {:8.2} MB/s",
+                b.raw_mb_s
+            );
+            for (name, mb_s) in &b.ours {
+                println!(
+                    "  sweep pretokenize --format {:<10} {:6.2} MB/s  ({:.0}% of raw)",
+                    name,
+                    mb_s,
+                    100.0 * mb_s / b.raw_mb_s
+                );
+            }
+            for (input, mb, rss) in &b.rss {
+                println!(
+                    "  peak RSS {:8.0} MB on {} ({:.0} MB of Parquet)",
+                    rss,
+                    input.display(),
+                    mb
+                );
+            }
+        }
         BenchCmd::Plan { runs, dir } => {
             std::fs::create_dir_all(&dir)?;
             let b = crate::bench::plan::run(runs, &dir)?;

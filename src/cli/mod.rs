@@ -206,6 +206,28 @@ pub enum DataCmd {
 pub enum BenchCmd {
     /// Plan + render of a large sweep (goal: 10,000 runs in under 2 s).
     #[command(after_help = "Example:\n  sweep bench plan --runs 10000")]
+    /// Dataset load time and time per sample for the four loaders; writes plots/bench/data-loading.{png,svg}.
+    #[command(
+        after_help = "Example:\n  scripts/fetch-assets.sh && sweep bench data --samples 1000 --seq-len 2048"
+    )]
+    Data(DataBenchCli),
+    /// Pretokenization throughput against the raw tokenizer, and its peak memory at 1x and 5x the corpus.
+    #[command(
+        after_help = "Example:\n  scripts/fetch-assets.sh --5x && sweep bench pretokenize --threads 2"
+    )]
+    Pretokenize {
+        #[arg(long)]
+        dataset: Option<PathBuf>,
+        #[arg(long, default_value = crate::config::DEFAULT_TOKENIZER)]
+        tokenizer: PathBuf,
+        #[arg(long, alias = "sequence-length", default_value_t = 2048)]
+        seq_len: usize,
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Alternating runs of raw and ours; the best of each counts.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+    },
     Plan {
         #[arg(long, default_value_t = 10_000)]
         runs: usize,
@@ -213,6 +235,25 @@ pub enum BenchCmd {
         #[arg(long, default_value = "results")]
         dir: PathBuf,
     },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DataBenchCli {
+    /// Text dataset (default: assets/data/corpus.parquet when fetched, else the bundled one).
+    #[arg(long)]
+    pub dataset: Option<PathBuf>,
+    #[arg(long, default_value = crate::config::DEFAULT_TOKENIZER)]
+    pub tokenizer: PathBuf,
+    #[arg(long, alias = "sequence-length", default_value_t = 2048)]
+    pub seq_len: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub samples: usize,
+    /// Only the loaders whose name contains this (repeatable), e.g. `--loader pretokenized`.
+    #[arg(long = "loader")]
+    pub only: Vec<String>,
+    /// Runs of each loader and of the raw tokenizer; the best counts.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -265,7 +306,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Submit(args) => sweep_cmds::submit(root, &args),
         Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),
         Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest),
-        Cmd::Bench(b) => bench_cmds::run(b),
+        Cmd::Bench(b) => bench_cmds::run(b, root),
         Cmd::Pretokenize(p) => data_cmds::pretokenize(&p),
         Cmd::Data(d) => data_cmds::run(d),
     }

@@ -6,7 +6,7 @@
 //! the end of it, and skips documents with no tokens. A background thread keeps
 //! `prefetch` batches ready, as contiguous integer buffers.
 
-use super::pretokenized::{Docs, PretokFile};
+use super::pretokenized::{Docs, PretokFile, Scratch};
 use super::samples::{self, TokenBuffer};
 use super::text::{TextChunk, TextFile};
 use super::tokenizer::TextTokenizer;
@@ -62,8 +62,11 @@ enum Source {
         file: TextFile,
         tok: Arc<TextTokenizer>,
     },
-    Pretok(PretokFile),
+    Pretok(Arc<PretokFile>),
 }
+
+/// A pretokenized row group being decoded on a helper thread.
+type Pending = std::thread::JoinHandle<Result<(Docs, Scratch)>>;
 
 enum Cache {
     Empty,
@@ -72,52 +75,115 @@ enum Cache {
 }
 
 /// Reads the documents of a range in order, forever, wrapping at its end.
+/// Pretokenized row groups are decoded one ahead on a helper thread, so
+/// decoding overlaps with building samples.
 struct DocCursor {
     source: Source,
     range: Range<usize>,
     next: usize,
     epoch: u64,
     cache: Cache,
+    /// Tokens of the current document (text sources).
+    tokens: Vec<u32>,
+    ahead: Option<(usize, Pending)>,
+    spare: Option<(Docs, Scratch)>,
 }
 
 impl DocCursor {
-    fn docs(&self) -> usize {
-        match &self.source {
-            Source::Text { file, .. } => file.docs(),
-            Source::Pretok(p) => p.docs(),
+    fn new(source: Source) -> DocCursor {
+        DocCursor {
+            source,
+            range: 0..0,
+            next: 0,
+            epoch: 0,
+            cache: Cache::Empty,
+            tokens: Vec::new(),
+            ahead: None,
+            spare: None,
         }
     }
 
-    /// Copies the next document's ids into `out`; returns its index.
-    fn next_into(&mut self, out: &mut Vec<u32>) -> Result<usize> {
+    fn parquet(&self) -> &super::text::ParquetFile {
+        match &self.source {
+            Source::Text { file, .. } => &file.file,
+            Source::Pretok(p) => &p.file,
+        }
+    }
+
+    fn docs(&self) -> usize {
+        self.parquet().rows()
+    }
+
+    /// Positions the cursor (after a restore), dropping any read-ahead.
+    fn seek(&mut self, next: usize, epoch: u64) {
+        self.next = next;
+        self.epoch = epoch;
+        self.ahead = None;
+    }
+
+    /// The next document's ids, borrowed until the next call.
+    fn next_doc(&mut self) -> Result<&[u32]> {
         if self.next >= self.range.end {
             self.next = self.range.start;
             self.epoch += 1;
         }
         let i = self.next;
         self.next += 1;
-        out.clear();
-        let parquet = match &self.source {
-            Source::Text { file, .. } => &file.file,
-            Source::Pretok(p) => &p.file,
-        };
-        let rg = parquet.row_group_of(i);
+        let rg = self.parquet().row_group_of(i);
         let cached = matches!(&self.cache, Cache::Text(r, _) | Cache::Pretok(r, _) if *r == rg);
         if !cached {
-            self.cache = match &self.source {
-                Source::Text { file, .. } => Cache::Text(rg, file.read(rg)?),
-                Source::Pretok(p) => Cache::Pretok(rg, p.read(rg)?),
-            };
+            self.load(rg)?;
         }
         match (&self.cache, &self.source) {
             (Cache::Text(_, chunk), Source::Text { tok, .. }) => {
                 let text = chunk.get(i - chunk.first_doc)?;
-                out.extend_from_slice(&tok.document_ids(text)?);
+                self.tokens = tok.document_ids(text)?;
+                Ok(&self.tokens)
             }
-            (Cache::Pretok(_, docs), _) => out.extend_from_slice(docs.doc(i - docs.first)),
+            (Cache::Pretok(_, docs), _) => Ok(docs.doc(i - docs.first)),
             _ => unreachable!("the cache matches the source"),
         }
-        Ok(i)
+    }
+
+    fn load(&mut self, rg: usize) -> Result<()> {
+        let p = match &self.source {
+            Source::Text { file, .. } => {
+                self.cache = Cache::Text(rg, file.read(rg)?);
+                return Ok(());
+            }
+            Source::Pretok(p) => p.clone(),
+        };
+        let (docs, scratch) = match self.ahead.take() {
+            Some((r, h)) if r == rg => h
+                .join()
+                .map_err(|_| anyhow!("the read-ahead thread panicked"))??,
+            _ => {
+                let (mut d, mut s) = self.spare.take().unwrap_or_default();
+                p.read_into(rg, &mut d, &mut s)?;
+                (d, s)
+            }
+        };
+        // The previous row group's buffers go to the read-ahead of the next one.
+        let old = std::mem::replace(&mut self.cache, Cache::Pretok(rg, docs));
+        let (mut d, mut s) = match old {
+            Cache::Pretok(_, d) => (d, scratch),
+            _ => (Docs::default(), scratch),
+        };
+        let end_rg = p.file.row_group_of(self.range.end - 1);
+        let next_rg = if rg >= end_rg {
+            p.file.row_group_of(self.range.start)
+        } else {
+            rg + 1
+        };
+        if next_rg != rg {
+            let h = std::thread::Builder::new()
+                .name("sweep-read-ahead".into())
+                .spawn(move || p.read_into(next_rg, &mut d, &mut s).map(|()| (d, s)))?;
+            self.ahead = Some((next_rg, h));
+        } else {
+            self.spare = Some((d, s));
+        }
+        Ok(())
     }
 }
 
@@ -129,7 +195,6 @@ pub struct SampleStream {
     bos: Option<u32>,
     pad: u32,
     buffer: TokenBuffer,
-    scratch: Vec<u32>,
     samples: u64,
 }
 
@@ -174,59 +239,51 @@ impl SampleStream {
             DatasetType::Padded => spec.tokenizer.bos,
         };
         Ok(SampleStream {
-            cursor: DocCursor {
-                source,
-                next: range.start,
-                range,
-                epoch: 0,
-                cache: Cache::Empty,
+            cursor: {
+                let mut c = DocCursor::new(source);
+                c.next = range.start;
+                c.range = range;
+                c
             },
             kind: spec.dataset_type,
             seq: spec.seq_len,
             bos,
             pad: spec.tokenizer.pad_id(),
             buffer: TokenBuffer::default(),
-            scratch: Vec::new(),
             samples: 0,
         })
     }
 
-    /// The next non-empty document into `scratch`; errors rather than spin
-    /// when a whole pass over the range finds none.
-    fn next_doc(&mut self) -> Result<()> {
-        let empty_len = usize::from(self.bos.is_some());
-        for _ in 0..=self.cursor.range.len() {
-            self.cursor.next_into(&mut self.scratch)?;
-            if self.scratch.len() > empty_len {
-                return Ok(());
-            }
-        }
-        bail!("documents {:?} hold no tokens at all", self.cursor.range)
-    }
-
     /// Fills one sample; returns its training tokens (labels not -100).
+    /// Documents without tokens are skipped; a whole pass over the range
+    /// without one is an error rather than a hang.
     pub fn next_into(&mut self, inputs: &mut [u32], labels: &mut [i64]) -> Result<usize> {
         self.samples += 1;
-        match self.kind {
-            DatasetType::Padded => {
-                self.next_doc()?;
-                Ok(samples::padded(
-                    &self.scratch,
-                    self.seq,
-                    self.pad,
-                    inputs,
-                    labels,
-                ))
-            }
-            DatasetType::PaddingFree => {
-                let bos = self.bos.expect("padding-free streams have a BOS");
-                while !self.buffer.ready(self.seq) {
-                    self.next_doc()?;
-                    let doc = std::mem::take(&mut self.scratch);
-                    self.buffer.push(&doc, bos);
-                    self.scratch = doc;
+        let empty_len = usize::from(self.bos.is_some());
+        let mut skipped = 0;
+        loop {
+            if let DatasetType::PaddingFree = self.kind {
+                if self.buffer.ready(self.seq) {
+                    let bos = self.bos.expect("padding-free streams have a BOS");
+                    return Ok(self.buffer.take(self.seq, bos, inputs, labels));
                 }
-                Ok(self.buffer.take(self.seq, bos, inputs, labels))
+            }
+            let doc = self.cursor.next_doc()?;
+            if doc.len() <= empty_len {
+                skipped += 1;
+                if skipped > self.cursor.range.len() {
+                    bail!("documents {:?} hold no tokens at all", self.cursor.range);
+                }
+                continue;
+            }
+            skipped = 0;
+            match self.kind {
+                DatasetType::Padded => {
+                    return Ok(samples::padded(doc, self.seq, self.pad, inputs, labels))
+                }
+                DatasetType::PaddingFree => self
+                    .buffer
+                    .push(doc, self.bos.expect("padding-free streams have a BOS")),
             }
         }
     }
@@ -256,8 +313,7 @@ impl SampleStream {
                 self.cursor.range
             );
         }
-        self.cursor.next = state.next_doc;
-        self.cursor.epoch = state.epoch;
+        self.cursor.seek(state.next_doc, state.epoch);
         self.buffer = TokenBuffer::restore(state.buffer.clone());
         self.samples = state.samples;
         Ok(())
@@ -277,7 +333,7 @@ fn open_source(spec: &DataSpec) -> Result<Source> {
         SourceSpec::Pretokenized { path } => {
             let p = PretokFile::open(path)?;
             check_pretokenized(&p, spec)?;
-            Source::Pretok(p)
+            Source::Pretok(Arc::new(p))
         }
     })
 }

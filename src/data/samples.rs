@@ -76,17 +76,24 @@ impl TokenBuffer {
         debug_assert!(self.ready(seq));
         let w = &self.buf[self.start..self.start + seq + 1];
         inputs.copy_from_slice(&w[..seq]);
-        let mut count = 0;
-        for i in 0..seq {
-            labels[i] = if w[i] == bos {
-                IGNORE
-            } else {
-                count += 1;
-                w[i + 1] as i64
-            };
+        for (l, &t) in labels.iter_mut().zip(&w[1..]) {
+            *l = t as i64;
+        }
+        // BOS is rare: test whole blocks (vectorised) before looking closer.
+        const BLOCK: usize = 32;
+        let mut masked = 0;
+        for (b, block) in w[..seq].chunks(BLOCK).enumerate() {
+            if block.iter().any(|&x| x == bos) {
+                for (j, &x) in block.iter().enumerate() {
+                    if x == bos {
+                        labels[b * BLOCK + j] = IGNORE;
+                        masked += 1;
+                    }
+                }
+            }
         }
         self.start += seq;
-        count
+        seq - masked
     }
 
     /// For checkpoints: what is left in the buffer.

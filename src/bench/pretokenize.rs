@@ -1,0 +1,144 @@
+//! Pretokenization throughput against the raw tokenizer, and its peak memory
+//! on inputs of growing size.
+
+use super::timed;
+use crate::config::PretokenizedFormat;
+use crate::data::pretokenize::{self, PretokenizeArgs};
+use crate::data::{SpecialTokens, TextTokenizer};
+use anyhow::{bail, Result};
+use std::path::{Path, PathBuf};
+
+pub struct PretokBench {
+    pub threads: usize,
+    pub mb: f64,
+    pub raw_mb_s: f64,
+    /// (formats written, best MB/s)
+    pub ours: Vec<(&'static str, f64)>,
+    pub docs: u64,
+    pub tokens: u64,
+    /// (input, its size in MB, peak RSS of `sweep pretokenize` in MB)
+    pub rss: Vec<(PathBuf, f64, f64)>,
+}
+
+/// Raw and ours alternate `repeats` times; the best of each counts (the
+/// machine is shared, so the fastest run is the least disturbed).
+pub fn run(
+    dataset: &Path,
+    tokenizer: &Path,
+    seq_len: usize,
+    threads: usize,
+    repeats: usize,
+    rss_inputs: &[PathBuf],
+) -> Result<PretokBench> {
+    let tok = TextTokenizer::load(tokenizer, &SpecialTokens::default())?;
+    let text = crate::data::text::TextFile::open(dataset, "text")?;
+    let chunks: Vec<_> = (0..text.file.row_groups())
+        .map(|rg| text.read(rg))
+        .collect::<Result<_>>()?;
+    let bytes: usize = chunks
+        .iter()
+        .map(|c| c.texts().map(|t| t.iter().map(|s| s.len()).sum::<usize>()))
+        .sum::<Result<usize>>()?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    let out = tempfile::tempdir()?;
+    let args = |formats: Vec<PretokenizedFormat>| PretokenizeArgs {
+        input: dataset.to_path_buf(),
+        text_column: "text".into(),
+        tokenizer: tokenizer.to_path_buf(),
+        specials: SpecialTokens::default(),
+        seq_len,
+        formats,
+        out_dir: out.path().to_path_buf(),
+        row_group_size: 1000,
+        threads,
+        force: true,
+        progress: false,
+    };
+    let configs: [(&'static str, Vec<PretokenizedFormat>); 3] = [
+        ("token-list", vec![PretokenizedFormat::TokenList]),
+        ("padded", vec![PretokenizedFormat::Padded]),
+        (
+            "both",
+            vec![PretokenizedFormat::Padded, PretokenizedFormat::TokenList],
+        ),
+    ];
+    let mut raw = f64::MAX;
+    let mut ours = vec![f64::MAX; configs.len()];
+    let mut report = None;
+    for _ in 0..repeats.max(1) {
+        // The raw tokenizer: encode_batch over texts already in memory, row group by row group.
+        let (r, t) = timed(|| -> Result<()> {
+            for c in &chunks {
+                let t = c.texts()?;
+                pool.install(|| tok.documents_ids(&t))?;
+            }
+            Ok(())
+        });
+        r?;
+        raw = raw.min(t.as_secs_f64());
+        for (k, (_, formats)) in configs.iter().enumerate() {
+            let r = pretokenize::run(&args(formats.clone()))?;
+            ours[k] = ours[k].min(r.seconds);
+            report = Some(r);
+        }
+    }
+    let report = report.expect("at least one run");
+    let mb = bytes as f64 / 1e6;
+    let mut rss = Vec::new();
+    for input in rss_inputs {
+        rss.push((
+            input.clone(),
+            std::fs::metadata(input)?.len() as f64 / 1e6,
+            peak_rss_mb(input, tokenizer, seq_len, threads)?,
+        ));
+    }
+    Ok(PretokBench {
+        threads,
+        mb,
+        raw_mb_s: mb / raw,
+        ours: configs
+            .iter()
+            .zip(&ours)
+            .map(|((name, _), t)| (*name, mb / t))
+            .collect(),
+        docs: report.documents,
+        tokens: report.tokens,
+        rss,
+    })
+}
+
+/// Runs `sweep pretokenize` on `input` as a child and returns its peak RSS.
+fn peak_rss_mb(input: &Path, tokenizer: &Path, seq_len: usize, threads: usize) -> Result<f64> {
+    let out = tempfile::tempdir()?;
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .arg("pretokenize")
+        .arg("--input")
+        .arg(input)
+        .arg("--tokenizer")
+        .arg(tokenizer)
+        .args([
+            "--sequence-length",
+            &seq_len.to_string(),
+            "--threads",
+            &threads.to_string(),
+            "--quiet",
+            "--out",
+        ])
+        .arg(out.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid, and wait4 only writes to it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child with valid pointers.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    if pid < 0 || status != 0 {
+        bail!(
+            "sweep pretokenize {} failed (status {status})",
+            input.display()
+        );
+    }
+    Ok(usage.ru_maxrss as f64 / 1024.0)
+}

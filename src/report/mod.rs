@@ -1,0 +1,3 @@
+//! Logs -> report: tables and charts of every run of a sweep.
+
+pub mod plot;

@@ -1,0 +1,85 @@
+//! Line charts: one line per series (loss against step or time, throughput
+//! over time, scaling curves).
+
+use super::{color, fmt_value, DrawResult, Figure, FONT};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+pub struct Lines {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+    /// Also mark each point (for sparse data such as scaling curves).
+    pub points: bool,
+    /// Start the y axis at zero (throughputs) rather than at the data (losses).
+    pub y_from_zero: bool,
+}
+
+impl Figure for Lines {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let all = self.series.iter().flat_map(|(_, p)| p.iter());
+        let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+        for &(x, y) in all {
+            if x.is_finite() && y.is_finite() {
+                x0 = x0.min(x);
+                x1 = x1.max(x);
+                y0 = y0.min(y);
+                y1 = y1.max(y);
+            }
+        }
+        if x0 > x1 {
+            (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+        }
+        if self.y_from_zero {
+            y0 = y0.min(0.0);
+        }
+        let pad = ((y1 - y0) * 0.08).max(1e-9);
+        let (x1, y0, y1) = (
+            if x1 > x0 { x1 } else { x0 + 1.0 },
+            if self.y_from_zero { y0 } else { y0 - pad },
+            y1 + pad,
+        );
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, (FONT, 26))
+            .margin(16)
+            .x_label_area_size(60)
+            .y_label_area_size(90)
+            .build_cartesian_2d(x0..x1, y0..y1)?;
+        chart
+            .configure_mesh()
+            .x_desc(&self.x_label)
+            .y_desc(&self.y_label)
+            .x_label_formatter(&|v| fmt_value(*v))
+            .y_label_formatter(&|v| fmt_value(*v))
+            .axis_desc_style((FONT, 18))
+            .label_style((FONT, 15))
+            .light_line_style(BLACK.mix(0.05))
+            .draw()?;
+        for (k, (name, pts)) in self.series.iter().enumerate() {
+            let c = color(k);
+            let pts: Vec<(f64, f64)> = pts
+                .iter()
+                .copied()
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
+                });
+            if self.points {
+                chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .label_font((FONT, 14))
+            .draw()?;
+        Ok(())
+    }
+}

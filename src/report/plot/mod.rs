@@ -1,0 +1,131 @@
+//! Charts drawn with plotters, each written as PNG and SVG. Text uses the
+//! bundled DejaVu Sans (registered from bytes the binary carries), so charts
+//! render the same on a machine without fonts.
+
+pub mod bars;
+pub mod lines;
+
+use anyhow::{anyhow, Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+static FONT_BYTES: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
+pub const FONT: &str = "sans-serif";
+
+fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for style in [FontStyle::Normal, FontStyle::Bold] {
+            if plotters::style::register_font(FONT, style, FONT_BYTES).is_err() {
+                panic!("the bundled font assets/fonts/DejaVuSans.ttf is not a valid font");
+            }
+        }
+    });
+}
+
+pub type DrawResult<DB> =
+    std::result::Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+
+/// Something that can draw itself on any plotters backend.
+pub trait Figure {
+    fn size(&self) -> (u32, u32) {
+        (1100, 650)
+    }
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB>;
+}
+
+/// Writes `<dir>/<name>.png` and `<dir>/<name>.svg` (each to a temporary
+/// name first, then renamed).
+pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
+    register_font();
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let size = fig.size();
+    let mut out = Vec::new();
+    for ext in ["png", "svg"] {
+        let target = dir.join(format!("{name}.{ext}"));
+        let tmp = dir.join(format!(".{name}.tmp.{ext}"));
+        {
+            let result = if ext == "png" {
+                let root = BitMapBackend::new(&tmp, size).into_drawing_area();
+                root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+                fig.draw(&root)
+                    .map_err(|e| anyhow!("{e}"))
+                    .and_then(|()| root.present().map_err(|e| anyhow!("{e}")))
+            } else {
+                let root = SVGBackend::new(&tmp, size).into_drawing_area();
+                root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+                fig.draw(&root)
+                    .map_err(|e| anyhow!("{e}"))
+                    .and_then(|()| root.present().map_err(|e| anyhow!("{e}")))
+            };
+            if let Err(e) = result {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e).with_context(|| format!("drawing {}", target.display()));
+            }
+        }
+        std::fs::rename(&tmp, &target).with_context(|| format!("writing {}", target.display()))?;
+        out.push(target);
+    }
+    Ok(out)
+}
+
+/// Distinct, colour-blind-friendly colours (Tableau 10).
+pub fn color(i: usize) -> RGBColor {
+    const C: [(u8, u8, u8); 10] = [
+        (78, 121, 167),
+        (242, 142, 43),
+        (225, 87, 89),
+        (118, 183, 178),
+        (89, 161, 79),
+        (237, 201, 72),
+        (176, 122, 161),
+        (255, 157, 167),
+        (156, 117, 95),
+        (186, 176, 172),
+    ];
+    let (r, g, b) = C[i % C.len()];
+    RGBColor(r, g, b)
+}
+
+/// Compact numbers for labels: 7,873 / 38.5 / 0.46 / 1.2e-5.
+pub fn fmt_value(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 10_000.0 {
+        let s = format!("{:.0}", v);
+        let (sign, digits) = s.split_at(if v < 0.0 { 1 } else { 0 });
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        format!("{sign}{out}")
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 1.0 {
+        format!("{v:.1}")
+    } else if a >= 0.01 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.1e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_read_well() {
+        assert_eq!(fmt_value(7873.05), "7873");
+        assert_eq!(fmt_value(123456.0), "123,456");
+        assert_eq!(fmt_value(38.47), "38.5");
+        assert_eq!(fmt_value(0.456), "0.46");
+        assert_eq!(fmt_value(0.0), "0");
+    }
+}
