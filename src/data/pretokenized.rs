@@ -277,7 +277,7 @@ impl PretokFile {
                     // so scan blocks of repetition levels for record starts.
                     const BLOCK: usize = 64;
                     for (b, block) in s.rep.chunks(BLOCK).enumerate() {
-                        if block.iter().any(|&r| r == 0) {
+                        if block.contains(&0) {
                             for (j, &r) in block.iter().enumerate() {
                                 if r == 0 {
                                     docs.offsets.push(b * BLOCK + j);

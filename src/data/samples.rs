@@ -83,7 +83,7 @@ impl TokenBuffer {
         const BLOCK: usize = 32;
         let mut masked = 0;
         for (b, block) in w[..seq].chunks(BLOCK).enumerate() {
-            if block.iter().any(|&x| x == bos) {
+            if block.contains(&bos) {
                 for (j, &x) in block.iter().enumerate() {
                     if x == bos {
                         labels[b * BLOCK + j] = IGNORE;
