@@ -45,20 +45,19 @@ fn label_lines(name: &str, width: usize) -> Vec<String> {
 
 const LABEL_AREA: u32 = 90;
 
+type BarChart<'a, DB> = ChartContext<
+    'a,
+    DB,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
 fn frame<'a, DB: DrawingBackend>(
     root: &'a DrawingArea<DB, Shift>,
     title: &str,
     y_label: &str,
     n: usize,
     y_max: f64,
-) -> Result<
-    ChartContext<
-        'a,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
-    DrawingAreaErrorKind<DB::ErrorType>,
-> {
+) -> Result<BarChart<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
     let mut chart = ChartBuilder::on(root)
         .caption(title, (FONT, 26))
         .margin(16)
