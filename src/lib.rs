@@ -4,7 +4,8 @@
 //! `manifest` (parse, validate) -> `plan` (expand into runs, render run
 //! directories) -> `executor` (SLURM or local jobs) -> `data` + `train` (what a
 //! job runs) -> `report` (tables and plots). `config` is the run configuration
-//! they share; `cli` parses the command line once and hands over.
+//! they share; `cli` parses the command line once and hands over; `bench`
+//! measures the hot paths.
 
 pub mod bench;
 pub mod cli;
@@ -15,4 +16,5 @@ pub mod manifest;
 pub mod plan;
 pub mod report;
 pub mod template;
+pub mod train;
 pub mod util;

@@ -8,23 +8,6 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-/// Threads for CPU work: the flag, else SLURM's allocation, else every core.
-pub fn threads(flag: usize) -> usize {
-    if flag > 0 {
-        return flag;
-    }
-    ["SWEEP_THREADS", "SLURM_CPUS_PER_TASK"]
-        .iter()
-        .find_map(|v| {
-            std::env::var(v)
-                .ok()?
-                .parse()
-                .ok()
-                .filter(|&n: &usize| n > 0)
-        })
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
 pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
     let formats = match p.format {
         FormatArg::Padded => vec![PretokenizedFormat::Padded],
@@ -40,7 +23,7 @@ pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
         formats,
         out_dir: p.out.clone(),
         row_group_size: p.row_group_size,
-        threads: threads(p.threads),
+        threads: crate::util::threads(p.threads),
         force: p.force,
         progress: !p.quiet,
     };

@@ -59,6 +59,15 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Train one run (what the job scripts call).
+    #[command(
+        after_help = "Example:\n  sweep train --config results/quickstart/baseline-padded-bs1/config.toml"
+    )]
+    Train {
+        /// The run's config.toml (written by `sweep render`); outputs go beside it.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Tokenize a text dataset once into padded and/or token-list Parquet files.
     #[command(
         after_help = "Examples:\n  sweep pretokenize --input assets/data/quickstart.parquet --sequence-length 2048 --out data/pretok\n  sweep pretokenize --input corpus.parquet --format token-list --threads 8 --out data/pretok"
@@ -308,6 +317,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest),
         Cmd::Bench(b) => bench_cmds::run(b, root),
         Cmd::Pretokenize(p) => data_cmds::pretokenize(&p),
+        Cmd::Train { config } => crate::train::run(&config),
         Cmd::Data(d) => data_cmds::run(d),
     }
 }

@@ -11,6 +11,10 @@ pub use model::{ModelConfig, ModelOverrides, PRESETS};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// The trainer's exit code for "checkpoint written on a signal: run me again".
+/// Job scripts requeue the job on it; the local executor restarts the run.
+pub const REQUEUE_EXIT: i32 = 99;
+
 /// Where the bundled default tokenizer lives, relative to the project root.
 pub const DEFAULT_TOKENIZER: &str = "assets/tokenizers/mistral-7b/tokenizer.json";
 

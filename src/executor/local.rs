@@ -21,8 +21,7 @@ use std::time::{Duration, Instant};
 
 pub const STATE_FILE: &str = "local.json";
 pub const LOG_FILE: &str = "local.out";
-/// The trainer's exit code for "checkpointed on a signal: run me again".
-pub const REQUEUE_EXIT: i32 = 99;
+use crate::config::REQUEUE_EXIT;
 const MAX_REQUEUES: u32 = 10;
 const GRACE: Duration = Duration::from_secs(20);
 

@@ -8,3 +8,4 @@ mod manifests;
 mod planning;
 mod slurm;
 mod support;
+mod train;

@@ -9,7 +9,7 @@ use std::process::Command;
 const NEEDS: &str =
     "needs the local SLURM cluster: scripts/local-slurm.sh up (scripts/test.sh does it)";
 
-fn require_cluster() {
+pub fn require_cluster() {
     if std::env::var_os("SLURM_CONF").is_none() && !Path::new("/etc/slurm/slurm.conf").exists() {
         std::env::set_var("SLURM_CONF", "/tmp/sweep-slurm/etc/slurm.conf");
     }

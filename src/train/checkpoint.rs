@@ -1,0 +1,109 @@
+//! Checkpoints: model and optimizer state (safetensors) plus a small JSON with
+//! the step, the data loader's position and the monitor's state. Written into
+//! a temporary directory renamed into place, so a checkpoint exists
+//! completely or not at all; the latest valid one is found at start.
+
+use super::monitor::MonitorState;
+use super::optim::AdamW;
+use super::params::Params;
+use crate::data::LoaderState;
+use anyhow::{Context, Result};
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub const DIR: &str = "checkpoints";
+const KEEP: usize = 2;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct State {
+    pub step: usize,
+    pub optimizer_steps: u64,
+    pub loader: LoaderState,
+    pub monitor: MonitorState,
+    /// Seconds of training before this checkpoint (the metrics' elapsed_s continues from it).
+    pub elapsed_s: f64,
+    pub sweep_version: String,
+}
+
+fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
+    run_dir.join(DIR).join(format!("step-{step:08}"))
+}
+
+pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &State) -> Result<PathBuf> {
+    let root = run_dir.join(DIR);
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let tmp = tempfile::Builder::new().prefix(".tmp-").tempdir_in(&root)?;
+    let model: HashMap<String, candle_core::Tensor> = params
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+        .collect();
+    candle_core::safetensors::save(&model, tmp.path().join("model.safetensors"))?;
+    candle_core::safetensors::save(&opt.state()?, tmp.path().join("optimizer.safetensors"))?;
+    // state.json last: its presence marks a complete checkpoint.
+    std::fs::write(
+        tmp.path().join("state.json"),
+        serde_json::to_vec_pretty(state)?,
+    )?;
+    let dest = step_dir(run_dir, state.step);
+    if dest.exists() {
+        std::fs::remove_dir_all(&dest)?;
+    }
+    std::fs::rename(tmp.keep(), &dest)
+        .with_context(|| format!("moving the checkpoint into {}", dest.display()))?;
+    prune(&root)?;
+    Ok(dest)
+}
+
+fn checkpoints(root: &Path) -> Vec<(usize, PathBuf)> {
+    let mut v: Vec<(usize, PathBuf)> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix("step-")?.parse().ok()?;
+            Some((step, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn prune(root: &Path) -> Result<()> {
+    let all = checkpoints(root);
+    for (_, p) in all.iter().take(all.len().saturating_sub(KEEP)) {
+        std::fs::remove_dir_all(p)?;
+    }
+    Ok(())
+}
+
+/// The newest checkpoint whose state reads back, if any.
+pub fn latest(run_dir: &Path) -> Option<(PathBuf, State)> {
+    checkpoints(&run_dir.join(DIR))
+        .into_iter()
+        .rev()
+        .find_map(|(_, p)| {
+            let state: State =
+                serde_json::from_slice(&std::fs::read(p.join("state.json")).ok()?).ok()?;
+            let complete =
+                p.join("model.safetensors").is_file() && p.join("optimizer.safetensors").is_file();
+            complete.then_some((p, state))
+        })
+}
+
+/// Loads a checkpoint's tensors into the model and optimizer.
+pub fn restore(
+    dir: &Path,
+    state: &State,
+    params: &Params,
+    opt: &mut AdamW,
+    device: &Device,
+) -> Result<()> {
+    let model = candle_core::safetensors::load(dir.join("model.safetensors"), device)
+        .with_context(|| format!("reading {}", dir.display()))?;
+    params.load(&model)?;
+    let optim = candle_core::safetensors::load(dir.join("optimizer.safetensors"), device)?;
+    opt.load_state(state.optimizer_steps, &optim)
+}

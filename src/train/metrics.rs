@@ -1,0 +1,214 @@
+//! What every logged step reports, in one place: throughput, MFU and TFLOPs
+//! from one table of peak FLOPs per device, and the JSON-lines log.
+
+use crate::config::TrainConfig;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Dense bf16 peak FLOP/s per accelerator (the reference study used 989e12 for GH200).
+pub const PEAK_FLOPS: &[(&str, f64)] = &[
+    ("GH200", 989e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("A10", 125e12),
+    ("V100", 125e12),
+    ("MI300X", 1307e12),
+    ("MI250X", 383e12),
+];
+
+/// Peak FLOP/s of one device and where the number comes from.
+pub fn peak_flops(cfg: &TrainConfig, cpu: bool, threads: usize) -> Result<(f64, String)> {
+    if let Some(p) = cfg.peak_flops {
+        return Ok((p, "peak_flops in the configuration".into()));
+    }
+    if let Some(gpu) = &cfg.gpu {
+        let name = gpu.to_ascii_uppercase();
+        return match PEAK_FLOPS
+            .iter()
+            .find(|(n, _)| name.starts_with(n) || name.contains(n))
+        {
+            Some((n, p)) => Ok((*p, format!("the {n} entry of the peak-FLOPs table"))),
+            None => bail!(
+                "no peak FLOPs known for gpu `{gpu}` (known: {}); set `peak_flops`",
+                PEAK_FLOPS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+    }
+    if cpu {
+        let p = super::peak::cpu_peak(threads)?;
+        return Ok((
+            p,
+            format!("candle's measured f32 matmul peak on {threads} CPU threads"),
+        ));
+    }
+    bail!("set `gpu` (e.g. \"H100\") or `peak_flops` so that MFU can be computed")
+}
+
+/// One logged step.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    /// Tokens per second per device, padding included (as the reference).
+    pub tokens_per_second: f64,
+    /// Share of tokens with a training label (not padding or a document start).
+    pub training_tokens_pct: f64,
+    pub mfu_pct: f64,
+    pub tflops: f64,
+    pub step_time_s: f64,
+    pub elapsed_s: f64,
+    pub peak_memory_mb: f64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub val_loss: Option<f64>,
+}
+
+/// Throughput figures over an interval of steps.
+pub struct Throughput {
+    pub tokens_per_second: f64,
+    pub mfu_pct: f64,
+    pub tflops: f64,
+}
+
+pub fn throughput(
+    tokens: u64,
+    seconds: f64,
+    flops_per_token: f64,
+    peak: f64,
+) -> Result<Throughput> {
+    let tps = tokens as f64 / seconds.max(1e-12);
+    let flops = tps * flops_per_token;
+    let mfu = 100.0 * flops / peak;
+    if mfu > 100.0 {
+        bail!(
+            "MFU came out at {mfu:.1}% (> 100%): the peak FLOPs ({peak:.3e}/s) is wrong for this device or the FLOP count is; \
+             set `gpu` or `peak_flops` to the device's real peak"
+        );
+    }
+    Ok(Throughput {
+        tokens_per_second: tps,
+        mfu_pct: mfu,
+        tflops: flops / 1e12,
+    })
+}
+
+/// Peak resident memory of this process, in MB.
+pub fn peak_memory_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// `metrics.jsonl`: one JSON object per logged step (and per monitor event),
+/// flushed as written.
+pub struct MetricsLog {
+    file: std::fs::File,
+    pub path: PathBuf,
+}
+
+impl MetricsLog {
+    pub fn open(run_dir: &Path) -> Result<MetricsLog> {
+        let path = run_dir.join(METRICS_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(MetricsLog { file, path })
+    }
+
+    pub fn write<T: Serialize>(&mut self, record: &T) -> Result<()> {
+        let mut line = serde_json::to_vec(record)?;
+        line.push(b'\n');
+        self.file.write_all(&line)?;
+        self.file.flush()?;
+        Ok(())
+    }
+
+    /// After a resume: keeps only records up to `step` (and drops a torn
+    /// last line), so the log continues without duplicated or missing steps.
+    pub fn truncate_after(&mut self, step: usize) -> Result<()> {
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        let kept: String = text
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .ok()
+                    .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
+                    .is_some_and(|s| s as usize <= step)
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        crate::util::fs::write_atomic(&self.path, kept.as_bytes())?;
+        *self = MetricsLog::open(crate::util::fs::parent_dir(&self.path))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_and_overrides_give_the_peak() {
+        let mut c = TrainConfig {
+            gpu: Some("gh200".into()),
+            ..Default::default()
+        };
+        assert_eq!(peak_flops(&c, false, 1).unwrap().0, 989e12);
+        c.gpu = Some("NVIDIA A100-SXM4-80GB".into());
+        assert_eq!(peak_flops(&c, false, 1).unwrap().0, 312e12);
+        c.peak_flops = Some(5e12);
+        assert_eq!(peak_flops(&c, false, 1).unwrap().0, 5e12);
+        c.peak_flops = None;
+        c.gpu = Some("TPU".into());
+        assert!(peak_flops(&c, false, 1).is_err());
+    }
+
+    #[test]
+    fn an_mfu_above_100_percent_is_an_error() {
+        assert!(throughput(1000, 1.0, 1e9, 1e12).is_ok());
+        let e = throughput(1000, 1.0, 1e10, 1e12).err().unwrap().to_string();
+        assert!(e.contains("> 100%"), "{e}");
+    }
+
+    #[test]
+    fn resuming_truncates_the_log_after_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = MetricsLog::open(dir.path()).unwrap();
+        for s in [1, 10, 20, 30] {
+            log.write(&serde_json::json!({ "step": s })).unwrap();
+        }
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log.path)
+            .unwrap()
+            .write_all(b"{\"step\": 4")
+            .unwrap();
+        log.truncate_after(20).unwrap();
+        log.write(&serde_json::json!({ "step": 30 })).unwrap();
+        let text = std::fs::read_to_string(&log.path).unwrap();
+        assert_eq!(
+            text,
+            "{\"step\":1}\n{\"step\":10}\n{\"step\":20}\n{\"step\":30}\n"
+        );
+    }
+}

@@ -1,0 +1,514 @@
+//! `sweep train --config <run>/config.toml`: what every sweep run executes.
+//!
+//! Builds the model, the data loader and the optimizer, resumes from the
+//! latest checkpoint in the run directory, trains, and writes `metrics.jsonl`.
+//! SIGUSR1 (SLURM's warning before the time limit) and SIGTERM (preemption,
+//! Ctrl-C) end the current step, write a checkpoint and exit with
+//! `REQUEUE_EXIT` so the job script requeues the run.
+
+pub mod attention;
+mod checkpoint;
+pub mod metrics;
+pub mod model;
+mod monitor;
+pub mod ops;
+pub mod optim;
+pub mod params;
+pub mod peak;
+
+use crate::config::{DeviceKind, Precision, TrainConfig, REQUEUE_EXIT};
+use crate::data::{
+    Batch, DataLoader, DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer,
+};
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+use metrics::{MetricsLog, StepMetrics};
+use model::Llama;
+use optim::{AdamW, Grads};
+use params::Params;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Everything a run needs, built from its configuration.
+pub struct Trainer {
+    pub cfg: TrainConfig,
+    pub model_cfg: crate::config::ModelConfig,
+    pub device: Device,
+    pub params: Params,
+    pub model: Llama,
+    pub opt: AdamW,
+    pub spec: DataSpec,
+    pub threads: usize,
+}
+
+impl Trainer {
+    pub fn new(cfg: TrainConfig, threads: usize) -> Result<Trainer> {
+        let device = match cfg.device {
+            DeviceKind::Cpu => Device::Cpu,
+            DeviceKind::Cuda => cuda_device()?,
+        };
+        let dtype = match (cfg.precision, device.is_cpu()) {
+            (Precision::F32, _) => DType::F32,
+            (Precision::Bf16, false) => DType::BF16,
+            (Precision::Bf16, true) => bail!("`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use f32 on the CPU"),
+        };
+        let specials = SpecialTokens {
+            bos: cfg.bos_token.clone(),
+            eos: cfg.eos_token.clone(),
+            pad: cfg.pad_token.clone(),
+        };
+        let tok = Arc::new(TextTokenizer::load(&cfg.tokenizer, &specials)?);
+        let mut model_cfg = cfg.model_config()?;
+        if model_cfg.vocab_size == 0 {
+            model_cfg.vocab_size = tok.vocab_size();
+        }
+        if model_cfg.vocab_size < tok.vocab_size() {
+            bail!(
+                "the model's vocabulary ({}) is smaller than the tokenizer's ({})",
+                model_cfg.vocab_size,
+                tok.vocab_size()
+            );
+        }
+        let (rank, world) = distributed()?;
+        let params = Params::init(&model_cfg, cfg.seed, &device, dtype)?;
+        let model = Llama::new(
+            &params,
+            &model_cfg,
+            cfg.attention,
+            cfg.sequence_length,
+            &device,
+            dtype,
+        )?;
+        let opt = AdamW::new(&params, &cfg)?;
+        let source = match (cfg.pretokenized, &cfg.pretokenized_path) {
+            (true, Some(path)) => SourceSpec::Pretokenized { path: path.clone() },
+            (true, None) => bail!("`pretokenized = true` needs `pretokenized_path` (the planner sets it from its pretokenize stage)"),
+            (false, _) => SourceSpec::Text { path: cfg.dataset.clone(), column: cfg.text_column.clone() },
+        };
+        let spec = DataSpec {
+            dataset_type: cfg.dataset_type,
+            seq_len: cfg.sequence_length,
+            source,
+            tokenizer: tok,
+            rank,
+            world_size: world,
+            holdout: cfg.validation_documents,
+        };
+        Ok(Trainer {
+            cfg,
+            model_cfg,
+            device,
+            params,
+            model,
+            opt,
+            spec,
+            threads,
+        })
+    }
+
+    /// Forward and backward over one optimizer step's micro-batches.
+    /// Returns the step's loss (mean over its training tokens) and gradients.
+    pub fn forward_backward(&self, micro: &[Batch]) -> Result<(f64, Grads)> {
+        let divisor = micro
+            .iter()
+            .map(|b| b.training_tokens)
+            .sum::<usize>()
+            .max(1) as f64;
+        let mut grads = Grads::default();
+        let mut loss = 0.0;
+        for b in micro {
+            let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
+            let l = self.model.loss(&ids, &b.labels, divisor)?;
+            loss += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
+            grads.accumulate(&self.params, l.backward()?)?;
+        }
+        Ok((loss, grads))
+    }
+
+    /// Mean loss over `batches` batches of the held-out documents (no gradients).
+    fn validation_loss(&self, batches: usize) -> Result<f64> {
+        let mut stream = SampleStream::open_validation(&self.spec)?;
+        let (mut sum, mut count) = (0.0, 0usize);
+        for _ in 0..batches {
+            let b = crate::data::loader::next_batch(&mut stream, self.cfg.batch_size)?;
+            let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
+            let l = self.model.loss(&ids.detach(), &b.labels, 1.0)?;
+            sum += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
+            count += b.training_tokens;
+        }
+        Ok(sum / count.max(1) as f64)
+    }
+}
+
+fn cuda_device() -> Result<Device> {
+    #[cfg(feature = "cuda")]
+    {
+        let local: usize = std::env::var("LOCAL_RANK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        return Ok(Device::new_cuda(local)?);
+    }
+    #[cfg(not(feature = "cuda"))]
+    bail!(
+        "`device = \"cuda\"` needs a build with the `cuda` feature (see README, Building for GPUs)"
+    )
+}
+
+/// RANK and WORLD_SIZE from the launcher. The built-in trainer runs one
+/// process; several ranks would each train alone, so that is refused.
+fn distributed() -> Result<(usize, usize)> {
+    let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    let (rank, world) = (get("RANK").unwrap_or(0), get("WORLD_SIZE").unwrap_or(1));
+    if world > 1 {
+        bail!("WORLD_SIZE={world}: the built-in trainer has no gradient all-reduce; run it with one task (ntasks_per_node = 1, nodes = 1), or sweep a distributed program with `command`");
+    }
+    Ok((rank, world))
+}
+
+/// The threads for the CPU kernels: the configuration, else SWEEP_THREADS or
+/// SLURM_CPUS_PER_TASK, else every core. Set before any kernel runs.
+pub fn init_threads(configured: usize) -> usize {
+    let n = crate::util::threads(configured);
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
+    n
+}
+
+/// The last signal asking the run to stop (0: none).
+fn install_signals() -> Result<Arc<AtomicUsize>> {
+    let flag = Arc::new(AtomicUsize::new(0));
+    for sig in [
+        signal_hook::consts::SIGUSR1,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ] {
+        signal_hook::flag::register_usize(sig, Arc::clone(&flag), sig as usize)
+            .context("installing signal handlers")?;
+    }
+    Ok(flag)
+}
+
+fn signal_name(sig: usize) -> &'static str {
+    match sig as i32 {
+        signal_hook::consts::SIGUSR1 => "SIGUSR1",
+        signal_hook::consts::SIGTERM => "SIGTERM",
+        _ => "SIGINT",
+    }
+}
+
+pub fn run(config: &Path) -> Result<ExitCode> {
+    let run_dir = crate::util::fs::parent_dir(config).to_path_buf();
+    let cfg = TrainConfig::load(config)?;
+    let threads = init_threads(cfg.threads);
+    let stop = install_signals()?;
+    let mut t = Trainer::new(cfg, threads)?;
+    let cfg = t.cfg.clone();
+    let (peak, peak_source) = metrics::peak_flops(&cfg, t.device.is_cpu(), threads)?;
+    let flops_per_token = t.model_cfg.flops_per_token(cfg.sequence_length);
+    eprintln!(
+        "sweep train: {} ({} parameters, {:.1} MFLOP/token) on {} with {threads} threads; peak {:.1} GFLOP/s ({peak_source})",
+        cfg.model,
+        t.params.count(),
+        flops_per_token / 1e6,
+        if t.device.is_cpu() { "cpu" } else { "cuda" },
+        peak / 1e9
+    );
+
+    let mut stream = SampleStream::open(&t.spec)?;
+    let mut log = MetricsLog::open(&run_dir)?;
+    let mut monitor = monitor::Monitor::new(cfg.monitor.clone(), cfg.grad_clip);
+    let (mut first, mut elapsed) = (1, 0.0);
+    if let Some((dir, state)) = checkpoint::latest(&run_dir) {
+        checkpoint::restore(&dir, &state, &t.params, &mut t.opt, &t.device)?;
+        stream.restore(&state.loader)?;
+        monitor.state = state.monitor;
+        log.truncate_after(state.step)?;
+        (first, elapsed) = (state.step + 1, state.elapsed_s);
+        eprintln!(
+            "sweep train: resumed from {} (step {})",
+            dir.display(),
+            state.step
+        );
+    }
+    let mut loader = DataLoader::spawn(stream, cfg.batch_size, cfg.prefetch);
+    let accum = cfg.gradient_accumulation;
+    let tokens_per_step = (cfg.batch_size * cfg.sequence_length * accum) as u64;
+    let (mut interval_tokens, mut interval_train, mut interval_time, mut interval_steps) =
+        (0u64, 0u64, 0f64, 0usize);
+
+    for step in first..=cfg.training_steps {
+        let started = Instant::now();
+        let lr = optim::lr_at(step, &cfg);
+        let micro = (0..accum)
+            .map(|_| loader.next_batch())
+            .collect::<Result<Vec<_>>>()?;
+        let (loss, grads) = t.forward_backward(&micro)?;
+        let grad_norm = grads.norm()?;
+        if !grad_norm.is_finite() || !loss.is_finite() {
+            bail!("step {step}: the loss ({loss}) or gradient norm ({grad_norm}) is not finite; try a lower learning_rate");
+        }
+        let scale = if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
+            cfg.grad_clip / grad_norm
+        } else {
+            1.0
+        };
+        t.opt.step(&grads, lr, scale)?;
+        let step_time = started.elapsed().as_secs_f64();
+
+        elapsed += step_time;
+        interval_tokens += tokens_per_step;
+        interval_train += micro.iter().map(|b| b.training_tokens as u64).sum::<u64>();
+        interval_time += step_time;
+        interval_steps += 1;
+        for e in monitor.observe(step, loss, grad_norm) {
+            eprintln!(
+                "warning: step {step}: {} ({:.4} > {:.4})",
+                e.event.replace('_', " "),
+                e.value,
+                e.threshold
+            );
+            log.write(&e)?;
+        }
+        let last = step == cfg.training_steps;
+        if step == 1 || step % cfg.logging_frequency == 0 || last {
+            let tp = metrics::throughput(interval_tokens, interval_time, flops_per_token, peak)?;
+            let val_loss = match cfg.validation_every {
+                n if n > 0 && (step % n == 0 || last) && cfg.validation_documents > 0 => {
+                    Some(t.validation_loss(cfg.validation_batches)?)
+                }
+                _ => None,
+            };
+            let m = StepMetrics {
+                step,
+                loss,
+                lr,
+                grad_norm,
+                tokens_per_second: tp.tokens_per_second,
+                training_tokens_pct: 100.0 * interval_train as f64 / interval_tokens as f64,
+                mfu_pct: tp.mfu_pct,
+                tflops: tp.tflops,
+                step_time_s: interval_time / interval_steps as f64,
+                elapsed_s: elapsed,
+                peak_memory_mb: metrics::peak_memory_mb(),
+                val_loss,
+            };
+            log.write(&m)?;
+            eprintln!(
+                "step {step}/{} | loss {loss:.4} | lr {lr:.2e} | grad norm {grad_norm:.3} | {:.0} tokens/s | MFU {:.2}% | {:.3} s/step{}",
+                cfg.training_steps,
+                m.tokens_per_second,
+                m.mfu_pct,
+                m.step_time_s,
+                val_loss.map(|v| format!(" | val loss {v:.4}")).unwrap_or_default()
+            );
+            (
+                interval_tokens,
+                interval_train,
+                interval_time,
+                interval_steps,
+            ) = (0, 0, 0.0, 0);
+        }
+        let signal = stop.swap(0, Ordering::SeqCst);
+        let periodic = cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0;
+        if periodic || signal != 0 || last {
+            let state = checkpoint::State {
+                step,
+                optimizer_steps: t.opt.t,
+                loader: micro
+                    .last()
+                    .expect("at least one micro-batch")
+                    .state
+                    .clone(),
+                monitor: monitor.state.clone(),
+                elapsed_s: elapsed,
+                sweep_version: env!("CARGO_PKG_VERSION").into(),
+            };
+            let dir = checkpoint::save(&run_dir, &t.params, &t.opt, &state)?;
+            if signal != 0 {
+                eprintln!("sweep train: {} received; checkpoint {} written at step {step}; exiting to be requeued", signal_name(signal), dir.display());
+                return Ok(ExitCode::from(REQUEUE_EXIT as u8));
+            }
+        }
+    }
+    eprintln!(
+        "sweep train: done, {} steps in {elapsed:.1} s of training",
+        cfg.training_steps
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ModelConfig, ModelOverrides};
+    use crate::data::samples::IGNORE;
+
+    fn tiny(vocab: usize) -> ModelConfig {
+        let o = ModelOverrides {
+            dim: Some(16),
+            n_layers: Some(2),
+            n_heads: Some(4),
+            n_kv_heads: Some(2),
+            vocab_size: Some(vocab),
+            multiple_of: Some(16),
+            ..Default::default()
+        };
+        ModelConfig::resolve("tiny", &o).unwrap()
+    }
+
+    fn setup(dtype: DType) -> (Params, Llama, Tensor, Vec<i64>) {
+        let cfg = tiny(40);
+        let params = Params::init(&cfg, 7, &Device::Cpu, dtype).unwrap();
+        let model = Llama::new(
+            &params,
+            &cfg,
+            crate::config::AttentionKind::Eager,
+            8,
+            &Device::Cpu,
+            dtype,
+        )
+        .unwrap();
+        let ids: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 40).collect();
+        let ids = Tensor::from_vec(ids, (2, 6), &Device::Cpu).unwrap();
+        let labels: Vec<i64> = (0..12)
+            .map(|i| {
+                if i % 5 == 4 {
+                    IGNORE
+                } else {
+                    (i * 11 + 1) % 40
+                }
+            })
+            .collect();
+        (params, model, ids, labels)
+    }
+
+    fn grads_of(params: &Params, model: &Llama, ids: &Tensor, labels: &[i64]) -> (f64, Grads) {
+        let loss = model.loss(ids, labels, 10.0).unwrap();
+        let value = loss
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        let mut g = Grads::default();
+        g.accumulate(params, loss.backward().unwrap()).unwrap();
+        (value, g)
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() -> Result<()> {
+        // f64 runs the composed ops, so differences are precise.
+        let (params, model, ids, labels) = setup(DType::F64);
+        let (_, grads) = grads_of(&params, &model, &ids, &labels);
+        // Central differences: truncation error O(h^2), round-off ~1e-16 * loss / h.
+        let h = 1e-4;
+        for (name, index) in [
+            ("tok_embeddings.weight", 3 * 16 + 2),
+            ("layers.0.attention.wq.weight", 17),
+            ("layers.1.attention.wk.weight", 5),
+            ("layers.0.attention.wv.weight", 40),
+            ("layers.1.attention.wo.weight", 101),
+            ("layers.0.feed_forward.w1.weight", 9),
+            ("layers.1.feed_forward.w2.weight", 77),
+            ("layers.0.feed_forward.w3.weight", 33),
+            ("layers.1.attention_norm.weight", 4),
+            ("norm.weight", 11),
+            ("output.weight", 30 * 16 + 7),
+        ] {
+            let var = params.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+            let base: Vec<f64> = var.flatten_all()?.to_vec1()?;
+            let at = |delta: f64| -> Result<f64> {
+                let mut v = base.clone();
+                v[index] += delta;
+                var.set(&Tensor::from_vec(v, var.shape(), &Device::Cpu)?)?;
+                Ok(model.loss(&ids, &labels, 10.0)?.to_scalar::<f64>()?)
+            };
+            let numeric = (at(h)? - at(-h)?) / (2.0 * h);
+            at(0.0)?;
+            let analytic = grads.get(name).unwrap().flatten_all()?.to_vec1::<f64>()?[index];
+            let err = (numeric - analytic).abs();
+            assert!(
+                err < 1e-6 * analytic.abs() + 1e-10,
+                "{name}[{index}]: numeric {numeric:e} vs autograd {analytic:e}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_parameter_gets_a_gradient_and_the_fused_path_agrees() -> Result<()> {
+        let (p32, m32, ids, labels) = setup(DType::F32);
+        let (p64, m64, _, _) = setup(DType::F64);
+        let (l32, g32) = grads_of(&p32, &m32, &ids, &labels);
+        let (l64, g64) = grads_of(&p64, &m64, &ids, &labels);
+        assert!((l32 - l64).abs() < 1e-4 * l64.abs(), "{l32} vs {l64}");
+        for (name, _) in p32.iter() {
+            let a = g32.get(name).unwrap().to_dtype(DType::F64)?;
+            let b = g64.get(name).unwrap();
+            let scale = b.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(scale > 0.0, "`{name}` has an all-zero gradient");
+            let diff = (&a - b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(diff <= 2e-4 * scale, "`{name}`: fused f32 and composed f64 gradients differ by {diff:e} (scale {scale:e})");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn loss_falls_on_real_text() -> Result<()> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cfg = TrainConfig {
+            dataset: root.join("assets/data/quickstart.parquet"),
+            tokenizer: root.join(crate::config::DEFAULT_TOKENIZER),
+            sequence_length: 64,
+            batch_size: 4,
+            learning_rate: 3e-3,
+            warmup_steps: 3,
+            architecture: ModelOverrides {
+                dim: Some(32),
+                n_layers: Some(1),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let t = Trainer::new(cfg.clone(), 2)?;
+        let mut stream = SampleStream::open(&t.spec)?;
+        let mut opt = AdamW::new(&t.params, &cfg)?;
+        let mut losses = vec![];
+        for step in 1..=40 {
+            let b = crate::data::loader::next_batch(&mut stream, cfg.batch_size)?;
+            let (loss, grads) = t.forward_backward(&[b])?;
+            opt.step(&grads, optim::lr_at(step, &cfg), 1.0)?;
+            losses.push(loss);
+        }
+        let first: f64 = losses[..3].iter().sum::<f64>() / 3.0;
+        let last: f64 = losses[37..].iter().sum::<f64>() / 3.0;
+        assert!(first > 10.0, "starts near ln(32000) = 10.4: {first}");
+        // A random model stays near ln(32000); falling a nat in 40 steps is learning.
+        assert!(last < first - 1.0, "loss {first:.2} -> {last:.2}");
+        Ok(())
+    }
+
+    #[test]
+    fn flops_per_token_match_the_reference_formula() {
+        // 6·N + 12·L·H·Q·T at T = 2048, N excluding the token embedding.
+        let p = |name: &str| ModelConfig::preset(name).unwrap();
+        assert_eq!(p("ref-8b").non_embedding_params(), 7_516_459_008);
+        assert_eq!(p("ref-8b").flops_per_token(2048), 48_319_979_520.0);
+        assert_eq!(p("ref-1b").non_embedding_params(), 989_923_328);
+        assert_eq!(p("ref-1b").flops_per_token(2048), 6_744_846_336.0);
+        // The reference's own figures: 7873.05 tokens/s -> 380.43 TFLOPs, 38.47% of 989e12.
+        let tflops = 7873.05 * p("ref-8b").flops_per_token(2048) / 1e12;
+        assert!((tflops - 380.43).abs() < 0.01 && (100.0 * tflops / 989.0 - 38.47).abs() < 0.01);
+        // The CPU speed-goal model (candle-training.md): 82.6 MFLOP/token.
+        let small = ModelConfig {
+            vocab_size: 8192,
+            ..p("small")
+        };
+        assert_eq!(small.flops_per_token(256), 82_605_312.0);
+    }
+}

@@ -1,0 +1,152 @@
+//! RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, over the last dimension.
+
+use super::{f32s, fused, rows_per_task};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if fused(x) && fused(w) {
+        x.contiguous()?
+            .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
+    } else {
+        composed(x, w, eps)
+    }
+}
+
+/// The same from differentiable candle ops.
+pub fn composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let r = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+    x.broadcast_mul(&r)?.broadcast_mul(w)
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ss: f32 = x.iter().map(|v| v * v).sum();
+    1.0 / (ss / x.len() as f32 + eps).sqrt()
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "sweep-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w) = (f32s(s1, l1)?, f32s(s2, l2)?);
+        let d = w.len();
+        let mut y = vec![0f32; x.len()];
+        let per = rows_per_task(x.len() / d, d) * d;
+        y.par_chunks_mut(per)
+            .zip(x.par_chunks(per))
+            .for_each(|(y, x)| {
+                for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                    let r = inv_rms(x, self.eps);
+                    for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
+                        *y = x * r * w;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let rows = x.elem_count() / w.elem_count();
+        // One pass gives both: rows 0..n are dx, row n is dw.
+        let both = x.apply_op3_no_bwd(w, &dy.contiguous()?, &RmsNormBwd { eps: self.eps })?;
+        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
+        let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+struct RmsNormBwd {
+    eps: f32,
+}
+
+impl CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "sweep-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w, dy) = (f32s(s1, l1)?, f32s(s2, l2)?, f32s(s3, l3)?);
+        let d = w.len();
+        let rows = x.len() / d;
+        let mut out = vec![0f32; x.len() + d];
+        let (dx, _) = out.split_at_mut(x.len());
+        let per = rows_per_task(rows, d) * d;
+        // dx = r (w dy) - x r^3 mean(w dy x); dw = sum over rows of dy x r.
+        let partial_dw: Vec<Vec<f32>> = dx
+            .par_chunks_mut(per)
+            .zip(x.par_chunks(per).zip(dy.par_chunks(per)))
+            .map(|(dx, (x, dy))| {
+                let mut dw = vec![0f32; d];
+                for ((dx, x), dy) in dx
+                    .chunks_exact_mut(d)
+                    .zip(x.chunks_exact(d))
+                    .zip(dy.chunks_exact(d))
+                {
+                    let r = inv_rms(x, self.eps);
+                    let dot: f32 = x.iter().zip(dy).zip(w).map(|((x, g), w)| x * g * w).sum();
+                    let c = r * r * r * dot / d as f32;
+                    for i in 0..d {
+                        dx[i] = r * w[i] * dy[i] - x[i] * c;
+                        dw[i] += dy[i] * x[i] * r;
+                    }
+                }
+                dw
+            })
+            .collect();
+        let dw = &mut out[x.len()..];
+        for p in partial_dw {
+            for (a, b) in dw.iter_mut().zip(p) {
+                *a += b;
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((rows + 1, d))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::ops::testing::{max_diff, rand};
+    use candle_core::Var;
+
+    #[test]
+    fn fused_matches_composed_forward_and_gradients() -> Result<()> {
+        let x = Var::from_tensor(&rand(&[3, 5, 16], 1))?;
+        let w = Var::from_tensor(&(rand(&[16], 2) + 1.5)?)?;
+        let dy = rand(&[3, 5, 16], 3);
+        let a = rms_norm(&x, &w, 1e-5)?;
+        let b = composed(&x, &w, 1e-5)?;
+        assert!(max_diff(&a, &b)? < 1e-5);
+        let ga = (a * &dy)?.sum_all()?.backward()?;
+        let gb = (b * &dy)?.sum_all()?.backward()?;
+        assert!(max_diff(ga.get(&x).unwrap(), gb.get(&x).unwrap())? < 1e-4);
+        assert!(max_diff(ga.get(&w).unwrap(), gb.get(&w).unwrap())? < 1e-4);
+        Ok(())
+    }
+}

@@ -1,0 +1,268 @@
+//! The trainer through the command line: identical loss curves on the fly
+//! and pretokenized, resume after a kill, and requeue on SLURM's SIGUSR1.
+
+use super::support::{project, repo, run_ok, status, sweep, wait_for, write};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+/// A small training manifest on the bundled data; `extra` goes into [defaults].
+fn manifest(root: &Path, name: &str, extra: &str, sweep_axes: &str) -> PathBuf {
+    let m = root.join(format!("{name}.toml"));
+    write(
+        &m,
+        &format!(
+            r#"name = "{name}"
+executor = "local"
+[defaults]
+dataset = "{data}"
+tokenizer = "{tok}"
+model = "tiny"
+architecture = {{ dim = 32, n_layers = 1 }}
+learning_rate = 3e-3
+warmup_steps = 2
+logging_frequency = 1
+threads = 1
+{extra}
+{sweep_axes}
+[local]
+parallel = 2
+threads = 1
+[slurm]
+time = "10"
+job_name = "sweep-test-{name}"
+"#,
+            data = repo().join("assets/data/quickstart.parquet").display(),
+            tok = repo()
+                .join("assets/tokenizers/mistral-7b/tokenizer.json")
+                .display(),
+        ),
+    );
+    m
+}
+
+/// The step records of a run's metrics.jsonl (events left out).
+fn metrics(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("event").is_none())
+        .collect()
+}
+
+fn losses(run: &Path) -> Vec<(u64, f64)> {
+    metrics(run)
+        .iter()
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn on_the_fly_and_pretokenized_data_give_identical_loss_curves() {
+    let root = project();
+    let m = manifest(
+        root.path(),
+        "same",
+        "training_steps = 12\nsequence_length = 64",
+        "[sweep.grid]\ndataset_type = [\"padded\", \"padding-free\"]\npretokenized = [false, true]",
+    );
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let s = status(root.path(), &m);
+    assert!(s.values().all(|(st, _)| st == "COMPLETED"), "{s:?}");
+    for kind in ["padded", "padding-free"] {
+        let a = losses(
+            &root
+                .path()
+                .join(format!("results/same/{kind}_pretokenized-false")),
+        );
+        let b = losses(
+            &root
+                .path()
+                .join(format!("results/same/{kind}_pretokenized-true")),
+        );
+        assert_eq!(a.len(), 12, "{kind}");
+        assert_eq!(
+            a, b,
+            "{kind}: on-the-fly and pretokenized runs trained differently"
+        );
+        let tail = a[8..].iter().map(|x| x.1).fold(f64::MAX, f64::min);
+        assert!(tail < a[0].1, "{kind}: the loss falls");
+    }
+    // Every field the report relies on is in every record.
+    let rec = &metrics(&root.path().join("results/same/padded_pretokenized-true"))[0];
+    for key in [
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_second",
+        "training_tokens_pct",
+        "mfu_pct",
+        "tflops",
+        "step_time_s",
+        "elapsed_s",
+        "peak_memory_mb",
+    ] {
+        assert!(
+            rec.get(key).is_some_and(|v| v.is_number()),
+            "{key} missing from {rec}"
+        );
+    }
+    let mfu = rec["mfu_pct"].as_f64().unwrap();
+    assert!(mfu > 0.0 && mfu <= 100.0, "{mfu}");
+}
+
+fn train(root: &Path, config: &Path) -> Child {
+    sweep(root)
+        .arg("train")
+        .arg("--config")
+        .arg(config)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn last_step(run: &Path) -> u64 {
+    metrics(run)
+        .last()
+        .and_then(|v| v["step"].as_u64())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_killed_run_resumes_and_reproduces_the_uninterrupted_curve() {
+    let root = project();
+    // Two studies with the same configuration: one runs straight through, one is interrupted.
+    let extra = "training_steps = 60\ncheckpoint_every = 5\nsequence_length = 128\nbatch_size = 2";
+    for name in ["straight", "interrupted"] {
+        run_ok(
+            sweep(root.path())
+                .arg("render")
+                .arg(manifest(root.path(), name, extra, "")),
+        );
+    }
+    let reference = root.path().join("results/straight/run");
+    let resumed = root.path().join("results/interrupted/run");
+
+    assert!(train(root.path(), &reference.join("config.toml"))
+        .wait()
+        .unwrap()
+        .success());
+
+    // Killed without warning after step 12: resumes from the step-10 checkpoint.
+    let mut child = train(root.path(), &resumed.join("config.toml"));
+    wait_for(120, "step 12", || (last_step(&resumed) >= 12).then_some(()));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Stopped by SIGTERM: checkpoints where it is and exits for a requeue.
+    let child = train(root.path(), &resumed.join("config.toml"));
+    wait_for(120, "step 30", || (last_step(&resumed) >= 30).then_some(()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(99),
+        "SIGTERM ends with the requeue exit code"
+    );
+    let stopped_at = last_step(&resumed);
+    assert!(std::fs::read_dir(resumed.join("checkpoints"))
+        .unwrap()
+        .any(|e| e.unwrap().file_name().to_string_lossy() == format!("step-{stopped_at:08}")));
+    // And finishes.
+    assert!(train(root.path(), &resumed.join("config.toml"))
+        .wait()
+        .unwrap()
+        .success());
+
+    let (a, b) = (losses(&reference), losses(&resumed));
+    assert_eq!(
+        b.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        (1..=60).collect::<Vec<_>>(),
+        "every step once"
+    );
+    assert_eq!(
+        a, b,
+        "the resumed run trained exactly like the uninterrupted one"
+    );
+    // A run that is already complete does nothing when started again.
+    assert!(train(root.path(), &reference.join("config.toml"))
+        .wait()
+        .unwrap()
+        .success());
+    assert_eq!(losses(&reference), a);
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn sigusr1_on_slurm_checkpoints_requeues_and_finishes() {
+    super::slurm::require_cluster();
+    let root = project();
+    let m = manifest(
+        root.path(),
+        "requeue",
+        "training_steps = 200\nsequence_length = 128\nbatch_size = 2",
+        "",
+    );
+    run_ok(
+        sweep(root.path())
+            .arg("submit")
+            .arg(&m)
+            .args(["--executor", "slurm"]),
+    );
+    let run = root.path().join("results/requeue/run");
+    wait_for(120, "training to start", || {
+        (last_step(&run) >= 5).then_some(())
+    });
+    let job = status(root.path(), &m)["run"].clone();
+    assert_eq!(job.0, "RUNNING");
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    let job_id = record["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    run_ok(Command::new("scancel").args(["--signal=USR1", &job_id]));
+    // SLURM holds a requeued job for a while (Reason=BeginTime) against
+    // requeue loops; release it as an administrator would, to keep this quick.
+    let reason = wait_for(120, "the job to be requeued", || {
+        let out = Command::new("scontrol")
+            .args(["show", "job", "-o", &job_id])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (text.contains("JobState=PENDING") && text.contains("Restarts=1")).then_some(text)
+    });
+    assert!(
+        reason.contains("Reason=BeginTime") || reason.contains("Reason=None"),
+        "{reason}"
+    );
+    run_ok(Command::new("scontrol").args(["update", &format!("JobId={job_id}"), "StartTime=now"]));
+    let s = wait_for(600, "the requeued job to finish", || {
+        let s = status(root.path(), &m);
+        (s["run"].0 == "COMPLETED").then_some(s)
+    });
+    assert_eq!(s["run"].1, Some(0));
+    let log: String = std::fs::read_dir(&run)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert!(
+        log.contains("SIGUSR1 received") && log.contains("requeueing job"),
+        "{log}"
+    );
+    assert!(log.contains("resumed from"), "{log}");
+    assert!(
+        log.contains("restart 1"),
+        "the second attempt is SLURM's restart 1"
+    );
+    let steps: Vec<u64> = losses(&run).iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        steps,
+        (1..=200).collect::<Vec<_>>(),
+        "every step once across the requeue"
+    );
+}
