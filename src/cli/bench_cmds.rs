@@ -6,6 +6,58 @@ use std::process::ExitCode;
 
 pub fn run(cmd: BenchCmd, root: &std::path::Path) -> Result<ExitCode> {
     match cmd {
+        BenchCmd::Train {
+            threads,
+            steps,
+            only,
+        } => {
+            let threads = crate::train::init_threads(threads);
+            let cases = crate::bench::train::default_cases()
+                .into_iter()
+                .filter(|c| only.as_deref().is_none_or(|o| c.label.contains(o)))
+                .collect();
+            let rows = crate::bench::train::run(cases, steps, threads)?;
+            println!("train step on {threads} CPU thread(s), f32, {steps} timed steps after 2 warm-up steps");
+            println!(
+                "{:<26} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9}  {}",
+                "model",
+                "params",
+                "MFLOP/tok",
+                "tokens/s",
+                "GFLOP/s",
+                "of peak",
+                "s/step",
+                "forward / backward / optimizer"
+            );
+            for r in &rows {
+                let step = r.forward_s + r.backward_s + r.optimizer_s;
+                println!(
+                    "{:<26} {:>8.1}M {:>11.1} {:>10.0} {:>9.1} {:>8.1}% {:>9.3}  {:.0}% / {:.0}% / {:.0}%",
+                    r.case.label,
+                    r.params as f64 / 1e6,
+                    r.flops_per_token / 1e6,
+                    r.tokens_per_s,
+                    r.gflops,
+                    100.0 * r.gflops / r.peak_gflops,
+                    step,
+                    100.0 * r.forward_s / step,
+                    100.0 * r.backward_s / step,
+                    100.0 * r.optimizer_s / step
+                );
+            }
+            println!("peak: candle f32 matmul at {:.1} GFLOP/s on {threads} thread(s) (sweep bench peak)", rows[0].peak_gflops);
+        }
+        BenchCmd::Peak => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            println!(
+                "candle f32 matmul peak (best of 256/512/1024 square products), cached for MFU:"
+            );
+            for threads in 1..=cores {
+                std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+                let p = crate::train::peak::refresh(threads)?;
+                println!("  {threads} thread(s): {:8.1} GFLOP/s", p / 1e9);
+            }
+        }
         BenchCmd::Data(a) => {
             let args = crate::bench::data::DataBenchArgs {
                 dataset: a

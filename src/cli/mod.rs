@@ -237,6 +237,23 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 3)]
         repeats: usize,
     },
+    /// The train step of the CPU presets: tokens/s, GFLOP/s, share of candle's matmul peak.
+    #[command(
+        after_help = "Examples:\n  sweep bench train --threads 1\n  sweep bench train --threads 2 --steps 10"
+    )]
+    Train {
+        /// CPU threads (1 gives tokens per CPU-second).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+        /// Only the models whose label contains this (e.g. `goal`).
+        #[arg(long)]
+        only: Option<String>,
+    },
+    /// candle's f32 matmul throughput on this CPU (what CPU MFU is measured against).
+    #[command(after_help = "Example:\n  sweep bench peak")]
+    Peak,
     Plan {
         #[arg(long, default_value_t = 10_000)]
         runs: usize,
