@@ -19,15 +19,8 @@ pub fn run(cmd: BenchCmd, root: &std::path::Path) -> Result<ExitCode> {
             let rows = crate::bench::train::run(cases, steps, threads)?;
             println!("train step on {threads} CPU thread(s), f32, {steps} timed steps after 2 warm-up steps");
             println!(
-                "{:<26} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9}  {}",
-                "model",
-                "params",
-                "MFLOP/tok",
-                "tokens/s",
-                "GFLOP/s",
-                "of peak",
-                "s/step",
-                "forward / backward / optimizer"
+                "{:<26} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9}  forward / backward / optimizer",
+                "model", "params", "MFLOP/tok", "tokens/s", "GFLOP/s", "of peak", "s/step",
             );
             for r in &rows {
                 let step = r.forward_s + r.backward_s + r.optimizer_s;
