@@ -4,6 +4,7 @@
 pub mod data;
 pub mod plan;
 pub mod pretokenize;
+pub mod report;
 pub mod train;
 
 use std::time::{Duration, Instant};

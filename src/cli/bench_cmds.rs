@@ -40,6 +40,21 @@ pub fn run(cmd: BenchCmd, root: &std::path::Path) -> Result<ExitCode> {
             }
             println!("peak: candle f32 matmul at {:.1} GFLOP/s on {threads} thread(s) (sweep bench peak)", rows[0].peak_gflops);
         }
+        BenchCmd::Report { runs, lines, dir } => {
+            std::fs::create_dir_all(&dir)?;
+            let b = crate::bench::report::run(runs, lines, &dir)?;
+            println!(
+                "report over {} runs x {} log lines ({} points; writing them took {:.1} s)",
+                b.runs,
+                b.lines,
+                b.runs * b.lines,
+                b.setup_s
+            );
+            println!(
+                "  read + summarise + write tables  {:8.3} s  (goal < 3 s)",
+                b.report_s
+            );
+        }
         BenchCmd::Peak => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             println!(

@@ -76,6 +76,11 @@ pub enum Cmd {
     /// Prepare, inspect and check data.
     #[command(subcommand)]
     Data(DataCmd),
+    /// Tables and charts of a sweep's runs (or of imported logs).
+    #[command(
+        after_help = "Examples:\n  sweep report experiments/quickstart.toml\n  sweep report results/quickstart --group-by dataset_type,pretokenized --json\n  sweep report --import '../shared/fixtures/reference-torch-logs/lsai_*.out' --log-format reference --name reference"
+    )]
+    Report(ReportCli),
     /// Benchmarks of the hot paths (release build).
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -251,6 +256,17 @@ pub enum BenchCmd {
         #[arg(long)]
         only: Option<String>,
     },
+    /// Aggregating a large sweep: read, summarise and write the tables (goal: 1,000 runs x 1,000 lines in under 3 s).
+    #[command(after_help = "Example:\n  sweep bench report --runs 1000 --lines 1000")]
+    Report {
+        #[arg(long, default_value_t = 1000)]
+        runs: usize,
+        #[arg(long, default_value_t = 1000)]
+        lines: usize,
+        /// Where the synthetic study is written.
+        #[arg(long, default_value = "results")]
+        dir: PathBuf,
+    },
     /// candle's f32 matmul throughput on this CPU (what CPU MFU is measured against).
     #[command(after_help = "Example:\n  sweep bench peak")]
     Peak,
@@ -261,6 +277,41 @@ pub enum BenchCmd {
         #[arg(long, default_value = "results")]
         dir: PathBuf,
     },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReportCli {
+    /// A manifest, or a results/<study> directory.
+    pub target: Option<PathBuf>,
+    /// Where summary.{md,csv,parquet} go (default: results/<study>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Log points skipped at the start of every run (default: the manifest's, else 5).
+    #[arg(long)]
+    pub skip_first: Option<usize>,
+    /// The run speedups are measured against (default: the manifest's `baseline`).
+    #[arg(long)]
+    pub baseline: Option<String>,
+    /// Group runs by these parameters (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub group_by: Vec<String>,
+    /// Read these log files instead (one run each), e.g. another program's logs.
+    #[arg(long, value_name = "GLOB")]
+    pub import: Option<String>,
+    #[arg(long, value_enum, default_value = "reference")]
+    pub log_format: crate::report::LogFormat,
+    /// With --log-format pattern: a regex with named groups (step, loss, tokens_per_second, mfu_pct, tflops, ...).
+    #[arg(long)]
+    pub pattern: Option<String>,
+    /// With --import: the study name (results/<name>, plots/<name>).
+    #[arg(long, default_value = "imported")]
+    pub name: String,
+    /// Print the table as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip the charts.
+    #[arg(long)]
+    pub no_plots: bool,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -335,6 +386,59 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Bench(b) => bench_cmds::run(b, root),
         Cmd::Pretokenize(p) => data_cmds::pretokenize(&p),
         Cmd::Train { config } => crate::train::run(&config),
+        Cmd::Report(r) => report_cmd(root, r),
         Cmd::Data(d) => data_cmds::run(d),
     }
+}
+
+fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> {
+    use crate::report::{self, Source};
+    let source = match (&r.import, &r.target) {
+        (Some(glob), _) => Source::Import {
+            glob: glob.clone(),
+            format: r.log_format,
+            pattern: r.pattern.clone(),
+            name: r.name.clone(),
+        },
+        (None, Some(t)) if t.is_dir() => Source::ResultsDir(t.clone()),
+        (None, Some(t)) => Source::Manifest(t.clone()),
+        (None, None) => {
+            anyhow::bail!("give a manifest, a results/<study> directory, or --import GLOB")
+        }
+    };
+    let opts = report::Options {
+        skip_first: r.skip_first,
+        baseline: r.baseline,
+        group_by: r.group_by,
+        out: r.out,
+        plots: !r.no_plots,
+    };
+    let rep = report::run(root, &source, &opts)?;
+    if r.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report::export::json_rows(&rep.summary))?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{}", report::export::markdown_table(&rep.summary));
+    for (name, state, reason) in &rep.summary.problems {
+        println!("note: {name}: {state}, {reason}");
+    }
+    println!(
+        "wrote {}",
+        rep.files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if !rep.charts.is_empty() {
+        let dir = rep.charts[0]
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        println!("{} charts (PNG and SVG) in {dir}", rep.charts.len() / 2);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -119,9 +119,16 @@ fn unit(
 
 /// The current state of every unit, with one scheduler query for the whole sweep.
 pub fn statuses(units: &[Unit]) -> Result<Vec<Status>> {
-    let slurm_ids: Vec<&str> = units
+    let records: Vec<(&RunRecord, &std::path::Path)> =
+        units.iter().map(|u| (&u.record, u.dir.as_path())).collect();
+    record_statuses(&records)
+}
+
+/// The same from run records and their directories alone.
+pub fn record_statuses(records: &[(&RunRecord, &std::path::Path)]) -> Result<Vec<Status>> {
+    let slurm_ids: Vec<&str> = records
         .iter()
-        .filter_map(|u| u.record.last_job())
+        .filter_map(|(r, _)| r.last_job())
         .filter(|j| j.executor == ExecutorKind::Slurm)
         .map(|j| j.job_id.as_str())
         .collect();
@@ -130,16 +137,16 @@ pub fn statuses(units: &[Unit]) -> Result<Vec<Status>> {
     } else {
         slurm::query(&slurm_ids)?
     };
-    Ok(units
+    Ok(records
         .iter()
-        .map(|u| match u.record.last_job() {
+        .map(|(r, dir)| match r.last_job() {
             None => Status::new(State::Unsubmitted),
             Some(j) => match j.executor {
-                ExecutorKind::Local => local::status(&u.dir, &j.job_id),
+                ExecutorKind::Local => local::status(dir, &j.job_id),
                 ExecutorKind::Slurm => slurm_states
                     .get(j.job_id.as_str())
                     .cloned()
-                    .unwrap_or_else(|| slurm::status_from_exit_file(&u.dir, &j.job_id)),
+                    .unwrap_or_else(|| slurm::status_from_exit_file(dir, &j.job_id)),
             }
             .with_job(&j.job_id),
         })

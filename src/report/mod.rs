@@ -1,3 +1,305 @@
-//! Logs -> report: tables and charts of every run of a sweep.
+//! Logs -> report: one table (markdown, CSV, Parquet) and a set of charts for
+//! every run of a sweep, from its manifest or its results directory, or for
+//! logs written by other programs (`--import`, e.g. the reference study's).
 
+pub mod charts;
+pub mod export;
+pub mod ingest;
 pub mod plot;
+pub mod summary;
+
+use crate::executor::{self, Status};
+use crate::manifest::{Manifest, Mode};
+use crate::plan::record::RunRecord;
+use crate::plan::{render, Plan};
+use anyhow::{bail, Context, Result};
+use ingest::RunLog;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Our trainer's metrics.jsonl.
+    Jsonl,
+    /// The reference study's `Step: N | Loss: ... | Tokens per second: ...` lines.
+    Reference,
+    /// Lines matched by `--pattern` (a regex with named groups).
+    Pattern,
+}
+
+/// Where the runs come from.
+pub enum Source {
+    /// A manifest: its plan names the runs and their directories.
+    Manifest(PathBuf),
+    /// `results/<study>`: every run directory in it.
+    ResultsDir(PathBuf),
+    /// Files matching a glob, one run each.
+    Import {
+        glob: String,
+        format: LogFormat,
+        pattern: Option<String>,
+        name: String,
+    },
+}
+
+pub struct Options {
+    pub skip_first: Option<usize>,
+    pub baseline: Option<String>,
+    pub group_by: Vec<String>,
+    /// Where summary.{md,csv,parquet} go (default: results/<study>).
+    pub out: Option<PathBuf>,
+    pub plots: bool,
+}
+
+pub struct Report {
+    pub study: String,
+    pub summary: summary::Summary,
+    pub files: Vec<PathBuf>,
+    pub charts: Vec<PathBuf>,
+}
+
+/// Report settings a manifest may carry.
+#[derive(Default)]
+struct Spec {
+    axes: Option<Vec<String>>,
+    skip_first: Option<usize>,
+    baseline: Option<String>,
+    group_by: Vec<String>,
+}
+
+pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
+    let (study, runs, spec) = load(root, source)?;
+    let sopts = summary::Options {
+        axes: spec.axes,
+        skip_first: opts.skip_first.or(spec.skip_first).unwrap_or(5),
+        baseline: opts.baseline.clone().or(spec.baseline),
+        group_by: if opts.group_by.is_empty() {
+            spec.group_by
+        } else {
+            opts.group_by.clone()
+        },
+    };
+    let s = summary::summarize(&runs, &sopts)?;
+    let out = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| root.join("results").join(&study));
+    let ctx = export::TableContext {
+        study: study.clone(),
+        skip_first: sopts.skip_first,
+        baseline: sopts.baseline.clone(),
+    };
+    let files = export::write_all(&s, &ctx, &out)?;
+    let charts = if opts.plots {
+        charts::render(&s, &root.join("plots").join(&study), &study)?
+    } else {
+        vec![]
+    };
+    Ok(Report {
+        study,
+        summary: s,
+        files,
+        charts,
+    })
+}
+
+fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
+    match source {
+        Source::Manifest(path) => {
+            let m = Manifest::load(path, root)?;
+            let plan = Plan::new(m)?;
+            let rendered = render::render(&plan)?;
+            let records: Vec<(&RunRecord, &Path)> = rendered
+                .runs
+                .iter()
+                .map(|r| (&r.record, r.dir.as_path()))
+                .collect();
+            let states = states_or_unknown(&records);
+            let pattern = plan
+                .manifest
+                .report
+                .line_pattern
+                .as_deref()
+                .map(regex::Regex::new)
+                .transpose()?;
+            let command = matches!(plan.manifest.mode, Mode::Command(_));
+            let runs = plan
+                .runs
+                .par_iter()
+                .zip(states)
+                .map(|(r, st)| {
+                    read_run(
+                        &r.name,
+                        &r.dir,
+                        r.params.clone(),
+                        st,
+                        if command { pattern.as_ref() } else { None },
+                    )
+                })
+                .collect();
+            let rs = &plan.manifest.report;
+            let axes = Some(plan.manifest.axis_keys().map(str::to_string).collect());
+            Ok((
+                plan.manifest.name.clone(),
+                runs,
+                Spec {
+                    axes,
+                    skip_first: Some(rs.skip_first),
+                    baseline: rs.baseline.clone(),
+                    group_by: rs.group_by.clone(),
+                },
+            ))
+        }
+        Source::ResultsDir(dir) => {
+            let study = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "study".into());
+            let mut found: Vec<(RunRecord, PathBuf)> = Vec::new();
+            for e in std::fs::read_dir(dir)
+                .with_context(|| format!("reading {}", dir.display()))?
+                .flatten()
+            {
+                if let Ok(Some(r)) = RunRecord::load(&e.path()) {
+                    if r.kind == "run" {
+                        found.push((r, e.path()));
+                    }
+                }
+            }
+            if found.is_empty() {
+                bail!("{} holds no run directories (run.json); give the manifest or `sweep render` first", dir.display());
+            }
+            found.sort_by(|a, b| {
+                a.0.created_at
+                    .cmp(&b.0.created_at)
+                    .then(a.0.name.cmp(&b.0.name))
+            });
+            let records: Vec<(&RunRecord, &Path)> =
+                found.iter().map(|(r, d)| (r, d.as_path())).collect();
+            let states = states_or_unknown(&records);
+            let runs = found
+                .par_iter()
+                .zip(states)
+                .map(|((r, d), st)| read_run(&r.name, d, r.params.clone(), st, None))
+                .collect();
+            Ok((study, runs, Spec::default()))
+        }
+        Source::Import {
+            glob,
+            format,
+            pattern,
+            name,
+        } => {
+            let re = match (format, pattern) {
+                (LogFormat::Pattern, Some(p)) => Some(
+                    regex::Regex::new(p).context("--pattern is not a valid regular expression")?,
+                ),
+                (LogFormat::Pattern, None) => {
+                    bail!("--log-format pattern needs --pattern '<regex with named groups>'")
+                }
+                _ => None,
+            };
+            let mut paths: Vec<PathBuf> = glob::glob(glob)
+                .with_context(|| format!("bad glob `{glob}`"))?
+                .filter_map(|p| p.ok())
+                .collect();
+            paths.sort();
+            if paths.is_empty() {
+                bail!("no files match `{glob}`");
+            }
+            let runs = paths
+                .iter()
+                .map(|p| {
+                    let name = p
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let text = std::fs::read_to_string(p).unwrap_or_default();
+                    match format {
+                        LogFormat::Reference => ingest::reference::parse(&name, &text),
+                        LogFormat::Jsonl => {
+                            let (points, skipped) = ingest::jsonl::parse(&text);
+                            RunLog {
+                                name,
+                                state: "COMPLETED".into(),
+                                points,
+                                skipped_lines: skipped,
+                                ..Default::default()
+                            }
+                        }
+                        LogFormat::Pattern => RunLog {
+                            name,
+                            state: "COMPLETED".into(),
+                            points: ingest::pattern::parse(re.as_ref().unwrap(), &text),
+                            ..Default::default()
+                        },
+                    }
+                })
+                .collect();
+            Ok((name.clone(), runs, Spec::default()))
+        }
+    }
+}
+
+/// Run states from the executors; a scheduler that cannot be asked makes
+/// them unknown rather than failing the report.
+fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
+    match executor::record_statuses(records) {
+        Ok(s) => s,
+        Err(e) => records
+            .iter()
+            .map(|_| {
+                Status::new(executor::State::Unknown)
+                    .with_reason(format!("status unavailable: {e:#}"))
+            })
+            .collect(),
+    }
+}
+
+/// A run's points: metrics.jsonl, or its job logs matched by `pattern`.
+fn read_run(
+    name: &str,
+    dir: &Path,
+    params: indexmap::IndexMap<String, serde_json::Value>,
+    status: Status,
+    pattern: Option<&regex::Regex>,
+) -> RunLog {
+    let mut run = RunLog {
+        name: name.to_string(),
+        params,
+        state: status.describe(),
+        reason: status.reason.clone(),
+        ..Default::default()
+    };
+    match pattern {
+        Some(re) => {
+            let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "out"))
+                .collect();
+            logs.sort();
+            for l in logs {
+                run.points.extend(ingest::pattern::parse(
+                    re,
+                    &std::fs::read_to_string(&l).unwrap_or_default(),
+                ));
+            }
+        }
+        None => match std::fs::read_to_string(dir.join(crate::train::metrics::METRICS_FILE)) {
+            Ok(text) => {
+                let (points, skipped) = ingest::jsonl::parse(&text);
+                run.points = points;
+                run.skipped_lines = skipped;
+            }
+            Err(_) if run.reason.is_none() => run.reason = Some("no metrics.jsonl yet".into()),
+            Err(_) => {}
+        },
+    }
+    if run.points.is_empty() && run.reason.is_none() {
+        run.reason = Some("no metrics yet".into());
+    }
+    run
+}

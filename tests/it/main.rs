@@ -6,6 +6,7 @@ mod data;
 mod local;
 mod manifests;
 mod planning;
+mod report;
 mod slurm;
 mod support;
 mod train;

@@ -119,12 +119,110 @@ where
         .draw(&Text::new(text.to_string(), (x, y), style))
 }
 
+/// Beyond this many categories, bars lie down: one row per category, its
+/// name on one line at the left.
+const UPRIGHT_MAX: usize = 12;
+
+impl Bars {
+    fn horizontal(&self) -> bool {
+        self.categories.len() > UPRIGHT_MAX
+    }
+
+    fn draw_horizontal<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let n = self.categories.len();
+        let max = self
+            .series
+            .iter()
+            .flat_map(|(_, v)| v.iter().flatten())
+            .fold(0.0f64, |a, &b| a.max(b));
+        let longest = self
+            .categories
+            .iter()
+            .map(|c| c.chars().count())
+            .max()
+            .unwrap_or(10) as u32;
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, (FONT, 24))
+            .margin(16)
+            .x_label_area_size(50)
+            .y_label_area_size((longest * 8 + 20).min(520))
+            .build_cartesian_2d(0.0..if max > 0.0 { max * 1.18 } else { 1.0 }, 0.0..n as f64)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .disable_y_axis()
+            .x_desc(&self.y_label)
+            .x_label_formatter(&|v| fmt_value(*v))
+            .axis_desc_style((FONT, 18))
+            .label_style((FONT, 14))
+            .draw()?;
+        let s = self.series.len().max(1) as f64;
+        let height = 0.8 / s;
+        // Category g is drawn top-down: row n-1-g.
+        let row = |g: usize| (n - 1 - g) as f64;
+        for (k, (name, values)) in self.series.iter().enumerate() {
+            let c = color(k);
+            let bars = values.iter().enumerate().filter_map(|(g, v)| {
+                let y0 = row(g) + 0.1 + k as f64 * height;
+                v.map(|v| Rectangle::new([(0.0, y0), (v, y0 + height * 0.9)], c.filled()))
+            });
+            let drawn = chart.draw_series(bars)?;
+            if self.series.len() > 1 {
+                drawn.label(name.clone()).legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 6), (x + 14, y + 6)], c.filled())
+                });
+            }
+            for (g, v) in values.iter().enumerate() {
+                if let Some(v) = v {
+                    let mut text = fmt_value(*v);
+                    if let Some(Some(extra)) = self.notes.get(g).filter(|_| k == 0) {
+                        text = format!("{text}  ({extra})");
+                    }
+                    let style = TextStyle::from((FONT, 13).into_font())
+                        .pos(Pos::new(HPos::Left, VPos::Center));
+                    chart.plotting_area().draw(&Text::new(
+                        text,
+                        (*v + max * 0.01, row(g) + 0.1 + (k as f64 + 0.45) * height),
+                        style,
+                    ))?;
+                }
+            }
+        }
+        for (g, name) in self.categories.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(0.0, row(g) + 0.5));
+            let style =
+                TextStyle::from((FONT, 14).into_font()).pos(Pos::new(HPos::Right, VPos::Center));
+            root.draw(&Text::new(name.clone(), (x - 8, y), style))?;
+        }
+        if self.series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.3))
+                .label_font((FONT, 14))
+                .draw()?;
+        }
+        Ok(())
+    }
+}
+
 impl Figure for Bars {
     fn size(&self) -> (u32, u32) {
-        ((160 * self.categories.len() as u32 + 200).max(900), 650)
+        if self.horizontal() {
+            (
+                1300,
+                110 + 26 * self.categories.len() as u32 * (self.series.len() as u32).max(1),
+            )
+        } else {
+            ((160 * self.categories.len() as u32 + 200).max(900), 650)
+        }
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        if self.horizontal() {
+            return self.draw_horizontal(root);
+        }
         let n = self.categories.len();
         let max = self
             .series

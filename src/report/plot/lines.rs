@@ -16,8 +16,45 @@ pub struct Lines {
     pub y_from_zero: bool,
 }
 
+/// Beyond this many series (or names this long) the legend goes beside the plot.
+const INLINE_LEGEND: usize = 6;
+const INLINE_NAME: usize = 28;
+
+impl Lines {
+    fn legend_beside(&self) -> bool {
+        self.series.len() > INLINE_LEGEND
+            || self
+                .series
+                .iter()
+                .any(|(n, _)| n.chars().count() > INLINE_NAME)
+    }
+}
+
 impl Figure for Lines {
+    fn size(&self) -> (u32, u32) {
+        if self.legend_beside() {
+            (1500, 700)
+        } else {
+            (1100, 650)
+        }
+    }
+
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let beside = self.legend_beside();
+        let (plot_area, legend_area) = if beside {
+            let (w, _) = root.dim_in_pixel();
+            let longest = self
+                .series
+                .iter()
+                .map(|(n, _)| n.chars().count())
+                .max()
+                .unwrap_or(10) as i32;
+            let (a, b) = root.split_horizontally(w as i32 - (longest * 8 + 50).clamp(200, 600));
+            (a, Some(b))
+        } else {
+            (root.clone(), None)
+        };
+        let root = &plot_area;
         let all = self.series.iter().flat_map(|(_, p)| p.iter());
         let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
         for &(x, y) in all {
@@ -73,13 +110,41 @@ impl Figure for Lines {
                 chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .label_font((FONT, 14))
-            .draw()?;
+        if let Some(area) = legend_area {
+            // One line per series in the right-hand column, the font sized so
+            // that the longest name fits (DejaVu glyphs average ~0.5 em).
+            let rows = self.series.len();
+            let (width, height) = area.dim_in_pixel();
+            let longest = self
+                .series
+                .iter()
+                .map(|(n, _)| n.chars().count())
+                .max()
+                .unwrap_or(1) as f64;
+            let step = ((height as i32 - 80) / rows as i32).clamp(10, 22);
+            let fit = ((width as f64 - 44.0) / (0.5 * longest)) as i32;
+            let size = (step - 4).min(fit).clamp(9, 14) as u32;
+            for (k, (name, _)) in self.series.iter().enumerate() {
+                let y = 60 + step * k as i32;
+                area.draw(&PathElement::new(
+                    vec![(8, y), (30, y)],
+                    color(k).stroke_width(3),
+                ))?;
+                area.draw(&Text::new(
+                    name.clone(),
+                    (36, y - size as i32 / 2 - 1),
+                    (FONT, size),
+                ))?;
+            }
+        } else {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK.mix(0.3))
+                .label_font((FONT, 14))
+                .draw()?;
+        }
         Ok(())
     }
 }

@@ -71,9 +71,9 @@ pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Distinct, colour-blind-friendly colours (Tableau 10).
+/// Distinct colours (Tableau 20: ten hues, dark then light).
 pub fn color(i: usize) -> RGBColor {
-    const C: [(u8, u8, u8); 10] = [
+    const C: [(u8, u8, u8); 20] = [
         (78, 121, 167),
         (242, 142, 43),
         (225, 87, 89),
@@ -83,6 +83,16 @@ pub fn color(i: usize) -> RGBColor {
         (176, 122, 161),
         (255, 157, 167),
         (156, 117, 95),
+        (121, 112, 110),
+        (160, 203, 232),
+        (255, 190, 125),
+        (255, 157, 154),
+        (134, 188, 182),
+        (140, 209, 125),
+        (241, 206, 99),
+        (212, 166, 200),
+        (250, 191, 210),
+        (215, 181, 166),
         (186, 176, 172),
     ];
     let (r, g, b) = C[i % C.len()];
@@ -105,7 +115,7 @@ pub fn fmt_value(v: f64) -> String {
             out.push(c);
         }
         format!("{sign}{out}")
-    } else if a >= 100.0 {
+    } else if a >= 100.0 || v.fract() == 0.0 {
         format!("{v:.0}")
     } else if a >= 1.0 {
         format!("{v:.1}")

@@ -1,0 +1,280 @@
+//! The report's figures, in `plots/<study>/`, each as PNG and SVG:
+//! throughput, MFU and TFLOPs per configuration; the batch-size comparison;
+//! loss against step and wall time; throughput and MFU over time; scaling
+//! with the number of GPUs when a sweep varies it.
+
+use super::plot::{bars::Bars, lines::Lines, save};
+use super::summary::{cell, num, Summary};
+use anyhow::Result;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
+    let t = &s.table;
+    let names: Vec<String> = (0..t.height()).map(|i| cell(t, "run", i)).collect();
+    let speedups: Vec<Option<String>> = (0..t.height())
+        .map(|i| num(t, "speedup", i).map(|v| format!("{v:.2}x")))
+        .collect();
+    let mut out = Vec::new();
+    for (file, metric, title, unit) in [
+        (
+            "throughput",
+            "tokens_per_second_mean",
+            "Throughput per device",
+            "tokens per second",
+        ),
+        ("mfu", "mfu_pct_mean", "Model FLOPs utilisation", "MFU (%)"),
+        (
+            "tflops",
+            "tflops_mean",
+            "Achieved TFLOPs per device",
+            "TFLOP/s",
+        ),
+    ] {
+        let values: Vec<Option<f64>> = (0..t.height()).map(|i| num(t, metric, i)).collect();
+        if values.iter().all(Option::is_none) {
+            continue;
+        }
+        let fig = Bars {
+            title: format!("{study}: {title} (mean)"),
+            y_label: unit.into(),
+            categories: names.clone(),
+            series: vec![(unit.into(), values)],
+            notes: if file == "throughput" {
+                speedups.clone()
+            } else {
+                vec![None; names.len()]
+            },
+        };
+        out.extend(save(&fig, dir, file)?);
+    }
+    if let Some(fig) = batch_size_bars(s, study) {
+        out.extend(save(&fig, dir, "batch-size")?);
+    }
+    for (file, y, x, y_label, x_label, zero) in [
+        ("loss-step", "loss", "step", "loss (nats)", "step", false),
+        (
+            "loss-time",
+            "loss",
+            "elapsed_s",
+            "loss (nats)",
+            "wall time (s)",
+            false,
+        ),
+        (
+            "throughput-time",
+            "tokens_per_second",
+            "elapsed_s",
+            "tokens per second",
+            "wall time (s)",
+            true,
+        ),
+        (
+            "mfu-time",
+            "mfu_pct",
+            "elapsed_s",
+            "MFU (%)",
+            "wall time (s)",
+            true,
+        ),
+    ] {
+        let series = lines(s, x, y);
+        if series.iter().all(|(_, p)| p.is_empty()) {
+            continue;
+        }
+        let fig = Lines {
+            title: format!("{study}: {y_label} against {x_label}"),
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            series,
+            points: false,
+            y_from_zero: zero,
+        };
+        out.extend(save(&fig, dir, file)?);
+    }
+    out.extend(scaling(s, dir, study)?);
+    Ok(out)
+}
+
+/// Each run's (x, y) points.
+fn lines(s: &Summary, x: &str, y: &str) -> Vec<(String, Vec<(f64, f64)>)> {
+    let p = &s.points;
+    let mut by_run: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for i in 0..p.height() {
+        let run = cell(p, "run", i);
+        if by_run.last().is_none_or(|(r, _)| *r != run) {
+            by_run.push((run.clone(), Vec::new()));
+        }
+        if let (Some(a), Some(b)) = (num(p, x, i), num(p, y, i)) {
+            by_run.last_mut().unwrap().1.push((a, b));
+        }
+    }
+    by_run
+}
+
+/// Grouped bars of throughput, one colour per batch size, when the sweep varies it.
+fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
+    let t = &s.table;
+    let bs_key = s
+        .axes
+        .iter()
+        .find(|p| p.ends_with("batch_size") && !p.contains("global"))?;
+    let others: Vec<&String> = s.axes.iter().filter(|p| *p != bs_key).collect();
+    let mut sizes: Vec<String> = (0..t.height()).map(|i| cell(t, bs_key, i)).collect();
+    sizes.sort_by(|a, b| {
+        a.parse::<f64>()
+            .unwrap_or(f64::MAX)
+            .total_cmp(&b.parse::<f64>().unwrap_or(f64::MAX))
+    });
+    sizes.dedup();
+    if sizes.len() < 2 {
+        return None;
+    }
+    let mut groups: BTreeMap<usize, (String, BTreeMap<String, f64>)> = BTreeMap::new();
+    let mut order: Vec<String> = Vec::new();
+    for i in 0..t.height() {
+        let label = others
+            .iter()
+            .map(|k| format!("{}={}", k.rsplit('.').next().unwrap_or(k), cell(t, k, i)))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let idx = match order.iter().position(|o| *o == label) {
+            Some(k) => k,
+            None => {
+                order.push(label.clone());
+                order.len() - 1
+            }
+        };
+        if let Some(v) = num(t, "tokens_per_second_mean", i) {
+            groups
+                .entry(idx)
+                .or_insert_with(|| (label, BTreeMap::new()))
+                .1
+                .insert(cell(t, bs_key, i), v);
+        }
+    }
+    Some(Bars {
+        title: format!("{study}: throughput by batch size"),
+        y_label: "tokens per second".into(),
+        categories: order
+            .iter()
+            .map(|o| {
+                if o.is_empty() {
+                    "all".into()
+                } else {
+                    o.clone()
+                }
+            })
+            .collect(),
+        series: sizes
+            .iter()
+            .map(|b| {
+                (
+                    format!("batch size {b}"),
+                    (0..order.len())
+                        .map(|g| groups.get(&g).and_then(|(_, m)| m.get(b).copied()))
+                        .collect(),
+                )
+            })
+            .collect(),
+        notes: vec![None; order.len()],
+    })
+}
+
+/// Throughput and efficiency against the number of GPUs (or nodes).
+fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
+    let t = &s.table;
+    const SCALE: [&str; 4] = ["world_size", "gpus", "slurm.nodes", "nodes"];
+    let Some(key) = SCALE.iter().find(|k| s.axes.iter().any(|p| p == *k)) else {
+        return Ok(vec![]);
+    };
+    let unit = if key.contains("nodes") {
+        "nodes"
+    } else {
+        "GPUs"
+    };
+    let rows: Vec<(usize, f64)> = (0..t.height())
+        .filter_map(|i| cell(t, key, i).parse::<f64>().ok().map(|x| (i, x)))
+        .collect();
+    // One line per configuration of the other axes that vary among these runs.
+    let series_keys: Vec<&String> = s
+        .axes
+        .iter()
+        .filter(|p| !SCALE.contains(&p.as_str()))
+        .filter(|p| {
+            let mut v: Vec<String> = rows.iter().map(|(i, _)| cell(t, p, *i)).collect();
+            v.sort();
+            v.dedup();
+            v.len() > 1
+        })
+        .collect();
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for &(i, x) in &rows {
+        // Whole-job throughput: the logged global figure, else per device x devices.
+        let per_device = num(t, "tokens_per_second_mean", i);
+        let y = match (num(t, "global_tokens_per_second", i), per_device) {
+            (Some(g), _) => g,
+            (None, Some(d)) if unit == "GPUs" => d * x,
+            (None, Some(d)) => d,
+            _ => continue,
+        };
+        let label = series_keys
+            .iter()
+            .map(|k| {
+                format!(
+                    "{}={}",
+                    k.rsplit('.').next().unwrap_or(k),
+                    short(&cell(t, k, i))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        series
+            .entry(if label.is_empty() {
+                "throughput".into()
+            } else {
+                label
+            })
+            .or_default()
+            .push((x, y));
+    }
+    if series.values().all(|v| v.len() < 2) {
+        return Ok(vec![]);
+    }
+    let mut out = Vec::new();
+    let mut eff = Vec::new();
+    for (name, pts) in series.iter_mut() {
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (x0, y0) = pts[0];
+        eff.push((
+            name.clone(),
+            pts.iter()
+                .map(|&(x, y)| (x, 100.0 * (y / x) / (y0 / x0)))
+                .collect(),
+        ));
+    }
+    let fig = Lines {
+        title: format!("{study}: throughput against {unit}"),
+        x_label: unit.into(),
+        y_label: "tokens per second (whole job)".into(),
+        series: series.into_iter().collect(),
+        points: true,
+        y_from_zero: true,
+    };
+    out.extend(save(&fig, dir, "scaling-throughput")?);
+    let fig = Lines {
+        title: format!("{study}: scaling efficiency against {unit}"),
+        x_label: unit.into(),
+        y_label: "efficiency (%)".into(),
+        series: eff,
+        points: true,
+        y_from_zero: true,
+    };
+    out.extend(save(&fig, dir, "scaling-efficiency")?);
+    Ok(out)
+}
+
+/// A value short enough for a legend: paths become their file name.
+fn short(v: &str) -> String {
+    v.rsplit('/').next().unwrap_or(v).to_string()
+}

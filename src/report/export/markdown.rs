@@ -1,0 +1,86 @@
+//! `summary.md`: the table as the reference study's README shows it.
+
+use super::{Exporter, TableContext};
+use crate::report::summary::{cell, num, Summary};
+use anyhow::Result;
+use std::io::Write;
+
+pub struct Markdown;
+
+fn f(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The README-ready table (also what `sweep report` prints).
+pub fn table(s: &Summary) -> String {
+    let t = &s.table;
+    let mut out = String::from("| Configuration | Tokens/sec | MFU % | TFLOPs | Training tokens % | Final loss | Wall time (s) | Speedup | State |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for i in 0..t.height() {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            cell(t, "run", i),
+            f(num(t, "tokens_per_second_mean", i), 2),
+            f(num(t, "mfu_pct_mean", i), 2),
+            f(num(t, "tflops_mean", i), 2),
+            f(num(t, "training_tokens_pct_mean", i), 2),
+            f(num(t, "final_loss", i), 3),
+            f(num(t, "wall_time_s", i), 1),
+            num(t, "speedup", i)
+                .map(|v| format!("{v:.2}x"))
+                .unwrap_or_else(|| "-".into()),
+            cell(t, "state", i),
+        ));
+    }
+    out
+}
+
+impl Exporter for Markdown {
+    fn file_name(&self) -> &'static str {
+        "summary.md"
+    }
+
+    fn write(&self, s: &Summary, ctx: &TableContext, out: &mut std::fs::File) -> Result<()> {
+        writeln!(out, "# {}\n", ctx.study)?;
+        write!(
+            out,
+            "Means over every logged step except the first {} of each run",
+            ctx.skip_first
+        )?;
+        match &ctx.baseline {
+            Some(b) => writeln!(out, "; speedup of tokens/sec against `{b}`.\n")?,
+            None => writeln!(out, ".\n")?,
+        }
+        out.write_all(table(s).as_bytes())?;
+        let t = &s.table;
+        writeln!(
+            out,
+            "\nSpread of tokens/sec: median, standard deviation, 5th and 95th percentiles.\n"
+        )?;
+        writeln!(
+            out,
+            "| Configuration | median | std | p5 | p95 | points |\n|---|---:|---:|---:|---:|---:|"
+        )?;
+        for i in 0..t.height() {
+            writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} |",
+                cell(t, "run", i),
+                f(num(t, "tokens_per_second_median", i), 2),
+                f(num(t, "tokens_per_second_std", i), 2),
+                f(num(t, "tokens_per_second_p5", i), 2),
+                f(num(t, "tokens_per_second_p95", i), 2),
+                num(t, "points", i)
+                    .map(|v| format!("{v:.0}"))
+                    .unwrap_or_else(|| "0".into()),
+            )?;
+        }
+        if !s.problems.is_empty() {
+            writeln!(out, "\nRuns without complete results:\n")?;
+            for (name, state, reason) in &s.problems {
+                writeln!(out, "- `{name}`: {state}, {reason}")?;
+            }
+        }
+        Ok(())
+    }
+}

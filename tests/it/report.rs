@@ -1,0 +1,181 @@
+//! The report: the reference study's own table from its logs, and a sweep
+//! whose runs failed, are still writing, or wrote nothing.
+
+use super::support::{project, repo, run_ok, stdout, sweep, write};
+use serde_json::Value;
+
+/// The reference study's README table (../shared/notes/reference-study.md).
+const TABLE: &[(&str, f64, f64, f64)] = &[
+    ("lsai_baseline_padded-396307", 6544.40, 31.97, 316.23),
+    ("lsai_baseline_padded-400129", 7873.05, 38.47, 380.43),
+    ("lsai_baseline_padding_free-396382", 6902.55, 35.97, 355.77),
+    ("lsai_baseline_padding_free-400137", 7410.96, 36.21, 358.10),
+    ("lsai_pretokenized_padded-399928", 6333.60, 30.94, 306.04),
+    ("lsai_pretokenized_padded-400185", 7605.06, 37.16, 367.48),
+    (
+        "lsai_pretokenized_token_list-399941",
+        6224.24,
+        30.41,
+        300.76,
+    ),
+    (
+        "lsai_pretokenized_token_list-400186",
+        7475.30,
+        36.52,
+        361.21,
+    ),
+];
+
+#[test]
+fn the_reference_studys_table_is_reproduced_from_its_logs() {
+    let root = project();
+    let logs = root.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let fixtures = repo().join("../shared/fixtures/reference-torch-logs");
+    for (name, ..) in TABLE {
+        std::fs::copy(
+            fixtures.join(format!("{name}.out")),
+            logs.join(format!("{name}.out")),
+        )
+        .unwrap();
+    }
+    let glob = format!("{}/*.out", logs.display());
+    let out = run_ok(sweep(root.path()).args([
+        "report",
+        "--log-format",
+        "reference",
+        "--name",
+        "reference",
+        "--json",
+        "--import",
+        &glob,
+    ]));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 8);
+    for (name, tps, mfu, tflops) in TABLE {
+        let r = rows
+            .iter()
+            .find(|r| r["run"] == *name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        for (key, want) in [
+            ("tokens_per_second_mean", tps),
+            ("mfu_pct_mean", mfu),
+            ("tflops_mean", tflops),
+        ] {
+            let got = r[key].as_f64().unwrap();
+            assert!(
+                (got - want).abs() <= 0.005 + 1e-9,
+                "{name} {key}: {got:.4} vs the published {want}"
+            );
+        }
+        assert_eq!(
+            r["points"].as_u64(),
+            Some(196),
+            "200 log lines minus the first 5 (and step 1)"
+        );
+        assert_eq!(r["state"], "COMPLETED");
+    }
+    // The same table lands in summary.md, .csv and .parquet, and the charts exist.
+    let md = std::fs::read_to_string(root.path().join("results/reference/summary.md")).unwrap();
+    assert!(
+        md.contains("| lsai_baseline_padded-400129 | 7873.05 | 38.47 | 380.43 |"),
+        "{md}"
+    );
+    let csv = std::fs::read_to_string(root.path().join("results/reference/summary.csv")).unwrap();
+    assert!(csv.lines().count() == 9 && csv.contains("tokens_per_second_p95"));
+    assert!(root
+        .path()
+        .join("results/reference/summary.parquet")
+        .is_file());
+    for chart in [
+        "throughput",
+        "mfu",
+        "tflops",
+        "batch-size",
+        "loss-step",
+        "loss-time",
+        "throughput-time",
+        "mfu-time",
+    ] {
+        for ext in ["png", "svg"] {
+            let p = root.path().join(format!("plots/reference/{chart}.{ext}"));
+            assert!(
+                std::fs::metadata(&p).is_ok_and(|m| m.len() > 1000),
+                "{} missing",
+                p.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn failed_runs_torn_lines_and_missing_metrics_are_reported_not_fatal() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    // Each run writes metrics as our trainer does, then behaves differently.
+    let line = |s: u32, tps: u32| {
+        format!("{{\\\"step\\\":{s},\\\"loss\\\":{}.5,\\\"tokens_per_second\\\":{tps},\\\"mfu_pct\\\":10,\\\"tflops\\\":0.1,\\\"training_tokens_pct\\\":50,\\\"elapsed_s\\\":{s}}}", 10 - s)
+    };
+    let lines: Vec<String> = (1..=8).map(|s| line(s, 100 * s)).collect();
+    let body = lines.join("\\n");
+    write(
+        &m,
+        &format!(
+            r#"name = "r"
+executor = "local"
+command = """
+case {{{{ kind }}}} in
+  ok) printf '{body}\n' > "$SWEEP_RUN_DIR/metrics.jsonl" ;;
+  torn) printf '{body}\n{{"step": 9, "lo' > "$SWEEP_RUN_DIR/metrics.jsonl" ;;
+  failed) printf '{body}\n' > "$SWEEP_RUN_DIR/metrics.jsonl"; exit 3 ;;
+  silent) true ;;
+esac
+"""
+[sweep.grid]
+kind = ["ok", "torn", "failed", "silent"]
+[report]
+skip_first = 2
+baseline = "ok"
+"#
+        ),
+    );
+    let _ = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
+    let out = run_ok(sweep(root.path()).arg("report").arg(&m).arg("--json"));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let row = |n: &str| rows.iter().find(|r| r["run"] == n).unwrap().clone();
+    // Skipping 2 of 8 points: mean of 300..800 = 550.
+    assert_eq!(row("ok")["tokens_per_second_mean"].as_f64(), Some(550.0));
+    assert_eq!(row("ok")["speedup"].as_f64(), Some(1.0));
+    assert_eq!(
+        row("torn")["tokens_per_second_mean"].as_f64(),
+        Some(550.0),
+        "the torn last line is left out"
+    );
+    assert_eq!(row("failed")["state"], "FAILED (exit 3)");
+    assert_eq!(row("failed")["points"].as_u64(), Some(6));
+    assert!(row("silent")["tokens_per_second_mean"].is_null());
+    let text = stdout(&run_ok(
+        sweep(root.path()).arg("report").arg(&m).arg("--no-plots"),
+    ));
+    assert!(text.contains("note: failed: FAILED (exit 3)"), "{text}");
+    assert!(
+        text.contains("note: silent: COMPLETED, no metrics"),
+        "{text}"
+    );
+    let md = std::fs::read_to_string(root.path().join("results/r/summary.md")).unwrap();
+    assert!(
+        md.contains("Runs without complete results")
+            && md.contains("`failed`")
+            && md.contains("`silent`"),
+        "{md}"
+    );
+    // The results directory alone gives the same table.
+    let out = run_ok(
+        sweep(root.path())
+            .arg("report")
+            .arg(root.path().join("results/r"))
+            .args(["--json", "--skip-first", "2", "--no-plots"]),
+    );
+    let again: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again.len(), 4);
+}
