@@ -20,10 +20,11 @@ static TIME: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(\d{3})").expect("a valid regex")
 });
 
-fn seconds(line: &str) -> Option<f64> {
+/// The line's timestamp in milliseconds (integers keep differences exact).
+fn millis(line: &str) -> Option<i64> {
     let c = TIME.captures(line)?;
     let t = chrono::NaiveDateTime::parse_from_str(&c[1], "%Y-%m-%d %H:%M:%S").ok()?;
-    Some(t.and_utc().timestamp() as f64 + c[2].parse::<f64>().ok()? / 1000.0)
+    Some(t.and_utc().timestamp() * 1000 + c[2].parse::<i64>().ok()?)
 }
 
 /// Python's `Namespace(a='x', b=2, c=False)` as key -> JSON value.
@@ -83,7 +84,7 @@ pub fn parse(name: &str, text: &str) -> RunLog {
         ..Default::default()
     };
     let mut t0 = None;
-    let mut last_time: Option<(f64, f64)> = None;
+    let mut last_time: Option<(i64, f64)> = None;
     for line in text.lines() {
         if line.contains("Experiment args:") {
             for (k, v) in namespace(line) {
@@ -104,16 +105,16 @@ pub fn parse(name: &str, text: &str) -> RunLog {
             continue;
         };
         let num = |k: &str| c.name(k).and_then(|m| m.as_str().parse::<f64>().ok());
-        let time = seconds(line);
+        let time = millis(line);
         if t0.is_none() {
             t0 = time;
         }
         let elapsed = match (time, t0) {
-            (Some(t), Some(s)) => Some(t - s),
+            (Some(t), Some(s)) => Some((t - s) as f64 / 1000.0),
             _ => None,
         };
         let step_time = match (time, last_time) {
-            (Some(t), Some((lt, ls))) => num("step").map(|s| (t - lt) / (s - ls).max(1.0)),
+            (Some(t), Some((lt, ls))) => num("step").map(|s| (t - lt) as f64 / 1000.0 / (s - ls).max(1.0)),
             _ => None,
         };
         if let (Some(t), Some(s)) = (time, num("step")) {
