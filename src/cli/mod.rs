@@ -3,6 +3,7 @@
 
 mod bench_cmds;
 mod data_cmds;
+mod live;
 mod sweep_cmds;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,11 @@ pub enum Cmd {
         after_help = "Examples:\n  sweep render experiments/pretokenization.toml\n  sbatch --test-only results/pretokenization/<run>/job.sbatch"
     )]
     Render { manifest: PathBuf },
+    /// Plan, render, submit, watch until done, then report: the whole study in one command.
+    #[command(
+        after_help = "Examples:\n  sweep run experiments/quickstart.toml\n  sweep run experiments/quickstart.toml --executor slurm"
+    )]
+    Run(SubmitArgs),
     /// Submit the sweep's jobs (skipping what is completed, pending or running).
     #[command(
         after_help = "Examples:\n  sweep submit experiments/quickstart.toml --executor local\n  sweep submit experiments/pretokenization.toml --executor slurm\n  sweep submit experiments/pretokenization.toml --retry-failed"
@@ -381,6 +387,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Plan { manifest, json } => sweep_cmds::plan(root, &manifest, json),
         Cmd::Render { manifest } => sweep_cmds::render(root, &manifest),
         Cmd::Submit(args) => sweep_cmds::submit(root, &args),
+        Cmd::Run(args) => sweep_cmds::run(root, &args),
         Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),
         Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest),
         Cmd::Bench(b) => bench_cmds::run(b, root),

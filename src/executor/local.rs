@@ -80,11 +80,13 @@ struct Running {
 
 /// Runs the units the decisions say to submit, until all are done or the user
 /// interrupts. `on_event` is told about every start and end.
+/// `on_tick` is called about once a second (for a live view).
 pub fn run(
     units: &mut [Unit],
     decisions: &[Decision],
     opts: LocalOptions,
     mut on_event: impl FnMut(&Outcome, bool),
+    mut on_tick: impl FnMut(),
 ) -> Result<(Vec<Outcome>, bool)> {
     let interrupted = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -137,8 +139,13 @@ pub fn run(
         }
     }
     let mut running: Vec<Running> = Vec::new();
+    let mut last_tick = Instant::now();
 
     loop {
+        if last_tick.elapsed() >= Duration::from_secs(1) {
+            on_tick();
+            last_tick = Instant::now();
+        }
         if interrupted.load(Ordering::SeqCst) {
             stop_all(units, &mut running, &mut outcomes, &mut on_event)?;
             for i in queue.drain(..) {
@@ -383,6 +390,12 @@ pub fn status(dir: &Path, job_id: &str) -> Status {
         }
     }
     to_status(&s)
+}
+
+/// The state a local job's record shows, without checking its process
+/// (for live views, many times a second).
+pub fn peek_state(dir: &Path) -> Option<State> {
+    LocalState::load(dir).map(|s| s.state)
 }
 
 /// Present and not a zombie.

@@ -3,6 +3,7 @@
 //! `scripts/test.sh` starts the cluster and runs them all.
 
 mod data;
+mod e2e;
 mod local;
 mod manifests;
 mod planning;

@@ -47,6 +47,23 @@ pub fn parse(text: &str) -> (Vec<Point>, usize) {
     (points, skipped)
 }
 
+/// The latest point of a metrics file, reading only its tail (for live views).
+pub fn last_point(path: &std::path::Path) -> Option<Point> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(8192))).ok()?;
+    let mut tail = String::new();
+    f.read_to_string(&mut tail).ok()?;
+    // The first line of the tail may be cut; parse drops what does not read.
+    let start = if len > 8192 {
+        tail.find('\n').map_or(tail.len(), |i| i + 1)
+    } else {
+        0
+    };
+    parse(&tail[start..]).0.pop()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -114,7 +114,9 @@ pub fn parse(name: &str, text: &str) -> RunLog {
             _ => None,
         };
         let step_time = match (time, last_time) {
-            (Some(t), Some((lt, ls))) => num("step").map(|s| (t - lt) as f64 / 1000.0 / (s - ls).max(1.0)),
+            (Some(t), Some((lt, ls))) => {
+                num("step").map(|s| (t - lt) as f64 / 1000.0 / (s - ls).max(1.0))
+            }
             _ => None,
         };
         if let (Some(t), Some(s)) = (time, num("step")) {

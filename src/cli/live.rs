@@ -1,0 +1,135 @@
+//! The live view of a running sweep: how many runs are pending, running,
+//! done and failed, and the latest step, loss and throughput of each running
+//! run. Redrawn in place on a terminal; a line every 15 s in a log.
+
+use crate::executor::State;
+use crate::report::ingest::jsonl::last_point;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub struct Tracked {
+    pub name: String,
+    pub dir: PathBuf,
+    /// Training steps, when the run uses the built-in trainer.
+    pub steps: Option<usize>,
+}
+
+pub struct LiveView {
+    runs: Vec<Tracked>,
+    started: Instant,
+    last_line: Instant,
+    multi: Option<MultiProgress>,
+    header: Option<ProgressBar>,
+    bars: HashMap<usize, ProgressBar>,
+}
+
+impl LiveView {
+    pub fn new(runs: Vec<Tracked>) -> LiveView {
+        let multi = std::io::stderr()
+            .is_terminal()
+            .then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
+        let header = multi.as_ref().map(|m| {
+            let h = m.add(ProgressBar::new_spinner());
+            h.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("a valid template"));
+            h.enable_steady_tick(Duration::from_millis(200));
+            h
+        });
+        LiveView {
+            runs,
+            started: Instant::now(),
+            last_line: Instant::now() - Duration::from_secs(60),
+            multi,
+            header,
+            bars: HashMap::new(),
+        }
+    }
+
+    /// `states[i]` is the state of run i (same order as given to `new`).
+    pub fn update(&mut self, states: &[State]) {
+        let count = |f: &dyn Fn(State) -> bool| states.iter().filter(|s| f(**s)).count();
+        let summary = format!(
+            "{} pending, {} running, {} done, {} failed or cancelled ({:.0} s)",
+            count(&|s| s == State::Pending || s == State::Unsubmitted),
+            count(&|s| s == State::Running),
+            count(&|s| s == State::Completed),
+            count(&|s| s.is_failed()),
+            self.started.elapsed().as_secs_f64()
+        );
+        let mut lines = Vec::new();
+        for (i, (run, state)) in self.runs.iter().zip(states).enumerate() {
+            let point = (*state == State::Running)
+                .then(|| last_point(&run.dir.join(crate::train::metrics::METRICS_FILE)))
+                .flatten();
+            let progress = match &point {
+                Some(p) => format!(
+                    "step {}{} | loss {} | {} tokens/s",
+                    p.step,
+                    run.steps.map(|s| format!("/{s}")).unwrap_or_default(),
+                    p.loss
+                        .map(|l| format!("{l:.4}"))
+                        .unwrap_or_else(|| "-".into()),
+                    p.tokens_per_second
+                        .map(|t| format!("{t:.0}"))
+                        .unwrap_or_else(|| "-".into())
+                ),
+                None => "starting".into(),
+            };
+            match (&self.multi, *state == State::Running) {
+                (Some(m), true) => {
+                    let bar = self.bars.entry(i).or_insert_with(|| {
+                        let b = m.add(ProgressBar::new(run.steps.unwrap_or(0) as u64));
+                        b.set_style(
+                            ProgressStyle::with_template("  {prefix:32} [{bar:20}] {msg}")
+                                .expect("a valid template")
+                                .progress_chars("=> "),
+                        );
+                        b.set_prefix(run.name.clone());
+                        b
+                    });
+                    bar.set_position(point.as_ref().map_or(0, |p| p.step as u64));
+                    bar.set_message(progress);
+                }
+                (Some(_), false) => {
+                    if let Some(b) = self.bars.remove(&i) {
+                        b.finish_and_clear();
+                    }
+                }
+                (None, true) => lines.push(format!("  {}: {progress}", run.name)),
+                (None, false) => {}
+            }
+        }
+        match &self.header {
+            Some(h) => h.set_message(summary),
+            None if self.last_line.elapsed() >= Duration::from_secs(15) => {
+                self.last_line = Instant::now();
+                eprintln!("sweep: {summary}");
+                for l in lines {
+                    eprintln!("{l}");
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// A message above the live view (or a plain line in a log).
+    pub fn log(&self, msg: &str) {
+        match &self.multi {
+            Some(m) => {
+                let _ = m.println(msg);
+            }
+            None => eprintln!("{msg}"),
+        }
+    }
+
+    pub fn finish(self) {
+        for b in self.bars.values() {
+            b.finish_and_clear();
+        }
+        if let Some(h) = self.header {
+            h.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The main job end to end on the local SLURM cluster, and the failure
+//! drills: a killed training job is requeued and resumes; a run with a bad
+//! dataset fails alone; running a finished sweep again submits nothing.
+
+use super::slurm::require_cluster;
+use super::support::{repo, run_ok, status, stdout, sweep, wait_for, write};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+/// A project root with the repository's assets, templates and experiments.
+fn project_with_assets() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["assets", "templates", "experiments"] {
+        std::os::unix::fs::symlink(repo().join(d), dir.path().join(d)).unwrap();
+    }
+    dir
+}
+
+fn losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("event").is_none())
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+fn jobs_in_squeue() -> usize {
+    stdout(&run_ok(
+        Command::new("squeue").args(["--me", "-h", "-t", "all", "-r", "-o", "%i"]),
+    ))
+    .lines()
+    .count()
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
+    require_cluster();
+    let root = project_with_assets();
+    // The quickstart as shipped, with fewer steps.
+    let text = std::fs::read_to_string(repo().join("experiments/quickstart.toml")).unwrap();
+    assert!(text.contains("training_steps = 60"));
+    let m = root.path().join("quickstart-short.toml");
+    write(
+        &m,
+        &text
+            .replace("training_steps = 60", "training_steps = 12")
+            .replace("name = \"quickstart\"", "name = \"quickstart-short\""),
+    );
+    let out = run_ok(
+        sweep(root.path())
+            .arg("run")
+            .arg(&m)
+            .args(["--executor", "slurm"]),
+    );
+    let table = stdout(&out);
+    let study = root.path().join("results/quickstart-short");
+    for name in ["baseline", "pretokenized"] {
+        for kind in ["padded", "padding-free"] {
+            for bs in [1, 2] {
+                let row = format!("| {name}-{kind}-bs{bs} |");
+                assert!(
+                    table
+                        .lines()
+                        .any(|l| l.starts_with(&row) && l.ends_with("| COMPLETED |")),
+                    "{row} missing from\n{table}"
+                );
+            }
+        }
+    }
+    for kind in ["padded", "padding-free"] {
+        for bs in [1, 2] {
+            let a = losses(&study.join(format!("baseline-{kind}-bs{bs}")));
+            let b = losses(&study.join(format!("pretokenized-{kind}-bs{bs}")));
+            assert_eq!(a.len(), 7, "steps 1, 2, 4, ..., 12");
+            assert_eq!(
+                a, b,
+                "{kind} bs{bs}: pretokenized and on-the-fly loss curves differ"
+            );
+        }
+    }
+    for f in ["summary.md", "summary.csv", "summary.parquet"] {
+        assert!(study.join(f).is_file(), "{f}");
+    }
+    for chart in [
+        "throughput",
+        "mfu",
+        "tflops",
+        "batch-size",
+        "loss-step",
+        "loss-time",
+        "throughput-time",
+        "mfu-time",
+    ] {
+        assert!(
+            root.path()
+                .join(format!("plots/quickstart-short/{chart}.png"))
+                .is_file(),
+            "{chart}"
+        );
+    }
+
+    // Again: nothing is submitted, the report is written again.
+    let jobs = jobs_in_squeue();
+    let summary = study.join("summary.md");
+    std::fs::remove_file(&summary).unwrap();
+    let again = run_ok(
+        sweep(root.path())
+            .arg("run")
+            .arg(&m)
+            .args(["--executor", "slurm"]),
+    );
+    let text = String::from_utf8_lossy(&again.stdout);
+    assert!(
+        text.contains("skip baseline-padded-bs1 (COMPLETED)")
+            && text.contains("(output already present)"),
+        "{text}"
+    );
+    assert_eq!(jobs_in_squeue(), jobs, "a finished sweep submits nothing");
+    assert!(summary.is_file(), "the report is rendered again");
+}
+
+/// A training run on the bundled data (unless an axis names the dataset);
+/// `extra` goes into [defaults].
+fn training_manifest(root: &Path, name: &str, extra: &str, axes: &str) -> std::path::PathBuf {
+    let m = root.join(format!("{name}.toml"));
+    let dataset = if axes.contains("dataset =") {
+        ""
+    } else {
+        "dataset = \"assets/data/quickstart.parquet\"\n"
+    };
+    write(
+        &m,
+        &format!(
+            "name = \"{name}\"\n[defaults]\n{dataset}model = \"tiny\"\narchitecture = {{ dim = 32, n_layers = 1 }}\nsequence_length = 128\nbatch_size = 2\nlearning_rate = 3e-3\nwarmup_steps = 2\nlogging_frequency = 1\n{extra}\n{axes}\n[slurm]\ntime = \"10\"\ncpus_per_task = 1\n"
+        ),
+    );
+    m
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_killed_training_job_is_requeued_and_resumes_from_its_checkpoint() {
+    require_cluster();
+    let root = project_with_assets();
+    let m = training_manifest(
+        root.path(),
+        "killed",
+        "training_steps = 150\ncheckpoint_every = 5",
+        "",
+    );
+    run_ok(
+        sweep(root.path())
+            .arg("submit")
+            .arg(&m)
+            .args(["--executor", "slurm"]),
+    );
+    let run = root.path().join("results/killed/run");
+    wait_for(120, "step 20", || (losses(&run).len() >= 20).then_some(()));
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    let job = record["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    // What a node failure or preemption does: SLURM kills the job and queues it again.
+    run_ok(Command::new("scontrol").args(["requeue", &job]));
+    wait_for(60, "the job to be queued again", || {
+        let out = Command::new("scontrol")
+            .args(["show", "job", "-o", &job])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (text.contains("JobState=PENDING") && text.contains("Restarts=1")).then_some(())
+    });
+    // SLURM holds a requeued job for a while; release it as an administrator would.
+    run_ok(Command::new("scontrol").args(["update", &format!("JobId={job}"), "StartTime=now"]));
+    wait_for(300, "the requeued job to finish", || {
+        (status(root.path(), &m)["run"].0 == "COMPLETED").then_some(())
+    });
+    let steps: Vec<u64> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("event").is_none())
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        (1..=150).collect::<Vec<_>>(),
+        "every step exactly once across the kill"
+    );
+    let log: String = std::fs::read_dir(&run)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert!(
+        log.contains("resumed from") && log.contains("restart 1"),
+        "{log}"
+    );
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_run_with_a_bad_dataset_path_fails_alone_with_a_clear_error() {
+    require_cluster();
+    let root = project_with_assets();
+    let m = training_manifest(
+        root.path(),
+        "baddata",
+        "training_steps = 4",
+        "[sweep.grid]\ndataset = [\"assets/data/quickstart.parquet\", \"assets/data/no-such-file.parquet\"]\nseed = [1, 2]\n[sweep]\nname = \"{{ 'good' if 'quickstart' in dataset else 'bad' }}-seed{{ seed }}\"",
+    );
+    let out = sweep(root.path())
+        .arg("run")
+        .arg(&m)
+        .args(["--executor", "slurm"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "a failed run fails the sweep");
+    let s = status(root.path(), &m);
+    assert_eq!(s["good-seed1"].0, "COMPLETED");
+    assert_eq!(s["good-seed2"].0, "COMPLETED");
+    assert_eq!(s["bad-seed1"], ("FAILED".into(), Some(1)));
+    assert_eq!(s["bad-seed2"], ("FAILED".into(), Some(1)));
+    let log: String = std::fs::read_dir(root.path().join("results/baddata/bad-seed1"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert!(
+        log.contains("error: opening dataset") && log.contains("no-such-file.parquet"),
+        "{log}"
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("note: bad-seed1: FAILED (exit 1)"),
+        "{table}"
+    );
+}
