@@ -43,7 +43,7 @@ pub fn manifest_text(runs: usize) -> String {
 /// Plans and renders `runs` runs into a temporary project under `dir`.
 pub fn run(runs: usize, dir: &std::path::Path) -> Result<PlanBench> {
     ensure!(
-        runs >= 100 && runs % 100 == 0,
+        runs >= 100 && runs.is_multiple_of(100),
         "--runs must be a multiple of 100"
     );
     let dir = tempfile::tempdir_in(dir)?;

@@ -1,12 +1,14 @@
 //! The train step alone (synthetic batches, no data loading): tokens per
-//! second, achieved GFLOP/s, and their share of candle's matmul peak on the
-//! same threads, with the time split into forward, backward and optimizer.
+//! second, achieved GFLOP/s, and their share of the matmul peak of the same
+//! kernel on the same threads (candle's f32 GEMM, or sweep's bf16 kernel for
+//! `bf16-mixed`), with the time split into forward, backward and optimizer.
 
 use crate::config::{AttentionKind, ModelConfig, ModelOverrides, TrainConfig};
 use crate::data::samples::IGNORE;
 use crate::train::model::Llama;
 use crate::train::optim::{AdamW, Grads};
 use crate::train::params::Params;
+use crate::train::peak::Kernel;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
@@ -17,6 +19,18 @@ pub struct Case {
     pub vocab: usize,
     pub seq: usize,
     pub batch: usize,
+    /// `bf16-mixed`: bf16 matrix products (else f32 throughout).
+    pub bf16: bool,
+}
+
+impl Case {
+    pub fn precision(&self) -> &'static str {
+        if self.bf16 {
+            "bf16-mixed"
+        } else {
+            "f32"
+        }
+    }
 }
 
 pub struct TrainRow {
@@ -32,26 +46,33 @@ pub struct TrainRow {
 }
 
 /// The presets as the quickstart trains them, and the speed-goal model of
-/// ../shared/notes/candle-training.md (small, vocab 8192, seq 256, batch 8).
+/// ../shared/notes/candle-training.md (small, vocab 8192, seq 256, batch 8),
+/// in f32 and, where the CPU has AVX-512 BF16, in bf16-mixed.
 pub fn default_cases() -> Vec<Case> {
-    let c = |label: &str, preset: &str, vocab, seq, batch| Case {
+    let c = |label: &str, preset: &str, vocab, seq, batch, bf16| Case {
         label: label.into(),
         preset: preset.into(),
         vocab,
         seq,
         batch,
+        bf16,
     };
-    vec![
-        c("tiny (quickstart shape)", "tiny", 32000, 512, 2),
-        c("small (vocab 32000)", "small", 32000, 512, 2),
-        c("small (speed-goal model)", "small", 8192, 256, 8),
-    ]
+    let mut cases = vec![
+        c("tiny (quickstart shape)", "tiny", 32000, 512, 2, false),
+        c("small (vocab 32000)", "small", 32000, 512, 2, false),
+        c("small (speed-goal model)", "small", 8192, 256, 8, false),
+    ];
+    if crate::train::ops::bf16_gemm::supported() {
+        cases.push(c("small (speed-goal model)", "small", 8192, 256, 8, true));
+    }
+    cases
 }
 
 pub fn run(cases: Vec<Case>, steps: usize, threads: usize) -> Result<Vec<TrainRow>> {
-    let peak = crate::train::peak::refresh(threads)?;
     let mut rows = Vec::new();
     for case in cases {
+        let kernel = if case.bf16 { Kernel::Bf16 } else { Kernel::F32 };
+        let peak = crate::train::peak::refresh(kernel, threads)?;
         let o = ModelOverrides {
             vocab_size: Some(case.vocab),
             ..Default::default()
@@ -65,7 +86,8 @@ pub fn run(cases: Vec<Case>, steps: usize, threads: usize) -> Result<Vec<TrainRo
             case.seq,
             &Device::Cpu,
             DType::F32,
-        )?;
+        )?
+        .with_bf16_matmuls(case.bf16);
         let mut opt = AdamW::new(&params, &TrainConfig::default())?;
         let n = case.batch * case.seq;
         let ids: Vec<u32> = (0..n).map(|i| ((i * 7919) % case.vocab) as u32).collect();

@@ -14,19 +14,25 @@ pub fn run(cmd: BenchCmd, root: &std::path::Path) -> Result<ExitCode> {
             let threads = crate::train::init_threads(threads);
             let cases = crate::bench::train::default_cases()
                 .into_iter()
-                .filter(|c| only.as_deref().is_none_or(|o| c.label.contains(o)))
+                .filter(|c| {
+                    only.as_deref()
+                        .is_none_or(|o| format!("{} {}", c.label, c.precision()).contains(o))
+                })
                 .collect();
             let rows = crate::bench::train::run(cases, steps, threads)?;
-            println!("train step on {threads} CPU thread(s), f32, {steps} timed steps after 2 warm-up steps");
             println!(
-                "{:<26} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9}  forward / backward / optimizer",
-                "model", "params", "MFLOP/tok", "tokens/s", "GFLOP/s", "of peak", "s/step",
+                "train step on {threads} CPU thread(s), {steps} timed steps after 2 warm-up steps"
+            );
+            println!(
+                "{:<26} {:<10} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9}  forward / backward / optimizer",
+                "model", "precision", "params", "MFLOP/tok", "tokens/s", "GFLOP/s", "of peak", "s/step",
             );
             for r in &rows {
                 let step = r.forward_s + r.backward_s + r.optimizer_s;
                 println!(
-                    "{:<26} {:>8.1}M {:>11.1} {:>10.0} {:>9.1} {:>8.1}% {:>9.3}  {:.0}% / {:.0}% / {:.0}%",
+                    "{:<26} {:<10} {:>8.1}M {:>11.1} {:>10.0} {:>9.1} {:>8.1}% {:>9.3}  {:.0}% / {:.0}% / {:.0}%",
                     r.case.label,
+                    r.case.precision(),
                     r.params as f64 / 1e6,
                     r.flops_per_token / 1e6,
                     r.tokens_per_s,
@@ -38,7 +44,13 @@ pub fn run(cmd: BenchCmd, root: &std::path::Path) -> Result<ExitCode> {
                     100.0 * r.optimizer_s / step
                 );
             }
-            println!("peak: candle f32 matmul at {:.1} GFLOP/s on {threads} thread(s) (sweep bench peak)", rows[0].peak_gflops);
+            for (precision, peak) in rows
+                .iter()
+                .map(|r| (r.case.precision(), r.peak_gflops))
+                .collect::<std::collections::BTreeMap<_, _>>()
+            {
+                println!("peak for {precision}: {peak:.1} GFLOP/s on {threads} thread(s) (sweep bench peak)");
+            }
         }
         BenchCmd::Report { runs, lines, dir } => {
             std::fs::create_dir_all(&dir)?;
@@ -57,13 +69,26 @@ pub fn run(cmd: BenchCmd, root: &std::path::Path) -> Result<ExitCode> {
         }
         BenchCmd::Peak => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            println!(
-                "candle f32 matmul peak (best of 256/512/1024 square products), cached for MFU:"
-            );
-            for threads in 1..=cores {
-                std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-                let p = crate::train::peak::refresh(threads)?;
-                println!("  {threads} thread(s): {:8.1} GFLOP/s", p / 1e9);
+            use crate::train::peak::{refresh, Kernel};
+            let mut kernels = vec![Kernel::F32];
+            if crate::train::ops::bf16_gemm::supported() {
+                kernels.push(Kernel::Bf16);
+            }
+            println!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
+            for kernel in kernels {
+                for threads in 1..=cores {
+                    // candle reads the variable; the bf16 kernel runs on the current pool.
+                    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()?;
+                    let p = pool.install(|| refresh(kernel, threads))?;
+                    println!(
+                        "  {:<22} {threads} thread(s): {:8.1} GFLOP/s",
+                        kernel.describe(),
+                        p / 1e9
+                    );
+                }
             }
         }
         BenchCmd::Data(a) => {

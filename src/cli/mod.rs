@@ -258,7 +258,7 @@ pub enum BenchCmd {
         threads: usize,
         #[arg(long, default_value_t = 5)]
         steps: usize,
-        /// Only the models whose label contains this (e.g. `goal`).
+        /// Only the cases whose "label precision" contains this (e.g. `goal`, `bf16-mixed`).
         #[arg(long)]
         only: Option<String>,
     },

@@ -73,11 +73,15 @@ impl PretokenizedFormat {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Precision {
     #[default]
     F32,
+    /// bf16 parameters, gradients and optimizer state (GPUs; the reference study).
     Bf16,
+    /// f32 weights and optimizer, matrix products with bf16 operands and f32
+    /// accumulation (the CPU's autocast; needs AVX-512 BF16).
+    Bf16Mixed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

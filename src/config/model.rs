@@ -135,21 +135,21 @@ impl ModelConfig {
         if self.dim == 0 || self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 {
             bail!("dim, n_layers, n_heads and n_kv_heads must be positive");
         }
-        if self.dim % self.n_heads != 0 {
+        if !self.dim.is_multiple_of(self.n_heads) {
             bail!(
                 "dim ({}) must be a multiple of n_heads ({})",
                 self.dim,
                 self.n_heads
             );
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             bail!(
                 "n_heads ({}) must be a multiple of n_kv_heads ({})",
                 self.n_heads,
                 self.n_kv_heads
             );
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             bail!(
                 "the head dimension ({}) must be even for rotary embeddings",
                 self.head_dim()

@@ -9,17 +9,19 @@
 //!   attention in f32 with candle ops, a chunk of (batch, head) pairs at a
 //!   time. The CPU forward lets the tests check that backward against autograd.
 
+use super::ops::matmul::matmul;
 use super::ops::softmax::softmax;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
 /// q [B, H, T, Q]; k, v [B, KV, T, Q] (heads first). Returns [B, H, T, Q].
-pub fn eager(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+/// `bf16`: the two products with bf16 operands (the CPU's bf16-mixed precision).
+pub fn eager(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, bf16: bool) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let kv = k.dim(1)?;
     let q = q.reshape((b, kv, (h / kv) * t, d))?;
-    let scores = q.matmul(&k.t()?)?;
+    let scores = matmul(&q, &k.t()?, bf16)?;
     let p = softmax(&scores, 1.0 / (d as f64).sqrt(), t, causal)?;
-    p.matmul(v)?.reshape((b, h, t, d))
+    matmul(&p, v, bf16)?.reshape((b, h, t, d))
 }
 
 /// Flash attention in its own layout: q [B, T, H, Q], k, v [B, T, KV, Q].
@@ -281,7 +283,7 @@ mod tests {
             rope::heads_first(&k, None)?,
             rope::heads_first(&v, None)?,
         );
-        let ours = eager(&qh, &kh, &vh, true)?.transpose(1, 2)?;
+        let ours = eager(&qh, &kh, &vh, true, false)?.transpose(1, 2)?;
         let reference = autograd_reference(&q, &k, &v, true)?;
         assert!(max_diff(&ours, &reference)? < 1e-5);
         let d_o = rand(&[b, t, h, d], 8);

@@ -1,7 +1,8 @@
 //! What every logged step reports, in one place: throughput, MFU and TFLOPs
 //! from one table of peak FLOPs per device, and the JSON-lines log.
 
-use crate::config::TrainConfig;
+use super::peak::Kernel;
+use crate::config::{Precision, TrainConfig};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -44,10 +45,17 @@ pub fn peak_flops(cfg: &TrainConfig, cpu: bool, threads: usize) -> Result<(f64, 
         };
     }
     if cpu {
-        let p = super::peak::cpu_peak(threads)?;
+        let kernel = match cfg.precision {
+            Precision::Bf16Mixed => Kernel::Bf16,
+            _ => Kernel::F32,
+        };
+        let p = super::peak::cpu_peak(kernel, threads)?;
         return Ok((
             p,
-            format!("candle's measured f32 matmul peak on {threads} CPU threads"),
+            format!(
+                "the measured peak of {} on {threads} CPU threads",
+                kernel.describe()
+            ),
         ));
     }
     bail!("set `gpu` (e.g. \"H100\") or `peak_flops` so that MFU can be computed")

@@ -53,8 +53,12 @@ impl Trainer {
         let dtype = match (cfg.precision, device.is_cpu()) {
             (Precision::F32, _) => DType::F32,
             (Precision::Bf16, false) => DType::BF16,
-            (Precision::Bf16, true) => bail!("`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use f32 on the CPU"),
+            (Precision::Bf16, true) => bail!("`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use \"bf16-mixed\" (or \"f32\") on the CPU"),
+            (Precision::Bf16Mixed, true) if ops::bf16_gemm::supported() => DType::F32,
+            (Precision::Bf16Mixed, true) => bail!("`precision = \"bf16-mixed\"` needs a CPU with AVX-512 BF16; use \"f32\""),
+            (Precision::Bf16Mixed, false) => bail!("`precision = \"bf16-mixed\"` is the CPU's autocast; on a GPU use \"bf16\""),
         };
+        let bf16_matmuls = cfg.precision == Precision::Bf16Mixed;
         let specials = SpecialTokens {
             bos: cfg.bos_token.clone(),
             eos: cfg.eos_token.clone(),
@@ -81,7 +85,8 @@ impl Trainer {
             cfg.sequence_length,
             &device,
             dtype,
-        )?;
+        )?
+        .with_bf16_matmuls(bf16_matmuls);
         let opt = AdamW::new(&params, &cfg)?;
         let source = match (cfg.pretokenized, &cfg.pretokenized_path) {
             (true, Some(path)) => SourceSpec::Pretokenized { path: path.clone() },
@@ -458,8 +463,8 @@ mod tests {
         Ok(())
     }
 
-    #[test]
-    fn loss_falls_on_real_text() -> Result<()> {
+    /// Per-step losses of a small model on the bundled text.
+    fn losses_on_real_text(precision: Precision, steps: usize) -> Result<Vec<f64>> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let cfg = TrainConfig {
             dataset: root.join("assets/data/quickstart.parquet"),
@@ -468,6 +473,7 @@ mod tests {
             batch_size: 4,
             learning_rate: 3e-3,
             warmup_steps: 3,
+            precision,
             architecture: ModelOverrides {
                 dim: Some(32),
                 n_layers: Some(1),
@@ -479,17 +485,52 @@ mod tests {
         let mut stream = SampleStream::open(&t.spec)?;
         let mut opt = AdamW::new(&t.params, &cfg)?;
         let mut losses = vec![];
-        for step in 1..=40 {
+        for step in 1..=steps {
             let b = crate::data::loader::next_batch(&mut stream, cfg.batch_size)?;
             let (loss, grads) = t.forward_backward(&[b])?;
             opt.step(&grads, optim::lr_at(step, &cfg), 1.0)?;
             losses.push(loss);
         }
+        Ok(losses)
+    }
+
+    #[test]
+    fn loss_falls_on_real_text() -> Result<()> {
+        let losses = losses_on_real_text(Precision::F32, 40)?;
         let first: f64 = losses[..3].iter().sum::<f64>() / 3.0;
         let last: f64 = losses[37..].iter().sum::<f64>() / 3.0;
         assert!(first > 10.0, "starts near ln(32000) = 10.4: {first}");
         // A random model stays near ln(32000); falling a nat in 40 steps is learning.
         assert!(last < first - 1.0, "loss {first:.2} -> {last:.2}");
+        Ok(())
+    }
+
+    #[test]
+    fn bf16_mixed_follows_the_f32_curve() -> Result<()> {
+        if !ops::bf16_gemm::supported() {
+            let err = Trainer::new(
+                TrainConfig {
+                    precision: Precision::Bf16Mixed,
+                    ..Default::default()
+                },
+                1,
+            )
+            .err()
+            .expect("bf16-mixed without AVX-512 BF16 is refused");
+            assert!(err.to_string().contains("AVX-512 BF16"), "{err}");
+            return Ok(());
+        }
+        let f32 = losses_on_real_text(Precision::F32, 30)?;
+        let mixed = losses_on_real_text(Precision::Bf16Mixed, 30)?;
+        // Same data, same init: only the rounding of matmul operands differs.
+        for (step, (a, b)) in f32.iter().zip(&mixed).enumerate() {
+            assert!(
+                (a - b).abs() < 0.02 * a,
+                "step {}: f32 {a:.4} vs bf16-mixed {b:.4}",
+                step + 1
+            );
+        }
+        assert!(mixed[27..].iter().sum::<f64>() / 3.0 < mixed[..3].iter().sum::<f64>() / 3.0 - 0.8);
         Ok(())
     }
 

@@ -5,15 +5,17 @@
 //! projection is one large matrix product.
 
 use super::attention;
-use super::ops::{cross_entropy::cross_entropy, rms_norm::rms_norm, rope, silu_mul::silu_mul};
+use super::ops::{
+    cross_entropy::cross_entropy, matmul::matmul, rms_norm::rms_norm, rope, silu_mul::silu_mul,
+};
 use super::params::Params;
 use crate::config::{AttentionKind, ModelConfig};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
-/// x [N, in] · wᵀ, w [out, in].
-fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
-    x.matmul(&w.t()?)
+/// x [N, in] · wᵀ, w [out, in]; bf16 operands when `bf16`.
+fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> candle_core::Result<Tensor> {
+    matmul(x, &w.t()?, bf16)
 }
 
 struct Attention {
@@ -25,6 +27,7 @@ struct Attention {
     n_kv_heads: usize,
     head_dim: usize,
     kind: AttentionKind,
+    bf16: bool,
 }
 
 impl Attention {
@@ -39,6 +42,7 @@ impl Attention {
             n_kv_heads: cfg.n_kv_heads,
             head_dim: cfg.head_dim(),
             kind,
+            bf16: false,
         })
     }
 
@@ -50,9 +54,9 @@ impl Attention {
         rope_tables: &rope::RopeTables,
     ) -> Result<Tensor> {
         let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let q = linear(x, &self.wq)?.reshape((b, t, h, d))?;
-        let k = linear(x, &self.wk)?.reshape((b, t, kv, d))?;
-        let v = linear(x, &self.wv)?.reshape((b, t, kv, d))?;
+        let q = linear(x, &self.wq, self.bf16)?.reshape((b, t, h, d))?;
+        let k = linear(x, &self.wk, self.bf16)?.reshape((b, t, kv, d))?;
+        let v = linear(x, &self.wv, self.bf16)?.reshape((b, t, kv, d))?;
         let (qh, kh) = (
             rope::heads_first(&q, Some(rope_tables))?,
             rope::heads_first(&k, Some(rope_tables))?,
@@ -60,7 +64,7 @@ impl Attention {
         let out = match self.kind {
             AttentionKind::Eager => {
                 let vh = rope::heads_first(&v, None)?;
-                attention::eager(&qh, &kh, &vh, true)?.transpose(1, 2)?
+                attention::eager(&qh, &kh, &vh, true, self.bf16)?.transpose(1, 2)?
             }
             AttentionKind::Flash => {
                 // The flash kernel wants [B, T, H, Q].
@@ -71,10 +75,8 @@ impl Attention {
                 attention::flash(&q, &k, &v.contiguous()?, true, 32)?
             }
         };
-        Ok(linear(
-            &out.contiguous()?.reshape((b * t, h * d))?,
-            &self.wo,
-        )?)
+        let out = out.contiguous()?.reshape((b * t, h * d))?;
+        Ok(linear(&out, &self.wo, self.bf16)?)
     }
 }
 
@@ -82,6 +84,7 @@ struct Mlp {
     w1: Tensor,
     w2: Tensor,
     w3: Tensor,
+    bf16: bool,
 }
 
 impl Mlp {
@@ -91,14 +94,14 @@ impl Mlp {
             w1: w("w1")?,
             w2: w("w2")?,
             w3: w("w3")?,
+            bf16: false,
         })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(linear(
-            &silu_mul(&linear(x, &self.w1)?, &linear(x, &self.w3)?)?,
-            &self.w2,
-        )?)
+        let b = self.bf16;
+        let gate = silu_mul(&linear(x, &self.w1, b)?, &linear(x, &self.w3, b)?)?;
+        Ok(linear(&gate, &self.w2, b)?)
     }
 }
 
@@ -143,9 +146,20 @@ pub struct Llama {
     output: Tensor,
     rope: rope::RopeTables,
     eps: f64,
+    bf16: bool,
 }
 
 impl Llama {
+    /// Matrix products with bf16 operands and f32 accumulation (CPU autocast).
+    pub fn with_bf16_matmuls(mut self, on: bool) -> Self {
+        self.bf16 = on;
+        for b in &mut self.blocks {
+            b.attention.bf16 = on;
+            b.mlp.bf16 = on;
+        }
+        self
+    }
+
     pub fn new(
         p: &Params,
         cfg: &ModelConfig,
@@ -163,6 +177,7 @@ impl Llama {
             output: p.get("output.weight")?,
             rope: rope::RopeTables::new(cfg.rope_theta, cfg.head_dim(), max_len, device, dtype)?,
             eps: cfg.norm_eps,
+            bf16: false,
         })
     }
 
@@ -173,7 +188,11 @@ impl Llama {
         for block in &self.blocks {
             x = block.forward(&x, b, t, &self.rope)?;
         }
-        Ok(linear(&rms_norm(&x, &self.norm, self.eps)?, &self.output)?)
+        Ok(linear(
+            &rms_norm(&x, &self.norm, self.eps)?,
+            &self.output,
+            self.bf16,
+        )?)
     }
 
     /// Summed cross-entropy over the labels that are not -100, divided by `divisor`.

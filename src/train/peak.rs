@@ -1,7 +1,10 @@
-//! The CPU's peak: candle's own f32 matmul throughput on this machine and
-//! thread count (what MFU is measured against on a CPU). Measured once and
-//! cached per CPU model and thread count; `sweep bench peak` refreshes it.
+//! The CPU's peak: the matrix-product throughput the trainer's own kernels
+//! reach on this machine and thread count (what MFU is measured against on a
+//! CPU): candle's f32 GEMM for `f32`, sweep's bf16 kernel for `bf16-mixed`.
+//! Measured once and cached per CPU model, kernel and thread count;
+//! `sweep bench peak` refreshes it.
 
+use super::ops::bf16_gemm::{self, View};
 use anyhow::Result;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -9,9 +12,27 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// Which matrix-product kernel the peak is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// candle's f32 GEMM (`precision = "f32"`).
+    F32,
+    /// bf16 operands, f32 accumulation (`precision = "bf16-mixed"`).
+    Bf16,
+}
+
+impl Kernel {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Kernel::F32 => "candle's f32 matmul",
+            Kernel::Bf16 => "sweep's bf16 matmul",
+        }
+    }
+}
+
 #[derive(Default, Serialize, Deserialize)]
 struct Cache {
-    /// "<cpu model>/<threads>" -> FLOP/s
+    /// "<cpu model>/<threads>" (f32) or "<cpu model>/bf16/<threads>" -> FLOP/s
     peaks: BTreeMap<String, f64>,
 }
 
@@ -34,19 +55,45 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown cpu".into())
 }
 
-/// Best f32 matmul FLOP/s over a few sizes and repeats, on the current
-/// rayon/candle thread count (`RAYON_NUM_THREADS`).
-pub fn measure() -> Result<f64> {
+fn key(kernel: Kernel, threads: usize) -> String {
+    match kernel {
+        Kernel::F32 => format!("{}/{threads}", cpu_model()),
+        Kernel::Bf16 => format!("{}/bf16/{threads}", cpu_model()),
+    }
+}
+
+/// Best FLOP/s over square products of 256, 512 and 1024, three rounds each,
+/// on the current rayon/candle thread count (`RAYON_NUM_THREADS`).
+pub fn measure(kernel: Kernel) -> Result<f64> {
     let mut best = 0f64;
     for n in [256usize, 512, 1024] {
         let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
         let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
-        let _ = a.matmul(&b)?; // warm up
+        let (av, bv) = (
+            a.flatten_all()?.to_vec1::<f32>()?,
+            b.flatten_all()?.to_vec1::<f32>()?,
+        );
+        let mut c = vec![0f32; n * n];
+        let mut product = || -> Result<()> {
+            match kernel {
+                Kernel::F32 => drop(a.matmul(&b)?),
+                Kernel::Bf16 => {
+                    let view = |d| View {
+                        data: d,
+                        rs: n,
+                        cs: 1,
+                    };
+                    bf16_gemm::gemm(n, n, n, view(&av), view(&bv), &mut c);
+                }
+            }
+            Ok(())
+        };
+        product()?; // warm up
         let reps = (2_000_000_000 / (2 * n * n * n)).max(2);
         for _ in 0..3 {
             let t = Instant::now();
             for _ in 0..reps {
-                let _ = a.matmul(&b)?;
+                product()?;
             }
             let flops = (2 * n * n * n * reps) as f64 / t.elapsed().as_secs_f64();
             best = best.max(flops);
@@ -55,41 +102,33 @@ pub fn measure() -> Result<f64> {
     Ok(best)
 }
 
-/// The cached peak for this CPU and thread count, measured on first use.
-pub fn cpu_peak(threads: usize) -> Result<f64> {
-    let key = format!("{}/{threads}", cpu_model());
-    let path = cache_path();
-    let mut cache: Cache = std::fs::read(&path)
+fn load() -> Cache {
+    std::fs::read(cache_path())
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    if let Some(p) = cache.peaks.get(&key) {
-        return Ok(*p);
+        .unwrap_or_default()
+}
+
+/// The cached peak for this CPU, kernel and thread count, measured on first use.
+pub fn cpu_peak(kernel: Kernel, threads: usize) -> Result<f64> {
+    match load().peaks.get(&key(kernel, threads)) {
+        Some(p) => Ok(*p),
+        None => refresh(kernel, threads),
     }
-    let p = measure()?;
-    record(&mut cache, key, p, &path);
-    Ok(p)
 }
 
 /// Measures again and stores the result (for `sweep bench peak`).
-pub fn refresh(threads: usize) -> Result<f64> {
-    let path = cache_path();
-    let mut cache: Cache = std::fs::read(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    let p = measure()?;
-    record(&mut cache, format!("{}/{threads}", cpu_model()), p, &path);
-    Ok(p)
-}
-
-fn record(cache: &mut Cache, key: String, p: f64, path: &std::path::Path) {
-    cache.peaks.insert(key, p);
+pub fn refresh(kernel: Kernel, threads: usize) -> Result<f64> {
+    let p = measure(kernel)?;
+    let mut cache = load();
+    cache.peaks.insert(key(kernel, threads), p);
     // A cache that cannot be written only costs a measurement next time.
-    if std::fs::create_dir_all(crate::util::fs::parent_dir(path)).is_ok() {
+    let path = cache_path();
+    if std::fs::create_dir_all(crate::util::fs::parent_dir(&path)).is_ok() {
         let _ = crate::util::fs::write_atomic(
-            path,
-            &serde_json::to_vec_pretty(cache).unwrap_or_default(),
+            &path,
+            &serde_json::to_vec_pretty(&cache).unwrap_or_default(),
         );
     }
+    Ok(p)
 }

@@ -6,7 +6,9 @@
 //! runs on other devices and dtypes, and the tests check the fused op's
 //! forward and gradients against it.
 
+pub mod bf16_gemm;
 pub mod cross_entropy;
+pub mod matmul;
 pub mod rms_norm;
 pub mod rope;
 pub mod silu_mul;
@@ -27,6 +29,14 @@ pub(crate) fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&v[a..b]),
         None => bail!("expected contiguous data"),
+    }
+}
+
+/// All the f32 data of a CPU storage (for ops that read through strides).
+pub(crate) fn f32s_any(s: &CpuStorage) -> Result<&[f32]> {
+    match s {
+        CpuStorage::F32(v) => Ok(v),
+        _ => bail!("expected f32 data"),
     }
 }
 

@@ -1,0 +1,383 @@
+//! A bf16 matrix product for the CPU, as PyTorch's CPU autocast does it:
+//! operands rounded to bf16, products accumulated in f32, with AVX-512 BF16's
+//! `vdpbf16ps` (two multiply-adds per 32-bit lane: twice the f32 FMA rate).
+//!
+//! Classic packed GEMM (Goto/BLIS): B is packed per (k-block, n-block) into
+//! panels of NR columns, A per (m-block, k-block) into panels of MR rows, both
+//! as bf16 pairs along k (the low half of each 32-bit lane holds the even k);
+//! a 14 x 32 micro-kernel keeps its 28 accumulators in registers. Packing reads
+//! any strides, so transposed views cost nothing. Row blocks of C run in
+//! parallel on the current rayon pool.
+
+use rayon::prelude::*;
+
+const MR: usize = 14;
+const NR: usize = 32;
+/// k values per block (a multiple of 2: pairs).
+const KC: usize = 256;
+const MC: usize = MR * 9;
+const NC: usize = 512;
+
+/// Whether this CPU can run the kernel.
+pub fn supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// f32 -> bf16, round to nearest even (NaNs stay NaNs).
+#[inline(always)]
+fn bf16(x: f32) -> u32 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return (b >> 16) | 0x40;
+    }
+    (b + 0x7fff + ((b >> 16) & 1)) >> 16
+}
+
+/// The value of a bf16 as f32 (for tests and references).
+pub fn round_bf16(x: f32) -> f32 {
+    f32::from_bits(bf16(x) << 16)
+}
+
+/// A strided read-only matrix view: element (r, c) at `data[r * rs + c * cs]`.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+#[cfg(test)]
+impl View<'_> {
+    fn at(&self, r: usize, c: usize) -> f32 {
+        self.data[r * self.rs + c * self.cs]
+    }
+}
+
+/// C (m x n, row-major, contiguous) = A (m x k) · B (k x n).
+pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
+    assert!(supported(), "the bf16 kernel needs AVX-512 BF16");
+    assert_eq!(c.len(), m * n);
+    c.fill(0.0);
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    let mut bp = vec![0u32; KC / 2 * NC.min(n.div_ceil(NR) * NR)];
+    for jc in (0..n).step_by(NC) {
+        let nc = NC.min(n - jc);
+        for pc in (0..k).step_by(KC) {
+            let kc = KC.min(k - pc);
+            let kp = kc.div_ceil(2);
+            pack_b(b, pc, kc, jc, nc, &mut bp);
+            let bp = &bp[..kp * nc.div_ceil(NR) * NR];
+            // Disjoint row blocks of C, each with its own packed A.
+            c.par_chunks_mut(MC * n)
+                .enumerate()
+                .for_each(|(blk, c_rows)| {
+                    let ic = blk * MC;
+                    let mc = MC.min(m - ic);
+                    let mut ap = vec![0u32; kp * mc.div_ceil(MR) * MR];
+                    pack_a(a, ic, mc, pc, kc, &mut ap);
+                    for (jr, bpanel) in bp.chunks_exact(kp * NR).enumerate() {
+                        let j0 = jc + jr * NR;
+                        let nr = NR.min(jc + nc - j0);
+                        for (ir, apanel) in ap.chunks_exact(kp * MR).enumerate() {
+                            let i0 = ir * MR;
+                            let mr = MR.min(mc - i0);
+                            tile(apanel, bpanel, kp, &mut c_rows[i0 * n + j0..], n, mr, nr);
+                        }
+                    }
+                });
+        }
+    }
+}
+
+/// B[pc..pc+kc, jc..jc+nc] into NR-wide panels: for panel q, pair p, column
+/// j: the lane (B[pc+2p, j], B[pc+2p+1, j]); zeros beyond the edges.
+fn pack_b(b: View, pc: usize, kc: usize, jc: usize, nc: usize, out: &mut [u32]) {
+    let kp = kc.div_ceil(2);
+    for (q, panel) in out[..kp * nc.div_ceil(NR) * NR]
+        .chunks_exact_mut(kp * NR)
+        .enumerate()
+    {
+        pack_panel(
+            b,
+            pc,
+            kc,
+            jc + q * NR,
+            NR.min(nc - q * NR),
+            NR,
+            panel,
+            false,
+        );
+    }
+}
+
+/// A[ic..ic+mc, pc..pc+kc] into MR-row panels: for panel q, pair p, row i:
+/// the lane (A[i, pc+2p], A[i, pc+2p+1]); zeros beyond the edges.
+fn pack_a(a: View, ic: usize, mc: usize, pc: usize, kc: usize, out: &mut [u32]) {
+    for (q, panel) in out.chunks_exact_mut(kc.div_ceil(2) * MR).enumerate() {
+        if q * MR >= mc {
+            panel.fill(0);
+            continue;
+        }
+        pack_panel(a, pc, kc, ic + q * MR, MR.min(mc - q * MR), MR, panel, true);
+    }
+}
+
+/// One panel: `width` lanes per pair (x = the non-k dimension, `valid` of them
+/// real), pairs along k. `k_is_col`: the view is A (k runs along its
+/// columns), else B (k runs along its rows).
+#[allow(clippy::too_many_arguments)]
+fn pack_panel(
+    v: View,
+    k0: usize,
+    kc: usize,
+    x0: usize,
+    valid: usize,
+    width: usize,
+    out: &mut [u32],
+    k_is_col: bool,
+) {
+    let kp = kc.div_ceil(2);
+    let (k_stride, x_stride) = if k_is_col { (v.cs, v.rs) } else { (v.rs, v.cs) };
+    let base = if k_is_col {
+        x0 * v.rs + k0 * v.cs
+    } else {
+        k0 * v.rs + x0 * v.cs
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x_stride == 1 && kc.is_multiple_of(2) {
+            // SAFETY: AVX-512 BF16 checked by `gemm`; masked reads stay inside the view.
+            unsafe { simd::pairs_from_rows(&v.data[base..], k_stride, kp, valid, width, out) };
+            return;
+        }
+        if k_stride == 1 && kc.is_multiple_of(16) {
+            // SAFETY: as above.
+            unsafe { simd::pairs_along_rows(&v.data[base..], x_stride, valid, kp, width, out) };
+            out.chunks_exact_mut(width)
+                .for_each(|lane| lane[valid..].fill(0));
+            return;
+        }
+    }
+    for p in 0..kp {
+        for x in 0..width {
+            out[p * width + x] = if x >= valid {
+                0
+            } else {
+                let at = |k: usize| v.data[base + k * k_stride + x * x_stride];
+                let lo = at(2 * p);
+                let hi = if 2 * p + 1 < kc { at(2 * p + 1) } else { 0.0 };
+                bf16(lo) | (bf16(hi) << 16)
+            };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// Pairs of two consecutive k rows, x contiguous: for every 16 x, convert
+    /// both rows and interleave them into (row 2p, row 2p+1) lanes. The first
+    /// `valid` of `width` lanes are read; the rest are zero.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub unsafe fn pairs_from_rows(
+        src: &[f32],
+        k_stride: usize,
+        kp: usize,
+        valid: usize,
+        width: usize,
+        out: &mut [u32],
+    ) {
+        // Lane i of the result takes element i of the low row then element i of the high row.
+        let idx = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        for p in 0..kp {
+            let lo = src.as_ptr().add(2 * p * k_stride);
+            let hi = src.as_ptr().add((2 * p + 1) * k_stride);
+            for x in (0..width).step_by(16) {
+                let load: __mmask16 = if x >= valid {
+                    0
+                } else {
+                    (((1u32 << (valid - x).min(16)) - 1) & 0xffff) as u16
+                };
+                let store: __mmask16 = (((1u32 << (width - x).min(16)) - 1) & 0xffff) as u16;
+                let l = _mm512_maskz_loadu_ps(load, lo.add(x));
+                let h = _mm512_maskz_loadu_ps(load, hi.add(x));
+                let both: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(h, l));
+                let lanes = _mm512_permutexvar_epi16(idx, both);
+                _mm512_mask_storeu_epi32(
+                    out.as_mut_ptr().add(p * width + x) as *mut _,
+                    store,
+                    lanes,
+                );
+            }
+        }
+    }
+
+    /// Pairs along contiguous k: 16 floats of one x give 8 pairs at once.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn pairs_along_rows(
+        src: &[f32],
+        x_stride: usize,
+        valid: usize,
+        kp: usize,
+        width: usize,
+        out: &mut [u32],
+    ) {
+        let mut tmp = [0u32; 8];
+        for x in 0..valid {
+            let row = src.as_ptr().add(x * x_stride);
+            for p in (0..kp).step_by(8) {
+                let v: __m256i =
+                    std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(row.add(2 * p))));
+                _mm256_storeu_si256(tmp.as_mut_ptr() as *mut _, v);
+                for (q, t) in tmp.iter().enumerate() {
+                    *out.get_unchecked_mut((p + q) * width + x) = *t;
+                }
+            }
+        }
+    }
+}
+
+/// C[0..mr, 0..nr] (row stride `ldc`) += A panel · B panel.
+fn tile(ap: &[u32], bp: &[u32], kp: usize, c: &mut [f32], ldc: usize, mr: usize, nr: usize) {
+    let mut acc = [0f32; MR * NR];
+    // SAFETY: `gemm` asserted AVX-512 F and BF16; the panels hold kp·MR and kp·NR lanes.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        kernel(ap.as_ptr(), bp.as_ptr(), kp, acc.as_mut_ptr())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "`gemm` asserts `supported()`, false off x86-64: {}",
+        ap.len() + bp.len() + kp
+    );
+    for i in 0..mr {
+        let row = &mut c[i * ldc..i * ldc + nr];
+        for (d, s) in row.iter_mut().zip(&acc[i * NR..i * NR + nr]) {
+            *d += s;
+        }
+    }
+}
+
+/// The 14 x 32 micro-kernel: acc = A panel · B panel over kp pairs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn kernel(ap: *const u32, bp: *const u32, kp: usize, acc: *mut f32) {
+    use std::arch::x86_64::*;
+    let mut c = [_mm512_setzero_ps(); MR * 2];
+    for p in 0..kp {
+        let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR) as *const _));
+        let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR + 16) as *const _));
+        let a = ap.add(p * MR);
+        for i in 0..MR {
+            let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i) as i32));
+            c[2 * i] = _mm512_dpbf16_ps(c[2 * i], ai, b0);
+            c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], ai, b1);
+        }
+    }
+    for i in 0..MR {
+        _mm512_storeu_ps(acc.add(i * NR), c[2 * i]);
+        _mm512_storeu_ps(acc.add(i * NR + 16), c[2 * i + 1]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The exact product of the bf16-rounded operands, in f64.
+    fn reference(m: usize, n: usize, k: usize, a: View, b: View) -> Vec<f64> {
+        let mut c = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k)
+                    .map(|p| round_bf16(a.at(i, p)) as f64 * round_bf16(b.at(p, j)) as f64)
+                    .sum();
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn matches_the_exact_product_of_bf16_operands() {
+        if !supported() {
+            eprintln!("skipped: this CPU lacks AVX-512 BF16");
+            return;
+        }
+        // Edges in every dimension (not multiples of MR, NR, KC, MC, NC), odd k,
+        // and transposed views of both operands.
+        for (m, n, k) in [(1, 1, 1), (15, 33, 7), (130, 70, 300), (40, 600, 513)] {
+            let a = data(m * k, 1);
+            let b = data(k * n, 2);
+            for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                let av = if a_t {
+                    View {
+                        data: &a,
+                        rs: 1,
+                        cs: m,
+                    }
+                } else {
+                    View {
+                        data: &a,
+                        rs: k,
+                        cs: 1,
+                    }
+                };
+                let bv = if b_t {
+                    View {
+                        data: &b,
+                        rs: 1,
+                        cs: k,
+                    }
+                } else {
+                    View {
+                        data: &b,
+                        rs: n,
+                        cs: 1,
+                    }
+                };
+                let mut c = vec![0f32; m * n];
+                gemm(m, n, k, av, bv, &mut c);
+                let want = reference(m, n, k, av, bv);
+                for (x, y) in c.iter().zip(&want) {
+                    assert!(
+                        (*x as f64 - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                        "{m}x{n}x{k} t={a_t},{b_t}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rounding_is_to_nearest_even() {
+        assert_eq!(round_bf16(1.0), 1.0);
+        assert_eq!(round_bf16(1.0 + 1.0 / 256.0), 1.0); // halfway: to even
+        assert_eq!(round_bf16(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
+        assert!(round_bf16(f32::NAN).is_nan());
+    }
+}
