@@ -4,6 +4,7 @@
 mod bench_cmds;
 mod data_cmds;
 mod live;
+mod run_cmd;
 mod sweep_cmds;
 
 use clap::{Parser, Subcommand};
@@ -224,8 +225,6 @@ pub enum DataCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
-    /// Plan + render of a large sweep (goal: 10,000 runs in under 2 s).
-    #[command(after_help = "Example:\n  sweep bench plan --runs 10000")]
     /// Dataset load time and time per sample for the four loaders; writes plots/bench/data-loading.{png,svg}.
     #[command(
         after_help = "Example:\n  scripts/fetch-assets.sh && sweep bench data --samples 1000 --seq-len 2048"
@@ -248,7 +247,7 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 3)]
         repeats: usize,
     },
-    /// The train step of the CPU presets: tokens/s, GFLOP/s, share of candle's matmul peak.
+    /// The train step of the CPU presets in f32 and bf16-mixed: tokens/s, GFLOP/s, share of the matmul peak.
     #[command(
         after_help = "Examples:\n  sweep bench train --threads 1\n  sweep bench train --threads 2 --steps 10"
     )]
@@ -273,9 +272,11 @@ pub enum BenchCmd {
         #[arg(long, default_value = "results")]
         dir: PathBuf,
     },
-    /// candle's f32 matmul throughput on this CPU (what CPU MFU is measured against).
+    /// Matmul throughput on this CPU, f32 (candle) and bf16 (sweep's kernel): what CPU MFU is measured against.
     #[command(after_help = "Example:\n  sweep bench peak")]
     Peak,
+    /// Plan + render of a large sweep (goal: 10,000 runs in under 2 s).
+    #[command(after_help = "Example:\n  sweep bench plan --runs 10000")]
     Plan {
         #[arg(long, default_value_t = 10_000)]
         runs: usize,
@@ -387,7 +388,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Plan { manifest, json } => sweep_cmds::plan(root, &manifest, json),
         Cmd::Render { manifest } => sweep_cmds::render(root, &manifest),
         Cmd::Submit(args) => sweep_cmds::submit(root, &args),
-        Cmd::Run(args) => sweep_cmds::run(root, &args),
+        Cmd::Run(args) => run_cmd::run(root, &args),
         Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),
         Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest),
         Cmd::Bench(b) => bench_cmds::run(b, root),

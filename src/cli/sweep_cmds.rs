@@ -110,215 +110,103 @@ pub fn prepare(root: &Path, manifest: &Path) -> Result<(Plan, Vec<Unit>, Vec<Sta
     Ok((plan, units, status))
 }
 
-/// `sweep run`: submit what is due, follow it to the end, then report.
-pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
-    use super::live::{LiveView, Tracked};
-    let (plan, mut units, status) = prepare(root, &args.manifest)?;
-    let kind = args
-        .executor
-        .or(plan.manifest.executor)
-        .unwrap_or(ExecutorKind::Slurm);
-    let opts = SubmitOptions {
-        retry_failed: args.retry_failed,
-        dry_run: args.dry_run,
-    };
-    let decisions = executor::decide(&units, &status, opts, |u| stage_ready(&plan, u));
-    report_decisions(&units, &decisions);
-    if args.dry_run {
-        return submit(root, args);
+/// What `submit` and `run` act on: the rendered sweep, the executor, and
+/// what to do with each unit given its current state.
+pub(super) struct Submission {
+    pub plan: Plan,
+    pub units: Vec<Unit>,
+    pub status: Vec<Status>,
+    pub kind: ExecutorKind,
+    pub decisions: Vec<Decision>,
+}
+
+impl Submission {
+    pub fn new(root: &Path, args: &SubmitArgs) -> Result<Submission> {
+        let (plan, units, status) = prepare(root, &args.manifest)?;
+        let kind = args
+            .executor
+            .or(plan.manifest.executor)
+            .unwrap_or(ExecutorKind::Slurm);
+        let opts = SubmitOptions {
+            retry_failed: args.retry_failed,
+            dry_run: args.dry_run,
+        };
+        let decisions = executor::decide(&units, &status, opts, |u| stage_ready(&plan, u));
+        report_decisions(&units, &decisions);
+        Ok(Submission {
+            plan,
+            units,
+            status,
+            kind,
+            decisions,
+        })
     }
-    let steps: std::collections::HashMap<&Path, usize> = plan
-        .runs
-        .iter()
-        .filter_map(|r| match &r.job {
-            crate::plan::Job::Train(c) => Some((r.dir.as_path(), c.training_steps)),
-            _ => None,
-        })
-        .collect();
-    let tracked: Vec<Tracked> = units
-        .iter()
-        .map(|u| Tracked {
-            name: u.name.clone(),
-            dir: u.dir.clone(),
-            steps: steps.get(u.dir.as_path()).copied(),
-        })
-        .collect();
-    let mut view = LiveView::new(tracked);
-    let todo = decisions.iter().filter(|d| **d == Decision::Submit).count();
-    let mut interrupted = false;
-    if todo > 0 {
-        match kind {
-            ExecutorKind::Local => {
-                let dirs: Vec<std::path::PathBuf> = units.iter().map(|u| u.dir.clone()).collect();
-                let before: Vec<State> = status.iter().map(|s| s.state).collect();
-                let submitted: Vec<bool> =
-                    decisions.iter().map(|d| *d == Decision::Submit).collect();
-                let current = |i: usize| {
-                    if submitted[i] {
-                        local::peek_state(&dirs[i]).unwrap_or(State::Pending)
-                    } else {
-                        before[i]
-                    }
-                };
-                let local_opts = local::LocalOptions {
-                    parallel: args.parallel.unwrap_or(plan.manifest.local.parallel).max(1),
-                    threads: plan.manifest.local.threads,
-                };
-                let view_cell = std::cell::RefCell::new(&mut view);
-                let (_, stopped) = local::run(
-                    &mut units,
-                    &decisions,
-                    local_opts,
-                    |o, started| {
-                        if !started {
-                            view_cell.borrow().log(&format!(
-                                "{:<9} {} ({:.1} s)",
-                                o.status.describe(),
-                                o.name,
-                                o.seconds
-                            ));
-                        }
-                    },
-                    || {
-                        let states: Vec<State> = (0..dirs.len()).map(current).collect();
-                        view_cell.borrow_mut().update(&states);
-                    },
-                )?;
-                interrupted = stopped;
-            }
-            ExecutorKind::Slurm => {
-                for s in slurm::submit(&plan.study_dir, &mut units, &decisions, false)? {
-                    view.log(&format!(
-                        "submitted job {} ({} units)",
-                        s.job_id,
-                        s.units.len()
-                    ));
-                }
-                let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-                signal_hook::flag::register(
-                    signal_hook::consts::SIGINT,
-                    std::sync::Arc::clone(&stop),
-                )?;
-                loop {
-                    let st = executor::statuses(&units)?;
-                    let states: Vec<State> = st.iter().map(|s| s.state).collect();
-                    view.update(&states);
-                    if states.iter().all(|s| !s.is_active()) {
-                        break;
-                    }
-                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                        interrupted = true;
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_secs(2));
-                }
-            }
+
+    pub fn todo(&self) -> usize {
+        self.decisions
+            .iter()
+            .filter(|d| **d == Decision::Submit)
+            .count()
+    }
+
+    pub fn local_options(&self, args: &SubmitArgs) -> local::LocalOptions {
+        local::LocalOptions {
+            parallel: args
+                .parallel
+                .unwrap_or(self.plan.manifest.local.parallel)
+                .max(1),
+            threads: self.plan.manifest.local.threads,
         }
     }
-    view.finish();
-    if interrupted {
-        eprintln!("stopped watching; the jobs go on (`sweep status`, `sweep cancel`), and `sweep run` again picks up where they are");
-        return Ok(ExitCode::from(130));
-    }
-    let rep = crate::report::run(
-        root,
-        &crate::report::Source::Manifest(args.manifest.clone()),
-        &crate::report::Options {
-            skip_first: None,
-            baseline: None,
-            group_by: vec![],
-            out: None,
-            plots: true,
-        },
-    )?;
-    println!("{}", crate::report::export::markdown_table(&rep.summary));
-    for (name, state, reason) in &rep.summary.problems {
-        println!("note: {name}: {state}, {reason}");
-    }
-    println!(
-        "tables: {}",
-        rep.files
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    if let Some(first) = rep.charts.first() {
-        println!(
-            "charts: {} (PNG and SVG)",
-            first
-                .parent()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        );
-    }
-    let all_done = executor::statuses(&units)?
-        .iter()
-        .zip(&units)
-        .all(|(s, u)| u.kind == UnitKind::Stage || s.state == State::Completed);
-    Ok(if all_done {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
 }
 
 pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
-    let (plan, mut units, status) = prepare(root, &args.manifest)?;
-    let kind = args
-        .executor
-        .or(plan.manifest.executor)
-        .unwrap_or(ExecutorKind::Slurm);
-    let opts = SubmitOptions {
-        retry_failed: args.retry_failed,
-        dry_run: args.dry_run,
-    };
-    let decisions = executor::decide(&units, &status, opts, |u| stage_ready(&plan, u));
-    report_decisions(&units, &decisions);
-    let todo = decisions.iter().filter(|d| **d == Decision::Submit).count();
-    if todo == 0 {
+    let mut sub = Submission::new(root, args)?;
+    if sub.todo() == 0 {
         println!("nothing to submit");
         return Ok(ExitCode::SUCCESS);
     }
-    match kind {
+    match sub.kind {
         ExecutorKind::Slurm => {
-            let subs = slurm::submit(&plan.study_dir, &mut units, &decisions, args.dry_run)?;
-            for s in subs {
-                let what = if s.array {
-                    format!("array of {} runs", s.units.len())
+            let jobs = slurm::submit(
+                &sub.plan.study_dir,
+                &mut sub.units,
+                &sub.decisions,
+                args.dry_run,
+            )?;
+            for job in jobs {
+                let what = if job.array {
+                    format!("array of {} runs", job.units.len())
                 } else {
-                    s.units[0].clone()
+                    job.units[0].clone()
                 };
-                let after = if s.depends_on.is_empty() {
+                let after = if job.depends_on.is_empty() {
                     String::new()
                 } else {
-                    format!(" after job {}", s.depends_on.join(","))
+                    format!(" after job {}", job.depends_on.join(","))
                 };
                 if args.dry_run {
-                    println!("would submit {what}{after}: {}", s.script.display());
+                    println!("would submit {what}{after}: {}", job.script.display());
                 } else {
-                    println!("submitted job {}: {what}{after}", s.job_id);
+                    println!("submitted job {}: {what}{after}", job.job_id);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ExecutorKind::Local if args.dry_run => {
+            for (u, d) in sub.units.iter().zip(&sub.decisions) {
+                if *d == Decision::Submit {
+                    println!("would run {}: {}", u.name, u.command);
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         ExecutorKind::Local => {
-            if args.dry_run {
-                for (u, d) in units.iter().zip(&decisions) {
-                    if *d == Decision::Submit {
-                        println!("would run {}: {}", u.name, u.command);
-                    }
-                }
-                return Ok(ExitCode::SUCCESS);
-            }
-            let local_opts = local::LocalOptions {
-                parallel: args.parallel.unwrap_or(plan.manifest.local.parallel).max(1),
-                threads: plan.manifest.local.threads,
-            };
+            let opts = sub.local_options(args);
             let (outcomes, interrupted) = local::run(
-                &mut units,
-                &decisions,
-                local_opts,
+                &mut sub.units,
+                &sub.decisions,
+                opts,
                 |o, started| {
                     if started {
                         eprintln!("started   {}", o.name);

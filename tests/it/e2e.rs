@@ -3,8 +3,10 @@
 //! dataset fails alone; running a finished sweep again submits nothing.
 
 use super::slurm::require_cluster;
-use super::support::{repo, run_ok, status, stdout, sweep, wait_for, write};
-use serde_json::Value;
+use super::support::{
+    job_id, job_logs, losses, release_requeued, repo, run_ok, status, stdout, sweep, wait_for,
+    write,
+};
 use std::path::Path;
 use std::process::Command;
 
@@ -15,16 +17,6 @@ fn project_with_assets() -> tempfile::TempDir {
         std::os::unix::fs::symlink(repo().join(d), dir.path().join(d)).unwrap();
     }
     dir
-}
-
-fn losses(run: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("event").is_none())
-        .map(|v| v["loss"].as_f64().unwrap())
-        .collect()
 }
 
 fn jobs_in_squeue() -> usize {
@@ -160,42 +152,20 @@ fn a_killed_training_job_is_requeued_and_resumes_from_its_checkpoint() {
     );
     let run = root.path().join("results/killed/run");
     wait_for(120, "step 20", || (losses(&run).len() >= 20).then_some(()));
-    let record: Value =
-        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
-    let job = record["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    let job = job_id(&run);
     // What a node failure or preemption does: SLURM kills the job and queues it again.
     run_ok(Command::new("scontrol").args(["requeue", &job]));
-    wait_for(60, "the job to be queued again", || {
-        let out = Command::new("scontrol")
-            .args(["show", "job", "-o", &job])
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (text.contains("JobState=PENDING") && text.contains("Restarts=1")).then_some(())
-    });
-    // SLURM holds a requeued job for a while; release it as an administrator would.
-    run_ok(Command::new("scontrol").args(["update", &format!("JobId={job}"), "StartTime=now"]));
+    release_requeued(&job);
     wait_for(300, "the requeued job to finish", || {
         (status(root.path(), &m)["run"].0 == "COMPLETED").then_some(())
     });
-    let steps: Vec<u64> = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v.get("event").is_none())
-        .map(|v| v["step"].as_u64().unwrap())
-        .collect();
+    let steps: Vec<u64> = losses(&run).iter().map(|(s, _)| *s).collect();
     assert_eq!(
         steps,
         (1..=150).collect::<Vec<_>>(),
         "every step exactly once across the kill"
     );
-    let log: String = std::fs::read_dir(&run)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
-        .map(|e| std::fs::read_to_string(e.path()).unwrap())
-        .collect();
+    let log = job_logs(&run);
     assert!(
         log.contains("resumed from") && log.contains("restart 1"),
         "{log}"

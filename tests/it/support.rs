@@ -79,3 +79,55 @@ pub fn status(
         })
         .collect()
 }
+
+/// The step records of a run's metrics.jsonl (events and a partial last line left out).
+pub fn metrics(run: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("event").is_none())
+        .collect()
+}
+
+/// (step, loss) of every logged step.
+pub fn losses(run: &Path) -> Vec<(u64, f64)> {
+    metrics(run)
+        .iter()
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+/// The SLURM job id recorded in a run's run.json.
+pub fn job_id(run: &Path) -> String {
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    record["jobs"][0]["job_id"].as_str().unwrap().to_string()
+}
+
+/// Waits until SLURM has queued the job again after a requeue, then releases
+/// it: SLURM holds requeued jobs for a while (Reason=BeginTime) against
+/// requeue loops, which an administrator can lift. Returns the job's record
+/// as it was while held.
+pub fn release_requeued(job: &str) -> String {
+    let held = wait_for(120, "the job to be queued again", || {
+        let out = Command::new("scontrol")
+            .args(["show", "job", "-o", job])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (text.contains("JobState=PENDING") && text.contains("Restarts=1")).then_some(text)
+    });
+    run_ok(Command::new("scontrol").args(["update", &format!("JobId={job}"), "StartTime=now"]));
+    held
+}
+
+/// Every SLURM output file (`*.out`) of a run, concatenated.
+pub fn job_logs(run: &Path) -> String {
+    std::fs::read_dir(run)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect()
+}

@@ -1,8 +1,10 @@
 //! The trainer through the command line: identical loss curves on the fly
 //! and pretokenized, resume after a kill, and requeue on SLURM's SIGUSR1.
 
-use super::support::{project, repo, run_ok, status, sweep, wait_for, write};
-use serde_json::Value;
+use super::support::{
+    job_id, job_logs, losses, metrics, project, release_requeued, repo, run_ok, status, sweep,
+    wait_for, write,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
@@ -39,23 +41,6 @@ job_name = "sweep-test-{name}"
         ),
     );
     m
-}
-
-/// The step records of a run's metrics.jsonl (events left out).
-fn metrics(run: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v.get("event").is_none())
-        .collect()
-}
-
-fn losses(run: &Path) -> Vec<(u64, f64)> {
-    metrics(run)
-        .iter()
-        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
-        .collect()
 }
 
 #[test]
@@ -220,36 +205,19 @@ fn sigusr1_on_slurm_checkpoints_requeues_and_finishes() {
     });
     let job = status(root.path(), &m)["run"].clone();
     assert_eq!(job.0, "RUNNING");
-    let record: Value =
-        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
-    let job_id = record["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    let job_id = job_id(&run);
     run_ok(Command::new("scancel").args(["--signal=USR1", &job_id]));
-    // SLURM holds a requeued job for a while (Reason=BeginTime) against
-    // requeue loops; release it as an administrator would, to keep this quick.
-    let reason = wait_for(120, "the job to be requeued", || {
-        let out = Command::new("scontrol")
-            .args(["show", "job", "-o", &job_id])
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (text.contains("JobState=PENDING") && text.contains("Restarts=1")).then_some(text)
-    });
+    let held = release_requeued(&job_id);
     assert!(
-        reason.contains("Reason=BeginTime") || reason.contains("Reason=None"),
-        "{reason}"
+        held.contains("Reason=BeginTime") || held.contains("Reason=None"),
+        "{held}"
     );
-    run_ok(Command::new("scontrol").args(["update", &format!("JobId={job_id}"), "StartTime=now"]));
     let s = wait_for(600, "the requeued job to finish", || {
         let s = status(root.path(), &m);
         (s["run"].0 == "COMPLETED").then_some(s)
     });
     assert_eq!(s["run"].1, Some(0));
-    let log: String = std::fs::read_dir(&run)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".out"))
-        .map(|e| std::fs::read_to_string(e.path()).unwrap())
-        .collect();
+    let log = job_logs(&run);
     assert!(
         log.contains("SIGUSR1 received") && log.contains("requeueing job"),
         "{log}"

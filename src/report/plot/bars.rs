@@ -2,7 +2,7 @@
 //! value labels, and category names written under the bars on several lines
 //! so that long configuration names never overlap.
 
-use super::{color, fmt_value, DrawResult, Figure, FONT};
+use super::{color, fmt_value, legend, DrawResult, Figure, FONT};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -86,7 +86,6 @@ where
     X: Ranged<ValueType = f64>,
     Y: Ranged<ValueType = f64>,
 {
-    let n = categories.len().max(1);
     let (px0, _) = chart.backend_coord(&(0.0, 0.0));
     let (px1, _) = chart.backend_coord(&(1.0, 0.0));
     let chars = (((px1 - px0) as f64) / 8.5).max(6.0) as usize;
@@ -98,7 +97,6 @@ where
             root.draw(&Text::new(line.clone(), (x, y + 8 + 18 * k as i32), style))?;
         }
     }
-    let _ = n;
     Ok(())
 }
 
@@ -195,13 +193,7 @@ impl Bars {
             root.draw(&Text::new(name.clone(), (x - 8, y), style))?;
         }
         if self.series.len() > 1 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .label_font((FONT, 14))
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::LowerRight, 14)?;
         }
         Ok(())
     }
@@ -269,13 +261,7 @@ impl Figure for Bars {
             }
         }
         if self.series.len() > 1 {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .label_font((FONT, 15))
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::UpperRight, 15)?;
         }
         draw_categories(root, &chart, &self.categories)
     }
@@ -327,13 +313,7 @@ impl Figure for StackedBars {
             };
             note(&mut chart, g as f64 + 0.5, *t + max * 0.01, &text, 15)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .label_font((FONT, 15))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight, 15)?;
         draw_categories(root, &chart, &self.categories)
     }
 }

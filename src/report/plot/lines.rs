@@ -1,7 +1,7 @@
 //! Line charts: one line per series (loss against step or time, throughput
 //! over time, scaling curves).
 
-use super::{color, fmt_value, DrawResult, Figure, FONT};
+use super::{color, fmt_value, legend, DrawResult, Figure, FONT};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -137,13 +137,7 @@ impl Figure for Lines {
                 ))?;
             }
         } else {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .label_font((FONT, 14))
-                .draw()?;
+            legend(&mut chart, SeriesLabelPosition::UpperRight, 14)?;
         }
         Ok(())
     }

@@ -28,6 +28,21 @@ fn register_font() {
 pub type DrawResult<DB> =
     std::result::Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
+/// The series legend in one style for every chart: a light box at `position`.
+pub fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+    font_size: u32,
+) -> DrawResult<DB> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font((FONT, font_size))
+        .draw()
+}
+
 /// Something that can draw itself on any plotters backend.
 pub trait Figure {
     fn size(&self) -> (u32, u32) {

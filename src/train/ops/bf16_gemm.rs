@@ -2,9 +2,10 @@
 //! operands rounded to bf16, products accumulated in f32, with AVX-512 BF16's
 //! `vdpbf16ps` (two multiply-adds per 32-bit lane: twice the f32 FMA rate).
 //!
-//! Classic packed GEMM (Goto/BLIS): B is packed per (k-block, n-block) into
-//! panels of NR columns, A per (m-block, k-block) into panels of MR rows, both
-//! as bf16 pairs along k (the low half of each 32-bit lane holds the even k);
+//! Packed GEMM in the manner of Goto/BLIS, except that each operand is packed
+//! once, whole: B into panels of NR columns, A into panels of MR rows, per
+//! block of KC k values, as bf16 pairs along k (the low half of each 32-bit
+//! lane holds the even k);
 //! a 14 x 32 micro-kernel keeps its 28 accumulators in registers. Packing reads
 //! any strides, so transposed views cost nothing. Row blocks of C run in
 //! parallel on the current rayon pool.
@@ -64,70 +65,83 @@ impl View<'_> {
 pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
     assert!(supported(), "the bf16 kernel needs AVX-512 BF16");
     assert_eq!(c.len(), m * n);
-    c.fill(0.0);
-    if m == 0 || n == 0 || k == 0 {
+    if m == 0 || n == 0 {
         return;
     }
-    let mut bp = vec![0u32; KC / 2 * NC.min(n.div_ceil(NR) * NR)];
-    for jc in (0..n).step_by(NC) {
-        let nc = NC.min(n - jc);
-        for pc in (0..k).step_by(KC) {
-            let kc = KC.min(k - pc);
-            let kp = kc.div_ceil(2);
-            pack_b(b, pc, kc, jc, nc, &mut bp);
-            let bp = &bp[..kp * nc.div_ceil(NR) * NR];
-            // Disjoint row blocks of C, each with its own packed A.
-            c.par_chunks_mut(MC * n)
-                .enumerate()
-                .for_each(|(blk, c_rows)| {
-                    let ic = blk * MC;
-                    let mc = MC.min(m - ic);
-                    let mut ap = vec![0u32; kp * mc.div_ceil(MR) * MR];
-                    pack_a(a, ic, mc, pc, kc, &mut ap);
-                    for (jr, bpanel) in bp.chunks_exact(kp * NR).enumerate() {
-                        let j0 = jc + jr * NR;
-                        let nr = NR.min(jc + nc - j0);
-                        for (ir, apanel) in ap.chunks_exact(kp * MR).enumerate() {
-                            let i0 = ir * MR;
-                            let mr = MR.min(mc - i0);
-                            tile(apanel, bpanel, kp, &mut c_rows[i0 * n + j0..], n, mr, nr);
+    if k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    // Each operand is converted and packed exactly once; every block of C
+    // then reads the panels it needs.
+    let ap = Packed::new(a, k, m, MR, true);
+    let bp = Packed::new(b, k, n, NR, false);
+    c.par_chunks_mut(MC * n)
+        .enumerate()
+        .for_each(|(blk, c_rows)| {
+            let ic = blk * MC;
+            let mc = MC.min(m - ic);
+            for jc in (0..n).step_by(NC) {
+                let nc = NC.min(n - jc);
+                for kb in 0..k.div_ceil(KC) {
+                    let kp = ap.pairs(kb);
+                    for j0 in (jc..jc + nc).step_by(NR) {
+                        let bpanel = bp.panel(kb, j0 / NR);
+                        for i0 in (0..mc).step_by(MR) {
+                            let apanel = ap.panel(kb, (ic + i0) / MR);
+                            let (mr, nr) = (MR.min(mc - i0), NR.min(n - j0));
+                            let out = &mut c_rows[i0 * n + j0..];
+                            tile(apanel, bpanel, kp, out, n, mr, nr, kb == 0);
                         }
                     }
-                });
-        }
-    }
+                }
+            }
+        });
 }
 
-/// B[pc..pc+kc, jc..jc+nc] into NR-wide panels: for panel q, pair p, column
-/// j: the lane (B[pc+2p, j], B[pc+2p+1, j]); zeros beyond the edges.
-fn pack_b(b: View, pc: usize, kc: usize, jc: usize, nc: usize, out: &mut [u32]) {
-    let kp = kc.div_ceil(2);
-    for (q, panel) in out[..kp * nc.div_ceil(NR) * NR]
-        .chunks_exact_mut(kp * NR)
-        .enumerate()
-    {
-        pack_panel(
-            b,
-            pc,
-            kc,
-            jc + q * NR,
-            NR.min(nc - q * NR),
-            NR,
-            panel,
-            false,
-        );
-    }
+/// An operand as bf16 pairs along k: for every block of KC k values, panels
+/// of `width` lanes (MR rows of A, NR columns of B), zeros beyond the edges.
+struct Packed {
+    data: Vec<u32>,
+    k: usize,
+    panels: usize,
+    width: usize,
 }
 
-/// A[ic..ic+mc, pc..pc+kc] into MR-row panels: for panel q, pair p, row i:
-/// the lane (A[i, pc+2p], A[i, pc+2p+1]); zeros beyond the edges.
-fn pack_a(a: View, ic: usize, mc: usize, pc: usize, kc: usize, out: &mut [u32]) {
-    for (q, panel) in out.chunks_exact_mut(kc.div_ceil(2) * MR).enumerate() {
-        if q * MR >= mc {
-            panel.fill(0);
-            continue;
+impl Packed {
+    /// `x`: the operand's other dimension (m for A, n for B).
+    fn new(v: View, k: usize, x: usize, width: usize, k_is_col: bool) -> Packed {
+        let panels = x.div_ceil(width);
+        let mut data = vec![0u32; k.div_ceil(2) * panels * width];
+        data.par_chunks_mut(KC / 2 * panels * width)
+            .enumerate()
+            .for_each(|(kb, block)| {
+                let (k0, kc) = (kb * KC, KC.min(k - kb * KC));
+                block
+                    .par_chunks_mut(kc.div_ceil(2) * width)
+                    .enumerate()
+                    .for_each(|(p, out)| {
+                        let valid = width.min(x - p * width);
+                        pack_panel(v, k0, kc, p * width, valid, width, out, k_is_col);
+                    });
+            });
+        Packed {
+            data,
+            k,
+            panels,
+            width,
         }
-        pack_panel(a, pc, kc, ic + q * MR, MR.min(mc - q * MR), MR, panel, true);
+    }
+
+    /// Pairs in k block `kb`.
+    fn pairs(&self, kb: usize) -> usize {
+        KC.min(self.k - kb * KC).div_ceil(2)
+    }
+
+    fn panel(&self, kb: usize, p: usize) -> &[u32] {
+        let len = self.pairs(kb) * self.width;
+        let start = kb * (KC / 2) * self.panels * self.width + p * len;
+        &self.data[start..start + len]
     }
 }
 
@@ -250,46 +264,80 @@ mod simd {
     }
 }
 
-/// C[0..mr, 0..nr] (row stride `ldc`) += A panel · B panel.
-fn tile(ap: &[u32], bp: &[u32], kp: usize, c: &mut [f32], ldc: usize, mr: usize, nr: usize) {
-    let mut acc = [0f32; MR * NR];
-    // SAFETY: `gemm` asserted AVX-512 F and BF16; the panels hold kp·MR and kp·NR lanes.
+/// C[0..mr, 0..nr] (row stride `ldc`) = A panel · B panel when `first`
+/// (the first k block), else += it.
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    ap: &[u32],
+    bp: &[u32],
+    kp: usize,
+    c: &mut [f32],
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    first: bool,
+) {
     #[cfg(target_arch = "x86_64")]
-    unsafe {
-        kernel(ap.as_ptr(), bp.as_ptr(), kp, acc.as_mut_ptr())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!(
-        "`gemm` asserts `supported()`, false off x86-64: {}",
-        ap.len() + bp.len() + kp
-    );
-    for i in 0..mr {
-        let row = &mut c[i * ldc..i * ldc + nr];
-        for (d, s) in row.iter_mut().zip(&acc[i * NR..i * NR + nr]) {
-            *d += s;
+    {
+        if mr == MR && nr == NR {
+            assert!(c.len() >= (MR - 1) * ldc + NR);
+            // SAFETY: `gemm` asserted AVX-512 F and BF16; the panels hold kp·MR
+            // and kp·NR lanes; C holds MR rows of NR at stride ldc (asserted).
+            unsafe { kernel(ap.as_ptr(), bp.as_ptr(), kp, c.as_mut_ptr(), ldc, first) };
+            return;
+        }
+        // An edge tile: through a full-size buffer.
+        let mut acc = [0f32; MR * NR];
+        // SAFETY: as above, with the buffer as C.
+        unsafe { kernel(ap.as_ptr(), bp.as_ptr(), kp, acc.as_mut_ptr(), NR, true) };
+        for i in 0..mr {
+            let (row, sum) = (&mut c[i * ldc..i * ldc + nr], &acc[i * NR..i * NR + nr]);
+            if first {
+                row.copy_from_slice(sum);
+            } else {
+                row.iter_mut().zip(sum).for_each(|(d, s)| *d += s);
+            }
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "`gemm` asserts `supported()`, false off x86-64 ({} {} {} {} {} {} {} {first})",
+        ap.len(),
+        bp.len(),
+        kp,
+        c.len(),
+        ldc,
+        mr,
+        nr
+    );
 }
 
-/// The 14 x 32 micro-kernel: acc = A panel · B panel over kp pairs.
+/// The 14 x 32 micro-kernel: C = A panel · B panel over kp pairs when
+/// `store`, else C += it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn kernel(ap: *const u32, bp: *const u32, kp: usize, acc: *mut f32) {
+unsafe fn kernel(ap: *const u32, bp: *const u32, kp: usize, c: *mut f32, ldc: usize, store: bool) {
     use std::arch::x86_64::*;
-    let mut c = [_mm512_setzero_ps(); MR * 2];
+    let mut acc = [_mm512_setzero_ps(); MR * 2];
     for p in 0..kp {
         let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR) as *const _));
         let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(p * NR + 16) as *const _));
         let a = ap.add(p * MR);
         for i in 0..MR {
             let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i) as i32));
-            c[2 * i] = _mm512_dpbf16_ps(c[2 * i], ai, b0);
-            c[2 * i + 1] = _mm512_dpbf16_ps(c[2 * i + 1], ai, b1);
+            acc[2 * i] = _mm512_dpbf16_ps(acc[2 * i], ai, b0);
+            acc[2 * i + 1] = _mm512_dpbf16_ps(acc[2 * i + 1], ai, b1);
         }
     }
     for i in 0..MR {
-        _mm512_storeu_ps(acc.add(i * NR), c[2 * i]);
-        _mm512_storeu_ps(acc.add(i * NR + 16), c[2 * i + 1]);
+        let row = c.add(i * ldc);
+        let (mut lo, mut hi) = (acc[2 * i], acc[2 * i + 1]);
+        if !store {
+            lo = _mm512_add_ps(lo, _mm512_loadu_ps(row));
+            hi = _mm512_add_ps(hi, _mm512_loadu_ps(row.add(16)));
+        }
+        _mm512_storeu_ps(row, lo);
+        _mm512_storeu_ps(row.add(16), hi);
     }
 }
 
