@@ -85,7 +85,7 @@ pub enum Cmd {
     Data(DataCmd),
     /// Tables and charts of a sweep's runs (or of imported logs).
     #[command(
-        after_help = "Examples:\n  sweep report experiments/quickstart.toml\n  sweep report results/quickstart --group-by dataset_type,pretokenized --json\n  sweep report --import '../shared/fixtures/reference-torch-logs/lsai_*.out' --log-format reference --name reference"
+        after_help = "Examples:\n  sweep report experiments/quickstart.toml\n  sweep report results/quickstart --group-by dataset_type,pretokenized --json\n  sweep report --import 'tests/fixtures/reference-torch-logs/lsai_*.out' --log-format reference --name reference"
     )]
     Report(ReportCli),
     /// Benchmarks of the hot paths (release build).

@@ -31,7 +31,7 @@ fn the_reference_studys_table_is_reproduced_from_its_logs() {
     let root = project();
     let logs = root.path().join("logs");
     std::fs::create_dir_all(&logs).unwrap();
-    let fixtures = repo().join("../shared/fixtures/reference-torch-logs");
+    let fixtures = repo().join("tests/fixtures/reference-torch-logs");
     for (name, ..) in TABLE {
         std::fs::copy(
             fixtures.join(format!("{name}.out")),
