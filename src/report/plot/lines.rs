@@ -21,12 +21,32 @@ const INLINE_LEGEND: usize = 6;
 const INLINE_NAME: usize = 28;
 
 impl Lines {
+    /// For each series, the first earlier series with exactly the same points:
+    /// it would hide behind that one, so it is drawn dashed and says so.
+    fn same_as(&self) -> Vec<Option<usize>> {
+        let s = &self.series;
+        (0..s.len())
+            .map(|k| (0..k).find(|&j| !s[k].1.is_empty() && s[j].1 == s[k].1))
+            .collect()
+    }
+
+    fn labels(&self) -> Vec<String> {
+        self.series
+            .iter()
+            .zip(self.same_as())
+            .map(|((name, _), same)| match same {
+                Some(j) => format!("{name} (= {})", self.series[j].0),
+                None => name.clone(),
+            })
+            .collect()
+    }
+
     fn legend_beside(&self) -> bool {
         self.series.len() > INLINE_LEGEND
             || self
-                .series
+                .labels()
                 .iter()
-                .any(|(n, _)| n.chars().count() > INLINE_NAME)
+                .any(|n| n.chars().count() > INLINE_NAME)
     }
 }
 
@@ -41,14 +61,10 @@ impl Figure for Lines {
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let beside = self.legend_beside();
+        let (labels, same_as) = (self.labels(), self.same_as());
         let (plot_area, legend_area) = if beside {
             let (w, _) = root.dim_in_pixel();
-            let longest = self
-                .series
-                .iter()
-                .map(|(n, _)| n.chars().count())
-                .max()
-                .unwrap_or(10) as i32;
+            let longest = labels.iter().map(|n| n.chars().count()).max().unwrap_or(10) as i32;
             let (a, b) = root.split_horizontally(w as i32 - (longest * 8 + 50).clamp(200, 600));
             (a, Some(b))
         } else {
@@ -93,19 +109,21 @@ impl Figure for Lines {
             .label_style((FONT, 15))
             .light_line_style(BLACK.mix(0.05))
             .draw()?;
-        for (k, (name, pts)) in self.series.iter().enumerate() {
+        for (k, (_, pts)) in self.series.iter().enumerate() {
             let c = color(k);
             let pts: Vec<(f64, f64)> = pts
                 .iter()
                 .copied()
                 .filter(|(x, y)| x.is_finite() && y.is_finite())
                 .collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
-                .label(name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
-                });
+            let drawn = if same_as[k].is_some() {
+                chart.draw_series(DashedLineSeries::new(pts.clone(), 10, 8, c.stroke_width(2)))?
+            } else {
+                chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?
+            };
+            drawn.label(labels[k].clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
+            });
             if self.points {
                 chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
             }
@@ -115,21 +133,23 @@ impl Figure for Lines {
             // that the longest name fits (DejaVu glyphs average ~0.5 em).
             let rows = self.series.len();
             let (width, height) = area.dim_in_pixel();
-            let longest = self
-                .series
-                .iter()
-                .map(|(n, _)| n.chars().count())
-                .max()
-                .unwrap_or(1) as f64;
+            let longest = labels.iter().map(|n| n.chars().count()).max().unwrap_or(1) as f64;
             let step = ((height as i32 - 80) / rows as i32).clamp(10, 22);
             let fit = ((width as f64 - 44.0) / (0.5 * longest)) as i32;
             let size = (step - 4).min(fit).clamp(9, 14) as u32;
-            for (k, (name, _)) in self.series.iter().enumerate() {
+            for (k, name) in labels.iter().enumerate() {
                 let y = 60 + step * k as i32;
-                area.draw(&PathElement::new(
-                    vec![(8, y), (30, y)],
-                    color(k).stroke_width(3),
-                ))?;
+                let segments: &[(i32, i32)] = if same_as[k].is_some() {
+                    &[(8, 16), (22, 30)]
+                } else {
+                    &[(8, 30)]
+                };
+                for &(a, b) in segments {
+                    area.draw(&PathElement::new(
+                        vec![(a, y), (b, y)],
+                        color(k).stroke_width(3),
+                    ))?;
+                }
                 area.draw(&Text::new(
                     name.clone(),
                     (36, y - size as i32 / 2 - 1),
@@ -140,5 +160,31 @@ impl Figure for Lines {
             legend(&mut chart, SeriesLabelPosition::UpperRight, 14)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_series_identical_to_an_earlier_one_is_marked() {
+        let pts = vec![(1.0, 10.0), (2.0, 9.0)];
+        let lines = Lines {
+            title: String::new(),
+            x_label: String::new(),
+            y_label: String::new(),
+            series: vec![
+                ("baseline".into(), pts.clone()),
+                ("other".into(), vec![(1.0, 10.0), (2.0, 8.0)]),
+                ("pretokenized".into(), pts),
+                ("empty".into(), vec![]),
+                ("empty too".into(), vec![]),
+            ],
+            points: false,
+            y_from_zero: false,
+        };
+        assert_eq!(lines.same_as(), vec![None, None, Some(0), None, None]);
+        assert_eq!(lines.labels()[2], "pretokenized (= baseline)");
     }
 }
