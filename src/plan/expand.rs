@@ -155,6 +155,25 @@ impl<'a> Shared<'a> {
         let slurm: SlurmSpec = Value::Table(slurm)
             .try_into()
             .map_err(|e: toml::de::Error| self.error_in(&params, e.message()))?;
+        let tasks = slurm.nodes * slurm.ntasks_per_node;
+        if matches!(m.mode, Mode::Train(_)) && tasks > 1 {
+            let key = if slurm.ntasks_per_node > 1 {
+                "slurm.ntasks_per_node"
+            } else {
+                "slurm.nodes"
+            };
+            let msg = format!(
+                "`{key}`: {tasks} tasks per run, but the built-in trainer has no gradient all-reduce \
+                 (each task would train a copy of its own)"
+            );
+            let mut d = self.error_in(&params, &msg);
+            let fix = "set nodes = 1 and ntasks_per_node = 1, or sweep a distributed program with `command`";
+            d.help = Some(match d.help.take() {
+                Some(run) => format!("{run}; {fix}"),
+                None => fix.into(),
+            });
+            return Err(d);
+        }
 
         // The context of derived values, names and commands: the configuration,
         // `slurm`, `study`, and the derived values computed so far.
