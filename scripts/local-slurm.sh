@@ -66,7 +66,7 @@ our_stepds() {
     local p
     for p in /proc/[0-9]*; do
         [ "$(cat "$p/comm" 2>/dev/null)" = slurmstepd ] || continue
-        if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "$MARKER=$DIR"; then
+        if { tr '\0' '\n' <"$p/environ"; } 2>/dev/null | grep -qx "$MARKER=$DIR"; then
             basename "$p"
         fi
     done
@@ -200,6 +200,13 @@ start_daemons() {
         for _ in $(seq 50); do [ -S "$MUNGE_SOCKET" ] && break; sleep 0.1; done
     fi
     if ! daemon_alive slurmctld; then
+        # A cluster that died without `down` (a rebooted or restored machine)
+        # left its job records behind; with no job step of ours alive they are
+        # stale, and restoring them would show old jobs as if they were new.
+        if [ -z "$(our_stepds)" ] && ! daemon_alive slurmd; then
+            rm -rf "$DIR/state" "$DIR/spool"
+            mkdir -p "$DIR/state" "$DIR/spool" && chmod 0700 "$DIR/state" "$DIR/spool"
+        fi
         setsid slurmctld -f "$CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1 ||
             die "slurmctld did not start; see $DIR/log/slurmctld.log"
     fi

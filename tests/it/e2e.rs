@@ -19,11 +19,13 @@ fn project_with_assets() -> tempfile::TempDir {
     dir
 }
 
-fn jobs_in_squeue() -> usize {
+/// How many jobs of this study SLURM knows (other tests submit at the same time).
+fn jobs_of_study(study: &str) -> usize {
     stdout(&run_ok(
-        Command::new("squeue").args(["--me", "-h", "-t", "all", "-r", "-o", "%i"]),
+        Command::new("squeue").args(["--me", "-h", "-t", "all", "-r", "-o", "%j"]),
     ))
     .lines()
+    .filter(|name| name.starts_with(study))
     .count()
 }
 
@@ -96,7 +98,8 @@ fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
     }
 
     // Again: nothing is submitted, the report is written again.
-    let jobs = jobs_in_squeue();
+    let jobs = jobs_of_study("quickstart-short");
+    assert_eq!(jobs, 10, "two pretokenize stages and eight runs");
     let summary = study.join("summary.md");
     std::fs::remove_file(&summary).unwrap();
     let again = run_ok(
@@ -111,7 +114,11 @@ fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
             && text.contains("(output already present)"),
         "{text}"
     );
-    assert_eq!(jobs_in_squeue(), jobs, "a finished sweep submits nothing");
+    assert_eq!(
+        jobs_of_study("quickstart-short"),
+        jobs,
+        "a finished sweep submits nothing"
+    );
     assert!(summary.is_file(), "the report is rendered again");
 }
 

@@ -47,7 +47,9 @@ fn an_array_with_a_failing_task_and_three_submissions_without_duplicates() {
     require_cluster();
     let root = project();
     let m = root.path().join("m.toml");
-    write(&m, "name = \"arr\"\ncommand = \"echo task {{ tag }}; exit {{ code }}\"\n[sweep.grid]\ncode = [0, 3]\ntag = [\"a\", \"b\"]\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-arr\"\narray_throttle = 2\n");
+    // A name of its own: the count below must not see jobs of another run of the suite.
+    let name = format!("sweep-test-arr-{}", std::process::id());
+    write(&m, &format!("name = \"arr\"\ncommand = \"echo task {{{{ tag }}}}; exit {{{{ code }}}}\"\n[sweep.grid]\ncode = [0, 3]\ntag = [\"a\", \"b\"]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\narray_throttle = 2\n"));
     let first = stdout(&run_ok(
         sweep(root.path())
             .arg("submit")
@@ -64,11 +66,7 @@ fn an_array_with_a_failing_task_and_three_submissions_without_duplicates() {
         ));
         assert!(again.contains("nothing to submit"), "{again}");
     }
-    assert_eq!(
-        jobs_named("sweep-test-arr"),
-        4,
-        "three submissions, four array tasks"
-    );
+    assert_eq!(jobs_named(&name), 4, "three submissions, four array tasks");
     let s = wait_until_done(root.path(), &m, 60);
     assert_eq!(s["code-0_a"], ("COMPLETED".into(), Some(0)));
     assert_eq!(s["code-3_b"], ("FAILED".into(), Some(3)));
@@ -99,7 +97,7 @@ fn an_array_with_a_failing_task_and_three_submissions_without_duplicates() {
         "--retry-failed",
     ])));
     assert!(retry.contains("array of 2 runs"), "{retry}");
-    assert_eq!(jobs_named("sweep-test-arr"), 6);
+    assert_eq!(jobs_named(&name), 6);
     wait_until_done(root.path(), &m, 60);
 }
 

@@ -118,6 +118,11 @@ pub fn release_requeued(job: &str) -> String {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         (text.contains("JobState=PENDING") && text.contains("Restarts=1")).then_some(text)
     });
+    // The kill revoked the job's credential on slurmd, and revocation has
+    // one-second resolution: a relaunch within the same second is refused
+    // ("Job N already killed, do not launch batch job") and the job FAILS.
+    // SLURM's own hold exists for this; releasing early must wait it out.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
     run_ok(Command::new("scontrol").args(["update", &format!("JobId={job}"), "StartTime=now"]));
     held
 }
