@@ -5,7 +5,7 @@
 use super::slurm::require_cluster;
 use super::support::{
     job_id, job_logs, losses, release_requeued, repo, run_ok, status, stdout, sweep, wait_for,
-    write,
+    write, CHARTS,
 };
 use std::path::Path;
 use std::process::Command;
@@ -79,16 +79,7 @@ fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
     for f in ["summary.md", "summary.csv", "summary.parquet"] {
         assert!(study.join(f).is_file(), "{f}");
     }
-    for chart in [
-        "throughput",
-        "mfu",
-        "tflops",
-        "batch-size",
-        "loss-step",
-        "loss-time",
-        "throughput-time",
-        "mfu-time",
-    ] {
+    for chart in CHARTS {
         assert!(
             root.path()
                 .join(format!("plots/quickstart-short/{chart}.png"))

@@ -1,7 +1,7 @@
 //! The report: the reference study's own table from its logs, and a sweep
 //! whose runs failed, are still writing, or wrote nothing.
 
-use super::support::{project, repo, run_ok, stdout, sweep, write};
+use super::support::{project, repo, run_ok, stdout, sweep, write, CHARTS};
 use serde_json::Value;
 
 /// The reference study's README table (../shared/notes/reference-study.md).
@@ -87,16 +87,7 @@ fn the_reference_studys_table_is_reproduced_from_its_logs() {
         .path()
         .join("results/reference/summary.parquet")
         .is_file());
-    for chart in [
-        "throughput",
-        "mfu",
-        "tflops",
-        "batch-size",
-        "loss-step",
-        "loss-time",
-        "throughput-time",
-        "mfu-time",
-    ] {
+    for chart in CHARTS {
         for ext in ["png", "svg"] {
             let p = root.path().join(format!("plots/reference/{chart}.{ext}"));
             assert!(

@@ -43,6 +43,18 @@ pub fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
+/// The charts every study's report draws (scaling only with a nodes/GPUs axis).
+pub const CHARTS: [&str; 8] = [
+    "throughput",
+    "mfu",
+    "tflops",
+    "batch-size",
+    "loss-step",
+    "loss-time",
+    "throughput-time",
+    "mfu-time",
+];
+
 /// Polls `f` until it returns Some, or panics after `secs` seconds.
 pub fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
