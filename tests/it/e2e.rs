@@ -4,8 +4,8 @@
 
 use super::slurm::require_cluster;
 use super::support::{
-    job_id, job_logs, losses, release_requeued, repo, run_ok, status, stdout, sweep, wait_for,
-    write, CHARTS,
+    job_id, job_logs, losses, release_requeued, repo, run_ok, status, stdout, submit_slurm, sweep,
+    wait_for, write, CHARTS,
 };
 use std::path::Path;
 use std::process::Command;
@@ -142,12 +142,7 @@ fn a_killed_training_job_is_requeued_and_resumes_from_its_checkpoint() {
         "training_steps = 150\ncheckpoint_every = 5",
         "",
     );
-    run_ok(
-        sweep(root.path())
-            .arg("submit")
-            .arg(&m)
-            .args(["--executor", "slurm"]),
-    );
+    submit_slurm(root.path(), &m);
     let run = root.path().join("results/killed/run");
     wait_for(120, "step 20", || (losses(&run).len() >= 20).then_some(()));
     let job = job_id(&run);

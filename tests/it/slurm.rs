@@ -2,7 +2,7 @@
 //! dependencies, failures, cancellation, idempotent submission, and
 //! `sbatch --test-only` on every script rendered from experiments/.
 
-use super::support::{project, repo, run_ok, status, stdout, sweep, wait_for, write};
+use super::support::{project, repo, run_ok, status, stdout, submit_slurm, sweep, wait_for, write};
 use std::path::Path;
 use std::process::Command;
 
@@ -50,20 +50,10 @@ fn an_array_with_a_failing_task_and_three_submissions_without_duplicates() {
     // A name of its own: the count below must not see jobs of another run of the suite.
     let name = format!("sweep-test-arr-{}", std::process::id());
     write(&m, &format!("name = \"arr\"\ncommand = \"echo task {{{{ tag }}}}; exit {{{{ code }}}}\"\n[sweep.grid]\ncode = [0, 3]\ntag = [\"a\", \"b\"]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\narray_throttle = 2\n"));
-    let first = stdout(&run_ok(
-        sweep(root.path())
-            .arg("submit")
-            .arg(&m)
-            .args(["--executor", "slurm"]),
-    ));
+    let first = submit_slurm(root.path(), &m);
     assert!(first.contains("array of 4 runs"), "{first}");
     for _ in 0..2 {
-        let again = stdout(&run_ok(
-            sweep(root.path())
-                .arg("submit")
-                .arg(&m)
-                .args(["--executor", "slurm"]),
-        ));
+        let again = submit_slurm(root.path(), &m);
         assert!(again.contains("nothing to submit"), "{again}");
     }
     assert_eq!(jobs_named(&name), 4, "three submissions, four array tasks");
@@ -108,12 +98,7 @@ fn runs_wait_for_their_stage_and_are_cancelled_when_it_fails() {
     let root = project();
     let m = root.path().join("m.toml");
     write(&m, "name = \"dep\"\n[defaults]\ndataset = \"missing.parquet\"\npretokenized = true\n[sweep.grid]\nbatch_size = [1, 2]\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-dep\"\n");
-    let out = stdout(&run_ok(
-        sweep(root.path())
-            .arg("submit")
-            .arg(&m)
-            .args(["--executor", "slurm"]),
-    ));
+    let out = submit_slurm(root.path(), &m);
     assert!(out.contains("array of 2 runs after job"), "{out}");
     let s = wait_until_done(root.path(), &m, 60);
     let stage = s
@@ -136,12 +121,7 @@ fn cancel_stops_a_running_job() {
     let root = project();
     let m = root.path().join("m.toml");
     write(&m, "name = \"can\"\ncommand = \"sleep 120\"\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-cancel\"\n");
-    run_ok(
-        sweep(root.path())
-            .arg("submit")
-            .arg(&m)
-            .args(["--executor", "slurm"]),
-    );
+    submit_slurm(root.path(), &m);
     wait_for(30, "the job to run", || {
         (status(root.path(), &m)["run"].0 == "RUNNING").then_some(())
     });

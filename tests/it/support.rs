@@ -14,6 +14,16 @@ pub fn sweep(root: &Path) -> Command {
     c
 }
 
+/// `sweep submit <manifest> --executor slurm`, which must succeed; its stdout.
+pub fn submit_slurm(root: &Path, manifest: &Path) -> String {
+    stdout(&run_ok(
+        sweep(root)
+            .arg("submit")
+            .arg(manifest)
+            .args(["--executor", "slurm"]),
+    ))
+}
+
 /// Runs a command and returns its output, with stdout/stderr shown on failure.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("the command starts");

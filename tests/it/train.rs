@@ -2,8 +2,8 @@
 //! and pretokenized, resume after a kill, and requeue on SLURM's SIGUSR1.
 
 use super::support::{
-    job_id, job_logs, losses, metrics, project, release_requeued, repo, run_ok, status, sweep,
-    wait_for, write,
+    job_id, job_logs, losses, metrics, project, release_requeued, repo, run_ok, status,
+    submit_slurm, sweep, wait_for, write,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -193,12 +193,7 @@ fn sigusr1_on_slurm_checkpoints_requeues_and_finishes() {
         "training_steps = 200\nsequence_length = 128\nbatch_size = 2",
         "",
     );
-    run_ok(
-        sweep(root.path())
-            .arg("submit")
-            .arg(&m)
-            .args(["--executor", "slurm"]),
-    );
+    submit_slurm(root.path(), &m);
     let run = root.path().join("results/requeue/run");
     wait_for(120, "training to start", || {
         (last_step(&run) >= 5).then_some(())
