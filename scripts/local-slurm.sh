@@ -9,7 +9,8 @@
 # Everything lives under $SWEEP_SLURM_DIR (default /tmp/sweep-slurm; no spaces allowed).
 # The node has the machine's real CPU count, 90% of its memory and two fake GPUs
 # (SWEEP_SLURM_GPUS), so scripts that ask for GPUs validate and run. A SPANK plugin
-# accepts CSCS's `--environment=` option. Facts behind each choice: ../shared/notes/local-slurm.md
+# accepts CSCS's `--environment=` option. The reasons behind each setting are in
+# the comments where it is made.
 set -euo pipefail
 
 DIR=${SWEEP_SLURM_DIR:-/tmp/sweep-slurm}

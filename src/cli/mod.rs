@@ -257,11 +257,11 @@ pub enum BenchCmd {
         threads: usize,
         #[arg(long, default_value_t = 5)]
         steps: usize,
-        /// Only the cases whose "label precision" contains this (e.g. `goal`, `bf16-mixed`).
+        /// Only the cases whose "label precision" contains this (e.g. `8192`, `bf16-mixed`).
         #[arg(long)]
         only: Option<String>,
     },
-    /// Aggregating a large sweep: read, summarise and write the tables (goal: 1,000 runs x 1,000 lines in under 3 s).
+    /// Aggregating a large sweep: read, summarise and write the tables of N runs x M log lines.
     #[command(after_help = "Example:\n  sweep bench report --runs 1000 --lines 1000")]
     Report {
         #[arg(long, default_value_t = 1000)]
@@ -275,7 +275,7 @@ pub enum BenchCmd {
     /// Matmul throughput on this CPU, f32 (candle) and bf16 (sweep's kernel): what CPU MFU is measured against.
     #[command(after_help = "Example:\n  sweep bench peak")]
     Peak,
-    /// Plan + render of a large sweep (goal: 10,000 runs in under 2 s).
+    /// Plan + render of a large sweep, phase by phase.
     #[command(after_help = "Example:\n  sweep bench plan --runs 10000")]
     Plan {
         #[arg(long, default_value_t = 10_000)]
