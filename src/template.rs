@@ -2,8 +2,12 @@
 //! command lines) and job scripts.
 //!
 //! Scripts (`*.sbatch*`, `*.sh*`) and command lines auto-escape every value as
-//! a shell word, so nothing rendered into a script can split or inject; a
-//! template marks trusted shell (setup lines, extra `#SBATCH` lines) with `|safe`.
+//! a shell word, so nothing rendered into a script can split or inject, and
+//! refuse a value holding a line break or another control character: quoting
+//! does not protect an `#SBATCH` line, where a newline starts a directive of
+//! its own. A template marks text that manifest validation has already
+//! checked (`#SBATCH` options, variable names) with `|safe`; `|shquote` makes
+//! one shell word of anything, line breaks included (a `bash -c` script).
 
 use minijinja::value::Value;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
@@ -47,6 +51,16 @@ impl Engine {
                 && !value.is_safe()
             {
                 let s = display(value);
+                if let Some(c) = crate::util::text::forbidden_char(&s, false) {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!(
+                            "the value `{}` contains {}: a job script takes one-line values only",
+                            s.escape_debug(),
+                            crate::util::text::describe_char(c)
+                        ),
+                    ));
+                }
                 out.write_str(&shell_quote(&s)).map_err(Error::from)
             } else {
                 minijinja::escape_formatter(out, state, value)
@@ -177,6 +191,20 @@ mod tests {
             )
             .unwrap();
         assert_eq!(out, "echo plain-1.0 'it'\\''s $(rm -rf /)' $HOME\n");
+    }
+
+    #[test]
+    fn scripts_refuse_line_breaks_in_values() {
+        let mut e = Engine::new();
+        e.add("x.sbatch", "#SBATCH --job-name={{ a }}\n").unwrap();
+        for bad in ["x\n#SBATCH --wrap=id", "x\r", "x\0y", "a\u{2028}b"] {
+            let err = e.render("x.sbatch", &context! { a => bad }).unwrap_err();
+            assert!(describe(&err).contains("one-line values only"), "{bad:?}");
+        }
+        // A command for `bash -c` is one quoted word, line breaks and all.
+        e.add("y.sh", "bash -c {{ c|shquote }}\n").unwrap();
+        let out = e.render("y.sh", &context! { c => "a\nb" }).unwrap();
+        assert_eq!(out, "bash -c 'a\nb'\n");
     }
 
     #[test]

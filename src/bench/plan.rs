@@ -23,8 +23,9 @@ pub struct PlanBench {
 pub fn manifest_text(runs: usize) -> String {
     let seeds = runs / 100;
     let mut s = String::from(
-        "name = \"bench-plan\"\n[defaults]\ndataset = \"d.parquet\"\nmodel = \"tiny\"\n[sweep]\nname = \"s{{ seed }}-bs{{ batch_size }}-lr{{ learning_rate }}-{{ dataset_type }}\"\n[sweep.grid]\n",
+        "name = \"bench-plan\"\n[defaults]\ndataset = \"d.parquet\"\nmodel = \"tiny\"\n[sweep]\nname = \"s{{ seed }}-bs{{ batch_size }}-lr{{ learning_rate }}-{{ dataset_type }}\"\n",
     );
+    let _ = writeln!(s, "max_runs = {}\n[sweep.grid]", runs.max(1));
     let _ = writeln!(
         s,
         "seed = [{}]",

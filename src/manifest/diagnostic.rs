@@ -59,16 +59,41 @@ impl fmt::Display for Diagnostic {
             write!(f, " (key `{key}`)")?;
         }
         if let Some(line) = &self.excerpt {
+            let (shown, caret) = excerpt_window(line, self.column);
             let num = self.line.to_string();
             let pad = " ".repeat(num.len());
-            write!(f, "\n{pad} |\n{num} | {line}\n{pad} | ")?;
-            write!(f, "{}^", " ".repeat(self.column.saturating_sub(1)))?;
+            write!(f, "\n{pad} |\n{num} | {shown}\n{pad} | ")?;
+            write!(f, "{}^", " ".repeat(caret.saturating_sub(1)))?;
         }
         if let Some(help) = &self.help {
             write!(f, "\n  = help: {help}")?;
         }
         Ok(())
     }
+}
+
+/// Characters of a source line shown on each side of the caret.
+const EXCERPT_HALF_WIDTH: usize = 60;
+
+/// The part of `line` around 1-based `column` that an excerpt shows (all of
+/// it when short; else a window with `…` where it was cut), control
+/// characters made visible, and the caret's column within it.
+fn excerpt_window(line: &str, column: usize) -> (String, usize) {
+    let chars: Vec<char> = line.chars().collect();
+    let at = column.saturating_sub(1).min(chars.len());
+    let start = at.saturating_sub(EXCERPT_HALF_WIDTH);
+    let end = (at + EXCERPT_HALF_WIDTH).min(chars.len());
+    let mut shown = String::new();
+    if start > 0 {
+        shown.push('…');
+    }
+    for &c in &chars[start..end] {
+        shown.push(if c.is_control() { '\u{fffd}' } else { c });
+    }
+    if end < chars.len() {
+        shown.push('…');
+    }
+    (shown, at - start + 1 + usize::from(start > 0))
 }
 
 /// One or more diagnostics; the error type of manifest loading and planning.
@@ -121,6 +146,25 @@ mod tests {
         assert_eq!(did_you_mean("partiton", keys), Some("partition"));
         assert_eq!(did_you_mean("acount", keys), Some("account"));
         assert_eq!(did_you_mean("zzz", keys), None);
+    }
+
+    #[test]
+    fn a_long_line_shows_a_window_around_the_column() {
+        let line = format!("{}x = 1{}", "a".repeat(40_000), "b".repeat(40_000));
+        let d = Diagnostic {
+            line: 1,
+            column: 40_001,
+            excerpt: Some(line),
+            ..Diagnostic::new("m.toml", "bad")
+        };
+        let s = d.to_string();
+        assert!(s.len() < 500, "{} bytes", s.len());
+        let lines: Vec<&str> = s.lines().collect();
+        let text = lines.iter().find(|l| l.starts_with("1 | ")).unwrap();
+        let caret = lines.iter().find(|l| l.trim_end().ends_with('^')).unwrap();
+        let under: char = text.chars().nth(caret.chars().count() - 1).unwrap();
+        assert_eq!(under, 'x', "{s}");
+        assert!(text.starts_with("1 | …") && text.ends_with('…'), "{text}");
     }
 
     #[test]

@@ -6,10 +6,11 @@ mod diagnostic;
 mod schema;
 mod source;
 
+use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
     parse_slurm_time, ExecutorKind, LocalSpec, PretokenizeStageSpec, ReportSpec, SlurmSpec,
-    StagesSpec,
+    StagesSpec, DEFAULT_MAX_RUNS,
 };
 pub use source::{join_key, Source};
 
@@ -70,6 +71,8 @@ pub struct Manifest {
     pub exclude: Vec<ExcludeRule>,
     pub derived: Vec<Derived>,
     pub name_template: Option<String>,
+    /// The most runs the sweep may expand to.
+    pub max_runs: u64,
     pub slurm: SlurmSpec,
     pub local: LocalSpec,
     pub stages: StagesSpec,
@@ -153,16 +156,44 @@ impl Manifest {
     }
 }
 
-/// The field names of a struct that rejects unknown fields, read from serde's
-/// own "expected one of" message so the list never drifts from the type.
+/// The field names of a struct, from its own `Deserialize` implementation
+/// (serde's derive hands them to `deserialize_struct`), so the list never
+/// drifts from the type.
 pub fn known_fields<T: DeserializeOwned>() -> Vec<String> {
-    let mut probe = toml::Table::new();
-    probe.insert("\u{1}".into(), Value::Integer(0));
-    match T::deserialize(Value::Table(probe)) {
-        Err(e) => source::parse_unknown(e.message())
-            .map(|(_, f)| f)
-            .unwrap_or_default(),
-        Ok(_) => Vec::new(),
+    let mut probe = FieldsProbe(None);
+    let _ = T::deserialize(&mut probe);
+    probe
+        .0
+        .unwrap_or_default()
+        .iter()
+        .map(|f| f.to_string())
+        .collect()
+}
+
+/// A deserializer that records the field list it is asked for and gives nothing.
+struct FieldsProbe(Option<&'static [&'static str]>);
+
+impl<'de> serde::Deserializer<'de> for &mut FieldsProbe {
+    type Error = serde::de::value::Error;
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.0 = Some(fields);
+        Err(serde::de::Error::custom("probed"))
+    }
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(serde::de::Error::custom("not a struct"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+        byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+        enum identifier ignored_any
     }
 }
 
@@ -225,6 +256,7 @@ impl Validator<'_, '_> {
         sha256: String,
     ) -> Option<Manifest> {
         self.check_name(&file.name);
+        self.check_characters();
 
         let mode = match &file.command {
             Some(cmd) => {
@@ -242,6 +274,11 @@ impl Validator<'_, '_> {
         };
 
         let axes = self.axes(&file.sweep.grid, &file.sweep.zip);
+        let max_runs = file.sweep.max_runs.unwrap_or(DEFAULT_MAX_RUNS);
+        if !self.check_size(&axes, max_runs) {
+            // Every later check walks the axes: stop before a huge sweep does.
+            return None;
+        }
         for axis in &axes {
             for (key, path) in axis.keys.iter().zip(&axis.paths) {
                 self.check_axis_key(&mode, key, path, axis);
@@ -282,6 +319,15 @@ impl Validator<'_, '_> {
                 );
             }
         }
+        for (i, line) in file.slurm.extra_sbatch.iter().enumerate() {
+            if !line.trim_start().starts_with('-') {
+                self.at_value_help(
+                    &format!("slurm.extra_sbatch[{i}]"),
+                    format!("`{line}` is not an sbatch option"),
+                    "each entry is written as `#SBATCH <entry>`: give options such as `--exclusive` or `--gres=gpu:4`",
+                );
+            }
+        }
         for (k, _) in &file.slurm.env {
             if !is_env_name(k) {
                 self.at_key(
@@ -308,11 +354,83 @@ impl Validator<'_, '_> {
             exclude,
             derived,
             name_template: file.sweep.name,
+            max_runs,
             slurm: file.slurm,
             local: file.local,
             stages: file.stages,
             report: file.report,
         })
+    }
+
+    /// Every key and string value of the file against [`forbidden_char`]:
+    /// values reach `#SBATCH` lines and shell lines of job scripts, where a
+    /// line break starts a directive or command of its own whatever the quoting.
+    fn check_characters(&mut self) {
+        let mut found = Vec::new();
+        walk_strings(self.doc, "", &mut found);
+        for (path, is_key, text) in found {
+            let multiline = !is_key && MULTILINE_KEYS.iter().any(|k| key_under(&path, k));
+            let Some(c) = forbidden_char(&text, multiline) else {
+                continue;
+            };
+            let what = if is_key { "key" } else { "value" };
+            let help = if multiline {
+                "this value may span lines (newline and tab), but holds no other control characters"
+            } else {
+                "a value that reaches a job script must be one line of printable text: \
+                 no newline, carriage return, tab, NUL or other control character \
+                 (a line break in a job script starts an #SBATCH directive or a command of its own)"
+            };
+            let msg = format!("this {what} contains {}", describe_char(c));
+            let d = if is_key {
+                self.source.at_key(&path, msg)
+            } else {
+                self.source.at_value(&path, msg)
+            };
+            self.err(d.with_help(help));
+        }
+    }
+
+    /// Counts the runs from the axis lengths (saturating: the count of a huge
+    /// grid does not fit any integer) and refuses more than `max_runs`.
+    fn check_size(&mut self, axes: &[Axis], max_runs: u64) -> bool {
+        let count = axes
+            .iter()
+            .fold(1u128, |n, a| n.saturating_mul(a.rows.len() as u128));
+        if count <= u128::from(max_runs) {
+            return true;
+        }
+        let shown = if count == u128::MAX {
+            format!("more than {}", u128::MAX)
+        } else {
+            count.to_string()
+        };
+        let sizes: Vec<String> = axes
+            .iter()
+            .map(|a| format!("{} ({})", a.keys.join(" + "), a.rows.len()))
+            .collect();
+        let at = if self.source.has("sweep.max_runs") {
+            "sweep.max_runs"
+        } else {
+            "sweep"
+        };
+        let d = self
+            .source
+            .at_key(
+                at,
+                format!(
+                    "the sweep expands to {shown} runs ({} ax{}: {}), more than max_runs = {max_runs}",
+                    axes.len(),
+                    if axes.len() == 1 { "is" } else { "es" },
+                    sizes.join(" × ")
+                ),
+            )
+            .with_help(
+                "shorten the axes, pair values with [[sweep.zip]] instead of crossing them, \
+                 or raise `[sweep] max_runs` if the sweep is meant to be this large",
+            );
+        self.err(d);
+        false
     }
 
     fn check_name(&mut self, name: &str) {
@@ -393,7 +511,14 @@ impl Validator<'_, '_> {
             let rows: Vec<Vec<Value>> = (0..n)
                 .map(|i| columns.iter().map(|c| c.2[i].clone()).collect())
                 .collect();
-            if let Some(i) = (1..n).find(|&i| rows[..i].contains(&rows[i])) {
+            let mut seen = std::collections::HashSet::with_capacity(n);
+            let key = |row: &[Value]| {
+                row.iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\u{1f}")
+            };
+            if let Some(i) = (0..n).find(|&i| !seen.insert(key(&rows[i]))) {
                 let p = format!("{}[{i}]", columns[0].1);
                 self.at_value(
                     &p,
@@ -443,11 +568,12 @@ impl Validator<'_, '_> {
             return None;
         }
         let mut ok = true;
+        let mut seen = std::collections::HashSet::with_capacity(values.len());
         for (i, v) in values.iter().enumerate() {
             let p = format!("{path}[{i}]");
             match v {
                 Value::String(_) | Value::Integer(_) | Value::Float(_) | Value::Boolean(_) => {
-                    if unique && values[..i].contains(v) {
+                    if unique && !seen.insert(v.to_string()) {
                         self.at_value(&p, format!("axis `{key}` lists {v} twice"));
                         ok = false;
                     }
@@ -669,6 +795,41 @@ fn flatten(table: &toml::Table, prefix: &str, path: &str) -> Vec<(String, String
         }
     }
     out
+}
+
+/// The values that may span lines: the command template (passed to `bash -c`
+/// as one quoted word), the description, and the run-name and derived-value
+/// templates (what they produce is checked per run).
+const MULTILINE_KEYS: &[&str] = &["command", "description", "sweep.name", "sweep.derived"];
+
+/// Whether `path` is `key` or lies below it.
+fn key_under(path: &str, key: &str) -> bool {
+    path == key
+        || path
+            .strip_prefix(key)
+            .is_some_and(|r| r.starts_with(['.', '[']))
+}
+
+/// Every key and string value below `table`: (path, is a key, text).
+fn walk_strings(table: &DeTable<'_>, prefix: &str, out: &mut Vec<(String, bool, String)>) {
+    for (k, v) in table.iter() {
+        let path = join_key(prefix, k.get_ref());
+        out.push((path.clone(), true, k.get_ref().to_string()));
+        walk_string_value(v.get_ref(), &path, out);
+    }
+}
+
+fn walk_string_value(v: &DeValue<'_>, path: &str, out: &mut Vec<(String, bool, String)>) {
+    match v {
+        DeValue::String(s) => out.push((path.to_string(), false, s.to_string())),
+        DeValue::Table(t) => walk_strings(t, path, out),
+        DeValue::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                walk_string_value(item.get_ref(), &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn is_env_name(s: &str) -> bool {

@@ -48,7 +48,14 @@ pub(crate) struct SweepFile {
     pub derived: toml::Table,
     /// The run-name template.
     pub name: Option<String>,
+    /// The most runs the sweep may expand to (default [`DEFAULT_MAX_RUNS`]).
+    pub max_runs: Option<u64>,
 }
+
+/// The largest sweep expanded unless the manifest raises `[sweep] max_runs`:
+/// far above any real study, far below what exhausts memory (a run costs a
+/// few KB in memory and three files on disk).
+pub const DEFAULT_MAX_RUNS: u64 = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

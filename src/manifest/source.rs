@@ -186,10 +186,12 @@ pub fn join_key(prefix: &str, key: &str) -> String {
         && key
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    // Quoted like a TOML basic string; control characters escaped so a path
+    // always prints on one line.
     let key = if bare {
         key.to_string()
     } else {
-        format!("\"{key}\"")
+        format!("\"{}\"", key.escape_debug())
     };
     if prefix.is_empty() {
         key

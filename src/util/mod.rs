@@ -4,6 +4,7 @@ pub mod fs;
 pub mod hash;
 pub mod process;
 pub mod progress;
+pub mod text;
 
 /// Seconds since the Unix epoch, as an RFC 3339 timestamp in UTC.
 pub fn now_rfc3339() -> String {

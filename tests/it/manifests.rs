@@ -154,3 +154,36 @@ fn every_malformed_manifest_gets_a_located_error_and_writes_nothing() {
         failures.join("\n\n")
     );
 }
+
+/// A zip group one row longer than the default limit (150,001 rows, too large
+/// a file to keep in the corpus), and the same within a raised `max_runs`:
+/// counted from the axis lengths, refused before anything is expanded.
+#[test]
+fn a_huge_zip_is_refused_and_max_runs_raises_the_limit() {
+    let rows = sweep::manifest::DEFAULT_MAX_RUNS as usize + 50_001;
+    let list = |offset: usize| {
+        (0..rows)
+            .map(|i| (i + offset).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let zip = format!("[[sweep.zip]]\na = [{}]\nb = [{}]\n", list(0), list(1));
+    let parse =
+        |text: String| Manifest::parse(Path::new("huge.toml"), Path::new("/p"), text, "0".into());
+    let err = parse(format!("name = \"z\"\ncommand = \"echo\"\n{zip}")).unwrap_err();
+    let d = &err.0[0];
+    assert!(
+        d.message.contains(&format!("expands to {rows} runs"))
+            && d.message.contains("max_runs = 100000"),
+        "{d}"
+    );
+    assert!(
+        d.to_string().len() < 2_000,
+        "the excerpt is a window, not the 1.5 MB line"
+    );
+    let m = parse(format!(
+        "name = \"z\"\ncommand = \"echo\"\n[sweep]\nmax_runs = {rows}\n{zip}"
+    ))
+    .unwrap();
+    assert_eq!(m.axes[0].rows.len(), rows);
+}

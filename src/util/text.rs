@@ -1,0 +1,40 @@
+//! Which characters a value may hold where it reaches a job script.
+
+/// The first character a value that may reach a job script may not hold: any control character
+/// (Unicode category Cc: NUL, CR, ESC, DEL, ...) and the line and paragraph
+/// separators; `multiline` values may hold newlines and tabs.
+pub fn forbidden_char(s: &str, multiline: bool) -> Option<char> {
+    s.chars().find(|&c| {
+        let allowed = multiline && (c == '\n' || c == '\t');
+        !allowed && (c.is_control() || c == '\u{2028}' || c == '\u{2029}')
+    })
+}
+
+/// `a newline (U+000A)`, `NUL (U+0000)`, ...
+pub fn describe_char(c: char) -> String {
+    let name = match c {
+        '\n' => "a newline",
+        '\r' => "a carriage return",
+        '\t' => "a tab",
+        '\0' => "NUL",
+        '\u{1b}' => "an escape character",
+        '\u{2028}' | '\u{2029}' => "a line separator",
+        _ => "a control character",
+    };
+    format!("{name} (U+{:04X})", c as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_found() {
+        assert_eq!(forbidden_char("gpu-partition_1 é", false), None);
+        assert_eq!(forbidden_char("x\n#SBATCH", false), Some('\n'));
+        assert_eq!(forbidden_char("a\nb\tc", true), None);
+        assert_eq!(forbidden_char("a\r\nb", true), Some('\r'));
+        assert_eq!(forbidden_char("a\u{7f}", true), Some('\u{7f}'));
+        assert_eq!(describe_char('\0'), "NUL (U+0000)");
+    }
+}
