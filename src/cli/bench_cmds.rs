@@ -2,217 +2,246 @@
 
 use super::BenchCmd;
 use anyhow::Result;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub fn run(cmd: BenchCmd, root: &std::path::Path) -> Result<ExitCode> {
+pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
     match cmd {
         BenchCmd::Train {
             threads,
             steps,
             only,
-        } => {
-            let threads = crate::train::init_threads(threads);
-            let cases = crate::bench::train::default_cases()
-                .into_iter()
-                .filter(|c| {
-                    only.as_deref()
-                        .is_none_or(|o| format!("{} {}", c.label, c.precision()).contains(o))
-                })
-                .collect();
-            let rows = crate::bench::train::run(cases, steps, threads)?;
-            println!(
-                "train step on {threads} CPU thread(s), {steps} timed steps after 2 warm-up steps"
-            );
-            println!(
-                "{:<26} {:<10} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9}  forward / backward / optimizer",
-                "model", "precision", "params", "MFLOP/tok", "tokens/s", "GFLOP/s", "of peak", "s/step",
-            );
-            for r in &rows {
-                let step = r.forward_s + r.backward_s + r.optimizer_s;
-                println!(
-                    "{:<26} {:<10} {:>8.1}M {:>11.1} {:>10.0} {:>9.1} {:>8.1}% {:>9.3}  {:.0}% / {:.0}% / {:.0}%",
-                    r.case.label,
-                    r.case.precision(),
-                    r.params as f64 / 1e6,
-                    r.flops_per_token / 1e6,
-                    r.tokens_per_s,
-                    r.gflops,
-                    100.0 * r.gflops / r.peak_gflops,
-                    step,
-                    100.0 * r.forward_s / step,
-                    100.0 * r.backward_s / step,
-                    100.0 * r.optimizer_s / step
-                );
-            }
-            for (precision, peak) in rows
-                .iter()
-                .map(|r| (r.case.precision(), r.peak_gflops))
-                .collect::<std::collections::BTreeMap<_, _>>()
-            {
-                println!("peak for {precision}: {peak:.1} GFLOP/s on {threads} thread(s) (sweep bench peak)");
-            }
-        }
-        BenchCmd::Report { runs, lines, dir } => {
-            std::fs::create_dir_all(&dir)?;
-            let b = crate::bench::report::run(runs, lines, &dir)?;
-            println!(
-                "report over {} runs x {} log lines ({} points; writing them took {:.1} s)",
-                b.runs,
-                b.lines,
-                b.runs * b.lines,
-                b.setup_s
-            );
-            println!(
-                "  read + summarise + write tables  {:8.3} s",
-                b.report_s
-            );
-        }
-        BenchCmd::Peak => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            use crate::train::peak::{refresh, Kernel};
-            let mut kernels = vec![Kernel::F32];
-            if crate::train::ops::bf16_gemm::supported() {
-                kernels.push(Kernel::Bf16);
-            }
-            println!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
-            for kernel in kernels {
-                for threads in 1..=cores {
-                    // candle reads the variable; the bf16 kernel runs on the current pool.
-                    std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()?;
-                    let p = pool.install(|| refresh(kernel, threads))?;
-                    println!(
-                        "  {:<22} {threads} thread(s): {:8.1} GFLOP/s",
-                        kernel.describe(),
-                        p / 1e9
-                    );
-                }
-            }
-        }
-        BenchCmd::Data(a) => {
-            let args = crate::bench::data::DataBenchArgs {
-                dataset: a
-                    .dataset
-                    .unwrap_or_else(|| crate::bench::data::default_dataset(root)),
-                tokenizer: a.tokenizer,
-                seq_len: a.seq_len,
-                samples: a.samples,
-                work_dir: root.join("results/bench/data"),
-                plots: root.join("plots/bench"),
-                only: a.only,
-                repeats: a.repeats,
-            };
-            let b = crate::bench::data::run(&args)?;
-            println!(
-                "data loading: {} samples of seq {} from {} (one consumer thread, no prefetch; best of {})",
-                a.samples,
-                a.seq_len,
-                args.dataset.display(),
-                a.repeats
-            );
-            println!(
-                "{:<26} {:>10} {:>14} {:>16} {:>8}",
-                "loader", "load (s)", "us/sample", "raw tokenizer", "ratio"
-            );
-            for r in &b.rows {
-                let (raw, ratio) = match r.raw_us_per_sample {
-                    Some(raw) => (
-                        format!("{raw:.1} us"),
-                        format!("{:.3}", r.us_per_sample / raw),
-                    ),
-                    None => ("-".into(), "-".into()),
-                };
-                println!(
-                    "{:<26} {:>10.3} {:>14.2} {:>16} {:>8}",
-                    r.name, r.load_s, r.us_per_sample, raw, ratio
-                );
-            }
-            println!(
-                "chart: {}",
-                b.chart
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
+        } => train(threads, steps, only)?,
+        BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
+        BenchCmd::Peak => peak()?,
+        BenchCmd::Data(a) => data(a, root)?,
         BenchCmd::Pretokenize {
             dataset,
             tokenizer,
             seq_len,
             threads,
             repeats,
-        } => {
-            let dataset = dataset.unwrap_or_else(|| crate::bench::data::default_dataset(root));
-            let five = root.join("assets/data/corpus-5x.parquet");
-            let rss_inputs: Vec<_> = [dataset.clone(), five]
-                .into_iter()
-                .filter(|p| p.exists())
-                .collect();
-            let b = crate::bench::pretokenize::run(
-                &dataset,
-                &tokenizer,
-                seq_len,
-                threads,
-                repeats,
-                &rss_inputs,
-            )?;
-            println!(
-                "pretokenize {:.1} MB of text ({} documents, {} tokens) from {} on {} threads; best of {repeats}",
-                b.mb,
-                b.docs,
-                b.tokens,
-                dataset.display(),
-                b.threads
-            );
-            println!(
-                "  raw encode_batch (texts in memory)  {:8.2} MB/s",
-                b.raw_mb_s
-            );
-            for (name, mb_s) in &b.ours {
-                println!(
-                    "  sweep pretokenize --format {:<10} {:6.2} MB/s  ({:.0}% of raw)",
-                    name,
-                    mb_s,
-                    100.0 * mb_s / b.raw_mb_s
-                );
-            }
-            for (input, mb, rss) in &b.rss {
-                println!(
-                    "  peak RSS {:8.0} MB on {} ({:.0} MB of Parquet)",
-                    rss,
-                    input.display(),
-                    mb
-                );
-            }
-        }
-        BenchCmd::Plan { runs, dir } => {
-            std::fs::create_dir_all(&dir)?;
-            let b = crate::bench::plan::run(runs, &dir)?;
-            println!(
-                "plan + render of a {}-run sweep into {} ({} threads)",
-                b.runs,
-                dir.display(),
-                rayon::current_num_threads()
-            );
-            println!("  load + validate manifest  {:8.3} s", b.load_s);
-            println!("  expand into runs          {:8.3} s", b.plan_s);
-            println!("  render in memory          {:8.3} s", b.render_s);
-            println!(
-                "  write run directories     {:8.3} s  ({} files; CPU {:.2} s user, {:.2} s kernel)",
-                b.write_s,
-                3 * b.runs,
-                b.write_user_s,
-                b.write_kernel_s
-            );
-            println!(
-                "  total plan + render       {:8.3} s",
-                b.load_s + b.plan_s + b.render_s + b.write_s
-            );
-            println!("  re-render (all unchanged) {:8.3} s", b.rerender_s);
-        }
+        } => pretokenize(dataset, tokenizer, seq_len, threads, repeats, root)?,
+        BenchCmd::Plan { runs, dir } => plan(runs, dir)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sweep bench train`: train-step throughput of the CPU presets.
+fn train(threads: usize, steps: usize, only: Option<String>) -> Result<()> {
+    let threads = crate::train::init_threads(threads);
+    let cases = crate::bench::train::default_cases()
+        .into_iter()
+        .filter(|c| {
+            only.as_deref()
+                .is_none_or(|o| format!("{} {}", c.label, c.precision()).contains(o))
+        })
+        .collect();
+    let rows = crate::bench::train::run(cases, steps, threads)?;
+    println!("train step on {threads} CPU thread(s), {steps} timed steps after 2 warm-up steps");
+    println!(
+        "{:<26} {:<10} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9}  forward / backward / optimizer",
+        "model", "precision", "params", "MFLOP/tok", "tokens/s", "GFLOP/s", "of peak", "s/step",
+    );
+    for r in &rows {
+        let step = r.forward_s + r.backward_s + r.optimizer_s;
+        println!(
+            "{:<26} {:<10} {:>8.1}M {:>11.1} {:>10.0} {:>9.1} {:>8.1}% {:>9.3}  {:.0}% / {:.0}% / {:.0}%",
+            r.case.label,
+            r.case.precision(),
+            r.params as f64 / 1e6,
+            r.flops_per_token / 1e6,
+            r.tokens_per_s,
+            r.gflops,
+            100.0 * r.gflops / r.peak_gflops,
+            step,
+            100.0 * r.forward_s / step,
+            100.0 * r.backward_s / step,
+            100.0 * r.optimizer_s / step
+        );
+    }
+    for (precision, peak) in rows
+        .iter()
+        .map(|r| (r.case.precision(), r.peak_gflops))
+        .collect::<std::collections::BTreeMap<_, _>>()
+    {
+        println!(
+            "peak for {precision}: {peak:.1} GFLOP/s on {threads} thread(s) (sweep bench peak)"
+        );
+    }
+    Ok(())
+}
+
+/// `sweep bench report`: summarising a large synthetic sweep.
+fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
+    std::fs::create_dir_all(&dir)?;
+    let b = crate::bench::report::run(runs, lines, &dir)?;
+    println!(
+        "report over {} runs x {} log lines ({} points; writing them took {:.1} s)",
+        b.runs,
+        b.lines,
+        b.runs * b.lines,
+        b.setup_s
+    );
+    println!("  read + summarise + write tables  {:8.3} s", b.report_s);
+    Ok(())
+}
+
+/// `sweep bench peak`: matmul peak of this CPU (what CPU MFU is measured against).
+fn peak() -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    use crate::train::peak::{refresh, Kernel};
+    let mut kernels = vec![Kernel::F32];
+    if crate::train::ops::bf16_gemm::supported() {
+        kernels.push(Kernel::Bf16);
+    }
+    println!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
+    for kernel in kernels {
+        for threads in 1..=cores {
+            // candle reads the variable; the bf16 kernel runs on the current pool.
+            std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()?;
+            let p = pool.install(|| refresh(kernel, threads))?;
+            println!(
+                "  {:<22} {threads} thread(s): {:8.1} GFLOP/s",
+                kernel.describe(),
+                p / 1e9
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `sweep bench data`: the four loaders against the raw tokenizer.
+fn data(a: super::DataBenchCli, root: &Path) -> Result<()> {
+    let args = crate::bench::data::DataBenchArgs {
+        dataset: a
+            .dataset
+            .unwrap_or_else(|| crate::bench::data::default_dataset(root)),
+        tokenizer: a.tokenizer,
+        seq_len: a.seq_len,
+        samples: a.samples,
+        work_dir: root.join("results/bench/data"),
+        plots: root.join("plots/bench"),
+        only: a.only,
+        repeats: a.repeats,
+    };
+    let b = crate::bench::data::run(&args)?;
+    println!(
+        "data loading: {} samples of seq {} from {} (one consumer thread, no prefetch; best of {})",
+        a.samples,
+        a.seq_len,
+        args.dataset.display(),
+        a.repeats
+    );
+    println!(
+        "{:<26} {:>10} {:>14} {:>16} {:>8}",
+        "loader", "load (s)", "us/sample", "raw tokenizer", "ratio"
+    );
+    for r in &b.rows {
+        let (raw, ratio) = match r.raw_us_per_sample {
+            Some(raw) => (
+                format!("{raw:.1} us"),
+                format!("{:.3}", r.us_per_sample / raw),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "{:<26} {:>10.3} {:>14.2} {:>16} {:>8}",
+            r.name, r.load_s, r.us_per_sample, raw, ratio
+        );
+    }
+    println!(
+        "chart: {}",
+        b.chart
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+/// `sweep bench pretokenize`: pretokenization throughput and peak memory.
+fn pretokenize(
+    dataset: Option<PathBuf>,
+    tokenizer: PathBuf,
+    seq_len: usize,
+    threads: usize,
+    repeats: usize,
+    root: &Path,
+) -> Result<()> {
+    let dataset = dataset.unwrap_or_else(|| crate::bench::data::default_dataset(root));
+    let five = root.join("assets/data/corpus-5x.parquet");
+    let rss_inputs: Vec<_> = [dataset.clone(), five]
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect();
+    let b = crate::bench::pretokenize::run(
+        &dataset,
+        &tokenizer,
+        seq_len,
+        threads,
+        repeats,
+        &rss_inputs,
+    )?;
+    println!(
+        "pretokenize {:.1} MB of text ({} documents, {} tokens) from {} on {} threads; best of {repeats}",
+        b.mb,
+        b.docs,
+        b.tokens,
+        dataset.display(),
+        b.threads
+    );
+    println!(
+        "  raw encode_batch (texts in memory)  {:8.2} MB/s",
+        b.raw_mb_s
+    );
+    for (name, mb_s) in &b.ours {
+        println!(
+            "  sweep pretokenize --format {:<10} {:6.2} MB/s  ({:.0}% of raw)",
+            name,
+            mb_s,
+            100.0 * mb_s / b.raw_mb_s
+        );
+    }
+    for (input, mb, rss) in &b.rss {
+        println!(
+            "  peak RSS {:8.0} MB on {} ({:.0} MB of Parquet)",
+            rss,
+            input.display(),
+            mb
+        );
+    }
+    Ok(())
+}
+
+/// `sweep bench plan`: plan + render of a large sweep, phase by phase.
+fn plan(runs: usize, dir: PathBuf) -> Result<()> {
+    std::fs::create_dir_all(&dir)?;
+    let b = crate::bench::plan::run(runs, &dir)?;
+    println!(
+        "plan + render of a {}-run sweep into {} ({} threads)",
+        b.runs,
+        dir.display(),
+        rayon::current_num_threads()
+    );
+    println!("  load + validate manifest  {:8.3} s", b.load_s);
+    println!("  expand into runs          {:8.3} s", b.plan_s);
+    println!("  render in memory          {:8.3} s", b.render_s);
+    println!(
+        "  write run directories     {:8.3} s  ({} files; CPU {:.2} s user, {:.2} s kernel)",
+        b.write_s,
+        3 * b.runs,
+        b.write_user_s,
+        b.write_kernel_s
+    );
+    println!(
+        "  total plan + render       {:8.3} s",
+        b.load_s + b.plan_s + b.render_s + b.write_s
+    );
+    println!("  re-render (all unchanged) {:8.3} s", b.rerender_s);
+    Ok(())
 }

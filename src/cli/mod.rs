@@ -430,8 +430,8 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
         return Ok(ExitCode::SUCCESS);
     }
     println!("{}", report::export::markdown_table(&rep.summary));
-    for (name, state, reason) in &rep.summary.problems {
-        println!("note: {name}: {state}, {reason}");
+    for p in &rep.summary.problems {
+        println!("note: {}: {}, {}", p.run, p.state, p.reason);
     }
     println!(
         "wrote {}",

@@ -4,8 +4,7 @@
 use super::live::{LiveView, Tracked};
 use super::sweep_cmds::{self, Submission};
 use super::SubmitArgs;
-use crate::executor::{self, local, slurm, State, UnitKind};
-use crate::manifest::ExecutorKind;
+use crate::executor::{self, local, Event, State, UnitKind};
 use crate::plan::Job;
 use crate::report::{self, Source};
 use anyhow::Result;
@@ -22,11 +21,7 @@ pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
     }
     let mut sub = Submission::new(root, args)?;
     let mut view = LiveView::new(tracked(&sub));
-    let interrupted = sub.todo() > 0
-        && match sub.kind {
-            ExecutorKind::Local => watch_local(&mut sub, args, &mut view)?,
-            ExecutorKind::Slurm => watch_slurm(&mut sub, &mut view)?,
-        };
+    let interrupted = sub.todo() > 0 && watch(&mut sub, &mut view)?;
     view.finish();
     if interrupted {
         eprintln!("stopped watching; the jobs go on (`sweep status`, `sweep cancel`), and `sweep run` again picks up where they are");
@@ -65,9 +60,10 @@ fn tracked(sub: &Submission) -> Vec<Tracked> {
         .collect()
 }
 
-/// Runs the due units on this machine, redrawing the view as they go.
-/// Returns whether Ctrl-C stopped them.
-fn watch_local(sub: &mut Submission, args: &SubmitArgs, view: &mut LiveView) -> Result<bool> {
+/// Submits the due units and follows them in the view until nothing is
+/// pending or running. Returns whether Ctrl-C stopped it (local jobs are
+/// stopped; scheduled jobs go on).
+fn watch(sub: &mut Submission, view: &mut LiveView) -> Result<bool> {
     let dirs: Vec<PathBuf> = sub.units.iter().map(|u| u.dir.clone()).collect();
     let before: Vec<State> = sub.status.iter().map(|s| s.state).collect();
     let submitted: Vec<bool> = sub
@@ -75,7 +71,8 @@ fn watch_local(sub: &mut Submission, args: &SubmitArgs, view: &mut LiveView) -> 
         .iter()
         .map(|d| *d == executor::Decision::Submit)
         .collect();
-    // Units left alone keep the state they had; the others are read back from their directories.
+    // Units left alone keep the state they had; the others are read back
+    // from their directories (many times a second: no process checks).
     let current = |i: usize| {
         if submitted[i] {
             local::peek_state(&dirs[i]).unwrap_or(State::Pending)
@@ -83,37 +80,36 @@ fn watch_local(sub: &mut Submission, args: &SubmitArgs, view: &mut LiveView) -> 
             before[i]
         }
     };
-    let opts = sub.local_options(args);
-    let view = std::cell::RefCell::new(view);
-    let (_, stopped) = local::run(
+    let done = sub.executor.submit(
+        &sub.plan.study_dir,
         &mut sub.units,
         &sub.decisions,
-        opts,
-        |o, started| {
-            if !started {
-                let line = format!("{:<9} {} ({:.1} s)", o.status.describe(), o.name, o.seconds);
-                view.borrow().log(&line);
-            }
-        },
-        || {
-            let states: Vec<State> = (0..dirs.len()).map(current).collect();
-            view.borrow_mut().update(&states);
+        false,
+        &mut |e| match e {
+            Event::Submitted(job) => view.log(&format!(
+                "submitted job {} ({} units)",
+                job.job_id,
+                job.units.len()
+            )),
+            Event::Ended(o) => view.log(&format!(
+                "{:<9} {} ({:.1} s)",
+                o.status.describe(),
+                o.name,
+                o.seconds
+            )),
+            Event::Tick => view.update(&(0..dirs.len()).map(current).collect::<Vec<_>>()),
+            Event::Started(_) | Event::WouldRun { .. } => {}
         },
     )?;
-    Ok(stopped)
+    if done.finished {
+        return Ok(done.interrupted);
+    }
+    poll(sub, view)
 }
 
-/// Submits the due units to SLURM and polls the whole sweep (one query per
-/// round) until nothing is pending or running. Returns whether Ctrl-C
-/// stopped the watching (the jobs go on).
-fn watch_slurm(sub: &mut Submission, view: &mut LiveView) -> Result<bool> {
-    for job in slurm::submit(&sub.plan.study_dir, &mut sub.units, &sub.decisions, false)? {
-        view.log(&format!(
-            "submitted job {} ({} units)",
-            job.job_id,
-            job.units.len()
-        ));
-    }
+/// Polls the whole sweep (one scheduler query per round) until nothing is
+/// pending or running. Returns whether Ctrl-C stopped the watching.
+fn poll(sub: &Submission, view: &mut LiveView) -> Result<bool> {
     let stop = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
     loop {
@@ -146,8 +142,8 @@ fn print_report(root: &Path, manifest: &Path) -> Result<()> {
         },
     )?;
     println!("{}", report::export::markdown_table(&rep.summary));
-    for (name, state, reason) in &rep.summary.problems {
-        println!("note: {name}: {state}, {reason}");
+    for p in &rep.summary.problems {
+        println!("note: {}: {}, {}", p.run, p.state, p.reason);
     }
     let files: Vec<String> = rep.files.iter().map(|p| p.display().to_string()).collect();
     println!("tables: {}", files.join(", "));

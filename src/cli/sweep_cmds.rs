@@ -1,7 +1,7 @@
 //! plan, render, submit, status, cancel: the commands that take a manifest.
 
 use super::SubmitArgs;
-use crate::executor::{self, local, slurm, Decision, State, Status, SubmitOptions, Unit, UnitKind};
+use crate::executor::{self, local, Decision, Event, Executor, State, Status, SubmitOptions, Unit};
 use crate::manifest::{ExecutorKind, Manifest};
 use crate::plan::{render, Plan};
 use anyhow::Result;
@@ -116,7 +116,8 @@ pub(super) struct Submission {
     pub plan: Plan,
     pub units: Vec<Unit>,
     pub status: Vec<Status>,
-    pub kind: ExecutorKind,
+    /// Chosen once: `--executor`, else the manifest's, else SLURM.
+    pub executor: Box<dyn Executor>,
     pub decisions: Vec<Decision>,
 }
 
@@ -127,6 +128,10 @@ impl Submission {
             .executor
             .or(plan.manifest.executor)
             .unwrap_or(ExecutorKind::Slurm);
+        let local = local::LocalOptions {
+            parallel: args.parallel.unwrap_or(plan.manifest.local.parallel).max(1),
+            threads: plan.manifest.local.threads,
+        };
         let opts = SubmitOptions {
             retry_failed: args.retry_failed,
             dry_run: args.dry_run,
@@ -137,7 +142,7 @@ impl Submission {
             plan,
             units,
             status,
-            kind,
+            executor: executor::for_kind(kind, local),
             decisions,
         })
     }
@@ -148,16 +153,6 @@ impl Submission {
             .filter(|d| **d == Decision::Submit)
             .count()
     }
-
-    pub fn local_options(&self, args: &SubmitArgs) -> local::LocalOptions {
-        local::LocalOptions {
-            parallel: args
-                .parallel
-                .unwrap_or(self.plan.manifest.local.parallel)
-                .max(1),
-            threads: self.plan.manifest.local.threads,
-        }
-    }
 }
 
 pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
@@ -166,74 +161,60 @@ pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
         println!("nothing to submit");
         return Ok(ExitCode::SUCCESS);
     }
-    match sub.kind {
-        ExecutorKind::Slurm => {
-            let jobs = slurm::submit(
-                &sub.plan.study_dir,
-                &mut sub.units,
-                &sub.decisions,
-                args.dry_run,
-            )?;
-            for job in jobs {
-                let what = if job.array {
-                    format!("array of {} runs", job.units.len())
-                } else {
-                    job.units[0].clone()
-                };
-                let after = if job.depends_on.is_empty() {
-                    String::new()
-                } else {
-                    format!(" after job {}", job.depends_on.join(","))
-                };
-                if args.dry_run {
-                    println!("would submit {what}{after}: {}", job.script.display());
-                } else {
-                    println!("submitted job {}: {what}{after}", job.job_id);
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        ExecutorKind::Local if args.dry_run => {
-            for (u, d) in sub.units.iter().zip(&sub.decisions) {
-                if *d == Decision::Submit {
-                    println!("would run {}: {}", u.name, u.command);
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        ExecutorKind::Local => {
-            let opts = sub.local_options(args);
-            let (outcomes, interrupted) = local::run(
-                &mut sub.units,
-                &sub.decisions,
-                opts,
-                |o, started| {
-                    if started {
-                        eprintln!("started   {}", o.name);
-                    } else {
-                        eprintln!("{:<9} {} ({:.1} s)", o.status.describe(), o.name, o.seconds);
-                    }
-                },
-                || {},
-            )?;
-            let failed = outcomes
-                .iter()
-                .filter(|o| o.status.state != State::Completed)
-                .count();
-            println!(
-                "{} jobs finished, {} failed or cancelled; logs in each run directory's {}",
-                outcomes.len(),
-                failed,
-                local::LOG_FILE
-            );
-            Ok(if interrupted {
-                ExitCode::from(130)
-            } else if failed > 0 {
-                ExitCode::FAILURE
+    let done = sub.executor.submit(
+        &sub.plan.study_dir,
+        &mut sub.units,
+        &sub.decisions,
+        args.dry_run,
+        &mut |e| print_event(e, args.dry_run),
+    )?;
+    if done.outcomes.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let failed = done
+        .outcomes
+        .iter()
+        .filter(|o| o.status.state != State::Completed)
+        .count();
+    println!(
+        "{} jobs finished, {} failed or cancelled; logs in each run directory's {}",
+        done.outcomes.len(),
+        failed,
+        local::LOG_FILE
+    );
+    Ok(if done.interrupted {
+        ExitCode::from(130)
+    } else if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One line per submitted job, or per local job as it starts and ends.
+fn print_event(e: Event<'_>, dry_run: bool) {
+    match e {
+        Event::Submitted(job) => {
+            let what = if job.array {
+                format!("array of {} runs", job.units.len())
             } else {
-                ExitCode::SUCCESS
-            })
+                job.units[0].clone()
+            };
+            let after = if job.depends_on.is_empty() {
+                String::new()
+            } else {
+                format!(" after job {}", job.depends_on.join(","))
+            };
+            if dry_run {
+                println!("would submit {what}{after}: {}", job.script.display());
+            } else {
+                println!("submitted job {}: {what}{after}", job.job_id);
+            }
         }
+        Event::WouldRun { name, command } => println!("would run {name}: {command}"),
+        Event::Started(o) => eprintln!("started   {}", o.name),
+        Event::Ended(o) => eprintln!("{:<9} {} ({:.1} s)", o.status.describe(), o.name, o.seconds),
+        Event::Tick => {}
     }
 }
 
@@ -303,14 +284,9 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
     ]);
     let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
     for (u, s) in units.iter().zip(&status) {
-        let kind = if u.kind == UnitKind::Stage {
-            "stage"
-        } else {
-            "run"
-        };
         t.add_row(vec![
             u.name.clone(),
-            kind.into(),
+            u.kind.as_str().into(),
             s.describe(),
             s.job_id.clone().unwrap_or_default(),
         ]);

@@ -4,7 +4,7 @@
 //! (SIGINT/SIGTERM) stops the children cleanly: SIGTERM to each job's process
 //! group (the trainer checkpoints on it), SIGKILL after a grace period.
 
-use super::{job_env, Decision, State, Status, Unit, UnitKind};
+use super::{job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::ExecutorKind;
 use anyhow::{Context, Result};
 use nix::sys::signal::{killpg, Signal};
@@ -44,6 +44,21 @@ struct LocalState {
 }
 
 impl LocalState {
+    fn new(job_id: String, state: State, owner_pid: u32) -> LocalState {
+        LocalState {
+            job_id,
+            state,
+            pid: None,
+            owner_pid,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            started_at: None,
+            ended_at: None,
+            cancel_requested: false,
+        }
+    }
+
     fn save(&self, dir: &Path) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(self).expect("serialises");
         crate::util::fs::write_atomic(&dir.join(STATE_FILE), &bytes)
@@ -59,6 +74,15 @@ pub struct LocalOptions {
     pub parallel: usize,
     /// CPU threads per job (0: cores / parallel).
     pub threads: usize,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            parallel: 1,
+            threads: 0,
+        }
+    }
 }
 
 /// What happened to each unit that was run.
@@ -78,158 +102,260 @@ struct Running {
     requeues: u32,
 }
 
-/// Runs the units the decisions say to submit, until all are done or the user
-/// interrupts. `on_event` is told about every start and end.
-/// `on_tick` is called about once a second (for a live view).
+/// The local executor with its options.
+pub struct LocalExecutor(pub LocalOptions);
+
+impl Executor for LocalExecutor {
+    fn kind(&self) -> ExecutorKind {
+        ExecutorKind::Local
+    }
+
+    fn submit(
+        &self,
+        _study_dir: &Path,
+        units: &mut [Unit],
+        decisions: &[Decision],
+        dry_run: bool,
+        on: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Submitted> {
+        if dry_run {
+            for (u, d) in units.iter().zip(decisions) {
+                if *d == Decision::Submit {
+                    on(Event::WouldRun {
+                        name: &u.name,
+                        command: &u.command,
+                    });
+                }
+            }
+            return Ok(Submitted {
+                finished: true,
+                ..Default::default()
+            });
+        }
+        let (outcomes, interrupted) = run(units, decisions, self.0, on)?;
+        Ok(Submitted {
+            outcomes,
+            finished: true,
+            interrupted,
+        })
+    }
+
+    fn statuses(&self, jobs: &[(&str, &Path)]) -> Result<Vec<Status>> {
+        Ok(jobs.iter().map(|(id, dir)| status(dir, id)).collect())
+    }
+
+    fn cancel(&self, jobs: &[(&str, &Path)]) -> Result<()> {
+        for (_, dir) in jobs {
+            cancel(dir).with_context(|| format!("cancelling the job in {}", dir.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the units the decisions say to submit, until all are done or the
+/// user interrupts; reports every start and end, and ticks about once a
+/// second. Returns the outcomes and whether Ctrl-C stopped it.
 pub fn run(
     units: &mut [Unit],
     decisions: &[Decision],
     opts: LocalOptions,
-    mut on_event: impl FnMut(&Outcome, bool),
-    mut on_tick: impl FnMut(),
+    on: &mut dyn FnMut(Event<'_>),
 ) -> Result<(Vec<Outcome>, bool)> {
     let interrupted = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&interrupted))
             .context("installing the Ctrl-C handler")?;
     }
-    let threads = if opts.threads > 0 {
-        opts.threads
-    } else {
-        (std::thread::available_parallelism().map_or(1, |n| n.get()) / opts.parallel.max(1)).max(1)
-    };
-    let owner = std::process::id();
-
-    // Queue everything first so `sweep status` shows it as PENDING.
-    let mut queue: VecDeque<usize> = VecDeque::new();
-    for (i, u) in units.iter_mut().enumerate() {
-        if decisions[i] != Decision::Submit {
-            continue;
-        }
-        let job_id = format!("local-{owner}-{i}");
-        u.record_job(ExecutorKind::Local, job_id.clone())?;
-        LocalState {
-            job_id,
-            state: State::Pending,
-            pid: None,
-            owner_pid: owner,
-            exit_code: None,
-            signal: None,
-            reason: None,
-            started_at: None,
-            ended_at: None,
-            cancel_requested: false,
-        }
-        .save(&u.dir)?;
-        queue.push_back(i);
-    }
-
-    let mut outcomes: Vec<Outcome> = Vec::new();
-    let mut done: Vec<Option<State>> = vec![None; units.len()];
-    // Stages that are cached or already completed count as done.
-    for (i, d) in decisions.iter().enumerate() {
-        match d {
-            Decision::Cached | Decision::Skip(State::Completed) => done[i] = Some(State::Completed),
-            Decision::SkipFailed(s) | Decision::Skip(s)
-                if units[i].kind == UnitKind::Stage && !s.is_active() =>
-            {
-                done[i] = Some(*s)
-            }
-            _ => {}
-        }
-    }
-    let mut running: Vec<Running> = Vec::new();
+    let mut pool = Pool::new(units, decisions, opts)?;
     let mut last_tick = Instant::now();
-
     loop {
         if last_tick.elapsed() >= Duration::from_secs(1) {
-            on_tick();
+            on(Event::Tick);
             last_tick = Instant::now();
         }
         if interrupted.load(Ordering::SeqCst) {
-            stop_all(units, &mut running, &mut outcomes, &mut on_event)?;
-            for i in queue.drain(..) {
-                let o =
-                    finish_unstarted(units, i, State::Cancelled, "interrupted before it started")?;
-                on_event(&o, false);
-                outcomes.push(o);
-            }
-            return Ok((outcomes, true));
+            pool.stop_all(units, on)?;
+            return Ok((pool.outcomes, true));
         }
-
-        // Start what is ready.
-        let mut waiting = VecDeque::new();
-        while let Some(i) = queue.pop_front() {
-            let stage_state = units[i].stage.map(|s| done[s]);
-            match stage_state {
-                Some(None) => waiting.push_back(i), // its stage is still running
-                Some(Some(s)) if s != State::Completed => {
-                    let o = finish_unstarted(
-                        units,
-                        i,
-                        State::Cancelled,
-                        "its pretokenize stage did not complete (DependencyNeverSatisfied)",
-                    )?;
-                    done[i] = Some(State::Cancelled);
-                    on_event(&o, false);
-                    outcomes.push(o);
-                }
-                _ if cancel_requested(&units[i].dir) => {
-                    let o = finish_unstarted(
-                        units,
-                        i,
-                        State::Cancelled,
-                        "cancelled before it started",
-                    )?;
-                    done[i] = Some(State::Cancelled);
-                    on_event(&o, false);
-                    outcomes.push(o);
-                }
-                _ if running.len() < opts.parallel => {
-                    let r = start(&units[i], i, threads, owner, 0)?;
-                    on_event(&outcome(&units[i], &r.state, 0.0), true);
-                    running.push(r);
-                }
-                _ => waiting.push_back(i),
-            }
-        }
-        queue = waiting;
-
-        // Reap what finished.
-        let mut k = 0;
-        while k < running.len() {
-            if let Some(exit) = running[k].child.try_wait()? {
-                let mut r = running.swap_remove(k);
-                let (code, signal) = exit_parts(exit);
-                let cancelled = cancel_requested(&units[r.unit].dir);
-                if code == Some(REQUEUE_EXIT) && r.requeues < MAX_REQUEUES && !cancelled {
-                    // Checkpointed on a signal: start it again, like SLURM's requeue.
-                    let again = start(&units[r.unit], r.unit, threads, owner, r.requeues + 1)?;
-                    running.push(again);
-                    continue;
-                }
-                r.state.exit_code = code;
-                r.state.signal = signal;
-                r.state.state = match (code, signal) {
-                    (Some(0), _) => State::Completed,
-                    _ if cancelled || signal.is_some() => State::Cancelled,
-                    _ => State::Failed,
-                };
-                r.state.cancel_requested = cancelled;
-                r.state.ended_at = Some(crate::util::now_rfc3339());
-                r.state.save(&units[r.unit].dir)?;
-                done[r.unit] = Some(r.state.state);
-                let o = outcome(&units[r.unit], &r.state, r.started.elapsed().as_secs_f64());
-                on_event(&o, false);
-                outcomes.push(o);
-            } else {
-                k += 1;
-            }
-        }
-        if queue.is_empty() && running.is_empty() {
-            return Ok((outcomes, false));
+        pool.start_ready(units, on)?;
+        pool.reap(units, on)?;
+        if pool.queue.is_empty() && pool.running.is_empty() {
+            return Ok((pool.outcomes, false));
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The jobs of one `run`: queued, running, and how each unit ended.
+struct Pool {
+    opts: LocalOptions,
+    threads: usize,
+    owner: u32,
+    queue: VecDeque<usize>,
+    running: Vec<Running>,
+    /// How each unit ended (`None`: not yet), for the runs waiting on a stage.
+    done: Vec<Option<State>>,
+    outcomes: Vec<Outcome>,
+}
+
+impl Pool {
+    /// Queues every unit to submit, recording it as PENDING at once so
+    /// `sweep status` shows it; stages that need no run count as done.
+    fn new(units: &mut [Unit], decisions: &[Decision], opts: LocalOptions) -> Result<Pool> {
+        let threads = if opts.threads > 0 {
+            opts.threads
+        } else {
+            (std::thread::available_parallelism().map_or(1, |n| n.get()) / opts.parallel.max(1))
+                .max(1)
+        };
+        let owner = std::process::id();
+        let mut queue = VecDeque::new();
+        let mut done = vec![None; units.len()];
+        for (i, (u, d)) in units.iter_mut().zip(decisions).enumerate() {
+            match d {
+                Decision::Submit => {
+                    let job_id = format!("local-{owner}-{i}");
+                    u.record_job(ExecutorKind::Local, job_id.clone())?;
+                    LocalState::new(job_id, State::Pending, owner).save(&u.dir)?;
+                    queue.push_back(i);
+                }
+                Decision::Cached | Decision::Skip(State::Completed) => {
+                    done[i] = Some(State::Completed)
+                }
+                Decision::SkipFailed(s) | Decision::Skip(s)
+                    if u.kind == UnitKind::Stage && !s.is_active() =>
+                {
+                    done[i] = Some(*s)
+                }
+                _ => {}
+            }
+        }
+        Ok(Pool {
+            opts,
+            threads,
+            owner,
+            queue,
+            running: Vec::new(),
+            done,
+            outcomes: Vec::new(),
+        })
+    }
+
+    fn ended(&mut self, o: Outcome, on: &mut dyn FnMut(Event<'_>)) {
+        on(Event::Ended(&o));
+        self.outcomes.push(o);
+    }
+
+    /// Starts queued units whose stage is done, up to `parallel` at a time;
+    /// cancels those whose stage failed or that `sweep cancel` marked.
+    fn start_ready(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
+        let mut waiting = VecDeque::new();
+        while let Some(i) = self.queue.pop_front() {
+            let cancel_reason = match units[i].stage.map(|s| self.done[s]) {
+                Some(None) => {
+                    waiting.push_back(i); // its stage is still running
+                    continue;
+                }
+                Some(Some(s)) if s != State::Completed => {
+                    Some("its pretokenize stage did not complete (DependencyNeverSatisfied)")
+                }
+                _ if cancel_requested(&units[i].dir) => Some("cancelled before it started"),
+                _ => None,
+            };
+            if let Some(reason) = cancel_reason {
+                let o = finish_unstarted(units, i, State::Cancelled, reason)?;
+                self.done[i] = Some(State::Cancelled);
+                self.ended(o, on);
+            } else if self.running.len() < self.opts.parallel {
+                let r = start(&units[i], i, self.threads, self.owner, 0)?;
+                on(Event::Started(&outcome(&units[i], &r.state, 0.0)));
+                self.running.push(r);
+            } else {
+                waiting.push_back(i);
+            }
+        }
+        self.queue = waiting;
+        Ok(())
+    }
+
+    /// Collects the jobs that exited; one that checkpointed on a signal
+    /// (exit 99) starts again, like SLURM's requeue.
+    fn reap(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
+        let mut k = 0;
+        while k < self.running.len() {
+            let Some(exit) = self.running[k].child.try_wait()? else {
+                k += 1;
+                continue;
+            };
+            let mut r = self.running.swap_remove(k);
+            let (code, signal) = exit_parts(exit);
+            let dir = &units[r.unit].dir;
+            let cancelled = cancel_requested(dir);
+            if code == Some(REQUEUE_EXIT) && r.requeues < MAX_REQUEUES && !cancelled {
+                let again = start(
+                    &units[r.unit],
+                    r.unit,
+                    self.threads,
+                    self.owner,
+                    r.requeues + 1,
+                )?;
+                self.running.push(again);
+                continue;
+            }
+            r.state.exit_code = code;
+            r.state.signal = signal;
+            r.state.state = match (code, signal) {
+                (Some(0), _) => State::Completed,
+                _ if cancelled || signal.is_some() => State::Cancelled,
+                _ => State::Failed,
+            };
+            r.state.cancel_requested = cancelled;
+            r.state.ended_at = Some(crate::util::now_rfc3339());
+            r.state.save(dir)?;
+            self.done[r.unit] = Some(r.state.state);
+            let o = outcome(&units[r.unit], &r.state, r.started.elapsed().as_secs_f64());
+            self.ended(o, on);
+        }
+        Ok(())
+    }
+
+    /// Ctrl-C: SIGTERM to every job's process group, SIGKILL after the grace
+    /// period; what had not started yet is cancelled.
+    fn stop_all(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
+        for r in self.running.iter() {
+            let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + GRACE;
+        while !self.running.is_empty() {
+            let mut k = 0;
+            while k < self.running.len() {
+                let Some(exit) = self.running[k].child.try_wait()? else {
+                    k += 1;
+                    continue;
+                };
+                let mut r = self.running.swap_remove(k);
+                let (code, signal) = exit_parts(exit);
+                r.state.exit_code = code;
+                r.state.signal = signal;
+                r.state.state = State::Cancelled;
+                r.state.reason = Some("interrupted (Ctrl-C)".into());
+                r.state.ended_at = Some(crate::util::now_rfc3339());
+                r.state.save(&units[r.unit].dir)?;
+                let o = outcome(&units[r.unit], &r.state, r.started.elapsed().as_secs_f64());
+                self.ended(o, on);
+            }
+            if Instant::now() > deadline {
+                for r in self.running.iter() {
+                    let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGKILL);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for i in std::mem::take(&mut self.queue) {
+            let o = finish_unstarted(units, i, State::Cancelled, "interrupted before it started")?;
+            self.ended(o, on);
+        }
+        Ok(())
     }
 }
 
@@ -273,16 +399,9 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         .map(|j| j.job_id.clone())
         .unwrap_or_default();
     let state = LocalState {
-        job_id,
-        state: State::Running,
         pid: Some(child.id()),
-        owner_pid: owner,
-        exit_code: None,
-        signal: None,
-        reason: None,
         started_at: Some(crate::util::now_rfc3339()),
-        ended_at: None,
-        cancel_requested: false,
+        ..LocalState::new(job_id, State::Running, owner)
     };
     state.save(&u.dir)?;
     Ok(Running {
@@ -292,46 +411,6 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         state,
         requeues,
     })
-}
-
-/// SIGTERM to every job's process group, SIGKILL after the grace period.
-fn stop_all(
-    units: &[Unit],
-    running: &mut Vec<Running>,
-    outcomes: &mut Vec<Outcome>,
-    on_event: &mut impl FnMut(&Outcome, bool),
-) -> Result<()> {
-    for r in running.iter() {
-        let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGTERM);
-    }
-    let deadline = Instant::now() + GRACE;
-    while !running.is_empty() {
-        let mut k = 0;
-        while k < running.len() {
-            if let Some(exit) = running[k].child.try_wait()? {
-                let mut r = running.swap_remove(k);
-                let (code, signal) = exit_parts(exit);
-                r.state.exit_code = code;
-                r.state.signal = signal;
-                r.state.state = State::Cancelled;
-                r.state.reason = Some("interrupted (Ctrl-C)".into());
-                r.state.ended_at = Some(crate::util::now_rfc3339());
-                r.state.save(&units[r.unit].dir)?;
-                let o = outcome(&units[r.unit], &r.state, r.started.elapsed().as_secs_f64());
-                on_event(&o, false);
-                outcomes.push(o);
-            } else {
-                k += 1;
-            }
-        }
-        if Instant::now() > deadline {
-            for r in running.iter() {
-                let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGKILL);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
 }
 
 fn finish_unstarted(units: &[Unit], i: usize, state: State, reason: &str) -> Result<Outcome> {

@@ -10,12 +10,12 @@ mod state;
 pub use state::{State, Status};
 
 use crate::manifest::ExecutorKind;
+pub use crate::plan::record::UnitKind;
 use crate::plan::record::{JobRecord, RunRecord};
-use crate::plan::render::{Rendered, RenderedDir, STAGE_JSON};
+use crate::plan::render::{Rendered, RenderedDir};
 use crate::plan::Plan;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// A run or a stage: anything that becomes one job.
@@ -35,19 +35,9 @@ pub struct Unit {
     pub array_throttle: Option<u32>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum UnitKind {
-    Stage,
-    Run,
-}
-
 impl Unit {
     pub fn record_file(&self) -> PathBuf {
-        match self.kind {
-            UnitKind::Stage => self.dir.join(STAGE_JSON),
-            UnitKind::Run => self.dir.join(crate::plan::record::RUN_JSON),
-        }
+        self.dir.join(self.kind.record_file())
     }
 
     /// Appends a submitted job to the unit's record, on disk at once.
@@ -117,6 +107,87 @@ fn unit(
     }
 }
 
+/// What an executor reports while it submits or runs jobs.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A job went to the scheduler (or would have, on a dry run).
+    Submitted(&'a slurm::Submission),
+    /// On a dry run of the local executor: the program a unit would run.
+    WouldRun { name: &'a str, command: &'a str },
+    /// A local job started.
+    Started(&'a local::Outcome),
+    /// A local job ended.
+    Ended(&'a local::Outcome),
+    /// About once a second while local jobs run (for a live view).
+    Tick,
+}
+
+/// How a submission ended.
+#[derive(Debug, Default)]
+pub struct Submitted {
+    /// The jobs that ran here, as they ended (local executor).
+    pub outcomes: Vec<local::Outcome>,
+    /// Whether the jobs have finished when `submit` returns (local), or go on
+    /// in the scheduler (SLURM).
+    pub finished: bool,
+    /// Ctrl-C stopped the local jobs.
+    pub interrupted: bool,
+}
+
+/// An executor: where jobs run. `submit` sends (SLURM) or runs (local) the
+/// units that `decisions` marks; `statuses` and `cancel` act on jobs it ran
+/// before, by id and run directory.
+pub trait Executor {
+    fn kind(&self) -> ExecutorKind;
+
+    fn submit(
+        &self,
+        study_dir: &std::path::Path,
+        units: &mut [Unit],
+        decisions: &[Decision],
+        dry_run: bool,
+        on: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Submitted>;
+
+    /// The state of each job, `jobs[i]` = (job id, run directory), with one
+    /// scheduler query for all of them.
+    fn statuses(&self, jobs: &[(&str, &std::path::Path)]) -> Result<Vec<Status>>;
+
+    fn cancel(&self, jobs: &[(&str, &std::path::Path)]) -> Result<()>;
+}
+
+/// The executor of a kind; `local` runs jobs with these options.
+pub fn for_kind(kind: ExecutorKind, local: local::LocalOptions) -> Box<dyn Executor> {
+    match kind {
+        ExecutorKind::Slurm => Box::new(slurm::SlurmExecutor),
+        ExecutorKind::Local => Box::new(local::LocalExecutor(local)),
+    }
+}
+
+/// Groups the indices of `records` by the executor of their last job (those
+/// never submitted are left out), and calls `f` once per executor.
+fn by_executor<T>(
+    records: &[(&RunRecord, &std::path::Path)],
+    mut f: impl FnMut(&dyn Executor, &[usize], &[(&str, &std::path::Path)]) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for kind in [ExecutorKind::Slurm, ExecutorKind::Local] {
+        let (idx, jobs): (Vec<usize>, Vec<(&str, &std::path::Path)>) = records
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (r, dir))| {
+                let j = r.last_job()?;
+                (j.executor == kind).then_some((i, (j.job_id.as_str(), *dir)))
+            })
+            .unzip();
+        if !idx.is_empty() {
+            let exec = for_kind(kind, local::LocalOptions::default());
+            out.push(f(exec.as_ref(), &idx, &jobs)?);
+        }
+    }
+    Ok(out)
+}
+
 /// The current state of every unit, with one scheduler query for the whole sweep.
 pub fn statuses(units: &[Unit]) -> Result<Vec<Status>> {
     let records: Vec<(&RunRecord, &std::path::Path)> =
@@ -126,31 +197,14 @@ pub fn statuses(units: &[Unit]) -> Result<Vec<Status>> {
 
 /// The same from run records and their directories alone.
 pub fn record_statuses(records: &[(&RunRecord, &std::path::Path)]) -> Result<Vec<Status>> {
-    let slurm_ids: Vec<&str> = records
-        .iter()
-        .filter_map(|(r, _)| r.last_job())
-        .filter(|j| j.executor == ExecutorKind::Slurm)
-        .map(|j| j.job_id.as_str())
-        .collect();
-    let slurm_states = if slurm_ids.is_empty() {
-        HashMap::new()
-    } else {
-        slurm::query(&slurm_ids)?
-    };
-    Ok(records
-        .iter()
-        .map(|(r, dir)| match r.last_job() {
-            None => Status::new(State::Unsubmitted),
-            Some(j) => match j.executor {
-                ExecutorKind::Local => local::status(dir, &j.job_id),
-                ExecutorKind::Slurm => slurm_states
-                    .get(j.job_id.as_str())
-                    .cloned()
-                    .unwrap_or_else(|| slurm::status_from_exit_file(dir, &j.job_id)),
-            }
-            .with_job(&j.job_id),
-        })
-        .collect())
+    let mut out = vec![Status::new(State::Unsubmitted); records.len()];
+    by_executor(records, |exec, idx, jobs| {
+        for ((&i, s), (job, _)) in idx.iter().zip(exec.statuses(jobs)?).zip(jobs) {
+            out[i] = s.with_job(job);
+        }
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -189,6 +243,8 @@ pub fn decide(
             st if u.kind == UnitKind::Stage && !st.is_active() && stage_ready(u) => {
                 Decision::Cached
             }
+            // A stage that completed but whose output is gone or stale runs again.
+            State::Unsubmitted | State::Completed if u.kind == UnitKind::Stage => Decision::Submit,
             State::Unsubmitted => Decision::Submit,
             st if st.is_active() || st == State::Completed => Decision::Skip(st),
             _ if opts.retry_failed => Decision::Submit,
@@ -221,27 +277,211 @@ pub fn job_env(unit: &Unit) -> Vec<(String, String)> {
     env
 }
 
-/// Cancels every pending or running job of the sweep.
+/// Cancels every pending or running job of the sweep; returns their units' names.
 pub fn cancel(units: &[Unit], status: &[Status]) -> Result<Vec<String>> {
-    let mut slurm_ids = Vec::new();
-    let mut cancelled = Vec::new();
-    for (u, s) in units.iter().zip(status) {
-        if !s.state.is_active() {
-            continue;
+    let active: Vec<&Unit> = units
+        .iter()
+        .zip(status)
+        .filter(|(_, s)| s.state.is_active())
+        .map(|(u, _)| u)
+        .collect();
+    let records: Vec<(&RunRecord, &std::path::Path)> = active
+        .iter()
+        .map(|u| (&u.record, u.dir.as_path()))
+        .collect();
+    let names = by_executor(&records, |exec, idx, jobs| {
+        exec.cancel(jobs)?;
+        Ok(idx
+            .iter()
+            .map(|&i| active[i].name.clone())
+            .collect::<Vec<_>>())
+    })?;
+    Ok(names.into_iter().flatten().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::record::ManifestRef;
+
+    fn unit(kind: UnitKind, name: &str, stage: Option<usize>) -> Unit {
+        Unit {
+            kind,
+            name: name.into(),
+            id: name.into(),
+            dir: PathBuf::from("/nonexistent").join(name),
+            command: "true".into(),
+            stage,
+            record: RunRecord {
+                id: name.into(),
+                name: name.into(),
+                study: "s".into(),
+                kind,
+                manifest: ManifestRef {
+                    path: "m.toml".into(),
+                    sha256: "0".into(),
+                },
+                git_commit: None,
+                sweep_version: "0".into(),
+                created_at: "2026-01-01T00:00:00Z".into(),
+                params: Default::default(),
+                depends_on: None,
+                jobs: Vec::new(),
+            },
+            script: String::new(),
+            env: Vec::new(),
+            array_throttle: None,
         }
-        let Some(job) = u.record.last_job() else {
-            continue;
-        };
-        match job.executor {
-            ExecutorKind::Slurm => slurm_ids.push(job.job_id.clone()),
-            ExecutorKind::Local => {
-                local::cancel(&u.dir).with_context(|| format!("cancelling {}", u.name))?
+    }
+
+    const ALL_STATES: [State; 11] = [
+        State::Unsubmitted,
+        State::Pending,
+        State::Running,
+        State::Completed,
+        State::Failed,
+        State::Cancelled,
+        State::Timeout,
+        State::OutOfMemory,
+        State::Preempted,
+        State::NodeFail,
+        State::Unknown,
+    ];
+
+    /// A run on its own, for every state, with and without `--retry-failed`.
+    #[test]
+    fn a_run_is_submitted_skipped_or_retried_by_its_state() {
+        use Decision::*;
+        // (state, decision, decision with --retry-failed)
+        let table = [
+            (State::Unsubmitted, Submit, Submit),
+            (State::Pending, Skip(State::Pending), Skip(State::Pending)),
+            (State::Running, Skip(State::Running), Skip(State::Running)),
+            (
+                State::Completed,
+                Skip(State::Completed),
+                Skip(State::Completed),
+            ),
+            (State::Failed, SkipFailed(State::Failed), Submit),
+            (State::Cancelled, SkipFailed(State::Cancelled), Submit),
+            (State::Timeout, SkipFailed(State::Timeout), Submit),
+            (State::OutOfMemory, SkipFailed(State::OutOfMemory), Submit),
+            (State::Preempted, SkipFailed(State::Preempted), Submit),
+            (State::NodeFail, SkipFailed(State::NodeFail), Submit),
+            (State::Unknown, SkipFailed(State::Unknown), Submit),
+        ];
+        assert_eq!(table.len(), ALL_STATES.len(), "every state has a row");
+        let units = [unit(UnitKind::Run, "r", None)];
+        for (state, plain, retry) in table {
+            let status = [Status::new(state)];
+            for (retry_failed, want) in [(false, plain.clone()), (true, retry)] {
+                let opts = SubmitOptions {
+                    retry_failed,
+                    dry_run: false,
+                };
+                let got = decide(&units, &status, opts, |_| false);
+                assert_eq!(got, vec![want], "{state} retry_failed={retry_failed}");
             }
         }
-        cancelled.push(u.name.clone());
     }
-    if !slurm_ids.is_empty() {
-        slurm::cancel(&slurm_ids)?;
+
+    /// A stage and the run that waits for it: a valid cached output is never
+    /// rerun; a stage is only submitted for runs that will run; a run whose
+    /// stage failed is blocked unless the stage is retried.
+    #[test]
+    fn a_stage_runs_only_for_runs_that_need_it() {
+        use Decision::*;
+        let units = [
+            unit(UnitKind::Stage, "stage", None),
+            unit(UnitKind::Run, "run", Some(0)),
+        ];
+        let plain = SubmitOptions::default();
+        let retry = SubmitOptions {
+            retry_failed: true,
+            dry_run: false,
+        };
+        // (stage state, run state, stage output valid, options, decisions)
+        let table = [
+            (
+                State::Unsubmitted,
+                State::Unsubmitted,
+                false,
+                plain,
+                [Submit, Submit],
+            ),
+            (
+                State::Unsubmitted,
+                State::Unsubmitted,
+                true,
+                plain,
+                [Cached, Submit],
+            ),
+            (
+                State::Completed,
+                State::Unsubmitted,
+                true,
+                plain,
+                [Cached, Submit],
+            ),
+            // The output is gone: the stage runs again for the run.
+            (
+                State::Completed,
+                State::Unsubmitted,
+                false,
+                plain,
+                [Submit, Submit],
+            ),
+            (
+                State::Completed,
+                State::Completed,
+                false,
+                plain,
+                [Skip(State::Completed), Skip(State::Completed)],
+            ),
+            (
+                State::Unsubmitted,
+                State::Completed,
+                false,
+                plain,
+                [Skip(State::Unsubmitted), Skip(State::Completed)],
+            ),
+            (
+                State::Running,
+                State::Pending,
+                false,
+                plain,
+                [Skip(State::Running), Skip(State::Pending)],
+            ),
+            (
+                State::Failed,
+                State::Unsubmitted,
+                false,
+                plain,
+                [SkipFailed(State::Failed), Blocked],
+            ),
+            (
+                State::Failed,
+                State::Cancelled,
+                false,
+                retry,
+                [Submit, Submit],
+            ),
+            (
+                State::Failed,
+                State::Completed,
+                false,
+                retry,
+                [Skip(State::Failed), Skip(State::Completed)],
+            ),
+        ];
+        for (stage, run, ready, opts, want) in table {
+            let status = [Status::new(stage), Status::new(run)];
+            let got = decide(&units, &status, opts, |_| ready);
+            assert_eq!(
+                got,
+                want.to_vec(),
+                "stage {stage}, run {run}, output valid {ready}, {opts:?}"
+            );
+        }
     }
-    Ok(cancelled)
 }

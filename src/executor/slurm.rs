@@ -2,7 +2,7 @@
 //! that share a job header and a dependency, `afterok` on stage jobs, and one
 //! `squeue` call for the state of the whole sweep.
 
-use super::{Decision, State, Status, Unit, UnitKind};
+use super::{Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::ExecutorKind;
 use crate::util::process::output;
 use anyhow::{bail, Context, Result};
@@ -25,6 +25,48 @@ pub struct Submission {
     pub units: Vec<String>,
     pub array: bool,
     pub depends_on: Vec<String>,
+}
+
+/// The SLURM executor.
+pub struct SlurmExecutor;
+
+impl Executor for SlurmExecutor {
+    fn kind(&self) -> ExecutorKind {
+        ExecutorKind::Slurm
+    }
+
+    fn submit(
+        &self,
+        study_dir: &Path,
+        units: &mut [Unit],
+        decisions: &[Decision],
+        dry_run: bool,
+        on: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Submitted> {
+        for job in submit(study_dir, units, decisions, dry_run)? {
+            on(Event::Submitted(&job));
+        }
+        Ok(Submitted::default())
+    }
+
+    fn statuses(&self, jobs: &[(&str, &Path)]) -> Result<Vec<Status>> {
+        let ids: Vec<&str> = jobs.iter().map(|(id, _)| *id).collect();
+        let known = query(&ids)?;
+        Ok(jobs
+            .iter()
+            .map(|(id, dir)| {
+                known
+                    .get(*id)
+                    .cloned()
+                    .unwrap_or_else(|| status_from_exit_file(dir, id))
+            })
+            .collect())
+    }
+
+    fn cancel(&self, jobs: &[(&str, &Path)]) -> Result<()> {
+        let ids: Vec<String> = jobs.iter().map(|(id, _)| id.to_string()).collect();
+        cancel(&ids)
+    }
 }
 
 /// Submits what `decisions` says, stages first; records every job id in its

@@ -22,13 +22,37 @@ pub struct ManifestRef {
     pub sha256: String,
 }
 
+/// A training (or any-command) run, or a stage job that runs wait for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnitKind {
+    Stage,
+    Run,
+}
+
+impl UnitKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnitKind::Stage => "stage",
+            UnitKind::Run => "run",
+        }
+    }
+
+    /// The record file of a directory of this kind.
+    pub fn record_file(self) -> &'static str {
+        match self {
+            UnitKind::Stage => super::render::STAGE_JSON,
+            UnitKind::Run => RUN_JSON,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub id: String,
     pub name: String,
     pub study: String,
-    /// `run` or `stage`.
-    pub kind: String,
+    pub kind: UnitKind,
     pub manifest: ManifestRef,
     pub git_commit: Option<String>,
     pub sweep_version: String,

@@ -2,7 +2,7 @@
 //! template error writes nothing), then written file by file, only where the
 //! content changed: re-rendering is idempotent and never touches outputs.
 
-use super::record::{ManifestRef, RunRecord};
+use super::record::{ManifestRef, RunRecord, UnitKind};
 use super::templates::Templates;
 use super::{Job, Plan};
 use crate::manifest::{Diagnostic, Diagnostics};
@@ -52,11 +52,11 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
     };
     let git_commit = crate::util::process::git_commit(&m.root);
     let now = crate::util::now_rfc3339();
-    let fresh = |id: &str, name: &str, kind: &str, params, depends_on| RunRecord {
+    let fresh = |id: &str, name: &str, kind: UnitKind, params, depends_on| RunRecord {
         id: id.to_string(),
         name: name.to_string(),
         study: m.name.clone(),
-        kind: kind.to_string(),
+        kind,
         manifest: manifest.clone(),
         git_commit: git_commit.clone(),
         sweep_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -70,31 +70,26 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
         .runs
         .par_iter()
         .map(|run| {
-            let config = match &run.job {
-                Job::Train(cfg) => format!(
-                    "# Run `{}` ({}) of study `{}`: what `sweep train` executes.\n# Written by sweep from {}; edit the manifest, not this file.\n\n{}",
-                    run.name,
-                    run.id,
-                    m.name,
-                    m.path.display(),
-                    cfg.to_toml()
-                ),
-                Job::Command(cmd) => {
-                    let body = json!({ "command": cmd, "params": run.params });
-                    let table: toml::Value = serde_json::from_value(body).expect("json maps to toml");
-                    format!("# Run `{}` ({}) of study `{}`.\n\n{}", run.name, run.id, m.name, toml::to_string(&table).unwrap_or_default())
-                }
-            };
+            let config = config_toml(plan, run)?;
             let script = templates.run_script(plan, run, &sweep_bin)?;
             let depends_on = run.stage.map(|s| plan.stages[s].name.clone());
-            let record = merge(&run.dir, fresh(&run.id, &run.name, "run", run.params.clone(), depends_on))?;
+            let record = merge(
+                &run.dir,
+                fresh(
+                    &run.id,
+                    &run.name,
+                    UnitKind::Run,
+                    run.params.clone(),
+                    depends_on,
+                ),
+            )?;
             Ok(RenderedDir {
                 dir: run.dir.clone(),
                 config: Some(config),
                 script,
                 record_bytes: record.to_bytes(),
                 record,
-                record_file: super::record::RUN_JSON,
+                record_file: UnitKind::Run.record_file(),
             })
         })
         .collect();
@@ -113,14 +108,14 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
             let script = templates.stage_script(plan, s, &sweep_bin)?;
-            let record = merge(&s.dir, fresh(&s.id, &s.name, "stage", params, None))?;
+            let record = merge(&s.dir, fresh(&s.id, &s.name, UnitKind::Stage, params, None))?;
             Ok(RenderedDir {
                 dir: s.dir.clone(),
                 config: None,
                 script,
                 record_bytes: record.to_bytes(),
                 record,
-                record_file: STAGE_JSON,
+                record_file: UnitKind::Stage.record_file(),
             })
         })
         .collect();
@@ -140,14 +135,55 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
     Ok(Rendered { runs, stages })
 }
 
+/// A run's `config.toml`: the trainer's configuration, or an any-command
+/// run's command and parameters. A value that TOML cannot hold is an error
+/// here, never an empty file.
+fn config_toml(plan: &Plan, run: &super::Run) -> Result<String, Diagnostics> {
+    let m = &plan.manifest;
+    let body = match &run.job {
+        Job::Train(cfg) => toml::to_string(cfg.as_ref()),
+        Job::Command(cmd) => {
+            let mut table = toml::Table::new();
+            table.insert("command".into(), toml::Value::String(cmd.clone()));
+            let params = serde_json::from_value::<toml::Value>(json!(run.params));
+            match params {
+                Ok(p) => {
+                    table.insert("params".into(), p);
+                    toml::to_string(&table)
+                }
+                Err(e) => {
+                    let d = m.source.at_key(
+                        "sweep",
+                        format!("run `{}`: its parameters have no TOML form: {e}", run.name),
+                    );
+                    return Err(d.into());
+                }
+            }
+        }
+    }
+    .map_err(|e| {
+        Diagnostic::new(
+            run.dir.join(CONFIG_TOML),
+            format!(
+                "cannot write run `{}`'s configuration as TOML: {e}",
+                run.name
+            ),
+        )
+    })?;
+    let what = match &run.job {
+        Job::Train(_) => format!(": what `sweep train` executes.\n# Written by sweep from {}; edit the manifest, not this file", m.path.display()),
+        Job::Command(_) => String::new(),
+    };
+    Ok(format!(
+        "# Run `{}` ({}) of study `{}`{what}.\n\n{body}",
+        run.name, run.id, m.name
+    ))
+}
+
 /// Keeps what an existing record knows (creation time, commit, jobs) when the
 /// run is the same; refuses to reuse a directory for a different run.
 fn merge(dir: &Path, fresh: RunRecord) -> Result<RunRecord, Diagnostics> {
-    let file = if fresh.kind == "stage" {
-        STAGE_JSON
-    } else {
-        super::record::RUN_JSON
-    };
+    let file = fresh.kind.record_file();
     // One failed open per new run is cheaper than a stat first.
     let old: Option<RunRecord> = match std::fs::read(dir.join(file)) {
         Ok(bytes) => serde_json::from_slice(&bytes).ok(),

@@ -1,6 +1,7 @@
 //! Job-script templates: the project's `templates/` folder when it has one,
 //! else the copies built into the binary; a manifest may name its own file.
 
+use super::record::UnitKind;
 use super::{Plan, Run, Stage};
 use crate::manifest::{did_you_mean, Diagnostic, Diagnostics, SlurmSpec};
 use crate::template::{describe, Engine};
@@ -55,7 +56,7 @@ struct ScriptContext<'a> {
     sweep_version: &'a str,
     study: &'a str,
     template: String,
-    kind: &'a str,
+    kind: UnitKind,
     run: RunInfo<'a>,
     job_name: String,
     slurm: &'a SlurmSpec,
@@ -165,7 +166,13 @@ impl Templates {
             name: &run.name,
             dir: &run.dir,
         };
-        self.render(plan, &run.slurm, "run", info, run.command(sweep_bin))
+        self.render(
+            plan,
+            &run.slurm,
+            UnitKind::Run,
+            info,
+            run.command(sweep_bin),
+        )
     }
 
     pub fn stage_script(
@@ -179,14 +186,20 @@ impl Templates {
             name: &stage.name,
             dir: &stage.dir,
         };
-        self.render(plan, &stage.slurm, "stage", info, stage.command(sweep_bin))
+        self.render(
+            plan,
+            &stage.slurm,
+            UnitKind::Stage,
+            info,
+            stage.command(sweep_bin),
+        )
     }
 
     fn render(
         &self,
         plan: &Plan,
         slurm: &SlurmSpec,
-        kind: &str,
+        kind: UnitKind,
         run: RunInfo<'_>,
         command: String,
     ) -> Result<String, Diagnostics> {

@@ -3,6 +3,7 @@
 //! loss against step and wall time; throughput and MFU over time; scaling
 //! with the number of GPUs when a sweep varies it.
 
+use super::columns::{self as c, Metric, Stat};
 use super::plot::{bars::Bars, lines::Lines, save};
 use super::summary::{cell, num, Summary};
 use anyhow::Result;
@@ -11,27 +12,28 @@ use std::path::{Path, PathBuf};
 
 pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
     let t = &s.table;
-    let names: Vec<String> = (0..t.height()).map(|i| cell(t, "run", i)).collect();
+    let names: Vec<String> = (0..t.height()).map(|i| cell(t, c::RUN, i)).collect();
     let speedups: Vec<Option<String>> = (0..t.height())
-        .map(|i| num(t, "speedup", i).map(|v| format!("{v:.2}x")))
+        .map(|i| num(t, c::SPEEDUP, i).map(|v| format!("{v:.2}x")))
         .collect();
     let mut out = Vec::new();
     for (file, metric, title, unit) in [
         (
             "throughput",
-            "tokens_per_second_mean",
+            Metric::TokensPerSecond,
             "Throughput per device",
             "tokens per second",
         ),
-        ("mfu", "mfu_pct_mean", "Model FLOPs utilisation", "MFU (%)"),
+        ("mfu", Metric::MfuPct, "Model FLOPs utilisation", "MFU (%)"),
         (
             "tflops",
-            "tflops_mean",
+            Metric::Tflops,
             "Achieved TFLOPs per device",
             "TFLOP/s",
         ),
     ] {
-        let values: Vec<Option<f64>> = (0..t.height()).map(|i| num(t, metric, i)).collect();
+        let column = metric.col(Stat::Mean);
+        let values: Vec<Option<f64>> = (0..t.height()).map(|i| num(t, &column, i)).collect();
         if values.iter().all(Option::is_none) {
             continue;
         }
@@ -52,27 +54,27 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
         out.extend(save(&fig, dir, "batch-size")?);
     }
     for (file, y, x, y_label, x_label, zero) in [
-        ("loss-step", "loss", "step", "loss (nats)", "step", false),
+        ("loss-step", c::LOSS, c::STEP, "loss (nats)", "step", false),
         (
             "loss-time",
-            "loss",
-            "elapsed_s",
+            c::LOSS,
+            c::ELAPSED_S,
             "loss (nats)",
             "wall time (s)",
             false,
         ),
         (
             "throughput-time",
-            "tokens_per_second",
-            "elapsed_s",
+            Metric::TokensPerSecond.name(),
+            c::ELAPSED_S,
             "tokens per second",
             "wall time (s)",
             true,
         ),
         (
             "mfu-time",
-            "mfu_pct",
-            "elapsed_s",
+            Metric::MfuPct.name(),
+            c::ELAPSED_S,
             "MFU (%)",
             "wall time (s)",
             true,
@@ -101,7 +103,7 @@ fn lines(s: &Summary, x: &str, y: &str) -> Vec<(String, Vec<(f64, f64)>)> {
     let p = &s.points;
     let mut by_run: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for i in 0..p.height() {
-        let run = cell(p, "run", i);
+        let run = cell(p, c::RUN, i);
         if by_run.last().is_none_or(|(r, _)| *r != run) {
             by_run.push((run.clone(), Vec::new()));
         }
@@ -145,7 +147,7 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
                 order.len() - 1
             }
         };
-        if let Some(v) = num(t, "tokens_per_second_mean", i) {
+        if let Some(v) = num(t, &Metric::TokensPerSecond.col(Stat::Mean), i) {
             groups
                 .entry(idx)
                 .or_insert_with(|| (label, BTreeMap::new()))
@@ -211,8 +213,8 @@ fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for &(i, x) in &rows {
         // Whole-job throughput: the logged global figure, else per device x devices.
-        let per_device = num(t, "tokens_per_second_mean", i);
-        let y = match (num(t, "global_tokens_per_second", i), per_device) {
+        let per_device = num(t, &Metric::TokensPerSecond.col(Stat::Mean), i);
+        let y = match (num(t, c::GLOBAL_TOKENS_PER_SECOND, i), per_device) {
             (Some(g), _) => g,
             (None, Some(d)) if unit == "GPUs" => d * x,
             (None, Some(d)) => d,

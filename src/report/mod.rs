@@ -3,6 +3,7 @@
 //! logs written by other programs (`--import`, e.g. the reference study's).
 
 pub mod charts;
+pub mod columns;
 pub mod export;
 pub mod ingest;
 pub mod plot;
@@ -10,7 +11,7 @@ pub mod summary;
 
 use crate::executor::{self, Status};
 use crate::manifest::{Manifest, Mode};
-use crate::plan::record::RunRecord;
+use crate::plan::record::{RunRecord, UnitKind};
 use crate::plan::{render, Plan};
 use anyhow::{bail, Context, Result};
 use ingest::RunLog;
@@ -105,140 +106,140 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
 
 fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
     match source {
-        Source::Manifest(path) => {
-            let m = Manifest::load(path, root)?;
-            let plan = Plan::new(m)?;
-            let rendered = render::render(&plan)?;
-            let records: Vec<(&RunRecord, &Path)> = rendered
-                .runs
-                .iter()
-                .map(|r| (&r.record, r.dir.as_path()))
-                .collect();
-            let states = states_or_unknown(&records);
-            let pattern = plan
-                .manifest
-                .report
-                .line_pattern
-                .as_deref()
-                .map(regex::Regex::new)
-                .transpose()?;
-            let command = matches!(plan.manifest.mode, Mode::Command(_));
-            let runs = plan
-                .runs
-                .par_iter()
-                .zip(states)
-                .map(|(r, st)| {
-                    read_run(
-                        &r.name,
-                        &r.dir,
-                        r.params.clone(),
-                        st,
-                        if command { pattern.as_ref() } else { None },
-                    )
-                })
-                .collect();
-            let rs = &plan.manifest.report;
-            let axes = Some(plan.manifest.axis_keys().map(str::to_string).collect());
-            Ok((
-                plan.manifest.name.clone(),
-                runs,
-                Spec {
-                    axes,
-                    skip_first: Some(rs.skip_first),
-                    baseline: rs.baseline.clone(),
-                    group_by: rs.group_by.clone(),
-                },
-            ))
-        }
-        Source::ResultsDir(dir) => {
-            let study = dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "study".into());
-            let mut found: Vec<(RunRecord, PathBuf)> = Vec::new();
-            for e in std::fs::read_dir(dir)
-                .with_context(|| format!("reading {}", dir.display()))?
-                .flatten()
-            {
-                if let Ok(Some(r)) = RunRecord::load(&e.path()) {
-                    if r.kind == "run" {
-                        found.push((r, e.path()));
-                    }
-                }
-            }
-            if found.is_empty() {
-                bail!("{} holds no run directories (run.json); give the manifest or `sweep render` first", dir.display());
-            }
-            found.sort_by(|a, b| {
-                a.0.created_at
-                    .cmp(&b.0.created_at)
-                    .then(a.0.name.cmp(&b.0.name))
-            });
-            let records: Vec<(&RunRecord, &Path)> =
-                found.iter().map(|(r, d)| (r, d.as_path())).collect();
-            let states = states_or_unknown(&records);
-            let runs = found
-                .par_iter()
-                .zip(states)
-                .map(|((r, d), st)| read_run(&r.name, d, r.params.clone(), st, None))
-                .collect();
-            Ok((study, runs, Spec::default()))
-        }
+        Source::Manifest(path) => load_manifest(root, path),
+        Source::ResultsDir(dir) => load_results_dir(dir),
         Source::Import {
             glob,
             format,
             pattern,
             name,
-        } => {
-            let re = match (format, pattern) {
-                (LogFormat::Pattern, Some(p)) => Some(
-                    regex::Regex::new(p).context("--pattern is not a valid regular expression")?,
-                ),
-                (LogFormat::Pattern, None) => {
-                    bail!("--log-format pattern needs --pattern '<regex with named groups>'")
-                }
-                _ => None,
-            };
-            let mut paths: Vec<PathBuf> = glob::glob(glob)
-                .with_context(|| format!("bad glob `{glob}`"))?
-                .filter_map(|p| p.ok())
-                .collect();
-            paths.sort();
-            if paths.is_empty() {
-                bail!("no files match `{glob}`");
+        } => Ok((
+            name.clone(),
+            load_import(glob, *format, pattern.as_deref())?,
+            Spec::default(),
+        )),
+    }
+}
+
+/// The runs a manifest plans, read from their directories.
+fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
+    let m = Manifest::load(path, root)?;
+    let plan = Plan::new(m)?;
+    let rendered = render::render(&plan)?;
+    let records: Vec<(&RunRecord, &Path)> = rendered
+        .runs
+        .iter()
+        .map(|r| (&r.record, r.dir.as_path()))
+        .collect();
+    let states = states_or_unknown(&records);
+    let pattern = match (&plan.manifest.mode, &plan.manifest.report.line_pattern) {
+        (Mode::Command(_), Some(p)) => Some(regex::Regex::new(p)?),
+        _ => None,
+    };
+    let runs = plan
+        .runs
+        .par_iter()
+        .zip(states)
+        .map(|(r, st)| read_run(&r.name, &r.dir, r.params.clone(), st, pattern.as_ref()))
+        .collect();
+    let rs = &plan.manifest.report;
+    let spec = Spec {
+        axes: Some(plan.manifest.axis_keys().map(str::to_string).collect()),
+        skip_first: Some(rs.skip_first),
+        baseline: rs.baseline.clone(),
+        group_by: rs.group_by.clone(),
+    };
+    Ok((plan.manifest.name.clone(), runs, spec))
+}
+
+/// Every run directory (with a `run.json`) of `results/<study>`.
+fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
+    let study = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "study".into());
+    let mut found: Vec<(RunRecord, PathBuf)> = Vec::new();
+    for e in std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .flatten()
+    {
+        if let Ok(Some(r)) = RunRecord::load(&e.path()) {
+            if r.kind == UnitKind::Run {
+                found.push((r, e.path()));
             }
-            let runs = paths
-                .iter()
-                .map(|p| {
-                    let name = p
-                        .file_stem()
-                        .map(|s| s.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    let text = std::fs::read_to_string(p).unwrap_or_default();
-                    match format {
-                        LogFormat::Reference => ingest::reference::parse(&name, &text),
-                        LogFormat::Jsonl => {
-                            let (points, skipped) = ingest::jsonl::parse(&text);
-                            RunLog {
-                                name,
-                                state: "COMPLETED".into(),
-                                points,
-                                skipped_lines: skipped,
-                                ..Default::default()
-                            }
-                        }
-                        LogFormat::Pattern => RunLog {
-                            name,
-                            state: "COMPLETED".into(),
-                            points: ingest::pattern::parse(re.as_ref().unwrap(), &text),
-                            ..Default::default()
-                        },
-                    }
-                })
-                .collect();
-            Ok((name.clone(), runs, Spec::default()))
         }
     }
+    if found.is_empty() {
+        bail!(
+            "{} holds no run directories (run.json); give the manifest or `sweep render` first",
+            dir.display()
+        );
+    }
+    found.sort_by(|a, b| {
+        a.0.created_at
+            .cmp(&b.0.created_at)
+            .then(a.0.name.cmp(&b.0.name))
+    });
+    let records: Vec<(&RunRecord, &Path)> = found.iter().map(|(r, d)| (r, d.as_path())).collect();
+    let states = states_or_unknown(&records);
+    let runs = found
+        .par_iter()
+        .zip(states)
+        .map(|((r, d), st)| read_run(&r.name, d, r.params.clone(), st, None))
+        .collect();
+    Ok((study, runs, Spec::default()))
+}
+
+/// Foreign log files, one run each (named after the file). A file that
+/// cannot be read is a run with its reason, listed among the report's problems.
+fn load_import(glob: &str, format: LogFormat, pattern: Option<&str>) -> Result<Vec<RunLog>> {
+    let re = match (format, pattern) {
+        (LogFormat::Pattern, Some(p)) => {
+            Some(regex::Regex::new(p).context("--pattern is not a valid regular expression")?)
+        }
+        (LogFormat::Pattern, None) => {
+            bail!("--log-format pattern needs --pattern '<regex with named groups>'")
+        }
+        _ => None,
+    };
+    let mut paths: Vec<PathBuf> = glob::glob(glob)
+        .with_context(|| format!("bad glob `{glob}`"))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("listing the files of `{glob}`"))?;
+    paths.sort();
+    if paths.is_empty() {
+        bail!("no files match `{glob}`");
+    }
+    let runs = paths
+        .iter()
+        .map(|p| {
+            let name = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let text = match ingest::read_text(p) {
+                Ok(t) => t,
+                Err(why) => return RunLog::unreadable(name, why),
+            };
+            let completed = Status::new(executor::State::Completed);
+            match (format, &re) {
+                (LogFormat::Reference, _) => ingest::reference::parse(&name, &text),
+                (LogFormat::Jsonl, _) => {
+                    let (points, skipped) = ingest::jsonl::parse(&text);
+                    RunLog {
+                        points,
+                        skipped_lines: skipped,
+                        ..RunLog::new(name, completed)
+                    }
+                }
+                (LogFormat::Pattern, re) => RunLog {
+                    points: ingest::pattern::parse(re.as_ref().expect("checked above"), &text),
+                    ..RunLog::new(name, completed)
+                },
+            }
+        })
+        .collect();
+    Ok(runs)
 }
 
 /// Run states from the executors; a scheduler that cannot be asked makes
@@ -256,7 +257,8 @@ fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
     }
 }
 
-/// A run's points: metrics.jsonl, or its job logs matched by `pattern`.
+/// A run's points: metrics.jsonl, or its job logs matched by `pattern`. A
+/// file that exists but cannot be read is the run's reason, never an empty run.
 fn read_run(
     name: &str,
     dir: &Path,
@@ -265,11 +267,9 @@ fn read_run(
     pattern: Option<&regex::Regex>,
 ) -> RunLog {
     let mut run = RunLog {
-        name: name.to_string(),
         params,
-        state: status.describe(),
         reason: status.reason.clone(),
-        ..Default::default()
+        ..RunLog::new(name, status)
     };
     match pattern {
         Some(re) => {
@@ -282,23 +282,29 @@ fn read_run(
                 .collect();
             logs.sort();
             for l in logs {
-                run.points.extend(ingest::pattern::parse(
-                    re,
-                    &std::fs::read_to_string(&l).unwrap_or_default(),
-                ));
+                match ingest::read_text(&l) {
+                    Ok(text) => run.points.extend(ingest::pattern::parse(re, &text)),
+                    Err(why) => run.read_errors.push(why),
+                }
             }
         }
-        None => match std::fs::read_to_string(dir.join(crate::train::metrics::METRICS_FILE)) {
-            Ok(text) => {
-                let (points, skipped) = ingest::jsonl::parse(&text);
-                run.points = points;
-                run.skipped_lines = skipped;
+        None => {
+            let path = dir.join(crate::train::metrics::METRICS_FILE);
+            if path.exists() {
+                match ingest::read_text(&path) {
+                    Ok(text) => {
+                        let (points, skipped) = ingest::jsonl::parse(&text);
+                        run.points = points;
+                        run.skipped_lines = skipped;
+                    }
+                    Err(why) => run.read_errors.push(why),
+                }
+            } else if run.reason.is_none() {
+                run.reason = Some("no metrics.jsonl yet".into());
             }
-            Err(_) if run.reason.is_none() => run.reason = Some("no metrics.jsonl yet".into()),
-            Err(_) => {}
-        },
+        }
     }
-    if run.points.is_empty() && run.reason.is_none() {
+    if run.points.is_empty() && run.reason.is_none() && run.read_errors.is_empty() {
         run.reason = Some("no metrics yet".into());
     }
     run

@@ -4,18 +4,11 @@
 //! throughput, MFU, TFLOPs and training-token share, the final loss and the
 //! wall time; optionally grouped by axes; speedups against a baseline.
 
+use super::columns::{self as c, Metric, Stat};
 use super::ingest::RunLog;
+use crate::executor::State;
 use anyhow::{bail, Result};
 use polars::prelude::*;
-
-/// The metrics summarised per run.
-pub const METRICS: &[&str] = &[
-    "tokens_per_second",
-    "mfu_pct",
-    "tflops",
-    "training_tokens_pct",
-];
-const STATS: &[&str] = &["mean", "median", "std", "p5", "p95"];
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -38,8 +31,17 @@ pub struct Summary {
     /// The parameters that distinguish configurations (a sweep's axes; for
     /// imported logs, the parameters that vary): what charts group and label by.
     pub axes: Vec<String>,
-    /// Runs without usable points, with the reason.
-    pub problems: Vec<(String, String, String)>,
+    /// Runs without usable points or that did not complete, with the reason.
+    pub problems: Vec<Problem>,
+}
+
+/// A run the table cannot fully account for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    pub run: String,
+    /// As the executor or the log describes it: `FAILED (exit 3)`, `UNKNOWN`, ...
+    pub state: String,
+    pub reason: String,
 }
 
 fn opt_col(name: &str, values: Vec<Option<f64>>) -> Column {
@@ -72,19 +74,19 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
         }
     }
     let names = [
-        "step",
-        "loss",
-        "tokens_per_second",
-        "mfu_pct",
-        "tflops",
-        "training_tokens_pct",
-        "step_time_s",
-        "elapsed_s",
-        "global_tokens_per_second",
+        c::STEP,
+        c::LOSS,
+        Metric::TokensPerSecond.name(),
+        Metric::MfuPct.name(),
+        Metric::Tflops.name(),
+        Metric::TrainingTokensPct.name(),
+        c::STEP_TIME_S,
+        c::ELAPSED_S,
+        c::GLOBAL_TOKENS_PER_SECOND,
     ];
     let mut columns = vec![
-        Column::new("run".into(), run),
-        Column::new("log_index".into(), index),
+        Column::new(c::RUN.into(), run),
+        Column::new(c::LOG_INDEX.into(), index),
     ];
     columns.extend(names.iter().zip(cols).map(|(name, v)| opt_col(name, v)));
     Ok(DataFrame::new_infer_height(columns)?)
@@ -102,13 +104,13 @@ fn runs_frame(runs: &[RunLog]) -> Result<(DataFrame, Vec<String>)> {
     }
     let mut columns = vec![
         Column::new(
-            "run".into(),
+            c::RUN.into(),
             runs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
         ),
-        Column::new("order".into(), (0..runs.len() as u32).collect::<Vec<_>>()),
+        Column::new(c::ORDER.into(), (0..runs.len() as u32).collect::<Vec<_>>()),
         Column::new(
-            "state".into(),
-            runs.iter().map(|r| r.state.as_str()).collect::<Vec<_>>(),
+            c::STATE.into(),
+            runs.iter().map(|r| r.status.describe()).collect::<Vec<_>>(),
         ),
     ];
     for k in &keys {
@@ -126,16 +128,25 @@ fn runs_frame(runs: &[RunLog]) -> Result<(DataFrame, Vec<String>)> {
     Ok((DataFrame::new_infer_height(columns)?, keys))
 }
 
-fn stat(metric: &str, s: &str) -> Expr {
-    let c = col(metric);
+fn stat(metric: Metric, s: Stat) -> Expr {
+    let x = col(metric.name());
     let e = match s {
-        "mean" => c.mean(),
-        "median" => c.median(),
-        "std" => c.std(1),
-        "p5" => c.quantile(lit(0.05), QuantileMethod::Linear),
-        _ => c.quantile(lit(0.95), QuantileMethod::Linear),
+        Stat::Mean => x.mean(),
+        Stat::Median => x.median(),
+        Stat::Std => x.std(1),
+        Stat::P5 => x.quantile(lit(0.05), QuantileMethod::Linear),
+        Stat::P95 => x.quantile(lit(0.95), QuantileMethod::Linear),
     };
-    e.alias(format!("{metric}_{s}"))
+    e.alias(metric.col(s))
+}
+
+/// Every metric × statistic aggregation.
+fn stats(f: impl Fn(Metric, Stat) -> Expr) -> Vec<Expr> {
+    Metric::ALL
+        .iter()
+        .flat_map(|&m| Stat::ALL.iter().map(move |&s| (m, s)))
+        .map(|(m, s)| f(m, s))
+        .collect()
 }
 
 pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
@@ -149,144 +160,13 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
             );
         }
     }
-    let mut aggs: Vec<Expr> = METRICS
-        .iter()
-        .flat_map(|m| STATS.iter().map(move |s| stat(m, s)))
-        .collect();
-    aggs.push(col("step").count().alias("points"));
-    aggs.push(
-        col("global_tokens_per_second")
-            .mean()
-            .alias("global_tokens_per_second"),
-    );
-    let measured = points
-        .clone()
-        .lazy()
-        .filter(col("log_index").gt_eq(lit(opts.skip_first as u32)))
-        .group_by([col("run")])
-        .agg(aggs);
-    let overall = points
-        .clone()
-        .lazy()
-        .sort(["run", "step"], Default::default())
-        .group_by([col("run")])
-        .agg([
-            col("loss").drop_nulls().last().alias("final_loss"),
-            col("elapsed_s").max().alias("wall_time_s"),
-            col("step").max().alias("last_step"),
-        ]);
-    let mut per_run = info
-        .lazy()
-        .join(
-            measured,
-            [col("run")],
-            [col("run")],
-            JoinArgs::new(JoinType::Left),
-        )
-        .join(
-            overall,
-            [col("run")],
-            [col("run")],
-            JoinArgs::new(JoinType::Left),
-        )
-        .sort(["order"], Default::default())
-        .with_column(lit(1u32).alias("runs"))
-        .collect()
-        .map_err(|e| anyhow::anyhow!("summarising the runs: {e}"))?;
-
-    let table = if opts.group_by.is_empty() {
-        per_run.clone()
+    let per_run = per_run(&points, info, opts.skip_first)?;
+    let mut table = if opts.group_by.is_empty() {
+        per_run
     } else {
-        let keys: Vec<Expr> = opts.group_by.iter().map(|g| col(g.as_str())).collect();
-        let mut aggs: Vec<Expr> = METRICS
-            .iter()
-            .flat_map(|m| STATS.iter().map(move |s| col(format!("{m}_{s}")).mean()))
-            .collect();
-        aggs.extend([
-            col("final_loss").mean(),
-            col("wall_time_s").mean(),
-            col("global_tokens_per_second").mean(),
-            col("points").sum(),
-            col("runs").sum(),
-            col("run").first().alias("first_run"),
-            col("order").min(),
-            col("run").alias("members"),
-        ]);
-        let grouped = per_run
-            .clone()
-            .lazy()
-            .group_by_stable(keys)
-            .agg(aggs)
-            .sort(["order"], Default::default())
-            .collect()?;
-        // A group is named after its parameters, e.g. `dataset_type=padded pretokenized=true`.
-        let names: Vec<String> = (0..grouped.height())
-            .map(|i| {
-                opts.group_by
-                    .iter()
-                    .map(|g| format!("{g}={}", cell(&grouped, g, i)))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .collect();
-        let mut grouped = grouped;
-        grouped.with_column(Column::new("run".into(), names))?;
-        grouped.with_column(Column::new("state".into(), vec!["-"; grouped.height()]))?;
-        grouped
+        group(&per_run, &opts.group_by)?
     };
-
-    // Speedup against the baseline row (the baseline run, or its group).
-    let baseline_row = match &opts.baseline {
-        None => None,
-        Some(b) if opts.group_by.is_empty() => Some(
-            row_of(&table, "run", b)
-                .ok_or_else(|| anyhow::anyhow!("no run named `{b}` to measure speedups against"))?,
-        ),
-        Some(b) => {
-            let members = table.column("members")?.list()?;
-            let found = (0..table.height()).find(|&i| {
-                members.get_as_series(i).is_some_and(|s| {
-                    s.str()
-                        .is_ok_and(|s| s.iter().any(|v| v == Some(b.as_str())))
-                })
-            });
-            Some(
-                found.ok_or_else(|| {
-                    anyhow::anyhow!("no run named `{b}` to measure speedups against")
-                })?,
-            )
-        }
-    };
-    let mut table = table;
-    let tps = table.column("tokens_per_second_mean")?.f64()?.clone();
-    let speedup: Vec<Option<f64>> = match baseline_row.and_then(|r| tps.get(r)) {
-        Some(base) if base > 0.0 => tps.iter().map(|v| v.map(|v| v / base)).collect(),
-        _ => vec![None; table.height()],
-    };
-    table.with_column(Column::new("speedup".into(), speedup))?;
-    if table
-        .get_column_names()
-        .iter()
-        .any(|c| c.as_str() == "members")
-    {
-        table = table.drop("members")?;
-    }
-    per_run.rechunk_mut();
-
-    let problems = runs
-        .iter()
-        .filter(|r| r.points.is_empty() || r.state != "COMPLETED")
-        .map(|r| {
-            let reason = r.reason.clone().unwrap_or_else(|| {
-                if r.points.is_empty() {
-                    "no metrics".into()
-                } else {
-                    "not finished".into()
-                }
-            });
-            (r.name.clone(), r.state.clone(), reason)
-        })
-        .collect();
+    add_speedup(&mut table, opts)?;
     let params = if opts.group_by.is_empty() {
         params
     } else {
@@ -295,28 +175,184 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
     let axes = match &opts.axes {
         _ if !opts.group_by.is_empty() => opts.group_by.clone(),
         Some(a) => a.clone(),
-        None => params
-            .iter()
-            .filter(|p| !p.starts_with("global_"))
-            .filter(|p| {
-                let mut seen: Vec<String> = (0..table.height())
-                    .map(|i| cell(&table, p, i))
-                    .filter(|v| !v.is_empty())
-                    .collect();
-                seen.sort();
-                seen.dedup();
-                seen.len() > 1
-            })
-            .cloned()
-            .collect(),
+        None => varying(&table, &params),
     };
     Ok(Summary {
         table,
         points,
         params,
         axes,
-        problems,
+        problems: problems(runs),
     })
+}
+
+/// One row per run: its statistics over the points after the first
+/// `skip_first`, its final loss and wall time, joined to its state and parameters.
+fn per_run(points: &DataFrame, info: DataFrame, skip_first: usize) -> Result<DataFrame> {
+    let mut aggs = stats(stat);
+    aggs.push(col(c::STEP).count().alias(c::POINTS));
+    aggs.push(
+        col(c::GLOBAL_TOKENS_PER_SECOND)
+            .mean()
+            .alias(c::GLOBAL_TOKENS_PER_SECOND),
+    );
+    let measured = points
+        .clone()
+        .lazy()
+        .filter(col(c::LOG_INDEX).gt_eq(lit(skip_first as u32)))
+        .group_by([col(c::RUN)])
+        .agg(aggs);
+    let overall = points
+        .clone()
+        .lazy()
+        .sort([c::RUN, c::STEP], Default::default())
+        .group_by([col(c::RUN)])
+        .agg([
+            col(c::LOSS).drop_nulls().last().alias(c::FINAL_LOSS),
+            col(c::ELAPSED_S).max().alias(c::WALL_TIME_S),
+            col(c::STEP).max().alias(c::LAST_STEP),
+        ]);
+    let mut table = info
+        .lazy()
+        .join(
+            measured,
+            [col(c::RUN)],
+            [col(c::RUN)],
+            JoinArgs::new(JoinType::Left),
+        )
+        .join(
+            overall,
+            [col(c::RUN)],
+            [col(c::RUN)],
+            JoinArgs::new(JoinType::Left),
+        )
+        .sort([c::ORDER], Default::default())
+        .with_column(lit(1u32).alias(c::RUNS))
+        .collect()
+        .map_err(|e| anyhow::anyhow!("summarising the runs: {e}"))?;
+    table.rechunk_mut();
+    Ok(table)
+}
+
+/// One row per group of runs with equal `keys`: the means of the runs'
+/// statistics, named after the group's values (`dataset_type=padded
+/// pretokenized=true`), with the member runs kept for the baseline lookup.
+fn group(per_run: &DataFrame, keys: &[String]) -> Result<DataFrame> {
+    let by: Vec<Expr> = keys.iter().map(|g| col(g.as_str())).collect();
+    let mut aggs = stats(|m, s| col(m.col(s)).mean());
+    aggs.extend([
+        col(c::FINAL_LOSS).mean(),
+        col(c::WALL_TIME_S).mean(),
+        col(c::GLOBAL_TOKENS_PER_SECOND).mean(),
+        col(c::POINTS).sum(),
+        col(c::RUNS).sum(),
+        col(c::RUN).first().alias(c::FIRST_RUN),
+        col(c::ORDER).min(),
+        col(c::RUN).alias(c::MEMBERS),
+    ]);
+    let mut grouped = per_run
+        .clone()
+        .lazy()
+        .group_by_stable(by)
+        .agg(aggs)
+        .sort([c::ORDER], Default::default())
+        .collect()?;
+    let names: Vec<String> = (0..grouped.height())
+        .map(|i| {
+            keys.iter()
+                .map(|g| format!("{g}={}", cell(&grouped, g, i)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    grouped.with_column(Column::new(c::RUN.into(), names))?;
+    grouped.with_column(Column::new(c::STATE.into(), vec!["-"; grouped.height()]))?;
+    Ok(grouped)
+}
+
+/// The `speedup` column: mean tokens/s against the baseline row (the
+/// baseline run, or the group it belongs to).
+fn add_speedup(table: &mut DataFrame, opts: &Options) -> Result<()> {
+    let missing = |b: &str| anyhow::anyhow!("no run named `{b}` to measure speedups against");
+    let baseline_row = match &opts.baseline {
+        None => None,
+        Some(b) if opts.group_by.is_empty() => {
+            Some(row_of(table, c::RUN, b).ok_or_else(|| missing(b))?)
+        }
+        Some(b) => {
+            let members = table.column(c::MEMBERS)?.list()?;
+            let found = (0..table.height()).find(|&i| {
+                members.get_as_series(i).is_some_and(|s| {
+                    s.str()
+                        .is_ok_and(|s| s.iter().any(|v| v == Some(b.as_str())))
+                })
+            });
+            Some(found.ok_or_else(|| missing(b))?)
+        }
+    };
+    let tps = table
+        .column(&Metric::TokensPerSecond.col(Stat::Mean))?
+        .f64()?
+        .clone();
+    let speedup: Vec<Option<f64>> = match baseline_row.and_then(|r| tps.get(r)) {
+        Some(base) if base > 0.0 => tps.iter().map(|v| v.map(|v| v / base)).collect(),
+        _ => vec![None; table.height()],
+    };
+    table.with_column(Column::new(c::SPEEDUP.into(), speedup))?;
+    if table
+        .get_column_names()
+        .iter()
+        .any(|name| name.as_str() == c::MEMBERS)
+    {
+        *table = table.drop(c::MEMBERS)?;
+    }
+    Ok(())
+}
+
+/// The parameters whose value differs between rows (for imported logs, whose
+/// axes are not declared): what charts group and label by.
+fn varying(table: &DataFrame, params: &[String]) -> Vec<String> {
+    params
+        .iter()
+        .filter(|p| !p.starts_with("global_"))
+        .filter(|p| {
+            let mut seen: Vec<String> = (0..table.height())
+                .map(|i| cell(table, p, i))
+                .filter(|v| !v.is_empty())
+                .collect();
+            seen.sort();
+            seen.dedup();
+            seen.len() > 1
+        })
+        .cloned()
+        .collect()
+}
+
+/// Runs without points, that did not complete, or with unreadable logs.
+fn problems(runs: &[RunLog]) -> Vec<Problem> {
+    runs.iter()
+        .filter(|r| {
+            r.points.is_empty() || r.status.state != State::Completed || !r.read_errors.is_empty()
+        })
+        .map(|r| {
+            let known: Vec<&str> = r
+                .reason
+                .iter()
+                .chain(&r.read_errors)
+                .map(String::as_str)
+                .collect();
+            let reason = match (known.is_empty(), r.points.is_empty()) {
+                (false, _) => known.join("; "),
+                (true, true) => "no metrics".into(),
+                (true, false) => "not finished".into(),
+            };
+            Problem {
+                run: r.name.clone(),
+                state: r.status.describe(),
+                reason,
+            }
+        })
+        .collect()
 }
 
 fn row_of(df: &DataFrame, column: &str, value: &str) -> Option<usize> {

@@ -15,6 +15,7 @@ pub mod ops;
 pub mod optim;
 pub mod params;
 pub mod peak;
+mod schedule;
 
 use crate::config::{DeviceKind, Precision, TrainConfig, REQUEUE_EXIT};
 use crate::data::{
@@ -246,6 +247,8 @@ pub fn run(config: &Path) -> Result<ExitCode> {
     let tokens_per_step = (cfg.batch_size * cfg.sequence_length * accum) as u64;
     let (mut interval_tokens, mut interval_train, mut interval_time, mut interval_steps) =
         (0u64, 0u64, 0f64, 0usize);
+    let schedule = schedule::Schedule::new(&cfg);
+    let mut mfu_warned = false;
 
     for step in first..=cfg.training_steps {
         let started = Instant::now();
@@ -274,20 +277,35 @@ pub fn run(config: &Path) -> Result<ExitCode> {
         for e in monitor.observe(step, loss, grad_norm) {
             eprintln!(
                 "warning: step {step}: {} ({:.4} > {:.4})",
-                e.event.replace('_', " "),
+                e.event.describe(),
                 e.value,
                 e.threshold
             );
             log.write(&e)?;
         }
-        let last = step == cfg.training_steps;
-        if step == 1 || step % cfg.logging_frequency == 0 || last {
-            let tp = metrics::throughput(interval_tokens, interval_time, flops_per_token, peak)?;
-            let val_loss = match cfg.validation_every {
-                n if n > 0 && (step % n == 0 || last) && cfg.validation_documents > 0 => {
-                    Some(t.validation_loss(cfg.validation_batches)?)
+        let due = schedule.at(step);
+        if due.log {
+            let tp = metrics::throughput(interval_tokens, interval_time, flops_per_token, peak);
+            if tp.mfu_pct > 100.0 {
+                if !mfu_warned {
+                    eprintln!(
+                        "warning: step {step}: MFU came out at {:.1}% (> 100%): the peak FLOPs ({peak:.3e}/s, {peak_source}) \
+                         is too low for this device; set `gpu` or `peak_flops` to its real peak. Training goes on.",
+                        tp.mfu_pct
+                    );
+                    mfu_warned = true;
                 }
-                _ => None,
+                log.write(&metrics::Event {
+                    step,
+                    event: metrics::EventKind::MfuAbovePeak,
+                    value: tp.mfu_pct,
+                    threshold: 100.0,
+                })?;
+            }
+            let val_loss = if due.validate {
+                Some(t.validation_loss(cfg.validation_batches)?)
+            } else {
+                None
             };
             let m = StepMetrics {
                 step,
@@ -320,8 +338,7 @@ pub fn run(config: &Path) -> Result<ExitCode> {
             ) = (0, 0, 0.0, 0);
         }
         let signal = stop.swap(0, Ordering::SeqCst);
-        let periodic = cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0;
-        if periodic || signal != 0 || last {
+        if due.checkpoint || signal != 0 {
             let state = checkpoint::State {
                 step,
                 optimizer_steps: t.opt.t,

@@ -3,17 +3,10 @@
 //! plateaus (no relative improvement above `plateau_tolerance` for
 //! `plateau_steps`). Events go to the metrics log and to stderr.
 
+use super::metrics::{Event, EventKind};
 use crate::config::MonitorConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub step: usize,
-    pub event: String,
-    pub value: f64,
-    pub threshold: f64,
-}
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MonitorState {
@@ -46,7 +39,7 @@ impl Monitor {
             if loss > self.cfg.spike_factor * mean {
                 events.push(Event {
                     step,
-                    event: "loss_spike".into(),
+                    event: EventKind::LossSpike,
                     value: loss,
                     threshold: self.cfg.spike_factor * mean,
                 });
@@ -55,7 +48,7 @@ impl Monitor {
         if self.clip > 0.0 && grad_norm > self.cfg.explosion_factor * self.clip {
             events.push(Event {
                 step,
-                event: "gradient_explosion".into(),
+                event: EventKind::GradientExplosion,
                 value: grad_norm,
                 threshold: self.cfg.explosion_factor * self.clip,
             });
@@ -70,7 +63,7 @@ impl Monitor {
                 if self.cfg.plateau_steps > 0 && since >= self.cfg.plateau_steps {
                     events.push(Event {
                         step,
-                        event: "plateau".into(),
+                        event: EventKind::Plateau,
                         value: loss,
                         threshold: b,
                     });
@@ -105,9 +98,9 @@ mod tests {
             assert!(m.observe(step, 4.0, 0.5).is_empty());
         }
         let e = m.observe(4, 7.0, 0.5);
-        assert_eq!(e[0].event, "loss_spike");
+        assert_eq!(e[0].event, EventKind::LossSpike);
         let e = m.observe(5, 4.0, 3.5);
-        assert_eq!(e[0].event, "gradient_explosion");
+        assert_eq!(e[0].event, EventKind::GradientExplosion);
     }
 
     #[test]
@@ -123,7 +116,7 @@ mod tests {
         }
         assert_eq!(
             seen,
-            vec![(6, "plateau".to_string()), (11, "plateau".to_string())]
+            vec![(6, EventKind::Plateau), (11, EventKind::Plateau)]
         );
     }
 }

@@ -170,3 +170,46 @@ baseline = "ok"
     let again: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(again.len(), 4);
 }
+
+/// An imported log that cannot be read or is not UTF-8 is a run listed with
+/// its reason, never an empty run that looks like one without metrics.
+#[test]
+fn unreadable_imported_logs_are_listed_with_their_reason() {
+    let root = project();
+    let logs = root.path().join("logs");
+    let good = (1..=8)
+        .map(|s| {
+            format!("{{\"step\":{s},\"loss\":2.0,\"tokens_per_second\":100,\"elapsed_s\":{s}}}\n")
+        })
+        .collect::<String>();
+    write(&logs.join("good.jsonl"), &good);
+    std::fs::write(logs.join("latin1.jsonl"), b"{\"step\":1,\"loss\":\xe9}\n").unwrap();
+    // A directory matching the glob cannot be read as a file.
+    std::fs::create_dir_all(logs.join("dir.jsonl")).unwrap();
+    let glob = format!("{}/*.jsonl", logs.display());
+    let text = stdout(&run_ok(sweep(root.path()).args([
+        "report",
+        "--import",
+        &glob,
+        "--log-format",
+        "jsonl",
+        "--name",
+        "imp",
+        "--no-plots",
+    ])));
+    assert!(
+        text.contains("note: latin1: UNKNOWN")
+            && text.contains("is not UTF-8 text (invalid byte at offset 17)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("note: dir: UNKNOWN") && text.contains("cannot read"),
+        "{text}"
+    );
+    assert!(!text.contains("note: good"), "{text}");
+    let md = std::fs::read_to_string(root.path().join("results/imp/summary.md")).unwrap();
+    assert!(
+        md.contains("`latin1`: UNKNOWN, ") && md.contains("not UTF-8"),
+        "{md}"
+    );
+}

@@ -1,6 +1,7 @@
 //! `summary.md`: the table as the reference study's README shows it.
 
 use super::{Exporter, TableContext};
+use crate::report::columns::{self as c, Metric, Stat};
 use crate::report::summary::{cell, num, Summary};
 use anyhow::Result;
 use std::io::Write;
@@ -19,17 +20,17 @@ pub fn table(s: &Summary) -> String {
     for i in 0..t.height() {
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            cell(t, "run", i),
-            f(num(t, "tokens_per_second_mean", i), 2),
-            f(num(t, "mfu_pct_mean", i), 2),
-            f(num(t, "tflops_mean", i), 2),
-            f(num(t, "training_tokens_pct_mean", i), 2),
-            f(num(t, "final_loss", i), 3),
-            f(num(t, "wall_time_s", i), 1),
-            num(t, "speedup", i)
+            cell(t, c::RUN, i),
+            f(num(t, &Metric::TokensPerSecond.col(Stat::Mean), i), 2),
+            f(num(t, &Metric::MfuPct.col(Stat::Mean), i), 2),
+            f(num(t, &Metric::Tflops.col(Stat::Mean), i), 2),
+            f(num(t, &Metric::TrainingTokensPct.col(Stat::Mean), i), 2),
+            f(num(t, c::FINAL_LOSS, i), 3),
+            f(num(t, c::WALL_TIME_S, i), 1),
+            num(t, c::SPEEDUP, i)
                 .map(|v| format!("{v:.2}x"))
                 .unwrap_or_else(|| "-".into()),
-            cell(t, "state", i),
+            cell(t, c::STATE, i),
         ));
     }
     out
@@ -61,24 +62,25 @@ impl Exporter for Markdown {
             out,
             "| Configuration | median | std | p5 | p95 | points |\n|---|---:|---:|---:|---:|---:|"
         )?;
+        let tps = Metric::TokensPerSecond;
         for i in 0..t.height() {
             writeln!(
                 out,
                 "| {} | {} | {} | {} | {} | {} |",
-                cell(t, "run", i),
-                f(num(t, "tokens_per_second_median", i), 2),
-                f(num(t, "tokens_per_second_std", i), 2),
-                f(num(t, "tokens_per_second_p5", i), 2),
-                f(num(t, "tokens_per_second_p95", i), 2),
-                num(t, "points", i)
+                cell(t, c::RUN, i),
+                f(num(t, &tps.col(Stat::Median), i), 2),
+                f(num(t, &tps.col(Stat::Std), i), 2),
+                f(num(t, &tps.col(Stat::P5), i), 2),
+                f(num(t, &tps.col(Stat::P95), i), 2),
+                num(t, c::POINTS, i)
                     .map(|v| format!("{v:.0}"))
                     .unwrap_or_else(|| "0".into()),
             )?;
         }
         if !s.problems.is_empty() {
             writeln!(out, "\nRuns without complete results:\n")?;
-            for (name, state, reason) in &s.problems {
-                writeln!(out, "- `{name}`: {state}, {reason}")?;
+            for p in &s.problems {
+                writeln!(out, "- `{}`: {}, {}", p.run, p.state, p.reason)?;
             }
         }
         Ok(())

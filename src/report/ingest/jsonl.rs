@@ -3,6 +3,7 @@
 //! newline is a run still writing, and is left for next time.
 
 use super::Point;
+use crate::train::metrics::EventKind;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -15,7 +16,8 @@ struct Line {
     tflops: Option<f64>,
     step_time_s: Option<f64>,
     elapsed_s: Option<f64>,
-    event: Option<String>,
+    /// Set on event records (the trainer's [`EventKind`]); steps have none.
+    event: Option<EventKind>,
 }
 
 /// The points of a metrics file's text, and how many lines were unreadable.

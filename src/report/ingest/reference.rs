@@ -6,6 +6,7 @@
 //! `Experiment args: Namespace(...)` line, and the world size in DDP logs.
 
 use super::RunLog;
+use crate::executor::{State, Status};
 use regex::Regex;
 use serde_json::Value;
 use std::sync::LazyLock;
@@ -78,11 +79,8 @@ fn namespace(s: &str) -> Vec<(String, Value)> {
 
 /// A reference log file as a run.
 pub fn parse(name: &str, text: &str) -> RunLog {
-    let mut run = RunLog {
-        name: name.to_string(),
-        state: "INCOMPLETE".into(),
-        ..Default::default()
-    };
+    let mut run = RunLog::new(name, Status::new(State::Unknown));
+    run.reason = Some("the log does not say `Training completed`".into());
     let mut t0 = None;
     let mut last_time: Option<(i64, f64)> = None;
     for line in text.lines() {
@@ -99,7 +97,8 @@ pub fn parse(name: &str, text: &str) -> RunLog {
                 run.params.insert("nodes".into(), Value::from(n));
             }
         } else if line.contains("Training completed") {
-            run.state = "COMPLETED".into();
+            run.status = Status::new(State::Completed);
+            run.reason = None;
         }
         let Some(c) = STEP.captures(line) else {
             continue;
@@ -163,7 +162,7 @@ mod tests {
                     2025-05-03 20:36:20,407 - root - INFO - Step: 5 | Loss: 11.94 | Tokens per second: 6508.22 | Training tokens per second (%): 42.24 | MFU (%): 31.80 | TFLOPs: 314.48 | Global batch size: 64 | Global tokens/sec: 92230.22 | Global MFU (%): 10.80 | Global TFLOPs: 854.18 | \n\
                     2025-05-03 20:45:05,179 - root - INFO - Training completed\n";
         let r = parse("x", text);
-        assert_eq!(r.state, "COMPLETED");
+        assert_eq!(r.status.state, State::Completed);
         assert_eq!(r.points.len(), 2);
         assert_eq!(r.points[1].tokens_per_second, Some(6508.22));
         assert_eq!(r.points[1].global_tokens_per_second, Some(92230.22));

@@ -1,0 +1,96 @@
+//! The summary's column names, in one place: a metric × statistic type for
+//! the aggregated columns (`tokens_per_second_mean`, ...) and constants for
+//! the rest. Tables, exports and charts name columns only through these.
+
+/// A per-step metric that the summary aggregates per run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    TokensPerSecond,
+    MfuPct,
+    Tflops,
+    TrainingTokensPct,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 4] = [
+        Metric::TokensPerSecond,
+        Metric::MfuPct,
+        Metric::Tflops,
+        Metric::TrainingTokensPct,
+    ];
+
+    /// The column of the points frame (and the key in `metrics.jsonl`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::TokensPerSecond => "tokens_per_second",
+            Metric::MfuPct => "mfu_pct",
+            Metric::Tflops => "tflops",
+            Metric::TrainingTokensPct => "training_tokens_pct",
+        }
+    }
+
+    /// The summary column of one statistic of this metric.
+    pub fn col(self, stat: Stat) -> String {
+        format!("{}_{}", self.name(), stat.name())
+    }
+}
+
+/// A statistic over a run's steady-state points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stat {
+    Mean,
+    Median,
+    Std,
+    P5,
+    P95,
+}
+
+impl Stat {
+    pub const ALL: [Stat; 5] = [Stat::Mean, Stat::Median, Stat::Std, Stat::P5, Stat::P95];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stat::Mean => "mean",
+            Stat::Median => "median",
+            Stat::Std => "std",
+            Stat::P5 => "p5",
+            Stat::P95 => "p95",
+        }
+    }
+}
+
+// Both frames.
+pub const RUN: &str = "run";
+// The points frame: one row per logged step.
+pub const LOG_INDEX: &str = "log_index";
+pub const STEP: &str = "step";
+pub const LOSS: &str = "loss";
+pub const STEP_TIME_S: &str = "step_time_s";
+pub const ELAPSED_S: &str = "elapsed_s";
+pub const GLOBAL_TOKENS_PER_SECOND: &str = "global_tokens_per_second";
+// The summary table: one row per run or group.
+pub const ORDER: &str = "order";
+pub const STATE: &str = "state";
+pub const RUNS: &str = "runs";
+pub const POINTS: &str = "points";
+pub const FINAL_LOSS: &str = "final_loss";
+pub const WALL_TIME_S: &str = "wall_time_s";
+pub const LAST_STEP: &str = "last_step";
+pub const SPEEDUP: &str = "speedup";
+// Only while grouping.
+pub const MEMBERS: &str = "members";
+pub const FIRST_RUN: &str = "first_run";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aggregated_columns_are_metric_underscore_stat() {
+        assert_eq!(
+            Metric::TokensPerSecond.col(Stat::Mean),
+            "tokens_per_second_mean"
+        );
+        assert_eq!(Metric::MfuPct.col(Stat::P95), "mfu_pct_p95");
+    }
+}
