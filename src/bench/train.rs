@@ -60,10 +60,10 @@ pub fn default_cases() -> Vec<Case> {
     let mut cases = vec![
         c("tiny (quickstart shape)", "tiny", 32000, 512, 2, false),
         c("small (vocab 32000)", "small", 32000, 512, 2, false),
-        c("small (vocab 8192, seq 256, batch 8)", "small", 8192, 256, 8, false),
+        c("small (vocab 8192)", "small", 8192, 256, 8, false),
     ];
     if crate::train::ops::bf16_gemm::supported() {
-        cases.push(c("small (vocab 8192, seq 256, batch 8)", "small", 8192, 256, 8, true));
+        cases.push(c("small (vocab 8192)", "small", 8192, 256, 8, true));
     }
     cases
 }

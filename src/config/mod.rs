@@ -6,7 +6,7 @@
 
 pub mod model;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 pub use model::{ModelConfig, ModelOverrides, PRESETS};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -139,6 +139,49 @@ impl Default for MonitorConfig {
     }
 }
 
+/// A configuration the trainer cannot run, and the key at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The `TrainConfig` field, as written in `[defaults]`.
+    pub key: &'static str,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(key: &'static str, message: String) -> ConfigError {
+        ConfigError { key, message }
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The optional engines a `sweep` binary was compiled with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    pub cuda: bool,
+    pub flash_attn: bool,
+}
+
+impl Features {
+    /// This binary's.
+    pub const BUILT: Features = Features {
+        cuda: cfg!(feature = "cuda"),
+        flash_attn: cfg!(feature = "flash-attn"),
+    };
+
+    /// Everything: for planning runs that another binary will train.
+    pub const ALL: Features = Features {
+        cuda: true,
+        flash_attn: true,
+    };
+}
+
 /// The built-in trainer's configuration: `[defaults]` in a manifest, one
 /// `config.toml` per run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -251,10 +294,14 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// Checks that hold for any run, whatever the data on disk.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks that hold for any run, whatever the data on disk or the build.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError::new(key, msg));
         if self.dataset.as_os_str().is_empty() {
-            bail!("`dataset` is not set: give the Parquet file with the training text");
+            return err(
+                "dataset",
+                "`dataset` is not set: give the Parquet file with the training text".into(),
+            );
         }
         for (name, v) in [
             ("sequence_length", self.sequence_length),
@@ -264,32 +311,82 @@ impl TrainConfig {
             ("logging_frequency", self.logging_frequency),
         ] {
             if v == 0 {
-                bail!("`{name}` must be positive");
+                return err(name, format!("`{name}` must be positive"));
             }
         }
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            bail!("`learning_rate` must be a positive number");
-        }
-        if !(0.0..1.0).contains(&self.beta1) || !(0.0..1.0).contains(&self.beta2) {
-            bail!("`beta1` and `beta2` must lie in [0, 1)");
-        }
-        if self.grad_clip < 0.0 {
-            bail!("`grad_clip` must not be negative (0 turns clipping off)");
-        }
-        if let Some(p) = self.peak_flops {
-            if p <= 0.0 {
-                bail!("`peak_flops` must be positive");
-            }
-        }
-        if ModelConfig::preset(&self.model).is_none() {
-            bail!(
-                "`model`: unknown preset `{}` (known: {})",
-                self.model,
-                PRESETS.join(", ")
+            return err(
+                "learning_rate",
+                "`learning_rate` must be a positive number".into(),
             );
         }
-        self.model_config()
-            .map_err(|e| anyhow::anyhow!("`architecture`: {e}"))?;
+        for (name, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return err(name, format!("`{name}` must lie in [0, 1)"));
+            }
+        }
+        if self.grad_clip < 0.0 {
+            return err(
+                "grad_clip",
+                "`grad_clip` must not be negative (0 turns clipping off)".into(),
+            );
+        }
+        if self.peak_flops.is_some_and(|p| !(p > 0.0 && p.is_finite())) {
+            return err("peak_flops", "`peak_flops` must be positive".into());
+        }
+        if self.validation_every > 0 && self.validation_documents == 0 {
+            return err(
+                "validation_every",
+                format!(
+                    "`validation_every = {}` but `validation_documents` is 0: no documents are held out to validate on",
+                    self.validation_every
+                ),
+            );
+        }
+        if self.validation_every > 0 && self.validation_batches == 0 {
+            return err(
+                "validation_batches",
+                "`validation_batches` must be positive when `validation_every` is set".into(),
+            );
+        }
+        if self.attention == AttentionKind::Flash && self.device == DeviceKind::Cpu {
+            return err(
+                "attention",
+                "`attention = \"flash\"` runs on CUDA devices only: set `device = \"cuda\"` (with a build that has the `flash-attn` feature) or use `attention = \"eager\"` on the CPU".into(),
+            );
+        }
+        if ModelConfig::preset(&self.model).is_none() {
+            return err(
+                "model",
+                format!(
+                    "`model`: unknown preset `{}` (known: {})",
+                    self.model,
+                    PRESETS.join(", ")
+                ),
+            );
+        }
+        if let Err(e) = self.model_config() {
+            return err("architecture", format!("`architecture`: {e}"));
+        }
+        Ok(())
+    }
+
+    /// Checks that the binary that will train this run was built with what
+    /// the configuration needs (a CUDA device, the flash-attention kernels).
+    pub fn check_build(&self, build: Features) -> Result<(), ConfigError> {
+        let how = "build sweep with `cargo build --release --features flash-attn` (see README, Building for GPUs)";
+        if self.device == DeviceKind::Cuda && !build.cuda {
+            return Err(ConfigError::new(
+                "device",
+                format!("`device = \"cuda\"` needs a sweep built with the `cuda` feature, and this one has none: {how}"),
+            ));
+        }
+        if self.attention == AttentionKind::Flash && !build.flash_attn {
+            return Err(ConfigError::new(
+                "attention",
+                format!("`attention = \"flash\"` needs a sweep built with the `flash-attn` feature, and this one has none: {how}"),
+            ));
+        }
         Ok(())
     }
 
@@ -313,6 +410,7 @@ impl TrainConfig {
         let cfg: TrainConfig =
             toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         cfg.validate()
+            .and_then(|()| cfg.check_build(Features::BUILT))
             .with_context(|| format!("invalid run configuration {}", path.display()))?;
         Ok(cfg)
     }
@@ -335,6 +433,50 @@ mod tests {
         c.architecture.n_layers = Some(2);
         let back: TrainConfig = toml::from_str(&c.to_toml()).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn flash_attention_needs_cuda_and_a_flash_attn_build() {
+        let c = TrainConfig {
+            dataset: "d.parquet".into(),
+            attention: AttentionKind::Flash,
+            ..Default::default()
+        };
+        assert_eq!(c.validate().unwrap_err().key, "attention", "not on the CPU");
+        let c = TrainConfig {
+            device: DeviceKind::Cuda,
+            ..c
+        };
+        assert!(c.validate().is_ok());
+        let no_flash = Features {
+            cuda: true,
+            flash_attn: false,
+        };
+        let e = c.check_build(no_flash).unwrap_err();
+        assert!(e.message.contains("`flash-attn` feature"), "{e}");
+        let e = c
+            .check_build(Features {
+                cuda: false,
+                flash_attn: false,
+            })
+            .unwrap_err();
+        assert_eq!(e.key, "device");
+        assert!(c.check_build(Features::ALL).is_ok());
+    }
+
+    #[test]
+    fn validation_needs_held_out_documents() {
+        let c = TrainConfig {
+            dataset: "d.parquet".into(),
+            validation_every: 25,
+            ..Default::default()
+        };
+        assert_eq!(c.validate().unwrap_err().key, "validation_every");
+        let c = TrainConfig {
+            validation_documents: 8,
+            ..c
+        };
+        assert!(c.validate().is_ok());
     }
 
     #[test]

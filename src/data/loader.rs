@@ -57,56 +57,73 @@ pub fn shard(docs: usize, rank: usize, world: usize) -> Range<usize> {
     (rank * docs / world)..((rank + 1) * docs / world)
 }
 
+/// Where a cursor's documents come from, each kind with the row group it
+/// has at hand.
 enum Source {
+    /// Text tokenized as it is read.
     Text {
         file: TextFile,
         tok: Arc<TextTokenizer>,
+        chunk: Option<(usize, TextChunk)>,
+        /// Tokens of the current document.
+        tokens: Vec<u32>,
     },
-    Pretok(Arc<PretokFile>),
+    /// A pretokenized file: row groups are decoded one ahead on a helper
+    /// thread, so decoding overlaps with building samples.
+    Pretok {
+        file: Arc<PretokFile>,
+        docs: Option<(usize, Docs)>,
+        ahead: Option<(usize, Pending)>,
+        /// Buffers to decode into when nothing is read ahead.
+        spare: Option<(Docs, Scratch)>,
+    },
+}
+
+impl Source {
+    fn text(file: TextFile, tok: Arc<TextTokenizer>) -> Source {
+        Source::Text {
+            file,
+            tok,
+            chunk: None,
+            tokens: Vec::new(),
+        }
+    }
+
+    fn pretokenized(file: PretokFile) -> Source {
+        Source::Pretok {
+            file: Arc::new(file),
+            docs: None,
+            ahead: None,
+            spare: None,
+        }
+    }
 }
 
 /// A pretokenized row group being decoded on a helper thread.
 type Pending = std::thread::JoinHandle<Result<(Docs, Scratch)>>;
 
-enum Cache {
-    Empty,
-    Text(usize, TextChunk),
-    Pretok(usize, Docs),
-}
-
 /// Reads the documents of a range in order, forever, wrapping at its end.
-/// Pretokenized row groups are decoded one ahead on a helper thread, so
-/// decoding overlaps with building samples.
 struct DocCursor {
     source: Source,
     range: Range<usize>,
     next: usize,
     epoch: u64,
-    cache: Cache,
-    /// Tokens of the current document (text sources).
-    tokens: Vec<u32>,
-    ahead: Option<(usize, Pending)>,
-    spare: Option<(Docs, Scratch)>,
 }
 
 impl DocCursor {
-    fn new(source: Source) -> DocCursor {
+    fn new(source: Source, range: Range<usize>) -> DocCursor {
         DocCursor {
             source,
-            range: 0..0,
-            next: 0,
+            next: range.start,
+            range,
             epoch: 0,
-            cache: Cache::Empty,
-            tokens: Vec::new(),
-            ahead: None,
-            spare: None,
         }
     }
 
     fn parquet(&self) -> &super::text::ParquetFile {
         match &self.source {
             Source::Text { file, .. } => &file.file,
-            Source::Pretok(p) => &p.file,
+            Source::Pretok { file, .. } => &file.file,
         }
     }
 
@@ -118,7 +135,9 @@ impl DocCursor {
     fn seek(&mut self, next: usize, epoch: u64) {
         self.next = next;
         self.epoch = epoch;
-        self.ahead = None;
+        if let Source::Pretok { ahead, .. } = &mut self.source {
+            *ahead = None;
+        }
     }
 
     /// The next document's ids, borrowed until the next call.
@@ -130,61 +149,80 @@ impl DocCursor {
         let i = self.next;
         self.next += 1;
         let rg = self.parquet().row_group_of(i);
-        let cached = matches!(&self.cache, Cache::Text(r, _) | Cache::Pretok(r, _) if *r == rg);
-        if !cached {
-            self.load(rg)?;
-        }
-        match (&self.cache, &self.source) {
-            (Cache::Text(_, chunk), Source::Text { tok, .. }) => {
-                let text = chunk.get(i - chunk.first_doc)?;
-                self.tokens = tok.document_ids(text)?;
-                Ok(&self.tokens)
+        let range = self.range.clone();
+        match &mut self.source {
+            Source::Text {
+                file,
+                tok,
+                chunk,
+                tokens,
+            } => {
+                let c = match chunk {
+                    Some((r, c)) if *r == rg => c,
+                    _ => &chunk.insert((rg, file.read(rg)?)).1,
+                };
+                *tokens = tok.document_ids(c.get(i - c.first_doc)?)?;
+                Ok(tokens)
             }
-            (Cache::Pretok(_, docs), _) => Ok(docs.doc(i - docs.first)),
-            _ => unreachable!("the cache matches the source"),
+            Source::Pretok {
+                file,
+                docs,
+                ahead,
+                spare,
+            } => {
+                if docs.as_ref().is_none_or(|(r, _)| *r != rg) {
+                    load_row_group(file, rg, &range, docs, ahead, spare)?;
+                }
+                let (_, d) = docs.as_ref().expect("just loaded");
+                Ok(d.doc(i - d.first))
+            }
         }
     }
+}
 
-    fn load(&mut self, rg: usize) -> Result<()> {
-        let p = match &self.source {
-            Source::Text { file, .. } => {
-                self.cache = Cache::Text(rg, file.read(rg)?);
-                return Ok(());
-            }
-            Source::Pretok(p) => p.clone(),
-        };
-        let (docs, scratch) = match self.ahead.take() {
-            Some((r, h)) if r == rg => h
-                .join()
-                .map_err(|_| anyhow!("the read-ahead thread panicked"))??,
-            _ => {
-                let (mut d, mut s) = self.spare.take().unwrap_or_default();
-                p.read_into(rg, &mut d, &mut s)?;
-                (d, s)
-            }
-        };
-        // The previous row group's buffers go to the read-ahead of the next one.
-        let old = std::mem::replace(&mut self.cache, Cache::Pretok(rg, docs));
-        let (mut d, mut s) = match old {
-            Cache::Pretok(_, d) => (d, scratch),
-            _ => (Docs::default(), scratch),
-        };
-        let end_rg = p.file.row_group_of(self.range.end - 1);
-        let next_rg = if rg >= end_rg {
-            p.file.row_group_of(self.range.start)
-        } else {
-            rg + 1
-        };
-        if next_rg != rg {
-            let h = std::thread::Builder::new()
-                .name("sweep-read-ahead".into())
-                .spawn(move || p.read_into(next_rg, &mut d, &mut s).map(|()| (d, s)))?;
-            self.ahead = Some((next_rg, h));
-        } else {
-            self.spare = Some((d, s));
+/// Makes row group `rg` of a pretokenized file the current one (taking it
+/// from the read-ahead when that is the one being decoded) and starts
+/// decoding the row group after it, within `range`, on a helper thread.
+fn load_row_group(
+    file: &Arc<PretokFile>,
+    rg: usize,
+    range: &Range<usize>,
+    docs: &mut Option<(usize, Docs)>,
+    ahead: &mut Option<(usize, Pending)>,
+    spare: &mut Option<(Docs, Scratch)>,
+) -> Result<()> {
+    let (current, scratch) = match ahead.take() {
+        Some((r, h)) if r == rg => h
+            .join()
+            .map_err(|_| anyhow!("the read-ahead thread panicked"))??,
+        _ => {
+            let (mut d, mut s) = spare.take().unwrap_or_default();
+            file.read_into(rg, &mut d, &mut s)?;
+            (d, s)
         }
-        Ok(())
+    };
+    // The previous row group's buffers go to the read-ahead of the next one.
+    let mut d = docs
+        .replace((rg, current))
+        .map(|(_, d)| d)
+        .unwrap_or_default();
+    let mut s = scratch;
+    let end_rg = file.file.row_group_of(range.end - 1);
+    let next_rg = if rg >= end_rg {
+        file.file.row_group_of(range.start)
+    } else {
+        rg + 1
+    };
+    if next_rg != rg {
+        let f = Arc::clone(file);
+        let h = std::thread::Builder::new()
+            .name("sweep-read-ahead".into())
+            .spawn(move || f.read_into(next_rg, &mut d, &mut s).map(|()| (d, s)))?;
+        *ahead = Some((next_rg, h));
+    } else {
+        *spare = Some((d, s));
     }
+    Ok(())
 }
 
 /// Samples, one at a time, from one rank's shard.
@@ -239,12 +277,7 @@ impl SampleStream {
             DatasetType::Padded => spec.tokenizer.bos,
         };
         Ok(SampleStream {
-            cursor: {
-                let mut c = DocCursor::new(source);
-                c.next = range.start;
-                c.range = range;
-                c
-            },
+            cursor: DocCursor::new(source, range),
             kind: spec.dataset_type,
             seq: spec.seq_len,
             bos,
@@ -326,14 +359,13 @@ impl SampleStream {
 
 fn open_source(spec: &DataSpec) -> Result<Source> {
     Ok(match &spec.source {
-        SourceSpec::Text { path, column } => Source::Text {
-            file: TextFile::open(path, column)?,
-            tok: spec.tokenizer.clone(),
-        },
+        SourceSpec::Text { path, column } => {
+            Source::text(TextFile::open(path, column)?, spec.tokenizer.clone())
+        }
         SourceSpec::Pretokenized { path } => {
             let p = PretokFile::open(path)?;
             check_pretokenized(&p, spec)?;
-            Source::Pretok(Arc::new(p))
+            Source::pretokenized(p)
         }
     })
 }

@@ -103,10 +103,35 @@ pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
     }
     let text = TextFile::open(&args.input, &args.text_column)?;
     let mut report = PretokenizeReport::default();
+    let todo = outputs_to_write(args, &tok, &mut report)?;
+    if todo.is_empty() {
+        return Ok(report);
+    }
+    let writers = todo
+        .iter()
+        .map(|(_, path, want)| PretokWriter::create(path, want, args.row_group_size))
+        .collect::<Result<Vec<_>>>()?;
+    let (writers, counts) = stream(args, &text, &tok, writers)
+        .with_context(|| format!("pretokenizing {}", args.input.display()))?;
+    for w in writers {
+        report.outputs.push((w.finish()?, false));
+    }
+    (report.documents, report.tokens, report.text_bytes) = counts;
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The formats whose output is missing or stale (or all, with `force`);
+/// current ones go into the report as kept.
+fn outputs_to_write(
+    args: &PretokenizeArgs,
+    tok: &TextTokenizer,
+    report: &mut PretokenizeReport,
+) -> Result<Vec<(PretokenizedFormat, PathBuf, Meta)>> {
     let mut todo = Vec::new();
     for &f in &args.formats {
         let path = output_path(&args.out_dir, f);
-        let want = expected_meta(&args.input, &args.text_column, &tok, args.seq_len, f)?;
+        let want = expected_meta(&args.input, &args.text_column, tok, args.seq_len, f)?;
         match stale_reason(&path, &want) {
             None if !args.force => {
                 eprintln!("pretokenize: {} is current, keeping it", path.display());
@@ -120,10 +145,18 @@ pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
             }
         }
     }
-    if todo.is_empty() {
-        return Ok(report);
-    }
+    Ok(todo)
+}
 
+/// Reads row groups of text on one thread, tokenizes them on a pool here,
+/// and writes every format from the same ids on another thread, in input
+/// order. Returns the writers and (documents, tokens, text bytes).
+fn stream(
+    args: &PretokenizeArgs,
+    text: &TextFile,
+    tok: &TextTokenizer,
+    writers: Vec<PretokWriter>,
+) -> Result<(Vec<PretokWriter>, (u64, u64, u64))> {
     let threads = if args.threads > 0 {
         args.threads
     } else {
@@ -133,19 +166,11 @@ pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
         .num_threads(threads)
         .thread_name(|i| format!("tokenize-{i}"))
         .build()?;
-    let writers = todo
-        .iter()
-        .map(|(_, path, want)| PretokWriter::create(path, want, args.row_group_size))
-        .collect::<Result<Vec<_>>>()?;
-
-    let total = text.docs() as u64;
-    let mut progress = Progress::new("pretokenize", total, args.progress);
+    let mut progress = Progress::new("pretokenize", text.docs() as u64, args.progress);
     let (text_tx, text_rx) = sync_channel(2);
     let (ids_tx, ids_rx) = sync_channel::<Vec<Vec<u32>>>(2);
     let (mut docs, mut tokens, mut bytes) = (0u64, 0u64, 0u64);
     let writers = std::thread::scope(|s| -> Result<Vec<PretokWriter>> {
-        // Read: one row group of texts at a time.
-        let text = &text;
         let reader = s.spawn(move || -> Result<()> {
             // Owning the sender closes the channel when reading ends.
             for rg in 0..text.file.row_groups() {
@@ -155,7 +180,6 @@ pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
             }
             Ok(())
         });
-        // Write: every format from the same ids, in input order.
         let writer = s.spawn(move || -> Result<Vec<PretokWriter>> {
             let mut writers = writers;
             for chunk in ids_rx {
@@ -165,7 +189,6 @@ pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
             }
             Ok(writers)
         });
-        // Tokenize on the pool, here.
         let mut failed = None;
         for chunk in text_rx {
             let result = chunk.texts().and_then(|t| {
@@ -206,16 +229,7 @@ pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
             return Err(e);
         }
         read.map(|()| writers)
-    })
-    .with_context(|| format!("pretokenizing {}", args.input.display()))?;
+    })?;
     progress.finish();
-
-    for w in writers {
-        report.outputs.push((w.finish()?, false));
-    }
-    report.documents = docs;
-    report.tokens = tokens;
-    report.text_bytes = bytes;
-    report.seconds = started.elapsed().as_secs_f64();
-    Ok(report)
+    Ok((writers, (docs, tokens, bytes)))
 }

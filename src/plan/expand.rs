@@ -2,12 +2,13 @@
 //! names and stages.
 
 use super::{Job, Plan, PretokenizedFormat, Run, Stage};
-use crate::config::TrainConfig;
+use crate::config::{Features, TrainConfig};
 use crate::manifest::{
     did_you_mean, join_key, known_fields, Diagnostic, Diagnostics, Manifest, Mode, SlurmSpec,
 };
 use crate::template::{describe, Engine};
 use crate::util::hash::short_id;
+use crate::util::text::{describe_char, forbidden_char};
 use indexmap::IndexMap;
 use rayon::prelude::*;
 use serde_json::{json, Value as Json};
@@ -113,6 +114,16 @@ struct Shared<'a> {
     engine: Engine,
     slurm_table: toml::Table,
     train_fields: Vec<String>,
+    /// What the binary that job scripts run was built with.
+    features: Features,
+}
+
+/// One run's values as they are assembled: the axis and derived values that
+/// distinguish it, its `[defaults]`-shaped table and its `[slurm]` table.
+struct Assembly {
+    params: IndexMap<String, Json>,
+    table: toml::Table,
+    slurm: toml::Table,
 }
 
 impl<'a> Shared<'a> {
@@ -125,7 +136,16 @@ impl<'a> Shared<'a> {
         }
         let slurm_table = match Value::try_from(&m.slurm) {
             Ok(Value::Table(t)) => t,
-            _ => toml::Table::new(),
+            other => {
+                let why = other.err().map(|e| e.to_string()).unwrap_or_default();
+                return Err(m
+                    .source
+                    .at_key(
+                        "slurm",
+                        format!("[slurm] does not convert to a table: {why}"),
+                    )
+                    .into());
+            }
         };
         Ok(Shared {
             m,
@@ -133,86 +153,29 @@ impl<'a> Shared<'a> {
             engine,
             slurm_table,
             train_fields: known_fields::<TrainConfig>(),
+            features: job_binary_features(),
         })
     }
 
     fn resolve(&self, combo: &[usize]) -> Result<Run, Box<Diagnostic>> {
         let m = self.m;
-        let mut params: IndexMap<String, Json> = IndexMap::new();
-        let mut table = m.defaults.clone();
-        let mut slurm = self.slurm_table.clone();
-        for (axis, &row) in m.axes.iter().zip(combo) {
-            for (key, value) in axis.keys.iter().zip(&axis.rows[row]) {
-                params.insert(key.clone(), to_json(value));
-                match key.strip_prefix("slurm.") {
-                    Some(field) => {
-                        slurm.insert(field.to_string(), value.clone());
-                    }
-                    None => set_dotted(&mut table, key, value.clone()),
-                }
-            }
-        }
-        let slurm: SlurmSpec = Value::Table(slurm)
-            .try_into()
-            .map_err(|e: toml::de::Error| self.error_in(&params, e.message()))?;
-        let tasks = slurm.nodes * slurm.ntasks_per_node;
-        if matches!(m.mode, Mode::Train(_)) && tasks > 1 {
-            let key = if slurm.ntasks_per_node > 1 {
-                "slurm.ntasks_per_node"
-            } else {
-                "slurm.nodes"
-            };
-            let msg = format!(
-                "`{key}`: {tasks} tasks per run, but the built-in trainer has no gradient all-reduce \
-                 (each task would train a copy of its own)"
-            );
-            let mut d = self.error_in(&params, &msg);
-            let fix = "set nodes = 1 and ntasks_per_node = 1, or sweep a distributed program with `command`";
-            d.help = Some(match d.help.take() {
-                Some(run) => format!("{run}; {fix}"),
-                None => fix.into(),
-            });
-            return Err(d);
-        }
+        let mut a = self.assemble(combo);
+        let slurm = self.slurm(&a)?;
 
         // The context of derived values, names and commands: the configuration,
         // `slurm`, `study`, and the derived values computed so far.
         let mut train = match &m.mode {
-            Mode::Train(_) => Some(self.train_config(&table, &params)?),
+            Mode::Train(_) => Some(self.train_config(&a.table, &a.params)?),
             Mode::Command(_) => None,
         };
         let mut ctx = match &train {
             Some(cfg) => serde_json::to_value(cfg).expect("config serialises"),
-            None => to_json(&Value::Table(table.clone())),
+            None => to_json(&Value::Table(a.table.clone())),
         };
         ctx["slurm"] = serde_json::to_value(&slurm).expect("slurm serialises");
         ctx["study"] = json!(m.name);
-
-        let mut config_changed = false;
-        for d in &m.derived {
-            let value = self
-                .engine
-                .eval(&d.expr, &crate::template::context(&ctx))
-                .map_err(|e| {
-                    let mut diag = m.source.at_value(
-                        &join_key("sweep.derived", &d.key),
-                        format!("derived value `{}` failed: {}", d.key, describe(&e)),
-                    );
-                    diag.help = Some(format!("in the run with {}", show_params(&params)));
-                    diag
-                })?;
-            let value = serde_json::to_value(&value).unwrap_or(Json::Null);
-            if train.is_some() && self.train_fields.contains(&d.key) {
-                if let Some(v) = json_to_toml(&value) {
-                    table.insert(d.key.clone(), v);
-                    config_changed = true;
-                }
-            }
-            ctx[d.key.as_str()] = value.clone();
-            params.insert(d.key.clone(), value);
-        }
-        if config_changed {
-            train = Some(self.train_config(&table, &params)?);
+        if self.derive(&mut a, &mut ctx, train.is_some())? {
+            train = Some(self.train_config(&a.table, &a.params)?);
         }
 
         // Identity: the resolved configuration and the shape of the job, never
@@ -222,40 +185,31 @@ impl<'a> Shared<'a> {
             "ntasks_per_node": slurm.ntasks_per_node,
             "gpus_per_node": slurm.gpus_per_node,
         });
-        let identity = match (&m.mode, &train) {
-            (Mode::Train(_), Some(cfg)) => json!({ "train": cfg, "world": world }),
-            (Mode::Command(cmd), _) => {
-                json!({ "command": cmd, "params": table_json(&table, &params), "world": world })
+        let identity = match &train {
+            Some(cfg) => json!({ "train": cfg, "world": world }),
+            None => {
+                let cmd = match &m.mode {
+                    Mode::Command(cmd) => cmd.as_str(),
+                    Mode::Train(_) => "",
+                };
+                json!({ "command": cmd, "params": table_json(&a.table, &a.params), "world": world })
             }
-            _ => unreachable!("train mode always has a config"),
         };
         let id = short_id(&identity);
         ctx["id"] = json!(id);
-        let name = self.name(&ctx, &params)?;
+        let name = self.name(&ctx, &a.params)?;
         let dir = self.study_dir.join(&name);
-
         let job = match train {
             Some(cfg) => Job::Train(Box::new(cfg)),
             None => {
                 ctx["run"] = json!({ "id": id, "name": name, "dir": dir });
-                let cmd = self
-                    .engine
-                    .render("command", &crate::template::context(&ctx))
-                    .map_err(|e| {
-                        let mut d = m.source.at_value(
-                            "command",
-                            format!("the command failed to render: {}", describe(&e)),
-                        );
-                        d.help = Some(format!("in the run with {}", show_params(&params)));
-                        d
-                    })?;
-                Job::Command(cmd.trim().to_string())
+                Job::Command(self.command(&ctx, &a.params)?)
             }
         };
         Ok(Run {
             id,
             name,
-            params,
+            params: a.params,
             job,
             slurm,
             stage: None,
@@ -263,33 +217,156 @@ impl<'a> Shared<'a> {
         })
     }
 
+    /// The axis values of one combination, set into copies of `[defaults]` and `[slurm]`.
+    fn assemble(&self, combo: &[usize]) -> Assembly {
+        let mut a = Assembly {
+            params: IndexMap::new(),
+            table: self.m.defaults.clone(),
+            slurm: self.slurm_table.clone(),
+        };
+        for (axis, &row) in self.m.axes.iter().zip(combo) {
+            for (key, value) in axis.keys.iter().zip(&axis.rows[row]) {
+                a.params.insert(key.clone(), to_json(value));
+                match key.strip_prefix("slurm.") {
+                    Some(field) => {
+                        a.slurm.insert(field.to_string(), value.clone());
+                    }
+                    None => set_dotted(&mut a.table, key, value.clone()),
+                }
+            }
+        }
+        a
+    }
+
+    /// The run's `[slurm]`, and the one-task rule of the built-in trainer.
+    fn slurm(&self, a: &Assembly) -> Result<SlurmSpec, Box<Diagnostic>> {
+        let slurm: SlurmSpec = Value::Table(a.slurm.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| self.error_in(&a.params, Some("slurm"), e.message()))?;
+        let tasks = slurm.nodes * slurm.ntasks_per_node;
+        if matches!(self.m.mode, Mode::Train(_)) && tasks > 1 {
+            let key = if slurm.ntasks_per_node > 1 {
+                "slurm.ntasks_per_node"
+            } else {
+                "slurm.nodes"
+            };
+            let msg = format!(
+                "`{key}`: {tasks} tasks per run, but the built-in trainer has no gradient all-reduce \
+                 (each task would train a copy of its own)"
+            );
+            let mut d = self.error_in(&a.params, Some(key), &msg);
+            let fix = "set nodes = 1 and ntasks_per_node = 1, or sweep a distributed program with `command`";
+            d.help = Some(match d.help.take() {
+                Some(run) => format!("{run}; {fix}"),
+                None => fix.into(),
+            });
+            return Err(d);
+        }
+        Ok(slurm)
+    }
+
+    /// Evaluates the derived values in order into `ctx` and the run's
+    /// parameters; those that name a trainer key go into its table. Returns
+    /// whether the trainer configuration changed.
+    fn derive(
+        &self,
+        a: &mut Assembly,
+        ctx: &mut Json,
+        train: bool,
+    ) -> Result<bool, Box<Diagnostic>> {
+        let mut changed = false;
+        for d in &self.m.derived {
+            let path = join_key("sweep.derived", &d.key);
+            let fail = |why: String| {
+                let mut diag = self
+                    .m
+                    .source
+                    .at_value(&path, format!("derived value `{}` {why}", d.key));
+                diag.help = Some(format!("in the run with {}", show_params(&a.params)));
+                Box::new(diag)
+            };
+            let value = self
+                .engine
+                .eval(&d.expr, &crate::template::context(&*ctx))
+                .map_err(|e| fail(format!("failed: {}", describe(&e))))?;
+            let value =
+                serde_json::to_value(&value).map_err(|e| fail(format!("cannot be stored: {e}")))?;
+            let as_toml = json_to_toml(&value).map_err(|why| fail(why.to_string()))?;
+            if let Json::String(s) = &value {
+                if let Some(c) = forbidden_char(s, false) {
+                    return Err(fail(format!(
+                        "came out as `{}`, which contains {}",
+                        s.escape_debug(),
+                        describe_char(c)
+                    )));
+                }
+            }
+            if train && self.train_fields.contains(&d.key) {
+                a.table.insert(d.key.clone(), as_toml);
+                if let Err(e) = parse_train(&a.table) {
+                    return Err(fail(format!(
+                        "does not fit the trainer key `{}`: {e}",
+                        d.key
+                    )));
+                }
+                changed = true;
+            }
+            ctx[d.key.as_str()] = value.clone();
+            a.params.insert(d.key.clone(), value);
+        }
+        Ok(changed)
+    }
+
+    fn command(
+        &self,
+        ctx: &Json,
+        params: &IndexMap<String, Json>,
+    ) -> Result<String, Box<Diagnostic>> {
+        let cmd = self
+            .engine
+            .render("command", &crate::template::context(ctx))
+            .map_err(|e| {
+                let mut d = self.m.source.at_value(
+                    "command",
+                    format!("the command failed to render: {}", describe(&e)),
+                );
+                d.help = Some(format!("in the run with {}", show_params(params)));
+                d
+            })?;
+        Ok(cmd.trim().to_string())
+    }
+
     fn train_config(
         &self,
         table: &toml::Table,
         params: &IndexMap<String, Json>,
     ) -> Result<TrainConfig, Box<Diagnostic>> {
-        check_train(table).map_err(|msg| self.error_in(params, &msg))
+        check_train(table, self.features).map_err(|(key, msg)| self.error_in(params, key, &msg))
     }
 
     /// An error in one run's configuration, located at the axis value that
-    /// causes it on its own, else at the key the message names.
-    fn error_in(&self, params: &IndexMap<String, Json>, msg: &str) -> Box<Diagnostic> {
+    /// causes it on its own, else at the key at fault.
+    fn error_in(
+        &self,
+        params: &IndexMap<String, Json>,
+        key: Option<&str>,
+        msg: &str,
+    ) -> Box<Diagnostic> {
         let culprit = self.m.axes.iter().find_map(|axis| {
-            axis.keys.iter().zip(&axis.paths).find_map(|(key, path)| {
-                let value = params.get(key)?;
+            axis.keys.iter().zip(&axis.paths).find_map(|(k, path)| {
+                let value = params.get(k)?;
                 let row = axis.rows.iter().position(|r| {
                     r.iter()
                         .zip(&axis.keys)
-                        .any(|(v, k)| k == key && to_json(v) == *value)
+                        .any(|(v, kk)| kk == k && to_json(v) == *value)
                 })?;
                 let mut table = self.m.defaults.clone();
-                set_dotted(&mut table, key, json_to_toml(value)?);
-                (!key.starts_with("slurm.") && check_train(&table).is_err())
+                set_dotted(&mut table, k, json_to_toml(value).ok()?);
+                (!k.starts_with("slurm.") && check_train(&table, self.features).is_err())
                     .then(|| self.m.source.at_value(&format!("{path}[{row}]"), ""))
             })
         });
-        let key = msg.split('`').nth(1).unwrap_or("defaults");
-        let mut d = culprit.unwrap_or_else(|| self.m.locate(key));
+        let mut d = culprit.unwrap_or_else(|| self.m.locate(key.unwrap_or("defaults")));
         d.message = format!("invalid run configuration: {}", msg.trim());
         if !params.is_empty() {
             d.help = Some(format!("in the run with {}", show_params(params)));
@@ -320,6 +397,17 @@ impl<'a> Shared<'a> {
                 .into());
         }
         Ok(name)
+    }
+}
+
+/// What the binary named in job scripts was built with: this binary's
+/// features, or (with `SWEEP_BIN`, a build elsewhere, e.g. the cluster's GPU
+/// build inside its container) everything, since it cannot be asked from here.
+fn job_binary_features() -> Features {
+    if std::env::var_os("SWEEP_BIN").is_some() {
+        Features::ALL
+    } else {
+        Features::BUILT
     }
 }
 
@@ -475,12 +563,21 @@ fn stages(
     Ok(stages)
 }
 
-/// A `[defaults]`-shaped table as a checked trainer configuration.
-fn check_train(table: &toml::Table) -> Result<TrainConfig, String> {
-    let cfg: TrainConfig = Value::Table(table.clone())
-        .try_into()
-        .map_err(|e: toml::de::Error| e.message().to_string())?;
-    cfg.validate().map_err(|e| format!("{e:#}"))?;
+/// A `[defaults]`-shaped table as a trainer configuration (types only).
+fn parse_train(table: &toml::Table) -> Result<TrainConfig, toml::de::Error> {
+    Value::Table(table.clone()).try_into()
+}
+
+/// A `[defaults]`-shaped table as a checked trainer configuration; on error
+/// the key at fault (when known) and the message.
+fn check_train(
+    table: &toml::Table,
+    features: Features,
+) -> Result<TrainConfig, (Option<&'static str>, String)> {
+    let cfg = parse_train(table).map_err(|e| (None, e.message().to_string()))?;
+    cfg.validate()
+        .and_then(|()| cfg.check_build(features))
+        .map_err(|e| (Some(e.key), e.message))?;
     Ok(cfg)
 }
 
@@ -525,20 +622,23 @@ pub(crate) fn to_json(v: &Value) -> Json {
     }
 }
 
-fn json_to_toml(v: &Json) -> Option<Value> {
-    Some(match v {
-        Json::Null => return None,
+/// A derived value as TOML; `none` has no TOML form and is an error, not a
+/// silently missing key.
+fn json_to_toml(v: &Json) -> Result<Value, &'static str> {
+    Ok(match v {
+        Json::Null => return Err("is none (TOML has no null)"),
         Json::Bool(b) => Value::Boolean(*b),
-        Json::Number(n) => match n.as_i64() {
-            Some(i) => Value::Integer(i),
-            None => Value::Float(n.as_f64()?),
+        Json::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Value::Integer(i),
+            (None, Some(f)) => Value::Float(f),
+            (None, None) => return Err("is a number TOML cannot hold"),
         },
         Json::String(s) => Value::String(s.clone()),
-        Json::Array(a) => Value::Array(a.iter().filter_map(json_to_toml).collect()),
+        Json::Array(a) => Value::Array(a.iter().map(json_to_toml).collect::<Result<_, _>>()?),
         Json::Object(o) => Value::Table(
             o.iter()
-                .filter_map(|(k, v)| Some((k.clone(), json_to_toml(v)?)))
-                .collect(),
+                .map(|(k, v)| Ok((k.clone(), json_to_toml(v)?)))
+                .collect::<Result<_, &'static str>>()?,
         ),
     })
 }

@@ -6,13 +6,23 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 fn plan_json(root: &Path, manifest: &Path) -> Vec<Value> {
-    let out = run_ok(sweep(root).arg("plan").arg(manifest).arg("--json"));
+    let out = run_ok(
+        sweep(root)
+            .arg("plan")
+            .arg(manifest)
+            .arg("--json")
+            .env("SWEEP_BIN", GPU_BUILD),
+    );
     serde_json::from_slice::<Value>(&out.stdout)
         .unwrap()
         .as_array()
         .unwrap()
         .clone()
 }
+
+/// Where the reference study's jobs find their GPU build of sweep (a path on
+/// the cluster): planning for another binary trusts it with every feature.
+const GPU_BUILD: &str = "/opt/sweep-gpu/bin/sweep";
 
 #[test]
 fn the_reference_study_plans_eight_runs_and_two_stages() {
@@ -36,8 +46,25 @@ fn the_reference_study_plans_eight_runs_and_two_stages() {
             "one node, one task: global = per-device batch"
         );
     }
-    let text = stdout(&run_ok(sweep(root.path()).arg("plan").arg(&m)));
+    let text = stdout(&run_ok(
+        sweep(root.path())
+            .arg("plan")
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    ));
     assert!(text.contains("8 runs, 10 jobs"), "{text}");
+    // This CPU build cannot train its flash-attention runs: planning for it fails and says why.
+    let out = sweep(root.path())
+        .arg("plan")
+        .arg(&m)
+        .env_remove("SWEEP_BIN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("built with the `cuda` feature"),
+        "{err}"
+    );
     assert!(text.contains("baseline-padded-bs1") && text.contains("pretokenized-padding-free-bs2"));
     // plan writes nothing.
     assert!(!root.path().join("results").exists());
@@ -167,4 +194,147 @@ fn any_command_values_reach_the_program_as_single_words() {
     let exit =
         std::fs::read_to_string(root.path().join("results/c/batch_size-1/exit_code")).unwrap();
     assert_eq!(exit.trim(), "42 0");
+}
+
+/// Values with quotes, `$(...)`, `;`, `#SBATCH` and unbalanced shell syntax
+/// in every field that reaches a job script: the script has exactly the
+/// directives the manifest asks for, each setup entry is one command, and
+/// running the script (with an `srun` that runs its command) executes
+/// exactly what the manifest says, nothing more.
+#[test]
+fn hostile_values_never_add_a_directive_or_a_command() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(
+        &m,
+        r##"name = "h"
+command = "printf '%s|' {{ msg }}"
+[defaults]
+msg = "a'b; touch pwned-command #SBATCH --wrap=id"
+[slurm]
+job_name = "job 'x' #SBATCH --wrap=id; $(touch pwned-name)"
+partition = "debug #SBATCH --qos=high"
+account = "acct$(touch pwned-account)"
+constraint = "gpu&nvme"
+mem = "8G"
+extra_sbatch = ["--comment='#SBATCH --wrap=id'", "--exclusive"]
+env = { HOSTILE = "$(touch pwned-env)'\"; id", PLAIN = "1" }
+setup = [
+    "echo setup-1 >> \"$SWEEP_RUN_DIR/trace\"",
+    "echo 'quoted; $(touch pwned-setup)' >> \"$SWEEP_RUN_DIR/trace\"",
+    "echo \"env=$HOSTILE\" >> \"$SWEEP_RUN_DIR/trace\"",
+]
+srun_args = ["--label", "; touch pwned-srun"]
+"##,
+    );
+    run_ok(sweep(root.path()).arg("render").arg(&m));
+    let dir = root.path().join("results/h/run");
+    let script = std::fs::read_to_string(dir.join("job.sbatch")).unwrap();
+
+    // The directives: the template's own and the manifest's, each once.
+    let directives: Vec<&str> = script
+        .lines()
+        .filter(|l| l.trim_start().starts_with("#SBATCH"))
+        .collect();
+    let options: Vec<&str> = directives
+        .iter()
+        .map(|l| {
+            l.trim_start()["#SBATCH".len()..]
+                .trim()
+                .split('=')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        options,
+        [
+            "--job-name",
+            "--output",
+            "--open-mode",
+            "--time",
+            "--nodes",
+            "--ntasks-per-node",
+            "--mem",
+            "--account",
+            "--partition",
+            "--constraint",
+            "--requeue",
+            "--signal",
+            "--comment",
+            "--exclusive"
+        ],
+        "{script}"
+    );
+    // No line of the script starts with a value's text.
+    for l in script.lines() {
+        for bad in ["touch pwned", "id'", "--wrap", "--qos"] {
+            assert!(
+                !l.trim_start().starts_with(bad),
+                "a value became its own line: {l}\n{script}"
+            );
+        }
+    }
+    assert_eq!(
+        script.lines().filter(|l| l.starts_with("eval ")).count(),
+        3,
+        "one line per setup entry\n{script}"
+    );
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(dir.join("job.sbatch"))
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "bash -n: {check:?}");
+
+    // Run it: srun skips its options and runs the command.
+    let bin = root.path().join("fakebin");
+    write(
+        &bin.join("srun"),
+        "#!/bin/bash\nwhile [[ $1 == -* || $1 == ';'* ]]; do echo \"srun arg: $1\" >> \"$SWEEP_RUN_DIR/trace\"; shift; done\nexec \"$@\"\n",
+    );
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(bin.join("srun"))
+        .status()
+        .unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = run_ok(
+        std::process::Command::new("bash")
+            .arg(dir.join("job.sbatch"))
+            .current_dir(root.path())
+            .env("PATH", path)
+            .env("SLURM_JOB_ID", "7")
+            .env("SLURM_NTASKS", "1")
+            .env("SLURM_PROCID", "0")
+            .env("SLURM_LOCALID", "0")
+            .env("SLURM_NODEID", "0"),
+    );
+    assert_eq!(
+        stdout(&out).lines().last(),
+        Some("a'b; touch pwned-command #SBATCH --wrap=id|"),
+        "the value reaches the program as one word"
+    );
+    let trace = std::fs::read_to_string(dir.join("trace")).unwrap();
+    assert_eq!(
+        trace,
+        "setup-1\nquoted; $(touch pwned-setup)\nenv=$(touch pwned-env)'\"; id\nsrun arg: --label\nsrun arg: ; touch pwned-srun\n"
+    );
+    let pwned: Vec<_> = walk(root.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("pwned"))
+        .collect();
+    assert!(pwned.is_empty(), "{pwned:?}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
 }

@@ -23,8 +23,8 @@ model = "tiny"
 architecture = {{ dim = 32, n_layers = 1 }}
 learning_rate = 3e-3
 warmup_steps = 2
-logging_frequency = 1
 threads = 1
+{logging}
 {extra}
 {sweep_axes}
 [local]
@@ -34,6 +34,11 @@ threads = 1
 time = "10"
 job_name = "sweep-test-{name}"
 "#,
+            logging = if extra.contains("logging_frequency") {
+                ""
+            } else {
+                "logging_frequency = 1"
+            },
             data = repo().join("assets/data/quickstart.parquet").display(),
             tok = repo()
                 .join("assets/tokenizers/mistral-7b/tokenizer.json")
@@ -96,6 +101,56 @@ fn on_the_fly_and_pretokenized_data_give_identical_loss_curves() {
     }
     let mfu = rec["mfu_pct"].as_f64().unwrap();
     assert!(mfu > 0.0 && mfu <= 100.0, "{mfu}");
+}
+
+/// Validation runs on its own schedule (here at 5, 10 and the last step,
+/// whatever the logging frequency), and an MFU above 100% (a peak set far too
+/// low) is a warning event in metrics.jsonl, not the end of the run.
+#[test]
+fn validation_keeps_its_schedule_and_mfu_above_peak_is_a_warning() {
+    let root = project();
+    let m = manifest(
+        root.path(),
+        "sched",
+        "training_steps = 12\nsequence_length = 32\nlogging_frequency = 4\nvalidation_every = 5\nvalidation_documents = 8\nvalidation_batches = 1\npeak_flops = 1.0",
+        "",
+    );
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let run = root.path().join("results/sched/run");
+    let steps: Vec<(u64, bool)> = metrics(&run)
+        .iter()
+        .map(|v| (v["step"].as_u64().unwrap(), v.get("val_loss").is_some()))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (1, false),
+            (4, false),
+            (5, true),
+            (8, false),
+            (10, true),
+            (12, true)
+        ],
+        "logged every 4, validated every 5 and at the end"
+    );
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "mfu_above_peak")
+        .collect();
+    assert_eq!(
+        events.len(),
+        steps.len(),
+        "one event per logged step: {text}"
+    );
+    assert!(events.iter().all(|e| e["value"].as_f64().unwrap() > 100.0));
+    let log = std::fs::read_to_string(run.join("local.out")).unwrap();
+    assert_eq!(
+        log.matches("MFU came out at").count(),
+        1,
+        "warned once: {log}"
+    );
 }
 
 fn train(root: &Path, config: &Path) -> Child {
