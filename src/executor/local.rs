@@ -186,6 +186,9 @@ pub fn run(
     }
 }
 
+/// A job that exited: its exit code and the signal that ended it.
+type Exited = (Running, Option<i32>, Option<i32>);
+
 /// The jobs of one `run`: queued, running, and how each unit ended.
 struct Pool {
     opts: LocalOptions,
@@ -281,14 +284,7 @@ impl Pool {
     /// Collects the jobs that exited; one that checkpointed on a signal
     /// (exit 99) starts again, like SLURM's requeue.
     fn reap(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
-        let mut k = 0;
-        while k < self.running.len() {
-            let Some(exit) = self.running[k].child.try_wait()? else {
-                k += 1;
-                continue;
-            };
-            let mut r = self.running.swap_remove(k);
-            let (code, signal) = exit_parts(exit);
+        for (mut r, code, signal) in self.take_exited()? {
             let dir = &units[r.unit].dir;
             let cancelled = cancel_requested(dir);
             if code == Some(REQUEUE_EXIT) && r.requeues < MAX_REQUEUES && !cancelled {
@@ -319,6 +315,23 @@ impl Pool {
         Ok(())
     }
 
+    /// The running jobs that have exited, taken out of `running`, with their
+    /// exit code and signal.
+    fn take_exited(&mut self) -> Result<Vec<Exited>> {
+        let mut exited = Vec::new();
+        let mut k = 0;
+        while k < self.running.len() {
+            match self.running[k].child.try_wait()? {
+                Some(exit) => {
+                    let (code, signal) = exit_parts(exit);
+                    exited.push((self.running.swap_remove(k), code, signal));
+                }
+                None => k += 1,
+            }
+        }
+        Ok(exited)
+    }
+
     /// Ctrl-C: SIGTERM to every job's process group, SIGKILL after the grace
     /// period; what had not started yet is cancelled.
     fn stop_all(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
@@ -327,14 +340,7 @@ impl Pool {
         }
         let deadline = Instant::now() + GRACE;
         while !self.running.is_empty() {
-            let mut k = 0;
-            while k < self.running.len() {
-                let Some(exit) = self.running[k].child.try_wait()? else {
-                    k += 1;
-                    continue;
-                };
-                let mut r = self.running.swap_remove(k);
-                let (code, signal) = exit_parts(exit);
+            for (mut r, code, signal) in self.take_exited()? {
                 r.state.exit_code = code;
                 r.state.signal = signal;
                 r.state.state = State::Cancelled;

@@ -168,24 +168,7 @@ fn any_command_values_reach_the_program_as_single_words() {
     run_ok(sweep(root.path()).arg("render").arg(&m));
     let script = root.path().join("results/c/batch_size-1/job.sbatch");
     // Run the script itself, with an `srun` that just runs its command.
-    let bin = root.path().join("fakebin");
-    write(&bin.join("srun"), "#!/bin/sh\nexec \"$@\"\n");
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(bin.join("srun"))
-        .status()
-        .unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
-    let out = run_ok(
-        std::process::Command::new("bash")
-            .arg(&script)
-            .env("PATH", path)
-            .env("SLURM_JOB_ID", "42")
-            .env("SLURM_NTASKS", "1")
-            .env("SLURM_PROCID", "0")
-            .env("SLURM_LOCALID", "0")
-            .env("SLURM_NODEID", "0"),
-    );
+    let out = run_script(root.path(), &script, "exec \"$@\"", "42");
     assert!(
         stdout(&out).contains("--name|it's $(a) test|--bs|1|"),
         "{}",
@@ -287,28 +270,12 @@ srun_args = ["--label", "; touch pwned-srun"]
         .unwrap();
     assert!(check.status.success(), "bash -n: {check:?}");
 
-    // Run it: srun skips its options and runs the command.
-    let bin = root.path().join("fakebin");
-    write(
-        &bin.join("srun"),
-        "#!/bin/bash\nwhile [[ $1 == -* || $1 == ';'* ]]; do echo \"srun arg: $1\" >> \"$SWEEP_RUN_DIR/trace\"; shift; done\nexec \"$@\"\n",
-    );
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(bin.join("srun"))
-        .status()
-        .unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
-    let out = run_ok(
-        std::process::Command::new("bash")
-            .arg(dir.join("job.sbatch"))
-            .current_dir(root.path())
-            .env("PATH", path)
-            .env("SLURM_JOB_ID", "7")
-            .env("SLURM_NTASKS", "1")
-            .env("SLURM_PROCID", "0")
-            .env("SLURM_LOCALID", "0")
-            .env("SLURM_NODEID", "0"),
+    // Run it: srun notes its options, then runs the command.
+    let out = run_script(
+        root.path(),
+        &dir.join("job.sbatch"),
+        "while [[ $1 == -* || $1 == ';'* ]]; do echo \"srun arg: $1\" >> \"$SWEEP_RUN_DIR/trace\"; shift; done\nexec \"$@\"",
+        "7",
     );
     assert_eq!(
         stdout(&out).lines().last(),
@@ -337,4 +304,28 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         out.push(p);
     }
     out
+}
+
+/// Runs a rendered job script with bash as SLURM would start a one-task job,
+/// with a stand-in `srun` (the body of a bash script) first on the PATH.
+fn run_script(root: &Path, script: &Path, srun: &str, job_id: &str) -> std::process::Output {
+    let bin = root.join("fakebin");
+    write(&bin.join("srun"), &format!("#!/bin/bash\n{srun}\n"));
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(bin.join("srun"))
+        .status()
+        .unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    run_ok(
+        std::process::Command::new("bash")
+            .arg(script)
+            .current_dir(root)
+            .env("PATH", path)
+            .env("SLURM_JOB_ID", job_id)
+            .env("SLURM_NTASKS", "1")
+            .env("SLURM_PROCID", "0")
+            .env("SLURM_LOCALID", "0")
+            .env("SLURM_NODEID", "0"),
+    )
 }
