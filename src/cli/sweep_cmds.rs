@@ -100,11 +100,28 @@ pub fn render(root: &Path, manifest: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `prepare` does with the rendered run directories.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Directories {
+    /// Write them (submit, run): jobs start from these files.
+    Write,
+    /// Only read the records in them (status, cancel): a command that looks
+    /// must not rewrite `run.json` under a `sweep submit` that is appending
+    /// job ids to it.
+    Read,
+}
+
 /// Plans, renders and collects the current state of every unit.
-pub fn prepare(root: &Path, manifest: &Path) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
+pub fn prepare(
+    root: &Path,
+    manifest: &Path,
+    dirs: Directories,
+) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
     let plan = load_plan(root, manifest)?;
     let rendered = render::render(&plan)?;
-    render::write(&rendered)?;
+    if dirs == Directories::Write {
+        render::write(&rendered)?;
+    }
     let units = executor::units(&plan, &rendered);
     let status = executor::statuses(&units)?;
     Ok((plan, units, status))
@@ -123,7 +140,7 @@ pub(super) struct Submission {
 
 impl Submission {
     pub fn new(root: &Path, args: &SubmitArgs) -> Result<Submission> {
-        let (plan, units, status) = prepare(root, &args.manifest)?;
+        let (plan, units, status) = prepare(root, &args.manifest, Directories::Write)?;
         let kind = args
             .executor
             .or(plan.manifest.executor)
@@ -260,7 +277,7 @@ fn report_decisions(units: &[Unit], decisions: &[Decision]) {
 }
 
 pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
-    let (_plan, units, status) = prepare(root, manifest)?;
+    let (_plan, units, status) = prepare(root, manifest, Directories::Read)?;
     if json {
         let rows: Vec<_> = units
             .iter()
@@ -305,7 +322,7 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
 }
 
 pub fn cancel(root: &Path, manifest: &Path) -> Result<ExitCode> {
-    let (_plan, units, status) = prepare(root, manifest)?;
+    let (_plan, units, status) = prepare(root, manifest, Directories::Read)?;
     let cancelled = executor::cancel(&units, &status)?;
     if cancelled.is_empty() {
         println!("nothing pending or running");
