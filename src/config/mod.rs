@@ -374,7 +374,8 @@ impl TrainConfig {
     /// Checks that the binary that will train this run was built with what
     /// the configuration needs (a CUDA device, the flash-attention kernels).
     pub fn check_build(&self, build: Features) -> Result<(), ConfigError> {
-        let how = "build sweep with `cargo build --release --features flash-attn` (see README, Building for GPUs)";
+        let how = "build one with scripts/build-gpu.sh or `cargo build --release --features flash-attn` \
+                   (README, Building for GPUs); to plan for such a build elsewhere, set SWEEP_BIN to its path";
         if self.device == DeviceKind::Cuda && !build.cuda {
             return Err(ConfigError::new(
                 "device",

@@ -116,6 +116,8 @@ struct Shared<'a> {
     train_fields: Vec<String>,
     /// What the binary that job scripts run was built with.
     features: Features,
+    /// The error `[defaults]` alone gives as a trainer configuration, if any.
+    defaults_error: Option<String>,
 }
 
 /// One run's values as they are assembled: the axis and derived values that
@@ -154,6 +156,9 @@ impl<'a> Shared<'a> {
             slurm_table,
             train_fields: known_fields::<TrainConfig>(),
             features: job_binary_features(),
+            defaults_error: check_train(&m.defaults, job_binary_features())
+                .err()
+                .map(|(_, msg)| msg),
         })
     }
 
@@ -345,27 +350,38 @@ impl<'a> Shared<'a> {
     }
 
     /// An error in one run's configuration, located at the axis value that
-    /// causes it on its own, else at the key at fault.
+    /// causes it on its own, else at the key at fault. An error that
+    /// `[defaults]` gives by itself is the same for every run, and says so
+    /// once rather than once per run.
     fn error_in(
         &self,
         params: &IndexMap<String, Json>,
         key: Option<&str>,
         msg: &str,
     ) -> Box<Diagnostic> {
-        let culprit = self.m.axes.iter().find_map(|axis| {
-            axis.keys.iter().zip(&axis.paths).find_map(|(k, path)| {
-                let value = params.get(k)?;
-                let row = axis.rows.iter().position(|r| {
-                    r.iter()
-                        .zip(&axis.keys)
-                        .any(|(v, kk)| kk == k && to_json(v) == *value)
-                })?;
-                let mut table = self.m.defaults.clone();
-                set_dotted(&mut table, k, json_to_toml(value).ok()?);
-                (!k.starts_with("slurm.") && check_train(&table, self.features).is_err())
-                    .then(|| self.m.source.at_value(&format!("{path}[{row}]"), ""))
+        if self.defaults_error.as_deref() == Some(msg) {
+            let mut d = self.m.locate(key.unwrap_or("defaults"));
+            d.message = format!("invalid run configuration: {}", msg.trim());
+            return Box::new(d);
+        }
+        let culprit = (self.defaults_error.is_none())
+            .then(|| {
+                self.m.axes.iter().find_map(|axis| {
+                    axis.keys.iter().zip(&axis.paths).find_map(|(k, path)| {
+                        let value = params.get(k)?;
+                        let row = axis.rows.iter().position(|r| {
+                            r.iter()
+                                .zip(&axis.keys)
+                                .any(|(v, kk)| kk == k && to_json(v) == *value)
+                        })?;
+                        let mut table = self.m.defaults.clone();
+                        set_dotted(&mut table, k, json_to_toml(value).ok()?);
+                        (!k.starts_with("slurm.") && check_train(&table, self.features).is_err())
+                            .then(|| self.m.source.at_value(&format!("{path}[{row}]"), ""))
+                    })
+                })
             })
-        });
+            .flatten();
         let mut d = culprit.unwrap_or_else(|| self.m.locate(key.unwrap_or("defaults")));
         d.message = format!("invalid run configuration: {}", msg.trim());
         if !params.is_empty() {
