@@ -1,34 +1,41 @@
 //! The train step alone (synthetic batches, no data loading): tokens per
-//! second, achieved GFLOP/s, and their share of the matmul peak of the same
-//! kernel on the same threads (candle's f32 GEMM, or sweep's bf16 kernel for
-//! `bf16-mixed`), with the time split into forward, backward and optimizer.
+//! second, achieved FLOP/s, and their share of the device's peak — on the
+//! CPU the matmul peak of the same kernel on the same threads (candle's f32
+//! GEMM, or sweep's bf16 kernel for `bf16-mixed`), on a GPU its dense bf16
+//! peak from the table — with the time split into forward, backward and
+//! optimizer, and the peak memory.
 
-use crate::config::{AttentionKind, ModelConfig, ModelOverrides, TrainConfig};
+use crate::config::{
+    AttentionKind, DeviceKind, ModelConfig, ModelOverrides, Precision, TrainConfig,
+};
 use crate::data::samples::IGNORE;
+use crate::train::device::PeakMemory;
 use crate::train::model::Llama;
 use crate::train::optim::{AdamW, Grads};
 use crate::train::params::Params;
 use crate::train::peak::Kernel;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
 
 pub struct Case {
     pub label: String,
     pub preset: String,
-    pub vocab: usize,
+    /// Changes to the preset (vocabulary, layers).
+    pub overrides: ModelOverrides,
     pub seq: usize,
     pub batch: usize,
-    /// `bf16-mixed`: bf16 matrix products (else f32 throughout).
-    pub bf16: bool,
+    pub precision: Precision,
+    pub attention: AttentionKind,
+    pub device: DeviceKind,
 }
 
 impl Case {
     pub fn precision(&self) -> &'static str {
-        if self.bf16 {
-            "bf16-mixed"
-        } else {
-            "f32"
+        match self.precision {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::Bf16Mixed => "bf16-mixed",
         }
     }
 }
@@ -43,75 +50,172 @@ pub struct TrainRow {
     pub forward_s: f64,
     pub backward_s: f64,
     pub optimizer_s: f64,
+    pub peak_memory_mb: f64,
+    /// The device as the driver names it (`cpu` on the CPU).
+    pub device_name: String,
+}
+
+fn case(label: &str, preset: &str, vocab: usize, seq: usize, batch: usize, bf16: bool) -> Case {
+    Case {
+        label: label.into(),
+        preset: preset.into(),
+        overrides: ModelOverrides {
+            vocab_size: Some(vocab),
+            ..Default::default()
+        },
+        seq,
+        batch,
+        precision: if bf16 {
+            Precision::Bf16Mixed
+        } else {
+            Precision::F32
+        },
+        attention: AttentionKind::Eager,
+        device: DeviceKind::Cpu,
+    }
 }
 
 /// The presets as the quickstart trains them, and the CPU speed-goal model
 /// (`small`, vocab 8192, seq 256, batch 8: 82.6 MFLOP per token),
 /// in f32 and, where the CPU has AVX-512 BF16, in bf16-mixed.
 pub fn default_cases() -> Vec<Case> {
-    let c = |label: &str, preset: &str, vocab, seq, batch, bf16| Case {
-        label: label.into(),
-        preset: preset.into(),
-        vocab,
-        seq,
-        batch,
-        bf16,
-    };
     let mut cases = vec![
-        c("tiny (quickstart shape)", "tiny", 32000, 512, 2, false),
-        c("small (vocab 32000)", "small", 32000, 512, 2, false),
-        c("small (vocab 8192)", "small", 8192, 256, 8, false),
+        case("tiny (quickstart shape)", "tiny", 32000, 512, 2, false),
+        case("small (vocab 32000)", "small", 32000, 512, 2, false),
+        case("small (vocab 8192)", "small", 8192, 256, 8, false),
     ];
     if crate::train::ops::bf16_gemm::supported() {
-        cases.push(c("small (vocab 8192)", "small", 8192, 256, 8, true));
+        cases.push(case("small (vocab 8192)", "small", 8192, 256, 8, true));
     }
     cases
 }
 
-pub fn run(cases: Vec<Case>, steps: usize, threads: usize) -> Result<Vec<TrainRow>> {
-    let mut rows = Vec::new();
-    for case in cases {
-        let kernel = if case.bf16 { Kernel::Bf16 } else { Kernel::F32 };
-        let peak = crate::train::peak::refresh(kernel, threads)?;
-        let o = ModelOverrides {
-            vocab_size: Some(case.vocab),
+/// The GPU cases, as the reference study trained: `ref-1b` at batch 8 and
+/// sequence 2048 (its DDP model), and `ref-8b`'s layer shapes with `layers` of
+/// its 32 layers (all of them need more than an 80 GB GPU holds) at batch 1
+/// and 2, in bf16 with flash attention; `ref-1b` also with eager attention.
+pub fn gpu_cases(layers: usize) -> Vec<Case> {
+    let gpu = |label: String, preset: &str, n_layers: Option<usize>, batch, attention| Case {
+        label,
+        preset: preset.into(),
+        overrides: ModelOverrides {
+            n_layers,
+            ..Default::default()
+        },
+        seq: 2048,
+        batch,
+        precision: Precision::Bf16,
+        attention,
+        device: DeviceKind::Cuda,
+    };
+    let eight = |batch| {
+        let label = if layers == 32 {
+            "ref-8b".to_string()
+        } else {
+            format!("ref-8b ({layers} layers)")
+        };
+        gpu(label, "ref-8b", Some(layers), batch, AttentionKind::Flash)
+    };
+    vec![
+        gpu("ref-1b".into(), "ref-1b", None, 8, AttentionKind::Flash),
+        gpu(
+            "ref-1b eager".into(),
+            "ref-1b",
+            None,
+            8,
+            AttentionKind::Eager,
+        ),
+        eight(1),
+        eight(2),
+    ]
+}
+
+/// The device, the dtype of parameters and activations, whether matrix
+/// products run in bf16 (bf16-mixed), and the peak FLOP/s MFU is measured
+/// against (a `gpu` name overrides the driver's).
+fn setup(
+    c: &Case,
+    threads: usize,
+    gpu: Option<&str>,
+) -> Result<(Device, DType, bool, f64, String)> {
+    let (device, name) = match c.device {
+        DeviceKind::Cpu => (Device::Cpu, "cpu".to_string()),
+        DeviceKind::Cuda => {
+            let d = Device::new_cuda(0)?;
+            let name = crate::train::device::name(&d)?;
+            (d, name)
+        }
+    };
+    let (dtype, bf16_matmuls) = match (c.precision, device.is_cpu()) {
+        (Precision::F32, _) => (DType::F32, false),
+        (Precision::Bf16, false) => (DType::BF16, false),
+        (Precision::Bf16Mixed, _) => (DType::F32, true),
+        (Precision::Bf16, true) => bail!("bf16 parameters need a GPU"),
+    };
+    let peak = if device.is_cpu() {
+        let kernel = if bf16_matmuls {
+            Kernel::Bf16
+        } else {
+            Kernel::F32
+        };
+        crate::train::peak::refresh(kernel, threads)?
+    } else {
+        let cfg = TrainConfig {
+            gpu: Some(gpu.unwrap_or(&name).to_string()),
             ..Default::default()
         };
-        let cfg = ModelConfig::resolve(&case.preset, &o)?;
-        let params = Params::init(&cfg, 1, &Device::Cpu, DType::F32)?;
-        let model = Llama::new(
-            &params,
-            &cfg,
-            AttentionKind::Eager,
-            case.seq,
-            &Device::Cpu,
-            DType::F32,
-        )?
-        .with_bf16_matmuls(case.bf16);
+        crate::train::metrics::peak_flops(&cfg, false, threads)?.0
+    };
+    Ok((device, dtype, bf16_matmuls, peak, name))
+}
+
+/// Times `steps` train steps of every case after two warm-up steps. `gpu`
+/// names the accelerator for the peak-FLOPs table when the driver's name
+/// does not match it.
+pub fn run(
+    cases: Vec<Case>,
+    steps: usize,
+    threads: usize,
+    gpu: Option<&str>,
+) -> Result<Vec<TrainRow>> {
+    let mut rows = Vec::new();
+    for case in cases {
+        let (device, dtype, bf16_matmuls, peak, device_name) = setup(&case, threads, gpu)?;
+        let cfg = ModelConfig::resolve(&case.preset, &case.overrides)?;
+        let params = Params::init(&cfg, 1, &device, dtype)?;
+        let model = Llama::new(&params, &cfg, case.attention, case.seq, &device, dtype)?
+            .with_bf16_matmuls(bf16_matmuls);
         let mut opt = AdamW::new(&params, &TrainConfig::default())?;
         let n = case.batch * case.seq;
-        let ids: Vec<u32> = (0..n).map(|i| ((i * 7919) % case.vocab) as u32).collect();
+        let ids: Vec<u32> = (0..n)
+            .map(|i| ((i * 7919) % cfg.vocab_size) as u32)
+            .collect();
         let labels: Vec<i64> = (0..n)
             .map(|i| {
                 if i % case.seq == 0 {
                     IGNORE
                 } else {
-                    ((i * 104729) % case.vocab) as i64
+                    ((i * 104729) % cfg.vocab_size) as i64
                 }
             })
             .collect();
-        let ids = Tensor::from_vec(ids, (case.batch, case.seq), &Device::Cpu)?;
+        let ids = Tensor::from_vec(ids, (case.batch, case.seq), &device)?;
+        let mut memory = PeakMemory::default();
         let (mut fwd, mut bwd, mut upd) = (0.0, 0.0, 0.0);
         for step in 0..steps + 2 {
             let t0 = Instant::now();
             let loss = model.loss(&ids, &labels, n as f64)?;
-            let _ = loss.to_scalar::<f32>()?;
+            // Reading the loss waits for the device.
+            let _ = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
             let t1 = Instant::now();
             let mut grads = Grads::default();
-            grads.accumulate(&params, loss.backward()?)?;
+            let g = loss.backward()?;
+            memory.sample(&device)?;
+            grads.accumulate(&params, g)?;
             let norm = grads.norm()?;
             let t2 = Instant::now();
             opt.step(&grads, 1e-4, (1.0 / norm).min(1.0))?;
+            device.synchronize()?;
             let t3 = Instant::now();
             if step >= 2 {
                 // The first two steps warm up allocations and caches.
@@ -132,6 +236,8 @@ pub fn run(cases: Vec<Case>, steps: usize, threads: usize) -> Result<Vec<TrainRo
             forward_s: fwd / steps as f64,
             backward_s: bwd / steps as f64,
             optimizer_s: upd / steps as f64,
+            peak_memory_mb: memory.peak_mb(&device),
+            device_name,
             case,
         });
     }

@@ -1,6 +1,7 @@
 //! `sweep bench ...`: run a benchmark and print its figures.
 
 use super::BenchCmd;
+use crate::config::DeviceKind;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,7 +12,10 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
             threads,
             steps,
             only,
-        } => train(threads, steps, only)?,
+            device,
+            layers,
+            gpu,
+        } => train(threads, steps, only, device, layers, gpu)?,
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
         BenchCmd::Peak => peak()?,
         BenchCmd::Data(a) => data(a, root)?,
@@ -27,46 +31,58 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `sweep bench train`: train-step throughput of the CPU presets.
-fn train(threads: usize, steps: usize, only: Option<String>) -> Result<()> {
+/// `sweep bench train`: train-step throughput of the CPU presets, or of the
+/// reference's models on a GPU.
+fn train(
+    threads: usize,
+    steps: usize,
+    only: Option<String>,
+    device: DeviceKind,
+    layers: usize,
+    gpu: Option<String>,
+) -> Result<()> {
+    if device == DeviceKind::Cuda && !crate::config::Features::BUILT.cuda {
+        anyhow::bail!("`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; README, Building for GPUs)");
+    }
     let threads = crate::train::init_threads(threads);
-    let cases = crate::bench::train::default_cases()
+    let cases = match device {
+        DeviceKind::Cpu => crate::bench::train::default_cases(),
+        DeviceKind::Cuda => crate::bench::train::gpu_cases(layers),
+    };
+    let cases = cases
         .into_iter()
         .filter(|c| {
             only.as_deref()
                 .is_none_or(|o| format!("{} {}", c.label, c.precision()).contains(o))
         })
         .collect();
-    let rows = crate::bench::train::run(cases, steps, threads)?;
-    println!("train step on {threads} CPU thread(s), {steps} timed steps after 2 warm-up steps");
+    let rows = crate::bench::train::run(cases, steps, threads, gpu.as_deref())?;
+    let on = match (device, rows.first()) {
+        (DeviceKind::Cuda, Some(r)) => r.device_name.clone(),
+        _ => format!("{threads} CPU thread(s)"),
+    };
+    println!("train step on {on}, {steps} timed steps after 2 warm-up steps");
     println!(
-        "{:<26} {:<10} {:>9} {:>11} {:>10} {:>9} {:>9} {:>9}  forward / backward / optimizer",
-        "model", "precision", "params", "MFLOP/tok", "tokens/s", "GFLOP/s", "of peak", "s/step",
+        "{:<24} {:<10} {:>5} {:>9} {:>11} {:>10} {:>10} {:>7} {:>9} {:>10}  forward / backward / optimizer",
+        "model", "precision", "batch", "params", "MFLOP/tok", "tokens/s", "TFLOP/s", "MFU", "s/step", "peak MB",
     );
     for r in &rows {
         let step = r.forward_s + r.backward_s + r.optimizer_s;
         println!(
-            "{:<26} {:<10} {:>8.1}M {:>11.1} {:>10.0} {:>9.1} {:>8.1}% {:>9.3}  {:.0}% / {:.0}% / {:.0}%",
+            "{:<24} {:<10} {:>5} {:>8.1}M {:>11.1} {:>10.0} {:>10.3} {:>6.1}% {:>9.3} {:>10.0}  {:.0}% / {:.0}% / {:.0}%",
             r.case.label,
             r.case.precision(),
+            r.case.batch,
             r.params as f64 / 1e6,
             r.flops_per_token / 1e6,
             r.tokens_per_s,
-            r.gflops,
+            r.gflops / 1e3,
             100.0 * r.gflops / r.peak_gflops,
             step,
+            r.peak_memory_mb,
             100.0 * r.forward_s / step,
             100.0 * r.backward_s / step,
             100.0 * r.optimizer_s / step
-        );
-    }
-    for (precision, peak) in rows
-        .iter()
-        .map(|r| (r.case.precision(), r.peak_gflops))
-        .collect::<std::collections::BTreeMap<_, _>>()
-    {
-        println!(
-            "peak for {precision}: {peak:.1} GFLOP/s on {threads} thread(s) (sweep bench peak)"
         );
     }
     Ok(())

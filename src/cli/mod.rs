@@ -13,10 +13,19 @@ use std::process::ExitCode;
 
 use crate::manifest::{Diagnostics, ExecutorKind};
 
+/// `sweep --version`: the version and the optional engines built in, which
+/// decide what runs this binary can train.
+#[cfg(not(feature = "cuda"))]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (features: none; CPU only)");
+#[cfg(all(feature = "cuda", not(feature = "flash-attn")))]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (features: cuda)");
+#[cfg(feature = "flash-attn")]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (features: cuda, flash-attn)");
+
 #[derive(Parser, Debug)]
 #[command(
     name = "sweep",
-    version,
+    version = VERSION,
     about = "Declarative LLM-training throughput studies: manifest -> runs -> SLURM jobs -> report",
     long_about = None,
     after_help = "Examples:\n  sweep plan experiments/quickstart.toml\n  sweep submit experiments/pretokenization.toml --executor slurm --dry-run\n  sweep status experiments/pretokenization.toml"
@@ -249,7 +258,7 @@ pub enum BenchCmd {
     },
     /// The train step of the CPU presets in f32 and bf16-mixed: tokens/s, GFLOP/s, share of the matmul peak.
     #[command(
-        after_help = "Examples:\n  sweep bench train --threads 1\n  sweep bench train --threads 2 --steps 10"
+        after_help = "Examples:\n  sweep bench train --threads 1\n  sweep bench train --threads 2 --steps 10\n  sweep bench train --device cuda --layers 8      (a GPU build on a GPU machine)"
     )]
     Train {
         /// CPU threads (1 gives tokens per CPU-second).
@@ -260,6 +269,15 @@ pub enum BenchCmd {
         /// Only the cases whose "label precision" contains this (e.g. `8192`, `bf16-mixed`).
         #[arg(long)]
         only: Option<String>,
+        /// `cpu`: the CPU presets; `cuda`: ref-1b and an 8B-shaped model on GPU 0.
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: crate::config::DeviceKind,
+        /// Layers of the 8B-shaped GPU model (ref-8b's shapes; 32 is the full model).
+        #[arg(long, default_value_t = 8)]
+        layers: usize,
+        /// The accelerator's name in the peak-FLOPs table (default: the driver's name).
+        #[arg(long)]
+        gpu: Option<String>,
     },
     /// Aggregating a large sweep: read, summarise and write the tables of N runs x M log lines.
     #[command(after_help = "Example:\n  sweep bench report --runs 1000 --lines 1000")]

@@ -94,7 +94,7 @@ pub enum LrSchedule {
     Cosine,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
     #[default]
@@ -355,6 +355,14 @@ impl TrainConfig {
                 "`attention = \"flash\"` runs on CUDA devices only: set `device = \"cuda\"` (with a build that has the `flash-attn` feature) or use `attention = \"eager\"` on the CPU".into(),
             );
         }
+        if self.attention == AttentionKind::Flash && self.precision == Precision::F32 {
+            return err(
+                "attention",
+                "`attention = \"flash\"` computes in bf16 (the flash kernels have no f32 variant): \
+                 use `precision = \"bf16\"` or `\"bf16-mixed\"`, or `attention = \"eager\"` for f32"
+                    .into(),
+            );
+        }
         if ModelConfig::preset(&self.model).is_none() {
             return err(
                 "model",
@@ -446,6 +454,11 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().key, "attention", "not on the CPU");
         let c = TrainConfig {
             device: DeviceKind::Cuda,
+            ..c
+        };
+        assert_eq!(c.validate().unwrap_err().key, "attention", "not in f32");
+        let c = TrainConfig {
+            precision: Precision::Bf16,
             ..c
         };
         assert!(c.validate().is_ok());

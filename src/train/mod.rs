@@ -8,6 +8,7 @@
 
 pub mod attention;
 mod checkpoint;
+pub mod device;
 pub mod metrics;
 pub mod model;
 mod monitor;
@@ -57,7 +58,8 @@ impl Trainer {
             (Precision::Bf16, true) => bail!("`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use \"bf16-mixed\" (or \"f32\") on the CPU"),
             (Precision::Bf16Mixed, true) if ops::bf16_gemm::supported() => DType::F32,
             (Precision::Bf16Mixed, true) => bail!("`precision = \"bf16-mixed\"` needs a CPU with AVX-512 BF16; use \"f32\""),
-            (Precision::Bf16Mixed, false) => bail!("`precision = \"bf16-mixed\"` is the CPU's autocast; on a GPU use \"bf16\""),
+            // f32 weights and optimizer state, bf16 matrix products (autocast).
+            (Precision::Bf16Mixed, false) => DType::F32,
         };
         let bf16_matmuls = cfg.precision == Precision::Bf16Mixed;
         let specials = SpecialTokens {
@@ -115,9 +117,15 @@ impl Trainer {
         })
     }
 
-    /// Forward and backward over one optimizer step's micro-batches.
-    /// Returns the step's loss (mean over its training tokens) and gradients.
-    pub fn forward_backward(&self, micro: &[Batch]) -> Result<(f64, Grads)> {
+    /// Forward and backward over one optimizer step's micro-batches, sampling
+    /// the device's memory while each micro-batch's graph and gradients are
+    /// alive. Returns the step's loss (mean over its training tokens) and
+    /// gradients.
+    pub fn forward_backward(
+        &self,
+        micro: &[Batch],
+        memory: &mut device::PeakMemory,
+    ) -> Result<(f64, Grads)> {
         let divisor = micro
             .iter()
             .map(|b| b.training_tokens)
@@ -129,7 +137,9 @@ impl Trainer {
             let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
             let l = self.model.loss(&ids, &b.labels, divisor)?;
             loss += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
-            grads.accumulate(&self.params, l.backward()?)?;
+            let g = l.backward()?;
+            memory.sample(&self.device)?;
+            grads.accumulate(&self.params, g)?;
         }
         Ok((loss, grads))
     }
@@ -249,6 +259,7 @@ pub fn run(config: &Path) -> Result<ExitCode> {
         (0u64, 0u64, 0f64, 0usize);
     let schedule = schedule::Schedule::new(&cfg);
     let mut mfu_warned = false;
+    let mut memory = device::PeakMemory::default();
 
     for step in first..=cfg.training_steps {
         let started = Instant::now();
@@ -256,7 +267,7 @@ pub fn run(config: &Path) -> Result<ExitCode> {
         let micro = (0..accum)
             .map(|_| loader.next_batch())
             .collect::<Result<Vec<_>>>()?;
-        let (loss, grads) = t.forward_backward(&micro)?;
+        let (loss, grads) = t.forward_backward(&micro, &mut memory)?;
         let grad_norm = grads.norm()?;
         if !grad_norm.is_finite() || !loss.is_finite() {
             bail!("step {step}: the loss ({loss}) or gradient norm ({grad_norm}) is not finite; try a lower learning_rate");
@@ -318,7 +329,7 @@ pub fn run(config: &Path) -> Result<ExitCode> {
                 tflops: tp.tflops,
                 step_time_s: interval_time / interval_steps as f64,
                 elapsed_s: elapsed,
-                peak_memory_mb: metrics::peak_memory_mb(),
+                peak_memory_mb: memory.peak_mb(&t.device),
                 val_loss,
             };
             log.write(&m)?;
@@ -504,7 +515,7 @@ mod tests {
         let mut losses = vec![];
         for step in 1..=steps {
             let b = crate::data::loader::next_batch(&mut stream, cfg.batch_size)?;
-            let (loss, grads) = t.forward_backward(&[b])?;
+            let (loss, grads) = t.forward_backward(&[b], &mut device::PeakMemory::default())?;
             opt.step(&grads, optim::lr_at(step, &cfg), 1.0)?;
             losses.push(loss);
         }

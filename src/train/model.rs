@@ -67,12 +67,25 @@ impl Attention {
                 attention::eager(&qh, &kh, &vh, true, self.bf16)?.transpose(1, 2)?
             }
             AttentionKind::Flash => {
-                // The flash kernel wants [B, T, H, Q].
-                let (q, k) = (
-                    qh.transpose(1, 2)?.contiguous()?,
-                    kh.transpose(1, 2)?.contiguous()?,
+                // The flash kernel wants [B, T, H, Q], in bf16 on a GPU: with
+                // bf16-mixed (f32 activations) the inputs are cast for it and
+                // the output cast back, as autocast does.
+                let dtype = x.dtype();
+                let cast = self.bf16 && dtype == DType::F32 && !x.device().is_cpu();
+                let prep = |t: &Tensor| -> candle_core::Result<Tensor> {
+                    let t = t.contiguous()?;
+                    if cast {
+                        t.to_dtype(DType::BF16)
+                    } else {
+                        Ok(t)
+                    }
+                };
+                let (q, k, v) = (
+                    prep(&qh.transpose(1, 2)?)?,
+                    prep(&kh.transpose(1, 2)?)?,
+                    prep(&v)?,
                 );
-                attention::flash(&q, &k, &v.contiguous()?, true, 32)?
+                attention::flash(&q, &k, &v, true, 32)?.to_dtype(dtype)?
             }
         };
         let out = out.contiguous()?.reshape((b * t, h * d))?;

@@ -1,13 +1,20 @@
-//! The model's matrix products: candle's f32 GEMM, or with `bf16` (the CPU's
-//! `bf16-mixed` precision) the bf16 kernel, forward and backward.
+//! The model's matrix products: candle's GEMM in the tensors' dtype, or with
+//! `bf16` (the `bf16-mixed` precision: f32 tensors, bf16 products) the CPU's
+//! bf16 kernel, forward and backward, and on a GPU cuBLAS's bf16 GEMM on
+//! operands cast to bf16, as autocast does.
 
 use super::bf16_gemm::{self, View};
 use super::{f32s_any, fused};
-use candle_core::{bail, CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 pub fn matmul(a: &Tensor, b: &Tensor, bf16: bool) -> Result<Tensor> {
     if bf16 && fused(a) && fused(b) {
         a.apply_op2(b, Bf16Matmul)
+    } else if bf16 && a.dtype() == DType::F32 && !a.device().is_cpu() {
+        // The casts are differentiable: gradients come back as f32.
+        a.to_dtype(DType::BF16)?
+            .matmul(&b.to_dtype(DType::BF16)?)?
+            .to_dtype(DType::F32)
     } else {
         a.matmul(b)
     }
