@@ -23,4 +23,5 @@ fi
 eval "$(scripts/local-slurm.sh env)"
 [ $started -eq 1 ] && trap 'scripts/local-slurm.sh down' EXIT
 
-cargo test --release --locked "$@" -- --include-ignored
+# gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
+cargo test --release --locked "$@" -- --include-ignored --skip gpu::

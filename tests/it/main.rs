@@ -1,9 +1,11 @@
 //! Integration tests: one binary (each test binary links every dependency).
 //! Tests marked `#[ignore]` need the local SLURM cluster or the full corpus;
-//! `scripts/test.sh` starts the cluster and runs them all.
+//! `scripts/test.sh` starts the cluster and runs them all, but for `gpu::`,
+//! which needs a GPU and a GPU build (README, Building for GPUs).
 
 mod data;
 mod e2e;
+mod gpu;
 mod local;
 mod manifests;
 mod planning;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 /// A small training manifest on the bundled data; `extra` goes into [defaults].
-fn manifest(root: &Path, name: &str, extra: &str, sweep_axes: &str) -> PathBuf {
+pub(super) fn manifest(root: &Path, name: &str, extra: &str, sweep_axes: &str) -> PathBuf {
     let m = root.join(format!("{name}.toml"));
     write(
         &m,

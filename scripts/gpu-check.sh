@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# On a GPU machine (no Rust there): the GPU build's tests, the train-step
+# benchmark beside PyTorch, and the GPU quickstart, from the artifacts that
+# `scripts/build-gpu.sh --tests` made on a build machine and that were carried
+# here (target/gpu/{sweep,it}-<features>-sm<cap>.xz and target/gpu/BUILD_ROOT).
+#
+#   scripts/gpu-check.sh [tests] [bench] [quickstart]   (default: all three)
+#
+# Figures and logs go to $OUT (default results/gpu-check/).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-results/gpu-check}
+FEATURES=${FEATURES:-flash-attn}
+CAP=${CAP:-90}
+STEPS=("$@")
+[[ ${#STEPS[@]} -eq 0 ]] && STEPS=(tests bench quickstart)
+mkdir -p "$OUT" target/gpu/release
+
+# The binaries, unpacked where the test binary expects them: the repository
+# it was built in, linked to this copy when the paths differ.
+built_in=$(cat target/gpu/BUILD_ROOT)
+if [[ $built_in != "$PWD" && ! -e $built_in ]]; then
+    mkdir -p "$(dirname "$built_in")"
+    ln -s "$PWD" "$built_in"
+fi
+unpack() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; chmod +x "$2"; }
+unpack "target/gpu/sweep-$FEATURES-sm$CAP.xz" target/gpu/release/sweep
+SWEEP=$PWD/target/gpu/release/sweep
+
+# CUDA's runtime libraries from the Python environment's NVIDIA packages.
+LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os
+print(":".join(sorted({os.path.join(r, d) for p in nvidia.__path__ for r, ds, _ in os.walk(p) for d in ds if d == "lib"})))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH
+nvidia-smi -L | tee "$OUT/device.txt"
+"$SWEEP" --version | tee -a "$OUT/device.txt"
+
+for step in "${STEPS[@]}"; do
+    case $step in
+        tests)
+            unpack "target/gpu/it-$FEATURES-sm$CAP.xz" target/gpu/it
+            # One at a time: they share the GPU.
+            target/gpu/it --ignored gpu:: --test-threads 1 2>&1 | tee "$OUT/tests.txt"
+            ;;
+        bench)
+            python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json" 2>&1 | tee "$OUT/bench.txt"
+            python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json" 2>&1 | tee -a "$OUT/bench.txt"
+            ;;
+        quickstart)
+            "$SWEEP" run experiments/gpu-quickstart.toml 2>&1 | tail -n 40 | tee "$OUT/quickstart.txt"
+            ;;
+        *) echo "gpu-check: unknown step $step (tests, bench, quickstart)" >&2; exit 2 ;;
+    esac
+done
