@@ -106,10 +106,6 @@ struct Running {
 pub struct LocalExecutor(pub LocalOptions);
 
 impl Executor for LocalExecutor {
-    fn kind(&self) -> ExecutorKind {
-        ExecutorKind::Local
-    }
-
     fn submit(
         &self,
         _study_dir: &Path,

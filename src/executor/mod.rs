@@ -138,8 +138,6 @@ pub struct Submitted {
 /// units that `decisions` marks; `statuses` and `cancel` act on jobs it ran
 /// before, by id and run directory.
 pub trait Executor {
-    fn kind(&self) -> ExecutorKind;
-
     fn submit(
         &self,
         study_dir: &std::path::Path,

@@ -31,10 +31,6 @@ pub struct Submission {
 pub struct SlurmExecutor;
 
 impl Executor for SlurmExecutor {
-    fn kind(&self) -> ExecutorKind {
-        ExecutorKind::Slurm
-    }
-
     fn submit(
         &self,
         study_dir: &Path,

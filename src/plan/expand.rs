@@ -149,16 +149,15 @@ impl<'a> Shared<'a> {
                     .into());
             }
         };
+        let features = job_binary_features();
         Ok(Shared {
             m,
             study_dir: study_dir.to_path_buf(),
             engine,
             slurm_table,
             train_fields: known_fields::<TrainConfig>(),
-            features: job_binary_features(),
-            defaults_error: check_train(&m.defaults, job_binary_features())
-                .err()
-                .map(|(_, msg)| msg),
+            features,
+            defaults_error: check_train(&m.defaults, features).err().map(|(_, msg)| msg),
         })
     }
 
