@@ -15,17 +15,20 @@ use crate::manifest::{Diagnostics, ExecutorKind};
 
 /// `sweep --version`: the version and the optional engines built in, which
 /// decide what runs this binary can train.
-#[cfg(not(feature = "cuda"))]
-const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (features: none; CPU only)");
-#[cfg(all(feature = "cuda", not(feature = "flash-attn")))]
-const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (features: cuda)");
-#[cfg(feature = "flash-attn")]
-const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (features: cuda, flash-attn)");
+fn version() -> &'static str {
+    let names = crate::config::Features::BUILT.names();
+    let list = if names.is_empty() {
+        "none; CPU only, one rank".to_string()
+    } else {
+        names.join(", ")
+    };
+    Box::leak(format!("{} (features: {list})", env!("CARGO_PKG_VERSION")).into_boxed_str())
+}
 
 #[derive(Parser, Debug)]
 #[command(
     name = "sweep",
-    version = VERSION,
+    version = version(),
     about = "Declarative LLM-training throughput studies: manifest -> runs -> SLURM jobs -> report",
     long_about = None,
     after_help = "Examples:\n  sweep plan experiments/quickstart.toml\n  sweep submit experiments/pretokenization.toml --executor slurm --dry-run\n  sweep status experiments/pretokenization.toml"

@@ -166,6 +166,10 @@ impl std::error::Error for ConfigError {}
 pub struct Features {
     pub cuda: bool,
     pub flash_attn: bool,
+    /// Data parallelism between CPU ranks.
+    pub mpi: bool,
+    /// Data parallelism between GPUs.
+    pub nccl: bool,
 }
 
 impl Features {
@@ -173,12 +177,29 @@ impl Features {
     pub const BUILT: Features = Features {
         cuda: cfg!(feature = "cuda"),
         flash_attn: cfg!(feature = "flash-attn"),
+        mpi: cfg!(feature = "mpi"),
+        nccl: cfg!(feature = "nccl"),
     };
+
+    /// The cargo feature names that are on.
+    pub fn names(self) -> Vec<&'static str> {
+        [
+            ("cuda", self.cuda),
+            ("flash-attn", self.flash_attn),
+            ("mpi", self.mpi),
+            ("nccl", self.nccl),
+        ]
+        .into_iter()
+        .filter_map(|(n, on)| on.then_some(n))
+        .collect()
+    }
 
     /// Everything: for planning runs that another binary will train.
     pub const ALL: Features = Features {
         cuda: true,
         flash_attn: true,
+        mpi: true,
+        nccl: true,
     };
 }
 
@@ -463,15 +484,15 @@ mod tests {
         };
         assert!(c.validate().is_ok());
         let no_flash = Features {
-            cuda: true,
             flash_attn: false,
+            ..Features::ALL
         };
         let e = c.check_build(no_flash).unwrap_err();
         assert!(e.message.contains("`flash-attn` feature"), "{e}");
         let e = c
             .check_build(Features {
                 cuda: false,
-                flash_attn: false,
+                ..no_flash
             })
             .unwrap_err();
         assert_eq!(e.key, "device");

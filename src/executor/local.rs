@@ -6,7 +6,7 @@
 
 use super::{job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::ExecutorKind;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
@@ -375,13 +375,20 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         u.id,
         crate::util::now_rfc3339()
     )?;
-    let mut cmd = Command::new("bash");
-    cmd.arg("-c")
-        .arg(crate::template::launch_line(&u.command))
-        .envs(job_env(u))
-        .env("RANK", "0")
-        .env("LOCAL_RANK", "0")
-        .env("WORLD_SIZE", "1")
+    let line = crate::template::launch_line(&u.command);
+    let mut cmd = if u.ranks > 1 {
+        ranks_command(u.ranks, &line)?
+    } else {
+        let mut c = Command::new("bash");
+        c.args(["-c", &line])
+            .env("RANK", "0")
+            .env("LOCAL_RANK", "0")
+            .env("WORLD_SIZE", "1");
+        c
+    };
+    // The job's cores are shared among its ranks.
+    let threads = (threads / u.ranks as usize).max(1);
+    cmd.envs(job_env(u))
         .env("SWEEP_THREADS", threads.to_string())
         .env("RAYON_NUM_THREADS", threads.to_string())
         .env("OMP_NUM_THREADS", threads.to_string())
@@ -413,6 +420,30 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         state,
         requeues,
     })
+}
+
+/// `mpirun -n N bash -c <line>`: N ranks of a data-parallel run on this
+/// machine, each learning its rank from the MPI launcher. `mpirun` stops
+/// every rank when one exits with an error or dies.
+fn ranks_command(ranks: u32, line: &str) -> Result<Command> {
+    if crate::util::process::find_in_path("mpirun").is_none() {
+        bail!("this run has {ranks} ranks, which the local executor starts with `mpirun`, and there is none on PATH: install OpenMPI (apt-get install openmpi-bin) or MPICH");
+    }
+    let mut c = Command::new("mpirun");
+    c.args(["-n", &ranks.to_string(), "bash", "-c", line])
+        .env("WORLD_SIZE", ranks.to_string())
+        .env_remove("RANK")
+        .env_remove("LOCAL_RANK")
+        // Open MPI: more ranks than cores is allowed, rayon threads are not
+        // pinned to one core, root (containers, CI) may run it, and the
+        // shared-memory transport avoids the single-copy mechanism that fails
+        // inside VMs and containers. MPICH ignores these.
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .env("OMPI_MCA_hwloc_base_binding_policy", "none")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+    Ok(c)
 }
 
 fn finish_unstarted(units: &[Unit], i: usize, state: State, reason: &str) -> Result<Outcome> {

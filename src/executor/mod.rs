@@ -33,6 +33,10 @@ pub struct Unit {
     pub script: String,
     pub env: Vec<(String, String)>,
     pub array_throttle: Option<u32>,
+    /// Processes the local executor starts (through `mpirun`) for a
+    /// data-parallel run of the built-in trainer; 1 otherwise (a `command`
+    /// run launches its own ranks).
+    pub ranks: u32,
 }
 
 impl Unit {
@@ -70,6 +74,7 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
             None,
             plan.manifest.slurm.env.clone(),
             None,
+            1,
         ));
     }
     for (run, r) in plan.runs.iter().zip(&rendered.runs) {
@@ -80,6 +85,10 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
             run.stage,
             run.slurm.env.clone(),
             run.slurm.array_throttle,
+            match run.job {
+                crate::plan::Job::Train(_) => run.slurm.nodes * run.slurm.ntasks_per_node,
+                crate::plan::Job::Command(_) => 1,
+            },
         ));
     }
     out
@@ -92,6 +101,7 @@ fn unit(
     stage: Option<usize>,
     env: indexmap::IndexMap<String, String>,
     array_throttle: Option<u32>,
+    ranks: u32,
 ) -> Unit {
     Unit {
         kind,
@@ -104,6 +114,7 @@ fn unit(
         script: r.script.clone(),
         env: env.into_iter().collect(),
         array_throttle,
+        ranks,
     }
 }
 
@@ -329,6 +340,7 @@ mod tests {
             script: String::new(),
             env: Vec::new(),
             array_throttle: None,
+            ranks: 1,
         }
     }
 

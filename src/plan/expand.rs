@@ -2,7 +2,7 @@
 //! names and stages.
 
 use super::{Job, Plan, PretokenizedFormat, Run, Stage};
-use crate::config::{Features, TrainConfig};
+use crate::config::{DeviceKind, Features, TrainConfig};
 use crate::manifest::{
     did_you_mean, join_key, known_fields, Diagnostic, Diagnostics, Manifest, Mode, SlurmSpec,
 };
@@ -164,7 +164,7 @@ impl<'a> Shared<'a> {
     fn resolve(&self, combo: &[usize]) -> Result<Run, Box<Diagnostic>> {
         let m = self.m;
         let mut a = self.assemble(combo);
-        let slurm = self.slurm(&a)?;
+        let mut slurm = self.slurm(&a)?;
 
         // The context of derived values, names and commands: the configuration,
         // `slurm`, `study`, and the derived values computed so far.
@@ -180,6 +180,9 @@ impl<'a> Shared<'a> {
         ctx["study"] = json!(m.name);
         if self.derive(&mut a, &mut ctx, train.is_some())? {
             train = Some(self.train_config(&a.table, &a.params)?);
+        }
+        if let Some(cfg) = &train {
+            self.ranks(&a, &mut slurm, cfg)?;
         }
 
         // Identity: the resolved configuration and the shape of the job, never
@@ -242,31 +245,67 @@ impl<'a> Shared<'a> {
         a
     }
 
-    /// The run's `[slurm]`, and the one-task rule of the built-in trainer.
+    /// The run's `[slurm]`.
     fn slurm(&self, a: &Assembly) -> Result<SlurmSpec, Box<Diagnostic>> {
-        let slurm: SlurmSpec = Value::Table(a.slurm.clone())
+        Value::Table(a.slurm.clone())
             .try_into()
-            .map_err(|e: toml::de::Error| self.error_in(&a.params, Some("slurm"), e.message()))?;
+            .map_err(|e: toml::de::Error| self.error_in(&a.params, Some("slurm"), e.message()))
+    }
+
+    /// A built-in trainer run with several tasks is one data-parallel job:
+    /// its engine must be built in, each task drives one GPU, and `srun`
+    /// starts the ranks with MPI's process management and stops them all
+    /// when one dies.
+    fn ranks(
+        &self,
+        a: &Assembly,
+        slurm: &mut SlurmSpec,
+        cfg: &TrainConfig,
+    ) -> Result<(), Box<Diagnostic>> {
         let tasks = slurm.nodes * slurm.ntasks_per_node;
-        if matches!(self.m.mode, Mode::Train(_)) && tasks > 1 {
-            let key = if slurm.ntasks_per_node > 1 {
-                "slurm.ntasks_per_node"
-            } else {
-                "slurm.nodes"
-            };
+        if tasks <= 1 {
+            return Ok(());
+        }
+        let key = if slurm.ntasks_per_node > 1 {
+            "slurm.ntasks_per_node"
+        } else {
+            "slurm.nodes"
+        };
+        let cpu = cfg.device == DeviceKind::Cpu;
+        let missing = match cpu {
+            true if !self.features.mpi => {
+                Some(("MPI", "mpi", "cargo build --release --features mpi"))
+            }
+            false if !self.features.nccl => Some(("NCCL", "nccl", "scripts/build-gpu.sh")),
+            _ => None,
+        };
+        if let Some((engine, feature, build)) = missing {
             let msg = format!(
-                "`{key}`: {tasks} tasks per run, but the built-in trainer has no gradient all-reduce \
-                 (each task would train a copy of its own)"
+                "`{key}`: {tasks} ranks of the built-in trainer sum their gradients with {engine}, \
+                 and this sweep was built without the `{feature}` feature"
             );
             let mut d = self.error_in(&a.params, Some(key), &msg);
-            let fix = "set nodes = 1 and ntasks_per_node = 1, or sweep a distributed program with `command`";
-            d.help = Some(match d.help.take() {
-                Some(run) => format!("{run}; {fix}"),
-                None => fix.into(),
-            });
+            d.help = Some(format!("build it with `{build}` (README, Data parallelism), set SWEEP_BIN to such a build, or use one task"));
             return Err(d);
         }
-        Ok(slurm)
+        if !cpu && slurm.gpus_per_node > 0 && slurm.gpus_per_node != slurm.ntasks_per_node {
+            let msg = format!(
+                "`slurm.ntasks_per_node` = {} but `slurm.gpus_per_node` = {}: the built-in trainer runs one rank per GPU",
+                slurm.ntasks_per_node, slurm.gpus_per_node
+            );
+            return Err(self.error_in(&a.params, Some("slurm.ntasks_per_node"), &msg));
+        }
+        let has = |args: &[String], prefixes: &[&str]| {
+            args.iter()
+                .any(|arg| prefixes.iter().any(|p| arg.starts_with(p)))
+        };
+        if !has(&slurm.srun_args, &["--kill-on-bad-exit", "-K"]) {
+            slurm.srun_args.push("--kill-on-bad-exit=1".into());
+        }
+        if cpu && !has(&slurm.srun_args, &["--mpi"]) {
+            slurm.srun_args.push("--mpi=pmix".into());
+        }
+        Ok(())
     }
 
     /// Evaluates the derived values in order into `ctx` and the run's

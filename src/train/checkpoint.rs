@@ -3,11 +3,12 @@
 //! a temporary directory renamed into place, so a checkpoint exists
 //! completely or not at all; the latest valid one is found at start.
 
+use super::dist::{self, Collective, Ranks};
 use super::monitor::MonitorState;
 use super::optim::AdamW;
 use super::params::Params;
 use crate::data::LoaderState;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -20,15 +21,89 @@ const KEEP: usize = 2;
 pub struct State {
     pub step: usize,
     pub optimizer_steps: u64,
+    /// Rank 0's data position.
     pub loader: LoaderState,
+    /// The ranks that wrote this checkpoint together.
+    #[serde(default = "one")]
+    pub world_size: usize,
+    /// The data positions of ranks 1, 2, …
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_ranks: Vec<LoaderState>,
     pub monitor: MonitorState,
     /// Seconds of training before this checkpoint (the metrics' elapsed_s continues from it).
     pub elapsed_s: f64,
     pub sweep_version: String,
 }
 
+fn one() -> usize {
+    1
+}
+
+impl State {
+    /// The data position of `ranks.rank`, if the checkpoint was written by as
+    /// many ranks as this job has.
+    pub fn loader_of(&self, ranks: Ranks, dir: &Path) -> Result<&LoaderState> {
+        if self.world_size != ranks.world_size {
+            bail!(
+                "{} was written by {} rank(s) and this job has {}: each rank's data position \
+                 belongs to its shard, so resume with the same world size (slurm.nodes × \
+                 ntasks_per_node), or delete the run's checkpoints to start over",
+                dir.display(),
+                self.world_size,
+                ranks.world_size
+            );
+        }
+        Ok(match ranks.rank {
+            0 => &self.loader,
+            r => &self.other_ranks[r - 1],
+        })
+    }
+}
+
 fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join(DIR).join(format!("step-{step:08}"))
+}
+
+/// Writes a checkpoint of every rank's state: ranks other than 0 leave their
+/// data position beside the checkpoints, rank 0 gathers them into its
+/// `state.json` and writes the model and optimizer (identical on every
+/// rank). Every rank returns once the checkpoint is complete, so a rank that
+/// exits afterwards (to be requeued) cannot leave it half-written.
+pub fn save_all_ranks(
+    run_dir: &Path,
+    params: &Params,
+    opt: &AdamW,
+    mut state: State,
+    comm: &dyn Collective,
+    device: &Device,
+) -> Result<PathBuf> {
+    let ranks = comm.ranks();
+    let root = run_dir.join(DIR);
+    let rank_file = |r: usize| root.join(format!(".rank-{r}-step-{:08}.json", state.step));
+    if !ranks.is_main() {
+        std::fs::create_dir_all(&root)?;
+        crate::util::fs::write_atomic(&rank_file(ranks.rank), &serde_json::to_vec(&state.loader)?)?;
+    }
+    dist::barrier(comm, device)?;
+    let dest = step_dir(run_dir, state.step);
+    if ranks.is_main() {
+        state.world_size = ranks.world_size;
+        state.other_ranks = (1..ranks.world_size)
+            .map(|r| {
+                let path = rank_file(r);
+                let bytes = std::fs::read(&path).with_context(|| {
+                    format!("reading rank {r}'s data position {}", path.display())
+                })?;
+                Ok(serde_json::from_slice(&bytes)?)
+            })
+            .collect::<Result<_>>()?;
+        save(run_dir, params, opt, &state)?;
+        for r in 1..ranks.world_size {
+            let _ = std::fs::remove_file(rank_file(r));
+        }
+    }
+    dist::barrier(comm, device)?;
+    Ok(dest)
 }
 
 pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &State) -> Result<PathBuf> {

@@ -70,6 +70,12 @@ pub struct StepMetrics {
     pub grad_norm: f64,
     /// Tokens per second per device, padding included (as the reference).
     pub tokens_per_second: f64,
+    /// Ranks training together (data parallelism); 1 for a single process.
+    #[serde(default = "one")]
+    pub world_size: usize,
+    /// Tokens per second of all ranks together (the global batch per step time).
+    #[serde(default)]
+    pub global_tokens_per_second: f64,
     /// Share of tokens with a training label (not padding or a document start).
     pub training_tokens_pct: f64,
     pub mfu_pct: f64,
@@ -79,6 +85,10 @@ pub struct StepMetrics {
     pub peak_memory_mb: f64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub val_loss: Option<f64>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What else `metrics.jsonl` records besides steps: something a run should
@@ -133,6 +143,40 @@ pub fn throughput(tokens: u64, seconds: f64, flops_per_token: f64, peak: f64) ->
         tokens_per_second: tps,
         mfu_pct: 100.0 * flops / peak,
         tflops: flops / 1e12,
+    }
+}
+
+/// The counters between two log lines, owned by the run loop and emptied at
+/// every log line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Interval {
+    /// Tokens fed to this rank, padding included.
+    pub tokens: u64,
+    /// Tokens with a training label.
+    pub training_tokens: u64,
+    pub seconds: f64,
+    pub steps: usize,
+}
+
+impl Interval {
+    pub fn add(&mut self, tokens: u64, training_tokens: u64, seconds: f64) {
+        self.tokens += tokens;
+        self.training_tokens += training_tokens;
+        self.seconds += seconds;
+        self.steps += 1;
+    }
+
+    /// The interval so far, leaving an empty one in its place.
+    pub fn take(&mut self) -> Interval {
+        std::mem::take(self)
+    }
+
+    pub fn training_tokens_pct(&self) -> f64 {
+        100.0 * self.training_tokens as f64 / self.tokens.max(1) as f64
+    }
+
+    pub fn step_time_s(&self) -> f64 {
+        self.seconds / self.steps.max(1) as f64
     }
 }
 

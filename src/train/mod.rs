@@ -5,10 +5,15 @@
 //! SIGUSR1 (SLURM's warning before the time limit) and SIGTERM (preemption,
 //! Ctrl-C) end the current step, write a checkpoint and exit with
 //! `REQUEUE_EXIT` so the job script requeues the run.
+//!
+//! With several ranks (data parallelism, [`dist`]) every rank runs this same
+//! loop on its own shard; gradients are summed across ranks in
+//! [`Trainer::step`], and rank 0 alone writes metrics and checkpoints.
 
 pub mod attention;
 mod checkpoint;
 pub mod device;
+pub mod dist;
 pub mod metrics;
 pub mod model;
 mod monitor;
@@ -24,6 +29,7 @@ use crate::data::{
 };
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
+use dist::{Collective, Ranks};
 use metrics::{MetricsLog, StepMetrics};
 use model::Llama;
 use optim::{AdamW, Grads};
@@ -44,13 +50,28 @@ pub struct Trainer {
     pub opt: AdamW,
     pub spec: DataSpec,
     pub threads: usize,
+    /// The engine that sums gradients across ranks ([`dist::Single`] alone).
+    pub comm: Box<dyn Collective>,
+}
+
+/// What one optimizer step reports.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOutcome {
+    /// Mean loss over the step's training tokens on all ranks.
+    pub loss: f64,
+    /// Global L2 norm of the summed gradients, before clipping.
+    pub grad_norm: f64,
+    /// This rank's tokens with a training label.
+    pub training_tokens: usize,
 }
 
 impl Trainer {
+    /// A trainer for the rank the launcher's environment names.
     pub fn new(cfg: TrainConfig, threads: usize) -> Result<Trainer> {
+        let ranks = Ranks::from_env()?;
         let device = match cfg.device {
             DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Cuda => cuda_device()?,
+            DeviceKind::Cuda => cuda_device(ranks.local_rank)?,
         };
         let dtype = match (cfg.precision, device.is_cpu()) {
             (Precision::F32, _) => DType::F32,
@@ -79,8 +100,9 @@ impl Trainer {
                 tok.vocab_size()
             );
         }
-        let (rank, world) = distributed()?;
+        let comm = dist::connect(ranks, &device)?;
         let params = Params::init(&model_cfg, cfg.seed, &device, dtype)?;
+        broadcast_params(&*comm, &params)?;
         let model = Llama::new(
             &params,
             &model_cfg,
@@ -101,8 +123,8 @@ impl Trainer {
             seq_len: cfg.sequence_length,
             source,
             tokenizer: tok,
-            rank,
-            world_size: world,
+            rank: ranks.rank,
+            world_size: ranks.world_size,
             holdout: cfg.validation_documents,
         };
         Ok(Trainer {
@@ -114,23 +136,58 @@ impl Trainer {
             opt,
             spec,
             threads,
+            comm,
         })
     }
 
-    /// Forward and backward over one optimizer step's micro-batches, sampling
-    /// the device's memory while each micro-batch's graph and gradients are
-    /// alive. Returns the step's loss (mean over its training tokens) and
-    /// gradients.
+    pub fn ranks(&self) -> Ranks {
+        self.comm.ranks()
+    }
+
+    /// One optimizer step over this rank's micro-batches: forward and
+    /// backward, gradients summed over the ranks, clipping on the global
+    /// norm, AdamW. The loss is normalised by the training tokens of all
+    /// ranks together, so N ranks at batch B train like one rank at N·B on
+    /// the same samples.
+    pub fn step(
+        &mut self,
+        micro: &[Batch],
+        lr: f64,
+        memory: &mut device::PeakMemory,
+    ) -> Result<StepOutcome> {
+        let local: usize = micro.iter().map(|b| b.training_tokens).sum();
+        let [global] = dist::sum_scalars(&*self.comm, [local as f64], &self.device)?;
+        let (partial, mut grads) = self.forward_backward(micro, global.max(1.0), memory)?;
+        dist::all_reduce_in_buckets(&*self.comm, &mut grads.tensors_mut(), dist::BUCKET_BYTES)?;
+        let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
+        let grad_norm = grads.norm()?;
+        if !grad_norm.is_finite() || !loss.is_finite() {
+            bail!("the loss ({loss}) or gradient norm ({grad_norm}) is not finite; try a lower learning_rate");
+        }
+        let clip = self.cfg.grad_clip;
+        let scale = if clip > 0.0 && grad_norm > clip {
+            clip / grad_norm
+        } else {
+            1.0
+        };
+        self.opt.step(&grads, lr, scale)?;
+        Ok(StepOutcome {
+            loss,
+            grad_norm,
+            training_tokens: local,
+        })
+    }
+
+    /// Forward and backward over one step's micro-batches on this rank,
+    /// sampling the device's memory while each micro-batch's graph and
+    /// gradients are alive. Returns this rank's share of the loss (its
+    /// summed cross-entropy ÷ `divisor`) and its gradients.
     pub fn forward_backward(
         &self,
         micro: &[Batch],
+        divisor: f64,
         memory: &mut device::PeakMemory,
     ) -> Result<(f64, Grads)> {
-        let divisor = micro
-            .iter()
-            .map(|b| b.training_tokens)
-            .sum::<usize>()
-            .max(1) as f64;
         let mut grads = Grads::default();
         let mut loss = 0.0;
         for b in micro {
@@ -157,32 +214,56 @@ impl Trainer {
         }
         Ok(sum / count.max(1) as f64)
     }
+
+    /// Checks that every rank holds the same parameters (a digest of rank
+    /// 0's, broadcast and compared); returns the digest.
+    pub fn check_replicas(&self) -> Result<String> {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for (_, var) in self.params.iter() {
+            for x in var.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()? {
+                h.update(x.to_le_bytes());
+            }
+        }
+        let digest = format!("{:x}", h.finalize());
+        // 48 bits of it, exact in an f64, are what the ranks compare.
+        let mine = u64::from_str_radix(&digest[..12], 16).expect("hex") as f64;
+        let root = self
+            .comm
+            .broadcast(&Tensor::new(&[mine], &self.device)?, 0)?;
+        let root = root.to_vec1::<f64>()?[0];
+        let [differ] = dist::sum_scalars(&*self.comm, [(mine != root) as u8 as f64], &self.device)?;
+        if differ > 0.0 {
+            bail!(
+                "the parameters of {differ} rank(s) differ from rank 0's (this is rank {}, digest {})",
+                self.ranks().rank,
+                &digest[..12]
+            );
+        }
+        Ok(digest)
+    }
 }
 
-fn cuda_device() -> Result<Device> {
-    #[cfg(feature = "cuda")]
-    {
-        let local: usize = std::env::var("LOCAL_RANK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        return Ok(Device::new_cuda(local)?);
+/// Every rank starts from rank 0's parameters (the same seed gives the same
+/// ones, but a broadcast makes it so whatever the device's kernels do).
+fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
+    if comm.ranks().world_size == 1 {
+        return Ok(());
     }
+    for (_, var) in params.iter() {
+        let flat = comm.broadcast(&var.flatten_all()?, 0)?;
+        var.set(&flat.reshape(var.shape())?)?;
+    }
+    Ok(())
+}
+
+fn cuda_device(local_rank: usize) -> Result<Device> {
+    #[cfg(feature = "cuda")]
+    return Ok(Device::new_cuda(local_rank)?);
     #[cfg(not(feature = "cuda"))]
     bail!(
-        "`device = \"cuda\"` needs a build with the `cuda` feature (see README, Building for GPUs)"
+        "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see README, Building for GPUs)"
     )
-}
-
-/// RANK and WORLD_SIZE from the launcher. The built-in trainer runs one
-/// process; several ranks would each train alone, so that is refused.
-fn distributed() -> Result<(usize, usize)> {
-    let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-    let (rank, world) = (get("RANK").unwrap_or(0), get("WORLD_SIZE").unwrap_or(1));
-    if world > 1 {
-        bail!("WORLD_SIZE={world}: the built-in trainer has no gradient all-reduce; run it with one task (ntasks_per_node = 1, nodes = 1), or sweep a distributed program with `command`");
-    }
-    Ok((rank, world))
 }
 
 /// The threads for the CPU kernels: the configuration, else SWEEP_THREADS or
@@ -224,39 +305,70 @@ pub fn run(config: &Path) -> Result<ExitCode> {
     let threads = init_threads(cfg.threads);
     let stop = install_signals()?;
     let mut t = Trainer::new(cfg, threads)?;
+    let result = train(&mut t, &run_dir, &stop);
+    if let Err(e) = &result {
+        let r = t.ranks();
+        if r.world_size > 1 {
+            // The other ranks are waiting in a collective: stop them all.
+            eprintln!(
+                "sweep train: rank {} of {} failed: {e:#}; stopping every rank",
+                r.rank, r.world_size
+            );
+            t.comm.abort(1);
+        }
+    }
+    result
+}
+
+/// The training loop of one rank, from the latest checkpoint to the last step.
+fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode> {
     let cfg = t.cfg.clone();
-    let (peak, peak_source) = metrics::peak_flops(&cfg, t.device.is_cpu(), threads)?;
+    let ranks = t.ranks();
+    let main = ranks.is_main();
+    let (peak, peak_source) = metrics::peak_flops(&cfg, t.device.is_cpu(), t.threads)?;
     let flops_per_token = t.model_cfg.flops_per_token(cfg.sequence_length);
-    eprintln!(
-        "sweep train: {} ({} parameters, {:.1} MFLOP/token) on {} with {threads} threads; peak {:.1} GFLOP/s ({peak_source})",
-        cfg.model,
-        t.params.count(),
-        flops_per_token / 1e6,
-        if t.device.is_cpu() { "cpu" } else { "cuda" },
-        peak / 1e9
-    );
+    if main {
+        eprintln!(
+            "sweep train: {} ({} parameters, {:.1} MFLOP/token) on {} with {} threads; peak {:.1} GFLOP/s ({peak_source})",
+            cfg.model,
+            t.params.count(),
+            flops_per_token / 1e6,
+            if t.device.is_cpu() { "cpu" } else { "cuda" },
+            t.threads,
+            peak / 1e9
+        );
+        if ranks.world_size > 1 {
+            eprintln!(
+                "sweep train: {} ranks, gradients summed by {}; global batch {}",
+                ranks.world_size,
+                t.comm.describe(),
+                ranks.world_size * cfg.batch_size * cfg.gradient_accumulation
+            );
+        }
+    }
 
     let mut stream = SampleStream::open(&t.spec)?;
-    let mut log = MetricsLog::open(&run_dir)?;
+    let mut log = main.then(|| MetricsLog::open(run_dir)).transpose()?;
     let mut monitor = monitor::Monitor::new(cfg.monitor.clone(), cfg.grad_clip);
     let (mut first, mut elapsed) = (1, 0.0);
-    if let Some((dir, state)) = checkpoint::latest(&run_dir) {
+    if let Some((dir, state)) = checkpoint::latest(run_dir) {
         checkpoint::restore(&dir, &state, &t.params, &mut t.opt, &t.device)?;
-        stream.restore(&state.loader)?;
+        stream.restore(state.loader_of(ranks, &dir)?)?;
         monitor.state = state.monitor;
-        log.truncate_after(state.step)?;
+        if let Some(log) = &mut log {
+            log.truncate_after(state.step)?;
+            eprintln!(
+                "sweep train: resumed from {} (step {})",
+                dir.display(),
+                state.step
+            );
+        }
         (first, elapsed) = (state.step + 1, state.elapsed_s);
-        eprintln!(
-            "sweep train: resumed from {} (step {})",
-            dir.display(),
-            state.step
-        );
     }
+    let check_every_step = std::env::var_os("SWEEP_CHECK_REPLICAS").is_some();
     let mut loader = DataLoader::spawn(stream, cfg.batch_size, cfg.prefetch);
-    let accum = cfg.gradient_accumulation;
-    let tokens_per_step = (cfg.batch_size * cfg.sequence_length * accum) as u64;
-    let (mut interval_tokens, mut interval_train, mut interval_time, mut interval_steps) =
-        (0u64, 0u64, 0f64, 0usize);
+    let tokens_per_step = (cfg.batch_size * cfg.sequence_length * cfg.gradient_accumulation) as u64;
+    let mut interval = metrics::Interval::default();
     let schedule = schedule::Schedule::new(&cfg);
     let mut mfu_warned = false;
     let mut memory = device::PeakMemory::default();
@@ -264,92 +376,95 @@ pub fn run(config: &Path) -> Result<ExitCode> {
     for step in first..=cfg.training_steps {
         let started = Instant::now();
         let lr = optim::lr_at(step, &cfg);
-        let micro = (0..accum)
+        let micro = (0..cfg.gradient_accumulation)
             .map(|_| loader.next_batch())
             .collect::<Result<Vec<_>>>()?;
-        let (loss, grads) = t.forward_backward(&micro, &mut memory)?;
-        let grad_norm = grads.norm()?;
-        if !grad_norm.is_finite() || !loss.is_finite() {
-            bail!("step {step}: the loss ({loss}) or gradient norm ({grad_norm}) is not finite; try a lower learning_rate");
-        }
-        let scale = if cfg.grad_clip > 0.0 && grad_norm > cfg.grad_clip {
-            cfg.grad_clip / grad_norm
-        } else {
-            1.0
-        };
-        t.opt.step(&grads, lr, scale)?;
+        let out = t
+            .step(&micro, lr, &mut memory)
+            .with_context(|| format!("step {step}"))?;
         let step_time = started.elapsed().as_secs_f64();
-
         elapsed += step_time;
-        interval_tokens += tokens_per_step;
-        interval_train += micro.iter().map(|b| b.training_tokens as u64).sum::<u64>();
-        interval_time += step_time;
-        interval_steps += 1;
-        for e in monitor.observe(step, loss, grad_norm) {
-            eprintln!(
-                "warning: step {step}: {} ({:.4} > {:.4})",
-                e.event.describe(),
-                e.value,
-                e.threshold
-            );
-            log.write(&e)?;
+        interval.add(tokens_per_step, out.training_tokens as u64, step_time);
+        if check_every_step {
+            t.check_replicas()
+                .with_context(|| format!("after step {step}"))?;
         }
+
+        let events = monitor.observe(step, out.loss, out.grad_norm);
         let due = schedule.at(step);
-        if due.log {
-            let tp = metrics::throughput(interval_tokens, interval_time, flops_per_token, peak);
-            if tp.mfu_pct > 100.0 {
-                if !mfu_warned {
-                    eprintln!(
-                        "warning: step {step}: MFU came out at {:.1}% (> 100%): the peak FLOPs ({peak:.3e}/s, {peak_source}) \
-                         is too low for this device; set `gpu` or `peak_flops` to its real peak. Training goes on.",
-                        tp.mfu_pct
-                    );
-                    mfu_warned = true;
-                }
-                log.write(&metrics::Event {
-                    step,
-                    event: metrics::EventKind::MfuAbovePeak,
-                    value: tp.mfu_pct,
-                    threshold: 100.0,
-                })?;
+        if let Some(log) = &mut log {
+            for e in events {
+                eprintln!(
+                    "warning: step {step}: {} ({:.4} > {:.4})",
+                    e.event.describe(),
+                    e.value,
+                    e.threshold
+                );
+                log.write(&e)?;
             }
-            let val_loss = if due.validate {
-                Some(t.validation_loss(cfg.validation_batches)?)
-            } else {
-                None
-            };
-            let m = StepMetrics {
-                step,
-                loss,
-                lr,
-                grad_norm,
-                tokens_per_second: tp.tokens_per_second,
-                training_tokens_pct: 100.0 * interval_train as f64 / interval_tokens as f64,
-                mfu_pct: tp.mfu_pct,
-                tflops: tp.tflops,
-                step_time_s: interval_time / interval_steps as f64,
-                elapsed_s: elapsed,
-                peak_memory_mb: memory.peak_mb(&t.device),
-                val_loss,
-            };
-            log.write(&m)?;
-            eprintln!(
-                "step {step}/{} | loss {loss:.4} | lr {lr:.2e} | grad norm {grad_norm:.3} | {:.0} tokens/s | MFU {:.2}% | {:.3} s/step{}",
-                cfg.training_steps,
-                m.tokens_per_second,
-                m.mfu_pct,
-                m.step_time_s,
-                val_loss.map(|v| format!(" | val loss {v:.4}")).unwrap_or_default()
-            );
-            (
-                interval_tokens,
-                interval_train,
-                interval_time,
-                interval_steps,
-            ) = (0, 0, 0.0, 0);
+            if due.log {
+                let i = interval.take();
+                let tp = metrics::throughput(i.tokens, i.seconds, flops_per_token, peak);
+                if tp.mfu_pct > 100.0 {
+                    if !mfu_warned {
+                        eprintln!(
+                            "warning: step {step}: MFU came out at {:.1}% (> 100%): the peak FLOPs ({peak:.3e}/s, {peak_source}) \
+                             is too low for this device; set `gpu` or `peak_flops` to its real peak. Training goes on.",
+                            tp.mfu_pct
+                        );
+                        mfu_warned = true;
+                    }
+                    log.write(&metrics::Event {
+                        step,
+                        event: metrics::EventKind::MfuAbovePeak,
+                        value: tp.mfu_pct,
+                        threshold: 100.0,
+                    })?;
+                }
+                let val_loss = if due.validate {
+                    Some(t.validation_loss(cfg.validation_batches)?)
+                } else {
+                    None
+                };
+                let m = StepMetrics {
+                    step,
+                    loss: out.loss,
+                    lr,
+                    grad_norm: out.grad_norm,
+                    tokens_per_second: tp.tokens_per_second,
+                    world_size: ranks.world_size,
+                    // Steps end together (the all-reduce): every rank moves as many tokens.
+                    global_tokens_per_second: tp.tokens_per_second * ranks.world_size as f64,
+                    training_tokens_pct: i.training_tokens_pct(),
+                    mfu_pct: tp.mfu_pct,
+                    tflops: tp.tflops,
+                    step_time_s: i.step_time_s(),
+                    elapsed_s: elapsed,
+                    peak_memory_mb: memory.peak_mb(&t.device),
+                    val_loss,
+                };
+                log.write(&m)?;
+                eprintln!(
+                    "step {step}/{} | loss {:.4} | lr {lr:.2e} | grad norm {:.3} | {:.0} tokens/s{} | MFU {:.2}% | {:.3} s/step{}",
+                    cfg.training_steps,
+                    m.loss,
+                    m.grad_norm,
+                    m.tokens_per_second,
+                    if ranks.world_size > 1 { format!(" per device, {:.0} global", m.global_tokens_per_second) } else { String::new() },
+                    m.mfu_pct,
+                    m.step_time_s,
+                    val_loss.map(|v| format!(" | val loss {v:.4}")).unwrap_or_default()
+                );
+            }
+        } else if due.log {
+            interval.take();
         }
+
+        // Every rank stops at the same step, even when the signal reached
+        // only some of them yet.
         let signal = stop.swap(0, Ordering::SeqCst);
-        if due.checkpoint || signal != 0 {
+        let [stopping] = dist::sum_scalars(&*t.comm, [(signal != 0) as u8 as f64], &t.device)?;
+        if due.checkpoint || stopping > 0.0 {
             let state = checkpoint::State {
                 step,
                 optimizer_steps: t.opt.t,
@@ -358,21 +473,47 @@ pub fn run(config: &Path) -> Result<ExitCode> {
                     .expect("at least one micro-batch")
                     .state
                     .clone(),
+                world_size: ranks.world_size,
+                other_ranks: Vec::new(),
                 monitor: monitor.state.clone(),
                 elapsed_s: elapsed,
                 sweep_version: env!("CARGO_PKG_VERSION").into(),
             };
-            let dir = checkpoint::save(&run_dir, &t.params, &t.opt, &state)?;
-            if signal != 0 {
-                eprintln!("sweep train: {} received; checkpoint {} written at step {step}; exiting to be requeued", signal_name(signal), dir.display());
+            if ranks.world_size > 1 {
+                t.check_replicas()
+                    .with_context(|| format!("checkpoint at step {step}"))?;
+            }
+            let dir =
+                checkpoint::save_all_ranks(run_dir, &t.params, &t.opt, state, &*t.comm, &t.device)?;
+            if stopping > 0.0 {
+                if main {
+                    let why = if signal != 0 {
+                        signal_name(signal)
+                    } else {
+                        "a stop signal (on another rank)"
+                    };
+                    eprintln!("sweep train: {why} received; checkpoint {} written at step {step}; exiting to be requeued", dir.display());
+                }
                 return Ok(ExitCode::from(REQUEUE_EXIT as u8));
             }
         }
     }
-    eprintln!(
-        "sweep train: done, {} steps in {elapsed:.1} s of training",
-        cfg.training_steps
-    );
+    if ranks.world_size > 1 {
+        let digest = t.check_replicas()?;
+        if main {
+            eprintln!(
+                "sweep train: parameters identical on all {} ranks (sha256 {})",
+                ranks.world_size,
+                &digest[..16]
+            );
+        }
+    }
+    if main {
+        eprintln!(
+            "sweep train: done, {} steps in {elapsed:.1} s of training",
+            cfg.training_steps
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -509,15 +650,17 @@ mod tests {
             },
             ..Default::default()
         };
-        let t = Trainer::new(cfg.clone(), 2)?;
+        let mut t = Trainer::new(cfg.clone(), 2)?;
         let mut stream = SampleStream::open(&t.spec)?;
-        let mut opt = AdamW::new(&t.params, &cfg)?;
         let mut losses = vec![];
         for step in 1..=steps {
             let b = crate::data::loader::next_batch(&mut stream, cfg.batch_size)?;
-            let (loss, grads) = t.forward_backward(&[b], &mut device::PeakMemory::default())?;
-            opt.step(&grads, optim::lr_at(step, &cfg), 1.0)?;
-            losses.push(loss);
+            let out = t.step(
+                &[b],
+                optim::lr_at(step, &cfg),
+                &mut device::PeakMemory::default(),
+            )?;
+            losses.push(out.loss);
         }
         Ok(losses)
     }

@@ -53,6 +53,11 @@ impl Grads {
         self.by_name.get(name)
     }
 
+    /// Every gradient, in the parameters' name order (the same on every rank).
+    pub fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        self.by_name.values_mut().collect()
+    }
+
     /// The global L2 norm over every gradient.
     pub fn norm(&self) -> Result<f64> {
         let mut sum = 0f64;

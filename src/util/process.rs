@@ -46,3 +46,14 @@ pub fn git_commit(dir: &Path) -> Option<String> {
     }
     Some(commit)
 }
+
+/// The first executable called `name` on PATH.
+pub fn find_in_path(name: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}

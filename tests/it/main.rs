@@ -4,6 +4,8 @@
 //! which needs a GPU and a GPU build (README, Building for GPUs).
 
 mod data;
+#[cfg(feature = "mpi")]
+mod ddp;
 mod e2e;
 mod gpu;
 mod local;

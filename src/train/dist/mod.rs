@@ -1,0 +1,306 @@
+//! Data parallelism: one process per rank, each training on its own shard of
+//! the data, gradients summed across ranks by a real engine after every
+//! step's backward passes — MPI between CPU ranks (feature `mpi`), NCCL
+//! between GPUs (feature `nccl`). World size 1 needs neither.
+//!
+//! Ranks are started by the launcher (`srun`, or `mpirun` for the local
+//! executor); this module only reads who it is and connects.
+
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+
+/// Where this process stands among the ranks of its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ranks {
+    pub rank: usize,
+    pub world_size: usize,
+    /// The rank's index on its node (which GPU it drives).
+    pub local_rank: usize,
+}
+
+/// The environment variables that name a rank, in the order they are
+/// trusted: sweep's job scripts and torchrun (`RANK`), OpenMPI's and
+/// MPICH's launchers, then `srun` itself.
+const LAUNCHERS: &[(&str, &str, &str)] = &[
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+    ),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+];
+
+impl Ranks {
+    pub const SINGLE: Ranks = Ranks {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+    };
+
+    /// From the launcher's environment; one rank when no launcher says otherwise.
+    pub fn from_env() -> Result<Ranks> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Ranks> {
+        let num = |k: &str| -> Result<Option<usize>> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) => match v.trim().parse() {
+                    Ok(n) => Ok(Some(n)),
+                    Err(_) => bail!("{k}={v:?} is not a number"),
+                },
+            }
+        };
+        // WORLD_SIZE alone (set by the job script, the rank left to MPI) counts too.
+        let world_hint = num("WORLD_SIZE")?;
+        for (rank, size, local) in LAUNCHERS {
+            let Some(r) = num(rank)? else { continue };
+            let world = num(size)?.or(world_hint).unwrap_or(1);
+            let local_rank = num(local)?.unwrap_or(if world == 1 { 0 } else { r });
+            if world == 0 || r >= world {
+                bail!("{rank}={r} is not below the world size {world}");
+            }
+            return Ok(Ranks {
+                rank: r,
+                world_size: world,
+                local_rank,
+            });
+        }
+        match world_hint {
+            None | Some(1) => Ok(Ranks::SINGLE),
+            Some(w) => bail!("WORLD_SIZE={w} but no launcher named this process's rank (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID): start the ranks with srun or mpirun"),
+        }
+    }
+
+    pub fn is_main(&self) -> bool {
+        self.rank == 0
+    }
+}
+
+/// A collective-communication engine over the job's ranks. Every rank calls
+/// the same operations in the same order; a rank that has died makes the
+/// others' calls fail or the launcher stop the job (never a silent hang:
+/// `srun --kill-on-bad-exit`, `mpirun`'s own abort on a dead rank).
+pub trait Collective {
+    fn ranks(&self) -> Ranks;
+    /// The engine, for logs ("MPI (Open MPI v4.1.4)", "NCCL 2.27").
+    fn describe(&self) -> String;
+    /// The element-wise sum over all ranks of a 1-D tensor, on every rank.
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
+    /// Rank `root`'s copy of a 1-D tensor, on every rank.
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
+    /// Stops every rank of the job after an error on this one.
+    fn abort(&self, code: i32);
+}
+
+/// World size 1: every collective is the identity.
+pub struct Single;
+
+impl Collective for Single {
+    fn ranks(&self) -> Ranks {
+        Ranks::SINGLE
+    }
+    fn describe(&self) -> String {
+        "none (one rank)".into()
+    }
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.clone())
+    }
+    fn broadcast(&self, t: &Tensor, _root: usize) -> Result<Tensor> {
+        Ok(t.clone())
+    }
+    fn abort(&self, _code: i32) {}
+}
+
+/// Connects to the job's other ranks with the engine for `device`.
+pub fn connect(ranks: Ranks, device: &Device) -> Result<Box<dyn Collective>> {
+    if ranks.world_size == 1 {
+        return Ok(Box::new(Single));
+    }
+    if device.is_cpu() {
+        #[cfg(feature = "mpi")]
+        return Ok(Box::new(mpi::Mpi::init(ranks)?));
+        #[cfg(not(feature = "mpi"))]
+        bail!("{} ranks on the CPU need a build with the `mpi` feature (cargo build --release --features mpi; see README, Data parallelism)", ranks.world_size);
+    }
+    #[cfg(feature = "nccl")]
+    return Ok(Box::new(nccl::Nccl::init(ranks, device)?));
+    #[cfg(not(feature = "nccl"))]
+    bail!("{} ranks on GPUs need a build with the `nccl` feature (scripts/build-gpu.sh; see README, Data parallelism)", ranks.world_size)
+}
+
+/// Gradients are summed in buckets of about this many bytes (PyTorch DDP's
+/// default): few enough calls to amortise latency, small enough to bound the
+/// extra memory of the concatenated copy.
+pub const BUCKET_BYTES: usize = 25 << 20;
+
+/// Sums `tensors` over all ranks in place, concatenated into buckets of at
+/// most `bucket_bytes` (a tensor larger than that travels alone).
+pub fn all_reduce_in_buckets(
+    comm: &dyn Collective,
+    tensors: &mut [&mut Tensor],
+    bucket_bytes: usize,
+) -> Result<()> {
+    if comm.ranks().world_size == 1 {
+        return Ok(());
+    }
+    let mut start = 0;
+    while start < tensors.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < tensors.len()
+            && (end == start || bytes + size_of_tensor(tensors[end]) <= bucket_bytes)
+        {
+            bytes += size_of_tensor(tensors[end]);
+            end += 1;
+        }
+        let bucket = &mut tensors[start..end];
+        let flat = bucket
+            .iter()
+            .map(|t| t.flatten_all())
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let flat = if flat.len() == 1 {
+            flat.into_iter().next().expect("one tensor")
+        } else {
+            Tensor::cat(&flat, 0)?
+        };
+        let summed = comm.all_reduce_sum(&flat)?;
+        let mut offset = 0;
+        for t in bucket.iter_mut() {
+            let n = t.elem_count();
+            **t = summed.narrow(0, offset, n)?.reshape(t.shape())?;
+            offset += n;
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+fn size_of_tensor(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+/// The sums of a few numbers over all ranks (token counts, losses, votes),
+/// in f64 so that counts stay exact.
+pub fn sum_scalars<const N: usize>(
+    comm: &dyn Collective,
+    xs: [f64; N],
+    device: &Device,
+) -> Result<[f64; N]> {
+    if comm.ranks().world_size == 1 {
+        return Ok(xs);
+    }
+    let s = comm.all_reduce_sum(&Tensor::new(&xs, device)?)?;
+    let v = s.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+    Ok(std::array::from_fn(|i| v[i]))
+}
+
+/// Returns once every rank has called it.
+pub fn barrier(comm: &dyn Collective, device: &Device) -> Result<()> {
+    sum_scalars(comm, [0.0], device).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranks(vars: &[(&str, &str)]) -> Result<Ranks> {
+        Ranks::from_vars(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn ranks_come_from_the_launcher_that_set_them() {
+        assert_eq!(ranks(&[]).unwrap(), Ranks::SINGLE);
+        assert_eq!(ranks(&[("WORLD_SIZE", "1")]).unwrap(), Ranks::SINGLE);
+        let r = ranks(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1")]).unwrap();
+        assert_eq!((r.rank, r.world_size, r.local_rank), (3, 4, 1));
+        // The local executor sets WORLD_SIZE and leaves the rank to mpirun.
+        let r = ranks(&[
+            ("WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ])
+        .unwrap();
+        assert_eq!((r.rank, r.world_size, r.local_rank), (1, 2, 1));
+        let r = ranks(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+        ])
+        .unwrap();
+        assert_eq!((r.rank, r.world_size, r.local_rank), (5, 8, 1));
+        for (vars, msg) in [
+            (&[("WORLD_SIZE", "2")][..], "no launcher"),
+            (&[("RANK", "2"), ("WORLD_SIZE", "2")][..], "not below"),
+            (&[("RANK", "x")][..], "not a number"),
+        ] {
+            let e = ranks(vars).unwrap_err().to_string();
+            assert!(e.contains(msg), "{vars:?}: {e}");
+        }
+    }
+
+    /// A stand-in engine for the bucketing alone: its "sum" is four times
+    /// the input, and it counts its calls.
+    struct Doubled(std::cell::Cell<usize>);
+
+    impl Collective for Doubled {
+        fn ranks(&self) -> Ranks {
+            Ranks {
+                rank: 0,
+                world_size: 2,
+                local_rank: 0,
+            }
+        }
+        fn describe(&self) -> String {
+            "test".into()
+        }
+        fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
+            assert_eq!(t.rank(), 1);
+            self.0.set(self.0.get() + 1);
+            Ok((t * 4.0)?)
+        }
+        fn broadcast(&self, t: &Tensor, _root: usize) -> Result<Tensor> {
+            Ok(t.clone())
+        }
+        fn abort(&self, _code: i32) {}
+    }
+
+    #[test]
+    fn buckets_hold_whole_tensors_and_shapes_come_back() -> Result<()> {
+        let dev = Device::Cpu;
+        let shapes: [&[usize]; 4] = [&[3, 4], &[5], &[2, 2, 2], &[100]];
+        let originals = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                Tensor::arange(0f32, s.iter().product::<usize>() as f32, &dev)?
+                    .affine(1.0, i as f64)?
+                    .reshape(*s)
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let mut ts = originals.clone();
+        let comm = Doubled(Default::default());
+        // 100 bytes: [3,4]+[5] = 68 bytes fit, [2,2,2] starts a new bucket, [100] travels alone.
+        all_reduce_in_buckets(&comm, &mut ts.iter_mut().collect::<Vec<_>>(), 100)?;
+        assert_eq!(comm.0.get(), 3);
+        for (a, b) in ts.iter().zip(&originals) {
+            assert_eq!(a.dims(), b.dims());
+            let want = (b * 4.0)?.flatten_all()?.to_vec1::<f32>()?;
+            assert_eq!(a.flatten_all()?.to_vec1::<f32>()?, want);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! NCCL between GPUs (cudarc's bindings, one rank per GPU). The ranks agree
+//! on the communicator's id through `NCCL_COMM_ID=<host>:<port>`, which the
+//! job script sets from the first node of the allocation: with it, every
+//! rank's `ncclGetUniqueId` returns the same id, so no side channel is needed.
+//!
+//! The collectives run as candle custom ops, so gradients stay on the GPU
+//! and on candle's stream.
+
+use super::{Collective, Ranks};
+use anyhow::{bail, Context, Result};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp};
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+
+pub struct Nccl {
+    ranks: Ranks,
+    comm: Comm,
+}
+
+impl Nccl {
+    pub fn init(ranks: Ranks, device: &Device) -> Result<Nccl> {
+        if std::env::var_os("NCCL_COMM_ID").is_none() {
+            bail!("{} GPU ranks need NCCL_COMM_ID=<host>:<port> in every rank's environment (sweep's multi-node job script sets it from MASTER_ADDR and MASTER_PORT)", ranks.world_size);
+        }
+        let stream = device.as_cuda_device()?.cuda_stream();
+        let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId: {e:?}"))?;
+        let comm = Comm::from_rank(stream, ranks.rank, ranks.world_size, id)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "ncclCommInitRank (rank {} of {}): {e:?}",
+                    ranks.rank,
+                    ranks.world_size
+                )
+            })
+            .context(
+                "is libnccl.so.2 on LD_LIBRARY_PATH and the same NCCL_COMM_ID set for every rank?",
+            )?;
+        Ok(Nccl { ranks, comm })
+    }
+}
+
+enum Op {
+    AllReduceSum,
+    Broadcast(i32),
+}
+
+struct Collect<'a> {
+    comm: &'a Comm,
+    op: Op,
+}
+
+impl Collect<'_> {
+    fn run<
+        T: NcclType + candle_core::cuda::CudaDType + candle_core::cuda::cudarc::driver::DeviceRepr,
+    >(
+        &self,
+        s: &CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<CudaStorage> {
+        let Some((start, end)) = l.contiguous_offsets() else {
+            candle_core::bail!("NCCL collectives take contiguous tensors")
+        };
+        let src = s.as_cuda_slice::<T>()?.slice(start..end);
+        let dev = s.device.clone();
+        // SAFETY: every element is written by the collective before it is read.
+        let mut dst = unsafe { dev.alloc::<T>(end - start)? };
+        let done = match self.op {
+            Op::AllReduceSum => self.comm.all_reduce(&src, &mut dst, &ReduceOp::Sum),
+            Op::Broadcast(root) => self.comm.broadcast(Some(&src), &mut dst, root),
+        };
+        done.map_err(|e| candle_core::Error::Msg(format!("NCCL: {e:?}")))?;
+        Ok(CudaStorage::wrap_cuda_slice(dst, dev))
+    }
+}
+
+impl CustomOp1 for Collect<'_> {
+    fn name(&self) -> &'static str {
+        "nccl-collective"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        candle_core::bail!("NCCL collectives run on GPU tensors")
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let out = match s.dtype() {
+            DType::F32 => self.run::<f32>(s, l)?,
+            DType::BF16 => self.run::<half::bf16>(s, l)?,
+            DType::F64 => self.run::<f64>(s, l)?,
+            dt => candle_core::bail!("NCCL collectives here take f32, bf16 or f64, not {dt:?}"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+}
+
+impl Collective for Nccl {
+    fn ranks(&self) -> Ranks {
+        self.ranks
+    }
+
+    fn describe(&self) -> String {
+        "NCCL".into()
+    }
+
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
+        let op = Collect {
+            comm: &self.comm,
+            op: Op::AllReduceSum,
+        };
+        Ok(t.apply_op1_no_bwd(&op)?)
+    }
+
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        let op = Collect {
+            comm: &self.comm,
+            op: Op::Broadcast(root as i32),
+        };
+        Ok(t.apply_op1_no_bwd(&op)?)
+    }
+
+    fn abort(&self, _code: i32) {
+        // Dropping the communicator aborts it (ncclCommAbort); srun's
+        // --kill-on-bad-exit stops the other ranks.
+    }
+}

@@ -1,0 +1,258 @@
+//! Data parallelism of the built-in trainer with real ranks: MPI between CPU
+//! processes, started by `mpirun` (local executor) and by `srun --mpi=pmix`
+//! (the local SLURM cluster). Built only with the `mpi` feature, which
+//! `scripts/test.sh` turns on.
+
+use super::support::{
+    job_id, job_logs, losses, metrics, project, release_requeued, repo, run_ok, status,
+    submit_slurm, sweep, wait_for, write,
+};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Two datasets of the same 40 real documents: `split.parquet` holds a₀…a₁₉
+/// then b₀…b₁₉ (two ranks read a and b, one document per step each), and
+/// `interleaved.parquet` holds a₀ b₀ a₁ b₁ … (one rank at batch 2 reads aₖ
+/// and bₖ together): the same samples at every step.
+fn datasets(root: &Path) -> (PathBuf, PathBuf) {
+    let (split, interleaved) = (root.join("split.parquet"), root.join("interleaved.parquet"));
+    let script = format!(
+        r#"
+import pyarrow as pa, pyarrow.parquet as pq
+docs = pq.read_table({src:?}).column("text").to_pylist()[:40]
+a, b = docs[:20], docs[20:]
+pq.write_table(pa.table({{"text": a + b}}), {split:?})
+pq.write_table(pa.table({{"text": [d for pair in zip(a, b) for d in pair]}}), {inter:?})
+"#,
+        src = repo()
+            .join("assets/data/quickstart.parquet")
+            .display()
+            .to_string(),
+        split = split.display().to_string(),
+        inter = interleaved.display().to_string(),
+    );
+    run_ok(Command::new("python3").args(["-c", &script]));
+    (split, interleaved)
+}
+
+/// One study of two runs: `ranks-1` (one rank, batch 2, interleaved data)
+/// and `ranks-2` (two ranks, batch 1 each, split data); `extra` goes into
+/// `[defaults]`.
+fn study(root: &Path, name: &str, extra: &str) -> PathBuf {
+    let (split, interleaved) = datasets(root);
+    let m = root.join(format!("{name}.toml"));
+    write(
+        &m,
+        &format!(
+            r#"name = "{name}"
+executor = "local"
+[defaults]
+tokenizer = "{tok}"
+model = "tiny"
+architecture = {{ dim = 32, n_layers = 2 }}
+dataset_type = "padded"
+sequence_length = 64
+learning_rate = 3e-3
+warmup_steps = 2
+logging_frequency = 1
+threads = 1
+{extra}
+[sweep]
+name = "ranks-{{{{ slurm.ntasks_per_node }}}}"
+[[sweep.zip]]
+"slurm.ntasks_per_node" = [1, 2]
+batch_size = [2, 1]
+dataset = [{interleaved:?}, {split:?}]
+[local]
+parallel = 1
+threads = 2
+[slurm]
+time = "10"
+job_name = "sweep-test-{name}"
+cpus_per_task = 1
+env = {{ SWEEP_CHECK_REPLICAS = "1" }}
+"#,
+            tok = repo()
+                .join("assets/tokenizers/mistral-7b/tokenizer.json")
+                .display(),
+            interleaved = interleaved.display().to_string(),
+            split = split.display().to_string(),
+        ),
+    );
+    m
+}
+
+/// The per-step losses of both runs agree within float summation order.
+fn assert_same_curve(study: &Path, steps: u64) {
+    let one = losses(&study.join("ranks-1"));
+    let two = losses(&study.join("ranks-2"));
+    assert_eq!(one.len() as u64, steps, "{one:?}");
+    assert_eq!(
+        one.iter().map(|x| x.0).collect::<Vec<_>>(),
+        two.iter().map(|x| x.0).collect::<Vec<_>>()
+    );
+    for ((step, a), (_, b)) in one.iter().zip(&two) {
+        let rel = (a - b).abs() / a.abs();
+        assert!(
+            rel <= 1e-5,
+            "step {step}: 1 rank × batch 2 {a} vs 2 ranks × batch 1 {b} (relative {rel:e})"
+        );
+    }
+    assert!(one.last().unwrap().1 < one[0].1, "the loss falls: {one:?}");
+    let m = metrics(&study.join("ranks-2"));
+    let last = m.last().unwrap();
+    assert_eq!(last["world_size"], 2);
+    let (per_device, global) = (
+        last["tokens_per_second"].as_f64().unwrap(),
+        last["global_tokens_per_second"].as_f64().unwrap(),
+    );
+    assert!((global - 2.0 * per_device).abs() < 1e-6 * global, "{last}");
+}
+
+fn assert_replicas_checked(log: &str) {
+    assert!(
+        log.contains("parameters identical on all 2 ranks")
+            && log.contains("2 ranks, gradients summed by"),
+        "{log}"
+    );
+}
+
+#[test]
+fn two_ranks_at_batch_one_train_like_one_rank_at_batch_two_locally() {
+    let root = project();
+    let m = study(root.path(), "ddp-local", "training_steps = 8");
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let s = status(root.path(), &m);
+    assert!(s.values().all(|(st, _)| st == "COMPLETED"), "{s:?}");
+    let dir = root.path().join("results/ddp-local");
+    assert_same_curve(&dir, 8);
+    let log = std::fs::read_to_string(dir.join("ranks-2/local.out")).unwrap();
+    assert_replicas_checked(&log);
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster: scripts/local-slurm.sh up (scripts/test.sh does it)"]
+fn two_ranks_at_batch_one_train_like_one_rank_at_batch_two_on_slurm() {
+    super::slurm::require_cluster();
+    let root = project();
+    let m = study(root.path(), "ddp-slurm", "training_steps = 8");
+    submit_slurm(root.path(), &m);
+    let s = wait_for(300, "both runs to finish", || {
+        let s = status(root.path(), &m);
+        s.values()
+            .all(|(st, _)| st == "COMPLETED" || st == "FAILED")
+            .then_some(s)
+    });
+    let dir = root.path().join("results/ddp-slurm");
+    assert!(
+        s.values().all(|(st, _)| st == "COMPLETED"),
+        "{s:?}\n{}",
+        job_logs(&dir.join("ranks-2"))
+    );
+    assert_same_curve(&dir, 8);
+    let script = std::fs::read_to_string(dir.join("ranks-2/job.sbatch")).unwrap();
+    assert!(
+        script.contains("--kill-on-bad-exit=1") && script.contains("--mpi=pmix"),
+        "{script}"
+    );
+    assert_replicas_checked(&job_logs(&dir.join("ranks-2")));
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster: scripts/local-slurm.sh up (scripts/test.sh does it)"]
+fn a_two_rank_job_requeues_on_sigusr1_and_logs_every_step_once() {
+    super::slurm::require_cluster();
+    let root = project();
+    let m = study(root.path(), "ddp-requeue", "training_steps = 150");
+    // Only the two-rank run.
+    let text = std::fs::read_to_string(&m).unwrap();
+    write(
+        &m,
+        &text.replace(
+            "[local]",
+            "[[sweep.exclude]]\n\"slurm.ntasks_per_node\" = 1\n[local]",
+        ),
+    );
+    submit_slurm(root.path(), &m);
+    let run = root.path().join("results/ddp-requeue/ranks-2");
+    wait_for(180, "training to start", || {
+        (losses(&run).len() >= 5).then_some(())
+    });
+    let job = job_id(&run);
+    run_ok(Command::new("scancel").args(["--signal=USR1", &job]));
+    release_requeued(&job);
+    let s = wait_for(600, "the requeued job to finish", || {
+        let s = status(root.path(), &m);
+        (s["ranks-2"].0 == "COMPLETED" || s["ranks-2"].0 == "FAILED").then_some(s)
+    });
+    let log = job_logs(&run);
+    assert_eq!(s["ranks-2"].0, "COMPLETED", "{log}");
+    assert!(
+        log.contains("received; checkpoint") && log.contains("resumed from"),
+        "{log}"
+    );
+    let steps: Vec<u64> = losses(&run).iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        steps,
+        (1..=150).collect::<Vec<_>>(),
+        "every step once across the requeue"
+    );
+    assert_replicas_checked(&log);
+}
+
+/// The pid of the `sweep` process that is rank `rank` of the local MPI job
+/// training `run`.
+fn rank_pid(run: &Path, rank: u32) -> Option<i32> {
+    let want_rank = format!("OMPI_COMM_WORLD_RANK={rank}");
+    let want_config = run.join("config.toml").display().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_trainer = args[0].ends_with("sweep") && args.iter().any(|a| a == &want_config);
+        let env = std::fs::read(e.path().join("environ")).ok()?;
+        let env = String::from_utf8_lossy(&env);
+        (is_trainer && env.split('\0').any(|v| v == want_rank)).then_some(pid)
+    })
+}
+
+#[test]
+fn a_rank_killed_mid_run_fails_the_job_within_a_minute() {
+    let root = project();
+    let m = study(root.path(), "ddp-kill", "training_steps = 100000");
+    let text = std::fs::read_to_string(&m).unwrap();
+    write(
+        &m,
+        &text.replace(
+            "[local]",
+            "[[sweep.exclude]]\n\"slurm.ntasks_per_node\" = 1\n[local]",
+        ),
+    );
+    let mut child = sweep(root.path()).arg("submit").arg(&m).spawn().unwrap();
+    let run = root.path().join("results/ddp-kill/ranks-2");
+    wait_for(120, "training to start", || {
+        (losses(&run).len() >= 3).then_some(())
+    });
+    let pid = wait_for(10, "rank 1's process", || rank_pid(&run, 1));
+    let killed = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let exit = wait_for(60, "the job to fail after its rank died", || {
+        child.try_wait().unwrap()
+    });
+    assert!(killed.elapsed().as_secs() < 60);
+    assert!(!exit.success(), "sweep reports the failed run");
+    let s = status(root.path(), &m);
+    assert_eq!(s["ranks-2"].0, "FAILED", "{s:?}");
+    let log = std::fs::read_to_string(run.join("local.out")).unwrap();
+    assert!(
+        log.contains("rank 1") && log.contains("signal 9"),
+        "mpirun names the dead rank: {log}"
+    );
+}
