@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What building, testing and running sweep need beyond the Rust toolchain, installed
 # once and idempotently: Python packages for the interoperability tests (pyarrow and
-# polars read sweep's Parquet files; `tokenizers` checks our token ids).
+# polars read sweep's Parquet files; `tokenizers` checks our token ids), and MPI for
+# the data-parallel tests (`--features mpi`: Open MPI, its PMIx for `srun --mpi=pmix`,
+# and libclang for the mpi crate's bindings), from Debian packages.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -9,4 +11,19 @@ PY_PACKAGES=(pyarrow==18.1.0 polars==1.17.1 tokenizers==0.21.0)
 if ! python3 -c 'import pyarrow, polars, tokenizers' 2>/dev/null; then
     echo "setup: installing ${PY_PACKAGES[*]} from PyPI" >&2
     python3 -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
+fi
+
+# Open MPI 4.1 and SLURM's pmix plugin share Debian's PMIx; the plugin loads
+# libpmix.so, which only libpmix-dev provides.
+MPI_PACKAGES=(openmpi-bin libopenmpi-dev libpmix-dev libclang-dev)
+missing=()
+command -v mpirun >/dev/null || missing+=(openmpi-bin)
+[ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || missing+=(libopenmpi-dev)
+compgen -G "/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so" >/dev/null || missing+=(libpmix-dev)
+compgen -G "/usr/lib/llvm-*/lib/libclang.so" >/dev/null || missing+=(libclang-dev)
+if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || { echo "setup: missing ${missing[*]}; run as root or: apt-get install ${MPI_PACKAGES[*]}" >&2; exit 1; }
+    echo "setup: installing ${missing[*]} from Debian packages" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >/tmp/sweep-setup-apt.log 2>&1 ||
+        { cat /tmp/sweep-setup-apt.log >&2; echo "setup: apt-get install failed" >&2; exit 1; }
 fi

