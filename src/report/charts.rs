@@ -183,42 +183,29 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
     })
 }
 
-/// Throughput and efficiency against the number of GPUs (or nodes).
+/// Whole-job throughput and weak-scaling efficiency against the world size
+/// (GPUs or CPU ranks), one line per configuration, when the world size varies.
 fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
     let t = &s.table;
-    const SCALE: [&str; 4] = ["world_size", "gpus", "slurm.nodes", "nodes"];
-    let Some(key) = SCALE.iter().find(|k| s.axes.iter().any(|p| p == *k)) else {
-        return Ok(vec![]);
-    };
-    let unit = if key.contains("nodes") {
-        "nodes"
-    } else {
-        "GPUs"
-    };
-    let rows: Vec<(usize, f64)> = (0..t.height())
-        .filter_map(|i| cell(t, key, i).parse::<f64>().ok().map(|x| (i, x)))
-        .collect();
-    // One line per configuration of the other axes that vary among these runs.
+    // One line per configuration of the other axes that vary among the runs.
     let series_keys: Vec<&String> = s
         .axes
         .iter()
-        .filter(|p| !SCALE.contains(&p.as_str()))
+        .filter(|p| !c::SCALE_PARAMS.contains(&p.as_str()))
         .filter(|p| {
-            let mut v: Vec<String> = rows.iter().map(|(i, _)| cell(t, p, *i)).collect();
+            let mut v: Vec<String> = (0..t.height()).map(|i| cell(t, p, i)).collect();
             v.sort();
             v.dedup();
             v.len() > 1
         })
         .collect();
-    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for &(i, x) in &rows {
-        // Whole-job throughput: the logged global figure, else per device x devices.
-        let per_device = num(t, &Metric::TokensPerSecond.col(Stat::Mean), i);
-        let y = match (num(t, c::GLOBAL_TOKENS_PER_SECOND, i), per_device) {
-            (Some(g), _) => g,
-            (None, Some(d)) if unit == "GPUs" => d * x,
-            (None, Some(d)) => d,
-            _ => continue,
+    let mut series: BTreeMap<String, Vec<(f64, f64, Option<f64>)>> = BTreeMap::new();
+    for i in 0..t.height() {
+        let (Some(x), Some(y)) = (
+            num(t, c::WORLD_SIZE, i),
+            num(t, c::GLOBAL_TOKENS_PER_SECOND, i),
+        ) else {
+            continue;
         };
         let label = series_keys
             .iter()
@@ -238,37 +225,38 @@ fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
                 label
             })
             .or_default()
-            .push((x, y));
+            .push((x, y, num(t, c::SCALING_EFFICIENCY_PCT, i)));
     }
-    if series.values().all(|v| v.len() < 2) {
+    let scales = |pts: &Vec<(f64, f64, Option<f64>)>| pts.iter().any(|p| p.0 != pts[0].0);
+    if !series.values().any(scales) {
         return Ok(vec![]);
     }
-    let mut out = Vec::new();
-    let mut eff = Vec::new();
-    for (name, pts) in series.iter_mut() {
+    let mut throughput = Vec::new();
+    let mut efficiency = Vec::new();
+    for (name, mut pts) in series {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (x0, y0) = pts[0];
-        eff.push((
+        efficiency.push((
             name.clone(),
-            pts.iter()
-                .map(|&(x, y)| (x, 100.0 * (y / x) / (y0 / x0)))
-                .collect(),
+            pts.iter().filter_map(|p| Some((p.0, p.2?))).collect(),
         ));
+        throughput.push((name, pts.iter().map(|p| (p.0, p.1)).collect()));
     }
+    let unit = "ranks (GPUs or CPU processes)";
+    let mut out = Vec::new();
     let fig = Lines {
-        title: format!("{study}: throughput against {unit}"),
+        title: format!("{study}: throughput against world size"),
         x_label: unit.into(),
         y_label: "tokens per second (whole job)".into(),
-        series: series.into_iter().collect(),
+        series: throughput,
         points: true,
         y_from_zero: true,
     };
     out.extend(save(&fig, dir, "scaling-throughput")?);
     let fig = Lines {
-        title: format!("{study}: scaling efficiency against {unit}"),
+        title: format!("{study}: scaling efficiency against world size"),
         x_label: unit.into(),
-        y_label: "efficiency (%)".into(),
-        series: eff,
+        y_label: "per-device tokens/s vs the smallest world size (%)".into(),
+        series: efficiency,
         points: true,
         y_from_zero: true,
     };

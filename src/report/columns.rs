@@ -68,6 +68,8 @@ pub const LOSS: &str = "loss";
 pub const STEP_TIME_S: &str = "step_time_s";
 pub const ELAPSED_S: &str = "elapsed_s";
 pub const GLOBAL_TOKENS_PER_SECOND: &str = "global_tokens_per_second";
+/// Ranks training together (1 when a log does not say).
+pub const WORLD_SIZE: &str = "world_size";
 // The summary table: one row per run or group.
 pub const ORDER: &str = "order";
 pub const STATE: &str = "state";
@@ -77,6 +79,20 @@ pub const FINAL_LOSS: &str = "final_loss";
 pub const WALL_TIME_S: &str = "wall_time_s";
 pub const LAST_STEP: &str = "last_step";
 pub const SPEEDUP: &str = "speedup";
+/// Per-device tokens/s at this world size ÷ at the smallest world size of
+/// the same configuration, in percent (weak scaling).
+pub const SCALING_EFFICIENCY_PCT: &str = "scaling_efficiency_pct";
+/// The parameters that set the world size: a configuration is the same
+/// across scales when only these differ.
+pub const SCALE_PARAMS: [&str; 7] = [
+    WORLD_SIZE,
+    "nodes",
+    "gpus",
+    "slurm.nodes",
+    "slurm.ntasks_per_node",
+    "slurm.gpus_per_node",
+    "global_batch_size",
+];
 // Only while grouping.
 pub const MEMBERS: &str = "members";
 pub const FIRST_RUN: &str = "first_run";

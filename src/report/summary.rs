@@ -53,7 +53,7 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
     let n: usize = runs.iter().map(|r| r.points.len()).sum();
     let mut run = Vec::with_capacity(n);
     let mut index = Vec::with_capacity(n);
-    let mut cols: Vec<Vec<Option<f64>>> = (0..9).map(|_| Vec::with_capacity(n)).collect();
+    let mut cols: Vec<Vec<Option<f64>>> = (0..10).map(|_| Vec::with_capacity(n)).collect();
     for r in runs {
         for (i, p) in r.points.iter().enumerate() {
             run.push(r.name.as_str());
@@ -68,6 +68,7 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
                 p.step_time_s,
                 p.elapsed_s,
                 p.global_tokens_per_second,
+                p.world_size,
             ]) {
                 c.push(v);
             }
@@ -83,6 +84,7 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
         c::STEP_TIME_S,
         c::ELAPSED_S,
         c::GLOBAL_TOKENS_PER_SECOND,
+        c::WORLD_SIZE,
     ];
     let mut columns = vec![
         Column::new(c::RUN.into(), run),
@@ -177,6 +179,7 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
         Some(a) => a.clone(),
         None => varying(&table, &params),
     };
+    add_scaling(&mut table, &axes)?;
     Ok(Summary {
         table,
         points,
@@ -195,6 +198,12 @@ fn per_run(points: &DataFrame, info: DataFrame, skip_first: usize) -> Result<Dat
         col(c::GLOBAL_TOKENS_PER_SECOND)
             .mean()
             .alias(c::GLOBAL_TOKENS_PER_SECOND),
+    );
+    aggs.push(
+        col(c::WORLD_SIZE)
+            .max()
+            .fill_null(lit(1.0))
+            .alias(c::WORLD_SIZE),
     );
     let measured = points
         .clone()
@@ -244,6 +253,7 @@ fn group(per_run: &DataFrame, keys: &[String]) -> Result<DataFrame> {
         col(c::FINAL_LOSS).mean(),
         col(c::WALL_TIME_S).mean(),
         col(c::GLOBAL_TOKENS_PER_SECOND).mean(),
+        col(c::WORLD_SIZE).max(),
         col(c::POINTS).sum(),
         col(c::RUNS).sum(),
         col(c::RUN).first().alias(c::FIRST_RUN),
@@ -306,6 +316,53 @@ fn add_speedup(table: &mut DataFrame, opts: &Options) -> Result<()> {
     {
         *table = table.drop(c::MEMBERS)?;
     }
+    Ok(())
+}
+
+/// Whole-job throughput and weak-scaling efficiency. `global_tokens_per_second`
+/// is the logged figure, else per-device tokens/s × world size;
+/// `scaling_efficiency_pct` compares per-device tokens/s with the smallest
+/// world size among the rows that differ only in scale (null where a
+/// configuration was run at one scale only).
+fn add_scaling(table: &mut DataFrame, axes: &[String]) -> Result<()> {
+    let tps = table
+        .column(&Metric::TokensPerSecond.col(Stat::Mean))?
+        .f64()?
+        .clone();
+    let world: Vec<f64> = (0..table.height())
+        .map(|i| num(table, c::WORLD_SIZE, i).unwrap_or(1.0))
+        .collect();
+    let global: Vec<Option<f64>> = (0..table.height())
+        .map(|i| {
+            num(table, c::GLOBAL_TOKENS_PER_SECOND, i).or_else(|| tps.get(i).map(|t| t * world[i]))
+        })
+        .collect();
+    let config_of = |i: usize| -> Vec<String> {
+        axes.iter()
+            .filter(|a| !c::SCALE_PARAMS.contains(&a.as_str()))
+            .map(|a| cell(table, a, i))
+            .collect()
+    };
+    let configs: Vec<Vec<String>> = (0..table.height()).map(config_of).collect();
+    let efficiency: Vec<Option<f64>> = (0..table.height())
+        .map(|i| {
+            let peers: Vec<usize> = (0..table.height())
+                .filter(|&j| configs[j] == configs[i] && tps.get(j).is_some())
+                .collect();
+            let smallest = peers
+                .iter()
+                .copied()
+                .min_by(|&a, &b| world[a].total_cmp(&world[b]))?;
+            let scales_differ = peers.iter().any(|&j| world[j] != world[smallest]);
+            let base = tps.get(smallest).filter(|b| *b > 0.0)?;
+            if !scales_differ {
+                return None;
+            }
+            Some(100.0 * tps.get(i)? / base)
+        })
+        .collect();
+    table.with_column(Column::new(c::GLOBAL_TOKENS_PER_SECOND.into(), global))?;
+    table.with_column(Column::new(c::SCALING_EFFICIENCY_PCT.into(), efficiency))?;
     Ok(())
 }
 

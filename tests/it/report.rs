@@ -213,3 +213,73 @@ fn unreadable_imported_logs_are_listed_with_their_reason() {
         "{md}"
     );
 }
+
+#[test]
+fn the_reference_ddp_logs_give_whole_job_throughput_and_scaling_efficiency() {
+    let root = project();
+    let glob = format!(
+        "{}/lsai_ddp_baseline_padded_ws_*.out",
+        repo().join("tests/fixtures/reference-torch-logs").display()
+    );
+    let out = run_ok(sweep(root.path()).args([
+        "report",
+        "--log-format",
+        "reference",
+        "--name",
+        "ddp",
+        "--json",
+        "--import",
+        &glob,
+    ]));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 8);
+    for r in &rows {
+        let name = r["run"].as_str().unwrap();
+        let ws: f64 = name
+            .split("_ws_")
+            .nth(1)
+            .unwrap()
+            .split('_')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(r["world_size"].as_f64(), Some(ws), "{name}");
+        let eff = r["scaling_efficiency_pct"].as_f64().unwrap();
+        if ws == 4.0 {
+            assert!(
+                (eff - 100.0).abs() < 1e-9,
+                "{name}: the smallest world size is the base"
+            );
+        } else {
+            assert!(eff > 50.0 && eff < 100.0, "{name}: {eff}");
+        }
+        assert!(
+            r["global_tokens_per_second"].as_f64().unwrap()
+                > r["tokens_per_second_mean"].as_f64().unwrap() * ws * 0.8
+        );
+    }
+    // Batch 8 scales better than batch 1 (communication per token shrinks).
+    let eff = |name: &str| {
+        rows.iter()
+            .find(|r| r["run"].as_str().unwrap().starts_with(name))
+            .unwrap()["scaling_efficiency_pct"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        eff("lsai_ddp_baseline_padded_ws_16_bs_8")
+            > eff("lsai_ddp_baseline_padded_ws_16_bs_1") + 10.0
+    );
+    let md = std::fs::read_to_string(root.path().join("results/ddp/summary.md")).unwrap();
+    assert!(
+        md.contains("| Ranks | Global tokens/sec | Scaling efficiency % |"),
+        "{md}"
+    );
+    for chart in ["scaling-throughput", "scaling-efficiency"] {
+        assert!(
+            root.path().join(format!("plots/ddp/{chart}.png")).is_file(),
+            "{chart}"
+        );
+    }
+}

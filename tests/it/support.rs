@@ -53,7 +53,7 @@ pub fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
-/// The charts every study's report draws (scaling only with a nodes/GPUs axis).
+/// The charts every study's report draws (and scaling ones when the world size varies).
 pub const CHARTS: [&str; 8] = [
     "throughput",
     "mfu",

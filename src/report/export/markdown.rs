@@ -13,13 +13,21 @@ fn f(v: Option<f64>, digits: usize) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// The README-ready table (also what `sweep report` prints).
+/// The README-ready table (also what `sweep report` prints). Studies whose
+/// runs differ in world size also get ranks, whole-job tokens/s and scaling
+/// efficiency.
 pub fn table(s: &Summary) -> String {
     let t = &s.table;
-    let mut out = String::from("| Configuration | Tokens/sec | MFU % | TFLOPs | Training tokens % | Final loss | Wall time (s) | Speedup | State |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    let scaling = (0..t.height()).any(|i| num(t, c::SCALING_EFFICIENCY_PCT, i).is_some());
+    let mut out = String::from("| Configuration | Tokens/sec | MFU % | TFLOPs | Training tokens % | Final loss | Wall time (s) | Speedup |");
+    out.push_str(if scaling {
+        " Ranks | Global tokens/sec | Scaling efficiency % | State |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
+    } else {
+        " State |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
+    });
     for i in 0..t.height() {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(t, c::RUN, i),
             f(num(t, &Metric::TokensPerSecond.col(Stat::Mean), i), 2),
             f(num(t, &Metric::MfuPct.col(Stat::Mean), i), 2),
@@ -30,8 +38,16 @@ pub fn table(s: &Summary) -> String {
             num(t, c::SPEEDUP, i)
                 .map(|v| format!("{v:.2}x"))
                 .unwrap_or_else(|| "-".into()),
-            cell(t, c::STATE, i),
         ));
+        if scaling {
+            out.push_str(&format!(
+                " {} | {} | {} |",
+                f(num(t, c::WORLD_SIZE, i), 0),
+                f(num(t, c::GLOBAL_TOKENS_PER_SECOND, i), 2),
+                f(num(t, c::SCALING_EFFICIENCY_PCT, i), 1),
+            ));
+        }
+        out.push_str(&format!(" {} |\n", cell(t, c::STATE, i)));
     }
     out
 }

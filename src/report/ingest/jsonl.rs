@@ -16,6 +16,8 @@ struct Line {
     tflops: Option<f64>,
     step_time_s: Option<f64>,
     elapsed_s: Option<f64>,
+    global_tokens_per_second: Option<f64>,
+    world_size: Option<f64>,
     /// Set on event records (the trainer's [`EventKind`]); steps have none.
     event: Option<EventKind>,
 }
@@ -40,7 +42,8 @@ pub fn parse(text: &str) -> (Vec<Point>, usize) {
                 tflops: l.tflops,
                 step_time_s: l.step_time_s,
                 elapsed_s: l.elapsed_s,
-                global_tokens_per_second: None,
+                global_tokens_per_second: l.global_tokens_per_second,
+                world_size: l.world_size,
             }),
             Ok(_) => {}
             Err(_) => skipped += 1,

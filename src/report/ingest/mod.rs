@@ -23,6 +23,8 @@ pub struct Point {
     pub step_time_s: Option<f64>,
     pub elapsed_s: Option<f64>,
     pub global_tokens_per_second: Option<f64>,
+    /// Ranks training together (GPUs, CPU processes); unknown means one.
+    pub world_size: Option<f64>,
 }
 
 /// A run as the report sees it.

@@ -21,6 +21,7 @@ pub fn parse(re: &Regex, text: &str) -> Vec<Point> {
             step_time_s: num("step_time_s"),
             elapsed_s: num("elapsed_s"),
             global_tokens_per_second: None,
+            world_size: None,
         });
     }
     points

@@ -83,14 +83,15 @@ pub fn parse(name: &str, text: &str) -> RunLog {
     run.reason = Some("the log does not say `Training completed`".into());
     let mut t0 = None;
     let mut last_time: Option<(i64, f64)> = None;
+    let mut world = None;
     for line in text.lines() {
         if line.contains("Experiment args:") {
             for (k, v) in namespace(line) {
                 run.params.insert(k, v);
             }
         } else if let Some(ws) = line.split("World size: ").nth(1) {
-            if let Ok(n) = ws.trim().parse::<u64>() {
-                run.params.insert("world_size".into(), Value::from(n));
+            if let Ok(n) = ws.trim().parse::<f64>() {
+                world = Some(n);
             }
         } else if let Some(n) = line.split("SLURM_NNODES: ").nth(1) {
             if let Ok(n) = n.trim().parse::<u64>() {
@@ -135,7 +136,11 @@ pub fn parse(name: &str, text: &str) -> RunLog {
             step_time_s: step_time,
             elapsed_s: elapsed,
             global_tokens_per_second: num("gtps"),
+            world_size: None,
         });
+    }
+    for p in &mut run.points {
+        p.world_size = world;
     }
     if run.points.is_empty() {
         run.reason = Some("no step lines in the log".into());
@@ -161,7 +166,10 @@ mod tests {
         let text = "2025-05-03 20:36:17,889 - root - INFO - Step: 1 | Loss: 11.95 | Tokens per second: 2694.62 | Training tokens per second (%): 24.68 | MFU (%): 13.17 | TFLOPs: 130.20\n\
                     2025-05-03 20:36:20,407 - root - INFO - Step: 5 | Loss: 11.94 | Tokens per second: 6508.22 | Training tokens per second (%): 42.24 | MFU (%): 31.80 | TFLOPs: 314.48 | Global batch size: 64 | Global tokens/sec: 92230.22 | Global MFU (%): 10.80 | Global TFLOPs: 854.18 | \n\
                     2025-05-03 20:45:05,179 - root - INFO - Training completed\n";
-        let r = parse("x", text);
+        let r = parse(
+            "x",
+            &format!("2025-05-03 20:36:10,000 - root - INFO - World size: 16\n{text}"),
+        );
         assert_eq!(r.status.state, State::Completed);
         assert_eq!(r.points.len(), 2);
         assert_eq!(r.points[1].tokens_per_second, Some(6508.22));
@@ -169,5 +177,6 @@ mod tests {
         assert!((r.points[1].elapsed_s.unwrap() - 2.518).abs() < 1e-9);
         assert!((r.points[1].step_time_s.unwrap() - 2.518 / 4.0).abs() < 1e-9);
         assert_eq!(r.params["global_batch_size"], Value::from(64));
+        assert_eq!(r.points[0].world_size, Some(16.0));
     }
 }
