@@ -293,8 +293,9 @@ mod tests {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let mut ts = originals.clone();
         let comm = Doubled(Default::default());
-        // 100 bytes: [3,4]+[5] = 68 bytes fit, [2,2,2] starts a new bucket, [100] travels alone.
-        all_reduce_in_buckets(&comm, &mut ts.iter_mut().collect::<Vec<_>>(), 100)?;
+        // 90 bytes: [3,4]+[5] = 68 bytes fit, [2,2,2] (32 more) starts a new
+        // bucket, [100] (400 bytes) travels alone.
+        all_reduce_in_buckets(&comm, &mut ts.iter_mut().collect::<Vec<_>>(), 90)?;
         assert_eq!(comm.0.get(), 3);
         for (a, b) in ts.iter().zip(&originals) {
             assert_eq!(a.dims(), b.dims());
