@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# sweep for NVIDIA GPUs: a release build with candle's CUDA kernels and the
-# flash-attention forward kernels, for one compute capability, packed as a
-# stripped, compressed binary small enough to carry to a GPU machine.
+# sweep for NVIDIA GPUs: a release build with candle's CUDA kernels, the
+# flash-attention forward kernels and NCCL (data parallelism), for one compute
+# capability, packed as a stripped, compressed binary small enough to carry to
+# a GPU machine.
 #
 #   scripts/build-gpu.sh [--cap 90] [--features flash-attn|cuda] [--tests]
 #
@@ -12,8 +13,9 @@
 #   target/gpu/it-<features>-sm<cap>.xz      with --tests: the integration tests
 #                                            (scripts/gpu-check.sh runs them on a GPU)
 # It needs at run time libcudart.so.13, libcublas.so.13, libcublasLt.so.13,
-# libcurand.so.10 and libnvrtc.so.13 (the NVIDIA Python wheels carry them; point
-# LD_LIBRARY_PATH at their lib folders) and the driver's libcuda.so.1.
+# libcurand.so.10, libnvrtc.so.13 and libnccl.so.2 (the NVIDIA Python wheels
+# carry them; point LD_LIBRARY_PATH at their lib folders) and the driver's
+# libcuda.so.1.
 #
 # The flash-attention kernels take hours of CPU time to compile in full. Two
 # things cut that:
@@ -55,9 +57,9 @@ export CANDLE_FLASH_ATTN_BUILD_DIR=$PWD/.cache/flash-attn-sm$CAP-$flags_id
 export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}
 mkdir -p "$CANDLE_FLASH_ATTN_BUILD_DIR"
 
-echo "build-gpu: sweep --features $FEATURES for sm_$CAP with $(nvcc --version | grep -o 'release [0-9.]*'), kernel cache $CANDLE_FLASH_ATTN_BUILD_DIR" >&2
+echo "build-gpu: sweep --features $FEATURES,nccl for sm_$CAP with $(nvcc --version | grep -o 'release [0-9.]*'), kernel cache $CANDLE_FLASH_ATTN_BUILD_DIR" >&2
 started=$(date +%s)
-cargo build --release --locked --features "$FEATURES" --target-dir target/gpu
+cargo build --release --locked --features "$FEATURES,nccl" --target-dir target/gpu
 built=$(( $(date +%s) - started ))
 
 # Stripped and compressed: what travels to a GPU machine.
@@ -73,7 +75,7 @@ echo "build-gpu: built in ${built} s" >&2
 echo "$PWD" >target/gpu/BUILD_ROOT
 pack target/gpu/release/sweep "target/gpu/sweep-$FEATURES-sm$CAP.xz"
 if [[ $TESTS -eq 1 ]]; then
-    tests=$(cargo test --release --locked --features "$FEATURES" --target-dir target/gpu --test it --no-run \
+    tests=$(cargo test --release --locked --features "$FEATURES,nccl" --target-dir target/gpu --test it --no-run \
         --message-format json | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)

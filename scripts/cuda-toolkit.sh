@@ -13,7 +13,10 @@
 #   accepts only from toolkits up to 13.0.
 # - The wheels ship no `libcuda.so` (the driver's library, which the build links
 #   against): a stub with the driver functions cudarc declares is compiled
-#   into lib/stubs/. At run time the GPU machine's real driver is used.
+#   into lib/stubs/. At run time the GPU machine's real driver is used. The
+#   same for `libnccl.so` (the `nccl` feature): clusters provide NCCL as a
+#   module, PyTorch environments as the nvidia-nccl-cu13 wheel, and a stub
+#   saves downloading 300 MB to link against it.
 # - candle-flash-attn's build clones CUTLASS v3.5.0 with git. The PyPI wheel
 #   nvidia-cutlass 3.5.0.0 carries the same header trees; they are placed in
 #   cudaforge's cache folder ($CUDAFORGE_HOME/git/checkouts/cutlass-<commit>/)
@@ -48,7 +51,7 @@ export CUDAFORGE_HOME='$DEST/cudaforge'
 EOF
 }
 
-stamp=$(printf '%s' "$REQUIREMENTS" | sha256sum | cut -c1-16)
+stamp=$(printf '%s nccl-stub' "$REQUIREMENTS" | sha256sum | cut -c1-16)
 if [[ -f $DEST/.installed && $(cat "$DEST/.installed") == "$stamp" ]]; then
     print_env
     exit 0
@@ -92,6 +95,11 @@ grep -oE 'load::<_F>\("cu[A-Za-z0-9_]+"\)' "$bindings" | sed -E 's/.*\("(cu[A-Za
     awk '{ print "int " $1 "(void) { return 999; }" }' >"$TOP/lib/stubs/libcuda_stub.c"
 gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$TOP/lib/stubs/libcuda.so" "$TOP/lib/stubs/libcuda_stub.c"
 log "libcuda.so stub with $(grep -c . "$TOP/lib/stubs/libcuda_stub.c") driver functions"
+nccl_bindings=$(dirname "$bindings")/../../nccl/sys/mod.rs
+grep -oE 'load::<_F>\("nccl[A-Za-z0-9_]+"\)' "$nccl_bindings" | sed -E 's/.*\("(nccl[A-Za-z0-9_]+)"\)/\1/' | sort -u |
+    awk '{ print "int " $1 "(void) { return 999; }" }' >"$TOP/lib/stubs/libnccl_stub.c"
+gcc -shared -fPIC -Wl,-soname,libnccl.so.2 -o "$TOP/lib/stubs/libnccl.so" "$TOP/lib/stubs/libnccl_stub.c"
+log "libnccl.so stub with $(grep -c . "$TOP/lib/stubs/libnccl_stub.c") NCCL functions"
 
 # 5. CUTLASS for candle-flash-attn, where cudaforge's cache check finds it.
 rm -rf "$CUTLASS_DIR"

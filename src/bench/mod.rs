@@ -2,6 +2,7 @@
 //! figures; none is a test (speed goals are checked here, not in `cargo test`).
 
 pub mod data;
+pub mod ddp;
 pub mod plan;
 pub mod pretokenize;
 pub mod report;

@@ -27,6 +27,27 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
             repeats,
         } => pretokenize(dataset, tokenizer, seq_len, threads, repeats, root)?,
         BenchCmd::Plan { runs, dir } => plan(runs, dir)?,
+        BenchCmd::Ddp {
+            ranks,
+            threads,
+            steps,
+            model,
+            batch,
+            seq_len,
+            device,
+            engine_at_one,
+        } => {
+            let work = crate::bench::ddp::Work {
+                model,
+                batch,
+                seq: seq_len,
+                steps,
+                threads,
+                device,
+            };
+            ddp(&work, &ranks, engine_at_one)?
+        }
+        BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -259,5 +280,39 @@ fn plan(runs: usize, dir: PathBuf) -> Result<()> {
         b.load_s + b.plan_s + b.render_s + b.write_s
     );
     println!("  re-render (all unchanged) {:8.3} s", b.rerender_s);
+    Ok(())
+}
+
+/// `sweep bench ddp`: weak scaling from the first world size to the others.
+fn ddp(work: &crate::bench::ddp::Work, ranks: &[usize], engine_at_one: bool) -> Result<()> {
+    let rows = crate::bench::ddp::run(work, ranks, engine_at_one)?;
+    let Some(base) = rows.first() else {
+        return Ok(());
+    };
+    println!(
+        "data parallelism: {} ({:.1}M parameters), batch {} x {} tokens per rank, {} thread(s) per rank, {} timed steps; engine {}",
+        work.model,
+        base.parameters as f64 / 1e6,
+        work.batch,
+        work.seq,
+        work.threads,
+        work.steps,
+        rows.last().map_or("-", |r| r.engine.as_str()),
+    );
+    println!(
+        "{:>10} {:>16} {:>14} {:>9} {:>12} {:>10}",
+        "ranks", "tokens/s/rank", "tokens/s all", "s/step", "all-reduce", "efficiency"
+    );
+    for r in &rows {
+        println!(
+            "{:>10} {:>16.0} {:>14.0} {:>9.3} {:>11.1}% {:>9.1}%",
+            r.label(),
+            r.tokens_per_s_per_rank,
+            r.global_tokens_per_s(),
+            r.step_s,
+            100.0 * r.comm_s / r.step_s,
+            100.0 * r.tokens_per_s_per_rank / base.tokens_per_s_per_rank,
+        );
+    }
     Ok(())
 }

@@ -282,6 +282,39 @@ pub enum BenchCmd {
         #[arg(long)]
         gpu: Option<String>,
     },
+    /// Data-parallel scaling of the trainer on this machine: 1 and N ranks (MPI) with the same work per rank.
+    #[command(
+        after_help = "Example:\n  sweep bench ddp --ranks 1,2 --threads 1      (a build with --features mpi)\n  sweep bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048   (NCCL at world size 1)"
+    )]
+    Ddp {
+        /// World sizes to run, the first being the base of the efficiency.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        ranks: Vec<usize>,
+        /// CPU threads per rank.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        /// A model preset (the tokenizer's vocabulary).
+        #[arg(long, default_value = "small")]
+        model: String,
+        /// Sequences per rank and step.
+        #[arg(long, default_value_t = 4)]
+        batch: usize,
+        #[arg(long, default_value_t = 256)]
+        seq_len: usize,
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: crate::config::DeviceKind,
+        /// Also run one rank through the engine (MPI or NCCL) to see its cost without peers.
+        #[arg(long)]
+        engine_at_one: bool,
+    },
+    /// One rank of `sweep bench ddp` (started by it).
+    #[command(hide = true)]
+    DdpRank {
+        #[arg(long)]
+        work: String,
+    },
     /// Aggregating a large sweep: read, summarise and write the tables of N runs x M log lines.
     #[command(after_help = "Example:\n  sweep bench report --runs 1000 --lines 1000")]
     Report {

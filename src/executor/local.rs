@@ -426,11 +426,18 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
 /// machine, each learning its rank from the MPI launcher. `mpirun` stops
 /// every rank when one exits with an error or dies.
 fn ranks_command(ranks: u32, line: &str) -> Result<Command> {
+    mpirun(ranks, &["bash", "-c", line])
+}
+
+/// `mpirun -n N <argv>` for ranks on this machine, with the settings that let
+/// Open MPI run in containers and VMs.
+pub fn mpirun(ranks: u32, argv: &[&str]) -> Result<Command> {
     if crate::util::process::find_in_path("mpirun").is_none() {
-        bail!("this run has {ranks} ranks, which the local executor starts with `mpirun`, and there is none on PATH: install OpenMPI (apt-get install openmpi-bin) or MPICH");
+        bail!("{ranks} ranks on this machine are started with `mpirun`, and there is none on PATH: install Open MPI (apt-get install openmpi-bin) or MPICH");
     }
     let mut c = Command::new("mpirun");
-    c.args(["-n", &ranks.to_string(), "bash", "-c", line])
+    c.args(["-n", &ranks.to_string()])
+        .args(argv)
         .env("WORLD_SIZE", ranks.to_string())
         .env_remove("RANK")
         .env_remove("LOCAL_RANK")

@@ -63,6 +63,8 @@ pub struct StepOutcome {
     pub grad_norm: f64,
     /// This rank's tokens with a training label.
     pub training_tokens: usize,
+    /// Seconds spent summing gradients and losses across ranks.
+    pub comm_s: f64,
 }
 
 impl Trainer {
@@ -156,10 +158,14 @@ impl Trainer {
         memory: &mut device::PeakMemory,
     ) -> Result<StepOutcome> {
         let local: usize = micro.iter().map(|b| b.training_tokens).sum();
+        let t0 = Instant::now();
         let [global] = dist::sum_scalars(&*self.comm, [local as f64], &self.device)?;
+        let mut comm_s = t0.elapsed().as_secs_f64();
         let (partial, mut grads) = self.forward_backward(micro, global.max(1.0), memory)?;
+        let t1 = Instant::now();
         dist::all_reduce_in_buckets(&*self.comm, &mut grads.tensors_mut(), dist::BUCKET_BYTES)?;
         let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
+        comm_s += t1.elapsed().as_secs_f64();
         let grad_norm = grads.norm()?;
         if !grad_norm.is_finite() || !loss.is_finite() {
             bail!("the loss ({loss}) or gradient norm ({grad_norm}) is not finite; try a lower learning_rate");
@@ -175,6 +181,7 @@ impl Trainer {
             loss,
             grad_norm,
             training_tokens: local,
+            comm_s,
         })
     }
 
@@ -247,7 +254,7 @@ impl Trainer {
 /// Every rank starts from rank 0's parameters (the same seed gives the same
 /// ones, but a broadcast makes it so whatever the device's kernels do).
 fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
-    if comm.ranks().world_size == 1 {
+    if comm.is_single() {
         return Ok(());
     }
     for (_, var) in params.iter() {

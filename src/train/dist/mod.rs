@@ -99,6 +99,10 @@ pub trait Collective {
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
     /// Stops every rank of the job after an error on this one.
     fn abort(&self, code: i32);
+    /// No engine: every collective is the identity, so callers skip them.
+    fn is_single(&self) -> bool {
+        false
+    }
 }
 
 /// World size 1: every collective is the identity.
@@ -118,11 +122,18 @@ impl Collective for Single {
         Ok(t.clone())
     }
     fn abort(&self, _code: i32) {}
+    fn is_single(&self) -> bool {
+        true
+    }
 }
+
+/// Set (to anything) to go through the engine even at world size 1, to
+/// measure what it costs (`sweep bench ddp --engine-at-one`).
+pub const ENGINE_AT_ONE: &str = "SWEEP_ENGINE_AT_ONE";
 
 /// Connects to the job's other ranks with the engine for `device`.
 pub fn connect(ranks: Ranks, device: &Device) -> Result<Box<dyn Collective>> {
-    if ranks.world_size == 1 {
+    if ranks.world_size == 1 && std::env::var_os(ENGINE_AT_ONE).is_none() {
         return Ok(Box::new(Single));
     }
     if device.is_cpu() {
@@ -149,7 +160,7 @@ pub fn all_reduce_in_buckets(
     tensors: &mut [&mut Tensor],
     bucket_bytes: usize,
 ) -> Result<()> {
-    if comm.ranks().world_size == 1 {
+    if comm.is_single() {
         return Ok(());
     }
     let mut start = 0;
@@ -195,7 +206,7 @@ pub fn sum_scalars<const N: usize>(
     xs: [f64; N],
     device: &Device,
 ) -> Result<[f64; N]> {
-    if comm.ranks().world_size == 1 {
+    if comm.is_single() {
         return Ok(xs);
     }
     let s = comm.all_reduce_sum(&Tensor::new(&xs, device)?)?;

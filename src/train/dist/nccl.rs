@@ -1,7 +1,8 @@
 //! NCCL between GPUs (cudarc's bindings, one rank per GPU). The ranks agree
-//! on the communicator's id through `NCCL_COMM_ID=<host>:<port>`, which the
-//! job script sets from the first node of the allocation: with it, every
-//! rank's `ncclGetUniqueId` returns the same id, so no side channel is needed.
+//! on the communicator's id through `NCCL_COMM_ID=<host>:<port>`, taken from
+//! the job script's `MASTER_ADDR` and `MASTER_PORT` (the first node of the
+//! allocation) unless set: with it, every rank's `ncclGetUniqueId` returns
+//! the same id, so no side channel is needed.
 //!
 //! The collectives run as candle custom ops, so gradients stay on the GPU
 //! and on candle's stream.
@@ -20,7 +21,11 @@ pub struct Nccl {
 impl Nccl {
     pub fn init(ranks: Ranks, device: &Device) -> Result<Nccl> {
         if std::env::var_os("NCCL_COMM_ID").is_none() {
-            bail!("{} GPU ranks need NCCL_COMM_ID=<host>:<port> in every rank's environment (sweep's multi-node job script sets it from MASTER_ADDR and MASTER_PORT)", ranks.world_size);
+            match (std::env::var("MASTER_ADDR"), std::env::var("MASTER_PORT")) {
+                // Before NCCL reads it; no other thread reads the environment yet.
+                (Ok(addr), Ok(port)) => std::env::set_var("NCCL_COMM_ID", format!("{addr}:{port}")),
+                _ => bail!("{} GPU ranks need NCCL_COMM_ID=<host>:<port>, or MASTER_ADDR and MASTER_PORT, in every rank's environment (sweep's job scripts set the latter)", ranks.world_size),
+            }
         }
         let stream = device.as_cuda_device()?.cuda_stream();
         let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId: {e:?}"))?;
