@@ -153,7 +153,7 @@ fn every_script_rendered_from_experiments_passes_sbatch_test_only() {
         );
     }
     collect_scripts(&root.path().join("results"), &mut scripts);
-    assert!(scripts.len() >= 8 + 2 + 8 + 6, "{} scripts", scripts.len());
+    assert!(scripts.len() >= 8 + 2 + 8 + 6 + 8, "{} scripts", scripts.len());
     let cores = std::thread::available_parallelism().unwrap().get();
     for s in scripts {
         let text = std::fs::read_to_string(&s).unwrap();
@@ -167,6 +167,9 @@ fn every_script_rendered_from_experiments_passes_sbatch_test_only() {
         }
         if sbatch_value(&text, "--nodes").is_some_and(|n| n > 1) {
             cmd.arg("--nodes=1");
+        }
+        if sbatch_value(&text, "--ntasks-per-node").is_some_and(|n| n > cores) {
+            cmd.arg(format!("--ntasks-per-node={cores}"));
         }
         let out = cmd.arg(&s).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -140,6 +140,18 @@ pub fn release_requeued(job: &str) -> String {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         (text.contains("JobState=PENDING") && text.contains("Restarts=1")).then_some(text)
     });
+    // The previous attempt's step daemons may still be finishing; a new step
+    // with the same id cannot start until they have (with PMIx, its socket
+    // `stepd.slurm.pmix.<job>.0` is still bound). SLURM's own hold covers
+    // this; releasing early must wait for them.
+    let prefix = format!("slurmstepd: [{job}.");
+    wait_for(60, "the previous attempt's steps to exit", || {
+        let alive = std::fs::read_dir("/proc").ok()?.flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).starts_with(&prefix))
+        });
+        (!alive).then_some(())
+    });
     // The kill revoked the job's credential on slurmd, and revocation has
     // one-second resolution: a relaunch within the same second is refused
     // ("Job N already killed, do not launch batch job") and the job FAILS.
