@@ -42,7 +42,10 @@ for step in "${STEPS[@]}"; do
             target/gpu/it --ignored gpu:: --test-threads 1 2>&1 | tee "$OUT/tests.txt"
             ;;
         bench)
-            python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json" 2>&1 | tee "$OUT/bench.txt"
+            "$SWEEP" bench train --device cuda --layers 8 --steps 5 2>&1 | tee "$OUT/bench.txt"
+            # The NCCL path at world size 1 (one GPU allows one rank) against no engine.
+            "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10 2>&1 | tee -a "$OUT/bench.txt"
+            python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json" 2>&1 | tee -a "$OUT/bench.txt"
             python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json" 2>&1 | tee -a "$OUT/bench.txt"
             ;;
         quickstart)

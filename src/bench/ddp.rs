@@ -5,7 +5,7 @@
 //! across ranks. The ranks are the trainer's own (`Trainer::step`, MPI),
 //! started by `mpirun` like the local executor starts them.
 
-use crate::config::{DeviceKind, ModelOverrides, Precision, TrainConfig};
+use crate::config::{AttentionKind, DeviceKind, Features, ModelOverrides, Precision, TrainConfig};
 use crate::data::SampleStream;
 use crate::train::{device::PeakMemory, optim, Trainer};
 use anyhow::{bail, Context, Result};
@@ -53,8 +53,15 @@ impl DdpRow {
     }
 }
 
+/// The run every rank trains: f32 on the CPU; on a GPU, bf16 with flash
+/// attention when built in, as the reference study trains.
 fn config(w: &Work) -> TrainConfig {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (precision, attention) = match w.device {
+        DeviceKind::Cpu => (Precision::F32, AttentionKind::Eager),
+        DeviceKind::Cuda if Features::BUILT.flash_attn => (Precision::Bf16, AttentionKind::Flash),
+        DeviceKind::Cuda => (Precision::Bf16, AttentionKind::Eager),
+    };
     TrainConfig {
         dataset: root.join("assets/data/quickstart.parquet"),
         tokenizer: root.join(crate::config::DEFAULT_TOKENIZER),
@@ -62,7 +69,8 @@ fn config(w: &Work) -> TrainConfig {
         architecture: ModelOverrides::default(),
         sequence_length: w.seq,
         batch_size: w.batch,
-        precision: Precision::F32,
+        precision,
+        attention,
         device: w.device,
         learning_rate: 1e-4,
         warmup_steps: 1,

@@ -344,9 +344,9 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
             t.threads,
             peak / 1e9
         );
-        if ranks.world_size > 1 {
+        if !t.comm.is_single() {
             eprintln!(
-                "sweep train: {} ranks, gradients summed by {}; global batch {}",
+                "sweep train: {} rank(s), gradients summed by {}; global batch {}",
                 ranks.world_size,
                 t.comm.describe(),
                 ranks.world_size * cfg.batch_size * cfg.gradient_accumulation

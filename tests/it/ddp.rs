@@ -112,7 +112,7 @@ fn assert_same_curve(study: &Path, steps: u64) {
 fn assert_replicas_checked(log: &str) {
     assert!(
         log.contains("parameters identical on all 2 ranks")
-            && log.contains("2 ranks, gradients summed by"),
+            && log.contains("2 rank(s), gradients summed by"),
         "{log}"
     );
 }

@@ -20,19 +20,31 @@ fn project_with_assets() -> tempfile::TempDir {
 }
 
 /// How many jobs of this study SLURM knows (other tests submit at the same time).
-fn jobs_of_study(study: &str) -> usize {
+/// The jobs (array tasks counted one by one) the scheduler knows, as (id, name).
+fn known_jobs() -> Vec<(String, String)> {
     stdout(&run_ok(
-        Command::new("squeue").args(["--me", "-h", "-t", "all", "-r", "-o", "%j"]),
+        Command::new("squeue").args(["--me", "-h", "-t", "all", "-r", "-o", "%i %j"]),
     ))
     .lines()
-    .filter(|name| name.starts_with(study))
-    .count()
+    .filter_map(|l| l.split_once(' '))
+    .map(|(id, name)| (id.to_string(), name.to_string()))
+    .collect()
+}
+
+/// The jobs of `study` that were not known `before` (an earlier test run on
+/// the same cluster leaves finished jobs of the same name for MinJobAge).
+fn jobs_of_study(study: &str, before: &[(String, String)]) -> usize {
+    known_jobs()
+        .iter()
+        .filter(|job| job.1.starts_with(study) && !before.contains(job))
+        .count()
 }
 
 #[test]
 #[ignore = "needs the local SLURM cluster"]
 fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
     require_cluster();
+    let before = known_jobs();
     let root = project_with_assets();
     // The quickstart as shipped, with fewer steps.
     let text = std::fs::read_to_string(repo().join("experiments/quickstart.toml")).unwrap();
@@ -89,7 +101,7 @@ fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
     }
 
     // Again: nothing is submitted, the report is written again.
-    let jobs = jobs_of_study("quickstart-short");
+    let jobs = jobs_of_study("quickstart-short", &before);
     assert_eq!(jobs, 10, "two pretokenize stages and eight runs");
     let summary = study.join("summary.md");
     std::fs::remove_file(&summary).unwrap();
@@ -106,7 +118,7 @@ fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
         "{text}"
     );
     assert_eq!(
-        jobs_of_study("quickstart-short"),
+        jobs_of_study("quickstart-short", &before),
         jobs,
         "a finished sweep submits nothing"
     );

@@ -1,6 +1,6 @@
 //! The trainer on a GPU: CUDA follows the CPU in f32, bf16 and bf16-mixed stay
-//! close to f32, flash attention trains like eager attention, and a killed
-//! run resumes on the curve. They need an NVIDIA GPU and this test binary
+//! close to f32, flash attention trains like eager attention, a killed run
+//! resumes on the curve, and one rank through NCCL trains like no engine. They need an NVIDIA GPU and this test binary
 //! built with the GPU features (`scripts/build-gpu.sh --tests`; README,
 //! Building for GPUs), so everywhere else they are ignored with that reason,
 //! and `scripts/test.sh` skips them.
@@ -136,4 +136,40 @@ fn a_killed_cuda_run_resumes_and_reproduces_the_curve() {
     assert_eq!(a.len(), 40, "every step once");
     let diff = max_rel_diff(&a, &b);
     assert!(diff <= 1e-6, "the resumed curve is {diff:e} off");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and a GPU build (scripts/build-gpu.sh --tests)"]
+fn one_rank_through_nccl_trains_exactly_like_no_engine() {
+    let root = project();
+    let m = manifest(
+        root.path(),
+        "nccl1",
+        "training_steps = 10\nsequence_length = 64\ndevice = \"cuda\"\nprecision = \"bf16\"",
+        "",
+    );
+    run_ok(sweep(root.path()).arg("render").arg(&m));
+    let run = root.path().join("results/nccl1/run");
+    let mut curves = Vec::new();
+    for engine in [false, true] {
+        let _ = std::fs::remove_file(run.join("metrics.jsonl"));
+        let _ = std::fs::remove_dir_all(run.join("checkpoints"));
+        let mut c = sweep(root.path());
+        c.args(["train", "--config"]).arg(run.join("config.toml"));
+        if engine {
+            c.env("SWEEP_ENGINE_AT_ONE", "1")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", "29531");
+        }
+        let out = run_ok(&mut c);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(engine, log.contains("gradients summed by NCCL"), "{log}");
+        curves.push(losses(&run));
+    }
+    assert_eq!(curves[0].len(), 10);
+    // Summing over one rank changes no bit.
+    assert_eq!(
+        curves[0], curves[1],
+        "NCCL at world size 1 changed the training"
+    );
 }

@@ -153,7 +153,11 @@ fn every_script_rendered_from_experiments_passes_sbatch_test_only() {
         );
     }
     collect_scripts(&root.path().join("results"), &mut scripts);
-    assert!(scripts.len() >= 8 + 2 + 8 + 6 + 8, "{} scripts", scripts.len());
+    assert!(
+        scripts.len() >= 8 + 2 + 8 + 6 + 8,
+        "{} scripts",
+        scripts.len()
+    );
     let cores = std::thread::available_parallelism().unwrap().get();
     for s in scripts {
         let text = std::fs::read_to_string(&s).unwrap();
