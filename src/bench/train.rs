@@ -11,8 +11,8 @@ use crate::config::{
 use crate::data::samples::IGNORE;
 use crate::train::device::PeakMemory;
 use crate::train::model::Llama;
+use crate::train::model::ModelSpec;
 use crate::train::optim::{AdamW, Grads};
-use crate::train::params::Params;
 use crate::train::peak::Kernel;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
@@ -182,9 +182,17 @@ pub fn run(
     for case in cases {
         let (device, dtype, bf16_matmuls, peak, device_name) = setup(&case, threads, gpu)?;
         let cfg = ModelConfig::resolve(&case.preset, &case.overrides)?;
-        let params = Params::init(&cfg, 1, &device, dtype)?;
-        let model = Llama::new(&params, &cfg, case.attention, case.seq, &device, dtype)?
-            .with_bf16_matmuls(bf16_matmuls);
+        let spec = ModelSpec {
+            cfg,
+            attention: case.attention,
+            max_seq: case.seq,
+            device: device.clone(),
+            dtype,
+            bf16_matmuls,
+        };
+        let params = spec.init_params(1)?;
+        let model = Llama::new(&params, &spec)?;
+        let cfg = &spec.cfg;
         let mut opt = AdamW::new(&params, &TrainConfig::default())?;
         let n = case.batch * case.seq;
         let ids: Vec<u32> = (0..n)

@@ -31,7 +31,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use dist::{Collective, Ranks};
 use metrics::{MetricsLog, StepMetrics};
-use model::Llama;
+use model::{Llama, ModelSpec};
 use optim::{AdamW, Grads};
 use params::Params;
 use std::path::Path;
@@ -43,7 +43,7 @@ use std::time::Instant;
 /// Everything a run needs, built from its configuration.
 pub struct Trainer {
     pub cfg: TrainConfig,
-    pub model_cfg: crate::config::ModelConfig,
+    pub model_spec: ModelSpec,
     pub device: Device,
     pub params: Params,
     pub model: Llama,
@@ -103,17 +103,17 @@ impl Trainer {
             );
         }
         let comm = dist::connect(ranks, &device)?;
-        let params = Params::init(&model_cfg, cfg.seed, &device, dtype)?;
-        broadcast_params(&*comm, &params)?;
-        let model = Llama::new(
-            &params,
-            &model_cfg,
-            cfg.attention,
-            cfg.sequence_length,
-            &device,
+        let model_spec = ModelSpec {
+            cfg: model_cfg,
+            attention: cfg.attention,
+            max_seq: cfg.sequence_length,
+            device: device.clone(),
             dtype,
-        )?
-        .with_bf16_matmuls(bf16_matmuls);
+            bf16_matmuls,
+        };
+        let params = model_spec.init_params(cfg.seed)?;
+        broadcast_params(&*comm, &params)?;
+        let model = Llama::new(&params, &model_spec)?;
         let opt = AdamW::new(&params, &cfg)?;
         let source = match (cfg.pretokenized, &cfg.pretokenized_path) {
             (true, Some(path)) => SourceSpec::Pretokenized { path: path.clone() },
@@ -131,7 +131,7 @@ impl Trainer {
         };
         Ok(Trainer {
             cfg,
-            model_cfg,
+            model_spec,
             device,
             params,
             model,
@@ -333,7 +333,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
     let ranks = t.ranks();
     let main = ranks.is_main();
     let (peak, peak_source) = metrics::peak_flops(&cfg, t.device.is_cpu(), t.threads)?;
-    let flops_per_token = t.model_cfg.flops_per_token(cfg.sequence_length);
+    let flops_per_token = t.model_spec.cfg.flops_per_token(cfg.sequence_length);
     if main {
         eprintln!(
             "sweep train: {} ({} parameters, {:.1} MFLOP/token) on {} with {} threads; peak {:.1} GFLOP/s ({peak_source})",
@@ -545,16 +545,16 @@ mod tests {
 
     fn setup(dtype: DType) -> (Params, Llama, Tensor, Vec<i64>) {
         let cfg = tiny(40);
-        let params = Params::init(&cfg, 7, &Device::Cpu, dtype).unwrap();
-        let model = Llama::new(
-            &params,
-            &cfg,
-            crate::config::AttentionKind::Eager,
-            8,
-            &Device::Cpu,
+        let spec = ModelSpec {
+            cfg,
+            attention: crate::config::AttentionKind::Eager,
+            max_seq: 8,
+            device: Device::Cpu,
             dtype,
-        )
-        .unwrap();
+            bf16_matmuls: false,
+        };
+        let params = spec.init_params(7).unwrap();
+        let model = Llama::new(&params, &spec).unwrap();
         let ids: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 40).collect();
         let ids = Tensor::from_vec(ids, (2, 6), &Device::Cpu).unwrap();
         let labels: Vec<i64> = (0..12)

@@ -8,7 +8,7 @@ use super::attention;
 use super::ops::{
     cross_entropy::cross_entropy, matmul::matmul, rms_norm::rms_norm, rope, silu_mul::silu_mul,
 };
-use super::params::Params;
+use super::params::{Declare, Init, Params, Source};
 use crate::config::{AttentionKind, ModelConfig};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -30,19 +30,33 @@ struct Attention {
     bf16: bool,
 }
 
+/// The standard deviation of the projections that write into the residual
+/// stream of layer `layer`: they shrink with depth (torchtitan's depth init).
+fn depth_std(layer: usize) -> f64 {
+    0.02 / (2.0 * (layer + 1) as f64).sqrt()
+}
+
 impl Attention {
-    fn new(p: &Params, prefix: &str, cfg: &ModelConfig, kind: AttentionKind) -> Result<Self> {
-        let w = |n: &str| p.get(&format!("{prefix}.attention.{n}.weight"));
+    fn new(src: &mut dyn Source, layer: usize, spec: &ModelSpec) -> Result<Self> {
+        let cfg = &spec.cfg;
+        let (d, kv) = (cfg.dim, cfg.n_kv_heads * cfg.head_dim());
+        let mut w = |n: &str, shape: [usize; 2], init| {
+            src.param(
+                &format!("layers.{layer}.attention.{n}.weight"),
+                &shape,
+                init,
+            )
+        };
         Ok(Attention {
-            wq: w("wq")?,
-            wk: w("wk")?,
-            wv: w("wv")?,
-            wo: w("wo")?,
+            wq: w("wq", [d, d], Init::Truncated(0.02))?,
+            wk: w("wk", [kv, d], Init::Truncated(0.02))?,
+            wv: w("wv", [kv, d], Init::Truncated(0.02))?,
+            wo: w("wo", [d, d], Init::Truncated(depth_std(layer)))?,
             n_heads: cfg.n_heads,
             n_kv_heads: cfg.n_kv_heads,
             head_dim: cfg.head_dim(),
-            kind,
-            bf16: false,
+            kind: spec.attention,
+            bf16: spec.bf16_matmuls,
         })
     }
 
@@ -101,13 +115,20 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn new(p: &Params, prefix: &str) -> Result<Self> {
-        let w = |n: &str| p.get(&format!("{prefix}.feed_forward.{n}.weight"));
+    fn new(src: &mut dyn Source, layer: usize, spec: &ModelSpec) -> Result<Self> {
+        let (d, ffn) = (spec.cfg.dim, spec.cfg.ffn_hidden());
+        let mut w = |n: &str, shape: [usize; 2], init| {
+            src.param(
+                &format!("layers.{layer}.feed_forward.{n}.weight"),
+                &shape,
+                init,
+            )
+        };
         Ok(Mlp {
-            w1: w("w1")?,
-            w2: w("w2")?,
-            w3: w("w3")?,
-            bf16: false,
+            w1: w("w1", [ffn, d], Init::Truncated(0.02))?,
+            w2: w("w2", [d, ffn], Init::Truncated(depth_std(layer)))?,
+            w3: w("w3", [ffn, d], Init::Truncated(depth_std(layer)))?,
+            bf16: spec.bf16_matmuls,
         })
     }
 
@@ -127,14 +148,18 @@ struct Block {
 }
 
 impl Block {
-    fn new(p: &Params, i: usize, cfg: &ModelConfig, kind: AttentionKind) -> Result<Self> {
-        let prefix = format!("layers.{i}");
+    fn new(src: &mut dyn Source, i: usize, spec: &ModelSpec) -> Result<Self> {
+        let d = spec.cfg.dim;
         Ok(Block {
-            attention_norm: p.get(&format!("{prefix}.attention_norm.weight"))?,
-            attention: Attention::new(p, &prefix, cfg, kind)?,
-            ffn_norm: p.get(&format!("{prefix}.ffn_norm.weight"))?,
-            mlp: Mlp::new(p, &prefix)?,
-            eps: cfg.norm_eps,
+            attention_norm: src.param(
+                &format!("layers.{i}.attention_norm.weight"),
+                &[d],
+                Init::Ones,
+            )?,
+            attention: Attention::new(src, i, spec)?,
+            ffn_norm: src.param(&format!("layers.{i}.ffn_norm.weight"), &[d], Init::Ones)?,
+            mlp: Mlp::new(src, i, spec)?,
+            eps: spec.cfg.norm_eps,
         })
     }
 
@@ -152,6 +177,30 @@ impl Block {
     }
 }
 
+/// Everything a model is built from besides its parameters' values.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    pub cfg: ModelConfig,
+    pub attention: AttentionKind,
+    /// The longest sequence (the rotary tables' length).
+    pub max_seq: usize,
+    pub device: Device,
+    /// The parameters' dtype.
+    pub dtype: DType,
+    /// Matrix products with bf16 operands and f32 accumulation (autocast).
+    pub bf16_matmuls: bool,
+}
+
+impl ModelSpec {
+    /// The model's parameters, initialised from `seed` (the same values for
+    /// the same seed and shapes, whatever the device).
+    pub fn init_params(&self, seed: u64) -> Result<Params> {
+        let mut declared = Declare::new(&self.device)?;
+        Llama::build(&mut declared, self)?;
+        Params::init(declared, seed, &self.device, self.dtype)
+    }
+}
+
 pub struct Llama {
     embeddings: Tensor,
     blocks: Vec<Block>,
@@ -163,34 +212,34 @@ pub struct Llama {
 }
 
 impl Llama {
-    /// Matrix products with bf16 operands and f32 accumulation (CPU autocast).
-    pub fn with_bf16_matmuls(mut self, on: bool) -> Self {
-        self.bf16 = on;
-        for b in &mut self.blocks {
-            b.attention.bf16 = on;
-            b.mlp.bf16 = on;
-        }
-        self
+    /// The model over `params` (made by [`ModelSpec::init_params`] or loaded).
+    pub fn new(params: &Params, spec: &ModelSpec) -> Result<Self> {
+        Self::build(&mut &*params, spec)
     }
 
-    pub fn new(
-        p: &Params,
-        cfg: &ModelConfig,
-        kind: AttentionKind,
-        max_len: usize,
-        device: &Device,
-        dtype: DType,
-    ) -> Result<Self> {
+    fn build(src: &mut dyn Source, spec: &ModelSpec) -> Result<Self> {
+        let cfg = &spec.cfg;
+        let (v, d) = (cfg.vocab_size, cfg.dim);
         Ok(Llama {
-            embeddings: p.get("tok_embeddings.weight")?,
+            embeddings: src.param("tok_embeddings.weight", &[v, d], Init::Normal(1.0))?,
             blocks: (0..cfg.n_layers)
-                .map(|i| Block::new(p, i, cfg, kind))
+                .map(|i| Block::new(src, i, spec))
                 .collect::<Result<_>>()?,
-            norm: p.get("norm.weight")?,
-            output: p.get("output.weight")?,
-            rope: rope::RopeTables::new(cfg.rope_theta, cfg.head_dim(), max_len, device, dtype)?,
+            norm: src.param("norm.weight", &[d], Init::Ones)?,
+            output: src.param(
+                "output.weight",
+                &[v, d],
+                Init::Truncated((d as f64).powf(-0.5)),
+            )?,
+            rope: rope::RopeTables::new(
+                cfg.rope_theta,
+                cfg.head_dim(),
+                spec.max_seq,
+                &spec.device,
+                spec.dtype,
+            )?,
             eps: cfg.norm_eps,
-            bf16: false,
+            bf16: spec.bf16_matmuls,
         })
     }
 

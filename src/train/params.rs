@@ -2,7 +2,6 @@
 //! seeded generator (candle's CPU generator cannot be seeded), with
 //! torchtitan's LLaMA initialisation.
 
-use crate::config::ModelConfig;
 use anyhow::{anyhow, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use rand::SeedableRng;
@@ -14,63 +13,67 @@ pub struct Params {
     vars: BTreeMap<String, Var>,
 }
 
-enum Init {
+/// How a parameter starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
     Ones,
     Normal(f64),
     /// Normal, redrawn beyond two standard deviations.
     Truncated(f64),
 }
 
-impl Params {
-    pub fn init(cfg: &ModelConfig, seed: u64, device: &Device, dtype: DType) -> Result<Params> {
-        let (d, v, hd) = (cfg.dim, cfg.vocab_size, cfg.head_dim());
-        let kv = cfg.n_kv_heads * hd;
-        let ffn = cfg.ffn_hidden();
-        let mut shapes: Vec<(String, Vec<usize>, Init)> = vec![
-            (
-                "tok_embeddings.weight".into(),
-                vec![v, d],
-                Init::Normal(1.0),
-            ),
-            ("norm.weight".into(), vec![d], Init::Ones),
-            (
-                "output.weight".into(),
-                vec![v, d],
-                Init::Truncated((d as f64).powf(-0.5)),
-            ),
-        ];
-        for i in 0..cfg.n_layers {
-            // Output projections shrink with depth (torchtitan's depth init).
-            let deep = 0.02 / (2.0 * (i + 1) as f64).sqrt();
-            let p = |s: &str| format!("layers.{i}.{s}");
-            shapes.extend([
-                (p("attention.wq.weight"), vec![d, d], Init::Truncated(0.02)),
-                (p("attention.wk.weight"), vec![kv, d], Init::Truncated(0.02)),
-                (p("attention.wv.weight"), vec![kv, d], Init::Truncated(0.02)),
-                (p("attention.wo.weight"), vec![d, d], Init::Truncated(deep)),
-                (
-                    p("feed_forward.w1.weight"),
-                    vec![ffn, d],
-                    Init::Truncated(0.02),
-                ),
-                (
-                    p("feed_forward.w2.weight"),
-                    vec![d, ffn],
-                    Init::Truncated(deep),
-                ),
-                (
-                    p("feed_forward.w3.weight"),
-                    vec![ffn, d],
-                    Init::Truncated(deep),
-                ),
-                (p("attention_norm.weight"), vec![d], Init::Ones),
-                (p("ffn_norm.weight"), vec![d], Init::Ones),
-            ]);
+/// Where a model's blocks get their parameters: each block names every
+/// parameter it uses once, with its shape and initialisation (candle's
+/// `VarBuilder` pattern). [`Declare`] collects those declarations to create
+/// the parameters; [`Params`] hands out the created ones.
+pub trait Source {
+    fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor>;
+}
+
+/// The declarations of a model, without creating anything.
+pub struct Declare {
+    specs: Vec<(String, Vec<usize>, Init)>,
+    placeholder: Tensor,
+}
+
+impl Declare {
+    pub fn new(device: &Device) -> Result<Declare> {
+        Ok(Declare {
+            specs: Vec::new(),
+            placeholder: Tensor::zeros((), DType::F32, device)?,
+        })
+    }
+}
+
+impl Source for Declare {
+    fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor> {
+        self.specs.push((name.to_string(), shape.to_vec(), init));
+        Ok(self.placeholder.clone())
+    }
+}
+
+impl Source for &Params {
+    fn param(&mut self, name: &str, shape: &[usize], _init: Init) -> Result<Tensor> {
+        let t = self.get(name)?;
+        if t.dims() != shape {
+            anyhow::bail!("`{name}` is {:?}, the model wants {shape:?}", t.dims());
         }
-        shapes.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(t)
+    }
+}
+
+impl Params {
+    /// Creates the parameters `declared` names, in name order from one
+    /// generator seeded with `seed`.
+    pub fn init(declared: Declare, seed: u64, device: &Device, dtype: DType) -> Result<Params> {
+        let mut specs = declared.specs;
+        specs.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(w) = specs.windows(2).find(|w| w[0].0 == w[1].0) {
+            anyhow::bail!("parameter `{}` is declared twice", w[0].0);
+        }
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut vars = BTreeMap::new();
-        for (name, shape, init) in shapes {
+        for (name, shape, init) in specs {
             let n: usize = shape.iter().product();
             let data: Vec<f32> = match init {
                 Init::Ones => vec![1.0; n],
