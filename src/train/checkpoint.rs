@@ -182,3 +182,53 @@ pub fn restore(
     let optim = candle_core::safetensors::load(dir.join("optimizer.safetensors"), device)?;
     opt.load_state(state.optimizer_steps, &optim)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(world_size: usize) -> State {
+        let at = |next_doc| LoaderState {
+            next_doc,
+            ..Default::default()
+        };
+        State {
+            step: 10,
+            optimizer_steps: 10,
+            loader: at(3),
+            world_size,
+            other_ranks: (1..world_size).map(|r| at(100 * r + 3)).collect(),
+            monitor: Default::default(),
+            elapsed_s: 1.0,
+            sweep_version: "0".into(),
+        }
+    }
+
+    #[test]
+    fn each_rank_resumes_its_own_position_and_another_world_size_is_refused() {
+        let s = state(3);
+        let dir = Path::new("/run/checkpoints/step-00000010");
+        for rank in 0..3 {
+            let r = Ranks {
+                rank,
+                world_size: 3,
+                local_rank: rank,
+            };
+            assert_eq!(s.loader_of(r, dir).unwrap().next_doc, 100 * rank + 3);
+        }
+        let err = s.loader_of(Ranks::SINGLE, dir).unwrap_err().to_string();
+        assert!(
+            err.contains("written by 3 rank(s) and this job has 1")
+                && err.contains("same world size"),
+            "{err}"
+        );
+        // Checkpoints from before data parallelism are one rank's.
+        let old: State = serde_json::from_value(serde_json::json!({
+            "step": 5, "optimizer_steps": 5,
+            "loader": {"epoch": 0, "next_doc": 7, "buffer": [], "samples": 5},
+            "monitor": MonitorState::default(), "elapsed_s": 2.0, "sweep_version": "0.1.0"
+        }))
+        .unwrap();
+        assert_eq!(old.loader_of(Ranks::SINGLE, dir).unwrap().next_doc, 7);
+    }
+}

@@ -160,33 +160,27 @@ fn two_ranks_at_batch_one_train_like_one_rank_at_batch_two_on_slurm() {
 
 #[test]
 #[ignore = "needs the local SLURM cluster: scripts/local-slurm.sh up (scripts/test.sh does it)"]
-fn a_two_rank_job_requeues_on_sigusr1_and_logs_every_step_once() {
+fn a_two_rank_job_requeues_on_sigusr1_and_resumes_on_the_curve() {
     super::slurm::require_cluster();
     let root = project();
     let m = study(root.path(), "ddp-requeue", "training_steps = 150");
-    // Only the two-rank run.
-    let text = std::fs::read_to_string(&m).unwrap();
-    write(
-        &m,
-        &text.replace(
-            "[local]",
-            "[[sweep.exclude]]\n\"slurm.ntasks_per_node\" = 1\n[local]",
-        ),
-    );
     submit_slurm(root.path(), &m);
-    let run = root.path().join("results/ddp-requeue/ranks-2");
+    let dir = root.path().join("results/ddp-requeue");
+    let run = dir.join("ranks-2");
     wait_for(180, "training to start", || {
         (losses(&run).len() >= 5).then_some(())
     });
     let job = job_id(&run);
     run_ok(Command::new("scancel").args(["--signal=USR1", &job]));
     release_requeued(&job);
-    let s = wait_for(600, "the requeued job to finish", || {
+    let s = wait_for(600, "both runs to finish", || {
         let s = status(root.path(), &m);
-        (s["ranks-2"].0 == "COMPLETED" || s["ranks-2"].0 == "FAILED").then_some(s)
+        s.values()
+            .all(|(st, _)| st == "COMPLETED" || st == "FAILED")
+            .then_some(s)
     });
     let log = job_logs(&run);
-    assert_eq!(s["ranks-2"].0, "COMPLETED", "{log}");
+    assert!(s.values().all(|(st, _)| st == "COMPLETED"), "{s:?}\n{log}");
     assert!(
         log.contains("received; checkpoint") && log.contains("resumed from"),
         "{log}"
@@ -198,6 +192,8 @@ fn a_two_rank_job_requeues_on_sigusr1_and_logs_every_step_once() {
         "every step once across the requeue"
     );
     assert_replicas_checked(&log);
+    // The interrupted two-rank run stays on the uninterrupted one-rank curve.
+    assert_same_curve(&dir, 150);
 }
 
 /// The pid of the `sweep` process that is rank `rank` of the local MPI job
