@@ -349,6 +349,16 @@ fn data_parallel_runs_need_their_engine_one_gpu_per_task_and_srun_to_stop_them_a
         };
         c.output().unwrap()
     };
+    // Renders for the GPU build and returns the job script of `run`.
+    let script = |run: &str| {
+        run_ok(
+            sweep(root.path())
+                .arg("render")
+                .arg(&m)
+                .env("SWEEP_BIN", GPU_BUILD),
+        );
+        std::fs::read_to_string(root.path().join(format!("results/dp/{run}/job.sbatch"))).unwrap()
+    };
 
     // CPU ranks: MPI, launched with PMIx and stopped together.
     manifest("", "");
@@ -373,16 +383,8 @@ fn data_parallel_runs_need_their_engine_one_gpu_per_task_and_srun_to_stop_them_a
         })
         .collect();
     assert_eq!(shapes, [(2, 8), (4, 16)]);
-    run_ok(
-        sweep(root.path())
-            .arg("render")
-            .arg(&m)
-            .env("SWEEP_BIN", GPU_BUILD),
-    );
     for run in ["nodes-1", "nodes-2"] {
-        let script =
-            std::fs::read_to_string(root.path().join(format!("results/dp/{run}/job.sbatch")))
-                .unwrap();
+        let script = script(run);
         let srun = script.lines().find(|l| l.starts_with("srun ")).unwrap();
         assert!(
             srun.starts_with("srun --kill-on-bad-exit=1 --mpi=pmix bash -c"),
@@ -408,17 +410,10 @@ fn data_parallel_runs_need_their_engine_one_gpu_per_task_and_srun_to_stop_them_a
 
     // A launcher option the manifest gives is kept, not doubled.
     manifest("", "srun_args = [\"--mpi=pmi2\"]");
-    run_ok(
-        sweep(root.path())
-            .arg("render")
-            .arg(&m)
-            .env("SWEEP_BIN", GPU_BUILD),
-    );
-    let script =
-        std::fs::read_to_string(root.path().join("results/dp/nodes-1/job.sbatch")).unwrap();
+    let one = script("nodes-1");
     assert!(
-        script.contains("srun --mpi=pmi2 --kill-on-bad-exit=1 bash"),
-        "{script}"
+        one.contains("srun --mpi=pmi2 --kill-on-bad-exit=1 bash"),
+        "{one}"
     );
 
     // GPU ranks: one per GPU.
@@ -442,16 +437,9 @@ fn data_parallel_runs_need_their_engine_one_gpu_per_task_and_srun_to_stop_them_a
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    run_ok(
-        sweep(root.path())
-            .arg("render")
-            .arg(&m)
-            .env("SWEEP_BIN", GPU_BUILD),
-    );
-    let script =
-        std::fs::read_to_string(root.path().join("results/dp/nodes-2/job.sbatch")).unwrap();
+    let two = script("nodes-2");
     assert!(
-        script.contains("srun --kill-on-bad-exit=1 bash") && !script.contains("--mpi="),
-        "NCCL needs no MPI: {script}"
+        two.contains("srun --kill-on-bad-exit=1 bash") && !two.contains("--mpi="),
+        "NCCL needs no MPI: {two}"
     );
 }
