@@ -50,6 +50,7 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
         .axis_keys()
         .map(str::to_string)
         .chain(m.derived.iter().map(|d| d.key.clone()))
+        .chain((m.repeats > 1).then(|| crate::plan::REPEAT.to_string()))
         .collect();
     // Built-in trainer studies also show how many ranks train together and
     // the global batch they make.
@@ -96,8 +97,12 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
         );
     }
     let tot = plan.totals();
+    let repeats = match m.repeats {
+        1 => String::new(),
+        r => format!(" ({} configurations × {r} repeats)", tot.runs / r as usize),
+    };
     println!(
-        "{} runs, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
+        "{} runs{repeats}, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
         tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
     );
     Ok(ExitCode::SUCCESS)

@@ -73,6 +73,10 @@ pub struct Manifest {
     pub name_template: Option<String>,
     /// The most runs the sweep may expand to.
     pub max_runs: u64,
+    /// Runs per configuration (1: no repeats).
+    pub repeats: u32,
+    /// Repeat k trains with `seed + k`.
+    pub seed_per_repeat: bool,
     pub slurm: SlurmSpec,
     pub local: LocalSpec,
     pub stages: StagesSpec,
@@ -275,7 +279,23 @@ impl Validator<'_, '_> {
 
         let axes = self.axes(&file.sweep.grid, &file.sweep.zip);
         let max_runs = file.sweep.max_runs.unwrap_or(DEFAULT_MAX_RUNS);
-        if !self.check_size(&axes, max_runs) {
+        let repeats = file.sweep.repeats.unwrap_or(1);
+        if repeats == 0 {
+            let d = self
+                .source
+                .at_value("sweep.repeats", "`repeats` must be at least 1");
+            self.err(d);
+            return None;
+        }
+        if file.sweep.seed_per_repeat && matches!(mode, Mode::Command(_)) {
+            let d = self.source.at_value(
+                "sweep.seed_per_repeat",
+                "`seed_per_repeat` sets the built-in trainer's seed; a `command` sweep can pass `{{ repeat }}` to its program instead",
+            );
+            self.err(d);
+            return None;
+        }
+        if !self.check_size(&axes, max_runs, repeats) {
             // Every later check walks the axes: stop before a huge sweep does.
             return None;
         }
@@ -355,6 +375,8 @@ impl Validator<'_, '_> {
             derived,
             name_template: file.sweep.name,
             max_runs,
+            repeats,
+            seed_per_repeat: file.sweep.seed_per_repeat,
             slurm: file.slurm,
             local: file.local,
             stages: file.stages,
@@ -393,10 +415,10 @@ impl Validator<'_, '_> {
 
     /// Counts the runs from the axis lengths (saturating: the count of a huge
     /// grid does not fit any integer) and refuses more than `max_runs`.
-    fn check_size(&mut self, axes: &[Axis], max_runs: u64) -> bool {
-        let count = axes
-            .iter()
-            .fold(1u128, |n, a| n.saturating_mul(a.rows.len() as u128));
+    fn check_size(&mut self, axes: &[Axis], max_runs: u64, repeats: u32) -> bool {
+        let count = axes.iter().fold(u128::from(repeats), |n, a| {
+            n.saturating_mul(a.rows.len() as u128)
+        });
         if count <= u128::from(max_runs) {
             return true;
         }
@@ -405,10 +427,13 @@ impl Validator<'_, '_> {
         } else {
             count.to_string()
         };
-        let sizes: Vec<String> = axes
+        let mut sizes: Vec<String> = axes
             .iter()
             .map(|a| format!("{} ({})", a.keys.join(" + "), a.rows.len()))
             .collect();
+        if repeats > 1 {
+            sizes.push(format!("repeats ({repeats})"));
+        }
         let at = if self.source.has("sweep.max_runs") {
             "sweep.max_runs"
         } else {

@@ -50,6 +50,11 @@ pub(crate) struct SweepFile {
     pub name: Option<String>,
     /// The most runs the sweep may expand to (default [`DEFAULT_MAX_RUNS`]).
     pub max_runs: Option<u64>,
+    /// Every configuration runs this many times, as separate runs (default 1).
+    pub repeats: Option<u32>,
+    /// Repeat k trains with `seed + k` instead of the same seed.
+    #[serde(default)]
+    pub seed_per_repeat: bool,
 }
 
 /// The largest sweep expanded unless the manifest raises `[sweep] max_runs`:

@@ -27,8 +27,13 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
     }
 
     let ctx = Shared::new(&m, &study_dir)?;
+    // Repeats interleaved: every configuration once, then every one again, so
+    // that a slow drift of a shared machine spreads over all of them.
+    let order: Vec<(u32, &Vec<usize>)> = (0..m.repeats)
+        .flat_map(|r| combos.iter().map(move |c| (r, c)))
+        .collect();
     let resolved: Vec<Result<Run, Box<Diagnostic>>> =
-        combos.par_iter().map(|c| ctx.resolve(c)).collect();
+        order.par_iter().map(|(r, c)| ctx.resolve(c, *r)).collect();
 
     let mut errors: Vec<Diagnostic> = Vec::new();
     let mut runs = Vec::with_capacity(resolved.len());
@@ -161,9 +166,10 @@ impl<'a> Shared<'a> {
         })
     }
 
-    fn resolve(&self, combo: &[usize]) -> Result<Run, Box<Diagnostic>> {
+    fn resolve(&self, combo: &[usize], repeat: u32) -> Result<Run, Box<Diagnostic>> {
         let m = self.m;
         let mut a = self.assemble(combo);
+        let repeated = m.repeats > 1;
         let mut slurm = self.slurm(&a)?;
 
         // The context of derived values, names and commands: the configuration,
@@ -178,8 +184,12 @@ impl<'a> Shared<'a> {
         };
         ctx["slurm"] = serde_json::to_value(&slurm).expect("slurm serialises");
         ctx["study"] = json!(m.name);
+        ctx["repeat"] = json!(repeat);
         if self.derive(&mut a, &mut ctx, train.is_some())? {
             train = Some(self.train_config(&a.table, &a.params)?);
+        }
+        if let Some(cfg) = train.as_mut().filter(|_| m.seed_per_repeat) {
+            cfg.seed += u64::from(repeat);
         }
         if let Some(cfg) = &train {
             self.ranks(&a, &mut slurm, cfg)?;
@@ -202,9 +212,24 @@ impl<'a> Shared<'a> {
                 json!({ "command": cmd, "params": table_json(&a.table, &a.params), "world": world })
             }
         };
+        // A repeat is a run of its own; without repeats ids stay as they were.
+        let identity = match repeated {
+            true => json!({ "run": identity, "repeat": repeat }),
+            false => identity,
+        };
         let id = short_id(&identity);
         ctx["id"] = json!(id);
-        let name = self.name(&ctx, &a.params)?;
+        let mut name = self.name(&ctx, &a.params)?;
+        if repeated {
+            let in_template = m
+                .name_template
+                .as_deref()
+                .is_some_and(|t| t.contains("repeat"));
+            if !in_template {
+                name = format!("{name}-r{repeat}");
+            }
+            a.params.insert(REPEAT.into(), json!(repeat));
+        }
         let dir = self.study_dir.join(&name);
         let job = match train {
             Some(cfg) => Job::Train(Box::new(cfg)),
@@ -453,6 +478,10 @@ impl<'a> Shared<'a> {
         Ok(name)
     }
 }
+
+/// The parameter that numbers a configuration's repeats (0, 1, …), in runs'
+/// parameters and in the templates' context.
+pub const REPEAT: &str = "repeat";
 
 /// What the binary named in job scripts was built with: this binary's
 /// features, or (with `SWEEP_BIN`, a build elsewhere, e.g. the cluster's GPU

@@ -9,7 +9,7 @@ pub mod render;
 pub mod templates;
 
 use crate::template::shell_quote;
-pub use expand::sweep_bin;
+pub use expand::{sweep_bin, REPEAT};
 
 pub use crate::config::PretokenizedFormat;
 use crate::config::TrainConfig;
@@ -42,7 +42,6 @@ pub struct Run {
 }
 
 impl Run {
-    /// The program line the job launches (shell syntax, every part quoted).
     /// Processes training together: `nodes × ntasks_per_node`.
     pub fn world_size(&self) -> u32 {
         self.slurm.nodes * self.slurm.ntasks_per_node
@@ -58,6 +57,7 @@ impl Run {
         }
     }
 
+    /// The program line the job launches (shell syntax, every part quoted).
     pub fn command(&self, sweep_bin: &str) -> String {
         match &self.job {
             Job::Train(_) => format!(

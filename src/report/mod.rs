@@ -7,6 +7,7 @@ pub mod columns;
 pub mod export;
 pub mod ingest;
 pub mod plot;
+pub mod stats;
 pub mod summary;
 
 use crate::executor::{self, Status};

@@ -1,0 +1,192 @@
+//! How sure a throughput figure is: 95% confidence intervals of means
+//! (Student's t), of ratios of means (the delta method on the log scale with
+//! Welch's degrees of freedom — the interval of a speedup), a verdict from
+//! the ratio's interval, and the warm-up at the start of a run.
+//!
+//! The samples are the repeats of a configuration (their steady-state
+//! means), or with a single run its steady-state log points, which are
+//! correlated in time: intervals over one run's points are narrower than the
+//! run-to-run spread they stand in for, which repeats measure.
+
+use statrs::distribution::{ContinuousCDF, StudentsT};
+
+/// A mean and its 95% interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeanCi {
+    pub mean: f64,
+    pub low: f64,
+    pub high: f64,
+    pub n: usize,
+}
+
+/// The 0.975 quantile of Student's t with `df` degrees of freedom.
+fn t975(df: f64) -> f64 {
+    StudentsT::new(0.0, 1.0, df)
+        .map(|t| t.inverse_cdf(0.975))
+        .unwrap_or(f64::NAN)
+}
+
+fn mean_var(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var)
+}
+
+/// The mean of `xs` with its 95% interval; none below two samples.
+pub fn mean_ci95(xs: &[f64]) -> Option<MeanCi> {
+    if xs.len() < 2 || xs.iter().any(|x| !x.is_finite()) {
+        return None;
+    }
+    let (mean, var) = mean_var(xs);
+    let half = t975(xs.len() as f64 - 1.0) * (var / xs.len() as f64).sqrt();
+    Some(MeanCi {
+        mean,
+        low: mean - half,
+        high: mean + half,
+        n: xs.len(),
+    })
+}
+
+/// mean(a) / mean(b) with its 95% interval, and whether the interval
+/// leaves out 1 (a real difference at the 5% level).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RatioCi {
+    pub ratio: f64,
+    pub low: f64,
+    pub high: f64,
+    pub significant: bool,
+}
+
+/// The interval of mean(a) / mean(b) for independent samples: on the log
+/// scale the ratio's variance is the sum of the relative variances of the
+/// two means (delta method), with Welch–Satterthwaite degrees of freedom.
+pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
+    if a.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    let ((ma, va), (mb, vb)) = (mean_var(a), mean_var(b));
+    if ma <= 0.0 || mb <= 0.0 || !(ma.is_finite() && mb.is_finite()) {
+        return None;
+    }
+    let (na, nb) = (a.len() as f64, b.len() as f64);
+    let (ra, rb) = (va / (na * ma * ma), vb / (nb * mb * mb));
+    let se = (ra + rb).sqrt();
+    let ratio = ma / mb;
+    if se == 0.0 {
+        return Some(RatioCi {
+            ratio,
+            low: ratio,
+            high: ratio,
+            significant: ratio != 1.0,
+        });
+    }
+    let df = (ra + rb).powi(2) / (ra * ra / (na - 1.0) + rb * rb / (nb - 1.0));
+    let spread = (t975(df) * se).exp();
+    let (low, high) = (ratio / spread, ratio * spread);
+    Some(RatioCi {
+        ratio,
+        low,
+        high,
+        significant: low > 1.0 || high < 1.0,
+    })
+}
+
+/// How many points at the start of a run are warm-up: the leading points
+/// that are outliers below the rest (slower than the median by more than
+/// three scaled median absolute deviations, or 10% when the run is steadier
+/// than that), up to half of the run.
+pub fn warmup_len(xs: &[f64]) -> usize {
+    if xs.len() < 4 {
+        return 0;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    let m = median(&mut xs.to_vec());
+    let mad = median(&mut xs.iter().map(|x| (x - m).abs()).collect());
+    let threshold = m - (3.0 * 1.4826 * mad).max(0.1 * m.abs());
+    xs.iter()
+        .take(xs.len() / 2)
+        .take_while(|&&x| x < threshold)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Normal};
+
+    fn samples(rng: &mut rand::rngs::StdRng, mean: f64, sd: f64, n: usize) -> Vec<f64> {
+        let d = Normal::new(mean, sd).unwrap();
+        (0..n).map(|_| d.sample(rng)).collect()
+    }
+
+    #[test]
+    fn intervals_cover_the_true_mean_95_percent_of_the_time() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for n in [3, 5, 20] {
+            let covered = (0..1000)
+                .filter(|_| {
+                    let ci = mean_ci95(&samples(&mut rng, 1000.0, 50.0, n)).unwrap();
+                    ci.low <= 1000.0 && 1000.0 <= ci.high
+                })
+                .count();
+            // Binomial(1000, 0.95): 95% of experiments land in 936..964.
+            assert!((930..=970).contains(&covered), "n = {n}: {covered} of 1000");
+        }
+    }
+
+    #[test]
+    fn ratio_intervals_cover_and_judge_differences() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        // Identical configurations: the true ratio is 1, found "not significant" ~95% of the time.
+        let mut covered = 0;
+        for _ in 0..1000 {
+            let r = ratio_ci95(
+                &samples(&mut rng, 1000.0, 50.0, 5),
+                &samples(&mut rng, 1000.0, 50.0, 5),
+            )
+            .unwrap();
+            covered += usize::from(!r.significant);
+        }
+        assert!((930..=975).contains(&covered), "{covered} of 1000");
+        // 20% faster with 2% noise, three repeats each: significant every
+        // time, and the interval holds the true 1.2 about 95% of the time.
+        let mut holds = 0;
+        for _ in 0..1000 {
+            let r = ratio_ci95(
+                &samples(&mut rng, 1200.0, 24.0, 3),
+                &samples(&mut rng, 1000.0, 20.0, 3),
+            )
+            .unwrap();
+            assert!(r.significant && r.low > 1.0, "{r:?}");
+            holds += usize::from(r.low <= 1.2 && 1.2 <= r.high);
+        }
+        assert!((930..=975).contains(&holds), "{holds} of 1000");
+        // Slower is significant too, below 1.
+        let r = ratio_ci95(&[800.0, 810.0, 790.0], &[1000.0, 1010.0, 990.0]).unwrap();
+        assert!(r.significant && r.high < 1.0);
+        assert!(ratio_ci95(&[1.0], &[1.0, 2.0]).is_none() && mean_ci95(&[1.0]).is_none());
+    }
+
+    #[test]
+    fn warm_up_is_the_slow_start_only() {
+        let steady = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0, 100.2, 99.8];
+        assert_eq!(warmup_len(&steady), 0);
+        let mut slow_start = vec![20.0, 60.0];
+        slow_start.extend(steady);
+        assert_eq!(warmup_len(&slow_start), 2);
+        // A slow point later in the run is noise, not warm-up.
+        let mut late = steady.to_vec();
+        late[5] = 20.0;
+        assert_eq!(warmup_len(&late), 0);
+    }
+}
