@@ -33,7 +33,19 @@ impl Metric {
     pub fn col(self, stat: Stat) -> String {
         format!("{}_{}", self.name(), stat.name())
     }
+
+    /// The bounds of the 95% confidence interval of the mean.
+    pub fn ci_low(self) -> String {
+        format!("{}_ci95_low", self.name())
+    }
+
+    pub fn ci_high(self) -> String {
+        format!("{}_ci95_high", self.name())
+    }
 }
+
+/// The metrics whose means get confidence intervals.
+pub const WITH_INTERVALS: [Metric; 3] = [Metric::TokensPerSecond, Metric::MfuPct, Metric::Tflops];
 
 /// A statistic over a run's steady-state points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +91,14 @@ pub const FINAL_LOSS: &str = "final_loss";
 pub const WALL_TIME_S: &str = "wall_time_s";
 pub const LAST_STEP: &str = "last_step";
 pub const SPEEDUP: &str = "speedup";
+pub const SPEEDUP_CI95_LOW: &str = "speedup_ci95_low";
+pub const SPEEDUP_CI95_HIGH: &str = "speedup_ci95_high";
+/// Whether the speedup's interval leaves out 1 (null for the baseline).
+pub const SIGNIFICANT: &str = "significant";
+/// The runs of a configuration (its repeats).
+pub const REPEATS: &str = "repeats";
+/// Leading log points dropped as warm-up (after the fixed skip).
+pub const WARMUP_POINTS: &str = "warmup_points";
 /// Per-device tokens/s at this world size ÷ at the smallest world size of
 /// the same configuration, in percent (weak scaling).
 pub const SCALING_EFFICIENCY_PCT: &str = "scaling_efficiency_pct";
@@ -93,8 +113,11 @@ pub const SCALE_PARAMS: [&str; 7] = [
     "slurm.gpus_per_node",
     "global_batch_size",
 ];
-// Only while grouping.
+// Only while summarising.
 pub const MEMBERS: &str = "members";
+pub const FIRST_STEADY: &str = "first_steady";
+/// A run's configuration: its name without the repeat suffix.
+pub const CONFIGURATION: &str = "configuration";
 pub const FIRST_RUN: &str = "first_run";
 
 #[cfg(test)]

@@ -94,8 +94,31 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
     Ok(DataFrame::new_infer_height(columns)?)
 }
 
-/// Runs' states and parameters: one row per run, parameter values as text.
-fn runs_frame(runs: &[RunLog]) -> Result<(DataFrame, Vec<String>)> {
+/// Where a run's steady state starts: after the fixed skip and the warm-up
+/// points detected after it (from tokens/s).
+fn warmup(run: &RunLog, skip_first: usize) -> usize {
+    let tps: Vec<f64> = run
+        .points
+        .iter()
+        .skip(skip_first)
+        .filter_map(|p| p.tokens_per_second)
+        .collect();
+    super::stats::warmup_len(&tps)
+}
+
+/// The configuration a run belongs to: its name without the `-r<k>` that
+/// the planner adds to repeats.
+fn configuration(run: &RunLog) -> String {
+    let repeat = run.params.get(crate::plan::REPEAT).and_then(|v| v.as_u64());
+    match repeat.and_then(|k| run.name.strip_suffix(&format!("-r{k}"))) {
+        Some(base) => base.to_string(),
+        None => run.name.clone(),
+    }
+}
+
+/// Runs' states and parameters: one row per run, parameter values as text,
+/// with the run's configuration and where its steady state starts.
+fn runs_frame(runs: &[RunLog], skip_first: usize) -> Result<(DataFrame, Vec<String>)> {
     let mut keys: Vec<String> = Vec::new();
     for r in runs {
         for k in r.params.keys() {
@@ -104,6 +127,7 @@ fn runs_frame(runs: &[RunLog]) -> Result<(DataFrame, Vec<String>)> {
             }
         }
     }
+    let warm: Vec<u32> = runs.iter().map(|r| warmup(r, skip_first) as u32).collect();
     let mut columns = vec![
         Column::new(
             c::RUN.into(),
@@ -114,6 +138,17 @@ fn runs_frame(runs: &[RunLog]) -> Result<(DataFrame, Vec<String>)> {
             c::STATE.into(),
             runs.iter().map(|r| r.status.describe()).collect::<Vec<_>>(),
         ),
+        Column::new(
+            c::CONFIGURATION.into(),
+            runs.iter().map(configuration).collect::<Vec<_>>(),
+        ),
+        Column::new(
+            c::FIRST_STEADY.into(),
+            warm.iter()
+                .map(|w| w + skip_first as u32)
+                .collect::<Vec<_>>(),
+        ),
+        Column::new(c::WARMUP_POINTS.into(), warm),
     ];
     for k in &keys {
         let values: Vec<Option<String>> = runs
@@ -153,7 +188,7 @@ fn stats(f: impl Fn(Metric, Stat) -> Expr) -> Vec<Expr> {
 
 pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
     let points = points_frame(runs)?;
-    let (info, params) = runs_frame(runs)?;
+    let (info, params) = runs_frame(runs, opts.skip_first)?;
     for g in &opts.group_by {
         if !params.contains(g) {
             bail!(
@@ -162,13 +197,44 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
             );
         }
     }
-    let per_run = per_run(&points, info, opts.skip_first)?;
-    let mut table = if opts.group_by.is_empty() {
-        per_run
-    } else {
-        group(&per_run, &opts.group_by)?
+    let per_run = per_run(&points, info)?;
+    // The repeats of a configuration are one row, named after it.
+    let params: Vec<String> = params
+        .into_iter()
+        .filter(|p| p != crate::plan::REPEAT)
+        .collect();
+    let repeated = {
+        let configs = per_run.column(c::CONFIGURATION)?.n_unique()?;
+        configs < per_run.height()
     };
-    add_speedup(&mut table, opts)?;
+    let mut table = if !opts.group_by.is_empty() {
+        group(&per_run, &opts.group_by, &[])?
+    } else if repeated {
+        let mut t = group(&per_run, &[c::CONFIGURATION.to_string()], &params)?;
+        let names = t.column(c::CONFIGURATION)?.clone().with_name(c::RUN.into());
+        t.with_column(names)?;
+        let states: Vec<String> = (0..t.height())
+            .map(|i| {
+                let config = cell(&t, c::CONFIGURATION, i);
+                let mut s: Vec<String> = (0..per_run.height())
+                    .filter(|&j| cell(&per_run, c::CONFIGURATION, j) == config)
+                    .map(|j| cell(&per_run, c::STATE, j))
+                    .collect();
+                let (n, done) = (s.len(), s.iter().filter(|x| *x == "COMPLETED").count());
+                s.sort();
+                s.dedup();
+                match s.as_slice() {
+                    [one] => one.clone(),
+                    _ => format!("{done} of {n} COMPLETED"),
+                }
+            })
+            .collect();
+        t.with_column(Column::new(c::STATE.into(), states))?;
+        t
+    } else {
+        per_run.clone()
+    };
+    add_comparisons(&mut table, &per_run, runs, opts)?;
     let params = if opts.group_by.is_empty() {
         params
     } else {
@@ -176,7 +242,11 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
     };
     let axes = match &opts.axes {
         _ if !opts.group_by.is_empty() => opts.group_by.clone(),
-        Some(a) => a.clone(),
+        Some(a) => a
+            .iter()
+            .filter(|p| *p != crate::plan::REPEAT)
+            .cloned()
+            .collect(),
         None => varying(&table, &params),
     };
     add_scaling(&mut table, &axes)?;
@@ -191,7 +261,7 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
 
 /// One row per run: its statistics over the points after the first
 /// `skip_first`, its final loss and wall time, joined to its state and parameters.
-fn per_run(points: &DataFrame, info: DataFrame, skip_first: usize) -> Result<DataFrame> {
+fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
     let mut aggs = stats(stat);
     aggs.push(col(c::STEP).count().alias(c::POINTS));
     aggs.push(
@@ -208,7 +278,15 @@ fn per_run(points: &DataFrame, info: DataFrame, skip_first: usize) -> Result<Dat
     let measured = points
         .clone()
         .lazy()
-        .filter(col(c::LOG_INDEX).gt_eq(lit(skip_first as u32)))
+        .join(
+            info.clone()
+                .lazy()
+                .select([col(c::RUN), col(c::FIRST_STEADY)]),
+            [col(c::RUN)],
+            [col(c::RUN)],
+            JoinArgs::new(JoinType::Inner),
+        )
+        .filter(col(c::LOG_INDEX).gt_eq(col(c::FIRST_STEADY)))
         .group_by([col(c::RUN)])
         .agg(aggs);
     let overall = points
@@ -246,10 +324,13 @@ fn per_run(points: &DataFrame, info: DataFrame, skip_first: usize) -> Result<Dat
 /// One row per group of runs with equal `keys`: the means of the runs'
 /// statistics, named after the group's values (`dataset_type=padded
 /// pretokenized=true`), with the member runs kept for the baseline lookup.
-fn group(per_run: &DataFrame, keys: &[String]) -> Result<DataFrame> {
+fn group(per_run: &DataFrame, keys: &[String], carry: &[String]) -> Result<DataFrame> {
     let by: Vec<Expr> = keys.iter().map(|g| col(g.as_str())).collect();
     let mut aggs = stats(|m, s| col(m.col(s)).mean());
+    // Parameters shared by every member (a configuration's, for its repeats).
+    aggs.extend(carry.iter().map(|p| col(p.as_str()).first()));
     aggs.extend([
+        col(c::WARMUP_POINTS).sum(),
         col(c::FINAL_LOSS).mean(),
         col(c::WALL_TIME_S).mean(),
         col(c::GLOBAL_TOKENS_PER_SECOND).mean(),
@@ -280,41 +361,130 @@ fn group(per_run: &DataFrame, keys: &[String]) -> Result<DataFrame> {
     Ok(grouped)
 }
 
-/// The `speedup` column: mean tokens/s against the baseline row (the
-/// baseline run, or the group it belongs to).
-fn add_speedup(table: &mut DataFrame, opts: &Options) -> Result<()> {
-    let missing = |b: &str| anyhow::anyhow!("no run named `{b}` to measure speedups against");
-    let baseline_row = match &opts.baseline {
-        None => None,
-        Some(b) if opts.group_by.is_empty() => {
-            Some(row_of(table, c::RUN, b).ok_or_else(|| missing(b))?)
-        }
-        Some(b) => {
-            let members = table.column(c::MEMBERS)?.list()?;
-            let found = (0..table.height()).find(|&i| {
-                members.get_as_series(i).is_some_and(|s| {
-                    s.str()
-                        .is_ok_and(|s| s.iter().any(|v| v == Some(b.as_str())))
-                })
-            });
-            Some(found.ok_or_else(|| missing(b))?)
-        }
+/// The runs behind each row: its members when grouped, else itself.
+fn members(table: &DataFrame) -> Result<Vec<Vec<String>>> {
+    let names = |i: usize| vec![cell(table, c::RUN, i)];
+    let Ok(list) = table.column(c::MEMBERS).and_then(|m| m.list().cloned()) else {
+        return Ok((0..table.height()).map(names).collect());
     };
+    Ok((0..table.height())
+        .map(|i| match list.get_as_series(i) {
+            Some(s) => s
+                .str()
+                .map(|s| s.iter().flatten().map(str::to_string).collect())
+                .unwrap_or_else(|_| names(i)),
+            None => names(i),
+        })
+        .collect())
+}
+
+/// What a row's interval is computed over: its member runs' steady-state
+/// means when it has several (repeats, groups), else its one run's
+/// steady-state log points.
+fn samples(metric: Metric, members: &[String], per_run: &DataFrame, runs: &[RunLog]) -> Vec<f64> {
+    if members.len() >= 2 {
+        return members
+            .iter()
+            .filter_map(|m| row_of(per_run, c::RUN, m))
+            .filter_map(|i| num(per_run, &metric.col(Stat::Mean), i))
+            .collect();
+    }
+    let Some(run) = members
+        .first()
+        .and_then(|m| runs.iter().find(|r| &r.name == m))
+    else {
+        return Vec::new();
+    };
+    let first = row_of(per_run, c::RUN, &run.name)
+        .and_then(|i| num(per_run, c::FIRST_STEADY, i))
+        .unwrap_or(0.0) as usize;
+    run.points
+        .iter()
+        .skip(first)
+        .filter_map(|p| match metric {
+            Metric::TokensPerSecond => p.tokens_per_second,
+            Metric::MfuPct => p.mfu_pct,
+            Metric::Tflops => p.tflops,
+            Metric::TrainingTokensPct => p.training_tokens_pct,
+        })
+        .collect()
+}
+
+/// The row of the baseline: the run or configuration of that name, or the
+/// group holding that run.
+fn baseline_row(table: &DataFrame, members: &[Vec<String>], b: &str) -> Result<usize> {
+    row_of(table, c::RUN, b)
+        .or_else(|| members.iter().position(|m| m.iter().any(|r| r == b)))
+        .ok_or_else(|| {
+            anyhow::anyhow!("no run or configuration named `{b}` to measure speedups against")
+        })
+}
+
+/// How each row compares: the number of runs behind it (`repeats`), 95%
+/// intervals of its mean throughput, MFU and TFLOPs, and against the
+/// baseline the `speedup` (ratio of mean tokens/s) with its interval and
+/// whether it is `significant` (the interval leaves out 1).
+fn add_comparisons(
+    table: &mut DataFrame,
+    per_run: &DataFrame,
+    runs: &[RunLog],
+    opts: &Options,
+) -> Result<()> {
+    let members = members(table)?;
+    let h = table.height();
+    let repeats: Vec<u32> = members.iter().map(|m| m.len() as u32).collect();
+    for metric in c::WITH_INTERVALS {
+        let cis: Vec<Option<super::stats::MeanCi>> = members
+            .iter()
+            .map(|m| super::stats::mean_ci95(&samples(metric, m, per_run, runs)))
+            .collect();
+        table.with_column(Column::new(
+            metric.ci_low().into(),
+            cis.iter().map(|ci| ci.map(|c| c.low)).collect::<Vec<_>>(),
+        ))?;
+        table.with_column(Column::new(
+            metric.ci_high().into(),
+            cis.iter().map(|ci| ci.map(|c| c.high)).collect::<Vec<_>>(),
+        ))?;
+    }
     let tps = table
         .column(&Metric::TokensPerSecond.col(Stat::Mean))?
         .f64()?
         .clone();
-    let speedup: Vec<Option<f64>> = match baseline_row.and_then(|r| tps.get(r)) {
-        Some(base) if base > 0.0 => tps.iter().map(|v| v.map(|v| v / base)).collect(),
-        _ => vec![None; table.height()],
+    let base = match &opts.baseline {
+        Some(b) => Some(baseline_row(table, &members, b)?),
+        None => None,
     };
+    let mut speedup = vec![None; h];
+    let (mut low, mut high, mut significant) = (vec![None; h], vec![None; h], vec![None; h]);
+    if let Some(b) = base.filter(|&b| tps.get(b).is_some_and(|v| v > 0.0)) {
+        let base_tps = tps.get(b).expect("checked");
+        let base_samples = samples(Metric::TokensPerSecond, &members[b], per_run, runs);
+        for i in 0..h {
+            speedup[i] = tps.get(i).map(|v| v / base_tps);
+            if i == b {
+                continue;
+            }
+            let mine = samples(Metric::TokensPerSecond, &members[i], per_run, runs);
+            if let Some(r) = super::stats::ratio_ci95(&mine, &base_samples) {
+                (low[i], high[i], significant[i]) =
+                    (Some(r.low), Some(r.high), Some(r.significant));
+            }
+        }
+    }
     table.with_column(Column::new(c::SPEEDUP.into(), speedup))?;
-    if table
-        .get_column_names()
-        .iter()
-        .any(|name| name.as_str() == c::MEMBERS)
-    {
-        *table = table.drop(c::MEMBERS)?;
+    table.with_column(Column::new(c::SPEEDUP_CI95_LOW.into(), low))?;
+    table.with_column(Column::new(c::SPEEDUP_CI95_HIGH.into(), high))?;
+    table.with_column(Column::new(c::SIGNIFICANT.into(), significant))?;
+    table.with_column(Column::new(c::REPEATS.into(), repeats))?;
+    for helper in [c::MEMBERS, c::FIRST_STEADY, c::CONFIGURATION, c::FIRST_RUN] {
+        if table
+            .get_column_names()
+            .iter()
+            .any(|n| n.as_str() == helper)
+        {
+            *table = table.drop(helper)?;
+        }
     }
     Ok(())
 }

@@ -4,6 +4,7 @@ use super::{Exporter, TableContext};
 use crate::report::columns::{self as c, Metric, Stat};
 use crate::report::summary::{cell, num, Summary};
 use anyhow::Result;
+use polars::prelude::{AnyValue, DataFrame};
 use std::io::Write;
 
 pub struct Markdown;
@@ -13,31 +14,74 @@ fn f(v: Option<f64>, digits: usize) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// The README-ready table (also what `sweep report` prints). Studies whose
+/// `mean ± half-width` of a metric's 95% interval (the mean alone without one).
+fn with_interval(t: &DataFrame, metric: Metric, i: usize, digits: usize) -> String {
+    let mean = num(t, &metric.col(Stat::Mean), i);
+    match (
+        mean,
+        num(t, &metric.ci_low(), i),
+        num(t, &metric.ci_high(), i),
+    ) {
+        (Some(m), Some(lo), Some(hi)) => format!("{m:.digits$} ± {:.digits$}", (hi - lo) / 2.0),
+        _ => f(mean, digits),
+    }
+}
+
+/// `1.07x [1.02, 1.12]`; `≈` marks a speedup whose interval holds 1.
+fn speedup(t: &DataFrame, i: usize) -> String {
+    let Some(v) = num(t, c::SPEEDUP, i) else {
+        return "-".into();
+    };
+    let interval = match (
+        num(t, c::SPEEDUP_CI95_LOW, i),
+        num(t, c::SPEEDUP_CI95_HIGH, i),
+    ) {
+        (Some(lo), Some(hi)) => format!(" [{lo:.2}, {hi:.2}]"),
+        _ => String::new(),
+    };
+    let same = matches!(
+        t.column(c::SIGNIFICANT).and_then(|s| s.get(i)),
+        Ok(AnyValue::Boolean(false))
+    );
+    format!("{}{v:.2}x{interval}", if same { "≈" } else { "" })
+}
+
+/// The README-ready table (also what `sweep report` prints): means with the
+/// half-width of their 95% interval, speedups with theirs. Studies whose
 /// runs differ in world size also get ranks, whole-job tokens/s and scaling
 /// efficiency.
 pub fn table(s: &Summary) -> String {
     let t = &s.table;
     let scaling = (0..t.height()).any(|i| num(t, c::SCALING_EFFICIENCY_PCT, i).is_some());
-    let mut out = String::from("| Configuration | Tokens/sec | MFU % | TFLOPs | Training tokens % | Final loss | Wall time (s) | Speedup |");
-    out.push_str(if scaling {
-        " Ranks | Global tokens/sec | Scaling efficiency % | State |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
-    } else {
-        " State |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
-    });
+    let repeats = (0..t.height()).any(|i| num(t, c::REPEATS, i).is_some_and(|n| n > 1.0));
+    let mut out = String::from("| Configuration |");
+    if repeats {
+        out.push_str(" Runs |");
+    }
+    out.push_str(
+        " Tokens/sec | MFU % | TFLOPs | Training tokens % | Final loss | Wall time (s) | Speedup |",
+    );
+    if scaling {
+        out.push_str(" Ranks | Global tokens/sec | Scaling efficiency % |");
+    }
+    out.push_str(" State |\n|---|");
+    let columns = 9 + usize::from(repeats) + if scaling { 3 } else { 0 };
+    out.push_str(&"---:|".repeat(columns - 2));
+    out.push_str("---|\n");
     for i in 0..t.height() {
+        out.push_str(&format!("| {} |", cell(t, c::RUN, i)));
+        if repeats {
+            out.push_str(&format!(" {} |", f(num(t, c::REPEATS, i), 0)));
+        }
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            cell(t, c::RUN, i),
-            f(num(t, &Metric::TokensPerSecond.col(Stat::Mean), i), 2),
-            f(num(t, &Metric::MfuPct.col(Stat::Mean), i), 2),
-            f(num(t, &Metric::Tflops.col(Stat::Mean), i), 2),
+            " {} | {} | {} | {} | {} | {} | {} |",
+            with_interval(t, Metric::TokensPerSecond, i, 2),
+            with_interval(t, Metric::MfuPct, i, 2),
+            with_interval(t, Metric::Tflops, i, 2),
             f(num(t, &Metric::TrainingTokensPct.col(Stat::Mean), i), 2),
             f(num(t, c::FINAL_LOSS, i), 3),
             f(num(t, c::WALL_TIME_S, i), 1),
-            num(t, c::SPEEDUP, i)
-                .map(|v| format!("{v:.2}x"))
-                .unwrap_or_else(|| "-".into()),
+            speedup(t, i),
         ));
         if scaling {
             out.push_str(&format!(
@@ -61,11 +105,17 @@ impl Exporter for Markdown {
         writeln!(out, "# {}\n", ctx.study)?;
         write!(
             out,
-            "Means over every logged step except the first {} of each run",
+            "Means over every logged step except the first {} of each run and any warm-up \
+             detected after them, ± the half-width of their 95% confidence interval (over a \
+             configuration's repeats, or over one run's steps)",
             ctx.skip_first
         )?;
         match &ctx.baseline {
-            Some(b) => writeln!(out, "; speedup of tokens/sec against `{b}`.\n")?,
+            Some(b) => writeln!(
+                out,
+                "; speedup of tokens/sec against `{b}` with its 95% interval, \
+                 `≈` where the interval holds 1 (no significant difference).\n"
+            )?,
             None => writeln!(out, ".\n")?,
         }
         out.write_all(table(s).as_bytes())?;
@@ -76,13 +126,13 @@ impl Exporter for Markdown {
         )?;
         writeln!(
             out,
-            "| Configuration | median | std | p5 | p95 | points |\n|---|---:|---:|---:|---:|---:|"
+            "| Configuration | median | std | p5 | p95 | points | warm-up points dropped |\n|---|---:|---:|---:|---:|---:|---:|"
         )?;
         let tps = Metric::TokensPerSecond;
         for i in 0..t.height() {
             writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |",
                 cell(t, c::RUN, i),
                 f(num(t, &tps.col(Stat::Median), i), 2),
                 f(num(t, &tps.col(Stat::Std), i), 2),
@@ -91,6 +141,7 @@ impl Exporter for Markdown {
                 num(t, c::POINTS, i)
                     .map(|v| format!("{v:.0}"))
                     .unwrap_or_else(|| "0".into()),
+                f(num(t, c::WARMUP_POINTS, i), 0),
             )?;
         }
         if !s.problems.is_empty() {
