@@ -56,15 +56,22 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
         }
     }
     if let Some(b) = &m.report.baseline {
-        if !runs.iter().any(|r| &r.name == b) {
-            let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+        if !runs
+            .iter()
+            .any(|r| &r.name == b || r.configuration() == b.as_str())
+        {
+            let mut names: Vec<&str> = runs.iter().map(|r| r.configuration()).collect();
+            names.dedup();
             let help = match did_you_mean(b, names.iter().copied()) {
                 Some(s) => format!("did you mean `{s}`?"),
                 None => format!("`sweep plan` lists the run names ({} runs)", names.len()),
             };
             return Err(m
                 .source
-                .at_value("report.baseline", format!("no run is named `{b}`"))
+                .at_value(
+                    "report.baseline",
+                    format!("no run or configuration is named `{b}`"),
+                )
                 .with_help(help)
                 .into());
         }

@@ -42,6 +42,15 @@ pub struct Run {
 }
 
 impl Run {
+    /// The configuration this run repeats: its name without the `-r<k>`
+    /// suffix of a repeat (the report's row for all its repeats).
+    pub fn configuration(&self) -> &str {
+        let repeat = self.params.get(REPEAT).and_then(|v| v.as_u64());
+        repeat
+            .and_then(|k| self.name.strip_suffix(&format!("-r{k}")))
+            .unwrap_or(&self.name)
+    }
+
     /// Processes training together: `nodes × ntasks_per_node`.
     pub fn world_size(&self) -> u32 {
         self.slurm.nodes * self.slurm.ntasks_per_node

@@ -283,3 +283,74 @@ fn the_reference_ddp_logs_give_whole_job_throughput_and_scaling_efficiency() {
         );
     }
 }
+
+#[test]
+fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
+    let root = project();
+    let m = super::train::manifest(
+        root.path(),
+        "reps",
+        "training_steps = 12\nsequence_length = 32",
+        "[sweep]\nrepeats = 3\n[sweep.grid]\nbatch_size = [1, 4]\n[report]\nbaseline = \"batch_size-1\"\nskip_first = 2",
+    );
+    let plan = stdout(&run_ok(sweep(root.path()).arg("plan").arg(&m)));
+    assert!(
+        plan.contains("6 runs (2 configurations × 3 repeats)"),
+        "{plan}"
+    );
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let out = run_ok(sweep(root.path()).args(["report", "--json"]).arg(&m));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["run"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["batch_size-1", "batch_size-4"],
+        "one row per configuration"
+    );
+    for r in &rows {
+        assert_eq!(r["repeats"], 3, "{r}");
+        for metric in ["tokens_per_second", "mfu_pct"] {
+            let (lo, mean, hi) = (
+                r[format!("{metric}_ci95_low")].as_f64().unwrap(),
+                r[format!("{metric}_mean")].as_f64().unwrap(),
+                r[format!("{metric}_ci95_high")].as_f64().unwrap(),
+            );
+            assert!(lo < mean && mean < hi, "{metric}: {lo} {mean} {hi}");
+        }
+        assert_eq!(r["state"], "COMPLETED");
+    }
+    assert!(
+        rows[0]["significant"].is_null() && rows[0]["speedup"] == 1.0,
+        "the baseline"
+    );
+    let b4 = &rows[1];
+    let (lo, s, hi) = (
+        b4["speedup_ci95_low"].as_f64().unwrap(),
+        b4["speedup"].as_f64().unwrap(),
+        b4["speedup_ci95_high"].as_f64().unwrap(),
+    );
+    assert!(lo < s && s < hi, "{b4}");
+    assert_eq!(b4["significant"].as_bool(), Some(lo > 1.0 || hi < 1.0));
+    let csv = std::fs::read_to_string(root.path().join("results/reps/summary.csv")).unwrap();
+    let header = csv.lines().next().unwrap();
+    for col in [
+        "tokens_per_second_ci95_low",
+        "tokens_per_second_ci95_high",
+        "mfu_pct_ci95_low",
+        "mfu_pct_ci95_high",
+        "speedup_ci95_low",
+        "speedup_ci95_high",
+        "repeats",
+        "significant",
+    ] {
+        assert!(
+            header.split(',').any(|h| h == col),
+            "{col} missing from {header}"
+        );
+    }
+    let md = std::fs::read_to_string(root.path().join("results/reps/summary.md")).unwrap();
+    assert!(
+        md.contains("| batch_size-4 | 3 | ") && md.contains(" ± "),
+        "{md}"
+    );
+}

@@ -21,6 +21,7 @@ pub fn rows(s: &Summary) -> Value {
                     Ok(AnyValue::UInt64(x)) => Value::from(x),
                     Ok(AnyValue::Int64(x)) => Value::from(x),
                     Ok(AnyValue::Int32(x)) => Value::from(x),
+                    Ok(AnyValue::Boolean(b)) => Value::from(b),
                     Ok(other) => Value::from(other.to_string()),
                 };
                 m.insert(n.clone(), v);
