@@ -13,9 +13,7 @@ use std::path::{Path, PathBuf};
 pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
     let t = &s.table;
     let names: Vec<String> = (0..t.height()).map(|i| cell(t, c::RUN, i)).collect();
-    let speedups: Vec<Option<String>> = (0..t.height())
-        .map(|i| num(t, c::SPEEDUP, i).map(|v| format!("{v:.2}x")))
-        .collect();
+    let speedups: Vec<Option<String>> = (0..t.height()).map(|i| speedup_label(t, i)).collect();
     let mut out = Vec::new();
     for (file, metric, title, unit) in [
         (
@@ -37,11 +35,15 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
         if values.iter().all(Option::is_none) {
             continue;
         }
+        let intervals = (0..t.height())
+            .map(|i| Some((num(t, &metric.ci_low(), i)?, num(t, &metric.ci_high(), i)?)))
+            .collect();
         let fig = Bars {
-            title: format!("{study}: {title} (mean)"),
+            title: format!("{study}: {title} (mean, 95% interval)"),
             y_label: unit.into(),
             categories: names.clone(),
             series: vec![(unit.into(), values)],
+            intervals: vec![intervals],
             notes: if file == "throughput" {
                 speedups.clone()
             } else {
@@ -80,7 +82,7 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
             true,
         ),
     ] {
-        let series = lines(s, x, y);
+        let (series, bands) = lines(s, x, y);
         if series.iter().all(|(_, p)| p.is_empty()) {
             continue;
         }
@@ -89,6 +91,7 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
             x_label: x_label.into(),
             y_label: y_label.into(),
             series,
+            bands,
             points: false,
             y_from_zero: zero,
         };
@@ -98,20 +101,63 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Each run's (x, y) points.
-fn lines(s: &Summary, x: &str, y: &str) -> Vec<(String, Vec<(f64, f64)>)> {
+/// `1.07x [1.02–1.12]`, `≈` where the interval holds 1.
+fn speedup_label(t: &polars::prelude::DataFrame, i: usize) -> Option<String> {
+    let v = num(t, c::SPEEDUP, i)?;
+    let same = matches!(
+        t.column(c::SIGNIFICANT).and_then(|s| s.get(i)),
+        Ok(polars::prelude::AnyValue::Boolean(false))
+    );
+    let interval = match (
+        num(t, c::SPEEDUP_CI95_LOW, i),
+        num(t, c::SPEEDUP_CI95_HIGH, i),
+    ) {
+        (Some(lo), Some(hi)) => format!(" [{lo:.2}–{hi:.2}]"),
+        _ => String::new(),
+    };
+    Some(format!("{}{v:.2}x{interval}", if same { "≈" } else { "" }))
+}
+
+type Band = Option<Vec<(f64, f64, f64)>>;
+
+/// One line per row of the table: a run's (x, y) points, or for a
+/// configuration with repeats the mean of its runs at each log point with
+/// a band from the lowest to the highest of them.
+fn lines(s: &Summary, x: &str, y: &str) -> (Vec<(String, Vec<(f64, f64)>)>, Vec<Band>) {
     let p = &s.points;
-    let mut by_run: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut by_run: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for i in 0..p.height() {
-        let run = cell(p, c::RUN, i);
-        if by_run.last().is_none_or(|(r, _)| *r != run) {
-            by_run.push((run.clone(), Vec::new()));
-        }
+        let points = by_run.entry(cell(p, c::RUN, i)).or_default();
         if let (Some(a), Some(b)) = (num(p, x, i), num(p, y, i)) {
-            by_run.last_mut().unwrap().1.push((a, b));
+            points.push((a, b));
         }
     }
-    by_run
+    let mut series = Vec::new();
+    let mut bands = Vec::new();
+    for (row, members) in s.members.iter().enumerate() {
+        let name = cell(&s.table, c::RUN, row);
+        let runs: Vec<&Vec<(f64, f64)>> = members.iter().filter_map(|m| by_run.get(m)).collect();
+        if runs.len() < 2 {
+            series.push((name, runs.first().map(|r| r.to_vec()).unwrap_or_default()));
+            bands.push(None);
+            continue;
+        }
+        let len = runs.iter().map(|r| r.len()).min().unwrap_or(0);
+        let (mut mean, mut band) = (Vec::with_capacity(len), Vec::with_capacity(len));
+        for k in 0..len {
+            let n = runs.len() as f64;
+            let mx = runs.iter().map(|r| r[k].0).sum::<f64>() / n;
+            let ys = runs.iter().map(|r| r[k].1);
+            let (lo, hi) = ys
+                .clone()
+                .fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+            mean.push((mx, ys.sum::<f64>() / n));
+            band.push((mx, lo, hi));
+        }
+        series.push((name, mean));
+        bands.push(Some(band));
+    }
+    (series, bands)
 }
 
 /// Grouped bars of throughput, one colour per batch size, when the sweep varies it.
@@ -132,7 +178,8 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
     if sizes.len() < 2 {
         return None;
     }
-    let mut groups: BTreeMap<usize, (String, BTreeMap<String, f64>)> = BTreeMap::new();
+    type Bar = (f64, Option<(f64, f64)>);
+    let mut groups: BTreeMap<usize, (String, BTreeMap<String, Bar>)> = BTreeMap::new();
     let mut order: Vec<String> = Vec::new();
     for i in 0..t.height() {
         let label = others
@@ -147,16 +194,18 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
                 order.len() - 1
             }
         };
-        if let Some(v) = num(t, &Metric::TokensPerSecond.col(Stat::Mean), i) {
+        let tps = Metric::TokensPerSecond;
+        if let Some(v) = num(t, &tps.col(Stat::Mean), i) {
+            let interval = num(t, &tps.ci_low(), i).zip(num(t, &tps.ci_high(), i));
             groups
                 .entry(idx)
                 .or_insert_with(|| (label, BTreeMap::new()))
                 .1
-                .insert(cell(t, bs_key, i), v);
+                .insert(cell(t, bs_key, i), (v, interval));
         }
     }
     Some(Bars {
-        title: format!("{study}: throughput by batch size"),
+        title: format!("{study}: throughput by batch size (mean, 95% interval)"),
         y_label: "tokens per second".into(),
         categories: order
             .iter()
@@ -174,9 +223,17 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
                 (
                     format!("batch size {b}"),
                     (0..order.len())
-                        .map(|g| groups.get(&g).and_then(|(_, m)| m.get(b).copied()))
+                        .map(|g| groups.get(&g).and_then(|(_, m)| m.get(b)).map(|x| x.0))
                         .collect(),
                 )
+            })
+            .collect(),
+        intervals: sizes
+            .iter()
+            .map(|b| {
+                (0..order.len())
+                    .map(|g| groups.get(&g).and_then(|(_, m)| m.get(b)).and_then(|x| x.1))
+                    .collect()
             })
             .collect(),
         notes: vec![None; order.len()],
@@ -248,6 +305,7 @@ fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
         x_label: unit.into(),
         y_label: "tokens per second (whole job)".into(),
         series: throughput,
+        bands: vec![],
         points: true,
         y_from_zero: true,
     };
@@ -257,6 +315,7 @@ fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
         x_label: unit.into(),
         y_label: "per-device tokens/s vs the smallest world size (%)".into(),
         series: efficiency,
+        bands: vec![],
         points: true,
         y_from_zero: true,
     };

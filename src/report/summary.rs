@@ -33,6 +33,8 @@ pub struct Summary {
     pub axes: Vec<String>,
     /// Runs without usable points or that did not complete, with the reason.
     pub problems: Vec<Problem>,
+    /// The runs behind each row of `table` (a configuration's repeats, a group).
+    pub members: Vec<Vec<String>>,
 }
 
 /// A run the table cannot fully account for.
@@ -234,7 +236,7 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
     } else {
         per_run.clone()
     };
-    add_comparisons(&mut table, &per_run, runs, opts)?;
+    let members = add_comparisons(&mut table, &per_run, runs, opts)?;
     let params = if opts.group_by.is_empty() {
         params
     } else {
@@ -256,6 +258,7 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
         params,
         axes,
         problems: problems(runs),
+        members,
     })
 }
 
@@ -429,7 +432,7 @@ fn add_comparisons(
     per_run: &DataFrame,
     runs: &[RunLog],
     opts: &Options,
-) -> Result<()> {
+) -> Result<Vec<Vec<String>>> {
     let members = members(table)?;
     let h = table.height();
     let repeats: Vec<u32> = members.iter().map(|m| m.len() as u32).collect();
@@ -486,7 +489,7 @@ fn add_comparisons(
             *table = table.drop(helper)?;
         }
     }
-    Ok(())
+    Ok(members)
 }
 
 /// Whole-job throughput and weak-scaling efficiency. `global_tokens_per_second`

@@ -13,6 +13,9 @@ pub struct Bars {
     pub y_label: String,
     pub categories: Vec<String>,
     pub series: Vec<(String, Vec<Option<f64>>)>,
+    /// Error bars: `intervals[s][g]` is the (low, high) of series s's value
+    /// for category g (empty: none).
+    pub intervals: Vec<Vec<Option<(f64, f64)>>>,
     /// A note above each category (e.g. a speedup), if any.
     pub notes: Vec<Option<String>>,
 }
@@ -126,13 +129,23 @@ impl Bars {
         self.categories.len() > UPRIGHT_MAX
     }
 
-    fn draw_horizontal<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
-        let n = self.categories.len();
-        let max = self
+    fn interval(&self, series: usize, category: usize) -> Option<(f64, f64)> {
+        *self.intervals.get(series)?.get(category)?
+    }
+
+    /// The largest value or interval bound: the axis must hold both.
+    fn top(&self) -> f64 {
+        let values = self
             .series
             .iter()
-            .flat_map(|(_, v)| v.iter().flatten())
-            .fold(0.0f64, |a, &b| a.max(b));
+            .flat_map(|(_, v)| v.iter().flatten().copied());
+        let highs = self.intervals.iter().flatten().flatten().map(|(_, hi)| *hi);
+        values.chain(highs).fold(0.0f64, f64::max)
+    }
+
+    fn draw_horizontal<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        let n = self.categories.len();
+        let max = self.top();
         let longest = self
             .categories
             .iter()
@@ -172,17 +185,32 @@ impl Bars {
             }
             for (g, v) in values.iter().enumerate() {
                 if let Some(v) = v {
+                    let y = row(g) + 0.1 + (k as f64 + 0.45) * height;
+                    let mut end = *v;
+                    if let Some((lo, hi)) = self.interval(k, g) {
+                        let cap = height * 0.25;
+                        chart.draw_series([
+                            PathElement::new(vec![(lo, y), (hi, y)], BLACK.stroke_width(2)),
+                            PathElement::new(
+                                vec![(lo, y - cap), (lo, y + cap)],
+                                BLACK.stroke_width(2),
+                            ),
+                            PathElement::new(
+                                vec![(hi, y - cap), (hi, y + cap)],
+                                BLACK.stroke_width(2),
+                            ),
+                        ])?;
+                        end = end.max(hi);
+                    }
                     let mut text = fmt_value(*v);
                     if let Some(Some(extra)) = self.notes.get(g).filter(|_| k == 0) {
                         text = format!("{text}  ({extra})");
                     }
                     let style = TextStyle::from((FONT, 13).into_font())
                         .pos(Pos::new(HPos::Left, VPos::Center));
-                    chart.plotting_area().draw(&Text::new(
-                        text,
-                        (*v + max * 0.01, row(g) + 0.1 + (k as f64 + 0.45) * height),
-                        style,
-                    ))?;
+                    chart
+                        .plotting_area()
+                        .draw(&Text::new(text, (end + max * 0.01, y), style))?;
                 }
             }
         }
@@ -216,11 +244,7 @@ impl Figure for Bars {
             return self.draw_horizontal(root);
         }
         let n = self.categories.len();
-        let max = self
-            .series
-            .iter()
-            .flat_map(|(_, v)| v.iter().flatten())
-            .fold(0.0f64, |a, &b| a.max(b));
+        let max = self.top();
         let mut chart = frame(
             root,
             &self.title,
@@ -246,7 +270,23 @@ impl Figure for Bars {
             for (g, v) in values.iter().enumerate() {
                 if let Some(v) = v {
                     let x = g as f64 + 0.1 + (k as f64 + 0.46) * width;
-                    note(&mut chart, x, *v, &fmt_value(*v), label_size)?;
+                    let mut top = *v;
+                    if let Some((lo, hi)) = self.interval(k, g) {
+                        let cap = width * 0.2;
+                        chart.draw_series([
+                            PathElement::new(vec![(x, lo), (x, hi)], BLACK.stroke_width(2)),
+                            PathElement::new(
+                                vec![(x - cap, lo), (x + cap, lo)],
+                                BLACK.stroke_width(2),
+                            ),
+                            PathElement::new(
+                                vec![(x - cap, hi), (x + cap, hi)],
+                                BLACK.stroke_width(2),
+                            ),
+                        ])?;
+                        top = top.max(hi);
+                    }
+                    note(&mut chart, x, top, &fmt_value(*v), label_size)?;
                 }
             }
         }
@@ -255,7 +295,10 @@ impl Figure for Bars {
                 let top = self
                     .series
                     .iter()
-                    .filter_map(|(_, v)| v[g])
+                    .enumerate()
+                    .filter_map(|(k, (_, v))| {
+                        Some(v[g]?.max(self.interval(k, g).map_or(0.0, |i| i.1)))
+                    })
                     .fold(0.0f64, f64::max);
                 note(&mut chart, g as f64 + 0.5, top + max * 0.07, t, 15)?;
             }

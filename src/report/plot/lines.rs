@@ -10,6 +10,9 @@ pub struct Lines {
     pub x_label: String,
     pub y_label: String,
     pub series: Vec<(String, Vec<(f64, f64)>)>,
+    /// A shaded band around series k: `bands[k]` holds (x, low, high) (empty or
+    /// `None`: no band), e.g. the spread of a configuration's repeats.
+    pub bands: Vec<Option<Vec<(f64, f64, f64)>>>,
     /// Also mark each point (for sparse data such as scaling curves).
     pub points: bool,
     /// Start the y axis at zero (throughputs) rather than at the data (losses).
@@ -71,9 +74,15 @@ impl Figure for Lines {
             (root.clone(), None)
         };
         let root = &plot_area;
-        let all = self.series.iter().flat_map(|(_, p)| p.iter());
+        let bands = self.bands.iter().flatten().flatten();
+        let band_points = bands.flat_map(|&(x, lo, hi)| [(x, lo), (x, hi)]);
+        let all = self
+            .series
+            .iter()
+            .flat_map(|(_, p)| p.iter().copied())
+            .chain(band_points);
         let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-        for &(x, y) in all {
+        for (x, y) in all {
             if x.is_finite() && y.is_finite() {
                 x0 = x0.min(x);
                 x1 = x1.max(x);
@@ -109,6 +118,16 @@ impl Figure for Lines {
             .label_style((FONT, 15))
             .light_line_style(BLACK.mix(0.05))
             .draw()?;
+        for (k, band) in self.bands.iter().enumerate() {
+            if let Some(band) = band.as_ref().filter(|b| b.len() > 1) {
+                let outline: Vec<(f64, f64)> = band
+                    .iter()
+                    .map(|&(x, _, hi)| (x, hi))
+                    .chain(band.iter().rev().map(|&(x, lo, _)| (x, lo)))
+                    .collect();
+                chart.draw_series([Polygon::new(outline, color(k).mix(0.18).filled())])?;
+            }
+        }
         for (k, (_, pts)) in self.series.iter().enumerate() {
             let c = color(k);
             let pts: Vec<(f64, f64)> = pts
@@ -171,6 +190,7 @@ mod tests {
     fn a_series_identical_to_an_earlier_one_is_marked() {
         let pts = vec![(1.0, 10.0), (2.0, 9.0)];
         let lines = Lines {
+            bands: vec![],
             title: String::new(),
             x_label: String::new(),
             y_label: String::new(),
