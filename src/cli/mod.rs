@@ -100,6 +100,21 @@ pub enum Cmd {
         after_help = "Examples:\n  sweep report experiments/quickstart.toml\n  sweep report results/quickstart --group-by dataset_type,pretokenized --json\n  sweep report --import 'tests/fixtures/reference-torch-logs/lsai_*.out' --log-format reference --name reference"
     )]
     Report(ReportCli),
+    /// Two studies configuration by configuration: tokens/s with 95% intervals, B's speedup over A, a verdict.
+    #[command(
+        after_help = "Examples:\n  sweep compare results/quickstart-before results/quickstart\n  sweep compare experiments/quickstart.toml results/other-machine/quickstart"
+    )]
+    Compare {
+        /// A manifest or a results/<study> directory (the reference side).
+        a: PathBuf,
+        /// A manifest or a results/<study> directory (the side measured against A).
+        b: PathBuf,
+        /// Log points skipped at the start of every run (default: each side's manifest's, else 5).
+        #[arg(long)]
+        skip_first: Option<usize>,
+        #[arg(long)]
+        no_plots: bool,
+    },
     /// Benchmarks of the hot paths (release build).
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -449,8 +464,34 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Pretokenize(p) => data_cmds::pretokenize(&p),
         Cmd::Train { config } => crate::train::run(&config),
         Cmd::Report(r) => report_cmd(root, r),
+        Cmd::Compare {
+            a,
+            b,
+            skip_first,
+            no_plots,
+        } => compare_cmd(root, &a, &b, skip_first, !no_plots),
         Cmd::Data(d) => data_cmds::run(d),
     }
+}
+
+fn compare_cmd(
+    root: &std::path::Path,
+    a: &std::path::Path,
+    b: &std::path::Path,
+    skip_first: Option<usize>,
+    plots: bool,
+) -> anyhow::Result<ExitCode> {
+    use crate::report::{compare, Source};
+    let source = |p: &std::path::Path| match p.is_dir() {
+        true => Source::ResultsDir(p.to_path_buf()),
+        false => Source::Manifest(p.to_path_buf()),
+    };
+    let cmp = compare::run(root, &source(a), &source(b), skip_first, plots)?;
+    println!("{}", compare::markdown(&cmp));
+    for f in &cmp.files {
+        println!("wrote {}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> {

@@ -4,6 +4,7 @@
 
 pub mod charts;
 pub mod columns;
+pub mod compare;
 pub mod export;
 pub mod ingest;
 pub mod plot;

@@ -35,6 +35,9 @@ pub struct Summary {
     pub problems: Vec<Problem>,
     /// The runs behind each row of `table` (a configuration's repeats, a group).
     pub members: Vec<Vec<String>>,
+    /// What each row's tokens/s interval was computed from (its repeats'
+    /// means, or its one run's steady-state points): for comparisons.
+    pub tps_samples: Vec<Vec<f64>>,
 }
 
 /// A run the table cannot fully account for.
@@ -237,6 +240,10 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
         per_run.clone()
     };
     let members = add_comparisons(&mut table, &per_run, runs, opts)?;
+    let tps_samples = members
+        .iter()
+        .map(|m| samples(Metric::TokensPerSecond, m, &per_run, runs))
+        .collect();
     let params = if opts.group_by.is_empty() {
         params
     } else {
@@ -259,6 +266,7 @@ pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
         axes,
         problems: problems(runs),
         members,
+        tps_samples,
     })
 }
 

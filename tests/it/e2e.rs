@@ -46,14 +46,15 @@ fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
     require_cluster();
     let before = known_jobs();
     let root = project_with_assets();
-    // The quickstart as shipped, with fewer steps.
+    // The quickstart as shipped, with fewer steps and one run per configuration.
     let text = std::fs::read_to_string(repo().join("experiments/quickstart.toml")).unwrap();
-    assert!(text.contains("training_steps = 60"));
+    assert!(text.contains("training_steps = 24") && text.contains("repeats = 3"));
     let m = root.path().join("quickstart-short.toml");
     write(
         &m,
         &text
-            .replace("training_steps = 60", "training_steps = 12")
+            .replace("training_steps = 24", "training_steps = 12")
+            .replace("repeats = 3", "repeats = 1")
             .replace("name = \"quickstart\"", "name = \"quickstart-short\""),
     );
     let out = run_ok(

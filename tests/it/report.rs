@@ -353,4 +353,44 @@ fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
         md.contains("| batch_size-4 | 3 | ") && md.contains(" ± "),
         "{md}"
     );
+
+    // sweep compare: the same measurements on both sides are no difference.
+    let results = root.path().join("results");
+    std::fs::create_dir_all(results.join("reps-copy")).unwrap();
+    for e in std::fs::read_dir(results.join("reps")).unwrap() {
+        let run = e.unwrap().path();
+        if run.join("run.json").is_file() {
+            let to = results.join("reps-copy").join(run.file_name().unwrap());
+            std::fs::create_dir_all(&to).unwrap();
+            for f in ["run.json", "metrics.jsonl"] {
+                std::fs::copy(run.join(f), to.join(f)).unwrap();
+            }
+        }
+    }
+    let out = stdout(&run_ok(
+        sweep(root.path())
+            .arg("compare")
+            .arg(results.join("reps-copy"))
+            .arg(results.join("reps")),
+    ));
+    for config in ["batch_size-1", "batch_size-4"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("| {config} |")))
+            .unwrap();
+        assert!(
+            line.contains("≈1.00x") && line.ends_with("| no significant difference |"),
+            "{out}"
+        );
+    }
+    let csv =
+        std::fs::read_to_string(results.join("compare/reps-copy-vs-reps/comparison.csv")).unwrap();
+    assert!(
+        csv.starts_with("configuration,a_tokens_per_second_mean,"),
+        "{csv}"
+    );
+    assert!(root
+        .path()
+        .join("plots/compare/reps-copy-vs-reps/comparison.png")
+        .is_file());
 }

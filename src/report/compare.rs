@@ -1,0 +1,265 @@
+//! `sweep compare A B`: two studies (before and after a change, two
+//! machines, two clusters) configuration by configuration — each side's mean
+//! tokens/s with its 95% interval, B's speedup over A with its interval, and
+//! a verdict — as a table (markdown and CSV) and a chart.
+
+use super::columns::{self as c, Metric, Stat};
+use super::plot::{bars::Bars, save};
+use super::stats::{mean_ci95, ratio_ci95, MeanCi, RatioCi};
+use super::summary::{cell, num, Summary};
+use super::Source;
+use anyhow::{bail, Result};
+use polars::prelude::*;
+use std::path::{Path, PathBuf};
+
+/// Faster, slower, or no significant difference (the speedup's interval holds 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Faster,
+    Slower,
+    Same,
+}
+
+impl Verdict {
+    fn of(r: &RatioCi) -> Verdict {
+        match (r.significant, r.ratio > 1.0) {
+            (false, _) => Verdict::Same,
+            (true, true) => Verdict::Faster,
+            (true, false) => Verdict::Slower,
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Verdict::Faster => "faster",
+            Verdict::Slower => "slower",
+            Verdict::Same => "no significant difference",
+        }
+    }
+}
+
+/// One configuration present on both sides.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub configuration: String,
+    pub a: Option<MeanCi>,
+    pub b: Option<MeanCi>,
+    pub a_mean: Option<f64>,
+    pub b_mean: Option<f64>,
+    /// B's mean tokens/s over A's.
+    pub speedup: Option<RatioCi>,
+    pub verdict: Option<Verdict>,
+}
+
+pub struct Comparison {
+    pub a: String,
+    pub b: String,
+    pub rows: Vec<Row>,
+    /// Configurations found on one side only.
+    pub only_a: Vec<String>,
+    pub only_b: Vec<String>,
+    pub files: Vec<PathBuf>,
+}
+
+fn side(root: &Path, source: &Source, skip_first: Option<usize>) -> Result<(String, Summary)> {
+    let (study, runs, spec) = super::load(root, source)?;
+    let opts = super::summary::Options {
+        axes: spec.axes,
+        skip_first: skip_first.or(spec.skip_first).unwrap_or(5),
+        baseline: None,
+        group_by: spec.group_by,
+    };
+    Ok((study, super::summary::summarize(&runs, &opts)?))
+}
+
+/// Compares the configurations of `a` and `b` and writes the table and chart
+/// under `results/compare/<a>-vs-<b>/` and `plots/compare/<a>-vs-<b>/`.
+pub fn run(
+    root: &Path,
+    a: &Source,
+    b: &Source,
+    skip_first: Option<usize>,
+    plots: bool,
+) -> Result<Comparison> {
+    let (name_a, sa) = side(root, a, skip_first)?;
+    let (name_b, sb) = side(root, b, skip_first)?;
+    let (label_a, label_b) = if name_a == name_b {
+        (format!("{name_a} (A)"), format!("{name_b} (B)"))
+    } else {
+        (name_a.clone(), name_b.clone())
+    };
+    let configs = |s: &Summary| {
+        (0..s.table.height())
+            .map(|i| cell(&s.table, c::RUN, i))
+            .collect::<Vec<_>>()
+    };
+    let (ca, cb) = (configs(&sa), configs(&sb));
+    let tps = Metric::TokensPerSecond.col(Stat::Mean);
+    let mut rows = Vec::new();
+    for (i, config) in ca.iter().enumerate() {
+        let Some(j) = cb.iter().position(|x| x == config) else {
+            continue;
+        };
+        let speedup = ratio_ci95(&sb.tps_samples[j], &sa.tps_samples[i]);
+        rows.push(Row {
+            configuration: config.clone(),
+            a: mean_ci95(&sa.tps_samples[i]),
+            b: mean_ci95(&sb.tps_samples[j]),
+            a_mean: num(&sa.table, &tps, i),
+            b_mean: num(&sb.table, &tps, j),
+            verdict: speedup.as_ref().map(Verdict::of),
+            speedup,
+        });
+    }
+    if rows.is_empty() {
+        bail!(
+            "`{name_a}` and `{name_b}` have no configuration in common (A: {}; B: {})",
+            ca.join(", "),
+            cb.join(", ")
+        );
+    }
+    let dir_name = format!("{name_a}-vs-{name_b}");
+    let out = root.join("results").join("compare").join(&dir_name);
+    std::fs::create_dir_all(&out)?;
+    let mut cmp = Comparison {
+        a: label_a,
+        b: label_b,
+        only_a: ca.iter().filter(|x| !cb.contains(x)).cloned().collect(),
+        only_b: cb.iter().filter(|x| !ca.contains(x)).cloned().collect(),
+        rows,
+        files: Vec::new(),
+    };
+    let md = out.join("comparison.md");
+    crate::util::fs::write_atomic(&md, markdown(&cmp).as_bytes())?;
+    let csv = out.join("comparison.csv");
+    let mut frame = frame(&cmp)?;
+    let mut bytes = Vec::new();
+    CsvWriter::new(&mut bytes).finish(&mut frame)?;
+    crate::util::fs::write_atomic(&csv, &bytes)?;
+    cmp.files.extend([md, csv]);
+    if plots {
+        let fig = chart(&cmp);
+        cmp.files.extend(save(
+            &fig,
+            &root.join("plots").join("compare").join(&dir_name),
+            "comparison",
+        )?);
+    }
+    Ok(cmp)
+}
+
+fn f(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+}
+
+fn with_ci(mean: Option<f64>, ci: &Option<MeanCi>) -> String {
+    match ci {
+        Some(ci) => format!("{:.2} ± {:.2}", ci.mean, (ci.high - ci.low) / 2.0),
+        None => f(mean),
+    }
+}
+
+fn speedup_text(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
+    match r {
+        Some(r) => format!(
+            "{}{:.2}x [{:.2}, {:.2}]",
+            if r.significant { "" } else { "≈" },
+            r.ratio,
+            r.low,
+            r.high
+        ),
+        None => match (a, b) {
+            (Some(a), Some(b)) if a > 0.0 => format!("{:.2}x", b / a),
+            _ => "-".into(),
+        },
+    }
+}
+
+/// The table: tokens/s of A and B (mean ± half-width of the 95% interval),
+/// B's speedup over A with its interval, and the verdict.
+pub fn markdown(cmp: &Comparison) -> String {
+    let mut out = format!(
+        "# {} vs {}\n\nTokens/sec per configuration (mean ± half-width of its 95% interval); speedup of B over A with its 95% interval, `≈` where it holds 1.\n\n| Configuration | A: {} | B: {} | Speedup (B / A) | Verdict |\n|---|---:|---:|---:|---|\n",
+        cmp.a, cmp.b, cmp.a, cmp.b
+    );
+    for r in &cmp.rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            r.configuration,
+            with_ci(r.a_mean, &r.a),
+            with_ci(r.b_mean, &r.b),
+            speedup_text(&r.speedup, r.a_mean, r.b_mean),
+            r.verdict.map_or("- (too few samples)", |v| v.describe()),
+        ));
+    }
+    for (side, only) in [(&cmp.a, &cmp.only_a), (&cmp.b, &cmp.only_b)] {
+        if !only.is_empty() {
+            out.push_str(&format!("\nOnly in {side}: {}\n", only.join(", ")));
+        }
+    }
+    out
+}
+
+fn frame(cmp: &Comparison) -> Result<DataFrame> {
+    let col = |name: &str, f: &dyn Fn(&Row) -> Option<f64>| {
+        Column::new(name.into(), cmp.rows.iter().map(f).collect::<Vec<_>>())
+    };
+    Ok(DataFrame::new_infer_height(vec![
+        Column::new(
+            "configuration".into(),
+            cmp.rows
+                .iter()
+                .map(|r| r.configuration.clone())
+                .collect::<Vec<_>>(),
+        ),
+        col("a_tokens_per_second_mean", &|r| r.a_mean),
+        col("a_tokens_per_second_ci95_low", &|r| r.a.map(|c| c.low)),
+        col("a_tokens_per_second_ci95_high", &|r| r.a.map(|c| c.high)),
+        col("b_tokens_per_second_mean", &|r| r.b_mean),
+        col("b_tokens_per_second_ci95_low", &|r| r.b.map(|c| c.low)),
+        col("b_tokens_per_second_ci95_high", &|r| r.b.map(|c| c.high)),
+        col(c::SPEEDUP, &|r| r.speedup.map(|s| s.ratio)),
+        col(c::SPEEDUP_CI95_LOW, &|r| r.speedup.map(|s| s.low)),
+        col(c::SPEEDUP_CI95_HIGH, &|r| r.speedup.map(|s| s.high)),
+        Column::new(
+            c::SIGNIFICANT.into(),
+            cmp.rows
+                .iter()
+                .map(|r| r.speedup.map(|s| s.significant))
+                .collect::<Vec<_>>(),
+        ),
+        Column::new(
+            "verdict".into(),
+            cmp.rows
+                .iter()
+                .map(|r| r.verdict.map(|v| v.describe()))
+                .collect::<Vec<_>>(),
+        ),
+    ])?)
+}
+
+/// A and B side by side per configuration, with error bars and the speedup.
+fn chart(cmp: &Comparison) -> Bars {
+    let interval = |ci: &Option<MeanCi>| ci.map(|c| (c.low, c.high));
+    Bars {
+        title: format!(
+            "{} vs {}: tokens per second (mean, 95% interval)",
+            cmp.a, cmp.b
+        ),
+        y_label: "tokens per second".into(),
+        categories: cmp.rows.iter().map(|r| r.configuration.clone()).collect(),
+        series: vec![
+            (cmp.a.clone(), cmp.rows.iter().map(|r| r.a_mean).collect()),
+            (cmp.b.clone(), cmp.rows.iter().map(|r| r.b_mean).collect()),
+        ],
+        intervals: vec![
+            cmp.rows.iter().map(|r| interval(&r.a)).collect(),
+            cmp.rows.iter().map(|r| interval(&r.b)).collect(),
+        ],
+        notes: cmp
+            .rows
+            .iter()
+            .map(|r| Some(speedup_text(&r.speedup, r.a_mean, r.b_mean)))
+            .collect(),
+    }
+}
