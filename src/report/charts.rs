@@ -119,11 +119,12 @@ fn speedup_label(t: &polars::prelude::DataFrame, i: usize) -> Option<String> {
 }
 
 type Band = Option<Vec<(f64, f64, f64)>>;
+type Series = (String, Vec<(f64, f64)>);
 
 /// One line per row of the table: a run's (x, y) points, or for a
 /// configuration with repeats the mean of its runs at each log point with
 /// a band from the lowest to the highest of them.
-fn lines(s: &Summary, x: &str, y: &str) -> (Vec<(String, Vec<(f64, f64)>)>, Vec<Band>) {
+fn lines(s: &Summary, x: &str, y: &str) -> (Vec<Series>, Vec<Band>) {
     let p = &s.points;
     let mut by_run: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for i in 0..p.height() {
