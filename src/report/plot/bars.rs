@@ -120,6 +120,23 @@ where
         .draw(&Text::new(text.to_string(), (x, y), style))
 }
 
+/// An interval's whisker with caps at `at` on the category axis: the value
+/// axis is y for upright bars, x for lying ones.
+fn error_bar(
+    at: f64,
+    (lo, hi): (f64, f64),
+    cap: f64,
+    upright: bool,
+) -> [PathElement<(f64, f64)>; 3] {
+    let p = |v: f64, c: f64| if upright { (at + c, v) } else { (v, at + c) };
+    let style = BLACK.stroke_width(2);
+    [
+        PathElement::new(vec![p(lo, 0.0), p(hi, 0.0)], style),
+        PathElement::new(vec![p(lo, -cap), p(lo, cap)], style),
+        PathElement::new(vec![p(hi, -cap), p(hi, cap)], style),
+    ]
+}
+
 /// Beyond this many categories, bars lie down: one row per category, its
 /// name on one line at the left.
 const UPRIGHT_MAX: usize = 12;
@@ -188,18 +205,7 @@ impl Bars {
                     let y = row(g) + 0.1 + (k as f64 + 0.45) * height;
                     let mut end = *v;
                     if let Some((lo, hi)) = self.interval(k, g) {
-                        let cap = height * 0.25;
-                        chart.draw_series([
-                            PathElement::new(vec![(lo, y), (hi, y)], BLACK.stroke_width(2)),
-                            PathElement::new(
-                                vec![(lo, y - cap), (lo, y + cap)],
-                                BLACK.stroke_width(2),
-                            ),
-                            PathElement::new(
-                                vec![(hi, y - cap), (hi, y + cap)],
-                                BLACK.stroke_width(2),
-                            ),
-                        ])?;
+                        chart.draw_series(error_bar(y, (lo, hi), height * 0.25, false))?;
                         end = end.max(hi);
                     }
                     let mut text = fmt_value(*v);
@@ -272,18 +278,7 @@ impl Figure for Bars {
                     let x = g as f64 + 0.1 + (k as f64 + 0.46) * width;
                     let mut top = *v;
                     if let Some((lo, hi)) = self.interval(k, g) {
-                        let cap = width * 0.2;
-                        chart.draw_series([
-                            PathElement::new(vec![(x, lo), (x, hi)], BLACK.stroke_width(2)),
-                            PathElement::new(
-                                vec![(x - cap, lo), (x + cap, lo)],
-                                BLACK.stroke_width(2),
-                            ),
-                            PathElement::new(
-                                vec![(x - cap, hi), (x + cap, hi)],
-                                BLACK.stroke_width(2),
-                            ),
-                        ])?;
+                        chart.draw_series(error_bar(x, (lo, hi), width * 0.2, true))?;
                         top = top.max(hi);
                     }
                     note(&mut chart, x, top, &fmt_value(*v), label_size)?;
