@@ -5,7 +5,7 @@
 
 use super::columns::{self as c, Metric, Stat};
 use super::plot::{bars::Bars, lines::Lines, save};
-use super::summary::{cell, num, Summary};
+use super::summary::{cell, num, speedup_text, Summary};
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
     let t = &s.table;
     let names: Vec<String> = (0..t.height()).map(|i| cell(t, c::RUN, i)).collect();
-    let speedups: Vec<Option<String>> = (0..t.height()).map(|i| speedup_label(t, i)).collect();
+    let speedups: Vec<Option<String>> = (0..t.height()).map(|i| speedup_text(t, i)).collect();
     let mut out = Vec::new();
     for (file, metric, title, unit) in [
         (
@@ -99,23 +99,6 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
     }
     out.extend(scaling(s, dir, study)?);
     Ok(out)
-}
-
-/// `1.07x [1.02–1.12]`, `≈` where the interval holds 1.
-fn speedup_label(t: &polars::prelude::DataFrame, i: usize) -> Option<String> {
-    let v = num(t, c::SPEEDUP, i)?;
-    let same = matches!(
-        t.column(c::SIGNIFICANT).and_then(|s| s.get(i)),
-        Ok(polars::prelude::AnyValue::Boolean(false))
-    );
-    let interval = match (
-        num(t, c::SPEEDUP_CI95_LOW, i),
-        num(t, c::SPEEDUP_CI95_HIGH, i),
-    ) {
-        (Some(lo), Some(hi)) => format!(" [{lo:.2}–{hi:.2}]"),
-        _ => String::new(),
-    };
-    Some(format!("{}{v:.2}x{interval}", if same { "≈" } else { "" }))
 }
 
 type Band = Option<Vec<(f64, f64, f64)>>;

@@ -618,3 +618,21 @@ pub fn num(df: &DataFrame, column: &str, row: usize) -> Option<f64> {
         .ok()?
         .get(row)
 }
+
+/// The speedup of row `i` as tables and charts print it: `1.07x [1.02, 1.12]`,
+/// with `≈` when its interval holds 1.
+pub fn speedup_text(t: &DataFrame, i: usize) -> Option<String> {
+    let v = num(t, c::SPEEDUP, i)?;
+    let interval = match (
+        num(t, c::SPEEDUP_CI95_LOW, i),
+        num(t, c::SPEEDUP_CI95_HIGH, i),
+    ) {
+        (Some(lo), Some(hi)) => format!(" [{lo:.2}, {hi:.2}]"),
+        _ => String::new(),
+    };
+    let same = matches!(
+        t.column(c::SIGNIFICANT).and_then(|s| s.get(i)),
+        Ok(AnyValue::Boolean(false))
+    );
+    Some(format!("{}{v:.2}x{interval}", if same { "≈" } else { "" }))
+}

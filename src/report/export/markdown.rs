@@ -2,9 +2,9 @@
 
 use super::{Exporter, TableContext};
 use crate::report::columns::{self as c, Metric, Stat};
-use crate::report::summary::{cell, num, Summary};
+use crate::report::summary::{cell, num, speedup_text, Summary};
 use anyhow::Result;
-use polars::prelude::{AnyValue, DataFrame};
+use polars::prelude::DataFrame;
 use std::io::Write;
 
 pub struct Markdown;
@@ -25,25 +25,6 @@ fn with_interval(t: &DataFrame, metric: Metric, i: usize, digits: usize) -> Stri
         (Some(m), Some(lo), Some(hi)) => format!("{m:.digits$} ± {:.digits$}", (hi - lo) / 2.0),
         _ => f(mean, digits),
     }
-}
-
-/// `1.07x [1.02, 1.12]`; `≈` marks a speedup whose interval holds 1.
-fn speedup(t: &DataFrame, i: usize) -> String {
-    let Some(v) = num(t, c::SPEEDUP, i) else {
-        return "-".into();
-    };
-    let interval = match (
-        num(t, c::SPEEDUP_CI95_LOW, i),
-        num(t, c::SPEEDUP_CI95_HIGH, i),
-    ) {
-        (Some(lo), Some(hi)) => format!(" [{lo:.2}, {hi:.2}]"),
-        _ => String::new(),
-    };
-    let same = matches!(
-        t.column(c::SIGNIFICANT).and_then(|s| s.get(i)),
-        Ok(AnyValue::Boolean(false))
-    );
-    format!("{}{v:.2}x{interval}", if same { "≈" } else { "" })
 }
 
 /// The README-ready table (also what `sweep report` prints): means with the
@@ -81,7 +62,7 @@ pub fn table(s: &Summary) -> String {
             f(num(t, &Metric::TrainingTokensPct.col(Stat::Mean), i), 2),
             f(num(t, c::FINAL_LOSS, i), 3),
             f(num(t, c::WALL_TIME_S, i), 1),
-            speedup(t, i),
+            speedup_text(t, i).unwrap_or_else(|| "-".into()),
         ));
         if scaling {
             out.push_str(&format!(
