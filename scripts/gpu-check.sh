@@ -34,23 +34,36 @@ export LD_LIBRARY_PATH
 nvidia-smi -L | tee "$OUT/device.txt"
 "$SWEEP" --version | tee -a "$OUT/device.txt"
 
+# Each step runs even when an earlier one failed; the exit status says
+# whether any did.
+status=0
 for step in "${STEPS[@]}"; do
     case $step in
         tests)
             unpack "target/gpu/it-$FEATURES-sm$CAP.xz" target/gpu/it
             # One at a time: they share the GPU.
-            target/gpu/it --ignored gpu:: --test-threads 1 2>&1 | tee "$OUT/tests.txt"
+            target/gpu/it --ignored gpu:: --test-threads 1 >"$OUT/tests.txt" 2>&1 || status=1
+            tail -n 30 "$OUT/tests.txt"
             ;;
         bench)
-            "$SWEEP" bench train --device cuda --layers 8 --steps 5 2>&1 | tee "$OUT/bench.txt"
-            # The NCCL path at world size 1 (one GPU allows one rank) against no engine.
-            "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10 2>&1 | tee -a "$OUT/bench.txt"
-            python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json" 2>&1 | tee -a "$OUT/bench.txt"
-            python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json" 2>&1 | tee -a "$OUT/bench.txt"
+            {
+                "$SWEEP" bench train --device cuda --layers 8 --steps 5 || status=1
+                # The NCCL path at world size 1 (one GPU allows one rank) against no engine.
+                "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10 || status=1
+                python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json" || status=1
+                python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json" || status=1
+            } >"$OUT/bench.txt" 2>&1
+            cat "$OUT/bench.txt"
             ;;
         quickstart)
-            "$SWEEP" run experiments/gpu-quickstart.toml 2>&1 | tail -n 40 | tee "$OUT/quickstart.txt"
+            "$SWEEP" run experiments/gpu-quickstart.toml >"$OUT/quickstart.txt" 2>&1 || status=1
+            cat results/gpu-quickstart/summary.md >>"$OUT/quickstart.txt" 2>&1 || status=1
+            tail -n 40 "$OUT/quickstart.txt"
+            # The runs' logs and metrics and the report, without checkpoints or data.
+            tar -czf "$OUT/quickstart.tgz" --exclude='checkpoints' --exclude='*.parquet' \
+                --exclude='*.arrow' results/gpu-quickstart plots/gpu-quickstart 2>/dev/null || true
             ;;
         *) echo "gpu-check: unknown step $step (tests, bench, quickstart)" >&2; exit 2 ;;
     esac
 done
+exit $status

@@ -18,6 +18,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use std::time::Instant;
 
+#[derive(Clone)]
 pub struct Case {
     pub label: String,
     pub preset: String,
@@ -90,8 +91,8 @@ pub fn default_cases() -> Vec<Case> {
     cases
 }
 
-/// The GPU cases, as the reference study trained: `ref-1b` at batch 8 and
-/// sequence 2048 (its DDP model), and `ref-8b`'s layer shapes with `layers` of
+/// The GPU cases, as the reference study trained: `ref-1b` at batch 8 (and 2)
+/// and sequence 2048 (its DDP model), and `ref-8b`'s layer shapes with `layers` of
 /// its 32 layers (all of them need more than an 80 GB GPU holds) at batch 1
 /// and 2, in bf16 with flash attention; `ref-1b` also with eager attention.
 pub fn gpu_cases(layers: usize) -> Vec<Case> {
@@ -117,6 +118,8 @@ pub fn gpu_cases(layers: usize) -> Vec<Case> {
         gpu(label, "ref-8b", Some(layers), batch, AttentionKind::Flash)
     };
     vec![
+        // Batch 2 first: how memory and speed grow toward batch 8.
+        gpu("ref-1b".into(), "ref-1b", None, 2, AttentionKind::Flash),
         gpu("ref-1b".into(), "ref-1b", None, 8, AttentionKind::Flash),
         gpu(
             "ref-1b eager".into(),
@@ -161,93 +164,116 @@ fn setup(
         crate::train::peak::refresh(kernel, threads)?
     } else {
         let cfg = TrainConfig {
-            gpu: Some(gpu.unwrap_or(&name).to_string()),
+            gpu: gpu.map(str::to_string),
             ..Default::default()
         };
-        crate::train::metrics::peak_flops(&cfg, false, threads)?.0
+        crate::train::metrics::peak_flops(&cfg, Some(&name), threads)?.0
     };
     Ok((device, dtype, bf16_matmuls, peak, name))
 }
 
+/// A case that could not be timed (out of device memory, say), and why.
+pub struct Failed {
+    pub case: Case,
+    pub error: anyhow::Error,
+}
+
 /// Times `steps` train steps of every case after two warm-up steps. `gpu`
 /// names the accelerator for the peak-FLOPs table when the driver's name
-/// does not match it.
+/// does not match it. A case that fails is reported and the next one runs:
+/// one too large for the device should not hide the others.
 pub fn run(
     cases: Vec<Case>,
     steps: usize,
     threads: usize,
     gpu: Option<&str>,
-) -> Result<Vec<TrainRow>> {
-    let mut rows = Vec::new();
-    for case in cases {
-        let (device, dtype, bf16_matmuls, peak, device_name) = setup(&case, threads, gpu)?;
-        let cfg = ModelConfig::resolve(&case.preset, &case.overrides)?;
-        let spec = ModelSpec {
-            cfg,
-            attention: case.attention,
-            max_seq: case.seq,
-            device: device.clone(),
-            dtype,
-            bf16_matmuls,
-        };
-        let params = spec.init_params(1)?;
-        let model = Llama::new(&params, &spec)?;
-        let cfg = &spec.cfg;
-        let mut opt = AdamW::new(&params, &TrainConfig::default())?;
-        let n = case.batch * case.seq;
-        let ids: Vec<u32> = (0..n)
-            .map(|i| ((i * 7919) % cfg.vocab_size) as u32)
-            .collect();
-        let labels: Vec<i64> = (0..n)
-            .map(|i| {
-                if i % case.seq == 0 {
-                    IGNORE
-                } else {
-                    ((i * 104729) % cfg.vocab_size) as i64
-                }
-            })
-            .collect();
-        let ids = Tensor::from_vec(ids, (case.batch, case.seq), &device)?;
-        let mut memory = PeakMemory::default();
-        let (mut fwd, mut bwd, mut upd) = (0.0, 0.0, 0.0);
-        for step in 0..steps + 2 {
-            let t0 = Instant::now();
-            let loss = model.loss(&ids, &labels, n as f64)?;
-            // Reading the loss waits for the device.
-            let _ = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-            let t1 = Instant::now();
-            let mut grads = Grads::default();
-            let g = loss.backward()?;
-            memory.sample(&device)?;
-            grads.accumulate(&params, g)?;
-            let norm = grads.norm()?;
-            let t2 = Instant::now();
-            opt.step(&grads, 1e-4, (1.0 / norm).min(1.0))?;
-            device.synchronize()?;
-            let t3 = Instant::now();
-            if step >= 2 {
-                // The first two steps warm up allocations and caches.
-                fwd += (t1 - t0).as_secs_f64();
-                bwd += (t2 - t1).as_secs_f64();
-                upd += (t3 - t2).as_secs_f64();
+) -> Vec<std::result::Result<TrainRow, Box<Failed>>> {
+    cases
+        .into_iter()
+        .map(|case| {
+            let outcome = time_case(&case, steps, threads, gpu);
+            // As each case ends: the table comes only after the last one.
+            match &outcome {
+                Ok(r) => eprintln!(
+                    "bench train: {} b{}: {:.0} tokens/s, peak {:.0} MB",
+                    case.label, case.batch, r.tokens_per_s, r.peak_memory_mb
+                ),
+                Err(e) => eprintln!("bench train: {} b{}: {e:#}", case.label, case.batch),
             }
+            outcome.map_err(|error| Box::new(Failed { case, error }))
+        })
+        .collect()
+}
+
+fn time_case(case: &Case, steps: usize, threads: usize, gpu: Option<&str>) -> Result<TrainRow> {
+    let case = case.clone();
+    let (device, dtype, bf16_matmuls, peak, device_name) = setup(&case, threads, gpu)?;
+    let cfg = ModelConfig::resolve(&case.preset, &case.overrides)?;
+    let spec = ModelSpec {
+        cfg,
+        attention: case.attention,
+        max_seq: case.seq,
+        device: device.clone(),
+        dtype,
+        bf16_matmuls,
+        recompute: crate::config::Recompute::None,
+    };
+    let params = spec.init_params(1)?;
+    let model = Llama::new(&params, &spec)?;
+    let cfg = &spec.cfg;
+    let mut opt = AdamW::new(&params, &TrainConfig::default())?;
+    let n = case.batch * case.seq;
+    let ids: Vec<u32> = (0..n)
+        .map(|i| ((i * 7919) % cfg.vocab_size) as u32)
+        .collect();
+    let labels: Vec<i64> = (0..n)
+        .map(|i| {
+            if i % case.seq == 0 {
+                IGNORE
+            } else {
+                ((i * 104729) % cfg.vocab_size) as i64
+            }
+        })
+        .collect();
+    let ids = Tensor::from_vec(ids, (case.batch, case.seq), &device)?;
+    let mut memory = PeakMemory::default();
+    let (mut fwd, mut bwd, mut upd) = (0.0, 0.0, 0.0);
+    for step in 0..steps + 2 {
+        let t0 = Instant::now();
+        let loss = model.loss(&ids, &labels, n as f64)?;
+        // Reading the loss waits for the device.
+        let _ = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        let t1 = Instant::now();
+        let mut grads = Grads::default();
+        let g = model.backward(&loss)?;
+        memory.sample(&device)?;
+        grads.accumulate(&params, g)?;
+        let norm = grads.norm()?;
+        let t2 = Instant::now();
+        opt.step(&grads, 1e-4, (1.0 / norm).min(1.0))?;
+        device.synchronize()?;
+        let t3 = Instant::now();
+        if step >= 2 {
+            // The first two steps warm up allocations and caches.
+            fwd += (t1 - t0).as_secs_f64();
+            bwd += (t2 - t1).as_secs_f64();
+            upd += (t3 - t2).as_secs_f64();
         }
-        let total = fwd + bwd + upd;
-        let tokens_per_s = (n * steps) as f64 / total;
-        let flops_per_token = cfg.flops_per_token(case.seq);
-        rows.push(TrainRow {
-            params: params.count(),
-            flops_per_token,
-            tokens_per_s,
-            gflops: tokens_per_s * flops_per_token / 1e9,
-            peak_gflops: peak / 1e9,
-            forward_s: fwd / steps as f64,
-            backward_s: bwd / steps as f64,
-            optimizer_s: upd / steps as f64,
-            peak_memory_mb: memory.peak_mb(&device),
-            device_name,
-            case,
-        });
     }
-    Ok(rows)
+    let total = fwd + bwd + upd;
+    let tokens_per_s = (n * steps) as f64 / total;
+    let flops_per_token = cfg.flops_per_token(case.seq);
+    Ok(TrainRow {
+        params: params.count(),
+        flops_per_token,
+        tokens_per_s,
+        gflops: tokens_per_s * flops_per_token / 1e9,
+        peak_gflops: peak / 1e9,
+        forward_s: fwd / steps as f64,
+        backward_s: bwd / steps as f64,
+        optimizer_s: upd / steps as f64,
+        peak_memory_mb: memory.peak_mb(&device),
+        device_name,
+        case,
+    })
 }

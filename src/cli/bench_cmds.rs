@@ -77,7 +77,10 @@ fn train(
                 .is_none_or(|o| format!("{} {}", c.label, c.precision()).contains(o))
         })
         .collect();
-    let rows = crate::bench::train::run(cases, steps, threads, gpu.as_deref())?;
+    let outcomes = crate::bench::train::run(cases, steps, threads, gpu.as_deref());
+    let (rows, failed): (Vec<_>, Vec<_>) = outcomes.into_iter().partition(|o| o.is_ok());
+    let rows: Vec<_> = rows.into_iter().filter_map(|o| o.ok()).collect();
+    let failed: Vec<_> = failed.into_iter().filter_map(|o| o.err()).collect();
     let on = match (device, rows.first()) {
         (DeviceKind::Cuda, Some(r)) => r.device_name.clone(),
         _ => format!("{threads} CPU thread(s)"),
@@ -105,6 +108,18 @@ fn train(
             100.0 * r.backward_s / step,
             100.0 * r.optimizer_s / step
         );
+    }
+    for f in &failed {
+        println!(
+            "{:<24} {:<10} {:>5}  failed: {:#}",
+            f.case.label,
+            f.case.precision(),
+            f.case.batch,
+            f.error
+        );
+    }
+    if rows.is_empty() && !failed.is_empty() {
+        anyhow::bail!("no case could be timed");
     }
     Ok(())
 }

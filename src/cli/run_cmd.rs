@@ -91,12 +91,17 @@ fn watch(sub: &mut Submission, view: &mut LiveView) -> Result<bool> {
                 job.job_id,
                 job.units.len()
             )),
-            Event::Ended(o) => view.log(&format!(
-                "{:<9} {} ({:.1} s)",
-                o.status.describe(),
-                o.name,
-                o.seconds
-            )),
+            Event::Ended(o) => {
+                view.log(&format!(
+                    "{:<9} {} ({:.1} s)",
+                    o.status.describe(),
+                    o.name,
+                    o.seconds
+                ));
+                if let Some(line) = &o.last_log_line {
+                    view.log(&format!("          {line}"));
+                }
+            }
             Event::Tick => view.update(&(0..dirs.len()).map(current).collect::<Vec<_>>()),
             Event::Started(_) | Event::WouldRun { .. } => {}
         },

@@ -253,7 +253,12 @@ fn print_event(e: Event<'_>, dry_run: bool) {
         }
         Event::WouldRun { name, command } => println!("would run {name}: {command}"),
         Event::Started(o) => eprintln!("started   {}", o.name),
-        Event::Ended(o) => eprintln!("{:<9} {} ({:.1} s)", o.status.describe(), o.name, o.seconds),
+        Event::Ended(o) => {
+            eprintln!("{:<9} {} ({:.1} s)", o.status.describe(), o.name, o.seconds);
+            if let Some(line) = &o.last_log_line {
+                eprintln!("          {line}");
+            }
+        }
         Event::Tick => {}
     }
 }

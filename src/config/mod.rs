@@ -112,6 +112,19 @@ pub enum AttentionKind {
     Flash,
 }
 
+/// Activation recomputation (activation checkpointing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation the backward pass needs.
+    #[default]
+    None,
+    /// Keep only each block's input and run the block again in the backward
+    /// pass: activation memory of one block instead of all, for a third more
+    /// compute in the blocks.
+    Blocks,
+}
+
 /// Thresholds of the stability monitor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -236,6 +249,7 @@ pub struct TrainConfig {
     pub architecture: ModelOverrides,
     pub precision: Precision,
     pub attention: AttentionKind,
+    pub recompute: Recompute,
     pub device: DeviceKind,
 
     // --- optimisation
@@ -257,6 +271,9 @@ pub struct TrainConfig {
     pub logging_frequency: usize,
     /// Save a checkpoint every this many steps (0: only on SIGUSR1/SIGTERM and at the end).
     pub checkpoint_every: usize,
+    /// Save one after the last step too. Throughput studies of large models
+    /// turn it off: an 8B model's weights and AdamW state are ~100 GB a run.
+    pub checkpoint_at_end: bool,
     /// Validation loss every this many steps (0: off).
     pub validation_every: usize,
     pub validation_batches: usize,
@@ -288,6 +305,7 @@ impl Default for TrainConfig {
             architecture: ModelOverrides::default(),
             precision: Precision::F32,
             attention: AttentionKind::Eager,
+            recompute: Recompute::None,
             device: DeviceKind::Cpu,
             batch_size: 1,
             gradient_accumulation: 1,
@@ -304,6 +322,7 @@ impl Default for TrainConfig {
             seed: 42,
             logging_frequency: 10,
             checkpoint_every: 0,
+            checkpoint_at_end: true,
             validation_every: 0,
             validation_batches: 4,
             threads: 0,

@@ -92,6 +92,9 @@ pub struct Outcome {
     pub kind: UnitKind,
     pub status: Status,
     pub seconds: f64,
+    /// For a unit that did not complete, the last line of its log: usually
+    /// the error, so that a failed sweep says why without opening files.
+    pub last_log_line: Option<String>,
 }
 
 struct Running {
@@ -464,12 +467,30 @@ fn finish_unstarted(units: &[Unit], i: usize, state: State, reason: &str) -> Res
 }
 
 fn outcome(u: &Unit, s: &LocalState, seconds: f64) -> Outcome {
+    let status = to_status(s);
+    let last_log_line = (status.state != State::Completed)
+        .then(|| last_line(&u.dir.join(LOG_FILE)))
+        .flatten();
     Outcome {
         name: u.name.clone(),
         kind: u.kind,
-        status: to_status(s),
+        status,
         seconds,
+        last_log_line,
     }
+}
+
+/// The last non-empty line of a log (of its last 4 KiB), cut to 300 characters.
+fn last_line(path: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).ok()?;
+    let tail = String::from_utf8_lossy(&tail);
+    let line = tail.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+    Some(line.chars().take(300).collect())
 }
 
 fn to_status(s: &LocalState) -> Status {

@@ -22,12 +22,19 @@ pub const PEAK_FLOPS: &[(&str, f64)] = &[
     ("MI250X", 383e12),
 ];
 
-/// Peak FLOP/s of one device and where the number comes from.
-pub fn peak_flops(cfg: &TrainConfig, cpu: bool, threads: usize) -> Result<(f64, String)> {
+/// Peak FLOP/s of one device and where the number comes from: `peak_flops`
+/// in the configuration, else its `gpu` name, else the name the CUDA driver
+/// gives the device (`driver_name`, `None` on the CPU) looked up in
+/// [`PEAK_FLOPS`], else, on the CPU, the measured peak of this machine.
+pub fn peak_flops(
+    cfg: &TrainConfig,
+    driver_name: Option<&str>,
+    threads: usize,
+) -> Result<(f64, String)> {
     if let Some(p) = cfg.peak_flops {
         return Ok((p, "peak_flops in the configuration".into()));
     }
-    if let Some(gpu) = &cfg.gpu {
+    if let Some(gpu) = cfg.gpu.as_deref().or(driver_name) {
         let name = gpu.to_ascii_uppercase();
         return match PEAK_FLOPS
             .iter()
@@ -44,21 +51,18 @@ pub fn peak_flops(cfg: &TrainConfig, cpu: bool, threads: usize) -> Result<(f64, 
             ),
         };
     }
-    if cpu {
-        let kernel = match cfg.precision {
-            Precision::Bf16Mixed => Kernel::Bf16,
-            _ => Kernel::F32,
-        };
-        let p = super::peak::cpu_peak(kernel, threads)?;
-        return Ok((
-            p,
-            format!(
-                "the measured peak of {} on {threads} CPU threads",
-                kernel.describe()
-            ),
-        ));
-    }
-    bail!("set `gpu` (e.g. \"H100\") or `peak_flops` so that MFU can be computed")
+    let kernel = match cfg.precision {
+        Precision::Bf16Mixed => Kernel::Bf16,
+        _ => Kernel::F32,
+    };
+    let p = super::peak::cpu_peak(kernel, threads)?;
+    Ok((
+        p,
+        format!(
+            "the measured peak of {} on {threads} CPU threads",
+            kernel.describe()
+        ),
+    ))
 }
 
 /// One logged step.
@@ -251,14 +255,19 @@ mod tests {
             gpu: Some("gh200".into()),
             ..Default::default()
         };
-        assert_eq!(peak_flops(&c, false, 1).unwrap().0, 989e12);
+        assert_eq!(peak_flops(&c, None, 1).unwrap().0, 989e12);
         c.gpu = Some("NVIDIA A100-SXM4-80GB".into());
-        assert_eq!(peak_flops(&c, false, 1).unwrap().0, 312e12);
+        assert_eq!(peak_flops(&c, None, 1).unwrap().0, 312e12);
         c.peak_flops = Some(5e12);
-        assert_eq!(peak_flops(&c, false, 1).unwrap().0, 5e12);
+        assert_eq!(peak_flops(&c, None, 1).unwrap().0, 5e12);
         c.peak_flops = None;
         c.gpu = Some("TPU".into());
-        assert!(peak_flops(&c, false, 1).is_err());
+        assert!(peak_flops(&c, None, 1).is_err());
+        // Without a `gpu`, the driver's name for the device.
+        c.gpu = None;
+        let h100 = peak_flops(&c, Some("NVIDIA H100 80GB HBM3"), 1).unwrap();
+        assert_eq!(h100.0, 989e12);
+        assert!(peak_flops(&c, Some("NVIDIA GeForce GT 710"), 1).is_err());
     }
 
     #[test]

@@ -110,6 +110,7 @@ impl Trainer {
             device: device.clone(),
             dtype,
             bf16_matmuls,
+            recompute: cfg.recompute,
         };
         let params = model_spec.init_params(cfg.seed)?;
         broadcast_params(&*comm, &params)?;
@@ -201,7 +202,7 @@ impl Trainer {
             let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
             let l = self.model.loss(&ids, &b.labels, divisor)?;
             loss += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
-            let g = l.backward()?;
+            let g = self.model.backward(&l)?;
             memory.sample(&self.device)?;
             grads.accumulate(&self.params, g)?;
         }
@@ -332,7 +333,10 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
     let cfg = t.cfg.clone();
     let ranks = t.ranks();
     let main = ranks.is_main();
-    let (peak, peak_source) = metrics::peak_flops(&cfg, t.device.is_cpu(), t.threads)?;
+    let driver_name = (!t.device.is_cpu())
+        .then(|| device::name(&t.device))
+        .transpose()?;
+    let (peak, peak_source) = metrics::peak_flops(&cfg, driver_name.as_deref(), t.threads)?;
     let flops_per_token = t.model_spec.cfg.flops_per_token(cfg.sequence_length);
     if main {
         eprintln!(
@@ -544,6 +548,13 @@ mod tests {
     }
 
     fn setup(dtype: DType) -> (Params, Llama, Tensor, Vec<i64>) {
+        setup_with(dtype, crate::config::Recompute::None)
+    }
+
+    fn setup_with(
+        dtype: DType,
+        recompute: crate::config::Recompute,
+    ) -> (Params, Llama, Tensor, Vec<i64>) {
         let cfg = tiny(40);
         let spec = ModelSpec {
             cfg,
@@ -552,6 +563,7 @@ mod tests {
             device: Device::Cpu,
             dtype,
             bf16_matmuls: false,
+            recompute,
         };
         let params = spec.init_params(7).unwrap();
         let model = Llama::new(&params, &spec).unwrap();
@@ -577,8 +589,36 @@ mod tests {
             .to_scalar::<f64>()
             .unwrap();
         let mut g = Grads::default();
-        g.accumulate(params, loss.backward().unwrap()).unwrap();
+        g.accumulate(params, model.backward(&loss).unwrap())
+            .unwrap();
         (value, g)
+    }
+
+    #[test]
+    fn recomputed_blocks_give_the_same_loss_and_gradients() -> Result<()> {
+        use crate::config::Recompute;
+        for dtype in [DType::F32, DType::F64] {
+            let (p0, m0, ids, labels) = setup_with(dtype, Recompute::None);
+            let (p1, m1, _, _) = setup_with(dtype, Recompute::Blocks);
+            // Twice: gradients gathered in one backward pass must not leak
+            // into the next.
+            for _ in 0..2 {
+                let (l0, g0) = grads_of(&p0, &m0, &ids, &labels);
+                let (l1, g1) = grads_of(&p1, &m1, &ids, &labels);
+                assert_eq!(l0, l1, "{dtype:?}: the forward pass changed");
+                for (name, _) in p0.iter() {
+                    let a = g0.get(name).unwrap().to_dtype(DType::F64)?;
+                    let b = g1.get(name).unwrap().to_dtype(DType::F64)?;
+                    let scale = a.abs()?.max_all()?.to_scalar::<f64>()?;
+                    let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+                    assert!(
+                        diff <= 1e-5 * scale,
+                        "{dtype:?} `{name}`: {diff:e} of {scale:e}"
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     #[test]

@@ -6,18 +6,22 @@
 
 use super::attention;
 use super::ops::{
-    cross_entropy::cross_entropy, matmul::matmul, rms_norm::rms_norm, rope, silu_mul::silu_mul,
+    attach::attach, cross_entropy::cross_entropy, matmul::matmul, rms_norm::rms_norm, rope,
+    silu_mul::silu_mul,
 };
 use super::params::{Declare, Init, Params, Source};
-use crate::config::{AttentionKind, ModelConfig};
+use crate::config::{AttentionKind, ModelConfig, Recompute};
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor};
+use candle_core::backprop::GradStore;
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor, Var};
+use std::sync::{Arc, Mutex};
 
 /// x [N, in] · wᵀ, w [out, in]; bf16 operands when `bf16`.
 fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> candle_core::Result<Tensor> {
     matmul(x, &w.t()?, bf16)
 }
 
+#[derive(Clone)]
 struct Attention {
     wq: Tensor,
     wk: Tensor,
@@ -107,6 +111,7 @@ impl Attention {
     }
 }
 
+#[derive(Clone)]
 struct Mlp {
     w1: Tensor,
     w2: Tensor,
@@ -139,6 +144,7 @@ impl Mlp {
     }
 }
 
+#[derive(Clone)]
 struct Block {
     attention_norm: Tensor,
     attention: Attention,
@@ -189,6 +195,7 @@ pub struct ModelSpec {
     pub dtype: DType,
     /// Matrix products with bf16 operands and f32 accumulation (autocast).
     pub bf16_matmuls: bool,
+    pub recompute: Recompute,
 }
 
 impl ModelSpec {
@@ -204,6 +211,9 @@ impl ModelSpec {
 pub struct Llama {
     embeddings: Tensor,
     blocks: Vec<Block>,
+    /// With `recompute = "blocks"`: the parameter gradients that the blocks'
+    /// second forward passes produce, gathered during `backward`.
+    recomputed: Option<Arc<Mutex<GradStore>>>,
     norm: Tensor,
     output: Tensor,
     rope: rope::RopeTables,
@@ -240,6 +250,8 @@ impl Llama {
             )?,
             eps: cfg.norm_eps,
             bf16: spec.bf16_matmuls,
+            recomputed: (spec.recompute == Recompute::Blocks)
+                .then(|| Arc::new(Mutex::new(GradStore::default()))),
         })
     }
 
@@ -248,7 +260,10 @@ impl Llama {
         let (b, t) = ids.dims2()?;
         let mut x = self.embeddings.index_select(&ids.flatten_all()?, 0)?;
         for block in &self.blocks {
-            x = block.forward(&x, b, t, &self.rope)?;
+            x = match &self.recomputed {
+                None => block.forward(&x, b, t, &self.rope)?,
+                Some(grads) => Recomputed::forward(block, &x, b, t, &self.rope, grads)?,
+            };
         }
         Ok(linear(
             &rms_norm(&x, &self.norm, self.eps)?,
@@ -260,5 +275,121 @@ impl Llama {
     /// Summed cross-entropy over the labels that are not -100, divided by `divisor`.
     pub fn loss(&self, ids: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
         Ok(cross_entropy(&self.forward(ids)?, labels, divisor)?)
+    }
+
+    /// The gradients of `loss` (from [`Llama::loss`]) for every parameter,
+    /// those of recomputed blocks included.
+    pub fn backward(&self, loss: &Tensor) -> Result<GradStore> {
+        let mut grads = loss.backward()?;
+        if let Some(recomputed) = &self.recomputed {
+            let mut r = recomputed.lock().expect("no panic while holding it");
+            grads.extend(std::mem::take(&mut *r))?;
+        }
+        Ok(grads)
+    }
+}
+
+/// One block under activation recomputation, as a custom op on the block's
+/// input: its forward pass runs the block without keeping the graph (only
+/// the input stays alive, as the op's argument) and its backward pass runs
+/// the block again with the graph, from the gradient of its output.
+struct Recomputed {
+    block: Block,
+    rope: rope::RopeTables,
+    b: usize,
+    t: usize,
+    /// The output, computed before the op is applied; the op hands over a
+    /// copy of it and lets it go.
+    output: Mutex<Option<Tensor>>,
+    grads: Arc<Mutex<GradStore>>,
+}
+
+impl Recomputed {
+    fn forward(
+        block: &Block,
+        x: &Tensor,
+        b: usize,
+        t: usize,
+        rope: &rope::RopeTables,
+        grads: &Arc<Mutex<GradStore>>,
+    ) -> Result<Tensor> {
+        // The block's graph dies with `y`; its output lives on as data.
+        let y = block.forward(&x.detach(), b, t, rope)?.detach();
+        let op = Recomputed {
+            block: block.clone(),
+            rope: rope.clone(),
+            b,
+            t,
+            output: Mutex::new(Some(y)),
+            grads: grads.clone(),
+        };
+        Ok(x.apply_op1_arc(Arc::new(Box::new(op)))?)
+    }
+
+    /// A contiguous copy of the output's storage (CPU or CUDA alike).
+    fn take_output<S>(
+        &self,
+        pick: impl Fn(&candle_core::Storage) -> Option<&S>,
+    ) -> candle_core::Result<(S, Shape)>
+    where
+        S: candle_core::backend::BackendStorage,
+        S::Device: candle_core::backend::BackendDevice<Storage = S>,
+    {
+        use candle_core::backend::BackendDevice;
+        let y = self
+            .output
+            .lock()
+            .expect("no panic while holding it")
+            .take()
+            .ok_or_else(|| candle_core::Error::Msg("a recomputed block ran twice".into()))?;
+        let (storage, layout) = y.storage_and_layout();
+        let src = pick(&storage).ok_or_else(|| {
+            candle_core::Error::Msg("the block's output is on another device".into())
+        })?;
+        // SAFETY: every element is written by the copy below.
+        let mut dst = unsafe { src.device().alloc_uninit(layout.shape(), src.dtype())? };
+        src.copy_strided_src(&mut dst, 0, layout)?;
+        Ok((dst, layout.shape().clone()))
+    }
+}
+
+impl CustomOp1 for Recomputed {
+    fn name(&self) -> &'static str {
+        "sweep-recomputed-block"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.take_output(|s| match s {
+            candle_core::Storage::Cpu(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        self.take_output(|s| match s {
+            candle_core::Storage::Cuda(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    fn bwd(&self, x: &Tensor, _: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let x = Var::from_tensor(&x.detach())?;
+        let y = self
+            .block
+            .forward(x.as_tensor(), self.b, self.t, &self.rope)
+            .map_err(|e| candle_core::Error::Msg(format!("recomputing a block: {e:#}")))?;
+        let mut inner = attach(&y, dy.detach(), DType::F32)?.backward()?;
+        let dx = inner.remove(x.as_tensor());
+        // What is left are the block's parameters' gradients.
+        self.grads
+            .lock()
+            .expect("no panic while holding it")
+            .extend(inner)?;
+        Ok(dx)
     }
 }

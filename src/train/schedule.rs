@@ -11,6 +11,7 @@ pub struct Schedule {
     validate_every: usize,
     /// 0: only at the end (and on a signal, which the loop handles).
     checkpoint_every: usize,
+    checkpoint_at_end: bool,
 }
 
 /// What is due after one step.
@@ -29,6 +30,7 @@ impl Schedule {
             log_every: cfg.logging_frequency.max(1),
             validate_every: cfg.validation_every,
             checkpoint_every: cfg.checkpoint_every,
+            checkpoint_at_end: cfg.checkpoint_at_end,
         }
     }
 
@@ -39,7 +41,7 @@ impl Schedule {
         Due {
             log: step == 1 || every(self.log_every) || last || validate,
             validate,
-            checkpoint: every(self.checkpoint_every) || last,
+            checkpoint: every(self.checkpoint_every) || (last && self.checkpoint_at_end),
         }
     }
 }
@@ -59,6 +61,7 @@ mod tests {
             log_every: 10,
             validate_every: 25,
             checkpoint_every: 0,
+            checkpoint_at_end: true,
         };
         assert_eq!(steps_where(&s, |d| d.validate), vec![25, 50, 75, 100]);
         let logged = steps_where(&s, |d| d.log);
@@ -78,6 +81,7 @@ mod tests {
             log_every: 10,
             validate_every: 20,
             checkpoint_every: 15,
+            checkpoint_at_end: true,
         };
         assert_eq!(
             s.at(33),
@@ -93,5 +97,10 @@ mod tests {
             ..s
         };
         assert!(steps_where(&off, |d| d.validate).is_empty());
+        let no_final = Schedule {
+            checkpoint_at_end: false,
+            ..s
+        };
+        assert_eq!(steps_where(&no_final, |d| d.checkpoint), vec![15, 30]);
     }
 }

@@ -1,7 +1,15 @@
 //! Cross-entropy summed over the labels that are not -100 and divided by
 //! `divisor` (the count of such labels in the whole optimizer step, so that
 //! gradient accumulation equals one large batch).
+//!
+//! Off the CPU's f32 path the logits are [B·T, 131072] for the reference
+//! models: gigabytes. Composing log-softmax from candle ops keeps three more
+//! such tensors alive for the backward pass, and their gradients on top.
+//! [`by_rows`] instead computes the loss and its gradient up front, in f32, a
+//! slice of rows at a time, and hangs the gradient on the graph with
+//! [`attach`]: one extra [B·T, V] tensor in the logits' dtype, no more.
 
+use super::attach::attach;
 use super::{f32s, fused};
 use crate::data::samples::IGNORE;
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
@@ -26,8 +34,65 @@ pub fn cross_entropy(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Te
             divisor: divisor as f32,
         })
     } else {
-        composed(logits, labels, divisor)
+        by_rows(logits, labels, divisor)
     }
+}
+
+/// Elements of f32 temporaries per slice of rows in [`by_rows`] (256 MB).
+const SLICE_ELEMENTS: usize = 1 << 26;
+
+/// The loss and d loss / d logits, computed with detached candle ops on the
+/// logits' device, a slice of rows at a time, in f32 (f64 for f64 logits).
+/// The loss is a scalar of that dtype.
+pub fn by_rows(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
+    let v = logits.dim(1)?;
+    by_slices_of(logits, labels, divisor, (SLICE_ELEMENTS / v).max(1))
+}
+
+fn by_slices_of(logits: &Tensor, labels: &[i64], divisor: f64, rows: usize) -> Result<Tensor> {
+    let (n, v) = logits.dims2()?;
+    let dev = logits.device();
+    let x = logits.detach();
+    let dtype = if x.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let idx: Vec<u32> = labels
+        .iter()
+        .map(|&l| if l == IGNORE { 0 } else { l as u32 })
+        .collect();
+    // Per row: 1/divisor where the label counts, 0 where it is ignored.
+    let weight: Vec<f32> = labels
+        .iter()
+        .map(|&l| {
+            if l == IGNORE {
+                0.0
+            } else {
+                1.0 / divisor as f32
+            }
+        })
+        .collect();
+    let idx = Tensor::from_vec(idx, (n, 1), dev)?;
+    let weight = Tensor::from_vec(weight, (n, 1), dev)?.to_dtype(dtype)?;
+    let grad = Tensor::zeros((n, v), x.dtype(), dev)?;
+    let mut loss = Tensor::zeros((), dtype, dev)?;
+    for start in (0..n).step_by(rows) {
+        let len = rows.min(n - start);
+        let (idx, w) = (idx.narrow(0, start, len)?, weight.narrow(0, start, len)?);
+        let xs = x.narrow(0, start, len)?.to_dtype(dtype)?;
+        let shifted = xs.broadcast_sub(&xs.max_keepdim(1)?)?;
+        let exp = shifted.exp()?;
+        let sum = exp.sum_keepdim(1)?;
+        // -log softmax at the label = log Σ exp − shifted[label].
+        let rows_loss = (sum.log()? - shifted.gather(&idx, 1)?)?;
+        loss = (loss + (rows_loss * &w)?.sum_all()?)?;
+        // (softmax − onehot(label)) · weight
+        let d = exp.broadcast_mul(&w.broadcast_div(&sum)?)?;
+        let d = d.scatter_add(&idx, &w.neg()?, 1)?;
+        grad.slice_set(&d.to_dtype(x.dtype())?, 0, start)?;
+    }
+    loss + attach(logits, grad, dtype)?
 }
 
 pub fn composed(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
@@ -148,6 +213,49 @@ mod tests {
         assert!(max_diff(da, db)? < 1e-6);
         // Ignored rows get no gradient.
         assert_eq!(da.get(1)?.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn by_rows_matches_composed_in_value_and_gradient() -> Result<()> {
+        // f64 and bf16 take the by-rows path on the CPU, as every dtype does
+        // on a GPU.
+        for dtype in [DType::F64, DType::BF16] {
+            let x = Var::from_tensor(&(rand(&[7, 13], 2) * 3.0)?.to_dtype(dtype)?)?;
+            let labels = [3, IGNORE, 12, 0, IGNORE, 7, 5];
+            let a = cross_entropy(&x, &labels, 5.0)?;
+            let b = composed(&x.to_dtype(DType::F32)?, &labels, 5.0)?;
+            let want = if dtype == DType::F64 {
+                dtype
+            } else {
+                DType::F32
+            };
+            assert_eq!(a.dtype(), want);
+            let tol = if dtype == DType::F64 { 1e-5 } else { 2e-2 };
+            let a32 = a.to_dtype(DType::F32)?;
+            assert!(max_diff(&a32, &b)? < tol, "{dtype:?}");
+            let (ga, gb) = (a.backward()?, b.backward()?);
+            let da = ga.get(&x).unwrap().to_dtype(DType::F32)?;
+            let db = gb.get(&x).unwrap().to_dtype(DType::F32)?;
+            assert!(max_diff(&da, &db)? < tol / 10.0, "{dtype:?}");
+            assert_eq!(da.get(1)?.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn slices_of_rows_that_do_not_divide_the_batch_change_nothing() -> Result<()> {
+        let x = Var::from_tensor(&(rand(&[11, 9], 3) * 4.0)?.to_dtype(DType::F64)?)?;
+        let labels = [1, 8, IGNORE, 0, 5, 5, IGNORE, 2, 3, 7, 6];
+        let whole = by_slices_of(&x, &labels, 3.0, 11)?;
+        let d_whole = whole.backward()?.get(&x).unwrap().to_dtype(DType::F32)?;
+        for rows in [1, 2, 4, 10] {
+            let a = by_slices_of(&x, &labels, 3.0, rows)?;
+            let diff = (&a - &whole)?.abs()?.to_scalar::<f64>()?;
+            assert!(diff < 1e-12, "{rows} rows");
+            let da = a.backward()?.get(&x).unwrap().to_dtype(DType::F32)?;
+            assert!(max_diff(&da, &d_whole)? < 1e-7, "{rows} rows");
+        }
         Ok(())
     }
 

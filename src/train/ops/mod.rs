@@ -6,6 +6,7 @@
 //! runs on other devices and dtypes, and the tests check the fused op's
 //! forward and gradients against it.
 
+pub mod attach;
 pub mod bf16_gemm;
 pub mod cross_entropy;
 pub mod matmul;
