@@ -53,12 +53,20 @@ pub enum Cmd {
         /// Print `[{"id", "name", "params"}, ...]` instead of the table.
         #[arg(long)]
         json: bool,
+        /// Plan runs estimated not to fit their GPU's memory, with a warning.
+        #[arg(long)]
+        allow_oom: bool,
     },
     /// Write every run's directory: config.toml, job.sbatch, run.json.
     #[command(
         after_help = "Examples:\n  sweep render experiments/pretokenization.toml\n  sbatch --test-only results/pretokenization/<run>/job.sbatch"
     )]
-    Render { manifest: PathBuf },
+    Render {
+        manifest: PathBuf,
+        /// Render runs estimated not to fit their GPU's memory, with a warning.
+        #[arg(long)]
+        allow_oom: bool,
+    },
     /// Plan, render, submit, watch until done, then report: the whole study in one command.
     #[command(
         after_help = "Examples:\n  sweep run experiments/quickstart.toml\n  sweep run experiments/quickstart.toml --executor slurm"
@@ -424,6 +432,9 @@ pub struct SubmitArgs {
     /// Local executor: runs at a time (default: the manifest's [local] parallel).
     #[arg(long)]
     pub parallel: Option<usize>,
+    /// Submit runs estimated not to fit their GPU's memory, with a warning.
+    #[arg(long)]
+    pub allow_oom: bool,
 }
 
 pub fn main() -> ExitCode {
@@ -454,8 +465,15 @@ pub fn main() -> ExitCode {
 
 fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
     match cmd {
-        Cmd::Plan { manifest, json } => sweep_cmds::plan(root, &manifest, json),
-        Cmd::Render { manifest } => sweep_cmds::render(root, &manifest),
+        Cmd::Plan {
+            manifest,
+            json,
+            allow_oom,
+        } => sweep_cmds::plan(root, &manifest, json, allow_oom),
+        Cmd::Render {
+            manifest,
+            allow_oom,
+        } => sweep_cmds::render(root, &manifest, allow_oom),
         Cmd::Submit(args) => sweep_cmds::submit(root, &args),
         Cmd::Run(args) => run_cmd::run(root, &args),
         Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),

@@ -10,9 +10,24 @@ use serde_json::json;
 use std::path::Path;
 use std::process::ExitCode;
 
-pub fn load_plan(root: &Path, manifest: &Path) -> Result<Plan> {
-    let m = Manifest::load(manifest, root)?;
-    Ok(Plan::new(m)?)
+/// `allow_oom`: runs estimated not to fit their GPU plan anyway (`--allow-oom`,
+/// and commands that only look at runs); otherwise they are an error.
+pub fn load_plan(root: &Path, manifest: &Path, allow_oom: bool) -> Result<Plan> {
+    let mut m = Manifest::load(manifest, root)?;
+    m.allow_oom = allow_oom;
+    let plan = Plan::new(m)?;
+    if allow_oom {
+        for r in &plan.runs {
+            if let Some(mem) = r.memory().filter(|m| m.fits == Some(false)) {
+                eprintln!(
+                    "warning: {} will not fit in its GPU's memory by the estimate ({})",
+                    r.name,
+                    mem.describe()
+                );
+            }
+        }
+    }
+    Ok(plan)
 }
 
 fn table(header: Vec<String>) -> Table {
@@ -28,8 +43,8 @@ fn cell(v: &serde_json::Value) -> String {
     }
 }
 
-pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
-    let plan = load_plan(root, manifest)?;
+pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result<ExitCode> {
+    let plan = load_plan(root, manifest, allow_oom)?;
     if json {
         let runs: Vec<_> = plan
             .runs
@@ -38,6 +53,9 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
                 let mut v = json!({ "id": r.id, "name": r.name, "params": r.params, "world_size": r.world_size() });
                 if let Some(g) = r.global_batch() {
                     v["global_batch"] = json!(g);
+                }
+                if let Some(mem) = r.memory() {
+                    v["memory"] = json!(mem);
                 }
                 v
             })
@@ -56,7 +74,7 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
     // the global batch they make.
     let trains = plan.runs.iter().any(|r| r.global_batch().is_some());
     let shape = if trains {
-        vec!["ranks", "global batch"]
+        vec!["ranks", "global batch", "memory / device"]
     } else {
         vec![]
     };
@@ -75,7 +93,11 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
                 .map(|k| r.params.get(k).map(cell).unwrap_or_default()),
         );
         if let Some(g) = r.global_batch() {
-            row.extend([r.world_size().to_string(), g.to_string()]);
+            let memory = r.memory().map_or_else(String::new, |m| {
+                let flag = if m.fits == Some(false) { " ✗" } else { "" };
+                format!("{}{flag}", m.describe())
+            });
+            row.extend([r.world_size().to_string(), g.to_string(), memory]);
         }
         t.add_row(row);
     }
@@ -108,8 +130,8 @@ pub fn plan(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn render(root: &Path, manifest: &Path) -> Result<ExitCode> {
-    let plan = load_plan(root, manifest)?;
+pub fn render(root: &Path, manifest: &Path, allow_oom: bool) -> Result<ExitCode> {
+    let plan = load_plan(root, manifest, allow_oom)?;
     let rendered = render::render(&plan)?;
     let s = render::write(&rendered)?;
     println!(
@@ -139,8 +161,10 @@ pub fn prepare(
     root: &Path,
     manifest: &Path,
     dirs: Directories,
+    allow_oom: bool,
 ) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
-    let plan = load_plan(root, manifest)?;
+    // Looking at runs never refuses them for memory.
+    let plan = load_plan(root, manifest, allow_oom || dirs == Directories::Read)?;
     let rendered = render::render(&plan)?;
     if dirs == Directories::Write {
         render::write(&rendered)?;
@@ -163,7 +187,8 @@ pub(super) struct Submission {
 
 impl Submission {
     pub fn new(root: &Path, args: &SubmitArgs) -> Result<Submission> {
-        let (plan, units, status) = prepare(root, &args.manifest, Directories::Write)?;
+        let (plan, units, status) =
+            prepare(root, &args.manifest, Directories::Write, args.allow_oom)?;
         let kind = args
             .executor
             .or(plan.manifest.executor)
@@ -305,7 +330,7 @@ fn report_decisions(units: &[Unit], decisions: &[Decision]) {
 }
 
 pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
-    let (_plan, units, status) = prepare(root, manifest, Directories::Read)?;
+    let (_plan, units, status) = prepare(root, manifest, Directories::Read, true)?;
     if json {
         let rows: Vec<_> = units
             .iter()
@@ -350,7 +375,7 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
 }
 
 pub fn cancel(root: &Path, manifest: &Path) -> Result<ExitCode> {
-    let (_plan, units, status) = prepare(root, manifest, Directories::Read)?;
+    let (_plan, units, status) = prepare(root, manifest, Directories::Read, true)?;
     let cancelled = executor::cancel(&units, &status)?;
     if cancelled.is_empty() {
         println!("nothing pending or running");

@@ -4,6 +4,8 @@
 //! Every field has a default except `dataset`, so a manifest only states what
 //! it changes. Unknown keys are rejected everywhere.
 
+pub mod devices;
+pub mod memory;
 pub mod model;
 
 use anyhow::{Context, Result};
@@ -283,6 +285,9 @@ pub struct TrainConfig {
     pub gpu: Option<String>,
     /// Peak FLOP/s per device; overrides the table (and the CPU measurement).
     pub peak_flops: Option<f64>,
+    /// Memory per GPU in GB; overrides the table (what `sweep plan` checks
+    /// runs against).
+    pub gpu_memory_gb: Option<f64>,
     pub monitor: MonitorConfig,
 }
 
@@ -327,6 +332,7 @@ impl Default for TrainConfig {
             validation_batches: 4,
             threads: 0,
             gpu: None,
+            gpu_memory_gb: None,
             peak_flops: None,
             monitor: MonitorConfig::default(),
         }
@@ -373,6 +379,12 @@ impl TrainConfig {
         }
         if self.peak_flops.is_some_and(|p| !(p > 0.0 && p.is_finite())) {
             return err("peak_flops", "`peak_flops` must be positive".into());
+        }
+        if self
+            .gpu_memory_gb
+            .is_some_and(|g| !(g > 0.0 && g.is_finite()))
+        {
+            return err("gpu_memory_gb", "`gpu_memory_gb` must be positive".into());
         }
         if self.validation_every > 0 && self.validation_documents == 0 {
             return err(

@@ -39,6 +39,24 @@ const BOS_NAMES: &[&str] = &[
 const EOS_NAMES: &[&str] = &["</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]"];
 const PAD_NAMES: &[&str] = &["<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_id|>"];
 
+/// The vocabulary size of a tokenizer file (added tokens included), read once
+/// per path per process: planning asks for every run, and a tokenizer takes
+/// ~0.1 s to parse. `None` when the file cannot be read as a tokenizer.
+pub fn vocab_size_of(path: &Path) -> Option<usize> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SIZES: OnceLock<Mutex<HashMap<std::path::PathBuf, Option<usize>>>> = OnceLock::new();
+    let sizes = SIZES.get_or_init(Default::default);
+    if let Some(known) = sizes.lock().ok()?.get(path) {
+        return *known;
+    }
+    let size = tokenizers::Tokenizer::from_file(path)
+        .ok()
+        .map(|t| t.get_vocab_size(true));
+    sizes.lock().ok()?.insert(path.to_path_buf(), size);
+    size
+}
+
 impl TextTokenizer {
     pub fn load(path: &Path, overrides: &SpecialTokens) -> Result<TextTokenizer> {
         let bytes =

@@ -81,6 +81,9 @@ pub struct Manifest {
     pub local: LocalSpec,
     pub stages: StagesSpec,
     pub report: ReportSpec,
+    /// Runs whose estimated memory exceeds their GPU's plan with a warning
+    /// instead of an error (`--allow-oom`); not part of the file.
+    pub allow_oom: bool,
 }
 
 impl Manifest {
@@ -377,6 +380,7 @@ impl Validator<'_, '_> {
             max_runs,
             repeats,
             seed_per_repeat: file.sweep.seed_per_repeat,
+            allow_oom: false,
             slurm: file.slurm,
             local: file.local,
             stages: file.stages,

@@ -55,6 +55,9 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
             cfg.absolutize(&m.root);
         }
     }
+    if !m.allow_oom {
+        check_memory(&m, &runs)?;
+    }
     if let Some(b) = &m.report.baseline {
         if !runs
             .iter()
@@ -731,4 +734,48 @@ fn json_to_toml(v: &Json) -> Result<Value, &'static str> {
                 .collect::<Result<_, &'static str>>()?,
         ),
     })
+}
+
+/// Runs whose estimated peak memory exceeds their GPU's are an error (before
+/// anything waits in a queue to die), listed together.
+fn check_memory(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
+    let over: Vec<(&Run, super::Memory)> = runs
+        .iter()
+        .filter_map(|r| Some((r, r.memory()?)))
+        .filter(|(_, mem)| mem.fits == Some(false))
+        .collect();
+    let Some((_, first)) = over.first() else {
+        return Ok(());
+    };
+    let shown: Vec<String> = over
+        .iter()
+        .take(5)
+        .map(|(r, mem)| format!("{} ({})", r.name, mem.describe()))
+        .collect();
+    let more = match over.len() {
+        n if n > 5 => format!(" and {} more", n - 5),
+        _ => String::new(),
+    };
+    // Recomputation first where it is off and activations weigh.
+    let (first_run, _) = over[0];
+    let recompute = match &first_run.job {
+        Job::Train(cfg)
+            if cfg.recompute == crate::config::Recompute::None
+                && first.parts.activations * 5 > first.parts.total() =>
+        {
+            "`recompute = \"blocks\"`, "
+        }
+        _ => "",
+    };
+    let mut d = m.locate("batch_size");
+    d.message = format!(
+        "{} run(s) will not fit in their GPU's memory by the estimate: {}{more}",
+        over.len(),
+        shown.join(", ")
+    );
+    d.help = Some(format!(
+        "try {recompute}a smaller `batch_size` or more GPUs; set `gpu_memory_gb` if your GPUs have more memory than the table says; \
+         `--allow-oom` plans them anyway (README, Memory)"
+    ));
+    Err(d.into())
 }

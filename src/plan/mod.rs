@@ -11,8 +11,9 @@ pub mod templates;
 use crate::template::shell_quote;
 pub use expand::{sweep_bin, REPEAT};
 
+use crate::config::memory::MemoryEstimate;
 pub use crate::config::PretokenizedFormat;
-use crate::config::TrainConfig;
+use crate::config::{DeviceKind, TrainConfig};
 use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -54,6 +55,14 @@ impl Run {
     /// Processes training together: `nodes × ntasks_per_node`.
     pub fn world_size(&self) -> u32 {
         self.slurm.nodes * self.slurm.ntasks_per_node
+    }
+
+    /// Estimated peak memory per device (built-in trainer runs).
+    pub fn memory(&self) -> Option<Memory> {
+        match &self.job {
+            Job::Train(cfg) => Memory::of(cfg),
+            Job::Command(_) => None,
+        }
     }
 
     /// Sequences per optimizer step over all ranks (built-in trainer runs).
@@ -134,6 +143,55 @@ pub struct Plan {
     pub stages: Vec<Stage>,
     /// `results/<study>`.
     pub study_dir: PathBuf,
+}
+
+/// A built-in trainer run's estimated peak memory per device, against the
+/// memory of its GPU (`gpu_memory_gb`, else the `gpu`'s row of the device
+/// table). CPU runs and GPUs the table lacks have no device size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Memory {
+    pub estimate_bytes: u64,
+    pub device_bytes: Option<u64>,
+    pub fits: Option<bool>,
+    #[serde(skip)]
+    pub parts: MemoryEstimate,
+}
+
+impl Memory {
+    pub fn of(cfg: &TrainConfig) -> Option<Memory> {
+        let mut model =
+            crate::config::model::ModelConfig::resolve(&cfg.model, &cfg.architecture).ok()?;
+        // Presets without a vocabulary take the tokenizer's, as the trainer does.
+        if model.vocab_size == 0 {
+            model.vocab_size = crate::data::tokenizer::vocab_size_of(&cfg.tokenizer)?;
+        }
+        let parts = crate::config::memory::estimate(cfg, &model);
+        let device_gb = match cfg.device {
+            DeviceKind::Cpu => None,
+            DeviceKind::Cuda => cfg.gpu_memory_gb.or_else(|| {
+                cfg.gpu
+                    .as_deref()
+                    .and_then(crate::config::devices::lookup)
+                    .map(|a| a.memory_gb)
+            }),
+        };
+        let device_bytes = device_gb.map(|gb| (gb * 1e9) as u64);
+        Some(Memory {
+            estimate_bytes: parts.total(),
+            device_bytes,
+            fits: device_bytes.map(|d| parts.total() <= d),
+            parts,
+        })
+    }
+
+    /// "35.1 / 80 GB", or "35.1 GB" without a device size.
+    pub fn describe(&self) -> String {
+        let gb = |b: u64| b as f64 / 1e9;
+        match self.device_bytes {
+            Some(d) => format!("{:.1} / {:.0} GB", gb(self.estimate_bytes), gb(d)),
+            None => format!("{:.1} GB", gb(self.estimate_bytes)),
+        }
+    }
 }
 
 /// Totals shown under `sweep plan`.

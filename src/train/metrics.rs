@@ -8,24 +8,10 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Dense bf16 peak FLOP/s per accelerator (the reference study used 989e12 for GH200).
-pub const PEAK_FLOPS: &[(&str, f64)] = &[
-    ("GH200", 989e12),
-    ("H200", 989e12),
-    ("H100", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("A10", 125e12),
-    ("V100", 125e12),
-    ("MI300X", 1307e12),
-    ("MI250X", 383e12),
-];
-
 /// Peak FLOP/s of one device and where the number comes from: `peak_flops`
 /// in the configuration, else its `gpu` name, else the name the CUDA driver
 /// gives the device (`driver_name`, `None` on the CPU) looked up in
-/// [`PEAK_FLOPS`], else, on the CPU, the measured peak of this machine.
+/// [`crate::config::devices::ACCELERATORS`], else, on the CPU, the measured peak of this machine.
 pub fn peak_flops(
     cfg: &TrainConfig,
     driver_name: Option<&str>,
@@ -35,19 +21,14 @@ pub fn peak_flops(
         return Ok((p, "peak_flops in the configuration".into()));
     }
     if let Some(gpu) = cfg.gpu.as_deref().or(driver_name) {
-        let name = gpu.to_ascii_uppercase();
-        return match PEAK_FLOPS
-            .iter()
-            .find(|(n, _)| name.starts_with(n) || name.contains(n))
-        {
-            Some((n, p)) => Ok((*p, format!("the {n} entry of the peak-FLOPs table"))),
+        return match crate::config::devices::lookup(gpu) {
+            Some(a) => Ok((
+                a.peak_flops,
+                format!("the {} entry of the peak-FLOPs table", a.matches.join(" ")),
+            )),
             None => bail!(
                 "no peak FLOPs known for gpu `{gpu}` (known: {}); set `peak_flops`",
-                PEAK_FLOPS
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::config::devices::known()
             ),
         };
     }

@@ -443,3 +443,74 @@ fn data_parallel_runs_need_their_engine_one_gpu_per_task_and_srun_to_stop_them_a
         "NCCL needs no MPI: {two}"
     );
 }
+
+#[test]
+fn plans_estimate_memory_per_device_and_refuse_runs_that_cannot_fit() {
+    let root = project();
+    // The reference study fits a GH200 (with recomputation), in the JSON too.
+    let runs = plan_json(
+        root.path(),
+        &repo().join("experiments/pretokenization.toml"),
+    );
+    assert_eq!(runs.len(), 8);
+    for r in &runs {
+        let m = &r["memory"];
+        assert_eq!(m["fits"], true, "{r}");
+        assert_eq!(m["device_bytes"], 96_000_000_000u64, "GH200's row");
+        let estimate = m["estimate_bytes"].as_u64().unwrap();
+        // bf16 weights, gradients and AdamW state of 8.0B parameters alone are 64 GB.
+        assert!((64e9..96e9).contains(&(estimate as f64)), "{r}");
+    }
+    // An 8B model at batch 64 without recomputation does not fit: an error
+    // that names the run and points at the batch size.
+    let m = root.path().join("b64.toml");
+    write(
+        &m,
+        "name = \"b64\"\n[defaults]\ntokenizer = \"t.json\"\ndataset = \"d.parquet\"\nmodel = \"ref-8b\"\n\
+         precision = \"bf16\"\ndevice = \"cuda\"\nattention = \"flash\"\ngpu = \"GH200\"\n\
+         sequence_length = 2048\nbatch_size = 64\n[slurm]\ngpus_per_node = 1\n",
+    );
+    let plan = |extra: &[&str]| {
+        sweep(root.path())
+            .arg("plan")
+            .arg(&m)
+            .args(extra)
+            .env("SWEEP_BIN", GPU_BUILD)
+            .output()
+            .unwrap()
+    };
+    let refused = plan(&[]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{err}");
+    for needle in [
+        "will not fit",
+        "run (",
+        "/ 96 GB",
+        "batch_size = 64",
+        "recompute = \"blocks\"",
+        "--allow-oom",
+    ] {
+        assert!(err.contains(needle), "`{needle}` missing from: {err}");
+    }
+    // --allow-oom plans it with a warning, and the JSON says it does not fit.
+    let allowed = plan(&["--allow-oom", "--json"]);
+    assert!(allowed.status.success());
+    assert!(String::from_utf8_lossy(&allowed.stderr).contains("warning: run will not fit"));
+    let runs: Value = serde_json::from_slice(&allowed.stdout).unwrap();
+    assert_eq!(runs[0]["memory"]["fits"], false);
+    assert!(runs[0]["memory"]["estimate_bytes"].as_u64().unwrap() > 1_000_000_000_000);
+    // Nor does render or submit take it; gpu_memory_gb overrides the table.
+    let render = sweep(root.path())
+        .arg("render")
+        .arg(&m)
+        .env("SWEEP_BIN", GPU_BUILD)
+        .output()
+        .unwrap();
+    assert!(!render.status.success());
+    let text = std::fs::read_to_string(&m).unwrap();
+    write(
+        &m,
+        &text.replace("gpu = \"GH200\"", "gpu = \"GH200\"\ngpu_memory_gb = 4000"),
+    );
+    assert!(plan(&[]).status.success());
+}

@@ -284,3 +284,66 @@ fn sigusr1_on_slurm_checkpoints_requeues_and_finishes() {
         "every step once across the requeue"
     );
 }
+
+#[test]
+fn the_plans_memory_estimate_is_within_15_percent_of_the_trainers_peak() {
+    // `small` at 256 tokens: f32 and bf16-mixed, with and without
+    // recomputation, batch 8 and 16 (the logits, 32000 wide, dominate).
+    let root = project();
+    let m = root.path().join("mem.toml");
+    write(
+        &m,
+        &format!(
+            r#"name = "mem"
+executor = "local"
+[defaults]
+dataset = "{data}"
+tokenizer = "{tok}"
+model = "small"
+dataset_type = "padding-free"
+sequence_length = 256
+training_steps = 2
+logging_frequency = 1
+[sweep]
+name = "{{{{ precision }}}}-{{{{ recompute }}}}-bs{{{{ batch_size }}}}"
+[sweep.grid]
+precision = ["f32", "bf16-mixed"]
+recompute = ["none", "blocks"]
+batch_size = [8, 16]
+[local]
+parallel = 2
+threads = 1
+"#,
+            data = repo().join("assets/data/quickstart.parquet").display(),
+            tok = repo()
+                .join("assets/tokenizers/mistral-7b/tokenizer.json")
+                .display(),
+        ),
+    );
+    let plan = run_ok(sweep(root.path()).arg("plan").arg(&m).arg("--json"));
+    let runs: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let mut report = Vec::new();
+    for r in runs.as_array().unwrap() {
+        let name = r["name"].as_str().unwrap();
+        let estimate = r["memory"]["estimate_bytes"].as_f64().unwrap() / 1e6;
+        assert_eq!(
+            r["memory"]["device_bytes"],
+            serde_json::Value::Null,
+            "a CPU run"
+        );
+        let peak = metrics(&root.path().join("results/mem").join(name))
+            .iter()
+            .filter_map(|l| l["peak_memory_mb"].as_f64())
+            .fold(0.0, f64::max);
+        report.push(format!(
+            "{name}: estimate {estimate:.0} MB, measured {peak:.0} MB"
+        ));
+        assert!(
+            (estimate / peak - 1.0).abs() <= 0.15,
+            "{name} is off by more than 15%:\n{}",
+            report.join("\n")
+        );
+    }
+    eprintln!("{}", report.join("\n"));
+}
