@@ -3,6 +3,7 @@
 
 pub mod data;
 pub mod ddp;
+pub mod max_batch;
 pub mod plan;
 pub mod pretokenize;
 pub mod report;

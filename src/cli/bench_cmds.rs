@@ -18,6 +18,12 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
         } => train(threads, steps, only, device, layers, gpu)?,
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
         BenchCmd::Peak => peak()?,
+        BenchCmd::MaxBatch {
+            config,
+            memory_limit,
+            steps,
+            max,
+        } => max_batch(config, memory_limit, steps, max)?,
         BenchCmd::Data(a) => data(a, root)?,
         BenchCmd::Pretokenize {
             dataset,
@@ -120,6 +126,58 @@ fn train(
     }
     if rows.is_empty() && !failed.is_empty() {
         anyhow::bail!("no case could be timed");
+    }
+    Ok(())
+}
+
+/// `sweep bench max-batch`: the largest batch that trains, and tokens/s at
+/// every size tried.
+fn max_batch(
+    config: PathBuf,
+    memory_limit: Option<String>,
+    steps: usize,
+    max: usize,
+) -> Result<()> {
+    use crate::bench::max_batch::{parse_size, run, Options, Outcome, MB};
+    let opts = Options {
+        config,
+        memory_limit: memory_limit.as_deref().map(parse_size).transpose()?,
+        steps,
+        max,
+    };
+    let s = run(&opts)?;
+    let budget = s.limit.map_or_else(
+        || "until the device runs out".into(),
+        |l| format!("under {:.0} MB", l as f64 / MB),
+    );
+    println!("batch sizes tried ({budget}), {steps} steps each:");
+    println!(
+        "{:>6} {:>12} {:>10} {:>12}  outcome",
+        "batch", "tokens/s", "peak MB", "estimate MB"
+    );
+    for t in &s.trials {
+        let est = t
+            .estimate_mb
+            .map_or_else(|| "-".into(), |e| format!("{e:.0}"));
+        match &t.outcome {
+            Outcome::Trains {
+                tokens_per_s,
+                peak_mb,
+            } => println!(
+                "{:>6} {tokens_per_s:>12.0} {peak_mb:>10.0} {est:>12}  trains",
+                t.batch
+            ),
+            Outcome::OutOfMemory(why) => {
+                println!(
+                    "{:>6} {:>12} {:>10} {est:>12}  out of memory: {why}",
+                    t.batch, "-", "-"
+                )
+            }
+        }
+    }
+    match s.largest {
+        Some(b) => println!("largest batch size that trains: {b}"),
+        None => anyhow::bail!("not even batch size 1 trains within the budget"),
     }
     Ok(())
 }

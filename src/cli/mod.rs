@@ -332,6 +332,25 @@ pub enum BenchCmd {
         #[arg(long)]
         engine_at_one: bool,
     },
+    /// The largest batch size a run's configuration trains at: real steps at
+    /// each size tried, starting from the plan's memory estimate.
+    #[command(
+        after_help = "Examples:\n  sweep bench max-batch --config results/quickstart/baseline-padded-bs1-r0/config.toml --memory-limit 2G\n  sweep bench max-batch --config results/gpu-quickstart/baseline-padded-bs1/config.toml   (a GPU build: until CUDA runs out of memory)"
+    )]
+    MaxBatch {
+        /// A run's config.toml (`sweep render` writes one per run).
+        #[arg(long)]
+        config: PathBuf,
+        /// Resident memory a trial may use, e.g. 2G or 1500M (CPU runs; default 80% of what is available).
+        #[arg(long)]
+        memory_limit: Option<String>,
+        /// Training steps per trial; the first is not timed.
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// The largest batch size to try.
+        #[arg(long, default_value_t = 1024)]
+        max: usize,
+    },
     /// One rank of `sweep bench ddp` (started by it).
     #[command(hide = true)]
     DdpRank {

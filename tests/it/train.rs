@@ -347,3 +347,47 @@ threads = 1
     }
     eprintln!("{}", report.join("\n"));
 }
+
+#[test]
+fn max_batch_finds_the_largest_batch_under_a_memory_budget() {
+    let root = project();
+    let m = manifest(
+        root.path(),
+        "mb",
+        "training_steps = 3\nsequence_length = 64",
+        "",
+    );
+    run_ok(sweep(root.path()).arg("render").arg(&m));
+    let config = root.path().join("results/mb/run/config.toml");
+    let out = run_ok(
+        sweep(root.path())
+            .args(["bench", "max-batch", "--memory-limit", "600M", "--config"])
+            .arg(&config),
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let largest: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("largest batch size that trains: "))
+        .unwrap_or_else(|| panic!("no answer in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap();
+    // The table: one row per size tried, the answer trained, one more did not.
+    let row = |b: usize| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(&b.to_string()))
+            .unwrap_or_else(|| panic!("batch {b} was not tried:\n{text}"))
+            .to_string()
+    };
+    assert!(largest > 1, "{text}");
+    assert!(row(largest).ends_with("trains"), "{text}");
+    assert!(row(largest + 1).contains("out of memory"), "{text}");
+    eprintln!("{text}");
+    // Every size that trained reports its throughput and stayed in budget.
+    for l in text.lines().filter(|l| l.ends_with("trains")) {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        assert!(cols[1].parse::<f64>().unwrap() > 0.0, "{l}");
+        // Peak in MiB, like the budget's 600M.
+        assert!(cols[2].parse::<f64>().unwrap() <= 600.0, "{l}");
+    }
+}

@@ -1,0 +1,277 @@
+//! `sweep bench max-batch`: the largest batch size a run's configuration
+//! trains at, found with real training steps. Each trial is `sweep train` on
+//! a copy of the configuration with another `batch_size`, in a child process:
+//! out of device memory (CUDA) or over the memory budget (`--memory-limit`,
+//! the process's resident memory, checked as it runs) means too large. The
+//! search starts at the plan's memory estimate, doubles until a batch fails,
+//! then halves the gap; every trial's tokens/s comes back, so the
+//! throughput-against-batch curve comes with the answer.
+
+use crate::config::{DeviceKind, TrainConfig};
+use crate::plan::Memory;
+use crate::train::metrics::METRICS_FILE;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// The trainer's `peak_memory_mb` counts 2^20 bytes; so does this table.
+pub const MB: f64 = (1 << 20) as f64;
+
+pub struct Options {
+    /// A run's `config.toml` (what `sweep render` writes).
+    pub config: PathBuf,
+    /// Bytes of resident memory a trial may use (on the CPU; default 80% of
+    /// what is available now).
+    pub memory_limit: Option<u64>,
+    /// Training steps per trial (the first is not timed).
+    pub steps: usize,
+    /// The largest batch size to try.
+    pub max: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Trains { tokens_per_s: f64, peak_mb: f64 },
+    OutOfMemory(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Trial {
+    pub batch: usize,
+    pub outcome: Outcome,
+    /// The plan's estimate for this batch size, MB.
+    pub estimate_mb: Option<f64>,
+}
+
+pub struct Search {
+    pub trials: Vec<Trial>,
+    /// The largest batch that trained (None: not even batch 1).
+    pub largest: Option<usize>,
+    /// The budget trials ran under, bytes (CPU), or the GPU's memory.
+    pub limit: Option<u64>,
+}
+
+pub fn run(opts: &Options) -> Result<Search> {
+    if opts.steps < 2 {
+        bail!("--steps must be at least 2: the first step is not timed");
+    }
+    let base = TrainConfig::load(&opts.config)?;
+    let cpu = base.device == DeviceKind::Cpu;
+    let limit = match (opts.memory_limit, cpu) {
+        (Some(l), _) => Some(l),
+        (None, true) => Some((available_memory()? as f64 * 0.8) as u64),
+        (None, false) => None,
+    };
+    let estimate = |batch: usize| {
+        let mut c = base.clone();
+        c.batch_size = batch;
+        Memory::of(&c)
+    };
+    // The budget the estimate is held against: the limit, else the GPU's size.
+    let budget = limit.or_else(|| estimate(1).and_then(|m| m.device_bytes));
+    let start = match budget {
+        Some(b) => {
+            let mut s = 1;
+            while s * 2 <= opts.max && estimate(s * 2).is_some_and(|m| m.estimate_bytes <= b) {
+                s *= 2;
+            }
+            s
+        }
+        None => 1,
+    };
+    let exe = std::env::current_exe().context("finding the sweep binary")?;
+    let dir = tempfile::tempdir().context("a directory for the trials")?;
+    let mut trials = Vec::new();
+    let (mut lo, mut hi) = (0usize, None::<usize>);
+    let mut batch = start.min(opts.max).max(1);
+    loop {
+        eprintln!("max-batch: trying batch size {batch}");
+        let outcome = trial(&exe, &base, batch, opts.steps, limit, dir.path())?;
+        let fits = matches!(outcome, Outcome::Trains { .. });
+        trials.push(Trial {
+            batch,
+            outcome,
+            estimate_mb: estimate(batch).map(|m| m.estimate_bytes as f64 / MB),
+        });
+        if fits {
+            lo = batch;
+        } else {
+            hi = Some(batch);
+        }
+        batch = match hi {
+            // Doubling until something fails or the cap.
+            None if batch >= opts.max => break,
+            None => (batch * 2).min(opts.max),
+            // Then the middle of the gap.
+            Some(h) if h - lo <= 1 => break,
+            Some(h) => lo + (h - lo) / 2,
+        };
+    }
+    trials.sort_by_key(|t| t.batch);
+    Ok(Search {
+        trials,
+        largest: (lo > 0).then_some(lo),
+        limit: budget,
+    })
+}
+
+/// One trial: `steps` training steps at `batch` in a child process.
+fn trial(
+    exe: &Path,
+    base: &TrainConfig,
+    batch: usize,
+    steps: usize,
+    limit: Option<u64>,
+    dir: &Path,
+) -> Result<Outcome> {
+    let run = dir.join(format!("bs{batch}"));
+    std::fs::create_dir_all(&run)?;
+    let mut cfg = base.clone();
+    cfg.batch_size = batch;
+    cfg.training_steps = steps;
+    cfg.logging_frequency = 1;
+    cfg.checkpoint_every = 0;
+    cfg.checkpoint_at_end = false;
+    cfg.validation_every = 0;
+    let config = run.join("config.toml");
+    std::fs::write(&config, cfg.to_toml())?;
+    let log = run.join("train.log");
+    let mut child = Command::new(exe)
+        .arg("train")
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting a trial")?;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if let Some(limit) = limit {
+            let rss = resident_bytes(child.id()).unwrap_or(0);
+            if rss > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(Outcome::OutOfMemory(format!(
+                    "{:.0} MB resident, over the {:.0} MB budget",
+                    rss as f64 / MB,
+                    limit as f64 / MB
+                )));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    if !status.success() {
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output")
+            .trim()
+            .to_string();
+        let oom = ["out of memory", "OUT_OF_MEMORY", "memory allocation of"];
+        if oom.iter().any(|m| text.contains(m)) {
+            return Ok(Outcome::OutOfMemory(last));
+        }
+        bail!(
+            "batch size {batch} failed for another reason than memory: {last} (log: {text:.2000})"
+        );
+    }
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join(METRICS_FILE))?
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v.get("event").is_none())
+        .collect();
+    let timed: Vec<f64> = lines
+        .iter()
+        .filter(|v| v["step"].as_u64().is_some_and(|s| s >= 2))
+        .filter_map(|v| v["tokens_per_second"].as_f64())
+        .collect();
+    let peak_mb = lines
+        .iter()
+        .filter_map(|v| v["peak_memory_mb"].as_f64())
+        .fold(0.0, f64::max);
+    if timed.is_empty() {
+        bail!("batch size {batch} trained but logged no timed step");
+    }
+    // Between two checks the resident memory can pass the budget and come back.
+    if let Some(limit) = limit.filter(|_| base.device == DeviceKind::Cpu) {
+        if peak_mb * MB > limit as f64 {
+            return Ok(Outcome::OutOfMemory(format!(
+                "peaked at {peak_mb:.0} MB, over the {:.0} MB budget",
+                limit as f64 / MB
+            )));
+        }
+    }
+    Ok(Outcome::Trains {
+        tokens_per_s: timed.iter().sum::<f64>() / timed.len() as f64,
+        peak_mb,
+    })
+}
+
+/// A process's resident memory (VmRSS), bytes.
+fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// MemAvailable of this machine, bytes.
+fn available_memory() -> Result<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    let kb: u64 = info
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .context("no MemAvailable in /proc/meminfo")?;
+    Ok(kb * 1024)
+}
+
+/// "2G", "1500M", "512k", "3.5G" or bytes: binary units, as SLURM's `--mem`.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len()),
+    );
+    let scale: u64 = match unit.trim().to_ascii_uppercase().trim_end_matches('B') {
+        "" => 1,
+        "K" | "KI" => 1 << 10,
+        "M" | "MI" => 1 << 20,
+        "G" | "GI" => 1 << 30,
+        "T" | "TI" => 1 << 40,
+        _ => bail!("`{s}`: a size is a number with K, M, G or T (e.g. 2G, 1500M)"),
+    };
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("`{s}`: a size is a number with K, M, G or T (e.g. 2G, 1500M)"))?;
+    if !(n > 0.0 && n.is_finite()) {
+        bail!("`{s}`: the size must be positive");
+    }
+    Ok((n * scale as f64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_read_like_slurms() {
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1500M").unwrap(), 1500 << 20);
+        assert_eq!(parse_size("1.5GB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        for bad in ["", "G", "2X", "-1G", "0M"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}
