@@ -6,7 +6,7 @@
 //! optimizer, and the peak memory.
 
 use crate::config::{
-    AttentionKind, DeviceKind, ModelConfig, ModelOverrides, Precision, TrainConfig,
+    AttentionKind, DeviceKind, ModelConfig, ModelOverrides, Precision, Recompute, TrainConfig,
 };
 use crate::data::samples::IGNORE;
 use crate::train::device::PeakMemory;
@@ -187,11 +187,12 @@ pub fn run(
     steps: usize,
     threads: usize,
     gpu: Option<&str>,
+    recompute: Recompute,
 ) -> Vec<std::result::Result<TrainRow, Box<Failed>>> {
     cases
         .into_iter()
         .map(|case| {
-            let outcome = time_case(&case, steps, threads, gpu);
+            let outcome = time_case(&case, steps, threads, gpu, recompute);
             // As each case ends: the table comes only after the last one.
             match &outcome {
                 Ok(r) => eprintln!(
@@ -205,7 +206,13 @@ pub fn run(
         .collect()
 }
 
-fn time_case(case: &Case, steps: usize, threads: usize, gpu: Option<&str>) -> Result<TrainRow> {
+fn time_case(
+    case: &Case,
+    steps: usize,
+    threads: usize,
+    gpu: Option<&str>,
+    recompute: Recompute,
+) -> Result<TrainRow> {
     let case = case.clone();
     let (device, dtype, bf16_matmuls, peak, device_name) = setup(&case, threads, gpu)?;
     let cfg = ModelConfig::resolve(&case.preset, &case.overrides)?;
@@ -216,7 +223,7 @@ fn time_case(case: &Case, steps: usize, threads: usize, gpu: Option<&str>) -> Re
         device: device.clone(),
         dtype,
         bf16_matmuls,
-        recompute: crate::config::Recompute::None,
+        recompute,
     };
     let params = spec.init_params(1)?;
     let model = Llama::new(&params, &spec)?;

@@ -15,7 +15,8 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
             device,
             layers,
             gpu,
-        } => train(threads, steps, only, device, layers, gpu)?,
+            recompute,
+        } => train(threads, steps, only, device, layers, gpu, recompute)?,
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
         BenchCmd::Peak => peak()?,
         BenchCmd::MaxBatch {
@@ -67,6 +68,7 @@ fn train(
     device: DeviceKind,
     layers: usize,
     gpu: Option<String>,
+    recompute: crate::config::Recompute,
 ) -> Result<()> {
     if device == DeviceKind::Cuda && !crate::config::Features::BUILT.cuda {
         anyhow::bail!("`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; README, Building for GPUs)");
@@ -83,7 +85,7 @@ fn train(
                 .is_none_or(|o| format!("{} {}", c.label, c.precision()).contains(o))
         })
         .collect();
-    let outcomes = crate::bench::train::run(cases, steps, threads, gpu.as_deref());
+    let outcomes = crate::bench::train::run(cases, steps, threads, gpu.as_deref(), recompute);
     let (rows, failed): (Vec<_>, Vec<_>) = outcomes.into_iter().partition(|o| o.is_ok());
     let rows: Vec<_> = rows.into_iter().filter_map(|o| o.ok()).collect();
     let failed: Vec<_> = failed.into_iter().filter_map(|o| o.err()).collect();
@@ -91,7 +93,11 @@ fn train(
         (DeviceKind::Cuda, Some(r)) => r.device_name.clone(),
         _ => format!("{threads} CPU thread(s)"),
     };
-    println!("train step on {on}, {steps} timed steps after 2 warm-up steps");
+    let recomputing = match recompute {
+        crate::config::Recompute::None => "",
+        crate::config::Recompute::Blocks => ", recomputing blocks",
+    };
+    println!("train step on {on}, {steps} timed steps after 2 warm-up steps{recomputing}");
     println!(
         "{:<24} {:<10} {:>5} {:>9} {:>11} {:>10} {:>10} {:>7} {:>9} {:>10}  forward / backward / optimizer",
         "model", "precision", "batch", "params", "MFLOP/tok", "tokens/s", "TFLOP/s", "MFU", "s/step", "peak MB",

@@ -304,6 +304,9 @@ pub enum BenchCmd {
         /// The accelerator's name in the peak-FLOPs table (default: the driver's name).
         #[arg(long)]
         gpu: Option<String>,
+        /// Activation recomputation for every case (`blocks`: less memory, more compute).
+        #[arg(long, value_enum, default_value = "none")]
+        recompute: crate::config::Recompute,
     },
     /// Data-parallel scaling of the trainer on this machine: 1 and N ranks (MPI) with the same work per rank.
     #[command(

@@ -115,7 +115,7 @@ pub enum AttentionKind {
 }
 
 /// Activation recomputation (activation checkpointing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
     /// Keep every activation the backward pass needs.
