@@ -68,7 +68,7 @@ fn config(w: &Work) -> TrainConfig {
         model: w.model.clone(),
         architecture: ModelOverrides::default(),
         sequence_length: w.seq,
-        batch_size: w.batch,
+        batch_size: crate::config::BatchSize::Fixed(w.batch),
         precision,
         attention,
         device: w.device,

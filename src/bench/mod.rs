@@ -3,7 +3,6 @@
 
 pub mod data;
 pub mod ddp;
-pub mod max_batch;
 pub mod plan;
 pub mod pretokenize;
 pub mod report;

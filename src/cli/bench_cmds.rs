@@ -144,7 +144,7 @@ fn max_batch(
     steps: usize,
     max: usize,
 ) -> Result<()> {
-    use crate::bench::max_batch::{parse_size, run, Options, Outcome, MB};
+    use crate::train::max_batch::{parse_size, run, Options, Outcome, MB};
     let opts = Options {
         config,
         memory_limit: memory_limit.as_deref().map(parse_size).transpose()?,

@@ -72,7 +72,10 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
         .collect();
     // Built-in trainer studies also show how many ranks train together and
     // the global batch they make.
-    let trains = plan.runs.iter().any(|r| r.global_batch().is_some());
+    let trains = plan
+        .runs
+        .iter()
+        .any(|r| matches!(r.job, crate::plan::Job::Train(_)));
     let shape = if trains {
         vec!["ranks", "global batch", "memory / device"]
     } else {
@@ -92,12 +95,20 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
             keys.iter()
                 .map(|k| r.params.get(k).map(cell).unwrap_or_default()),
         );
-        if let Some(g) = r.global_batch() {
+        if let crate::plan::Job::Train(cfg) = &r.job {
+            // `batch_size = "max"` is found when the job starts; its memory
+            // is the least it needs (batch 1).
+            let global = r.global_batch().map_or("max".into(), |g| g.to_string());
             let memory = r.memory().map_or_else(String::new, |m| {
                 let flag = if m.fits == Some(false) { " ✗" } else { "" };
-                format!("{}{flag}", m.describe())
+                let least = if cfg.batch_size.fixed().is_none() {
+                    "≥ "
+                } else {
+                    ""
+                };
+                format!("{least}{}{flag}", m.describe())
             });
-            row.extend([r.world_size().to_string(), g.to_string(), memory]);
+            row.extend([r.world_size().to_string(), global, memory]);
         }
         t.add_row(row);
     }

@@ -86,7 +86,23 @@ const COMPOSED: Path = Path {
     fixed_bytes: 0.6e9,
 };
 
-/// The peak memory of one device (one rank) training `cfg` on `model`.
+/// The memory of the run's GPU: `gpu_memory_gb`, else its `gpu`'s row of the
+/// device table; `None` on a CPU or for a GPU the table lacks.
+pub fn device_bytes(cfg: &TrainConfig) -> Option<u64> {
+    let gb = match cfg.device {
+        DeviceKind::Cpu => None,
+        DeviceKind::Cuda => cfg.gpu_memory_gb.or_else(|| {
+            cfg.gpu
+                .as_deref()
+                .and_then(super::devices::lookup)
+                .map(|a| a.memory_gb)
+        }),
+    }?;
+    Some((gb * 1e9) as u64)
+}
+
+/// The peak memory of one device (one rank) training `cfg` on `model`; a
+/// `batch_size = "max"` counts as 1 (the least it must fit).
 pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> MemoryEstimate {
     let fused = cfg.device == DeviceKind::Cpu && cfg.precision != Precision::Bf16;
     let path = if fused { &FUSED } else { &COMPOSED };
@@ -116,7 +132,7 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> MemoryEstimate {
     let (d, f) = (model.dim as f64, model.ffn_hidden() as f64);
     let kv = (model.n_kv_heads * model.head_dim()) as f64;
     let t = cfg.sequence_length as f64;
-    let tokens = cfg.batch_size as f64 * t;
+    let tokens = cfg.batch_size.fixed().unwrap_or(1) as f64 * t;
     let mut per_layer = path.per_d * d + path.per_kv * kv + path.per_f * f;
     if cfg.attention == AttentionKind::Eager {
         per_layer += 2.0 * model.n_heads as f64 * t;
@@ -140,6 +156,7 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> MemoryEstimate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::BatchSize;
 
     fn at(f: impl Fn(&mut TrainConfig)) -> MemoryEstimate {
         let mut cfg = TrainConfig {
@@ -148,7 +165,7 @@ mod tests {
             precision: Precision::Bf16,
             attention: AttentionKind::Flash,
             sequence_length: 2048,
-            batch_size: 2,
+            batch_size: BatchSize::Fixed(2),
             ..Default::default()
         };
         f(&mut cfg);
@@ -169,7 +186,7 @@ mod tests {
             "f32 states + bf16 weight copies"
         );
         // Activations and logits grow with the batch, states do not.
-        let b4 = at(|c| c.batch_size = 4);
+        let b4 = at(|c| c.batch_size = BatchSize::Fixed(4));
         let twice = |a: u64, b: u64| a.abs_diff(2 * b) <= 2;
         assert!(twice(b4.activations, base.activations));
         assert!(twice(b4.logits, base.logits));
@@ -185,7 +202,7 @@ mod tests {
         let longer = at(|c| {
             c.attention = AttentionKind::Eager;
             c.sequence_length = 4096;
-            c.batch_size = 1;
+            c.batch_size = BatchSize::Fixed(1);
         });
         assert!(
             longer.activations > eager.activations,

@@ -114,6 +114,62 @@ pub enum AttentionKind {
     Flash,
 }
 
+/// Sequences per device and micro-batch: a number, or `"max"`, the largest
+/// that trains on the device, found by `sweep train` when the job starts
+/// (real steps at growing sizes; `memory_limit_gb` bounds it on a CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchSize {
+    Fixed(usize),
+    Max,
+}
+
+impl BatchSize {
+    /// The size, when it is a number (not yet resolved `max` is not).
+    pub fn fixed(self) -> Option<usize> {
+        match self {
+            BatchSize::Fixed(n) => Some(n),
+            BatchSize::Max => None,
+        }
+    }
+}
+
+impl Serialize for BatchSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            BatchSize::Fixed(n) => s.serialize_u64(*n as u64),
+            BatchSize::Max => s.serialize_str("max"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BatchSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = BatchSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a positive number of sequences or \"max\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<BatchSize, E> {
+                Ok(BatchSize::Fixed(n as usize))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> std::result::Result<BatchSize, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(n), &self)),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, w: &str) -> std::result::Result<BatchSize, E> {
+                match w {
+                    "max" => Ok(BatchSize::Max),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(w), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// Activation recomputation (activation checkpointing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -255,7 +311,7 @@ pub struct TrainConfig {
     pub device: DeviceKind,
 
     // --- optimisation
-    pub batch_size: usize,
+    pub batch_size: BatchSize,
     pub gradient_accumulation: usize,
     pub training_steps: usize,
     pub learning_rate: f64,
@@ -288,6 +344,9 @@ pub struct TrainConfig {
     /// Memory per GPU in GB; overrides the table (what `sweep plan` checks
     /// runs against).
     pub gpu_memory_gb: Option<f64>,
+    /// On a CPU, the resident memory `batch_size = "max"` may use, in GB
+    /// (default: 80% of what is available when the job starts).
+    pub memory_limit_gb: Option<f64>,
     pub monitor: MonitorConfig,
 }
 
@@ -312,7 +371,7 @@ impl Default for TrainConfig {
             attention: AttentionKind::Eager,
             recompute: Recompute::None,
             device: DeviceKind::Cpu,
-            batch_size: 1,
+            batch_size: BatchSize::Fixed(1),
             gradient_accumulation: 1,
             training_steps: 1000,
             learning_rate: 5e-5,
@@ -333,6 +392,7 @@ impl Default for TrainConfig {
             threads: 0,
             gpu: None,
             gpu_memory_gb: None,
+            memory_limit_gb: None,
             peak_flops: None,
             monitor: MonitorConfig::default(),
         }
@@ -351,7 +411,7 @@ impl TrainConfig {
         }
         for (name, v) in [
             ("sequence_length", self.sequence_length),
-            ("batch_size", self.batch_size),
+            ("batch_size", self.batch_size.fixed().unwrap_or(1)),
             ("gradient_accumulation", self.gradient_accumulation),
             ("training_steps", self.training_steps),
             ("logging_frequency", self.logging_frequency),
@@ -474,6 +534,12 @@ impl TrainConfig {
             .and_then(|()| cfg.check_build(Features::BUILT))
             .with_context(|| format!("invalid run configuration {}", path.display()))?;
         Ok(cfg)
+    }
+
+    /// Sequences per micro-batch; an unresolved `max` counts as 1 (planning's
+    /// lower bound). `sweep train` resolves `max` before training.
+    pub fn batch(&self) -> usize {
+        self.batch_size.fixed().unwrap_or(1)
     }
 
     pub fn to_toml(&self) -> String {

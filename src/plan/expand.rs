@@ -301,6 +301,12 @@ impl<'a> Shared<'a> {
         if tasks <= 1 {
             return Ok(());
         }
+        if cfg.batch_size == crate::config::BatchSize::Max {
+            let msg = format!(
+                "`batch_size = \"max\"` is searched on one device, and this run has {tasks} ranks: give it a number"
+            );
+            return Err(self.error_in(&a.params, Some("batch_size"), &msg));
+        }
         let key = if slurm.ntasks_per_node > 1 {
             "slurm.ntasks_per_node"
         } else {

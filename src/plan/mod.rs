@@ -13,7 +13,7 @@ pub use expand::{sweep_bin, REPEAT};
 
 use crate::config::memory::MemoryEstimate;
 pub use crate::config::PretokenizedFormat;
-use crate::config::{DeviceKind, TrainConfig};
+use crate::config::TrainConfig;
 use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -69,7 +69,8 @@ impl Run {
     pub fn global_batch(&self) -> Option<usize> {
         match &self.job {
             Job::Train(cfg) => {
-                Some(self.world_size() as usize * cfg.batch_size * cfg.gradient_accumulation)
+                let batch = cfg.batch_size.fixed()?;
+                Some(self.world_size() as usize * batch * cfg.gradient_accumulation)
             }
             Job::Command(_) => None,
         }
@@ -166,16 +167,7 @@ impl Memory {
             model.vocab_size = crate::data::tokenizer::vocab_size_of(&cfg.tokenizer)?;
         }
         let parts = crate::config::memory::estimate(cfg, &model);
-        let device_gb = match cfg.device {
-            DeviceKind::Cpu => None,
-            DeviceKind::Cuda => cfg.gpu_memory_gb.or_else(|| {
-                cfg.gpu
-                    .as_deref()
-                    .and_then(crate::config::devices::lookup)
-                    .map(|a| a.memory_gb)
-            }),
-        };
-        let device_bytes = device_gb.map(|gb| (gb * 1e9) as u64);
+        let device_bytes = crate::config::memory::device_bytes(cfg);
         Some(Memory {
             estimate_bytes: parts.total(),
             device_bytes,

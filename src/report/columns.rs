@@ -82,6 +82,9 @@ pub const ELAPSED_S: &str = "elapsed_s";
 pub const GLOBAL_TOKENS_PER_SECOND: &str = "global_tokens_per_second";
 /// Ranks training together (1 when a log does not say).
 pub const WORLD_SIZE: &str = "world_size";
+/// Sequences per device and micro-batch as trained (what `batch_size =
+/// "max"` became), from the metrics' `batch_size`.
+pub const TRAINED_BATCH_SIZE: &str = "trained_batch_size";
 // The summary table: one row per run or group.
 pub const ORDER: &str = "order";
 pub const STATE: &str = "state";

@@ -58,7 +58,7 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
     let n: usize = runs.iter().map(|r| r.points.len()).sum();
     let mut run = Vec::with_capacity(n);
     let mut index = Vec::with_capacity(n);
-    let mut cols: Vec<Vec<Option<f64>>> = (0..10).map(|_| Vec::with_capacity(n)).collect();
+    let mut cols: Vec<Vec<Option<f64>>> = (0..11).map(|_| Vec::with_capacity(n)).collect();
     for r in runs {
         for (i, p) in r.points.iter().enumerate() {
             run.push(r.name.as_str());
@@ -74,6 +74,7 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
                 p.elapsed_s,
                 p.global_tokens_per_second,
                 p.world_size,
+                p.batch_size,
             ]) {
                 c.push(v);
             }
@@ -90,6 +91,7 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
         c::ELAPSED_S,
         c::GLOBAL_TOKENS_PER_SECOND,
         c::WORLD_SIZE,
+        c::TRAINED_BATCH_SIZE,
     ];
     let mut columns = vec![
         Column::new(c::RUN.into(), run),
@@ -309,6 +311,10 @@ fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
             col(c::LOSS).drop_nulls().last().alias(c::FINAL_LOSS),
             col(c::ELAPSED_S).max().alias(c::WALL_TIME_S),
             col(c::STEP).max().alias(c::LAST_STEP),
+            // A property of the run, not of its steady state.
+            col(c::TRAINED_BATCH_SIZE)
+                .max()
+                .alias(c::TRAINED_BATCH_SIZE),
         ]);
     let mut table = info
         .lazy()
@@ -346,6 +352,7 @@ fn group(per_run: &DataFrame, keys: &[String], carry: &[String]) -> Result<DataF
         col(c::WALL_TIME_S).mean(),
         col(c::GLOBAL_TOKENS_PER_SECOND).mean(),
         col(c::WORLD_SIZE).max(),
+        col(c::TRAINED_BATCH_SIZE).max(),
         col(c::POINTS).sum(),
         col(c::RUNS).sum(),
         col(c::RUN).first().alias(c::FIRST_RUN),

@@ -58,6 +58,9 @@ pub struct StepMetrics {
     /// Ranks training together (data parallelism); 1 for a single process.
     #[serde(default = "one")]
     pub world_size: usize,
+    /// Sequences per device and micro-batch (what `batch_size = "max"` became).
+    #[serde(default)]
+    pub batch_size: usize,
     /// Tokens per second of all ranks together (the global batch per step time).
     #[serde(default)]
     pub global_tokens_per_second: f64,

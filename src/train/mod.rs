@@ -14,6 +14,7 @@ pub mod attention;
 mod checkpoint;
 pub mod device;
 pub mod dist;
+pub mod max_batch;
 pub mod metrics;
 pub mod model;
 mod monitor;
@@ -23,7 +24,7 @@ pub mod params;
 pub mod peak;
 mod schedule;
 
-use crate::config::{DeviceKind, Precision, TrainConfig, REQUEUE_EXIT};
+use crate::config::{BatchSize, DeviceKind, Precision, TrainConfig, REQUEUE_EXIT};
 use crate::data::{
     Batch, DataLoader, DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer,
 };
@@ -70,6 +71,9 @@ pub struct StepOutcome {
 impl Trainer {
     /// A trainer for the rank the launcher's environment names.
     pub fn new(cfg: TrainConfig, threads: usize) -> Result<Trainer> {
+        if cfg.batch_size == BatchSize::Max {
+            bail!("batch_size = \"max\" must be resolved before training (sweep train does)");
+        }
         let ranks = Ranks::from_env()?;
         let device = match cfg.device {
             DeviceKind::Cpu => Device::Cpu,
@@ -214,7 +218,7 @@ impl Trainer {
         let mut stream = SampleStream::open_validation(&self.spec)?;
         let (mut sum, mut count) = (0.0, 0usize);
         for _ in 0..batches {
-            let b = crate::data::loader::next_batch(&mut stream, self.cfg.batch_size)?;
+            let b = crate::data::loader::next_batch(&mut stream, self.cfg.batch())?;
             let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
             let l = self.model.loss(&ids.detach(), &b.labels, 1.0)?;
             sum += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
@@ -309,7 +313,10 @@ fn signal_name(sig: usize) -> &'static str {
 
 pub fn run(config: &Path) -> Result<ExitCode> {
     let run_dir = crate::util::fs::parent_dir(config).to_path_buf();
-    let cfg = TrainConfig::load(config)?;
+    let mut cfg = TrainConfig::load(config)?;
+    if cfg.batch_size == BatchSize::Max {
+        cfg.batch_size = BatchSize::Fixed(resolve_max_batch(&cfg, &run_dir)?);
+    }
     let threads = init_threads(cfg.threads);
     let stop = install_signals()?;
     let mut t = Trainer::new(cfg, threads)?;
@@ -326,6 +333,57 @@ pub fn run(config: &Path) -> Result<ExitCode> {
         }
     }
     result
+}
+
+/// The run's `batch_size = "max"`: searched once (`max-batch.json` keeps the
+/// answer and the trials, so a requeued run resumes at the same size).
+fn resolve_max_batch(cfg: &TrainConfig, run_dir: &Path) -> Result<usize> {
+    const FILE: &str = "max-batch.json";
+    let path = run_dir.join(FILE);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let saved: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+        if let Some(b) = saved["batch_size"].as_u64().filter(|&b| b > 0) {
+            eprintln!("sweep train: batch_size = \"max\" is {b} ({FILE})");
+            return Ok(b as usize);
+        }
+    }
+    if Ranks::from_env()?.world_size > 1 {
+        bail!("batch_size = \"max\" is searched on one device; give data-parallel runs a number");
+    }
+    let limit = cfg.memory_limit_gb.map(|gb| (gb * 1e9) as u64);
+    let s = max_batch::search(cfg, limit, 3, 1024)?;
+    let Some(b) = s.largest else {
+        bail!(
+            "batch_size = \"max\": not even batch size 1 trains on this device{}",
+            s.limit.map_or(String::new(), |l| format!(
+                " within {:.1} GB",
+                l as f64 / 1e9
+            ))
+        );
+    };
+    let trials: Vec<_> = s
+        .trials
+        .iter()
+        .map(|t| match &t.outcome {
+            max_batch::Outcome::Trains {
+                tokens_per_s,
+                peak_mb,
+            } => serde_json::json!({
+                "batch_size": t.batch, "tokens_per_second": tokens_per_s, "peak_memory_mb": peak_mb,
+            }),
+            max_batch::Outcome::OutOfMemory(why) => serde_json::json!({
+                "batch_size": t.batch, "out_of_memory": why,
+            }),
+        })
+        .collect();
+    let record = serde_json::json!({ "batch_size": b, "trials": trials });
+    crate::util::fs::write_atomic(&path, serde_json::to_string_pretty(&record)?.as_bytes())?;
+    eprintln!(
+        "sweep train: batch_size = \"max\" is {b}: the largest of {} sizes tried that trains",
+        s.trials.len()
+    );
+    Ok(b)
 }
 
 /// The training loop of one rank, from the latest checkpoint to the last step.
@@ -353,7 +411,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
                 "sweep train: {} rank(s), gradients summed by {}; global batch {}",
                 ranks.world_size,
                 t.comm.describe(),
-                ranks.world_size * cfg.batch_size * cfg.gradient_accumulation
+                ranks.world_size * cfg.batch() * cfg.gradient_accumulation
             );
         }
     }
@@ -377,8 +435,8 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
         (first, elapsed) = (state.step + 1, state.elapsed_s);
     }
     let check_every_step = std::env::var_os("SWEEP_CHECK_REPLICAS").is_some();
-    let mut loader = DataLoader::spawn(stream, cfg.batch_size, cfg.prefetch);
-    let tokens_per_step = (cfg.batch_size * cfg.sequence_length * cfg.gradient_accumulation) as u64;
+    let mut loader = DataLoader::spawn(stream, cfg.batch(), cfg.prefetch);
+    let tokens_per_step = (cfg.batch() * cfg.sequence_length * cfg.gradient_accumulation) as u64;
     let mut interval = metrics::Interval::default();
     let schedule = schedule::Schedule::new(&cfg);
     let mut mfu_warned = false;
@@ -444,6 +502,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
                     grad_norm: out.grad_norm,
                     tokens_per_second: tp.tokens_per_second,
                     world_size: ranks.world_size,
+                    batch_size: cfg.batch(),
                     // Steps end together (the all-reduce): every rank moves as many tokens.
                     global_tokens_per_second: tp.tokens_per_second * ranks.world_size as f64,
                     training_tokens_pct: i.training_tokens_pct(),
@@ -686,7 +745,7 @@ mod tests {
             dataset: root.join("assets/data/quickstart.parquet"),
             tokenizer: root.join(crate::config::DEFAULT_TOKENIZER),
             sequence_length: 64,
-            batch_size: 4,
+            batch_size: crate::config::BatchSize::Fixed(4),
             learning_rate: 3e-3,
             warmup_steps: 3,
             precision,
@@ -701,7 +760,7 @@ mod tests {
         let mut stream = SampleStream::open(&t.spec)?;
         let mut losses = vec![];
         for step in 1..=steps {
-            let b = crate::data::loader::next_batch(&mut stream, cfg.batch_size)?;
+            let b = crate::data::loader::next_batch(&mut stream, cfg.batch())?;
             let out = t.step(
                 &[b],
                 optim::lr_at(step, &cfg),

@@ -126,7 +126,7 @@ fn rendering_is_idempotent_and_never_touches_outputs() {
     assert_eq!(before, snapshot(&run));
     // The config is exactly what the trainer reads.
     let cfg = sweep::config::TrainConfig::load(&run.join("config.toml")).unwrap();
-    assert_eq!(cfg.batch_size, 1);
+    assert_eq!(cfg.batch_size, sweep::config::BatchSize::Fixed(1));
     assert!(cfg.dataset.is_absolute());
 }
 
@@ -513,4 +513,53 @@ fn plans_estimate_memory_per_device_and_refuse_runs_that_cannot_fit() {
         &text.replace("gpu = \"GH200\"", "gpu = \"GH200\"\ngpu_memory_gb = 4000"),
     );
     assert!(plan(&[]).status.success());
+}
+
+#[test]
+fn the_optimization_study_plans_ten_runs_at_their_largest_batch() {
+    let root = project();
+    let m = repo().join("experiments/optimization.toml");
+    let runs = plan_json(root.path(), &m);
+    assert_eq!(runs.len(), 10, "12 combinations, f32 with flash left out");
+    for r in &runs {
+        assert_eq!(r["params"].get("batch_size"), None, "not an axis");
+        assert!(
+            r.get("global_batch").is_none(),
+            "found when the job starts: {r}"
+        );
+        assert_eq!(r["memory"]["fits"], true, "batch 1 fits an H100: {r}");
+    }
+    let text = stdout(&run_ok(
+        sweep(root.path())
+            .arg("render")
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    ));
+    assert!(text.contains("10 runs"), "{text}");
+    let config = std::fs::read_to_string(
+        root.path()
+            .join("results/optimization/f32-eager-none/config.toml"),
+    )
+    .unwrap();
+    assert!(config.contains("batch_size = \"max\""), "{config}");
+    // Several ranks cannot share one search.
+    let multi = root.path().join("multi.toml");
+    write(
+        &multi,
+        &std::fs::read_to_string(&m).unwrap().replace(
+            "gpus_per_node = 1",
+            "gpus_per_node = 4\nntasks_per_node = 4",
+        ),
+    );
+    let out = sweep(root.path())
+        .arg("plan")
+        .arg(&multi)
+        .env("SWEEP_BIN", GPU_BUILD)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("searched on one device"),
+        "{err}"
+    );
 }

@@ -391,3 +391,40 @@ fn max_batch_finds_the_largest_batch_under_a_memory_budget() {
         assert!(cols[2].parse::<f64>().unwrap() <= 600.0, "{l}");
     }
 }
+
+#[test]
+fn batch_size_max_is_found_when_the_job_starts_and_reported() {
+    let root = project();
+    let m = manifest(
+        root.path(),
+        "max",
+        "training_steps = 3\nsequence_length = 64\nbatch_size = \"max\"\nmemory_limit_gb = 0.6",
+        "",
+    );
+    let plan = run_ok(sweep(root.path()).arg("plan").arg(&m));
+    assert!(String::from_utf8_lossy(&plan.stdout).contains("max"));
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let run = root.path().join("results/max/run");
+    let found: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("max-batch.json")).unwrap())
+            .unwrap();
+    let b = found["batch_size"].as_u64().unwrap();
+    assert!(b > 1, "{found}");
+    let trials = found["trials"].as_array().unwrap();
+    assert!(
+        trials
+            .iter()
+            .any(|t| t["batch_size"] == b + 1 && t["out_of_memory"].is_string()),
+        "{found}"
+    );
+    // It trained at that size, and the report says so.
+    let lines = metrics(&run);
+    assert_eq!(lines.len(), 3);
+    assert!(lines.iter().all(|l| l["batch_size"] == b), "{lines:?}");
+    let report = run_ok(sweep(root.path()).arg("report").arg(&m));
+    let text = String::from_utf8_lossy(&report.stdout).to_string();
+    let table = std::fs::read_to_string(root.path().join("results/max/summary.md")).unwrap();
+    let csv = std::fs::read_to_string(root.path().join("results/max/summary.csv")).unwrap();
+    assert!(table.contains("| Batch size |"), "{table}\n{csv}");
+    assert!(table.contains(&format!(" {b} | COMPLETED |")), "{table}");
+}

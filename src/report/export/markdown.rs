@@ -30,9 +30,17 @@ fn with_interval(t: &DataFrame, metric: Metric, i: usize, digits: usize) -> Stri
 /// The README-ready table (also what `sweep report` prints): means with the
 /// half-width of their 95% interval, speedups with theirs. Studies whose
 /// runs differ in world size also get ranks, whole-job tokens/s and scaling
-/// efficiency.
+/// efficiency; studies whose batch size is not an axis (`batch_size = "max"`,
+/// say) the batch each run trained at.
 pub fn table(s: &Summary) -> String {
     let t = &s.table;
+    // The batch each run trained at, where no parameter column already says
+    // it: `batch_size = "max"`, or a batch size that is not an axis.
+    let batch_param = t.column("batch_size").is_ok();
+    let max_batch = (0..t.height()).any(|i| {
+        num(t, c::TRAINED_BATCH_SIZE, i).is_some()
+            && (!batch_param || cell(t, "batch_size", i).trim_matches('"') == "max")
+    });
     let scaling = (0..t.height()).any(|i| num(t, c::SCALING_EFFICIENCY_PCT, i).is_some());
     let repeats = (0..t.height()).any(|i| num(t, c::REPEATS, i).is_some_and(|n| n > 1.0));
     let mut out = String::from("| Configuration |");
@@ -45,8 +53,11 @@ pub fn table(s: &Summary) -> String {
     if scaling {
         out.push_str(" Ranks | Global tokens/sec | Scaling efficiency % |");
     }
+    if max_batch {
+        out.push_str(" Batch size |");
+    }
     out.push_str(" State |\n|---|");
-    let columns = 9 + usize::from(repeats) + if scaling { 3 } else { 0 };
+    let columns = 9 + usize::from(repeats) + if scaling { 3 } else { 0 } + usize::from(max_batch);
     out.push_str(&"---:|".repeat(columns - 2));
     out.push_str("---|\n");
     for i in 0..t.height() {
@@ -71,6 +82,9 @@ pub fn table(s: &Summary) -> String {
                 f(num(t, c::GLOBAL_TOKENS_PER_SECOND, i), 2),
                 f(num(t, c::SCALING_EFFICIENCY_PCT, i), 1),
             ));
+        }
+        if max_batch {
+            out.push_str(&format!(" {} |", f(num(t, c::TRAINED_BATCH_SIZE, i), 0)));
         }
         out.push_str(&format!(" {} |\n", cell(t, c::STATE, i)));
     }

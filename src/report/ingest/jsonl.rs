@@ -18,6 +18,7 @@ struct Line {
     elapsed_s: Option<f64>,
     global_tokens_per_second: Option<f64>,
     world_size: Option<f64>,
+    batch_size: Option<f64>,
     /// Set on event records (the trainer's [`EventKind`]); steps have none.
     event: Option<EventKind>,
 }
@@ -44,6 +45,7 @@ pub fn parse(text: &str) -> (Vec<Point>, usize) {
                 elapsed_s: l.elapsed_s,
                 global_tokens_per_second: l.global_tokens_per_second,
                 world_size: l.world_size,
+                batch_size: l.batch_size.filter(|&b| b > 0.0),
             }),
             Ok(_) => {}
             Err(_) => skipped += 1,

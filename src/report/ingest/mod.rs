@@ -25,6 +25,8 @@ pub struct Point {
     pub global_tokens_per_second: Option<f64>,
     /// Ranks training together (GPUs, CPU processes); unknown means one.
     pub world_size: Option<f64>,
+    /// Sequences per device and micro-batch, when the log says.
+    pub batch_size: Option<f64>,
 }
 
 /// A run as the report sees it.

@@ -22,6 +22,7 @@ pub fn parse(re: &Regex, text: &str) -> Vec<Point> {
             elapsed_s: num("elapsed_s"),
             global_tokens_per_second: None,
             world_size: None,
+            batch_size: None,
         });
     }
     points

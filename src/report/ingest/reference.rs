@@ -137,6 +137,7 @@ pub fn parse(name: &str, text: &str) -> RunLog {
             elapsed_s: elapsed,
             global_tokens_per_second: num("gtps"),
             world_size: None,
+            batch_size: None,
         });
     }
     for p in &mut run.points {

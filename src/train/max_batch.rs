@@ -1,5 +1,6 @@
-//! `sweep bench max-batch`: the largest batch size a run's configuration
-//! trains at, found with real training steps. Each trial is `sweep train` on
+//! The largest batch size a run's configuration trains at, found with real
+//! training steps (`sweep bench max-batch`, and `batch_size = "max"` when
+//! `sweep train` starts). Each trial is `sweep train` on
 //! a copy of the configuration with another `batch_size`, in a child process:
 //! out of device memory (CUDA) or over the memory budget (`--memory-limit`,
 //! the process's resident memory, checked as it runs) means too large. The
@@ -7,8 +8,7 @@
 //! then halves the gap; every trial's tokens/s comes back, so the
 //! throughput-against-batch curve comes with the answer.
 
-use crate::config::{DeviceKind, TrainConfig};
-use crate::plan::Memory;
+use crate::config::{memory, BatchSize, DeviceKind, TrainConfig};
 use crate::train::metrics::METRICS_FILE;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -52,28 +52,41 @@ pub struct Search {
     pub limit: Option<u64>,
 }
 
+/// The search for a run's configuration file (`sweep bench max-batch`).
 pub fn run(opts: &Options) -> Result<Search> {
-    if opts.steps < 2 {
-        bail!("--steps must be at least 2: the first step is not timed");
-    }
     let base = TrainConfig::load(&opts.config)?;
+    search(&base, opts.memory_limit, opts.steps, opts.max)
+}
+
+/// The search for a configuration: `limit` bytes of resident memory per
+/// trial (on a CPU, default 80% of what is available; a GPU runs until its
+/// allocator fails).
+pub fn search(base: &TrainConfig, limit: Option<u64>, steps: usize, max: usize) -> Result<Search> {
+    if steps < 2 {
+        bail!("at least 2 steps per trial: the first is not timed");
+    }
     let cpu = base.device == DeviceKind::Cpu;
-    let limit = match (opts.memory_limit, cpu) {
+    let limit = match (limit, cpu) {
         (Some(l), _) => Some(l),
         (None, true) => Some((available_memory()? as f64 * 0.8) as u64),
         (None, false) => None,
     };
+    let mut model = base.model_config()?;
+    if model.vocab_size == 0 {
+        model.vocab_size = crate::data::tokenizer::vocab_size_of(&base.tokenizer)
+            .with_context(|| format!("reading the tokenizer {}", base.tokenizer.display()))?;
+    }
     let estimate = |batch: usize| {
         let mut c = base.clone();
-        c.batch_size = batch;
-        Memory::of(&c)
+        c.batch_size = BatchSize::Fixed(batch);
+        memory::estimate(&c, &model).total()
     };
     // The budget the estimate is held against: the limit, else the GPU's size.
-    let budget = limit.or_else(|| estimate(1).and_then(|m| m.device_bytes));
+    let budget = limit.or_else(|| memory::device_bytes(base));
     let start = match budget {
         Some(b) => {
             let mut s = 1;
-            while s * 2 <= opts.max && estimate(s * 2).is_some_and(|m| m.estimate_bytes <= b) {
+            while s * 2 <= max && estimate(s * 2) <= b {
                 s *= 2;
             }
             s
@@ -84,15 +97,15 @@ pub fn run(opts: &Options) -> Result<Search> {
     let dir = tempfile::tempdir().context("a directory for the trials")?;
     let mut trials = Vec::new();
     let (mut lo, mut hi) = (0usize, None::<usize>);
-    let mut batch = start.min(opts.max).max(1);
+    let mut batch = start.min(max).max(1);
     loop {
         eprintln!("max-batch: trying batch size {batch}");
-        let outcome = trial(&exe, &base, batch, opts.steps, limit, dir.path())?;
+        let outcome = trial(&exe, base, batch, steps, limit, dir.path())?;
         let fits = matches!(outcome, Outcome::Trains { .. });
         trials.push(Trial {
             batch,
             outcome,
-            estimate_mb: estimate(batch).map(|m| m.estimate_bytes as f64 / MB),
+            estimate_mb: Some(estimate(batch) as f64 / MB),
         });
         if fits {
             lo = batch;
@@ -101,8 +114,8 @@ pub fn run(opts: &Options) -> Result<Search> {
         }
         batch = match hi {
             // Doubling until something fails or the cap.
-            None if batch >= opts.max => break,
-            None => (batch * 2).min(opts.max),
+            None if batch >= max => break,
+            None => (batch * 2).min(max),
             // Then the middle of the gap.
             Some(h) if h - lo <= 1 => break,
             Some(h) => lo + (h - lo) / 2,
@@ -128,7 +141,7 @@ fn trial(
     let run = dir.join(format!("bs{batch}"));
     std::fs::create_dir_all(&run)?;
     let mut cfg = base.clone();
-    cfg.batch_size = batch;
+    cfg.batch_size = BatchSize::Fixed(batch);
     cfg.training_steps = steps;
     cfg.logging_frequency = 1;
     cfg.checkpoint_every = 0;
