@@ -20,6 +20,8 @@ pub mod model;
 mod monitor;
 pub mod ops;
 pub mod optim;
+#[cfg(feature = "cuda")]
+mod optim_cuda;
 pub mod params;
 pub mod peak;
 mod schedule;

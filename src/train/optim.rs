@@ -171,6 +171,20 @@ impl AdamW {
                     };
                     slot.var.as_tensor().inplace_op2(&g.contiguous()?, &op)?;
                 }
+                #[cfg(feature = "cuda")]
+                Moments::Device { m, v }
+                    if super::optim_cuda::Update::applies(slot.var.as_tensor(), g, m, v) =>
+                {
+                    let op = super::optim_cuda::Update {
+                        m: m.clone(),
+                        v: v.clone(),
+                        hyper: [
+                            lr, grad_scale, self.beta1, self.beta2, bc1, bc2, self.eps, wd,
+                        ]
+                        .map(|x| x as f32),
+                    };
+                    slot.var.as_tensor().inplace_op2(g, &op)?;
+                }
                 Moments::Device { m, v } => {
                     let g = (g * grad_scale)?;
                     *m = ((&*m * self.beta1)? + (&g * (1.0 - self.beta1))?)?;

@@ -421,8 +421,7 @@ fn batch_size_max_is_found_when_the_job_starts_and_reported() {
     let lines = metrics(&run);
     assert_eq!(lines.len(), 3);
     assert!(lines.iter().all(|l| l["batch_size"] == b), "{lines:?}");
-    let report = run_ok(sweep(root.path()).arg("report").arg(&m));
-    let text = String::from_utf8_lossy(&report.stdout).to_string();
+    run_ok(sweep(root.path()).arg("report").arg(&m));
     let table = std::fs::read_to_string(root.path().join("results/max/summary.md")).unwrap();
     let csv = std::fs::read_to_string(root.path().join("results/max/summary.csv")).unwrap();
     assert!(table.contains("| Batch size |"), "{table}\n{csv}");

@@ -1,0 +1,160 @@
+//! AdamW on a CUDA tensor in one pass: each element of the parameter, its
+//! gradient and both moments is read once and the parameter and moments
+//! written once. Composed from candle ops the same update took ~14 passes over
+//! each tensor (1.9–3.7 ms each for ref-8b's 537M-value embedding on an H100):
+//! 13–23% of an 8B-shaped step. The kernel is compiled by NVRTC when first
+//! used (no CUDA toolkit needed at build time) and keeps the arithmetic in
+//! f32 whatever the storage (f32 or bf16, rounded to nearest even).
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result, Storage, Tensor};
+use std::sync::OnceLock;
+
+const SOURCE: &str = r#"
+__device__ float bf16_to_f32(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
+__device__ unsigned short f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u); // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+__device__ void step(float& p, float& m, float& v, float g, float lr, float scale, float b1, float b2,
+                     float bc1, float bc2, float eps, float wd) {
+    g *= scale;
+    m = b1 * m + (1.0f - b1) * g;
+    v = b2 * v + (1.0f - b2) * g * g;
+    p = p * (1.0f - lr * wd) - lr * ((m / bc1) / (sqrtf(v / bc2) + eps));
+}
+extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* v, unsigned long long n,
+        float lr, float scale, float b1, float b2, float bc1, float bc2, float eps, float wd) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)blockDim.x * gridDim.x) {
+        float pi = p[i], mi = m[i], vi = v[i];
+        step(pi, mi, vi, g[i], lr, scale, b1, b2, bc1, bc2, eps, wd);
+        p[i] = pi; m[i] = mi; v[i] = vi;
+    }
+}
+extern "C" __global__ void adamw_bf16(unsigned short* p, const unsigned short* g, unsigned short* m,
+        unsigned short* v, unsigned long long n,
+        float lr, float scale, float b1, float b2, float bc1, float bc2, float eps, float wd) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)blockDim.x * gridDim.x) {
+        float pi = bf16_to_f32(p[i]), mi = bf16_to_f32(m[i]), vi = bf16_to_f32(v[i]);
+        step(pi, mi, vi, bf16_to_f32(g[i]), lr, scale, b1, b2, bc1, bc2, eps, wd);
+        p[i] = f32_to_bf16(pi); m[i] = f32_to_bf16(mi); v[i] = f32_to_bf16(vi);
+    }
+}
+"#;
+
+/// The PTX, compiled once per process.
+fn ptx() -> Result<&'static str> {
+    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    PTX.get_or_init(|| {
+        candle_core::cuda::cudarc::nvrtc::compile_ptx(SOURCE)
+            .map(|p| p.to_src())
+            .map_err(|e| format!("compiling the AdamW kernel with NVRTC: {e:?}"))
+    })
+    .as_deref()
+    .map_err(|e| candle_core::Error::Msg(e.clone()))
+}
+
+/// The update of one parameter (`self` of `inplace_op2`, with its gradient),
+/// its moments updated in place too.
+pub struct Update {
+    pub m: Tensor,
+    pub v: Tensor,
+    /// lr, grad scale, beta1, beta2, bias corrections 1 and 2, eps, weight decay.
+    pub hyper: [f32; 8],
+}
+
+impl Update {
+    /// Whether the fused pass applies: CUDA, f32 or bf16, everything contiguous.
+    pub fn applies(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> bool {
+        p.device().is_cuda()
+            && matches!(p.dtype(), DType::F32 | DType::BF16)
+            && [g, m, v]
+                .iter()
+                .all(|t| t.dtype() == p.dtype() && t.is_contiguous())
+            && p.is_contiguous()
+    }
+}
+
+/// `[start, end)` of a contiguous layout.
+fn span(l: &Layout) -> Result<(usize, usize)> {
+    l.contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("the fused AdamW takes contiguous tensors".into()))
+}
+
+impl InplaceOp2 for Update {
+    fn name(&self) -> &'static str {
+        "sweep-adamw"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+        candle_core::bail!("the fused AdamW runs on CUDA tensors")
+    }
+
+    fn cuda_fwd(
+        &self,
+        p: &mut CudaStorage,
+        pl: &Layout,
+        g: &CudaStorage,
+        gl: &Layout,
+    ) -> Result<()> {
+        let (ps, pe) = span(pl)?;
+        let (gs, ge) = span(gl)?;
+        let (m, ml) = self.m.storage_and_layout();
+        let (v, vl) = self.v.storage_and_layout();
+        let (Storage::Cuda(m), Storage::Cuda(v)) = (&*m, &*v) else {
+            candle_core::bail!("the AdamW moments are not on the GPU")
+        };
+        let ((ms, me), (vs, ve)) = (span(ml)?, span(vl)?);
+        let n = pe - ps;
+        if [ge - gs, me - ms, ve - vs].iter().any(|&len| len != n) {
+            candle_core::bail!("the fused AdamW got tensors of different sizes");
+        }
+        let dev = p.device().clone();
+        let kernel = match p.dtype() {
+            DType::F32 => "adamw_f32",
+            DType::BF16 => "adamw_bf16",
+            dt => candle_core::bail!("the fused AdamW takes f32 or bf16, not {dt:?}"),
+        };
+        let func = dev.get_or_load_custom_func(kernel, "sweep_adamw", ptx()?)?;
+        // A grid-stride loop: enough blocks to fill the GPU, whatever n.
+        let blocks = n.div_ceil(256).clamp(1, 132 * 16) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n = n as u64;
+        let h = self.hyper;
+        let mut b = func.builder();
+        // The moments are written through views taken from shared references:
+        // they are this optimizer's own tensors, used by nothing else while
+        // the kernel runs, on candle's single stream.
+        macro_rules! launch {
+            ($t:ty) => {{
+                let mut pv = p.as_cuda_slice_mut::<$t>()?.slice_mut(ps..pe);
+                let gv = g.as_cuda_slice::<$t>()?.slice(gs..ge);
+                let mv = m.as_cuda_slice::<$t>()?.slice(ms..me);
+                let vv = v.as_cuda_slice::<$t>()?.slice(vs..ve);
+                b.arg(&mut pv).arg(&gv).arg(&mv).arg(&vv).arg(&n);
+                for x in &h {
+                    b.arg(x);
+                }
+                // SAFETY: the kernel's signature matches these arguments, and
+                // every index it touches is below n, the length of each view.
+                unsafe { b.launch(cfg) }.map_err(|e| {
+                    candle_core::Error::Msg(format!("launching the AdamW kernel: {e:?}"))
+                })?;
+            }};
+        }
+        match p.dtype() {
+            DType::F32 => launch!(f32),
+            _ => launch!(half::bf16),
+        }
+        Ok(())
+    }
+}
