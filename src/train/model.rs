@@ -6,8 +6,8 @@
 
 use super::attention;
 use super::ops::{
-    attach::attach, cross_entropy::cross_entropy, matmul::matmul, rms_norm::rms_norm, rope,
-    silu_mul::silu_mul,
+    attach::attach, cross_entropy::cross_entropy, embedding::embedding, matmul::matmul,
+    rms_norm::rms_norm, rope, silu_mul::silu_mul,
 };
 use super::params::{Declare, Init, Params, Source};
 use crate::config::{AttentionKind, ModelConfig, Recompute};
@@ -258,7 +258,7 @@ impl Llama {
     /// ids [B, T] -> logits [B·T, vocab].
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        let mut x = self.embeddings.index_select(&ids.flatten_all()?, 0)?;
+        let mut x = embedding(&self.embeddings, &ids.flatten_all()?)?;
         for block in &self.blocks {
             x = match &self.recomputed {
                 None => block.forward(&x, b, t, &self.rope)?,

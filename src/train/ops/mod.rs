@@ -9,6 +9,7 @@
 pub mod attach;
 pub mod bf16_gemm;
 pub mod cross_entropy;
+pub mod embedding;
 pub mod matmul;
 pub mod rms_norm;
 pub mod rope;
