@@ -85,10 +85,13 @@ fn train(
                 .is_none_or(|o| format!("{} {}", c.label, c.precision()).contains(o))
         })
         .collect();
-    let outcomes = crate::bench::train::run(cases, steps, threads, gpu.as_deref(), recompute);
-    let (rows, failed): (Vec<_>, Vec<_>) = outcomes.into_iter().partition(|o| o.is_ok());
-    let rows: Vec<_> = rows.into_iter().filter_map(|o| o.ok()).collect();
-    let failed: Vec<_> = failed.into_iter().filter_map(|o| o.err()).collect();
+    let (mut rows, mut failed) = (Vec::new(), Vec::new());
+    for outcome in crate::bench::train::run(cases, steps, threads, gpu.as_deref(), recompute) {
+        match outcome {
+            Ok(row) => rows.push(row),
+            Err(f) => failed.push(f),
+        }
+    }
     let on = match (device, rows.first()) {
         (DeviceKind::Cuda, Some(r)) => r.device_name.clone(),
         _ => format!("{threads} CPU thread(s)"),

@@ -57,6 +57,17 @@ pub fn vocab_size_of(path: &Path) -> Option<usize> {
     size
 }
 
+/// A run's model with its vocabulary: the preset's, or the tokenizer's for
+/// presets without one (as the trainer builds it).
+pub fn model_config(cfg: &crate::config::TrainConfig) -> Result<crate::config::ModelConfig> {
+    let mut model = cfg.model_config()?;
+    if model.vocab_size == 0 {
+        model.vocab_size = vocab_size_of(&cfg.tokenizer)
+            .with_context(|| format!("reading the tokenizer {}", cfg.tokenizer.display()))?;
+    }
+    Ok(model)
+}
+
 impl TextTokenizer {
     pub fn load(path: &Path, overrides: &SpecialTokens) -> Result<TextTokenizer> {
         let bytes =

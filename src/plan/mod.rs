@@ -160,12 +160,7 @@ pub struct Memory {
 
 impl Memory {
     pub fn of(cfg: &TrainConfig) -> Option<Memory> {
-        let mut model =
-            crate::config::model::ModelConfig::resolve(&cfg.model, &cfg.architecture).ok()?;
-        // Presets without a vocabulary take the tokenizer's, as the trainer does.
-        if model.vocab_size == 0 {
-            model.vocab_size = crate::data::tokenizer::vocab_size_of(&cfg.tokenizer)?;
-        }
+        let model = crate::data::tokenizer::model_config(cfg).ok()?;
         let parts = crate::config::memory::estimate(cfg, &model);
         let device_bytes = crate::config::memory::device_bytes(cfg);
         Some(Memory {

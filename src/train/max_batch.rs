@@ -9,7 +9,8 @@
 //! throughput-against-batch curve comes with the answer.
 
 use crate::config::{memory, BatchSize, DeviceKind, TrainConfig};
-use crate::train::metrics::METRICS_FILE;
+use crate::train::metrics::{StepMetrics, METRICS_FILE};
+use crate::util::process::proc_kb;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -71,11 +72,7 @@ pub fn search(base: &TrainConfig, limit: Option<u64>, steps: usize, max: usize) 
         (None, true) => Some((available_memory()? as f64 * 0.8) as u64),
         (None, false) => None,
     };
-    let mut model = base.model_config()?;
-    if model.vocab_size == 0 {
-        model.vocab_size = crate::data::tokenizer::vocab_size_of(&base.tokenizer)
-            .with_context(|| format!("reading the tokenizer {}", base.tokenizer.display()))?;
-    }
+    let model = crate::data::tokenizer::model_config(base)?;
     let estimate = |batch: usize| {
         let mut c = base.clone();
         c.batch_size = BatchSize::Fixed(batch);
@@ -193,20 +190,17 @@ fn trial(
             "batch size {batch} failed for another reason than memory: {last} (log: {text:.2000})"
         );
     }
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join(METRICS_FILE))?
+    // Step lines (monitor events have another shape and are left out).
+    let steps: Vec<StepMetrics> = std::fs::read_to_string(run.join(METRICS_FILE))?
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|v: &serde_json::Value| v.get("event").is_none())
         .collect();
-    let timed: Vec<f64> = lines
+    let timed: Vec<f64> = steps
         .iter()
-        .filter(|v| v["step"].as_u64().is_some_and(|s| s >= 2))
-        .filter_map(|v| v["tokens_per_second"].as_f64())
+        .filter(|m| m.step >= 2)
+        .map(|m| m.tokens_per_second)
         .collect();
-    let peak_mb = lines
-        .iter()
-        .filter_map(|v| v["peak_memory_mb"].as_f64())
-        .fold(0.0, f64::max);
+    let peak_mb = steps.iter().map(|m| m.peak_memory_mb).fold(0.0, f64::max);
     if timed.is_empty() {
         bail!("batch size {batch} trained but logged no timed step");
     }
@@ -227,25 +221,13 @@ fn trial(
 
 /// A process's resident memory (VmRSS), bytes.
 fn resident_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    proc_kb(&format!("/proc/{pid}/status"), "VmRSS").map(|kb| kb * 1024)
 }
 
 /// MemAvailable of this machine, bytes.
 fn available_memory() -> Result<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
-    let kb: u64 = info
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .context("no MemAvailable in /proc/meminfo")?;
+    let kb =
+        proc_kb("/proc/meminfo", "MemAvailable").context("no MemAvailable in /proc/meminfo")?;
     Ok(kb * 1024)
 }
 

@@ -170,15 +170,7 @@ impl Interval {
 
 /// Peak resident memory of this process, in MB.
 pub fn peak_memory_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
+    crate::util::process::proc_kb("/proc/self/status", "VmHWM").map_or(0.0, |kb| kb as f64 / 1024.0)
 }
 
 pub const METRICS_FILE: &str = "metrics.jsonl";

@@ -21,6 +21,18 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A "Name:   1234 kB" field of a /proc file (`/proc/self/status`,
+/// `/proc/<pid>/status`, `/proc/meminfo`), in kB; None when absent.
+pub fn proc_kb(file: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The commit of the git checkout that holds `dir`, with `-dirty` when it has
 /// uncommitted changes; None outside a checkout or without git.
 pub fn git_commit(dir: &Path) -> Option<String> {
@@ -56,4 +68,20 @@ pub fn find_in_path(name: &str) -> Option<std::path::PathBuf> {
             p.metadata()
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proc_kb;
+
+    #[test]
+    fn proc_fields_read_in_kb() {
+        let rss = proc_kb("/proc/self/status", "VmRSS").unwrap();
+        let peak = proc_kb("/proc/self/status", "VmHWM").unwrap();
+        assert!(rss > 0 && peak >= rss, "{rss} {peak}");
+        assert!(proc_kb("/proc/meminfo", "MemAvailable").is_some());
+        // A field is matched whole: "VmRSS" is not "VmRS".
+        assert_eq!(proc_kb("/proc/self/status", "VmRS"), None);
+        assert_eq!(proc_kb("/proc/no-such-file", "VmRSS"), None);
+    }
 }
