@@ -210,10 +210,7 @@ fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
 fn peak() -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     use crate::train::peak::{refresh, Kernel};
-    let mut kernels = vec![Kernel::F32];
-    if crate::train::ops::bf16_gemm::supported() {
-        kernels.push(Kernel::Bf16);
-    }
+    let kernels = [Kernel::F32, Kernel::Bf16];
     println!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
     for kernel in kernels {
         for threads in 1..=cores {

@@ -4,7 +4,7 @@
 //! Measured once and cached per CPU model, kernel and thread count;
 //! `sweep bench peak` refreshes it.
 
-use super::ops::bf16_gemm::{self, View};
+use super::ops::bf16_gemm::{self, Bf16Kernel, View};
 use anyhow::Result;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -23,16 +23,18 @@ pub enum Kernel {
 
 impl Kernel {
     pub fn describe(self) -> &'static str {
-        match self {
-            Kernel::F32 => "candle's f32 matmul",
-            Kernel::Bf16 => "sweep's bf16 matmul",
+        match (self, bf16_gemm::selected()) {
+            (Kernel::F32, _) => "candle's f32 matmul",
+            (Kernel::Bf16, Bf16Kernel::Avx512Bf16) => "sweep's bf16 matmul (AVX-512 BF16)",
+            (Kernel::Bf16, Bf16Kernel::Portable) => "sweep's bf16 matmul (portable)",
         }
     }
 }
 
 #[derive(Default, Serialize, Deserialize)]
 struct Cache {
-    /// "<cpu model>/<threads>" (f32) or "<cpu model>/bf16/<threads>" -> FLOP/s
+    /// "<cpu model>/<threads>" (f32), "<cpu model>/bf16/<threads>" or
+    /// "<cpu model>/bf16-portable/<threads>" -> FLOP/s
     peaks: BTreeMap<String, f64>,
 }
 
@@ -56,9 +58,12 @@ fn cpu_model() -> String {
 }
 
 fn key(kernel: Kernel, threads: usize) -> String {
-    match kernel {
-        Kernel::F32 => format!("{}/{threads}", cpu_model()),
-        Kernel::Bf16 => format!("{}/bf16/{threads}", cpu_model()),
+    match (kernel, bf16_gemm::selected()) {
+        (Kernel::F32, _) => format!("{}/{threads}", cpu_model()),
+        (Kernel::Bf16, Bf16Kernel::Avx512Bf16) => format!("{}/bf16/{threads}", cpu_model()),
+        (Kernel::Bf16, Bf16Kernel::Portable) => {
+            format!("{}/bf16-portable/{threads}", cpu_model())
+        }
     }
 }
 

@@ -289,12 +289,21 @@ fn sigusr1_on_slurm_checkpoints_requeues_and_finishes() {
 fn the_plans_memory_estimate_is_within_15_percent_of_the_trainers_peak() {
     // `small` at 256 tokens: f32 and bf16-mixed, with and without
     // recomputation, batch 8 and 16 (the logits, 32000 wide, dominate).
+    // bf16-mixed with the CPU's own kernel, and again through the portable
+    // kernel where the CPU's own is AVX-512 BF16, so both paths are checked
+    // on a machine that has both.
     let root = project();
-    let m = root.path().join("mem.toml");
-    write(
-        &m,
-        &format!(
-            r#"name = "mem"
+    let mut report = Vec::new();
+    let mut studies = vec![("mem", r#"["f32", "bf16-mixed"]"#, None)];
+    if sweep::train::ops::bf16_gemm::avx512_bf16_available() {
+        studies.push(("mem-portable", r#"["bf16-mixed"]"#, Some("portable")));
+    }
+    for (study, precisions, kernels) in studies {
+        let m = root.path().join(format!("{study}.toml"));
+        write(
+            &m,
+            &format!(
+                r#"name = "{study}"
 executor = "local"
 [defaults]
 dataset = "{data}"
@@ -307,43 +316,56 @@ logging_frequency = 1
 [sweep]
 name = "{{{{ precision }}}}-{{{{ recompute }}}}-bs{{{{ batch_size }}}}"
 [sweep.grid]
-precision = ["f32", "bf16-mixed"]
+precision = {precisions}
 recompute = ["none", "blocks"]
 batch_size = [8, 16]
 [local]
 parallel = 2
 threads = 1
 "#,
-            data = repo().join("assets/data/quickstart.parquet").display(),
-            tok = repo()
-                .join("assets/tokenizers/mistral-7b/tokenizer.json")
-                .display(),
-        ),
-    );
-    let plan = run_ok(sweep(root.path()).arg("plan").arg(&m).arg("--json"));
-    let runs: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
-    run_ok(sweep(root.path()).arg("submit").arg(&m));
-    let mut report = Vec::new();
-    for r in runs.as_array().unwrap() {
-        let name = r["name"].as_str().unwrap();
-        let estimate = r["memory"]["estimate_bytes"].as_f64().unwrap() / 1e6;
-        assert_eq!(
-            r["memory"]["device_bytes"],
-            serde_json::Value::Null,
-            "a CPU run"
+                data = repo().join("assets/data/quickstart.parquet").display(),
+                tok = repo()
+                    .join("assets/tokenizers/mistral-7b/tokenizer.json")
+                    .display(),
+            ),
         );
-        let peak = metrics(&root.path().join("results/mem").join(name))
-            .iter()
-            .filter_map(|l| l["peak_memory_mb"].as_f64())
-            .fold(0.0, f64::max);
-        report.push(format!(
-            "{name}: estimate {estimate:.0} MB, measured {peak:.0} MB"
-        ));
-        assert!(
-            (estimate / peak - 1.0).abs() <= 0.15,
-            "{name} is off by more than 15%:\n{}",
-            report.join("\n")
-        );
+        let plan = run_ok(sweep(root.path()).arg("plan").arg(&m).arg("--json"));
+        let runs: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+        let mut submit = sweep(root.path());
+        if let Some(k) = kernels {
+            submit.env("SWEEP_CPU_KERNELS", k);
+        }
+        let out = run_ok(submit.arg("submit").arg(&m));
+        for r in runs.as_array().unwrap() {
+            let name = r["name"].as_str().unwrap();
+            let estimate = r["memory"]["estimate_bytes"].as_f64().unwrap() / 1e6;
+            assert_eq!(
+                r["memory"]["device_bytes"],
+                serde_json::Value::Null,
+                "a CPU run"
+            );
+            let dir = root.path().join("results").join(study).join(name);
+            let peak = metrics(&dir)
+                .iter()
+                .filter_map(|l| l["peak_memory_mb"].as_f64())
+                .fold(0.0, f64::max);
+            report.push(format!(
+                "{study}/{name}: estimate {estimate:.0} MB, measured {peak:.0} MB"
+            ));
+            assert!(
+                (estimate / peak - 1.0).abs() <= 0.15,
+                "{study}/{name} is off by more than 15%:\n{}",
+                report.join("\n")
+            );
+            if kernels.is_some() {
+                let log = job_logs(&dir);
+                assert!(
+                    log.contains("portable bf16 kernel (SWEEP_CPU_KERNELS=portable)"),
+                    "{name} says which kernel it used: {log}\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
     }
     eprintln!("{}", report.join("\n"));
 }

@@ -1,16 +1,26 @@
 //! A bf16 matrix product for the CPU, as PyTorch's CPU autocast does it:
-//! operands rounded to bf16, products accumulated in f32, with AVX-512 BF16's
-//! `vdpbf16ps` (two multiply-adds per 32-bit lane: twice the f32 FMA rate).
+//! operands rounded to bf16, products accumulated in f32. Two kernels give
+//! the same arithmetic (a product of two bf16 values is exact in f32):
 //!
-//! Packed GEMM in the manner of Goto/BLIS, except that each operand is packed
-//! once, whole: B into panels of NR columns, A into panels of MR rows, per
-//! block of KC k values, as bf16 pairs along k (the low half of each 32-bit
-//! lane holds the even k);
-//! a 14 x 32 micro-kernel keeps its 28 accumulators in registers. Packing reads
-//! any strides, so transposed views cost nothing. Row blocks of C run in
-//! parallel on the current rayon pool.
+//! - [`Bf16Kernel::Avx512Bf16`]: AVX-512 BF16's `vdpbf16ps` (two
+//!   multiply-adds per 32-bit lane: twice the f32 FMA rate). Packed GEMM in
+//!   the manner of Goto/BLIS, except that each operand is packed once, whole:
+//!   B into panels of NR columns, A into panels of MR rows, per block of KC k
+//!   values, as bf16 pairs along k (the low half of each 32-bit lane holds
+//!   the even k); a 14 x 32 micro-kernel keeps its 28 accumulators in
+//!   registers. Packing reads any strides, so transposed views cost nothing.
+//!   Row blocks of C run in parallel on the current rayon pool.
+//! - [`Bf16Kernel::Portable`], on every other x86-64 (and any) CPU: per block
+//!   of k, both operands rounded to bf16 values held in f32, multiplied and
+//!   accumulated by the `gemm` crate's f32 kernels (the ones candle uses).
+//!   About the f32 speed, half of the AVX-512 BF16 kernel's.
+//!
+//! The kernel is picked once per process from the CPU's features;
+//! `SWEEP_CPU_KERNELS=portable` forces the portable one (the tests use it to
+//! cover that path on AVX-512 machines too).
 
 use rayon::prelude::*;
+use std::sync::OnceLock;
 
 const MR: usize = 14;
 const NR: usize = 32;
@@ -18,9 +28,32 @@ const NR: usize = 32;
 const KC: usize = 256;
 const MC: usize = MR * 9;
 const NC: usize = 512;
+/// k values per block of the portable kernel: bounds its rounded copies to
+/// (m + n) · 512 values whatever k is.
+const PORTABLE_KC: usize = 512;
 
-/// Whether this CPU can run the kernel.
-pub fn supported() -> bool {
+/// The environment variable that overrides the choice of CPU kernels:
+/// `auto` (the default: the best the CPU has) or `portable`.
+pub const KERNELS_ENV: &str = "SWEEP_CPU_KERNELS";
+
+/// Which implementation multiplies bf16 operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    Avx512Bf16,
+    Portable,
+}
+
+impl Bf16Kernel {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Bf16Kernel::Avx512Bf16 => "AVX-512 BF16",
+            Bf16Kernel::Portable => "portable",
+        }
+    }
+}
+
+/// Whether this CPU has the instructions of [`Bf16Kernel::Avx512Bf16`].
+pub fn avx512_bf16_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -29,6 +62,36 @@ pub fn supported() -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// What `SWEEP_CPU_KERNELS` asks for: `Some(Portable)` to force the portable
+/// kernel, `None` for the best available; anything else is an error.
+pub fn requested() -> Result<Option<Bf16Kernel>, String> {
+    parse_request(std::env::var_os(KERNELS_ENV).as_deref())
+}
+
+fn parse_request(value: Option<&std::ffi::OsStr>) -> Result<Option<Bf16Kernel>, String> {
+    match value.map(|v| v.to_str()) {
+        None => Ok(None),
+        Some(Some("" | "auto")) => Ok(None),
+        Some(Some("portable")) => Ok(Some(Bf16Kernel::Portable)),
+        Some(v) => Err(format!(
+            "{KERNELS_ENV}=`{}`: use `auto` or `portable`",
+            v.unwrap_or("(not UTF-8)").escape_debug()
+        )),
+    }
+}
+
+/// The kernel this process uses, chosen once: the portable one when
+/// `SWEEP_CPU_KERNELS=portable` or the CPU lacks AVX-512 BF16 (an invalid
+/// `SWEEP_CPU_KERNELS` counts as `auto` here; the trainer refuses it).
+pub fn selected() -> Bf16Kernel {
+    static CHOICE: OnceLock<Bf16Kernel> = OnceLock::new();
+    *CHOICE.get_or_init(|| match requested() {
+        Ok(Some(k)) => k,
+        _ if avx512_bf16_available() => Bf16Kernel::Avx512Bf16,
+        _ => Bf16Kernel::Portable,
+    })
 }
 
 /// f32 -> bf16, round to nearest even (NaNs stay NaNs).
@@ -61,9 +124,22 @@ impl View<'_> {
     }
 }
 
-/// C (m x n, row-major, contiguous) = A (m x k) · B (k x n).
+/// C (m x n, row-major, contiguous) = A (m x k) · B (k x n), with the
+/// process's [`selected`] kernel.
 pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
-    assert!(supported(), "the bf16 kernel needs AVX-512 BF16");
+    gemm_with(selected(), m, n, k, a, b, c)
+}
+
+/// [`gemm`] with a given kernel (the AVX-512 BF16 one needs a CPU that has it).
+pub fn gemm_with(
+    kernel: Bf16Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: View,
+    b: View,
+    c: &mut [f32],
+) {
     assert_eq!(c.len(), m * n);
     if m == 0 || n == 0 {
         return;
@@ -72,6 +148,70 @@ pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
         c.fill(0.0);
         return;
     }
+    match kernel {
+        Bf16Kernel::Avx512Bf16 => {
+            assert!(
+                avx512_bf16_available(),
+                "the bf16 kernel needs AVX-512 BF16"
+            );
+            gemm_avx512(m, n, k, a, b, c)
+        }
+        Bf16Kernel::Portable => gemm_portable(m, n, k, a, b, c),
+    }
+}
+
+/// The portable kernel: for every block of k, both operands' blocks rounded
+/// to bf16 (held as f32, row-major), then C (+)= A block · B block by the
+/// `gemm` crate's f32 kernels. Every product of two bf16 values is exact in
+/// f32, so this is bf16 multiplication with f32 accumulation.
+fn gemm_portable(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
+    let kc_max = PORTABLE_KC.min(k);
+    let mut ab = vec![0f32; m * kc_max];
+    let mut bb = vec![0f32; kc_max * n];
+    for k0 in (0..k).step_by(PORTABLE_KC) {
+        let kc = PORTABLE_KC.min(k - k0);
+        let (ab, bb) = (&mut ab[..m * kc], &mut bb[..kc * n]);
+        ab.par_chunks_mut(kc).enumerate().for_each(|(i, row)| {
+            let base = i * a.rs + k0 * a.cs;
+            row.iter_mut()
+                .enumerate()
+                .for_each(|(p, x)| *x = round_bf16(a.data[base + p * a.cs]));
+        });
+        bb.par_chunks_mut(n).enumerate().for_each(|(p, row)| {
+            let base = (k0 + p) * b.rs;
+            row.iter_mut()
+                .enumerate()
+                .for_each(|(j, x)| *x = round_bf16(b.data[base + j * b.cs]));
+        });
+        // SAFETY: C is m x n row-major (asserted by the caller), the blocks
+        // are m x kc and kc x n row-major, all alive and not aliased.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                kc,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                k0 > 0,
+                ab.as_ptr(),
+                1,
+                kc as isize,
+                bb.as_ptr(),
+                1,
+                n as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            )
+        };
+    }
+}
+
+fn gemm_avx512(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
     // Each operand is converted and packed exactly once; every block of C
     // then reads the panels it needs.
     let ap = Packed::new(a, k, m, MR, true);
@@ -169,7 +309,7 @@ fn pack_panel(
     #[cfg(target_arch = "x86_64")]
     {
         if x_stride == 1 && kc.is_multiple_of(2) {
-            // SAFETY: AVX-512 BF16 checked by `gemm`; masked reads stay inside the view.
+            // SAFETY: AVX-512 BF16 checked by `gemm_with`; masked reads stay inside the view.
             unsafe { simd::pairs_from_rows(&v.data[base..], k_stride, kp, valid, width, out) };
             return;
         }
@@ -281,7 +421,7 @@ fn tile(
     {
         if mr == MR && nr == NR {
             assert!(c.len() >= (MR - 1) * ldc + NR);
-            // SAFETY: `gemm` asserted AVX-512 F and BF16; the panels hold kp·MR
+            // SAFETY: `gemm_with` asserted AVX-512 F and BF16; the panels hold kp·MR
             // and kp·NR lanes; C holds MR rows of NR at stride ldc (asserted).
             unsafe { kernel(ap.as_ptr(), bp.as_ptr(), kp, c.as_mut_ptr(), ldc, first) };
             return;
@@ -301,7 +441,7 @@ fn tile(
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
-        "`gemm` asserts `supported()`, false off x86-64 ({} {} {} {} {} {} {} {first})",
+        "`gemm` asserts `avx512_bf16_available()`, false off x86-64 ({} {} {} {} {} {} {} {first})",
         ap.len(),
         bp.len(),
         kp,
@@ -370,15 +510,34 @@ mod tests {
         c
     }
 
+    /// The kernels this CPU can run: the portable one everywhere.
+    fn kernels() -> Vec<Bf16Kernel> {
+        let mut k = vec![Bf16Kernel::Portable];
+        if avx512_bf16_available() {
+            k.push(Bf16Kernel::Avx512Bf16);
+        } else {
+            eprintln!("AVX-512 BF16 kernel not tested: this CPU lacks AVX-512 BF16");
+        }
+        k
+    }
+
     #[test]
     fn matches_the_exact_product_of_bf16_operands() {
-        if !supported() {
-            eprintln!("skipped: this CPU lacks AVX-512 BF16");
-            return;
+        for kernel in kernels() {
+            exact_product(kernel);
         }
-        // Edges in every dimension (not multiples of MR, NR, KC, MC, NC), odd k,
-        // and transposed views of both operands.
-        for (m, n, k) in [(1, 1, 1), (15, 33, 7), (130, 70, 300), (40, 600, 513)] {
+    }
+
+    fn exact_product(kernel: Bf16Kernel) {
+        // Edges in every dimension (not multiples of MR, NR, KC, MC, NC,
+        // PORTABLE_KC), odd k, and transposed views of both operands.
+        for (m, n, k) in [
+            (1, 1, 1),
+            (15, 33, 7),
+            (130, 70, 300),
+            (40, 600, 513),
+            (9, 20, 1100),
+        ] {
             let a = data(m * k, 1);
             let b = data(k * n, 2);
             for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -409,16 +568,29 @@ mod tests {
                     }
                 };
                 let mut c = vec![0f32; m * n];
-                gemm(m, n, k, av, bv, &mut c);
+                gemm_with(kernel, m, n, k, av, bv, &mut c);
                 let want = reference(m, n, k, av, bv);
                 for (x, y) in c.iter().zip(&want) {
                     assert!(
                         (*x as f64 - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                        "{m}x{n}x{k} t={a_t},{b_t}: {x} vs {y}"
+                        "{kernel:?} {m}x{n}x{k} t={a_t},{b_t}: {x} vs {y}"
                     );
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_environment_may_force_the_portable_kernel() {
+        use std::ffi::OsStr;
+        assert_eq!(parse_request(None), Ok(None));
+        assert_eq!(parse_request(Some(OsStr::new("auto"))), Ok(None));
+        assert_eq!(
+            parse_request(Some(OsStr::new("portable"))),
+            Ok(Some(Bf16Kernel::Portable))
+        );
+        let err = parse_request(Some(OsStr::new("avx9"))).unwrap_err();
+        assert!(err.contains("SWEEP_CPU_KERNELS=`avx9`"), "{err}");
     }
 
     #[test]
