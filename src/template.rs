@@ -118,6 +118,25 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Whether a template or expression reads the variable `name` (by its
+    /// syntax tree, not its text); one that does not compile reads nothing.
+    pub fn uses(&self, src: &str, name: &str) -> bool {
+        let vars = if is_template(src) {
+            // A template borrows its source for the environment's lifetime:
+            // a local environment (same delimiters) reads it.
+            let env = Environment::new();
+            env.template_from_str(src)
+                .map(|t| t.undeclared_variables(false))
+        } else {
+            self.env
+                .compile_expression_owned(src.to_string())
+                .map(|e| e.undeclared_variables(false))
+        };
+        vars.is_ok_and(|v| v.contains(name))
+    }
+}
+
 /// A template context from anything serialisable.
 pub fn context<T: serde::Serialize>(value: &T) -> Value {
     Value::from(minijinja::value::Serde(value))

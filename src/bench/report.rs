@@ -5,7 +5,6 @@
 use super::timed;
 use crate::report::{self, Options, Source};
 use anyhow::Result;
-use std::io::Write;
 
 pub struct ReportBench {
     pub runs: usize,
@@ -27,16 +26,25 @@ pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBen
                 "created_at": "2026-01-01T00:00:00Z", "params": { "batch_size": 1 + i % 4, "seed": i }, "jobs": [],
             });
             std::fs::write(d.join("run.json"), serde_json::to_vec(&record)?)?;
-            let mut f = std::io::BufWriter::new(std::fs::File::create(d.join("metrics.jsonl"))?);
+            let mut log = crate::train::record::MetricsLog::open(&d)?;
             for s in 1..=lines {
-                writeln!(
-                    f,
-                    "{{\"step\":{s},\"loss\":{:.4},\"lr\":0.001,\"grad_norm\":0.9,\"tokens_per_second\":{:.2},\"training_tokens_pct\":41.2,\"mfu_pct\":{:.3},\"tflops\":0.031,\"step_time_s\":0.3,\"elapsed_s\":{:.2},\"peak_memory_mb\":800.0}}",
-                    10.0 / (1.0 + s as f64 / 100.0),
-                    1000.0 + (i * 7 + s * 13) as f64 % 50.0,
-                    20.0 + (s % 10) as f64 / 10.0,
-                    s as f64 * 0.3
-                )?;
+                log.write(crate::train::record::StepMetrics {
+                    step: s,
+                    loss: 10.0 / (1.0 + s as f64 / 100.0),
+                    lr: 0.001,
+                    grad_norm: 0.9,
+                    tokens_per_second: 1000.0 + (i * 7 + s * 13) as f64 % 50.0,
+                    world_size: 1,
+                    batch_size: 1 + i % 4,
+                    global_tokens_per_second: 1000.0 + (i * 7 + s * 13) as f64 % 50.0,
+                    training_tokens_pct: 41.2,
+                    mfu_pct: 20.0 + (s % 10) as f64 / 10.0,
+                    tflops: 0.031,
+                    step_time_s: 0.3,
+                    elapsed_s: s as f64 * 0.3,
+                    peak_memory_mb: 800.0,
+                    val_loss: None,
+                })?;
             }
         }
         Ok(())

@@ -410,7 +410,7 @@ pub struct ReportCli {
     #[arg(long)]
     pub pattern: Option<String>,
     /// With --import: the study name (results/<name>, plots/<name>).
-    #[arg(long, default_value = "imported")]
+    #[arg(long, default_value = "imported", value_parser = study_name)]
     pub name: String,
     /// Print the table as JSON.
     #[arg(long)]
@@ -418,6 +418,12 @@ pub struct ReportCli {
     /// Skip the charts.
     #[arg(long)]
     pub no_plots: bool,
+}
+
+/// A study name from the command line: it becomes `results/<name>` and
+/// `plots/<name>`, so it must stay one plain directory name.
+fn study_name(s: &str) -> Result<String, String> {
+    crate::util::name::check(s).map(|()| s.to_string())
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -461,6 +467,18 @@ pub struct SubmitArgs {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Cmd::Train { .. } | Cmd::Bench(BenchCmd::DdpRank { .. })
+    ) {
+        // A closed pipe (`sweep plan … | head -1`) ends the program quietly,
+        // as it ends any Unix filter: Rust ignores SIGPIPE, which turns the
+        // closed pipe into a panic at the next `println!`. Training processes
+        // keep ignoring it (their sockets and MPI's report their own errors).
+        // SAFETY: restoring a signal's default disposition at start-up,
+        // before any thread is spawned.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let root = match cli
         .root
         .clone()
@@ -527,6 +545,7 @@ fn compare_cmd(
         false => Source::Manifest(p.to_path_buf()),
     };
     let cmp = compare::run(root, &source(a), &source(b), skip_first, plots)?;
+    // The markdown lists each side's problems too.
     println!("{}", compare::markdown(&cmp));
     for f in &cmp.files {
         println!("wrote {}", f.display());
@@ -566,7 +585,7 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
     }
     println!("{}", report::export::markdown_table(&rep.summary));
     for p in &rep.summary.problems {
-        println!("note: {}: {}, {}", p.run, p.state, p.reason);
+        println!("note: {}", p.describe());
     }
     println!(
         "wrote {}",

@@ -148,7 +148,7 @@ fn print_report(root: &Path, manifest: &Path) -> Result<()> {
     )?;
     println!("{}", report::export::markdown_table(&rep.summary));
     for p in &rep.summary.problems {
-        println!("note: {}: {}, {}", p.run, p.state, p.reason);
+        println!("note: {}", p.describe());
     }
     let files: Vec<String> = rep.files.iter().map(|p| p.display().to_string()).collect();
     println!("tables: {}", files.join(", "));

@@ -334,6 +334,7 @@ mod tests {
                 sweep_version: "0".into(),
                 created_at: "2026-01-01T00:00:00Z".into(),
                 params: Default::default(),
+                configuration: None,
                 depends_on: None,
                 jobs: Vec::new(),
             },

@@ -463,16 +463,14 @@ impl Validator<'_, '_> {
     }
 
     fn check_name(&mut self, name: &str) {
-        let ok = !name.is_empty()
-            && !name.starts_with('.')
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-        if !ok {
+        if let Err(why) = crate::util::name::check(name) {
             self.at_value_help(
                 "name",
-                format!("`{name}` cannot name a study directory"),
-                "use letters, digits, `.`, `_` and `-` (it becomes results/<name>/)",
+                format!("this cannot name a study directory: {why}"),
+                format!(
+                    "use up to {} letters, digits, `.`, `_` and `-`, not starting with `.` (it becomes results/<name>/)",
+                    crate::util::name::MAX_LEN
+                ),
             );
         }
     }

@@ -61,9 +61,9 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
     if let Some(b) = &m.report.baseline {
         if !runs
             .iter()
-            .any(|r| &r.name == b || r.configuration() == b.as_str())
+            .any(|r| &r.name == b || r.configuration.name == *b)
         {
-            let mut names: Vec<&str> = runs.iter().map(|r| r.configuration()).collect();
+            let mut names: Vec<&str> = runs.iter().map(|r| r.configuration.name.as_str()).collect();
             names.dedup();
             let help = match did_you_mean(b, names.iter().copied()) {
                 Some(s) => format!("did you mean `{s}`?"),
@@ -133,6 +133,9 @@ struct Shared<'a> {
     features: Features,
     /// The error `[defaults]` alone gives as a trainer configuration, if any.
     defaults_error: Option<String>,
+    /// Whether the run-name template writes `repeat` itself (else repeats
+    /// get a `-r<k>` suffix).
+    name_uses_repeat: bool,
 }
 
 /// One run's values as they are assembled: the axis and derived values that
@@ -165,6 +168,10 @@ impl<'a> Shared<'a> {
             }
         };
         let features = job_binary_features();
+        let name_uses_repeat = m
+            .name_template
+            .as_deref()
+            .is_some_and(|t| engine.uses(t, REPEAT));
         Ok(Shared {
             m,
             study_dir: study_dir.to_path_buf(),
@@ -173,6 +180,7 @@ impl<'a> Shared<'a> {
             train_fields: known_fields::<TrainConfig>(),
             features,
             defaults_error: check_train(&m.defaults, features).err().map(|(_, msg)| msg),
+            name_uses_repeat,
         })
     }
 
@@ -223,23 +231,32 @@ impl<'a> Shared<'a> {
             }
         };
         // A repeat is a run of its own; without repeats ids stay as they were.
-        let identity = match repeated {
-            true => json!({ "run": identity, "repeat": repeat }),
-            false => identity,
+        let config_id = short_id(&identity);
+        let id = match repeated {
+            true => short_id(&json!({ "run": identity, "repeat": repeat })),
+            false => config_id.clone(),
         };
-        let id = short_id(&identity);
         ctx["id"] = json!(id);
-        let mut name = self.name(&ctx, &a.params)?;
-        if repeated {
-            let in_template = m
-                .name_template
-                .as_deref()
-                .is_some_and(|t| t.contains("repeat"));
-            if !in_template {
-                name = format!("{name}-r{repeat}");
+        let rendered = self.name(&ctx, &a.params)?;
+        let (name, config_name) = match (repeated, self.name_uses_repeat) {
+            (false, _) => (rendered.clone(), rendered),
+            (true, false) => (format!("{rendered}-r{repeat}"), rendered),
+            // The template writes the repeat itself: the configuration is
+            // named after its first repeat.
+            (true, true) => {
+                let mut first = ctx.clone();
+                first["repeat"] = json!(0);
+                (rendered, self.name(&first, &a.params)?)
             }
+        };
+        if repeated {
             a.params.insert(REPEAT.into(), json!(repeat));
         }
+        let name = self.checked_name(name, &a.params)?;
+        let configuration = super::record::Configuration {
+            id: config_id,
+            name: config_name,
+        };
         let dir = self.study_dir.join(&name);
         let job = match train {
             Some(cfg) => Job::Train(Box::new(cfg)),
@@ -251,6 +268,7 @@ impl<'a> Shared<'a> {
         Ok(Run {
             id,
             name,
+            configuration,
             params: a.params,
             job,
             slurm,
@@ -483,15 +501,40 @@ impl<'a> Shared<'a> {
                 })?,
             None => default_name(self.m, params),
         };
-        let name = sanitize(&raw);
-        if name.is_empty() || name.starts_with('.') || name == "stages" || name == "logs" {
-            return Err(self
-                .m
-                .source
-                .at_value("sweep.name", format!("`{raw}` cannot name a run directory"))
-                .into());
-        }
-        Ok(name)
+        Ok(sanitize(&raw))
+    }
+
+    /// A run's final name, if it can name a run directory.
+    fn checked_name(
+        &self,
+        name: String,
+        params: &IndexMap<String, Json>,
+    ) -> Result<String, Box<Diagnostic>> {
+        let why = match crate::util::name::check(&name) {
+            Err(why) => why,
+            Ok(()) if name == "stages" || name == "logs" => {
+                format!("`{name}` is reserved for the study's own directories")
+            }
+            Ok(()) => return Ok(name),
+        };
+        let at = if self.m.name_template.is_some() {
+            "sweep.name"
+        } else {
+            "sweep"
+        };
+        let shown: String = name.chars().take(60).collect();
+        Err(self
+            .m
+            .source
+            .at_value(
+                at,
+                format!(
+                    "the run name `{}` cannot name a run directory: {why}",
+                    shown.escape_debug()
+                ),
+            )
+            .with_help(format!("in the run with {}", show_params(params)))
+            .into())
     }
 }
 

@@ -30,9 +30,11 @@ pub enum Job {
 
 #[derive(Debug, Clone)]
 pub struct Run {
-    /// Short stable hash of the resolved configuration.
+    /// Short stable hash of the resolved configuration (and the repeat).
     pub id: String,
     pub name: String,
+    /// What this run repeats (itself, without repeats).
+    pub configuration: record::Configuration,
     /// Axis values and derived values, in axis order: what distinguishes runs.
     pub params: IndexMap<String, serde_json::Value>,
     pub job: Job,
@@ -43,15 +45,6 @@ pub struct Run {
 }
 
 impl Run {
-    /// The configuration this run repeats: its name without the `-r<k>`
-    /// suffix of a repeat (the report's row for all its repeats).
-    pub fn configuration(&self) -> &str {
-        let repeat = self.params.get(REPEAT).and_then(|v| v.as_u64());
-        repeat
-            .and_then(|k| self.name.strip_suffix(&format!("-r{k}")))
-            .unwrap_or(&self.name)
-    }
-
     /// Processes training together: `nodes × ntasks_per_node`.
     pub fn world_size(&self) -> u32 {
         self.slurm.nodes * self.slurm.ntasks_per_node

@@ -47,6 +47,16 @@ impl UnitKind {
     }
 }
 
+/// What a run is a repeat of: the configuration its repeats share (the
+/// id of the run's identity without the repeat number) and its name (the
+/// name of its runs without a repeat suffix; with a name template that
+/// writes the repeat itself, the name of its first repeat).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Configuration {
+    pub id: String,
+    pub name: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub id: String,
@@ -58,6 +68,9 @@ pub struct RunRecord {
     pub sweep_version: String,
     pub created_at: String,
     pub params: IndexMap<String, serde_json::Value>,
+    /// Runs only; records written before it was recorded have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<Configuration>,
     /// The stage this run waits for (its directory name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depends_on: Option<String>,
@@ -67,15 +80,26 @@ pub struct RunRecord {
 
 pub const RUN_JSON: &str = "run.json";
 
+/// The largest `run.json` read (a record of thousands of requeues is ~1 MB).
+const MAX_RECORD_BYTES: u64 = 64 << 20;
+
 impl RunRecord {
-    pub fn load(dir: &Path) -> Result<Option<RunRecord>> {
-        let path = dir.join(RUN_JSON);
-        match std::fs::read(&path) {
+    /// The `run.json` of a directory found inside `study`: `None` where it
+    /// has none; an error where it is not a regular file inside `study` or
+    /// not a record.
+    pub fn load_within(dir: &Path, study: &Path) -> Result<Option<RunRecord>> {
+        Self::read(&dir.join(RUN_JSON), Some(study))
+    }
+
+    /// A record file (`run.json`, `stage.json`); `None` where there is none.
+    pub fn read(path: &Path, within: Option<&Path>) -> Result<Option<RunRecord>> {
+        use crate::util::fs::{read_regular, ReadError};
+        match read_regular(path, MAX_RECORD_BYTES, within) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
                 .with_context(|| format!("{} is not a valid run record", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+            Err(ReadError::NotFound) => Ok(None),
+            Err(e) => Err(anyhow::anyhow!("{} {e}", path.display())),
         }
     }
 

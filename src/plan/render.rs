@@ -62,6 +62,7 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
         sweep_version: env!("CARGO_PKG_VERSION").to_string(),
         created_at: now.clone(),
         params,
+        configuration: None,
         depends_on,
         jobs: Vec::new(),
     };
@@ -75,13 +76,16 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
             let depends_on = run.stage.map(|s| plan.stages[s].name.clone());
             let record = merge(
                 &run.dir,
-                fresh(
-                    &run.id,
-                    &run.name,
-                    UnitKind::Run,
-                    run.params.clone(),
-                    depends_on,
-                ),
+                RunRecord {
+                    configuration: Some(run.configuration.clone()),
+                    ..fresh(
+                        &run.id,
+                        &run.name,
+                        UnitKind::Run,
+                        run.params.clone(),
+                        depends_on,
+                    )
+                },
             )?;
             Ok(RenderedDir {
                 dir: run.dir.clone(),
@@ -185,9 +189,16 @@ fn config_toml(plan: &Plan, run: &super::Run) -> Result<String, Diagnostics> {
 fn merge(dir: &Path, fresh: RunRecord) -> Result<RunRecord, Diagnostics> {
     let file = fresh.kind.record_file();
     // One failed open per new run is cheaper than a stat first.
-    let old: Option<RunRecord> = match std::fs::read(dir.join(file)) {
-        Ok(bytes) => serde_json::from_slice(&bytes).ok(),
-        Err(_) => None,
+    let old = match RunRecord::read(&dir.join(file), None) {
+        Ok(old) => old,
+        // A record that cannot be read may hold the run's job ids:
+        // replacing it would lose them, and with them the run's state.
+        Err(e) => {
+            let d = Diagnostic::new(dir.join(file), format!("{e:#}")).with_help(
+                "it records the run's jobs: repair it, or move the run directory away to start the run afresh",
+            );
+            return Err(d.into());
+        }
     };
     let Some(old) = old else { return Ok(fresh) };
     if old.id != fresh.id && (!old.jobs.is_empty() || has_outputs(dir)) {

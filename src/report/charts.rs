@@ -3,17 +3,18 @@
 //! loss against step and wall time; throughput and MFU over time; scaling
 //! with the number of GPUs when a sweep varies it.
 
-use super::columns::{self as c, Metric, Stat};
+use super::columns::{self as c, Metric};
+use super::ingest::{Field, Point};
 use super::plot::{bars::Bars, lines::Lines, save};
-use super::summary::{cell, num, speedup_text, Summary};
+use super::summary::Summary;
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
-    let t = &s.table;
-    let names: Vec<String> = (0..t.height()).map(|i| cell(t, c::RUN, i)).collect();
-    let speedups: Vec<Option<String>> = (0..t.height()).map(|i| speedup_text(t, i)).collect();
+    let names: Vec<String> = s.rows.iter().map(|r| r.name.clone()).collect();
+    let speedups: Vec<Option<String>> =
+        s.rows.iter().map(|r| r.speedup.map(|x| x.text())).collect();
     let mut out = Vec::new();
     for (file, metric, title, unit) in [
         (
@@ -30,14 +31,11 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
             "TFLOP/s",
         ),
     ] {
-        let column = metric.col(Stat::Mean);
-        let values: Vec<Option<f64>> = (0..t.height()).map(|i| num(t, &column, i)).collect();
+        let values: Vec<Option<f64>> = s.rows.iter().map(|r| r.metric(metric).mean).collect();
         if values.iter().all(Option::is_none) {
             continue;
         }
-        let intervals = (0..t.height())
-            .map(|i| Some((num(t, &metric.ci_low(), i)?, num(t, &metric.ci_high(), i)?)))
-            .collect();
+        let intervals = s.rows.iter().map(|r| r.metric(metric).ci95).collect();
         let fig = Bars {
             title: format!("{study}: {title} (mean, 95% interval)"),
             y_label: unit.into(),
@@ -55,33 +53,45 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
     if let Some(fig) = batch_size_bars(s, study) {
         out.extend(save(&fig, dir, "batch-size")?);
     }
-    for (file, y, x, y_label, x_label, zero) in [
-        ("loss-step", c::LOSS, c::STEP, "loss (nats)", "step", false),
+    let step = |p: &Point| Some(p.step);
+    let elapsed = |p: &Point| p.elapsed_s;
+    let of = |f: Field| move |p: &Point| f.of(p);
+    type Coord<'a> = &'a dyn Fn(&Point) -> Option<f64>;
+    let curves: [(&str, Coord, Coord, &str, &str, bool); 4] = [
+        (
+            "loss-step",
+            &of(Field::Loss),
+            &step,
+            "loss (nats)",
+            "step",
+            false,
+        ),
         (
             "loss-time",
-            c::LOSS,
-            c::ELAPSED_S,
+            &of(Field::Loss),
+            &elapsed,
             "loss (nats)",
             "wall time (s)",
             false,
         ),
         (
             "throughput-time",
-            Metric::TokensPerSecond.name(),
-            c::ELAPSED_S,
+            &of(Field::TokensPerSecond),
+            &elapsed,
             "tokens per second",
             "wall time (s)",
             true,
         ),
         (
             "mfu-time",
-            Metric::MfuPct.name(),
-            c::ELAPSED_S,
+            &of(Field::MfuPct),
+            &elapsed,
             "MFU (%)",
             "wall time (s)",
             true,
         ),
-    ] {
+    ];
+    for (file, y, x, y_label, x_label, zero) in curves {
         let (series, bands) = lines(s, x, y);
         if series.iter().all(|(_, p)| p.is_empty()) {
             continue;
@@ -107,20 +117,24 @@ type Series = (String, Vec<(f64, f64)>);
 /// One line per row of the table: a run's (x, y) points, or for a
 /// configuration with repeats the mean of its runs at each log point with
 /// a band from the lowest to the highest of them.
-fn lines(s: &Summary, x: &str, y: &str) -> (Vec<Series>, Vec<Band>) {
-    let p = &s.points;
-    let mut by_run: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for i in 0..p.height() {
-        let points = by_run.entry(cell(p, c::RUN, i)).or_default();
-        if let (Some(a), Some(b)) = (num(p, x, i), num(p, y, i)) {
-            points.push((a, b));
-        }
-    }
+fn lines(
+    s: &Summary,
+    x: &dyn Fn(&Point) -> Option<f64>,
+    y: &dyn Fn(&Point) -> Option<f64>,
+) -> (Vec<Series>, Vec<Band>) {
+    let curve = |run: usize| -> Vec<(f64, f64)> {
+        s.runs[run]
+            .points
+            .iter()
+            .filter_map(|p| Some((x(p)?, y(p)?)))
+            .collect()
+    };
     let mut series = Vec::new();
     let mut bands = Vec::new();
-    for (row, members) in s.members.iter().enumerate() {
-        let name = cell(&s.table, c::RUN, row);
-        let runs: Vec<&Vec<(f64, f64)>> = members.iter().filter_map(|m| by_run.get(m)).collect();
+    for row in &s.rows {
+        let name = row.name.clone();
+        let curves: Vec<Vec<(f64, f64)>> = row.runs.iter().map(|&m| curve(m)).collect();
+        let runs: Vec<&Vec<(f64, f64)>> = curves.iter().collect();
         if runs.len() < 2 {
             series.push((name, runs.first().map(|r| r.to_vec()).unwrap_or_default()));
             bands.push(None);
@@ -146,13 +160,12 @@ fn lines(s: &Summary, x: &str, y: &str) -> (Vec<Series>, Vec<Band>) {
 
 /// Grouped bars of throughput, one colour per batch size, when the sweep varies it.
 fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
-    let t = &s.table;
     let bs_key = s
         .axes
         .iter()
         .find(|p| p.ends_with("batch_size") && !p.contains("global"))?;
     let others: Vec<&String> = s.axes.iter().filter(|p| *p != bs_key).collect();
-    let mut sizes: Vec<String> = (0..t.height()).map(|i| cell(t, bs_key, i)).collect();
+    let mut sizes: Vec<String> = s.rows.iter().map(|r| r.param(bs_key).to_string()).collect();
     sizes.sort_by(|a, b| {
         a.parse::<f64>()
             .unwrap_or(f64::MAX)
@@ -165,10 +178,10 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
     type Bar = (f64, Option<(f64, f64)>);
     let mut groups: BTreeMap<usize, (String, BTreeMap<String, Bar>)> = BTreeMap::new();
     let mut order: Vec<String> = Vec::new();
-    for i in 0..t.height() {
+    for r in &s.rows {
         let label = others
             .iter()
-            .map(|k| format!("{}={}", k.rsplit('.').next().unwrap_or(k), cell(t, k, i)))
+            .map(|k| format!("{}={}", k.rsplit('.').next().unwrap_or(k), r.param(k)))
             .collect::<Vec<_>>()
             .join(" ");
         let idx = match order.iter().position(|o| *o == label) {
@@ -178,14 +191,13 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
                 order.len() - 1
             }
         };
-        let tps = Metric::TokensPerSecond;
-        if let Some(v) = num(t, &tps.col(Stat::Mean), i) {
-            let interval = num(t, &tps.ci_low(), i).zip(num(t, &tps.ci_high(), i));
+        let tps = r.metric(Metric::TokensPerSecond);
+        if let Some(v) = tps.mean {
             groups
                 .entry(idx)
                 .or_insert_with(|| (label, BTreeMap::new()))
                 .1
-                .insert(cell(t, bs_key, i), (v, interval));
+                .insert(r.param(bs_key).to_string(), (v, tps.ci95));
         }
     }
     Some(Bars {
@@ -227,25 +239,21 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
 /// Whole-job throughput and weak-scaling efficiency against the world size
 /// (GPUs or CPU ranks), one line per configuration, when the world size varies.
 fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
-    let t = &s.table;
     // One line per configuration of the other axes that vary among the runs.
     let series_keys: Vec<&String> = s
         .axes
         .iter()
         .filter(|p| !c::SCALE_PARAMS.contains(&p.as_str()))
         .filter(|p| {
-            let mut v: Vec<String> = (0..t.height()).map(|i| cell(t, p, i)).collect();
+            let mut v: Vec<&str> = s.rows.iter().map(|r| r.param(p)).collect();
             v.sort();
             v.dedup();
             v.len() > 1
         })
         .collect();
     let mut series: BTreeMap<String, Vec<(f64, f64, Option<f64>)>> = BTreeMap::new();
-    for i in 0..t.height() {
-        let (Some(x), Some(y)) = (
-            num(t, c::WORLD_SIZE, i),
-            num(t, c::GLOBAL_TOKENS_PER_SECOND, i),
-        ) else {
+    for r in &s.rows {
+        let Some(y) = r.global_tokens_per_second else {
             continue;
         };
         let label = series_keys
@@ -254,7 +262,7 @@ fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
                 format!(
                     "{}={}",
                     k.rsplit('.').next().unwrap_or(k),
-                    short(&cell(t, k, i))
+                    short(r.param(k))
                 )
             })
             .collect::<Vec<_>>()
@@ -266,7 +274,7 @@ fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
                 label
             })
             .or_default()
-            .push((x, y, num(t, c::SCALING_EFFICIENCY_PCT, i)));
+            .push((r.world_size, y, r.scaling_efficiency_pct));
     }
     let scales = |pts: &Vec<(f64, f64, Option<f64>)>| pts.iter().any(|p| p.0 != pts[0].0);
     if !series.values().any(scales) {

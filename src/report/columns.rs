@@ -2,6 +2,8 @@
 //! the aggregated columns (`tokens_per_second_mean`, ...) and constants for
 //! the rest. Tables, exports and charts name columns only through these.
 
+use super::ingest::Field;
+
 /// A per-step metric that the summary aggregates per run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metric {
@@ -19,14 +21,19 @@ impl Metric {
         Metric::TrainingTokensPct,
     ];
 
+    /// The field of a log point it is read from.
+    pub fn field(self) -> Field {
+        match self {
+            Metric::TokensPerSecond => Field::TokensPerSecond,
+            Metric::MfuPct => Field::MfuPct,
+            Metric::Tflops => Field::Tflops,
+            Metric::TrainingTokensPct => Field::TrainingTokensPct,
+        }
+    }
+
     /// The column of the points frame (and the key in `metrics.jsonl`).
     pub fn name(self) -> &'static str {
-        match self {
-            Metric::TokensPerSecond => "tokens_per_second",
-            Metric::MfuPct => "mfu_pct",
-            Metric::Tflops => "tflops",
-            Metric::TrainingTokensPct => "training_tokens_pct",
-        }
+        self.field().name()
     }
 
     /// The summary column of one statistic of this metric.
@@ -76,12 +83,12 @@ pub const RUN: &str = "run";
 // The points frame: one row per logged step.
 pub const LOG_INDEX: &str = "log_index";
 pub const STEP: &str = "step";
-pub const LOSS: &str = "loss";
-pub const STEP_TIME_S: &str = "step_time_s";
-pub const ELAPSED_S: &str = "elapsed_s";
-pub const GLOBAL_TOKENS_PER_SECOND: &str = "global_tokens_per_second";
+pub const LOSS: &str = Field::Loss.name();
+pub const STEP_TIME_S: &str = Field::StepTimeS.name();
+pub const ELAPSED_S: &str = Field::ElapsedS.name();
+pub const GLOBAL_TOKENS_PER_SECOND: &str = Field::GlobalTokensPerSecond.name();
 /// Ranks training together (1 when a log does not say).
-pub const WORLD_SIZE: &str = "world_size";
+pub const WORLD_SIZE: &str = Field::WorldSize.name();
 /// Sequences per device and micro-batch as trained (what `batch_size =
 /// "max"` became), from the metrics' `batch_size`.
 pub const TRAINED_BATCH_SIZE: &str = "trained_batch_size";
@@ -119,9 +126,10 @@ pub const SCALE_PARAMS: [&str; 7] = [
 // Only while summarising.
 pub const MEMBERS: &str = "members";
 pub const FIRST_STEADY: &str = "first_steady";
-/// A run's configuration: its name without the repeat suffix.
+/// A run's configuration: what its repeats share (the planner's id).
 pub const CONFIGURATION: &str = "configuration";
-pub const FIRST_RUN: &str = "first_run";
+/// The configuration's name, which names the row of its repeats.
+pub const CONFIGURATION_NAME: &str = "configuration_name";
 
 #[cfg(test)]
 mod tests {

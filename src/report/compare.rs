@@ -3,10 +3,11 @@
 //! tokens/s with its 95% interval, B's speedup over A with its interval, and
 //! a verdict — as a table (markdown and CSV) and a chart.
 
-use super::columns::{self as c, Metric, Stat};
+use super::columns::{self as c, Metric};
+use super::export::markdown_cell as cell;
 use super::plot::{bars::Bars, save};
 use super::stats::{mean_ci95, ratio_ci95, MeanCi, RatioCi};
-use super::summary::{cell, num, Summary};
+use super::summary::{Problem, Summary};
 use super::Source;
 use anyhow::{bail, Result};
 use polars::prelude::*;
@@ -58,6 +59,10 @@ pub struct Comparison {
     /// Configurations found on one side only.
     pub only_a: Vec<String>,
     pub only_b: Vec<String>,
+    /// Each side's report problems (runs that failed, logs left out in part
+    /// or whole), as `sweep report` lists them.
+    pub problems_a: Vec<Problem>,
+    pub problems_b: Vec<Problem>,
     pub files: Vec<PathBuf>,
 }
 
@@ -69,7 +74,7 @@ fn side(root: &Path, source: &Source, skip_first: Option<usize>) -> Result<(Stri
         baseline: None,
         group_by: spec.group_by,
     };
-    Ok((study, super::summary::summarize(&runs, &opts)?))
+    Ok((study, super::summary::summarize(runs, &opts)?))
 }
 
 /// Compares the configurations of `a` and `b` and writes the table and chart
@@ -88,25 +93,20 @@ pub fn run(
     } else {
         (name_a.clone(), name_b.clone())
     };
-    let configs = |s: &Summary| {
-        (0..s.table.height())
-            .map(|i| cell(&s.table, c::RUN, i))
-            .collect::<Vec<_>>()
-    };
+    let configs = |s: &Summary| s.rows.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
     let (ca, cb) = (configs(&sa), configs(&sb));
-    let tps = Metric::TokensPerSecond.col(Stat::Mean);
     let mut rows = Vec::new();
-    for (i, config) in ca.iter().enumerate() {
-        let Some(j) = cb.iter().position(|x| x == config) else {
+    for (ra, config) in sa.rows.iter().zip(&ca) {
+        let Some(rb) = sb.rows.iter().find(|r| &r.name == config) else {
             continue;
         };
-        let speedup = ratio_ci95(&sb.tps_samples[j], &sa.tps_samples[i]);
+        let speedup = ratio_ci95(&rb.tps_samples, &ra.tps_samples);
         rows.push(Row {
             configuration: config.clone(),
-            a: mean_ci95(&sa.tps_samples[i]),
-            b: mean_ci95(&sb.tps_samples[j]),
-            a_mean: num(&sa.table, &tps, i),
-            b_mean: num(&sb.table, &tps, j),
+            a: mean_ci95(&ra.tps_samples),
+            b: mean_ci95(&rb.tps_samples),
+            a_mean: ra.metric(Metric::TokensPerSecond).mean,
+            b_mean: rb.metric(Metric::TokensPerSecond).mean,
             verdict: speedup.as_ref().map(Verdict::of),
             speedup,
         });
@@ -118,7 +118,8 @@ pub fn run(
             cb.join(", ")
         );
     }
-    let dir_name = format!("{name_a}-vs-{name_b}");
+    // Study names from directories may be anything a file name can be.
+    let dir_name = crate::util::name::sanitize(&format!("{name_a}-vs-{name_b}"));
     let out = root.join("results").join("compare").join(&dir_name);
     std::fs::create_dir_all(&out)?;
     let mut cmp = Comparison {
@@ -126,6 +127,8 @@ pub fn run(
         b: label_b,
         only_a: ca.iter().filter(|x| !cb.contains(x)).cloned().collect(),
         only_b: cb.iter().filter(|x| !ca.contains(x)).cloned().collect(),
+        problems_a: sa.problems.clone(),
+        problems_b: sb.problems.clone(),
         rows,
         files: Vec::new(),
     };
@@ -149,27 +152,31 @@ pub fn run(
 }
 
 fn f(v: Option<f64>) -> String {
-    v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
+    v.filter(|v| v.is_finite())
+        .map(|v| format!("{v:.2}"))
+        .unwrap_or_else(|| "-".into())
 }
 
 fn with_ci(mean: Option<f64>, ci: &Option<MeanCi>) -> String {
     match ci {
-        Some(ci) => format!("{:.2} ± {:.2}", ci.mean, (ci.high - ci.low) / 2.0),
-        None => f(mean),
+        Some(ci) if (ci.high - ci.low).is_finite() => {
+            format!("{:.2} ± {:.2}", ci.mean, (ci.high - ci.low) / 2.0)
+        }
+        _ => f(mean),
     }
 }
 
 fn speedup_text(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
     match r {
-        Some(r) => format!(
+        Some(r) if r.ratio.is_finite() && r.low.is_finite() && r.high.is_finite() => format!(
             "{}{:.2}x [{:.2}, {:.2}]",
             if r.significant { "" } else { "≈" },
             r.ratio,
             r.low,
             r.high
         ),
-        None => match (a, b) {
-            (Some(a), Some(b)) if a > 0.0 => format!("{:.2}x", b / a),
+        _ => match (a, b) {
+            (Some(a), Some(b)) if a > 0.0 && (b / a).is_finite() => format!("{:.2}x", b / a),
             _ => "-".into(),
         },
     }
@@ -180,12 +187,15 @@ fn speedup_text(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
 pub fn markdown(cmp: &Comparison) -> String {
     let mut out = format!(
         "# {} vs {}\n\nTokens/sec per configuration (mean ± half-width of its 95% interval); speedup of B over A with its 95% interval, `≈` where it holds 1.\n\n| Configuration | A: {} | B: {} | Speedup (B / A) | Verdict |\n|---|---:|---:|---:|---|\n",
-        cmp.a, cmp.b, cmp.a, cmp.b
+        cell(&cmp.a),
+        cell(&cmp.b),
+        cell(&cmp.a),
+        cell(&cmp.b)
     );
     for r in &cmp.rows {
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} |\n",
-            r.configuration,
+            cell(&r.configuration),
             with_ci(r.a_mean, &r.a),
             with_ci(r.b_mean, &r.b),
             speedup_text(&r.speedup, r.a_mean, r.b_mean),
@@ -194,7 +204,16 @@ pub fn markdown(cmp: &Comparison) -> String {
     }
     for (side, only) in [(&cmp.a, &cmp.only_a), (&cmp.b, &cmp.only_b)] {
         if !only.is_empty() {
-            out.push_str(&format!("\nOnly in {side}: {}\n", only.join(", ")));
+            let only: Vec<String> = only.iter().map(|o| cell(o)).collect();
+            out.push_str(&format!("\nOnly in {}: {}\n", cell(side), only.join(", ")));
+        }
+    }
+    for (side, problems) in [(&cmp.a, &cmp.problems_a), (&cmp.b, &cmp.problems_b)] {
+        if !problems.is_empty() {
+            out.push_str(&format!("\n## Problems in {}\n\n", cell(side)));
+            for p in problems {
+                out.push_str(&format!("- {}\n", cell(&p.describe())));
+            }
         }
     }
     out

@@ -82,7 +82,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
             opts.group_by.clone()
         },
     };
-    let s = summary::summarize(&runs, &sopts)?;
+    let s = summary::summarize(runs, &sopts)?;
     let out = opts
         .out
         .clone()
@@ -115,11 +115,14 @@ fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
             format,
             pattern,
             name,
-        } => Ok((
-            name.clone(),
-            load_import(glob, *format, pattern.as_deref())?,
-            Spec::default(),
-        )),
+        } => {
+            crate::util::name::check(name).map_err(|why| anyhow::anyhow!("--name: {why}"))?;
+            Ok((
+                name.clone(),
+                load_import(glob, *format, pattern.as_deref())?,
+                Spec::default(),
+            ))
+        }
     }
 }
 
@@ -144,7 +147,12 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         .runs
         .par_iter()
         .zip(states)
-        .map(|(r, st)| read_run(&r.name, &r.dir, r.params.clone(), st, pattern.as_ref()))
+        .map(|(r, st)| {
+            let mut run = read_run(&r.name, &r.dir, &plan.study_dir, st, pattern.as_ref());
+            run.params = r.params.clone();
+            run.configuration = Some(r.configuration.clone());
+            run
+        })
         .collect();
     let rs = &plan.manifest.report;
     let spec = Spec {
@@ -156,24 +164,34 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
     Ok((plan.manifest.name.clone(), runs, spec))
 }
 
-/// Every run directory (with a `run.json`) of `results/<study>`.
+/// Every run directory (with a `run.json`) of `results/<study>`. A
+/// directory whose `run.json` cannot be read is a run of its own, listed
+/// among the problems with why.
 fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
+    // It names plots/<study>: whatever the directory is called, one plain name.
     let study = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "study".into());
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .map_or_else(|| "study".into(), |n| crate::util::name::sanitize(&n));
     let mut found: Vec<(RunRecord, PathBuf)> = Vec::new();
-    for e in std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .flatten()
-    {
-        if let Ok(Some(r)) = RunRecord::load(&e.path()) {
-            if r.kind == UnitKind::Run {
-                found.push((r, e.path()));
-            }
+    let mut broken: Vec<RunLog> = Vec::new();
+    let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("listing {}", dir.display()))?;
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        // Only directories hold runs (stages/ holds stages).
+        if !e.file_type().is_ok_and(|t| t.is_dir()) || name == "stages" {
+            continue;
+        }
+        match RunRecord::load_within(&path, dir) {
+            Ok(Some(r)) if r.kind == UnitKind::Run => found.push((r, path)),
+            Ok(_) => {}
+            Err(why) => broken.push(RunLog::unreadable(name, format!("{why:#}"))),
         }
     }
-    if found.is_empty() {
+    if found.is_empty() && broken.is_empty() {
         bail!(
             "{} holds no run directories (run.json); give the manifest or `sweep render` first",
             dir.display()
@@ -186,11 +204,18 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     });
     let records: Vec<(&RunRecord, &Path)> = found.iter().map(|(r, d)| (r, d.as_path())).collect();
     let states = states_or_unknown(&records);
-    let runs = found
+    let mut runs: Vec<RunLog> = found
         .par_iter()
         .zip(states)
-        .map(|((r, d), st)| read_run(&r.name, d, r.params.clone(), st, None))
+        .map(|((r, d), st)| {
+            let mut run = read_run(&r.name, d, dir, st, None);
+            run.params = r.params.clone();
+            run.configuration = r.configuration.clone();
+            run
+        })
         .collect();
+    broken.sort_by(|a, b| a.name.cmp(&b.name));
+    runs.extend(broken);
     Ok((study, runs, Spec::default()))
 }
 
@@ -221,25 +246,32 @@ fn load_import(glob: &str, format: LogFormat, pattern: Option<&str>) -> Result<V
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let text = match ingest::read_text(p) {
-                Ok(t) => t,
+            // The user named these files: links may lead anywhere.
+            let bytes = match ingest::read_log(p, None) {
+                Ok(b) => b,
                 Err(why) => return RunLog::unreadable(name, why),
             };
             let completed = Status::new(executor::State::Completed);
             match (format, &re) {
-                (LogFormat::Reference, _) => ingest::reference::parse(&name, &text),
+                (LogFormat::Reference, _) => ingest::reference::parse(&name, &bytes, p),
                 (LogFormat::Jsonl, _) => {
-                    let (points, skipped) = ingest::jsonl::parse(&text);
+                    let (points, omitted, torn) = ingest::jsonl::parse(&bytes);
                     RunLog {
                         points,
-                        skipped_lines: skipped,
+                        torn,
+                        issues: omitted.describe(p),
                         ..RunLog::new(name, completed)
                     }
                 }
-                (LogFormat::Pattern, re) => RunLog {
-                    points: ingest::pattern::parse(re.as_ref().expect("checked above"), &text),
-                    ..RunLog::new(name, completed)
-                },
+                (LogFormat::Pattern, re) => {
+                    let (points, omitted) =
+                        ingest::pattern::parse(re.as_ref().expect("checked above"), &bytes);
+                    RunLog {
+                        points,
+                        issues: omitted.describe(p),
+                        ..RunLog::new(name, completed)
+                    }
+                }
             }
         })
         .collect();
@@ -262,53 +294,68 @@ fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
 }
 
 /// A run's points: metrics.jsonl, or its job logs matched by `pattern`. A
-/// file that exists but cannot be read is the run's reason, never an empty run.
+/// file that exists but cannot be read (or leads outside `study_dir`) is an
+/// issue of the run, never an empty run.
 fn read_run(
     name: &str,
     dir: &Path,
-    params: indexmap::IndexMap<String, serde_json::Value>,
+    study_dir: &Path,
     status: Status,
     pattern: Option<&regex::Regex>,
 ) -> RunLog {
     let mut run = RunLog {
-        params,
         reason: status.reason.clone(),
         ..RunLog::new(name, status)
     };
     match pattern {
         Some(re) => {
-            let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|e| e == "out"))
-                .collect();
+            let mut logs: Vec<PathBuf> = Vec::new();
+            match std::fs::read_dir(dir) {
+                Ok(entries) => {
+                    for e in entries {
+                        match e {
+                            Ok(e) if e.path().extension().is_some_and(|x| x == "out") => {
+                                logs.push(e.path())
+                            }
+                            Ok(_) => {}
+                            Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
+            }
             logs.sort();
             for l in logs {
-                match ingest::read_text(&l) {
-                    Ok(text) => run.points.extend(ingest::pattern::parse(re, &text)),
-                    Err(why) => run.read_errors.push(why),
+                match ingest::read_log(&l, Some(study_dir)) {
+                    Ok(bytes) => {
+                        let (points, omitted) = ingest::pattern::parse(re, &bytes);
+                        run.points.extend(points);
+                        run.issues.extend(omitted.describe(&l));
+                    }
+                    Err(why) => run.issues.push(why),
                 }
             }
         }
         None => {
-            let path = dir.join(crate::train::metrics::METRICS_FILE);
-            if path.exists() {
-                match ingest::read_text(&path) {
-                    Ok(text) => {
-                        let (points, skipped) = ingest::jsonl::parse(&text);
-                        run.points = points;
-                        run.skipped_lines = skipped;
-                    }
-                    Err(why) => run.read_errors.push(why),
+            let path = dir.join(crate::train::record::METRICS_FILE);
+            match ingest::read_log(&path, Some(study_dir)) {
+                Ok(bytes) => {
+                    let (points, omitted, torn) = ingest::jsonl::parse(&bytes);
+                    run.points = points;
+                    run.torn = torn;
+                    run.issues.extend(omitted.describe(&path));
                 }
-            } else if run.reason.is_none() {
-                run.reason = Some("no metrics.jsonl yet".into());
+                Err(_) if !path.exists() && path.symlink_metadata().is_err() => {
+                    if run.reason.is_none() {
+                        run.reason = Some("no metrics.jsonl yet".into());
+                    }
+                }
+                Err(why) => run.issues.push(why),
             }
         }
     }
-    if run.points.is_empty() && run.reason.is_none() && run.read_errors.is_empty() {
+    if run.points.is_empty() && run.reason.is_none() && run.issues.is_empty() {
         run.reason = Some("no metrics yet".into());
     }
     run

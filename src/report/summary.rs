@@ -2,12 +2,20 @@
 //! the first K points of each run skipped (warm-up, as the reference study
 //! did), then per run the mean, median, std and 5th/95th percentiles of
 //! throughput, MFU, TFLOPs and training-token share, the final loss and the
-//! wall time; optionally grouped by axes; speedups against a baseline.
+//! wall time; a configuration's repeats (or, on request, groups of runs) as
+//! one row; intervals, speedups against a baseline and scaling.
+//!
+//! The result is the table as a frame (its columns are what CSV, Parquet and
+//! JSON carry) and the same rows typed ([`Row`]): what the markdown table,
+//! the charts and comparisons read. Runs are told apart by their position,
+//! never by their names, which imported logs may repeat.
 
 use super::columns::{self as c, Metric, Stat};
-use super::ingest::RunLog;
+use super::ingest::{Field, RunLog};
+use super::stats::{mean_ci95, ratio_ci95};
 use crate::executor::State;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
+use indexmap::IndexMap;
 use polars::prelude::*;
 
 #[derive(Debug, Clone, Default)]
@@ -21,23 +29,116 @@ pub struct Options {
 }
 
 pub struct Summary {
-    /// One row per run (or per group): `run`, `state`, `runs`, `points`,
-    /// `<metric>_<stat>`, `final_loss`, `wall_time_s`, `speedup`, then parameters.
+    /// One row per run, configuration or group: `run`, `state`, `runs`,
+    /// `points`, `<metric>_<stat>`, intervals, `final_loss`, `wall_time_s`,
+    /// `speedup`, scaling, then parameters.
     pub table: DataFrame,
-    /// Every log point: `run`, `log_index`, `step`, `loss`, metrics, `step_time_s`, `elapsed_s`.
-    pub points: DataFrame,
+    /// The table's rows, typed.
+    pub rows: Vec<Row>,
+    /// Every run read, with its log points (for curves).
+    pub runs: Vec<RunLog>,
     /// Parameter columns of the table, in order.
     pub params: Vec<String>,
     /// The parameters that distinguish configurations (a sweep's axes; for
     /// imported logs, the parameters that vary): what charts group and label by.
     pub axes: Vec<String>,
-    /// Runs without usable points or that did not complete, with the reason.
+    /// Runs without usable points, that did not complete, or with something
+    /// left out of their logs, with the reason.
     pub problems: Vec<Problem>,
-    /// The runs behind each row of `table` (a configuration's repeats, a group).
-    pub members: Vec<Vec<String>>,
-    /// What each row's tokens/s interval was computed from (its repeats'
+}
+
+/// One row of the table: a run, a configuration's repeats, or a group.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub name: String,
+    /// The state of its runs (`COMPLETED`, `FAILED (exit 3)`, `2 of 3 COMPLETED`).
+    pub state: String,
+    /// The runs behind the row, by name.
+    pub members: Vec<String>,
+    /// The same runs, by position in [`Summary::runs`].
+    pub runs: Vec<usize>,
+    /// Steady-state log points over all its runs.
+    pub points: usize,
+    pub warmup_points: usize,
+    /// Parameter values as the table prints them.
+    pub params: IndexMap<String, String>,
+    /// Statistics of each metric, in [`Metric::ALL`]'s order.
+    metrics: Vec<MetricStats>,
+    pub final_loss: Option<f64>,
+    pub wall_time_s: Option<f64>,
+    /// Ranks training together (1 when the logs do not say).
+    pub world_size: f64,
+    pub global_tokens_per_second: Option<f64>,
+    pub scaling_efficiency_pct: Option<f64>,
+    /// The batch each run trained at, as its metrics say.
+    pub trained_batch_size: Option<f64>,
+    /// Against the baseline (none without one, or for rows without throughput).
+    pub speedup: Option<Speedup>,
+    /// What the row's tokens/s interval was computed from (its repeats'
     /// means, or its one run's steady-state points): for comparisons.
-    pub tps_samples: Vec<Vec<f64>>,
+    pub tps_samples: Vec<f64>,
+}
+
+/// A metric's statistics over a row's steady-state points.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MetricStats {
+    pub mean: Option<f64>,
+    pub median: Option<f64>,
+    pub std: Option<f64>,
+    pub p5: Option<f64>,
+    pub p95: Option<f64>,
+    /// The 95% interval of the mean.
+    pub ci95: Option<(f64, f64)>,
+}
+
+impl MetricStats {
+    pub fn stat(&self, s: Stat) -> Option<f64> {
+        match s {
+            Stat::Mean => self.mean,
+            Stat::Median => self.median,
+            Stat::Std => self.std,
+            Stat::P5 => self.p5,
+            Stat::P95 => self.p95,
+        }
+    }
+}
+
+/// Mean tokens/s over the baseline's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Speedup {
+    pub ratio: f64,
+    pub ci95: Option<(f64, f64)>,
+    /// Whether the interval leaves out 1; none for the baseline itself.
+    pub significant: Option<bool>,
+}
+
+impl Speedup {
+    /// As tables and charts print it: `1.07x [1.02, 1.12]`, with `≈` when
+    /// its interval holds 1.
+    pub fn text(&self) -> String {
+        let interval = match self.ci95 {
+            Some((lo, hi)) => format!(" [{lo:.2}, {hi:.2}]"),
+            None => String::new(),
+        };
+        let same = if self.significant == Some(false) {
+            "≈"
+        } else {
+            ""
+        };
+        format!("{same}{:.2}x{interval}", self.ratio)
+    }
+}
+
+impl Row {
+    pub fn metric(&self, m: Metric) -> &MetricStats {
+        let i = Metric::ALL.iter().position(|&x| x == m).expect("in ALL");
+        &self.metrics[i]
+    }
+
+    /// A parameter's value as printed, empty when the row has none.
+    pub fn param(&self, key: &str) -> &str {
+        self.params.get(key).map_or("", String::as_str)
+    }
 }
 
 /// A run the table cannot fully account for.
@@ -49,55 +150,112 @@ pub struct Problem {
     pub reason: String,
 }
 
-fn opt_col(name: &str, values: Vec<Option<f64>>) -> Column {
-    Column::new(name.into(), values)
+impl Problem {
+    /// `run: state, reason`, safe to print (names and reasons come from files).
+    pub fn describe(&self) -> String {
+        use crate::util::text::printable;
+        format!(
+            "{}: {}, {}",
+            printable(&self.run),
+            printable(&self.state),
+            printable(&self.reason)
+        )
+    }
 }
 
-/// Every point of every run as one frame.
-fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
-    let n: usize = runs.iter().map(|r| r.points.len()).sum();
-    let mut run = Vec::with_capacity(n);
-    let mut index = Vec::with_capacity(n);
-    let mut cols: Vec<Vec<Option<f64>>> = (0..11).map(|_| Vec::with_capacity(n)).collect();
-    for r in runs {
-        for (i, p) in r.points.iter().enumerate() {
-            run.push(r.name.as_str());
-            index.push(i as u32);
-            for (c, v) in cols.iter_mut().zip([
-                Some(p.step),
-                p.loss,
-                p.tokens_per_second,
-                p.mfu_pct,
-                p.tflops,
-                p.training_tokens_pct,
-                p.step_time_s,
-                p.elapsed_s,
-                p.global_tokens_per_second,
-                p.world_size,
-                p.batch_size,
-            ]) {
-                c.push(v);
-            }
+pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
+    let points = points_frame(&runs)?;
+    let (info, params) = runs_frame(&runs, opts.skip_first)?;
+    for g in &opts.group_by {
+        if !params.contains(g) {
+            bail!(
+                "cannot group by `{g}`: the runs' parameters are {}",
+                params.join(", ")
+            );
         }
     }
-    let names = [
-        c::STEP,
-        c::LOSS,
-        Metric::TokensPerSecond.name(),
-        Metric::MfuPct.name(),
-        Metric::Tflops.name(),
-        Metric::TrainingTokensPct.name(),
-        c::STEP_TIME_S,
-        c::ELAPSED_S,
-        c::GLOBAL_TOKENS_PER_SECOND,
-        c::WORLD_SIZE,
-        c::TRAINED_BATCH_SIZE,
-    ];
+    let per_run = per_run(&points, info)?;
+    // The repeats of a configuration are one row, named after it.
+    let params: Vec<String> = params
+        .into_iter()
+        .filter(|p| p != crate::plan::REPEAT)
+        .collect();
+    let configurations = per_run.column(c::CONFIGURATION)?.n_unique()?;
+    let mut table = if !opts.group_by.is_empty() {
+        group(&per_run, &opts.group_by, &[])?
+    } else if configurations < per_run.height() {
+        let mut t = group(&per_run, &[c::CONFIGURATION.to_string()], &params)?;
+        let names = t
+            .column(c::CONFIGURATION_NAME)?
+            .clone()
+            .with_name(c::RUN.into());
+        t.with_column(names)?;
+        t
+    } else {
+        per_run.clone()
+    };
+    let members = members(&table)?;
+    let states: Vec<String> = members.iter().map(|m| state_of(m, &runs)).collect();
+    table.with_column(Column::new(c::STATE.into(), states))?;
+    let tps_samples: Vec<Vec<f64>> = members
+        .iter()
+        .map(|m| samples(Metric::TokensPerSecond, m, &per_run, &runs))
+        .collect();
+    add_comparisons(&mut table, &members, &per_run, &runs, opts)?;
+    let params = if opts.group_by.is_empty() {
+        params
+    } else {
+        opts.group_by.clone()
+    };
+    let axes = match &opts.axes {
+        _ if !opts.group_by.is_empty() => opts.group_by.clone(),
+        Some(a) => a
+            .iter()
+            .filter(|p| *p != crate::plan::REPEAT)
+            .cloned()
+            .collect(),
+        None => varying(&table, &params),
+    };
+    add_scaling(&mut table, &axes)?;
+    let rows = rows(&table, &params, &members, &runs, tps_samples)?;
+    Ok(Summary {
+        table,
+        rows,
+        problems: problems(&runs),
+        runs,
+        params,
+        axes,
+    })
+}
+
+/// Every point of every run as one frame: `order` (the run's position),
+/// `log_index`, `step`, then a column per [`Field`] (named as the field, but
+/// for the batch size: [`c::TRAINED_BATCH_SIZE`]).
+fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
+    let all = || runs.iter().flat_map(|r| r.points.iter());
     let mut columns = vec![
-        Column::new(c::RUN.into(), run),
-        Column::new(c::LOG_INDEX.into(), index),
+        Column::new(
+            c::ORDER.into(),
+            (0..runs.len() as u32)
+                .flat_map(|i| std::iter::repeat_n(i, runs[i as usize].points.len()))
+                .collect::<Vec<_>>(),
+        ),
+        Column::new(
+            c::LOG_INDEX.into(),
+            runs.iter()
+                .flat_map(|r| 0..r.points.len() as u32)
+                .collect::<Vec<_>>(),
+        ),
+        Column::new(c::STEP.into(), all().map(|p| p.step).collect::<Vec<_>>()),
     ];
-    columns.extend(names.iter().zip(cols).map(|(name, v)| opt_col(name, v)));
+    for f in Field::ALL {
+        let name = match f {
+            Field::BatchSize => c::TRAINED_BATCH_SIZE,
+            f => f.name(),
+        };
+        let values: Vec<Option<f64>> = all().map(|p| f.of(p)).collect();
+        columns.push(Column::new(name.into(), values));
+    }
     Ok(DataFrame::new_infer_height(columns)?)
 }
 
@@ -113,18 +271,9 @@ fn warmup(run: &RunLog, skip_first: usize) -> usize {
     super::stats::warmup_len(&tps)
 }
 
-/// The configuration a run belongs to: its name without the `-r<k>` that
-/// the planner adds to repeats.
-fn configuration(run: &RunLog) -> String {
-    let repeat = run.params.get(crate::plan::REPEAT).and_then(|v| v.as_u64());
-    match repeat.and_then(|k| run.name.strip_suffix(&format!("-r{k}"))) {
-        Some(base) => base.to_string(),
-        None => run.name.clone(),
-    }
-}
-
-/// Runs' states and parameters: one row per run, parameter values as text,
-/// with the run's configuration and where its steady state starts.
+/// Runs and their parameters: one row per run, parameter values as text,
+/// with the run's configuration (the key its repeats share, and its name)
+/// and where its steady state starts.
 fn runs_frame(runs: &[RunLog], skip_first: usize) -> Result<(DataFrame, Vec<String>)> {
     let mut keys: Vec<String> = Vec::new();
     for r in runs {
@@ -135,19 +284,30 @@ fn runs_frame(runs: &[RunLog], skip_first: usize) -> Result<(DataFrame, Vec<Stri
         }
     }
     let warm: Vec<u32> = runs.iter().map(|r| warmup(r, skip_first) as u32).collect();
+    let config = |r: &RunLog| {
+        r.configuration
+            .as_ref()
+            .map(|c| (c.id.clone(), c.name.clone()))
+    };
     let mut columns = vec![
         Column::new(
             c::RUN.into(),
             runs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
         ),
         Column::new(c::ORDER.into(), (0..runs.len() as u32).collect::<Vec<_>>()),
-        Column::new(
-            c::STATE.into(),
-            runs.iter().map(|r| r.status.describe()).collect::<Vec<_>>(),
-        ),
+        // A run without a configuration (imported logs) is one of its own.
         Column::new(
             c::CONFIGURATION.into(),
-            runs.iter().map(configuration).collect::<Vec<_>>(),
+            runs.iter()
+                .enumerate()
+                .map(|(i, r)| config(r).map_or_else(|| format!("run #{i}"), |c| c.0))
+                .collect::<Vec<_>>(),
+        ),
+        Column::new(
+            c::CONFIGURATION_NAME.into(),
+            runs.iter()
+                .map(|r| config(r).map_or_else(|| r.name.clone(), |c| c.1))
+                .collect::<Vec<_>>(),
         ),
         Column::new(
             c::FIRST_STEADY.into(),
@@ -193,87 +353,8 @@ fn stats(f: impl Fn(Metric, Stat) -> Expr) -> Vec<Expr> {
         .collect()
 }
 
-pub fn summarize(runs: &[RunLog], opts: &Options) -> Result<Summary> {
-    let points = points_frame(runs)?;
-    let (info, params) = runs_frame(runs, opts.skip_first)?;
-    for g in &opts.group_by {
-        if !params.contains(g) {
-            bail!(
-                "cannot group by `{g}`: the runs' parameters are {}",
-                params.join(", ")
-            );
-        }
-    }
-    let per_run = per_run(&points, info)?;
-    // The repeats of a configuration are one row, named after it.
-    let params: Vec<String> = params
-        .into_iter()
-        .filter(|p| p != crate::plan::REPEAT)
-        .collect();
-    let repeated = {
-        let configs = per_run.column(c::CONFIGURATION)?.n_unique()?;
-        configs < per_run.height()
-    };
-    let mut table = if !opts.group_by.is_empty() {
-        group(&per_run, &opts.group_by, &[])?
-    } else if repeated {
-        let mut t = group(&per_run, &[c::CONFIGURATION.to_string()], &params)?;
-        let names = t.column(c::CONFIGURATION)?.clone().with_name(c::RUN.into());
-        t.with_column(names)?;
-        let states: Vec<String> = (0..t.height())
-            .map(|i| {
-                let config = cell(&t, c::CONFIGURATION, i);
-                let mut s: Vec<String> = (0..per_run.height())
-                    .filter(|&j| cell(&per_run, c::CONFIGURATION, j) == config)
-                    .map(|j| cell(&per_run, c::STATE, j))
-                    .collect();
-                let (n, done) = (s.len(), s.iter().filter(|x| *x == "COMPLETED").count());
-                s.sort();
-                s.dedup();
-                match s.as_slice() {
-                    [one] => one.clone(),
-                    _ => format!("{done} of {n} COMPLETED"),
-                }
-            })
-            .collect();
-        t.with_column(Column::new(c::STATE.into(), states))?;
-        t
-    } else {
-        per_run.clone()
-    };
-    let members = add_comparisons(&mut table, &per_run, runs, opts)?;
-    let tps_samples = members
-        .iter()
-        .map(|m| samples(Metric::TokensPerSecond, m, &per_run, runs))
-        .collect();
-    let params = if opts.group_by.is_empty() {
-        params
-    } else {
-        opts.group_by.clone()
-    };
-    let axes = match &opts.axes {
-        _ if !opts.group_by.is_empty() => opts.group_by.clone(),
-        Some(a) => a
-            .iter()
-            .filter(|p| *p != crate::plan::REPEAT)
-            .cloned()
-            .collect(),
-        None => varying(&table, &params),
-    };
-    add_scaling(&mut table, &axes)?;
-    Ok(Summary {
-        table,
-        points,
-        params,
-        axes,
-        problems: problems(runs),
-        members,
-        tps_samples,
-    })
-}
-
-/// One row per run: its statistics over the points after the first
-/// `skip_first`, its final loss and wall time, joined to its state and parameters.
+/// One row per run, in run order: its statistics over the points after the
+/// first `skip_first`, its final loss and wall time, joined to its parameters.
 fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
     let mut aggs = stats(stat);
     aggs.push(col(c::STEP).count().alias(c::POINTS));
@@ -294,19 +375,19 @@ fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
         .join(
             info.clone()
                 .lazy()
-                .select([col(c::RUN), col(c::FIRST_STEADY)]),
-            [col(c::RUN)],
-            [col(c::RUN)],
+                .select([col(c::ORDER), col(c::FIRST_STEADY)]),
+            [col(c::ORDER)],
+            [col(c::ORDER)],
             JoinArgs::new(JoinType::Inner),
         )
         .filter(col(c::LOG_INDEX).gt_eq(col(c::FIRST_STEADY)))
-        .group_by([col(c::RUN)])
+        .group_by([col(c::ORDER)])
         .agg(aggs);
     let overall = points
         .clone()
         .lazy()
-        .sort([c::RUN, c::STEP], Default::default())
-        .group_by([col(c::RUN)])
+        .sort([c::ORDER, c::STEP], Default::default())
+        .group_by([col(c::ORDER)])
         .agg([
             col(c::LOSS).drop_nulls().last().alias(c::FINAL_LOSS),
             col(c::ELAPSED_S).max().alias(c::WALL_TIME_S),
@@ -320,14 +401,14 @@ fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
         .lazy()
         .join(
             measured,
-            [col(c::RUN)],
-            [col(c::RUN)],
+            [col(c::ORDER)],
+            [col(c::ORDER)],
             JoinArgs::new(JoinType::Left),
         )
         .join(
             overall,
-            [col(c::RUN)],
-            [col(c::RUN)],
+            [col(c::ORDER)],
+            [col(c::ORDER)],
             JoinArgs::new(JoinType::Left),
         )
         .sort([c::ORDER], Default::default())
@@ -340,7 +421,7 @@ fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
 
 /// One row per group of runs with equal `keys`: the means of the runs'
 /// statistics, named after the group's values (`dataset_type=padded
-/// pretokenized=true`), with the member runs kept for the baseline lookup.
+/// pretokenized=true`), with the positions of its runs.
 fn group(per_run: &DataFrame, keys: &[String], carry: &[String]) -> Result<DataFrame> {
     let by: Vec<Expr> = keys.iter().map(|g| col(g.as_str())).collect();
     let mut aggs = stats(|m, s| col(m.col(s)).mean());
@@ -355,9 +436,9 @@ fn group(per_run: &DataFrame, keys: &[String], carry: &[String]) -> Result<DataF
         col(c::TRAINED_BATCH_SIZE).max(),
         col(c::POINTS).sum(),
         col(c::RUNS).sum(),
-        col(c::RUN).first().alias(c::FIRST_RUN),
+        col(c::CONFIGURATION_NAME).first(),
         col(c::ORDER).min(),
-        col(c::RUN).alias(c::MEMBERS),
+        col(c::ORDER).alias(c::MEMBERS),
     ]);
     let mut grouped = per_run
         .clone()
@@ -366,73 +447,97 @@ fn group(per_run: &DataFrame, keys: &[String], carry: &[String]) -> Result<DataF
         .agg(aggs)
         .sort([c::ORDER], Default::default())
         .collect()?;
+    let values: Vec<Vec<Option<String>>> = keys
+        .iter()
+        .map(|g| text_column(&grouped, g))
+        .collect::<Result<_>>()?;
     let names: Vec<String> = (0..grouped.height())
         .map(|i| {
             keys.iter()
-                .map(|g| format!("{g}={}", cell(&grouped, g, i)))
+                .zip(&values)
+                .map(|(g, v)| format!("{g}={}", v[i].as_deref().unwrap_or("")))
                 .collect::<Vec<_>>()
                 .join(" ")
         })
         .collect();
     grouped.with_column(Column::new(c::RUN.into(), names))?;
-    grouped.with_column(Column::new(c::STATE.into(), vec!["-"; grouped.height()]))?;
     Ok(grouped)
 }
 
-/// The runs behind each row: its members when grouped, else itself.
-fn members(table: &DataFrame) -> Result<Vec<Vec<String>>> {
-    let names = |i: usize| vec![cell(table, c::RUN, i)];
-    let Ok(list) = table.column(c::MEMBERS).and_then(|m| m.list().cloned()) else {
-        return Ok((0..table.height()).map(names).collect());
-    };
-    Ok((0..table.height())
-        .map(|i| match list.get_as_series(i) {
-            Some(s) => s
-                .str()
-                .map(|s| s.iter().flatten().map(str::to_string).collect())
-                .unwrap_or_else(|_| names(i)),
-            None => names(i),
+/// The runs behind each row, by position: its members when grouped, else itself.
+fn members(table: &DataFrame) -> Result<Vec<Vec<usize>>> {
+    if table.column(c::MEMBERS).is_err() {
+        return Ok(number_column(table, c::ORDER)?
+            .into_iter()
+            .map(|o| vec![o.unwrap_or(0.0) as usize])
+            .collect());
+    }
+    let list = table.column(c::MEMBERS)?.list()?.clone();
+    (0..table.height())
+        .map(|i| {
+            let s = list.get_as_series(i).context("a group without members")?;
+            Ok(s.u32()?.iter().flatten().map(|o| o as usize).collect())
         })
-        .collect())
+        .collect()
+}
+
+/// The state of a row's runs: theirs when they agree, else how many completed.
+fn state_of(members: &[usize], runs: &[RunLog]) -> String {
+    let mut states: Vec<String> = members.iter().map(|&m| runs[m].status.describe()).collect();
+    let done = members
+        .iter()
+        .filter(|&&m| runs[m].status.state == State::Completed)
+        .count();
+    states.sort();
+    states.dedup();
+    match states.as_slice() {
+        [one] => one.clone(),
+        _ => format!("{done} of {} COMPLETED", members.len()),
+    }
 }
 
 /// What a row's interval is computed over: its member runs' steady-state
 /// means when it has several (repeats, groups), else its one run's
-/// steady-state log points.
-fn samples(metric: Metric, members: &[String], per_run: &DataFrame, runs: &[RunLog]) -> Vec<f64> {
+/// steady-state log points. `per_run` has one row per run, in run order.
+fn samples(metric: Metric, members: &[usize], per_run: &DataFrame, runs: &[RunLog]) -> Vec<f64> {
+    let means = number_column(per_run, &metric.col(Stat::Mean)).unwrap_or_default();
     if members.len() >= 2 {
         return members
             .iter()
-            .filter_map(|m| row_of(per_run, c::RUN, m))
-            .filter_map(|i| num(per_run, &metric.col(Stat::Mean), i))
+            .filter_map(|&m| means.get(m).copied().flatten())
             .collect();
     }
-    let Some(run) = members
-        .first()
-        .and_then(|m| runs.iter().find(|r| &r.name == m))
-    else {
+    let Some(&m) = members.first() else {
         return Vec::new();
     };
-    let first = row_of(per_run, c::RUN, &run.name)
-        .and_then(|i| num(per_run, c::FIRST_STEADY, i))
+    let first = number_column(per_run, c::FIRST_STEADY)
+        .ok()
+        .and_then(|f| f.get(m).copied().flatten())
         .unwrap_or(0.0) as usize;
-    run.points
+    runs[m]
+        .points
         .iter()
         .skip(first)
-        .filter_map(|p| match metric {
-            Metric::TokensPerSecond => p.tokens_per_second,
-            Metric::MfuPct => p.mfu_pct,
-            Metric::Tflops => p.tflops,
-            Metric::TrainingTokensPct => p.training_tokens_pct,
-        })
+        .filter_map(|p| metric.field().of(p))
         .collect()
 }
 
 /// The row of the baseline: the run or configuration of that name, or the
 /// group holding that run.
-fn baseline_row(table: &DataFrame, members: &[Vec<String>], b: &str) -> Result<usize> {
-    row_of(table, c::RUN, b)
-        .or_else(|| members.iter().position(|m| m.iter().any(|r| r == b)))
+fn baseline_row(
+    names: &[Option<String>],
+    members: &[Vec<usize>],
+    runs: &[RunLog],
+    b: &str,
+) -> Result<usize> {
+    names
+        .iter()
+        .position(|n| n.as_deref() == Some(b))
+        .or_else(|| {
+            members
+                .iter()
+                .position(|m| m.iter().any(|&r| runs[r].name == b))
+        })
         .ok_or_else(|| {
             anyhow::anyhow!("no run or configuration named `{b}` to measure speedups against")
         })
@@ -444,17 +549,17 @@ fn baseline_row(table: &DataFrame, members: &[Vec<String>], b: &str) -> Result<u
 /// whether it is `significant` (the interval leaves out 1).
 fn add_comparisons(
     table: &mut DataFrame,
+    members: &[Vec<usize>],
     per_run: &DataFrame,
     runs: &[RunLog],
     opts: &Options,
-) -> Result<Vec<Vec<String>>> {
-    let members = members(table)?;
+) -> Result<()> {
     let h = table.height();
     let repeats: Vec<u32> = members.iter().map(|m| m.len() as u32).collect();
     for metric in c::WITH_INTERVALS {
         let cis: Vec<Option<super::stats::MeanCi>> = members
             .iter()
-            .map(|m| super::stats::mean_ci95(&samples(metric, m, per_run, runs)))
+            .map(|m| mean_ci95(&samples(metric, m, per_run, runs)))
             .collect();
         table.with_column(Column::new(
             metric.ci_low().into(),
@@ -465,26 +570,27 @@ fn add_comparisons(
             cis.iter().map(|ci| ci.map(|c| c.high)).collect::<Vec<_>>(),
         ))?;
     }
-    let tps = table
-        .column(&Metric::TokensPerSecond.col(Stat::Mean))?
-        .f64()?
-        .clone();
+    let tps = number_column(table, &Metric::TokensPerSecond.col(Stat::Mean))?;
     let base = match &opts.baseline {
-        Some(b) => Some(baseline_row(table, &members, b)?),
+        Some(b) => Some(baseline_row(
+            &text_column(table, c::RUN)?,
+            members,
+            runs,
+            b,
+        )?),
         None => None,
     };
     let mut speedup = vec![None; h];
     let (mut low, mut high, mut significant) = (vec![None; h], vec![None; h], vec![None; h]);
-    if let Some(b) = base.filter(|&b| tps.get(b).is_some_and(|v| v > 0.0)) {
-        let base_tps = tps.get(b).expect("checked");
+    if let Some((b, base_tps)) = base.and_then(|b| Some((b, tps[b].filter(|v| *v > 0.0)?))) {
         let base_samples = samples(Metric::TokensPerSecond, &members[b], per_run, runs);
         for i in 0..h {
-            speedup[i] = tps.get(i).map(|v| v / base_tps);
+            speedup[i] = tps[i].map(|v| v / base_tps).filter(|s| s.is_finite());
             if i == b {
                 continue;
             }
             let mine = samples(Metric::TokensPerSecond, &members[i], per_run, runs);
-            if let Some(r) = super::stats::ratio_ci95(&mine, &base_samples) {
+            if let Some(r) = ratio_ci95(&mine, &base_samples) {
                 (low[i], high[i], significant[i]) =
                     (Some(r.low), Some(r.high), Some(r.significant));
             }
@@ -495,7 +601,12 @@ fn add_comparisons(
     table.with_column(Column::new(c::SPEEDUP_CI95_HIGH.into(), high))?;
     table.with_column(Column::new(c::SIGNIFICANT.into(), significant))?;
     table.with_column(Column::new(c::REPEATS.into(), repeats))?;
-    for helper in [c::MEMBERS, c::FIRST_STEADY, c::CONFIGURATION, c::FIRST_RUN] {
+    for helper in [
+        c::MEMBERS,
+        c::FIRST_STEADY,
+        c::CONFIGURATION,
+        c::CONFIGURATION_NAME,
+    ] {
         if table
             .get_column_names()
             .iter()
@@ -504,7 +615,7 @@ fn add_comparisons(
             *table = table.drop(helper)?;
         }
     }
-    Ok(members)
+    Ok(())
 }
 
 /// Whole-job throughput and weak-scaling efficiency. `global_tokens_per_second`
@@ -513,40 +624,39 @@ fn add_comparisons(
 /// world size among the rows that differ only in scale (null where a
 /// configuration was run at one scale only).
 fn add_scaling(table: &mut DataFrame, axes: &[String]) -> Result<()> {
-    let tps = table
-        .column(&Metric::TokensPerSecond.col(Stat::Mean))?
-        .f64()?
-        .clone();
-    let world: Vec<f64> = (0..table.height())
-        .map(|i| num(table, c::WORLD_SIZE, i).unwrap_or(1.0))
+    let h = table.height();
+    let tps = number_column(table, &Metric::TokensPerSecond.col(Stat::Mean))?;
+    let world: Vec<f64> = number_column(table, c::WORLD_SIZE)?
+        .into_iter()
+        .map(|w| w.unwrap_or(1.0))
         .collect();
-    let global: Vec<Option<f64>> = (0..table.height())
-        .map(|i| {
-            num(table, c::GLOBAL_TOKENS_PER_SECOND, i).or_else(|| tps.get(i).map(|t| t * world[i]))
-        })
+    let logged = number_column(table, c::GLOBAL_TOKENS_PER_SECOND)?;
+    let global: Vec<Option<f64>> = (0..h)
+        .map(|i| logged[i].or_else(|| tps[i].map(|t| t * world[i])))
         .collect();
-    let config_of = |i: usize| -> Vec<String> {
-        axes.iter()
-            .filter(|a| !c::SCALE_PARAMS.contains(&a.as_str()))
-            .map(|a| cell(table, a, i))
-            .collect()
-    };
-    let configs: Vec<Vec<String>> = (0..table.height()).map(config_of).collect();
-    let efficiency: Vec<Option<f64>> = (0..table.height())
+    let config_values: Vec<Vec<Option<String>>> = axes
+        .iter()
+        .filter(|a| !c::SCALE_PARAMS.contains(&a.as_str()))
+        .map(|a| text_column(table, a))
+        .collect::<Result<_>>()?;
+    let configs: Vec<Vec<Option<&str>>> = (0..h)
+        .map(|i| config_values.iter().map(|v| v[i].as_deref()).collect())
+        .collect();
+    let efficiency: Vec<Option<f64>> = (0..h)
         .map(|i| {
-            let peers: Vec<usize> = (0..table.height())
-                .filter(|&j| configs[j] == configs[i] && tps.get(j).is_some())
+            let peers: Vec<usize> = (0..h)
+                .filter(|&j| configs[j] == configs[i] && tps[j].is_some())
                 .collect();
             let smallest = peers
                 .iter()
                 .copied()
                 .min_by(|&a, &b| world[a].total_cmp(&world[b]))?;
             let scales_differ = peers.iter().any(|&j| world[j] != world[smallest]);
-            let base = tps.get(smallest).filter(|b| *b > 0.0)?;
+            let base = tps[smallest].filter(|b| *b > 0.0)?;
             if !scales_differ {
                 return None;
             }
-            Some(100.0 * tps.get(i)? / base)
+            Some(100.0 * tps[i]? / base).filter(|e| e.is_finite())
         })
         .collect();
     table.with_column(Column::new(c::GLOBAL_TOKENS_PER_SECOND.into(), global))?;
@@ -561,8 +671,10 @@ fn varying(table: &DataFrame, params: &[String]) -> Vec<String> {
         .iter()
         .filter(|p| !p.starts_with("global_"))
         .filter(|p| {
-            let mut seen: Vec<String> = (0..table.height())
-                .map(|i| cell(table, p, i))
+            let mut seen: Vec<String> = text_column(table, p)
+                .unwrap_or_default()
+                .into_iter()
+                .flatten()
                 .filter(|v| !v.is_empty())
                 .collect();
             seen.sort();
@@ -573,73 +685,145 @@ fn varying(table: &DataFrame, params: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// Runs without points, that did not complete, or with unreadable logs.
+/// The table's rows, typed, read once: a missing column is an error here,
+/// not an empty cell in a chart.
+fn rows(
+    table: &DataFrame,
+    params: &[String],
+    members: &[Vec<usize>],
+    runs: &[RunLog],
+    tps_samples: Vec<Vec<f64>>,
+) -> Result<Vec<Row>> {
+    let nums = |name: &str| number_column(table, name);
+    let names = text_column(table, c::RUN)?;
+    let states = text_column(table, c::STATE)?;
+    let param_values: Vec<Vec<Option<String>>> = params
+        .iter()
+        .map(|p| text_column(table, p))
+        .collect::<Result<_>>()?;
+    let mut metrics: Vec<[Vec<Option<f64>>; 7]> = Vec::new();
+    for m in Metric::ALL {
+        let (lo, hi) = if c::WITH_INTERVALS.contains(&m) {
+            (nums(&m.ci_low())?, nums(&m.ci_high())?)
+        } else {
+            (vec![None; table.height()], vec![None; table.height()])
+        };
+        metrics.push([
+            nums(&m.col(Stat::Mean))?,
+            nums(&m.col(Stat::Median))?,
+            nums(&m.col(Stat::Std))?,
+            nums(&m.col(Stat::P5))?,
+            nums(&m.col(Stat::P95))?,
+            lo,
+            hi,
+        ]);
+    }
+    let (points, warmup) = (nums(c::POINTS)?, nums(c::WARMUP_POINTS)?);
+    let (final_loss, wall) = (nums(c::FINAL_LOSS)?, nums(c::WALL_TIME_S)?);
+    let (world, global) = (nums(c::WORLD_SIZE)?, nums(c::GLOBAL_TOKENS_PER_SECOND)?);
+    let (efficiency, batch) = (
+        nums(c::SCALING_EFFICIENCY_PCT)?,
+        nums(c::TRAINED_BATCH_SIZE)?,
+    );
+    let (speedup, sp_lo, sp_hi) = (
+        nums(c::SPEEDUP)?,
+        nums(c::SPEEDUP_CI95_LOW)?,
+        nums(c::SPEEDUP_CI95_HIGH)?,
+    );
+    let significant: Vec<Option<bool>> = table.column(c::SIGNIFICANT)?.bool()?.iter().collect();
+    Ok(tps_samples
+        .into_iter()
+        .enumerate()
+        .map(|(i, tps_samples)| Row {
+            name: names[i].clone().unwrap_or_default(),
+            state: states[i].clone().unwrap_or_default(),
+            members: members[i].iter().map(|&m| runs[m].name.clone()).collect(),
+            runs: members[i].clone(),
+            points: points[i].unwrap_or(0.0) as usize,
+            warmup_points: warmup[i].unwrap_or(0.0) as usize,
+            params: params
+                .iter()
+                .zip(&param_values)
+                .filter_map(|(p, v)| Some((p.clone(), v[i].clone()?)))
+                .collect(),
+            metrics: metrics
+                .iter()
+                .map(|m| MetricStats {
+                    mean: m[0][i],
+                    median: m[1][i],
+                    std: m[2][i],
+                    p5: m[3][i],
+                    p95: m[4][i],
+                    ci95: m[5][i].zip(m[6][i]),
+                })
+                .collect(),
+            final_loss: final_loss[i],
+            wall_time_s: wall[i],
+            world_size: world[i].unwrap_or(1.0),
+            global_tokens_per_second: global[i],
+            scaling_efficiency_pct: efficiency[i],
+            trained_batch_size: batch[i],
+            speedup: speedup[i].map(|ratio| Speedup {
+                ratio,
+                ci95: sp_lo[i].zip(sp_hi[i]),
+                significant: significant[i],
+            }),
+            tps_samples,
+        })
+        .collect())
+}
+
+/// Runs without points, that did not complete, or with something left out
+/// of their logs (a last line still torn once the run stopped included).
 fn problems(runs: &[RunLog]) -> Vec<Problem> {
     runs.iter()
-        .filter(|r| {
-            r.points.is_empty() || r.status.state != State::Completed || !r.read_errors.is_empty()
-        })
-        .map(|r| {
+        .filter_map(|r| {
+            let stopped = !matches!(r.status.state, State::Running | State::Pending);
+            let torn = (r.torn && stopped)
+                .then_some("the last line of metrics.jsonl is cut short (left out)");
+            let completed = r.status.state == State::Completed;
+            let complete = !r.points.is_empty() && completed;
+            if complete && r.issues.is_empty() && torn.is_none() {
+                return None;
+            }
             let known: Vec<&str> = r
                 .reason
                 .iter()
-                .chain(&r.read_errors)
+                .chain(&r.issues)
                 .map(String::as_str)
+                .chain(torn)
                 .collect();
             let reason = match (known.is_empty(), r.points.is_empty()) {
                 (false, _) => known.join("; "),
                 (true, true) => "no metrics".into(),
                 (true, false) => "not finished".into(),
             };
-            Problem {
+            Some(Problem {
                 run: r.name.clone(),
                 state: r.status.describe(),
                 reason,
-            }
+            })
         })
         .collect()
 }
 
-fn row_of(df: &DataFrame, column: &str, value: &str) -> Option<usize> {
-    let c = df.column(column).ok()?.str().ok()?;
-    c.iter().position(|v| v == Some(value))
+/// A column as finite numbers (null where missing or not finite).
+fn number_column(df: &DataFrame, name: &str) -> Result<Vec<Option<f64>>> {
+    let c = df
+        .column(name)
+        .map_err(|_| anyhow::anyhow!("the summary has no column `{name}`"))?
+        .cast(&DataType::Float64)?;
+    Ok(c.f64()?
+        .iter()
+        .map(|v| v.filter(|x| x.is_finite()))
+        .collect())
 }
 
-/// A cell as text (for names and tables).
-pub fn cell(df: &DataFrame, column: &str, row: usize) -> String {
-    match df.column(column).and_then(|c| c.get(row)) {
-        Ok(AnyValue::String(s)) => s.to_string(),
-        Ok(AnyValue::StringOwned(s)) => s.to_string(),
-        Ok(AnyValue::Null) | Err(_) => String::new(),
-        Ok(v) => v.to_string(),
-    }
-}
-
-/// A numeric cell.
-pub fn num(df: &DataFrame, column: &str, row: usize) -> Option<f64> {
-    df.column(column)
-        .ok()?
-        .cast(&DataType::Float64)
-        .ok()?
-        .f64()
-        .ok()?
-        .get(row)
-}
-
-/// The speedup of row `i` as tables and charts print it: `1.07x [1.02, 1.12]`,
-/// with `≈` when its interval holds 1.
-pub fn speedup_text(t: &DataFrame, i: usize) -> Option<String> {
-    let v = num(t, c::SPEEDUP, i)?;
-    let interval = match (
-        num(t, c::SPEEDUP_CI95_LOW, i),
-        num(t, c::SPEEDUP_CI95_HIGH, i),
-    ) {
-        (Some(lo), Some(hi)) => format!(" [{lo:.2}, {hi:.2}]"),
-        _ => String::new(),
-    };
-    let same = matches!(
-        t.column(c::SIGNIFICANT).and_then(|s| s.get(i)),
-        Ok(AnyValue::Boolean(false))
-    );
-    Some(format!("{}{v:.2}x{interval}", if same { "≈" } else { "" }))
+/// A column as text.
+fn text_column(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
+    let c = df
+        .column(name)
+        .map_err(|_| anyhow::anyhow!("the summary has no column `{name}`"))?
+        .cast(&DataType::String)?;
+    Ok(c.str()?.iter().map(|v| v.map(str::to_string)).collect())
 }

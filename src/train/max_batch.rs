@@ -9,7 +9,7 @@
 //! throughput-against-batch curve comes with the answer.
 
 use crate::config::{memory, BatchSize, DeviceKind, TrainConfig};
-use crate::train::metrics::{StepMetrics, METRICS_FILE};
+use crate::train::record::{parse_log, METRICS_FILE};
 use crate::util::process::proc_kb;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -190,17 +190,13 @@ fn trial(
             "batch size {batch} failed for another reason than memory: {last} (log: {text:.2000})"
         );
     }
-    // Step lines (monitor events have another shape and are left out).
-    let steps: Vec<StepMetrics> = std::fs::read_to_string(run.join(METRICS_FILE))?
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    let timed: Vec<f64> = steps
-        .iter()
+    let log = parse_log(&std::fs::read(run.join(METRICS_FILE))?);
+    let timed: Vec<f64> = log
+        .steps()
         .filter(|m| m.step >= 2)
         .map(|m| m.tokens_per_second)
         .collect();
-    let peak_mb = steps.iter().map(|m| m.peak_memory_mb).fold(0.0, f64::max);
+    let peak_mb = log.steps().map(|m| m.peak_memory_mb).fold(0.0, f64::max);
     if timed.is_empty() {
         bail!("batch size {batch} trained but logged no timed step");
     }

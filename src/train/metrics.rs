@@ -1,12 +1,10 @@
-//! What every logged step reports, in one place: throughput, MFU and TFLOPs
-//! from one table of peak FLOPs per device, and the JSON-lines log.
+//! What every logged step measures: throughput, MFU and TFLOPs from one
+//! table of peak FLOPs per device, the counters between two log lines, and
+//! the process's peak memory. The log itself is [`super::record`].
 
 use super::peak::Kernel;
 use crate::config::{Precision, TrainConfig};
-use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use anyhow::{bail, Result};
 
 /// Peak FLOP/s of one device and where the number comes from: `peak_flops`
 /// in the configuration, else its `gpu` name, else the name the CUDA driver
@@ -44,74 +42,6 @@ pub fn peak_flops(
             kernel.describe()
         ),
     ))
-}
-
-/// One logged step.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StepMetrics {
-    pub step: usize,
-    pub loss: f64,
-    pub lr: f64,
-    pub grad_norm: f64,
-    /// Tokens per second per device, padding included (as the reference).
-    pub tokens_per_second: f64,
-    /// Ranks training together (data parallelism); 1 for a single process.
-    #[serde(default = "one")]
-    pub world_size: usize,
-    /// Sequences per device and micro-batch (what `batch_size = "max"` became).
-    #[serde(default)]
-    pub batch_size: usize,
-    /// Tokens per second of all ranks together (the global batch per step time).
-    #[serde(default)]
-    pub global_tokens_per_second: f64,
-    /// Share of tokens with a training label (not padding or a document start).
-    pub training_tokens_pct: f64,
-    pub mfu_pct: f64,
-    pub tflops: f64,
-    pub step_time_s: f64,
-    pub elapsed_s: f64,
-    pub peak_memory_mb: f64,
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub val_loss: Option<f64>,
-}
-
-fn one() -> usize {
-    1
-}
-
-/// What else `metrics.jsonl` records besides steps: something a run should
-/// know about, at a step, with the value that crossed a threshold.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub step: usize,
-    pub event: EventKind,
-    pub value: f64,
-    pub threshold: f64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    /// The loss jumped above a multiple of its rolling mean.
-    LossSpike,
-    /// The gradient norm exceeded a multiple of the clipping norm.
-    GradientExplosion,
-    /// The loss stopped improving.
-    Plateau,
-    /// The measured MFU exceeds 100%: the peak FLOPs is too low for this
-    /// device (a noisy CPU measurement, a wrong `gpu` or `peak_flops`).
-    MfuAbovePeak,
-}
-
-impl EventKind {
-    pub fn describe(self) -> &'static str {
-        match self {
-            EventKind::LossSpike => "loss spike",
-            EventKind::GradientExplosion => "gradient explosion",
-            EventKind::Plateau => "plateau",
-            EventKind::MfuAbovePeak => "MFU above 100% of the peak",
-        }
-    }
 }
 
 /// Throughput figures over an interval of steps.
@@ -173,54 +103,6 @@ pub fn peak_memory_mb() -> f64 {
     crate::util::process::proc_kb("/proc/self/status", "VmHWM").map_or(0.0, |kb| kb as f64 / 1024.0)
 }
 
-pub const METRICS_FILE: &str = "metrics.jsonl";
-
-/// `metrics.jsonl`: one JSON object per logged step (and per monitor event),
-/// flushed as written.
-pub struct MetricsLog {
-    file: std::fs::File,
-    pub path: PathBuf,
-}
-
-impl MetricsLog {
-    pub fn open(run_dir: &Path) -> Result<MetricsLog> {
-        let path = run_dir.join(METRICS_FILE);
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        Ok(MetricsLog { file, path })
-    }
-
-    pub fn write<T: Serialize>(&mut self, record: &T) -> Result<()> {
-        let mut line = serde_json::to_vec(record)?;
-        line.push(b'\n');
-        self.file.write_all(&line)?;
-        self.file.flush()?;
-        Ok(())
-    }
-
-    /// After a resume: keeps only records up to `step` (and drops a torn
-    /// last line), so the log continues without duplicated or missing steps.
-    pub fn truncate_after(&mut self, step: usize) -> Result<()> {
-        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
-        let kept: String = text
-            .lines()
-            .filter(|l| {
-                serde_json::from_str::<serde_json::Value>(l)
-                    .ok()
-                    .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
-                    .is_some_and(|s| s as usize <= step)
-            })
-            .map(|l| format!("{l}\n"))
-            .collect();
-        crate::util::fs::write_atomic(&self.path, kept.as_bytes())?;
-        *self = MetricsLog::open(crate::util::fs::parent_dir(&self.path))?;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,42 +133,5 @@ mod tests {
         assert!((throughput(1000, 1.0, 1e9, 1e12).mfu_pct - 100.0).abs() < 1e-9);
         let t = throughput(1000, 1.0, 1e10, 1e12);
         assert!((t.mfu_pct - 1000.0).abs() < 1e-9 && (t.tflops - 10.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn events_are_written_with_their_kind() {
-        let e = Event {
-            step: 7,
-            event: EventKind::MfuAbovePeak,
-            value: 103.5,
-            threshold: 100.0,
-        };
-        let line = serde_json::to_string(&e).unwrap();
-        assert_eq!(
-            line,
-            r#"{"step":7,"event":"mfu_above_peak","value":103.5,"threshold":100.0}"#
-        );
-    }
-
-    #[test]
-    fn resuming_truncates_the_log_after_the_checkpoint() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = MetricsLog::open(dir.path()).unwrap();
-        for s in [1, 10, 20, 30] {
-            log.write(&serde_json::json!({ "step": s })).unwrap();
-        }
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&log.path)
-            .unwrap()
-            .write_all(b"{\"step\": 4")
-            .unwrap();
-        log.truncate_after(20).unwrap();
-        log.write(&serde_json::json!({ "step": 30 })).unwrap();
-        let text = std::fs::read_to_string(&log.path).unwrap();
-        assert_eq!(
-            text,
-            "{\"step\":1}\n{\"step\":10}\n{\"step\":20}\n{\"step\":30}\n"
-        );
     }
 }

@@ -24,6 +24,7 @@ pub mod optim;
 mod optim_cuda;
 pub mod params;
 pub mod peak;
+pub mod record;
 mod schedule;
 
 use crate::config::{BatchSize, DeviceKind, Precision, TrainConfig, REQUEUE_EXIT};
@@ -33,10 +34,10 @@ use crate::data::{
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use dist::{Collective, Ranks};
-use metrics::{MetricsLog, StepMetrics};
 use model::{Llama, ModelSpec};
 use optim::{AdamW, Grads};
 use params::Params;
+use record::{MetricsLog, StepMetrics};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -490,7 +491,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
                     e.value,
                     e.threshold
                 );
-                log.write(&e)?;
+                log.write(e)?;
             }
             if due.log {
                 let i = interval.take();
@@ -504,9 +505,9 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
                         );
                         mfu_warned = true;
                     }
-                    log.write(&metrics::Event {
+                    log.write(record::Event {
                         step,
-                        event: metrics::EventKind::MfuAbovePeak,
+                        event: record::EventKind::MfuAbovePeak,
                         value: tp.mfu_pct,
                         threshold: 100.0,
                     })?;
@@ -534,7 +535,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &AtomicUsize) -> Result<ExitCode
                     peak_memory_mb: memory.peak_mb(&t.device),
                     val_loss,
                 };
-                log.write(&m)?;
+                log.write(m.clone())?;
                 eprintln!(
                     "step {step}/{} | loss {:.4} | lr {lr:.2e} | grad norm {:.3} | {:.0} tokens/s{} | MFU {:.2}% | {:.3} s/step{}",
                     cfg.training_steps,

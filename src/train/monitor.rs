@@ -3,7 +3,7 @@
 //! plateaus (no relative improvement above `plateau_tolerance` for
 //! `plateau_steps`). Events go to the metrics log and to stderr.
 
-use super::metrics::{Event, EventKind};
+use super::record::{Event, EventKind};
 use crate::config::MonitorConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;

@@ -1,8 +1,10 @@
-//! File writes that never leave a half-written file behind.
+//! File writes that never leave a half-written file behind, and reads of
+//! files that anyone may have put in a results directory that never block,
+//! never exhaust memory and never follow a link out of the directory.
 
 use anyhow::{Context, Result};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Writes `bytes` to `path` through a temporary file in the same directory,
 /// then renames it into place: readers see the old file or the new one, never a
@@ -56,9 +58,165 @@ pub fn absolute(base: &Path, path: &Path) -> std::path::PathBuf {
     }
 }
 
+/// Why a file could not be read by [`read_regular`].
+#[derive(Debug)]
+pub enum ReadError {
+    NotFound,
+    /// A directory, FIFO, socket or device: `what` says which.
+    NotRegular {
+        what: &'static str,
+    },
+    TooLarge {
+        size: u64,
+        limit: u64,
+    },
+    /// A symbolic link (or a path through one) that resolves outside the
+    /// directory the file belongs to.
+    Outside {
+        target: PathBuf,
+        dir: PathBuf,
+    },
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::NotFound => write!(f, "does not exist"),
+            ReadError::NotRegular { what } => write!(f, "is {what}, not a regular file"),
+            ReadError::TooLarge { size, limit } => write!(
+                f,
+                "is {:.1} MB, more than the {:.0} MB a file read here may have",
+                *size as f64 / 1e6,
+                *limit as f64 / 1e6
+            ),
+            ReadError::Outside { target, dir } => write!(
+                f,
+                "is a link to {}, outside {}",
+                target.display(),
+                dir.display()
+            ),
+            ReadError::Io(e) => write!(f, "cannot be read: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+fn kind_of(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The bytes of a regular file of at most `limit` bytes. The file is opened
+/// without blocking (a FIFO with no writer would block `open` forever) and
+/// checked after opening (what was checked is what is read). With `within`,
+/// the path, resolved through every link, must lie inside that directory.
+pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Vec<u8>, ReadError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => ReadError::NotFound,
+        _ => ReadError::Io(e),
+    };
+    if let Some(dir) = within {
+        let target = path.canonicalize().map_err(io)?;
+        let dir = dir.canonicalize().map_err(io)?;
+        if !target.starts_with(&dir) {
+            return Err(ReadError::Outside { target, dir });
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.file_type().is_file() {
+        return Err(ReadError::NotRegular {
+            what: kind_of(meta.file_type()),
+        });
+    }
+    if meta.len() > limit {
+        return Err(ReadError::TooLarge {
+            size: meta.len(),
+            limit,
+        });
+    }
+    // The file may grow while it is read: never more than the limit.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > limit {
+        return Err(ReadError::TooLarge {
+            size: bytes.len() as u64,
+            limit,
+        });
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    pub(crate) fn mkfifo(path: &Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    #[test]
+    fn only_regular_files_within_their_directory_and_limit_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let study = dir.path().join("study");
+        std::fs::create_dir(&study).unwrap();
+        let f = study.join("a.log");
+        std::fs::write(&f, b"0123456789").unwrap();
+        assert_eq!(read_regular(&f, 10, Some(&study)).unwrap(), b"0123456789");
+        assert!(matches!(
+            read_regular(&f, 9, None),
+            Err(ReadError::TooLarge { size: 10, limit: 9 })
+        ));
+        assert!(matches!(
+            read_regular(&study.join("none"), 9, Some(&study)),
+            Err(ReadError::NotFound)
+        ));
+        // A FIFO without a writer: refused at once, not waited on.
+        let fifo = study.join("fifo");
+        mkfifo(&fifo);
+        let e = read_regular(&fifo, 10, Some(&study)).unwrap_err();
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        assert!(read_regular(Path::new("/dev/zero"), 10, None)
+            .unwrap_err()
+            .to_string()
+            .contains("a device"));
+        assert!(matches!(
+            read_regular(&study, 10, None),
+            Err(ReadError::NotRegular {
+                what: "a directory"
+            })
+        ));
+        // Links: inside the directory fine, outside refused.
+        let outside = dir.path().join("secret");
+        std::fs::write(&outside, b"x").unwrap();
+        std::os::unix::fs::symlink(&outside, study.join("out")).unwrap();
+        std::os::unix::fs::symlink(&f, study.join("in")).unwrap();
+        assert!(read_regular(&study.join("in"), 10, Some(&study)).is_ok());
+        let e = read_regular(&study.join("out"), 10, Some(&study)).unwrap_err();
+        assert!(e.to_string().contains("outside"), "{e}");
+        assert!(read_regular(&study.join("out"), 10, None).is_ok());
+    }
 
     #[test]
     fn atomic_write_replaces_and_skips_identical_content() {

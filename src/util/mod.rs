@@ -2,6 +2,7 @@
 
 pub mod fs;
 pub mod hash;
+pub mod name;
 pub mod process;
 pub mod progress;
 pub mod text;

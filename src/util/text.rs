@@ -1,4 +1,7 @@
-//! Which characters a value may hold where it reaches a job script.
+//! Which characters a value may hold where it reaches a job script, and
+//! text from files made safe to print.
+
+use std::borrow::Cow;
 
 /// The first character a value that may reach a job script may not hold: any control character
 /// (Unicode category Cc: NUL, CR, ESC, DEL, ...) and the line and paragraph
@@ -24,9 +27,35 @@ pub fn describe_char(c: char) -> String {
     format!("{name} (U+{:04X})", c as u32)
 }
 
+/// `s` with every character [`forbidden_char`] finds written as its escape
+/// (`\n`, `\u{1b}`): text read from files, printed on a terminal or in a
+/// table, can neither start a line of its own nor move the cursor or change
+/// colours.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if forbidden_char(s, false).is_none() {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(
+        s.chars()
+            .map(
+                |c| match forbidden_char(c.encode_utf8(&mut [0; 4]), false) {
+                    Some(_) => c.escape_default().to_string(),
+                    None => c.to_string(),
+                },
+            )
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_print_as_escapes() {
+        assert_eq!(printable("plain é"), "plain é");
+        assert_eq!(printable("a\nb\u{1b}[31m"), "a\\nb\\u{1b}[31m");
+    }
 
     #[test]
     fn control_characters_are_found() {

@@ -1,7 +1,7 @@
 //! The report: the reference study's own table from its logs, and a sweep
 //! whose runs failed, are still writing, or wrote nothing.
 
-use super::support::{project, repo, run_ok, stdout, sweep, write, CHARTS};
+use super::support::{project, repo, run_ok, stdout, step_line, sweep, write, CHARTS};
 use serde_json::Value;
 
 /// The reference study's published README table (tokens/s, MFU %, TFLOPs).
@@ -104,8 +104,9 @@ fn failed_runs_torn_lines_and_missing_metrics_are_reported_not_fatal() {
     let root = project();
     let m = root.path().join("m.toml");
     // Each run writes metrics as our trainer does, then behaves differently.
-    let line = |s: u32, tps: u32| {
-        format!("{{\\\"step\\\":{s},\\\"loss\\\":{}.5,\\\"tokens_per_second\\\":{tps},\\\"mfu_pct\\\":10,\\\"tflops\\\":0.1,\\\"training_tokens_pct\\\":50,\\\"elapsed_s\\\":{s}}}", 10 - s)
+    // Quoted for a shell's printf.
+    let line = |s: usize, tps: usize| {
+        step_line(s, 10.5 - s as f64, tps as f64, s as f64).replace('"', "\\\"")
     };
     let lines: Vec<String> = (1..=8).map(|s| line(s, 100 * s)).collect();
     let body = lines.join("\\n");
@@ -156,8 +157,9 @@ baseline = "ok"
     let md = std::fs::read_to_string(root.path().join("results/r/summary.md")).unwrap();
     assert!(
         md.contains("Runs without complete results")
-            && md.contains("`failed`")
-            && md.contains("`silent`"),
+            && md.contains("- failed: ")
+            && md.contains("- silent: ")
+            && md.contains("- torn: COMPLETED, the last line of metrics.jsonl is cut short"),
         "{md}"
     );
     // The results directory alone gives the same table.
@@ -178,9 +180,7 @@ fn unreadable_imported_logs_are_listed_with_their_reason() {
     let root = project();
     let logs = root.path().join("logs");
     let good = (1..=8)
-        .map(|s| {
-            format!("{{\"step\":{s},\"loss\":2.0,\"tokens_per_second\":100,\"elapsed_s\":{s}}}\n")
-        })
+        .map(|s| step_line(s, 2.0, 100.0, s as f64) + "\n")
         .collect::<String>();
     write(&logs.join("good.jsonl"), &good);
     std::fs::write(logs.join("latin1.jsonl"), b"{\"step\":1,\"loss\":\xe9}\n").unwrap();
@@ -198,18 +198,19 @@ fn unreadable_imported_logs_are_listed_with_their_reason() {
         "--no-plots",
     ])));
     assert!(
-        text.contains("note: latin1: UNKNOWN")
-            && text.contains("is not UTF-8 text (invalid byte at offset 17)"),
+        text.contains("note: latin1: COMPLETED, ")
+            && text.contains("latin1.jsonl: 1 line(s) left out (line 1: invalid UTF-8 at byte 17)"),
         "{text}"
     );
     assert!(
-        text.contains("note: dir: UNKNOWN") && text.contains("cannot read"),
+        text.contains("note: dir: UNKNOWN")
+            && text.contains("dir.jsonl is a directory, not a regular file"),
         "{text}"
     );
     assert!(!text.contains("note: good"), "{text}");
     let md = std::fs::read_to_string(root.path().join("results/imp/summary.md")).unwrap();
     assert!(
-        md.contains("`latin1`: UNKNOWN, ") && md.contains("not UTF-8"),
+        md.contains("- latin1: COMPLETED, ") && md.contains("invalid UTF-8"),
         "{md}"
     );
 }

@@ -170,3 +170,25 @@ pub fn job_logs(run: &Path) -> String {
         .map(|e| std::fs::read_to_string(e.path()).unwrap())
         .collect()
 }
+
+/// One step record of `metrics.jsonl`, as the trainer writes it.
+pub fn step_line(step: usize, loss: f64, tokens_per_second: f64, elapsed_s: f64) -> String {
+    let m = sweep::train::record::StepMetrics {
+        step,
+        loss,
+        lr: 1e-3,
+        grad_norm: 1.0,
+        tokens_per_second,
+        world_size: 1,
+        batch_size: 1,
+        global_tokens_per_second: tokens_per_second,
+        training_tokens_pct: 50.0,
+        mfu_pct: 10.0,
+        tflops: 0.1,
+        step_time_s: 1.0,
+        elapsed_s,
+        peak_memory_mb: 100.0,
+        val_loss: None,
+    };
+    serde_json::to_string(&sweep::train::record::Record::from(m)).unwrap()
+}

@@ -1,29 +1,35 @@
-//! `summary.md`: the table as the reference study's README shows it.
+//! `summary.md`: the table as the reference study's README shows it. Names
+//! and values come from files and manifests: every cell is escaped, so that
+//! neither a `|` nor a line break nor a control character can break the
+//! table or reach a terminal raw.
 
 use super::{Exporter, TableContext};
-use crate::report::columns::{self as c, Metric, Stat};
-use crate::report::summary::{cell, num, speedup_text, Summary};
+use crate::report::columns::{Metric, Stat};
+use crate::report::summary::{MetricStats, Row, Summary};
 use anyhow::Result;
-use polars::prelude::DataFrame;
 use std::io::Write;
 
 pub struct Markdown;
 
 fn f(v: Option<f64>, digits: usize) -> String {
-    v.map(|v| format!("{v:.digits$}"))
+    v.filter(|v| v.is_finite())
+        .map(|v| format!("{v:.digits$}"))
         .unwrap_or_else(|| "-".into())
 }
 
+/// Text as one markdown table cell: control characters as escapes, `|`
+/// escaped.
+pub fn cell(s: &str) -> String {
+    crate::util::text::printable(s).replace('|', "\\|")
+}
+
 /// `mean ± half-width` of a metric's 95% interval (the mean alone without one).
-fn with_interval(t: &DataFrame, metric: Metric, i: usize, digits: usize) -> String {
-    let mean = num(t, &metric.col(Stat::Mean), i);
-    match (
-        mean,
-        num(t, &metric.ci_low(), i),
-        num(t, &metric.ci_high(), i),
-    ) {
-        (Some(m), Some(lo), Some(hi)) => format!("{m:.digits$} ± {:.digits$}", (hi - lo) / 2.0),
-        _ => f(mean, digits),
+fn with_interval(m: &MetricStats, digits: usize) -> String {
+    match (m.mean, m.ci95) {
+        (Some(mean), Some((lo, hi))) if mean.is_finite() && (hi - lo).is_finite() => {
+            format!("{mean:.digits$} ± {:.digits$}", (hi - lo) / 2.0)
+        }
+        _ => f(m.mean, digits),
     }
 }
 
@@ -33,16 +39,15 @@ fn with_interval(t: &DataFrame, metric: Metric, i: usize, digits: usize) -> Stri
 /// efficiency; studies whose batch size is not an axis (`batch_size = "max"`,
 /// say) the batch each run trained at.
 pub fn table(s: &Summary) -> String {
-    let t = &s.table;
+    let rows = &s.rows;
     // The batch each run trained at, where no parameter column already says
     // it: `batch_size = "max"`, or a batch size that is not an axis.
-    let batch_param = t.column("batch_size").is_ok();
-    let max_batch = (0..t.height()).any(|i| {
-        num(t, c::TRAINED_BATCH_SIZE, i).is_some()
-            && (!batch_param || cell(t, "batch_size", i).trim_matches('"') == "max")
+    let batch_param = s.params.iter().any(|p| p == "batch_size");
+    let max_batch = rows.iter().any(|r| {
+        r.trained_batch_size.is_some() && (!batch_param || r.param("batch_size") == "max")
     });
-    let scaling = (0..t.height()).any(|i| num(t, c::SCALING_EFFICIENCY_PCT, i).is_some());
-    let repeats = (0..t.height()).any(|i| num(t, c::REPEATS, i).is_some_and(|n| n > 1.0));
+    let scaling = rows.iter().any(|r| r.scaling_efficiency_pct.is_some());
+    let repeats = rows.iter().any(|r| r.members.len() > 1);
     let mut out = String::from("| Configuration |");
     if repeats {
         out.push_str(" Runs |");
@@ -60,34 +65,39 @@ pub fn table(s: &Summary) -> String {
     let columns = 9 + usize::from(repeats) + if scaling { 3 } else { 0 } + usize::from(max_batch);
     out.push_str(&"---:|".repeat(columns - 2));
     out.push_str("---|\n");
-    for i in 0..t.height() {
-        out.push_str(&format!("| {} |", cell(t, c::RUN, i)));
-        if repeats {
-            out.push_str(&format!(" {} |", f(num(t, c::REPEATS, i), 0)));
-        }
-        out.push_str(&format!(
-            " {} | {} | {} | {} | {} | {} | {} |",
-            with_interval(t, Metric::TokensPerSecond, i, 2),
-            with_interval(t, Metric::MfuPct, i, 2),
-            with_interval(t, Metric::Tflops, i, 2),
-            f(num(t, &Metric::TrainingTokensPct.col(Stat::Mean), i), 2),
-            f(num(t, c::FINAL_LOSS, i), 3),
-            f(num(t, c::WALL_TIME_S, i), 1),
-            speedup_text(t, i).unwrap_or_else(|| "-".into()),
-        ));
-        if scaling {
-            out.push_str(&format!(
-                " {} | {} | {} |",
-                f(num(t, c::WORLD_SIZE, i), 0),
-                f(num(t, c::GLOBAL_TOKENS_PER_SECOND, i), 2),
-                f(num(t, c::SCALING_EFFICIENCY_PCT, i), 1),
-            ));
-        }
-        if max_batch {
-            out.push_str(&format!(" {} |", f(num(t, c::TRAINED_BATCH_SIZE, i), 0)));
-        }
-        out.push_str(&format!(" {} |\n", cell(t, c::STATE, i)));
+    for r in rows {
+        out.push_str(&row(r, repeats, scaling, max_batch));
     }
+    out
+}
+
+fn row(r: &Row, repeats: bool, scaling: bool, max_batch: bool) -> String {
+    let mut out = format!("| {} |", cell(&r.name));
+    if repeats {
+        out.push_str(&format!(" {} |", r.members.len()));
+    }
+    out.push_str(&format!(
+        " {} | {} | {} | {} | {} | {} | {} |",
+        with_interval(r.metric(Metric::TokensPerSecond), 2),
+        with_interval(r.metric(Metric::MfuPct), 2),
+        with_interval(r.metric(Metric::Tflops), 2),
+        f(r.metric(Metric::TrainingTokensPct).mean, 2),
+        f(r.final_loss, 3),
+        f(r.wall_time_s, 1),
+        r.speedup.map_or_else(|| "-".into(), |s| s.text()),
+    ));
+    if scaling {
+        out.push_str(&format!(
+            " {} | {} | {} |",
+            f(Some(r.world_size), 0),
+            f(r.global_tokens_per_second, 2),
+            f(r.scaling_efficiency_pct, 1),
+        ));
+    }
+    if max_batch {
+        out.push_str(&format!(" {} |", f(r.trained_batch_size, 0)));
+    }
+    out.push_str(&format!(" {} |\n", cell(&r.state)));
     out
 }
 
@@ -97,7 +107,7 @@ impl Exporter for Markdown {
     }
 
     fn write(&self, s: &Summary, ctx: &TableContext, out: &mut std::fs::File) -> Result<()> {
-        writeln!(out, "# {}\n", ctx.study)?;
+        writeln!(out, "# {}\n", cell(&ctx.study))?;
         write!(
             out,
             "Means over every logged step except the first {} of each run and any warm-up \
@@ -108,13 +118,13 @@ impl Exporter for Markdown {
         match &ctx.baseline {
             Some(b) => writeln!(
                 out,
-                "; speedup of tokens/sec against `{b}` with its 95% interval, \
-                 `≈` where the interval holds 1 (no significant difference).\n"
+                "; speedup of tokens/sec against {} with its 95% interval, \
+                 `≈` where the interval holds 1 (no significant difference).\n",
+                cell(b)
             )?,
             None => writeln!(out, ".\n")?,
         }
         out.write_all(table(s).as_bytes())?;
-        let t = &s.table;
         writeln!(
             out,
             "\nSpread of tokens/sec: median, standard deviation, 5th and 95th percentiles.\n"
@@ -123,28 +133,36 @@ impl Exporter for Markdown {
             out,
             "| Configuration | median | std | p5 | p95 | points | warm-up points dropped |\n|---|---:|---:|---:|---:|---:|---:|"
         )?;
-        let tps = Metric::TokensPerSecond;
-        for i in 0..t.height() {
+        for r in &s.rows {
+            let tps = r.metric(Metric::TokensPerSecond);
             writeln!(
                 out,
                 "| {} | {} | {} | {} | {} | {} | {} |",
-                cell(t, c::RUN, i),
-                f(num(t, &tps.col(Stat::Median), i), 2),
-                f(num(t, &tps.col(Stat::Std), i), 2),
-                f(num(t, &tps.col(Stat::P5), i), 2),
-                f(num(t, &tps.col(Stat::P95), i), 2),
-                num(t, c::POINTS, i)
-                    .map(|v| format!("{v:.0}"))
-                    .unwrap_or_else(|| "0".into()),
-                f(num(t, c::WARMUP_POINTS, i), 0),
+                cell(&r.name),
+                f(tps.stat(Stat::Median), 2),
+                f(tps.stat(Stat::Std), 2),
+                f(tps.stat(Stat::P5), 2),
+                f(tps.stat(Stat::P95), 2),
+                r.points,
+                r.warmup_points,
             )?;
         }
         if !s.problems.is_empty() {
             writeln!(out, "\nRuns without complete results:\n")?;
             for p in &s.problems {
-                writeln!(out, "- `{}`: {}, {}", p.run, p.state, p.reason)?;
+                writeln!(out, "- {}", cell(&p.describe()))?;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_cannot_break_the_table() {
+        assert_eq!(cell("a|b\nc\u{1b}[2J"), "a\\|b\\nc\\u{1b}[2J");
     }
 }

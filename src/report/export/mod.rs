@@ -7,7 +7,7 @@ mod markdown;
 mod parquet;
 
 pub use json::rows as json_rows;
-pub use markdown::table as markdown_table;
+pub use markdown::{cell as markdown_cell, table as markdown_table};
 
 use super::summary::Summary;
 use anyhow::{Context, Result};

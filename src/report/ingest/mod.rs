@@ -1,15 +1,25 @@
 //! Logs -> runs with their log points, whatever wrote them: our trainer's
 //! `metrics.jsonl`, the reference study's log lines, or any program's lines
-//! matched by a regex from the manifest. Nothing here is fatal to a report:
-//! a run without metrics, a torn last line or a failed run is recorded with
-//! what went wrong.
+//! matched by a regex from the manifest. Nothing here is fatal to a report,
+//! and nothing is left out silently: a file that cannot be read, a line that
+//! does not parse and a value no run can log are each recorded with the run
+//! ([`RunLog::issues`]) and listed among the report's problems, while the
+//! rest of the log is used.
 
 pub mod jsonl;
 pub mod pattern;
 pub mod reference;
 
 use crate::executor::{State, Status};
+use crate::plan::record::Configuration;
+use crate::train::record::StepMetrics;
+use crate::util::fs::ReadError;
 use indexmap::IndexMap;
+use std::ops::RangeInclusive;
+use std::path::Path;
+
+/// The largest log file read (a metrics file of a million steps is ~300 MB).
+pub const MAX_LOG_BYTES: u64 = 1 << 30;
 
 /// One logged step.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -29,20 +39,208 @@ pub struct Point {
     pub batch_size: Option<f64>,
 }
 
+/// The measured fields of a [`Point`], in one list: their names (the keys of
+/// `metrics.jsonl`, the named groups of a `line_pattern`) and the values a
+/// real run can log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Loss,
+    TokensPerSecond,
+    TrainingTokensPct,
+    MfuPct,
+    Tflops,
+    StepTimeS,
+    ElapsedS,
+    GlobalTokensPerSecond,
+    WorldSize,
+    BatchSize,
+}
+
+impl Field {
+    pub const ALL: [Field; 10] = [
+        Field::Loss,
+        Field::TokensPerSecond,
+        Field::TrainingTokensPct,
+        Field::MfuPct,
+        Field::Tflops,
+        Field::StepTimeS,
+        Field::ElapsedS,
+        Field::GlobalTokensPerSecond,
+        Field::WorldSize,
+        Field::BatchSize,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Field::Loss => "loss",
+            Field::TokensPerSecond => "tokens_per_second",
+            Field::TrainingTokensPct => "training_tokens_pct",
+            Field::MfuPct => "mfu_pct",
+            Field::Tflops => "tflops",
+            Field::StepTimeS => "step_time_s",
+            Field::ElapsedS => "elapsed_s",
+            Field::GlobalTokensPerSecond => "global_tokens_per_second",
+            Field::WorldSize => "world_size",
+            Field::BatchSize => "batch_size",
+        }
+    }
+
+    pub fn of(self, p: &Point) -> Option<f64> {
+        match self {
+            Field::Loss => p.loss,
+            Field::TokensPerSecond => p.tokens_per_second,
+            Field::TrainingTokensPct => p.training_tokens_pct,
+            Field::MfuPct => p.mfu_pct,
+            Field::Tflops => p.tflops,
+            Field::StepTimeS => p.step_time_s,
+            Field::ElapsedS => p.elapsed_s,
+            Field::GlobalTokensPerSecond => p.global_tokens_per_second,
+            Field::WorldSize => p.world_size,
+            Field::BatchSize => p.batch_size,
+        }
+    }
+
+    pub fn slot(self, p: &mut Point) -> &mut Option<f64> {
+        match self {
+            Field::Loss => &mut p.loss,
+            Field::TokensPerSecond => &mut p.tokens_per_second,
+            Field::TrainingTokensPct => &mut p.training_tokens_pct,
+            Field::MfuPct => &mut p.mfu_pct,
+            Field::Tflops => &mut p.tflops,
+            Field::StepTimeS => &mut p.step_time_s,
+            Field::ElapsedS => &mut p.elapsed_s,
+            Field::GlobalTokensPerSecond => &mut p.global_tokens_per_second,
+            Field::WorldSize => &mut p.world_size,
+            Field::BatchSize => &mut p.batch_size,
+        }
+    }
+
+    /// What a run can log: finite, and far beyond any real device (a
+    /// million H100s' tokens/s, a thousand times the peak FLOPs of the
+    /// wrongest MFU, a century of training) but below what only a corrupt
+    /// or hostile log holds. Values outside are left out and reported.
+    pub fn plausible(self) -> RangeInclusive<f64> {
+        match self {
+            Field::Loss => 0.0..=1e6,
+            Field::TokensPerSecond | Field::GlobalTokensPerSecond => 0.0..=1e12,
+            Field::TrainingTokensPct => 0.0..=100.0 + 1e-9,
+            Field::MfuPct => 0.0..=1e5,
+            Field::Tflops => 0.0..=1e9,
+            Field::StepTimeS | Field::ElapsedS => 0.0..=3.2e9,
+            Field::WorldSize => 1.0..=1e8,
+            Field::BatchSize => 0.0..=1e9,
+        }
+    }
+}
+
+impl From<&StepMetrics> for Point {
+    fn from(m: &StepMetrics) -> Point {
+        Point {
+            step: m.step as f64,
+            loss: Some(m.loss),
+            tokens_per_second: Some(m.tokens_per_second),
+            training_tokens_pct: Some(m.training_tokens_pct),
+            mfu_pct: Some(m.mfu_pct),
+            tflops: Some(m.tflops),
+            step_time_s: Some(m.step_time_s),
+            elapsed_s: Some(m.elapsed_s),
+            global_tokens_per_second: Some(m.global_tokens_per_second),
+            world_size: Some(m.world_size as f64),
+            // Logs from before `batch_size` was recorded say 0.
+            batch_size: Some(m.batch_size as f64).filter(|&b| b > 0.0),
+        }
+    }
+}
+
+/// What readers left out of one log file, summarised for the report's
+/// problems: lines that do not parse, and values outside
+/// [`Field::plausible`] (counted per field).
+#[derive(Debug, Default)]
+pub struct Omissions {
+    lines: Vec<(usize, String)>,
+    /// field -> (lines, first line, first value)
+    values: IndexMap<&'static str, (usize, usize, f64)>,
+}
+
+impl Omissions {
+    pub fn bad_line(&mut self, line: usize, why: impl Into<String>) {
+        self.lines.push((line, why.into()));
+    }
+
+    /// Keeps the point if its step is a step; clears (and counts) each value
+    /// a run cannot log. Returns the point to keep.
+    pub fn screen(&mut self, line: usize, mut p: Point) -> Option<Point> {
+        if !(p.step.is_finite() && p.step >= 0.0 && p.step <= 1e15) {
+            self.bad_line(line, format!("step {} is not a step number", p.step));
+            return None;
+        }
+        for f in Field::ALL {
+            let slot = f.slot(&mut p);
+            if let Some(v) = *slot {
+                if !f.plausible().contains(&v) {
+                    let e = self.values.entry(f.name()).or_insert((0, line, v));
+                    e.0 += 1;
+                    *slot = None;
+                }
+            }
+        }
+        Some(p)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty() && self.values.is_empty()
+    }
+
+    /// One sentence per kind of omission, naming the file.
+    pub fn describe(&self, file: &Path) -> Vec<String> {
+        const SHOWN: usize = 3;
+        let name = file.display();
+        let mut out = Vec::new();
+        if !self.lines.is_empty() {
+            let shown: Vec<String> = self
+                .lines
+                .iter()
+                .take(SHOWN)
+                .map(|(n, why)| format!("line {n}: {}", crate::util::text::printable(why)))
+                .collect();
+            let more = match self.lines.len() {
+                n if n > SHOWN => format!("; and {} more", n - SHOWN),
+                _ => String::new(),
+            };
+            out.push(format!(
+                "{name}: {} line(s) left out ({}{more})",
+                self.lines.len(),
+                shown.join("; ")
+            ));
+        }
+        for (field, (count, first, value)) in &self.values {
+            out.push(format!(
+                "{name}: `{field}` left out on {count} line(s), not a value a run can log (line {first}: {value})"
+            ));
+        }
+        out
+    }
+}
+
 /// A run as the report sees it.
 #[derive(Debug, Clone)]
 pub struct RunLog {
     pub name: String,
     pub params: IndexMap<String, serde_json::Value>,
+    /// What the run repeats, when the planner recorded it (imported logs:
+    /// none; each is a configuration of its own).
+    pub configuration: Option<Configuration>,
     /// COMPLETED, RUNNING, FAILED (exit 3), ... as the executor or the log says.
     pub status: Status,
     /// Why the run has no (or incomplete) results, when that is known.
     pub reason: Option<String>,
     pub points: Vec<Point>,
-    /// Lines that could not be read (a torn last line while a run is still writing).
-    pub skipped_lines: usize,
-    /// Log files of the run that exist but could not be read, with why.
-    pub read_errors: Vec<String>,
+    /// A last line still being written (no newline yet): normal while the
+    /// run is running, a problem once it is not.
+    pub torn: bool,
+    /// What was left out of the run's logs and why: files that could not be
+    /// read, lines that do not parse, implausible values.
+    pub issues: Vec<String>,
 }
 
 impl RunLog {
@@ -50,32 +248,83 @@ impl RunLog {
         RunLog {
             name: name.into(),
             params: IndexMap::new(),
+            configuration: None,
             status,
             reason: None,
             points: Vec::new(),
-            skipped_lines: 0,
-            read_errors: Vec::new(),
+            torn: false,
+            issues: Vec::new(),
         }
     }
 
     /// A log that could not be read: listed in the report with the reason.
     pub fn unreadable(name: impl Into<String>, why: String) -> RunLog {
         RunLog {
-            read_errors: vec![why],
+            issues: vec![why],
             ..RunLog::new(name, Status::new(State::Unknown))
         }
     }
 }
 
-/// A log file's text; a file that cannot be read or is not UTF-8 gives the
-/// reason instead, for the report's list of problems.
-pub fn read_text(path: &std::path::Path) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    String::from_utf8(bytes).map_err(|e| {
-        format!(
-            "{} is not UTF-8 text (invalid byte at offset {})",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        )
+/// A log file's bytes, read as [`crate::util::fs::read_regular`] does (a
+/// regular file of at most [`MAX_LOG_BYTES`], inside `within` when given);
+/// the reason, naming the file, when it cannot be read.
+pub fn read_log(path: &Path, within: Option<&Path>) -> Result<Vec<u8>, String> {
+    crate::util::fs::read_regular(path, MAX_LOG_BYTES, within).map_err(|e| match e {
+        ReadError::NotFound => format!("{} does not exist", path.display()),
+        e => format!("{} {e}", path.display()),
     })
+}
+
+/// The lines of a text log as text: a line with bytes that are not UTF-8 is
+/// decoded with replacement characters, and flagged so that a reader that
+/// would use it can leave it out and say so.
+pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow<'_, str>, bool)> {
+    bytes.split(|&b| b == b'\n').enumerate().map(|(i, line)| {
+        let valid = std::str::from_utf8(line).is_ok();
+        (i + 1, String::from_utf8_lossy(line), valid)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn implausible_values_are_cleared_and_counted_per_field() {
+        let mut o = Omissions::default();
+        let p = Point {
+            step: 3.0,
+            loss: Some(f64::INFINITY),
+            tokens_per_second: Some(1e308),
+            mfu_pct: Some(40.0),
+            ..Point::default()
+        };
+        let kept = o.screen(7, p).unwrap();
+        assert_eq!(
+            (kept.loss, kept.tokens_per_second, kept.mfu_pct),
+            (None, None, Some(40.0))
+        );
+        assert!(o
+            .screen(
+                8,
+                Point {
+                    step: f64::NAN,
+                    ..Point::default()
+                }
+            )
+            .is_none());
+        let text = o.describe(Path::new("m.jsonl")).join("\n");
+        assert!(
+            text.contains("m.jsonl: 1 line(s) left out (line 8: step NaN"),
+            "{text}"
+        );
+        assert!(text.contains("`loss` left out on 1 line(s)"), "{text}");
+        assert!(
+            text.contains(
+                "`tokens_per_second` left out on 1 line(s), not a value a run can log (line 7: 1"
+            ),
+            "{text}"
+        );
+    }
 }

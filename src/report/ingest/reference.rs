@@ -5,7 +5,7 @@
 //! Global TFLOPs: .. |` on DDP runs, the run's arguments on an
 //! `Experiment args: Namespace(...)` line, and the world size in DDP logs.
 
-use super::RunLog;
+use super::{text_lines, Omissions, Point, RunLog};
 use crate::executor::{State, Status};
 use regex::Regex;
 use serde_json::Value;
@@ -77,35 +77,40 @@ fn namespace(s: &str) -> Vec<(String, Value)> {
     out
 }
 
-/// A reference log file as a run.
-pub fn parse(name: &str, text: &str) -> RunLog {
+/// A reference log file (`file`, for the problems it may have) as a run.
+pub fn parse(name: &str, bytes: &[u8], file: &std::path::Path) -> RunLog {
     let mut run = RunLog::new(name, Status::new(State::Unknown));
     run.reason = Some("the log does not say `Training completed`".into());
     let mut t0 = None;
     let mut last_time: Option<(i64, f64)> = None;
     let mut world = None;
-    for line in text.lines() {
+    let mut omitted = Omissions::default();
+    for (n, line, valid) in text_lines(bytes) {
         if line.contains("Experiment args:") {
-            for (k, v) in namespace(line) {
+            for (k, v) in namespace(&line) {
                 run.params.insert(k, v);
             }
         } else if let Some(ws) = line.split("World size: ").nth(1) {
-            if let Ok(n) = ws.trim().parse::<f64>() {
-                world = Some(n);
+            if let Ok(w) = ws.trim().parse::<f64>() {
+                world = Some((n, w));
             }
-        } else if let Some(n) = line.split("SLURM_NNODES: ").nth(1) {
-            if let Ok(n) = n.trim().parse::<u64>() {
-                run.params.insert("nodes".into(), Value::from(n));
+        } else if let Some(nodes) = line.split("SLURM_NNODES: ").nth(1) {
+            if let Ok(nodes) = nodes.trim().parse::<u64>() {
+                run.params.insert("nodes".into(), Value::from(nodes));
             }
         } else if line.contains("Training completed") {
             run.status = Status::new(State::Completed);
             run.reason = None;
         }
-        let Some(c) = STEP.captures(line) else {
+        let Some(c) = STEP.captures(&line) else {
             continue;
         };
+        if !valid {
+            omitted.bad_line(n, "a step line with bytes that are not UTF-8");
+            continue;
+        }
         let num = |k: &str| c.name(k).and_then(|m| m.as_str().parse::<f64>().ok());
-        let time = millis(line);
+        let time = millis(&line);
         if t0.is_none() {
             t0 = time;
         }
@@ -126,8 +131,8 @@ pub fn parse(name: &str, text: &str) -> RunLog {
             run.params
                 .insert("global_batch_size".into(), Value::from(gbs as u64));
         }
-        run.points.push(super::Point {
-            step: num("step").unwrap_or(0.0),
+        let point = Point {
+            step: num("step").unwrap_or(f64::NAN),
             loss: num("loss"),
             tokens_per_second: num("tps"),
             training_tokens_pct: num("train"),
@@ -138,11 +143,19 @@ pub fn parse(name: &str, text: &str) -> RunLog {
             global_tokens_per_second: num("gtps"),
             world_size: None,
             batch_size: None,
-        });
+        };
+        run.points.extend(omitted.screen(n, point));
     }
-    for p in &mut run.points {
-        p.world_size = world;
+    // The world size is said once, anywhere in the log: every point's.
+    if let Some((n, w)) = world {
+        for p in &mut run.points {
+            p.world_size = Some(w);
+            if let Some(kept) = omitted.screen(n, std::mem::take(p)) {
+                *p = kept;
+            }
+        }
     }
+    run.issues.extend(omitted.describe(file));
     if run.points.is_empty() {
         run.reason = Some("no step lines in the log".into());
     }
@@ -167,10 +180,8 @@ mod tests {
         let text = "2025-05-03 20:36:17,889 - root - INFO - Step: 1 | Loss: 11.95 | Tokens per second: 2694.62 | Training tokens per second (%): 24.68 | MFU (%): 13.17 | TFLOPs: 130.20\n\
                     2025-05-03 20:36:20,407 - root - INFO - Step: 5 | Loss: 11.94 | Tokens per second: 6508.22 | Training tokens per second (%): 42.24 | MFU (%): 31.80 | TFLOPs: 314.48 | Global batch size: 64 | Global tokens/sec: 92230.22 | Global MFU (%): 10.80 | Global TFLOPs: 854.18 | \n\
                     2025-05-03 20:45:05,179 - root - INFO - Training completed\n";
-        let r = parse(
-            "x",
-            &format!("2025-05-03 20:36:10,000 - root - INFO - World size: 16\n{text}"),
-        );
+        let text = format!("2025-05-03 20:36:10,000 - root - INFO - World size: 16\n{text}");
+        let r = parse("x", text.as_bytes(), std::path::Path::new("x.out"));
         assert_eq!(r.status.state, State::Completed);
         assert_eq!(r.points.len(), 2);
         assert_eq!(r.points[1].tokens_per_second, Some(6508.22));
