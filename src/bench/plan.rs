@@ -51,7 +51,8 @@ pub fn run(runs: usize, dir: &std::path::Path) -> Result<PlanBench> {
     let path = dir.path().join("bench.toml");
     std::fs::write(&path, manifest_text(runs))?;
     let (m, load) = timed(|| Manifest::load(&path, dir.path()));
-    let (plan, plan_t) = timed(|| Plan::new(m?));
+    let opts = crate::plan::PlanOptions::from_env(false);
+    let (plan, plan_t) = timed(|| Plan::new(m?, &opts));
     let plan = plan?;
     ensure!(plan.runs.len() == runs, "planned {} runs", plan.runs.len());
     let (rendered, render_t) = timed(|| render::render(&plan));

@@ -3,7 +3,7 @@
 use super::SubmitArgs;
 use crate::executor::{self, local, Decision, Event, Executor, State, Status, SubmitOptions, Unit};
 use crate::manifest::{ExecutorKind, Manifest};
-use crate::plan::{render, Plan};
+use crate::plan::{render, Plan, PlanOptions};
 use anyhow::Result;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
@@ -11,21 +11,13 @@ use std::path::Path;
 use std::process::ExitCode;
 
 /// `allow_oom`: runs estimated not to fit their GPU plan anyway (`--allow-oom`,
-/// and commands that only look at runs); otherwise they are an error.
+/// and commands that only look at runs); otherwise they are an error. The
+/// plan's warnings go to stderr.
 pub fn load_plan(root: &Path, manifest: &Path, allow_oom: bool) -> Result<Plan> {
-    let mut m = Manifest::load(manifest, root)?;
-    m.allow_oom = allow_oom;
-    let plan = Plan::new(m)?;
-    if allow_oom {
-        for r in &plan.runs {
-            if let Some(mem) = r.memory().filter(|m| m.fits == Some(false)) {
-                eprintln!(
-                    "warning: {} will not fit in its GPU's memory by the estimate ({})",
-                    r.name,
-                    mem.describe()
-                );
-            }
-        }
+    let m = Manifest::load(manifest, root)?;
+    let plan = Plan::new(m, &PlanOptions::from_env(allow_oom))?;
+    for w in &plan.warnings {
+        eprintln!("warning: {w}");
     }
     Ok(plan)
 }

@@ -37,8 +37,13 @@ pub struct MemoryEstimate {
 }
 
 impl MemoryEstimate {
+    /// The sum, saturating: an absurd configuration's estimate is huge, never
+    /// wrapped around to something that "fits".
     pub fn total(&self) -> u64 {
-        self.states + self.activations + self.logits + self.fixed
+        self.states
+            .saturating_add(self.activations)
+            .saturating_add(self.logits)
+            .saturating_add(self.fixed)
     }
 }
 

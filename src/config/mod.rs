@@ -210,6 +210,11 @@ impl Default for MonitorConfig {
     }
 }
 
+/// The most tokens one device may train on per step (batch × sequence ×
+/// accumulation): 2^34, 17 billion, a million times the reference study's
+/// largest (8 × 2048).
+pub const MAX_TOKENS_PER_STEP: usize = 1 << 34;
+
 /// A configuration the trainer cannot run, and the key at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -431,20 +436,81 @@ impl TrainConfig {
                 return err(name, format!("`{name}` must lie in [0, 1)"));
             }
         }
-        if self.grad_clip < 0.0 {
-            return err(
+        // NaN fails every comparison: each range is written so that it does too.
+        for (name, v, ok, what) in [
+            (
                 "grad_clip",
-                "`grad_clip` must not be negative (0 turns clipping off)".into(),
+                self.grad_clip,
+                self.grad_clip >= 0.0,
+                "a number ≥ 0 (0 turns clipping off)",
+            ),
+            (
+                "weight_decay",
+                self.weight_decay,
+                self.weight_decay >= 0.0,
+                "a number ≥ 0",
+            ),
+            ("eps", self.eps, self.eps > 0.0, "a positive number"),
+            (
+                "min_lr_ratio",
+                self.min_lr_ratio,
+                (0.0..=1.0).contains(&self.min_lr_ratio),
+                "a number in [0, 1]",
+            ),
+            (
+                "monitor",
+                self.monitor.spike_factor,
+                self.monitor.spike_factor > 0.0,
+                "positive (`spike_factor`)",
+            ),
+            (
+                "monitor",
+                self.monitor.explosion_factor,
+                self.monitor.explosion_factor > 0.0,
+                "positive (`explosion_factor`)",
+            ),
+            (
+                "monitor",
+                self.monitor.plateau_tolerance,
+                self.monitor.plateau_tolerance >= 0.0,
+                "≥ 0 (`plateau_tolerance`)",
+            ),
+        ] {
+            if !(ok && v.is_finite()) {
+                return err(name, format!("`{name}` must be {what}, not {v}"));
+            }
+        }
+        for (name, v) in [
+            ("peak_flops", self.peak_flops),
+            ("gpu_memory_gb", self.gpu_memory_gb),
+            ("memory_limit_gb", self.memory_limit_gb),
+        ] {
+            if let Some(v) = v.filter(|v| !(*v > 0.0 && v.is_finite())) {
+                return err(name, format!("`{name}` must be a positive number, not {v}"));
+            }
+        }
+        // Tokens per step on one device: far beyond what any device holds is
+        // a typo, and products of such counts overflow.
+        let tokens = self
+            .batch_size
+            .fixed()
+            .unwrap_or(1)
+            .checked_mul(self.sequence_length)
+            .and_then(|t| t.checked_mul(self.gradient_accumulation))
+            .filter(|&t| t <= MAX_TOKENS_PER_STEP);
+        if tokens.is_none() {
+            let key = if self.sequence_length > MAX_TOKENS_PER_STEP {
+                "sequence_length"
+            } else {
+                "batch_size"
+            };
+            return err(
+                key,
+                format!(
+                    "batch_size × sequence_length × gradient_accumulation is more than 2^34 \
+                     ({MAX_TOKENS_PER_STEP}) tokens per step on one device, which no device holds"
+                ),
             );
-        }
-        if self.peak_flops.is_some_and(|p| !(p > 0.0 && p.is_finite())) {
-            return err("peak_flops", "`peak_flops` must be positive".into());
-        }
-        if self
-            .gpu_memory_gb
-            .is_some_and(|g| !(g > 0.0 && g.is_finite()))
-        {
-            return err("gpu_memory_gb", "`gpu_memory_gb` must be positive".into());
         }
         if self.validation_every > 0 && self.validation_documents == 0 {
             return err(

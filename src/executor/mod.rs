@@ -64,7 +64,7 @@ impl Unit {
 
 /// Stages first, then runs, in plan order.
 pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
-    let bin = crate::plan::sweep_bin();
+    let bin = &plan.sweep_bin;
     let mut out = Vec::new();
     for (s, r) in plan.stages.iter().zip(&rendered.stages) {
         out.push(unit(
@@ -86,7 +86,7 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
             run.slurm.env.clone(),
             run.slurm.array_throttle,
             match run.job {
-                crate::plan::Job::Train(_) => run.slurm.nodes * run.slurm.ntasks_per_node,
+                crate::plan::Job::Train(_) => run.world_size(),
                 crate::plan::Job::Command(_) => 1,
             },
         ));

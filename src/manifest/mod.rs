@@ -10,7 +10,7 @@ use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
     parse_slurm_time, ExecutorKind, LocalSpec, PretokenizeStageSpec, ReportSpec, SlurmSpec,
-    StagesSpec, DEFAULT_MAX_RUNS,
+    SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS,
 };
 pub use source::{join_key, Source};
 
@@ -22,6 +22,19 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use toml::de::{DeTable, DeValue};
 use toml::{Spanned, Value};
+
+/// The parameter that numbers a configuration's repeats (0, 1, …), in runs'
+/// parameters and in the templates' context.
+pub const REPEAT: &str = "repeat";
+
+/// The names the templates' context gives values of its own (the repeat,
+/// the run's id, the study, the run in commands, the job's `[slurm]`): an
+/// axis or derived value of that name would be silently replaced.
+pub const RESERVED: [&str; 5] = [REPEAT, "id", "study", "run", "slurm"];
+
+/// The most runs `[sweep] max_runs` may allow: beyond, planning alone would
+/// need gigabytes.
+pub const MAX_MAX_RUNS: u64 = 1_000_000;
 
 /// Either the built-in trainer or any program's command line.
 #[derive(Debug, Clone)]
@@ -81,9 +94,6 @@ pub struct Manifest {
     pub local: LocalSpec,
     pub stages: StagesSpec,
     pub report: ReportSpec,
-    /// Runs whose estimated memory exceeds their GPU's plan with a warning
-    /// instead of an error (`--allow-oom`); not part of the file.
-    pub allow_oom: bool,
 }
 
 impl Manifest {
@@ -106,16 +116,22 @@ impl Manifest {
         sha256: String,
     ) -> Result<Manifest, Diagnostics> {
         let mut source = Source::new(path, text.clone());
-        let doc = DeTable::parse(&text).map_err(|e| source.from_toml_error(&e))?;
+        let doc = DeTable::parse(&text).map_err(|e| source.from_toml_error(&e, explain_key))?;
         source.index(doc.get_ref());
-        let file = ManifestFile::deserialize(toml::de::Deserializer::from(doc.clone()))
-            .map_err(|e| source.from_toml_error(&e))?;
         let mut v = Validator {
             source: &source,
             doc: doc.get_ref(),
             errors: Vec::new(),
             engine: Engine::new(),
         };
+        // Characters first: a value built to inject a line into a job script
+        // is refused as that, whatever else is wrong with it.
+        v.check_characters();
+        if !v.errors.is_empty() {
+            return Err(Diagnostics(v.errors));
+        }
+        let file = ManifestFile::deserialize(toml::de::Deserializer::from(doc.clone()))
+            .map_err(|e| source.from_toml_error(&e, explain_key))?;
         let manifest = v.validate(file, path, root, sha256.clone());
         if v.errors.is_empty() {
             Ok(manifest.expect("a manifest without errors"))
@@ -163,6 +179,80 @@ impl Manifest {
     }
 }
 
+/// The keys a table of the manifest takes, by its key path, from the types
+/// that read it.
+fn fields_of(section: &str) -> Option<Vec<String>> {
+    use crate::config::{ModelOverrides, MonitorConfig};
+    Some(match section {
+        "" => known_fields::<ManifestFile>(),
+        "sweep" => known_fields::<schema::SweepFile>(),
+        "slurm" => known_fields::<SlurmSpec>(),
+        "local" => known_fields::<LocalSpec>(),
+        "stages" => known_fields::<StagesSpec>(),
+        "stages.pretokenize" => known_fields::<PretokenizeStageSpec>(),
+        "report" => known_fields::<ReportSpec>(),
+        "defaults" => known_fields::<TrainConfig>(),
+        "defaults.architecture" => known_fields::<ModelOverrides>(),
+        "defaults.monitor" => known_fields::<MonitorConfig>(),
+        _ => return None,
+    })
+}
+
+/// The values an enum key takes, by its key path, and what they are called.
+fn values_of(key: &str) -> Option<(&'static str, Vec<String>)> {
+    use crate::config::{AttentionKind, DatasetType, DeviceKind, LrSchedule, Precision, Recompute};
+    if key == "slurm.template" || key == "stages.pretokenize.template" {
+        let names = TemplateChoice::NAMES
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        return Some(("template", names));
+    }
+    Some((
+        "value",
+        match key {
+            "executor" => known_variants::<ExecutorKind>(),
+            "defaults.dataset_type" => known_variants::<DatasetType>(),
+            "defaults.precision" => known_variants::<Precision>(),
+            "defaults.attention" => known_variants::<AttentionKind>(),
+            "defaults.recompute" => known_variants::<Recompute>(),
+            "defaults.device" => known_variants::<DeviceKind>(),
+            "defaults.lr_schedule" => known_variants::<LrSchedule>(),
+            _ => return None,
+        },
+    ))
+}
+
+/// Where a TOML error's key is not a key of its table, or its value not one
+/// of its enum's: the message and a did-you-mean, from the types' own lists
+/// (never from the text of serde's message).
+fn explain_key(source: &Source, key: &str) -> Option<(String, String)> {
+    let section = source::parent_path(key).unwrap_or("");
+    let word = source::last_segment(key);
+    let help = |word: &str, expected: &[String]| match did_you_mean(
+        word,
+        expected.iter().map(String::as_str),
+    ) {
+        Some(s) => format!("did you mean `{s}`?"),
+        None if expected.is_empty() => "this table takes no keys".to_string(),
+        None => format!("expected one of: {}", expected.join(", ")),
+    };
+    if let Some(fields) = fields_of(section) {
+        if !fields.iter().any(|f| f == word) {
+            let at = if section.is_empty() {
+                String::new()
+            } else {
+                format!(" in [{section}]")
+            };
+            return Some((format!("unknown key `{word}`{at}"), help(word, &fields)));
+        }
+    }
+    let (noun, values) = values_of(key)?;
+    let value = source.string_value(key)?;
+    (!values.iter().any(|v| v == value))
+        .then(|| (format!("unknown {noun} `{value}`"), help(value, &values)))
+}
+
 /// The field names of a struct, from its own `Deserialize` implementation
 /// (serde's derive hands them to `deserialize_struct`), so the list never
 /// drifts from the type.
@@ -177,7 +267,21 @@ pub fn known_fields<T: DeserializeOwned>() -> Vec<String> {
         .collect()
 }
 
-/// A deserializer that records the field list it is asked for and gives nothing.
+/// The variant names of an enum (as manifests spell them), from its own
+/// `Deserialize` implementation, as [`known_fields`] does for structs.
+pub fn known_variants<T: DeserializeOwned>() -> Vec<String> {
+    let mut probe = FieldsProbe(None);
+    let _ = T::deserialize(&mut probe);
+    probe
+        .0
+        .unwrap_or_default()
+        .iter()
+        .map(|f| f.to_string())
+        .collect()
+}
+
+/// A deserializer that records the field (or variant) list it is asked for
+/// and gives nothing.
 struct FieldsProbe(Option<&'static [&'static str]>);
 
 impl<'de> serde::Deserializer<'de> for &mut FieldsProbe {
@@ -193,6 +297,16 @@ impl<'de> serde::Deserializer<'de> for &mut FieldsProbe {
         Err(serde::de::Error::custom("probed"))
     }
 
+    fn deserialize_enum<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        variants: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.0 = Some(variants);
+        Err(serde::de::Error::custom("probed"))
+    }
+
     fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
         Err(serde::de::Error::custom("not a struct"))
     }
@@ -200,7 +314,7 @@ impl<'de> serde::Deserializer<'de> for &mut FieldsProbe {
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
         byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
-        enum identifier ignored_any
+        identifier ignored_any
     }
 }
 
@@ -263,7 +377,6 @@ impl Validator<'_, '_> {
         sha256: String,
     ) -> Option<Manifest> {
         self.check_name(&file.name);
-        self.check_characters();
 
         let mode = match &file.command {
             Some(cmd) => {
@@ -282,6 +395,14 @@ impl Validator<'_, '_> {
 
         let axes = self.axes(&file.sweep.grid, &file.sweep.zip);
         let max_runs = file.sweep.max_runs.unwrap_or(DEFAULT_MAX_RUNS);
+        if max_runs > MAX_MAX_RUNS {
+            self.at_value_help(
+                "sweep.max_runs",
+                format!("`max_runs = {max_runs}` is more than {MAX_MAX_RUNS}"),
+                "a study of a million runs needs gigabytes to plan; split it into several studies",
+            );
+            return None;
+        }
         let repeats = file.sweep.repeats.unwrap_or(1);
         if repeats == 0 {
             let d = self
@@ -315,14 +436,6 @@ impl Validator<'_, '_> {
                     "sweep.name",
                     format!("the run-name template does not compile: {}", describe(&e)),
                 );
-            }
-        }
-        if let Err(e) = file.slurm.time_seconds() {
-            self.at_value("slurm.time", e.to_string());
-        }
-        if let Some(t) = &file.stages.pretokenize.time {
-            if let Err(e) = parse_slurm_time(t) {
-                self.at_value("stages.pretokenize.time", e.to_string());
             }
         }
         if file.local.parallel == 0 {
@@ -380,7 +493,6 @@ impl Validator<'_, '_> {
             max_runs,
             repeats,
             seed_per_repeat: file.sweep.seed_per_repeat,
-            allow_oom: false,
             slurm: file.slurm,
             local: file.local,
             stages: file.stages,
@@ -483,7 +595,7 @@ impl Validator<'_, '_> {
         match TrainConfig::deserialize(table.into_deserializer()) {
             Ok(cfg) => cfg,
             Err(e) => {
-                let mut d = self.source.from_toml_error(&e);
+                let mut d = self.source.from_toml_error(&e, explain_key);
                 if d.help.is_none() {
                     d.help = Some("see the manifest reference in README.md".into());
                 }
@@ -621,6 +733,17 @@ impl Validator<'_, '_> {
     }
 
     fn check_axis_key(&mut self, mode: &Mode, key: &str, path: &str, axis: &Axis) {
+        if RESERVED.contains(&key) {
+            self.at_key_help(
+                path,
+                format!("`{key}` is a reserved name: the templates give it a value of their own"),
+                format!(
+                    "name the axis otherwise; reserved: {} (`[sweep] repeats` numbers repeats)",
+                    RESERVED.join(", ")
+                ),
+            );
+            return;
+        }
         let col = axis.keys.iter().position(|k| k == key).unwrap();
         let (head, rest) = match key.split_once('.') {
             Some((h, r)) => (h, Some(r)),
@@ -775,6 +898,16 @@ impl Validator<'_, '_> {
                 );
                 continue;
             };
+            if RESERVED.contains(&key.as_str()) {
+                self.at_key(
+                    &path,
+                    format!(
+                        "`{key}` is a reserved name: the templates give it a value of their own (reserved: {})",
+                        RESERVED.join(", ")
+                    ),
+                );
+                continue;
+            }
             if axes.iter().any(|a| a.keys.contains(key)) {
                 self.at_key(
                     &path,

@@ -4,6 +4,7 @@
 use anyhow::{bail, Result};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
+use std::num::NonZeroU32;
 
 /// The file as written; `Manifest` is what validation makes of it.
 #[derive(Debug, Deserialize)]
@@ -78,9 +79,9 @@ pub struct SlurmSpec {
     pub partition: Option<String>,
     pub qos: Option<String>,
     /// Time limit: `MM`, `HH:MM:SS` or `D-HH:MM:SS`.
-    pub time: String,
-    pub nodes: u32,
-    pub ntasks_per_node: u32,
+    pub time: SlurmTime,
+    pub nodes: NonZeroU32,
+    pub ntasks_per_node: NonZeroU32,
     pub gpus_per_node: u32,
     pub cpus_per_task: Option<u32>,
     pub mem: Option<String>,
@@ -101,7 +102,7 @@ pub struct SlurmSpec {
     pub array_throttle: Option<u32>,
     /// `auto` (single- or multi-node by `nodes`), `single-node`, `multi-node`,
     /// or a template file path.
-    pub template: String,
+    pub template: TemplateChoice,
     /// Seconds before the time limit at which SLURM sends SIGUSR1 (checkpoint, requeue).
     pub signal_grace: u32,
     pub requeue: bool,
@@ -114,9 +115,9 @@ impl Default for SlurmSpec {
             account: None,
             partition: None,
             qos: None,
-            time: "01:00:00".into(),
-            nodes: 1,
-            ntasks_per_node: 1,
+            time: SlurmTime::parse("01:00:00").expect("a SLURM time"),
+            nodes: NonZeroU32::MIN,
+            ntasks_per_node: NonZeroU32::MIN,
             gpus_per_node: 0,
             cpus_per_task: None,
             mem: None,
@@ -128,7 +129,7 @@ impl Default for SlurmSpec {
             setup: Vec::new(),
             srun_args: Vec::new(),
             array_throttle: None,
-            template: "auto".into(),
+            template: TemplateChoice::Auto,
             signal_grace: 120,
             requeue: true,
             master_port: 29500,
@@ -137,25 +138,141 @@ impl Default for SlurmSpec {
 }
 
 impl SlurmSpec {
-    /// The time limit in seconds.
-    pub fn time_seconds(&self) -> Result<u64> {
-        parse_slurm_time(&self.time)
+    pub fn gpus_total(&self) -> u64 {
+        u64::from(self.nodes.get()) * u64::from(self.gpus_per_node)
     }
 
-    pub fn gpus_total(&self) -> u64 {
-        self.nodes as u64 * self.gpus_per_node as u64
+    /// Processes of the job: `nodes × ntasks_per_node` (no overflow in u64).
+    pub fn tasks(&self) -> u64 {
+        u64::from(self.nodes.get()) * u64::from(self.ntasks_per_node.get())
     }
 }
 
+/// The job-script template a job uses: one of the built-in ones (or the
+/// project's `templates/` copy of it), or a file of the user's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateChoice {
+    /// `single-node` on one node, `multi-node` on several.
+    Auto,
+    SingleNode,
+    MultiNode,
+    Pretokenize,
+    /// A template file, relative to the project root unless absolute.
+    File(std::path::PathBuf),
+}
+
+impl TemplateChoice {
+    /// The names manifests use for the built-in templates.
+    pub const NAMES: [&'static str; 4] = ["auto", "single-node", "multi-node", "pretokenize"];
+
+    pub fn parse(s: &str) -> std::result::Result<TemplateChoice, String> {
+        Ok(match s {
+            "auto" => TemplateChoice::Auto,
+            "single-node" => TemplateChoice::SingleNode,
+            "multi-node" => TemplateChoice::MultiNode,
+            "pretokenize" => TemplateChoice::Pretokenize,
+            // A path: it has a directory or the templates' extension.
+            s if s.contains('/') || s.ends_with(".j2") => TemplateChoice::File(s.into()),
+            s => {
+                let hint = match super::did_you_mean(s, Self::NAMES.iter().copied()) {
+                    Some(n) => format!("did you mean `{n}`?"),
+                    None => format!(
+                        "use one of {} or the path of a template file",
+                        Self::NAMES.join(", ")
+                    ),
+                };
+                return Err(format!("unknown template `{}`: {hint}", s.escape_debug()));
+            }
+        })
+    }
+
+    pub fn as_str(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            TemplateChoice::Auto => "auto".into(),
+            TemplateChoice::SingleNode => "single-node".into(),
+            TemplateChoice::MultiNode => "multi-node".into(),
+            TemplateChoice::Pretokenize => "pretokenize".into(),
+            TemplateChoice::File(p) => p.to_string_lossy(),
+        }
+    }
+}
+
+impl Serialize for TemplateChoice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for TemplateChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        TemplateChoice::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A SLURM time limit, parsed when it is read: as written (what `#SBATCH
+/// --time` gets) and in seconds. A manifest whose time does not parse, in
+/// `[slurm]` or on an axis, is refused where it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmTime {
+    text: String,
+    seconds: u64,
+}
+
+impl SlurmTime {
+    pub fn parse(s: &str) -> Result<SlurmTime> {
+        Ok(SlurmTime {
+            text: s.to_string(),
+            seconds: parse_slurm_time(s)?,
+        })
+    }
+
+    pub fn seconds(&self) -> u64 {
+        self.seconds
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl Serialize for SlurmTime {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for SlurmTime {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        SlurmTime::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The longest time limit written: a year (SLURM's own limit is lower on
+/// every cluster; beyond this a value is a typo).
+const MAX_TIME_SECONDS: u64 = 366 * 86400;
+
 /// SLURM's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`.
 pub fn parse_slurm_time(s: &str) -> Result<u64> {
-    let bad = || anyhow::anyhow!("`{s}` is not a SLURM time (use MM, HH:MM:SS or D-HH:MM:SS)");
-    let num = |p: &str| p.parse::<u64>().map_err(|_| bad());
+    let bad = || {
+        anyhow::anyhow!(
+            "`{}` is not a SLURM time (use MM, HH:MM:SS or D-HH:MM:SS)",
+            s.escape_debug()
+        )
+    };
+    let num = |p: &str| {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || p.len() > 12 {
+            return Err(bad());
+        }
+        p.parse::<u64>().map_err(|_| bad())
+    };
     let (days, rest) = match s.split_once('-') {
         Some((d, r)) => (Some(num(d)?), r),
         None => (None, s),
     };
     let parts: Vec<u64> = rest.split(':').map(num).collect::<Result<_>>()?;
+    // Each part at most 12 digits: no product below overflows.
     let secs = match (days, parts.as_slice()) {
         (None, [m]) => m * 60,
         (None, [m, s]) => m * 60 + s,
@@ -167,6 +284,9 @@ pub fn parse_slurm_time(s: &str) -> Result<u64> {
     let total = days.unwrap_or(0) * 86400 + secs;
     if total == 0 {
         bail!("the time limit `{s}` is zero");
+    }
+    if total > MAX_TIME_SECONDS {
+        bail!("the time limit `{s}` is more than a year");
     }
     Ok(total)
 }
@@ -205,11 +325,11 @@ pub struct PretokenizeStageSpec {
     pub enabled: bool,
     pub row_group_size: usize,
     /// Overrides of the `[slurm]` values for the stage job.
-    pub time: Option<String>,
+    pub time: Option<SlurmTime>,
     pub cpus_per_task: Option<u32>,
     pub partition: Option<String>,
     pub mem: Option<String>,
-    pub template: String,
+    pub template: TemplateChoice,
 }
 
 impl Default for PretokenizeStageSpec {
@@ -221,7 +341,7 @@ impl Default for PretokenizeStageSpec {
             cpus_per_task: None,
             partition: None,
             mem: None,
-            template: "pretokenize".into(),
+            template: TemplateChoice::Pretokenize,
         }
     }
 }
@@ -265,5 +385,17 @@ mod tests {
         assert!(parse_slurm_time("1:2:3:4").is_err());
         assert!(parse_slurm_time("abc").is_err());
         assert!(parse_slurm_time("0").is_err());
+        assert!(parse_slurm_time("-5").is_err());
+        assert!(parse_slurm_time("1-").is_err());
+        assert!(parse_slurm_time("+5").is_err());
+        assert!(parse_slurm_time("99999999999999999999").is_err());
+        assert!(
+            parse_slurm_time("999999999999-0").is_err(),
+            "overflows nothing, refused"
+        );
+        assert!(parse_slurm_time("400-0")
+            .unwrap_err()
+            .to_string()
+            .contains("more than a year"));
     }
 }

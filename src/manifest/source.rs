@@ -1,7 +1,7 @@
 //! A manifest's text with a map from TOML key paths to byte spans, so that any
 //! error found after parsing can still name its line and column.
 
-use super::diagnostic::{did_you_mean, Diagnostic};
+use super::diagnostic::Diagnostic;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use toml::de::{DeTable, DeValue};
@@ -129,37 +129,45 @@ impl Source {
             .map(|e| e.path.as_str())
     }
 
-    /// Turns a toml parse or deserialisation error into a diagnostic, with a
-    /// did-you-mean for unknown keys and enum values.
-    pub fn from_toml_error(&self, err: &toml::de::Error) -> Diagnostic {
+    /// Turns a toml parse or deserialisation error into a diagnostic at its
+    /// span. `hint` may explain the key at the span better (an unknown key
+    /// or value: see [`super::explain_key`]).
+    pub fn from_toml_error(
+        &self,
+        err: &toml::de::Error,
+        hint: impl Fn(&Source, &str) -> Option<(String, String)>,
+    ) -> Diagnostic {
         let msg = err.message().trim().to_string();
         let mut d = match err.span() {
             Some(span) => self.at_offset(span.start, msg.clone()),
             None => Diagnostic::new(&self.path, msg.clone()),
         };
-        if let Some((word, expected)) = parse_unknown(&msg) {
-            let is_field = msg.starts_with("unknown field");
-            let section = d
-                .key
-                .as_deref()
-                .and_then(parent_path)
-                .map(|s| format!(" in [{s}]"))
-                .unwrap_or_default();
-            d.message = if is_field {
-                format!("unknown key `{word}`{section}")
-            } else {
-                format!("unknown value `{word}`")
-            };
-            d.help = Some(
-                match did_you_mean(&word, expected.iter().map(String::as_str)) {
-                    Some(s) => format!("did you mean `{s}`?"),
-                    None if expected.is_empty() => "this table takes no keys".to_string(),
-                    None => format!("expected one of: {}", expected.join(", ")),
-                },
-            );
+        if let Some((message, help)) = d.key.as_deref().and_then(|k| hint(self, k)) {
+            d.message = message;
+            d.help = Some(help);
         }
         d
     }
+
+    /// A string value as written (without its quotes), if the key has one.
+    pub fn string_value(&self, path: &str) -> Option<&str> {
+        let e = self.entries.iter().find(|e| e.path == path)?;
+        let raw = self.text.get(e.value.clone())?;
+        raw.strip_prefix('"')
+            .and_then(|r| r.strip_suffix('"'))
+            .or_else(|| raw.strip_prefix('\'').and_then(|r| r.strip_suffix('\'')))
+    }
+}
+
+/// The last segment of a key path, unquoted: `a."x.y"` -> `x.y`.
+pub fn last_segment(path: &str) -> &str {
+    let last = match parent_path(path) {
+        Some(parent) => &path[parent.len() + 1..],
+        None => path,
+    };
+    last.strip_prefix('"')
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap_or(last)
 }
 
 /// The parent of a key path: `a.b[2]` -> `a.b`, `a.b` -> `a`, `a` -> None.
@@ -230,17 +238,6 @@ fn walk_value(v: &Spanned<DeValue<'_>>, path: &str, out: &mut Vec<Entry>) {
     }
 }
 
-/// From serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown
-/// variant ..."), the offending word and the expected ones.
-pub fn parse_unknown(msg: &str) -> Option<(String, Vec<String>)> {
-    if !(msg.starts_with("unknown field") || msg.starts_with("unknown variant")) {
-        return None;
-    }
-    let mut ticks = msg.split('`').skip(1).step_by(2).map(str::to_string);
-    let word = ticks.next()?;
-    Some((word, ticks.collect()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,12 +255,10 @@ mod tests {
     }
 
     #[test]
-    fn unknown_field_messages_parse() {
-        let (w, e) =
-            parse_unknown("unknown field `nodez`, expected one of `nodes`, `time`").unwrap();
-        assert_eq!(w, "nodez");
-        assert_eq!(e, vec!["nodes", "time"]);
-        assert!(parse_unknown("invalid type").is_none());
+    fn last_segments_are_unquoted() {
+        assert_eq!(last_segment("slurm.nodez"), "nodez");
+        assert_eq!(last_segment("sweep.grid.\"slurm.nodes\""), "slurm.nodes");
+        assert_eq!(last_segment("name"), "name");
     }
 
     #[test]

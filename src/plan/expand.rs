@@ -5,6 +5,7 @@ use super::{Job, Plan, PretokenizedFormat, Run, Stage};
 use crate::config::{DeviceKind, Features, TrainConfig};
 use crate::manifest::{
     did_you_mean, join_key, known_fields, Diagnostic, Diagnostics, Manifest, Mode, SlurmSpec,
+    REPEAT,
 };
 use crate::template::{describe, Engine};
 use crate::util::hash::short_id;
@@ -16,7 +17,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use toml::Value;
 
-pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
+pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagnostics> {
     let study_dir = m.root.join("results").join(&m.name);
     let combos = combinations(&m);
     if combos.is_empty() {
@@ -26,7 +27,7 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
         return Err(d.into());
     }
 
-    let ctx = Shared::new(&m, &study_dir)?;
+    let ctx = Shared::new(&m, &study_dir, opts.features)?;
     // Repeats interleaved: every configuration once, then every one again, so
     // that a slow drift of a shared machine spreads over all of them.
     let order: Vec<(u32, &Vec<usize>)> = (0..m.repeats)
@@ -49,15 +50,17 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
     }
 
     check_names(&m, &runs)?;
+    check_ids(&m, &runs)?;
     let stages = stages(&m, &study_dir, &mut runs)?;
     for run in &mut runs {
         if let Job::Train(cfg) = &mut run.job {
             cfg.absolutize(&m.root);
         }
     }
-    if !m.allow_oom {
+    if !opts.allow_oom {
         check_memory(&m, &runs)?;
     }
+    let warnings = warnings(&runs, opts.allow_oom);
     if let Some(b) = &m.report.baseline {
         if !runs
             .iter()
@@ -84,6 +87,8 @@ pub(super) fn plan(m: Manifest) -> Result<Plan, Diagnostics> {
         runs,
         stages,
         study_dir,
+        sweep_bin: opts.sweep_bin.clone(),
+        warnings,
     })
 }
 
@@ -147,7 +152,11 @@ struct Assembly {
 }
 
 impl<'a> Shared<'a> {
-    fn new(m: &'a Manifest, study_dir: &std::path::Path) -> Result<Self, Diagnostics> {
+    fn new(
+        m: &'a Manifest,
+        study_dir: &std::path::Path,
+        features: Features,
+    ) -> Result<Self, Diagnostics> {
         let mut engine = Engine::new();
         if let Mode::Command(cmd) = &m.mode {
             engine
@@ -167,7 +176,6 @@ impl<'a> Shared<'a> {
                     .into());
             }
         };
-        let features = job_binary_features();
         let name_uses_repeat = m
             .name_template
             .as_deref()
@@ -207,7 +215,15 @@ impl<'a> Shared<'a> {
             train = Some(self.train_config(&a.table, &a.params)?);
         }
         if let Some(cfg) = train.as_mut().filter(|_| m.seed_per_repeat) {
-            cfg.seed += u64::from(repeat);
+            // Any seed is a seed: past u64::MAX it wraps to 0.
+            cfg.seed = cfg.seed.wrapping_add(u64::from(repeat));
+        }
+        if u32::try_from(slurm.tasks()).is_err() {
+            let msg = format!(
+                "`slurm.nodes` × `slurm.ntasks_per_node` = {} × {} tasks, more than a job can have",
+                slurm.nodes, slurm.ntasks_per_node
+            );
+            return Err(self.error_in(&a.params, Some("slurm.nodes"), &msg));
         }
         if let Some(cfg) = &train {
             self.ranks(&a, &mut slurm, cfg)?;
@@ -215,11 +231,25 @@ impl<'a> Shared<'a> {
 
         // Identity: the resolved configuration and the shape of the job, never
         // the run's name or the manifest's cosmetic fields.
-        let world = json!({
+        let mut world = json!({
             "nodes": slurm.nodes,
             "ntasks_per_node": slurm.ntasks_per_node,
             "gpus_per_node": slurm.gpus_per_node,
         });
+        // Any other [slurm] key an axis varies (a partition, a time limit)
+        // makes runs of their own; studies without such axes keep their ids.
+        let swept: serde_json::Map<String, Json> = a
+            .params
+            .iter()
+            .filter_map(|(k, v)| {
+                let field = k.strip_prefix("slurm.")?;
+                let shape = ["nodes", "ntasks_per_node", "gpus_per_node"].contains(&field);
+                (!shape).then(|| (field.to_string(), v.clone()))
+            })
+            .collect();
+        if !swept.is_empty() {
+            world["slurm"] = Json::Object(swept);
+        }
         let identity = match &train {
             Some(cfg) => json!({ "train": cfg, "world": world }),
             None => {
@@ -315,7 +345,7 @@ impl<'a> Shared<'a> {
         slurm: &mut SlurmSpec,
         cfg: &TrainConfig,
     ) -> Result<(), Box<Diagnostic>> {
-        let tasks = slurm.nodes * slurm.ntasks_per_node;
+        let tasks = slurm.tasks();
         if tasks <= 1 {
             return Ok(());
         }
@@ -325,7 +355,7 @@ impl<'a> Shared<'a> {
             );
             return Err(self.error_in(&a.params, Some("batch_size"), &msg));
         }
-        let key = if slurm.ntasks_per_node > 1 {
+        let key = if slurm.ntasks_per_node.get() > 1 {
             "slurm.ntasks_per_node"
         } else {
             "slurm.nodes"
@@ -347,7 +377,7 @@ impl<'a> Shared<'a> {
             d.help = Some(format!("build it with `{build}` (README, Data parallelism), set SWEEP_BIN to such a build, or use one task"));
             return Err(d);
         }
-        if !cpu && slurm.gpus_per_node > 0 && slurm.gpus_per_node != slurm.ntasks_per_node {
+        if !cpu && slurm.gpus_per_node > 0 && slurm.gpus_per_node != slurm.ntasks_per_node.get() {
             let msg = format!(
                 "`slurm.ntasks_per_node` = {} but `slurm.gpus_per_node` = {}: the built-in trainer runs one rank per GPU",
                 slurm.ntasks_per_node, slurm.gpus_per_node
@@ -471,9 +501,7 @@ impl<'a> Shared<'a> {
                                 .zip(&axis.keys)
                                 .any(|(v, kk)| kk == k && to_json(v) == *value)
                         })?;
-                        let mut table = self.m.defaults.clone();
-                        set_dotted(&mut table, k, json_to_toml(value).ok()?);
-                        (!k.starts_with("slurm.") && check_train(&table, self.features).is_err())
+                        (!self.fine_alone(k, value)?)
                             .then(|| self.m.source.at_value(&format!("{path}[{row}]"), ""))
                     })
                 })
@@ -485,6 +513,24 @@ impl<'a> Shared<'a> {
             d.help = Some(format!("in the run with {}", show_params(params)));
         }
         Box::new(d)
+    }
+
+    /// Whether one axis value, set alone into `[defaults]` or `[slurm]`,
+    /// gives a valid configuration (`None`: it has no TOML form).
+    fn fine_alone(&self, key: &str, value: &Json) -> Option<bool> {
+        let value = json_to_toml(value).ok()?;
+        Some(match key.strip_prefix("slurm.") {
+            Some(field) => {
+                let mut t = self.slurm_table.clone();
+                t.insert(field.to_string(), value);
+                Value::Table(t).try_into::<SlurmSpec>().is_ok()
+            }
+            None => {
+                let mut table = self.m.defaults.clone();
+                set_dotted(&mut table, key, value);
+                check_train(&table, self.features).is_ok()
+            }
+        })
     }
 
     fn name(&self, ctx: &Json, params: &IndexMap<String, Json>) -> Result<String, Box<Diagnostic>> {
@@ -536,33 +582,6 @@ impl<'a> Shared<'a> {
             .with_help(format!("in the run with {}", show_params(params)))
             .into())
     }
-}
-
-/// The parameter that numbers a configuration's repeats (0, 1, …), in runs'
-/// parameters and in the templates' context.
-pub const REPEAT: &str = "repeat";
-
-/// What the binary named in job scripts was built with: this binary's
-/// features, or (with `SWEEP_BIN`, a build elsewhere, e.g. the cluster's GPU
-/// build inside its container) everything, since it cannot be asked from here.
-fn job_binary_features() -> Features {
-    if std::env::var_os("SWEEP_BIN").is_some() {
-        Features::ALL
-    } else {
-        Features::BUILT
-    }
-}
-
-/// The path of the running `sweep` binary, for the commands in job scripts.
-pub fn sweep_bin() -> String {
-    std::env::var("SWEEP_BIN")
-        .ok()
-        .or_else(|| {
-            std::env::current_exe()
-                .ok()
-                .map(|p| p.display().to_string())
-        })
-        .unwrap_or_else(|| "sweep".into())
 }
 
 /// `padded_pretokenized-true_batch_size-2`: the axis values, in axis order.
@@ -629,6 +648,43 @@ fn check_names(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     Ok(())
 }
 
+/// Two runs with the same id are one run twice (they differ only in values
+/// that change neither what they train nor the job): an error, at the first
+/// value in which they differ.
+fn check_ids(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(runs.len());
+    for (i, r) in runs.iter().enumerate() {
+        let Some(&j) = seen.get(r.id.as_str()) else {
+            seen.insert(&r.id, i);
+            continue;
+        };
+        let other = &runs[j];
+        let differs = r
+            .params
+            .iter()
+            .find(|(k, v)| other.params.get(*k) != Some(*v))
+            .map(|(k, _)| k.as_str());
+        let mut d = match differs {
+            Some(k) => m.locate(k),
+            None => m.source.at_key("sweep", ""),
+        };
+        d.message = format!(
+            "runs `{}` and `{}` are the same run (id {}): {} changes neither what they train nor the job",
+            other.name,
+            r.name,
+            r.id,
+            differs.map_or("nothing".into(), |k| format!("`{k}`"))
+        );
+        d.help = Some(format!(
+            "runs with {} and with {}: drop the value that makes no difference, or sweep what it should change",
+            show_params(&other.params),
+            show_params(&r.params)
+        ));
+        return Err(d.into());
+    }
+    Ok(())
+}
+
 /// Finds the pretokenize jobs: one per distinct input, shared by all runs that read it.
 fn stages(
     m: &Manifest,
@@ -666,8 +722,8 @@ fn stages(
             let name = format!("pretokenize-{}-{id}", format.as_str());
             let dir = study_dir.join("stages").join(&name);
             let mut slurm = SlurmSpec {
-                nodes: 1,
-                ntasks_per_node: 1,
+                nodes: std::num::NonZeroU32::MIN,
+                ntasks_per_node: std::num::NonZeroU32::MIN,
                 gpus_per_node: 0,
                 array_throttle: None,
                 requeue: false,
@@ -783,6 +839,56 @@ fn json_to_toml(v: &Json) -> Result<Value, &'static str> {
                 .collect::<Result<_, &'static str>>()?,
         ),
     })
+}
+
+/// More nodes than the largest clusters have, or more tasks: accepted (a
+/// plan may be written for a machine not yet built) but said.
+const MANY_NODES: u32 = 20_000;
+const MANY_TASKS: u64 = 200_000;
+
+/// What the plan accepts but should say: absurd job sizes, memory estimates
+/// that cannot be checked against an unknown GPU, and with `--allow-oom`
+/// the runs estimated not to fit. One line per distinct cause.
+fn warnings(runs: &[Run], allow_oom: bool) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut say = |w: String| {
+        if !out.contains(&w) {
+            out.push(w);
+        }
+    };
+    for r in runs {
+        let (nodes, tasks) = (r.slurm.nodes.get(), r.slurm.tasks());
+        if nodes > MANY_NODES || tasks > MANY_TASKS {
+            say(format!(
+                "{}: {nodes} nodes and {tasks} tasks, more than any cluster has; is that a typo?",
+                r.name
+            ));
+        }
+        let Job::Train(cfg) = &r.job else { continue };
+        if cfg.device == DeviceKind::Cuda && cfg.gpu_memory_gb.is_none() {
+            if let Some(gpu) = cfg
+                .gpu
+                .as_deref()
+                .filter(|g| crate::config::devices::lookup(g).is_none())
+            {
+                say(format!(
+                    "gpu `{}` is not in the device table ({}): the runs' memory is not checked; set `gpu_memory_gb`",
+                    gpu.escape_debug(),
+                    crate::config::devices::known()
+                ));
+            }
+        }
+        if allow_oom {
+            if let Some(mem) = r.memory().filter(|m| m.fits == Some(false)) {
+                say(format!(
+                    "{} will not fit in its GPU's memory by the estimate ({})",
+                    r.name,
+                    mem.describe()
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Runs whose estimated peak memory exceeds their GPU's are an error (before

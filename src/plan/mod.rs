@@ -8,8 +8,8 @@ pub mod record;
 pub mod render;
 pub mod templates;
 
+pub use crate::manifest::REPEAT;
 use crate::template::shell_quote;
-pub use expand::{sweep_bin, REPEAT};
 
 use crate::config::memory::MemoryEstimate;
 pub use crate::config::PretokenizedFormat;
@@ -45,9 +45,10 @@ pub struct Run {
 }
 
 impl Run {
-    /// Processes training together: `nodes × ntasks_per_node`.
+    /// Processes training together: `nodes × ntasks_per_node` (planning
+    /// refuses runs where it does not fit in a u32).
     pub fn world_size(&self) -> u32 {
-        self.slurm.nodes * self.slurm.ntasks_per_node
+        u32::try_from(self.slurm.tasks()).unwrap_or(u32::MAX)
     }
 
     /// Estimated peak memory per device (built-in trainer runs).
@@ -63,7 +64,9 @@ impl Run {
         match &self.job {
             Job::Train(cfg) => {
                 let batch = cfg.batch_size.fixed()?;
-                Some(self.world_size() as usize * batch * cfg.gradient_accumulation)
+                (self.world_size() as usize)
+                    .checked_mul(batch)?
+                    .checked_mul(cfg.gradient_accumulation)
             }
             Job::Command(_) => None,
         }
@@ -137,6 +140,46 @@ pub struct Plan {
     pub stages: Vec<Stage>,
     /// `results/<study>`.
     pub study_dir: PathBuf,
+    /// The `sweep` binary job scripts run.
+    pub sweep_bin: String,
+    /// What the plan accepts but a user should hear about (absurd sizes,
+    /// memory that cannot be checked), one line each.
+    pub warnings: Vec<String>,
+}
+
+/// How to plan, decided by the command line and the environment once, by
+/// the caller: planning itself reads neither.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    /// Plan runs estimated not to fit their GPU's memory (`--allow-oom`, and
+    /// commands that only look at runs) instead of refusing them.
+    pub allow_oom: bool,
+    /// The `sweep` binary job scripts run.
+    pub sweep_bin: String,
+    /// What that binary was built with (which runs it can train).
+    pub features: crate::config::Features,
+}
+
+impl PlanOptions {
+    /// This binary, or `SWEEP_BIN` (a build elsewhere, e.g. the cluster's GPU
+    /// build inside its container, assumed to have every feature since it
+    /// cannot be asked from here).
+    pub fn from_env(allow_oom: bool) -> PlanOptions {
+        let (sweep_bin, features) = match std::env::var("SWEEP_BIN") {
+            Ok(bin) => (bin, crate::config::Features::ALL),
+            Err(_) => (
+                std::env::current_exe()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| "sweep".into()),
+                crate::config::Features::BUILT,
+            ),
+        };
+        PlanOptions {
+            allow_oom,
+            sweep_bin,
+            features,
+        }
+    }
 }
 
 /// A built-in trainer run's estimated peak memory per device, against the
@@ -185,8 +228,8 @@ pub struct Totals {
 
 impl Plan {
     /// Expands a manifest into runs. Errors point into the manifest.
-    pub fn new(manifest: Manifest) -> Result<Plan, Diagnostics> {
-        expand::plan(manifest)
+    pub fn new(manifest: Manifest, opts: &PlanOptions) -> Result<Plan, Diagnostics> {
+        expand::plan(manifest, opts)
     }
 
     /// The upper bound of node- and GPU-hours: every job runs to its limit.
@@ -199,8 +242,8 @@ impl Plan {
             .map(|r| &r.slurm)
             .chain(self.stages.iter().map(|s| &s.slurm));
         for s in specs {
-            let hours = s.time_seconds().unwrap_or(0) as f64 / 3600.0;
-            node_h += s.nodes as f64 * hours;
+            let hours = s.time.seconds() as f64 / 3600.0;
+            node_h += s.nodes.get() as f64 * hours;
             gpu_h += s.gpus_total() as f64 * hours;
         }
         Totals {

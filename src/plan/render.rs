@@ -44,7 +44,7 @@ pub struct WriteSummary {
 /// Renders every run and stage of the plan in memory.
 pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
     let templates = Templates::load(plan)?;
-    let sweep_bin = super::expand::sweep_bin();
+    let sweep_bin = &plan.sweep_bin;
     let m = &plan.manifest;
     let manifest = ManifestRef {
         path: m.path.display().to_string(),
@@ -72,7 +72,7 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
         .par_iter()
         .map(|run| {
             let config = config_toml(plan, run)?;
-            let script = templates.run_script(plan, run, &sweep_bin)?;
+            let script = templates.run_script(plan, run, sweep_bin)?;
             let depends_on = run.stage.map(|s| plan.stages[s].name.clone());
             let record = merge(
                 &run.dir,
@@ -111,7 +111,7 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
-            let script = templates.stage_script(plan, s, &sweep_bin)?;
+            let script = templates.stage_script(plan, s, sweep_bin)?;
             let record = merge(&s.dir, fresh(&s.id, &s.name, UnitKind::Stage, params, None))?;
             Ok(RenderedDir {
                 dir: s.dir.clone(),

@@ -3,46 +3,44 @@
 
 use super::record::UnitKind;
 use super::{Plan, Run, Stage};
-use crate::manifest::{did_you_mean, Diagnostic, Diagnostics, SlurmSpec};
+use crate::manifest::{Diagnostic, Diagnostics, SlurmSpec, TemplateChoice};
 use crate::template::{describe, Engine};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
-/// (name in manifests, file name, built-in text)
-const BUILTIN: &[(&str, &str, &str)] = &[
+/// (the built-in template, file name, built-in text); partials have none.
+const BUILTIN: &[(Option<TemplateChoice>, &str, &str)] = &[
     (
-        "single-node",
+        Some(TemplateChoice::SingleNode),
         "train-single-node.sbatch.j2",
         include_str!("../../templates/train-single-node.sbatch.j2"),
     ),
     (
-        "multi-node",
+        Some(TemplateChoice::MultiNode),
         "train-multi-node.sbatch.j2",
         include_str!("../../templates/train-multi-node.sbatch.j2"),
     ),
     (
-        "pretokenize",
+        Some(TemplateChoice::Pretokenize),
         "pretokenize.sbatch.j2",
         include_str!("../../templates/pretokenize.sbatch.j2"),
     ),
     (
-        "",
+        None,
         "_header.sbatch.j2",
         include_str!("../../templates/_header.sbatch.j2"),
     ),
     (
-        "",
+        None,
         "_prologue.sh.j2",
         include_str!("../../templates/_prologue.sh.j2"),
     ),
     (
-        "",
+        None,
         "_launch.sh.j2",
         include_str!("../../templates/_launch.sh.j2"),
     ),
 ];
-
-pub const TEMPLATE_NAMES: &[&str] = &["auto", "single-node", "multi-node", "pretokenize"];
 
 /// The loaded templates of one plan.
 pub struct Templates {
@@ -71,7 +69,10 @@ struct RunInfo<'a> {
 }
 
 impl Templates {
-    /// Loads every template the plan's runs and stages use.
+    /// Loads every template the plan's runs and stages use: the project's
+    /// `templates/` copy of a built-in one where it has one (a copy that
+    /// exists but cannot be read is an error, not a silent fallback), and
+    /// the files manifests name.
     pub fn load(plan: &Plan) -> Result<Templates, Diagnostics> {
         let m = &plan.manifest;
         let dir = m.root.join("templates");
@@ -81,46 +82,44 @@ impl Templates {
         };
         for (_, file, text) in BUILTIN {
             let path = dir.join(file);
-            let source = std::fs::read_to_string(&path).unwrap_or_else(|_| text.to_string());
+            let source = match std::fs::read_to_string(&path) {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => text.to_string(),
+                Err(e) => {
+                    return Err(
+                        Diagnostic::new(&path, format!("cannot read this template: {e}"))
+                            .with_help(format!(
+                                "fix or remove it: without it, the built-in {file} is used"
+                            ))
+                            .into(),
+                    )
+                }
+            };
             t.add(file, &path, &source)?;
         }
-        let mut chosen: Vec<&str> = plan
+        let mut chosen: Vec<(&Path, &str)> = plan
             .runs
             .iter()
-            .map(|r| r.slurm.template.as_str())
+            .map(|r| (&r.slurm.template, "slurm.template"))
+            .chain(
+                plan.stages
+                    .iter()
+                    .map(|s| (&s.slurm.template, "stages.pretokenize.template")),
+            )
+            .filter_map(|(choice, key)| match choice {
+                TemplateChoice::File(p) => Some((p.as_path(), key)),
+                _ => None,
+            })
             .collect();
-        chosen.extend(plan.stages.iter().map(|s| s.slurm.template.as_str()));
         chosen.sort_unstable();
-        chosen.dedup();
-        for name in chosen {
-            if TEMPLATE_NAMES.contains(&name) {
-                continue;
-            }
-            let key = if plan.stages.iter().any(|s| s.slurm.template == name) {
-                "stages.pretokenize.template"
-            } else {
-                "slurm.template"
-            };
-            if !looks_like_path(name) {
-                let help = match did_you_mean(name, TEMPLATE_NAMES.iter().copied()) {
-                    Some(s) => format!("did you mean `{s}`?"),
-                    None => format!(
-                        "use one of {} or the path of a template file",
-                        TEMPLATE_NAMES.join(", ")
-                    ),
-                };
-                return Err(m
-                    .locate(key)
-                    .with_help(help)
-                    .with_message(format!("unknown template `{name}`"))
-                    .into());
-            }
-            let path = crate::util::fs::absolute(&m.root, Path::new(name));
+        chosen.dedup_by(|a, b| a.0 == b.0);
+        for (file, key) in chosen {
+            let path = crate::util::fs::absolute(&m.root, file);
             let source = std::fs::read_to_string(&path).map_err(|e| {
                 m.locate(key)
                     .with_message(format!("cannot read template {}: {e}", path.display()))
             })?;
-            t.add(name, &path, &source)?;
+            t.add(&file.to_string_lossy(), &path, &source)?;
         }
         Ok(t)
     }
@@ -141,18 +140,20 @@ impl Templates {
             .unwrap_or_else(|| PathBuf::from(name))
     }
 
-    /// The template file a run uses.
-    fn resolve(name: &str, slurm: &SlurmSpec) -> String {
-        let name = match name {
-            "auto" if slurm.nodes > 1 => "multi-node",
-            "auto" => "single-node",
+    /// The name of the template a job uses (its file name for the
+    /// built-in ones).
+    fn resolve(slurm: &SlurmSpec) -> String {
+        let choice = match &slurm.template {
+            TemplateChoice::Auto if slurm.nodes.get() > 1 => &TemplateChoice::MultiNode,
+            TemplateChoice::Auto => &TemplateChoice::SingleNode,
+            TemplateChoice::File(p) => return p.to_string_lossy().into_owned(),
             other => other,
         };
         BUILTIN
             .iter()
-            .find(|(n, _, _)| *n == name)
+            .find(|(c, _, _)| c.as_ref() == Some(choice))
             .map(|(_, f, _)| f.to_string())
-            .unwrap_or_else(|| name.to_string())
+            .expect("every built-in template has a file")
     }
 
     pub fn run_script(
@@ -203,7 +204,7 @@ impl Templates {
         run: RunInfo<'_>,
         command: String,
     ) -> Result<String, Diagnostics> {
-        let name = Self::resolve(&slurm.template, slurm);
+        let name = Self::resolve(slurm);
         let file = self.file_of(&name);
         let ctx = ScriptContext {
             sweep_version: env!("CARGO_PKG_VERSION"),
@@ -228,10 +229,6 @@ impl Templates {
                 template_error(&path, &e)
             })
     }
-}
-
-fn looks_like_path(name: &str) -> bool {
-    name.contains('/') || name.ends_with(".j2")
 }
 
 /// A template error as a diagnostic at the template's file and line.

@@ -128,10 +128,9 @@ fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
 
 /// The runs a manifest plans, read from their directories.
 fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
-    let mut m = Manifest::load(path, root)?;
+    let m = Manifest::load(path, root)?;
     // Reporting on runs is no time to refuse them for memory.
-    m.allow_oom = true;
-    let plan = Plan::new(m)?;
+    let plan = Plan::new(m, &crate::plan::PlanOptions::from_env(true))?;
     let rendered = render::render(&plan)?;
     let records: Vec<(&RunRecord, &Path)> = rendered
         .runs

@@ -52,7 +52,7 @@ fn diagnose(path: &Path, root: &Path) -> Option<Diagnostics> {
         Ok(m) => m,
         Err(d) => return Some(d),
     };
-    let plan = match Plan::new(m) {
+    let plan = match Plan::new(m, &sweep::plan::PlanOptions::from_env(false)) {
         Ok(p) => p,
         Err(d) => return Some(d),
     };

@@ -513,6 +513,101 @@ fn plans_estimate_memory_per_device_and_refuse_runs_that_cannot_fit() {
         &text.replace("gpu = \"GH200\"", "gpu = \"GH200\"\ngpu_memory_gb = 4000"),
     );
     assert!(plan(&[]).status.success());
+    // A batch of eight million sequences neither fits nor wraps around into fitting.
+    let text = std::fs::read_to_string(&m).unwrap();
+    write(&m, &text.replace("batch_size = 64", "batch_size = 8000000"));
+    let refused = plan(&[]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("will not fit"));
+}
+
+#[test]
+fn absurd_sizes_and_unknown_gpus_plan_with_a_warning_and_swept_slurm_keys_make_runs() {
+    let root = project();
+    let m = root.path().join("w.toml");
+    write(
+        &m,
+        "name = \"w\"\ncommand = \"echo\"\n[slurm]\nnodes = 1000000000\n\
+         [sweep.grid]\n\"slurm.partition\" = [\"a\", \"b\"]\n\"slurm.time\" = [\"00:05:00\", \"1-00:00:00\"]\n",
+    );
+    let out = run_ok(sweep(root.path()).arg("plan").arg(&m).arg("--json"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1000000000 nodes and 1000000000 tasks, more than any cluster has"),
+        "{err}"
+    );
+    assert_eq!(err.matches("warning:").count(), 4, "one per run: {err}");
+    let runs: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut ids: Vec<&str> = runs.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        4,
+        "partitions and time limits make runs of their own"
+    );
+    // Node-hours from every run's own time limit: 1e9 nodes × (2 × 5 min + 2 × 24 h).
+    let table = stdout(&run_ok(sweep(root.path()).arg("plan").arg(&m)));
+    assert!(
+        table.contains("at most 48166666666.7 node-hours"),
+        "{table}"
+    );
+
+    // A GPU the device table does not know: planned, its memory unchecked, said once.
+    let g = root.path().join("g.toml");
+    write(
+        &g,
+        "name = \"g\"\n[defaults]\ntokenizer = \"t.json\"\ndataset = \"d.parquet\"\nmodel = \"ref-1b\"\n\
+         precision = \"bf16\"\ndevice = \"cuda\"\ngpu = \"TPU v9\"\npeak_flops = 1e15\n[sweep.grid]\nbatch_size = [1, 2]\n",
+    );
+    let out = run_ok(
+        sweep(root.path())
+            .arg("plan")
+            .arg(&g)
+            .env("SWEEP_BIN", GPU_BUILD),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("warning: gpu `TPU v9` is not in the device table")
+            .count(),
+        1,
+        "{err}"
+    );
+}
+
+/// `sweep plan … | head -1`: a closed pipe ends sweep quietly, without a
+/// panic.
+#[test]
+fn a_closed_pipe_ends_sweep_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let root = project();
+    let m = root.path().join("p.toml");
+    // 3,000 runs: their JSON is far more than a pipe holds.
+    let xs: Vec<String> = (0..3000).map(|i| i.to_string()).collect();
+    write(
+        &m,
+        &format!(
+            "name = \"p\"\ncommand = \"echo {{{{ x }}}}\"\n[sweep.grid]\nx = [{}]\n",
+            xs.join(", ")
+        ),
+    );
+    let mut child = sweep(root.path())
+        .arg("plan")
+        .arg(&m)
+        .arg("--json")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && err.is_empty(), "{err}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+        "{:?}",
+        out.status
+    );
 }
 
 #[test]

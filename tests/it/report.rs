@@ -3,6 +3,7 @@
 
 use super::support::{project, repo, run_ok, stdout, step_line, sweep, write, CHARTS};
 use serde_json::Value;
+use std::path::Path;
 
 /// The reference study's published README table (tokens/s, MFU %, TFLOPs).
 const TABLE: &[(&str, f64, f64, f64)] = &[
@@ -394,4 +395,250 @@ fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
         .path()
         .join("plots/compare/reps-copy-vs-reps/comparison.png")
         .is_file());
+}
+
+/// Logs that are broken, special or hostile: each is listed among the
+/// problems of `sweep report` and `sweep compare`, the good lines of a log
+/// are used, nothing blocks or reads without bound, and no table shows a
+/// value that is not a number.
+#[test]
+fn broken_special_and_hostile_logs_are_listed_and_nothing_blocks() {
+    let root = project();
+    let m = root.path().join("h.toml");
+    let body = (1..=8)
+        .map(|s| step_line(s, 10.0 - s as f64 * 0.1, 100.0 + s as f64, s as f64))
+        .collect::<Vec<_>>()
+        .join("\\\\n")
+        .replace('"', "\\\"");
+    write(
+        &m,
+        &format!(
+            r#"name = "h"
+executor = "local"
+command = "printf '{body}\\n' > \"$SWEEP_RUN_DIR/metrics.jsonl\""
+[sweep.grid]
+kind = ["good", "badbyte", "garbage", "absurd", "fifo", "huge", "outside", "devzero"]
+[local]
+parallel = 2
+"#
+        ),
+    );
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let dir = |k: &str| root.path().join("results/h").join(k);
+    let log = |k: &str| dir(k).join("metrics.jsonl");
+    let lines = |k: &str| -> Vec<Vec<u8>> {
+        std::fs::read(log(k))
+            .unwrap()
+            .split(|&b| b == b'\n')
+            .map(<[u8]>::to_vec)
+            .collect()
+    };
+    let join = |ls: Vec<Vec<u8>>| ls.join(&b'\n');
+    // One byte that is not UTF-8 in line 3.
+    let mut l = lines("badbyte");
+    l[2][1] = 0xff;
+    std::fs::write(log("badbyte"), join(l)).unwrap();
+    // Garbage in the middle.
+    let mut l = lines("garbage");
+    l.insert(4, b"not json at all".to_vec());
+    std::fs::write(log("garbage"), join(l)).unwrap();
+    // Numbers no run logs: 1e308 tokens/s, and 1e999 (not even an f64).
+    let mut l = lines("absurd");
+    l[5] = String::from_utf8(l[5].clone())
+        .unwrap()
+        .replace("\"tokens_per_second\":106.0", "\"tokens_per_second\":1e308")
+        .into_bytes();
+    l[6] = String::from_utf8(l[6].clone())
+        .unwrap()
+        .replace("\"loss\":9.3", "\"loss\":1e999")
+        .into_bytes();
+    std::fs::write(log("absurd"), join(l)).unwrap();
+    // A FIFO with no writer (reading it would block forever).
+    std::fs::remove_file(log("fifo")).unwrap();
+    let c = std::ffi::CString::new(log("fifo").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // 2 GiB (sparse: nothing is written, nothing may be read).
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(log("huge"))
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    // Links out of the study: a file elsewhere, and /dev/zero.
+    let elsewhere = root.path().join("elsewhere.jsonl");
+    std::fs::copy(log("good"), &elsewhere).unwrap();
+    for (k, target) in [
+        ("outside", elsewhere.as_path()),
+        ("devzero", Path::new("/dev/zero")),
+    ] {
+        std::fs::remove_file(log(k)).unwrap();
+        std::os::unix::fs::symlink(target, log(k)).unwrap();
+    }
+
+    let report = |args: &[&std::ffi::OsStr]| {
+        let mut child = sweep(root.path())
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed().as_secs() > 120 {
+                child.kill().unwrap();
+                panic!("`sweep {args:?}` blocks");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = report(&["report".as_ref(), m.as_os_str(), "--no-plots".as_ref()]);
+    for want in [
+        "note: badbyte: COMPLETED, ",
+        "metrics.jsonl: 1 line(s) left out (line 3: invalid UTF-8 at byte 1)",
+        "note: garbage: COMPLETED, ",
+        "1 line(s) left out (line 5: not JSON",
+        "`tokens_per_second` left out on 1 line(s), not a value a run can log (line 6: 1e308)",
+        "(line 7: not JSON (number out of range",
+        "note: fifo: COMPLETED, ",
+        "is a FIFO, not a regular file",
+        "note: huge: COMPLETED, ",
+        "is 2147.5 MB, more than the 1074 MB a file read here may have",
+        "note: outside: COMPLETED, ",
+        "elsewhere.jsonl, outside",
+        "note: devzero: COMPLETED, ",
+        "is a link to /dev/zero, outside",
+    ] {
+        assert!(text.contains(want), "`{want}` missing from:\n{text}");
+    }
+    assert!(!text.contains("note: good"), "{text}");
+    let md = std::fs::read_to_string(root.path().join("results/h/summary.md")).unwrap();
+    for table_line in md.lines().filter(|l| l.starts_with('|')) {
+        let lower = table_line.to_lowercase();
+        assert!(
+            !lower.contains("inf") && !lower.contains("nan") && !lower.contains("e+"),
+            "{table_line}"
+        );
+    }
+    // Rows keep their good lines: 7 of badbyte's 8 steps, all 8 of garbage's.
+    let json = report(&[
+        "report".as_ref(),
+        m.as_os_str(),
+        "--json".as_ref(),
+        "--skip-first".as_ref(),
+        "0".as_ref(),
+        "--no-plots".as_ref(),
+    ]);
+    let rows: Vec<Value> = serde_json::from_str(&json).unwrap();
+    let points = |n: &str| rows.iter().find(|r| r["run"] == n).unwrap()["points"].as_u64();
+    assert_eq!(
+        (points("good"), points("badbyte"), points("garbage")),
+        (Some(8), Some(7), Some(8))
+    );
+
+    // A copy whose run.json is cut short, compared with the original: both
+    // sides' problems are printed, the cut record among them.
+    let copy = root.path().join("results/h-copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for k in ["good", "badbyte"] {
+        std::fs::create_dir_all(copy.join(k)).unwrap();
+        for f in ["run.json", "metrics.jsonl"] {
+            std::fs::copy(dir(k).join(f), copy.join(k).join(f)).unwrap();
+        }
+    }
+    let record = std::fs::read(copy.join("good/run.json")).unwrap();
+    std::fs::write(copy.join("good/run.json"), &record[..record.len() / 2]).unwrap();
+    let text = report(&[
+        "compare".as_ref(),
+        root.path().join("results/h").as_os_str(),
+        copy.as_os_str(),
+        "--no-plots".as_ref(),
+    ]);
+    assert!(
+        text.contains("## Problems in h\n") && text.contains("## Problems in h-copy\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("- good: UNKNOWN, ") && text.contains("run.json is not a valid run record"),
+        "{text}"
+    );
+    assert!(text.contains("is a FIFO, not a regular file"), "{text}");
+    assert!(!text.to_lowercase().contains("infx"), "{text}");
+}
+
+/// `--name` becomes a directory under results/ and plots/: a path there is
+/// refused before anything is written.
+#[test]
+fn report_names_cannot_leave_the_results_directory() {
+    let root = project();
+    let logs = root.path().join("logs");
+    write(
+        &logs.join("a.jsonl"),
+        &(step_line(1, 2.0, 100.0, 1.0) + "\n"),
+    );
+    let glob = format!("{}/*.jsonl", logs.display());
+    let outside = root.path().join("outside");
+    for name in ["../../outside", outside.to_str().unwrap(), "..", ""] {
+        let out = sweep(&root.path().join("logs"))
+            .args([
+                "report",
+                "--import",
+                &glob,
+                "--log-format",
+                "jsonl",
+                "--name",
+                name,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--name {name:?} was accepted");
+        assert!(err.contains("--name"), "{err}");
+    }
+    assert!(!outside.exists() && !root.path().join("results").exists());
+    assert!(std::fs::read_dir(root.path().parent().unwrap())
+        .unwrap()
+        .all(|e| e.unwrap().file_name() != "outside"));
+}
+
+/// Control characters and markdown in names read from files reach neither
+/// the terminal nor summary.md raw.
+#[test]
+fn names_from_files_are_printed_as_text() {
+    let root = project();
+    let logs = root.path().join("logs");
+    write(
+        &logs.join("evil|name\u{1b}[31m.jsonl"),
+        &(step_line(1, 2.0, 100.0, 1.0) + "\ngarbage\n"),
+    );
+    let glob = format!("{}/*.jsonl", logs.display());
+    let out = run_ok(sweep(root.path()).args([
+        "report",
+        "--import",
+        &glob,
+        "--log-format",
+        "jsonl",
+        "--name",
+        "evil",
+        "--no-plots",
+    ]));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(text.contains("evil\\|name\\u{1b}[31m"), "{text}");
+    let md = std::fs::read_to_string(root.path().join("results/evil/summary.md")).unwrap();
+    assert!(!md.contains('\u{1b}'), "{md:?}");
+    // As many cells as the header: no `|` of the name splits one.
+    let pipes = |l: &str| l.replace("\\|", "").matches('|').count();
+    let header = md
+        .lines()
+        .find(|l| l.starts_with("| Configuration"))
+        .unwrap();
+    let row = md.lines().find(|l| l.starts_with("| evil")).unwrap();
+    assert_eq!(pipes(row), pipes(header), "{row}");
 }

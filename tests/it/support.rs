@@ -102,13 +102,13 @@ pub fn status(
         .collect()
 }
 
-/// The step records of a run's metrics.jsonl (events and a partial last line left out).
+/// The step records of a run's metrics.jsonl, read by the trainer's own
+/// reader (events, lines that do not parse and a partial last line left out).
 pub fn metrics(run: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v.get("event").is_none())
+    let bytes = std::fs::read(run.join("metrics.jsonl")).unwrap_or_default();
+    sweep::train::record::parse_log(&bytes)
+        .steps()
+        .map(|m| serde_json::to_value(m).unwrap())
         .collect()
 }
 

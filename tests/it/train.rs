@@ -195,6 +195,25 @@ fn a_killed_run_resumes_and_reproduces_the_uninterrupted_curve() {
     wait_for(120, "step 12", || (last_step(&resumed) >= 12).then_some(()));
     child.kill().unwrap();
     child.wait().unwrap();
+    // A byte that is not UTF-8 in step 3's line: resuming keeps the line as
+    // it is (the report lists it), and loses nothing else.
+    let log = resumed.join("metrics.jsonl");
+    let mut bytes = std::fs::read(&log).unwrap();
+    let third = bytes
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b == b'\n')
+        .nth(1)
+        .unwrap()
+        .0
+        + 1;
+    bytes[third + 1] = 0xff;
+    std::fs::write(&log, &bytes).unwrap();
+    let corrupt_line: Vec<u8> = bytes[third..]
+        .split(|&b| b == b'\n')
+        .next()
+        .unwrap()
+        .to_vec();
     // Stopped by SIGTERM: checkpoints where it is and exits for a requeue.
     let child = train(root.path(), &resumed.join("config.toml"));
     wait_for(120, "step 30", || (last_step(&resumed) >= 30).then_some(()));
@@ -222,12 +241,30 @@ fn a_killed_run_resumes_and_reproduces_the_uninterrupted_curve() {
     let (a, b) = (losses(&reference), losses(&resumed));
     assert_eq!(
         b.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
-        (1..=60).collect::<Vec<_>>(),
-        "every step once"
+        (1..=60).filter(|&s| s != 3).collect::<Vec<_>>(),
+        "every step once, step 3's line unreadable"
     );
+    let a_but_3: Vec<(u64, f64)> = a.iter().copied().filter(|(s, _)| *s != 3).collect();
     assert_eq!(
-        a, b,
+        a_but_3, b,
         "the resumed run trained exactly like the uninterrupted one"
+    );
+    let after = std::fs::read(&log).unwrap();
+    assert_eq!(
+        after.split(|&b| b == b'\n').nth(2).unwrap(),
+        &corrupt_line[..],
+        "the unreadable line is kept, byte for byte"
+    );
+    let report = run_ok(
+        sweep(root.path())
+            .arg("report")
+            .arg(root.path().join("results/interrupted"))
+            .arg("--no-plots"),
+    );
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        text.contains("metrics.jsonl: 1 line(s) left out (line 3: invalid UTF-8"),
+        "{text}"
     );
     // A run that is already complete does nothing when started again.
     assert!(train(root.path(), &reference.join("config.toml"))

@@ -214,6 +214,11 @@ impl Omissions {
             ));
         }
         for (field, (count, first, value)) in &self.values {
+            // 1e308, not its 309 digits.
+            let value = match value.abs() {
+                a if a.is_finite() && (a >= 1e9 || (a > 0.0 && a < 1e-6)) => format!("{value:e}"),
+                _ => format!("{value}"),
+            };
             out.push(format!(
                 "{name}: `{field}` left out on {count} line(s), not a value a run can log (line {first}: {value})"
             ));
