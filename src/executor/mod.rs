@@ -70,7 +70,7 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
         out.push(unit(
             UnitKind::Stage,
             r,
-            s.command(&bin),
+            s.command(bin),
             None,
             plan.manifest.slurm.env.clone(),
             None,
@@ -81,7 +81,7 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
         out.push(unit(
             UnitKind::Run,
             r,
-            run.command(&bin),
+            run.command(bin),
             run.stage,
             run.slurm.env.clone(),
             run.slurm.array_throttle,
