@@ -17,6 +17,11 @@ use std::path::{Path, PathBuf};
 /// Job scripts requeue the job on it; the local executor restarts the run.
 pub const REQUEUE_EXIT: i32 = 99;
 
+/// The trainer's exit code for "the device ran out of memory" (CUDA's
+/// allocator refused), so that callers (the batch-size search) tell it from
+/// other failures without reading its log.
+pub const OUT_OF_MEMORY_EXIT: i32 = 98;
+
 /// Where the bundled default tokenizer lives, relative to the project root.
 pub const DEFAULT_TOKENIZER: &str = "assets/tokenizers/mistral-7b/tokenizer.json";
 

@@ -672,6 +672,22 @@ mod tests {
         s.next_sample().unwrap();
         let e = s.next_sample().unwrap_err().to_string();
         assert!(e.contains("document 1 is not valid UTF-8"), "{e}");
+        // The same in a column typed as strings (a writer that did not
+        // check): Arrow refuses the row group, and says why.
+        let p = dir.path().join("str.parquet");
+        let bytes = arrow_buffer::Buffer::from(&b"finecaf\xe9"[..]);
+        let offsets = arrow_buffer::OffsetBuffer::new(vec![0i32, 4, 8].into());
+        // SAFETY: deliberately invalid UTF-8, only ever written to a file.
+        let bad = unsafe { arrow_array::StringArray::new_unchecked(offsets, bytes, None) };
+        write_column(&p, "text", Arc::new(bad), 10);
+        let e = match SampleStream::open(&spec(p, DatasetType::Padded, 4, 0, 1)) {
+            Ok(mut s) => format!("{:#}", s.next_sample().unwrap_err()),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            e.contains("row group 0 of") && e.to_lowercase().contains("utf"),
+            "{e}"
+        );
         // A missing column names the ones that exist.
         let p = texts(dir.path(), &["a"]);
         let mut sp = spec(p, DatasetType::Padded, 4, 0, 1);

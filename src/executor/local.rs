@@ -302,6 +302,7 @@ impl Pool {
             r.state.state = match (code, signal) {
                 (Some(0), _) => State::Completed,
                 _ if cancelled || signal.is_some() => State::Cancelled,
+                (Some(code), _) => Status::exited(code).state,
                 _ => State::Failed,
             };
             r.state.cancel_requested = cancelled;

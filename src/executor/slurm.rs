@@ -303,7 +303,11 @@ fn sacct(ids: &[&str]) -> HashMap<String, Status> {
             continue;
         }
         let (code, signal) = parse_exit(f[2]);
-        let state = State::from_slurm(f[1]);
+        let state = match (State::from_slurm(f[1]), code) {
+            // The trainer says it ran out of device memory by its exit code.
+            (State::Failed, Some(c)) => Status::exited(c).state,
+            (state, _) => state,
+        };
         map.insert(
             f[0].to_string(),
             Status {

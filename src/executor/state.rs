@@ -95,13 +95,16 @@ impl Status {
         }
     }
 
+    /// A program that exited with `code`: the trainer's
+    /// [`crate::config::OUT_OF_MEMORY_EXIT`] is out of memory, any other
+    /// nonzero code a failure.
     pub fn exited(code: i32) -> Status {
         Status {
             exit_code: Some(code),
-            ..Status::new(if code == 0 {
-                State::Completed
-            } else {
-                State::Failed
+            ..Status::new(match code {
+                0 => State::Completed,
+                crate::config::OUT_OF_MEMORY_EXIT => State::OutOfMemory,
+                _ => State::Failed,
             })
         }
     }
@@ -158,6 +161,10 @@ mod tests {
     #[test]
     fn describes_exit_and_signal() {
         assert_eq!(Status::exited(3).describe(), "FAILED (exit 3)");
+        assert_eq!(
+            Status::exited(crate::config::OUT_OF_MEMORY_EXIT).describe(),
+            "OUT_OF_MEMORY (exit 98)"
+        );
         let s = Status {
             signal: Some(15),
             ..Status::new(State::Cancelled)

@@ -136,8 +136,9 @@ struct Shared<'a> {
     train_fields: Vec<String>,
     /// What the binary that job scripts run was built with.
     features: Features,
-    /// The error `[defaults]` alone gives as a trainer configuration, if any.
-    defaults_error: Option<String>,
+    /// Where `[defaults]` alone fails as a trainer configuration, if it
+    /// does: the key at fault (`None` for a type error).
+    defaults_error: Option<Option<&'static str>>,
     /// Whether the run-name template writes `repeat` itself (else repeats
     /// get a `-r<k>` suffix).
     name_uses_repeat: bool,
@@ -187,7 +188,7 @@ impl<'a> Shared<'a> {
             slurm_table,
             train_fields: known_fields::<TrainConfig>(),
             features,
-            defaults_error: check_train(&m.defaults, features).err().map(|(_, msg)| msg),
+            defaults_error: check_train(&m.defaults, features).err().map(|(key, _)| key),
             name_uses_repeat,
         })
     }
@@ -477,16 +478,16 @@ impl<'a> Shared<'a> {
     }
 
     /// An error in one run's configuration, located at the axis value that
-    /// causes it on its own, else at the key at fault. An error that
-    /// `[defaults]` gives by itself is the same for every run, and says so
-    /// once rather than once per run.
+    /// causes it on its own, else at the key at fault. An error at the key
+    /// where `[defaults]` alone fails is that error, the same for every run:
+    /// it is said once (without the run), rather than once per run.
     fn error_in(
         &self,
         params: &IndexMap<String, Json>,
         key: Option<&str>,
         msg: &str,
     ) -> Box<Diagnostic> {
-        if self.defaults_error.as_deref() == Some(msg) {
+        if self.defaults_error.is_some_and(|k| k == key) {
             let mut d = self.m.locate(key.unwrap_or("defaults"));
             d.message = format!("invalid run configuration: {}", msg.trim());
             return Box::new(d);

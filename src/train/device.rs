@@ -36,6 +36,41 @@ pub fn memory_used_mb(device: &Device) -> Result<Option<f64>> {
     }
 }
 
+/// Whether an error is the device running out of memory: CUDA's allocator
+/// (or cuBLAS's) refusing, found by the errors' types anywhere in the chain.
+/// On the CPU an allocation that fails aborts the process instead (SIGABRT),
+/// and the kernel's OOM killer sends SIGKILL: callers read the exit status.
+pub fn is_out_of_memory(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<candle_core::Error>()
+            .is_some_and(candle_out_of_memory)
+    })
+}
+
+fn candle_out_of_memory(e: &candle_core::Error) -> bool {
+    use candle_core::Error as E;
+    match e {
+        E::Context { inner, .. } | E::WithPath { inner, .. } | E::WithBacktrace { inner, .. } => {
+            candle_out_of_memory(inner)
+        }
+        #[cfg(feature = "cuda")]
+        E::Cuda(inner) => {
+            use candle_core::cuda::cudarc::cublas::{result::CublasError, sys::cublasStatus_t};
+            use candle_core::cuda::cudarc::driver::{sys::CUresult, DriverError};
+            use candle_core::cuda::CudaError;
+            let driver = |d: &DriverError| d.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+            let cublas = |c: &CublasError| c.0 == cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED;
+            match inner.downcast_ref::<CudaError>() {
+                Some(CudaError::Cuda(d)) => driver(d),
+                Some(CudaError::Cublas(c)) => cublas(c),
+                _ => inner.downcast_ref::<DriverError>().is_some_and(driver),
+            }
+        }
+        _ => false,
+    }
+}
+
 /// The largest memory use seen so far on a device.
 #[derive(Debug, Default)]
 pub struct PeakMemory {

@@ -126,6 +126,16 @@ pub fn search(base: &TrainConfig, limit: Option<u64>, steps: usize, max: usize) 
     })
 }
 
+/// How a trial that ran out of memory ends: the trainer's own exit code for
+/// it (CUDA's allocator refused), SIGABRT (a CPU allocation failed and the
+/// process aborted) or SIGKILL (the kernel's out-of-memory killer; the
+/// budget's own kill is recorded before it).
+fn ran_out_of_memory(status: std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.code() == Some(crate::config::OUT_OF_MEMORY_EXIT)
+        || matches!(status.signal(), Some(libc::SIGABRT | libc::SIGKILL))
+}
+
 /// One trial: `steps` training steps at `batch` in a child process.
 fn trial(
     exe: &Path,
@@ -173,8 +183,8 @@ fn trial(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
     if !status.success() {
+        let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
         let last = text
             .lines()
             .rev()
@@ -182,12 +192,11 @@ fn trial(
             .unwrap_or("no output")
             .trim()
             .to_string();
-        let oom = ["out of memory", "OUT_OF_MEMORY", "memory allocation of"];
-        if oom.iter().any(|m| text.contains(m)) {
+        if ran_out_of_memory(status) {
             return Ok(Outcome::OutOfMemory(last));
         }
         bail!(
-            "batch size {batch} failed for another reason than memory: {last} (log: {text:.2000})"
+            "batch size {batch} failed for another reason than memory ({status}): {last} (log: {text:.2000})"
         );
     }
     let log = parse_log(&std::fs::read(run.join(METRICS_FILE))?);
@@ -253,7 +262,19 @@ pub fn parse_size(s: &str) -> Result<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_size, ran_out_of_memory};
+
+    #[test]
+    fn out_of_memory_is_read_from_the_exit_status() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::ExitStatus;
+        let code = |c: i32| ExitStatus::from_raw(c << 8);
+        assert!(ran_out_of_memory(code(crate::config::OUT_OF_MEMORY_EXIT)));
+        assert!(ran_out_of_memory(ExitStatus::from_raw(libc::SIGABRT)));
+        assert!(ran_out_of_memory(ExitStatus::from_raw(libc::SIGKILL)));
+        assert!(!ran_out_of_memory(code(1)));
+        assert!(!ran_out_of_memory(code(crate::config::REQUEUE_EXIT)));
+    }
 
     #[test]
     fn sizes_read_like_slurms() {

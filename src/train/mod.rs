@@ -27,7 +27,9 @@ pub mod peak;
 pub mod record;
 mod schedule;
 
-use crate::config::{BatchSize, DeviceKind, Precision, TrainConfig, REQUEUE_EXIT};
+use crate::config::{
+    BatchSize, DeviceKind, Precision, TrainConfig, OUT_OF_MEMORY_EXIT, REQUEUE_EXIT,
+};
 use crate::data::{
     Batch, DataLoader, DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer,
 };
@@ -333,7 +335,21 @@ fn signal_name(sig: usize) -> &'static str {
     }
 }
 
+/// `sweep train`: the run's exit code says how it ended (0, [`REQUEUE_EXIT`]
+/// after a stop signal, [`OUT_OF_MEMORY_EXIT`] when the device ran out of
+/// memory); any other error is returned.
 pub fn run(config: &Path) -> Result<ExitCode> {
+    match run_to_end(config) {
+        Err(e) if device::is_out_of_memory(&e) => {
+            eprintln!("error: {e:#}");
+            eprintln!("sweep train: the device ran out of memory (exit {OUT_OF_MEMORY_EXIT})");
+            Ok(ExitCode::from(OUT_OF_MEMORY_EXIT as u8))
+        }
+        other => other,
+    }
+}
+
+fn run_to_end(config: &Path) -> Result<ExitCode> {
     let run_dir = crate::util::fs::parent_dir(config).to_path_buf();
     let mut cfg = TrainConfig::load(config)?;
     if cfg.batch_size == BatchSize::Max {
