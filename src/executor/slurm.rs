@@ -82,7 +82,7 @@ pub fn submit(
         }
         match &decisions[i] {
             Decision::Submit => {
-                let script = units[i].dir.join(crate::plan::render::JOB_SBATCH);
+                let script = units[i].dir.join(crate::plan::files::JOB_SBATCH);
                 let id = sbatch(&[], &script, dry_run)?;
                 if !dry_run {
                     units[i].record_job(ExecutorKind::Slurm, id.clone())?;
@@ -124,7 +124,7 @@ pub fn submit(
         }
         if members.len() == 1 {
             let u = &mut units[members[0]];
-            let script = u.dir.join(crate::plan::render::JOB_SBATCH);
+            let script = u.dir.join(crate::plan::files::JOB_SBATCH);
             let id = sbatch(&args, &script, dry_run)?;
             if !dry_run {
                 u.record_job(ExecutorKind::Slurm, id.clone())?;

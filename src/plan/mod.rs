@@ -4,6 +4,7 @@
 //! Everything here is in memory; `render` writes it out.
 
 mod expand;
+pub mod files;
 pub mod record;
 pub mod render;
 pub mod templates;
@@ -78,7 +79,7 @@ impl Run {
             Job::Train(_) => format!(
                 "{} train --config {}",
                 shell_quote(sweep_bin),
-                shell_quote(&self.dir.join(render::CONFIG_TOML).display().to_string())
+                shell_quote(&self.dir.join(files::CONFIG_TOML).display().to_string())
             ),
             Job::Command(c) => c.clone(),
         }

@@ -2,6 +2,7 @@
 //! job that was submitted for it. The executors append job ids; rendering
 //! never drops them.
 
+use super::files::{RUN_JSON, STAGE_JSON};
 use crate::manifest::ExecutorKind;
 use anyhow::{Context, Result};
 use indexmap::IndexMap;
@@ -41,7 +42,7 @@ impl UnitKind {
     /// The record file of a directory of this kind.
     pub fn record_file(self) -> &'static str {
         match self {
-            UnitKind::Stage => super::render::STAGE_JSON,
+            UnitKind::Stage => STAGE_JSON,
             UnitKind::Run => RUN_JSON,
         }
     }
@@ -77,8 +78,6 @@ pub struct RunRecord {
     #[serde(default)]
     pub jobs: Vec<JobRecord>,
 }
-
-pub const RUN_JSON: &str = "run.json";
 
 /// The largest `run.json` read (a record of thousands of requeues is ~1 MB).
 const MAX_RECORD_BYTES: u64 = 64 << 20;

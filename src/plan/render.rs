@@ -2,6 +2,7 @@
 //! template error writes nothing), then written file by file, only where the
 //! content changed: re-rendering is idempotent and never touches outputs.
 
+use super::files::{CONFIG_TOML, JOB_SBATCH};
 use super::record::{ManifestRef, RunRecord, UnitKind};
 use super::templates::Templates;
 use super::{Job, Plan};
@@ -11,10 +12,6 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-
-pub const CONFIG_TOML: &str = "config.toml";
-pub const JOB_SBATCH: &str = "job.sbatch";
-pub const STAGE_JSON: &str = "stage.json";
 
 /// One directory's files, ready to write.
 #[derive(Debug, Clone)]
@@ -230,7 +227,7 @@ fn has_outputs(dir: &Path) -> bool {
         entries.flatten().any(|e| {
             let n = e.file_name();
             let n = n.to_string_lossy();
-            ![CONFIG_TOML, JOB_SBATCH, super::record::RUN_JSON, STAGE_JSON].contains(&n.as_ref())
+            !super::files::RENDERED.contains(&n.as_ref())
         })
     })
 }

@@ -12,6 +12,7 @@ use crate::config::{memory, BatchSize, DeviceKind, TrainConfig};
 use crate::train::record::{parse_log, METRICS_FILE};
 use crate::util::process::proc_kb;
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -258,6 +259,101 @@ pub fn parse_size(s: &str) -> Result<u64> {
         bail!("`{s}`: the size must be positive");
     }
     Ok((n * scale as f64) as u64)
+}
+
+/// `max-batch.json`: the answer of a run's `batch_size = "max"` search and
+/// its trials, kept so that a requeued run resumes at the same size.
+#[derive(Debug, Serialize, Deserialize)]
+struct Saved {
+    batch_size: usize,
+    trials: Vec<SavedTrial>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SavedTrial {
+    batch_size: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tokens_per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    peak_memory_mb: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    out_of_memory: Option<String>,
+}
+
+pub const SAVED_FILE: &str = "max-batch.json";
+
+/// The run's `batch_size = "max"`: searched once, when the run first starts;
+/// later starts read the answer from `max-batch.json`.
+pub fn resolve(cfg: &TrainConfig, run_dir: &Path) -> Result<usize> {
+    let path = run_dir.join(SAVED_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let saved: Saved = serde_json::from_slice(&bytes).with_context(|| {
+                format!(
+                    "{} is not a batch-size search's record; delete it to search again",
+                    path.display()
+                )
+            })?;
+            if saved.batch_size == 0 {
+                bail!(
+                    "{} says batch size 0; delete it to search again",
+                    path.display()
+                );
+            }
+            eprintln!(
+                "sweep train: batch_size = \"max\" is {} ({SAVED_FILE})",
+                saved.batch_size
+            );
+            return Ok(saved.batch_size);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    if crate::train::dist::Ranks::from_env()?.world_size > 1 {
+        bail!("batch_size = \"max\" is searched on one device; give data-parallel runs a number");
+    }
+    let limit = cfg.memory_limit_gb.map(|gb| (gb * 1e9) as u64);
+    let s = search(cfg, limit, 3, 1024)?;
+    let Some(b) = s.largest else {
+        bail!(
+            "batch_size = \"max\": not even batch size 1 trains on this device{}",
+            s.limit.map_or(String::new(), |l| format!(
+                " within {:.1} GB",
+                l as f64 / 1e9
+            ))
+        );
+    };
+    let trials = s
+        .trials
+        .iter()
+        .map(|t| match &t.outcome {
+            Outcome::Trains {
+                tokens_per_s,
+                peak_mb,
+            } => SavedTrial {
+                batch_size: t.batch,
+                tokens_per_second: Some(*tokens_per_s),
+                peak_memory_mb: Some(*peak_mb),
+                out_of_memory: None,
+            },
+            Outcome::OutOfMemory(why) => SavedTrial {
+                batch_size: t.batch,
+                tokens_per_second: None,
+                peak_memory_mb: None,
+                out_of_memory: Some(why.clone()),
+            },
+        })
+        .collect();
+    let saved = Saved {
+        batch_size: b,
+        trials,
+    };
+    crate::util::fs::write_atomic(&path, serde_json::to_string_pretty(&saved)?.as_bytes())?;
+    eprintln!(
+        "sweep train: batch_size = \"max\" is {b}: the largest of {} sizes tried that trains",
+        s.trials.len()
+    );
+    Ok(b)
 }
 
 #[cfg(test)]

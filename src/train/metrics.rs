@@ -3,6 +3,7 @@
 //! the process's peak memory. The log itself is [`super::record`].
 
 use super::peak::Kernel;
+use super::record::{Event, EventKind, MetricsLog, StepMetrics};
 use crate::config::{Precision, TrainConfig};
 use anyhow::{bail, Result};
 
@@ -95,6 +96,147 @@ impl Interval {
 
     pub fn step_time_s(&self) -> f64 {
         self.seconds / self.steps.max(1) as f64
+    }
+}
+
+/// What one rank reports as it trains (a metrics processor, in
+/// torchtitan's words): the counters between two log lines, the peak FLOPs
+/// MFU is measured against, and on the main rank (the only one with a log)
+/// the log lines, monitor events and their echo on stderr.
+pub struct Reporter {
+    log: Option<MetricsLog>,
+    interval: Interval,
+    world_size: usize,
+    batch_size: usize,
+    training_steps: usize,
+    flops_per_token: f64,
+    peak: f64,
+    peak_source: String,
+    mfu_warned: bool,
+}
+
+/// What a log line says besides the interval's throughput.
+pub struct LoggedStep {
+    pub step: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub elapsed_s: f64,
+    pub peak_memory_mb: f64,
+    pub val_loss: Option<f64>,
+}
+
+impl Reporter {
+    pub fn new(
+        log: Option<MetricsLog>,
+        cfg: &TrainConfig,
+        world_size: usize,
+        flops_per_token: f64,
+        peak: f64,
+        peak_source: String,
+    ) -> Reporter {
+        Reporter {
+            log,
+            interval: Interval::default(),
+            world_size,
+            batch_size: cfg.batch(),
+            training_steps: cfg.training_steps,
+            flops_per_token,
+            peak,
+            peak_source,
+            mfu_warned: false,
+        }
+    }
+
+    /// After a resume from a checkpoint of `step`: the log continues from it.
+    pub fn resume(&mut self, step: usize) -> Result<()> {
+        match &mut self.log {
+            Some(log) => log.truncate_after(step),
+            None => Ok(()),
+        }
+    }
+
+    /// One step's tokens (padding included), training tokens and time.
+    pub fn count(&mut self, tokens: u64, training_tokens: u64, seconds: f64) {
+        self.interval.add(tokens, training_tokens, seconds);
+    }
+
+    /// The monitor's events at a step, logged and echoed.
+    pub fn events(&mut self, step: usize, events: Vec<Event>) -> Result<()> {
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        for e in events {
+            eprintln!(
+                "warning: step {step}: {} ({:.4} > {:.4})",
+                e.event.describe(),
+                e.value,
+                e.threshold
+            );
+            log.write(e)?;
+        }
+        Ok(())
+    }
+
+    /// A log line: the throughput since the last one and the step's figures.
+    /// Every rank empties its counters; the main rank writes.
+    pub fn log(&mut self, s: LoggedStep) -> Result<()> {
+        let i = self.interval.take();
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        let tp = throughput(i.tokens, i.seconds, self.flops_per_token, self.peak);
+        if tp.mfu_pct > 100.0 {
+            if !self.mfu_warned {
+                eprintln!(
+                    "warning: step {}: MFU came out at {:.1}% (> 100%): the peak FLOPs ({:.3e}/s, {}) \
+                     is too low for this device; set `gpu` or `peak_flops` to its real peak. Training goes on.",
+                    s.step, tp.mfu_pct, self.peak, self.peak_source
+                );
+                self.mfu_warned = true;
+            }
+            log.write(Event {
+                step: s.step,
+                event: EventKind::MfuAbovePeak,
+                value: tp.mfu_pct,
+                threshold: 100.0,
+            })?;
+        }
+        let m = StepMetrics {
+            step: s.step,
+            loss: s.loss,
+            lr: s.lr,
+            grad_norm: s.grad_norm,
+            tokens_per_second: tp.tokens_per_second,
+            world_size: self.world_size,
+            batch_size: self.batch_size,
+            // Steps end together (the all-reduce): every rank moves as many tokens.
+            global_tokens_per_second: tp.tokens_per_second * self.world_size as f64,
+            training_tokens_pct: i.training_tokens_pct(),
+            mfu_pct: tp.mfu_pct,
+            tflops: tp.tflops,
+            step_time_s: i.step_time_s(),
+            elapsed_s: s.elapsed_s,
+            peak_memory_mb: s.peak_memory_mb,
+            val_loss: s.val_loss,
+        };
+        let global = match self.world_size {
+            1 => String::new(),
+            _ => format!(" per device, {:.0} global", m.global_tokens_per_second),
+        };
+        eprintln!(
+            "step {}/{} | loss {:.4} | lr {:.2e} | grad norm {:.3} | {:.0} tokens/s{global} | MFU {:.2}% | {:.3} s/step{}",
+            m.step,
+            self.training_steps,
+            m.loss,
+            m.lr,
+            m.grad_norm,
+            m.tokens_per_second,
+            m.mfu_pct,
+            m.step_time_s,
+            m.val_loss.map(|v| format!(" | val loss {v:.4}")).unwrap_or_default()
+        );
+        log.write(m)
     }
 }
 

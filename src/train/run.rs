@@ -1,0 +1,273 @@
+//! `sweep train --config <run>/config.toml`: what every sweep run executes.
+//!
+//! Resolves `batch_size = "max"`, builds the [`Trainer`], resumes from the
+//! latest checkpoint in the run directory and trains to the last step:
+//! [`train`] is the loop, delegating the counters and the log to a
+//! [`Reporter`] and the checkpoints to [`save_checkpoint`]. SIGUSR1 (SLURM's
+//! warning before the time limit) and SIGTERM (preemption, Ctrl-C) end the
+//! current step, write a checkpoint and exit with [`REQUEUE_EXIT`] so the job
+//! script requeues the run; a device out of memory exits with
+//! [`OUT_OF_MEMORY_EXIT`].
+//!
+//! With several ranks (data parallelism, [`super::dist`]) every rank runs this
+//! same loop on its own shard; rank 0 alone writes metrics and checkpoints.
+
+use super::checkpoint;
+use super::metrics::{self, LoggedStep, Reporter};
+use super::monitor::Monitor;
+use super::record::MetricsLog;
+use super::{device, dist, max_batch, optim, schedule, Trainer};
+use crate::config::{BatchSize, TrainConfig, OUT_OF_MEMORY_EXIT, REQUEUE_EXIT};
+use crate::data::{Batch, DataLoader, SampleStream};
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// `sweep train`: the run's exit code says how it ended (0, [`REQUEUE_EXIT`]
+/// after a stop signal, [`OUT_OF_MEMORY_EXIT`] when the device ran out of
+/// memory); any other error is returned.
+pub fn run(config: &Path) -> Result<ExitCode> {
+    match run_to_end(config) {
+        Err(e) if device::is_out_of_memory(&e) => {
+            eprintln!("error: {e:#}");
+            eprintln!("sweep train: the device ran out of memory (exit {OUT_OF_MEMORY_EXIT})");
+            Ok(ExitCode::from(OUT_OF_MEMORY_EXIT as u8))
+        }
+        other => other,
+    }
+}
+
+fn run_to_end(config: &Path) -> Result<ExitCode> {
+    let run_dir = crate::util::fs::parent_dir(config).to_path_buf();
+    let mut cfg = TrainConfig::load(config)?;
+    if cfg.batch_size == BatchSize::Max {
+        cfg.batch_size = BatchSize::Fixed(max_batch::resolve(&cfg, &run_dir)?);
+    }
+    let threads = init_threads(cfg.threads);
+    let stop = Stop::install()?;
+    let mut t = Trainer::new(cfg, threads)?;
+    let result = train(&mut t, &run_dir, &stop);
+    if let Err(e) = &result {
+        let r = t.ranks();
+        if r.world_size > 1 {
+            // The other ranks are waiting in a collective: stop them all.
+            eprintln!(
+                "sweep train: rank {} of {} failed: {e:#}; stopping every rank",
+                r.rank, r.world_size
+            );
+            t.comm.abort(1);
+        }
+    }
+    result
+}
+
+/// The threads for the CPU kernels: the configuration, else SWEEP_THREADS or
+/// SLURM_CPUS_PER_TASK, else every core. Set before any kernel runs.
+pub fn init_threads(configured: usize) -> usize {
+    let n = crate::util::threads(configured);
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
+    n
+}
+
+/// The signals that ask a run to stop — SIGUSR1 (SLURM, before the time
+/// limit), SIGTERM (preemption), SIGINT (Ctrl-C) — as they arrive.
+struct Stop(Arc<AtomicUsize>);
+
+impl Stop {
+    fn install() -> Result<Stop> {
+        let flag = Arc::new(AtomicUsize::new(0));
+        for sig in [
+            signal_hook::consts::SIGUSR1,
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ] {
+            signal_hook::flag::register_usize(sig, Arc::clone(&flag), sig as usize)
+                .context("installing signal handlers")?;
+        }
+        Ok(Stop(flag))
+    }
+
+    /// The last signal received since the last call, by name.
+    fn take(&self) -> Option<&'static str> {
+        match self.0.swap(0, Ordering::SeqCst) as i32 {
+            0 => None,
+            signal_hook::consts::SIGUSR1 => Some("SIGUSR1"),
+            signal_hook::consts::SIGTERM => Some("SIGTERM"),
+            _ => Some("SIGINT"),
+        }
+    }
+}
+
+/// Says what is being trained, where, and against what peak.
+fn announce(t: &Trainer, flops_per_token: f64, peak: f64, peak_source: &str) {
+    let (cfg, ranks) = (&t.cfg, t.ranks());
+    eprintln!(
+        "sweep train: {} ({} parameters, {:.1} MFLOP/token) on {} with {} threads; peak {:.1} GFLOP/s ({peak_source})",
+        cfg.model,
+        t.params.count(),
+        flops_per_token / 1e6,
+        if t.device.is_cpu() { "cpu" } else { "cuda" },
+        t.threads,
+        peak / 1e9
+    );
+    if !t.comm.is_single() {
+        eprintln!(
+            "sweep train: {} rank(s), gradients summed by {}; global batch {}",
+            ranks.world_size,
+            t.comm.describe(),
+            ranks.world_size * cfg.batch() * cfg.gradient_accumulation
+        );
+    }
+}
+
+/// The training loop of one rank, from the latest checkpoint to the last step.
+fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
+    let cfg = t.cfg.clone();
+    let ranks = t.ranks();
+    let main = ranks.is_main();
+    let driver_name = (!t.device.is_cpu())
+        .then(|| device::name(&t.device))
+        .transpose()?;
+    let (peak, peak_source) = metrics::peak_flops(&cfg, driver_name.as_deref(), t.threads)?;
+    let flops_per_token = t.model_spec.cfg.flops_per_token(cfg.sequence_length);
+    if main {
+        announce(t, flops_per_token, peak, &peak_source);
+    }
+    let log = main.then(|| MetricsLog::open(run_dir)).transpose()?;
+    let mut reporter = Reporter::new(
+        log,
+        &cfg,
+        ranks.world_size,
+        flops_per_token,
+        peak,
+        peak_source,
+    );
+    let mut stream = SampleStream::open(&t.spec)?;
+    let mut monitor = Monitor::new(cfg.monitor.clone(), cfg.grad_clip);
+    let (mut first, mut elapsed) = (1, 0.0);
+    if let Some((dir, state)) = checkpoint::latest(run_dir) {
+        checkpoint::restore(&dir, &state, &t.params, &mut t.opt, &t.device)?;
+        stream.restore(state.loader_of(ranks, &dir)?)?;
+        monitor.state = state.monitor;
+        reporter.resume(state.step)?;
+        if main {
+            eprintln!(
+                "sweep train: resumed from {} (step {})",
+                dir.display(),
+                state.step
+            );
+        }
+        (first, elapsed) = (state.step + 1, state.elapsed_s);
+    }
+    let check_every_step = std::env::var_os("SWEEP_CHECK_REPLICAS").is_some();
+    let mut loader = DataLoader::spawn(stream, cfg.batch(), cfg.prefetch);
+    let tokens_per_step = (cfg.batch() * cfg.sequence_length * cfg.gradient_accumulation) as u64;
+    let schedule = schedule::Schedule::new(&cfg);
+    let mut memory = device::PeakMemory::default();
+
+    for step in first..=cfg.training_steps {
+        let started = Instant::now();
+        let lr = optim::lr_at(step, &cfg);
+        let micro = (0..cfg.gradient_accumulation)
+            .map(|_| loader.next_batch())
+            .collect::<Result<Vec<_>>>()?;
+        let out = t
+            .step(&micro, lr, &mut memory)
+            .with_context(|| format!("step {step}"))?;
+        let step_time = started.elapsed().as_secs_f64();
+        elapsed += step_time;
+        reporter.count(tokens_per_step, out.training_tokens as u64, step_time);
+        if check_every_step {
+            t.check_replicas()
+                .with_context(|| format!("after step {step}"))?;
+        }
+        reporter.events(step, monitor.observe(step, out.loss, out.grad_norm))?;
+        let due = schedule.at(step);
+        if due.log {
+            // Only the rank that writes the log validates.
+            let val_loss = (due.validate && main)
+                .then(|| t.validation_loss(cfg.validation_batches))
+                .transpose()?;
+            reporter.log(LoggedStep {
+                step,
+                loss: out.loss,
+                lr,
+                grad_norm: out.grad_norm,
+                elapsed_s: elapsed,
+                peak_memory_mb: memory.peak_mb(&t.device),
+                val_loss,
+            })?;
+        }
+
+        // Every rank stops at the same step, even when the signal reached
+        // only some of them yet.
+        let signal = stop.take();
+        let [stopping] = dist::sum_scalars(&*t.comm, [signal.is_some() as u8 as f64], &t.device)?;
+        if due.checkpoint || stopping > 0.0 {
+            let dir = save_checkpoint(t, run_dir, step, &micro, &monitor, elapsed)?;
+            if stopping > 0.0 {
+                if main {
+                    let why = signal.unwrap_or("a stop signal (on another rank)");
+                    eprintln!("sweep train: {why} received; checkpoint {} written at step {step}; exiting to be requeued", dir.display());
+                }
+                return Ok(ExitCode::from(REQUEUE_EXIT as u8));
+            }
+        }
+    }
+    if ranks.world_size > 1 {
+        let digest = t.check_replicas()?;
+        if main {
+            eprintln!(
+                "sweep train: parameters identical on all {} ranks (sha256 {})",
+                ranks.world_size,
+                &digest[..16]
+            );
+        }
+    }
+    if main {
+        eprintln!(
+            "sweep train: done, {} steps in {elapsed:.1} s of training",
+            cfg.training_steps
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A checkpoint after `step`: parameters, optimizer state, every rank's data
+/// position (after the step's last micro-batch) and the monitor's window;
+/// with several ranks, after checking that they hold the same parameters.
+fn save_checkpoint(
+    t: &Trainer,
+    run_dir: &Path,
+    step: usize,
+    micro: &[Batch],
+    monitor: &Monitor,
+    elapsed_s: f64,
+) -> Result<PathBuf> {
+    let ranks = t.ranks();
+    let state = checkpoint::State {
+        step,
+        optimizer_steps: t.opt.t,
+        loader: micro
+            .last()
+            .expect("at least one micro-batch")
+            .state
+            .clone(),
+        world_size: ranks.world_size,
+        other_ranks: Vec::new(),
+        monitor: monitor.state.clone(),
+        elapsed_s,
+        sweep_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    if ranks.world_size > 1 {
+        t.check_replicas()
+            .with_context(|| format!("checkpoint at step {step}"))?;
+    }
+    checkpoint::save_all_ranks(run_dir, &t.params, &t.opt, state, &*t.comm, &t.device)
+}

@@ -1,0 +1,508 @@
+//! One rank's trainer: the model, its data and its optimizer, built from a
+//! run's configuration, and one optimizer step (forward and backward over
+//! the micro-batches, gradients summed across ranks, clipping, AdamW).
+//! The process around it — threads, signals, resuming, the step loop — is
+//! [`super::run`].
+
+use super::dist::{self, Collective, Ranks};
+use super::model::{Llama, ModelSpec};
+use super::optim::{AdamW, Grads};
+use super::params::Params;
+use super::{device, ops};
+use crate::config::{BatchSize, DeviceKind, Precision, TrainConfig};
+use crate::data::Batch;
+use crate::data::{DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer};
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Everything a run needs, built from its configuration.
+pub struct Trainer {
+    pub cfg: TrainConfig,
+    pub model_spec: ModelSpec,
+    pub device: Device,
+    pub params: Params,
+    pub model: Llama,
+    pub opt: AdamW,
+    pub spec: DataSpec,
+    pub threads: usize,
+    /// The engine that sums gradients across ranks ([`dist::Single`] alone).
+    pub comm: Box<dyn Collective>,
+}
+
+/// What one optimizer step reports.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOutcome {
+    /// Mean loss over the step's training tokens on all ranks.
+    pub loss: f64,
+    /// Global L2 norm of the summed gradients, before clipping.
+    pub grad_norm: f64,
+    /// This rank's tokens with a training label.
+    pub training_tokens: usize,
+    /// Seconds spent summing gradients and losses across ranks.
+    pub comm_s: f64,
+}
+
+impl Trainer {
+    /// A trainer for the rank the launcher's environment names.
+    pub fn new(cfg: TrainConfig, threads: usize) -> Result<Trainer> {
+        if cfg.batch_size == BatchSize::Max {
+            bail!("batch_size = \"max\" must be resolved before training (sweep train does)");
+        }
+        let ranks = Ranks::from_env()?;
+        let device = match cfg.device {
+            DeviceKind::Cpu => Device::Cpu,
+            DeviceKind::Cuda => cuda_device(ranks.local_rank)?,
+        };
+        let dtype = match (cfg.precision, device.is_cpu()) {
+            (Precision::F32, _) => DType::F32,
+            (Precision::Bf16, false) => DType::BF16,
+            (Precision::Bf16, true) => bail!("`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use \"bf16-mixed\" (or \"f32\") on the CPU"),
+            // f32 weights and optimizer state, bf16 matrix products (autocast).
+            (Precision::Bf16Mixed, _) => DType::F32,
+        };
+        if cfg.precision == Precision::Bf16Mixed && device.is_cpu() && ranks.is_main() {
+            announce_bf16_kernel()?;
+        }
+        let bf16_matmuls = cfg.precision == Precision::Bf16Mixed;
+        let specials = SpecialTokens {
+            bos: cfg.bos_token.clone(),
+            eos: cfg.eos_token.clone(),
+            pad: cfg.pad_token.clone(),
+        };
+        let tok = Arc::new(TextTokenizer::load(&cfg.tokenizer, &specials)?);
+        let mut model_cfg = cfg.model_config()?;
+        if model_cfg.vocab_size == 0 {
+            model_cfg.vocab_size = tok.vocab_size();
+        }
+        if model_cfg.vocab_size < tok.vocab_size() {
+            bail!(
+                "the model's vocabulary ({}) is smaller than the tokenizer's ({})",
+                model_cfg.vocab_size,
+                tok.vocab_size()
+            );
+        }
+        let comm = dist::connect(ranks, &device)?;
+        let model_spec = ModelSpec {
+            cfg: model_cfg,
+            attention: cfg.attention,
+            max_seq: cfg.sequence_length,
+            device: device.clone(),
+            dtype,
+            bf16_matmuls,
+            recompute: cfg.recompute,
+        };
+        let params = model_spec.init_params(cfg.seed)?;
+        broadcast_params(&*comm, &params)?;
+        let model = Llama::new(&params, &model_spec)?;
+        let opt = AdamW::new(&params, &cfg)?;
+        let source = match (cfg.pretokenized, &cfg.pretokenized_path) {
+            (true, Some(path)) => SourceSpec::Pretokenized { path: path.clone() },
+            (true, None) => bail!("`pretokenized = true` needs `pretokenized_path` (the planner sets it from its pretokenize stage)"),
+            (false, _) => SourceSpec::Text { path: cfg.dataset.clone(), column: cfg.text_column.clone() },
+        };
+        let spec = DataSpec {
+            dataset_type: cfg.dataset_type,
+            seq_len: cfg.sequence_length,
+            source,
+            tokenizer: tok,
+            rank: ranks.rank,
+            world_size: ranks.world_size,
+            holdout: cfg.validation_documents,
+        };
+        Ok(Trainer {
+            cfg,
+            model_spec,
+            device,
+            params,
+            model,
+            opt,
+            spec,
+            threads,
+            comm,
+        })
+    }
+
+    pub fn ranks(&self) -> Ranks {
+        self.comm.ranks()
+    }
+
+    /// One optimizer step over this rank's micro-batches: forward and
+    /// backward, gradients summed over the ranks, clipping on the global
+    /// norm, AdamW. The loss is normalised by the training tokens of all
+    /// ranks together, so N ranks at batch B train like one rank at N·B on
+    /// the same samples.
+    pub fn step(
+        &mut self,
+        micro: &[Batch],
+        lr: f64,
+        memory: &mut device::PeakMemory,
+    ) -> Result<StepOutcome> {
+        let local: usize = micro.iter().map(|b| b.training_tokens).sum();
+        let t0 = Instant::now();
+        let [global] = dist::sum_scalars(&*self.comm, [local as f64], &self.device)?;
+        let mut comm_s = t0.elapsed().as_secs_f64();
+        let (partial, mut grads) = self.forward_backward(micro, global.max(1.0), memory)?;
+        let t1 = Instant::now();
+        dist::all_reduce_in_buckets(&*self.comm, &mut grads.tensors_mut(), dist::BUCKET_BYTES)?;
+        let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
+        comm_s += t1.elapsed().as_secs_f64();
+        let grad_norm = grads.norm()?;
+        if !grad_norm.is_finite() || !loss.is_finite() {
+            bail!("the loss ({loss}) or gradient norm ({grad_norm}) is not finite; try a lower learning_rate");
+        }
+        let clip = self.cfg.grad_clip;
+        let scale = if clip > 0.0 && grad_norm > clip {
+            clip / grad_norm
+        } else {
+            1.0
+        };
+        self.opt.step(&grads, lr, scale)?;
+        Ok(StepOutcome {
+            loss,
+            grad_norm,
+            training_tokens: local,
+            comm_s,
+        })
+    }
+
+    /// Forward and backward over one step's micro-batches on this rank,
+    /// sampling the device's memory while each micro-batch's graph and
+    /// gradients are alive. Returns this rank's share of the loss (its
+    /// summed cross-entropy ÷ `divisor`) and its gradients.
+    pub fn forward_backward(
+        &self,
+        micro: &[Batch],
+        divisor: f64,
+        memory: &mut device::PeakMemory,
+    ) -> Result<(f64, Grads)> {
+        let mut grads = Grads::default();
+        let mut loss = 0.0;
+        for b in micro {
+            let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
+            let l = self.model.loss(&ids, &b.labels, divisor)?;
+            loss += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
+            let g = self.model.backward(&l)?;
+            memory.sample(&self.device)?;
+            grads.accumulate(&self.params, g)?;
+        }
+        Ok((loss, grads))
+    }
+
+    /// Mean loss over `batches` batches of the held-out documents (no gradients).
+    pub fn validation_loss(&self, batches: usize) -> Result<f64> {
+        let mut stream = SampleStream::open_validation(&self.spec)?;
+        let (mut sum, mut count) = (0.0, 0usize);
+        for _ in 0..batches {
+            let b = crate::data::loader::next_batch(&mut stream, self.cfg.batch())?;
+            let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
+            let l = self.model.loss(&ids.detach(), &b.labels, 1.0)?;
+            sum += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
+            count += b.training_tokens;
+        }
+        Ok(sum / count.max(1) as f64)
+    }
+
+    /// Checks that every rank holds the same parameters (a digest of rank
+    /// 0's, broadcast and compared); returns the digest.
+    pub fn check_replicas(&self) -> Result<String> {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for (_, var) in self.params.iter() {
+            for x in var.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()? {
+                h.update(x.to_le_bytes());
+            }
+        }
+        let digest = format!("{:x}", h.finalize());
+        // 48 bits of it, exact in an f64, are what the ranks compare.
+        let mine = u64::from_str_radix(&digest[..12], 16).expect("hex") as f64;
+        let root = self
+            .comm
+            .broadcast(&Tensor::new(&[mine], &self.device)?, 0)?;
+        let root = root.to_vec1::<f64>()?[0];
+        let [differ] = dist::sum_scalars(&*self.comm, [(mine != root) as u8 as f64], &self.device)?;
+        if differ > 0.0 {
+            bail!(
+                "the parameters of {differ} rank(s) differ from rank 0's (this is rank {}, digest {})",
+                self.ranks().rank,
+                &digest[..12]
+            );
+        }
+        Ok(digest)
+    }
+}
+
+/// Every rank starts from rank 0's parameters (the same seed gives the same
+/// ones, but a broadcast makes it so whatever the device's kernels do).
+fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
+    if comm.is_single() {
+        return Ok(());
+    }
+    for (_, var) in params.iter() {
+        let flat = comm.broadcast(&var.flatten_all()?, 0)?;
+        var.set(&flat.reshape(var.shape())?)?;
+    }
+    Ok(())
+}
+
+/// Says once which CPU kernel multiplies bf16-mixed's operands, and why when
+/// it is the slower portable one; refuses an invalid `SWEEP_CPU_KERNELS`.
+fn announce_bf16_kernel() -> Result<()> {
+    use ops::bf16_gemm::{self, Bf16Kernel};
+    let forced = bf16_gemm::requested().map_err(anyhow::Error::msg)?;
+    if bf16_gemm::selected() == Bf16Kernel::Portable {
+        let why = match forced {
+            Some(_) => format!("{}=portable", bf16_gemm::KERNELS_ENV),
+            None => "this CPU lacks AVX-512 BF16".into(),
+        };
+        eprintln!(
+            "sweep train: bf16-mixed through the portable bf16 kernel ({why}): the same arithmetic, \
+             at about the f32 speed instead of twice it"
+        );
+    }
+    Ok(())
+}
+
+fn cuda_device(local_rank: usize) -> Result<Device> {
+    #[cfg(feature = "cuda")]
+    return Ok(Device::new_cuda(local_rank)?);
+    #[cfg(not(feature = "cuda"))]
+    bail!(
+        "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see README, Building for GPUs)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ModelConfig, ModelOverrides};
+    use crate::data::samples::IGNORE;
+    use crate::train::optim;
+
+    fn tiny(vocab: usize) -> ModelConfig {
+        let o = ModelOverrides {
+            dim: Some(16),
+            n_layers: Some(2),
+            n_heads: Some(4),
+            n_kv_heads: Some(2),
+            vocab_size: Some(vocab),
+            multiple_of: Some(16),
+            ..Default::default()
+        };
+        ModelConfig::resolve("tiny", &o).unwrap()
+    }
+
+    fn setup(dtype: DType) -> (Params, Llama, Tensor, Vec<i64>) {
+        setup_with(dtype, crate::config::Recompute::None)
+    }
+
+    fn setup_with(
+        dtype: DType,
+        recompute: crate::config::Recompute,
+    ) -> (Params, Llama, Tensor, Vec<i64>) {
+        let cfg = tiny(40);
+        let spec = ModelSpec {
+            cfg,
+            attention: crate::config::AttentionKind::Eager,
+            max_seq: 8,
+            device: Device::Cpu,
+            dtype,
+            bf16_matmuls: false,
+            recompute,
+        };
+        let params = spec.init_params(7).unwrap();
+        let model = Llama::new(&params, &spec).unwrap();
+        let ids: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 40).collect();
+        let ids = Tensor::from_vec(ids, (2, 6), &Device::Cpu).unwrap();
+        let labels: Vec<i64> = (0..12)
+            .map(|i| {
+                if i % 5 == 4 {
+                    IGNORE
+                } else {
+                    (i * 11 + 1) % 40
+                }
+            })
+            .collect();
+        (params, model, ids, labels)
+    }
+
+    fn grads_of(params: &Params, model: &Llama, ids: &Tensor, labels: &[i64]) -> (f64, Grads) {
+        let loss = model.loss(ids, labels, 10.0).unwrap();
+        let value = loss
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        let mut g = Grads::default();
+        g.accumulate(params, model.backward(&loss).unwrap())
+            .unwrap();
+        (value, g)
+    }
+
+    #[test]
+    fn recomputed_blocks_give_the_same_loss_and_gradients() -> Result<()> {
+        use crate::config::Recompute;
+        for dtype in [DType::F32, DType::F64] {
+            let (p0, m0, ids, labels) = setup_with(dtype, Recompute::None);
+            let (p1, m1, _, _) = setup_with(dtype, Recompute::Blocks);
+            // Twice: gradients gathered in one backward pass must not leak
+            // into the next.
+            for _ in 0..2 {
+                let (l0, g0) = grads_of(&p0, &m0, &ids, &labels);
+                let (l1, g1) = grads_of(&p1, &m1, &ids, &labels);
+                assert_eq!(l0, l1, "{dtype:?}: the forward pass changed");
+                for (name, _) in p0.iter() {
+                    let a = g0.get(name).unwrap().to_dtype(DType::F64)?;
+                    let b = g1.get(name).unwrap().to_dtype(DType::F64)?;
+                    let scale = a.abs()?.max_all()?.to_scalar::<f64>()?;
+                    let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+                    assert!(
+                        diff <= 1e-5 * scale,
+                        "{dtype:?} `{name}`: {diff:e} of {scale:e}"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() -> Result<()> {
+        // f64 runs the composed ops, so differences are precise.
+        let (params, model, ids, labels) = setup(DType::F64);
+        let (_, grads) = grads_of(&params, &model, &ids, &labels);
+        // Central differences: truncation error O(h^2), round-off ~1e-16 * loss / h.
+        let h = 1e-4;
+        for (name, index) in [
+            ("tok_embeddings.weight", 3 * 16 + 2),
+            ("layers.0.attention.wq.weight", 17),
+            ("layers.1.attention.wk.weight", 5),
+            ("layers.0.attention.wv.weight", 40),
+            ("layers.1.attention.wo.weight", 101),
+            ("layers.0.feed_forward.w1.weight", 9),
+            ("layers.1.feed_forward.w2.weight", 77),
+            ("layers.0.feed_forward.w3.weight", 33),
+            ("layers.1.attention_norm.weight", 4),
+            ("norm.weight", 11),
+            ("output.weight", 30 * 16 + 7),
+        ] {
+            let var = params.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+            let base: Vec<f64> = var.flatten_all()?.to_vec1()?;
+            let at = |delta: f64| -> Result<f64> {
+                let mut v = base.clone();
+                v[index] += delta;
+                var.set(&Tensor::from_vec(v, var.shape(), &Device::Cpu)?)?;
+                Ok(model.loss(&ids, &labels, 10.0)?.to_scalar::<f64>()?)
+            };
+            let numeric = (at(h)? - at(-h)?) / (2.0 * h);
+            at(0.0)?;
+            let analytic = grads.get(name).unwrap().flatten_all()?.to_vec1::<f64>()?[index];
+            let err = (numeric - analytic).abs();
+            assert!(
+                err < 1e-6 * analytic.abs() + 1e-10,
+                "{name}[{index}]: numeric {numeric:e} vs autograd {analytic:e}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_parameter_gets_a_gradient_and_the_fused_path_agrees() -> Result<()> {
+        let (p32, m32, ids, labels) = setup(DType::F32);
+        let (p64, m64, _, _) = setup(DType::F64);
+        let (l32, g32) = grads_of(&p32, &m32, &ids, &labels);
+        let (l64, g64) = grads_of(&p64, &m64, &ids, &labels);
+        assert!((l32 - l64).abs() < 1e-4 * l64.abs(), "{l32} vs {l64}");
+        for (name, _) in p32.iter() {
+            let a = g32.get(name).unwrap().to_dtype(DType::F64)?;
+            let b = g64.get(name).unwrap();
+            let scale = b.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(scale > 0.0, "`{name}` has an all-zero gradient");
+            let diff = (&a - b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(diff <= 2e-4 * scale, "`{name}`: fused f32 and composed f64 gradients differ by {diff:e} (scale {scale:e})");
+        }
+        Ok(())
+    }
+
+    /// Per-step losses of a small model on the bundled text.
+    fn losses_on_real_text(precision: Precision, steps: usize) -> Result<Vec<f64>> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cfg = TrainConfig {
+            dataset: root.join("assets/data/quickstart.parquet"),
+            tokenizer: root.join(crate::config::DEFAULT_TOKENIZER),
+            sequence_length: 64,
+            batch_size: crate::config::BatchSize::Fixed(4),
+            learning_rate: 3e-3,
+            warmup_steps: 3,
+            precision,
+            architecture: ModelOverrides {
+                dim: Some(32),
+                n_layers: Some(1),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut t = Trainer::new(cfg.clone(), 2)?;
+        let mut stream = SampleStream::open(&t.spec)?;
+        let mut losses = vec![];
+        for step in 1..=steps {
+            let b = crate::data::loader::next_batch(&mut stream, cfg.batch())?;
+            let out = t.step(
+                &[b],
+                optim::lr_at(step, &cfg),
+                &mut device::PeakMemory::default(),
+            )?;
+            losses.push(out.loss);
+        }
+        Ok(losses)
+    }
+
+    #[test]
+    fn loss_falls_on_real_text() -> Result<()> {
+        let losses = losses_on_real_text(Precision::F32, 40)?;
+        let first: f64 = losses[..3].iter().sum::<f64>() / 3.0;
+        let last: f64 = losses[37..].iter().sum::<f64>() / 3.0;
+        assert!(first > 10.0, "starts near ln(32000) = 10.4: {first}");
+        // A random model stays near ln(32000); falling a nat in 40 steps is learning.
+        assert!(last < first - 1.0, "loss {first:.2} -> {last:.2}");
+        Ok(())
+    }
+
+    #[test]
+    fn bf16_mixed_follows_the_f32_curve() -> Result<()> {
+        // With the process's kernel: AVX-512 BF16 where the CPU has it, else
+        // the portable one (the integration tests force the portable one too).
+        let f32 = losses_on_real_text(Precision::F32, 30)?;
+        let mixed = losses_on_real_text(Precision::Bf16Mixed, 30)?;
+        // Same data, same init: only the rounding of matmul operands differs.
+        for (step, (a, b)) in f32.iter().zip(&mixed).enumerate() {
+            assert!(
+                (a - b).abs() < 0.02 * a,
+                "step {}: f32 {a:.4} vs bf16-mixed {b:.4}",
+                step + 1
+            );
+        }
+        assert!(mixed[27..].iter().sum::<f64>() / 3.0 < mixed[..3].iter().sum::<f64>() / 3.0 - 0.8);
+        Ok(())
+    }
+
+    #[test]
+    fn flops_per_token_match_the_reference_formula() {
+        // 6·N + 12·L·H·Q·T at T = 2048, N excluding the token embedding.
+        let p = |name: &str| ModelConfig::preset(name).unwrap();
+        assert_eq!(p("ref-8b").non_embedding_params(), 7_516_459_008);
+        assert_eq!(p("ref-8b").flops_per_token(2048), 48_319_979_520.0);
+        assert_eq!(p("ref-1b").non_embedding_params(), 989_923_328);
+        assert_eq!(p("ref-1b").flops_per_token(2048), 6_744_846_336.0);
+        // The reference's own figures: 7873.05 tokens/s -> 380.43 TFLOPs, 38.47% of 989e12.
+        let tflops = 7873.05 * p("ref-8b").flops_per_token(2048) / 1e12;
+        assert!((tflops - 380.43).abs() < 0.01 && (100.0 * tflops / 989.0 - 38.47).abs() < 0.01);
+        // The CPU speed-goal model (`small`, vocab 8192, seq 256): 82.6 MFLOP/token.
+        let small = ModelConfig {
+            vocab_size: 8192,
+            ..p("small")
+        };
+        assert_eq!(small.flops_per_token(256), 82_605_312.0);
+    }
+}
