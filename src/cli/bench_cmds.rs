@@ -71,7 +71,9 @@ fn train(
     recompute: crate::config::Recompute,
 ) -> Result<()> {
     if device == DeviceKind::Cuda && !crate::config::Features::BUILT.cuda {
-        anyhow::bail!("`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; README, Building for GPUs)");
+        anyhow::bail!(
+            "`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; docs/gpu.md)"
+        );
     }
     let threads = crate::train::init_threads(threads);
     let cases = match device {

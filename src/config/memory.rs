@@ -21,7 +21,7 @@
 //!
 //! The per-part factors come from measurement (`peak_memory_mb` of real runs:
 //! the tests check the estimate against the CPU trainer; the GPU factors from
-//! runs on an H100, see the README).
+//! runs on an H100, see docs/memory.md).
 
 use super::{AttentionKind, DeviceKind, Precision, Recompute, TrainConfig};
 use crate::config::model::ModelConfig;

@@ -565,8 +565,9 @@ impl TrainConfig {
     /// Checks that the binary that will train this run was built with what
     /// the configuration needs (a CUDA device, the flash-attention kernels).
     pub fn check_build(&self, build: Features) -> Result<(), ConfigError> {
-        let how = "build one with scripts/build-gpu.sh or `cargo build --release --features flash-attn` \
-                   (README, Building for GPUs); to plan for such a build elsewhere, set SWEEP_BIN to its path";
+        let how =
+            "build one with scripts/build-gpu.sh or `cargo build --release --features flash-attn` \
+                   (docs/gpu.md); to plan for such a build elsewhere, set SWEEP_BIN to its path";
         if self.device == DeviceKind::Cuda && !build.cuda {
             return Err(ConfigError::new(
                 "device",

@@ -597,7 +597,7 @@ impl Validator<'_, '_> {
             Err(e) => {
                 let mut d = self.source.from_toml_error(&e, explain_key);
                 if d.help.is_none() {
-                    d.help = Some("see the manifest reference in README.md".into());
+                    d.help = Some("see the manifest reference in docs/manifest.md".into());
                 }
                 self.err(d);
                 TrainConfig::default()

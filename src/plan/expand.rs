@@ -375,7 +375,7 @@ impl<'a> Shared<'a> {
                  and this sweep was built without the `{feature}` feature"
             );
             let mut d = self.error_in(&a.params, Some(key), &msg);
-            d.help = Some(format!("build it with `{build}` (README, Data parallelism), set SWEEP_BIN to such a build, or use one task"));
+            d.help = Some(format!("build it with `{build}` (docs/data-parallelism.md), set SWEEP_BIN to such a build, or use one task"));
             return Err(d);
         }
         if !cpu && slurm.gpus_per_node > 0 && slurm.gpus_per_node != slurm.ntasks_per_node.get() {
@@ -931,7 +931,7 @@ fn check_memory(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     );
     d.help = Some(format!(
         "try {recompute}a smaller `batch_size` or more GPUs; set `gpu_memory_gb` if your GPUs have more memory than the table says; \
-         `--allow-oom` plans them anyway (README, Memory)"
+         `--allow-oom` plans them anyway (docs/memory.md)"
     ));
     Err(d.into())
 }

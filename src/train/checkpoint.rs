@@ -154,18 +154,33 @@ fn prune(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The newest checkpoint whose state reads back, if any.
+/// The newest checkpoint whose state reads back, if any. A newer one that
+/// does not (written by a run killed mid-way through its rename, or damaged
+/// since) is passed over with a warning that names it and why.
 pub fn latest(run_dir: &Path) -> Option<(PathBuf, State)> {
     checkpoints(&run_dir.join(DIR))
         .into_iter()
         .rev()
-        .find_map(|(_, p)| {
-            let state: State =
-                serde_json::from_slice(&std::fs::read(p.join("state.json")).ok()?).ok()?;
-            let complete =
-                p.join("model.safetensors").is_file() && p.join("optimizer.safetensors").is_file();
-            complete.then_some((p, state))
+        .find_map(|(_, p)| match read_complete(&p) {
+            Ok(state) => Some((p, state)),
+            Err(why) => {
+                eprintln!("warning: checkpoint {} is passed over: {why}", p.display());
+                None
+            }
         })
+}
+
+fn read_complete(dir: &Path) -> std::result::Result<State, String> {
+    let path = dir.join("state.json");
+    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let state: State = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{} is not a checkpoint state: {e}", path.display()))?;
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        if !dir.join(f).is_file() {
+            return Err(format!("it has no {f}"));
+        }
+    }
+    Ok(state)
 }
 
 /// Loads a checkpoint's tensors into the model and optimizer.

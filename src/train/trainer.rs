@@ -269,7 +269,7 @@ fn cuda_device(local_rank: usize) -> Result<Device> {
     return Ok(Device::new_cuda(local_rank)?);
     #[cfg(not(feature = "cuda"))]
     bail!(
-        "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see README, Building for GPUs)"
+        "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see docs/gpu.md)"
     )
 }
 

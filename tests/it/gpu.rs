@@ -1,8 +1,8 @@
 //! The trainer on a GPU: CUDA follows the CPU in f32, bf16 and bf16-mixed stay
 //! close to f32, flash attention trains like eager attention, a killed run
 //! resumes on the curve, and one rank through NCCL trains like no engine. They need an NVIDIA GPU and this test binary
-//! built with the GPU features (`scripts/build-gpu.sh --tests`; README,
-//! Building for GPUs), so everywhere else they are ignored with that reason,
+//! built with the GPU features (`scripts/build-gpu.sh --tests`;
+//! docs/gpu.md), so everywhere else they are ignored with that reason,
 //! and `scripts/test.sh` skips them.
 
 use super::support::{losses, project, run_ok, status, sweep, wait_for};

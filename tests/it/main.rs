@@ -1,7 +1,7 @@
 //! Integration tests: one binary (each test binary links every dependency).
 //! Tests marked `#[ignore]` need the local SLURM cluster or the full corpus;
 //! `scripts/test.sh` starts the cluster and runs them all, but for `gpu::`,
-//! which needs a GPU and a GPU build (README, Building for GPUs).
+//! which needs a GPU and a GPU build (docs/gpu.md).
 
 mod data;
 #[cfg(feature = "mpi")]

@@ -140,12 +140,12 @@ pub fn connect(ranks: Ranks, device: &Device) -> Result<Box<dyn Collective>> {
         #[cfg(feature = "mpi")]
         return Ok(Box::new(mpi::Mpi::init(ranks)?));
         #[cfg(not(feature = "mpi"))]
-        bail!("{} ranks on the CPU need a build with the `mpi` feature (cargo build --release --features mpi; see README, Data parallelism)", ranks.world_size);
+        bail!("{} ranks on the CPU need a build with the `mpi` feature (cargo build --release --features mpi; see docs/data-parallelism.md)", ranks.world_size);
     }
     #[cfg(feature = "nccl")]
     return Ok(Box::new(nccl::Nccl::init(ranks, device)?));
     #[cfg(not(feature = "nccl"))]
-    bail!("{} ranks on GPUs need a build with the `nccl` feature (scripts/build-gpu.sh; see README, Data parallelism)", ranks.world_size)
+    bail!("{} ranks on GPUs need a build with the `nccl` feature (scripts/build-gpu.sh; see docs/data-parallelism.md)", ranks.world_size)
 }
 
 /// Gradients are summed in buckets of about this many bytes (PyTorch DDP's
