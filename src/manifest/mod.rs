@@ -257,19 +257,17 @@ fn explain_key(source: &Source, key: &str) -> Option<(String, String)> {
 /// (serde's derive hands them to `deserialize_struct`), so the list never
 /// drifts from the type.
 pub fn known_fields<T: DeserializeOwned>() -> Vec<String> {
-    let mut probe = FieldsProbe(None);
-    let _ = T::deserialize(&mut probe);
-    probe
-        .0
-        .unwrap_or_default()
-        .iter()
-        .map(|f| f.to_string())
-        .collect()
+    probed_names::<T>()
 }
 
 /// The variant names of an enum (as manifests spell them), from its own
 /// `Deserialize` implementation, as [`known_fields`] does for structs.
 pub fn known_variants<T: DeserializeOwned>() -> Vec<String> {
+    probed_names::<T>()
+}
+
+/// The names a type's `Deserialize` asks for: its fields or its variants.
+fn probed_names<T: DeserializeOwned>() -> Vec<String> {
     let mut probe = FieldsProbe(None);
     let _ = T::deserialize(&mut probe);
     probe

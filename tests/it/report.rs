@@ -188,16 +188,9 @@ fn unreadable_imported_logs_are_listed_with_their_reason() {
     // A directory matching the glob cannot be read as a file.
     std::fs::create_dir_all(logs.join("dir.jsonl")).unwrap();
     let glob = format!("{}/*.jsonl", logs.display());
-    let text = stdout(&run_ok(sweep(root.path()).args([
-        "report",
-        "--import",
-        &glob,
-        "--log-format",
-        "jsonl",
-        "--name",
-        "imp",
-        "--no-plots",
-    ])));
+    let text = stdout(&run_ok(
+        import_jsonl(root.path(), &glob, "imp").arg("--no-plots"),
+    ));
     assert!(
         text.contains("note: latin1: COMPLETED, ")
             && text.contains("latin1.jsonl: 1 line(s) left out (line 1: invalid UTF-8 at byte 17)"),
@@ -572,29 +565,41 @@ parallel = 2
     assert!(!text.to_lowercase().contains("infx"), "{text}");
 }
 
+/// `sweep report --import GLOB --log-format jsonl --name NAME`, run in `root`.
+fn import_jsonl(root: &Path, glob: &str, name: &str) -> std::process::Command {
+    let mut cmd = sweep(root);
+    cmd.args([
+        "report",
+        "--import",
+        glob,
+        "--log-format",
+        "jsonl",
+        "--name",
+        name,
+    ]);
+    cmd
+}
+
+/// One log file in `<root>/logs`, and the glob that imports it.
+fn one_log(root: &Path, name: &str, text: &str) -> String {
+    let logs = root.join("logs");
+    write(&logs.join(name), text);
+    format!("{}/*.jsonl", logs.display())
+}
+
 /// `--name` becomes a directory under results/ and plots/: a path there is
 /// refused before anything is written.
 #[test]
 fn report_names_cannot_leave_the_results_directory() {
     let root = project();
-    let logs = root.path().join("logs");
-    write(
-        &logs.join("a.jsonl"),
+    let glob = one_log(
+        root.path(),
+        "a.jsonl",
         &(step_line(1, 2.0, 100.0, 1.0) + "\n"),
     );
-    let glob = format!("{}/*.jsonl", logs.display());
     let outside = root.path().join("outside");
     for name in ["../../outside", outside.to_str().unwrap(), "..", ""] {
-        let out = sweep(&root.path().join("logs"))
-            .args([
-                "report",
-                "--import",
-                &glob,
-                "--log-format",
-                "jsonl",
-                "--name",
-                name,
-            ])
+        let out = import_jsonl(&root.path().join("logs"), &glob, name)
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -612,22 +617,12 @@ fn report_names_cannot_leave_the_results_directory() {
 #[test]
 fn names_from_files_are_printed_as_text() {
     let root = project();
-    let logs = root.path().join("logs");
-    write(
-        &logs.join("evil|name\u{1b}[31m.jsonl"),
+    let glob = one_log(
+        root.path(),
+        "evil|name\u{1b}[31m.jsonl",
         &(step_line(1, 2.0, 100.0, 1.0) + "\ngarbage\n"),
     );
-    let glob = format!("{}/*.jsonl", logs.display());
-    let out = run_ok(sweep(root.path()).args([
-        "report",
-        "--import",
-        &glob,
-        "--log-format",
-        "jsonl",
-        "--name",
-        "evil",
-        "--no-plots",
-    ]));
+    let out = run_ok(import_jsonl(root.path(), &glob, "evil").arg("--no-plots"));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(!text.contains('\u{1b}'), "{text:?}");
     assert!(text.contains("evil\\|name\\u{1b}[31m"), "{text}");
