@@ -257,8 +257,8 @@ fn announce_bf16_kernel() -> Result<()> {
             None => "this CPU lacks AVX-512 BF16".into(),
         };
         eprintln!(
-            "sweep train: bf16-mixed through the portable bf16 kernel ({why}): the same arithmetic, \
-             at about the f32 speed instead of twice it"
+            "sweep train: bf16-mixed through the portable bf16 kernel ({why}): the same arithmetic \
+             as the AVX-512 BF16 kernel, and slower than training in f32"
         );
     }
     Ok(())

@@ -13,7 +13,8 @@
 //! - [`Bf16Kernel::Portable`], on every other x86-64 (and any) CPU: per block
 //!   of k, both operands rounded to bf16 values held in f32, multiplied and
 //!   accumulated by the `gemm` crate's f32 kernels (the ones candle uses).
-//!   About the f32 speed, half of the AVX-512 BF16 kernel's.
+//!   Slower than f32 by the rounding passes (on the CPU speed-goal model,
+//!   the train step at 0.76× its f32 speed; `sweep bench train`).
 //!
 //! The kernel is picked once per process from the CPU's features;
 //! `SWEEP_CPU_KERNELS=portable` forces the portable one (the tests use it to
