@@ -9,6 +9,7 @@ use crate::config::{
     AttentionKind, DeviceKind, ModelConfig, ModelOverrides, Precision, Recompute, TrainConfig,
 };
 use crate::data::samples::IGNORE;
+use crate::train::blockwise::Probe;
 use crate::train::device::PeakMemory;
 use crate::train::model::Llama;
 use crate::train::model::ModelSpec;
@@ -242,17 +243,17 @@ fn time_case(
         .collect();
     let ids = Tensor::from_vec(ids, (case.batch, case.seq), &device)?;
     let mut memory = PeakMemory::default();
+    let mut grads = Grads::buffers_for(&params)?;
     let (mut fwd, mut bwd, mut upd) = (0.0, 0.0, 0.0);
     for step in 0..steps + 2 {
         let t0 = Instant::now();
-        let loss = model.loss(&ids, &labels, n as f64)?;
-        // Reading the loss waits for the device.
-        let _ = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-        let t1 = Instant::now();
-        let mut grads = Grads::default();
-        let g = model.backward(&loss)?;
-        memory.sample(&device)?;
-        grads.accumulate(&params, g)?;
+        let probe = Probe {
+            at_peak: &mut || memory.sample(&device),
+            sync_forward: true,
+        };
+        grads.zero()?;
+        let pass = model.forward_backward_probed(&ids, &labels, n as f64, &mut grads, probe)?;
+        let t1 = t0 + std::time::Duration::from_secs_f64(pass.forward_s);
         let norm = grads.norm()?;
         let t2 = Instant::now();
         opt.step(&grads, 1e-4, (1.0 / norm).min(1.0))?;

@@ -11,17 +11,61 @@
 
 use super::ops::matmul::matmul;
 use super::ops::softmax::softmax;
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
 
 /// q [B, H, T, Q]; k, v [B, KV, T, Q] (heads first). Returns [B, H, T, Q].
 /// `bf16`: the two products with bf16 operands (the CPU's bf16-mixed precision).
 pub fn eager(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, bf16: bool) -> Result<Tensor> {
+    Ok(eager_keeping_probabilities(q, k, v, causal, bf16)?.0)
+}
+
+/// [`eager`], and the probabilities P ([B, KV, rep·T, T]) for its backward.
+pub fn eager_keeping_probabilities(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    bf16: bool,
+) -> Result<(Tensor, Tensor)> {
     let (b, h, t, d) = q.dims4()?;
     let kv = k.dim(1)?;
     let q = q.reshape((b, kv, (h / kv) * t, d))?;
     let scores = matmul(&q, &k.t()?, bf16)?;
     let p = softmax(&scores, 1.0 / (d as f64).sqrt(), t, causal)?;
-    matmul(&p, v, bf16)?.reshape((b, h, t, d))
+    Ok((matmul(&p, v, bf16)?.reshape((b, h, t, d))?, p))
+}
+
+/// The gradients of [`eager`] for q, k and v (heads first) from the gradient
+/// of its output, without autograd, from the forward's probabilities `p`
+/// (or, without them, recomputed from q and k as flash attention's backward
+/// does): P = softmax(Q Kᵀ·scale); dV = Pᵀ dO; dP = dO Vᵀ; dS = P∘(dP − rowsum(P∘dP))·scale;
+/// dQ = dS K; dK = dSᵀ Q. With the queries of a KV head's group stacked
+/// ([B, KV, rep·T, Q]), the products sum dK and dV over the group by themselves.
+pub fn eager_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: Option<&Tensor>,
+    d_o: &Tensor,
+    causal: bool,
+    bf16: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, h, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let qg = q.reshape((b, kv, (h / kv) * t, d))?;
+    let dog = d_o.reshape((b, kv, (h / kv) * t, d))?;
+    let p = match p {
+        Some(p) => p.clone(),
+        None => softmax(&matmul(&qg, &k.t()?, bf16)?, scale, t, causal)?,
+    };
+    let dv = matmul(&p.t()?, &dog, bf16)?;
+    let dp = matmul(&dog, &v.t()?, bf16)?;
+    let ds = super::ops::softmax::backward(&p, &dp, scale)?;
+    drop((p, dp));
+    let dq = matmul(&ds, k, bf16)?.reshape((b, h, t, d))?;
+    let dk = matmul(&ds.t()?, &qg, bf16)?;
+    Ok((dq, dk, dv))
 }
 
 /// Flash attention in its own layout: q [B, T, H, Q], k, v [B, T, KV, Q].
@@ -149,10 +193,11 @@ pub fn recompute_backward(
     let kv = k.dim(2)?;
     let rep = h / kv;
     let dtype = q.dtype();
+    let work = super::ops::work_dtype(q);
     let dev = q.device();
-    // [B, T, H, Q] -> [B·H, T, Q] in f32.
+    // [B, T, H, Q] -> [B·H, T, Q] in f32 (f64 for f64).
     let rows = |x: &Tensor, heads: usize| -> Result<Tensor> {
-        x.to_dtype(DType::F32)?
+        x.to_dtype(work)?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b * heads, t, d))
@@ -168,13 +213,13 @@ pub fn recompute_backward(
         let m: Vec<f32> = (0..t)
             .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
             .collect();
-        Some(Tensor::from_vec(m, (1, t, t), dev)?)
+        Some(Tensor::from_vec(m, (1, t, t), dev)?.to_dtype(work)?)
     } else {
         None
     };
     let mut dq_parts = Vec::new();
-    let mut dk = Tensor::zeros((b * kv, t, d), DType::F32, dev)?;
-    let mut dv = Tensor::zeros((b * kv, t, d), DType::F32, dev)?;
+    let mut dk = Tensor::zeros((b * kv, t, d), work, dev)?;
+    let mut dv = Tensor::zeros((b * kv, t, d), work, dev)?;
     let mut start = 0;
     while start < b * h {
         let n = op.chunk.min(b * h - start);
@@ -222,6 +267,7 @@ mod tests {
     use super::*;
     use crate::train::ops::testing::{max_diff, rand};
     use crate::train::ops::{rope, softmax};
+    use candle_core::DType;
     use candle_core::Var;
 
     /// Attention from plain differentiable candle ops, in flash layout.
@@ -267,6 +313,34 @@ mod tests {
                     diff < 1e-5,
                     "{name}: {diff} (h={h} kv={kv} chunk={chunk} causal={causal})"
                 );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_explicit_eager_backward_equals_autograd_in_f64() -> Result<()> {
+        for causal in [true, false] {
+            let (b, t, h, kv, d) = (2, 6, 4, 2, 8);
+            let f64s = |x: Tensor| x.to_dtype(DType::F64);
+            let q = Var::from_tensor(&f64s(rand(&[b, h, t, d], 9))?)?;
+            let k = Var::from_tensor(&f64s(rand(&[b, kv, t, d], 10))?)?;
+            let v = Var::from_tensor(&f64s(rand(&[b, kv, t, d], 11))?)?;
+            let d_o = f64s(rand(&[b, h, t, d], 12))?;
+            let g = (eager(&q, &k, &v, causal, false)? * &d_o)?
+                .sum_all()?
+                .backward()?;
+            // With the forward's probabilities, and recomputing them.
+            let (_, p) = eager_keeping_probabilities(&q, &k, &v, causal, false)?;
+            for kept in [Some(&p), None] {
+                let (dq, dk, dv) = eager_backward(&q, &k, &v, kept, &d_o, causal, false)?;
+                for (name, ours, x) in [("dq", dq, &q), ("dk", dk, &k), ("dv", dv, &v)] {
+                    let diff = (ours - g.get(x).unwrap())?
+                        .abs()?
+                        .max_all()?
+                        .to_scalar::<f64>()?;
+                    assert!(diff < 1e-13, "{name} causal={causal}: {diff}");
+                }
             }
         }
         Ok(())

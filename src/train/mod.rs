@@ -11,6 +11,7 @@
 //! - [`checkpoint`], [`max_batch`], [`dist`], [`device`], [`peak`].
 
 pub mod attention;
+pub mod blockwise;
 mod checkpoint;
 pub mod device;
 pub mod dist;

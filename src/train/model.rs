@@ -17,21 +17,21 @@ use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor, V
 use std::sync::{Arc, Mutex};
 
 /// x [N, in] · wᵀ, w [out, in]; bf16 operands when `bf16`.
-fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> candle_core::Result<Tensor> {
+pub(super) fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> candle_core::Result<Tensor> {
     matmul(x, &w.t()?, bf16)
 }
 
 #[derive(Clone)]
-struct Attention {
-    wq: Tensor,
-    wk: Tensor,
-    wv: Tensor,
-    wo: Tensor,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    kind: AttentionKind,
-    bf16: bool,
+pub(super) struct Attention {
+    pub(super) wq: Tensor,
+    pub(super) wk: Tensor,
+    pub(super) wv: Tensor,
+    pub(super) wo: Tensor,
+    pub(super) n_heads: usize,
+    pub(super) n_kv_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) kind: AttentionKind,
+    pub(super) bf16: bool,
 }
 
 /// The standard deviation of the projections that write into the residual
@@ -112,11 +112,11 @@ impl Attention {
 }
 
 #[derive(Clone)]
-struct Mlp {
-    w1: Tensor,
-    w2: Tensor,
-    w3: Tensor,
-    bf16: bool,
+pub(super) struct Mlp {
+    pub(super) w1: Tensor,
+    pub(super) w2: Tensor,
+    pub(super) w3: Tensor,
+    pub(super) bf16: bool,
 }
 
 impl Mlp {
@@ -145,12 +145,12 @@ impl Mlp {
 }
 
 #[derive(Clone)]
-struct Block {
-    attention_norm: Tensor,
-    attention: Attention,
-    ffn_norm: Tensor,
-    mlp: Mlp,
-    eps: f64,
+pub(super) struct Block {
+    pub(super) attention_norm: Tensor,
+    pub(super) attention: Attention,
+    pub(super) ffn_norm: Tensor,
+    pub(super) mlp: Mlp,
+    pub(super) eps: f64,
 }
 
 impl Block {
@@ -209,16 +209,16 @@ impl ModelSpec {
 }
 
 pub struct Llama {
-    embeddings: Tensor,
-    blocks: Vec<Block>,
+    pub(super) embeddings: Tensor,
+    pub(super) blocks: Vec<Block>,
     /// With `recompute = "blocks"`: the parameter gradients that the blocks'
     /// second forward passes produce, gathered during `backward`.
-    recomputed: Option<Arc<Mutex<GradStore>>>,
-    norm: Tensor,
-    output: Tensor,
-    rope: rope::RopeTables,
-    eps: f64,
-    bf16: bool,
+    pub(super) recomputed: Option<Arc<Mutex<GradStore>>>,
+    pub(super) norm: Tensor,
+    pub(super) output: Tensor,
+    pub(super) rope: rope::RopeTables,
+    pub(super) eps: f64,
+    pub(super) bf16: bool,
 }
 
 impl Llama {

@@ -3,6 +3,7 @@
 //! schedule. On the CPU the update is one fused in-place pass per parameter;
 //! elsewhere it is composed from tensor ops. Its state is checkpointed.
 
+use super::ops::accumulate;
 use super::params::Params;
 use crate::config::{LrSchedule, TrainConfig};
 use anyhow::{anyhow, bail, Result};
@@ -29,12 +30,65 @@ pub fn lr_at(step: usize, cfg: &TrainConfig) -> f64 {
 }
 
 /// Gradients summed over the micro-batches of one step, by parameter name.
+/// Made by autograd ([`Grads::accumulate`]) or, in buffers kept from step to
+/// step ([`Grads::buffers_for`]), written in place by the block-wise pass,
+/// which hands each gradient over by its weight ([`Grads::add`], ...).
 #[derive(Default)]
 pub struct Grads {
     by_name: BTreeMap<String, Tensor>,
+    /// The parameter behind each weight tensor, for the block-wise pass.
+    names: HashMap<candle_core::TensorId, String>,
 }
 
 impl Grads {
+    /// A zero buffer for every parameter, in its dtype.
+    pub fn buffers_for(params: &Params) -> Result<Grads> {
+        let mut g = Grads::default();
+        for (name, var) in params.iter() {
+            g.by_name
+                .insert(name.clone(), var.as_tensor().zeros_like()?);
+            g.names.insert(var.as_tensor().id(), name.clone());
+        }
+        Ok(g)
+    }
+
+    /// Every buffer back to zero, in place where it can be: a new step.
+    pub fn zero(&mut self) -> Result<()> {
+        for t in self.by_name.values_mut() {
+            accumulate::zero(t)?;
+        }
+        Ok(())
+    }
+
+    fn buffer(&mut self, weight: &Tensor) -> Result<&mut Tensor> {
+        let name = self
+            .names
+            .get(&weight.id())
+            .ok_or_else(|| anyhow!("a gradient for a tensor that is no parameter"))?;
+        Ok(self.by_name.get_mut(name).expect("a buffer per name"))
+    }
+
+    /// The buffer of `weight` += g.
+    pub fn add(&mut self, weight: &Tensor, g: &Tensor) -> Result<()> {
+        Ok(accumulate::add(self.buffer(weight)?, g)?)
+    }
+
+    /// The buffer of `weight` += dyᵀ·x (a linear layer's weight gradient).
+    pub fn add_product(
+        &mut self,
+        weight: &Tensor,
+        dy: &Tensor,
+        x: &Tensor,
+        bf16: bool,
+    ) -> Result<()> {
+        Ok(accumulate::add_product(self.buffer(weight)?, dy, x, bf16)?)
+    }
+
+    /// The buffer of the table `weight` += dy's rows at `ids` (an embedding).
+    pub fn add_rows(&mut self, weight: &Tensor, ids: &Tensor, dy: &Tensor) -> Result<()> {
+        Ok(accumulate::add_rows(self.buffer(weight)?, ids, dy)?)
+    }
+
     pub fn accumulate(&mut self, params: &Params, store: GradStore) -> Result<()> {
         for (name, var) in params.iter() {
             let Some(g) = store.get(var.as_tensor()) else {

@@ -4,6 +4,7 @@
 //! The process around it — threads, signals, resuming, the step loop — is
 //! [`super::run`].
 
+use super::blockwise::Probe;
 use super::dist::{self, Collective, Ranks};
 use super::model::{Llama, ModelSpec};
 use super::optim::{AdamW, Grads};
@@ -29,6 +30,8 @@ pub struct Trainer {
     pub threads: usize,
     /// The engine that sums gradients across ranks ([`dist::Single`] alone).
     pub comm: Box<dyn Collective>,
+    /// Every parameter's gradient, in buffers kept from step to step.
+    pub grads: Grads,
 }
 
 /// What one optimizer step reports.
@@ -111,6 +114,7 @@ impl Trainer {
             world_size: ranks.world_size,
             holdout: cfg.validation_documents,
         };
+        let grads = Grads::buffers_for(&params)?;
         Ok(Trainer {
             cfg,
             model_spec,
@@ -121,6 +125,7 @@ impl Trainer {
             spec,
             threads,
             comm,
+            grads,
         })
     }
 
@@ -143,8 +148,9 @@ impl Trainer {
         let t0 = Instant::now();
         let [global] = dist::sum_scalars(&*self.comm, [local as f64], &self.device)?;
         let mut comm_s = t0.elapsed().as_secs_f64();
-        let (partial, mut grads) = self.forward_backward(micro, global.max(1.0), memory)?;
+        let partial = self.forward_backward(micro, global.max(1.0), memory)?;
         let t1 = Instant::now();
+        let grads = &mut self.grads;
         dist::all_reduce_in_buckets(&*self.comm, &mut grads.tensors_mut(), dist::BUCKET_BYTES)?;
         let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
         comm_s += t1.elapsed().as_secs_f64();
@@ -158,7 +164,7 @@ impl Trainer {
         } else {
             1.0
         };
-        self.opt.step(&grads, lr, scale)?;
+        self.opt.step(&self.grads, lr, scale)?;
         Ok(StepOutcome {
             loss,
             grad_norm,
@@ -168,26 +174,34 @@ impl Trainer {
     }
 
     /// Forward and backward over one step's micro-batches on this rank,
-    /// sampling the device's memory while each micro-batch's graph and
-    /// gradients are alive. Returns this rank's share of the loss (its
-    /// summed cross-entropy ÷ `divisor`) and its gradients.
+    /// sampling the device's memory where each pass holds the most. The
+    /// gradients are summed into [`Trainer::grads`]; returns this rank's share
+    /// of the loss (its summed cross-entropy ÷ `divisor`).
     pub fn forward_backward(
-        &self,
+        &mut self,
         micro: &[Batch],
         divisor: f64,
         memory: &mut device::PeakMemory,
-    ) -> Result<(f64, Grads)> {
-        let mut grads = Grads::default();
+    ) -> Result<f64> {
+        self.grads.zero()?;
         let mut loss = 0.0;
         for b in micro {
             let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
-            let l = self.model.loss(&ids, &b.labels, divisor)?;
-            loss += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
-            let g = self.model.backward(&l)?;
-            memory.sample(&self.device)?;
-            grads.accumulate(&self.params, g)?;
+            let device = &self.device;
+            let probe = Probe {
+                at_peak: &mut || memory.sample(device),
+                sync_forward: false,
+            };
+            let pass = self.model.forward_backward_probed(
+                &ids,
+                &b.labels,
+                divisor,
+                &mut self.grads,
+                probe,
+            )?;
+            loss += pass.loss;
         }
-        Ok((loss, grads))
+        Ok(loss)
     }
 
     /// Mean loss over `batches` batches of the held-out documents (no gradients).

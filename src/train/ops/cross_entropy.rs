@@ -10,7 +10,7 @@
 //! [`attach`]: one extra [B·T, V] tensor in the logits' dtype, no more.
 
 use super::attach::attach;
-use super::{f32s, fused};
+use super::{f32s, fused, work_dtype};
 use crate::data::samples::IGNORE;
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
@@ -18,6 +18,19 @@ use std::sync::Arc;
 
 /// `logits` [N, V], `labels` N values (-100: ignored). Returns a scalar.
 pub fn cross_entropy(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
+    check_labels(logits, labels)?;
+    if fused(logits) {
+        logits.contiguous()?.apply_op1(CrossEntropy {
+            labels: Arc::new(labels.to_vec()),
+            divisor: divisor as f32,
+        })
+    } else {
+        by_rows(logits, labels, divisor)
+    }
+}
+
+/// One label per row of logits, each ignored or in the vocabulary.
+fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
     let (n, v) = logits.dims2()?;
     if labels.len() != n {
         bail!("{n} rows of logits but {} labels", labels.len());
@@ -28,14 +41,7 @@ pub fn cross_entropy(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Te
     {
         bail!("label {bad} is outside the vocabulary of {v}");
     }
-    if fused(logits) {
-        logits.contiguous()?.apply_op1(CrossEntropy {
-            labels: Arc::new(labels.to_vec()),
-            divisor: divisor as f32,
-        })
-    } else {
-        by_rows(logits, labels, divisor)
-    }
+    Ok(())
 }
 
 /// Elements of f32 temporaries per slice of rows in [`by_rows`] (256 MB).
@@ -50,14 +56,22 @@ pub fn by_rows(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> 
 }
 
 fn by_slices_of(logits: &Tensor, labels: &[i64], divisor: f64, rows: usize) -> Result<Tensor> {
+    let (loss, grad) = computed_by_slices(logits, labels, divisor, rows)?;
+    loss + attach(logits, grad, work_dtype(logits))?
+}
+
+/// The loss (a scalar in f32, f64 for f64 logits) and its gradient for the
+/// logits (in their dtype), a slice of `rows` rows at a time.
+fn computed_by_slices(
+    logits: &Tensor,
+    labels: &[i64],
+    divisor: f64,
+    rows: usize,
+) -> Result<(Tensor, Tensor)> {
     let (n, v) = logits.dims2()?;
     let dev = logits.device();
     let x = logits.detach();
-    let dtype = if x.dtype() == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let dtype = work_dtype(&x);
     let idx: Vec<u32> = labels
         .iter()
         .map(|&l| if l == IGNORE { 0 } else { l as u32 })
@@ -92,7 +106,25 @@ fn by_slices_of(logits: &Tensor, labels: &[i64], divisor: f64, rows: usize) -> R
         let d = d.scatter_add(&idx, &w.neg()?, 1)?;
         grad.slice_set(&d.to_dtype(x.dtype())?, 0, start)?;
     }
-    loss + attach(logits, grad, dtype)?
+    Ok((loss, grad))
+}
+
+/// The loss of [`cross_entropy`] as a number and its gradient for the
+/// logits, without autograd (the block-wise backward's head): one pass each
+/// way over the logits on the fused path, else [`by_rows`]'s arithmetic.
+pub fn loss_and_grad(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<(f64, Tensor)> {
+    if fused(logits) {
+        let loss = cross_entropy(&logits.detach(), labels, divisor)?;
+        let d = logits.contiguous()?.apply_op1_no_bwd(&CrossEntropyBwd {
+            labels: Arc::new(labels.to_vec()),
+            scale: 1.0 / divisor as f32,
+        })?;
+        return Ok((loss.to_scalar::<f32>()? as f64, d));
+    }
+    check_labels(logits, labels)?;
+    let v = logits.dim(1)?;
+    let (loss, grad) = computed_by_slices(logits, labels, divisor, (SLICE_ELEMENTS / v).max(1))?;
+    Ok((loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, grad))
 }
 
 pub fn composed(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {

@@ -16,6 +16,19 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     table.apply_op2(ids, Lookup)
 }
 
+/// The gradient of the table from the gradient of the looked-up rows,
+/// without autograd: rows added into a table in f32 (f64 for f64), in the
+/// order of `ids` (the same sum every run), rounded once to the table's dtype.
+pub fn backward(table: &Tensor, ids: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    let work = super::work_dtype(table);
+    let sum = Tensor::zeros(table.shape(), work, table.device())?.index_add(
+        ids,
+        &dy.to_dtype(work)?,
+        0,
+    )?;
+    sum.to_dtype(table.dtype())
+}
+
 struct Lookup;
 
 fn out_shape(table: &Layout, ids: &Layout) -> Result<Shape> {
@@ -56,12 +69,7 @@ impl CustomOp2 for Lookup {
         _: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let sum = Tensor::zeros(table.shape(), DType::F32, table.device())?.index_add(
-            ids,
-            &grad.to_dtype(DType::F32)?,
-            0,
-        )?;
-        Ok((Some(sum.to_dtype(table.dtype())?), None))
+        Ok((Some(backward(table, ids, grad)?), None))
     }
 }
 

@@ -6,6 +6,7 @@
 //! runs on other devices and dtypes, and the tests check the fused op's
 //! forward and gradients against it.
 
+pub mod accumulate;
 pub mod attach;
 pub mod bf16_gemm;
 pub mod cross_entropy;
@@ -17,6 +18,17 @@ pub mod silu_mul;
 pub mod softmax;
 
 use candle_core::{bail, CpuStorage, DType, Layout, Result, Tensor};
+
+/// The dtype an op's backward computes in off the fused path: f64 for f64
+/// tensors (the tests' oracle precision), else f32 (reductions of bf16
+/// values lose too much).
+pub(crate) fn work_dtype(t: &Tensor) -> DType {
+    if t.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
 
 /// Whether the fused CPU kernels apply (contiguous f32 on the CPU).
 pub fn fused(t: &Tensor) -> bool {

@@ -1,6 +1,6 @@
 //! RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, over the last dimension.
 
-use super::{f32s, fused, rows_per_task};
+use super::{f32s, fused, rows_per_task, work_dtype};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
@@ -17,6 +17,38 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 pub fn composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     let r = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
     x.broadcast_mul(&r)?.broadcast_mul(w)
+}
+
+/// The gradients of [`rms_norm`] for x and w, given dy, without autograd:
+/// dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), dw = Σ_rows dy∘x·r (r = 1/rms(x)).
+pub fn backward(x: &Tensor, w: &Tensor, eps: f64, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    if fused(x) && fused(w) && fused(dy) {
+        let rows = x.elem_count() / w.elem_count();
+        // One pass gives both: rows 0..n are dx, row n is dw.
+        let both = x.contiguous()?.apply_op3_no_bwd(
+            &w.contiguous()?,
+            &dy.contiguous()?,
+            &RmsNormBwd { eps: eps as f32 },
+        )?;
+        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
+        let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+        return Ok((dx, dw));
+    }
+    let work = work_dtype(x);
+    let (xs, ws, g) = (x.to_dtype(work)?, w.to_dtype(work)?, dy.to_dtype(work)?);
+    let d = w.elem_count() as f64;
+    let r = (xs.sqr()?.mean_keepdim(D::Minus1)? + eps)?
+        .sqrt()?
+        .recip()?;
+    let wg = g.broadcast_mul(&ws)?;
+    let dot = ((&xs * &wg)?.sum_keepdim(D::Minus1)? / d)?;
+    let dx = (wg.broadcast_mul(&r)? - xs.broadcast_mul(&(r.powf(3.0)? * dot)?)?)?;
+    let rows = x.elem_count() / w.elem_count();
+    let dw = (g * xs.broadcast_mul(&r)?)?
+        .reshape((rows, w.elem_count()))?
+        .sum(0)?
+        .reshape(w.shape())?;
+    Ok((dx.to_dtype(x.dtype())?, dw.to_dtype(w.dtype())?))
 }
 
 struct RmsNorm {
@@ -64,11 +96,7 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let rows = x.elem_count() / w.elem_count();
-        // One pass gives both: rows 0..n are dx, row n is dw.
-        let both = x.apply_op3_no_bwd(w, &dy.contiguous()?, &RmsNormBwd { eps: self.eps })?;
-        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
-        let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+        let (dx, dw) = backward(x, w, self.eps as f64, dy)?;
         Ok((Some(dx), Some(dw)))
     }
 }
@@ -147,6 +175,23 @@ mod tests {
         let gb = (b * &dy)?.sum_all()?.backward()?;
         assert!(max_diff(ga.get(&x).unwrap(), gb.get(&x).unwrap())? < 1e-4);
         assert!(max_diff(ga.get(&w).unwrap(), gb.get(&w).unwrap())? < 1e-4);
+        Ok(())
+    }
+
+    #[test]
+    fn the_explicit_backward_equals_autograd_in_f64() -> Result<()> {
+        use candle_core::DType;
+        let x = Var::from_tensor(&rand(&[3, 5, 16], 4).to_dtype(DType::F64)?)?;
+        let w = Var::from_tensor(&(rand(&[16], 5) + 1.5)?.to_dtype(DType::F64)?)?;
+        let dy = rand(&[3, 5, 16], 6).to_dtype(DType::F64)?;
+        let g = (composed(&x, &w, 1e-5)? * &dy)?.sum_all()?.backward()?;
+        let (dx, dw) = backward(&x, &w, 1e-5, &dy)?;
+        let rel = |a: &Tensor, b: &Tensor| -> Result<f64> {
+            let d = (a - b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            Ok(d / b.abs()?.max_all()?.to_scalar::<f64>()?)
+        };
+        assert!(rel(&dx, g.get(&x).unwrap())? < 1e-12);
+        assert!(rel(&dw, g.get(&w).unwrap())? < 1e-12);
         Ok(())
     }
 }

@@ -61,6 +61,36 @@ pub fn heads_first(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
     }
 }
 
+/// The gradient of [`heads_first`], without autograd: dy [B, H, T, Q] back to
+/// [B, T, H, Q], rotated by −angle.
+pub fn backward(dy: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
+    if fused(dy) {
+        return dy.contiguous()?.apply_op1_no_bwd(&Rope {
+            tables: tables.cloned(),
+            forward: false,
+        });
+    }
+    let Some(r) = tables else {
+        return dy.transpose(1, 2)?.contiguous();
+    };
+    let (_, _, t, q) = dy.dims4()?;
+    let half = q / 2;
+    let cos = r
+        .cos
+        .narrow(0, 0, t)?
+        .reshape((1, 1, t, half))?
+        .to_dtype(dy.dtype())?;
+    let sin = r
+        .sin
+        .narrow(0, 0, t)?
+        .reshape((1, 1, t, half))?
+        .to_dtype(dy.dtype())?;
+    let (g1, g2) = (dy.narrow(3, 0, half)?, dy.narrow(3, half, half)?);
+    let a = (g1.broadcast_mul(&cos)? + g2.broadcast_mul(&sin)?)?;
+    let b = (g2.broadcast_mul(&cos)? - g1.broadcast_mul(&sin)?)?;
+    Tensor::cat(&[a, b], 3)?.transpose(1, 2)?.contiguous()
+}
+
 pub fn composed(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
     let x = x.transpose(1, 2)?.contiguous()?;
     let Some(r) = tables else { return Ok(x) };
@@ -130,11 +160,7 @@ impl CustomOp1 for Rope {
     }
 
     fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        let back = Rope {
-            tables: self.tables.clone(),
-            forward: false,
-        };
-        Ok(Some(dy.contiguous()?.apply_op1_no_bwd(&back)?))
+        Ok(Some(backward(dy, self.tables.as_ref())?))
     }
 }
 
@@ -157,6 +183,23 @@ mod tests {
             let ga = (a * &dy)?.sum_all()?.backward()?;
             let gb = (b * &dy)?.sum_all()?.backward()?;
             assert!(max_diff(ga.get(&x).unwrap(), gb.get(&x).unwrap())? < 1e-6);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_explicit_backward_equals_autograd_in_f64() -> Result<()> {
+        let r = RopeTables::new(10_000.0, 8, 16, &Device::Cpu, DType::F64)?;
+        let x = Var::from_tensor(&rand(&[2, 5, 3, 8], 4).to_dtype(DType::F64)?)?;
+        let dy = rand(&[2, 3, 5, 8], 5).to_dtype(DType::F64)?;
+        for tables in [Some(&r), None] {
+            let g = (composed(&x, tables)? * &dy)?.sum_all()?.backward()?;
+            let dx = backward(&dy, tables)?;
+            let diff = (dx - g.get(&x).unwrap())?
+                .abs()?
+                .max_all()?
+                .to_scalar::<f64>()?;
+            assert!(diff < 1e-14, "{diff}");
         }
         Ok(())
     }

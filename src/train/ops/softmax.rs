@@ -3,7 +3,7 @@
 //! heads stacked for grouped-query attention): a causal row sees keys
 //! 0..=position, and only those are computed.
 
-use super::{f32s, fused, rows_per_task};
+use super::{f32s, fused, rows_per_task, work_dtype};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
@@ -39,6 +39,24 @@ pub fn composed(scores: &Tensor, scale: f64, period: usize, causal: bool) -> Res
         .collect();
     let mask = Tensor::from_vec(mask, (rows, keys), s.device())?.to_dtype(s.dtype())?;
     candle_nn::ops::softmax(&s.broadcast_add(&mask)?, D::Minus1)
+}
+
+/// The gradient of the scores from the probabilities `p` of [`softmax`]
+/// and their gradient `dp`, without autograd: dS = scale·P∘(dP − rowsum(P∘dP))
+/// (masked entries have P = 0, so their gradient is 0).
+pub fn backward(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
+    if fused(p) && fused(dp) {
+        return p.contiguous()?.apply_op2_no_bwd(
+            &dp.contiguous()?,
+            &SoftmaxBwd {
+                scale: scale as f32,
+            },
+        );
+    }
+    let work = work_dtype(p);
+    let (pw, dpw) = (p.to_dtype(work)?, dp.to_dtype(work)?);
+    let dot = (&pw * &dpw)?.sum_keepdim(D::Minus1)?;
+    ((pw * dpw.broadcast_sub(&dot)?)? * scale)?.to_dtype(p.dtype())
 }
 
 struct Softmax {
@@ -93,10 +111,7 @@ impl CustomOp1 for Softmax {
     }
 
     fn bwd(&self, _x: &Tensor, p: &Tensor, dp: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(p.apply_op2_no_bwd(
-            &dp.contiguous()?,
-            &SoftmaxBwd { scale: self.scale },
-        )?))
+        Ok(Some(backward(p, dp, self.scale as f64)?))
     }
 }
 

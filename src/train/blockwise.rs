@@ -1,0 +1,624 @@
+//! The model's forward and backward written out, one block at a time (the
+//! shape of llm.c's): the forward keeps a planned cache per block, the
+//! backward walks the blocks in reverse, drops each block's cache as soon as
+//! its backward is done, and hands every weight's gradient over as it is
+//! made. candle's autograd takes no part: no graph is recorded (every input
+//! is a plain tensor), and it stays the oracle the tests compare against.
+//!
+//! A block's cache (without recomputation): its input, q, k and v after the
+//! rotary embedding (with eager attention, its probabilities too), the
+//! attention output before `wo`, the residual after attention, and the `w1`
+//! and `w3` products. The norms' outputs and the
+//! SwiGLU product are recomputed. With `recompute = "blocks"` the cache is
+//! the input alone and the block runs forward again in the backward pass.
+//!
+//! Each op's explicit backward lives beside its forward in [`super::ops`] or
+//! [`super::attention`]: the fused CPU kernels where they apply, composed
+//! candle ops (in f32, f64 for f64) elsewhere.
+
+use super::attention::{self, FlashAttention};
+use super::model::{linear, Attention, Block, Llama, Mlp};
+use super::ops::{cross_entropy, embedding, matmul::matmul, rms_norm, rope, silu_mul};
+use super::optim::Grads;
+use crate::config::AttentionKind;
+use anyhow::Result;
+use candle_core::{DType, Tensor};
+
+/// Elements of logits computed at once by the head (256 MB in f32): the
+/// full [tokens, vocabulary] logits never exist.
+const HEAD_ELEMENTS: usize = 1 << 26;
+
+/// What attention's backward needs: q, k and v after the rotary embedding
+/// (and, for flash attention, its output), in the layout its kernel takes.
+enum AttentionCache {
+    /// Heads first: q [B, H, T, Q], k and v [B, KV, T, Q].
+    /// And the probabilities P, as PyTorch's eager attention keeps them
+    /// (recomputing them cost the CPU trainer 3–5% of its step).
+    Eager {
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        p: Tensor,
+    },
+    /// Flash's layout [B, T, H, Q], in the kernel's dtype, with its output.
+    Flash {
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        o: Tensor,
+    },
+}
+
+/// What a block's backward needs from its forward.
+struct Saved {
+    attention: AttentionCache,
+    /// The attention output before `wo`, [N, H·Q].
+    attended: Tensor,
+    /// The residual stream after attention, [N, D].
+    mid: Tensor,
+    /// The `w1` and `w3` products, [N, F].
+    gate: Tensor,
+    up: Tensor,
+}
+
+/// One block's cache: its input, and the rest unless it is recomputed.
+struct BlockCache {
+    x: Tensor,
+    saved: Option<Saved>,
+}
+
+fn bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+impl BlockCache {
+    fn bytes(&self) -> usize {
+        let saved = self.saved.as_ref().map_or(0, |s| {
+            let attention = match &s.attention {
+                AttentionCache::Eager { q, k, v, p } => bytes(q) + bytes(k) + bytes(v) + bytes(p),
+                AttentionCache::Flash { q, k, v, o } => bytes(q) + bytes(k) + bytes(v) + bytes(o),
+            };
+            attention + bytes(&s.attended) + bytes(&s.mid) + bytes(&s.gate) + bytes(&s.up)
+        });
+        bytes(&self.x) + saved
+    }
+}
+
+/// How the caches' memory went during one pass (for tests and the memory
+/// model): the bytes of all caches alive after the forward pass, and after
+/// each block's backward (last block first).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CacheTrace {
+    pub after_forward: usize,
+    pub after_each_backward: Vec<usize>,
+}
+
+/// What a caller may want from inside a pass.
+pub struct Probe<'a> {
+    /// Called where the pass holds the most: every block's cache and the
+    /// gradient of the head's input (the memory sampled there is the peak).
+    pub at_peak: &'a mut dyn FnMut() -> Result<()>,
+    /// Wait for the device at the end of the forward pass, so that its time
+    /// can be told from the backward's (benchmarks; it costs a sync).
+    pub sync_forward: bool,
+}
+
+/// One forward and backward pass: the loss, how the caches' memory went,
+/// and the forward pass's share of the time.
+pub struct Pass {
+    pub loss: f64,
+    pub trace: CacheTrace,
+    pub forward_s: f64,
+}
+
+/// x [N, in] · wᵀ backwards: dx = dy · w is returned, dw = dyᵀ · x added
+/// into w's gradient buffer.
+fn linear_backward(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    bf16: bool,
+    grads: &mut Grads,
+) -> Result<Tensor> {
+    grads.add_product(w, dy, x, bf16)?;
+    Ok(matmul(dy, w, bf16)?)
+}
+
+impl Attention {
+    /// h [N, D] -> the attention's output after `wo`, [N, D], and its cache.
+    fn forward_cached(
+        &self,
+        h: &Tensor,
+        b: usize,
+        t: usize,
+        rope_tables: &rope::RopeTables,
+    ) -> Result<(Tensor, AttentionCache, Tensor)> {
+        let (nh, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let q = linear(h, &self.wq, self.bf16)?.reshape((b, t, nh, d))?;
+        let k = linear(h, &self.wk, self.bf16)?.reshape((b, t, kv, d))?;
+        let v = linear(h, &self.wv, self.bf16)?.reshape((b, t, kv, d))?;
+        let qh = rope::heads_first(&q, Some(rope_tables))?;
+        let kh = rope::heads_first(&k, Some(rope_tables))?;
+        let (out, cache) = match self.kind {
+            AttentionKind::Eager => {
+                let vh = rope::heads_first(&v, None)?;
+                let (o, p) =
+                    attention::eager_keeping_probabilities(&qh, &kh, &vh, true, self.bf16)?;
+                let o = o.transpose(1, 2)?;
+                let cache = AttentionCache::Eager {
+                    q: qh,
+                    k: kh,
+                    v: vh,
+                    p,
+                };
+                (o, cache)
+            }
+            AttentionKind::Flash => {
+                let dtype = h.dtype();
+                let (q, k, v) = (
+                    self.flash_input(&qh.transpose(1, 2)?, dtype)?,
+                    self.flash_input(&kh.transpose(1, 2)?, dtype)?,
+                    self.flash_input(&v, dtype)?,
+                );
+                let o = attention::flash(&q, &k, &v, true, FLASH_CHUNK)?;
+                let out = o.to_dtype(dtype)?;
+                (out, AttentionCache::Flash { q, k, v, o })
+            }
+        };
+        let attended = out.contiguous()?.reshape((b * t, nh * d))?;
+        Ok((linear(&attended, &self.wo, self.bf16)?, cache, attended))
+    }
+
+    /// The flash kernel wants [B, T, H, Q], in bf16 on a GPU: with
+    /// bf16-mixed (f32 activations) the inputs are cast for it, as autocast does.
+    fn flash_input(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        let cast = self.bf16 && dtype == DType::F32 && !x.device().is_cpu();
+        Ok(if cast { x.to_dtype(DType::BF16)? } else { x })
+    }
+
+    /// The gradient of h from that of the output, and the weights' gradients.
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        h: &Tensor,
+        cache: AttentionCache,
+        attended: &Tensor,
+        dy: &Tensor,
+        b: usize,
+        t: usize,
+        rope_tables: &rope::RopeTables,
+        grads: &mut Grads,
+    ) -> Result<Tensor> {
+        let (nh, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let d_attended = linear_backward(attended, &self.wo, dy, self.bf16, grads)?;
+        // The gradients of q, k (heads first, before un-rotating) and v (as given).
+        let (dqh, dkh, dv) = match cache {
+            AttentionCache::Eager { q, k, v, p } => {
+                let d_o = d_attended
+                    .reshape((b, t, nh, d))?
+                    .transpose(1, 2)?
+                    .contiguous()?;
+                let (dq, dk, dv) =
+                    attention::eager_backward(&q, &k, &v, Some(&p), &d_o, true, self.bf16)?;
+                (dq, dk, rope::backward(&dv, None)?)
+            }
+            AttentionCache::Flash { q, k, v, o } => {
+                let d_o = d_attended.reshape((b, t, nh, d))?.to_dtype(o.dtype())?;
+                let op = FlashAttention {
+                    scale: 1.0 / (d as f32).sqrt(),
+                    causal: true,
+                    chunk: FLASH_CHUNK,
+                };
+                let (dq, dk, dv) = attention::recompute_backward(&q, &k, &v, &o, &d_o, op)?;
+                let dtype = h.dtype();
+                (
+                    dq.transpose(1, 2)?.to_dtype(dtype)?,
+                    dk.transpose(1, 2)?.to_dtype(dtype)?,
+                    dv.to_dtype(dtype)?,
+                )
+            }
+        };
+        let dq = rope::backward(&dqh, Some(rope_tables))?.reshape((b * t, nh * d))?;
+        let dk = rope::backward(&dkh, Some(rope_tables))?.reshape((b * t, kv * d))?;
+        let dv = dv.reshape((b * t, kv * d))?;
+        let mut dh = None;
+        for (w, g) in [(&self.wq, dq), (&self.wk, dk), (&self.wv, dv)] {
+            let dx = linear_backward(h, w, &g, self.bf16, grads)?;
+            dh = Some(match dh {
+                None => dx,
+                Some(sum) => (sum + dx)?,
+            });
+        }
+        Ok(dh.expect("three projections"))
+    }
+}
+
+/// (batch, head) pairs per chunk of flash attention's recomputed backward.
+const FLASH_CHUNK: usize = 32;
+
+impl Mlp {
+    /// The gradient of h2 from that of the output, and the weights' gradients.
+    fn backward(
+        &self,
+        h2: &Tensor,
+        gate: &Tensor,
+        up: &Tensor,
+        dy: &Tensor,
+        grads: &mut Grads,
+    ) -> Result<Tensor> {
+        let g = silu_mul::silu_mul(gate, up)?;
+        let dg = linear_backward(&g, &self.w2, dy, self.bf16, grads)?;
+        drop(g);
+        let (d_gate, d_up) = silu_mul::backward(gate, up, &dg)?;
+        let dh_gate = linear_backward(h2, &self.w1, &d_gate, self.bf16, grads)?;
+        let dh_up = linear_backward(h2, &self.w3, &d_up, self.bf16, grads)?;
+        Ok((dh_gate + dh_up)?)
+    }
+}
+
+impl Block {
+    /// x [N, D] -> the block's output and what its backward needs.
+    fn forward_cached(
+        &self,
+        x: &Tensor,
+        b: usize,
+        t: usize,
+        rope_tables: &rope::RopeTables,
+    ) -> Result<(Tensor, Saved)> {
+        let h = rms_norm::rms_norm(x, &self.attention_norm, self.eps)?;
+        let (a, attention, attended) = self.attention.forward_cached(&h, b, t, rope_tables)?;
+        drop(h);
+        let mid = (x + a)?;
+        let h2 = rms_norm::rms_norm(&mid, &self.ffn_norm, self.eps)?;
+        let gate = linear(&h2, &self.mlp.w1, self.mlp.bf16)?;
+        let up = linear(&h2, &self.mlp.w3, self.mlp.bf16)?;
+        drop(h2);
+        let y = (&mid
+            + linear(
+                &silu_mul::silu_mul(&gate, &up)?,
+                &self.mlp.w2,
+                self.mlp.bf16,
+            )?)?;
+        let saved = Saved {
+            attention,
+            attended,
+            mid,
+            gate,
+            up,
+        };
+        Ok((y, saved))
+    }
+
+    /// The gradient of the block's input from that of its output; the
+    /// cache is consumed (and with it freed).
+    fn backward(
+        &self,
+        cache: BlockCache,
+        dy: &Tensor,
+        b: usize,
+        t: usize,
+        rope_tables: &rope::RopeTables,
+        grads: &mut Grads,
+    ) -> Result<Tensor> {
+        let BlockCache { x, saved } = cache;
+        let saved = match saved {
+            Some(s) => s,
+            // Recomputation: the block runs forward again, from its input.
+            None => self.forward_cached(&x, b, t, rope_tables)?.1,
+        };
+        let Saved {
+            attention,
+            attended,
+            mid,
+            gate,
+            up,
+        } = saved;
+        let h2 = rms_norm::rms_norm(&mid, &self.ffn_norm, self.eps)?;
+        let dh2 = self.mlp.backward(&h2, &gate, &up, dy, grads)?;
+        drop((h2, gate, up));
+        let (d_mid_norm, dg2) = rms_norm::backward(&mid, &self.ffn_norm, self.eps, &dh2)?;
+        grads.add(&self.ffn_norm, &dg2)?;
+        let d_mid = (dy + d_mid_norm)?;
+        drop(mid);
+        let h = rms_norm::rms_norm(&x, &self.attention_norm, self.eps)?;
+        let dh =
+            self.attention
+                .backward(&h, attention, &attended, &d_mid, b, t, rope_tables, grads)?;
+        let (dx_norm, dg1) = rms_norm::backward(&x, &self.attention_norm, self.eps, &dh)?;
+        grads.add(&self.attention_norm, &dg1)?;
+        Ok((d_mid + dx_norm)?)
+    }
+}
+
+impl Llama {
+    /// The summed cross-entropy of `ids` [B, T] against `labels` (−100:
+    /// ignored) divided by `divisor`, by the explicit block-wise passes;
+    /// every parameter's gradient is added into its buffer in `grads`.
+    pub fn forward_backward(
+        &self,
+        ids: &Tensor,
+        labels: &[i64],
+        divisor: f64,
+        grads: &mut Grads,
+    ) -> Result<f64> {
+        let probe = Probe {
+            at_peak: &mut || Ok(()),
+            sync_forward: false,
+        };
+        Ok(self
+            .forward_backward_probed(ids, labels, divisor, grads, probe)?
+            .loss)
+    }
+
+    /// [`Llama::forward_backward`], probed from inside.
+    pub fn forward_backward_probed(
+        &self,
+        ids: &Tensor,
+        labels: &[i64],
+        divisor: f64,
+        grads: &mut Grads,
+        probe: Probe<'_>,
+    ) -> Result<Pass> {
+        let started = std::time::Instant::now();
+        let (b, t) = ids.dims2()?;
+        let ids = ids.flatten_all()?;
+        let recompute = self.recomputed.is_some();
+        let mut x = embedding::embedding(&self.embeddings, &ids)?;
+        let mut caches = Vec::with_capacity(self.blocks.len());
+        for block in &self.blocks {
+            let (y, saved) = block.forward_cached(&x, b, t, &self.rope)?;
+            caches.push(BlockCache {
+                x,
+                saved: (!recompute).then_some(saved),
+            });
+            x = y;
+        }
+        let mut trace = CacheTrace {
+            after_forward: caches.iter().map(BlockCache::bytes).sum(),
+            after_each_backward: Vec::with_capacity(caches.len()),
+        };
+        if probe.sync_forward {
+            x.device().synchronize()?;
+        }
+        let forward_s = started.elapsed().as_secs_f64();
+        let (loss, dh) = self.head(&x, labels, divisor, grads)?;
+        (probe.at_peak)()?;
+        let (mut dx, dg) = rms_norm::backward(&x, &self.norm, self.eps, &dh)?;
+        grads.add(&self.norm, &dg)?;
+        drop((x, dh));
+        for block in self.blocks.iter().rev() {
+            let cache = caches.pop().expect("one cache per block");
+            dx = block.backward(cache, &dx, b, t, &self.rope, grads)?;
+            trace
+                .after_each_backward
+                .push(caches.iter().map(BlockCache::bytes).sum());
+        }
+        grads.add_rows(&self.embeddings, &ids, &dx)?;
+        Ok(Pass {
+            loss,
+            trace,
+            forward_s,
+        })
+    }
+
+    /// The final norm's output through the output head and the loss, a
+    /// slice of rows at a time: the loss and the gradient of the head's
+    /// input; the output weight's gradient goes to `grads`.
+    fn head(
+        &self,
+        x: &Tensor,
+        labels: &[i64],
+        divisor: f64,
+        grads: &mut Grads,
+    ) -> Result<(f64, Tensor)> {
+        let (n, _) = x.dims2()?;
+        let vocab = self.output.dim(0)?;
+        let h = rms_norm::rms_norm(x, &self.norm, self.eps)?;
+        let rows = (HEAD_ELEMENTS / vocab).max(1);
+        let (mut loss, mut dh_parts) = (0.0, Vec::new());
+        for start in (0..n).step_by(rows) {
+            let len = rows.min(n - start);
+            let hs = h.narrow(0, start, len)?;
+            let logits = linear(&hs, &self.output, self.bf16)?;
+            let (l, d_logits) =
+                cross_entropy::loss_and_grad(&logits, &labels[start..start + len], divisor)?;
+            drop(logits);
+            loss += l;
+            dh_parts.push(linear_backward(
+                &hs,
+                &self.output,
+                &d_logits,
+                self.bf16,
+                grads,
+            )?);
+        }
+        Ok((loss, Tensor::cat(&dh_parts, 0)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AttentionKind, ModelConfig, ModelOverrides, Recompute};
+    use crate::data::samples::IGNORE;
+    use crate::train::model::ModelSpec;
+    use crate::train::params::Params;
+    use candle_core::backprop::GradStore;
+    use candle_core::Device;
+
+    fn spec(dtype: DType, recompute: Recompute, attention: AttentionKind) -> ModelSpec {
+        // Grouped queries (4 heads over 2 KV heads), 3 blocks, vocabulary 50.
+        let o = ModelOverrides {
+            dim: Some(16),
+            n_layers: Some(3),
+            n_heads: Some(4),
+            n_kv_heads: Some(2),
+            vocab_size: Some(50),
+            multiple_of: Some(16),
+            ..Default::default()
+        };
+        ModelSpec {
+            cfg: ModelConfig::resolve("tiny", &o).unwrap(),
+            attention,
+            max_seq: 8,
+            device: Device::Cpu,
+            dtype,
+            bf16_matmuls: false,
+            recompute,
+        }
+    }
+
+    /// Ids [B, T] and labels: padded rows end in ignored labels; a
+    /// padding-free row's first label after a document start is ignored.
+    fn batch(b: usize, t: usize, seed: usize) -> (Tensor, Vec<i64>) {
+        let ids: Vec<u32> = (0..b * t)
+            .map(|i| ((i * 7 + seed * 13 + 3) % 50) as u32)
+            .collect();
+        let labels: Vec<i64> = (0..b * t)
+            .map(|i| {
+                let (row, pos) = (i / t, i % t);
+                let padded = row % 2 == 0 && pos >= t - 2;
+                let boundary = row % 2 == 1 && pos == 3;
+                if padded || boundary {
+                    IGNORE
+                } else {
+                    ((i * 11 + seed + 1) % 50) as i64
+                }
+            })
+            .collect();
+        (Tensor::from_vec(ids, (b, t), &Device::Cpu).unwrap(), labels)
+    }
+
+    /// Max |a − b| / max |b| over two gradient sets, by parameter name.
+    fn worst(params: &Params, a: &Grads, b: &GradStore) -> Result<(f64, String)> {
+        let mut worst = (0.0, String::new());
+        for (name, var) in params.iter() {
+            let ga = a.get(name).expect("a gradient for every parameter");
+            let gb = b
+                .get(var.as_tensor())
+                .expect("a gradient for every parameter");
+            let (ga, gb) = (ga.to_dtype(DType::F64)?, gb.to_dtype(DType::F64)?);
+            let scale = gb.abs()?.max_all()?.to_scalar::<f64>()?;
+            let diff = (ga - gb)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(scale > 0.0, "`{name}` has an all-zero gradient");
+            if diff / scale > worst.0 {
+                worst = (diff / scale, name.clone());
+            }
+        }
+        Ok(worst)
+    }
+
+    #[test]
+    fn the_explicit_passes_equal_autograd_in_f64() -> Result<()> {
+        for recompute in [Recompute::None, Recompute::Blocks] {
+            let s = spec(DType::F64, recompute, AttentionKind::Eager);
+            let params = s.init_params(11)?;
+            let model = Llama::new(&params, &s)?;
+            let (ids, labels) = batch(2, 8, 1);
+            let autograd_loss = model.loss(&ids, &labels, 9.0)?;
+            let value = autograd_loss.to_scalar::<f64>()?;
+            let reference = model.backward(&autograd_loss)?;
+            let mut grads = Grads::buffers_for(&params)?;
+            let loss = model.forward_backward(&ids, &labels, 9.0, &mut grads)?;
+            assert!(
+                (loss - value).abs() <= 1e-12 * value.abs(),
+                "{recompute:?}: loss {loss} vs {value}"
+            );
+            let (err, name) = worst(&params, &grads, &reference)?;
+            assert!(
+                err <= 1e-10,
+                "{recompute:?}: `{name}` off by {err:e} (relative)"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn accumulated_micro_batches_equal_autograd_in_f64() -> Result<()> {
+        let s = spec(DType::F64, Recompute::None, AttentionKind::Eager);
+        let params = s.init_params(5)?;
+        let model = Llama::new(&params, &s)?;
+        let (mut ours, mut theirs) = (Grads::buffers_for(&params)?, Grads::default());
+        let (mut loss_ours, mut loss_theirs) = (0.0, 0.0);
+        // Buffers from an earlier step are emptied first.
+        let (ids, labels) = batch(2, 8, 3);
+        model.forward_backward(&ids, &labels, 21.0, &mut ours)?;
+        ours.zero()?;
+        for seed in [1, 2] {
+            let (ids, labels) = batch(2, 8, seed);
+            loss_ours += model.forward_backward(&ids, &labels, 21.0, &mut ours)?;
+            let l = model.loss(&ids, &labels, 21.0)?;
+            loss_theirs += l.to_scalar::<f64>()?;
+            theirs.accumulate(&params, model.backward(&l)?)?;
+        }
+        assert!((loss_ours - loss_theirs).abs() <= 1e-12 * loss_theirs);
+        for (name, _) in params.iter() {
+            let (a, b) = (ours.get(name).unwrap(), theirs.get(name).unwrap());
+            let scale = b.abs()?.max_all()?.to_scalar::<f64>()?;
+            let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(diff <= 1e-10 * scale, "`{name}`: {diff:e} of {scale:e}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_fused_f32_kernels_follow_autograd() -> Result<()> {
+        // f32 on the CPU runs the fused kernels both ways; flash attention's
+        // reference forward and recomputed backward too.
+        for attention in [AttentionKind::Eager, AttentionKind::Flash] {
+            let s = spec(DType::F32, Recompute::None, attention);
+            let params = s.init_params(3)?;
+            let model = Llama::new(&params, &s)?;
+            let (ids, labels) = batch(2, 8, 3);
+            let l = model.loss(&ids, &labels, 9.0)?;
+            let value = l.to_scalar::<f32>()? as f64;
+            let reference = model.backward(&l)?;
+            let mut grads = Grads::buffers_for(&params)?;
+            let loss = model.forward_backward(&ids, &labels, 9.0, &mut grads)?;
+            assert!(
+                (loss - value).abs() <= 1e-5 * value,
+                "{attention:?}: {loss} vs {value}"
+            );
+            let (err, name) = worst(&params, &grads, &reference)?;
+            assert!(err <= 1e-4, "{attention:?}: `{name}` off by {err:e}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn each_blocks_cache_is_freed_after_its_backward() -> Result<()> {
+        for recompute in [Recompute::None, Recompute::Blocks] {
+            let s = spec(DType::F32, recompute, AttentionKind::Eager);
+            let params = s.init_params(7)?;
+            let model = Llama::new(&params, &s)?;
+            let (ids, labels) = batch(2, 8, 2);
+            let probe = Probe {
+                at_peak: &mut || Ok(()),
+                sync_forward: false,
+            };
+            let mut grads = Grads::buffers_for(&params)?;
+            let trace = model
+                .forward_backward_probed(&ids, &labels, 9.0, &mut grads, probe)?
+                .trace;
+            let (n, cfg) = (2 * 8, &s.cfg);
+            let (d, f) = (cfg.dim, cfg.ffn_hidden());
+            let kv = cfg.n_kv_heads * cfg.head_dim();
+            // Per block: x, q, k, v, P, the attention output, mid, and the
+            // two FFN products (f32); with recomputation, x alone.
+            // Eager attention's probabilities: [B, KV, rep·T, T].
+            let p = 2 * cfg.n_heads * 8 * 8;
+            let per_block = match recompute {
+                Recompute::None => 4 * (n * (d + d + kv + kv + d + d + f + f) + p),
+                Recompute::Blocks => 4 * n * d,
+            };
+            assert_eq!(trace.after_forward, 3 * per_block, "{recompute:?}");
+            assert_eq!(
+                trace.after_each_backward,
+                vec![2 * per_block, per_block, 0],
+                "{recompute:?}: each block's cache goes with its backward"
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,283 @@
+//! Gradients accumulated in place into buffers that live as long as the
+//! trainer: `buf += g`, and a weight's gradient `buf += dyᵀ·x` as one GEMM
+//! with beta = 1 that reads the transposed operand through its strides (no
+//! transposed copy, no product tensor). On the CPU in f32 the `gemm` crate
+//! writes into the buffer; elsewhere (other dtypes, bf16 operands, GPUs for
+//! now) the sum is a new tensor that replaces the buffer.
+//!
+//! Allocating nothing that outlives a pass matters beyond the copies saved:
+//! gradients created block by block during the backward pass, between its
+//! transients, fragmented the heap (the CPU trainer's resident memory grew
+//! ~75 MB a block under recomputation).
+
+use super::matmul::matmul;
+use candle_core::{
+    bail, CpuStorage, DType, InplaceOp1, InplaceOp2, InplaceOp3, Layout, Result, Tensor,
+};
+use rayon::prelude::*;
+
+/// buf [V, D] rows `ids` += rows of dy [N, D], in the order of `ids` (the
+/// same sums every run): an embedding's gradient, without a V × D temporary
+/// on the in-place path; elsewhere summed in f32 and rounded once
+/// ([`super::embedding::backward`]).
+pub fn add_rows(buf: &mut Tensor, ids: &Tensor, dy: &Tensor) -> Result<()> {
+    if in_place(buf, &[dy]) && ids.device().is_cpu() {
+        return buf.inplace_op3(
+            &ids.to_dtype(DType::U32)?.contiguous()?,
+            &dy.contiguous()?,
+            &AddRows,
+        );
+    }
+    let g = super::embedding::backward(buf, ids, dy)?;
+    add(buf, &g)
+}
+
+/// Whether the in-place CPU kernels apply to a buffer and its operands.
+fn in_place(buf: &Tensor, operands: &[&Tensor]) -> bool {
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
+    f32_cpu(buf) && buf.is_contiguous() && operands.iter().all(|t| f32_cpu(t))
+}
+
+/// buf = 0.
+pub fn zero(buf: &mut Tensor) -> Result<()> {
+    if in_place(buf, &[]) {
+        return buf.inplace_op1(&Zero);
+    }
+    *buf = buf.zeros_like()?;
+    Ok(())
+}
+
+/// buf += g (same shape).
+pub fn add(buf: &mut Tensor, g: &Tensor) -> Result<()> {
+    if buf.shape() != g.shape() {
+        bail!(
+            "adding a {:?} gradient into a {:?} buffer",
+            g.shape(),
+            buf.shape()
+        );
+    }
+    if in_place(buf, &[g]) {
+        return buf.inplace_op2(&g.contiguous()?, &Add);
+    }
+    *buf = (&*buf + g.to_dtype(buf.dtype())?)?;
+    Ok(())
+}
+
+/// buf [out, in] += dyᵀ · x, with dy [N, out] and x [N, in] (a linear
+/// layer's weight gradient); `bf16`: the product with bf16 operands.
+pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
+    let (n, out) = dy.dims2()?;
+    let (n2, inp) = x.dims2()?;
+    if n != n2 || buf.dims() != [out, inp] {
+        bail!(
+            "a {:?} gradient from dy {:?} and x {:?}",
+            buf.dims(),
+            dy.dims(),
+            x.dims()
+        );
+    }
+    if !bf16 && in_place(buf, &[dy, x]) {
+        return buf.inplace_op3(dy, x, &AddProduct);
+    }
+    let product = matmul(&dy.t()?, x, bf16)?;
+    add(buf, &product)
+}
+
+struct Zero;
+
+impl InplaceOp1 for Zero {
+    fn name(&self) -> &'static str {
+        "sweep-zero"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> Result<()> {
+        let CpuStorage::F32(v) = s else {
+            bail!("expected f32 data")
+        };
+        // A buffer may be a view into a larger storage (an all-reduced bucket).
+        let (start, end) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("expected contiguous data".into()))?;
+        v[start..end]
+            .par_chunks_mut(1 << 16)
+            .for_each(|c| c.fill(0.0));
+        Ok(())
+    }
+}
+
+struct Add;
+
+impl InplaceOp2 for Add {
+    fn name(&self) -> &'static str {
+        "sweep-add-into"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        let g = super::f32s(s2, l2)?;
+        let CpuStorage::F32(buf) = s1 else {
+            bail!("expected f32 data")
+        };
+        let buf = &mut buf[l1.start_offset()..l1.start_offset() + g.len()];
+        buf.par_chunks_mut(1 << 16)
+            .zip(g.par_chunks(1 << 16))
+            .for_each(|(b, g)| b.iter_mut().zip(g).for_each(|(b, g)| *b += g));
+        Ok(())
+    }
+}
+
+struct AddRows;
+
+impl InplaceOp3 for AddRows {
+    fn name(&self) -> &'static str {
+        "sweep-add-rows-into"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let CpuStorage::U32(ids) = s2 else {
+            bail!("expected u32 ids")
+        };
+        let ids = &ids[l2.start_offset()..l2.start_offset() + l2.shape().elem_count()];
+        let dy = super::f32s(s3, l3)?;
+        let (rows, d) = l1.shape().dims2()?;
+        let CpuStorage::F32(buf) = s1 else {
+            bail!("expected f32 data")
+        };
+        let buf = &mut buf[l1.start_offset()..l1.start_offset() + rows * d];
+        if dy.len() != ids.len() * d {
+            bail!(
+                "{} ids for {} rows of gradient",
+                ids.len(),
+                dy.len() / d.max(1)
+            );
+        }
+        for (&id, g) in ids.iter().zip(dy.chunks_exact(d)) {
+            let Some(row) = buf.get_mut(id as usize * d..(id as usize + 1) * d) else {
+                bail!("token {id} is outside the {rows}-row table");
+            };
+            row.iter_mut().zip(g).for_each(|(b, g)| *b += g);
+        }
+        Ok(())
+    }
+}
+
+struct AddProduct;
+
+impl InplaceOp3 for AddProduct {
+    fn name(&self) -> &'static str {
+        "sweep-add-product-into"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let (dy, x) = (super::f32s_any(s2)?, super::f32s_any(s3)?);
+        let (n, out) = l2.shape().dims2()?;
+        let inp = l3.shape().dims2()?.1;
+        let CpuStorage::F32(buf) = s1 else {
+            bail!("expected f32 data")
+        };
+        let (sd, sx) = (l2.stride(), l3.stride());
+        // Every index below stays inside its slice: the layouts describe them.
+        let (dy_end, x_end) = (
+            l2.start_offset() + (n - 1) * sd[0] + (out - 1) * sd[1] + 1,
+            l3.start_offset() + (n - 1) * sx[0] + (inp - 1) * sx[1] + 1,
+        );
+        let buf_end = l1.start_offset() + out * inp;
+        if n == 0 || dy_end > dy.len() || x_end > x.len() || buf_end > buf.len() {
+            bail!("a layout reaches outside its data");
+        }
+        // SAFETY: dst is the contiguous out × in buffer (row stride `inp`),
+        // lhs = dyᵀ read through dy's strides (lhs(i, p) = dy[p, i]), rhs = x
+        // through its own; all three lie inside their slices (checked above)
+        // and dst does not alias the operands (a separate storage).
+        unsafe {
+            gemm::gemm(
+                out,
+                inp,
+                n,
+                buf.as_mut_ptr().add(l1.start_offset()),
+                1,
+                inp as isize,
+                true,
+                dy.as_ptr().add(l2.start_offset()),
+                sd[0] as isize,
+                sd[1] as isize,
+                x.as_ptr().add(l3.start_offset()),
+                sx[1] as isize,
+                sx[0] as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            )
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::ops::testing::{max_diff, rand};
+
+    #[test]
+    fn buffers_accumulate_in_place_like_their_sums() -> Result<()> {
+        let (dy, x) = (rand(&[37, 9], 1), rand(&[37, 13], 2));
+        let mut buf = rand(&[9, 13], 3);
+        let want = (&buf + dy.t()?.matmul(&x)?)?;
+        // A clone shares the storage: it sees the sum only if it is made in place.
+        let alias = buf.clone();
+        add_product(&mut buf, &dy, &x, false)?;
+        assert!(max_diff(&buf, &want)? < 1e-5);
+        assert!(max_diff(&alias, &want)? < 1e-5, "not in place");
+        // A transposed operand is read through its strides.
+        let dy_t = rand(&[9, 37], 4);
+        let want = (&buf + dy_t.matmul(&x)?)?;
+        add_product(&mut buf, &dy_t.t()?, &x, false)?;
+        assert!(max_diff(&buf, &want)? < 1e-5);
+        let g = rand(&[9, 13], 5);
+        let want = (&buf + &g)?;
+        add(&mut buf, &g)?;
+        assert!(max_diff(&buf, &want)? < 1e-7);
+        zero(&mut buf)?;
+        assert_eq!(buf.abs()?.max_all()?.to_scalar::<f32>()?, 0.0);
+        // Rows of an embedding table, in the ids' order.
+        let ids = Tensor::new(&[2u32, 0, 2], x.device())?;
+        let rows = rand(&[3, 13], 6);
+        add_rows(&mut buf, &ids, &rows)?;
+        let want = Tensor::zeros((9, 13), DType::F32, x.device())?.index_add(&ids, &rows, 0)?;
+        assert!(max_diff(&buf, &want)? < 1e-7);
+        // Off the in-place path (f64, bf16 operands): the same sums.
+        let mut b64 = Tensor::zeros((9, 13), DType::F64, x.device())?;
+        let (dy64, x64) = (dy.to_dtype(DType::F64)?, x.to_dtype(DType::F64)?);
+        add_product(&mut b64, &dy64, &x64, false)?;
+        let d = (b64 - dy64.t()?.matmul(&x64)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f64>()?;
+        assert!(d < 1e-14);
+        Ok(())
+    }
+}
