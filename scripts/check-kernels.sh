@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Compiles every CUDA kernel of the trainer (src/train/kernels/*.cu, which
+# the trainer compiles at run time with NVRTC) offline with nvcc, for a GPU
+# architecture, and reports registers, shared memory and spills: a syntax
+# error, a register spill or shared memory over the limit is caught here,
+# without a GPU, before a GPU machine's time is spent on it.
+#
+#   scripts/check-kernels.sh [--arch sm_90]
+#
+# nvcc comes from $CUDA_HOME, else the offline toolkit (scripts/cuda-toolkit.sh,
+# installed on first use). Exits non-zero on a compile error or a spill.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+ARCH=sm_90
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --arch) ARCH="$2"; shift 2 ;;
+        *) echo "usage: scripts/check-kernels.sh [--arch sm_90]" >&2; exit 2 ;;
+    esac
+done
+
+if [ -z "${CUDA_HOME:-}" ]; then
+    eval "$(scripts/cuda-toolkit.sh)"
+fi
+NVCC="$CUDA_HOME/bin/nvcc"
+[ -x "$NVCC" ] || { echo "check-kernels: no nvcc at $NVCC" >&2; exit 1; }
+
+shopt -s nullglob
+kernels=(src/train/kernels/*.cu)
+[ ${#kernels[@]} -gt 0 ] || { echo "check-kernels: no kernels in src/train/kernels" >&2; exit 1; }
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+status=0
+for k in "${kernels[@]}"; do
+    name=$(basename "$k" .cu)
+    # NVRTC compiles the file as it is, with no host code: so does this.
+    if ! report=$("$NVCC" -arch="$ARCH" -cubin -Xptxas -v -o "$out/$name.cubin" "$k" 2>&1); then
+        echo "$k: does not compile for $ARCH" >&2
+        echo "$report" >&2
+        status=1
+        continue
+    fi
+    # ptxas prints, per function: "Used N registers, ... M bytes smem" and
+    # "K bytes stack frame, S bytes spill stores, L bytes spill loads".
+    echo "$report" | grep -E "Compiling entry function|Used [0-9]+ registers|spill" | sed "s|^|$name: |"
+    if echo "$report" | grep -Eq "[1-9][0-9]* bytes spill (stores|loads)"; then
+        echo "$k: registers spill to local memory on $ARCH" >&2
+        status=1
+    fi
+done
+exit $status
