@@ -37,7 +37,12 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
         }
         let intervals = s.rows.iter().map(|r| r.metric(metric).ci95).collect();
         let fig = Bars {
-            title: format!("{study}: {title} (mean, 95% interval)"),
+            title: match file == "throughput" && speedups.iter().any(Option::is_some) {
+                true => format!(
+                    "{study}: {title} (mean, 95% interval; ≈: not significant after Holm's correction)"
+                ),
+                false => format!("{study}: {title} (mean, 95% interval)"),
+            },
             y_label: unit.into(),
             categories: names.clone(),
             series: vec![(unit.into(), values)],

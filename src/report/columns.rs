@@ -103,7 +103,12 @@ pub const LAST_STEP: &str = "last_step";
 pub const SPEEDUP: &str = "speedup";
 pub const SPEEDUP_CI95_LOW: &str = "speedup_ci95_low";
 pub const SPEEDUP_CI95_HIGH: &str = "speedup_ci95_high";
-/// Whether the speedup's interval leaves out 1 (null for the baseline).
+/// The two-sided p-value of "the speedup is 1", comparison by comparison.
+pub const SPEEDUP_P_VALUE: &str = "speedup_p_value";
+/// The same, adjusted with Holm's method over the study's comparisons with
+/// its baseline.
+pub const SPEEDUP_P_VALUE_HOLM: &str = "speedup_p_value_holm";
+/// Whether the Holm-adjusted p-value is below 0.05 (null for the baseline).
 pub const SIGNIFICANT: &str = "significant";
 /// The runs of a configuration (its repeats).
 pub const REPEATS: &str = "repeats";

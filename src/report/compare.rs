@@ -6,14 +6,15 @@
 use super::columns::{self as c, Metric};
 use super::export::markdown_cell as cell;
 use super::plot::{bars::Bars, save};
-use super::stats::{mean_ci95, ratio_ci95, MeanCi, RatioCi};
+use super::stats::{holm, mean_ci95, ratio_ci95, MeanCi, RatioCi, ALPHA};
 use super::summary::{Problem, Summary};
 use super::Source;
 use anyhow::{bail, Result};
 use polars::prelude::*;
 use std::path::{Path, PathBuf};
 
-/// Faster, slower, or no significant difference (the speedup's interval holds 1).
+/// Faster, slower, or no significant difference (after Holm's correction
+/// over the compared configurations).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Faster,
@@ -47,8 +48,12 @@ pub struct Row {
     pub b: Option<MeanCi>,
     pub a_mean: Option<f64>,
     pub b_mean: Option<f64>,
-    /// B's mean tokens/s over A's.
+    /// B's mean tokens/s over A's, with its interval; its `significant` is
+    /// the verdict after Holm's correction.
     pub speedup: Option<RatioCi>,
+    /// The p-value of "no difference", adjusted with Holm's method over
+    /// every configuration compared.
+    pub p_value_holm: Option<f64>,
     pub verdict: Option<Verdict>,
 }
 
@@ -107,9 +112,19 @@ pub fn run(
             b: mean_ci95(&rb.tps_samples),
             a_mean: ra.metric(Metric::TokensPerSecond).mean,
             b_mean: rb.metric(Metric::TokensPerSecond).mean,
-            verdict: speedup.as_ref().map(Verdict::of),
+            verdict: None,
+            p_value_holm: None,
             speedup,
         });
+    }
+    // Every configuration's comparison is one family: Holm's verdicts.
+    let p: Vec<Option<f64>> = rows.iter().map(|r| r.speedup.map(|s| s.p_value)).collect();
+    for (row, adjusted) in rows.iter_mut().zip(holm(&p)) {
+        if let (Some(s), Some(a)) = (row.speedup.as_mut(), adjusted) {
+            s.significant = a < ALPHA;
+        }
+        row.p_value_holm = adjusted;
+        row.verdict = row.speedup.as_ref().map(Verdict::of);
     }
     if rows.is_empty() {
         bail!(
@@ -186,7 +201,7 @@ fn speedup_text(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
 /// B's speedup over A with its interval, and the verdict.
 pub fn markdown(cmp: &Comparison) -> String {
     let mut out = format!(
-        "# {} vs {}\n\nTokens/sec per configuration (mean ± half-width of its 95% interval); speedup of B over A with its 95% interval, `≈` where it holds 1.\n\n| Configuration | A: {} | B: {} | Speedup (B / A) | Verdict |\n|---|---:|---:|---:|---|\n",
+        "# {} vs {}\n\nTokens/sec per configuration (mean ± half-width of its 95% interval); speedup of B over A with its 95% interval, `≈` where the difference is not significant at 5% after Holm's correction for the configurations compared (an interval may leave out 1 and still be `≈`: it is each comparison's own).\n\n| Configuration | A: {} | B: {} | Speedup (B / A) | Verdict |\n|---|---:|---:|---:|---|\n",
         cell(&cmp.a),
         cell(&cmp.b),
         cell(&cmp.a),
@@ -240,6 +255,8 @@ fn frame(cmp: &Comparison) -> Result<DataFrame> {
         col(c::SPEEDUP, &|r| r.speedup.map(|s| s.ratio)),
         col(c::SPEEDUP_CI95_LOW, &|r| r.speedup.map(|s| s.low)),
         col(c::SPEEDUP_CI95_HIGH, &|r| r.speedup.map(|s| s.high)),
+        col(c::SPEEDUP_P_VALUE, &|r| r.speedup.map(|s| s.p_value)),
+        col(c::SPEEDUP_P_VALUE_HOLM, &|r| r.p_value_holm),
         Column::new(
             c::SIGNIFICANT.into(),
             cmp.rows

@@ -48,14 +48,16 @@ pub fn mean_ci95(xs: &[f64]) -> Option<MeanCi> {
     })
 }
 
-/// mean(a) / mean(b) with its 95% interval, and whether the interval
-/// leaves out 1 (a real difference at the 5% level).
+/// mean(a) / mean(b) with its 95% interval, whether the interval leaves out
+/// 1 (a real difference at the 5% level, for this comparison alone), and
+/// the two-sided p-value of "the ratio is 1" (from the same t statistic).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RatioCi {
     pub ratio: f64,
     pub low: f64,
     pub high: f64,
     pub significant: bool,
+    pub p_value: f64,
 }
 
 /// The interval of mean(a) / mean(b) for independent samples: on the log
@@ -79,6 +81,7 @@ pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
             low: ratio,
             high: ratio,
             significant: ratio != 1.0,
+            p_value: if ratio != 1.0 { 0.0 } else { 1.0 },
         });
     }
     let df = (ra + rb).powi(2) / (ra * ra / (na - 1.0) + rb * rb / (nb - 1.0));
@@ -89,8 +92,39 @@ pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
         low,
         high,
         significant: low > 1.0 || high < 1.0,
+        p_value: two_sided_p(ratio.ln() / se, df),
     })
 }
+
+/// The two-sided p-value of a t statistic with `df` degrees of freedom.
+fn two_sided_p(t: f64, df: f64) -> f64 {
+    StudentsT::new(0.0, 1.0, df)
+        .map(|d| (2.0 * (1.0 - d.cdf(t.abs()))).clamp(0.0, 1.0))
+        .unwrap_or(1.0)
+}
+
+/// Holm's step-down adjustment of a family of p-values (the comparisons of
+/// a study against its baseline): the smallest is multiplied by the number
+/// of tests m, the next by m − 1, …, each kept at least as large as the one
+/// before and at most 1. Controls the chance of any false "significant" in
+/// the family at the level used, whatever their dependence. `None`s (rows
+/// without a comparison) stay `None` and do not count in m.
+pub fn holm(p: &[Option<f64>]) -> Vec<Option<f64>> {
+    let mut order: Vec<usize> = (0..p.len()).filter(|&i| p[i].is_some()).collect();
+    order.sort_by(|&a, &b| p[a].unwrap().total_cmp(&p[b].unwrap()));
+    let m = order.len();
+    let mut adjusted = vec![None; p.len()];
+    let mut running = 0.0f64;
+    for (rank, &i) in order.iter().enumerate() {
+        let a = ((m - rank) as f64 * p[i].expect("kept above")).min(1.0);
+        running = running.max(a);
+        adjusted[i] = Some(running);
+    }
+    adjusted
+}
+
+/// The level at which a (Holm-adjusted) p-value is a significant difference.
+pub const ALPHA: f64 = 0.05;
 
 /// How many points at the start of a run are warm-up: the leading points
 /// that are outliers below the rest (slower than the median by more than
@@ -175,6 +209,55 @@ mod tests {
         let r = ratio_ci95(&[800.0, 810.0, 790.0], &[1000.0, 1010.0, 990.0]).unwrap();
         assert!(r.significant && r.high < 1.0);
         assert!(ratio_ci95(&[1.0], &[1.0, 2.0]).is_none() && mean_ci95(&[1.0]).is_none());
+    }
+
+    #[test]
+    fn p_values_agree_with_the_intervals() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for _ in 0..200 {
+            let r = ratio_ci95(
+                &samples(&mut rng, 1030.0, 40.0, 4),
+                &samples(&mut rng, 1000.0, 40.0, 4),
+            )
+            .unwrap();
+            // The interval leaves out 1 exactly when p < 0.05 (same t, same df).
+            assert_eq!(r.significant, r.p_value < ALPHA, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn holm_adjusts_step_down() {
+        let p = [Some(0.01), None, Some(0.04), Some(0.03), Some(0.5)];
+        let a = holm(&p);
+        // m = 4: 0.01·4, then max(0.04, 0.03·3), max(0.09, 0.04·2), max(0.09, 0.5·1).
+        let want: [Option<f64>; 5] = [Some(0.04), None, Some(0.09), Some(0.09), Some(0.5)];
+        for (x, y) in a.iter().zip(want) {
+            assert_eq!(x.map(|v| (v * 1e9).round()), y.map(|v| (v * 1e9).round()));
+        }
+        assert_eq!(holm(&[Some(0.9), Some(0.8)]), vec![Some(1.0), Some(1.0)]);
+    }
+
+    /// Eight identical configurations against a baseline, three repeats each:
+    /// the chance of any "significant" verdict in a study is ~30% comparison
+    /// by comparison, and at most 5% with Holm's correction.
+    #[test]
+    fn holm_keeps_false_discoveries_in_a_study_at_five_percent() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        let (mut plain, mut adjusted) = (0, 0);
+        for _ in 0..1000 {
+            let base = samples(&mut rng, 1000.0, 50.0, 3);
+            let p: Vec<Option<f64>> = (0..7)
+                .map(|_| ratio_ci95(&samples(&mut rng, 1000.0, 50.0, 3), &base).map(|r| r.p_value))
+                .collect();
+            plain += usize::from(p.iter().any(|p| p.unwrap() < ALPHA));
+            adjusted += usize::from(holm(&p).iter().any(|p| p.unwrap() < ALPHA));
+        }
+        // Binomial(1000, 0.05) stays under 65 with probability > 99.8%.
+        assert!(
+            adjusted <= 65,
+            "{adjusted} of 1000 studies with a false verdict"
+        );
+        assert!(plain >= 150, "uncorrected: {plain} of 1000");
     }
 
     #[test]

@@ -12,7 +12,7 @@
 
 use super::columns::{self as c, Metric, Stat};
 use super::ingest::{Field, RunLog};
-use super::stats::{mean_ci95, ratio_ci95};
+use super::stats::{holm, mean_ci95, ratio_ci95, ALPHA};
 use crate::executor::State;
 use anyhow::{bail, Context as _, Result};
 use indexmap::IndexMap;
@@ -108,7 +108,12 @@ impl MetricStats {
 pub struct Speedup {
     pub ratio: f64,
     pub ci95: Option<(f64, f64)>,
-    /// Whether the interval leaves out 1; none for the baseline itself.
+    /// The p-value of "no difference", and Holm's adjustment of it over the
+    /// study's comparisons with the baseline.
+    pub p_value: Option<f64>,
+    pub p_value_holm: Option<f64>,
+    /// Whether the Holm-adjusted p-value is below 0.05; none for the
+    /// baseline itself.
     pub significant: Option<bool>,
 }
 
@@ -581,7 +586,7 @@ fn add_comparisons(
         None => None,
     };
     let mut speedup = vec![None; h];
-    let (mut low, mut high, mut significant) = (vec![None; h], vec![None; h], vec![None; h]);
+    let (mut low, mut high, mut p_value) = (vec![None; h], vec![None; h], vec![None; h]);
     if let Some((b, base_tps)) = base.and_then(|b| Some((b, tps[b].filter(|v| *v > 0.0)?))) {
         let base_samples = samples(Metric::TokensPerSecond, &members[b], per_run, runs);
         for i in 0..h {
@@ -591,14 +596,19 @@ fn add_comparisons(
             }
             let mine = samples(Metric::TokensPerSecond, &members[i], per_run, runs);
             if let Some(r) = ratio_ci95(&mine, &base_samples) {
-                (low[i], high[i], significant[i]) =
-                    (Some(r.low), Some(r.high), Some(r.significant));
+                (low[i], high[i], p_value[i]) = (Some(r.low), Some(r.high), Some(r.p_value));
             }
         }
     }
+    // The rows' comparisons with the baseline are one family: the verdicts
+    // are Holm's, the intervals each comparison's own.
+    let adjusted = holm(&p_value);
+    let significant: Vec<Option<bool>> = adjusted.iter().map(|p| p.map(|p| p < ALPHA)).collect();
     table.with_column(Column::new(c::SPEEDUP.into(), speedup))?;
     table.with_column(Column::new(c::SPEEDUP_CI95_LOW.into(), low))?;
     table.with_column(Column::new(c::SPEEDUP_CI95_HIGH.into(), high))?;
+    table.with_column(Column::new(c::SPEEDUP_P_VALUE.into(), p_value))?;
+    table.with_column(Column::new(c::SPEEDUP_P_VALUE_HOLM.into(), adjusted))?;
     table.with_column(Column::new(c::SIGNIFICANT.into(), significant))?;
     table.with_column(Column::new(c::REPEATS.into(), repeats))?;
     for helper in [
@@ -730,6 +740,7 @@ fn rows(
         nums(c::SPEEDUP_CI95_LOW)?,
         nums(c::SPEEDUP_CI95_HIGH)?,
     );
+    let (p_value, p_holm) = (nums(c::SPEEDUP_P_VALUE)?, nums(c::SPEEDUP_P_VALUE_HOLM)?);
     let significant: Vec<Option<bool>> = table.column(c::SIGNIFICANT)?.bool()?.iter().collect();
     Ok(tps_samples
         .into_iter()
@@ -766,6 +777,8 @@ fn rows(
             speedup: speedup[i].map(|ratio| Speedup {
                 ratio,
                 ci95: sp_lo[i].zip(sp_hi[i]),
+                p_value: p_value[i],
+                p_value_holm: p_holm[i],
                 significant: significant[i],
             }),
             tps_samples,

@@ -325,6 +325,14 @@ fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
         b4["speedup_ci95_high"].as_f64().unwrap(),
     );
     assert!(lo < s && s < hi, "{b4}");
+    // One comparison in the family: Holm's p is the plain one, and the
+    // verdict agrees with the interval.
+    let (p, p_holm) = (
+        b4["speedup_p_value"].as_f64().unwrap(),
+        b4["speedup_p_value_holm"].as_f64().unwrap(),
+    );
+    assert!((p - p_holm).abs() < 1e-12, "{b4}");
+    assert_eq!(b4["significant"].as_bool(), Some(p_holm < 0.05));
     assert_eq!(b4["significant"].as_bool(), Some(lo > 1.0 || hi < 1.0));
     let csv = std::fs::read_to_string(root.path().join("results/reps/summary.csv")).unwrap();
     let header = csv.lines().next().unwrap();
@@ -335,6 +343,8 @@ fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
         "mfu_pct_ci95_high",
         "speedup_ci95_low",
         "speedup_ci95_high",
+        "speedup_p_value",
+        "speedup_p_value_holm",
         "repeats",
         "significant",
     ] {

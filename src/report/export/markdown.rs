@@ -119,8 +119,11 @@ impl Exporter for Markdown {
             Some(b) => writeln!(
                 out,
                 "; speedup of tokens/sec against {} with its 95% interval, \
-                 `≈` where the interval holds 1 (no significant difference).\n",
-                cell(b)
+                 `≈` where the difference is not significant at 5% after Holm's correction \
+                 for the {} comparisons with it (the verdicts are adjusted, the intervals \
+                 are each comparison's own).\n",
+                cell(b),
+                s.rows.len().saturating_sub(1)
             )?,
             None => writeln!(out, ".\n")?,
         }
