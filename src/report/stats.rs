@@ -238,8 +238,8 @@ mod tests {
     }
 
     /// Eight identical configurations against a baseline, three repeats each:
-    /// the chance of any "significant" verdict in a study is ~30% comparison
-    /// by comparison, and at most 5% with Holm's correction.
+    /// a study has a "significant" verdict 16% of the time comparison by
+    /// comparison (seed 4), and at most 5% with Holm's correction.
     #[test]
     fn holm_keeps_false_discoveries_in_a_study_at_five_percent() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(4);
@@ -252,12 +252,15 @@ mod tests {
             plain += usize::from(p.iter().any(|p| p.unwrap() < ALPHA));
             adjusted += usize::from(holm(&p).iter().any(|p| p.unwrap() < ALPHA));
         }
+        eprintln!("studies with a false verdict: {plain} of 1000 uncorrected, {adjusted} with Holm");
         // Binomial(1000, 0.05) stays under 65 with probability > 99.8%.
         assert!(
             adjusted <= 65,
             "{adjusted} of 1000 studies with a false verdict"
         );
-        assert!(plain >= 150, "uncorrected: {plain} of 1000");
+        // Sharing the baseline's samples, the seven tests are not independent:
+        // fewer than 1 − 0.95⁷ = 30% of studies, but far more than 5%.
+        assert!(plain >= 100, "uncorrected: {plain} of 1000");
     }
 
     #[test]
