@@ -3,7 +3,8 @@
 # once and idempotently: Python packages for the interoperability tests (pyarrow and
 # polars read sweep's Parquet files; `tokenizers` checks our token ids), and MPI for
 # the data-parallel tests (`--features mpi`: Open MPI, its PMIx for `srun --mpi=pmix`,
-# and libclang for the mpi crate's bindings), from Debian packages.
+# and libclang for the mpi crate's bindings), and headless Chromium for the report
+# page's browser tests, from Debian packages.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -15,14 +16,15 @@ fi
 
 # Open MPI 4.1 and SLURM's pmix plugin share Debian's PMIx; the plugin loads
 # libpmix.so, which only libpmix-dev provides.
-MPI_PACKAGES=(openmpi-bin libopenmpi-dev libpmix-dev libclang-dev)
+DEB_PACKAGES=(openmpi-bin libopenmpi-dev libpmix-dev libclang-dev chromium)
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || missing+=(libopenmpi-dev)
 compgen -G "/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so" >/dev/null || missing+=(libpmix-dev)
 compgen -G "/usr/lib/llvm-*/lib/libclang.so" >/dev/null || missing+=(libclang-dev)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
-    [ "$(id -u)" -eq 0 ] || { echo "setup: missing ${missing[*]}; run as root or: apt-get install ${MPI_PACKAGES[*]}" >&2; exit 1; }
+    [ "$(id -u)" -eq 0 ] || { echo "setup: missing ${missing[*]}; run as root or: apt-get install ${DEB_PACKAGES[*]}" >&2; exit 1; }
     echo "setup: installing ${missing[*]} from Debian packages" >&2
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >/tmp/sweep-setup-apt.log 2>&1 ||
         { cat /tmp/sweep-setup-apt.log >&2; echo "setup: apt-get install failed" >&2; exit 1; }

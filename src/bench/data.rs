@@ -185,7 +185,7 @@ fn chart(a: &DataBenchArgs, rows: &[LoaderRow]) -> Result<Vec<PathBuf>> {
             .map(|r| Some(format!("{:.1}x faster", base / total(r))))
             .collect(),
     };
-    save(&fig, &a.plots, "data-loading")
+    Ok(save(&fig, &a.plots, "data-loading")?.files)
 }
 
 /// The default dataset: the full corpus when fetched, else the bundled one.

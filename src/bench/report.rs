@@ -51,6 +51,7 @@ pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBen
     });
     r?;
     let opts = Options {
+        live: false,
         skip_first: None,
         baseline: Some("run-00000".into()),
         group_by: vec![],

@@ -569,6 +569,7 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
         }
     };
     let opts = report::Options {
+        live: false,
         skip_first: r.skip_first,
         baseline: r.baseline,
         group_by: r.group_by,
@@ -596,11 +597,11 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
             .join(", ")
     );
     if !rep.charts.is_empty() {
-        let dir = rep.charts[0]
+        let dir = rep.charts[0].files[0]
             .parent()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
-        println!("{} charts (PNG and SVG) in {dir}", rep.charts.len() / 2);
+        println!("{} charts (PNG and SVG) in {dir}", rep.charts.len());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -5,14 +5,19 @@
 
 use super::columns::{self as c, Metric};
 use super::ingest::{Field, Point};
-use super::plot::{bars::Bars, lines::Lines, save};
+use super::plot::{bars::Bars, lines::Lines, save, Chart};
 use super::summary::Summary;
 use anyhow::Result;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
-    let names: Vec<String> = s.rows.iter().map(|r| r.name.clone()).collect();
+pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<Chart>> {
+    // Names come from files: printable in any label.
+    let names: Vec<String> = s
+        .rows
+        .iter()
+        .map(|r| crate::util::text::printable(&r.name).into_owned())
+        .collect();
     let speedups: Vec<Option<String>> =
         s.rows.iter().map(|r| r.speedup.map(|x| x.text())).collect();
     let mut out = Vec::new();
@@ -53,10 +58,10 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
                 vec![None; names.len()]
             },
         };
-        out.extend(save(&fig, dir, file)?);
+        out.push(save(&fig, dir, file)?);
     }
     if let Some(fig) = batch_size_bars(s, study) {
-        out.extend(save(&fig, dir, "batch-size")?);
+        out.push(save(&fig, dir, "batch-size")?);
     }
     let step = |p: &Point| Some(p.step);
     let elapsed = |p: &Point| p.elapsed_s;
@@ -110,7 +115,7 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
             points: false,
             y_from_zero: zero,
         };
-        out.extend(save(&fig, dir, file)?);
+        out.push(save(&fig, dir, file)?);
     }
     out.extend(scaling(s, dir, study)?);
     Ok(out)
@@ -137,7 +142,7 @@ fn lines(
     let mut series = Vec::new();
     let mut bands = Vec::new();
     for row in &s.rows {
-        let name = row.name.clone();
+        let name = crate::util::text::printable(&row.name).into_owned();
         let curves: Vec<Vec<(f64, f64)>> = row.runs.iter().map(|&m| curve(m)).collect();
         let runs: Vec<&Vec<(f64, f64)>> = curves.iter().collect();
         if runs.len() < 2 {
@@ -243,7 +248,7 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
 
 /// Whole-job throughput and weak-scaling efficiency against the world size
 /// (GPUs or CPU ranks), one line per configuration, when the world size varies.
-fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
+fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<Chart>> {
     // One line per configuration of the other axes that vary among the runs.
     let series_keys: Vec<&String> = s
         .axes
@@ -306,7 +311,7 @@ fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
         points: true,
         y_from_zero: true,
     };
-    out.extend(save(&fig, dir, "scaling-throughput")?);
+    out.push(save(&fig, dir, "scaling-throughput")?);
     let fig = Lines {
         title: format!("{study}: scaling efficiency against world size"),
         x_label: unit.into(),
@@ -316,7 +321,7 @@ fn scaling(s: &Summary, dir: &Path, study: &str) -> Result<Vec<PathBuf>> {
         points: true,
         y_from_zero: true,
     };
-    out.extend(save(&fig, dir, "scaling-efficiency")?);
+    out.push(save(&fig, dir, "scaling-efficiency")?);
     Ok(out)
 }
 

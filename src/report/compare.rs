@@ -155,14 +155,26 @@ pub fn run(
     CsvWriter::new(&mut bytes).finish(&mut frame)?;
     crate::util::fs::write_atomic(&csv, &bytes)?;
     cmp.files.extend([md, csv]);
-    if plots {
+    let drawn = if plots {
         let fig = chart(&cmp);
-        cmp.files.extend(save(
+        let c = save(
             &fig,
             &root.join("plots").join("compare").join(&dir_name),
             "comparison",
-        )?);
-    }
+        )?;
+        cmp.files.extend(c.files.iter().cloned());
+        Some(c)
+    } else {
+        None
+    };
+    let page = out.join(super::page::COMPARISON_PAGE);
+    let html = super::page::comparison(
+        &cmp,
+        drawn.as_ref(),
+        crate::util::process::git_commit(root).as_deref(),
+    );
+    crate::util::fs::write_atomic(&page, html.as_bytes())?;
+    cmp.files.push(page);
     Ok(cmp)
 }
 

@@ -7,6 +7,7 @@ pub mod columns;
 pub mod compare;
 pub mod export;
 pub mod ingest;
+pub mod page;
 pub mod plot;
 pub mod stats;
 pub mod summary;
@@ -49,25 +50,30 @@ pub struct Options {
     pub skip_first: Option<usize>,
     pub baseline: Option<String>,
     pub group_by: Vec<String>,
-    /// Where summary.{md,csv,parquet} go (default: results/<study>).
+    /// Where summary.{md,csv,parquet} and report.html go (default: results/<study>).
     pub out: Option<PathBuf>,
     pub plots: bool,
+    /// Runs are still going: the page reloads itself.
+    pub live: bool,
 }
 
 pub struct Report {
     pub study: String,
     pub summary: summary::Summary,
     pub files: Vec<PathBuf>,
-    pub charts: Vec<PathBuf>,
+    pub charts: Vec<plot::Chart>,
+    /// `report.html`.
+    pub page: PathBuf,
 }
 
-/// Report settings a manifest may carry.
+/// Report settings a manifest may carry, and what the page says of it.
 #[derive(Default)]
 struct Spec {
     axes: Option<Vec<String>>,
     skip_first: Option<usize>,
     baseline: Option<String>,
     group_by: Vec<String>,
+    provenance: page::Provenance,
 }
 
 pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
@@ -92,17 +98,35 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         skip_first: sopts.skip_first,
         baseline: sopts.baseline.clone(),
     };
-    let files = export::write_all(&s, &ctx, &out)?;
+    let mut files = export::write_all(&s, &ctx, &out)?;
     let charts = if opts.plots {
         charts::render(&s, &root.join("plots").join(&study), &study)?
     } else {
         vec![]
     };
+    let provenance = page::Provenance {
+        study: study.clone(),
+        git_commit: crate::util::process::git_commit(root),
+        ..spec.provenance
+    };
+    let html = page::study(
+        &s,
+        &charts,
+        &provenance,
+        sopts.baseline.as_deref(),
+        sopts.skip_first,
+        &out,
+        page::Live { reload: opts.live },
+    );
+    let page = out.join(page::STUDY_PAGE);
+    crate::util::fs::write_atomic(&page, html.as_bytes())?;
+    files.push(page.clone());
     Ok(Report {
         study,
         summary: s,
         files,
         charts,
+        page,
     })
 }
 
@@ -154,13 +178,44 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         })
         .collect();
     let rs = &plan.manifest.report;
+    let m = &plan.manifest;
     let spec = Spec {
-        axes: Some(plan.manifest.axis_keys().map(str::to_string).collect()),
+        axes: Some(m.axis_keys().map(str::to_string).collect()),
         skip_first: Some(rs.skip_first),
         baseline: rs.baseline.clone(),
         group_by: rs.group_by.clone(),
+        provenance: page::Provenance {
+            description: m.description.clone(),
+            manifest: Some((m.path.clone(), m.source.text.clone())),
+            devices: devices(&plan),
+            ..page::Provenance::default()
+        },
     };
     Ok((plan.manifest.name.clone(), runs, spec))
+}
+
+/// Where a plan's runs train, as their configurations say: `cpu`, `cuda
+/// (H100)`, with the SLURM partition when one is named.
+fn devices(plan: &Plan) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in &plan.runs {
+        let device = match &r.job {
+            crate::plan::Job::Train(cfg) => match (cfg.device, &cfg.gpu) {
+                (crate::config::DeviceKind::Cpu, _) => "cpu".to_string(),
+                (crate::config::DeviceKind::Cuda, Some(g)) => format!("cuda ({g})"),
+                (crate::config::DeviceKind::Cuda, None) => "cuda".to_string(),
+            },
+            crate::plan::Job::Command(_) => "a command's own devices".to_string(),
+        };
+        let d = match &r.slurm.partition {
+            Some(p) => format!("{device}, partition {p}"),
+            None => device,
+        };
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
 }
 
 /// Every run directory (with a `run.json`) of `results/<study>`. A
@@ -304,6 +359,7 @@ fn read_run(
 ) -> RunLog {
     let mut run = RunLog {
         reason: status.reason.clone(),
+        dir: Some(dir.to_path_buf()),
         ..RunLog::new(name, status)
     };
     match pattern {

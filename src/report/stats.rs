@@ -252,7 +252,9 @@ mod tests {
             plain += usize::from(p.iter().any(|p| p.unwrap() < ALPHA));
             adjusted += usize::from(holm(&p).iter().any(|p| p.unwrap() < ALPHA));
         }
-        eprintln!("studies with a false verdict: {plain} of 1000 uncorrected, {adjusted} with Holm");
+        eprintln!(
+            "studies with a false verdict: {plain} of 1000 uncorrected, {adjusted} with Holm"
+        );
         // Binomial(1000, 0.05) stays under 65 with probability > 99.8%.
         assert!(
             adjusted <= 65,

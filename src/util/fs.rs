@@ -165,6 +165,34 @@ pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Ve
     Ok(bytes)
 }
 
+/// The last `bytes` bytes of a regular file (all of it when shorter),
+/// opened without blocking, as [`read_regular`] opens files, and never
+/// through a symbolic link (what it reads goes on a page others see).
+pub fn read_tail(path: &Path, bytes: u64) -> Result<Vec<u8>, ReadError> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound => ReadError::NotFound,
+        _ => ReadError::Io(e),
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.file_type().is_file() {
+        return Err(ReadError::NotRegular {
+            what: kind_of(meta.file_type()),
+        });
+    }
+    file.seek(SeekFrom::Start(meta.len().saturating_sub(bytes)))
+        .map_err(io)?;
+    let mut out = Vec::new();
+    file.take(bytes).read_to_end(&mut out).map_err(io)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,6 +244,28 @@ mod tests {
         let e = read_regular(&study.join("out"), 10, Some(&study)).unwrap_err();
         assert!(e.to_string().contains("outside"), "{e}");
         assert!(read_regular(&study.join("out"), 10, None).is_ok());
+    }
+
+    #[test]
+    fn a_tail_is_read_from_regular_files_only_and_never_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("job.out");
+        std::fs::write(&f, b"first\nsecond\nthird\n").unwrap();
+        assert_eq!(read_tail(&f, 6).unwrap(), b"third\n");
+        assert_eq!(read_tail(&f, 1000).unwrap().len(), 19);
+        let fifo = dir.path().join("fifo.out");
+        mkfifo(&fifo);
+        assert!(matches!(
+            read_tail(&fifo, 10),
+            Err(ReadError::NotRegular { .. })
+        ));
+        let link = dir.path().join("link.out");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        assert!(read_tail(&link, 10).is_err(), "a link is not followed");
+        assert!(matches!(
+            read_tail(&dir.path().join("none"), 10),
+            Err(ReadError::NotFound)
+        ));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! drills: a killed training job is requeued and resumes; a run with a bad
 //! dataset fails alone; running a finished sweep again submits nothing.
 
+use super::page::check_study_page;
 use super::slurm::require_cluster;
 use super::support::{
     job_id, job_logs, losses, release_requeued, repo, run_ok, status, stdout, submit_slurm, sweep,
@@ -92,6 +93,14 @@ fn the_quickstart_runs_through_slurm_and_a_second_run_submits_nothing() {
     for f in ["summary.md", "summary.csv", "summary.parquet"] {
         assert!(study.join(f).is_file(), "{f}");
     }
+    // It ends by naming its page, which a browser shows with the table's
+    // numbers and the charts (its first screen is the README's picture).
+    let page = study.join("report.html");
+    assert!(
+        table.contains(&format!("the report, one page: {}", page.display())),
+        "{table}"
+    );
+    check_study_page(&page, &study.join("summary.csv"), "quickstart-report.png");
     for chart in CHARTS {
         assert!(
             root.path()

@@ -10,6 +10,7 @@ mod e2e;
 mod gpu;
 mod local;
 mod manifests;
+mod page;
 mod planning;
 mod report;
 mod slurm;

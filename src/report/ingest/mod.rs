@@ -235,6 +235,8 @@ pub struct RunLog {
     /// What the run repeats, when the planner recorded it (imported logs:
     /// none; each is a configuration of its own).
     pub configuration: Option<Configuration>,
+    /// The run's directory, when it has one (imported logs: none).
+    pub dir: Option<std::path::PathBuf>,
     /// COMPLETED, RUNNING, FAILED (exit 3), ... as the executor or the log says.
     pub status: Status,
     /// Why the run has no (or incomplete) results, when that is known.
@@ -254,6 +256,7 @@ impl RunLog {
             name: name.into(),
             params: IndexMap::new(),
             configuration: None,
+            dir: None,
             status,
             reason: None,
             points: Vec::new(),

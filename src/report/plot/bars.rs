@@ -2,7 +2,7 @@
 //! value labels, and category names written under the bars on several lines
 //! so that long configuration names never overlap.
 
-use super::{color, fmt_value, legend, DrawResult, Figure, FONT};
+use super::{caption_size, color, fmt_value, legend, DrawResult, Figure, FONT};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -62,7 +62,7 @@ fn frame<'a, DB: DrawingBackend>(
     y_max: f64,
 ) -> Result<BarChart<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
     let mut chart = ChartBuilder::on(root)
-        .caption(title, (FONT, 26))
+        .caption(title, (FONT, caption_size(root, title, 26.0)))
         .margin(16)
         .x_label_area_size(LABEL_AREA)
         .y_label_area_size(90)
@@ -170,7 +170,7 @@ impl Bars {
             .max()
             .unwrap_or(10) as u32;
         let mut chart = ChartBuilder::on(root)
-            .caption(&self.title, (FONT, 24))
+            .caption(&self.title, (FONT, caption_size(root, &self.title, 24.0)))
             .margin(16)
             .x_label_area_size(50)
             .y_label_area_size((longest * 8 + 20).min(520))
@@ -234,6 +234,10 @@ impl Bars {
 }
 
 impl Figure for Bars {
+    fn title(&self) -> &str {
+        &self.title
+    }
+
     fn size(&self) -> (u32, u32) {
         if self.horizontal() {
             (
@@ -306,6 +310,10 @@ impl Figure for Bars {
 }
 
 impl Figure for StackedBars {
+    fn title(&self) -> &str {
+        &self.title
+    }
+
     fn size(&self) -> (u32, u32) {
         ((170 * self.categories.len() as u32 + 200).max(900), 650)
     }

@@ -1,7 +1,7 @@
 //! Line charts: one line per series (loss against step or time, throughput
 //! over time, scaling curves).
 
-use super::{color, fmt_value, legend, DrawResult, Figure, FONT};
+use super::{caption_size, color, fmt_value, legend, DrawResult, Figure, FONT};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -54,6 +54,10 @@ impl Lines {
 }
 
 impl Figure for Lines {
+    fn title(&self) -> &str {
+        &self.title
+    }
+
     fn size(&self) -> (u32, u32) {
         if self.legend_beside() {
             (1500, 700)
@@ -103,7 +107,7 @@ impl Figure for Lines {
             y1 + pad,
         );
         let mut chart = ChartBuilder::on(root)
-            .caption(&self.title, (FONT, 26))
+            .caption(&self.title, (FONT, caption_size(root, &self.title, 26.0)))
             .margin(16)
             .x_label_area_size(60)
             .y_label_area_size(90)

@@ -43,47 +43,76 @@ pub fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
         .draw()
 }
 
+/// The caption's font size: `max` points, less when the title would not fit
+/// the figure's width (a long study name on a narrow chart).
+pub fn caption_size<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    max: f64,
+) -> f64 {
+    let room = root.dim_in_pixel().0.saturating_sub(40) as f64;
+    match root.estimate_text_size(title, &(FONT, max).into_text_style(root)) {
+        Ok((w, _)) if w as f64 > room && w > 0 => (max * room / w as f64).floor().max(10.0),
+        _ => max,
+    }
+}
+
 /// Something that can draw itself on any plotters backend.
 pub trait Figure {
     fn size(&self) -> (u32, u32) {
         (1100, 650)
     }
+    /// What the figure shows (its title; a page's caption).
+    fn title(&self) -> &str;
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB>;
+}
+
+/// A figure as written: its name, its title, its files (PNG and SVG) and
+/// its SVG text (what a page inlines).
+#[derive(Debug, Clone)]
+pub struct Chart {
+    pub name: String,
+    pub title: String,
+    pub svg: String,
+    pub files: Vec<PathBuf>,
 }
 
 /// Writes `<dir>/<name>.png` and `<dir>/<name>.svg` (each to a temporary
 /// name first, then renamed).
-pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
+pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Chart> {
     register_font();
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let size = fig.size();
-    let mut out = Vec::new();
-    for ext in ["png", "svg"] {
-        let target = dir.join(format!("{name}.{ext}"));
-        let tmp = dir.join(format!(".{name}.tmp.{ext}"));
-        {
-            let result = if ext == "png" {
-                let root = BitMapBackend::new(&tmp, size).into_drawing_area();
-                root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
-                fig.draw(&root)
-                    .map_err(|e| anyhow!("{e}"))
-                    .and_then(|()| root.present().map_err(|e| anyhow!("{e}")))
-            } else {
-                let root = SVGBackend::new(&tmp, size).into_drawing_area();
-                root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
-                fig.draw(&root)
-                    .map_err(|e| anyhow!("{e}"))
-                    .and_then(|()| root.present().map_err(|e| anyhow!("{e}")))
-            };
-            if let Err(e) = result {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e).with_context(|| format!("drawing {}", target.display()));
-            }
-        }
-        std::fs::rename(&tmp, &target).with_context(|| format!("writing {}", target.display()))?;
-        out.push(target);
+    let drawn = |e: String| anyhow!("drawing {name}: {e}");
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| drawn(e.to_string()))?;
+        fig.draw(&root).map_err(|e| drawn(e.to_string()))?;
+        root.present().map_err(|e| drawn(e.to_string()))?;
     }
-    Ok(out)
+    let svg_path = dir.join(format!("{name}.svg"));
+    crate::util::fs::write_atomic(&svg_path, svg.as_bytes())?;
+    let png_path = dir.join(format!("{name}.png"));
+    let tmp = dir.join(format!(".{name}.tmp.png"));
+    let result = (|| -> Result<()> {
+        let root = BitMapBackend::new(&tmp, size).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| drawn(e.to_string()))?;
+        fig.draw(&root).map_err(|e| drawn(e.to_string()))?;
+        root.present().map_err(|e| drawn(e.to_string()))?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, &png_path).with_context(|| format!("writing {}", png_path.display()))?;
+    Ok(Chart {
+        name: name.to_string(),
+        title: fig.title().to_string(),
+        svg,
+        files: vec![png_path, svg_path],
+    })
 }
 
 /// Distinct colours (Tableau 20: ten hues, dark then light).
