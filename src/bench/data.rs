@@ -3,7 +3,7 @@
 //! tokenizer's cost on the very documents the on-the-fly loaders consumed.
 
 use super::timed;
-use crate::config::{DatasetType, PretokenizedFormat};
+use crate::config::{DataOrder, DatasetType, PretokenizedFormat};
 use crate::data::pretokenize::{self, PretokenizeArgs};
 use crate::data::{DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer};
 use crate::report::plot::{bars::StackedBars, save};
@@ -96,6 +96,7 @@ pub fn run(a: &DataBenchArgs) -> Result<DataBench> {
                     tokenizer: tok,
                     rank: 0,
                     world_size: 1,
+                    order: DataOrder::Global,
                     holdout: 0,
                 })
             });

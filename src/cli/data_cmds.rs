@@ -91,8 +91,19 @@ pub fn run(cmd: DataCmd) -> Result<ExitCode> {
             samples,
             rank,
             world_size,
+            batch_size,
+            data_order,
         } => {
             anyhow::ensure!(rank < world_size, "--rank must be below --world-size");
+            anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
+            // One batch is held in memory (12 bytes a token).
+            const MAX_TOKENS: usize = 1 << 24;
+            anyhow::ensure!(
+                batch_size
+                    .checked_mul(seq_len)
+                    .is_some_and(|t| t <= MAX_TOKENS),
+                "--batch-size × --seq-len is more than {MAX_TOKENS} tokens"
+            );
             let spec = DataSpec {
                 dataset_type,
                 seq_len,
@@ -110,18 +121,24 @@ pub fn run(cmd: DataCmd) -> Result<ExitCode> {
                 )?),
                 rank,
                 world_size,
+                order: data_order,
                 holdout: 0,
             };
             let mut stream = SampleStream::open(&spec)?;
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
-            for _ in 0..samples {
-                let (inputs, labels) = stream.next_sample()?;
-                serde_json::to_writer(
-                    &mut out,
-                    &serde_json::json!({ "inputs": inputs, "labels": labels }),
-                )?;
-                out.write_all(b"\n")?;
+            let mut left = samples;
+            while left > 0 {
+                let b = crate::data::loader::next_batch(&mut stream, batch_size)?;
+                let rows = b.inputs.chunks(seq_len).zip(b.labels.chunks(seq_len));
+                for (inputs, labels) in rows.take(left) {
+                    serde_json::to_writer(
+                        &mut out,
+                        &serde_json::json!({ "inputs": inputs, "labels": labels }),
+                    )?;
+                    out.write_all(b"\n")?;
+                }
+                left = left.saturating_sub(batch_size);
             }
             out.flush()?;
         }

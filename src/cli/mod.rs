@@ -232,12 +232,20 @@ pub enum DataCmd {
         tokenizer: TokenizerArgs,
         #[arg(long, alias = "sequence-length")]
         seq_len: usize,
+        /// How many of this rank's samples to print.
         #[arg(long, default_value_t = 10)]
         samples: usize,
+        /// The rank whose samples to print, of `--world-size`.
         #[arg(long, default_value_t = 0)]
         rank: usize,
         #[arg(long, default_value_t = 1)]
         world_size: usize,
+        /// The per-rank batch size (in the global order, a rank's slice of
+        /// each global batch).
+        #[arg(long, default_value_t = 1)]
+        batch_size: usize,
+        #[arg(long, value_enum, default_value = "global")]
+        data_order: crate::config::DataOrder,
     },
     /// Prove that a pretokenized file equals on-the-fly tokenization of its source.
     #[command(

@@ -46,6 +46,40 @@ impl DatasetType {
     }
 }
 
+/// Which samples each rank of a data-parallel run trains on.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataOrder {
+    /// One sample sequence over the whole dataset, the same whatever the
+    /// world size: the global batch of a step is the same samples on 1 rank
+    /// or 64, each rank training on its slice (Megatron's sampler). Runs of
+    /// a scaling study see the same data, and a run resumes on another world
+    /// size where it left off.
+    #[default]
+    Global,
+    /// Each rank reads its own contiguous range of documents, as the
+    /// reference study does: what a step trains on depends on the world size.
+    Contiguous,
+}
+
+impl DataOrder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataOrder::Global => "global",
+            DataOrder::Contiguous => "contiguous",
+        }
+    }
+
+    /// Runs planned before the order could be chosen read the global order
+    /// when single-rank (the same samples either way), so the default is
+    /// left out of a run's configuration and its id stays as it was.
+    pub fn is_default(&self) -> bool {
+        *self == DataOrder::default()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PretokenizedFormat {
@@ -309,6 +343,10 @@ pub struct TrainConfig {
     pub validation_documents: usize,
     /// Batches prepared ahead of the train step by the background loader.
     pub prefetch: usize,
+    /// With several ranks: one global sample order (the default) or the
+    /// reference's contiguous shard per rank.
+    #[serde(skip_serializing_if = "DataOrder::is_default")]
+    pub data_order: DataOrder,
 
     // --- model
     /// A preset name (`tiny`, `small`, `ref-1b`, `ref-8b`) ...
@@ -375,6 +413,7 @@ impl Default for TrainConfig {
             sequence_length: 2048,
             validation_documents: 0,
             prefetch: 4,
+            data_order: DataOrder::Global,
             model: "tiny".into(),
             architecture: ModelOverrides::default(),
             precision: Precision::F32,

@@ -2,15 +2,26 @@
 //! from a pretokenized file. They differ only in where a document's ids come
 //! from (`Source`); sample construction is shared (`samples`).
 //!
-//! Each rank reads a contiguous range of documents (its shard), wraps around at
-//! the end of it, and skips documents with no tokens. A background thread keeps
-//! `prefetch` batches ready, as contiguous integer buffers.
+//! A stream reads a range of documents in order, wraps around at its end and
+//! skips documents with no tokens. With several ranks ([`DataOrder`]):
+//! - global (the default): every rank reads the one sample sequence of the
+//!   whole dataset and keeps its slice of each micro-batch (rank r of W at
+//!   batch B: samples r·B … r·B+B−1 of every W·B), building the others' only
+//!   as far as the sequence needs (padding-free windows, empty documents),
+//!   never copying them. The samples of a step are the same whatever the
+//!   world size, and so is the position after it: one [`LoaderState`] for all
+//!   ranks, from which any world size resumes.
+//! - contiguous: each rank reads its own range of documents ([`shard`]), as
+//!   the reference study does, and has a position of its own.
+//!
+//! A background thread keeps `prefetch` batches ready, as contiguous integer
+//! buffers.
 
 use super::pretokenized::{Docs, PretokFile, Scratch};
 use super::samples::{self, TokenBuffer};
 use super::text::{TextChunk, TextFile};
 use super::tokenizer::TextTokenizer;
-use crate::config::{DatasetType, PretokenizedFormat};
+use crate::config::{DataOrder, DatasetType, PretokenizedFormat};
 use anyhow::{anyhow, bail, Result};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -37,18 +48,21 @@ pub struct DataSpec {
     pub tokenizer: Arc<TextTokenizer>,
     pub rank: usize,
     pub world_size: usize,
+    pub order: DataOrder,
     /// Documents at the end of the dataset kept out of training (validation).
     pub holdout: usize,
 }
 
 /// Where a loader stands: enough to resume exactly (stored in checkpoints).
+/// In the global order it is the same on every rank after a micro-batch.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LoaderState {
     pub epoch: u64,
-    /// The next document of the shard to read.
+    /// The next document of the range to read.
     pub next_doc: usize,
     /// Padding-free: the tokens waiting in the buffer.
     pub buffer: Vec<u32>,
+    /// Samples of the sequence so far (in the global order, every rank's).
     pub samples: u64,
 }
 
@@ -225,9 +239,23 @@ fn load_row_group(
     Ok(())
 }
 
-/// Samples, one at a time, from one rank's shard.
+/// Which samples of a stream's sequence a rank keeps: of every
+/// `world × batch`, the `batch` from `rank × batch` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slice {
+    rank: usize,
+    world: usize,
+}
+
+impl Slice {
+    const ALL: Slice = Slice { rank: 0, world: 1 };
+}
+
+/// Samples from a range of documents: one rank's, or the whole sequence of
+/// which a rank keeps its slice.
 pub struct SampleStream {
     cursor: DocCursor,
+    slice: Slice,
     kind: DatasetType,
     seq: usize,
     bos: Option<u32>,
@@ -237,7 +265,8 @@ pub struct SampleStream {
 }
 
 impl SampleStream {
-    /// A stream over this rank's shard of the training documents.
+    /// A stream over this rank's training samples: its slice of the global
+    /// sequence, or its shard's.
     pub fn open(spec: &DataSpec) -> Result<SampleStream> {
         let source = open_source(spec)?;
         let mut s = Self::over(spec, source, 0..0)?;
@@ -248,7 +277,17 @@ impl SampleStream {
                 spec.holdout
             );
         }
-        let range = shard(total - spec.holdout, spec.rank, spec.world_size);
+        let training = total - spec.holdout;
+        let range = match spec.order {
+            DataOrder::Global => {
+                s.slice = Slice {
+                    rank: spec.rank,
+                    world: spec.world_size,
+                };
+                0..training
+            }
+            DataOrder::Contiguous => shard(training, spec.rank, spec.world_size),
+        };
         if range.is_empty() {
             bail!(
                 "rank {} of {} gets no documents: the dataset has only {total}",
@@ -272,12 +311,23 @@ impl SampleStream {
     }
 
     fn over(spec: &DataSpec, source: Source, range: Range<usize>) -> Result<SampleStream> {
+        if spec.seq_len == 0 {
+            bail!("the sequence length must be at least 1 token");
+        }
+        if spec.world_size == 0 || spec.rank >= spec.world_size {
+            bail!(
+                "rank {} of {} ranks does not exist",
+                spec.rank,
+                spec.world_size
+            );
+        }
         let bos = match spec.dataset_type {
             DatasetType::PaddingFree => Some(spec.tokenizer.require_bos("padding-free data")?),
             DatasetType::Padded => spec.tokenizer.bos,
         };
         Ok(SampleStream {
             cursor: DocCursor::new(source, range),
+            slice: Slice::ALL,
             kind: spec.dataset_type,
             seq: spec.seq_len,
             bos,
@@ -288,9 +338,24 @@ impl SampleStream {
     }
 
     /// Fills one sample; returns its training tokens (labels not -100).
-    /// Documents without tokens are skipped; a whole pass over the range
-    /// without one is an error rather than a hang.
     pub fn next_into(&mut self, inputs: &mut [u32], labels: &mut [i64]) -> Result<usize> {
+        self.advance(Some((inputs, labels)))
+    }
+
+    /// Passes over the next `n` samples of the sequence (other ranks'):
+    /// their documents are read, nothing is copied.
+    fn skip(&mut self, n: usize) -> Result<()> {
+        for _ in 0..n {
+            self.advance(None)?;
+        }
+        Ok(())
+    }
+
+    /// The next sample of the sequence, into `out` when given; returns its
+    /// training tokens (0 when skipped). Documents without tokens are
+    /// skipped; a whole pass over the range without one is an error rather
+    /// than a hang.
+    fn advance(&mut self, out: Option<(&mut [u32], &mut [i64])>) -> Result<usize> {
         self.samples += 1;
         let empty_len = usize::from(self.bos.is_some());
         let mut skipped = 0;
@@ -298,7 +363,13 @@ impl SampleStream {
             if let DatasetType::PaddingFree = self.kind {
                 if self.buffer.ready(self.seq) {
                     let bos = self.bos.expect("padding-free streams have a BOS");
-                    return Ok(self.buffer.take(self.seq, bos, inputs, labels));
+                    return Ok(match out {
+                        Some((inputs, labels)) => self.buffer.take(self.seq, bos, inputs, labels),
+                        None => {
+                            self.buffer.pass(self.seq);
+                            0
+                        }
+                    });
                 }
             }
             let doc = self.cursor.next_doc()?;
@@ -312,7 +383,12 @@ impl SampleStream {
             skipped = 0;
             match self.kind {
                 DatasetType::Padded => {
-                    return Ok(samples::padded(doc, self.seq, self.pad, inputs, labels))
+                    return Ok(match out {
+                        Some((inputs, labels)) => {
+                            samples::padded(doc, self.seq, self.pad, inputs, labels)
+                        }
+                        None => 0,
+                    })
                 }
                 DatasetType::PaddingFree => self
                     .buffer
@@ -409,15 +485,20 @@ pub struct Batch {
     pub state: LoaderState,
 }
 
+/// This rank's next `batch_size` samples: in the global order, its slice of
+/// the next `world × batch_size`, the position after all of them.
 pub fn next_batch(stream: &mut SampleStream, batch_size: usize) -> Result<Batch> {
     let seq = stream.seq_len();
+    let Slice { rank, world } = stream.slice;
     let mut inputs = vec![0u32; batch_size * seq];
     let mut labels = vec![0i64; batch_size * seq];
     let mut training_tokens = 0;
+    stream.skip(rank * batch_size)?;
     for b in 0..batch_size {
         let r = b * seq..(b + 1) * seq;
         training_tokens += stream.next_into(&mut inputs[r.clone()], &mut labels[r])?;
     }
+    stream.skip((world - 1 - rank) * batch_size)?;
     Ok(Batch {
         inputs,
         labels,
@@ -524,6 +605,7 @@ mod tests {
             tokenizer: Arc::new(mistral()),
             rank,
             world_size: world,
+            order: DataOrder::Contiguous,
             holdout: 0,
         }
     }
@@ -616,6 +698,202 @@ mod tests {
             b.restore(&state).unwrap();
             let got: Vec<_> = (0..12).map(|_| b.next_sample().unwrap()).collect();
             assert_eq!(got, expected, "{kind:?}");
+        }
+    }
+
+    /// The same documents as text and as both pretokenized formats.
+    fn every_source(dir: &Path, docs: &[String], seq: usize) -> Vec<(&'static str, SourceSpec)> {
+        let refs: Vec<&str> = docs.iter().map(String::as_str).collect();
+        let text = texts(dir, &refs);
+        let out = dir.join("pretokenized");
+        let args = crate::data::pretokenize::PretokenizeArgs {
+            input: text.clone(),
+            text_column: "text".into(),
+            tokenizer: Path::new(env!("CARGO_MANIFEST_DIR")).join(crate::config::DEFAULT_TOKENIZER),
+            specials: SpecialTokens::default(),
+            seq_len: seq,
+            formats: vec![PretokenizedFormat::Padded, PretokenizedFormat::TokenList],
+            out_dir: out.clone(),
+            row_group_size: 4,
+            threads: 1,
+            force: true,
+            progress: false,
+        };
+        crate::data::pretokenize::run(&args).unwrap();
+        let file = |f| crate::data::pretokenize::output_path(&out, f);
+        vec![
+            (
+                "text",
+                SourceSpec::Text {
+                    path: text,
+                    column: "text".into(),
+                },
+            ),
+            (
+                "padded file",
+                SourceSpec::Pretokenized {
+                    path: file(PretokenizedFormat::Padded),
+                },
+            ),
+            (
+                "token-list file",
+                SourceSpec::Pretokenized {
+                    path: file(PretokenizedFormat::TokenList),
+                },
+            ),
+        ]
+    }
+
+    fn global(
+        source: &SourceSpec,
+        kind: DatasetType,
+        seq: usize,
+        rank: usize,
+        world: usize,
+    ) -> DataSpec {
+        DataSpec {
+            source: source.clone(),
+            order: DataOrder::Global,
+            ..spec(PathBuf::new(), kind, seq, rank, world)
+        }
+    }
+
+    /// Rank r of W at batch B holds samples r·B … r·B+B−1 of every W·B of
+    /// the one sequence a single rank reads at batch W·B, and every rank
+    /// stands at the same position after each micro-batch.
+    #[test]
+    fn in_the_global_order_any_world_size_sees_the_same_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        // Empty documents and lengths around the sequence length, so that
+        // skipping and padding-free windows are exercised.
+        let mut docs = named_docs(11);
+        docs[3].clear();
+        docs[7] = docs[7].repeat(3);
+        let seq = 9;
+        for (name, source) in every_source(dir.path(), &docs, seq) {
+            let kinds: &[DatasetType] = match name {
+                "padded file" => &[DatasetType::Padded],
+                "token-list file" => &[DatasetType::PaddingFree],
+                _ => &[DatasetType::Padded, DatasetType::PaddingFree],
+            };
+            for &kind in kinds {
+                for world in 1..=3 {
+                    for batch in 1..=2 {
+                        let mut one =
+                            SampleStream::open(&global(&source, kind, seq, 0, 1)).unwrap();
+                        let mut ranks: Vec<_> = (0..world)
+                            .map(|r| {
+                                SampleStream::open(&global(&source, kind, seq, r, world)).unwrap()
+                            })
+                            .collect();
+                        // Past an epoch, so the wrap-around is covered too.
+                        for step in 0..20 {
+                            let whole = next_batch(&mut one, world * batch).unwrap();
+                            let parts: Vec<Batch> = ranks
+                                .iter_mut()
+                                .map(|s| next_batch(s, batch).unwrap())
+                                .collect();
+                            let what =
+                                format!("{name} {kind:?} world {world} batch {batch} step {step}");
+                            let inputs: Vec<u32> =
+                                parts.iter().flat_map(|p| p.inputs.clone()).collect();
+                            let labels: Vec<i64> =
+                                parts.iter().flat_map(|p| p.labels.clone()).collect();
+                            assert_eq!(inputs, whole.inputs, "{what}");
+                            assert_eq!(labels, whole.labels, "{what}");
+                            let tokens: usize = parts.iter().map(|p| p.training_tokens).sum();
+                            assert_eq!(tokens, whole.training_tokens, "{what}");
+                            for p in &parts {
+                                assert_eq!(
+                                    p.state, whole.state,
+                                    "{what}: one position for all ranks"
+                                );
+                            }
+                        }
+                        assert!(
+                            one.state().epoch >= 1,
+                            "{name} {kind:?}: past the first epoch"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A position written by 2 ranks continues on 1 or 3: the sequence goes
+    /// on with no sample skipped or repeated.
+    #[test]
+    fn a_global_position_resumes_on_any_world_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = named_docs(7);
+        let seq = 6;
+        for (name, source) in every_source(dir.path(), &docs, seq) {
+            let kind = match name {
+                "padded file" => DatasetType::Padded,
+                _ => DatasetType::PaddingFree,
+            };
+            let mut one = SampleStream::open(&global(&source, kind, seq, 0, 1)).unwrap();
+            let mut two: Vec<_> = (0..2)
+                .map(|r| SampleStream::open(&global(&source, kind, seq, r, 2)).unwrap())
+                .collect();
+            for _ in 0..3 {
+                next_batch(&mut one, 2).unwrap();
+                for s in &mut two {
+                    next_batch(s, 1).unwrap();
+                }
+            }
+            let state = two[0].state();
+            assert_eq!(state, two[1].state());
+            assert_eq!(state.samples, 6);
+            let want = next_batch(&mut one, 6).unwrap();
+            for world in [1, 3] {
+                let batch = 6 / world;
+                let inputs: Vec<u32> = (0..world)
+                    .flat_map(|r| {
+                        let mut s =
+                            SampleStream::open(&global(&source, kind, seq, r, world)).unwrap();
+                        s.restore(&state).unwrap();
+                        next_batch(&mut s, batch).unwrap().inputs
+                    })
+                    .collect();
+                assert_eq!(inputs, want.inputs, "{name}: resumed on {world} rank(s)");
+            }
+        }
+    }
+
+    /// The reference's sharding: rank r reads documents shard(n, r, W) only,
+    /// its first sample the first document of its shard.
+    #[test]
+    fn the_contiguous_order_keeps_the_references_shards() {
+        let dir = tempfile::tempdir().unwrap();
+        let docs = named_docs(10);
+        let tok = mistral();
+        for (name, source) in every_source(dir.path(), &docs, 32) {
+            if name == "token-list file" {
+                continue;
+            }
+            for rank in 0..4 {
+                let mut sp = global(&source, DatasetType::Padded, 32, rank, 4);
+                sp.order = DataOrder::Contiguous;
+                let mut s = SampleStream::open(&sp).unwrap();
+                let b = next_batch(&mut s, 2).unwrap();
+                // The reference's ranges of 10 documents over 4 ranks:
+                // [rank·n/W, (rank+1)·n/W).
+                let r = [0..2, 2..5, 5..7, 7..10][rank].clone();
+                for (i, d) in r.clone().take(2).enumerate() {
+                    let ids = tok.document_ids(&docs[d]).unwrap();
+                    assert_eq!(
+                        &b.inputs[i * 32..i * 32 + ids.len()],
+                        &ids[..],
+                        "{name} rank {rank}"
+                    );
+                }
+                assert_eq!(
+                    b.state.next_doc,
+                    r.start + 2,
+                    "{name} rank {rank}: its own position"
+                );
+            }
         }
     }
 

@@ -96,6 +96,13 @@ impl TokenBuffer {
         seq - masked
     }
 
+    /// Passes over one window (another rank's sample) as [`Self::take`]
+    /// would, without copying it.
+    pub fn pass(&mut self, seq: usize) {
+        debug_assert!(self.ready(seq));
+        self.start += seq;
+    }
+
     /// For checkpoints: what is left in the buffer.
     pub fn snapshot(&self) -> Vec<u32> {
         self.tokens().to_vec()

@@ -200,7 +200,9 @@ fn fields_of(section: &str) -> Option<Vec<String>> {
 
 /// The values an enum key takes, by its key path, and what they are called.
 fn values_of(key: &str) -> Option<(&'static str, Vec<String>)> {
-    use crate::config::{AttentionKind, DatasetType, DeviceKind, LrSchedule, Precision, Recompute};
+    use crate::config::{
+        AttentionKind, DataOrder, DatasetType, DeviceKind, LrSchedule, Precision, Recompute,
+    };
     if key == "slurm.template" || key == "stages.pretokenize.template" {
         let names = TemplateChoice::NAMES
             .iter()
@@ -213,6 +215,7 @@ fn values_of(key: &str) -> Option<(&'static str, Vec<String>)> {
         match key {
             "executor" => known_variants::<ExecutorKind>(),
             "defaults.dataset_type" => known_variants::<DatasetType>(),
+            "defaults.data_order" => known_variants::<DataOrder>(),
             "defaults.precision" => known_variants::<Precision>(),
             "defaults.attention" => known_variants::<AttentionKind>(),
             "defaults.recompute" => known_variants::<Recompute>(),

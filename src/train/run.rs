@@ -10,7 +10,10 @@
 //! [`OUT_OF_MEMORY_EXIT`].
 //!
 //! With several ranks (data parallelism, [`super::dist`]) every rank runs this
-//! same loop on its own shard; rank 0 alone writes metrics and checkpoints.
+//! same loop on its slice of each global batch (or its own shard, in the
+//! contiguous order); rank 0 alone writes metrics and checkpoints. A run
+//! resumes on another world size with the gradient accumulation that keeps
+//! its global batch.
 
 use super::checkpoint;
 use super::metrics::{self, LoggedStep, Reporter};
@@ -105,8 +108,8 @@ impl Stop {
 }
 
 /// Says what is being trained, where, and against what peak.
-fn announce(t: &Trainer, flops_per_token: f64, peak: f64, peak_source: &str) {
-    let (cfg, ranks) = (&t.cfg, t.ranks());
+fn announce(t: &Trainer, cfg: &TrainConfig, flops_per_token: f64, peak: f64, peak_source: &str) {
+    let ranks = t.ranks();
     eprintln!(
         "sweep train: {} ({} parameters, {:.1} MFLOP/token) on {} with {} threads; peak {:.1} GFLOP/s ({peak_source})",
         cfg.model,
@@ -128,16 +131,43 @@ fn announce(t: &Trainer, flops_per_token: f64, peak: f64, peak_source: &str) {
 
 /// The training loop of one rank, from the latest checkpoint to the last step.
 fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
-    let cfg = t.cfg.clone();
+    let mut cfg = t.cfg.clone();
     let ranks = t.ranks();
     let main = ranks.is_main();
+    let mut stream = SampleStream::open(&t.spec)?;
+    let mut monitor = Monitor::new(cfg.monitor.clone(), cfg.grad_clip);
+    let (mut first, mut elapsed) = (1, 0.0);
+    let resumed = checkpoint::latest(run_dir);
+    if let Some((dir, state)) = &resumed {
+        let resume = state.resume(
+            ranks,
+            cfg.data_order,
+            cfg.batch(),
+            cfg.gradient_accumulation,
+            dir,
+        )?;
+        checkpoint::restore(dir, state, &t.params, &mut t.opt, &t.device)?;
+        stream.restore(resume.loader)?;
+        monitor.state = state.monitor.clone();
+        cfg.gradient_accumulation = resume.gradient_accumulation;
+        if main {
+            eprintln!(
+                "sweep train: resumed from {} (step {}, global sample {}{})",
+                dir.display(),
+                state.step,
+                state.loader.samples,
+                resume.change.map(|c| format!("; {c}")).unwrap_or_default()
+            );
+        }
+        (first, elapsed) = (state.step + 1, state.elapsed_s);
+    }
     let driver_name = (!t.device.is_cpu())
         .then(|| device::name(&t.device))
         .transpose()?;
     let (peak, peak_source) = metrics::peak_flops(&cfg, driver_name.as_deref(), t.threads)?;
     let flops_per_token = t.model_spec.cfg.flops_per_token(cfg.sequence_length);
     if main {
-        announce(t, flops_per_token, peak, &peak_source);
+        announce(t, &cfg, flops_per_token, peak, &peak_source);
     }
     let log = main.then(|| MetricsLog::open(run_dir)).transpose()?;
     let mut reporter = Reporter::new(
@@ -148,22 +178,8 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
         peak,
         peak_source,
     );
-    let mut stream = SampleStream::open(&t.spec)?;
-    let mut monitor = Monitor::new(cfg.monitor.clone(), cfg.grad_clip);
-    let (mut first, mut elapsed) = (1, 0.0);
-    if let Some((dir, state)) = checkpoint::latest(run_dir) {
-        checkpoint::restore(&dir, &state, &t.params, &mut t.opt, &t.device)?;
-        stream.restore(state.loader_of(ranks, &dir)?)?;
-        monitor.state = state.monitor;
+    if let Some((_, state)) = &resumed {
         reporter.resume(state.step)?;
-        if main {
-            eprintln!(
-                "sweep train: resumed from {} (step {})",
-                dir.display(),
-                state.step
-            );
-        }
-        (first, elapsed) = (state.step + 1, state.elapsed_s);
     }
     let check_every_step = std::env::var_os("SWEEP_CHECK_REPLICAS").is_some();
     let mut loader = DataLoader::spawn(stream, cfg.batch(), cfg.prefetch);
@@ -210,7 +226,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
         let signal = stop.take();
         let [stopping] = dist::sum_scalars(&*t.comm, [signal.is_some() as u8 as f64], &t.device)?;
         if due.checkpoint || stopping > 0.0 {
-            let dir = save_checkpoint(t, run_dir, step, &micro, &monitor, elapsed)?;
+            let dir = save_checkpoint(t, &cfg, run_dir, step, &micro, &monitor, elapsed)?;
             if stopping > 0.0 {
                 if main {
                     let why = signal.unwrap_or("a stop signal (on another rank)");
@@ -239,11 +255,12 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A checkpoint after `step`: parameters, optimizer state, every rank's data
-/// position (after the step's last micro-batch) and the monitor's window;
+/// A checkpoint after `step`: parameters, optimizer state, the data position
+/// (after the step's last micro-batch; in the contiguous order every rank's) and the monitor's window;
 /// with several ranks, after checking that they hold the same parameters.
 fn save_checkpoint(
     t: &Trainer,
+    cfg: &TrainConfig,
     run_dir: &Path,
     step: usize,
     micro: &[Batch],
@@ -261,6 +278,8 @@ fn save_checkpoint(
             .clone(),
         world_size: ranks.world_size,
         other_ranks: Vec::new(),
+        data_order: cfg.data_order,
+        global_batch: ranks.world_size * cfg.batch() * cfg.gradient_accumulation,
         monitor: monitor.state.clone(),
         elapsed_s,
         sweep_version: env!("CARGO_PKG_VERSION").into(),

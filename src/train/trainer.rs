@@ -112,6 +112,7 @@ impl Trainer {
             tokenizer: tok,
             rank: ranks.rank,
             world_size: ranks.world_size,
+            order: cfg.data_order,
             holdout: cfg.validation_documents,
         };
         let grads = Grads::buffers_for(&params)?;

@@ -94,6 +94,87 @@ fn bundled_data_is_the_same_on_the_fly_and_pretokenized() {
     );
 }
 
+/// `sweep data dump` prints what a rank trains on: in the global order the
+/// ranks' slices interleave into the one-rank sequence, in the contiguous
+/// order rank 1 starts at its own shard.
+#[test]
+fn dump_shows_each_ranks_slice_of_the_global_batches() {
+    let root = repo();
+    let data = root.join("assets/data/quickstart.parquet");
+    let lines = |extra: &[&str]| -> Vec<String> {
+        let mut c = sweep(&root);
+        c.args([
+            "data",
+            "dump",
+            "--dataset-type",
+            "padding-free",
+            "--seq-len",
+            "32",
+            "--dataset",
+        ])
+        .arg(&data)
+        .args(extra);
+        stdout(&run_ok(&mut c)).lines().map(String::from).collect()
+    };
+    let one = lines(&["--samples", "12", "--batch-size", "4"]);
+    let ranks: Vec<Vec<String>> = (0..2)
+        .map(|r| {
+            let r = r.to_string();
+            lines(&[
+                "--samples",
+                "6",
+                "--batch-size",
+                "2",
+                "--world-size",
+                "2",
+                "--rank",
+                &r,
+            ])
+        })
+        .collect();
+    let interleaved: Vec<String> = (0..3)
+        .flat_map(|b| [&ranks[0][2 * b..2 * b + 2], &ranks[1][2 * b..2 * b + 2]].concat())
+        .collect();
+    assert_eq!(interleaved, one);
+    let shard = lines(&[
+        "--samples",
+        "2",
+        "--world-size",
+        "2",
+        "--rank",
+        "1",
+        "--data-order",
+        "contiguous",
+    ]);
+    assert_ne!(
+        shard[0], one[1],
+        "rank 1's shard starts half-way through the documents"
+    );
+    // Nonsense gets a clear error.
+    let e = sweep(&root)
+        .args([
+            "data",
+            "dump",
+            "--dataset-type",
+            "padded",
+            "--seq-len",
+            "32",
+            "--world-size",
+            "2",
+            "--rank",
+            "2",
+            "--dataset",
+        ])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        !e.status.success() && err.contains("--rank must be below --world-size"),
+        "{err}"
+    );
+}
+
 #[test]
 #[ignore = "needs the full corpus: scripts/fetch-assets.sh (scripts/test.sh runs it)"]
 fn the_full_corpus_is_the_same_on_the_fly_and_pretokenized() {

@@ -132,18 +132,35 @@ pub fn job_id(run: &Path) -> String {
 /// requeue loops, which an administrator can lift. Returns the job's record
 /// as it was while held.
 pub fn release_requeued(job: &str) -> String {
-    let held = wait_for(120, "the job to be queued again", || {
+    let held = wait_requeued(job);
+    wait_steps_gone(job);
+    // The kill revoked the job's credential on slurmd, and revocation has
+    // one-second resolution: a relaunch within the same second is refused
+    // ("Job N already killed, do not launch batch job") and the job FAILS.
+    // SLURM's own hold exists for this; releasing early must wait it out.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    run_ok(Command::new("scontrol").args(["update", &format!("JobId={job}"), "StartTime=now"]));
+    held
+}
+
+/// Waits until SLURM has queued the job again after a requeue; returns its
+/// record.
+pub fn wait_requeued(job: &str) -> String {
+    wait_for(120, "the job to be queued again", || {
         let out = Command::new("scontrol")
             .args(["show", "job", "-o", job])
             .output()
             .ok()?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         (text.contains("JobState=PENDING") && text.contains("Restarts=1")).then_some(text)
-    });
-    // The previous attempt's step daemons may still be finishing; a new step
-    // with the same id cannot start until they have (with PMIx, its socket
-    // `stepd.slurm.pmix.<job>.0` is still bound). SLURM's own hold covers
-    // this; releasing early must wait for them.
+    })
+}
+
+/// Waits until the step daemons of the job's previous attempt have exited.
+pub fn wait_steps_gone(job: &str) {
+    // A new step with the same id cannot start until they have (with PMIx,
+    // its socket `stepd.slurm.pmix.<job>.0` is still bound). SLURM's own
+    // hold covers this; releasing early must wait for them.
     let prefix = format!("slurmstepd: [{job}.");
     wait_for(60, "the previous attempt's steps to exit", || {
         let alive = std::fs::read_dir("/proc").ok()?.flatten().any(|e| {
@@ -152,13 +169,6 @@ pub fn release_requeued(job: &str) -> String {
         });
         (!alive).then_some(())
     });
-    // The kill revoked the job's credential on slurmd, and revocation has
-    // one-second resolution: a relaunch within the same second is refused
-    // ("Job N already killed, do not launch batch job") and the job FAILS.
-    // SLURM's own hold exists for this; releasing early must wait it out.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    run_ok(Command::new("scontrol").args(["update", &format!("JobId={job}"), "StartTime=now"]));
-    held
 }
 
 /// Every SLURM output file (`*.out`) of a run, concatenated.

@@ -1,5 +1,5 @@
-//! Data parallelism: one process per rank, each training on its own shard of
-//! the data, gradients summed across ranks by a real engine after every
+//! Data parallelism: one process per rank, each training on its slice of
+//! every global batch (`crate::data::loader`), gradients summed across ranks by a real engine after every
 //! step's backward passes — MPI between CPU ranks (feature `mpi`), NCCL
 //! between GPUs (feature `nccl`). World size 1 needs neither.
 //!
