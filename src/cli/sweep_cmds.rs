@@ -49,6 +49,14 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
                 if let Some(mem) = r.memory() {
                     v["memory"] = json!(mem);
                 }
+                if let Some(f) = r.scaling() {
+                    v["scaling"] = json!({
+                        "allreduce_s": f.allreduce_s,
+                        "compute_s": f.compute_s,
+                        "exposed_s": f.exposed_s,
+                        "efficiency_pct": f.efficiency_pct,
+                    });
+                }
                 v
             })
             .collect();
@@ -68,11 +76,15 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
         .runs
         .iter()
         .any(|r| matches!(r.job, crate::plan::Job::Train(_)));
-    let shape = if trains {
+    let forecasts = plan.runs.iter().any(|r| r.scaling().is_some());
+    let mut shape = if trains {
         vec!["ranks", "global batch", "memory / device"]
     } else {
         vec![]
     };
+    if forecasts {
+        shape.push("scaling forecast");
+    }
     let mut t = table(
         ["id", "name"]
             .iter()
@@ -101,6 +113,15 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
                 format!("{least}{}{flag}", m.describe())
             });
             row.extend([r.world_size().to_string(), global, memory]);
+            if forecasts {
+                // "91%: 0.040 s exposed / 0.400 s compute": efficiency, then why.
+                row.push(r.scaling().map_or_else(String::new, |f| {
+                    format!(
+                        "{:.0}%: {:.3} s exposed / {:.3} s compute",
+                        f.efficiency_pct, f.exposed_s, f.compute_s
+                    )
+                }));
+            }
         }
         t.add_row(row);
     }

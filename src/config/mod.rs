@@ -7,6 +7,12 @@
 pub mod devices;
 pub mod memory;
 pub mod model;
+pub mod scaling;
+
+/// Whether the built-in trainer sums gradient buckets while its backward pass
+/// runs (what the scaling forecast assumes of it): not yet, it sums them
+/// after the whole backward.
+pub const TRAINER_OVERLAPS_ALLREDUCE: bool = false;
 
 use anyhow::{Context, Result};
 pub use model::{ModelConfig, ModelOverrides, PRESETS};
@@ -392,6 +398,14 @@ pub struct TrainConfig {
     /// Memory per GPU in GB; overrides the table (what `sweep plan` checks
     /// runs against).
     pub gpu_memory_gb: Option<f64>,
+    /// The MFU one device is expected to reach, in percent: the compute time
+    /// of `sweep plan`'s scaling forecast (default 40; set what one node of
+    /// the study measured).
+    pub expected_mfu_pct: Option<f64>,
+    /// All-reduce bandwidth per device within a node and between nodes, in
+    /// GB/s; override the device table for the scaling forecast.
+    pub intra_node_gbps: Option<f64>,
+    pub inter_node_gbps: Option<f64>,
     /// On a CPU, the resident memory `batch_size = "max"` may use, in GB
     /// (default: 80% of what is available when the job starts).
     pub memory_limit_gb: Option<f64>,
@@ -441,6 +455,9 @@ impl Default for TrainConfig {
             threads: 0,
             gpu: None,
             gpu_memory_gb: None,
+            expected_mfu_pct: None,
+            intra_node_gbps: None,
+            inter_node_gbps: None,
             memory_limit_gb: None,
             peak_flops: None,
             monitor: MonitorConfig::default(),
@@ -528,10 +545,18 @@ impl TrainConfig {
             ("peak_flops", self.peak_flops),
             ("gpu_memory_gb", self.gpu_memory_gb),
             ("memory_limit_gb", self.memory_limit_gb),
+            ("intra_node_gbps", self.intra_node_gbps),
+            ("inter_node_gbps", self.inter_node_gbps),
         ] {
             if let Some(v) = v.filter(|v| !(*v > 0.0 && v.is_finite())) {
                 return err(name, format!("`{name}` must be a positive number, not {v}"));
             }
+        }
+        if let Some(v) = self.expected_mfu_pct.filter(|v| !(*v > 0.0 && *v <= 100.0)) {
+            return err(
+                "expected_mfu_pct",
+                format!("`expected_mfu_pct` must be a percentage in (0, 100], not {v}"),
+            );
         }
         // Tokens per step on one device: far beyond what any device holds is
         // a typo, and products of such counts overflow.

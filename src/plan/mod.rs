@@ -60,6 +60,24 @@ impl Run {
         }
     }
 
+    /// The scaling forecast of a data-parallel built-in trainer run (none for
+    /// one rank, `batch_size = "max"`, CPU runs without `peak_flops` and
+    /// bandwidths, or a GPU the device table lacks).
+    pub fn scaling(&self) -> Option<crate::config::scaling::Forecast> {
+        use crate::config::scaling;
+        let Job::Train(cfg) = &self.job else {
+            return None;
+        };
+        let hw = scaling::Hardware::of(cfg)?;
+        let model = crate::data::tokenizer::model_config(cfg).ok()?;
+        let job = scaling::Job {
+            world_size: self.world_size() as usize,
+            ranks_per_node: self.slurm.ntasks_per_node.get() as usize,
+            overlaps: crate::config::TRAINER_OVERLAPS_ALLREDUCE,
+        };
+        scaling::forecast(cfg, &model, hw, job)
+    }
+
     /// Sequences per optimizer step over all ranks (built-in trainer runs).
     pub fn global_batch(&self) -> Option<usize> {
         match &self.job {

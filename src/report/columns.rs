@@ -117,9 +117,14 @@ pub const WARMUP_POINTS: &str = "warmup_points";
 /// Per-device tokens/s at this world size ÷ at the smallest world size of
 /// the same configuration, in percent (weak scaling).
 pub const SCALING_EFFICIENCY_PCT: &str = "scaling_efficiency_pct";
-/// The parameters that set the world size: a configuration is the same
-/// across scales when only these differ.
-pub const SCALE_PARAMS: [&str; 7] = [
+/// The same ratio as `sweep plan`'s scaling forecast has it, beside the
+/// measured one (built-in trainer runs on devices the forecast knows).
+pub const FORECAST_EFFICIENCY_PCT: &str = "forecast_efficiency_pct";
+/// Helper: the forecast's efficiency against one device alone.
+pub const FORECAST_VS_ONE_DEVICE: &str = "_forecast_vs_one_device";
+/// The parameters that set the world size (and the time limit that goes
+/// with it): a configuration is the same across scales when only these differ.
+pub const SCALE_PARAMS: [&str; 8] = [
     WORLD_SIZE,
     "nodes",
     "gpus",
@@ -127,6 +132,7 @@ pub const SCALE_PARAMS: [&str; 7] = [
     "slurm.ntasks_per_node",
     "slurm.gpus_per_node",
     "global_batch_size",
+    "slurm.time",
 ];
 // Only while summarising.
 pub const MEMBERS: &str = "members";

@@ -174,6 +174,10 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
             let mut run = read_run(&r.name, &r.dir, &plan.study_dir, st, pattern.as_ref());
             run.params = r.params.clone();
             run.configuration = Some(r.configuration.clone());
+            run.forecast_pct = match (&r.job, r.world_size()) {
+                (crate::plan::Job::Train(_), 1) => Some(100.0),
+                _ => r.scaling().map(|f| f.efficiency_pct),
+            };
             run
         })
         .collect();

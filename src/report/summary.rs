@@ -70,6 +70,8 @@ pub struct Row {
     pub world_size: f64,
     pub global_tokens_per_second: Option<f64>,
     pub scaling_efficiency_pct: Option<f64>,
+    /// The same ratio as `sweep plan`'s scaling forecast has it.
+    pub forecast_efficiency_pct: Option<f64>,
     /// The batch each run trained at, as its metrics say.
     pub trained_batch_size: Option<f64>,
     /// Against the baseline (none without one, or for rows without throughput).
@@ -321,6 +323,10 @@ fn runs_frame(runs: &[RunLog], skip_first: usize) -> Result<(DataFrame, Vec<Stri
                 .collect::<Vec<_>>(),
         ),
         Column::new(c::WARMUP_POINTS.into(), warm),
+        Column::new(
+            c::FORECAST_VS_ONE_DEVICE.into(),
+            runs.iter().map(|r| r.forecast_pct).collect::<Vec<_>>(),
+        ),
     ];
     for k in &keys {
         let values: Vec<Option<String>> = runs
@@ -420,6 +426,16 @@ fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
         .with_column(lit(1u32).alias(c::RUNS))
         .collect()
         .map_err(|e| anyhow::anyhow!("summarising the runs: {e}"))?;
+    // A study that names a parameter `world_size` (ddp-scaling.toml derives
+    // it) has the logged one twice: the parameter says the same, keep it.
+    let duplicate = format!("{}_right", c::WORLD_SIZE);
+    if table
+        .get_column_names()
+        .iter()
+        .any(|n| n.as_str() == duplicate)
+    {
+        table = table.drop(&duplicate)?;
+    }
     table.rechunk_mut();
     Ok(table)
 }
@@ -438,6 +454,7 @@ fn group(per_run: &DataFrame, keys: &[String], carry: &[String]) -> Result<DataF
         col(c::WALL_TIME_S).mean(),
         col(c::GLOBAL_TOKENS_PER_SECOND).mean(),
         col(c::WORLD_SIZE).max(),
+        col(c::FORECAST_VS_ONE_DEVICE).max(),
         col(c::TRAINED_BATCH_SIZE).max(),
         col(c::POINTS).sum(),
         col(c::RUNS).sum(),
@@ -652,25 +669,38 @@ fn add_scaling(table: &mut DataFrame, axes: &[String]) -> Result<()> {
     let configs: Vec<Vec<Option<&str>>> = (0..h)
         .map(|i| config_values.iter().map(|v| v[i].as_deref()).collect())
         .collect();
-    let efficiency: Vec<Option<f64>> = (0..h)
+    let forecast = number_column(table, c::FORECAST_VS_ONE_DEVICE)?;
+    // Per row, the same ratio measured and forecast: against the smallest
+    // world size among the rows of its configuration that have throughput.
+    let (efficiency, forecast): (Vec<Option<f64>>, Vec<Option<f64>>) = (0..h)
         .map(|i| {
             let peers: Vec<usize> = (0..h)
                 .filter(|&j| configs[j] == configs[i] && tps[j].is_some())
                 .collect();
-            let smallest = peers
+            let Some(smallest) = peers
                 .iter()
                 .copied()
-                .min_by(|&a, &b| world[a].total_cmp(&world[b]))?;
-            let scales_differ = peers.iter().any(|&j| world[j] != world[smallest]);
-            let base = tps[smallest].filter(|b| *b > 0.0)?;
-            if !scales_differ {
-                return None;
+                .min_by(|&a, &b| world[a].total_cmp(&world[b]))
+            else {
+                return (None, None);
+            };
+            if !peers.iter().any(|&j| world[j] != world[smallest]) {
+                return (None, None);
             }
-            Some(100.0 * tps[i]? / base).filter(|e| e.is_finite())
+            let ratio = |x: Option<f64>, base: Option<f64>| {
+                let base = base.filter(|b| *b > 0.0)?;
+                Some(100.0 * x? / base).filter(|e| e.is_finite())
+            };
+            (
+                ratio(tps[i], tps[smallest]),
+                ratio(forecast[i], forecast[smallest]),
+            )
         })
-        .collect();
+        .unzip();
     table.with_column(Column::new(c::GLOBAL_TOKENS_PER_SECOND.into(), global))?;
     table.with_column(Column::new(c::SCALING_EFFICIENCY_PCT.into(), efficiency))?;
+    table.with_column(Column::new(c::FORECAST_EFFICIENCY_PCT.into(), forecast))?;
+    *table = table.drop(c::FORECAST_VS_ONE_DEVICE)?;
     Ok(())
 }
 
@@ -735,6 +765,7 @@ fn rows(
         nums(c::SCALING_EFFICIENCY_PCT)?,
         nums(c::TRAINED_BATCH_SIZE)?,
     );
+    let forecast = nums(c::FORECAST_EFFICIENCY_PCT)?;
     let (speedup, sp_lo, sp_hi) = (
         nums(c::SPEEDUP)?,
         nums(c::SPEEDUP_CI95_LOW)?,
@@ -773,6 +804,7 @@ fn rows(
             world_size: world[i].unwrap_or(1.0),
             global_tokens_per_second: global[i],
             scaling_efficiency_pct: efficiency[i],
+            forecast_efficiency_pct: forecast[i],
             trained_batch_size: batch[i],
             speedup: speedup[i].map(|ratio| Speedup {
                 ratio,

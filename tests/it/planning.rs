@@ -658,3 +658,171 @@ fn the_optimization_study_plans_ten_runs_at_their_largest_batch() {
         "{err}"
     );
 }
+
+/// The forecast against the reference study's eight PyTorch DDP logs (ref-1b
+/// on 4 to 16 GH200s, 4 per node, batch 1 and 8 per GPU, bf16): given what
+/// one node measured (its MFU, the forecast's `expected_mfu_pct`), each
+/// larger world size's efficiency relative to one node — the report's
+/// `scaling_efficiency_pct` — lands within 5 points of the measured one.
+#[test]
+fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
+    use sweep::config::scaling::{forecast, Hardware, Job};
+    use sweep::config::{model::ModelConfig, BatchSize, DeviceKind, Precision, TrainConfig};
+    let root = project();
+    let glob = format!(
+        "{}/lsai_ddp_baseline_padded_ws_*.out",
+        repo().join("tests/fixtures/reference-torch-logs").display()
+    );
+    let out = run_ok(sweep(root.path()).args([
+        "report",
+        "--log-format",
+        "reference",
+        "--name",
+        "ddp",
+        "--json",
+        "--import",
+        &glob,
+    ]));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 8);
+    let batch_of = |r: &Value| -> usize {
+        let name = r["run"].as_str().unwrap();
+        name.split("_bs_")
+            .nth(1)
+            .unwrap()
+            .split('-')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let model = ModelConfig::preset("ref-1b").unwrap();
+    let fpt = model.flops_per_token(2048);
+    let mut table = vec![
+        "| batch | GPUs | measured | forecast |".to_string(),
+        "|---:|---:|---:|---:|".into(),
+    ];
+    let mut worst: f64 = 0.0;
+    for batch in [1, 8] {
+        let mut runs: Vec<&Value> = rows.iter().filter(|r| batch_of(r) == batch).collect();
+        runs.sort_by_key(|r| r["world_size"].as_f64().unwrap() as usize);
+        let one_node = runs[0]["tokens_per_second_mean"].as_f64().unwrap();
+        let cfg = TrainConfig {
+            model: "ref-1b".into(),
+            device: DeviceKind::Cuda,
+            precision: Precision::Bf16,
+            gpu: Some("GH200".into()),
+            batch_size: BatchSize::Fixed(batch),
+            sequence_length: 2048,
+            expected_mfu_pct: Some(100.0 * one_node * fpt / 989e12),
+            ..TrainConfig::default()
+        };
+        let hw = Hardware::of(&cfg).unwrap();
+        // PyTorch's DDP sums buckets during the backward pass.
+        let at = |world_size: usize| {
+            let job = Job {
+                world_size,
+                ranks_per_node: 4,
+                overlaps: true,
+            };
+            forecast(&cfg, &model, hw, job).unwrap().efficiency_pct
+        };
+        for r in &runs {
+            let w = r["world_size"].as_f64().unwrap() as usize;
+            let measured = r["scaling_efficiency_pct"].as_f64().unwrap();
+            let forecast = 100.0 * at(w) / at(4);
+            worst = worst.max((forecast - measured).abs());
+            table.push(format!(
+                "| {batch} | {w} | {measured:.1}% | {forecast:.1}% |"
+            ));
+        }
+    }
+    eprintln!("{}\nworst difference: {worst:.1} points", table.join("\n"));
+    assert!(worst <= 5.0, "{}", table.join("\n"));
+    // sweep plan shows it for data-parallel runs (sweep's trainer: no overlap yet).
+    let runs = plan_json(root.path(), &repo().join("experiments/ddp-scaling.toml"));
+    for r in &runs {
+        let s = &r["scaling"];
+        let eff = s["efficiency_pct"].as_f64().unwrap();
+        assert!(eff > 0.0 && eff < 100.0, "{r}");
+        assert!(s["allreduce_s"].as_f64().unwrap() > 0.0 && s["compute_s"].as_f64().unwrap() > 0.0);
+    }
+}
+
+/// The report puts the forecast beside the measured efficiency, as the same
+/// ratio (against the configuration's smallest world size).
+#[test]
+fn the_report_shows_the_forecast_beside_the_measured_scaling_efficiency() {
+    let root = project();
+    let m = repo().join("experiments/ddp-scaling.toml");
+    run_ok(
+        sweep(root.path())
+            .arg("render")
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    );
+    let plan = plan_json(root.path(), &m);
+    let study = root.path().join("results/ddp-scaling-builtin");
+    for r in &plan {
+        let world = r["world_size"].as_u64().unwrap();
+        // Per-device throughput falling a little with scale.
+        let lines: String = (1..=20)
+            .map(|s| {
+                super::support::step_line(s, 5.0, 1000.0 - world as f64, s as f64)
+                    .replace("\"world_size\":1", &format!("\"world_size\":{world}"))
+                    + "\n"
+            })
+            .collect();
+        let dir = study.join(r["name"].as_str().unwrap());
+        write(&dir.join("metrics.jsonl"), &lines);
+        // As the local executor leaves a completed job.
+        let record = dir.join("run.json");
+        let mut run: Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        run["jobs"] = serde_json::json!([{"executor": "local", "job_id": "local-1", "submitted_at": "2026-11-23T00:00:00Z"}]);
+        write(&record, &run.to_string());
+        write(
+            &dir.join("local.json"),
+            r#"{"job_id": "local-1", "state": "COMPLETED", "pid": null, "owner_pid": 1, "exit_code": 0, "signal": null, "reason": null, "started_at": null, "ended_at": null}"#,
+        );
+    }
+    let out = run_ok(
+        sweep(root.path())
+            .args(["report", "--json", "--no-plots"])
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    );
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let forecast = |name: &str| {
+        let r = plan.iter().find(|r| r["name"] == name).unwrap();
+        r["scaling"]["efficiency_pct"].as_f64().unwrap()
+    };
+    for r in &rows {
+        let name = r["run"].as_str().unwrap();
+        let batch = name.split("-bs").nth(1).unwrap();
+        // The study's own `world_size` parameter, as text.
+        let world: f64 = r["world_size"].as_str().unwrap().parse().unwrap();
+        let measured = r["scaling_efficiency_pct"].as_f64().unwrap();
+        assert!(
+            (measured - 100.0 * (1000.0 - world) / 996.0).abs() < 1e-6,
+            "{r}"
+        );
+        let want = 100.0 * forecast(name) / forecast(&format!("ws4-bs{batch}"));
+        let got = r["forecast_efficiency_pct"].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-9, "{name}: {got} vs {want}");
+    }
+    let md = std::fs::read_to_string(study.join("summary.md")).unwrap();
+    assert!(
+        md.contains("| Scaling efficiency % | Forecast efficiency % |"),
+        "{md}"
+    );
+    let csv = std::fs::read_to_string(study.join("summary.csv")).unwrap();
+    assert!(csv
+        .lines()
+        .next()
+        .unwrap()
+        .contains("forecast_efficiency_pct"));
+    assert!(
+        !csv.contains("_forecast_vs_one_device") && !csv.contains("world_size_right"),
+        "helpers and duplicates stay out"
+    );
+}

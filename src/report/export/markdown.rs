@@ -47,6 +47,7 @@ pub fn table(s: &Summary) -> String {
         r.trained_batch_size.is_some() && (!batch_param || r.param("batch_size") == "max")
     });
     let scaling = rows.iter().any(|r| r.scaling_efficiency_pct.is_some());
+    let forecast = scaling && rows.iter().any(|r| r.forecast_efficiency_pct.is_some());
     let repeats = rows.iter().any(|r| r.members.len() > 1);
     let mut out = String::from("| Configuration |");
     if repeats {
@@ -58,20 +59,27 @@ pub fn table(s: &Summary) -> String {
     if scaling {
         out.push_str(" Ranks | Global tokens/sec | Scaling efficiency % |");
     }
+    if forecast {
+        out.push_str(" Forecast efficiency % |");
+    }
     if max_batch {
         out.push_str(" Batch size |");
     }
     out.push_str(" State |\n|---|");
-    let columns = 9 + usize::from(repeats) + if scaling { 3 } else { 0 } + usize::from(max_batch);
+    let columns = 9
+        + usize::from(repeats)
+        + if scaling { 3 } else { 0 }
+        + usize::from(forecast)
+        + usize::from(max_batch);
     out.push_str(&"---:|".repeat(columns - 2));
     out.push_str("---|\n");
     for r in rows {
-        out.push_str(&row(r, repeats, scaling, max_batch));
+        out.push_str(&row(r, repeats, scaling, forecast, max_batch));
     }
     out
 }
 
-fn row(r: &Row, repeats: bool, scaling: bool, max_batch: bool) -> String {
+fn row(r: &Row, repeats: bool, scaling: bool, forecast: bool, max_batch: bool) -> String {
     let mut out = format!("| {} |", cell(&r.name));
     if repeats {
         out.push_str(&format!(" {} |", r.members.len()));
@@ -93,6 +101,9 @@ fn row(r: &Row, repeats: bool, scaling: bool, max_batch: bool) -> String {
             f(r.global_tokens_per_second, 2),
             f(r.scaling_efficiency_pct, 1),
         ));
+    }
+    if forecast {
+        out.push_str(&format!(" {} |", f(r.forecast_efficiency_pct, 1)));
     }
     if max_batch {
         out.push_str(&format!(" {} |", f(r.trained_batch_size, 0)));

@@ -248,6 +248,9 @@ pub struct RunLog {
     /// What was left out of the run's logs and why: files that could not be
     /// read, lines that do not parse, implausible values.
     pub issues: Vec<String>,
+    /// `sweep plan`'s forecast efficiency against one device alone (100 for
+    /// one rank), where the planner made one.
+    pub forecast_pct: Option<f64>,
 }
 
 impl RunLog {
@@ -262,6 +265,7 @@ impl RunLog {
             points: Vec::new(),
             torn: false,
             issues: Vec::new(),
+            forecast_pct: None,
         }
     }
 

@@ -150,8 +150,8 @@ pub fn connect(ranks: Ranks, device: &Device) -> Result<Box<dyn Collective>> {
 
 /// Gradients are summed in buckets of about this many bytes (PyTorch DDP's
 /// default): few enough calls to amortise latency, small enough to bound the
-/// extra memory of the concatenated copy.
-pub const BUCKET_BYTES: usize = 25 << 20;
+/// extra memory of the concatenated copy. The scaling forecast counts the same.
+pub const BUCKET_BYTES: usize = crate::config::scaling::BUCKET_BYTES;
 
 /// Sums `tensors` over all ranks in place, concatenated into buckets of at
 /// most `bucket_bytes` (a tensor larger than that travels alone).
