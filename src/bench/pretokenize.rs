@@ -129,16 +129,29 @@ fn peak_rss_mb(input: &Path, tokenizer: &Path, seq_len: usize, threads: usize) -
         .arg(out.path())
         .stdout(std::process::Stdio::null())
         .spawn()?;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid, and wait4 only writes to it.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waiting for our own child with valid pointers.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    if pid < 0 || status != 0 {
-        bail!(
-            "sweep pretokenize {} failed (status {status})",
-            input.display()
-        );
+    // The child's own high-water mark (VmHWM), polled until it exits: the
+    // rusage of a child counts the parent's pages it was forked with, which
+    // are this benchmark's.
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak_kb = 0u64;
+    let mut child = child;
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&status_file) {
+            if let Some(kb) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                peak_kb = peak_kb.max(kb);
+            }
+        }
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    if !status.success() {
+        bail!("sweep pretokenize {} failed ({status})", input.display());
     }
-    Ok(usage.ru_maxrss as f64 / 1024.0)
+    Ok(peak_kb as f64 / 1024.0)
 }

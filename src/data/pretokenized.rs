@@ -397,11 +397,18 @@ impl PretokWriter {
             "list".to_string(),
             "item".to_string(),
         ]);
+        let tokens = parquet::schema::types::ColumnPath::from(vec![
+            "tokens".to_string(),
+            "list".to_string(),
+            "item".to_string(),
+        ]);
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_max_row_group_row_count(Some(row_group_size.max(1)))
             .set_column_dictionary_enabled(mask.clone(), false)
             .set_column_encoding(mask, parquet::basic::Encoding::DELTA_BINARY_PACKED)
+            .set_column_dictionary_enabled(tokens.clone(), false)
+            .set_column_compression(tokens, Compression::UNCOMPRESSED)
             .build();
         let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
         // ... and into the footer's key-value metadata, which every Parquet reader sees.

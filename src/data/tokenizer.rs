@@ -199,11 +199,20 @@ impl TextTokenizer {
 
     /// Many documents at once, in parallel on the current rayon pool.
     pub fn documents_ids(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
-        let encs = self
-            .inner
-            .encode_batch(texts.to_vec(), false)
-            .map_err(|e| anyhow!("tokenizing: {e}"))?;
-        Ok(encs.iter().map(|e| self.with_bos(e.get_ids())).collect())
+        // An `Encoding` keeps each token's string, offsets and masks, ~50
+        // times its id: a batch of a whole row group held hundreds of MB at
+        // once. Batches of this many documents bound that, with enough of
+        // them for the pool's threads.
+        const DOCS_PER_BATCH: usize = 64;
+        let mut out = Vec::with_capacity(texts.len());
+        for batch in texts.chunks(DOCS_PER_BATCH) {
+            let encs = self
+                .inner
+                .encode_batch(batch.to_vec(), false)
+                .map_err(|e| anyhow!("tokenizing: {e}"))?;
+            out.extend(encs.iter().map(|e| self.with_bos(e.get_ids())));
+        }
+        Ok(out)
     }
 
     fn with_bos(&self, ids: &[u32]) -> Vec<u32> {
