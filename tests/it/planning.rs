@@ -669,22 +669,7 @@ fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
     use sweep::config::scaling::{forecast, Hardware, Job};
     use sweep::config::{model::ModelConfig, BatchSize, DeviceKind, Precision, TrainConfig};
     let root = project();
-    let glob = format!(
-        "{}/lsai_ddp_baseline_padded_ws_*.out",
-        repo().join("tests/fixtures/reference-torch-logs").display()
-    );
-    let out = run_ok(sweep(root.path()).args([
-        "report",
-        "--log-format",
-        "reference",
-        "--name",
-        "ddp",
-        "--json",
-        "--import",
-        &glob,
-    ]));
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(rows.len(), 8);
+    let rows = super::support::reference_ddp_report(root.path());
     let batch_of = |r: &Value| -> usize {
         let name = r["run"].as_str().unwrap();
         name.split("_bs_")

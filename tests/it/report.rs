@@ -212,22 +212,7 @@ fn unreadable_imported_logs_are_listed_with_their_reason() {
 #[test]
 fn the_reference_ddp_logs_give_whole_job_throughput_and_scaling_efficiency() {
     let root = project();
-    let glob = format!(
-        "{}/lsai_ddp_baseline_padded_ws_*.out",
-        repo().join("tests/fixtures/reference-torch-logs").display()
-    );
-    let out = run_ok(sweep(root.path()).args([
-        "report",
-        "--log-format",
-        "reference",
-        "--name",
-        "ddp",
-        "--json",
-        "--import",
-        &glob,
-    ]));
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(rows.len(), 8);
+    let rows = super::support::reference_ddp_report(root.path());
     for r in &rows {
         let name = r["run"].as_str().unwrap();
         let ws: f64 = name

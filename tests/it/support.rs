@@ -202,3 +202,25 @@ pub fn step_line(step: usize, loss: f64, tokens_per_second: f64, elapsed_s: f64)
     };
     serde_json::to_string(&sweep::train::record::Record::from(m)).unwrap()
 }
+
+/// `sweep report --json` over the reference study's eight DDP logs
+/// (`lsai_ddp_baseline_padded_ws_{4,8,12,16}_bs_{1,8}`): one row each.
+pub fn reference_ddp_report(root: &Path) -> Vec<serde_json::Value> {
+    let glob = format!(
+        "{}/lsai_ddp_baseline_padded_ws_*.out",
+        repo().join("tests/fixtures/reference-torch-logs").display()
+    );
+    let out = run_ok(sweep(root).args([
+        "report",
+        "--log-format",
+        "reference",
+        "--name",
+        "ddp",
+        "--json",
+        "--import",
+        &glob,
+    ]));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 8);
+    rows
+}
