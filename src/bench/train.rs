@@ -250,6 +250,7 @@ fn time_case(
         let probe = Probe {
             at_peak: &mut || memory.sample(&device),
             sync_forward: true,
+            on_ready: &mut |_, _| Ok(()),
         };
         grads.zero()?;
         let pass = model.forward_backward_probed(&ids, &labels, n as f64, &mut grads, probe)?;

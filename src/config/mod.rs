@@ -10,9 +10,11 @@ pub mod model;
 pub mod scaling;
 
 /// Whether the built-in trainer sums gradient buckets while its backward pass
-/// runs (what the scaling forecast assumes of it): not yet, it sums them
-/// after the whole backward.
-pub const TRAINER_OVERLAPS_ALLREDUCE: bool = false;
+/// runs on `device` (what the scaling forecast assumes of it): with MPI
+/// between CPU ranks it does; NCCL sums them after the backward pass.
+pub fn trainer_overlaps_allreduce(device: DeviceKind) -> bool {
+    device == DeviceKind::Cpu
+}
 
 use anyhow::{Context, Result};
 pub use model::{ModelConfig, ModelOverrides, PRESETS};

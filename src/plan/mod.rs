@@ -73,7 +73,7 @@ impl Run {
         let job = scaling::Job {
             world_size: self.world_size() as usize,
             ranks_per_node: self.slurm.ntasks_per_node.get() as usize,
-            overlaps: crate::config::TRAINER_OVERLAPS_ALLREDUCE,
+            overlaps: crate::config::trainer_overlaps_allreduce(cfg.device),
         };
         scaling::forecast(cfg, &model, hw, job)
     }

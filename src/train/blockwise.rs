@@ -101,6 +101,22 @@ pub struct Probe<'a> {
     /// Wait for the device at the end of the forward pass, so that its time
     /// can be told from the backward's (benchmarks; it costs a sync).
     pub sync_forward: bool,
+    /// Called as the backward pass finishes parameters' gradients (for this
+    /// pass): the gradients may be summed across ranks from then on while
+    /// the rest of the backward runs.
+    pub on_ready: &'a mut dyn FnMut(Finished, &Grads) -> Result<()>,
+}
+
+/// Which parameters' gradients a backward pass has just finished, in the
+/// order it finishes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// The output head and the final norm.
+    Head,
+    /// Block `i`'s.
+    Block(usize),
+    /// The token embeddings: the last.
+    Embeddings,
 }
 
 /// One forward and backward pass: the loss, how the caches' memory went,
@@ -345,6 +361,7 @@ impl Llama {
         let probe = Probe {
             at_peak: &mut || Ok(()),
             sync_forward: false,
+            on_ready: &mut |_, _| Ok(()),
         };
         Ok(self
             .forward_backward_probed(ids, labels, divisor, grads, probe)?
@@ -387,14 +404,17 @@ impl Llama {
         let (mut dx, dg) = rms_norm::backward(&x, &self.norm, self.eps, &dh)?;
         grads.add(&self.norm, &dg)?;
         drop((x, dh));
-        for block in self.blocks.iter().rev() {
+        (probe.on_ready)(Finished::Head, grads)?;
+        for (i, block) in self.blocks.iter().enumerate().rev() {
             let cache = caches.pop().expect("one cache per block");
             dx = block.backward(cache, &dx, b, t, &self.rope, grads)?;
             trace
                 .after_each_backward
                 .push(caches.iter().map(BlockCache::bytes).sum());
+            (probe.on_ready)(Finished::Block(i), grads)?;
         }
         grads.add_rows(&self.embeddings, &ids, &dx)?;
+        (probe.on_ready)(Finished::Embeddings, grads)?;
         Ok(Pass {
             loss,
             trace,
@@ -593,14 +613,22 @@ mod tests {
             let params = s.init_params(7)?;
             let model = Llama::new(&params, &s)?;
             let (ids, labels) = batch(2, 8, 2);
+            let mut finished = Vec::new();
             let probe = Probe {
                 at_peak: &mut || Ok(()),
                 sync_forward: false,
+                on_ready: &mut |f, _| {
+                    finished.push(f);
+                    Ok(())
+                },
             };
             let mut grads = Grads::buffers_for(&params)?;
             let trace = model
                 .forward_backward_probed(&ids, &labels, 9.0, &mut grads, probe)?
                 .trace;
+            // The order in which gradients can be summed across ranks.
+            use Finished::*;
+            assert_eq!(finished, [Head, Block(2), Block(1), Block(0), Embeddings]);
             let (n, cfg) = (2 * 8, &s.cfg);
             let (d, f) = (cfg.dim, cfg.ffn_hidden());
             let kv = cfg.n_kv_heads * cfg.head_dim();

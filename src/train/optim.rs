@@ -112,6 +112,28 @@ impl Grads {
         self.by_name.values_mut().collect()
     }
 
+    /// Every gradient by name, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Tensor)> {
+        self.by_name.iter()
+    }
+
+    /// The gradients of `names`, in that order (each name once).
+    pub fn ordered_mut(&mut self, names: &[String]) -> Result<Vec<&mut Tensor>> {
+        let mut by_name: HashMap<&str, &mut Tensor> = self
+            .by_name
+            .iter_mut()
+            .map(|(n, t)| (n.as_str(), t))
+            .collect();
+        names
+            .iter()
+            .map(|n| {
+                by_name
+                    .remove(n.as_str())
+                    .ok_or_else(|| anyhow!("no gradient `{n}` (or named twice)"))
+            })
+            .collect()
+    }
+
     /// The global L2 norm over every gradient, in f32 on the device, read
     /// back once. Each gradient is first summed along its last dimension:
     /// candle's CUDA `sum_all` reduces a whole tensor in one thread block,

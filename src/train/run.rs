@@ -121,9 +121,14 @@ fn announce(t: &Trainer, cfg: &TrainConfig, flops_per_token: f64, peak: f64, pea
     );
     if !t.comm.is_single() {
         eprintln!(
-            "sweep train: {} rank(s), gradients summed by {}; global batch {}",
+            "sweep train: {} rank(s), gradients summed by {} {}; global batch {}",
             ranks.world_size,
             t.comm.describe(),
+            if t.comm.overlaps() {
+                "during the backward pass"
+            } else {
+                "after the backward pass"
+            },
             ranks.world_size * cfg.batch() * cfg.gradient_accumulation
         );
     }

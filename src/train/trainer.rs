@@ -5,7 +5,7 @@
 //! [`super::run`].
 
 use super::blockwise::Probe;
-use super::dist::{self, Collective, Ranks};
+use super::dist::{self, Collective, GradientLayout, GradientSum, Ranks};
 use super::model::{Llama, ModelSpec};
 use super::optim::{AdamW, Grads};
 use super::params::Params;
@@ -32,6 +32,8 @@ pub struct Trainer {
     pub comm: Box<dyn Collective>,
     /// Every parameter's gradient, in buffers kept from step to step.
     pub grads: Grads,
+    /// The order and buckets in which gradients are summed across ranks.
+    pub layout: GradientLayout,
 }
 
 /// What one optimizer step reports.
@@ -116,6 +118,7 @@ impl Trainer {
             holdout: cfg.validation_documents,
         };
         let grads = Grads::buffers_for(&params)?;
+        let layout = GradientLayout::new(&grads, model_spec.cfg.n_layers);
         Ok(Trainer {
             cfg,
             model_spec,
@@ -127,6 +130,7 @@ impl Trainer {
             threads,
             comm,
             grads,
+            layout,
         })
     }
 
@@ -149,10 +153,22 @@ impl Trainer {
         let t0 = Instant::now();
         let [global] = dist::sum_scalars(&*self.comm, [local as f64], &self.device)?;
         let mut comm_s = t0.elapsed().as_secs_f64();
-        let partial = self.forward_backward(micro, global.max(1.0), memory)?;
+        // The last micro-batch's backward pass hands each bucket of finished
+        // gradients to the engine's background thread, where it has one;
+        // what is left to wait for afterwards is the exposed communication.
+        let mut sum = self.layout.begin(&*self.comm);
+        let partial = forward_backward(
+            &self.model,
+            &mut self.grads,
+            &self.device,
+            micro,
+            global.max(1.0),
+            memory,
+            &mut sum,
+        )?;
         let t1 = Instant::now();
+        sum.finish(&*self.comm, &mut self.grads)?;
         let grads = &mut self.grads;
-        dist::all_reduce_in_buckets(&*self.comm, &mut grads.tensors_mut(), dist::BUCKET_BYTES)?;
         let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
         comm_s += t1.elapsed().as_secs_f64();
         let grad_norm = grads.norm()?;
@@ -184,25 +200,16 @@ impl Trainer {
         divisor: f64,
         memory: &mut device::PeakMemory,
     ) -> Result<f64> {
-        self.grads.zero()?;
-        let mut loss = 0.0;
-        for b in micro {
-            let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
-            let device = &self.device;
-            let probe = Probe {
-                at_peak: &mut || memory.sample(device),
-                sync_forward: false,
-            };
-            let pass = self.model.forward_backward_probed(
-                &ids,
-                &b.labels,
-                divisor,
-                &mut self.grads,
-                probe,
-            )?;
-            loss += pass.loss;
-        }
-        Ok(loss)
+        let mut sum = self.layout.begin(&dist::Single);
+        forward_backward(
+            &self.model,
+            &mut self.grads,
+            &self.device,
+            micro,
+            divisor,
+            memory,
+            &mut sum,
+        )
     }
 
     /// Mean loss over `batches` batches of the held-out documents (no gradients).
@@ -246,6 +253,34 @@ impl Trainer {
         }
         Ok(digest)
     }
+}
+
+/// [`Trainer::forward_backward`], telling `sum` which gradients the last
+/// micro-batch's backward pass has finished.
+fn forward_backward(
+    model: &Llama,
+    grads: &mut Grads,
+    device: &Device,
+    micro: &[Batch],
+    divisor: f64,
+    memory: &mut device::PeakMemory,
+    sum: &mut GradientSum<'_>,
+) -> Result<f64> {
+    grads.zero()?;
+    let mut loss = 0.0;
+    for (i, b) in micro.iter().enumerate() {
+        let last = i + 1 == micro.len();
+        let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), device)?;
+        let probe = Probe {
+            at_peak: &mut || memory.sample(device),
+            sync_forward: false,
+            on_ready: &mut |f, g| if last { sum.finished(f, g) } else { Ok(()) },
+        };
+        loss += model
+            .forward_backward_probed(&ids, &b.labels, divisor, grads, probe)?
+            .loss;
+    }
+    Ok(loss)
 }
 
 /// Every rank starts from rank 0's parameters (the same seed gives the same

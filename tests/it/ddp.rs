@@ -192,6 +192,35 @@ fn the_contiguous_order_trains_each_rank_on_its_own_shard() {
     );
 }
 
+/// Summing gradient buckets during the backward pass (the default on MPI)
+/// and after it (SWEEP_BLOCKING_ALLREDUCE) sends the same buckets in the same
+/// order: the parameters end bit for bit the same.
+#[test]
+fn overlapped_and_blocking_sums_give_identical_parameters() {
+    let digest = |blocking: bool| {
+        let root = project();
+        let m = study(
+            root.path(),
+            "ddp-overlap",
+            "training_steps = 6\ngradient_accumulation = 2",
+            Data::Bundled,
+        );
+        let mut cmd = sweep(root.path());
+        if blocking {
+            cmd.env("SWEEP_BLOCKING_ALLREDUCE", "1");
+        }
+        run_ok(cmd.arg("submit").arg(&m));
+        let log =
+            std::fs::read_to_string(root.path().join("results/ddp-overlap/ranks-2/local.out"))
+                .unwrap();
+        let when = if blocking { "after" } else { "during" };
+        assert!(log.contains(&format!("{when} the backward pass")), "{log}");
+        let at = log.find("(sha256 ").expect("the final digest") + 8;
+        log[at..at + 16].to_string()
+    };
+    assert_eq!(digest(false), digest(true));
+}
+
 /// In the contiguous order the bundled data gives 2 ranks other samples than
 /// 1 rank at twice the batch: the curves part (what the global order is for).
 #[test]

@@ -724,7 +724,8 @@ fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
     }
     eprintln!("{}\nworst difference: {worst:.1} points", table.join("\n"));
     assert!(worst <= 5.0, "{}", table.join("\n"));
-    // sweep plan shows it for data-parallel runs (sweep's trainer: no overlap yet).
+    // sweep plan shows it for data-parallel runs (sweep's trainer on GPUs:
+    // no overlap yet).
     let runs = plan_json(root.path(), &repo().join("experiments/ddp-scaling.toml"));
     for r in &runs {
         let s = &r["scaling"];

@@ -6,12 +6,14 @@
 //! Ranks are started by the launcher (`srun`, or `mpirun` for the local
 //! executor); this module only reads who it is and connects.
 
+mod buckets;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(feature = "nccl")]
 mod nccl;
 
 use anyhow::{bail, Result};
+pub use buckets::{all_reduce_in_buckets, GradientLayout, GradientSum};
 use candle_core::{DType, Device, Tensor};
 
 /// Where this process stands among the ranks of its job.
@@ -99,6 +101,17 @@ pub trait Collective {
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
     /// Stops every rank of the job after an error on this one.
     fn abort(&self, code: i32);
+    /// A thread that sums f32 buckets in the order they are handed over
+    /// while the caller goes on computing (the backward pass), if the engine
+    /// has one; the caller makes no other collective call until it has
+    /// [`Background::finish`]ed.
+    fn background(&self) -> Option<Box<dyn Background>> {
+        None
+    }
+    /// Whether [`Collective::background`] gives a thread.
+    fn overlaps(&self) -> bool {
+        false
+    }
     /// No engine: every collective is the identity, so callers skip them.
     fn is_single(&self) -> bool {
         false
@@ -153,50 +166,12 @@ pub fn connect(ranks: Ranks, device: &Device) -> Result<Box<dyn Collective>> {
 /// extra memory of the concatenated copy. The scaling forecast counts the same.
 pub const BUCKET_BYTES: usize = crate::config::scaling::BUCKET_BYTES;
 
-/// Sums `tensors` over all ranks in place, concatenated into buckets of at
-/// most `bucket_bytes` (a tensor larger than that travels alone).
-pub fn all_reduce_in_buckets(
-    comm: &dyn Collective,
-    tensors: &mut [&mut Tensor],
-    bucket_bytes: usize,
-) -> Result<()> {
-    if comm.is_single() {
-        return Ok(());
-    }
-    let mut start = 0;
-    while start < tensors.len() {
-        let mut end = start;
-        let mut bytes = 0;
-        while end < tensors.len()
-            && (end == start || bytes + size_of_tensor(tensors[end]) <= bucket_bytes)
-        {
-            bytes += size_of_tensor(tensors[end]);
-            end += 1;
-        }
-        let bucket = &mut tensors[start..end];
-        let flat = bucket
-            .iter()
-            .map(|t| t.flatten_all())
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let flat = if flat.len() == 1 {
-            flat.into_iter().next().expect("one tensor")
-        } else {
-            Tensor::cat(&flat, 0)?
-        };
-        let summed = comm.all_reduce_sum(&flat)?;
-        let mut offset = 0;
-        for t in bucket.iter_mut() {
-            let n = t.elem_count();
-            **t = summed.narrow(0, offset, n)?.reshape(t.shape())?;
-            offset += n;
-        }
-        start = end;
-    }
-    Ok(())
-}
-
-fn size_of_tensor(t: &Tensor) -> usize {
-    t.elem_count() * t.dtype().size_in_bytes()
+/// Sums f32 buckets over all ranks on a thread of its own.
+pub trait Background {
+    /// Starts summing the next bucket (after every one handed over before).
+    fn start(&mut self, bucket: Vec<f32>) -> Result<()>;
+    /// The sums of every bucket started, in order, once all are done.
+    fn finish(self: Box<Self>) -> Result<Vec<Vec<f32>>>;
 }
 
 /// The sums of a few numbers over all ranks (token counts, losses, votes),
