@@ -154,14 +154,52 @@ impl DocCursor {
         }
     }
 
-    /// The next document's ids, borrowed until the next call.
-    fn next_doc(&mut self) -> Result<&[u32]> {
+    /// Moves on to the next document (wrapping around at the end of the
+    /// range); returns its index.
+    fn step(&mut self) -> usize {
         if self.next >= self.range.end {
             self.next = self.range.start;
             self.epoch += 1;
         }
-        let i = self.next;
         self.next += 1;
+        self.next - 1
+    }
+
+    /// Whether the next document has more than `empty_len` ids, without
+    /// tokenizing all of it: a padded sample of another rank needs no more.
+    /// A text whose first few hundred bytes already give a token has one;
+    /// only a text whose beginning gives none is tokenized whole.
+    fn next_doc_has_tokens(&mut self, empty_len: usize) -> Result<bool> {
+        if !matches!(self.source, Source::Text { .. }) {
+            return Ok(self.next_doc()?.len() > empty_len);
+        }
+        let i = self.step();
+        let Source::Text {
+            file, tok, chunk, ..
+        } = &mut self.source
+        else {
+            unreachable!("a text source, checked above");
+        };
+        let rg = file.file.row_group_of(i);
+        let c = match chunk {
+            Some((r, c)) if *r == rg => c,
+            _ => &chunk.insert((rg, file.read(rg)?)).1,
+        };
+        let text = c.get(i - c.first_doc)?;
+        const PREFIX: usize = 256;
+        let mut end = text.len().min(PREFIX);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        if tok.document_ids(&text[..end])?.len() > empty_len {
+            return Ok(true);
+        }
+        Ok(end < text.len() && tok.document_ids(text)?.len() > empty_len)
+    }
+
+    /// The next document's ids, borrowed until the next call.
+    fn next_doc(&mut self) -> Result<&[u32]> {
+        let i = self.step();
         let rg = self.parquet().row_group_of(i);
         let range = self.range.clone();
         match &mut self.source {
@@ -371,6 +409,17 @@ impl SampleStream {
                         }
                     });
                 }
+            }
+            // Another rank's padded sample: only whether it has tokens matters.
+            if let (DatasetType::Padded, None) = (self.kind, &out) {
+                if self.cursor.next_doc_has_tokens(empty_len)? {
+                    return Ok(0);
+                }
+                skipped += 1;
+                if skipped > self.cursor.range.len() {
+                    bail!("documents {:?} hold no tokens at all", self.cursor.range);
+                }
+                continue;
             }
             let doc = self.cursor.next_doc()?;
             if doc.len() <= empty_len {
@@ -769,6 +818,9 @@ mod tests {
         let mut docs = named_docs(11);
         docs[3].clear();
         docs[7] = docs[7].repeat(3);
+        // Longer than the prefix a passing rank tokenizes, and only spaces.
+        docs[5] = docs[5].repeat(20);
+        docs[9] = "   ".into();
         let seq = 9;
         for (name, source) in every_source(dir.path(), &docs, seq) {
             let kinds: &[DatasetType] = match name {
@@ -787,7 +839,7 @@ mod tests {
                             })
                             .collect();
                         // Past an epoch, so the wrap-around is covered too.
-                        for step in 0..20 {
+                        for step in 0..40 {
                             let whole = next_batch(&mut one, world * batch).unwrap();
                             let parts: Vec<Batch> = ranks
                                 .iter_mut()
