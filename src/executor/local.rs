@@ -446,9 +446,12 @@ pub fn mpirun(ranks: u32, argv: &[&str]) -> Result<Command> {
         .env_remove("RANK")
         .env_remove("LOCAL_RANK")
         // Open MPI: more ranks than cores is allowed, rayon threads are not
-        // pinned to one core, root (containers, CI) may run it, and the
+        // pinned to one core, root (containers, CI) may run it, the
         // shared-memory transport avoids the single-copy mechanism that fails
-        // inside VMs and containers. MPICH ignores these.
+        // inside VMs and containers, and a rank waiting in MPI yields its core
+        // (the thread that sums gradients during the backward pass shares
+        // the cores with the compute). MPICH ignores these.
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
         .env("OMPI_MCA_hwloc_base_binding_policy", "none")
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
