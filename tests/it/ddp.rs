@@ -277,20 +277,8 @@ fn two_ranks_at_batch_one_train_like_one_rank_at_batch_two_on_slurm() {
 fn a_two_rank_job_requeues_on_sigusr1_and_resumes_on_the_curve() {
     super::slurm::require_cluster();
     let root = project();
-    let m = study(
-        root.path(),
-        "ddp-requeue",
-        "training_steps = 150",
-        Data::Bundled,
-    );
-    submit_slurm(root.path(), &m);
-    let dir = root.path().join("results/ddp-requeue");
+    let (m, dir, job) = stopped_on_slurm(root.path(), "ddp-requeue", 150);
     let run = dir.join("ranks-2");
-    wait_for(180, "training to start", || {
-        (losses(&run).len() >= 5).then_some(())
-    });
-    let job = job_id(&run);
-    run_ok(Command::new("scancel").args(["--signal=USR1", &job]));
     release_requeued(&job);
     let s = wait_for(600, "both runs to finish", || {
         let s = status(root.path(), &m);
@@ -315,6 +303,27 @@ fn a_two_rank_job_requeues_on_sigusr1_and_resumes_on_the_curve() {
     assert_same_curve(&dir, 150);
 }
 
+/// Submits a study of `steps` steps on the bundled data to SLURM and, once
+/// the two-rank run has logged 5 steps, sends its job SIGUSR1 (checkpoint and
+/// requeue); returns the manifest, the study's directory and the job.
+fn stopped_on_slurm(root: &Path, name: &str, steps: u64) -> (PathBuf, PathBuf, String) {
+    let m = study(
+        root,
+        name,
+        &format!("training_steps = {steps}"),
+        Data::Bundled,
+    );
+    submit_slurm(root, &m);
+    let dir = root.join("results").join(name);
+    let run = dir.join("ranks-2");
+    wait_for(180, "training to start", || {
+        (losses(&run).len() >= 5).then_some(())
+    });
+    let job = job_id(&run);
+    run_ok(Command::new("scancel").args(["--signal=USR1", &job]));
+    (m, dir, job)
+}
+
 /// Two ranks train for a while; their job stops on SIGUSR1 and is cancelled
 /// while queued again, and the run is continued by one rank (the same job
 /// script submitted with `--ntasks-per-node=1`): it keeps the global batch by
@@ -326,20 +335,8 @@ fn a_two_rank_run_resumes_on_one_rank_on_the_same_curve() {
     super::slurm::require_cluster();
     let root = project();
     let steps = 60;
-    let m = study(
-        root.path(),
-        "ddp-elastic",
-        &format!("training_steps = {steps}"),
-        Data::Bundled,
-    );
-    submit_slurm(root.path(), &m);
-    let dir = root.path().join("results/ddp-elastic");
+    let (m, dir, job) = stopped_on_slurm(root.path(), "ddp-elastic", steps);
     let run = dir.join("ranks-2");
-    wait_for(180, "training to start", || {
-        (losses(&run).len() >= 5).then_some(())
-    });
-    let job = job_id(&run);
-    run_ok(Command::new("scancel").args(["--signal=USR1", &job]));
     wait_requeued(&job);
     run_ok(Command::new("scancel").arg(&job));
     wait_steps_gone(&job);
