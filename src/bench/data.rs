@@ -23,6 +23,8 @@ pub struct DataBenchArgs {
     pub only: Vec<String>,
     /// Runs per loader (and of the raw tokenizer); the best counts.
     pub repeats: usize,
+    /// Where `python-loaders.py` is (the repository's `scripts/`).
+    pub scripts: PathBuf,
 }
 
 pub struct LoaderRow {
@@ -31,11 +33,16 @@ pub struct LoaderRow {
     pub us_per_sample: f64,
     /// The raw tokenizer's cost for the same documents (on-the-fly loaders).
     pub raw_us_per_sample: Option<f64>,
+    /// The Python peer's time for the same samples from the same file
+    /// (pretokenized loaders; `scripts/python-loaders.py`).
+    pub python_us_per_sample: Option<f64>,
 }
 
 pub struct DataBench {
     pub rows: Vec<LoaderRow>,
     pub chart: Vec<PathBuf>,
+    /// Why the Python peer did not run, when it did not.
+    pub python_missing: Option<String>,
 }
 
 pub fn run(a: &DataBenchArgs) -> Result<DataBench> {
@@ -122,14 +129,70 @@ pub fn run(a: &DataBenchArgs) -> Result<DataBench> {
             load_s,
             us_per_sample: sample_s * 1e6 / a.samples as f64,
             raw_us_per_sample: raw,
+            python_us_per_sample: None,
         });
     }
+    let python_missing = match python_peer(a, &rows) {
+        Ok(times) => {
+            for r in &mut rows {
+                r.python_us_per_sample = times.get(r.name).copied();
+            }
+            None
+        }
+        Err(why) => Some(format!("{why:#}")),
+    };
     let chart = if a.only.is_empty() {
         chart(a, &rows)?
     } else {
         Vec::new()
     };
-    Ok(DataBench { rows, chart })
+    Ok(DataBench {
+        rows,
+        chart,
+        python_missing,
+    })
+}
+
+/// `scripts/python-loaders.py` on the same pretokenized files and samples:
+/// microseconds per sample by loader name.
+fn python_peer(
+    a: &DataBenchArgs,
+    rows: &[LoaderRow],
+) -> Result<std::collections::HashMap<String, f64>> {
+    let script = a.scripts.join("python-loaders.py");
+    let tok = TextTokenizer::load(&a.tokenizer, &SpecialTokens::default())?;
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(&script)
+        .args(["--seq-len", &a.seq_len.to_string()])
+        .args(["--samples", &a.samples.to_string()])
+        .args(["--bos", &tok.bos.unwrap_or(1).to_string()]);
+    let ran = |name: &str| rows.iter().any(|r| r.name == name);
+    if ran("pretokenized padded") {
+        cmd.arg("--padded").arg(pretokenize::output_path(
+            &a.work_dir,
+            PretokenizedFormat::Padded,
+        ));
+    }
+    if ran("pretokenized token-list") {
+        cmd.arg("--token-list").arg(pretokenize::output_path(
+            &a.work_dir,
+            PretokenizedFormat::TokenList,
+        ));
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| anyhow::anyhow!("python3 does not start ({e})"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Seconds the tokenizer alone needs for the first `docs` documents.

@@ -245,6 +245,7 @@ fn data(a: super::DataBenchCli, root: &Path) -> Result<()> {
         plots: root.join("plots/bench"),
         only: a.only,
         repeats: a.repeats,
+        scripts: root.join("scripts"),
     };
     let b = crate::bench::data::run(&args)?;
     println!(
@@ -255,8 +256,8 @@ fn data(a: super::DataBenchCli, root: &Path) -> Result<()> {
         a.repeats
     );
     println!(
-        "{:<26} {:>10} {:>14} {:>16} {:>8}",
-        "loader", "load (s)", "us/sample", "raw tokenizer", "ratio"
+        "{:<26} {:>10} {:>14} {:>16} {:>8} {:>14} {:>10}",
+        "loader", "load (s)", "us/sample", "raw tokenizer", "ratio", "python peer", "speedup"
     );
     for r in &b.rows {
         let (raw, ratio) = match r.raw_us_per_sample {
@@ -266,10 +267,17 @@ fn data(a: super::DataBenchCli, root: &Path) -> Result<()> {
             ),
             None => ("-".into(), "-".into()),
         };
+        let (python, speedup) = match r.python_us_per_sample {
+            Some(p) => (format!("{p:.1} us"), format!("{:.0}x", p / r.us_per_sample)),
+            None => ("-".into(), "-".into()),
+        };
         println!(
-            "{:<26} {:>10.3} {:>14.2} {:>16} {:>8}",
-            r.name, r.load_s, r.us_per_sample, raw, ratio
+            "{:<26} {:>10.3} {:>14.2} {:>16} {:>8} {:>14} {:>10}",
+            r.name, r.load_s, r.us_per_sample, raw, ratio, python, speedup
         );
+    }
+    if let Some(why) = &b.python_missing {
+        println!("python peer (scripts/python-loaders.py) not run: {why}");
     }
     println!(
         "chart: {}",
