@@ -245,7 +245,7 @@ fn data(a: super::DataBenchCli, root: &Path) -> Result<()> {
         plots: root.join("plots/bench"),
         only: a.only,
         repeats: a.repeats,
-        scripts: root.join("scripts"),
+        scripts: scripts_dir(root),
     };
     let b = crate::bench::data::run(&args)?;
     println!(
@@ -404,4 +404,17 @@ fn ddp(work: &crate::bench::ddp::Work, ranks: &[usize], engine_at_one: bool) -> 
         );
     }
     Ok(())
+}
+
+/// The repository's `scripts/`: under the project root, else beside the
+/// build this binary is (`target/release/sweep` → `scripts/`).
+fn scripts_dir(root: &Path) -> std::path::PathBuf {
+    let beside_build = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.join("scripts")));
+    [Some(root.join("scripts")), beside_build]
+        .into_iter()
+        .flatten()
+        .find(|d| d.join("python-loaders.py").is_file())
+        .unwrap_or_else(|| root.join("scripts"))
 }

@@ -287,3 +287,37 @@ pq.write_table(pa.table({{"tokens": pa.array(toks, pa.list_(pa.int32()))}}).repl
         "{out}"
     );
 }
+
+/// `sweep bench data` runs its Python peer on the same pretokenized files
+/// and prints both (the figures themselves are the benchmark's business).
+#[test]
+fn the_data_benchmark_runs_its_python_peer_beside_the_loaders() {
+    let root = super::support::project();
+    let out = stdout(&run_ok(
+        sweep(root.path())
+            .args([
+                "bench",
+                "data",
+                "--loader",
+                "pretokenized",
+                "--samples",
+                "20",
+            ])
+            .args(["--repeats", "1", "--seq-len", "256", "--dataset"])
+            .arg(repo().join("assets/data/quickstart.parquet"))
+            .args(["--tokenizer"])
+            .arg(repo().join("assets/tokenizers/mistral-7b/tokenizer.json")),
+    ));
+    for loader in ["pretokenized padded", "pretokenized token-list"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(loader))
+            .unwrap_or_else(|| panic!("{out}"));
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert!(
+            cells.iter().rev().nth(1).is_some_and(|c| *c == "us")
+                && cells.last().unwrap().ends_with('x'),
+            "{loader}: the Python peer's time and the speedup: {line}"
+        );
+    }
+}
