@@ -118,27 +118,21 @@ fn kind_of(t: std::fs::FileType) -> &'static str {
     }
 }
 
-/// The bytes of a regular file of at most `limit` bytes. The file is opened
-/// without blocking (a FIFO with no writer would block `open` forever) and
-/// checked after opening (what was checked is what is read). With `within`,
-/// the path, resolved through every link, must lie inside that directory.
-pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Vec<u8>, ReadError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let io = |e: std::io::Error| match e.kind() {
+fn io(e: std::io::Error) -> ReadError {
+    match e.kind() {
         std::io::ErrorKind::NotFound => ReadError::NotFound,
         _ => ReadError::Io(e),
-    };
-    if let Some(dir) = within {
-        let target = path.canonicalize().map_err(io)?;
-        let dir = dir.canonicalize().map_err(io)?;
-        if !target.starts_with(&dir) {
-            return Err(ReadError::Outside { target, dir });
-        }
     }
+}
+
+/// Opens a file without blocking (a FIFO with no writer would block `open`
+/// forever), with `extra` open flags, and checks after opening that it is a
+/// regular file (what was checked is what is read).
+fn open_regular(path: &Path, extra: i32) -> Result<(std::fs::File, std::fs::Metadata), ReadError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | extra)
         .open(path)
         .map_err(io)?;
     let meta = file.metadata().map_err(io)?;
@@ -147,6 +141,23 @@ pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Ve
             what: kind_of(meta.file_type()),
         });
     }
+    Ok((file, meta))
+}
+
+/// The bytes of a regular file of at most `limit` bytes. The file is opened
+/// without blocking (a FIFO with no writer would block `open` forever) and
+/// checked after opening (what was checked is what is read). With `within`,
+/// the path, resolved through every link, must lie inside that directory.
+pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Vec<u8>, ReadError> {
+    use std::io::Read;
+    if let Some(dir) = within {
+        let target = path.canonicalize().map_err(io)?;
+        let dir = dir.canonicalize().map_err(io)?;
+        if !target.starts_with(&dir) {
+            return Err(ReadError::Outside { target, dir });
+        }
+    }
+    let (file, meta) = open_regular(path, 0)?;
     if meta.len() > limit {
         return Err(ReadError::TooLarge {
             size: meta.len(),
@@ -170,22 +181,7 @@ pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Ve
 /// through a symbolic link (what it reads goes on a page others see).
 pub fn read_tail(path: &Path, bytes: u64) -> Result<Vec<u8>, ReadError> {
     use std::io::{Read, Seek, SeekFrom};
-    use std::os::unix::fs::OpenOptionsExt;
-    let io = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::NotFound => ReadError::NotFound,
-        _ => ReadError::Io(e),
-    };
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.file_type().is_file() {
-        return Err(ReadError::NotRegular {
-            what: kind_of(meta.file_type()),
-        });
-    }
+    let (mut file, meta) = open_regular(path, libc::O_NOFOLLOW)?;
     file.seek(SeekFrom::Start(meta.len().saturating_sub(bytes)))
         .map_err(io)?;
     let mut out = Vec::new();

@@ -71,23 +71,29 @@ pub fn all_reduce_in_buckets(
     }
     let bytes: Vec<usize> = tensors.iter().map(|t| size_of_tensor(t)).collect();
     for group in Buckets::plan(&bytes, bucket_bytes).groups {
-        let bucket = &mut tensors[group];
-        let flat = bucket
-            .iter()
-            .map(|t| t.flatten_all())
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let flat = if flat.len() == 1 {
-            flat.into_iter().next().expect("one tensor")
-        } else {
-            Tensor::cat(&flat, 0)?
-        };
-        let summed = comm.all_reduce_sum(&flat)?;
-        let mut offset = 0;
-        for t in bucket.iter_mut() {
-            let n = t.elem_count();
-            **t = summed.narrow(0, offset, n)?.reshape(t.shape())?;
-            offset += n;
-        }
+        sum_bucket(comm, &mut tensors[group])?;
+    }
+    Ok(())
+}
+
+/// Sums one bucket's tensors over all ranks in place, as one concatenated
+/// all-reduce.
+fn sum_bucket(comm: &dyn Collective, bucket: &mut [&mut Tensor]) -> Result<()> {
+    let flat = bucket
+        .iter()
+        .map(|t| t.flatten_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let flat = if flat.len() == 1 {
+        flat.into_iter().next().expect("one tensor")
+    } else {
+        Tensor::cat(&flat, 0)?
+    };
+    let summed = comm.all_reduce_sum(&flat)?;
+    let mut offset = 0;
+    for t in bucket.iter_mut() {
+        let n = t.elem_count();
+        **t = summed.narrow(0, offset, n)?.reshape(t.shape())?;
+        offset += n;
     }
     Ok(())
 }
@@ -124,13 +130,7 @@ impl GradientLayout {
         };
         let mut names: Vec<(usize, String, usize)> = grads
             .iter()
-            .map(|(n, t)| {
-                (
-                    rank(stage(n)),
-                    n.clone(),
-                    t.elem_count() * t.dtype().size_in_bytes(),
-                )
-            })
+            .map(|(n, t)| (rank(stage(n)), n.clone(), size_of_tensor(t)))
             .collect();
         names.sort();
         let bytes: Vec<usize> = names.iter().map(|n| n.2).collect();
@@ -166,11 +166,6 @@ pub struct GradientSum<'a> {
 }
 
 impl GradientSum<'_> {
-    /// Whether the buckets are summed during the backward pass.
-    pub fn overlaps(&self) -> bool {
-        self.background.is_some()
-    }
-
     /// The backward pass of the step's last micro-batch has finished these
     /// gradients: start summing every bucket that is now complete.
     pub fn finished(&mut self, f: Finished, grads: &Grads) -> Result<()> {
@@ -198,10 +193,16 @@ impl GradientSum<'_> {
     /// Every gradient summed over the ranks, in place: waits for the
     /// background's buckets, or sums the same buckets now.
     pub fn finish(mut self, comm: &dyn Collective, grads: &mut Grads) -> Result<()> {
+        if comm.is_single() {
+            return Ok(());
+        }
         let l = self.layout;
         let mut tensors = grads.ordered_mut(&l.names)?;
         let Some(mut bg) = self.background.take() else {
-            return all_reduce_in_buckets(comm, &mut tensors, BUCKET_BYTES);
+            for group in &l.buckets.groups {
+                sum_bucket(comm, &mut tensors[group.clone()])?;
+            }
+            return Ok(());
         };
         // Buckets not finished by a hook (none when every stage was seen).
         for group in &l.buckets.groups[self.started..] {

@@ -1,7 +1,8 @@
 //! Data parallelism: one process per rank, each training on its slice of
-//! every global batch (`crate::data::loader`), gradients summed across ranks by a real engine after every
-//! step's backward passes — MPI between CPU ranks (feature `mpi`), NCCL
-//! between GPUs (feature `nccl`). World size 1 needs neither.
+//! every global batch (`crate::data::loader`), gradients summed across ranks
+//! by a real engine in every step ([`GradientSum`]) — MPI between CPU ranks
+//! (feature `mpi`), NCCL between GPUs (feature `nccl`). World size 1 needs
+//! neither.
 //!
 //! Ranks are started by the launcher (`srun`, or `mpirun` for the local
 //! executor); this module only reads who it is and connects.
