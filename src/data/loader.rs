@@ -542,12 +542,17 @@ pub fn next_batch(stream: &mut SampleStream, batch_size: usize) -> Result<Batch>
     let mut inputs = vec![0u32; batch_size * seq];
     let mut labels = vec![0i64; batch_size * seq];
     let mut training_tokens = 0;
-    stream.skip(rank * batch_size)?;
+    let others = |ranks: usize| {
+        ranks
+            .checked_mul(batch_size)
+            .ok_or_else(|| anyhow!("{ranks} ranks × batch {batch_size} overflows"))
+    };
+    stream.skip(others(rank)?)?;
     for b in 0..batch_size {
         let r = b * seq..(b + 1) * seq;
         training_tokens += stream.next_into(&mut inputs[r.clone()], &mut labels[r])?;
     }
-    stream.skip((world - 1 - rank) * batch_size)?;
+    stream.skip(others(world - 1 - rank)?)?;
     Ok(Batch {
         inputs,
         labels,

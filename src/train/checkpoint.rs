@@ -112,7 +112,10 @@ impl State {
                 order.as_str()
             );
         }
-        let per_step = ranks.world_size * batch;
+        let per_step = ranks
+            .world_size
+            .checked_mul(batch)
+            .context("the world size × batch overflows")?;
         let mut gradient_accumulation = accumulation;
         let mut change = format!(
             "world size {} → {}, {} order",

@@ -284,7 +284,11 @@ fn save_checkpoint(
         world_size: ranks.world_size,
         other_ranks: Vec::new(),
         data_order: cfg.data_order,
-        global_batch: ranks.world_size * cfg.batch() * cfg.gradient_accumulation,
+        global_batch: ranks
+            .world_size
+            .checked_mul(cfg.batch())
+            .and_then(|b| b.checked_mul(cfg.gradient_accumulation))
+            .context("the global batch overflows")?,
         monitor: monitor.state.clone(),
         elapsed_s,
         sweep_version: env!("CARGO_PKG_VERSION").into(),
