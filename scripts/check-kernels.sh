@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compiles every CUDA kernel of the trainer (src/train/kernels/*.cu, which
-# the trainer compiles at run time with NVRTC) offline with nvcc, for a GPU
+# the trainer compiles at run time with NVRTC after common.cuh) offline with
+# nvcc, for a GPU
 # architecture, and reports registers, shared memory and spills: a syntax
 # error, a register spill or shared memory over the limit is caught here,
 # without a GPU, before a GPU machine's time is spent on it.
@@ -35,8 +36,9 @@ trap 'rm -rf "$out"' EXIT
 status=0
 for k in "${kernels[@]}"; do
     name=$(basename "$k" .cu)
-    # NVRTC compiles the file as it is, with no host code: so does this.
-    if ! report=$("$NVCC" -arch="$ARCH" -cubin -Xptxas -v -o "$out/$name.cubin" "$k" 2>&1); then
+    # NVRTC compiles common.cuh and the file, with no host code: so does this.
+    if ! report=$("$NVCC" -arch="$ARCH" -cubin -Xptxas -v -include src/train/kernels/common.cuh \
+        -o "$out/$name.cubin" "$k" 2>&1); then
         echo "$k: does not compile for $ARCH" >&2
         echo "$report" >&2
         status=1
@@ -50,4 +52,34 @@ for k in "${kernels[@]}"; do
         status=1
     fi
 done
+
+# And NVRTC itself, as the trainer calls it (common.cuh in front, cudarc's
+# default options): it has none of the headers nvcc includes implicitly, so
+# a kernel nvcc accepts may still not compile at run time.
+python3 - "$CUDA_HOME" src/train/kernels/common.cuh "${kernels[@]}" <<'PY' || status=1
+import ctypes, glob, os, sys
+home, common, kernels = sys.argv[1], sys.argv[2], sys.argv[3:]
+lib = lambda name: sorted(glob.glob(os.path.join(home, "lib*", name)))[0]
+# NVRTC opens its builtins by name at compile time: load them first.
+ctypes.CDLL(lib("libnvrtc-builtins.so.*"), mode=ctypes.RTLD_GLOBAL)
+nvrtc = ctypes.CDLL(lib("libnvrtc.so*"))
+failed = 0
+for k in kernels:
+    src = (open(common).read() + open(k).read()).encode()
+    prog = ctypes.c_void_p()
+    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, os.path.basename(k).encode(), 0, None, None):
+        sys.exit(f"{k}: nvrtcCreateProgram failed")
+    rc = nvrtc.nvrtcCompileProgram(prog, 0, None)
+    if rc:
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        print(f"{k}: NVRTC does not compile it:\n{log.value.decode()}", file=sys.stderr)
+        failed = 1
+    else:
+        print(f"{os.path.basename(k)[:-3]}: NVRTC compiles it")
+    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+sys.exit(failed)
+PY
 exit $status

@@ -47,6 +47,12 @@ for step in "${STEPS[@]}"; do
             ;;
         bench)
             {
+                # sweep's own kernels first: each against its CPU twin (a wrong
+                # one fails here), their time and the composed ops' beside them.
+                "$SWEEP" bench kernels --device cuda --json "$OUT/kernels.json" || status=1
+                # The same train steps through candle's composed ops instead,
+                # the measure of what the kernels bought.
+                SWEEP_CUDA_KERNELS=composed "$SWEEP" bench train --device cuda --layers 8 --steps 5 || status=1
                 "$SWEEP" bench train --device cuda --layers 8 --steps 5 || status=1
                 # ref-1b at batch 8 needs recomputation to fit 80 GB (docs/memory.md).
                 "$SWEEP" bench train --device cuda --only ref-1b --steps 5 --recompute blocks || status=1

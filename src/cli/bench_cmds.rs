@@ -19,6 +19,26 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
         } => train(threads, steps, only, device, layers, gpu, recompute)?,
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
         BenchCmd::Peak => peak()?,
+        BenchCmd::Kernels {
+            device,
+            model,
+            tokens,
+            seq_len,
+            repeats,
+            vocab,
+            json,
+        } => {
+            let gpu = device == DeviceKind::Cuda;
+            let work = crate::bench::kernels::Work {
+                device,
+                model: model.unwrap_or_else(|| if gpu { "ref-1b" } else { "small" }.into()),
+                tokens: tokens.unwrap_or(if gpu { 16_384 } else { 2048 }),
+                seq_len,
+                repeats,
+                vocab,
+            };
+            return kernels(&work, json);
+        }
         BenchCmd::MaxBatch {
             config,
             memory_limit,
@@ -209,6 +229,32 @@ fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
 }
 
 /// `sweep bench peak`: matmul peak of this CPU (what CPU MFU is measured against).
+/// `sweep bench kernels`: fails when a kernel is outside its tolerance.
+fn kernels(work: &crate::bench::kernels::Work, json: Option<PathBuf>) -> Result<ExitCode> {
+    if work.device == DeviceKind::Cuda && !crate::config::Features::BUILT.cuda {
+        anyhow::bail!(
+            "`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; docs/gpu.md)"
+        );
+    }
+    let report = crate::bench::kernels::run(work)?;
+    print!("{}", crate::bench::kernels::table(&report));
+    if let Some(path) = json {
+        crate::util::fs::write_atomic(&path, &serde_json::to_vec_pretty(&report)?)?;
+        println!("wrote {}", path.display());
+    }
+    let wrong: Vec<_> = report.rows.iter().filter(|r| !r.ok).collect();
+    if !wrong.is_empty() {
+        for r in &wrong {
+            eprintln!(
+                "sweep bench kernels: {} ({}, {}) is off by {:.2e} relative (tolerance {:.0e})",
+                r.op, r.shape, r.dtype, r.max_rel_err, r.tolerance
+            );
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn peak() -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     use crate::train::peak::{refresh, Kernel};

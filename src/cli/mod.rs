@@ -379,6 +379,32 @@ pub enum BenchCmd {
         #[arg(long, default_value = "results")]
         dir: PathBuf,
     },
+    /// sweep's own kernels (RMSNorm, SwiGLU, RoPE, the loss, the embedding's gradient) against their references: error, time, GB/s, and the composed ops they replace.
+    #[command(after_help = "Examples:
+  sweep bench kernels
+  sweep bench kernels --device cuda --json results/kernels.json   (a GPU build on a GPU machine)")]
+    Kernels {
+        /// `cpu`: the CPU kernels against the composed ops; `cuda`: the CUDA kernels against the CPU kernels, in bf16 and f32.
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: crate::config::DeviceKind,
+        /// The model preset whose shapes are used (default: `small` on the CPU, `ref-1b` on a GPU).
+        #[arg(long)]
+        model: Option<String>,
+        /// Tokens per call (batch x sequence; default 2048 on the CPU, 16384 on a GPU).
+        #[arg(long)]
+        tokens: Option<usize>,
+        #[arg(long, alias = "sequence-length", default_value_t = 2048)]
+        seq_len: usize,
+        /// Timed calls per case (the median counts).
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        /// The vocabulary (default: the preset's, else 32000).
+        #[arg(long)]
+        vocab: Option<usize>,
+        /// Also write the figures as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Matmul throughput on this CPU, f32 (candle) and bf16 (sweep's kernel): what CPU MFU is measured against.
     #[command(after_help = "Example:\n  sweep bench peak")]
     Peak,

@@ -415,6 +415,9 @@ impl Llama {
         }
         grads.add_rows(&self.embeddings, &ids, &dx)?;
         (probe.on_ready)(Finished::Embeddings, grads)?;
+        // Read once the backward is queued: on a GPU, reading it earlier
+        // would leave the device idle while the host waits.
+        let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(Pass {
             loss,
             trace,
@@ -423,28 +426,31 @@ impl Llama {
     }
 
     /// The final norm's output through the output head and the loss, a
-    /// slice of rows at a time: the loss and the gradient of the head's
-    /// input; the output weight's gradient goes to `grads`.
+    /// slice of rows at a time: the loss (a scalar on the device) and the
+    /// gradient of the head's input; the output weight's gradient goes to
+    /// `grads`. Each slice's logits become their own gradient.
     fn head(
         &self,
         x: &Tensor,
         labels: &[i64],
         divisor: f64,
         grads: &mut Grads,
-    ) -> Result<(f64, Tensor)> {
+    ) -> Result<(Tensor, Tensor)> {
         let (n, _) = x.dims2()?;
         let vocab = self.output.dim(0)?;
         let h = rms_norm::rms_norm(x, &self.norm, self.eps)?;
         let rows = (HEAD_ELEMENTS / vocab).max(1);
-        let (mut loss, mut dh_parts) = (0.0, Vec::new());
+        let (mut loss, mut dh_parts) = (None, Vec::new());
         for start in (0..n).step_by(rows) {
             let len = rows.min(n - start);
             let hs = h.narrow(0, start, len)?;
             let logits = linear(&hs, &self.output, self.bf16)?;
             let (l, d_logits) =
-                cross_entropy::loss_and_grad(&logits, &labels[start..start + len], divisor)?;
-            drop(logits);
-            loss += l;
+                cross_entropy::loss_and_grad(logits, &labels[start..start + len], divisor)?;
+            loss = Some(match loss {
+                None => l,
+                Some(sum) => (sum + l)?,
+            });
             dh_parts.push(linear_backward(
                 &hs,
                 &self.output,
@@ -453,6 +459,10 @@ impl Llama {
                 grads,
             )?);
         }
+        let loss = match loss {
+            Some(l) => l,
+            None => Tensor::zeros((), DType::F32, x.device())?,
+        };
         Ok((loss, Tensor::cat(&dh_parts, 0)?))
     }
 }

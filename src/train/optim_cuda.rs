@@ -6,24 +6,10 @@
 //! used (no CUDA toolkit needed at build time) and keeps the arithmetic in
 //! f32 whatever the storage (f32 or bf16, rounded to nearest even).
 
+use super::ops::cuda;
 use candle_core::backend::BackendStorage;
-use candle_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::driver::PushKernelArg;
 use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result, Storage, Tensor};
-use std::sync::OnceLock;
-
-const SOURCE: &str = include_str!("kernels/adamw.cu");
-
-/// The PTX, compiled once per process.
-fn ptx() -> Result<&'static str> {
-    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-    PTX.get_or_init(|| {
-        candle_core::cuda::cudarc::nvrtc::compile_ptx(SOURCE)
-            .map(|p| p.to_src())
-            .map_err(|e| format!("compiling the AdamW kernel with NVRTC: {e:?}"))
-    })
-    .as_deref()
-    .map_err(|e| candle_core::Error::Msg(e.clone()))
-}
 
 /// The update of one parameter (`self` of `inplace_op2`, with its gradient),
 /// its moments updated in place too.
@@ -80,20 +66,8 @@ impl InplaceOp2 for Update {
         if [ge - gs, me - ms, ve - vs].iter().any(|&len| len != n) {
             candle_core::bail!("the fused AdamW got tensors of different sizes");
         }
-        let dev = p.device().clone();
-        let kernel = match p.dtype() {
-            DType::F32 => "adamw_f32",
-            DType::BF16 => "adamw_bf16",
-            dt => candle_core::bail!("the fused AdamW takes f32 or bf16, not {dt:?}"),
-        };
-        let func = dev.get_or_load_custom_func(kernel, "sweep_adamw", ptx()?)?;
-        // A grid-stride loop: enough blocks to fill the GPU, whatever n.
-        let blocks = n.div_ceil(256).clamp(1, 132 * 16) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let func = cuda::function(&cuda::device(p), &cuda::ADAMW, "adamw", p.dtype())?;
+        let cfg = cuda::grid_stride(n);
         let n = n as u64;
         let h = self.hyper;
         let mut b = func.builder();
@@ -112,9 +86,7 @@ impl InplaceOp2 for Update {
                 }
                 // SAFETY: the kernel's signature matches these arguments, and
                 // every index it touches is below n, the length of each view.
-                unsafe { b.launch(cfg) }.map_err(|e| {
-                    candle_core::Error::Msg(format!("launching the AdamW kernel: {e:?}"))
-                })?;
+                unsafe { cuda::launch(&mut b, cfg, "adamw") }?;
             }};
         }
         match p.dtype() {

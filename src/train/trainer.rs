@@ -314,7 +314,14 @@ fn announce_bf16_kernel() -> Result<()> {
     Ok(())
 }
 
+/// GPU `local_rank`; refuses an invalid `SWEEP_CUDA_KERNELS`.
 fn cuda_device(local_rank: usize) -> Result<Device> {
+    if ops::cuda_kernels_requested().map_err(anyhow::Error::msg)? == ops::CudaKernels::Composed {
+        eprintln!(
+            "sweep train: {}=composed: candle's composed ops instead of sweep's CUDA kernels",
+            ops::CUDA_KERNELS_ENV
+        );
+    }
     #[cfg(feature = "cuda")]
     return Ok(Device::new_cuda(local_rank)?);
     #[cfg(not(feature = "cuda"))]

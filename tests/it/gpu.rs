@@ -173,3 +173,23 @@ fn one_rank_through_nccl_trains_exactly_like_no_engine() {
         "NCCL at world size 1 changed the training"
     );
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and a GPU build (scripts/build-gpu.sh --tests)"]
+fn every_cuda_kernel_matches_its_cpu_twin() {
+    // bf16 and f32, against the CPU kernels on the same inputs; the command
+    // fails when a kernel is outside its tolerance.
+    let root = project();
+    run_ok(sweep(root.path()).args([
+        "bench",
+        "kernels",
+        "--device",
+        "cuda",
+        "--model",
+        "small",
+        "--tokens",
+        "4096",
+        "--repeats",
+        "1",
+    ]));
+}

@@ -486,3 +486,44 @@ fn batch_size_max_is_found_when_the_job_starts_and_reported() {
     assert!(table.contains("| Batch size |"), "{table}\n{csv}");
     assert!(table.contains(&format!(" {b} | COMPLETED |")), "{table}");
 }
+
+#[test]
+fn bench_kernels_checks_every_kernel_and_writes_its_figures() {
+    let root = project();
+    let json = root.path().join("kernels.json");
+    let out = run_ok(
+        sweep(root.path())
+            .args([
+                "bench",
+                "kernels",
+                "--model",
+                "tiny",
+                "--tokens",
+                "256",
+                "--repeats",
+                "1",
+                "--json",
+            ])
+            .arg(&json),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("embedding backward"), "{text}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 8, "{report}");
+    for r in rows {
+        assert_eq!(r["ok"], true, "{r}");
+        for key in ["max_rel_err", "kernel_ms", "composed_ms", "gb_per_s"] {
+            assert!(r[key].as_f64().is_some(), "{key} in {r}");
+        }
+    }
+    // A GPU benchmark asked of a CPU build is a clear error.
+    if !cfg!(feature = "cuda") {
+        let out = sweep(root.path())
+            .args(["bench", "kernels", "--device", "cuda"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("GPU build"));
+    }
+}

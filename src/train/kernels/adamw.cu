@@ -2,13 +2,6 @@
 // f32 arithmetic whatever the storage (f32, or bf16 rounded to nearest even).
 // Compiled at run time by NVRTC (src/train/optim_cuda.rs); checked offline by
 // scripts/check-kernels.sh.
-__device__ float bf16_to_f32(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
-__device__ unsigned short f32_to_bf16(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u); // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
 __device__ void step(float& p, float& m, float& v, float g, float lr, float scale, float b1, float b2,
                      float bc1, float bc2, float eps, float wd) {
     g *= scale;
@@ -16,20 +9,20 @@ __device__ void step(float& p, float& m, float& v, float g, float lr, float scal
     v = b2 * v + (1.0f - b2) * g * g;
     p = p * (1.0f - lr * wd) - lr * ((m / bc1) / (sqrtf(v / bc2) + eps));
 }
-extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* v, unsigned long long n,
+extern "C" __global__ void adamw_f32(float* p, const float* g, float* m, float* v, u64 n,
         float lr, float scale, float b1, float b2, float bc1, float bc2, float eps, float wd) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)blockDim.x * gridDim.x) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)blockDim.x * gridDim.x) {
         float pi = p[i], mi = m[i], vi = v[i];
         step(pi, mi, vi, g[i], lr, scale, b1, b2, bc1, bc2, eps, wd);
         p[i] = pi; m[i] = mi; v[i] = vi;
     }
 }
-extern "C" __global__ void adamw_bf16(unsigned short* p, const unsigned short* g, unsigned short* m,
-        unsigned short* v, unsigned long long n,
+extern "C" __global__ void adamw_bf16(bf16* p, const bf16* g, bf16* m,
+        bf16* v, u64 n,
         float lr, float scale, float b1, float b2, float bc1, float bc2, float eps, float wd) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)blockDim.x * gridDim.x) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)blockDim.x * gridDim.x) {
         float pi = bf16_to_f32(p[i]), mi = bf16_to_f32(m[i]), vi = bf16_to_f32(v[i]);
         step(pi, mi, vi, bf16_to_f32(g[i]), lr, scale, b1, b2, bc1, bc2, eps, wd);
         p[i] = f32_to_bf16(pi); m[i] = f32_to_bf16(mi); v[i] = f32_to_bf16(vi);

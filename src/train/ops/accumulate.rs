@@ -21,12 +21,16 @@ use rayon::prelude::*;
 /// on the in-place path; elsewhere summed in f32 and rounded once
 /// ([`super::embedding::backward`]).
 pub fn add_rows(buf: &mut Tensor, ids: &Tensor, dy: &Tensor) -> Result<()> {
-    if in_place(buf, &[dy]) && ids.device().is_cpu() {
+    if in_place(buf, &[dy]) && ids.device().is_cpu() && super::own_kernel(&[dy]) {
         return buf.inplace_op3(
             &ids.to_dtype(DType::U32)?.contiguous()?,
             &dy.contiguous()?,
             &AddRows,
         );
+    }
+    #[cfg(feature = "cuda")]
+    if buf.device().is_cuda() && buf.is_contiguous() && super::own_kernel(&[buf, dy]) {
+        return cuda_rows::add_rows(buf, ids, dy);
     }
     let g = super::embedding::backward(buf, ids, dy)?;
     add(buf, &g)
@@ -174,6 +178,151 @@ impl InplaceOp3 for AddRows {
     }
 }
 
+/// [order: positions sorted by token, stably] [starts: distinct + 1]
+/// [tokens: the distinct ids], as one vector of u32.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Plan {
+    words: Vec<u32>,
+    len: usize,
+    distinct: usize,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl Plan {
+    fn of(ids: &[u32]) -> Plan {
+        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+        order.sort_by_key(|&p| ids[p as usize]);
+        let (mut starts, mut tokens) = (Vec::new(), Vec::new());
+        for (k, &p) in order.iter().enumerate() {
+            let id = ids[p as usize];
+            if tokens.last() != Some(&id) {
+                tokens.push(id);
+                starts.push(k as u32);
+            }
+        }
+        starts.push(order.len() as u32);
+        let distinct = tokens.len();
+        let mut words = order;
+        words.extend(starts);
+        words.extend(tokens);
+        Plan {
+            len: words.len(),
+            words,
+            distinct,
+        }
+    }
+}
+
+/// [`add_rows`] on CUDA without atomics (`kernels/embedding.cu`): the host
+/// groups the positions by token, and one thread per (token, column) sums
+/// that token's rows in position order and adds the sum into the buffer.
+/// The same bits every run, which the bit-identical NCCL and resume tests
+/// rely on (candle's `index_add` gives no such promise).
+#[cfg(feature = "cuda")]
+mod cuda_rows {
+    use super::super::cuda::{self, by_dtype, Element};
+    use super::Plan;
+    use candle_core::cuda::cudarc::driver::PushKernelArg;
+    use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
+
+    pub fn add_rows(buf: &mut Tensor, ids: &Tensor, dy: &Tensor) -> Result<()> {
+        let (rows, d) = buf.dims2()?;
+        // The ids came from the host; reading them back waits for nothing
+        // but their upload.
+        let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+        if dy.elem_count() != ids.len() * d {
+            bail!(
+                "{} ids for {} rows of gradient",
+                ids.len(),
+                dy.elem_count() / d.max(1)
+            );
+        }
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= rows) {
+            bail!("token {bad} is outside the {rows}-row table");
+        }
+        let plan = Plan::of(&ids);
+        let op = AddRows {
+            n: cuda::u32_of(ids.len(), "tokens")?,
+            u: cuda::u32_of(plan.distinct, "distinct tokens")?,
+            d: cuda::u32_of(d, "width")?,
+        };
+        let plan = Tensor::from_vec(plan.words, plan.len, buf.device())?;
+        buf.inplace_op3(&dy.contiguous()?, &plan, &op)
+    }
+
+    struct AddRows {
+        n: u32,
+        u: u32,
+        d: u32,
+    }
+
+    impl InplaceOp3 for AddRows {
+        fn name(&self) -> &'static str {
+            "sweep-add-rows-grouped"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            bail!("the grouped row sum runs on CUDA tensors")
+        }
+
+        fn cuda_fwd(
+            &self,
+            buf: &mut CudaStorage,
+            bl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+            plan: &CudaStorage,
+            pl: &Layout,
+        ) -> Result<()> {
+            by_dtype!(cuda::dtype(buf), launch(self, buf, bl, dy, dyl, plan, pl))
+        }
+    }
+
+    fn launch<T: Element>(
+        op: &AddRows,
+        buf: &mut CudaStorage,
+        bl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+        plan: &CudaStorage,
+        pl: &Layout,
+    ) -> Result<()> {
+        let dev = cuda::device(buf);
+        let Some((start, end)) = bl.contiguous_offsets() else {
+            bail!("the grouped row sum takes a contiguous buffer")
+        };
+        let dyv = cuda::view::<T>(dy, dyl)?;
+        let Some((ps, pe)) = pl.contiguous_offsets() else {
+            bail!("the grouped row sum takes a contiguous plan")
+        };
+        let plan = plan.as_cuda_slice::<u32>()?.slice(ps..pe);
+        let (n, u, d) = (op.n as usize, op.u as usize, op.d as usize);
+        if plan.len() != n + 2 * u + 1 || dyv.len() != n * d || (end - start) % d.max(1) != 0 {
+            bail!("the grouped row sum's plan does not match its operands");
+        }
+        let mut b_view = buf.as_cuda_slice_mut::<T>()?.slice_mut(start..end);
+        let f = cuda::function(&dev, &cuda::EMBEDDING, "add_rows", T::DTYPE)?;
+        let mut b = f.builder();
+        b.arg(&mut b_view).arg(&dyv).arg(&plan);
+        b.arg(&op.n).arg(&op.u).arg(&op.d);
+        let grid = cuda::blocks(op.u.max(1), cuda::column_blocks(d));
+        // SAFETY: the kernel's signature; block (t, c) reads the plan's
+        // entries of token t < u (the plan has n + 2u + 1 words, its
+        // positions are below n and its tokens below the buffer's rows,
+        // checked by the caller), dy's rows at those positions and columns
+        // below d, and writes its token's row of the buffer.
+        unsafe { cuda::launch(&mut b, grid, "add_rows") }
+    }
+}
+
 struct AddProduct;
 
 impl InplaceOp3 for AddProduct {
@@ -241,6 +390,44 @@ impl InplaceOp3 for AddProduct {
 mod tests {
     use super::*;
     use crate::train::ops::testing::{max_diff, rand};
+
+    #[test]
+    fn the_cuda_kernels_grouping_sums_the_rows_of_each_token() -> Result<()> {
+        // The plan the CUDA kernel walks, walked here the way the kernel
+        // does (per token and column, positions in order), against the CPU
+        // kernel's sums.
+        let ids: Vec<u32> = vec![4, 1, 4, 0, 6, 1, 4, 6, 2];
+        let (n, d, rows) = (ids.len(), 5, 7);
+        let plan = Plan::of(&ids);
+        assert_eq!(plan.distinct, 5);
+        assert_eq!(plan.len, n + 2 * plan.distinct + 1);
+        let (order, rest) = plan.words.split_at(n);
+        let (starts, tokens) = rest.split_at(plan.distinct + 1);
+        assert_eq!(tokens, [0, 1, 2, 4, 6]);
+        assert_eq!(starts, [0, 1, 3, 4, 7, 9]);
+        // Stable: token 4's positions in the order they came.
+        assert_eq!(&order[4..7], [0, 2, 6]);
+        let dy = rand(&[n, d], 1);
+        let g = dy.to_vec2::<f32>()?;
+        let mut by_plan = rand(&[rows, d], 2).to_vec2::<f32>()?;
+        let mut buf = Tensor::new(by_plan.clone(), &candle_core::Device::Cpu)?;
+        for (t, &token) in tokens.iter().enumerate() {
+            for col in 0..d {
+                let sum: f32 = (starts[t]..starts[t + 1])
+                    .map(|k| g[order[k as usize] as usize][col])
+                    .sum();
+                by_plan[token as usize][col] += sum;
+            }
+        }
+        add_rows(
+            &mut buf,
+            &Tensor::new(ids.as_slice(), &candle_core::Device::Cpu)?,
+            &dy,
+        )?;
+        let by_plan = Tensor::new(by_plan, &candle_core::Device::Cpu)?;
+        assert!(max_diff(&buf, &by_plan)? < 1e-6);
+        Ok(())
+    }
 
     #[test]
     fn buffers_accumulate_in_place_like_their_sums() -> Result<()> {

@@ -10,9 +10,13 @@
 //! [`attach`]: one extra [B·T, V] tensor in the logits' dtype, no more.
 
 use super::attach::attach;
-use super::{f32s, fused, work_dtype};
+#[cfg(feature = "cuda")]
+use super::cuda::{self, by_dtype, Element};
+use super::{f32s, fused, own_kernel, work_dtype};
 use crate::data::samples::IGNORE;
 use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
+#[cfg(feature = "cuda")]
+use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -109,22 +113,127 @@ fn computed_by_slices(
     Ok((loss, grad))
 }
 
-/// The loss of [`cross_entropy`] as a number and its gradient for the
-/// logits, without autograd (the block-wise backward's head): one pass each
-/// way over the logits on the fused path, else [`by_rows`]'s arithmetic.
-pub fn loss_and_grad(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<(f64, Tensor)> {
-    if fused(logits) {
-        let loss = cross_entropy(&logits.detach(), labels, divisor)?;
-        let d = logits.contiguous()?.apply_op1_no_bwd(&CrossEntropyBwd {
+/// The loss of [`cross_entropy`] (a scalar tensor on the logits' device,
+/// f32 or f64 for f64 logits: reading it is left to the caller, once per
+/// pass) and its gradient for the logits, without autograd (the block-wise
+/// backward's head). The logits are consumed: on CUDA the gradient is
+/// written over them, one kernel computing both (`kernels/cross_entropy.cu`);
+/// on the CPU in f32 one pass each way; elsewhere [`by_rows`]'s arithmetic.
+pub fn loss_and_grad(logits: Tensor, labels: &[i64], divisor: f64) -> Result<(Tensor, Tensor)> {
+    check_labels(&logits, labels)?;
+    if own_kernel(&[&logits]) && fused(&logits) {
+        let (n, v) = logits.dims2()?;
+        let both = logits.contiguous()?.apply_op1_no_bwd(&LossAndGradCpu {
             labels: Arc::new(labels.to_vec()),
-            scale: 1.0 / divisor as f32,
+            divisor: divisor as f32,
         })?;
-        return Ok((loss.to_scalar::<f32>()? as f64, d));
+        let loss = both.narrow(0, n, 1)?.narrow(1, 0, 1)?.reshape(())?;
+        return Ok((loss, both.narrow(0, 0, n)?.reshape((n, v))?));
     }
-    check_labels(logits, labels)?;
+    #[cfg(feature = "cuda")]
+    if own_kernel(&[&logits]) {
+        return cuda_in_place(logits.contiguous()?, labels, divisor);
+    }
     let v = logits.dim(1)?;
-    let (loss, grad) = computed_by_slices(logits, labels, divisor, (SLICE_ELEMENTS / v).max(1))?;
-    Ok((loss.to_dtype(DType::F64)?.to_scalar::<f64>()?, grad))
+    computed_by_slices(&logits, labels, divisor, (SLICE_ELEMENTS / v).max(1))
+}
+
+/// [`loss_and_grad`] on CUDA: d logits written over the logits, each row's
+/// loss into an f32 vector summed on the device.
+#[cfg(feature = "cuda")]
+fn cuda_in_place(logits: Tensor, labels: &[i64], divisor: f64) -> Result<(Tensor, Tensor)> {
+    let (n, _) = logits.dims2()?;
+    let dev = logits.device();
+    let ids: Vec<u32> = labels
+        .iter()
+        .map(|&l| if l == IGNORE { u32::MAX } else { l as u32 })
+        .collect();
+    let labels = Tensor::from_vec(ids, n, dev)?;
+    let row_loss = Tensor::zeros(n, DType::F32, dev)?;
+    logits.inplace_op2(
+        &labels,
+        &LossAndGrad {
+            row_loss: row_loss.clone(),
+            scale: 1.0 / divisor as f32,
+        },
+    )?;
+    Ok(((row_loss.sum_all()? / divisor)?, logits))
+}
+
+/// The CUDA kernel's op: the logits (in place) and the labels (u32, ignored
+/// as u32::MAX) in, each row's loss into `row_loss`.
+#[cfg(feature = "cuda")]
+struct LossAndGrad {
+    row_loss: Tensor,
+    scale: f32,
+}
+
+#[cfg(feature = "cuda")]
+impl candle_core::InplaceOp2 for LossAndGrad {
+    fn name(&self) -> &'static str {
+        "sweep-loss-and-grad"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+        bail!("the in-place loss runs on CUDA tensors")
+    }
+
+    fn cuda_fwd(
+        &self,
+        logits: &mut CudaStorage,
+        ll: &Layout,
+        labels: &CudaStorage,
+        labl: &Layout,
+    ) -> Result<()> {
+        by_dtype!(
+            cuda::dtype(logits),
+            loss_and_grad_cuda(logits, ll, labels, labl, &self.row_loss, self.scale)
+        )
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn loss_and_grad_cuda<T: Element>(
+    logits: &mut CudaStorage,
+    ll: &Layout,
+    labels: &CudaStorage,
+    labl: &Layout,
+    row_loss: &Tensor,
+    scale: f32,
+) -> Result<()> {
+    use candle_core::Storage;
+    let (n, v) = ll.shape().dims2()?;
+    let Some((start, end)) = ll.contiguous_offsets() else {
+        bail!("the in-place loss takes contiguous logits")
+    };
+    let dev = cuda::device(logits);
+    let (rows32, v32) = (cuda::u32_of(n, "rows")?, cuda::u32_of(v, "vocabulary")?);
+    let labels = labels.as_cuda_slice::<u32>()?;
+    let Some((ls, le)) = labl.contiguous_offsets() else {
+        bail!("the in-place loss takes contiguous labels")
+    };
+    let (losses, lossl) = row_loss.storage_and_layout();
+    let Storage::Cuda(losses) = &*losses else {
+        bail!("the row losses are not on the GPU")
+    };
+    let (rs, re) = lossl
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("row losses not contiguous".into()))?;
+    if le - ls != n || re - rs != n {
+        bail!("{n} rows of logits but {} labels", le - ls);
+    }
+    let mut x = logits.as_cuda_slice_mut::<T>()?.slice_mut(start..end);
+    let labels = labels.slice(ls..le);
+    // Written through a view of a shared reference: `row_loss` is this op's
+    // own tensor, used by nothing else until the kernel is done (one stream).
+    let rl = losses.as_cuda_slice::<f32>()?.slice(rs..re);
+    let f = cuda::function(&dev, &cuda::CROSS_ENTROPY, "loss_and_grad", T::DTYPE)?;
+    let mut b = f.builder();
+    b.arg(&mut x).arg(&labels).arg(&rl).arg(&v32).arg(&scale);
+    // SAFETY: the kernel's signature; block r < n touches row r of the
+    // logits ([n, v]), labels[r] (below v or u32::MAX, checked by the
+    // caller) and row_loss[r].
+    unsafe { cuda::launch(&mut b, cuda::block_per_row(rows32), "loss_and_grad") }
 }
 
 pub fn composed(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
@@ -223,6 +332,52 @@ impl CustomOp1 for CrossEntropyBwd {
                 d[l as usize] -= self.scale;
             });
         Ok((CpuStorage::F32(d), l.shape().clone()))
+    }
+}
+
+/// The loss and d logits in one op on the CPU: per row, one exponential per
+/// logit (stored, then scaled by 1/Σ), where the separate forward and
+/// backward ops took three. Output [N + 1, V]: d logits, then a row whose
+/// first value is the loss (summed over rows in order, divided by `divisor`).
+struct LossAndGradCpu {
+    labels: Arc<Vec<i64>>,
+    divisor: f32,
+}
+
+impl CustomOp1 for LossAndGradCpu {
+    fn name(&self) -> &'static str {
+        "sweep-loss-and-grad"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32s(s, l)?;
+        let (n, v) = l.shape().dims2()?;
+        let scale = 1.0 / self.divisor;
+        let mut out = vec![0f32; (n + 1) * v];
+        let (d, last) = out.split_at_mut(n * v);
+        let rows: Vec<f64> = d
+            .par_chunks_mut(v)
+            .zip(x.par_chunks(v))
+            .zip(self.labels.par_iter())
+            .map(|((d, row), &label)| {
+                if label == IGNORE {
+                    return 0.0;
+                }
+                let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let mut sum = 0f32;
+                for (d, &x) in d.iter_mut().zip(row) {
+                    *d = (x - max).exp();
+                    sum += *d;
+                }
+                let k = scale / sum;
+                d.iter_mut().for_each(|d| *d *= k);
+                d[label as usize] -= scale;
+                (sum.ln() + max - row[label as usize]) as f64
+            })
+            .collect();
+        let total: f64 = rows.iter().sum();
+        last[0] = (total / self.divisor as f64) as f32;
+        Ok((CpuStorage::F32(out), Shape::from((n + 1, v))))
     }
 }
 

@@ -1,15 +1,20 @@
-//! Fused CPU kernels with hand-written backward passes, for the ops where
+//! Fused kernels with hand-written backward passes, for the ops where
 //! candle's own either drop gradients (`ops::rms_norm`, `rope`,
-//! `softmax_last_dim`) or spend most of their time allocating intermediates.
+//! `softmax_last_dim`) or spend most of their time allocating intermediates
+//! and launching one small kernel per arithmetic step.
 //!
-//! Each op has a composed twin built from differentiable candle ops; the twin
-//! runs on other devices and dtypes, and the tests check the fused op's
-//! forward and gradients against it.
+//! Each op's file holds its whole story: the CPU kernel (f32, rayon), the
+//! launch of its CUDA kernel (`src/train/kernels/<op>.cu`, f32 or bf16
+//! storage with f32 arithmetic; the CPU kernel is its reference), and a
+//! composed twin built from differentiable candle ops, which runs on other
+//! devices and dtypes and which the tests check the kernels against.
 
 pub mod accumulate;
 pub mod attach;
 pub mod bf16_gemm;
 pub mod cross_entropy;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 pub mod embedding;
 pub mod matmul;
 pub mod rms_norm;
@@ -33,6 +38,80 @@ pub(crate) fn work_dtype(t: &Tensor) -> DType {
 /// Whether the fused CPU kernels apply (contiguous f32 on the CPU).
 pub fn fused(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+/// Whether an op that has a CUDA kernel as well runs its own kernel on these
+/// operands: the CPU's in f32, or the CUDA one when all of them are f32 or
+/// all bf16 on a GPU (unless `SWEEP_CUDA_KERNELS=composed`).
+pub fn own_kernel(operands: &[&Tensor]) -> bool {
+    let Some(first) = operands.first() else {
+        return false;
+    };
+    if COMPOSED_HERE.with(|c| c.get()) {
+        return false;
+    }
+    if operands.iter().all(|t| fused(t)) {
+        return true;
+    }
+    let dtype = first.dtype();
+    cfg!(feature = "cuda")
+        && matches!(dtype, DType::F32 | DType::BF16)
+        && operands
+            .iter()
+            .all(|t| t.device().is_cuda() && t.dtype() == dtype)
+        && cuda_kernels() == CudaKernels::Own
+}
+
+thread_local! {
+    /// Set by [`composed_here`]: the ops called on this thread take their
+    /// composed twins, on every device.
+    static COMPOSED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the ops that have their own kernels taking their composed
+/// twins instead (on this thread): what `sweep bench kernels` compares the
+/// kernels with.
+pub fn composed_here<T>(f: impl FnOnce() -> T) -> T {
+    let before = COMPOSED_HERE.with(|c| c.replace(true));
+    let out = f();
+    COMPOSED_HERE.with(|c| c.set(before));
+    out
+}
+
+/// The environment variable that picks the CUDA ops' implementation.
+pub const CUDA_KERNELS_ENV: &str = "SWEEP_CUDA_KERNELS";
+
+/// Which implementation the ops with CUDA kernels use on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaKernels {
+    /// sweep's kernels (`src/train/kernels/`): the default.
+    Own,
+    /// The composed twins, from candle's kernels: to measure the difference,
+    /// or to rule a kernel out when a GPU run goes wrong.
+    Composed,
+}
+
+/// What `SWEEP_CUDA_KERNELS` asks for (`own`, the default, or `composed`);
+/// anything else is an error.
+pub fn cuda_kernels_requested() -> std::result::Result<CudaKernels, String> {
+    match std::env::var_os(CUDA_KERNELS_ENV)
+        .as_deref()
+        .map(|v| v.to_str())
+    {
+        None | Some(Some("" | "own")) => Ok(CudaKernels::Own),
+        Some(Some("composed")) => Ok(CudaKernels::Composed),
+        Some(v) => Err(format!(
+            "{CUDA_KERNELS_ENV}=`{}`: use `own` or `composed`",
+            v.unwrap_or("(not UTF-8)").escape_debug()
+        )),
+    }
+}
+
+/// The choice, read once (an invalid value counts as `own` here; the trainer
+/// refuses it before it starts).
+pub fn cuda_kernels() -> CudaKernels {
+    static CHOICE: std::sync::OnceLock<CudaKernels> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| cuda_kernels_requested().unwrap_or(CudaKernels::Own))
 }
 
 /// The contiguous f32 data of a CPU storage.

@@ -1,11 +1,16 @@
 //! RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, over the last dimension.
+//! CUDA kernels: `src/train/kernels/rms_norm.cu`.
 
-use super::{f32s, fused, rows_per_task, work_dtype};
+#[cfg(feature = "cuda")]
+use super::cuda::{self, by_dtype, Element};
+use super::{f32s, own_kernel, rows_per_task, work_dtype};
+#[cfg(feature = "cuda")]
+use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if fused(x) && fused(w) {
+    if own_kernel(&[x, w]) {
         x.contiguous()?
             .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
     } else {
@@ -22,7 +27,7 @@ pub fn composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 /// The gradients of [`rms_norm`] for x and w, given dy, without autograd:
 /// dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), dw = Σ_rows dy∘x·r (r = 1/rms(x)).
 pub fn backward(x: &Tensor, w: &Tensor, eps: f64, dy: &Tensor) -> Result<(Tensor, Tensor)> {
-    if fused(x) && fused(w) && fused(dy) {
+    if own_kernel(&[x, w, dy]) {
         let rows = x.elem_count() / w.elem_count();
         // One pass gives both: rows 0..n are dx, row n is dw.
         let both = x.contiguous()?.apply_op3_no_bwd(
@@ -87,6 +92,18 @@ impl CustomOp2 for RmsNorm {
                 }
             });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let y = by_dtype!(cuda::dtype(x), forward_cuda(x, xl, w, wl, self.eps))?;
+        Ok((y, xl.shape().clone()))
     }
 
     fn bwd(
@@ -155,6 +172,126 @@ impl CustomOp3 for RmsNormBwd {
         }
         Ok((CpuStorage::F32(out), Shape::from((rows + 1, d))))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let d = wl.shape().elem_count();
+        let rows = xl.shape().elem_count() / d.max(1);
+        let out = by_dtype!(
+            cuda::dtype(x),
+            backward_cuda(x, xl, w, wl, dy, dyl, self.eps)
+        )?;
+        Ok((out, Shape::from((rows + 1, d))))
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn forward_cuda<T: Element>(
+    x: &CudaStorage,
+    xl: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    eps: f32,
+) -> Result<CudaStorage> {
+    let (xv, wv) = (cuda::view::<T>(x, xl)?, cuda::view::<T>(w, wl)?);
+    let d = wv.len();
+    let rows = xv.len() / d.max(1);
+    let dev = cuda::device(x);
+    let mut y = cuda::alloc::<T>(&dev, xv.len())?;
+    let (rows32, d32) = (cuda::u32_of(rows, "rows")?, cuda::u32_of(d, "width")?);
+    let f = cuda::function(&dev, &cuda::RMS_NORM, "rms_norm_fwd", T::DTYPE)?;
+    let mut b = f.builder();
+    b.arg(&xv)
+        .arg(&wv)
+        .arg(&mut y)
+        .arg(&rows32)
+        .arg(&d32)
+        .arg(&eps);
+    // SAFETY: (x, w, y, rows, d, eps) is the kernel's signature; warp r
+    // touches row r < rows of x and y ([rows, d]) and w's d values.
+    unsafe { cuda::launch(&mut b, cuda::warp_per_row(rows), "rms_norm_fwd") }?;
+    Ok(CudaStorage::wrap_cuda_slice(y, dev))
+}
+
+/// Rows per slab of the dw reduction: enough slabs to fill the GPU, each
+/// long enough to amortise its partial row.
+#[cfg(feature = "cuda")]
+const DW_SLABS: usize = 128;
+
+/// [dx; dw] as [rows + 1, d]: dx by a warp per row (which keeps each row's
+/// 1/rms), dw by slabs of rows summed per column, then the slabs summed in
+/// order (no atomics: the same bits every run).
+#[cfg(feature = "cuda")]
+fn backward_cuda<T: Element>(
+    x: &CudaStorage,
+    xl: &Layout,
+    w: &CudaStorage,
+    wl: &Layout,
+    dy: &CudaStorage,
+    dyl: &Layout,
+    eps: f32,
+) -> Result<CudaStorage> {
+    let (xv, wv, dyv) = (
+        cuda::view::<T>(x, xl)?,
+        cuda::view::<T>(w, wl)?,
+        cuda::view::<T>(dy, dyl)?,
+    );
+    let d = wv.len();
+    let rows = xv.len() / d.max(1);
+    if dyv.len() != xv.len() || rows * d != xv.len() {
+        candle_core::bail!("RMSNorm backward: x, w and dy do not agree in shape");
+    }
+    let dev = cuda::device(x);
+    let mut out = cuda::alloc::<T>(&dev, (rows + 1) * d)?;
+    let mut r = cuda::alloc::<f32>(&dev, rows.max(1))?;
+    let slabs = DW_SLABS.min(rows).max(1);
+    let per = rows.div_ceil(slabs).max(1);
+    let slabs = rows.div_ceil(per).max(1);
+    let mut partial = cuda::alloc::<f32>(&dev, slabs * d)?;
+    let (rows32, d32) = (cuda::u32_of(rows, "rows")?, cuda::u32_of(d, "width")?);
+    let (per32, slabs32) = (per as u32, slabs as u32);
+    {
+        let mut dx = out.slice_mut(0..rows * d);
+        let f = cuda::function(&dev, &cuda::RMS_NORM, "rms_norm_bwd_dx", T::DTYPE)?;
+        let mut b = f.builder();
+        b.arg(&xv).arg(&wv).arg(&dyv).arg(&mut dx).arg(&mut r);
+        b.arg(&rows32).arg(&d32).arg(&eps);
+        // SAFETY: the kernel's signature; warp i touches row i < rows of x,
+        // dy and dx, w's d values and r[i].
+        unsafe { cuda::launch(&mut b, cuda::warp_per_row(rows), "rms_norm_bwd_dx") }?;
+    }
+    let f = cuda::function(&dev, &cuda::RMS_NORM, "rms_norm_bwd_dw_partial", T::DTYPE)?;
+    let mut b = f.builder();
+    b.arg(&xv).arg(&dyv).arg(&r).arg(&mut partial);
+    b.arg(&rows32).arg(&d32).arg(&per32);
+    let grid = cuda::blocks(cuda::column_blocks(d), slabs32);
+    // SAFETY: the kernel's signature; block (c, s) reads rows s·per .. of
+    // x and dy below rows and columns below d, and writes partial[s][col]
+    // for s < slabs.
+    unsafe { cuda::launch(&mut b, grid, "rms_norm_bwd_dw_partial") }?;
+    let mut dw = out.slice_mut(rows * d..);
+    let f = cuda::function(&dev, &cuda::RMS_NORM, "rms_norm_bwd_dw_sum", T::DTYPE)?;
+    let mut b = f.builder();
+    b.arg(&partial).arg(&mut dw).arg(&slabs32).arg(&d32);
+    // SAFETY: the kernel's signature; column c < d of the slabs × d
+    // partials and of dw.
+    unsafe {
+        cuda::launch(
+            &mut b,
+            cuda::blocks(cuda::column_blocks(d), 1),
+            "rms_norm_bwd_dw_sum",
+        )
+    }?;
+    drop(b);
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
 #[cfg(test)]

@@ -1,8 +1,13 @@
 //! Rotary position embeddings (half-split pairs: i with i + head_dim/2),
 //! fused with the move from [B, T, H, Q] (projection layout) to [B, H, T, Q]
-//! (attention layout), which saves a copy each way.
+//! (attention layout), which saves a copy each way. CUDA kernel:
+//! `src/train/kernels/rope.cu`.
 
-use super::{f32s, fused};
+#[cfg(feature = "cuda")]
+use super::cuda::{self, by_dtype, Element};
+use super::{f32s, own_kernel};
+#[cfg(feature = "cuda")]
+use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -10,8 +15,15 @@ use std::sync::Arc;
 /// cos and sin of position x frequency, [max_len, head_dim / 2].
 #[derive(Clone)]
 pub struct RopeTables {
+    /// In the model's dtype, for the composed twin.
     cos: Tensor,
     sin: Tensor,
+    /// In f32 on the model's device, for the CUDA kernel (the reference
+    /// rotates in f32 whatever the model's dtype).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    cos32: Tensor,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    sin32: Tensor,
     cos_v: Arc<Vec<f32>>,
     sin_v: Arc<Vec<f32>>,
     half: usize,
@@ -36,11 +48,13 @@ impl RopeTables {
                 sin_v.push(a.sin() as f32);
             }
         }
-        let cos = Tensor::from_slice(&cos_v, (max_len, half), device)?.to_dtype(dtype)?;
-        let sin = Tensor::from_slice(&sin_v, (max_len, half), device)?.to_dtype(dtype)?;
+        let cos32 = Tensor::from_slice(&cos_v, (max_len, half), device)?;
+        let sin32 = Tensor::from_slice(&sin_v, (max_len, half), device)?;
         Ok(RopeTables {
-            cos,
-            sin,
+            cos: cos32.to_dtype(dtype)?,
+            sin: sin32.to_dtype(dtype)?,
+            cos32,
+            sin32,
             cos_v: Arc::new(cos_v),
             sin_v: Arc::new(sin_v),
             half,
@@ -51,7 +65,7 @@ impl RopeTables {
 /// [B, T, H, Q] -> [B, H, T, Q], rotated when `tables` is given (q and k; v
 /// only moves).
 pub fn heads_first(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
-    if fused(x) {
+    if own_kernel(&[x]) {
         x.contiguous()?.apply_op1(Rope {
             tables: tables.cloned(),
             forward: true,
@@ -64,7 +78,7 @@ pub fn heads_first(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
 /// The gradient of [`heads_first`], without autograd: dy [B, H, T, Q] back to
 /// [B, T, H, Q], rotated by −angle.
 pub fn backward(dy: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
-    if fused(dy) {
+    if own_kernel(&[dy]) {
         return dy.contiguous()?.apply_op1_no_bwd(&Rope {
             tables: tables.cloned(),
             forward: false,
@@ -159,9 +173,69 @@ impl CustomOp1 for Rope {
         Ok((CpuStorage::F32(y), Shape::from((d0, d2, d1, q))))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (d0, d1, d2, q) = l.shape().dims4()?;
+        let y = by_dtype!(cuda::dtype(x), rope_cuda(self, x, l))?;
+        Ok((y, Shape::from((d0, d2, d1, q))))
+    }
+
     fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(backward(dy, self.tables.as_ref())?))
     }
+}
+
+/// [`Rope`] on CUDA: one thread per output pair.
+#[cfg(feature = "cuda")]
+fn rope_cuda<T: Element>(op: &Rope, x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+    use candle_core::Storage;
+    let (d0, d1, d2, q) = l.shape().dims4()?;
+    let xv = cuda::view::<T>(x, l)?;
+    let dev = cuda::device(x);
+    let mut y = cuda::alloc::<T>(&dev, xv.len())?;
+    // The positions run along dim 1 going forward, dim 2 coming back.
+    let positions = if op.forward { d1 } else { d2 };
+    let tables = match &op.tables {
+        Some(r) if r.half * 2 != q || r.cos_v.len() < positions * r.half => candle_core::bail!(
+            "RoPE: tables for {} positions of head size {} do not fit {positions} positions of size {q}",
+            r.cos_v.len() / r.half.max(1),
+            2 * r.half
+        ),
+        Some(r) => Some((r.cos32.storage_and_layout(), r.sin32.storage_and_layout())),
+        None => None,
+    };
+    // Without tables (v only moves) the kernel reads none: a 1-value stand-in.
+    let none = cuda::alloc::<f32>(&dev, 1)?;
+    let (cos, sin) = match &tables {
+        Some(((c, cl), (s, sl))) => {
+            let (Storage::Cuda(c), Storage::Cuda(s)) = (&**c, &**s) else {
+                candle_core::bail!("RoPE: the tables are not on the GPU")
+            };
+            (cuda::view::<f32>(c, cl)?, cuda::view::<f32>(s, sl)?)
+        }
+        None => (none.slice(..), none.slice(..)),
+    };
+    let sign: f32 = if op.forward { 1.0 } else { -1.0 };
+    let (rotate, forward) = (u32::from(op.tables.is_some()), u32::from(op.forward));
+    let dims = [
+        cuda::u32_of(d0, "batch")?,
+        cuda::u32_of(d1, "dim 1")?,
+        cuda::u32_of(d2, "dim 2")?,
+        cuda::u32_of(q, "head size")?,
+    ];
+    let f = cuda::function(&dev, &cuda::ROPE, "rope", T::DTYPE)?;
+    let mut b = f.builder();
+    b.arg(&xv).arg(&mut y).arg(&cos).arg(&sin);
+    for d in &dims {
+        b.arg(d);
+    }
+    b.arg(&sign).arg(&rotate).arg(&forward);
+    // SAFETY: the kernel's signature; it visits each of the d0·d1·d2·q/2
+    // pairs once, within x and y, and reads the tables at positions below
+    // `positions` (checked above) when it rotates.
+    unsafe { cuda::launch(&mut b, cuda::grid_stride(xv.len() / 2), "rope") }?;
+    drop(b);
+    Ok(CudaStorage::wrap_cuda_slice(y, dev))
 }
 
 #[cfg(test)]

@@ -1,11 +1,16 @@
-//! The SwiGLU gate: silu(a) * b, in one pass each way.
+//! The SwiGLU gate: silu(a) * b, in one pass each way. CUDA kernels:
+//! `src/train/kernels/silu_mul.cu`.
 
-use super::{f32s, fused, work_dtype};
+#[cfg(feature = "cuda")]
+use super::cuda::{self, by_dtype, Element};
+use super::{f32s, own_kernel, work_dtype};
+#[cfg(feature = "cuda")]
+use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 pub fn silu_mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if fused(a) && fused(b) {
+    if own_kernel(&[a, b]) {
         a.contiguous()?.apply_op2(&b.contiguous()?, SiluMul)
     } else {
         composed(a, b)
@@ -19,7 +24,7 @@ pub fn composed(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// The gradients of [`silu_mul`] for a and b, given dy, without autograd:
 /// da = dy·b·σ(a)·(1 + a·(1 − σ(a))), db = dy·a·σ(a).
 pub fn backward(a: &Tensor, b: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
-    if fused(a) && fused(b) && fused(dy) {
+    if own_kernel(&[a, b, dy]) {
         let n = a.elem_count();
         // One pass gives both: [da; db].
         let both =
@@ -69,6 +74,18 @@ impl CustomOp2 for SiluMul {
                 }
             });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        a: &CudaStorage,
+        al: &Layout,
+        b: &CudaStorage,
+        bl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let y = by_dtype!(cuda::dtype(a), launch_cuda(a, al, b, bl, None))?;
+        Ok((y, al.shape().clone()))
     }
 
     fn bwd(
@@ -121,6 +138,59 @@ impl CustomOp3 for SiluMulBwd {
             });
         Ok((CpuStorage::F32(out), Shape::from(2 * n)))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        a: &CudaStorage,
+        al: &Layout,
+        b: &CudaStorage,
+        bl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let n = al.shape().elem_count();
+        let out = by_dtype!(cuda::dtype(a), launch_cuda(a, al, b, bl, Some((dy, dyl))))?;
+        Ok((out, Shape::from(2 * n)))
+    }
+}
+
+/// The forward (`dy` None: silu(a)·b) or the backward ([da; db]) on CUDA.
+#[cfg(feature = "cuda")]
+fn launch_cuda<T: Element>(
+    a: &CudaStorage,
+    al: &Layout,
+    b: &CudaStorage,
+    bl: &Layout,
+    dy: Option<(&CudaStorage, &Layout)>,
+) -> Result<CudaStorage> {
+    let (av, bv) = (cuda::view::<T>(a, al)?, cuda::view::<T>(b, bl)?);
+    let n = av.len();
+    let dyv = dy.map(|(s, l)| cuda::view::<T>(s, l)).transpose()?;
+    if bv.len() != n || dyv.as_ref().is_some_and(|d| d.len() != n) {
+        candle_core::bail!("SwiGLU: the operands differ in size");
+    }
+    let dev = cuda::device(a);
+    let outputs = if dyv.is_some() { 2 } else { 1 };
+    let mut out = cuda::alloc::<T>(&dev, outputs * n)?;
+    let n64 = n as u64;
+    let name = if dyv.is_some() {
+        "silu_mul_bwd"
+    } else {
+        "silu_mul_fwd"
+    };
+    let f = cuda::function(&dev, &cuda::SILU_MUL, name, T::DTYPE)?;
+    let mut args = f.builder();
+    args.arg(&av).arg(&bv);
+    if let Some(dyv) = &dyv {
+        args.arg(dyv);
+    }
+    args.arg(&mut out).arg(&n64);
+    // SAFETY: (a, b, [dy,] out, n) is the kernel's signature; element i < n
+    // of each operand, and i and n + i of out for the backward.
+    unsafe { cuda::launch(&mut args, cuda::grid_stride(n), name) }?;
+    drop(args);
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
 #[cfg(test)]

@@ -1,0 +1,45 @@
+// Shared by every kernel source of the trainer: NVRTC compiles each source
+// with this text in front of it (src/train/ops/cuda.rs), and
+// scripts/check-kernels.sh passes it to nvcc with -include. No CUDA headers:
+// NVRTC finds none on a machine without a toolkit.
+//
+// Storage is f32 or bf16 (as its raw 16 bits); arithmetic is f32 throughout,
+// rounded once to nearest even when stored as bf16.
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned short bf16;
+#define NEG_INF __int_as_float(0xff800000u)
+
+__device__ __forceinline__ float bf16_to_f32(bf16 x) { return __uint_as_float(((u32)x) << 16); }
+__device__ __forceinline__ bf16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u); // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+__device__ __forceinline__ float load(const float* p, u64 i) { return p[i]; }
+__device__ __forceinline__ float load(const bf16* p, u64 i) { return bf16_to_f32(p[i]); }
+__device__ __forceinline__ void store(float* p, u64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void store(bf16* p, u64 i, float v) { p[i] = f32_to_bf16(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The sum of v over a block of blockDim.x threads (a multiple of 32, at most
+// 1024), returned to every thread; `scratch` holds 32 floats. The order of
+// the additions is fixed by the launch shape: the same bits every run.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads(); // scratch may still be read by an earlier call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// The index of this thread in a grid-stride loop, and the stride.
+__device__ __forceinline__ u64 grid_index() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ u64 grid_stride() { return (u64)blockDim.x * gridDim.x; }

@@ -1,0 +1,214 @@
+//! Compiling and launching the trainer's own CUDA kernels
+//! (`src/train/kernels/*.cu`). NVRTC compiles each source once per process,
+//! behind `common.cuh`, when an op first needs it: no CUDA toolkit at build
+//! time, and `scripts/check-kernels.sh` compiles the same text offline with
+//! nvcc and with NVRTC so that errors, spills and shared-memory overuse are
+//! caught without a GPU. The kernels run on candle's stream, in order with
+//! candle's own.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs,
+    LaunchConfig, ValidAsZeroBits,
+};
+use candle_core::cuda::cudarc::nvrtc::Ptx;
+use candle_core::cuda::{CudaDType, CudaDevice};
+use candle_core::{bail, CudaStorage, DType, Layout, Result, WithDType};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// One kernel source: its module name on the device and its text.
+pub struct Source {
+    pub module: &'static str,
+    pub text: &'static str,
+}
+
+macro_rules! source {
+    ($name:literal) => {
+        Source {
+            module: concat!("sweep_", $name),
+            text: include_str!(concat!("../kernels/", $name, ".cu")),
+        }
+    };
+}
+
+pub const ADAMW: Source = source!("adamw");
+pub const CROSS_ENTROPY: Source = source!("cross_entropy");
+pub const EMBEDDING: Source = source!("embedding");
+pub const RMS_NORM: Source = source!("rms_norm");
+pub const ROPE: Source = source!("rope");
+pub const SILU_MUL: Source = source!("silu_mul");
+
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// The PTX of a source, compiled once per process (an error is kept too:
+/// it would not compile better the second time).
+fn ptx(source: &Source) -> Result<&'static str> {
+    type Cache = Mutex<HashMap<&'static str, std::result::Result<&'static str, String>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let compiled = cache.entry(source.module).or_insert_with(|| {
+        candle_core::cuda::cudarc::nvrtc::compile_ptx(format!("{COMMON}{}", source.text))
+            // Leaked once per source and process: the device keeps the module.
+            .map(|p| &*Box::leak(p.to_src().into_boxed_str()))
+            .map_err(|e| {
+                format!(
+                    "compiling the `{}` kernels with NVRTC: {e:?}",
+                    source.module
+                )
+            })
+    });
+    compiled
+        .clone()
+        .map_err(|e| candle_core::Error::Msg(e.clone()))
+}
+
+/// The storage types the kernels take (each kernel has an `_f32` and a
+/// `_bf16` entry point).
+pub trait Element: CudaDType + DeviceRepr + ValidAsZeroBits + WithDType {}
+impl Element for f32 {}
+impl Element for half::bf16 {}
+
+/// A kernel loaded on a device, launched on candle's stream.
+pub struct Kernel {
+    stream: Arc<CudaStream>,
+    func: CudaFunction,
+}
+
+impl Kernel {
+    /// A launch's arguments, to push in the order of the kernel's signature.
+    pub fn builder(&self) -> LaunchArgs<'_> {
+        self.stream.launch_builder(&self.func)
+    }
+}
+
+/// `name_f32` or `name_bf16` of a source, loaded on the device (each source
+/// once per device).
+pub fn function(dev: &CudaDevice, source: &Source, name: &str, dtype: DType) -> Result<Kernel> {
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        dt => bail!("sweep's `{name}` kernel takes f32 or bf16, not {dt:?}"),
+    };
+    type Modules = Mutex<HashMap<(usize, &'static str), Arc<CudaModule>>>;
+    static MODULES: OnceLock<Modules> = OnceLock::new();
+    let stream = dev.cuda_stream();
+    let context = stream.context();
+    let module = {
+        let mut modules = MODULES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match modules.entry((context.ordinal(), source.module)) {
+            std::collections::hash_map::Entry::Occupied(m) => m.get().clone(),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let module = context
+                    .load_module(Ptx::from_src(ptx(source)?))
+                    .map_err(|e| driver_error(e, source.module))?;
+                slot.insert(module).clone()
+            }
+        }
+    };
+    let func = module
+        .load_function(&format!("{name}_{suffix}"))
+        .map_err(|e| driver_error(e, name))?;
+    Ok(Kernel { stream, func })
+}
+
+fn driver_error(e: impl std::fmt::Debug, what: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!("loading sweep's `{what}` kernels: {e:?}"))
+}
+
+/// The contiguous elements of a storage under a layout.
+pub fn view<'a, T: Element>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
+    let Some((start, end)) = l.contiguous_offsets() else {
+        bail!("sweep's CUDA kernels take contiguous tensors")
+    };
+    Ok(s.as_cuda_slice::<T>()?.slice(start..end))
+}
+
+/// Uninitialised device memory for `n` values (every kernel writing into it
+/// writes every element).
+pub fn alloc<T: Element>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: the callers' kernels write all n values before anything reads them.
+    unsafe { dev.alloc::<T>(n) }
+}
+
+/// The device of a storage.
+pub fn device(s: &CudaStorage) -> CudaDevice {
+    s.device().clone()
+}
+
+/// The dtype of a storage.
+pub fn dtype(s: &CudaStorage) -> DType {
+    s.dtype()
+}
+
+/// A size as the kernels' 32-bit count.
+pub fn u32_of(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| {
+        candle_core::Error::Msg(format!(
+            "{what} = {n} is too large for sweep's CUDA kernels"
+        ))
+    })
+}
+
+/// Threads per block of every launch.
+const THREADS: u32 = 256;
+
+/// One warp per row, 8 rows per block.
+pub fn warp_per_row(rows: usize) -> LaunchConfig {
+    let warps = THREADS as usize / 32;
+    blocks((rows.div_ceil(warps)).max(1) as u32, 1)
+}
+
+/// One block per row.
+pub fn block_per_row(rows: u32) -> LaunchConfig {
+    blocks(rows.max(1), 1)
+}
+
+/// A grid-stride loop over n elements: enough blocks to fill a large GPU
+/// (132 SMs × 16), fewer for small n.
+pub fn grid_stride(n: usize) -> LaunchConfig {
+    blocks(n.div_ceil(THREADS as usize).clamp(1, 132 * 16) as u32, 1)
+}
+
+/// x × y blocks of [`THREADS`] threads.
+pub fn blocks(x: u32, y: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (x, y, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Blocks of [`THREADS`] columns over `cols`.
+pub fn column_blocks(cols: usize) -> u32 {
+    cols.div_ceil(THREADS as usize).max(1) as u32
+}
+
+/// Launches a kernel whose arguments are pushed.
+///
+/// # Safety
+/// The arguments match the kernel's signature, and every index the kernel
+/// reaches under `cfg` is inside the memory passed to it.
+pub unsafe fn launch(args: &mut LaunchArgs<'_>, cfg: LaunchConfig, what: &str) -> Result<()> {
+    unsafe { args.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| candle_core::Error::Msg(format!("launching sweep's `{what}` kernel: {e:?}")))
+}
+
+/// Calls `$f::<T>(args)` with T the Rust type of a CUDA dtype (f32 or bf16).
+macro_rules! by_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            candle_core::DType::F32 => $f::<f32>($($arg),*),
+            candle_core::DType::BF16 => $f::<half::bf16>($($arg),*),
+            dt => candle_core::bail!("sweep's CUDA kernels take f32 or bf16, not {dt:?}"),
+        }
+    };
+}
+pub(crate) use by_dtype;
