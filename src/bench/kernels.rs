@@ -103,7 +103,7 @@ type Run = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>>;
 struct Case {
     op: &'static str,
     shape: String,
-    /// Bytes per element of storage × elements moved at least.
+    /// Elements the op must move at least (times the dtype's size: bytes).
     elements_moved: usize,
     /// The inputs on the CPU in f32 (already rounded to the dtype).
     inputs: Vec<Tensor>,

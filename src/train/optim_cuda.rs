@@ -9,7 +9,7 @@
 use super::ops::cuda;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::PushKernelArg;
-use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result, Storage, Tensor};
+use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result, Tensor};
 
 /// The update of one parameter (`self` of `inplace_op2`, with its gradient),
 /// its moments updated in place too.
@@ -32,12 +32,6 @@ impl Update {
     }
 }
 
-/// `[start, end)` of a contiguous layout.
-fn span(l: &Layout) -> Result<(usize, usize)> {
-    l.contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg("the fused AdamW takes contiguous tensors".into()))
-}
-
 impl InplaceOp2 for Update {
     fn name(&self) -> &'static str {
         "sweep-adamw"
@@ -54,39 +48,36 @@ impl InplaceOp2 for Update {
         g: &CudaStorage,
         gl: &Layout,
     ) -> Result<()> {
-        let (ps, pe) = span(pl)?;
-        let (gs, ge) = span(gl)?;
         let (m, ml) = self.m.storage_and_layout();
         let (v, vl) = self.v.storage_and_layout();
-        let (Storage::Cuda(m), Storage::Cuda(v)) = (&*m, &*v) else {
-            candle_core::bail!("the AdamW moments are not on the GPU")
-        };
-        let ((ms, me), (vs, ve)) = (span(ml)?, span(vl)?);
-        let n = pe - ps;
-        if [ge - gs, me - ms, ve - vs].iter().any(|&len| len != n) {
-            candle_core::bail!("the fused AdamW got tensors of different sizes");
-        }
+        let (m, v) = (
+            cuda::on_gpu(&m, "the AdamW moments")?,
+            cuda::on_gpu(&v, "the AdamW moments")?,
+        );
         let func = cuda::function(&cuda::device(p), &cuda::ADAMW, "adamw", p.dtype())?;
-        let cfg = cuda::grid_stride(n);
-        let n = n as u64;
         let h = self.hyper;
-        let mut b = func.builder();
         // The moments are written through views taken from shared references:
         // they are this optimizer's own tensors, used by nothing else while
         // the kernel runs, on candle's single stream.
         macro_rules! launch {
             ($t:ty) => {{
-                let mut pv = p.as_cuda_slice_mut::<$t>()?.slice_mut(ps..pe);
-                let gv = g.as_cuda_slice::<$t>()?.slice(gs..ge);
-                let mv = m.as_cuda_slice::<$t>()?.slice(ms..me);
-                let vv = v.as_cuda_slice::<$t>()?.slice(vs..ve);
-                b.arg(&mut pv).arg(&gv).arg(&mv).arg(&vv).arg(&n);
+                let mut pv = cuda::view_mut::<$t>(p, pl)?;
+                let gv = cuda::view::<$t>(g, gl)?;
+                let mv = cuda::view::<$t>(m, &ml)?;
+                let vv = cuda::view::<$t>(v, &vl)?;
+                let n = pv.len();
+                if [gv.len(), mv.len(), vv.len()].iter().any(|&len| len != n) {
+                    candle_core::bail!("the fused AdamW got tensors of different sizes");
+                }
+                let mut b = func.builder();
+                let n64 = n as u64;
+                b.arg(&mut pv).arg(&gv).arg(&mv).arg(&vv).arg(&n64);
                 for x in &h {
                     b.arg(x);
                 }
                 // SAFETY: the kernel's signature matches these arguments, and
                 // every index it touches is below n, the length of each view.
-                unsafe { cuda::launch(&mut b, cfg, "adamw") }?;
+                unsafe { cuda::launch(&mut b, cuda::grid_stride(n), "adamw") }?;
             }};
         }
         match p.dtype() {

@@ -296,19 +296,13 @@ mod cuda_rows {
         pl: &Layout,
     ) -> Result<()> {
         let dev = cuda::device(buf);
-        let Some((start, end)) = bl.contiguous_offsets() else {
-            bail!("the grouped row sum takes a contiguous buffer")
-        };
         let dyv = cuda::view::<T>(dy, dyl)?;
-        let Some((ps, pe)) = pl.contiguous_offsets() else {
-            bail!("the grouped row sum takes a contiguous plan")
-        };
-        let plan = plan.as_cuda_slice::<u32>()?.slice(ps..pe);
+        let plan = cuda::view::<u32>(plan, pl)?;
         let (n, u, d) = (op.n as usize, op.u as usize, op.d as usize);
-        if plan.len() != n + 2 * u + 1 || dyv.len() != n * d || (end - start) % d.max(1) != 0 {
+        let mut b_view = cuda::view_mut::<T>(buf, bl)?;
+        if plan.len() != n + 2 * u + 1 || dyv.len() != n * d || b_view.len() % d.max(1) != 0 {
             bail!("the grouped row sum's plan does not match its operands");
         }
-        let mut b_view = buf.as_cuda_slice_mut::<T>()?.slice_mut(start..end);
         let f = cuda::function(&dev, &cuda::EMBEDDING, "add_rows", T::DTYPE)?;
         let mut b = f.builder();
         b.arg(&mut b_view).arg(&dyv).arg(&plan);

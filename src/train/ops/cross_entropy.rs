@@ -201,32 +201,18 @@ fn loss_and_grad_cuda<T: Element>(
     row_loss: &Tensor,
     scale: f32,
 ) -> Result<()> {
-    use candle_core::Storage;
     let (n, v) = ll.shape().dims2()?;
-    let Some((start, end)) = ll.contiguous_offsets() else {
-        bail!("the in-place loss takes contiguous logits")
-    };
     let dev = cuda::device(logits);
     let (rows32, v32) = (cuda::u32_of(n, "rows")?, cuda::u32_of(v, "vocabulary")?);
-    let labels = labels.as_cuda_slice::<u32>()?;
-    let Some((ls, le)) = labl.contiguous_offsets() else {
-        bail!("the in-place loss takes contiguous labels")
-    };
+    let labels = cuda::view::<u32>(labels, labl)?;
     let (losses, lossl) = row_loss.storage_and_layout();
-    let Storage::Cuda(losses) = &*losses else {
-        bail!("the row losses are not on the GPU")
-    };
-    let (rs, re) = lossl
-        .contiguous_offsets()
-        .ok_or_else(|| candle_core::Error::Msg("row losses not contiguous".into()))?;
-    if le - ls != n || re - rs != n {
-        bail!("{n} rows of logits but {} labels", le - ls);
-    }
-    let mut x = logits.as_cuda_slice_mut::<T>()?.slice_mut(start..end);
-    let labels = labels.slice(ls..le);
     // Written through a view of a shared reference: `row_loss` is this op's
     // own tensor, used by nothing else until the kernel is done (one stream).
-    let rl = losses.as_cuda_slice::<f32>()?.slice(rs..re);
+    let rl = cuda::view::<f32>(cuda::on_gpu(&losses, "the row losses")?, lossl)?;
+    if labels.len() != n || rl.len() != n {
+        bail!("{n} rows of logits but {} labels", labels.len());
+    }
+    let mut x = cuda::view_mut::<T>(logits, ll)?;
     let f = cuda::function(&dev, &cuda::CROSS_ENTROPY, "loss_and_grad", T::DTYPE)?;
     let mut b = f.builder();
     b.arg(&mut x).arg(&labels).arg(&rl).arg(&v32).arg(&scale);

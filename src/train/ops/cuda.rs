@@ -8,7 +8,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, DeviceRepr, LaunchArgs,
+    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs,
     LaunchConfig, ValidAsZeroBits,
 };
 use candle_core::cuda::cudarc::nvrtc::Ptx;
@@ -122,12 +122,34 @@ fn driver_error(e: impl std::fmt::Debug, what: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!("loading sweep's `{what}` kernels: {e:?}"))
 }
 
+/// `[start, end)` of a contiguous layout.
+fn span(l: &Layout) -> Result<std::ops::Range<usize>> {
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(start..end),
+        None => bail!("sweep's CUDA kernels take contiguous tensors"),
+    }
+}
+
 /// The contiguous elements of a storage under a layout.
-pub fn view<'a, T: Element>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
-    let Some((start, end)) = l.contiguous_offsets() else {
-        bail!("sweep's CUDA kernels take contiguous tensors")
-    };
-    Ok(s.as_cuda_slice::<T>()?.slice(start..end))
+pub fn view<'a, T: CudaDType>(s: &'a CudaStorage, l: &Layout) -> Result<CudaView<'a, T>> {
+    Ok(s.as_cuda_slice::<T>()?.slice(span(l)?))
+}
+
+/// The same, to write into.
+pub fn view_mut<'a, T: CudaDType>(
+    s: &'a mut CudaStorage,
+    l: &Layout,
+) -> Result<CudaViewMut<'a, T>> {
+    Ok(s.as_cuda_slice_mut::<T>()?.slice_mut(span(l)?))
+}
+
+/// The CUDA storage of a tensor's storage (a tensor an op holds, beside
+/// the operands candle hands it).
+pub fn on_gpu<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaStorage> {
+    match s {
+        candle_core::Storage::Cuda(s) => Ok(s),
+        _ => bail!("{what} is not on the GPU"),
+    }
 }
 
 /// Uninitialised device memory for `n` values (every kernel writing into it

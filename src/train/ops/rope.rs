@@ -188,7 +188,6 @@ impl CustomOp1 for Rope {
 /// [`Rope`] on CUDA: one thread per output pair.
 #[cfg(feature = "cuda")]
 fn rope_cuda<T: Element>(op: &Rope, x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
-    use candle_core::Storage;
     let (d0, d1, d2, q) = l.shape().dims4()?;
     let xv = cuda::view::<T>(x, l)?;
     let dev = cuda::device(x);
@@ -207,12 +206,10 @@ fn rope_cuda<T: Element>(op: &Rope, x: &CudaStorage, l: &Layout) -> Result<CudaS
     // Without tables (v only moves) the kernel reads none: a 1-value stand-in.
     let none = cuda::alloc::<f32>(&dev, 1)?;
     let (cos, sin) = match &tables {
-        Some(((c, cl), (s, sl))) => {
-            let (Storage::Cuda(c), Storage::Cuda(s)) = (&**c, &**s) else {
-                candle_core::bail!("RoPE: the tables are not on the GPU")
-            };
-            (cuda::view::<f32>(c, cl)?, cuda::view::<f32>(s, sl)?)
-        }
+        Some(((c, cl), (s, sl))) => (
+            cuda::view::<f32>(cuda::on_gpu(c, "the RoPE tables")?, cl)?,
+            cuda::view::<f32>(cuda::on_gpu(s, "the RoPE tables")?, sl)?,
+        ),
         None => (none.slice(..), none.slice(..)),
     };
     let sign: f32 = if op.forward { 1.0 } else { -1.0 };
