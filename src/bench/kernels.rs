@@ -31,6 +31,9 @@ pub struct Work {
     pub vocab: Option<usize>,
 }
 
+/// The most values one input may hold (8 GiB of f32).
+const MAX_ELEMENTS: usize = 1 << 31;
+
 /// The vocabulary of presets that take theirs from the tokenizer.
 const DEFAULT_VOCAB: usize = 32_000;
 
@@ -319,6 +322,22 @@ pub fn run(work: &Work) -> Result<KernelReport> {
     if cfg.vocab_size == 0 {
         bail!("--vocab must be at least 1");
     }
+    // The largest inputs, [tokens, FFN width] and [vocabulary, width], are
+    // held in f32 on the host: refuse sizes no machine holds (and that the
+    // kernels' 32-bit counts could not index) before allocating.
+    let widest = cfg.dim.max(cfg.ffn_hidden());
+    let largest = [
+        work.tokens.checked_mul(widest),
+        cfg.vocab_size.checked_mul(cfg.dim),
+    ];
+    if largest.iter().any(|e| e.is_none_or(|e| e > MAX_ELEMENTS)) {
+        bail!(
+            "--tokens {} with the {} shapes (width {widest}, vocabulary {}) makes tensors of more than {MAX_ELEMENTS} values",
+            work.tokens,
+            work.model,
+            cfg.vocab_size
+        );
+    }
     if work.tokens == 0 || work.repeats == 0 {
         bail!("--tokens and --repeats must be at least 1");
     }
@@ -428,6 +447,26 @@ mod tests {
         assert_eq!(errors(&[f32::NAN], &[1.0])?.0, f64::INFINITY);
         assert!(errors(&[1.0], &[1.0, 2.0]).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn sizes_no_machine_holds_are_refused_before_allocating() {
+        let work = Work {
+            device: DeviceKind::Cpu,
+            model: "small".into(),
+            tokens: usize::MAX / 2,
+            seq_len: 2048,
+            repeats: 1,
+            vocab: None,
+        };
+        let err = run(&work).unwrap_err().to_string();
+        assert!(err.contains("more than"), "{err}");
+        let huge_vocab = Work {
+            tokens: 8,
+            vocab: Some(usize::MAX / 4),
+            ..work
+        };
+        assert!(run(&huge_vocab).is_err());
     }
 
     #[test]
