@@ -10,7 +10,10 @@
 
 use crate::config::{DeviceKind, ModelConfig, ModelOverrides};
 use crate::data::samples::IGNORE;
-use crate::train::ops::{accumulate, composed_here, cross_entropy, rms_norm, rope, silu_mul};
+use crate::train::attention;
+use crate::train::ops::{
+    accumulate, composed_here, cross_entropy, rms_norm, rope, silu_mul, softmax,
+};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -55,6 +58,9 @@ pub struct KernelRow {
     /// The bytes the op must move at least (each operand read once, each
     /// output written once) over the kernel's time.
     pub gb_per_s: f64,
+    /// For ops made of matrix products (the attention backward), the useful
+    /// floating-point work over the kernel's time, in TFLOP/s.
+    pub tflop_per_s: Option<f64>,
 }
 
 /// The whole run, as `--json` writes it.
@@ -67,10 +73,14 @@ pub struct KernelReport {
 }
 
 /// Relative error allowed: f32 arithmetic either way; bf16 storage rounds
-/// each output once (2^-8 relative) and the reference does not.
-fn tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::BF16 => 1.6e-2,
+/// each output once (2^-8 relative) and the reference does not. Ops that
+/// chain several bf16 products (`chained`: the attention backward rounds
+/// its scores, probabilities and their gradients to bf16 between its five
+/// products, as flash attention's backward does) get twice that.
+fn tolerance(dtype: DType, chained: bool) -> f64 {
+    match (dtype, chained) {
+        (DType::BF16, false) => 1.6e-2,
+        (DType::BF16, true) => 3.2e-2,
         _ => 1e-4,
     }
 }
@@ -108,6 +118,10 @@ struct Case {
     shape: String,
     /// Elements the op must move at least (times the dtype's size: bytes).
     elements_moved: usize,
+    /// Floating-point operations of its matrix products (0: none).
+    flops: f64,
+    /// Whether its bf16 path chains rounded products ([`tolerance`]).
+    chained: bool,
     /// The inputs on the CPU in f32 (already rounded to the dtype).
     inputs: Vec<Tensor>,
     run: Run,
@@ -115,7 +129,7 @@ struct Case {
 
 fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Result<Vec<Case>> {
     let (d, f, v) = (cfg.dim, cfg.ffn_hidden(), cfg.vocab_size);
-    let (h, q) = (cfg.n_heads, cfg.head_dim());
+    let (h, kv, q) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim());
     let seq = seq.min(tokens).max(1);
     let batch = tokens.div_ceil(seq);
     let n = batch * seq;
@@ -149,12 +163,20 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
         }
     };
     let rope_back = rope_tables.clone();
+    // Attention's softmax on the last tile of queries of the backward (the
+    // one that sees every key).
+    let tile = attention::tile_rows(batch, h, seq, DType::BF16).min(seq);
+    let last_tile = seq - tile;
+    let scores = batch * h * tile * seq;
+    let scale = 1.0 / (q as f64).sqrt();
     let labels_loss = labels.clone();
     let ids_rows = ids.clone();
     Ok(vec![
         Case {
             op: "rms_norm forward",
             shape: format!("[{n}, {d}]"),
+            flops: 0.0,
+            chained: false,
             elements_moved: 2 * n * d + d,
             inputs: vec![random(&[n, d], 1, 2.0)?, (random(&[d], 2, 0.5)? + 1.0)?],
             run: Box::new(move |t| Ok(vec![rms_norm::rms_norm(&t[0], &t[1], eps)?])),
@@ -162,6 +184,8 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
         Case {
             op: "rms_norm backward",
             shape: format!("[{n}, {d}]"),
+            flops: 0.0,
+            chained: false,
             elements_moved: 3 * n * d + 2 * d,
             inputs: vec![
                 random(&[n, d], 3, 2.0)?,
@@ -176,6 +200,8 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
         Case {
             op: "swiglu forward",
             shape: format!("[{n}, {f}]"),
+            flops: 0.0,
+            chained: false,
             elements_moved: 3 * n * f,
             inputs: vec![random(&[n, f], 6, 4.0)?, random(&[n, f], 7, 1.0)?],
             run: Box::new(|t| Ok(vec![silu_mul::silu_mul(&t[0], &t[1])?])),
@@ -183,6 +209,8 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
         Case {
             op: "swiglu backward",
             shape: format!("[{n}, {f}]"),
+            flops: 0.0,
+            chained: false,
             elements_moved: 5 * n * f,
             inputs: vec![
                 random(&[n, f], 8, 4.0)?,
@@ -197,6 +225,8 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
         Case {
             op: "rope forward",
             shape: format!("[{batch}, {seq}, {h}, {q}]"),
+            flops: 0.0,
+            chained: false,
             elements_moved: 2 * n * h * q,
             inputs: vec![random(&[batch, seq, h, q], 11, 1.0)?],
             run: Box::new(move |t| {
@@ -207,6 +237,8 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
         Case {
             op: "rope backward",
             shape: format!("[{batch}, {h}, {seq}, {q}]"),
+            flops: 0.0,
+            chained: false,
             elements_moved: 2 * n * h * q,
             inputs: vec![random(&[batch, h, seq, q], 12, 1.0)?],
             run: Box::new(move |t| {
@@ -217,6 +249,8 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
         Case {
             op: "loss and d logits",
             shape: format!("[{head_rows}, {v}]"),
+            flops: 0.0,
+            chained: false,
             elements_moved: 2 * head_rows * v,
             inputs: vec![random(&[head_rows, v], 13, 8.0)?],
             run: Box::new(move |t| {
@@ -229,6 +263,8 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
         Case {
             op: "embedding backward",
             shape: format!("[{n}, {d}] into [{v}, {d}]"),
+            flops: 0.0,
+            chained: false,
             elements_moved: n * d + 2 * distinct * d,
             inputs: vec![random(&[v, d], 14, 0.1)?, random(&[n, d], 15, 1.0)?],
             run: Box::new(move |t| {
@@ -236,6 +272,58 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
                 let mut buf = t[0].clone();
                 accumulate::add_rows(&mut buf, &ids, &t[1])?;
                 Ok(vec![buf])
+            }),
+        },
+        Case {
+            op: "softmax forward",
+            shape: format!("[{batch}, {h}, {tile}, {seq}]"),
+            flops: 0.0,
+            chained: false,
+            elements_moved: 2 * scores,
+            inputs: vec![random(&[batch, h, tile, seq], 16, 8.0)?],
+            run: Box::new(move |t| {
+                Ok(vec![softmax::softmax_tile(
+                    &t[0], scale, tile, last_tile, true,
+                )?])
+            }),
+        },
+        Case {
+            op: "softmax backward",
+            shape: format!("[{batch}, {h}, {tile}, {seq}]"),
+            flops: 0.0,
+            chained: false,
+            elements_moved: 3 * scores,
+            // Probabilities (rows of a causal softmax) and their gradient.
+            inputs: vec![
+                softmax::softmax_tile(
+                    &random(&[batch, h, tile, seq], 17, 8.0)?,
+                    scale,
+                    tile,
+                    last_tile,
+                    true,
+                )?,
+                random(&[batch, h, tile, seq], 18, 1.0)?,
+            ],
+            run: Box::new(move |t| Ok(vec![softmax::backward(&t[0], &t[1], scale)?])),
+        },
+        Case {
+            op: "attention backward",
+            shape: format!("[{batch}, {h}/{kv}, {seq}, {q}]"),
+            // Five products over the causal half of the scores.
+            flops: 5.0 * 2.0 * (batch * h * q) as f64 * (seq * (seq + 1) / 2) as f64,
+            chained: true,
+            elements_moved: (3 * h + 4 * kv) * n * q,
+            inputs: vec![
+                random(&[batch, h, seq, q], 19, 1.0)?,
+                random(&[batch, kv, seq, q], 20, 1.0)?,
+                random(&[batch, kv, seq, q], 21, 1.0)?,
+                random(&[batch, h, seq, q], 22, 1.0)?,
+            ],
+            run: Box::new(move |t| {
+                let tile = attention::tile_rows(batch, h, seq, t[0].dtype());
+                let (dq, dk, dv) =
+                    attention::tiled_backward(&t[0], &t[1], &t[2], &t[3], true, tile)?;
+                Ok(vec![dq, dk, dv])
             }),
         },
     ])
@@ -369,7 +457,7 @@ pub fn run(work: &Work) -> Result<KernelReport> {
             let (max_abs_err, max_rel_err) = errors(&got, &want)?;
             let kernel_s = time(&case, &device, dtype, work.repeats, false)?;
             let composed_s = time(&case, &device, dtype, work.repeats, true)?;
-            let tol = tolerance(dtype);
+            let tol = tolerance(dtype, case.chained);
             rows.push(KernelRow {
                 op: case.op,
                 shape: case.shape.clone(),
@@ -382,6 +470,7 @@ pub fn run(work: &Work) -> Result<KernelReport> {
                 composed_ms: composed_s * 1e3,
                 speedup: composed_s / kernel_s,
                 gb_per_s: (case.elements_moved * dtype.size_in_bytes()) as f64 / kernel_s / 1e9,
+                tflop_per_s: (case.flops > 0.0).then(|| case.flops / kernel_s / 1e12),
             });
         }
     }
@@ -407,7 +496,7 @@ pub fn table(report: &KernelReport) -> String {
         }
     );
     out += &format!(
-        "{:<20} {:<26} {:<5} {:>10} {:>10} {:>4} {:>10} {:>12} {:>8} {:>8}\n",
+        "{:<20} {:<26} {:<5} {:>10} {:>10} {:>4} {:>10} {:>12} {:>8} {:>8} {:>8}\n",
         "op",
         "shape",
         "dtype",
@@ -417,11 +506,12 @@ pub fn table(report: &KernelReport) -> String {
         "kernel ms",
         "composed ms",
         "speedup",
-        "GB/s"
+        "GB/s",
+        "TFLOP/s"
     );
     for r in &report.rows {
         out += &format!(
-            "{:<20} {:<26} {:<5} {:>10.2e} {:>10.2e} {:>4} {:>10.3} {:>12.3} {:>7.1}x {:>8.1}\n",
+            "{:<20} {:<26} {:<5} {:>10.2e} {:>10.2e} {:>4} {:>10.3} {:>12.3} {:>7.1}x {:>8.1} {:>8}\n",
             r.op,
             r.shape,
             r.dtype,
@@ -431,7 +521,9 @@ pub fn table(report: &KernelReport) -> String {
             r.kernel_ms,
             r.composed_ms,
             r.speedup,
-            r.gb_per_s
+            r.gb_per_s,
+            r.tflop_per_s
+                .map_or_else(|| "-".to_string(), |t| format!("{t:.1}"))
         );
     }
     out
@@ -480,7 +572,7 @@ mod tests {
             vocab: Some(300),
         };
         let report = run(&work)?;
-        assert_eq!(report.rows.len(), 8);
+        assert_eq!(report.rows.len(), 11);
         for r in &report.rows {
             assert!(r.ok, "{} {}: {:e}", r.op, r.shape, r.max_rel_err);
             assert!(r.kernel_ms > 0.0 && r.composed_ms > 0.0, "{}", r.op);

@@ -6,12 +6,14 @@
 //! - `FlashAttention`: the training op of the `flash-attn` feature. Its
 //!   forward is candle-flash-attn's kernel on CUDA (a reference computation on
 //!   the CPU); candle-flash-attn ships no backward, so `bwd` recomputes
-//!   attention in f32 with candle ops, a chunk of (batch, head) pairs at a
-//!   time. The CPU forward lets the tests check that backward against autograd.
+//!   attention a tile of query positions at a time ([`tiled_backward`]:
+//!   products in the inputs' dtype, causal tiles skipping the keys they do
+//!   not see). The CPU forward lets the tests check that backward against
+//!   autograd.
 
 use super::ops::matmul::matmul;
-use super::ops::softmax::softmax;
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
+use super::ops::softmax::{self, softmax};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 /// q [B, H, T, Q]; k, v [B, KV, T, Q] (heads first). Returns [B, H, T, Q].
 /// `bf16`: the two products with bf16 operands (the CPU's bf16-mixed precision).
@@ -69,7 +71,7 @@ pub fn eager_backward(
 }
 
 /// Flash attention in its own layout: q [B, T, H, Q], k, v [B, T, KV, Q].
-pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, chunk: usize) -> Result<Tensor> {
+pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
     let d = q.dim(3)?;
     q.apply_op3(
         k,
@@ -77,7 +79,7 @@ pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, chunk: usize) -> 
         FlashAttention {
             scale: 1.0 / (d as f32).sqrt(),
             causal,
-            chunk: chunk.max(1),
+            tile: None,
         },
     )
 }
@@ -86,9 +88,9 @@ pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, chunk: usize) -> 
 pub struct FlashAttention {
     pub scale: f32,
     pub causal: bool,
-    /// (batch, head) pairs recomputed at once in the backward pass; peak extra
-    /// memory is about chunk x T x T x 16 bytes.
-    pub chunk: usize,
+    /// Query positions per tile of the backward ([`tiled_backward`]);
+    /// `None`: [`tile_rows`] of the shapes.
+    pub tile: Option<usize>,
 }
 
 impl CustomOp3 for FlashAttention {
@@ -163,103 +165,148 @@ impl CustomOp3 for FlashAttention {
         op.cuda_fwd(s1, l1, s2, l2, s3, l3)
     }
 
+    /// candle-flash-attn has no backward: [`tiled_backward`] recomputes it
+    /// (the output is not needed: rowsum(P∘dP) over a tile's full rows
+    /// equals rowsum(dO∘O)).
     fn bwd(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        o: &Tensor,
+        _o: &Tensor,
         d_o: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (dq, dk, dv) = recompute_backward(q, k, v, o, d_o, *self)?;
-        Ok((Some(dq), Some(dk), Some(dv)))
+        let heads_first = |x: &Tensor| x.transpose(1, 2);
+        let tile = match self.tile {
+            Some(tile) => tile,
+            None => {
+                let (b, t, h, _) = q.dims4()?;
+                tile_rows(b, h, t, q.dtype())
+            }
+        };
+        let (dq, dk, dv) = tiled_backward(
+            &heads_first(q)?,
+            &heads_first(k)?,
+            &heads_first(v)?,
+            &heads_first(d_o)?,
+            self.causal,
+            tile,
+        )?;
+        Ok((
+            Some(heads_first(&dq)?),
+            Some(heads_first(&dk)?),
+            Some(heads_first(&dv)?),
+        ))
     }
 }
 
-/// The flash-attention backward by recomputation, in f32, `chunk` (batch,
-/// head) pairs at a time:
-/// S = Q Kᵀ·scale (masked), P = softmax(S); dV = Pᵀ dO; dP = dO Vᵀ;
-/// Δ = rowsum(dO ∘ O); dS = P ∘ (dP − Δ); dQ = dS K·scale; dK = dSᵀ Q·scale;
-/// dK and dV summed over the query heads that share a KV head.
-pub fn recompute_backward(
+/// Bytes of one score-sized tensor of a tile of [`tiled_backward`] (scores,
+/// probabilities, their gradients and the scores' gradients are alive
+/// together: four of these at most).
+const TILE_BYTES: usize = 1 << 28;
+
+/// Query positions per tile of [`tiled_backward`] for B×H heads over T
+/// positions: about T/8 (causal tiles skip the keys past their last query:
+/// 8 tiles do ~56% of the full products' work), fewer where a tile's
+/// [B, H, tile, T] scores would pass [`TILE_BYTES`]; a multiple of 64 (the
+/// GEMMs' own tile) when at least 64.
+pub fn tile_rows(b: usize, h: usize, t: usize, dtype: DType) -> usize {
+    let per_row = [h, t, dtype.size_in_bytes()]
+        .iter()
+        .fold(b, |n, &x| n.saturating_mul(x))
+        .max(1);
+    let target = (t / 8).next_multiple_of(64).max(64);
+    let rows = (TILE_BYTES / per_row).clamp(1, target.min(t.max(1)));
+    if rows >= 64 {
+        rows / 64 * 64
+    } else {
+        rows
+    }
+}
+
+/// Attention's gradients by recomputation, a tile of `tile` query positions
+/// at a time, from q [B, H, T, Q], k, v [B, KV, T, Q] and the output's
+/// gradient d_o [B, H, T, Q] (heads first; views are fine). Per tile, with
+/// the queries of each KV head's group stacked ([B, KV, rep·tile, Q]: K and
+/// V are never copied per query head) against the keys up to the tile's
+/// last position (causal) or all of them:
+/// S = Q Kᵀ; P = softmax(S·scale) (masked); dP = dO Vᵀ;
+/// dS = scale·P∘(dP − rowsum(P∘dP)); dQ = dS K; dK += dSᵀ Q; dV += Pᵀ dO.
+///
+/// The products run in the inputs' dtype (bf16 on a GPU: tensor cores), the
+/// softmax and its backward in f32 arithmetic (sweep's kernels), dK and dV
+/// summed over tiles in f32 (f64 for f64). No atomics, a fixed tile order:
+/// the same bits every run. Returns dq [B, H, T, Q], dk, dv [B, KV, T, Q] in
+/// q's dtype.
+pub fn tiled_backward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    o: &Tensor,
     d_o: &Tensor,
-    op: FlashAttention,
+    causal: bool,
+    tile: usize,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (b, t, h, d) = q.dims4()?;
-    let kv = k.dim(2)?;
-    let rep = h / kv;
-    let dtype = q.dtype();
-    let work = super::ops::work_dtype(q);
-    let dev = q.device();
-    // [B, T, H, Q] -> [B·H, T, Q] in f32 (f64 for f64).
-    let rows = |x: &Tensor, heads: usize| -> Result<Tensor> {
-        x.to_dtype(work)?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((b * heads, t, d))
-    };
-    let (q, k, v, o, d_o) = (
-        rows(q, h)?,
-        rows(k, kv)?,
-        rows(v, kv)?,
-        rows(o, h)?,
-        rows(d_o, h)?,
-    );
-    let mask = if op.causal {
-        let m: Vec<f32> = (0..t)
-            .flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY }))
-            .collect();
-        Some(Tensor::from_vec(m, (1, t, t), dev)?.to_dtype(work)?)
-    } else {
-        None
-    };
-    let mut dq_parts = Vec::new();
-    let mut dk = Tensor::zeros((b * kv, t, d), work, dev)?;
-    let mut dv = Tensor::zeros((b * kv, t, d), work, dev)?;
-    let mut start = 0;
-    while start < b * h {
-        let n = op.chunk.min(b * h - start);
-        // The KV row of each (batch, head) pair in the chunk.
-        let kv_rows: Vec<u32> = (start..start + n)
-            .map(|i| ((i / h) * kv + (i % h) / rep) as u32)
-            .collect();
-        let kv_idx = Tensor::from_vec(kv_rows, n, dev)?;
-        let (qc, oc, doc) = (
-            q.narrow(0, start, n)?,
-            o.narrow(0, start, n)?,
-            d_o.narrow(0, start, n)?,
+    let (b, h, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    if kv == 0 || h % kv != 0 || tile == 0 {
+        candle_core::bail!(
+            "attention backward: {h} query heads over {kv} KV heads, tiles of {tile}"
         );
-        let (kc, vc) = (k.index_select(&kv_idx, 0)?, v.index_select(&kv_idx, 0)?);
-        let mut s = (qc.matmul(&kc.t()?)? * op.scale as f64)?;
-        if let Some(m) = &mask {
-            s = s.broadcast_add(m)?;
-        }
-        let p = candle_nn::ops::softmax(&s, D::Minus1)?;
-        let dv_c = p.t()?.matmul(&doc)?;
-        let dp = doc.matmul(&vc.t()?)?;
-        let delta = (&doc * &oc)?.sum_keepdim(D::Minus1)?;
-        let ds = (&p * dp.broadcast_sub(&delta)?)?;
-        dq_parts.push((ds.matmul(&kc)? * op.scale as f64)?);
-        let dk_c = (ds.t()?.matmul(&qc)? * op.scale as f64)?;
-        dk = dk.index_add(&kv_idx, &dk_c, 0)?;
-        dv = dv.index_add(&kv_idx, &dv_c, 0)?;
-        start += n;
     }
-    let back = |x: Tensor, heads: usize| -> Result<Tensor> {
-        x.reshape((b, heads, t, d))?
-            .transpose(1, 2)?
-            .contiguous()?
-            .to_dtype(dtype)
+    let rep = h / kv;
+    let scale = 1.0 / (d as f64).sqrt();
+    let work = super::ops::work_dtype(q);
+    let (k, v) = (k.contiguous()?, v.contiguous()?);
+    let (mut dk, mut dv) = (None, None);
+    let mut dq_tiles = Vec::new();
+    // Last tile first: it sees every key, so it starts the dK and dV sums.
+    let firsts: Vec<usize> = (0..t).step_by(tile).collect();
+    for &first in firsts.iter().rev() {
+        let len = tile.min(t - first);
+        let keys = if causal { first + len } else { t };
+        let group = |x: &Tensor| -> Result<Tensor> {
+            x.narrow(2, first, len)?
+                .contiguous()?
+                .reshape((b, kv, rep * len, d))
+        };
+        let (qt, dot) = (group(q)?, group(d_o)?);
+        let (kt, vt) = (k.narrow(2, 0, keys)?, v.narrow(2, 0, keys)?);
+        let p = softmax::softmax_tile(&qt.matmul(&kt.t()?)?, scale, len, first, causal)?;
+        let ds = softmax::backward(&p, &dot.matmul(&vt.t()?)?, scale)?;
+        add_to_keys(&mut dv, &p.t()?.matmul(&dot)?, work)?;
+        drop(p);
+        add_to_keys(&mut dk, &ds.t()?.matmul(&qt)?, work)?;
+        dq_tiles.push(ds.matmul(&kt)?.reshape((b, h, len, d))?);
+    }
+    dq_tiles.reverse();
+    let dtype = q.dtype();
+    let total = |x: Option<Tensor>| -> Result<Tensor> {
+        match x {
+            Some(x) => x.to_dtype(dtype),
+            None => Tensor::zeros((b, kv, t, d), dtype, q.device()),
+        }
     };
-    Ok((
-        back(Tensor::cat(&dq_parts, 0)?, h)?,
-        back(dk, kv)?,
-        back(dv, kv)?,
-    ))
+    let dq = if dq_tiles.is_empty() {
+        Tensor::zeros((b, h, t, d), dtype, q.device())?
+    } else {
+        Tensor::cat(&dq_tiles, 2)?
+    };
+    Ok((dq, total(dk)?, total(dv)?))
+}
+
+/// sum[.., :keys, :] += part ([B, KV, keys, Q]) in `work`; the first part
+/// (every key's) becomes the sum.
+fn add_to_keys(sum: &mut Option<Tensor>, part: &Tensor, work: DType) -> Result<()> {
+    let part = part.to_dtype(work)?;
+    match sum {
+        None => *sum = Some(part),
+        Some(total) => {
+            let keys = part.dim(2)?;
+            let added = (total.narrow(2, 0, keys)? + part)?;
+            total.slice_set(&added, 2, 0)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -289,20 +336,27 @@ mod tests {
     }
 
     #[test]
-    fn the_recompute_backward_matches_autograd() -> Result<()> {
-        // Causal and not; GQA 4:2 and 6:1; chunks that do not divide B·H.
-        for (h, kv, chunk, causal) in [
+    fn the_tiled_backward_matches_autograd() -> Result<()> {
+        // Causal and not; GQA 4:2 and 6:1; tiles that do not divide T, one
+        // position per tile, and one tile for all.
+        for (h, kv, tile, causal) in [
             (4, 2, 3, true),
-            (4, 2, 8, false),
-            (6, 1, 5, true),
-            (2, 2, 1, false),
+            (4, 2, 3, false),
+            (6, 1, 1, true),
+            (2, 2, 7, true),
+            (2, 2, 100, false),
         ] {
             let (b, t, d) = (2, 7, 8);
             let q = Var::from_tensor(&rand(&[b, t, h, d], 1))?;
             let k = Var::from_tensor(&rand(&[b, t, kv, d], 2))?;
             let v = Var::from_tensor(&rand(&[b, t, kv, d], 3))?;
             let d_o = rand(&[b, t, h, d], 4);
-            let ours = flash(&q, &k, &v, causal, chunk)?;
+            let op = FlashAttention {
+                scale: 1.0 / (d as f32).sqrt(),
+                causal,
+                tile: Some(tile),
+            };
+            let ours = q.apply_op3(&k, &v, op)?;
             let reference = autograd_reference(&q, &k, &v, causal)?;
             assert!(max_diff(&ours, &reference)? < 1e-5, "forward h={h} kv={kv}");
             let g1 = (ours * &d_o)?.sum_all()?.backward()?;
@@ -311,11 +365,52 @@ mod tests {
                 let diff = max_diff(g1.get(x).unwrap(), g2.get(x).unwrap())?;
                 assert!(
                     diff < 1e-5,
-                    "{name}: {diff} (h={h} kv={kv} chunk={chunk} causal={causal})"
+                    "{name}: {diff} (h={h} kv={kv} tile={tile} causal={causal})"
                 );
             }
         }
         Ok(())
+    }
+
+    #[test]
+    fn the_tiled_backward_equals_autograd_in_f64() -> Result<()> {
+        for (tile, causal) in [(2, true), (5, true), (4, false), (9, true)] {
+            let (b, t, h, kv, d) = (2, 9, 6, 2, 8);
+            let f64s = |x: Tensor| x.to_dtype(DType::F64);
+            let q = Var::from_tensor(&f64s((rand(&[b, h, t, d], 13) * 3.0)?)?)?;
+            let k = Var::from_tensor(&f64s(rand(&[b, kv, t, d], 14))?)?;
+            let v = Var::from_tensor(&f64s(rand(&[b, kv, t, d], 15))?)?;
+            let d_o = f64s(rand(&[b, h, t, d], 16))?;
+            let g = (eager(&q, &k, &v, causal, false)? * &d_o)?
+                .sum_all()?
+                .backward()?;
+            let (dq, dk, dv) = tiled_backward(&q, &k, &v, &d_o, causal, tile)?;
+            for (name, ours, x) in [("dq", dq, &q), ("dk", dk, &k), ("dv", dv, &v)] {
+                let want = g.get(x).unwrap();
+                let diff = (&ours - want)?.abs()?.max_all()?.to_scalar::<f64>()?;
+                let size = want.abs()?.max_all()?.to_scalar::<f64>()?;
+                assert!(
+                    diff <= 1e-12 * size,
+                    "{name} tile={tile} causal={causal}: {diff} of {size}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn tiles_fit_the_budget_and_skip_masked_keys() {
+        // ref-1b at batch 8: T/8 positions per tile, a multiple of 64.
+        assert_eq!(tile_rows(8, 32, 2048, DType::BF16), 256);
+        // A larger batch: fewer positions, within TILE_BYTES per tensor.
+        let rows = tile_rows(64, 32, 2048, DType::F32);
+        assert!(
+            rows * 64 * 32 * 2048 * 4 <= TILE_BYTES && rows > 0,
+            "{rows}"
+        );
+        // Tiny shapes: at least one position, at most T.
+        assert_eq!(tile_rows(1, 1, 7, DType::F32), 7);
+        assert_eq!(tile_rows(1 << 20, 64, 1 << 16, DType::F32), 1);
     }
 
     #[test]

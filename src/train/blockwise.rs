@@ -16,7 +16,7 @@
 //! [`super::attention`]: the fused CPU kernels where they apply, composed
 //! candle ops (in f32, f64 for f64) elsewhere.
 
-use super::attention::{self, FlashAttention};
+use super::attention;
 use super::model::{linear, Attention, Block, Llama, Mlp};
 use super::ops::{cross_entropy, embedding, matmul::matmul, rms_norm, rope, silu_mul};
 use super::optim::Grads;
@@ -28,8 +28,8 @@ use candle_core::{DType, Tensor};
 /// full [tokens, vocabulary] logits never exist.
 const HEAD_ELEMENTS: usize = 1 << 26;
 
-/// What attention's backward needs: q, k and v after the rotary embedding
-/// (and, for flash attention, its output), in the layout its kernel takes.
+/// What attention's backward needs: q, k and v after the rotary embedding,
+/// in the layout its forward took.
 enum AttentionCache {
     /// Heads first: q [B, H, T, Q], k and v [B, KV, T, Q].
     /// And the probabilities P, as PyTorch's eager attention keeps them
@@ -40,13 +40,9 @@ enum AttentionCache {
         v: Tensor,
         p: Tensor,
     },
-    /// Flash's layout [B, T, H, Q], in the kernel's dtype, with its output.
-    Flash {
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        o: Tensor,
-    },
+    /// Flash's layout [B, T, H, Q], in the kernel's dtype (its backward
+    /// recomputes the rest, [`attention::tiled_backward`]).
+    Flash { q: Tensor, k: Tensor, v: Tensor },
 }
 
 /// What a block's backward needs from its forward.
@@ -76,7 +72,7 @@ impl BlockCache {
         let saved = self.saved.as_ref().map_or(0, |s| {
             let attention = match &s.attention {
                 AttentionCache::Eager { q, k, v, p } => bytes(q) + bytes(k) + bytes(v) + bytes(p),
-                AttentionCache::Flash { q, k, v, o } => bytes(q) + bytes(k) + bytes(v) + bytes(o),
+                AttentionCache::Flash { q, k, v } => bytes(q) + bytes(k) + bytes(v),
             };
             attention + bytes(&s.attended) + bytes(&s.mid) + bytes(&s.gate) + bytes(&s.up)
         });
@@ -176,9 +172,8 @@ impl Attention {
                     self.flash_input(&kh.transpose(1, 2)?, dtype)?,
                     self.flash_input(&v, dtype)?,
                 );
-                let o = attention::flash(&q, &k, &v, true, FLASH_CHUNK)?;
-                let out = o.to_dtype(dtype)?;
-                (out, AttentionCache::Flash { q, k, v, o })
+                let out = attention::flash(&q, &k, &v, true)?.to_dtype(dtype)?;
+                (out, AttentionCache::Flash { q, k, v })
             }
         };
         let attended = out.contiguous()?.reshape((b * t, nh * d))?;
@@ -219,19 +214,27 @@ impl Attention {
                     attention::eager_backward(&q, &k, &v, Some(&p), &d_o, true, self.bf16)?;
                 (dq, dk, rope::backward(&dv, None)?)
             }
-            AttentionCache::Flash { q, k, v, o } => {
-                let d_o = d_attended.reshape((b, t, nh, d))?.to_dtype(o.dtype())?;
-                let op = FlashAttention {
-                    scale: 1.0 / (d as f32).sqrt(),
-                    causal: true,
-                    chunk: FLASH_CHUNK,
-                };
-                let (dq, dk, dv) = attention::recompute_backward(&q, &k, &v, &o, &d_o, op)?;
+            AttentionCache::Flash { q, k, v } => {
+                // Heads first, as rope's backward takes them.
+                let d_o = d_attended
+                    .reshape((b, t, nh, d))?
+                    .transpose(1, 2)?
+                    .to_dtype(q.dtype())?;
+                let tile = attention::tile_rows(b, nh, t, q.dtype());
+                let heads_first = |x: &Tensor| x.transpose(1, 2);
+                let (dq, dk, dv) = attention::tiled_backward(
+                    &heads_first(&q)?,
+                    &heads_first(&k)?,
+                    &heads_first(&v)?,
+                    &d_o,
+                    true,
+                    tile,
+                )?;
                 let dtype = h.dtype();
                 (
-                    dq.transpose(1, 2)?.to_dtype(dtype)?,
-                    dk.transpose(1, 2)?.to_dtype(dtype)?,
-                    dv.to_dtype(dtype)?,
+                    dq.to_dtype(dtype)?,
+                    dk.to_dtype(dtype)?,
+                    rope::backward(&dv.to_dtype(dtype)?, None)?,
                 )
             }
         };
@@ -249,9 +252,6 @@ impl Attention {
         Ok(dh.expect("three projections"))
     }
 }
-
-/// (batch, head) pairs per chunk of flash attention's recomputed backward.
-const FLASH_CHUNK: usize = 32;
 
 impl Mlp {
     /// The gradient of h2 from that of the output, and the weights' gradients.

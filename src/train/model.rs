@@ -103,7 +103,7 @@ impl Attention {
                     prep(&kh.transpose(1, 2)?)?,
                     prep(&v)?,
                 );
-                attention::flash(&q, &k, &v, true, 32)?.to_dtype(dtype)?
+                attention::flash(&q, &k, &v, true)?.to_dtype(dtype)?
             }
         };
         let out = out.contiguous()?.reshape((b * t, h * d))?;

@@ -40,6 +40,36 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+struct RowStats {
+    float max, sum;
+};
+
+// For a row spread over a block, each thread holding the max m of its
+// elements and s = the sum of exp(x - m) over them (0 for none): the row's
+// max and its sum of exp(x - max), returned to every thread. `scratch` and
+// `maxes` hold 32 floats each.
+__device__ __forceinline__ RowStats block_max_and_sum(float m, float s, float* scratch, float* maxes) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    float wm = m;
+    for (int o = 16; o > 0; o >>= 1) wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, o));
+    if (lane == 0) maxes[warp] = wm;
+    __syncthreads();
+    float bm = lane < warps ? maxes[lane] : NEG_INF;
+    for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
+    const float total = block_sum(s == 0.0f ? 0.0f : s * expf(m - bm), scratch);
+    return RowStats{bm, total};
+}
+
+// One step of a running max m and sum s of exp(x - m).
+__device__ __forceinline__ void online_add(float& m, float& s, float x) {
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f;
+        m = x;
+    } else {
+        s += expf(x - m);
+    }
+}
+
 // The index of this thread in a grid-stride loop, and the stride.
 __device__ __forceinline__ u64 grid_index() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 grid_stride() { return (u64)blockDim.x * gridDim.x; }

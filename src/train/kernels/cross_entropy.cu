@@ -8,40 +8,24 @@ template <typename T>
 __device__ void loss_and_grad(T* logits, const u32* labels, float* row_loss, u32 v, float scale) {
     __shared__ float scratch[32];
     __shared__ float maxes[32];
-    const u32 row = blockIdx.x, label = labels[row];
-    T* x = logits + (u64)row * v;
+    const u32 label = labels[blockIdx.x];
+    T* x = logits + (u64)blockIdx.x * v;
     if (label == 0xffffffffu) {
         for (u32 i = threadIdx.x; i < v; i += blockDim.x) store(x, i, 0.0f);
-        if (threadIdx.x == 0) row_loss[row] = 0.0f;
+        if (threadIdx.x == 0) row_loss[blockIdx.x] = 0.0f;
         return; // the whole block leaves together
     }
     // The label's logit, read before anything is overwritten.
     const float picked = load(x, label);
     float m = NEG_INF, s = 0.0f;
-    for (u32 i = threadIdx.x; i < v; i += blockDim.x) {
-        const float xi = load(x, i);
-        if (xi > m) {
-            s = s * expf(m - xi) + 1.0f;
-            m = xi;
-        } else {
-            s += expf(xi - m);
-        }
-    }
-    // The block's max, then every thread's sum rescaled to it.
-    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    float wm = m;
-    for (int o = 16; o > 0; o >>= 1) wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, o));
-    if (lane == 0) maxes[warp] = wm;
-    __syncthreads();
-    float bm = lane < warps ? maxes[lane] : NEG_INF;
-    for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
-    const float total = block_sum(s == 0.0f ? 0.0f : s * expf(m - bm), scratch);
-    const float lse = bm + logf(total);
+    for (u32 i = threadIdx.x; i < v; i += blockDim.x) online_add(m, s, load(x, i));
+    const RowStats row = block_max_and_sum(m, s, scratch, maxes);
+    const float lse = row.max + logf(row.sum);
     for (u32 i = threadIdx.x; i < v; i += blockDim.x) {
         const float d = scale * expf(load(x, i) - lse);
         store(x, i, i == label ? d - scale : d);
     }
-    if (threadIdx.x == 0) row_loss[row] = lse - picked;
+    if (threadIdx.x == 0) row_loss[blockIdx.x] = lse - picked;
 }
 
 extern "C" __global__ void loss_and_grad_f32(float* logits, const u32* labels, float* row_loss, u32 v,

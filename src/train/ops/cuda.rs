@@ -38,6 +38,7 @@ pub const EMBEDDING: Source = source!("embedding");
 pub const RMS_NORM: Source = source!("rms_norm");
 pub const ROPE: Source = source!("rope");
 pub const SILU_MUL: Source = source!("silu_mul");
+pub const SOFTMAX: Source = source!("softmax");
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 

@@ -1,25 +1,57 @@
 //! Scaled softmax over attention scores, causal or not. Scores are
-//! [..., R, K] where row r is query position r % period (queries of several
-//! heads stacked for grouped-query attention): a causal row sees keys
-//! 0..=position, and only those are computed.
+//! [..., R, K] where row r is query position first + r % period (queries of
+//! several heads stacked for grouped-query attention, a tile of `period`
+//! positions from `first`): a causal row sees keys 0..=position, and only
+//! those are computed. CUDA kernels: `src/train/kernels/softmax.cu`.
 
-use super::{f32s, fused, rows_per_task, work_dtype};
+#[cfg(feature = "cuda")]
+use super::cuda::{self, by_dtype, Element};
+use super::{f32s, own_kernel, rows_per_task, work_dtype};
+#[cfg(feature = "cuda")]
+use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
+/// Rows are query positions r % period (all of a sequence's positions).
 pub fn softmax(scores: &Tensor, scale: f64, period: usize, causal: bool) -> Result<Tensor> {
-    if fused(scores) {
+    softmax_tile(scores, scale, period, 0, causal)
+}
+
+/// Rows are query positions first + r % period (a tile of the sequence's
+/// queries against keys 0.. of the scores' width).
+pub fn softmax_tile(
+    scores: &Tensor,
+    scale: f64,
+    period: usize,
+    first: usize,
+    causal: bool,
+) -> Result<Tensor> {
+    if period == 0 {
+        candle_core::bail!("softmax: a period of 0 query positions");
+    }
+    if own_kernel(&[scores]) {
         scores.contiguous()?.apply_op1(Softmax {
             scale: scale as f32,
             period,
+            first,
             causal,
         })
     } else {
-        composed(scores, scale, period, causal)
+        composed_tile(scores, scale, period, first, causal)
     }
 }
 
 pub fn composed(scores: &Tensor, scale: f64, period: usize, causal: bool) -> Result<Tensor> {
+    composed_tile(scores, scale, period, 0, causal)
+}
+
+fn composed_tile(
+    scores: &Tensor,
+    scale: f64,
+    period: usize,
+    first: usize,
+    causal: bool,
+) -> Result<Tensor> {
     let s = (scores * scale)?;
     if !causal {
         return candle_nn::ops::softmax(&s, D::Minus1);
@@ -29,7 +61,7 @@ pub fn composed(scores: &Tensor, scale: f64, period: usize, causal: bool) -> Res
     let mask: Vec<f32> = (0..rows)
         .flat_map(|r| {
             (0..keys).map(move |k| {
-                if k <= r % period {
+                if k <= first + r % period {
                     0.0
                 } else {
                     f32::NEG_INFINITY
@@ -45,7 +77,7 @@ pub fn composed(scores: &Tensor, scale: f64, period: usize, causal: bool) -> Res
 /// and their gradient `dp`, without autograd: dS = scale·P∘(dP − rowsum(P∘dP))
 /// (masked entries have P = 0, so their gradient is 0).
 pub fn backward(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
-    if fused(p) && fused(dp) {
+    if own_kernel(&[p, dp]) {
         return p.contiguous()?.apply_op2_no_bwd(
             &dp.contiguous()?,
             &SoftmaxBwd {
@@ -62,13 +94,14 @@ pub fn backward(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
 struct Softmax {
     scale: f32,
     period: usize,
+    first: usize,
     causal: bool,
 }
 
 impl Softmax {
     fn visible(&self, row: usize, keys: usize) -> usize {
         if self.causal {
-            (row % self.period + 1).min(keys)
+            (self.first + row % self.period + 1).min(keys)
         } else {
             keys
         }
@@ -108,6 +141,12 @@ impl CustomOp1 for Softmax {
                 }
             });
         Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let p = by_dtype!(cuda::dtype(s), forward_cuda(self, s, l))?;
+        Ok((p, l.shape().clone()))
     }
 
     fn bwd(&self, _x: &Tensor, p: &Tensor, dp: &Tensor) -> Result<Option<Tensor>> {
@@ -153,6 +192,81 @@ impl CustomOp2 for SoftmaxBwd {
             });
         Ok((CpuStorage::F32(ds), l1.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        p: &CudaStorage,
+        pl: &Layout,
+        dp: &CudaStorage,
+        dpl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let ds = by_dtype!(cuda::dtype(p), backward_cuda(self.scale, p, pl, dp, dpl))?;
+        Ok((ds, pl.shape().clone()))
+    }
+}
+
+/// (rows, keys) of scores [..., R, K], each count within the kernels' u32.
+#[cfg(feature = "cuda")]
+fn rows_and_keys(l: &Layout) -> Result<(u32, u32)> {
+    let dims = l.shape().dims();
+    let keys = *dims.last().unwrap_or(&1);
+    let rows = l.shape().elem_count() / keys.max(1);
+    Ok((
+        cuda::u32_of(rows, "softmax rows")?,
+        cuda::u32_of(keys, "softmax keys")?,
+    ))
+}
+
+#[cfg(feature = "cuda")]
+fn forward_cuda<T: Element>(op: &Softmax, s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+    let (rows, keys) = rows_and_keys(l)?;
+    let x = cuda::view::<T>(s, l)?;
+    let dev = cuda::device(s);
+    let mut p = cuda::alloc::<T>(&dev, x.len())?;
+    let period = cuda::u32_of(op.period, "the softmax period")?;
+    let first = cuda::u32_of(op.first, "the softmax's first position")?;
+    let causal = u32::from(op.causal);
+    let f = cuda::function(&dev, &cuda::SOFTMAX, "softmax_fwd", T::DTYPE)?;
+    let mut args = f.builder();
+    args.arg(&x)
+        .arg(&mut p)
+        .arg(&keys)
+        .arg(&period)
+        .arg(&first)
+        .arg(&causal)
+        .arg(&op.scale);
+    // SAFETY: (scores, probs, keys, period, offset, causal, scale) is the
+    // kernel's signature; block r reads and writes row r's `keys` values,
+    // and there are `rows` blocks over rows × keys values.
+    unsafe { cuda::launch(&mut args, cuda::block_per_row(rows), "softmax_fwd") }?;
+    drop(args);
+    Ok(CudaStorage::wrap_cuda_slice(p, dev))
+}
+
+#[cfg(feature = "cuda")]
+fn backward_cuda<T: Element>(
+    scale: f32,
+    p: &CudaStorage,
+    pl: &Layout,
+    dp: &CudaStorage,
+    dpl: &Layout,
+) -> Result<CudaStorage> {
+    let (rows, keys) = rows_and_keys(pl)?;
+    let (pv, dpv) = (cuda::view::<T>(p, pl)?, cuda::view::<T>(dp, dpl)?);
+    if pv.len() != dpv.len() {
+        candle_core::bail!("softmax backward: P and dP differ in size");
+    }
+    let dev = cuda::device(p);
+    let mut ds = cuda::alloc::<T>(&dev, pv.len())?;
+    let f = cuda::function(&dev, &cuda::SOFTMAX, "softmax_bwd", T::DTYPE)?;
+    let mut args = f.builder();
+    args.arg(&pv).arg(&dpv).arg(&mut ds).arg(&keys).arg(&scale);
+    // SAFETY: (probs, dprobs, dscores, keys, scale) is the kernel's
+    // signature; block r touches row r of each, `rows` rows in all.
+    unsafe { cuda::launch(&mut args, cuda::block_per_row(rows), "softmax_bwd") }?;
+    drop(args);
+    Ok(CudaStorage::wrap_cuda_slice(ds, dev))
 }
 
 #[cfg(test)]

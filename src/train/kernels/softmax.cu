@@ -1,0 +1,59 @@
+// Attention's scaled softmax over rows of scores and its backward
+// (src/train/ops/softmax.rs holds the CPU twins and the launches). One block
+// per row of `keys` scores, f32 arithmetic whatever the storage.
+//
+// Rows are query positions offset + row % period (the queries of a KV head's
+// group stacked, a tile of `period` positions starting at `offset`): a causal
+// row sees keys 0..=position and gets probability 0 past them.
+template <typename T>
+__device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32 offset, u32 causal,
+                            float scale) {
+    __shared__ float scratch[32];
+    __shared__ float maxes[32];
+    const u64 row = blockIdx.x;
+    const T* x = scores + row * keys;
+    T* p = probs + row * keys;
+    const u32 position = offset + (u32)(row % period);
+    const u32 visible = causal && position < keys ? position + 1 : keys;
+    float m = NEG_INF, s = 0.0f;
+    for (u32 i = threadIdx.x; i < visible; i += blockDim.x) online_add(m, s, load(x, i) * scale);
+    const RowStats stats = block_max_and_sum(m, s, scratch, maxes);
+    const float inv = 1.0f / stats.sum;
+    for (u32 i = threadIdx.x; i < keys; i += blockDim.x) {
+        store(p, i, i < visible ? expf(load(x, i) * scale - stats.max) * inv : 0.0f);
+    }
+}
+
+// dS = scale * P o (dP - rowsum(P o dP)); entries past a causal row's
+// position have P = 0, so their gradient is 0 without a mask.
+template <typename T>
+__device__ void softmax_bwd(const T* probs, const T* dprobs, T* dscores, u32 keys, float scale) {
+    __shared__ float scratch[32];
+    const u64 row = blockIdx.x;
+    const T* p = probs + row * keys;
+    const T* dp = dprobs + row * keys;
+    T* ds = dscores + row * keys;
+    float dot = 0.0f;
+    for (u32 i = threadIdx.x; i < keys; i += blockDim.x) dot += load(p, i) * load(dp, i);
+    dot = block_sum(dot, scratch);
+    for (u32 i = threadIdx.x; i < keys; i += blockDim.x) {
+        store(ds, i, scale * load(p, i) * (load(dp, i) - dot));
+    }
+}
+
+extern "C" __global__ void softmax_fwd_f32(const float* scores, float* probs, u32 keys, u32 period, u32 offset,
+                                           u32 causal, float scale) {
+    softmax_fwd(scores, probs, keys, period, offset, causal, scale);
+}
+extern "C" __global__ void softmax_fwd_bf16(const bf16* scores, bf16* probs, u32 keys, u32 period, u32 offset,
+                                            u32 causal, float scale) {
+    softmax_fwd(scores, probs, keys, period, offset, causal, scale);
+}
+extern "C" __global__ void softmax_bwd_f32(const float* probs, const float* dprobs, float* dscores, u32 keys,
+                                           float scale) {
+    softmax_bwd(probs, dprobs, dscores, keys, scale);
+}
+extern "C" __global__ void softmax_bwd_bf16(const bf16* probs, const bf16* dprobs, bf16* dscores, u32 keys,
+                                            float scale) {
+    softmax_bwd(probs, dprobs, dscores, keys, scale);
+}
