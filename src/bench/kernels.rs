@@ -10,10 +10,10 @@
 
 use crate::config::{DeviceKind, ModelConfig, ModelOverrides};
 use crate::data::samples::IGNORE;
-use crate::train::attention;
 use crate::train::ops::{
     accumulate, composed_here, cross_entropy, rms_norm, rope, silu_mul, softmax,
 };
+use crate::train::{attention, optim};
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -326,6 +326,23 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
                 Ok(vec![dq, dk, dv])
             }),
         },
+        Case {
+            op: "grad norm and clip",
+            shape: format!("[{v}, {d}] + [{f}, {d}] + [{d}]"),
+            flops: 0.0,
+            chained: false,
+            elements_moved: v * d + f * d + d,
+            // Gradients of an embedding, a projection and a norm weight.
+            inputs: vec![
+                random(&[v, d], 23, 0.01)?,
+                random(&[f, d], 24, 0.1)?,
+                random(&[d], 25, 1.0)?,
+            ],
+            run: Box::new(|t| {
+                let clipping = optim::clipping(&t.iter().collect::<Vec<_>>(), 1.0)?;
+                Ok(vec![clipping.as_tensor(t[0].device())?])
+            }),
+        },
     ])
 }
 
@@ -572,7 +589,7 @@ mod tests {
             vocab: Some(300),
         };
         let report = run(&work)?;
-        assert_eq!(report.rows.len(), 11);
+        assert_eq!(report.rows.len(), 12);
         for r in &report.rows {
             assert!(r.ok, "{} {}: {:e}", r.op, r.shape, r.max_rel_err);
             assert!(r.kernel_ms > 0.0 && r.composed_ms > 0.0, "{}", r.op);

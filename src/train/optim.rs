@@ -134,27 +134,93 @@ impl Grads {
             .collect()
     }
 
-    /// The global L2 norm over every gradient, in f32 on the device, read
-    /// back once. Each gradient is first summed along its last dimension:
-    /// candle's CUDA `sum_all` reduces a whole tensor in one thread block,
-    /// which took half of an 8B-shaped model's step on an H100.
-    pub fn norm(&self) -> Result<f64> {
-        let sums = self
-            .by_name
-            .values()
-            .map(|g| {
-                g.to_dtype(DType::F32)?
-                    .sqr()?
-                    .sum(candle_core::D::Minus1)?
-                    .sum_all()
-            })
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        if sums.is_empty() {
-            return Ok(0.0);
-        }
-        let total = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?;
-        Ok((total as f64).sqrt())
+    /// The global L2 norm over every gradient and the factor that clipping
+    /// to `max_norm` (0: none) scales them by ([`clipping`]).
+    pub fn clipping(&self, max_norm: f64) -> Result<Clipping> {
+        clipping(&self.by_name.values().collect::<Vec<_>>(), max_norm)
     }
+}
+
+/// The global gradient norm and the factor the update scales the gradients
+/// by: `max_norm / norm` where `max_norm` > 0 and the norm exceeds it, else
+/// 1; NaN where the norm is not finite (the update then changes nothing).
+pub enum Clipping {
+    /// Computed on the host (the CPU, or ops without sweep's kernels).
+    Host { norm: f64, scale: f64 },
+    /// [norm, scale] in f32 on the GPU, computed and read by the update
+    /// there: the host reads it once, after the update is queued
+    /// ([`Clipping::norm`]), instead of waiting for the backward to end.
+    Device(Tensor),
+}
+
+impl Clipping {
+    fn from_norm(norm: f64, max_norm: f64) -> Clipping {
+        let scale = if !norm.is_finite() {
+            f64::NAN
+        } else if max_norm > 0.0 && norm > max_norm {
+            max_norm / norm
+        } else {
+            1.0
+        };
+        Clipping::Host { norm, scale }
+    }
+
+    /// [norm, scale] on the host.
+    fn read(&self) -> Result<[f64; 2]> {
+        Ok(match self {
+            Clipping::Host { norm, scale } => [*norm, *scale],
+            Clipping::Device(t) => {
+                let v = t.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+                [v[0], v[1]]
+            }
+        })
+    }
+
+    /// The norm (on a GPU this waits for the step's kernels).
+    pub fn norm(&self) -> Result<f64> {
+        Ok(self.read()?[0])
+    }
+
+    /// The scale on the host (on a GPU this waits for the step's kernels).
+    pub fn scale(&self) -> Result<f64> {
+        Ok(self.read()?[1])
+    }
+
+    /// [norm, scale] as an f32 tensor on `device`.
+    pub fn as_tensor(&self, device: &candle_core::Device) -> Result<Tensor> {
+        Ok(match self {
+            Clipping::Device(t) => t.to_device(device)?,
+            Clipping::Host { norm, scale } => Tensor::new(&[*norm as f32, *scale as f32], device)?,
+        })
+    }
+}
+
+/// The global L2 norm over `grads` and the clip scale for `max_norm`: on a
+/// GPU with sweep's kernels in one pass over each gradient and a last
+/// kernel that writes [norm, scale] (no read of the host); elsewhere with
+/// tensor ops, each gradient first summed along its last dimension (candle's
+/// CUDA `sum_all` reduces a whole tensor in one thread block, which took
+/// half of an 8B-shaped model's step on an H100), in f32, read once.
+pub fn clipping(grads: &[&Tensor], max_norm: f64) -> Result<Clipping> {
+    #[cfg(feature = "cuda")]
+    if grads.first().is_some_and(|g| g.device().is_cuda()) && super::ops::own_kernel(grads) {
+        let out = super::optim_cuda::norm_and_scale(grads, max_norm as f32)?;
+        return Ok(Clipping::Device(out));
+    }
+    let sums = grads
+        .iter()
+        .map(|g| {
+            g.to_dtype(DType::F32)?
+                .sqr()?
+                .sum(candle_core::D::Minus1)?
+                .sum_all()
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    if sums.is_empty() {
+        return Ok(Clipping::from_norm(0.0, max_norm));
+    }
+    let total = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?;
+    Ok(Clipping::from_norm((total as f64).sqrt(), max_norm))
 }
 
 enum Moments {
@@ -221,54 +287,82 @@ impl AdamW {
         })
     }
 
-    /// One update with learning rate `lr`, gradients scaled by `grad_scale` (clipping).
-    pub fn step(&mut self, grads: &Grads, lr: f64, grad_scale: f64) -> Result<()> {
+    /// One update with learning rate `lr`, gradients scaled by the clip
+    /// scale. A non-finite gradient norm changes nothing (the caller stops
+    /// on it); on a GPU the fused update reads the scale from device memory.
+    pub fn step(&mut self, grads: &Grads, lr: f64, clipping: &Clipping) -> Result<()> {
+        // The scale on the host, read when a path needs it (at most once).
+        let mut host_scale = match clipping {
+            Clipping::Host { scale, .. } => Some(*scale),
+            Clipping::Device(_) => None,
+        };
+        if host_scale.is_some_and(|s| !s.is_finite()) {
+            return Ok(());
+        }
         self.t += 1;
         let bc1 = 1.0 - self.beta1.powi(self.t as i32);
         let bc2 = 1.0 - self.beta2.powi(self.t as i32);
+        #[cfg(feature = "cuda")]
+        let mut device_clip: Option<Tensor> = None;
         for slot in &mut self.slots {
             let g = grads
                 .get(&slot.name)
                 .ok_or_else(|| anyhow!("no gradient for `{}`", slot.name))?;
             let wd = if slot.decay { self.weight_decay } else { 0.0 };
             match &mut slot.moments {
-                Moments::Host { m, v } => {
-                    let op = HostUpdate {
-                        m: RefCell::new(m),
-                        v: RefCell::new(v),
-                        lr: lr as f32,
-                        scale: grad_scale as f32,
-                        b1: self.beta1 as f32,
-                        b2: self.beta2 as f32,
-                        bc1: bc1 as f32,
-                        bc2: bc2 as f32,
-                        eps: self.eps as f32,
-                        wd: wd as f32,
-                    };
-                    slot.var.as_tensor().inplace_op2(&g.contiguous()?, &op)?;
-                }
                 #[cfg(feature = "cuda")]
                 Moments::Device { m, v }
                     if super::optim_cuda::Update::applies(slot.var.as_tensor(), g, m, v) =>
                 {
+                    let clip = match (&device_clip, clipping) {
+                        (Some(c), _) => c.clone(),
+                        (None, Clipping::Device(t)) => t.clone(),
+                        (None, host) => host.as_tensor(slot.var.device())?,
+                    };
+                    device_clip = Some(clip.clone());
                     let op = super::optim_cuda::Update {
                         m: m.clone(),
                         v: v.clone(),
-                        hyper: [
-                            lr, grad_scale, self.beta1, self.beta2, bc1, bc2, self.eps, wd,
-                        ]
-                        .map(|x| x as f32),
+                        clip,
+                        hyper: [lr, self.beta1, self.beta2, bc1, bc2, self.eps, wd]
+                            .map(|x| x as f32),
                     };
                     slot.var.as_tensor().inplace_op2(g, &op)?;
                 }
-                Moments::Device { m, v } => {
-                    let g = (g * grad_scale)?;
-                    *m = ((&*m * self.beta1)? + (&g * (1.0 - self.beta1))?)?;
-                    *v = ((&*v * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
-                    let update = ((&*m / bc1)? / ((&*v / bc2)?.sqrt()? + self.eps)?)?;
-                    let p = slot.var.as_tensor();
-                    let next = ((p * (1.0 - lr * wd))? - (update * lr)?)?;
-                    slot.var.set(&next)?;
+                moments => {
+                    let scale = match host_scale {
+                        Some(s) => s,
+                        None => *host_scale.insert(clipping.scale()?),
+                    };
+                    if !scale.is_finite() {
+                        continue;
+                    }
+                    match moments {
+                        Moments::Host { m, v } => {
+                            let op = HostUpdate {
+                                m: RefCell::new(m),
+                                v: RefCell::new(v),
+                                lr: lr as f32,
+                                scale: scale as f32,
+                                b1: self.beta1 as f32,
+                                b2: self.beta2 as f32,
+                                bc1: bc1 as f32,
+                                bc2: bc2 as f32,
+                                eps: self.eps as f32,
+                                wd: wd as f32,
+                            };
+                            slot.var.as_tensor().inplace_op2(&g.contiguous()?, &op)?;
+                        }
+                        Moments::Device { m, v } => {
+                            let g = (g * scale)?;
+                            *m = ((&*m * self.beta1)? + (&g * (1.0 - self.beta1))?)?;
+                            *v = ((&*v * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
+                            let update = ((&*m / bc1)? / ((&*v / bc2)?.sqrt()? + self.eps)?)?;
+                            let p = slot.var.as_tensor();
+                            let next = ((p * (1.0 - lr * wd))? - (update * lr)?)?;
+                            slot.var.set(&next)?;
+                        }
+                    }
                 }
             }
         }
@@ -387,6 +481,42 @@ mod tests {
     }
 
     #[test]
+    fn the_norm_clips_and_a_non_finite_norm_changes_nothing() -> Result<()> {
+        let dev = candle_core::Device::Cpu;
+        let a = Tensor::new(&[[3.0f32, 0.0], [0.0, 0.0]], &dev)?;
+        let b = Tensor::new(&[4.0f32], &dev)?;
+        // |(3, 4)| = 5: clipped to 2 by a factor 0.4, untouched under 10 or 0.
+        for (max_norm, scale) in [(2.0, 0.4), (10.0, 1.0), (0.0, 1.0)] {
+            let c = clipping(&[&a, &b], max_norm)?;
+            assert!((c.norm()? - 5.0).abs() < 1e-6);
+            assert!((c.scale()? - scale).abs() < 1e-6, "{max_norm}");
+            let t = c.as_tensor(&dev)?.to_vec1::<f32>()?;
+            assert!((t[0] - 5.0).abs() < 1e-6 && (t[1] as f64 - scale).abs() < 1e-6);
+        }
+        let inf = Tensor::new(&[f32::INFINITY], &dev)?;
+        let c = clipping(&[&a, &inf], 1.0)?;
+        assert!(c.norm()?.is_infinite() && c.scale()?.is_nan());
+        // The update leaves parameters, moments and the step count alone.
+        use super::super::params::{Declare, Init, Source};
+        let mut declared = Declare::new(&dev)?;
+        declared.param("w", &[2, 2], Init::Ones)?;
+        let params = Params::init(declared, 1, &dev, DType::F32)?;
+        let w = || params.get("w");
+        let ones = [[1.0f32, 1.0], [1.0, 1.0]];
+        let mut opt = AdamW::new(&params, &TrainConfig::default())?;
+        let mut grads = Grads::buffers_for(&params)?;
+        grads.add(&w()?, &a)?;
+        opt.step(&grads, 0.1, &c)?;
+        assert_eq!(opt.t, 0);
+        assert_eq!(w()?.to_vec2::<f32>()?, ones);
+        // A finite norm does update.
+        opt.step(&grads, 0.1, &grads.clipping(1.0)?)?;
+        assert_eq!(opt.t, 1);
+        assert_ne!(w()?.to_vec2::<f32>()?, ones);
+        Ok(())
+    }
+
+    #[test]
     fn host_and_device_updates_agree() -> Result<()> {
         // The fused CPU path against the composed one (forced by f64 params).
         let cfg = TrainConfig {
@@ -429,8 +559,12 @@ mod tests {
                 "w".into(),
                 Tensor::from_slice(&grad, (3, 4), &candle_core::Device::Cpu)?.to_dtype(dtype)?,
             );
+            let half = Clipping::Host {
+                norm: 2.0,
+                scale: 0.5,
+            };
             for _ in 0..3 {
-                opt.step(&grads, 0.01, 0.5)?;
+                opt.step(&grads, 0.01, &half)?;
             }
             finals.push(
                 var.as_tensor()

@@ -171,17 +171,18 @@ impl Trainer {
         let grads = &mut self.grads;
         let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
         comm_s += t1.elapsed().as_secs_f64();
-        let grad_norm = grads.norm()?;
-        if !grad_norm.is_finite() || !loss.is_finite() {
-            bail!("the loss ({loss}) or gradient norm ({grad_norm}) is not finite; try a lower learning_rate");
+        if !loss.is_finite() {
+            bail!("the loss ({loss}) is not finite; try a lower learning_rate");
         }
-        let clip = self.cfg.grad_clip;
-        let scale = if clip > 0.0 && grad_norm > clip {
-            clip / grad_norm
-        } else {
-            1.0
-        };
-        self.opt.step(&self.grads, lr, scale)?;
+        // On a GPU the norm and the clip scale stay on the device: AdamW
+        // reads the scale there, and the host reads the norm once, after the
+        // update is queued (a non-finite norm makes the update change nothing).
+        let clipping = grads.clipping(self.cfg.grad_clip)?;
+        self.opt.step(&self.grads, lr, &clipping)?;
+        let grad_norm = clipping.norm()?;
+        if !grad_norm.is_finite() {
+            bail!("the gradient norm ({grad_norm}) is not finite (loss {loss}); try a lower learning_rate");
+        }
         Ok(StepOutcome {
             loss,
             grad_norm,

@@ -510,7 +510,7 @@ fn bench_kernels_checks_every_kernel_and_writes_its_figures() {
     assert!(text.contains("attention backward"), "{text}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 11, "{report}");
+    assert_eq!(rows.len(), 12, "{report}");
     // The attention backward's work rate, the only op made of products.
     let attention = rows.iter().find(|r| r["op"] == "attention backward");
     assert!(attention.unwrap()["tflop_per_s"].as_f64().unwrap() > 0.0);

@@ -35,6 +35,7 @@ macro_rules! source {
 pub const ADAMW: Source = source!("adamw");
 pub const CROSS_ENTROPY: Source = source!("cross_entropy");
 pub const EMBEDDING: Source = source!("embedding");
+pub const GRAD_NORM: Source = source!("grad_norm");
 pub const RMS_NORM: Source = source!("rms_norm");
 pub const ROPE: Source = source!("rope");
 pub const SILU_MUL: Source = source!("silu_mul");
