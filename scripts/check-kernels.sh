@@ -53,12 +53,12 @@ for k in "${kernels[@]}"; do
     fi
 done
 
-# And NVRTC itself, as the trainer calls it (common.cuh in front, cudarc's
-# default options): it has none of the headers nvcc includes implicitly, so
+# And NVRTC itself, as the trainer calls it (common.cuh in front, CUBIN for
+# the architecture): it has none of the headers nvcc includes implicitly, so
 # a kernel nvcc accepts may still not compile at run time.
-python3 - "$CUDA_HOME" src/train/kernels/common.cuh "${kernels[@]}" <<'PY' || status=1
+python3 - "$CUDA_HOME" "$ARCH" src/train/kernels/common.cuh "${kernels[@]}" <<'PY' || status=1
 import ctypes, glob, os, sys
-home, common, kernels = sys.argv[1], sys.argv[2], sys.argv[3:]
+home, arch, common, kernels = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 lib = lambda name: sorted(glob.glob(os.path.join(home, "lib*", name)))[0]
 # NVRTC opens its builtins by name at compile time: load them first.
 ctypes.CDLL(lib("libnvrtc-builtins.so.*"), mode=ctypes.RTLD_GLOBAL)
@@ -69,7 +69,11 @@ for k in kernels:
     prog = ctypes.c_void_p()
     if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, os.path.basename(k).encode(), 0, None, None):
         sys.exit(f"{k}: nvrtcCreateProgram failed")
-    rc = nvrtc.nvrtcCompileProgram(prog, 0, None)
+    options = (ctypes.c_char_p * 1)(f"--gpu-architecture={arch}".encode())
+    rc = nvrtc.nvrtcCompileProgram(prog, 1, options)
+    cubin = ctypes.c_size_t()
+    if not rc:
+        rc = nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(cubin)) or (cubin.value == 0)
     if rc:
         size = ctypes.c_size_t()
         nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -78,7 +82,7 @@ for k in kernels:
         print(f"{k}: NVRTC does not compile it:\n{log.value.decode()}", file=sys.stderr)
         failed = 1
     else:
-        print(f"{os.path.basename(k)[:-3]}: NVRTC compiles it")
+        print(f"{os.path.basename(k)[:-3]}: NVRTC compiles it ({cubin.value} bytes of {arch} CUBIN)")
     nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
 sys.exit(failed)
 PY

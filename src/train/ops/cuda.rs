@@ -1,6 +1,7 @@
 //! Compiling and launching the trainer's own CUDA kernels
-//! (`src/train/kernels/*.cu`). NVRTC compiles each source once per process,
-//! behind `common.cuh`, when an op first needs it: no CUDA toolkit at build
+//! (`src/train/kernels/*.cu`). NVRTC compiles each source once per process
+//! and GPU architecture, to CUBIN, behind `common.cuh`, when an op first
+//! needs it: no CUDA toolkit at build
 //! time, and `scripts/check-kernels.sh` compiles the same text offline with
 //! nvcc and with NVRTC so that errors, spills and shared-memory overuse are
 //! caught without a GPU. The kernels run on candle's stream, in order with
@@ -43,29 +44,77 @@ pub const SOFTMAX: Source = source!("softmax");
 
 const COMMON: &str = include_str!("../kernels/common.cuh");
 
-/// The PTX of a source, compiled once per process (an error is kept too:
-/// it would not compile better the second time).
-fn ptx(source: &Source) -> Result<&'static str> {
-    type Cache = Mutex<HashMap<&'static str, std::result::Result<&'static str, String>>>;
+/// The CUBIN of a source for a GPU architecture, compiled once per process
+/// (an error is kept too: it would not compile better the second time).
+///
+/// CUBIN, not PTX: a driver refuses PTX newer than itself (driver 580 JITs
+/// PTX only up to CUDA 13.0), and the NVRTC a GPU machine offers may be newer
+/// than its driver (it comes with Python packages), while a CUBIN from a
+/// newer NVRTC of the same major version loads (minor version compatibility).
+fn cubin(source: &Source, arch: (i32, i32)) -> Result<&'static [u8]> {
+    type Cache =
+        Mutex<HashMap<(&'static str, i32, i32), std::result::Result<&'static [u8], String>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let mut cache = CACHE
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    let compiled = cache.entry(source.module).or_insert_with(|| {
-        candle_core::cuda::cudarc::nvrtc::compile_ptx(format!("{COMMON}{}", source.text))
-            // Leaked once per source and process: the device keeps the module.
-            .map(|p| &*Box::leak(p.to_src().into_boxed_str()))
-            .map_err(|e| {
-                format!(
-                    "compiling the `{}` kernels with NVRTC: {e:?}",
-                    source.module
-                )
-            })
-    });
+    let compiled = cache
+        .entry((source.module, arch.0, arch.1))
+        .or_insert_with(|| {
+            compile_cubin(&format!("{COMMON}{}", source.text), arch)
+                // Leaked once per source, architecture and process: the
+                // device keeps the module.
+                .map(|bin| &*Box::leak(bin.into_boxed_slice()))
+                .map_err(|e| {
+                    format!(
+                        "compiling the `{}` kernels with NVRTC for sm_{}{}: {e}",
+                        source.module, arch.0, arch.1
+                    )
+                })
+        });
     compiled
         .clone()
         .map_err(|e| candle_core::Error::Msg(e.clone()))
+}
+
+/// NVRTC's CUBIN of `text` for compute capability `arch`, or its log.
+fn compile_cubin(text: &str, (major, minor): (i32, i32)) -> std::result::Result<Vec<u8>, String> {
+    use candle_core::cuda::cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(text).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&src, None).map_err(|e| format!("{e:?}"))?;
+    let options = [format!("--gpu-architecture=sm_{major}{minor}")];
+    // SAFETY: `prog` was created above and is destroyed once, at the end;
+    // the CUBIN buffer holds the size NVRTC reports for it.
+    let out = unsafe {
+        match result::compile_program(prog, &options) {
+            Err(e) => {
+                let log = result::get_program_log(prog).unwrap_or_default();
+                let log: Vec<u8> = log
+                    .iter()
+                    .map(|&c| c as u8)
+                    .take_while(|&c| c != 0)
+                    .collect();
+                Err(format!("{e:?}\n{}", String::from_utf8_lossy(&log)))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .map_err(|e| format!("{e:?}"))
+                    .and_then(|()| {
+                        let mut bin = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| bin)
+                            .map_err(|e| format!("{e:?}"))
+                    })
+            }
+        }
+    };
+    // SAFETY: created above, not destroyed before.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
 }
 
 /// The storage types the kernels take (each kernel has an `_f32` and a
@@ -107,8 +156,11 @@ pub fn function(dev: &CudaDevice, source: &Source, name: &str, dtype: DType) -> 
         match modules.entry((context.ordinal(), source.module)) {
             std::collections::hash_map::Entry::Occupied(m) => m.get().clone(),
             std::collections::hash_map::Entry::Vacant(slot) => {
+                let arch = context
+                    .compute_capability()
+                    .map_err(|e| driver_error(e, source.module))?;
                 let module = context
-                    .load_module(Ptx::from_src(ptx(source)?))
+                    .load_module(Ptx::from_binary(cubin(source, arch)?.to_vec()))
                     .map_err(|e| driver_error(e, source.module))?;
                 slot.insert(module).clone()
             }
