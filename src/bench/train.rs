@@ -143,7 +143,7 @@ fn setup(
     let (device, name) = match c.device {
         DeviceKind::Cpu => (Device::Cpu, "cpu".to_string()),
         DeviceKind::Cuda => {
-            let d = Device::new_cuda(0)?;
+            let d = crate::train::device::cuda(0)?;
             let name = crate::train::device::name(&d)?;
             (d, name)
         }

@@ -1,11 +1,90 @@
-//! The device a run trains on: its name (for the peak-FLOPs table and the
-//! report) and the memory it holds. On CUDA both come from the driver; the
-//! memory is what the driver reports in use on the device (this process's
-//! allocations, pools and workspaces), sampled after each backward pass,
-//! when activations and gradients are both alive.
+//! The device a run trains on: opening it, its name (for the peak-FLOPs
+//! table and the report) and the memory it holds. On CUDA both come from the
+//! driver; the memory is what the driver reports in use on the device (this
+//! process's allocations, its memory pool's reserve and workspaces),
+//! sampled after each backward pass, when activations and gradients are
+//! both alive.
 
 use anyhow::Result;
 use candle_core::Device;
+
+/// The environment variable that picks what the CUDA memory pool does with
+/// freed memory.
+pub const CUDA_POOL_ENV: &str = "SWEEP_CUDA_POOL";
+
+/// What the CUDA memory pool does with the memory the trainer frees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaPool {
+    /// Keeps it for the next allocation (the default; PyTorch's caching
+    /// allocator does the same): memory in use is then the pool's reserve.
+    Keep,
+    /// Hands it back to the driver at every synchronisation (the driver's
+    /// own default, release threshold 0): each step allocates afresh.
+    Release,
+}
+
+/// What `SWEEP_CUDA_POOL` asks for (`keep`, the default, or `release`);
+/// anything else is an error.
+pub fn cuda_pool_requested() -> std::result::Result<CudaPool, String> {
+    cuda_pool_from(std::env::var_os(CUDA_POOL_ENV).as_deref())
+}
+
+fn cuda_pool_from(value: Option<&std::ffi::OsStr>) -> std::result::Result<CudaPool, String> {
+    match value.map(|v| v.to_str()) {
+        None | Some(Some("" | "keep")) => Ok(CudaPool::Keep),
+        Some(Some("release")) => Ok(CudaPool::Release),
+        Some(v) => Err(format!(
+            "{CUDA_POOL_ENV}=`{}`: use `keep` or `release`",
+            v.unwrap_or("(not UTF-8)").escape_debug()
+        )),
+    }
+}
+
+/// CUDA device `ordinal`, its memory pool set as `SWEEP_CUDA_POOL` asks.
+#[cfg(feature = "cuda")]
+pub fn cuda(ordinal: usize) -> Result<Device> {
+    let pool = cuda_pool_requested().map_err(anyhow::Error::msg)?;
+    let device = Device::new_cuda(ordinal)?;
+    if pool == CudaPool::Keep {
+        keep_freed_memory(&device)?;
+    }
+    Ok(device)
+}
+
+/// A build without the `cuda` feature: candle's error.
+#[cfg(not(feature = "cuda"))]
+pub fn cuda(ordinal: usize) -> Result<Device> {
+    Ok(Device::new_cuda(ordinal)?)
+}
+
+/// Raises the release threshold of the device's default memory pool (where
+/// cudarc's stream-ordered allocations come from) to its maximum, so that
+/// freed memory stays in the pool across synchronisations.
+#[cfg(feature = "cuda")]
+fn keep_freed_memory(device: &Device) -> Result<()> {
+    use candle_core::cuda::cudarc::driver::sys;
+    let Device::Cuda(d) = device else {
+        return Ok(());
+    };
+    let context = d.cuda_stream().context().clone();
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: the device handle is the context's own; `pool` receives the
+    // default pool's handle, and the attribute takes a u64 by pointer.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, context.cu_device())
+            .result()
+            .and_then(|()| {
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut threshold as *mut u64).cast(),
+                )
+                .result()
+            })
+    }
+    .map_err(|e| anyhow::anyhow!("setting the CUDA memory pool's release threshold: {e:?}"))
+}
 
 /// `NVIDIA H100 80GB HBM3`, or `cpu`.
 pub fn name(device: &Device) -> Result<String> {
@@ -93,5 +172,24 @@ impl PeakMemory {
         } else {
             self.mb
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_keeps_memory_unless_asked_to_release_it() {
+        let from = |v: Option<&str>| cuda_pool_from(v.map(std::ffi::OsStr::new));
+        assert_eq!(from(None), Ok(CudaPool::Keep));
+        assert_eq!(from(Some("")), Ok(CudaPool::Keep));
+        assert_eq!(from(Some("keep")), Ok(CudaPool::Keep));
+        assert_eq!(from(Some("release")), Ok(CudaPool::Release));
+        let e = from(Some("Release\n")).unwrap_err();
+        assert!(
+            e.contains("SWEEP_CUDA_POOL=`Release\\n`") && e.contains("`keep` or `release`"),
+            "{e}"
+        );
     }
 }

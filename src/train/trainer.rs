@@ -323,8 +323,9 @@ fn cuda_device(local_rank: usize) -> Result<Device> {
             ops::CUDA_KERNELS_ENV
         );
     }
+    device::cuda_pool_requested().map_err(anyhow::Error::msg)?;
     #[cfg(feature = "cuda")]
-    return Ok(Device::new_cuda(local_rank)?);
+    return device::cuda(local_rank);
     #[cfg(not(feature = "cuda"))]
     bail!(
         "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see docs/gpu.md)"
