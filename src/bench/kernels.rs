@@ -327,6 +327,24 @@ fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Resul
             }),
         },
         Case {
+            op: "weight gradient",
+            shape: format!("[{d}, {f}] over {n} rows"),
+            // A linear layer's dW += dyᵀ·x with beta = 1 (w2's shapes).
+            flops: 2.0 * (n * d * f) as f64,
+            chained: false,
+            elements_moved: 2 * d * f + n * (d + f),
+            inputs: vec![
+                random(&[d, f], 26, 0.1)?,
+                random(&[n, d], 27, 1.0)?,
+                random(&[n, f], 28, 1.0)?,
+            ],
+            run: Box::new(|t| {
+                let mut buf = t[0].clone();
+                accumulate::add_product(&mut buf, &t[1], &t[2], false)?;
+                Ok(vec![buf])
+            }),
+        },
+        Case {
             op: "grad norm and clip",
             shape: format!("[{v}, {d}] + [{f}, {d}] + [{d}]"),
             flops: 0.0,
@@ -589,7 +607,7 @@ mod tests {
             vocab: Some(300),
         };
         let report = run(&work)?;
-        assert_eq!(report.rows.len(), 12);
+        assert_eq!(report.rows.len(), 13);
         for r in &report.rows {
             assert!(r.ok, "{} {}: {:e}", r.op, r.shape, r.max_rel_err);
             assert!(r.kernel_ms > 0.0 && r.composed_ms > 0.0, "{}", r.op);

@@ -510,10 +510,12 @@ fn bench_kernels_checks_every_kernel_and_writes_its_figures() {
     assert!(text.contains("attention backward"), "{text}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 12, "{report}");
-    // The attention backward's work rate, the only op made of products.
-    let attention = rows.iter().find(|r| r["op"] == "attention backward");
-    assert!(attention.unwrap()["tflop_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(rows.len(), 13, "{report}");
+    // The work rate of the ops made of products.
+    for op in ["attention backward", "weight gradient"] {
+        let row = rows.iter().find(|r| r["op"] == op).unwrap();
+        assert!(row["tflop_per_s"].as_f64().unwrap() > 0.0, "{row}");
+    }
     for r in rows {
         assert_eq!(r["ok"], true, "{r}");
         for key in ["max_rel_err", "kernel_ms", "composed_ms", "gb_per_s"] {

@@ -2,8 +2,9 @@
 //! trainer: `buf += g`, and a weight's gradient `buf += dyᵀ·x` as one GEMM
 //! with beta = 1 that reads the transposed operand through its strides (no
 //! transposed copy, no product tensor). On the CPU in f32 the `gemm` crate
-//! writes into the buffer; elsewhere (other dtypes, bf16 operands, GPUs for
-//! now) the sum is a new tensor that replaces the buffer.
+//! writes into the buffer, on a GPU cuBLAS does (`cublasGemmEx`, bf16 or
+//! f32 operands into f32 or bf16 buffers); elsewhere (other dtypes, bf16
+//! operands on the CPU) the sum is a new tensor that replaces the buffer.
 //!
 //! Allocating nothing that outlives a pass matters beyond the copies saved:
 //! gradients created block by block during the backward pass, between its
@@ -80,8 +81,12 @@ pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Res
             x.dims()
         );
     }
-    if !bf16 && in_place(buf, &[dy, x]) {
+    if !bf16 && in_place(buf, &[dy, x]) && super::own_kernel(&[dy, x]) {
         return buf.inplace_op3(dy, x, &AddProduct);
+    }
+    #[cfg(feature = "cuda")]
+    if buf.device().is_cuda() && buf.is_contiguous() && super::own_kernel(&[buf, dy, x]) {
+        return cuda_product::add_product(buf, dy, x, bf16);
     }
     let product = matmul(&dy.t()?, x, bf16)?;
     add(buf, &product)
@@ -460,5 +465,134 @@ mod tests {
             .to_scalar::<f64>()?;
         assert!(d < 1e-14);
         Ok(())
+    }
+}
+
+/// buf [out, in] += dyᵀ·x on CUDA: one cuBLAS GEMM with beta = 1 written into
+/// the buffer (no product tensor, no transposed copy). With `bf16`
+/// (bf16-mixed: f32 buffers and activations) the operands go to cuBLAS in
+/// bf16 and the sum stays in f32, as autocast's products do; f32 arithmetic
+/// in every case (CUBLAS_COMPUTE_32F, no TF32).
+#[cfg(feature = "cuda")]
+mod cuda_product {
+    use super::super::cuda;
+    use candle_core::cuda::cudarc::cublas::{result::gemm_ex, sys};
+    use candle_core::cuda::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
+
+    pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
+        let operands = if bf16 { DType::BF16 } else { buf.dtype() };
+        let dy = dy.to_dtype(operands)?.contiguous()?;
+        let x = x.to_dtype(operands)?.contiguous()?;
+        buf.inplace_op3(&dy, &x, &AddProduct)
+    }
+
+    struct AddProduct;
+
+    fn cuda_type(dtype: DType) -> Result<sys::cudaDataType> {
+        Ok(match dtype {
+            DType::F32 => sys::cudaDataType::CUDA_R_32F,
+            DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+            dt => bail!("the in-place weight gradient takes f32 or bf16, not {dt:?}"),
+        })
+    }
+
+    fn int(n: usize, what: &str) -> Result<i32> {
+        i32::try_from(n).map_err(|_| {
+            candle_core::Error::Msg(format!("{what} = {n} is too large for one cuBLAS GEMM"))
+        })
+    }
+
+    impl InplaceOp3 for AddProduct {
+        fn name(&self) -> &'static str {
+            "sweep-add-product-cublas"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            bail!("the cuBLAS weight gradient runs on CUDA tensors")
+        }
+
+        fn cuda_fwd(
+            &self,
+            buf: &mut CudaStorage,
+            bl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+            x: &CudaStorage,
+            xl: &Layout,
+        ) -> Result<()> {
+            let (out, inp) = bl.shape().dims2()?;
+            let (n, dy_out) = dyl.shape().dims2()?;
+            let (xn, x_inp) = xl.shape().dims2()?;
+            if (dy_out, x_inp, xn) != (out, inp, n) {
+                bail!("a [{out}, {inp}] gradient from dy [{n}, {dy_out}] and x [{xn}, {x_inp}]");
+            }
+            let (c_type, ab_type) = (cuda_type(cuda::dtype(buf))?, cuda_type(cuda::dtype(dy))?);
+            if cuda::dtype(x) != cuda::dtype(dy) {
+                bail!("the weight gradient's operands differ in dtype");
+            }
+            let dev = cuda::device(buf);
+            let stream = dev.cuda_stream();
+            let blas = dev.cublas_handle();
+            let (m, nn, k) = (int(inp, "in")?, int(out, "out")?, int(n, "tokens")?);
+            let (one, also_one) = (1.0f32, 1.0f32);
+            // Row-major buf [out, in] is column-major bufᵀ [in, out]:
+            // bufᵀ += xᵀ·dy, with x read as column-major [in, N] (no
+            // transpose, ld in) and dy as column-major [out, N] transposed
+            // (ld out). One macro per storage type pair keeps the typed
+            // views alive while cuBLAS runs on candle's stream.
+            macro_rules! gemm {
+                ($c:ty, $ab:ty) => {{
+                    let a = cuda::view::<$ab>(x, xl)?;
+                    let b = cuda::view::<$ab>(dy, dyl)?;
+                    let mut c = cuda::view_mut::<$c>(buf, bl)?;
+                    let (a_ptr, _a) = a.device_ptr(&stream);
+                    let (b_ptr, _b) = b.device_ptr(&stream);
+                    let (c_ptr, _c) = c.device_ptr_mut(&stream);
+                    // SAFETY: a holds in·N values, b out·N and c in·out (the
+                    // shapes checked above), each contiguous, with the types
+                    // and leading dimensions passed; alpha and beta are f32
+                    // host values as CUBLAS_COMPUTE_32F takes them.
+                    unsafe {
+                        gemm_ex(
+                            *blas.handle(),
+                            sys::cublasOperation_t::CUBLAS_OP_N,
+                            sys::cublasOperation_t::CUBLAS_OP_T,
+                            m,
+                            nn,
+                            k,
+                            (&one as *const f32).cast(),
+                            a_ptr as *const _,
+                            ab_type,
+                            m,
+                            b_ptr as *const _,
+                            ab_type,
+                            nn,
+                            (&also_one as *const f32).cast(),
+                            c_ptr as *mut _,
+                            c_type,
+                            m,
+                            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    }
+                    .map_err(|e| candle_core::Error::Msg(format!("cuBLAS weight gradient: {e:?}")))
+                }};
+            }
+            match (cuda::dtype(buf), cuda::dtype(dy)) {
+                (DType::F32, DType::F32) => gemm!(f32, f32),
+                (DType::F32, DType::BF16) => gemm!(f32, half::bf16),
+                (DType::BF16, DType::BF16) => gemm!(half::bf16, half::bf16),
+                (c, ab) => bail!("a {c:?} gradient from {ab:?} operands"),
+            }
+        }
     }
 }
