@@ -73,6 +73,9 @@ pack() {
 echo "build-gpu: built in ${built} s" >&2
 # Test binaries find the repository and the sweep binary where they were built.
 echo "$PWD" >target/gpu/BUILD_ROOT
+# And the commit they were built from, for the figures' JSON (bench.json).
+{ git rev-parse HEAD 2>/dev/null || echo unknown; } | tr -d '\n' >target/gpu/BUILD_COMMIT
+git diff --quiet HEAD 2>/dev/null || echo -n "-dirty" >>target/gpu/BUILD_COMMIT
 pack target/gpu/release/sweep "target/gpu/sweep-$FEATURES-sm$CAP.xz"
 if [[ $TESTS -eq 1 ]]; then
     tests=$(cargo test --release --locked --features "$FEATURES,nccl" --target-dir target/gpu --test it --no-run \

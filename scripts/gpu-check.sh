@@ -52,21 +52,42 @@ for step in "${STEPS[@]}"; do
                 "$SWEEP" bench kernels --device cuda --json "$OUT/kernels.json" || status=1
                 # The same train steps through candle's composed ops instead,
                 # the measure of what the kernels bought.
-                SWEEP_CUDA_KERNELS=composed "$SWEEP" bench train --device cuda --layers 8 --steps 5 || status=1
+                SWEEP_CUDA_KERNELS=composed "$SWEEP" bench train --device cuda --layers 8 --only ref-8b --steps 5 || status=1
                 # And with the memory pool handing freed memory back to the
                 # driver at every sync (the driver's default), the measure of
                 # keeping it.
-                SWEEP_CUDA_POOL=release "$SWEEP" bench train --device cuda --layers 8 --steps 5 || status=1
-                "$SWEEP" bench train --device cuda --layers 8 --steps 5 || status=1
-                # ref-1b at batch 8 without recomputation (the goal's case), and with it.
-                "$SWEEP" bench train --device cuda --only ref-1b --steps 5 || status=1
+                SWEEP_CUDA_POOL=release "$SWEEP" bench train --device cuda --layers 8 --only ref-8b --steps 5 || status=1
+                # The goal's cases: ref-1b and the 8B-shaped model, recorded
+                # for bench.json; ref-1b at batch 8 without recomputation, and with it.
+                "$SWEEP" bench train --device cuda --layers 8 --steps 5 --json "$OUT/sweep-train.json" || status=1
                 "$SWEEP" bench train --device cuda --only ref-1b --steps 5 --recompute blocks || status=1
                 # The NCCL path at world size 1 (one GPU allows one rank) against no engine.
                 "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10 || status=1
                 python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json" || status=1
                 python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json" || status=1
+                python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 1 --json "$OUT/torch-8b-8l-b1.json" || status=1
             } >"$OUT/bench.txt" 2>&1
             cat "$OUT/bench.txt"
+            # Every case of sweep and of PyTorch side by side, with the device,
+            # the date and the commit built (docs/gpu-bench.json is the latest).
+            python3 - "$OUT" "$(cat target/gpu/BUILD_COMMIT 2>/dev/null || echo unknown)" <<'PY' || status=1
+import datetime, glob, json, os, sys
+out, commit = sys.argv[1], sys.argv[2]
+cases = []
+for name in ["sweep-train.json"] + sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "torch-*.json"))):
+    path = os.path.join(out, name)
+    if os.path.exists(path):
+        cases += json.load(open(path))
+devices = sorted({c["device"] for c in cases if c.get("device")})
+bench = {
+    "device": devices[0] if len(devices) == 1 else devices,
+    "date": datetime.date.today().isoformat(),
+    "commit": commit,
+    "cases": cases,
+}
+json.dump(bench, open(os.path.join(out, "bench.json"), "w"), indent=1)
+print(f"bench.json: {len(cases)} cases on {bench['device']}")
+PY
             ;;
         quickstart)
             "$SWEEP" run experiments/gpu-quickstart.toml >"$OUT/quickstart.txt" 2>&1 || status=1

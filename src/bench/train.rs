@@ -57,6 +57,65 @@ pub struct TrainRow {
     pub device_name: String,
 }
 
+/// One case as `sweep bench train --json` writes it, in the keys of
+/// `scripts/torch-gpu-baseline.py`'s rows (so `scripts/gpu-check.sh` can set
+/// them side by side in bench.json); a case that failed has `error` and no
+/// figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JsonRow {
+    pub implementation: &'static str,
+    pub model: String,
+    pub precision: &'static str,
+    pub batch: usize,
+    pub seq: usize,
+    pub device: String,
+    pub tokens_per_second: Option<f64>,
+    pub mfu_pct: Option<f64>,
+    pub tflops: Option<f64>,
+    /// The device's peak memory in GiB (PyTorch's rows count 2^30 bytes too).
+    pub peak_memory_gb: Option<f64>,
+    pub step_s: Option<f64>,
+    pub params: Option<usize>,
+    pub error: Option<String>,
+}
+
+impl JsonRow {
+    pub fn timed(r: &TrainRow, device: &str) -> JsonRow {
+        let step = r.forward_s + r.backward_s + r.optimizer_s;
+        JsonRow {
+            tokens_per_second: Some(r.tokens_per_s),
+            mfu_pct: Some(100.0 * r.gflops / r.peak_gflops),
+            tflops: Some(r.gflops / 1e3),
+            peak_memory_gb: Some(r.peak_memory_mb / 1024.0),
+            step_s: Some(step),
+            params: Some(r.params),
+            ..JsonRow::untimed(&r.case, device, None)
+        }
+    }
+
+    pub fn failed(f: &Failed, device: &str) -> JsonRow {
+        JsonRow::untimed(&f.case, device, Some(format!("{:#}", f.error)))
+    }
+
+    fn untimed(case: &Case, device: &str, error: Option<String>) -> JsonRow {
+        JsonRow {
+            implementation: "sweep",
+            model: case.label.clone(),
+            precision: case.precision(),
+            batch: case.batch,
+            seq: case.seq,
+            device: device.to_string(),
+            tokens_per_second: None,
+            mfu_pct: None,
+            tflops: None,
+            peak_memory_gb: None,
+            step_s: None,
+            params: None,
+            error,
+        }
+    }
+}
+
 fn case(label: &str, preset: &str, vocab: usize, seq: usize, batch: usize, bf16: bool) -> Case {
     Case {
         label: label.into(),

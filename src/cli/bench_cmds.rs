@@ -16,7 +16,8 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
             layers,
             gpu,
             recompute,
-        } => train(threads, steps, only, device, layers, gpu, recompute)?,
+            json,
+        } => train(threads, steps, only, device, (layers, gpu), recompute, json)?,
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
         BenchCmd::Peak => peak()?,
         BenchCmd::Kernels {
@@ -81,14 +82,16 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
 
 /// `sweep bench train`: train-step throughput of the CPU presets, or of the
 /// reference's models on a GPU.
+/// `sweep bench train`; `(layers, gpu)`: the 8B-shaped GPU model's layers
+/// and the accelerator's name for the peak-FLOPs table.
 fn train(
     threads: usize,
     steps: usize,
     only: Option<String>,
     device: DeviceKind,
-    layers: usize,
-    gpu: Option<String>,
+    (layers, gpu): (usize, Option<String>),
     recompute: crate::config::Recompute,
+    json: Option<PathBuf>,
 ) -> Result<()> {
     if device == DeviceKind::Cuda && !crate::config::Features::BUILT.cuda {
         anyhow::bail!(
@@ -154,6 +157,15 @@ fn train(
             f.case.batch,
             f.error
         );
+    }
+    if let Some(path) = json {
+        use crate::bench::train::JsonRow;
+        let all: Vec<JsonRow> = rows
+            .iter()
+            .map(|r| JsonRow::timed(r, &on))
+            .chain(failed.iter().map(|f| JsonRow::failed(f, &on)))
+            .collect();
+        crate::util::fs::write_atomic(&path, &serde_json::to_vec_pretty(&all)?)?;
     }
     if rows.is_empty() && !failed.is_empty() {
         anyhow::bail!("no case could be timed");

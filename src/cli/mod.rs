@@ -315,6 +315,9 @@ pub enum BenchCmd {
         /// Activation recomputation for every case (`blocks`: less memory, more compute).
         #[arg(long, value_enum, default_value = "none")]
         recompute: crate::config::Recompute,
+        /// Also write every case (tokens/s, MFU, peak memory, or its error) to this JSON file.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Data-parallel scaling of the trainer on this machine: 1 and N ranks (MPI) with the same work per rank.
     #[command(

@@ -488,6 +488,35 @@ fn batch_size_max_is_found_when_the_job_starts_and_reported() {
 }
 
 #[test]
+fn bench_train_writes_its_cases_as_json_beside_pytorchs_keys() {
+    let root = project();
+    let json = root.path().join("train.json");
+    run_ok(
+        sweep(root.path())
+            .args(["bench", "train", "--only", "tiny", "--steps", "1", "--json"])
+            .arg(&json),
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        assert_eq!(r["implementation"], "sweep", "{r}");
+        assert_eq!(r["device"], "1 CPU thread(s)", "{r}");
+        // The keys scripts/torch-gpu-baseline.py writes too.
+        for key in [
+            "tokens_per_second",
+            "mfu_pct",
+            "tflops",
+            "peak_memory_gb",
+            "step_s",
+        ] {
+            assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
+        }
+        assert!(r["error"].is_null(), "{r}");
+    }
+}
+
+#[test]
 fn bench_kernels_checks_every_kernel_and_writes_its_figures() {
     let root = project();
     let json = root.path().join("kernels.json");
