@@ -33,7 +33,7 @@ pub fn eager_keeping_probabilities(
     let kv = k.dim(1)?;
     let q = q.reshape((b, kv, (h / kv) * t, d))?;
     let scores = matmul(&q, &k.t()?, bf16)?;
-    let p = softmax(&scores, 1.0 / (d as f64).sqrt(), t, causal)?;
+    let p = softmax(&scores, 1.0 / (d as f64).sqrt(), t, 0, causal)?;
     Ok((matmul(&p, v, bf16)?.reshape((b, h, t, d))?, p))
 }
 
@@ -59,7 +59,7 @@ pub fn eager_backward(
     let dog = d_o.reshape((b, kv, (h / kv) * t, d))?;
     let p = match p {
         Some(p) => p.clone(),
-        None => softmax(&matmul(&qg, &k.t()?, bf16)?, scale, t, causal)?,
+        None => softmax(&matmul(&qg, &k.t()?, bf16)?, scale, t, 0, causal)?,
     };
     let dv = matmul(&p.t()?, &dog, bf16)?;
     let dp = matmul(&dog, &v.t()?, bf16)?;
@@ -177,20 +177,13 @@ impl CustomOp3 for FlashAttention {
         d_o: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let heads_first = |x: &Tensor| x.transpose(1, 2);
-        let tile = match self.tile {
-            Some(tile) => tile,
-            None => {
-                let (b, t, h, _) = q.dims4()?;
-                tile_rows(b, h, t, q.dtype())
-            }
-        };
         let (dq, dk, dv) = tiled_backward(
             &heads_first(q)?,
             &heads_first(k)?,
             &heads_first(v)?,
             &heads_first(d_o)?,
             self.causal,
-            tile,
+            self.tile,
         )?;
         Ok((
             Some(heads_first(&dq)?),
@@ -225,7 +218,7 @@ pub fn tile_rows(b: usize, h: usize, t: usize, dtype: DType) -> usize {
 }
 
 /// Attention's gradients by recomputation, a tile of `tile` query positions
-/// at a time, from q [B, H, T, Q], k, v [B, KV, T, Q] and the output's
+/// at a time (`None`: [`tile_rows`] of the shapes), from q [B, H, T, Q], k, v [B, KV, T, Q] and the output's
 /// gradient d_o [B, H, T, Q] (heads first; views are fine). Per tile, with
 /// the queries of each KV head's group stacked ([B, KV, rep·tile, Q]: K and
 /// V are never copied per query head) against the keys up to the tile's
@@ -244,10 +237,11 @@ pub fn tiled_backward(
     v: &Tensor,
     d_o: &Tensor,
     causal: bool,
-    tile: usize,
+    tile: Option<usize>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (b, h, t, d) = q.dims4()?;
     let kv = k.dim(1)?;
+    let tile = tile.unwrap_or_else(|| tile_rows(b, h, t, q.dtype()));
     if kv == 0 || h % kv != 0 || tile == 0 {
         candle_core::bail!(
             "attention backward: {h} query heads over {kv} KV heads, tiles of {tile}"
@@ -271,7 +265,7 @@ pub fn tiled_backward(
         };
         let (qt, dot) = (group(q)?, group(d_o)?);
         let (kt, vt) = (k.narrow(2, 0, keys)?, v.narrow(2, 0, keys)?);
-        let p = softmax::softmax_tile(&qt.matmul(&kt.t()?)?, scale, len, first, causal)?;
+        let p = softmax(&qt.matmul(&kt.t()?)?, scale, len, first, causal)?;
         let ds = softmax::backward(&p, &dot.matmul(&vt.t()?)?, scale)?;
         add_to_keys(&mut dv, &p.t()?.matmul(&dot)?, work)?;
         drop(p);
@@ -331,7 +325,7 @@ mod tests {
         };
         let (kh, vh) = (expand(k)?, expand(v)?);
         let s = qh.matmul(&kh.t()?)?;
-        let p = softmax::composed(&s, 1.0 / (d as f64).sqrt(), t, causal)?;
+        let p = softmax::composed(&s, 1.0 / (d as f64).sqrt(), t, 0, causal)?;
         p.matmul(&vh)?.transpose(1, 2)
     }
 
@@ -384,7 +378,7 @@ mod tests {
             let g = (eager(&q, &k, &v, causal, false)? * &d_o)?
                 .sum_all()?
                 .backward()?;
-            let (dq, dk, dv) = tiled_backward(&q, &k, &v, &d_o, causal, tile)?;
+            let (dq, dk, dv) = tiled_backward(&q, &k, &v, &d_o, causal, Some(tile))?;
             for (name, ours, x) in [("dq", dq, &q), ("dk", dk, &k), ("dv", dv, &v)] {
                 let want = g.get(x).unwrap();
                 let diff = (&ours - want)?.abs()?.max_all()?.to_scalar::<f64>()?;

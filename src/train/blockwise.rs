@@ -220,7 +220,6 @@ impl Attention {
                     .reshape((b, t, nh, d))?
                     .transpose(1, 2)?
                     .to_dtype(q.dtype())?;
-                let tile = attention::tile_rows(b, nh, t, q.dtype());
                 let heads_first = |x: &Tensor| x.transpose(1, 2);
                 let (dq, dk, dv) = attention::tiled_backward(
                     &heads_first(&q)?,
@@ -228,7 +227,7 @@ impl Attention {
                     &heads_first(&v)?,
                     &d_o,
                     true,
-                    tile,
+                    None,
                 )?;
                 let dtype = h.dtype();
                 (

@@ -12,14 +12,10 @@ use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
-/// Rows are query positions r % period (all of a sequence's positions).
-pub fn softmax(scores: &Tensor, scale: f64, period: usize, causal: bool) -> Result<Tensor> {
-    softmax_tile(scores, scale, period, 0, causal)
-}
-
-/// Rows are query positions first + r % period (a tile of the sequence's
-/// queries against keys 0.. of the scores' width).
-pub fn softmax_tile(
+/// Rows are query positions first + r % period (with `first` 0, all of a
+/// sequence's positions; else a tile of its queries against keys 0.. of
+/// the scores' width).
+pub fn softmax(
     scores: &Tensor,
     scale: f64,
     period: usize,
@@ -37,15 +33,11 @@ pub fn softmax_tile(
             causal,
         })
     } else {
-        composed_tile(scores, scale, period, first, causal)
+        composed(scores, scale, period, first, causal)
     }
 }
 
-pub fn composed(scores: &Tensor, scale: f64, period: usize, causal: bool) -> Result<Tensor> {
-    composed_tile(scores, scale, period, 0, causal)
-}
-
-fn composed_tile(
+pub fn composed(
     scores: &Tensor,
     scale: f64,
     period: usize,
@@ -281,8 +273,8 @@ mod tests {
         for causal in [true, false] {
             let s = Var::from_tensor(&(rand(&[2, 3, 10, 5], 1) * 4.0)?)?;
             let dy = rand(&[2, 3, 10, 5], 2);
-            let a = softmax(&s, 0.35, 5, causal)?;
-            let b = composed(&s, 0.35, 5, causal)?;
+            let a = softmax(&s, 0.35, 5, 0, causal)?;
+            let b = composed(&s, 0.35, 5, 0, causal)?;
             assert!(max_diff(&a, &b)? < 1e-6, "causal={causal}");
             let ga = (a * &dy)?.sum_all()?.backward()?;
             let gb = (b * &dy)?.sum_all()?.backward()?;
