@@ -314,12 +314,13 @@ impl AdamW {
                 Moments::Device { m, v }
                     if super::optim_cuda::Update::applies(slot.var.as_tensor(), g, m, v) =>
                 {
-                    let clip = match (&device_clip, clipping) {
-                        (Some(c), _) => c.clone(),
-                        (None, Clipping::Device(t)) => t.clone(),
-                        (None, host) => host.as_tensor(slot.var.device())?,
+                    // On the device once per step (uploaded when computed on the host).
+                    let clip = match &device_clip {
+                        Some(c) => c.clone(),
+                        None => device_clip
+                            .insert(clipping.as_tensor(slot.var.device())?)
+                            .clone(),
                     };
-                    device_clip = Some(clip.clone());
                     let op = super::optim_cuda::Update {
                         m: m.clone(),
                         v: v.clone(),
