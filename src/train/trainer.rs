@@ -315,7 +315,8 @@ fn announce_bf16_kernel() -> Result<()> {
     Ok(())
 }
 
-/// GPU `local_rank`; refuses an invalid `SWEEP_CUDA_KERNELS`.
+/// GPU `local_rank`; refuses an invalid `SWEEP_CUDA_KERNELS` (and, in
+/// [`device::cuda`], `SWEEP_CUDA_POOL`).
 fn cuda_device(local_rank: usize) -> Result<Device> {
     if ops::cuda_kernels_requested().map_err(anyhow::Error::msg)? == ops::CudaKernels::Composed {
         eprintln!(
@@ -323,7 +324,6 @@ fn cuda_device(local_rank: usize) -> Result<Device> {
             ops::CUDA_KERNELS_ENV
         );
     }
-    device::cuda_pool_requested().map_err(anyhow::Error::msg)?;
     #[cfg(feature = "cuda")]
     return device::cuda(local_rank);
     #[cfg(not(feature = "cuda"))]
