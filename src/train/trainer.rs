@@ -271,6 +271,7 @@ fn forward_backward(
     let mut loss = 0.0;
     for (i, b) in micro.iter().enumerate() {
         let last = i + 1 == micro.len();
+        sum.tokens(&b.inputs);
         let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), device)?;
         let probe = Probe {
             at_peak: &mut || memory.sample(device),

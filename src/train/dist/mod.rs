@@ -98,6 +98,12 @@ pub trait Collective {
     fn describe(&self) -> String;
     /// The element-wise sum over all ranks of a 1-D tensor, on every rank.
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
+    /// The sum over all ranks of `send` (1-D) written into `recv`, a
+    /// contiguous tensor of the same length and dtype that shares no storage
+    /// with it — directly where the engine can.
+    fn all_reduce_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        Ok(recv.slice_set(&self.all_reduce_sum(send)?, 0, 0)?)
+    }
     /// Rank `root`'s copy of a 1-D tensor, on every rank.
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
     /// Stops every rank of the job after an error on this one.
@@ -169,10 +175,11 @@ pub const BUCKET_BYTES: usize = crate::config::scaling::BUCKET_BYTES;
 
 /// Sums f32 buckets over all ranks on a thread of its own.
 pub trait Background {
-    /// Starts summing the next bucket (after every one handed over before).
-    fn start(&mut self, bucket: Vec<f32>) -> Result<()>;
-    /// The sums of every bucket started, in order, once all are done.
-    fn finish(self: Box<Self>) -> Result<Vec<Vec<f32>>>;
+    /// Starts summing the next bucket, `send`, into `recv` (after every
+    /// bucket handed over before); neither is touched until [`Background::finish`].
+    fn start(&mut self, send: Tensor, recv: Tensor) -> Result<()>;
+    /// Returns once every bucket started is summed.
+    fn finish(self: Box<Self>) -> Result<()>;
 }
 
 /// The sums of a few numbers over all ranks (token counts, losses, votes),
@@ -241,7 +248,7 @@ mod tests {
 
     /// A stand-in engine for the bucketing alone: its "sum" is four times
     /// the input, and it counts its calls.
-    struct Doubled(std::cell::Cell<usize>);
+    pub(super) struct Doubled(pub(super) std::cell::Cell<usize>);
 
     impl Collective for Doubled {
         fn ranks(&self) -> Ranks {

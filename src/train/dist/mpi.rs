@@ -4,7 +4,7 @@
 
 use super::{Background, Collective, Ranks};
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::{CpuStorage, DType, Layout, Tensor};
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
@@ -112,6 +112,14 @@ impl Collective for Mpi {
         sum.into_tensor(t)
     }
 
+    fn all_reduce_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        let f32_cpu = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu() && t.rank() == 1;
+        if !f32_cpu(send) || !f32_cpu(recv) {
+            return Ok(recv.slice_set(&self.all_reduce_sum(send)?, 0, 0)?);
+        }
+        Ok(recv.inplace_op2(send, &SumInto(&self.world))?)
+    }
+
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
         let mut host = Host::of(t)?;
         let root = self.world.process_at_rank(root as i32);
@@ -156,25 +164,19 @@ unsafe impl Sync for Handle {}
 /// Sums buckets with blocking all-reduces, in order, on a thread of its own:
 /// the progress thread that lets them overlap the caller's computing.
 struct MpiBackground {
-    tx: Option<std::sync::mpsc::Sender<Vec<f32>>>,
-    thread: std::thread::JoinHandle<Vec<Vec<f32>>>,
+    tx: Option<std::sync::mpsc::Sender<(Tensor, Tensor)>>,
+    thread: std::thread::JoinHandle<Result<()>>,
 }
 
 impl MpiBackground {
     fn spawn(comm: Arc<Handle>) -> MpiBackground {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<f32>>();
+        let (tx, rx) = std::sync::mpsc::channel::<(Tensor, Tensor)>();
         let thread = std::thread::Builder::new()
             .name("sweep-allreduce".into())
             .spawn(move || {
                 let comm = comm;
                 rx.into_iter()
-                    .map(|send| {
-                        let mut recv = vec![0f32; send.len()];
-                        comm.0
-                            .all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
-                        recv
-                    })
-                    .collect()
+                    .try_for_each(|(send, recv)| Ok(recv.inplace_op2(&send, &SumInto(&comm.0))?))
             })
             .expect("spawning the all-reduce thread");
         MpiBackground {
@@ -185,18 +187,51 @@ impl MpiBackground {
 }
 
 impl Background for MpiBackground {
-    fn start(&mut self, bucket: Vec<f32>) -> Result<()> {
+    fn start(&mut self, send: Tensor, recv: Tensor) -> Result<()> {
         self.tx
             .as_ref()
             .expect("open until finish")
-            .send(bucket)
+            .send((send, recv))
             .map_err(|_| anyhow::anyhow!("the all-reduce thread stopped"))
     }
 
-    fn finish(mut self: Box<Self>) -> Result<Vec<Vec<f32>>> {
+    fn finish(mut self: Box<Self>) -> Result<()> {
         drop(self.tx.take());
         self.thread
             .join()
-            .map_err(|_| anyhow::anyhow!("the all-reduce thread panicked"))
+            .map_err(|_| anyhow::anyhow!("the all-reduce thread panicked"))?
+    }
+}
+
+/// MPI's sum of the f32 data of the second tensor into the first's storage,
+/// as an in-place op: candle holds the destination's write lock meanwhile.
+struct SumInto<'a>(&'a SimpleCommunicator);
+
+impl candle_core::InplaceOp2 for SumInto<'_> {
+    fn name(&self) -> &'static str {
+        "mpi-all-reduce-into"
+    }
+
+    fn cpu_fwd(
+        &self,
+        recv: &mut CpuStorage,
+        l_recv: &Layout,
+        send: &CpuStorage,
+        l_send: &Layout,
+    ) -> candle_core::Result<()> {
+        let (CpuStorage::F32(recv), CpuStorage::F32(send)) = (recv, send) else {
+            candle_core::bail!("MPI sums f32 buffers into f32 buffers")
+        };
+        let (Some((a, b)), Some((c, d))) =
+            (l_recv.contiguous_offsets(), l_send.contiguous_offsets())
+        else {
+            candle_core::bail!("MPI sums contiguous buffers")
+        };
+        if b - a != d - c {
+            candle_core::bail!("summing {} values into {}", d - c, b - a)
+        }
+        self.0
+            .all_reduce_into(&send[c..d], &mut recv[a..b], SystemOperation::sum());
+        Ok(())
     }
 }
