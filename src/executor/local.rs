@@ -444,19 +444,35 @@ pub fn mpirun(ranks: u32, argv: &[&str]) -> Result<Command> {
         .args(argv)
         .env("WORLD_SIZE", ranks.to_string())
         .env_remove("RANK")
-        .env_remove("LOCAL_RANK")
-        // Open MPI: more ranks than cores is allowed, rayon threads are not
-        // pinned to one core, root (containers, CI) may run it, the
-        // shared-memory transport avoids the single-copy mechanism that fails
-        // inside VMs and containers, and a rank waiting in MPI yields its core
-        // (the thread that sums gradients during the backward pass shares
-        // the cores with the compute). MPICH ignores these.
-        .env("OMPI_MCA_mpi_yield_when_idle", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .env("OMPI_MCA_hwloc_base_binding_policy", "none")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+        .env_remove("LOCAL_RANK");
+    // Open MPI: more ranks than cores is allowed, rayon threads are not
+    // pinned to one core, root (containers, CI) may run it, a rank waiting
+    // in MPI yields its core (the thread that sums gradients during the
+    // backward pass shares the cores with the compute), and the
+    // shared-memory transport copies large messages in one step where this
+    // machine lets one process read another's memory (else through shared
+    // buffers: the single-copy mechanism fails inside many VMs and
+    // containers). A setting already in the environment wins. MPICH ignores
+    // these.
+    for (key, value) in [
+        ("OMPI_MCA_mpi_yield_when_idle", "1"),
+        ("OMPI_MCA_rmaps_base_oversubscribe", "1"),
+        ("OMPI_MCA_hwloc_base_binding_policy", "none"),
+        ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+        (
+            "OMPI_MCA_btl_vader_single_copy_mechanism",
+            if crate::util::process::cross_memory_attach() {
+                "cma"
+            } else {
+                "none"
+            },
+        ),
+    ] {
+        if std::env::var_os(key).is_none() {
+            c.env(key, value);
+        }
+    }
     Ok(c)
 }
 

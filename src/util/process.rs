@@ -70,6 +70,46 @@ pub fn find_in_path(name: &str) -> Option<std::path::PathBuf> {
         })
 }
 
+/// Whether one process may read another's memory here (Linux's
+/// cross-memory attach, `process_vm_readv`): tried on a forked child, which
+/// holds this process's memory at the same addresses. Seccomp filters,
+/// missing ptrace rights and Yama's restrictions make it fail; Yama's
+/// relational scope lets a process read only its descendants (MPI's ranks
+/// are siblings), so any scope but 0 counts as no.
+pub fn cross_memory_attach() -> bool {
+    if std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").is_ok_and(|s| s.trim() != "0")
+    {
+        return false;
+    }
+    static PROBE: u64 = 0x5eed_c0de_cafe_f00d;
+    let mut read = 0u64;
+    // SAFETY: the child calls only async-signal-safe functions (pause,
+    // _exit) before it is killed, as a child forked from a process with
+    // threads must; the iovecs point at 8 live bytes each.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return false;
+        }
+        if pid == 0 {
+            libc::pause();
+            libc::_exit(0);
+        }
+        let local = libc::iovec {
+            iov_base: std::ptr::addr_of_mut!(read).cast(),
+            iov_len: 8,
+        };
+        let remote = libc::iovec {
+            iov_base: std::ptr::addr_of!(PROBE).cast_mut().cast(),
+            iov_len: 8,
+        };
+        let n = libc::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+        n == 8 && read == PROBE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::proc_kb;
