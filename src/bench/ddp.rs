@@ -47,12 +47,6 @@ impl DdpRow {
     }
 }
 
-impl DdpRow {
-    pub fn global_tokens_per_s(&self) -> f64 {
-        self.tokens_per_s_per_rank * self.ranks as f64
-    }
-}
-
 /// The run every rank trains: f32 on the CPU; on a GPU, bf16 with flash
 /// attention when built in, as the reference study trains.
 fn config(w: &Work) -> TrainConfig {
@@ -89,6 +83,10 @@ pub fn rank(w: &Work) -> Result<()> {
     let (mut step_s, mut comm_s) = (0.0, 0.0);
     for step in 1..=w.steps + 2 {
         let batch = crate::data::loader::next_batch(&mut stream, w.batch)?;
+        // The step is timed from the moment every rank has its batch: a
+        // rank slower to read its samples would otherwise make the others'
+        // first sum of the step wait, and count as communication.
+        crate::train::dist::barrier(&*t.comm, &t.device)?;
         let started = Instant::now();
         let out = t.step(&[batch], optim::lr_at(step, &t.cfg), &mut memory)?;
         t.device.synchronize()?;

@@ -64,6 +64,7 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
             seq_len,
             device,
             engine_at_one,
+            repeats,
         } => {
             let work = crate::bench::ddp::Work {
                 model,
@@ -73,7 +74,7 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
                 threads,
                 device,
             };
-            ddp(&work, &ranks, engine_at_one)?
+            ddp(&work, &ranks, engine_at_one, repeats as usize)?
         }
         BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?)?,
     }
@@ -430,35 +431,75 @@ fn plan(runs: usize, dir: PathBuf) -> Result<()> {
     Ok(())
 }
 
-/// `sweep bench ddp`: weak scaling from the first world size to the others.
-fn ddp(work: &crate::bench::ddp::Work, ranks: &[usize], engine_at_one: bool) -> Result<()> {
-    let rows = crate::bench::ddp::run(work, ranks, engine_at_one)?;
-    let Some(base) = rows.first() else {
+/// `sweep bench ddp`: weak scaling from the first world size to the others,
+/// over `repeats` rounds of every world size in turn (medians; each round's
+/// efficiency against its own base, so a drifting machine moves both alike).
+fn ddp(
+    work: &crate::bench::ddp::Work,
+    ranks: &[usize],
+    engine_at_one: bool,
+    repeats: usize,
+) -> Result<()> {
+    let rounds = (0..repeats)
+        .map(|_| crate::bench::ddp::run(work, ranks, engine_at_one))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(base) = rounds.first().and_then(|r| r.first()) else {
         return Ok(());
     };
     println!(
-        "data parallelism: {} ({:.1}M parameters), batch {} x {} tokens per rank, {} thread(s) per rank, {} timed steps; engine {}",
+        "data parallelism: {} ({:.1}M parameters), batch {} x {} tokens per rank, {} thread(s) per rank, {} timed steps{}; engine {}",
         work.model,
         base.parameters as f64 / 1e6,
         work.batch,
         work.seq,
         work.threads,
         work.steps,
-        rows.last().map_or("-", |r| r.engine.as_str()),
+        if repeats > 1 { format!(", median of {repeats} rounds") } else { String::new() },
+        rounds[0].last().map_or("-", |r| r.engine.as_str()),
     );
     println!(
         "{:>10} {:>16} {:>14} {:>9} {:>12} {:>10}",
         "ranks", "tokens/s/rank", "tokens/s all", "s/step", "all-reduce", "efficiency"
     );
-    for r in &rows {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        (v[(n - 1) / 2] + v[n / 2]) / 2.0
+    };
+    for (i, r) in rounds[0].iter().enumerate() {
+        let of = |f: &dyn Fn(&crate::bench::ddp::DdpRow, &crate::bench::ddp::DdpRow) -> f64| {
+            median(rounds.iter().map(|round| f(&round[i], &round[0])).collect())
+        };
+        let per_rank = of(&|r, _| r.tokens_per_s_per_rank);
+        let efficiency = of(&|r, base| r.tokens_per_s_per_rank / base.tokens_per_s_per_rank);
+        let shares: Vec<f64> = rounds
+            .iter()
+            .map(|round| round[i].comm_s / round[i].step_s)
+            .collect();
         println!(
-            "{:>10} {:>16.0} {:>14.0} {:>9.3} {:>11.1}% {:>9.1}%",
+            "{:>10} {:>16.0} {:>14.0} {:>9.3} {:>11.1}% {:>9.1}%{}",
             r.label(),
-            r.tokens_per_s_per_rank,
-            r.global_tokens_per_s(),
-            r.step_s,
-            100.0 * r.comm_s / r.step_s,
-            100.0 * r.tokens_per_s_per_rank / base.tokens_per_s_per_rank,
+            per_rank,
+            per_rank * r.ranks as f64,
+            of(&|r, _| r.step_s),
+            100.0 * median(shares.clone()),
+            100.0 * efficiency,
+            if repeats > 1 && i > 0 {
+                let each: Vec<String> = rounds
+                    .iter()
+                    .zip(&shares)
+                    .map(|(round, share)| {
+                        format!(
+                            "{:.1}/{:.1}",
+                            100.0 * round[i].tokens_per_s_per_rank / round[0].tokens_per_s_per_rank,
+                            100.0 * share
+                        )
+                    })
+                    .collect();
+                format!("   rounds (efficiency/all-reduce %): {}", each.join(", "))
+            } else {
+                String::new()
+            },
         );
     }
     Ok(())

@@ -345,6 +345,10 @@ pub enum BenchCmd {
         /// Also run one rank through the engine (MPI or NCCL) to see its cost without peers.
         #[arg(long)]
         engine_at_one: bool,
+        /// Rounds of every world size in turn; the medians count (a shared
+        /// machine's noise moves one run by several percent).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+        repeats: u32,
     },
     /// The largest batch size a run's configuration trains at: real steps at
     /// each size tried, starting from the plan's memory estimate.

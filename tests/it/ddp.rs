@@ -221,6 +221,49 @@ fn overlapped_and_blocking_sums_give_identical_parameters() {
     assert_eq!(digest(false), digest(true));
 }
 
+/// `sweep bench ddp` runs every world size in each round, with real ranks,
+/// and reports the medians with each round's efficiency and all-reduce share.
+#[test]
+fn bench_ddp_reports_the_median_of_its_rounds() {
+    let root = project();
+    let out = run_ok(sweep(root.path()).args([
+        "bench",
+        "ddp",
+        "--ranks",
+        "1,2",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--batch",
+        "1",
+        "--seq-len",
+        "32",
+        "--repeats",
+        "2",
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("median of 2 rounds"), "{text}");
+    let row = |ranks: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(ranks))
+            .unwrap_or_else(|| panic!("no row for {ranks} rank(s):\n{text}"))
+            .to_string()
+    };
+    assert!(row("1").trim_end().ends_with("100.0%"), "{text}");
+    let two = row("2");
+    let rounds = two
+        .split("rounds (efficiency/all-reduce %): ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no rounds in {two}"));
+    assert_eq!(rounds.split(", ").count(), 2, "{two}");
+    for round in rounds.split(", ") {
+        let (eff, share) = round.trim().split_once('/').unwrap();
+        let (eff, share): (f64, f64) = (eff.parse().unwrap(), share.parse().unwrap());
+        assert!(eff > 0.0 && (0.0..100.0).contains(&share), "{two}");
+    }
+}
+
 /// In the contiguous order the bundled data gives 2 ranks other samples than
 /// 1 rank at twice the batch: the curves part (what the global order is for).
 #[test]
