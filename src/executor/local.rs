@@ -454,24 +454,23 @@ pub fn mpirun(ranks: u32, argv: &[&str]) -> Result<Command> {
     // buffers: the single-copy mechanism fails inside many VMs and
     // containers). A setting already in the environment wins. MPICH ignores
     // these.
+    let unset = |key: &str| std::env::var_os(key).is_none();
     for (key, value) in [
         ("OMPI_MCA_mpi_yield_when_idle", "1"),
         ("OMPI_MCA_rmaps_base_oversubscribe", "1"),
         ("OMPI_MCA_hwloc_base_binding_policy", "none"),
         ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
         ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
-        (
-            "OMPI_MCA_btl_vader_single_copy_mechanism",
-            if crate::util::process::cross_memory_attach() {
-                "cma"
-            } else {
-                "none"
-            },
-        ),
     ] {
-        if std::env::var_os(key).is_none() {
+        if unset(key) {
             c.env(key, value);
         }
+    }
+    // Probed (a fork) only when the environment leaves it to us.
+    const SINGLE_COPY: &str = "OMPI_MCA_btl_vader_single_copy_mechanism";
+    if unset(SINGLE_COPY) {
+        let cma = crate::util::process::cross_memory_attach();
+        c.env(SINGLE_COPY, if cma { "cma" } else { "none" });
     }
     Ok(c)
 }
