@@ -1,6 +1,7 @@
 //! `sweep bench ...`: run a benchmark and print its figures.
 
 use super::BenchCmd;
+use crate::bench::ddp::DdpRow;
 use crate::config::DeviceKind;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
@@ -467,39 +468,31 @@ fn ddp(
         (v[(n - 1) / 2] + v[n / 2]) / 2.0
     };
     for (i, r) in rounds[0].iter().enumerate() {
-        let of = |f: &dyn Fn(&crate::bench::ddp::DdpRow, &crate::bench::ddp::DdpRow) -> f64| {
-            median(rounds.iter().map(|round| f(&round[i], &round[0])).collect())
+        // This row's figure in every round, given the row and its round's base.
+        let each = |f: &dyn Fn(&DdpRow, &DdpRow) -> f64| -> Vec<f64> {
+            rounds.iter().map(|round| f(&round[i], &round[0])).collect()
         };
-        let per_rank = of(&|r, _| r.tokens_per_s_per_rank);
-        let efficiency = of(&|r, base| r.tokens_per_s_per_rank / base.tokens_per_s_per_rank);
-        let shares: Vec<f64> = rounds
-            .iter()
-            .map(|round| round[i].comm_s / round[i].step_s)
-            .collect();
+        let efficiency = each(&|r, base| r.tokens_per_s_per_rank / base.tokens_per_s_per_rank);
+        let share = each(&|r, _| r.comm_s / r.step_s);
+        let per_rank = median(each(&|r, _| r.tokens_per_s_per_rank));
+        let rounds_note = if repeats > 1 && i > 0 {
+            let each: Vec<String> = efficiency
+                .iter()
+                .zip(&share)
+                .map(|(e, s)| format!("{:.1}/{:.1}", 100.0 * e, 100.0 * s))
+                .collect();
+            format!("   rounds (efficiency/all-reduce %): {}", each.join(", "))
+        } else {
+            String::new()
+        };
         println!(
-            "{:>10} {:>16.0} {:>14.0} {:>9.3} {:>11.1}% {:>9.1}%{}",
+            "{:>10} {:>16.0} {:>14.0} {:>9.3} {:>11.1}% {:>9.1}%{rounds_note}",
             r.label(),
             per_rank,
             per_rank * r.ranks as f64,
-            of(&|r, _| r.step_s),
-            100.0 * median(shares.clone()),
-            100.0 * efficiency,
-            if repeats > 1 && i > 0 {
-                let each: Vec<String> = rounds
-                    .iter()
-                    .zip(&shares)
-                    .map(|(round, share)| {
-                        format!(
-                            "{:.1}/{:.1}",
-                            100.0 * round[i].tokens_per_s_per_rank / round[0].tokens_per_s_per_rank,
-                            100.0 * share
-                        )
-                    })
-                    .collect();
-                format!("   rounds (efficiency/all-reduce %): {}", each.join(", "))
-            } else {
-                String::new()
-            },
+            median(each(&|r, _| r.step_s)),
+            100.0 * median(share),
+            100.0 * median(efficiency),
         );
     }
     Ok(())
