@@ -7,26 +7,25 @@ use super::SubmitArgs;
 use crate::executor::{self, local, Event, State, UnitKind};
 use crate::plan::Job;
 use crate::report::{self, Source};
+use crate::util::signals::{self, StopSignals};
 use anyhow::Result;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
     if args.dry_run {
         return sweep_cmds::submit(root, args);
     }
-    let mut sub = Submission::new(root, args)?;
+    let mut sub = Submission::new(root, args, "run")?;
     let mut view = LiveView::new(tracked(&sub));
     let mut page = LivePage::new(root, &args.manifest);
-    let interrupted = sub.todo() > 0 && watch(&mut sub, &mut view, &mut page)?;
+    let stopped = watch(&mut sub, &mut view, &mut page)?;
     view.finish();
-    if interrupted {
+    if let Some(stop) = stopped {
         page.settle();
-        eprintln!("stopped watching; the jobs go on (`sweep status`, `sweep cancel`), and `sweep run` again picks up where they are");
+        eprintln!("{}", stop.note(&args.manifest));
         return Ok(ExitCode::from(130));
     }
     print_report(root, &args.manifest)?;
@@ -39,6 +38,30 @@ pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Why watching ended before the sweep did.
+enum Stopped {
+    /// A stop signal ended the local jobs (INTERRUPTED now).
+    LocalJobs(i32, Vec<crate::executor::local::Outcome>),
+    /// A stop signal ended the watching; the jobs go on without it.
+    Watching(i32),
+}
+
+impl Stopped {
+    /// What happened, and what to type to go on.
+    fn note(&self, manifest: &Path) -> String {
+        match self {
+            Stopped::LocalJobs(sig, outcomes) => {
+                sweep_cmds::interrupted_note(*sig, outcomes, "run", manifest)
+            }
+            Stopped::Watching(sig) => format!(
+                "sweep: {} stopped the watching; the jobs go on (`sweep status {m}`, `sweep cancel {m}`), and `sweep run {m}` again follows them until they end, then reports",
+                crate::util::signals::name(*sig),
+                m = manifest.display()
+            ),
+        }
+    }
 }
 
 /// Every unit as the live view follows it (training runs with their step count).
@@ -62,10 +85,31 @@ fn tracked(sub: &Submission) -> Vec<Tracked> {
         .collect()
 }
 
-/// Submits the due units and follows them in the view until nothing is
-/// pending or running. Returns whether Ctrl-C stopped it (local jobs are
-/// stopped; scheduled jobs go on).
-fn watch(sub: &mut Submission, view: &mut LiveView, page: &mut LivePage) -> Result<bool> {
+/// Submits the due units, then follows everything pending or running — what
+/// this submitted, and jobs an earlier `sweep` left going — until nothing
+/// is. Returns why it stopped early, if it did.
+fn watch(
+    sub: &mut Submission,
+    view: &mut LiveView,
+    page: &mut LivePage,
+) -> Result<Option<Stopped>> {
+    if sub.todo() > 0 {
+        let done = submit(sub, view, page)?;
+        if let Some(sig) = done.interrupted {
+            return Ok(Some(Stopped::LocalJobs(sig, done.outcomes)));
+        }
+    }
+    // Submitting is over: another sweep may submit this study meanwhile.
+    sub.lock = None;
+    poll(sub, view, page)
+}
+
+/// Submits (SLURM) or runs (local) the due units, following them in the view.
+fn submit(
+    sub: &mut Submission,
+    view: &mut LiveView,
+    page: &mut LivePage,
+) -> Result<executor::Submitted> {
     let dirs: Vec<PathBuf> = sub.units.iter().map(|u| u.dir.clone()).collect();
     let before: Vec<State> = sub.status.iter().map(|s| s.state).collect();
     let submitted: Vec<bool> = sub
@@ -82,7 +126,7 @@ fn watch(sub: &mut Submission, view: &mut LiveView, page: &mut LivePage) -> Resu
             before[i]
         }
     };
-    let done = sub.executor.submit(
+    sub.executor.submit(
         &sub.plan.study_dir,
         &mut sub.units,
         &sub.decisions,
@@ -111,18 +155,13 @@ fn watch(sub: &mut Submission, view: &mut LiveView, page: &mut LivePage) -> Resu
             }
             Event::Started(_) | Event::WouldRun { .. } => {}
         },
-    )?;
-    if done.finished {
-        return Ok(done.interrupted);
-    }
-    poll(sub, view, page)
+    )
 }
 
 /// Polls the whole sweep (one scheduler query per round) until nothing is
-/// pending or running. Returns whether Ctrl-C stopped the watching.
-fn poll(sub: &Submission, view: &mut LiveView, page: &mut LivePage) -> Result<bool> {
-    let stop = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+/// pending or running. Returns the signal that stopped the watching, if one did.
+fn poll(sub: &Submission, view: &mut LiveView, page: &mut LivePage) -> Result<Option<Stopped>> {
+    let stop = StopSignals::install_interactive(&signals::INTERRUPTS)?;
     let mut before: Vec<State> = Vec::new();
     loop {
         let states: Vec<State> = executor::statuses(&sub.units)?
@@ -137,12 +176,18 @@ fn poll(sub: &Submission, view: &mut LiveView, page: &mut LivePage) -> Result<bo
             page.tick();
         }
         if states.iter().all(|s| !s.is_active()) {
-            return Ok(false);
+            return Ok(None);
         }
-        if stop.load(Ordering::SeqCst) {
-            return Ok(true);
+        // Checked often, waited on rarely: a signal is answered at once.
+        for _ in 0..20 {
+            if let Some(sig) = stop.received() {
+                if sig == signals::SIGHUP {
+                    signals::detach_from_terminal();
+                }
+                return Ok(Some(Stopped::Watching(sig)));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        std::thread::sleep(Duration::from_secs(2));
     }
 }
 

@@ -4,6 +4,7 @@ use super::SubmitArgs;
 use crate::executor::{self, local, Decision, Event, Executor, State, Status, SubmitOptions, Unit};
 use crate::manifest::{ExecutorKind, Manifest};
 use crate::plan::{render, Plan, PlanOptions};
+use crate::util::lock::{Acquired, StudyLock};
 use anyhow::Result;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
@@ -156,8 +157,7 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
 
 pub fn render(root: &Path, manifest: &Path, allow_oom: bool) -> Result<ExitCode> {
     let plan = load_plan(root, manifest, allow_oom)?;
-    let rendered = render::render(&plan)?;
-    let s = render::write(&rendered)?;
+    let (_, s, _lock) = write_under_lock(&plan, "render", manifest)?;
     println!(
         "{} runs and {} stages under {} ({} files written, {} unchanged)",
         plan.runs.len(),
@@ -169,33 +169,63 @@ pub fn render(root: &Path, manifest: &Path, allow_oom: bool) -> Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `prepare` does with the rendered run directories.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Directories {
-    /// Write them (submit, run): jobs start from these files.
-    Write,
-    /// Only read the records in them (status, cancel): a command that looks
-    /// must not rewrite `run.json` under a `sweep submit` that is appending
-    /// job ids to it.
-    Read,
+/// Plans, renders and collects the current state of every unit (for the
+/// commands that look: nothing is written).
+pub fn prepare(root: &Path, manifest: &Path) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
+    // Looking at runs never refuses them for memory.
+    let plan = load_plan(root, manifest, true)?;
+    let rendered = render::render(&plan)?;
+    let (units, status) = units_of(&plan, &rendered)?;
+    Ok((plan, units, status))
 }
 
-/// Plans, renders and collects the current state of every unit.
-pub fn prepare(
-    root: &Path,
-    manifest: &Path,
-    dirs: Directories,
-    allow_oom: bool,
-) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
-    // Looking at runs never refuses them for memory.
-    let plan = load_plan(root, manifest, allow_oom || dirs == Directories::Read)?;
-    let rendered = render::render(&plan)?;
-    if dirs == Directories::Write {
-        render::write(&rendered)?;
-    }
-    let units = executor::units(&plan, &rendered);
+/// The rendered units with their current states.
+fn units_of(plan: &Plan, rendered: &render::Rendered) -> Result<(Vec<Unit>, Vec<Status>)> {
+    let units = executor::units(plan, rendered);
     let status = executor::statuses(&units)?;
-    Ok((plan, units, status))
+    Ok((units, status))
+}
+
+/// Renders the plan and writes the run directories under the study's lock,
+/// which it returns held (what was rendered is then what is on disk). Rendering merges each run's record on disk (every job submitted so
+/// far), so it happens under the lock too — and once before it, so that an
+/// error in the plan's templates writes nothing, not even the lock (0.1 s
+/// for 10,000 runs).
+fn write_under_lock(
+    plan: &Plan,
+    verb: &str,
+    manifest: &Path,
+) -> Result<(render::Rendered, render::WriteSummary, StudyLock)> {
+    render::render(plan)?;
+    let lock = lock_study(plan, verb, manifest)?;
+    let rendered = render::render(plan)?;
+    let written = render::write(&rendered)?;
+    Ok((rendered, written, lock))
+}
+
+/// The study's lock for a command that writes it (`sweep <verb> <manifest>`):
+/// a second `sweep` writing the same study waits, saying for whom, so that no
+/// run is rendered or submitted twice at once.
+pub fn lock_study(plan: &Plan, verb: &str, manifest: &Path) -> Result<StudyLock> {
+    let what = format!("sweep {verb} {}", manifest.display());
+    let (lock, how) = StudyLock::acquire(&plan.study_dir, &what, |holder| {
+        eprintln!(
+            "sweep: {} is held by {}; waiting until it is done (Ctrl-C stops waiting)",
+            plan.study_dir.display(),
+            if holder.is_empty() {
+                "another sweep"
+            } else {
+                holder
+            }
+        )
+    })?;
+    if how == Acquired::Unsupported {
+        eprintln!(
+            "warning: the file system of {} does not support locks: make sure no other sweep submits this study at the same time",
+            plan.study_dir.display()
+        );
+    }
+    Ok(lock)
 }
 
 /// What `submit` and `run` act on: the rendered sweep, the executor, and
@@ -207,12 +237,18 @@ pub(super) struct Submission {
     /// Chosen once: `--executor`, else the manifest's, else SLURM.
     pub executor: Box<dyn Executor>,
     pub decisions: Vec<Decision>,
+    /// The study's lock, held while this process submits (on the local
+    /// executor: runs) its jobs.
+    pub lock: Option<StudyLock>,
 }
 
 impl Submission {
-    pub fn new(root: &Path, args: &SubmitArgs) -> Result<Submission> {
-        let (plan, units, status) =
-            prepare(root, &args.manifest, Directories::Write, args.allow_oom)?;
+    /// `verb`: the command (`submit`, `run`), for a second `sweep` to name.
+    pub fn new(root: &Path, args: &SubmitArgs, verb: &str) -> Result<Submission> {
+        let plan = load_plan(root, &args.manifest, args.allow_oom)?;
+        // Decided under the lock: what another sweep submitted is seen.
+        let (rendered, _, lock) = write_under_lock(&plan, verb, &args.manifest)?;
+        let (units, status) = units_of(&plan, &rendered)?;
         let kind = args
             .executor
             .or(plan.manifest.executor)
@@ -233,6 +269,7 @@ impl Submission {
             status,
             executor: executor::for_kind(kind, local),
             decisions,
+            lock: Some(lock),
         })
     }
 
@@ -245,7 +282,7 @@ impl Submission {
 }
 
 pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
-    let mut sub = Submission::new(root, args)?;
+    let mut sub = Submission::new(root, args, "submit")?;
     if sub.todo() == 0 {
         println!("nothing to submit");
         return Ok(ExitCode::SUCCESS);
@@ -257,6 +294,13 @@ pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
         args.dry_run,
         &mut |e| print_event(e, args.dry_run),
     )?;
+    if let Some(sig) = done.interrupted {
+        eprintln!(
+            "{}",
+            interrupted_note(sig, &done.outcomes, "submit", &args.manifest)
+        );
+        return Ok(ExitCode::from(130));
+    }
     if done.outcomes.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
@@ -271,13 +315,39 @@ pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
         failed,
         local::LOG_FILE
     );
-    Ok(if done.interrupted {
-        ExitCode::from(130)
-    } else if failed > 0 {
+    Ok(if failed > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// What a stop signal did to the local jobs, and what to type to go on.
+pub fn interrupted_note(
+    sig: i32,
+    outcomes: &[local::Outcome],
+    verb: &str,
+    manifest: &Path,
+) -> String {
+    let interrupted: Vec<&local::Outcome> = outcomes
+        .iter()
+        .filter(|o| o.status.state == State::Interrupted)
+        .collect();
+    let started = interrupted.iter().filter(|o| o.seconds > 0.0).count();
+    let checkpointed = interrupted
+        .iter()
+        .filter(|o| o.status.exit_code == Some(crate::config::REQUEUE_EXIT))
+        .count();
+    let mut what = format!(
+        "sweep: {} stopped the local jobs: {started} running (stopped; {checkpointed} wrote a checkpoint) and {} not started",
+        crate::util::signals::name(sig),
+        interrupted.len() - started
+    );
+    what.push_str(&format!(
+        ". They are INTERRUPTED, not failed: `sweep {verb} {}` continues them (completed runs are kept, checkpointed ones resume)",
+        manifest.display()
+    ));
+    what
 }
 
 /// One line per submitted job, or per local job as it starts and ends.
@@ -354,7 +424,7 @@ fn report_decisions(units: &[Unit], decisions: &[Decision]) {
 }
 
 pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
-    let (_plan, units, status) = prepare(root, manifest, Directories::Read, true)?;
+    let (_plan, units, status) = prepare(root, manifest)?;
     if json {
         let rows: Vec<_> = units
             .iter()
@@ -399,7 +469,7 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
 }
 
 pub fn cancel(root: &Path, manifest: &Path) -> Result<ExitCode> {
-    let (_plan, units, status) = prepare(root, manifest, Directories::Read, true)?;
+    let (_plan, units, status) = prepare(root, manifest)?;
     let cancelled = executor::cancel(&units, &status)?;
     if cancelled.is_empty() {
         println!("nothing pending or running");

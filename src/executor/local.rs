@@ -1,11 +1,16 @@
 //! The local executor: runs jobs as child processes on this machine, N at a
 //! time, stages before the runs that need them. Each job logs to
-//! `<dir>/local.out` and records its state in `<dir>/local.json`. Ctrl-C
-//! (SIGINT/SIGTERM) stops the children cleanly: SIGTERM to each job's process
-//! group (the trainer checkpoints on it), SIGKILL after a grace period.
+//! `<dir>/local.out`, records its state in `<dir>/local.json`, and its own
+//! shell writes its exit status into `<dir>/exit_code` as it exits — so how
+//! a job ended is known even when the `sweep` that started it was killed.
+//! Ctrl-C, SIGTERM and SIGHUP stop the children cleanly: SIGTERM to each
+//! job's process group (the trainer checkpoints on it), SIGKILL after a
+//! grace period; the runs stopped or not yet started are INTERRUPTED, and
+//! the next `sweep run` continues them.
 
-use super::{job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
+use super::{ended, job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::ExecutorKind;
+use crate::util::signals::{self, StopSignals};
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -15,8 +20,6 @@ use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const STATE_FILE: &str = "local.json";
@@ -24,6 +27,8 @@ pub const LOG_FILE: &str = "local.out";
 use crate::config::REQUEUE_EXIT;
 const MAX_REQUEUES: u32 = 10;
 const GRACE: Duration = Duration::from_secs(20);
+/// The most ranks of one run started on this machine.
+const MAX_RANKS: u32 = 256;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct LocalState {
@@ -31,6 +36,10 @@ struct LocalState {
     state: State,
     /// The job's process (also its process group).
     pid: Option<u32>,
+    /// When that process started (clock ticks after boot, from
+    /// `/proc/<pid>/stat`): a later process given the same pid is not it.
+    #[serde(default)]
+    pid_start: Option<u64>,
     /// The `sweep` process that runs the job.
     owner_pid: u32,
     exit_code: Option<i32>,
@@ -49,6 +58,7 @@ impl LocalState {
             job_id,
             state,
             pid: None,
+            pid_start: None,
             owner_pid,
             exit_code: None,
             signal: None,
@@ -131,6 +141,19 @@ impl Executor for LocalExecutor {
                 ..Default::default()
             });
         }
+        // Every rank of a local run is a process on this machine.
+        if let Some(u) = units
+            .iter()
+            .zip(decisions)
+            .find(|(u, d)| **d == Decision::Submit && u.ranks > MAX_RANKS)
+            .map(|(u, _)| u)
+        {
+            bail!(
+                "{} has {} ranks, and the local executor starts every rank on this machine (at most {MAX_RANKS}): submit it to SLURM (`--executor slurm`)",
+                u.name,
+                u.ranks
+            );
+        }
         let (outcomes, interrupted) = run(units, decisions, self.0, on)?;
         Ok(Submitted {
             outcomes,
@@ -151,42 +174,41 @@ impl Executor for LocalExecutor {
     }
 }
 
-/// Runs the units the decisions say to submit, until all are done or the
-/// user interrupts; reports every start and end, and ticks about once a
-/// second. Returns the outcomes and whether Ctrl-C stopped it.
+/// Runs the units the decisions say to submit, until all are done or a
+/// stop signal arrives; reports every start and end, and ticks about once a
+/// second. Returns the outcomes and the signal that stopped it, if one did.
 pub fn run(
     units: &mut [Unit],
     decisions: &[Decision],
     opts: LocalOptions,
     on: &mut dyn FnMut(Event<'_>),
-) -> Result<(Vec<Outcome>, bool)> {
-    let interrupted = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&interrupted))
-            .context("installing the Ctrl-C handler")?;
-    }
+) -> Result<(Vec<Outcome>, Option<i32>)> {
+    let stop = StopSignals::install_interactive(&signals::INTERRUPTS)?;
     let mut pool = Pool::new(units, decisions, opts)?;
     let mut last_tick = Instant::now();
     loop {
+        if let Some(sig) = stop.received() {
+            if sig == signals::SIGHUP {
+                signals::detach_from_terminal();
+            }
+            pool.stop_all(units, sig, on)?;
+            return Ok((pool.outcomes, Some(sig)));
+        }
         if last_tick.elapsed() >= Duration::from_secs(1) {
             on(Event::Tick);
             last_tick = Instant::now();
         }
-        if interrupted.load(Ordering::SeqCst) {
-            pool.stop_all(units, on)?;
-            return Ok((pool.outcomes, true));
-        }
         pool.start_ready(units, on)?;
         pool.reap(units, on)?;
         if pool.queue.is_empty() && pool.running.is_empty() {
-            return Ok((pool.outcomes, false));
+            return Ok((pool.outcomes, None));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// A job that exited: its exit code and the signal that ended it.
-type Exited = (Running, Option<i32>, Option<i32>);
+/// A job that exited, and how (its shell's status, as it records it).
+type Exited = (Running, Status);
 
 /// The jobs of one `run`: queued, running, and how each unit ended.
 struct Pool {
@@ -195,6 +217,10 @@ struct Pool {
     owner: u32,
     queue: VecDeque<usize>,
     running: Vec<Running>,
+    /// Stages running under another process (a `sweep` killed earlier).
+    elsewhere: Vec<usize>,
+    /// When `elsewhere` was last looked at.
+    checked: Option<Instant>,
     /// How each unit ended (`None`: not yet), for the runs waiting on a stage.
     done: Vec<Option<State>>,
     outcomes: Vec<Outcome>,
@@ -212,6 +238,7 @@ impl Pool {
         };
         let owner = std::process::id();
         let mut queue = VecDeque::new();
+        let mut elsewhere = Vec::new();
         let mut done = vec![None; units.len()];
         for (i, (u, d)) in units.iter_mut().zip(decisions).enumerate() {
             match d {
@@ -229,6 +256,9 @@ impl Pool {
                 {
                     done[i] = Some(*s)
                 }
+                // Still running under a `sweep` that was killed: followed
+                // until it ends, for the runs that wait for it.
+                Decision::Skip(_) if u.kind == UnitKind::Stage => elsewhere.push(i),
                 _ => {}
             }
         }
@@ -238,9 +268,39 @@ impl Pool {
             owner,
             queue,
             running: Vec::new(),
+            elsewhere,
+            checked: None,
             done,
             outcomes: Vec::new(),
         })
+    }
+
+    /// Notes the end of stages that run under another process, once a second.
+    fn follow_elsewhere(&mut self, units: &[Unit]) -> Result<()> {
+        if self.elsewhere.is_empty()
+            || self
+                .checked
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return Ok(());
+        }
+        self.checked = Some(Instant::now());
+        let records: Vec<_> = self
+            .elsewhere
+            .iter()
+            .map(|&i| (&units[i].record, units[i].dir.as_path()))
+            .collect();
+        let states = super::record_statuses(&records)?;
+        let mut still = Vec::new();
+        for (&i, s) in self.elsewhere.iter().zip(states) {
+            if s.state.is_active() {
+                still.push(i);
+            } else {
+                self.done[i] = Some(s.state);
+            }
+        }
+        self.elsewhere = still;
+        Ok(())
     }
 
     fn ended(&mut self, o: Outcome, on: &mut dyn FnMut(Event<'_>)) {
@@ -251,22 +311,30 @@ impl Pool {
     /// Starts queued units whose stage is done, up to `parallel` at a time;
     /// cancels those whose stage failed or that `sweep cancel` marked.
     fn start_ready(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
+        self.follow_elsewhere(units)?;
         let mut waiting = VecDeque::new();
         while let Some(i) = self.queue.pop_front() {
-            let cancel_reason = match units[i].stage.map(|s| self.done[s]) {
+            let not_started = match units[i].stage.map(|s| self.done[s]) {
                 Some(None) => {
                     waiting.push_back(i); // its stage is still running
                     continue;
                 }
-                Some(Some(s)) if s != State::Completed => {
-                    Some("its pretokenize stage did not complete (DependencyNeverSatisfied)")
+                Some(Some(State::Interrupted)) => Some((
+                    State::Interrupted,
+                    "its pretokenize stage was interrupted; `sweep run` runs both",
+                )),
+                Some(Some(s)) if s != State::Completed => Some((
+                    State::Cancelled,
+                    "its pretokenize stage did not complete (DependencyNeverSatisfied)",
+                )),
+                _ if cancel_requested(&units[i].dir) => {
+                    Some((State::Cancelled, "cancelled before it started"))
                 }
-                _ if cancel_requested(&units[i].dir) => Some("cancelled before it started"),
                 _ => None,
             };
-            if let Some(reason) = cancel_reason {
-                let o = finish_unstarted(units, i, State::Cancelled, reason)?;
-                self.done[i] = Some(State::Cancelled);
+            if let Some((state, reason)) = not_started {
+                let o = finish_unstarted(units, i, state, reason)?;
+                self.done[i] = Some(state);
                 self.ended(o, on);
             } else if self.running.len() < self.opts.parallel {
                 let r = start(&units[i], i, self.threads, self.owner, 0)?;
@@ -283,10 +351,10 @@ impl Pool {
     /// Collects the jobs that exited; one that checkpointed on a signal
     /// (exit 99) starts again, like SLURM's requeue.
     fn reap(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
-        for (mut r, code, signal) in self.take_exited()? {
+        for (mut r, status) in self.take_exited()? {
             let dir = &units[r.unit].dir;
             let cancelled = cancel_requested(dir);
-            if code == Some(REQUEUE_EXIT) && r.requeues < MAX_REQUEUES && !cancelled {
+            if status.exit_code == Some(REQUEUE_EXIT) && r.requeues < MAX_REQUEUES && !cancelled {
                 let again = start(
                     &units[r.unit],
                     r.unit,
@@ -297,14 +365,16 @@ impl Pool {
                 self.running.push(again);
                 continue;
             }
-            r.state.exit_code = code;
-            r.state.signal = signal;
-            r.state.state = match (code, signal) {
-                (Some(0), _) => State::Completed,
-                _ if cancelled || signal.is_some() => State::Cancelled,
-                (Some(code), _) => Status::exited(code).state,
-                _ => State::Failed,
+            r.state.state = match status.state {
+                State::Completed => State::Completed,
+                _ if cancelled => State::Cancelled,
+                // Signalled by someone else than this sweep: it did not
+                // complete, and nobody asked for it.
+                st => st,
             };
+            r.state.exit_code = status.exit_code;
+            r.state.signal = status.signal;
+            r.state.reason = status.reason;
             r.state.cancel_requested = cancelled;
             r.state.ended_at = Some(crate::util::now_rfc3339());
             r.state.save(dir)?;
@@ -315,16 +385,16 @@ impl Pool {
         Ok(())
     }
 
-    /// The running jobs that have exited, taken out of `running`, with their
-    /// exit code and signal.
+    /// The running jobs that have exited, taken out of `running`, with how
+    /// they ended.
     fn take_exited(&mut self) -> Result<Vec<Exited>> {
         let mut exited = Vec::new();
         let mut k = 0;
         while k < self.running.len() {
             match self.running[k].child.try_wait()? {
                 Some(exit) => {
-                    let (code, signal) = exit_parts(exit);
-                    exited.push((self.running.swap_remove(k), code, signal));
+                    let status = exit_status(exit);
+                    exited.push((self.running.swap_remove(k), status));
                 }
                 None => k += 1,
             }
@@ -332,19 +402,31 @@ impl Pool {
         Ok(exited)
     }
 
-    /// Ctrl-C: SIGTERM to every job's process group, SIGKILL after the grace
-    /// period; what had not started yet is cancelled.
-    fn stop_all(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
+    /// A stop signal: SIGTERM to every job's process group, SIGKILL after
+    /// the grace period. What was stopped, or had not started yet, is
+    /// INTERRUPTED: the next `sweep run` runs it again (a trainer that wrote
+    /// its checkpoint continues from it).
+    fn stop_all(&mut self, units: &[Unit], sig: i32, on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
         for r in self.running.iter() {
             let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGTERM);
         }
         let deadline = Instant::now() + GRACE;
+        let why = format!("stopped by {}", signals::name(sig));
         while !self.running.is_empty() {
-            for (mut r, code, signal) in self.take_exited()? {
-                r.state.exit_code = code;
-                r.state.signal = signal;
-                r.state.state = State::Cancelled;
-                r.state.reason = Some("interrupted (Ctrl-C)".into());
+            for (mut r, status) in self.take_exited()? {
+                r.state.state = match status.state {
+                    // It finished before the signal reached it.
+                    State::Completed => State::Completed,
+                    _ => State::Interrupted,
+                };
+                r.state.exit_code = status.exit_code;
+                r.state.signal = status.signal;
+                r.state.reason = Some(match status.exit_code {
+                    Some(REQUEUE_EXIT) => {
+                        format!("{why}; checkpoint written, `sweep run` continues from it")
+                    }
+                    _ => format!("{why}; `sweep run` runs it again"),
+                });
                 r.state.ended_at = Some(crate::util::now_rfc3339());
                 r.state.save(&units[r.unit].dir)?;
                 let o = outcome(&units[r.unit], &r.state, r.started.elapsed().as_secs_f64());
@@ -358,7 +440,8 @@ impl Pool {
             std::thread::sleep(Duration::from_millis(50));
         }
         for i in std::mem::take(&mut self.queue) {
-            let o = finish_unstarted(units, i, State::Cancelled, "interrupted before it started")?;
+            let reason = format!("{why} before it started; `sweep run` runs it");
+            let o = finish_unstarted(units, i, State::Interrupted, &reason)?;
             self.ended(o, on);
         }
         Ok(())
@@ -379,8 +462,13 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         u.id,
         crate::util::now_rfc3339()
     )?;
+    let job_id = u
+        .record
+        .last_job()
+        .map(|j| j.job_id.clone())
+        .unwrap_or_default();
     let line = crate::template::launch_line(&u.command);
-    let mut cmd = if u.ranks > 1 {
+    let program = if u.ranks > 1 {
         ranks_command(u.ranks, &line)?
     } else {
         let mut c = Command::new("bash");
@@ -390,6 +478,8 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
             .env("WORLD_SIZE", "1");
         c
     };
+    ended::clear(&u.dir)?;
+    let mut cmd = recording_exit(&program, &u.dir, &job_id);
     // The job's cores are shared among its ranks.
     let threads = (threads / u.ranks as usize).max(1);
     cmd.envs(job_env(u))
@@ -406,13 +496,9 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
     let child = cmd
         .spawn()
         .with_context(|| format!("starting {}", u.name))?;
-    let job_id = u
-        .record
-        .last_job()
-        .map(|j| j.job_id.clone())
-        .unwrap_or_default();
     let state = LocalState {
         pid: Some(child.id()),
+        pid_start: process_start(child.id()),
         started_at: Some(crate::util::now_rfc3339()),
         ..LocalState::new(job_id, State::Running, owner)
     };
@@ -424,6 +510,30 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         state,
         requeues,
     })
+}
+
+/// The job's program under a shell that writes `<job id> <$?>` into the run
+/// directory's `exit_code` as it exits (as the SLURM job scripts do), and
+/// that outlives a stop signal until its program has ended, so that it
+/// records the program's own status.
+fn recording_exit(program: &Command, dir: &Path, job_id: &str) -> Command {
+    const SCRIPT: &str = r#"dir=$1 ref=$2; shift 2
+trap 'rc=$?; printf "%s %s\n" "$ref" "$rc" >"$dir/.exit_code.tmp" && mv -f "$dir/.exit_code.tmp" "$dir/exit_code"' EXIT
+trap : INT TERM HUP
+"$@""#;
+    let mut c = Command::new("bash");
+    c.args(["-c", SCRIPT, "sweep-job"])
+        .arg(dir)
+        .arg(job_id)
+        .arg(program.get_program())
+        .args(program.get_args());
+    for (key, value) in program.get_envs() {
+        match value {
+            Some(v) => c.env(key, v),
+            None => c.env_remove(key),
+        };
+    }
+    c
 }
 
 /// `mpirun -n N bash -c <line>`: N ranks of a data-parallel run on this
@@ -522,13 +632,24 @@ fn to_status(s: &LocalState) -> Status {
     }
 }
 
-fn exit_parts(exit: std::process::ExitStatus) -> (Option<i32>, Option<i32>) {
+/// How the job's shell exited, read as its `$?` (the recording shell
+/// exits with its program's status: 128 + N for signal N).
+fn exit_status(exit: std::process::ExitStatus) -> Status {
     use std::os::unix::process::ExitStatusExt;
-    (exit.code(), exit.signal())
+    match (exit.code(), exit.signal()) {
+        (Some(code), _) => Status::from_shell(code),
+        // The shell itself was killed (SIGKILL after the grace period).
+        (None, sig) => Status {
+            signal: sig,
+            ..Status::new(State::Failed)
+        },
+    }
 }
 
 /// The state of a local job, checking that its process (or, while pending,
-/// the `sweep` that owns it) still exists.
+/// the `sweep` that owns it) still exists. A job whose `sweep` is gone is
+/// read from what it left in its directory: its recorded exit status, or
+/// INTERRUPTED when it never started or was killed without recording one.
 pub fn status(dir: &Path, job_id: &str) -> Status {
     let Some(s) = LocalState::load(dir) else {
         return Status::new(State::Unknown).with_reason("no local.json in the run directory");
@@ -537,18 +658,24 @@ pub fn status(dir: &Path, job_id: &str) -> Status {
         return Status::new(State::Unknown)
             .with_reason(format!("local.json belongs to {}, not {job_id}", s.job_id));
     }
-    let watch = match s.state {
-        State::Running => s.pid,
-        State::Pending => Some(s.owner_pid),
-        _ => None,
-    };
-    if let Some(pid) = watch {
-        if !alive(pid) {
-            return Status::new(State::Unknown)
-                .with_reason("the sweep process running it stopped before it finished");
-        }
+    match s.state {
+        State::Running if s.pid.is_some_and(|pid| same_process(pid, s.pid_start)) => to_status(&s),
+        State::Running => ended::recorded(dir, job_id).unwrap_or_else(|| {
+            if alive(s.owner_pid) {
+                // Its sweep is about to record how it ended.
+                to_status(&s)
+            } else {
+                Status::new(State::Interrupted).with_reason(
+                    "killed with the sweep that ran it, before it recorded an exit status; `sweep run` runs it again",
+                )
+            }
+        }),
+        State::Pending if !alive(s.owner_pid) => Status::new(State::Interrupted).with_reason(
+            "the sweep that queued it stopped before starting it; `sweep run` runs it",
+        ),
+        _ => to_status(&s),
     }
-    to_status(&s)
+    .with_job(job_id)
 }
 
 /// The state a local job's record shows, without checking its process
@@ -557,15 +684,28 @@ pub fn peek_state(dir: &Path) -> Option<State> {
     LocalState::load(dir).map(|s| s.state)
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (state first).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
 /// Present and not a zombie.
 fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
+    stat_fields(pid)
+        .and_then(|f| f.first().cloned())
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// When a process started, in clock ticks after boot (field 22 of its stat).
+fn process_start(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// `pid` is alive and is the process that started at `start` (when known).
+fn same_process(pid: u32, start: Option<u64>) -> bool {
+    alive(pid) && start.is_none_or(|t| process_start(pid) == Some(t))
 }
 
 fn cancel_requested(dir: &Path) -> bool {

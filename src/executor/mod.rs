@@ -1,8 +1,10 @@
 //! Runs -> jobs. Two executors share one state model: SLURM (sbatch, job
 //! arrays, afterok dependencies) and local (child processes on this machine).
 //! Submission is idempotent: what is completed, pending or running is never
-//! submitted again; failed runs only with `--retry-failed`.
+//! submitted again; interrupted runs are (they continue); failed runs only
+//! with `--retry-failed`.
 
+pub mod ended;
 pub mod local;
 pub mod slurm;
 mod state;
@@ -141,8 +143,8 @@ pub struct Submitted {
     /// Whether the jobs have finished when `submit` returns (local), or go on
     /// in the scheduler (SLURM).
     pub finished: bool,
-    /// Ctrl-C stopped the local jobs.
-    pub interrupted: bool,
+    /// The stop signal (Ctrl-C, SIGTERM, SIGHUP) that ended the local jobs early.
+    pub interrupted: Option<i32>,
 }
 
 /// An executor: where jobs run. `submit` sends (SLURM) or runs (local) the
@@ -253,8 +255,9 @@ pub fn decide(
                 Decision::Cached
             }
             // A stage that completed but whose output is gone or stale runs again.
-            State::Unsubmitted | State::Completed if u.kind == UnitKind::Stage => Decision::Submit,
-            State::Unsubmitted => Decision::Submit,
+            State::Completed if u.kind == UnitKind::Stage => Decision::Submit,
+            // Never submitted, or stopped by an interrupt (not a failure).
+            st if st.is_due() => Decision::Submit,
             st if st.is_active() || st == State::Completed => Decision::Skip(st),
             _ if opts.retry_failed => Decision::Submit,
             st => Decision::SkipFailed(st),
@@ -345,7 +348,7 @@ mod tests {
         }
     }
 
-    const ALL_STATES: [State; 11] = [
+    const ALL_STATES: [State; 12] = [
         State::Unsubmitted,
         State::Pending,
         State::Running,
@@ -356,6 +359,7 @@ mod tests {
         State::OutOfMemory,
         State::Preempted,
         State::NodeFail,
+        State::Interrupted,
         State::Unknown,
     ];
 
@@ -379,6 +383,7 @@ mod tests {
             (State::OutOfMemory, SkipFailed(State::OutOfMemory), Submit),
             (State::Preempted, SkipFailed(State::Preempted), Submit),
             (State::NodeFail, SkipFailed(State::NodeFail), Submit),
+            (State::Interrupted, Submit, Submit),
             (State::Unknown, SkipFailed(State::Unknown), Submit),
         ];
         assert_eq!(table.len(), ALL_STATES.len(), "every state has a row");

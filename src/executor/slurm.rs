@@ -59,9 +59,16 @@ impl Executor for SlurmExecutor {
             .collect())
     }
 
+    /// Cancels the jobs and records each cancel in its run directory: SLURM
+    /// soon forgets a job that never started, and then only the record says
+    /// how it ended.
     fn cancel(&self, jobs: &[(&str, &Path)]) -> Result<()> {
         let ids: Vec<String> = jobs.iter().map(|(id, _)| id.to_string()).collect();
-        cancel(&ids)
+        cancel(&ids)?;
+        for (id, dir) in jobs {
+            super::ended::mark_cancelled(dir, id)?;
+        }
+        Ok(())
     }
 }
 
@@ -333,20 +340,14 @@ pub(crate) fn parse_exit(s: &str) -> (Option<i32>, Option<i32>) {
     }
 }
 
-/// The state of a job the scheduler no longer lists, from the exit code its
-/// script recorded in the run directory.
+/// The state of a job the scheduler no longer lists, from what it (or
+/// `sweep cancel`) recorded in its run directory.
 pub fn status_from_exit_file(dir: &Path, job_id: &str) -> Status {
-    let text = std::fs::read_to_string(dir.join("exit_code")).unwrap_or_default();
-    let mut parts = text.split_whitespace();
-    match (
-        parts.next(),
-        parts.next().and_then(|c| c.parse::<i32>().ok()),
-    ) {
-        (Some(id), Some(code)) if id == job_id => Status::exited(code),
-        _ => Status::new(State::Unknown).with_reason(format!(
+    super::ended::recorded(dir, job_id).unwrap_or_else(|| {
+        Status::new(State::Unknown).with_reason(format!(
             "SLURM no longer lists job {job_id} and it left no exit code in its run directory"
-        )),
-    }
+        ))
+    })
 }
 
 pub fn cancel(ids: &[String]) -> Result<()> {

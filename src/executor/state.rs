@@ -17,6 +17,12 @@ pub enum State {
     OutOfMemory,
     Preempted,
     NodeFail,
+    /// Stopped by an interrupt of the `sweep` that ran it (Ctrl-C, SIGTERM,
+    /// SIGHUP), never started because that `sweep` ended first, or stopped
+    /// after writing a checkpoint with nobody left to restart it. Not a
+    /// failure: the next `sweep run`/`submit` runs it again (from its
+    /// checkpoint, where it wrote one).
+    Interrupted,
     /// Submitted, but neither the scheduler nor the run directory knows how it ended.
     Unknown,
 }
@@ -26,9 +32,19 @@ impl State {
         matches!(self, State::Pending | State::Running)
     }
 
-    /// Ended without completing: what `--retry-failed` resubmits.
+    /// Ended without completing, for a reason of its own: what
+    /// `--retry-failed` resubmits. An interrupted run is not failed.
     pub fn is_failed(self) -> bool {
-        !self.is_active() && !matches!(self, State::Completed | State::Unsubmitted)
+        !self.is_active()
+            && !matches!(
+                self,
+                State::Completed | State::Unsubmitted | State::Interrupted
+            )
+    }
+
+    /// Left to run again by a plain `sweep run`/`submit`: never submitted, or interrupted.
+    pub fn is_due(self) -> bool {
+        matches!(self, State::Unsubmitted | State::Interrupted)
     }
 
     /// SLURM's job state names (squeue, scontrol and sacct spellings).
@@ -61,6 +77,7 @@ impl State {
             State::OutOfMemory => "OUT_OF_MEMORY",
             State::Preempted => "PREEMPTED",
             State::NodeFail => "NODE_FAIL",
+            State::Interrupted => "INTERRUPTED",
             State::Unknown => "UNKNOWN",
         }
     }
@@ -109,6 +126,25 @@ impl Status {
         }
     }
 
+    /// The status a shell's `$?` records (what job scripts write into a run's
+    /// `exit_code`): 128 + N is signal N; the trainer's
+    /// [`crate::config::REQUEUE_EXIT`] is a run that wrote a checkpoint on a
+    /// stop signal and waits to be started again.
+    pub fn from_shell(rc: i32) -> Status {
+        match rc {
+            crate::config::REQUEUE_EXIT => Status {
+                exit_code: Some(rc),
+                ..Status::new(State::Interrupted)
+            }
+            .with_reason("checkpoint written on a stop signal; `sweep run` continues it"),
+            129..=192 => Status {
+                signal: Some(rc - 128),
+                ..Status::new(State::Failed)
+            },
+            _ => Status::exited(rc),
+        }
+    }
+
     pub fn with_reason(mut self, reason: impl Into<String>) -> Status {
         self.reason = Some(reason.into());
         self
@@ -122,11 +158,13 @@ impl Status {
     /// `FAILED (exit 3)`, `CANCELLED (signal 15)`, `PENDING (Dependency)`.
     pub fn describe(&self) -> String {
         let mut s = self.state.to_string();
+        // An interrupted run says why, and how it goes on, rather than a code.
+        let interrupted = self.state == State::Interrupted && self.reason.is_some();
         match (self.exit_code, self.signal) {
-            (_, Some(sig)) if sig != 0 && self.state != State::Completed => {
+            (_, Some(sig)) if sig != 0 && self.state != State::Completed && !interrupted => {
                 s.push_str(&format!(" (signal {sig})"))
             }
-            (Some(code), _) if code != 0 => s.push_str(&format!(" (exit {code})")),
+            (Some(code), _) if code != 0 && !interrupted => s.push_str(&format!(" (exit {code})")),
             _ => {
                 if let Some(r) = self
                     .reason
@@ -155,7 +193,10 @@ mod tests {
             State::Timeout.is_failed()
                 && !State::Completed.is_failed()
                 && !State::Running.is_failed()
+                && !State::Interrupted.is_failed()
         );
+        assert!(State::Interrupted.is_due() && State::Unsubmitted.is_due());
+        assert!(!State::Cancelled.is_due() && !State::Running.is_due());
     }
 
     #[test]
@@ -170,6 +211,10 @@ mod tests {
             ..Status::new(State::Cancelled)
         };
         assert_eq!(s.describe(), "CANCELLED (signal 15)");
+        assert_eq!(Status::from_shell(137).describe(), "FAILED (signal 9)");
+        assert_eq!(Status::from_shell(3).describe(), "FAILED (exit 3)");
+        assert_eq!(Status::from_shell(0).state, State::Completed);
+        assert_eq!(Status::from_shell(99).state, State::Interrupted);
         assert_eq!(
             Status::new(State::Pending)
                 .with_reason("Dependency")

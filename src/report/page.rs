@@ -404,16 +404,30 @@ fn charts_section(out: &mut String, charts: &[Chart]) {
     out.push_str("</section>\n");
 }
 
-/// The last lines of a run's log (the local executor's, else SLURM's).
-fn log_tail(dir: &Path) -> Option<(String, String)> {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+/// The last lines of the log of `job`, the attempt whose end is reported:
+/// `local.out` for a local job, `<name>-<job>.out` for a SLURM job (or
+/// array task); else the log written last.
+fn log_tail(dir: &Path, job: Option<&str>) -> Option<(String, String)> {
+    let logs: Vec<(PathBuf, std::time::SystemTime)> = std::fs::read_dir(dir)
         .ok()?
         .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "out"))
+        .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
+        .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
         .collect();
-    logs.sort();
-    let path = logs.pop()?;
+    let named = |p: &Path, job: &str| {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match job.starts_with("local-") {
+            true => name == crate::executor::local::LOG_FILE,
+            false => name.ends_with(&format!("-{job}.out")),
+        }
+    };
+    let path = job
+        .and_then(|j| logs.iter().find(|(p, _)| named(p, j)))
+        .or_else(|| logs.iter().max_by_key(|(_, t)| *t))
+        .map(|(p, _)| p.clone())?;
     let bytes = crate::util::fs::read_tail(&path, 4096).ok()?;
     let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
@@ -510,7 +524,8 @@ fn configuration(out: &mut String, row: &Row, runs: &[RunLog], page_dir: &Path) 
             run.status.state,
             State::Completed | State::Running | State::Pending
         );
-        if let (true, Some((log, last))) = (failed, run.dir.as_deref().and_then(log_tail)) {
+        let tail = |dir: &Path| log_tail(dir, run.status.job_id.as_deref());
+        if let (true, Some((log, last))) = (failed, run.dir.as_deref().and_then(tail)) {
             let _ = writeln!(
                 out,
                 "<tr><td colspan=\"4\"><details open><summary>The last lines of {}</summary><pre>{}</pre></details></td></tr>",

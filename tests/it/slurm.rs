@@ -131,6 +131,95 @@ fn cancel_stops_a_running_job() {
     assert_eq!(s["run"].0, "CANCELLED");
 }
 
+/// Pending jobs cancelled before they start: CANCELLED, and recorded in
+/// their run directories, so that they stay CANCELLED once SLURM forgets them.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn cancel_records_jobs_that_never_started() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"never\"\ncommand = \"sleep 120\"\n[sweep.grid]\nx = [1, 2]\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-never\"\narray_throttle = 1\n");
+    submit_slurm(root.path(), &m);
+    wait_for(30, "one job running, one held back", || {
+        let s = status(root.path(), &m);
+        (s["x-1"].0 == "RUNNING" && s["x-2"].0 == "PENDING").then_some(())
+    });
+    run_ok(sweep(root.path()).arg("cancel").arg(&m));
+    let s = wait_until_done(root.path(), &m, 30);
+    assert_eq!(
+        (s["x-1"].0.as_str(), s["x-2"].0.as_str()),
+        ("CANCELLED", "CANCELLED")
+    );
+    for run in ["x-1", "x-2"] {
+        let dir = root.path().join("results/never").join(run);
+        let recorded = std::fs::read_to_string(dir.join("cancelled")).unwrap();
+        assert_eq!(recorded.trim(), super::support::job_id(&dir));
+    }
+}
+
+/// Ctrl-C on `sweep run` on SLURM stops the watching, not the jobs; `sweep
+/// run` again follows the jobs still going until they end, then reports.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_rerun_follows_the_jobs_still_going_then_reports() {
+    require_cluster();
+    let root = project();
+    let m = super::train::manifest(
+        root.path(),
+        "follow",
+        "training_steps = 60\nsequence_length = 32",
+        "[sweep.grid]\nbatch_size = [1, 2]",
+    );
+    let child = sweep(root.path())
+        .arg("run")
+        .arg(&m)
+        .args(["--executor", "slurm"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(60, "the jobs to run", || {
+        let s = status(root.path(), &m);
+        s.values().any(|v| v.0 == "RUNNING").then_some(())
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("the jobs go on") && err.contains("again follows them"),
+        "{err}"
+    );
+    let again = sweep(root.path())
+        .arg("run")
+        .arg(&m)
+        .args(["--executor", "slurm"])
+        .output()
+        .unwrap();
+    let text = stdout(&again);
+    assert!(
+        again.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(
+        text.contains("batch_size-2") && text.contains("the report, one page"),
+        "{text}"
+    );
+    let s = status(root.path(), &m);
+    assert!(s.values().all(|v| v.0 == "COMPLETED"), "{s:?}");
+    assert_eq!(
+        jobs_named("sweep-test-follow"),
+        2,
+        "one array of two runs, submitted once"
+    );
+}
+
 /// `sbatch --test-only` on every job script rendered from experiments/. The
 /// scripts are submitted as rendered; only resources this 2-core machine
 /// lacks (GPUs beyond its two fake ones, CPUs beyond its cores) are lowered on

@@ -1,0 +1,158 @@
+//! One `sweep` at a time writes a study: an advisory lock on
+//! `results/<study>/.lock` (flock, which the kernel drops with the process
+//! that holds it, so a crash leaves no stale lock). The holder writes who it
+//! is into the file, so that a second `sweep` can say what it waits for.
+
+use anyhow::{bail, Context, Result};
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// The lock file inside a study directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// A held lock; dropping it (or the process ending) releases it.
+#[derive(Debug)]
+pub struct StudyLock {
+    file: Option<std::fs::File>,
+    path: PathBuf,
+}
+
+/// What acquiring did besides taking the lock.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// It was free.
+    At,
+    /// Another process held it; it was waited for.
+    AfterWaiting,
+    /// The file system refuses locks (some network file systems): none is held.
+    Unsupported,
+}
+
+impl StudyLock {
+    /// Takes the lock of `study_dir` (created if missing) for `what` (the
+    /// command, for the message a second `sweep` prints). When another
+    /// process holds it, `waiting` is called once with who that is, and
+    /// this waits until it is released.
+    pub fn acquire(
+        study_dir: &Path,
+        what: &str,
+        waiting: impl FnOnce(&str),
+    ) -> Result<(StudyLock, Acquired)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::create_dir_all(study_dir)
+            .with_context(|| format!("creating {}", study_dir.display()))?;
+        let path = study_dir.join(LOCK_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            // Never through a link, never blocking on a FIFO.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .with_context(|| format!("opening the study's lock {}", path.display()))?;
+        if !file.metadata()?.file_type().is_file() {
+            bail!(
+                "{} is not a regular file: remove it so that sweep can lock the study",
+                path.display()
+            );
+        }
+        let fd = file.as_raw_fd();
+        let mut how = Acquired::At;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EWOULDBLOCK) => {
+                    let mut holder = String::new();
+                    let _ = (&file).take(4096).read_to_string(&mut holder);
+                    waiting(holder.trim());
+                    // SAFETY: as above; blocks until the holder releases it or exits.
+                    if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
+                        let err = std::io::Error::last_os_error();
+                        bail!("waiting for the lock on {}: {err}", path.display());
+                    }
+                    how = Acquired::AfterWaiting;
+                }
+                Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => {
+                    return Ok((StudyLock { file: None, path }, Acquired::Unsupported));
+                }
+                _ => bail!("locking {}: {err}", path.display()),
+            }
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let host = host.trim();
+        let who = format!(
+            "process {} on {host} ({what}) since {}\n",
+            std::process::id(),
+            crate::util::now_rfc3339()
+        );
+        // Written in place: a new file renamed over this one would be another lock.
+        file.set_len(0)?;
+        file.rewind()?;
+        file.write_all(who.as_bytes())?;
+        Ok((
+            StudyLock {
+                file: Some(file),
+                path,
+            },
+            how,
+        ))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a lock is held (not on a file system that refuses them).
+    pub fn held(&self) -> bool {
+        self.file.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_waits_and_is_told_who_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let study = dir.path().join("s");
+        let (first, how) = StudyLock::acquire(&study, "sweep run a.toml", |_| panic!()).unwrap();
+        assert_eq!(how, Acquired::At);
+        assert!(first.held());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s2 = study.clone();
+        let second = std::thread::spawn(move || {
+            // flock locks belong to open files: another open of the file in
+            // this process contends like another process would.
+            let (lock, how) =
+                StudyLock::acquire(&s2, "sweep submit", |who| tx.send(who.to_string()).unwrap())
+                    .unwrap();
+            (lock.held(), how)
+        });
+        let who = rx.recv().unwrap();
+        assert!(
+            who.contains(&format!("process {}", std::process::id()))
+                && who.contains("sweep run a.toml"),
+            "{who}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !second.is_finished(),
+            "it waits while the first holds the lock"
+        );
+        drop(first);
+        assert_eq!(second.join().unwrap(), (true, Acquired::AfterWaiting));
+    }
+
+    #[test]
+    fn a_special_file_in_the_locks_place_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::util::fs::tests::mkfifo(&dir.path().join(LOCK_FILE));
+        let e = StudyLock::acquire(dir.path(), "x", |_| ()).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+}
