@@ -59,6 +59,7 @@ pub fn run(a: &DataBenchArgs) -> Result<DataBench> {
         threads: 0,
         force: false,
         progress: false,
+        stop: None,
     })?;
     let configs: [(&str, DatasetType, Option<PretokenizedFormat>); 4] = [
         ("on-the-fly padded", DatasetType::Padded, None),

@@ -88,7 +88,7 @@ pub fn rank(w: &Work) -> Result<()> {
         // first sum of the step wait, and count as communication.
         crate::train::dist::barrier(&*t.comm, &t.device)?;
         let started = Instant::now();
-        let out = t.step(&[batch], optim::lr_at(step, &t.cfg), &mut memory)?;
+        let out = t.step(&[batch], optim::lr_at(step, &t.cfg), &mut memory, None)?;
         t.device.synchronize()?;
         if step > 2 {
             step_s += started.elapsed().as_secs_f64();

@@ -55,6 +55,7 @@ pub fn run(
         threads,
         force: true,
         progress: false,
+        stop: None,
     };
     let configs: [(&'static str, Vec<PretokenizedFormat>); 3] = [
         ("token-list", vec![PretokenizedFormat::TokenList]),

@@ -4,6 +4,7 @@ use super::BenchCmd;
 use crate::bench::ddp::DdpRow;
 use crate::config::DeviceKind;
 use anyhow::Result;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -100,6 +101,7 @@ fn train(
             "`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; docs/gpu.md)"
         );
     }
+    let mut human = human_out(json.as_deref());
     let threads = crate::train::init_threads(threads);
     let cases = match device {
         DeviceKind::Cpu => crate::bench::train::default_cases(),
@@ -127,14 +129,19 @@ fn train(
         crate::config::Recompute::None => "",
         crate::config::Recompute::Blocks => ", recomputing blocks",
     };
-    println!("train step on {on}, {steps} timed steps after 2 warm-up steps{recomputing}");
-    println!(
+    writeln!(
+        human,
+        "train step on {on}, {steps} timed steps after 2 warm-up steps{recomputing}"
+    )?;
+    writeln!(
+        human,
         "{:<24} {:<10} {:>5} {:>9} {:>11} {:>10} {:>10} {:>7} {:>9} {:>10}  forward / backward / optimizer",
         "model", "precision", "batch", "params", "MFLOP/tok", "tokens/s", "TFLOP/s", "MFU", "s/step", "peak MB",
-    );
+    )?;
     for r in &rows {
         let step = r.forward_s + r.backward_s + r.optimizer_s;
-        println!(
+        writeln!(
+            human,
             "{:<24} {:<10} {:>5} {:>8.1}M {:>11.1} {:>10.0} {:>10.3} {:>6.1}% {:>9.3} {:>10.0}  {:.0}% / {:.0}% / {:.0}%",
             r.case.label,
             r.case.precision(),
@@ -149,16 +156,17 @@ fn train(
             100.0 * r.forward_s / step,
             100.0 * r.backward_s / step,
             100.0 * r.optimizer_s / step
-        );
+        )?;
     }
     for f in &failed {
-        println!(
+        writeln!(
+            human,
             "{:<24} {:<10} {:>5}  failed: {:#}",
             f.case.label,
             f.case.precision(),
             f.case.batch,
             f.error
-        );
+        )?;
     }
     if let Some(path) = json {
         use crate::bench::train::JsonRow;
@@ -167,7 +175,7 @@ fn train(
             .map(|r| JsonRow::timed(r, &on))
             .chain(failed.iter().map(|f| JsonRow::failed(f, &on)))
             .collect();
-        crate::util::fs::write_atomic(&path, &serde_json::to_vec_pretty(&all)?)?;
+        write_json(&path, &serde_json::to_vec_pretty(&all)?)?;
     }
     if rows.is_empty() && !failed.is_empty() {
         anyhow::bail!("no case could be timed");
@@ -229,6 +237,13 @@ fn max_batch(
 
 /// `sweep bench report`: summarising a large synthetic sweep.
 fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
+    // Each line is ~300 bytes on disk: 10 million of them are 3 GB.
+    const MAX_LINES: usize = 10_000_000;
+    if runs.saturating_mul(lines) > MAX_LINES {
+        anyhow::bail!(
+            "--runs × --lines is {runs} × {lines}, more than {MAX_LINES} log lines (~3 GB of logs): use fewer"
+        );
+    }
     std::fs::create_dir_all(&dir)?;
     let b = crate::bench::report::run(runs, lines, &dir)?;
     println!(
@@ -250,11 +265,14 @@ fn kernels(work: &crate::bench::kernels::Work, json: Option<PathBuf>) -> Result<
             "`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; docs/gpu.md)"
         );
     }
+    let mut human = human_out(json.as_deref());
     let report = crate::bench::kernels::run(work)?;
-    print!("{}", crate::bench::kernels::table(&report));
+    write!(human, "{}", crate::bench::kernels::table(&report))?;
     if let Some(path) = json {
-        crate::util::fs::write_atomic(&path, &serde_json::to_vec_pretty(&report)?)?;
-        println!("wrote {}", path.display());
+        write_json(&path, &serde_json::to_vec_pretty(&report)?)?;
+        if path != Path::new("-") {
+            writeln!(human, "wrote {}", path.display())?;
+        }
     }
     let wrong: Vec<_> = report.rows.iter().filter(|r| !r.ok).collect();
     if !wrong.is_empty() {
@@ -496,6 +514,27 @@ fn ddp(
         );
     }
     Ok(())
+}
+
+/// Where a benchmark's table goes: standard output, or standard error when
+/// its JSON takes standard output (`--json -`).
+fn human_out(json: Option<&Path>) -> Box<dyn std::io::Write> {
+    match json {
+        Some(p) if p == Path::new("-") => Box::new(std::io::stderr()),
+        _ => Box::new(std::io::stdout()),
+    }
+}
+
+/// A benchmark's JSON: to standard output for `-`, else to a regular file
+/// (or a new path), never over a device or other special file.
+fn write_json(path: &Path, bytes: &[u8]) -> Result<()> {
+    if path == Path::new("-") {
+        let mut out = std::io::stdout().lock();
+        out.write_all(bytes)?;
+        out.write_all(b"\n")?;
+        return Ok(out.flush()?);
+    }
+    crate::util::fs::write_output(path, bytes, &[])
 }
 
 /// The repository's `scripts/`: under the project root, else beside the

@@ -3,6 +3,7 @@
 use super::{DataCmd, FormatArg, PretokenizeCli};
 use crate::config::PretokenizedFormat;
 use crate::data::{import, pretokenize, verify, DataSpec, SampleStream, SourceSpec, TextTokenizer};
+use crate::util::signals::{self, StopSignals};
 use anyhow::Result;
 use std::io::Write;
 use std::process::ExitCode;
@@ -26,8 +27,16 @@ pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
         threads: crate::util::threads(p.threads),
         force: p.force,
         progress: !p.quiet,
+        // SLURM cancels and preempts with SIGTERM: stop cleanly between row groups.
+        stop: Some(StopSignals::install_interactive(&signals::INTERRUPTS)?),
     };
     let r = pretokenize::run(&args)?;
+    if r.null_documents > 0 {
+        eprintln!(
+            "note: {} of {} documents in `{}` are null: each became an empty document (its BOS token alone)",
+            r.null_documents, r.documents, args.text_column
+        );
+    }
     for (path, kept) in &r.outputs {
         println!(
             "{} {}",

@@ -59,12 +59,15 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
             let mut inner: Vec<PathBuf> = std::fs::read_dir(p)
                 .with_context(|| format!("listing {}", p.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.extension().is_some_and(|e| e == "txt"))
+                // Regular files only: a FIFO named *.txt would block the read.
+                .filter(|f| f.extension().is_some_and(|e| e == "txt") && f.is_file())
                 .collect();
             inner.sort();
             files.extend(inner);
         } else if p.is_file() {
             files.push(p.clone());
+        } else if p.exists() {
+            bail!("{} is not a regular file or a directory", p.display());
         } else {
             bail!("{} does not exist", p.display());
         }
@@ -188,15 +191,27 @@ pub fn split_documents(text: &str, opts: &ImportOptions, seed: u64) -> Vec<Strin
     docs
 }
 
+/// What the output is called while it is written, beside its target.
+const TEMP_PREFIX: &str = ".import-";
+
+/// Text files -> one Parquet file at `out`, which must be none of them.
 pub fn import_text(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Result<ImportReport> {
     let files = expand_inputs(inputs)?;
+    let read: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    crate::util::fs::check_output(out, &read)?;
     let schema = Arc::new(Schema::new(vec![
         Field::new("text", DataType::Utf8, false),
         Field::new("source", DataType::Utf8, false),
     ]));
     let dir = crate::util::fs::parent_dir(out);
     std::fs::create_dir_all(dir)?;
-    let (file, tmp) = crate::util::fs::temp_beside(out, ".import-")?.into_parts();
+    for stale in crate::util::fs::remove_stale_temps(dir, TEMP_PREFIX) {
+        eprintln!(
+            "import-text: removed {}, left behind by a run that was killed",
+            stale.display()
+        );
+    }
+    let (file, tmp, _lock) = crate::util::fs::locked_temp_beside(out, TEMP_PREFIX)?;
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(opts.row_group_size))
@@ -247,8 +262,7 @@ pub fn import_text(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Resu
     }
     flush(&mut texts, &mut sources, true)?;
     writer.close()?;
-    tmp.persist(out)
-        .with_context(|| format!("renaming into {}", out.display()))?;
+    crate::util::fs::persist(tmp, out)?;
     Ok(report)
 }
 

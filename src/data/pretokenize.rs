@@ -5,11 +5,12 @@
 //! Outputs go to temporary files renamed into place at the end. A valid output
 //! whose metadata matches the inputs is kept: that is the stage's cache key.
 
-use super::pretokenized::{Meta, PretokFile, PretokWriter};
+use super::pretokenized::{Meta, PretokFile, PretokWriter, TEMP_PREFIX};
 use super::text::TextFile;
 use super::tokenizer::{SpecialTokens, TextTokenizer};
 use crate::config::PretokenizedFormat;
 use crate::util::progress::Progress;
+use crate::util::signals::{self, StopSignals};
 use anyhow::{anyhow, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
@@ -30,6 +31,9 @@ pub struct PretokenizeArgs {
     /// Rewrite outputs even when they are current.
     pub force: bool,
     pub progress: bool,
+    /// Signals that stop the work between row groups, leaving no partial
+    /// output behind (the command installs them; a library caller may not).
+    pub stop: Option<StopSignals>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -39,6 +43,8 @@ pub struct PretokenizeReport {
     pub documents: u64,
     pub tokens: u64,
     pub text_bytes: u64,
+    /// Null texts, each written as an empty document (its BOS alone).
+    pub null_documents: u64,
     pub seconds: f64,
 }
 
@@ -95,13 +101,65 @@ pub fn stale_reason(path: &Path, want: &Meta) -> Option<String> {
     }
 }
 
+/// The sizes a pretokenize run allocates by, within their bounds.
+fn check_sizes(args: &PretokenizeArgs) -> Result<()> {
+    use super::pretokenized::{MAX_ROW_GROUP_SIZE, MAX_ROW_GROUP_TOKENS};
+    use crate::config::MAX_SEQUENCE_LENGTH;
+    if !(1..=MAX_SEQUENCE_LENGTH).contains(&args.seq_len) {
+        anyhow::bail!(
+            "the sequence length must be a whole number in 1..={MAX_SEQUENCE_LENGTH}, not {}",
+            args.seq_len
+        );
+    }
+    if !(1..=MAX_ROW_GROUP_SIZE).contains(&args.row_group_size) {
+        anyhow::bail!(
+            "the row group size must be a whole number in 1..={MAX_ROW_GROUP_SIZE}, not {}",
+            args.row_group_size
+        );
+    }
+    // A padded row group holds seq + 1 ids per document, built in memory.
+    let padded = args.formats.contains(&PretokenizedFormat::Padded);
+    if padded && args.row_group_size * (args.seq_len + 1) > MAX_ROW_GROUP_TOKENS {
+        anyhow::bail!(
+            "a padded row group of {} documents × {} ids is more than {MAX_ROW_GROUP_TOKENS} ids in memory: \
+             use a row group size of at most {}",
+            args.row_group_size,
+            args.seq_len + 1,
+            MAX_ROW_GROUP_TOKENS / (args.seq_len + 1)
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
     let started = Instant::now();
+    check_sizes(args)?;
+    // An output never replaces what it is made from.
+    for &f in &args.formats {
+        crate::util::fs::check_output(
+            &output_path(&args.out_dir, f),
+            &[&args.input, &args.tokenizer],
+        )?;
+    }
+    // What a killed run left behind is removed; a file being written by
+    // another process now is not.
+    for stale in crate::util::fs::remove_stale_temps(&args.out_dir, TEMP_PREFIX) {
+        eprintln!(
+            "pretokenize: removed {}, left behind by a run that was killed",
+            stale.display()
+        );
+    }
     let tok = TextTokenizer::load(&args.tokenizer, &args.specials)?;
     if args.formats.contains(&PretokenizedFormat::TokenList) {
         tok.require_bos("padding-free data (the token-list format)")?;
     }
     let text = TextFile::open(&args.input, &args.text_column)?;
+    if text.docs() == 0 {
+        anyhow::bail!(
+            "{} holds no rows: there is nothing to pretokenize",
+            args.input.display()
+        );
+    }
     let mut report = PretokenizeReport::default();
     let todo = outputs_to_write(args, &tok, &mut report)?;
     if todo.is_empty() {
@@ -116,7 +174,10 @@ pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
     for w in writers {
         report.outputs.push((w.finish()?, false));
     }
-    (report.documents, report.tokens, report.text_bytes) = counts;
+    report.documents = counts.documents;
+    report.tokens = counts.tokens;
+    report.text_bytes = counts.text_bytes;
+    report.null_documents = counts.nulls;
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -148,15 +209,24 @@ fn outputs_to_write(
     Ok(todo)
 }
 
+/// What went through the writers: documents, their tokens, the bytes of
+/// text they came from, and the null texts among them.
+struct Counts {
+    documents: u64,
+    tokens: u64,
+    text_bytes: u64,
+    nulls: u64,
+}
+
 /// Reads row groups of text on one thread, tokenizes them on a pool here,
 /// and writes every format from the same ids on another thread, in input
-/// order. Returns the writers and (documents, tokens, text bytes).
+/// order. Returns the writers and what went through them.
 fn stream(
     args: &PretokenizeArgs,
     text: &TextFile,
     tok: &TextTokenizer,
     writers: Vec<PretokWriter>,
-) -> Result<(Vec<PretokWriter>, (u64, u64, u64))> {
+) -> Result<(Vec<PretokWriter>, Counts)> {
     let threads = if args.threads > 0 {
         args.threads
     } else {
@@ -169,7 +239,7 @@ fn stream(
     let mut progress = Progress::new("pretokenize", text.docs() as u64, args.progress);
     let (text_tx, text_rx) = sync_channel(2);
     let (ids_tx, ids_rx) = sync_channel::<Vec<Vec<u32>>>(2);
-    let (mut docs, mut tokens, mut bytes) = (0u64, 0u64, 0u64);
+    let (mut docs, mut tokens, mut bytes, mut nulls) = (0u64, 0u64, 0u64, 0u64);
     let writers = std::thread::scope(|s| -> Result<Vec<PretokWriter>> {
         let reader = s.spawn(move || -> Result<()> {
             // Owning the sender closes the channel when reading ends.
@@ -191,6 +261,16 @@ fn stream(
         });
         let mut failed = None;
         for chunk in text_rx {
+            // Stopped between row groups: the writers are dropped unfinished,
+            // which removes their temporary files.
+            if let Some(sig) = args.stop.as_ref().and_then(StopSignals::received) {
+                failed = Some(anyhow!(
+                    "stopped by {}; no output was written (its partial files were removed)",
+                    signals::name(sig)
+                ));
+                break;
+            }
+            nulls += chunk.nulls() as u64;
             let result = chunk.texts().and_then(|t| {
                 let n: u64 = t.iter().map(|s| s.len() as u64).sum();
                 pool.install(|| tok.documents_ids(&t)).map(|ids| (ids, n))
@@ -231,5 +311,11 @@ fn stream(
         read.map(|()| writers)
     })?;
     progress.finish();
-    Ok((writers, (docs, tokens, bytes)))
+    let counts = Counts {
+        documents: docs,
+        tokens,
+        text_bytes: bytes,
+        nulls,
+    };
+    Ok((writers, counts))
 }

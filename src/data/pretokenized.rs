@@ -336,6 +336,17 @@ impl PretokFile {
     }
 }
 
+/// The most documents in one row group (of a pretokenized file, or one
+/// imported): a row group is built in memory before it is written.
+pub const MAX_ROW_GROUP_SIZE: usize = 1_000_000;
+
+/// The most token ids one padded row group holds (documents × (seq + 1)):
+/// 5 bytes an id in memory, 1.3 GB at this bound.
+pub const MAX_ROW_GROUP_TOKENS: usize = 1 << 28;
+
+/// What a pretokenized file is called while it is written, beside its target.
+pub const TEMP_PREFIX: &str = ".pretokenize-";
+
 /// Writes a pretokenized file row group by row group into a temporary file
 /// beside the target, which `finish` renames into place.
 pub struct PretokWriter {
@@ -344,6 +355,8 @@ pub struct PretokWriter {
     pad_id: u32,
     writer: ArrowWriter<std::fs::File>,
     tmp: tempfile::TempPath,
+    /// Held until the file is in place: it is being written, not left behind.
+    _lock: std::fs::File,
     target: PathBuf,
     schema: Arc<Schema>,
     pub documents: u64,
@@ -360,7 +373,7 @@ impl PretokWriter {
         let (format, seq_len, pad_id) = (meta.format, meta.sequence_length, meta.pad_id);
         let dir = crate::util::fs::parent_dir(target);
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let (file, tmp) = crate::util::fs::temp_beside(target, ".pretokenize-")?.into_parts();
+        let (file, tmp, lock) = crate::util::fs::locked_temp_beside(target, TEMP_PREFIX)?;
         // Everything but the counts goes into the Arrow schema, so that
         // pyarrow's and polars' schema metadata show it ...
         let schema_meta = meta
@@ -421,6 +434,7 @@ impl PretokWriter {
             pad_id,
             writer,
             tmp,
+            _lock: lock,
             target: target.to_path_buf(),
             schema,
             documents: 0,
@@ -495,9 +509,7 @@ impl PretokWriter {
                 .append_key_value_metadata(KeyValue::new(k.to_string(), v.to_string()));
         }
         self.writer.close().context("finishing the Parquet file")?;
-        self.tmp
-            .persist(&self.target)
-            .with_context(|| format!("renaming into {}", self.target.display()))?;
+        crate::util::fs::persist(self.tmp, &self.target)?;
         Ok(self.target)
     }
 }

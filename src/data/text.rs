@@ -177,6 +177,11 @@ impl TextChunk {
         }
     }
 
+    /// Null rows (each read as an empty document).
+    pub fn nulls(&self) -> usize {
+        self.array.null_count()
+    }
+
     pub fn texts(&self) -> Result<Vec<&str>> {
         (0..self.len()).map(|i| self.get(i)).collect()
     }

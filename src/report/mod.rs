@@ -74,6 +74,8 @@ struct Spec {
     baseline: Option<String>,
     group_by: Vec<String>,
     provenance: page::Provenance,
+    /// Log files named by the user (`--import`): no output may replace one.
+    inputs: Vec<PathBuf>,
 }
 
 pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
@@ -93,6 +95,11 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         .out
         .clone()
         .unwrap_or_else(|| root.join("results").join(&study));
+    let page = out.join(page::STUDY_PAGE);
+    let inputs: Vec<&Path> = spec.inputs.iter().map(PathBuf::as_path).collect();
+    for path in export::paths(&out).iter().chain([&page]) {
+        crate::util::fs::check_output(path, &inputs)?;
+    }
     let ctx = export::TableContext {
         study: study.clone(),
         skip_first: sopts.skip_first,
@@ -118,7 +125,6 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         &out,
         page::Live { reload: opts.live },
     );
-    let page = out.join(page::STUDY_PAGE);
     crate::util::fs::write_atomic(&page, html.as_bytes())?;
     files.push(page.clone());
     Ok(Report {
@@ -141,10 +147,14 @@ fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
             name,
         } => {
             crate::util::name::check(name).map_err(|why| anyhow::anyhow!("--name: {why}"))?;
+            let (runs, inputs) = load_import(glob, *format, pattern.as_deref())?;
             Ok((
                 name.clone(),
-                load_import(glob, *format, pattern.as_deref())?,
-                Spec::default(),
+                runs,
+                Spec {
+                    inputs,
+                    ..Spec::default()
+                },
             ))
         }
     }
@@ -194,6 +204,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
             devices: devices(&plan),
             ..page::Provenance::default()
         },
+        inputs: Vec::new(),
     };
     Ok((plan.manifest.name.clone(), runs, spec))
 }
@@ -277,9 +288,14 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     Ok((study, runs, Spec::default()))
 }
 
-/// Foreign log files, one run each (named after the file). A file that
-/// cannot be read is a run with its reason, listed among the report's problems.
-fn load_import(glob: &str, format: LogFormat, pattern: Option<&str>) -> Result<Vec<RunLog>> {
+/// Foreign log files, one run each (named after the file), and their paths.
+/// A file that cannot be read is a run with its reason, listed among the
+/// report's problems.
+fn load_import(
+    glob: &str,
+    format: LogFormat,
+    pattern: Option<&str>,
+) -> Result<(Vec<RunLog>, Vec<PathBuf>)> {
     let re = match (format, pattern) {
         (LogFormat::Pattern, Some(p)) => {
             Some(regex::Regex::new(p).context("--pattern is not a valid regular expression")?)
@@ -333,7 +349,7 @@ fn load_import(glob: &str, format: LogFormat, pattern: Option<&str>) -> Result<V
             }
         })
         .collect();
-    Ok(runs)
+    Ok((runs, paths))
 }
 
 /// Run states from the executors; a scheduler that cannot be asked makes

@@ -11,11 +11,36 @@ use std::path::{Path, PathBuf};
 /// torn one. No fsync: this guards against crashes of the writer, not power
 /// loss, and every writer here can simply run again. The directory must exist.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    refuse_special(path)?;
     let mut tmp = temp_beside(path, ".tmp-")?;
     tmp.write_all(bytes)
         .with_context(|| format!("writing {}", path.display()))?;
     tmp.persist(path)
         .with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}
+
+/// A directory, device, FIFO or socket at `path` itself is never replaced
+/// by a file renamed over it (a link is: the rename replaces the link, not
+/// what it names).
+fn refuse_special(path: &Path) -> Result<(), OutputError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_file() && !m.file_type().is_symlink() => {
+            Err(OutputError::NotRegular {
+                path: path.to_path_buf(),
+                what: kind_of(m.file_type()),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Renames a finished temporary file onto `target`, unless a directory,
+/// device, FIFO or socket is there.
+pub fn persist(tmp: tempfile::TempPath, target: &Path) -> Result<()> {
+    refuse_special(target)?;
+    tmp.persist(target)
+        .with_context(|| format!("renaming into {}", target.display()))?;
     Ok(())
 }
 
@@ -30,6 +55,124 @@ pub fn temp_beside(target: &Path, prefix: &str) -> Result<tempfile::NamedTempFil
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     Ok(tmp)
+}
+
+/// A temporary file beside `target` for an output written over a long time
+/// (a Parquet file row group by row group), locked (flock) for as long as
+/// the returned lock is open, so that [`remove_stale_temps`] tells one a
+/// killed process left behind from one being written now. Keep the lock
+/// open until the file is renamed into place.
+pub fn locked_temp_beside(
+    target: &Path,
+    prefix: &str,
+) -> Result<(std::fs::File, tempfile::TempPath, std::fs::File)> {
+    use std::os::fd::AsRawFd;
+    let (file, path) = temp_beside(target, prefix)?.into_parts();
+    let lock = file.try_clone()?;
+    // SAFETY: flock on a descriptor this function owns. A file created a
+    // moment ago by this process: nobody else holds its lock.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        anyhow::bail!(
+            "locking {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok((file, path, lock))
+}
+
+/// Removes the temporary files `prefix*` in `dir` that no process is writing
+/// (their lock is free: the process that made them was killed); returns them.
+pub fn remove_stale_temps(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut removed = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(prefix)
+            || !entry.file_type().is_ok_and(|t| t.is_file())
+        {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+        else {
+            continue;
+        };
+        // SAFETY: flock on a descriptor owned here, released when `f` closes.
+        let free = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if free && std::fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
+}
+
+/// Why a path cannot receive a command's output.
+#[derive(Debug)]
+pub enum OutputError {
+    /// A device, FIFO, socket or directory is there (or a link names one).
+    NotRegular { path: PathBuf, what: &'static str },
+    /// It is one of the command's inputs (the same file, by device and inode).
+    IsInput { path: PathBuf, input: PathBuf },
+}
+
+impl std::fmt::Display for OutputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OutputError::NotRegular { path, what } => write!(
+                f,
+                "the output {} is {what}: sweep writes outputs only to regular files or new paths",
+                path.display()
+            ),
+            OutputError::IsInput { path, input } => write!(
+                f,
+                "the output {} is the input {}: writing it would destroy the input; choose another output",
+                path.display(),
+                input.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OutputError {}
+
+/// The device and inode of what `path` names, through links; None when nothing is there.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Checks that `path` may receive an output of a command that reads
+/// `inputs`: nothing is there yet, or a regular file (a link is followed to
+/// see what it names) that is none of the inputs — compared by device and
+/// inode, so no other name, link or `..` for an input passes.
+pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(()); // a new path (or a dangling link, which rename replaces)
+    };
+    if !meta.file_type().is_file() {
+        return Err(OutputError::NotRegular {
+            path: path.to_path_buf(),
+            what: kind_of(meta.file_type()),
+        });
+    }
+    let id = identity(path);
+    match inputs.iter().find(|i| identity(i) == id) {
+        Some(input) => Err(OutputError::IsInput {
+            path: path.to_path_buf(),
+            input: input.to_path_buf(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Checks `path` as an output (see [`check_output`]), then writes it atomically.
+pub fn write_output(path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<()> {
+    check_output(path, inputs)?;
+    write_atomic(path, bytes)
 }
 
 /// Like [`write_atomic`], but leaves the file (and its mtime) alone when it
@@ -190,8 +333,9 @@ pub fn read_tail(path: &Path, bytes: u64) -> Result<Vec<u8>, ReadError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::os::unix::fs::FileTypeExt;
 
     pub(crate) fn mkfifo(path: &Path) {
         use std::os::unix::ffi::OsStrExt;
@@ -262,6 +406,72 @@ mod tests {
             read_tail(&dir.path().join("none"), 10),
             Err(ReadError::NotFound)
         ));
+    }
+
+    #[test]
+    fn an_output_is_a_new_path_or_a_regular_file_that_is_no_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let input = d.join("notes.txt");
+        std::fs::write(&input, b"the only copy").unwrap();
+        assert!(check_output(&d.join("new.parquet"), &[&input]).is_ok());
+        let e = check_output(&input, &[&input]).unwrap_err().to_string();
+        assert!(e.contains("would destroy the input"), "{e}");
+        // Another name for it: a link, a hard link, a path through `..`.
+        std::os::unix::fs::symlink(&input, d.join("link")).unwrap();
+        std::fs::hard_link(&input, d.join("hard")).unwrap();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        for other in [d.join("link"), d.join("hard"), d.join("sub/../notes.txt")] {
+            assert!(matches!(
+                check_output(&other, &[&input]),
+                Err(OutputError::IsInput { .. })
+            ));
+        }
+        assert!(write_output(&d.join("hard"), b"x", &[&input]).is_err());
+        assert_eq!(std::fs::read(&input).unwrap(), b"the only copy");
+        // Special files, directly or through a link, are never replaced.
+        let fifo = d.join("fifo");
+        mkfifo(&fifo);
+        std::os::unix::fs::symlink("/dev/null", d.join("null")).unwrap();
+        for special in [
+            fifo.as_path(),
+            Path::new("/dev/null"),
+            &d.join("null"),
+            &d.join("sub"),
+        ] {
+            let e = check_output(special, &[]).unwrap_err().to_string();
+            assert!(e.contains("only to regular files"), "{e}");
+        }
+        let e = write_atomic(&fifo, b"x").unwrap_err().to_string();
+        assert!(e.contains("a FIFO"), "{e}");
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        // A regular file that is no input is replaced.
+        std::fs::write(d.join("old.csv"), b"old").unwrap();
+        write_output(&d.join("old.csv"), b"new", &[&input]).unwrap();
+        assert_eq!(std::fs::read(d.join("old.csv")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn only_temporaries_nobody_writes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.parquet");
+        let (_file, live, lock) = locked_temp_beside(&target, ".w-").unwrap();
+        let (file, dead) = temp_beside(&target, ".w-").unwrap().into_parts();
+        drop(file);
+        let dead = dead.keep().unwrap();
+        std::fs::write(dir.path().join(".other"), b"x").unwrap();
+        assert_eq!(remove_stale_temps(dir.path(), ".w-"), vec![dead]);
+        assert!(live.exists(), "a file being written is kept");
+        drop(lock);
+        drop(_file);
+        assert_eq!(
+            remove_stale_temps(dir.path(), ".w-"),
+            vec![live.to_path_buf()]
+        );
+        assert!(dir.path().join(".other").exists());
     }
 
     #[test]

@@ -2,9 +2,11 @@
 
 pub mod fs;
 pub mod hash;
+pub mod lock;
 pub mod name;
 pub mod process;
 pub mod progress;
+pub mod signals;
 pub mod text;
 
 /// Seconds since the Unix epoch, as an RFC 3339 timestamp in UTC.
@@ -28,4 +30,6 @@ pub fn threads(configured: usize) -> usize {
                 .filter(|&n: &usize| n > 0)
         })
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        // What the environment says is bounded like a configured count.
+        .min(crate::config::MAX_THREADS)
 }

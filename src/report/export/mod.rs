@@ -34,6 +34,11 @@ pub fn all() -> Vec<Box<dyn Exporter>> {
     ]
 }
 
+/// The files [`write_all`] writes into `dir`.
+pub fn paths(dir: &Path) -> Vec<PathBuf> {
+    all().iter().map(|e| dir.join(e.file_name())).collect()
+}
+
 pub fn write_all(summary: &Summary, ctx: &TableContext, dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut out = Vec::new();
@@ -44,9 +49,7 @@ pub fn write_all(summary: &Summary, ctx: &TableContext, dir: &Path) -> Result<Ve
         e.write(summary, ctx, &mut file)
             .with_context(|| format!("writing {}", path.display()))?;
         drop(file);
-        tmp_path
-            .persist(&path)
-            .with_context(|| format!("renaming into {}", path.display()))?;
+        crate::util::fs::persist(tmp_path, &path)?;
         out.push(path);
     }
     Ok(out)

@@ -94,7 +94,16 @@ pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Chart> {
     let svg_path = dir.join(format!("{name}.svg"));
     crate::util::fs::write_atomic(&svg_path, svg.as_bytes())?;
     let png_path = dir.join(format!("{name}.png"));
-    let tmp = dir.join(format!(".{name}.tmp.png"));
+    // A fresh temporary name (created exclusively): the backend writes a
+    // path, and no file of anyone else's can be there.
+    // The backend picks the image format by the extension.
+    let (file, tmp) = tempfile::Builder::new()
+        .prefix(".chart-")
+        .suffix(".png")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?
+        .into_parts();
+    drop(file);
     let result = (|| -> Result<()> {
         let root = BitMapBackend::new(&tmp, size).into_drawing_area();
         root.fill(&WHITE).map_err(|e| drawn(e.to_string()))?;
@@ -102,11 +111,8 @@ pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Chart> {
         root.present().map_err(|e| drawn(e.to_string()))?;
         Ok(())
     })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, &png_path).with_context(|| format!("writing {}", png_path.display()))?;
+    result?;
+    crate::util::fs::persist(tmp, &png_path)?;
     Ok(Chart {
         name: name.to_string(),
         title: fig.title().to_string(),
