@@ -1,22 +1,59 @@
-//! Checkpoints: model and optimizer state (safetensors) plus a small JSON with
-//! the step, the data loader's position and the monitor's state. Written into
-//! a temporary directory renamed into place, so a checkpoint exists
-//! completely or not at all; the latest valid one is found at start.
+//! Checkpoints: model and optimizer state (safetensors), a small JSON with
+//! the step, the data loader's position, the monitor's state and the model
+//! it belongs to, and, written last, a table of contents (`checkpoint.json`:
+//! every file with its size and hash). Written into a temporary directory
+//! renamed into place, so a checkpoint exists completely or not at all.
+//! At start the newest checkpoint that is whole — every file as its table
+//! says — is resumed from; a damaged newer one is skipped with a note that
+//! names it and why, and the one before is taken.
 
 use super::dist::{self, Collective, Ranks};
 use super::monitor::MonitorState;
 use super::optim::AdamW;
 use super::params::Params;
-use crate::config::DataOrder;
+use crate::config::{DataOrder, ModelConfig};
 use crate::data::LoaderState;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 pub const DIR: &str = "checkpoints";
 const KEEP: usize = 2;
+
+const MODEL: &str = "model.safetensors";
+const OPTIMIZER: &str = "optimizer.safetensors";
+const STATE: &str = "state.json";
+/// The table of contents, written last: its presence and agreement with the
+/// files make a checkpoint whole.
+const CONTENTS: &str = "checkpoint.json";
+
+/// The largest `state.json` read: its loader buffer holds at most the rest
+/// of one document ([`MAX_BUFFER_TOKENS`]).
+const MAX_STATE_BYTES: u64 = 1 << 30;
+/// The most tokens a saved padding-free buffer may hold: the rest of one
+/// document, which no real document comes near.
+const MAX_BUFFER_TOKENS: usize = 1 << 26;
+/// The most ranks a checkpoint may say wrote it.
+const MAX_WORLD_SIZE: usize = 1 << 20;
+
+/// The model a checkpoint belongs to: its preset and resolved shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    pub preset: String,
+    pub shape: ModelConfig,
+}
+
+impl ModelIdentity {
+    pub fn describe(&self) -> String {
+        let s = &self.shape;
+        format!(
+            "`{}` (dim {}, {} layers, {} heads, {} KV heads, vocabulary {})",
+            self.preset, s.dim, s.n_layers, s.n_heads, s.n_kv_heads, s.vocab_size
+        )
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct State {
@@ -38,6 +75,10 @@ pub struct State {
     /// (0: not recorded, from before elastic resume).
     #[serde(default)]
     pub global_batch: usize,
+    /// The model whose parameters these are (checkpoints from before it was
+    /// recorded have none, and are checked by their tensors' shapes alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelIdentity>,
     pub monitor: MonitorState,
     /// Seconds of training before this checkpoint (the metrics' elapsed_s continues from it).
     pub elapsed_s: f64,
@@ -63,6 +104,70 @@ pub struct Resume<'a> {
 }
 
 impl State {
+    /// Checks that this checkpoint belongs to the run about to resume from
+    /// it (`model`, `training_steps`, the tokenizer's `vocab`) and that
+    /// every value it records is one a trainer can have written: a damaged
+    /// or foreign state is an error naming `dir`, never an allocation, a
+    /// wrapped count or a hang.
+    pub fn check(&self, model: &ModelIdentity, training_steps: usize, dir: &Path) -> Result<()> {
+        let at = dir.display();
+        if let Some(m) = self.model.as_ref().filter(|m| *m != model) {
+            bail!(
+                "{at} was written by the model {} and this run trains {}: a checkpoint resumes only into its own model; \
+                 delete the run's checkpoints (or give the run another name) to start this model afresh",
+                m.describe(),
+                model.describe()
+            );
+        }
+        if self.step > training_steps {
+            bail!(
+                "{at} is at step {}, beyond this run's {training_steps} training steps: it belongs to another run",
+                self.step
+            );
+        }
+        if self.optimizer_steps > self.step as u64 {
+            bail!(
+                "{at} records {} optimizer steps after {} training steps: the checkpoint is damaged",
+                self.optimizer_steps,
+                self.step
+            );
+        }
+        if self.world_size == 0
+            || self.world_size > MAX_WORLD_SIZE
+            || self.other_ranks.len() >= self.world_size
+        {
+            bail!(
+                "{at} says {} rank(s) wrote it (with {} other data positions): the checkpoint is damaged",
+                self.world_size,
+                self.other_ranks.len()
+            );
+        }
+        if !(self.elapsed_s.is_finite() && self.elapsed_s >= 0.0) {
+            bail!(
+                "{at} records {} s of training: the checkpoint is damaged",
+                self.elapsed_s
+            );
+        }
+        let vocab = model.shape.vocab_size;
+        for (rank, loader) in std::iter::once(&self.loader)
+            .chain(&self.other_ranks)
+            .enumerate()
+        {
+            if loader.buffer.len() > MAX_BUFFER_TOKENS {
+                bail!(
+                    "{at}: rank {rank}'s data position holds {} buffered tokens, more than the {MAX_BUFFER_TOKENS} a document leaves: the checkpoint is damaged",
+                    loader.buffer.len()
+                );
+            }
+            if let Some(id) = loader.buffer.iter().find(|&&id| id as usize >= vocab) {
+                bail!(
+                    "{at}: rank {rank}'s data position holds the token id {id}, outside the vocabulary of {vocab}: the checkpoint is damaged or from another tokenizer"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// How the job of `ranks` (at `batch` samples per rank and micro-batch,
     /// `accumulation` micro-batches per step, reading in `order`) continues
     /// from this checkpoint. A global position (or one rank's) continues on
@@ -136,6 +241,17 @@ impl State {
                 );
             }
             gradient_accumulation = self.global_batch / per_step;
+            if gradient_accumulation > crate::config::MAX_GRADIENT_ACCUMULATION {
+                bail!(
+                    "{} was written at a global batch of {} samples, which {} rank(s) at batch {batch} \
+                     would keep only with a gradient accumulation of {gradient_accumulation} \
+                     (at most {} is allowed): the checkpoint is damaged, or resume on more ranks",
+                    dir.display(),
+                    self.global_batch,
+                    ranks.world_size,
+                    crate::config::MAX_GRADIENT_ACCUMULATION
+                );
+            }
             change += &format!(
                 ", global batch {} kept (gradient accumulation {accumulation} → {gradient_accumulation})",
                 self.global_batch
@@ -202,27 +318,108 @@ pub fn save_all_ranks(
 
 pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &State) -> Result<PathBuf> {
     let root = run_dir.join(DIR);
+    let dest = step_dir(run_dir, state.step);
+    // A full disk (or any failure) names the checkpoint and the file.
+    let writing = |file: &str| format!("writing checkpoint {}: {file}", dest.display());
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    let tmp = tempfile::Builder::new().prefix(".tmp-").tempdir_in(&root)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .tempdir_in(&root)
+        .with_context(|| format!("creating a checkpoint in {}", root.display()))?;
     let model: HashMap<String, candle_core::Tensor> = params
         .iter()
         .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
         .collect();
-    candle_core::safetensors::save(&model, tmp.path().join("model.safetensors"))?;
-    candle_core::safetensors::save(&opt.state()?, tmp.path().join("optimizer.safetensors"))?;
-    // state.json last: its presence marks a complete checkpoint.
+    candle_core::safetensors::save(&model, tmp.path().join(MODEL))
+        .with_context(|| writing(MODEL))?;
+    candle_core::safetensors::save(&opt.state()?, tmp.path().join(OPTIMIZER))
+        .with_context(|| writing(OPTIMIZER))?;
+    std::fs::write(tmp.path().join(STATE), serde_json::to_vec_pretty(state)?)
+        .with_context(|| writing(STATE))?;
+    // The table of contents last: it vouches for the files above.
+    let contents =
+        Contents::of(tmp.path(), &[MODEL, OPTIMIZER, STATE]).with_context(|| writing(CONTENTS))?;
     std::fs::write(
-        tmp.path().join("state.json"),
-        serde_json::to_vec_pretty(state)?,
-    )?;
-    let dest = step_dir(run_dir, state.step);
+        tmp.path().join(CONTENTS),
+        serde_json::to_vec_pretty(&contents)?,
+    )
+    .with_context(|| writing(CONTENTS))?;
     if dest.exists() {
-        std::fs::remove_dir_all(&dest)?;
+        std::fs::remove_dir_all(&dest).with_context(|| format!("replacing {}", dest.display()))?;
     }
     std::fs::rename(tmp.keep(), &dest)
         .with_context(|| format!("moving the checkpoint into {}", dest.display()))?;
     prune(&root)?;
     Ok(dest)
+}
+
+/// What a checkpoint is called while it is written, inside `checkpoints/`.
+const TEMP_PREFIX: &str = ".tmp-";
+
+/// Removes what checkpoints being written when a run was killed left behind
+/// (only the rank that writes checkpoints calls this, before it writes any).
+pub fn remove_partial(run_dir: &Path) {
+    for e in std::fs::read_dir(run_dir.join(DIR))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
+            && e.file_type().is_ok_and(|t| t.is_dir())
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// A checkpoint's table of contents: every file's size and hash.
+#[derive(Debug, Serialize, Deserialize)]
+struct Contents {
+    files: BTreeMap<String, FileEntry>,
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct FileEntry {
+    bytes: u64,
+    /// XXH3-64 of the file, in hex: fast enough for a 100 GB checkpoint
+    /// inside SLURM's warning time, and what truncation or a flipped block
+    /// changes (this is no defence against tampering, which needs none here).
+    xxh3_64: String,
+}
+
+impl Contents {
+    fn of(dir: &Path, files: &[&str]) -> Result<Contents> {
+        let files = files
+            .iter()
+            .map(|&f| Ok((f.to_string(), FileEntry::of(&dir.join(f))?)))
+            .collect::<Result<_>>()?;
+        Ok(Contents { files })
+    }
+}
+
+impl FileEntry {
+    fn of(path: &Path) -> Result<FileEntry> {
+        use std::io::Read;
+        let mut file =
+            std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut bytes = 0u64;
+        loop {
+            let n = file
+                .read(&mut buf)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            bytes += n as u64;
+        }
+        Ok(FileEntry {
+            bytes,
+            xxh3_64: format!("{:016x}", hasher.digest()),
+        })
+    }
 }
 
 fn checkpoints(root: &Path) -> Vec<(usize, PathBuf)> {
@@ -240,41 +437,125 @@ fn checkpoints(root: &Path) -> Vec<(usize, PathBuf)> {
     v
 }
 
+/// Keeps the newest [`KEEP`] checkpoints that are whole: a damaged one never
+/// pushes out the last one a run can resume from.
 fn prune(root: &Path) -> Result<()> {
     let all = checkpoints(root);
-    for (_, p) in all.iter().take(all.len().saturating_sub(KEEP)) {
-        std::fs::remove_dir_all(p)?;
+    let mut whole = 0;
+    for (_, p) in all.iter().rev() {
+        if whole >= KEEP {
+            std::fs::remove_dir_all(p).with_context(|| format!("removing {}", p.display()))?;
+        } else if read_whole(p).is_ok() {
+            whole += 1;
+        }
     }
     Ok(())
 }
 
-/// The newest checkpoint whose state reads back, if any. A newer one that
-/// does not (written by a run killed mid-way through its rename, or damaged
-/// since) is passed over with a warning that names it and why.
-pub fn latest(run_dir: &Path) -> Option<(PathBuf, State)> {
-    checkpoints(&run_dir.join(DIR))
-        .into_iter()
-        .rev()
-        .find_map(|(_, p)| match read_complete(&p) {
-            Ok(state) => Some((p, state)),
-            Err(why) => {
-                eprintln!("warning: checkpoint {} is passed over: {why}", p.display());
-                None
-            }
-        })
+/// A checkpoint passed over at resume, and why.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    pub dir: PathBuf,
+    pub why: String,
 }
 
-fn read_complete(dir: &Path) -> std::result::Result<State, String> {
-    let path = dir.join("state.json");
-    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let state: State = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{} is not a checkpoint state: {e}", path.display()))?;
-    for f in ["model.safetensors", "optimizer.safetensors"] {
-        if !dir.join(f).is_file() {
-            return Err(format!("it has no {f}"));
+/// The newest whole checkpoint, if any, and the newer ones passed over
+/// (damaged, truncated, killed mid-write), newest first.
+pub fn latest(run_dir: &Path) -> (Option<(PathBuf, State)>, Vec<Skipped>) {
+    let mut skipped = Vec::new();
+    for (_, dir) in checkpoints(&run_dir.join(DIR)).into_iter().rev() {
+        match read_whole(&dir) {
+            Ok(state) => return (Some((dir, state)), skipped),
+            Err(why) => skipped.push(Skipped { dir, why }),
         }
     }
-    Ok(state)
+    (None, skipped)
+}
+
+/// The checkpoint at `step`, when it is whole (what the other ranks take
+/// once the first has chosen it).
+pub fn at_step(run_dir: &Path, step: usize) -> Result<(PathBuf, State)> {
+    let dir = step_dir(run_dir, step);
+    let state =
+        read_whole(&dir).map_err(|why| anyhow::anyhow!("checkpoint {}: {why}", dir.display()))?;
+    Ok((dir, state))
+}
+
+/// The state of a whole checkpoint, or why it is not one.
+fn read_whole(dir: &Path) -> std::result::Result<State, String> {
+    use crate::util::fs::read_regular;
+    let contents_path = dir.join(CONTENTS);
+    match read_regular(&contents_path, 1 << 20, None) {
+        Ok(bytes) => {
+            let contents: Contents = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("its {CONTENTS} is damaged ({e})"))?;
+            for f in [MODEL, OPTIMIZER, STATE] {
+                let want = contents
+                    .files
+                    .get(f)
+                    .ok_or_else(|| format!("its {CONTENTS} does not list {f}"))?;
+                let path = dir.join(f);
+                let size = std::fs::metadata(&path)
+                    .map_err(|e| format!("{f}: {e}"))?
+                    .len();
+                if size != want.bytes {
+                    return Err(format!(
+                        "{f} is {size} bytes, and {CONTENTS} says it was written with {} (truncated?)",
+                        want.bytes
+                    ));
+                }
+                let got = FileEntry::of(&path).map_err(|e| format!("{e:#}"))?;
+                if got != *want {
+                    return Err(format!("{f} does not hash to what {CONTENTS} recorded (damaged since it was written)"));
+                }
+            }
+        }
+        // Written before checkpoints had a table of contents: each file
+        // must at least be complete.
+        Err(crate::util::fs::ReadError::NotFound) => {
+            for f in [MODEL, OPTIMIZER] {
+                safetensors_complete(&dir.join(f)).map_err(|why| format!("{f} {why}"))?;
+            }
+        }
+        Err(e) => return Err(format!("{CONTENTS} {e}")),
+    }
+    let path = dir.join(STATE);
+    let bytes = read_regular(&path, MAX_STATE_BYTES, None).map_err(|e| format!("{STATE} {e}"))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{STATE} is not a checkpoint state: {e}"))
+}
+
+/// Whether a safetensors file holds all the data its header describes: an
+/// 8-byte header length, the JSON header, and data up to the last tensor's end.
+fn safetensors_complete(path: &Path) -> std::result::Result<(), String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let size = f.metadata().map_err(|e| e.to_string())?.len();
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(|_| format!("is {size} bytes, too short for a header"))?;
+    let header_len = u64::from_le_bytes(len);
+    if header_len > 100 << 20 || 8 + header_len > size {
+        return Err(format!(
+            "is {size} bytes, and its header alone claims {header_len}"
+        ));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    f.read_exact(&mut header).map_err(|e| e.to_string())?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| format!("has a damaged header ({e})"))?;
+    let end = header
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .filter_map(|(_, v)| v.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    if 8 + header_len + end != size {
+        return Err(format!(
+            "is {size} bytes, and its header describes {} (truncated?)",
+            8 + header_len + end
+        ));
+    }
+    Ok(())
 }
 
 /// Loads a checkpoint's tensors into the model and optimizer.
@@ -285,11 +566,15 @@ pub fn restore(
     opt: &mut AdamW,
     device: &Device,
 ) -> Result<()> {
-    let model = candle_core::safetensors::load(dir.join("model.safetensors"), device)
-        .with_context(|| format!("reading {}", dir.display()))?;
-    params.load(&model)?;
-    let optim = candle_core::safetensors::load(dir.join("optimizer.safetensors"), device)?;
+    let model = candle_core::safetensors::load(dir.join(MODEL), device)
+        .with_context(|| format!("reading {}", dir.join(MODEL).display()))?;
+    params
+        .load(&model)
+        .with_context(|| format!("resuming from {}", dir.display()))?;
+    let optim = candle_core::safetensors::load(dir.join(OPTIMIZER), device)
+        .with_context(|| format!("reading {}", dir.join(OPTIMIZER).display()))?;
     opt.load_state(state.optimizer_steps, &optim)
+        .with_context(|| format!("resuming from {}", dir.display()))
 }
 
 #[cfg(test)]
@@ -313,6 +598,7 @@ mod tests {
                 .collect(),
             data_order,
             global_batch: 4 * world_size,
+            model: None,
             monitor: Default::default(),
             elapsed_s: 1.0,
             sweep_version: "0".into(),
@@ -328,6 +614,100 @@ mod tests {
     }
 
     const DIR: &str = "/run/checkpoints/step-00000010";
+
+    fn identity(n_layers: usize) -> ModelIdentity {
+        let mut shape = ModelConfig::preset("tiny").unwrap();
+        shape.n_layers = n_layers;
+        shape.vocab_size = 100;
+        ModelIdentity {
+            preset: "tiny".into(),
+            shape,
+        }
+    }
+
+    #[test]
+    fn a_state_no_run_of_this_model_wrote_is_an_error() {
+        let dir = Path::new(DIR);
+        let ok = State {
+            model: Some(identity(4)),
+            ..state(1, DataOrder::Global)
+        };
+        ok.check(&identity(4), 10, dir).unwrap();
+        let err =
+            |s: &State, steps: usize| s.check(&identity(4), steps, dir).unwrap_err().to_string();
+        let other = State {
+            model: Some(identity(2)),
+            ..ok.clone()
+        };
+        let e = err(&other, 10);
+        assert!(
+            e.contains("model `tiny` (dim 128, 2 layers")
+                && e.contains("trains `tiny` (dim 128, 4 layers"),
+            "{e}"
+        );
+        assert!(err(&ok, 9).contains("beyond this run's 9 training steps"));
+        let wrapped = State {
+            step: usize::MAX,
+            ..ok.clone()
+        };
+        assert!(err(&wrapped, 10).contains("beyond"));
+        let mut bad_token = ok.clone();
+        bad_token.loader.buffer = vec![1, 100];
+        assert!(err(&bad_token, 10).contains("token id 100, outside the vocabulary of 100"));
+        let mut huge = ok.clone();
+        huge.loader.buffer = vec![0; MAX_BUFFER_TOKENS + 1];
+        assert!(err(&huge, 10).contains("buffered tokens"));
+        let ahead = State {
+            optimizer_steps: 11,
+            ..ok.clone()
+        };
+        assert!(err(&ahead, 10).contains("11 optimizer steps"));
+        let ranks = State {
+            world_size: 0,
+            ..ok.clone()
+        };
+        assert!(err(&ranks, 10).contains("0 rank(s)"));
+        // Checkpoints from before the model was recorded resume by their tensors alone.
+        state(1, DataOrder::Global)
+            .check(&identity(4), 10, dir)
+            .unwrap();
+        // A global batch that only a huge accumulation keeps is refused, not looped over.
+        let big = State {
+            global_batch: 1 << 40,
+            ..state(2, DataOrder::Global)
+        };
+        let e = big
+            .resume(Ranks::SINGLE, DataOrder::Global, 1, 1, dir)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("gradient accumulation of 1099511627776"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_safetensors_file_is_complete_only_with_all_its_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let t = candle_core::Tensor::zeros((4, 8), candle_core::DType::F32, &Device::Cpu).unwrap();
+        candle_core::safetensors::save(&HashMap::from([("w".to_string(), t)]), &path).unwrap();
+        safetensors_complete(&path).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 1).unwrap();
+        assert!(safetensors_complete(&path)
+            .unwrap_err()
+            .contains("truncated"));
+        f.set_len(4).unwrap();
+        assert!(safetensors_complete(&path)
+            .unwrap_err()
+            .contains("too short"));
+        std::fs::write(&path, 10u64.to_le_bytes()).unwrap();
+        assert!(safetensors_complete(&path)
+            .unwrap_err()
+            .contains("its header alone claims 10"));
+    }
 
     #[test]
     fn in_the_contiguous_order_each_rank_resumes_its_own_shard_on_as_many_ranks() {

@@ -139,7 +139,23 @@ impl Params {
     }
 
     /// Replaces every parameter's value (from a checkpoint); shapes must match.
+    /// Sets every parameter from `tensors`, which must hold exactly this
+    /// model's parameters at their shapes (a checkpoint of a deeper model has
+    /// layers this one lacks: an error, never silently dropped).
     pub fn load(&self, tensors: &std::collections::HashMap<String, Tensor>) -> Result<()> {
+        let mut foreign: Vec<&String> = tensors
+            .keys()
+            .filter(|k| !self.vars.contains_key(k.as_str()))
+            .collect();
+        if !foreign.is_empty() {
+            foreign.sort();
+            anyhow::bail!(
+                "the checkpoint holds {} tensor(s) this model does not have ({}{}): it belongs to another model",
+                foreign.len(),
+                foreign.iter().take(3).map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", "),
+                if foreign.len() > 3 { ", …" } else { "" }
+            );
+        }
         for (name, var) in &self.vars {
             let t = tensors
                 .get(name)

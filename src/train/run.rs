@@ -21,12 +21,11 @@ use super::monitor::Monitor;
 use super::record::MetricsLog;
 use super::{device, dist, max_batch, optim, schedule, Trainer};
 use crate::config::{BatchSize, TrainConfig, OUT_OF_MEMORY_EXIT, REQUEUE_EXIT};
-use crate::data::{Batch, DataLoader, SampleStream};
+use crate::data::{DataLoader, SampleStream};
+use crate::util::signals::StopSignals;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// `sweep train`: the run's exit code says how it ended (0, [`REQUEUE_EXIT`]
@@ -79,31 +78,22 @@ pub fn init_threads(configured: usize) -> usize {
 }
 
 /// The signals that ask a run to stop — SIGUSR1 (SLURM, before the time
-/// limit), SIGTERM (preemption), SIGINT (Ctrl-C) — as they arrive.
-struct Stop(Arc<AtomicUsize>);
+/// limit), SIGTERM (preemption, cancel), SIGINT (Ctrl-C), SIGHUP (the
+/// terminal closed) — as they arrive. A second one does not end the process:
+/// it may be writing its checkpoint.
+struct Stop(StopSignals);
 
 impl Stop {
     fn install() -> Result<Stop> {
-        let flag = Arc::new(AtomicUsize::new(0));
-        for sig in [
-            signal_hook::consts::SIGUSR1,
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-        ] {
-            signal_hook::flag::register_usize(sig, Arc::clone(&flag), sig as usize)
-                .context("installing signal handlers")?;
-        }
-        Ok(Stop(flag))
+        use crate::util::signals::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+        Ok(Stop(StopSignals::install(&[
+            SIGUSR1, SIGTERM, SIGINT, SIGHUP,
+        ])?))
     }
 
     /// The last signal received since the last call, by name.
     fn take(&self) -> Option<&'static str> {
-        match self.0.swap(0, Ordering::SeqCst) as i32 {
-            0 => None,
-            signal_hook::consts::SIGUSR1 => Some("SIGUSR1"),
-            signal_hook::consts::SIGTERM => Some("SIGTERM"),
-            _ => Some("SIGINT"),
-        }
+        self.0.take().map(crate::util::signals::name)
     }
 }
 
@@ -142,8 +132,9 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
     let mut stream = SampleStream::open(&t.spec)?;
     let mut monitor = Monitor::new(cfg.monitor.clone(), cfg.grad_clip);
     let (mut first, mut elapsed) = (1, 0.0);
-    let resumed = checkpoint::latest(run_dir);
+    let resumed = resume_point(t, run_dir)?;
     if let Some((dir, state)) = &resumed {
+        state.check(&model_identity(t), cfg.training_steps, dir)?;
         let resume = state.resume(
             ranks,
             cfg.data_order,
@@ -191,18 +182,48 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
     let tokens_per_step = (cfg.batch() * cfg.sequence_length * cfg.gradient_accumulation) as u64;
     let schedule = schedule::Schedule::new(&cfg);
     let mut memory = device::PeakMemory::default();
+    // Where the last completed step left the data, and the last step saved:
+    // what a stop in the middle of a step checkpoints.
+    let mut position = resumed.as_ref().map(|(_, s)| s.loader.clone());
+    let mut saved = first - 1;
+    // One rank stops between micro-batches at once; several ranks agree at
+    // the end of a step (a rank that left mid-step would leave the others
+    // waiting in the gradient sum).
+    let stop_early = (ranks.world_size == 1).then_some(&stop.0);
 
     for step in first..=cfg.training_steps {
         let started = Instant::now();
         let lr = optim::lr_at(step, &cfg);
-        let micro = (0..cfg.gradient_accumulation)
-            .map(|_| loader.next_batch())
-            .collect::<Result<Vec<_>>>()?;
-        let out = t
-            .step(&micro, lr, &mut memory)
-            .with_context(|| format!("step {step}"))?;
+        let mut micro = Vec::with_capacity(cfg.gradient_accumulation);
+        for _ in 0..cfg.gradient_accumulation {
+            if stop_early.is_some_and(|s| s.received().is_some()) {
+                break;
+            }
+            micro.push(loader.next_batch()?);
+        }
+        let out = match micro.len() == cfg.gradient_accumulation {
+            true => t.step(&micro, lr, &mut memory, stop_early),
+            false => Err(Interrupted.into()),
+        };
+        let out = match out {
+            Err(e) if e.is::<Interrupted>() => {
+                let why = stop.take().unwrap_or("a stop signal");
+                return stop_mid_step(
+                    t,
+                    &cfg,
+                    run_dir,
+                    (step, saved),
+                    position.as_ref(),
+                    &monitor,
+                    elapsed,
+                    why,
+                );
+            }
+            other => other.with_context(|| format!("step {step}"))?,
+        };
         let step_time = started.elapsed().as_secs_f64();
         elapsed += step_time;
+        position = micro.last().map(|b| b.state.clone());
         reporter.count(tokens_per_step, out.training_tokens as u64, step_time);
         if check_every_step {
             t.check_replicas()
@@ -231,7 +252,9 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
         let signal = stop.take();
         let [stopping] = dist::sum_scalars(&*t.comm, [signal.is_some() as u8 as f64], &t.device)?;
         if due.checkpoint || stopping > 0.0 {
-            let dir = save_checkpoint(t, &cfg, run_dir, step, &micro, &monitor, elapsed)?;
+            let at = position.as_ref().expect("a step read its micro-batches");
+            let dir = save_checkpoint(t, &cfg, run_dir, step, at, &monitor, elapsed)?;
+            saved = step;
             if stopping > 0.0 {
                 if main {
                     let why = signal.unwrap_or("a stop signal (on another rank)");
@@ -260,15 +283,105 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A stop signal between the micro-batches of a step (one rank): the step
+/// is abandoned, the last completed one checkpointed (unless it is saved
+/// already, or there is none), and the run exits to be started again.
+#[allow(clippy::too_many_arguments)]
+fn stop_mid_step(
+    t: &Trainer,
+    cfg: &TrainConfig,
+    run_dir: &Path,
+    (step, saved): (usize, usize),
+    position: Option<&crate::data::LoaderState>,
+    monitor: &Monitor,
+    elapsed: f64,
+    why: &str,
+) -> Result<ExitCode> {
+    let done = step - 1;
+    let note = match position {
+        Some(at) if done > saved => {
+            let dir = save_checkpoint(t, cfg, run_dir, done, at, monitor, elapsed)?;
+            format!("checkpoint {} written at step {done}", dir.display())
+        }
+        _ if done > 0 => format!("step {done} is checkpointed already"),
+        _ => "no step was completed".to_string(),
+    };
+    eprintln!("sweep train: {why} received during step {step}; {note}; exiting to be requeued");
+    Ok(ExitCode::from(REQUEUE_EXIT as u8))
+}
+
+/// A stop signal arrived between the micro-batches of a step.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stopped by a signal between micro-batches")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// The model this run trains, as its checkpoints record it.
+fn model_identity(t: &Trainer) -> checkpoint::ModelIdentity {
+    checkpoint::ModelIdentity {
+        preset: t.cfg.model.clone(),
+        shape: t.model_spec.cfg.clone(),
+    }
+}
+
+/// The checkpoint every rank resumes from: the newest whole one, as the
+/// first rank finds it (saying which newer ones it skipped, and why); the
+/// other ranks take the same step.
+fn resume_point(t: &Trainer, run_dir: &Path) -> Result<Option<(PathBuf, checkpoint::State)>> {
+    let ranks = t.ranks();
+    let chosen = if ranks.is_main() {
+        checkpoint::remove_partial(run_dir);
+        let (found, skipped) = checkpoint::latest(run_dir);
+        for s in &skipped {
+            eprintln!(
+                "sweep train: checkpoint {} skipped: {}",
+                s.dir.display(),
+                s.why
+            );
+        }
+        match (&found, skipped.is_empty()) {
+            (Some((dir, _)), false) => eprintln!(
+                "sweep train: resuming from the newest whole checkpoint, {}",
+                dir.display()
+            ),
+            (None, false) => {
+                eprintln!("sweep train: no whole checkpoint is left; starting from step 1")
+            }
+            _ => {}
+        }
+        found
+    } else {
+        None
+    };
+    if ranks.world_size == 1 {
+        return Ok(chosen);
+    }
+    // Its step + 1 (0: none), from the first rank to all: exact in an f64
+    // for any step a run can reach.
+    let mine = chosen.as_ref().map_or(0.0, |(_, s)| s.step as f64 + 1.0);
+    let [step] = dist::sum_scalars(&*t.comm, [mine], &t.device)?;
+    match (chosen, step as usize) {
+        (Some(c), _) => Ok(Some(c)),
+        (None, 0) => Ok(None),
+        (None, s) => checkpoint::at_step(run_dir, s - 1).map(Some),
+    }
+}
+
 /// A checkpoint after `step`: parameters, optimizer state, the data position
-/// (after the step's last micro-batch; in the contiguous order every rank's) and the monitor's window;
+/// (`position`, after the step's last micro-batch; in the contiguous order every rank's) and the monitor's window;
 /// with several ranks, after checking that they hold the same parameters.
 fn save_checkpoint(
     t: &Trainer,
     cfg: &TrainConfig,
     run_dir: &Path,
     step: usize,
-    micro: &[Batch],
+    position: &crate::data::LoaderState,
     monitor: &Monitor,
     elapsed_s: f64,
 ) -> Result<PathBuf> {
@@ -276,11 +389,7 @@ fn save_checkpoint(
     let state = checkpoint::State {
         step,
         optimizer_steps: t.opt.t,
-        loader: micro
-            .last()
-            .expect("at least one micro-batch")
-            .state
-            .clone(),
+        loader: position.clone(),
         world_size: ranks.world_size,
         other_ranks: Vec::new(),
         data_order: cfg.data_order,
@@ -289,6 +398,7 @@ fn save_checkpoint(
             .checked_mul(cfg.batch())
             .and_then(|b| b.checked_mul(cfg.gradient_accumulation))
             .context("the global batch overflows")?,
+        model: Some(model_identity(t)),
         monitor: monitor.state.clone(),
         elapsed_s,
         sweep_version: env!("CARGO_PKG_VERSION").into(),

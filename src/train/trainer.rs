@@ -13,6 +13,7 @@ use super::{device, ops};
 use crate::config::{BatchSize, DeviceKind, Precision, TrainConfig};
 use crate::data::Batch;
 use crate::data::{DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer};
+use crate::util::signals::StopSignals;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
@@ -143,11 +144,16 @@ impl Trainer {
     /// norm, AdamW. The loss is normalised by the training tokens of all
     /// ranks together, so N ranks at batch B train like one rank at N·B on
     /// the same samples.
+    ///
+    /// With `stop`, a stop signal between two micro-batches abandons the step
+    /// (the parameters are untouched) with [`super::run::Interrupted`]; only
+    /// a single rank may leave a step early.
     pub fn step(
         &mut self,
         micro: &[Batch],
         lr: f64,
         memory: &mut device::PeakMemory,
+        stop: Option<&StopSignals>,
     ) -> Result<StepOutcome> {
         let local: usize = micro.iter().map(|b| b.training_tokens).sum();
         let t0 = Instant::now();
@@ -161,7 +167,7 @@ impl Trainer {
             &self.model,
             &mut self.grads,
             &self.device,
-            micro,
+            (micro, stop),
             global.max(1.0),
             memory,
             &mut sum,
@@ -206,7 +212,7 @@ impl Trainer {
             &self.model,
             &mut self.grads,
             &self.device,
-            micro,
+            (micro, None),
             divisor,
             memory,
             &mut sum,
@@ -257,12 +263,13 @@ impl Trainer {
 }
 
 /// [`Trainer::forward_backward`], telling `sum` which gradients the last
-/// micro-batch's backward pass has finished.
+/// micro-batch's backward pass has finished, and checking `stop` between
+/// micro-batches.
 fn forward_backward(
     model: &Llama,
     grads: &mut Grads,
     device: &Device,
-    micro: &[Batch],
+    (micro, stop): (&[Batch], Option<&StopSignals>),
     divisor: f64,
     memory: &mut device::PeakMemory,
     sum: &mut GradientSum<'_>,
@@ -270,6 +277,9 @@ fn forward_backward(
     grads.zero()?;
     let mut loss = 0.0;
     for (i, b) in micro.iter().enumerate() {
+        if i > 0 && stop.is_some_and(|s| s.received().is_some()) {
+            return Err(super::run::Interrupted.into());
+        }
         let last = i + 1 == micro.len();
         sum.tokens(&b.inputs);
         let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), device)?;
@@ -512,6 +522,7 @@ mod tests {
                 &[b],
                 optim::lr_at(step, &cfg),
                 &mut device::PeakMemory::default(),
+                None,
             )?;
             losses.push(out.loss);
         }
