@@ -118,7 +118,7 @@ pub enum Cmd {
         /// A manifest or a results/<study> directory (the side measured against A).
         b: PathBuf,
         /// Log points skipped at the start of every run (default: each side's manifest's, else 5).
-        #[arg(long)]
+        #[arg(long, value_parser = count(0, MAX_STEPS))]
         skip_first: Option<usize>,
         #[arg(long)]
         no_plots: bool,
@@ -172,17 +172,17 @@ pub struct PretokenizeCli {
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
     /// Padded files hold seq+1 ids per document.
-    #[arg(long, alias = "seq-len", default_value_t = 2048)]
+    #[arg(long, alias = "seq-len", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
     pub sequence_length: usize,
     #[arg(long, value_enum, default_value = "both")]
     pub format: FormatArg,
     /// Output directory: <out>/padded.parquet, <out>/token-list.parquet.
     #[arg(long)]
     pub out: PathBuf,
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = count(1, MAX_ROW_GROUP))]
     pub row_group_size: usize,
     /// Tokenizer threads (0: all cores, or SLURM_CPUS_PER_TASK).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = count(0, MAX_THREADS))]
     pub threads: usize,
     /// Rewrite outputs even when their metadata says they are current.
     #[arg(long)]
@@ -207,11 +207,11 @@ pub enum DataCmd {
         #[arg(long)]
         no_split: bool,
         /// Median document length in KB.
-        #[arg(long, default_value_t = 2.2)]
+        #[arg(long, default_value_t = 2.2, value_parser = median_kb)]
         median_kb: f64,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = count(1, MAX_ROW_GROUP))]
         row_group_size: usize,
     },
     /// Print samples as JSON lines: {"inputs": [...], "labels": [...]} (labels -100 where ignored).
@@ -230,19 +230,19 @@ pub enum DataCmd {
         text_column: String,
         #[command(flatten)]
         tokenizer: TokenizerArgs,
-        #[arg(long, alias = "sequence-length")]
+        #[arg(long, alias = "sequence-length", value_parser = count(1, MAX_SEQ))]
         seq_len: usize,
         /// How many of this rank's samples to print.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = count(0, 1 << 32))]
         samples: usize,
         /// The rank whose samples to print, of `--world-size`.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = count(0, MAX_RANKS - 1))]
         rank: usize,
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = count(1, MAX_RANKS))]
         world_size: usize,
         /// The per-rank batch size (in the global order, a rank's slice of
         /// each global batch).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = count(1, MAX_BATCH))]
         batch_size: usize,
         #[arg(long, value_enum, default_value = "global")]
         data_order: crate::config::DataOrder,
@@ -259,7 +259,7 @@ pub enum DataCmd {
         #[command(flatten)]
         tokenizer: TokenizerArgs,
         /// Check this many random documents instead of all.
-        #[arg(long)]
+        #[arg(long, value_parser = count(1, 1 << 32))]
         sample: Option<usize>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -282,12 +282,12 @@ pub enum BenchCmd {
         dataset: Option<PathBuf>,
         #[arg(long, default_value = crate::config::DEFAULT_TOKENIZER)]
         tokenizer: PathBuf,
-        #[arg(long, alias = "sequence-length", default_value_t = 2048)]
+        #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
         seq_len: usize,
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = count(1, MAX_THREADS))]
         threads: usize,
         /// Alternating runs of raw and ours; the best of each counts.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = count(1, MAX_REPEATS))]
         repeats: usize,
     },
     /// The train step of the CPU presets in f32 and bf16-mixed: tokens/s, GFLOP/s, share of the matmul peak.
@@ -295,10 +295,10 @@ pub enum BenchCmd {
         after_help = "Examples:\n  sweep bench train --threads 1\n  sweep bench train --threads 2 --steps 10\n  sweep bench train --device cuda --layers 8      (a GPU build on a GPU machine)"
     )]
     Train {
-        /// CPU threads (1 gives tokens per CPU-second).
-        #[arg(long, default_value_t = 1)]
+        /// CPU threads (1 gives tokens per CPU-second; 0: every core).
+        #[arg(long, default_value_t = 1, value_parser = count(0, MAX_THREADS))]
         threads: usize,
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = count(1, MAX_BENCH_STEPS))]
         steps: usize,
         /// Only the cases whose "label precision" contains this (e.g. `8192`, `bf16-mixed`).
         #[arg(long)]
@@ -307,7 +307,7 @@ pub enum BenchCmd {
         #[arg(long, value_enum, default_value = "cpu")]
         device: crate::config::DeviceKind,
         /// Layers of the 8B-shaped GPU model (ref-8b's shapes; 32 is the full model).
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = count(1, 1024))]
         layers: usize,
         /// The accelerator's name in the peak-FLOPs table (default: the driver's name).
         #[arg(long)]
@@ -315,7 +315,8 @@ pub enum BenchCmd {
         /// Activation recomputation for every case (`blocks`: less memory, more compute).
         #[arg(long, value_enum, default_value = "none")]
         recompute: crate::config::Recompute,
-        /// Also write every case (tokens/s, MFU, peak memory, or its error) to this JSON file.
+        /// Also write every case (tokens/s, MFU, peak memory, or its error) to this JSON file
+        /// (`-`: standard output, and the table to standard error).
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -325,20 +326,20 @@ pub enum BenchCmd {
     )]
     Ddp {
         /// World sizes to run, the first being the base of the efficiency.
-        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = count(1, MAX_BENCH_RANKS))]
         ranks: Vec<usize>,
         /// CPU threads per rank.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = count(1, MAX_THREADS))]
         threads: usize,
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = count(1, MAX_BENCH_STEPS))]
         steps: usize,
         /// A model preset (the tokenizer's vocabulary).
         #[arg(long, default_value = "small")]
         model: String,
         /// Sequences per rank and step.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, value_parser = count(1, MAX_BATCH))]
         batch: usize,
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = 256, value_parser = count(1, MAX_SEQ))]
         seq_len: usize,
         #[arg(long, value_enum, default_value = "cpu")]
         device: crate::config::DeviceKind,
@@ -363,10 +364,10 @@ pub enum BenchCmd {
         #[arg(long)]
         memory_limit: Option<String>,
         /// Training steps per trial; the first is not timed.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = count(2, MAX_BENCH_STEPS))]
         steps: usize,
         /// The largest batch size to try.
-        #[arg(long, default_value_t = 1024)]
+        #[arg(long, default_value_t = 1024, value_parser = count(1, MAX_BATCH))]
         max: usize,
     },
     /// One rank of `sweep bench ddp` (started by it).
@@ -378,9 +379,10 @@ pub enum BenchCmd {
     /// Aggregating a large sweep: read, summarise and write the tables of N runs x M log lines.
     #[command(after_help = "Example:\n  sweep bench report --runs 1000 --lines 1000")]
     Report {
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = count(1, MAX_BENCH_RUNS))]
         runs: usize,
-        #[arg(long, default_value_t = 1000)]
+        /// Log lines per run (runs × lines at most 10 million: ~3 GB of logs).
+        #[arg(long, default_value_t = 1000, value_parser = count(1, MAX_BENCH_LINES))]
         lines: usize,
         /// Where the synthetic study is written.
         #[arg(long, default_value = "results")]
@@ -398,17 +400,17 @@ pub enum BenchCmd {
         #[arg(long)]
         model: Option<String>,
         /// Tokens per call (batch x sequence; default 2048 on the CPU, 16384 on a GPU).
-        #[arg(long)]
+        #[arg(long, value_parser = count(1, MAX_TOKENS))]
         tokens: Option<usize>,
-        #[arg(long, alias = "sequence-length", default_value_t = 2048)]
+        #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
         seq_len: usize,
         /// Timed calls per case (the median counts).
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = count(1, MAX_REPEATS))]
         repeats: usize,
         /// The vocabulary (default: the preset's, else 32000).
-        #[arg(long)]
+        #[arg(long, value_parser = count(1, 1 << 24))]
         vocab: Option<usize>,
-        /// Also write the figures as JSON to this file.
+        /// Also write the figures as JSON to this file (`-`: standard output, and the table to standard error).
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -418,7 +420,7 @@ pub enum BenchCmd {
     /// Plan + render of a large sweep, phase by phase.
     #[command(after_help = "Example:\n  sweep bench plan --runs 10000")]
     Plan {
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = count(1, MAX_BENCH_RUNS))]
         runs: usize,
         /// Where the temporary project is written (its file system is measured too).
         #[arg(long, default_value = "results")]
@@ -434,7 +436,7 @@ pub struct ReportCli {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Log points skipped at the start of every run (default: the manifest's, else 5).
-    #[arg(long)]
+    #[arg(long, value_parser = count(0, MAX_STEPS))]
     pub skip_first: Option<usize>,
     /// The run speedups are measured against (default: the manifest's `baseline`).
     #[arg(long)]
@@ -461,6 +463,39 @@ pub struct ReportCli {
     pub no_plots: bool,
 }
 
+// The bounds of the flags: each count is checked as it is parsed, and the
+// error names the flag and its range.
+const MAX_SEQ: u64 = crate::config::MAX_SEQUENCE_LENGTH as u64;
+const MAX_BATCH: u64 = crate::config::MAX_BATCH_SIZE as u64;
+const MAX_THREADS: u64 = crate::config::MAX_THREADS as u64;
+const MAX_STEPS: u64 = crate::config::MAX_STEPS as u64;
+const MAX_ROW_GROUP: u64 = crate::data::pretokenized::MAX_ROW_GROUP_SIZE as u64;
+const MAX_RANKS: u64 = 1 << 20;
+const MAX_REPEATS: u64 = 1000;
+const MAX_TOKENS: u64 = 1 << 24;
+/// Steps of a benchmark (each a real training step).
+const MAX_BENCH_STEPS: u64 = 100_000;
+/// Ranks `sweep bench ddp` starts on this machine.
+const MAX_BENCH_RANKS: u64 = 256;
+/// Runs of the synthetic studies `sweep bench plan` and `bench report` write.
+const MAX_BENCH_RUNS: u64 = 100_000;
+const MAX_BENCH_LINES: u64 = 1_000_000;
+
+/// A whole number in `least..=most` for a flag.
+fn count(least: u64, most: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(least..=most)
+}
+
+/// `--median-kb`: a document length in KB, from 0.2 (the shortest document
+/// cut) to 10 MB.
+fn median_kb(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if !(0.2..=10_000.0).contains(&v) {
+        return Err(format!("{v} is not in [0.2, 10000] KB"));
+    }
+    Ok(v)
+}
+
 /// A study name from the command line: it becomes `results/<name>` and
 /// `plots/<name>`, so it must stay one plain directory name.
 fn study_name(s: &str) -> Result<String, String> {
@@ -474,15 +509,15 @@ pub struct DataBenchCli {
     pub dataset: Option<PathBuf>,
     #[arg(long, default_value = crate::config::DEFAULT_TOKENIZER)]
     pub tokenizer: PathBuf,
-    #[arg(long, alias = "sequence-length", default_value_t = 2048)]
+    #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
     pub seq_len: usize,
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = count(1, 10_000_000))]
     pub samples: usize,
     /// Only the loaders whose name contains this (repeatable), e.g. `--loader pretokenized`.
     #[arg(long = "loader")]
     pub only: Vec<String>,
     /// Runs of each loader and of the raw tokenizer; the best counts.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = count(1, MAX_REPEATS))]
     pub repeats: usize,
 }
 
@@ -499,7 +534,7 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// Local executor: runs at a time (default: the manifest's [local] parallel).
-    #[arg(long)]
+    #[arg(long, value_parser = count(1, crate::manifest::MAX_PARALLEL as u64))]
     pub parallel: Option<usize>,
     /// Submit runs estimated not to fit their GPU's memory, with a warning.
     #[arg(long)]

@@ -258,9 +258,31 @@ impl Default for MonitorConfig {
 }
 
 /// The most tokens one device may train on per step (batch × sequence ×
-/// accumulation): 2^34, 17 billion, a million times the reference study's
-/// largest (8 × 2048).
-pub const MAX_TOKENS_PER_STEP: usize = 1 << 34;
+/// accumulation): 2^28, 268 million, 16 times a 16M-token global batch on
+/// one device. A step's token ids are held in memory at once (12 bytes a
+/// token: 3.2 GB at this bound).
+pub const MAX_TOKENS_PER_STEP: usize = 1 << 28;
+
+// The largest values a run's counts may take: beyond them a value is a typo,
+// and the allocations, loops and thread pools they size exhaust the machine.
+/// Tokens per sequence: a million.
+pub const MAX_SEQUENCE_LENGTH: usize = 1 << 20;
+/// Sequences per device and micro-batch.
+pub const MAX_BATCH_SIZE: usize = 1 << 16;
+/// Micro-batches per step (the step's batches are read before it runs).
+pub const MAX_GRADIENT_ACCUMULATION: usize = 1 << 16;
+/// Training steps, and every count of steps (warm-up, logging, checkpoints).
+pub const MAX_STEPS: usize = 1_000_000_000;
+/// Batches the background loader prepares ahead of the step.
+pub const MAX_PREFETCH: usize = 64;
+/// CPU threads of one job (a thread pool this large already exceeds any node).
+pub const MAX_THREADS: usize = 4096;
+/// Batches of one validation.
+pub const MAX_VALIDATION_BATCHES: usize = 1 << 16;
+/// Documents held out for validation.
+pub const MAX_VALIDATION_DOCUMENTS: usize = 1 << 32;
+/// Steps in the monitor's rolling window.
+pub const MAX_MONITOR_WINDOW: usize = 100_000;
 
 /// A configuration the trainer cannot run, and the key at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -467,6 +489,14 @@ impl Default for TrainConfig {
     }
 }
 
+/// A number as a person reads it: `1e-300`, not 300 digits.
+fn number(v: f64) -> String {
+    match v.abs() {
+        a if a.is_finite() && a != 0.0 && !(1e-4..1e9).contains(&a) => format!("{v:e}"),
+        _ => format!("{v}"),
+    }
+}
+
 impl TrainConfig {
     /// Checks that hold for any run, whatever the data on disk or the build.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -477,15 +507,109 @@ impl TrainConfig {
                 "`dataset` is not set: give the Parquet file with the training text".into(),
             );
         }
-        for (name, v) in [
-            ("sequence_length", self.sequence_length),
-            ("batch_size", self.batch_size.fixed().unwrap_or(1)),
-            ("gradient_accumulation", self.gradient_accumulation),
-            ("training_steps", self.training_steps),
-            ("logging_frequency", self.logging_frequency),
-        ] {
-            if v == 0 {
-                return err(name, format!("`{name}` must be positive"));
+        // Every count, bounded where it is read: (key, value, least, most, what 0 means).
+        let counts: [(&'static str, usize, usize, usize, &str); 16] = [
+            (
+                "sequence_length",
+                self.sequence_length,
+                1,
+                MAX_SEQUENCE_LENGTH,
+                "",
+            ),
+            (
+                "batch_size",
+                self.batch_size.fixed().unwrap_or(1),
+                1,
+                MAX_BATCH_SIZE,
+                "",
+            ),
+            (
+                "gradient_accumulation",
+                self.gradient_accumulation,
+                1,
+                MAX_GRADIENT_ACCUMULATION,
+                "",
+            ),
+            ("training_steps", self.training_steps, 1, MAX_STEPS, ""),
+            (
+                "logging_frequency",
+                self.logging_frequency,
+                1,
+                MAX_STEPS,
+                "",
+            ),
+            ("warmup_steps", self.warmup_steps, 0, MAX_STEPS, ""),
+            (
+                "checkpoint_every",
+                self.checkpoint_every,
+                0,
+                MAX_STEPS,
+                " (0: only on a stop signal and at the end)",
+            ),
+            (
+                "validation_every",
+                self.validation_every,
+                0,
+                MAX_STEPS,
+                " (0: off)",
+            ),
+            (
+                "validation_batches",
+                self.validation_batches,
+                0,
+                MAX_VALIDATION_BATCHES,
+                "",
+            ),
+            (
+                "validation_documents",
+                self.validation_documents,
+                0,
+                MAX_VALIDATION_DOCUMENTS,
+                "",
+            ),
+            ("prefetch", self.prefetch, 0, MAX_PREFETCH, ""),
+            (
+                "threads",
+                self.threads,
+                0,
+                MAX_THREADS,
+                " (0: all cores, or SLURM_CPUS_PER_TASK)",
+            ),
+            (
+                "monitor",
+                self.monitor.window,
+                1,
+                MAX_MONITOR_WINDOW,
+                " (`window`)",
+            ),
+            (
+                "monitor",
+                self.monitor.plateau_steps,
+                0,
+                MAX_STEPS,
+                " (`plateau_steps`; 0: off)",
+            ),
+            (
+                "architecture",
+                self.architecture.n_layers.unwrap_or(1),
+                1,
+                1024,
+                " (`n_layers`)",
+            ),
+            (
+                "architecture",
+                self.architecture.vocab_size.unwrap_or(0),
+                0,
+                1 << 24,
+                " (`vocab_size`; 0: the tokenizer's)",
+            ),
+        ];
+        for (name, v, least, most, note) in counts {
+            if !(least..=most).contains(&v) {
+                return err(
+                    name,
+                    format!("`{name}` must be a whole number in {least}..={most}{note}, not {v}"),
+                );
             }
         }
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
@@ -543,15 +667,29 @@ impl TrainConfig {
                 return err(name, format!("`{name}` must be {what}, not {v}"));
             }
         }
-        for (name, v) in [
-            ("peak_flops", self.peak_flops),
-            ("gpu_memory_gb", self.gpu_memory_gb),
-            ("memory_limit_gb", self.memory_limit_gb),
-            ("intra_node_gbps", self.intra_node_gbps),
-            ("inter_node_gbps", self.inter_node_gbps),
+        // Physical quantities: outside these ranges a value is a typo (a unit
+        // off by 10^9), and the forecast would print NaN% or 300 digits.
+        for (name, v, least, most, unit) in [
+            (
+                "peak_flops",
+                self.peak_flops,
+                1e9,
+                1e18,
+                "FLOP/s (1 GFLOP/s to 1 EFLOP/s per device)",
+            ),
+            ("gpu_memory_gb", self.gpu_memory_gb, 0.1, 1e5, "GB"),
+            ("memory_limit_gb", self.memory_limit_gb, 0.01, 1e6, "GB"),
+            ("intra_node_gbps", self.intra_node_gbps, 0.1, 1e5, "GB/s"),
+            ("inter_node_gbps", self.inter_node_gbps, 0.1, 1e5, "GB/s"),
         ] {
-            if let Some(v) = v.filter(|v| !(*v > 0.0 && v.is_finite())) {
-                return err(name, format!("`{name}` must be a positive number, not {v}"));
+            if let Some(v) = v.filter(|v| !(*v >= least && *v <= most)) {
+                return err(
+                    name,
+                    format!(
+                        "`{name}` must lie in [{least:e}, {most:e}] {unit}, not {}",
+                        number(v)
+                    ),
+                );
             }
         }
         if let Some(v) = self.expected_mfu_pct.filter(|v| !(*v > 0.0 && *v <= 100.0)) {
@@ -578,8 +716,8 @@ impl TrainConfig {
             return err(
                 key,
                 format!(
-                    "batch_size × sequence_length × gradient_accumulation is more than 2^34 \
-                     ({MAX_TOKENS_PER_STEP}) tokens per step on one device, which no device holds"
+                    "batch_size × sequence_length × gradient_accumulation is more than 2^28 \
+                     ({MAX_TOKENS_PER_STEP}) tokens per step on one device (a step's token ids are held in memory at once)"
                 ),
             );
         }

@@ -135,6 +135,32 @@ impl ModelConfig {
         if self.dim == 0 || self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 {
             bail!("dim, n_layers, n_heads and n_kv_heads must be positive");
         }
+        // Far beyond any model trained: a typo, and products of such shapes
+        // overflow the parameter count.
+        for (name, v, most) in [
+            ("dim", self.dim, 1 << 16),
+            ("n_layers", self.n_layers, 1024),
+            ("n_heads", self.n_heads, 1024),
+            ("n_kv_heads", self.n_kv_heads, 1024),
+            ("vocab_size", self.vocab_size, 1 << 24),
+            ("multiple_of", self.multiple_of, 1 << 16),
+        ] {
+            if v > most {
+                bail!("{name} must be at most {most}, not {v}");
+            }
+        }
+        if let Some(m) = self
+            .ffn_dim_multiplier
+            .filter(|m| !(*m > 0.0 && *m <= 64.0))
+        {
+            bail!("ffn_dim_multiplier must lie in (0, 64], not {m}");
+        }
+        if !(self.norm_eps > 0.0 && self.norm_eps < 1.0) {
+            bail!("norm_eps must lie in (0, 1), not {}", self.norm_eps);
+        }
+        if !(self.rope_theta >= 1.0 && self.rope_theta <= 1e12) {
+            bail!("rope_theta must lie in [1, 1e12], not {}", self.rope_theta);
+        }
         if !self.dim.is_multiple_of(self.n_heads) {
             bail!(
                 "dim ({}) must be a multiple of n_heads ({})",

@@ -23,6 +23,9 @@ use std::path::{Path, PathBuf};
 use toml::de::{DeTable, DeValue};
 use toml::{Spanned, Value};
 
+/// The most jobs the local executor runs at once.
+pub const MAX_PARALLEL: usize = 1024;
+
 /// The parameter that numbers a configuration's repeats (0, 1, …), in runs'
 /// parameters and in the templates' context.
 pub const REPEAT: &str = "repeat";
@@ -439,14 +442,35 @@ impl Validator<'_, '_> {
                 );
             }
         }
-        if file.local.parallel == 0 {
-            self.at_value("local.parallel", "`parallel` must be at least 1");
-        }
-        if file.stages.pretokenize.row_group_size == 0 {
-            self.at_value(
+        // Counts that size thread pools, allocations and loops, bounded here.
+        for (path, v, least, most) in [
+            ("local.parallel", file.local.parallel, 1, MAX_PARALLEL),
+            (
+                "local.threads",
+                file.local.threads,
+                0,
+                crate::config::MAX_THREADS,
+            ),
+            (
                 "stages.pretokenize.row_group_size",
-                "`row_group_size` must be positive",
-            );
+                file.stages.pretokenize.row_group_size,
+                1,
+                crate::data::pretokenized::MAX_ROW_GROUP_SIZE,
+            ),
+            (
+                "report.skip_first",
+                file.report.skip_first,
+                0,
+                crate::config::MAX_STEPS,
+            ),
+        ] {
+            if !(least..=most).contains(&v) {
+                let key = path.rsplit('.').next().unwrap_or(path);
+                self.at_value(
+                    path,
+                    format!("`{key}` must be a whole number in {least}..={most}, not {v}"),
+                );
+            }
         }
         if let Some(p) = &file.report.line_pattern {
             if let Err(e) = regex::Regex::new(p) {

@@ -138,6 +138,39 @@ impl Default for SlurmSpec {
 }
 
 impl SlurmSpec {
+    /// Every count of the section within what a cluster has: the key at
+    /// fault and why, else nothing.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        // Nodes and tasks have checks of their own: their product must fit a
+        // job, and beyond any cluster's size they plan with a warning.
+        let counts: [(&'static str, u64, u64, u64); 5] = [
+            ("gpus_per_node", self.gpus_per_node.into(), 0, 64),
+            (
+                "cpus_per_task",
+                self.cpus_per_task.unwrap_or(1).into(),
+                1,
+                crate::config::MAX_THREADS as u64,
+            ),
+            (
+                "array_throttle",
+                self.array_throttle.unwrap_or(1).into(),
+                1,
+                100_000,
+            ),
+            ("signal_grace", self.signal_grace.into(), 0, 86_400),
+            ("master_port", self.master_port.into(), 1, 65_535),
+        ];
+        for (key, v, least, most) in counts {
+            if !(least..=most).contains(&v) {
+                return Err((
+                    key,
+                    format!("`slurm.{key}` must be a whole number in {least}..={most}, not {v}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn gpus_total(&self) -> u64 {
         u64::from(self.nodes.get()) * u64::from(self.gpus_per_node)
     }

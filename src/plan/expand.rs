@@ -62,6 +62,23 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
     }
     let warnings = warnings(&runs, opts.allow_oom);
     if let Some(b) = &m.report.baseline {
+        // A repeat stands for its configuration only by accident: say which.
+        if let Some(r) = runs
+            .iter()
+            .find(|r| &r.name == b && r.configuration.name != *b && m.repeats > 1)
+        {
+            return Err(m
+                .source
+                .at_value(
+                    "report.baseline",
+                    format!(
+                        "`{b}` is one repeat of the configuration `{}`: speedups are measured against a configuration, all its repeats together",
+                        r.configuration.name
+                    ),
+                )
+                .with_help(format!("set `baseline = \"{}\"`", r.configuration.name))
+                .into());
+        }
         if !runs
             .iter()
             .any(|r| &r.name == b || r.configuration.name == *b)
@@ -268,7 +285,9 @@ impl<'a> Shared<'a> {
             false => config_id.clone(),
         };
         ctx["id"] = json!(id);
-        let rendered = self.name(&ctx, &a.params)?;
+        let written = self.name_as_written(&ctx, &a.params)?;
+        let rendered = sanitize(&written);
+        let sanitized_from = (written.trim() != rendered).then_some(written);
         let (name, config_name) = match (repeated, self.name_uses_repeat) {
             (false, _) => (rendered.clone(), rendered),
             (true, false) => (format!("{rendered}-r{repeat}"), rendered),
@@ -299,6 +318,7 @@ impl<'a> Shared<'a> {
         Ok(Run {
             id,
             name,
+            sanitized_from,
             configuration,
             params: a.params,
             job,
@@ -331,9 +351,12 @@ impl<'a> Shared<'a> {
 
     /// The run's `[slurm]`.
     fn slurm(&self, a: &Assembly) -> Result<SlurmSpec, Box<Diagnostic>> {
-        Value::Table(a.slurm.clone())
+        let spec: SlurmSpec = Value::Table(a.slurm.clone())
             .try_into()
-            .map_err(|e: toml::de::Error| self.error_in(&a.params, Some("slurm"), e.message()))
+            .map_err(|e: toml::de::Error| self.error_in(&a.params, Some("slurm"), e.message()))?;
+        spec.check()
+            .map_err(|(key, msg)| self.error_in(&a.params, Some(&format!("slurm.{key}")), &msg))?;
+        Ok(spec)
     }
 
     /// A built-in trainer run with several tasks is one data-parallel job:
@@ -535,7 +558,17 @@ impl<'a> Shared<'a> {
     }
 
     fn name(&self, ctx: &Json, params: &IndexMap<String, Json>) -> Result<String, Box<Diagnostic>> {
-        let raw = match &self.m.name_template {
+        Ok(sanitize(&self.name_as_written(ctx, params)?))
+    }
+
+    /// The run name as the template (or the axis values) write it, before
+    /// it is made a directory name.
+    fn name_as_written(
+        &self,
+        ctx: &Json,
+        params: &IndexMap<String, Json>,
+    ) -> Result<String, Box<Diagnostic>> {
+        Ok(match &self.m.name_template {
             Some(t) => self
                 .engine
                 .eval(t, &crate::template::context(ctx))
@@ -547,8 +580,7 @@ impl<'a> Shared<'a> {
                     )
                 })?,
             None => default_name(self.m, params),
-        };
-        Ok(sanitize(&raw))
+        })
     }
 
     /// A run's final name, if it can name a run directory.
@@ -634,11 +666,27 @@ fn check_names(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
             } else {
                 "sweep"
             };
+            let written = |run: &Run| {
+                run.sanitized_from
+                    .clone()
+                    .unwrap_or_else(|| run.name.clone())
+            };
+            let message = match runs[j].sanitized_from.is_some() || r.sanitized_from.is_some() {
+                // Names become directory names: other characters than
+                // letters, digits, `.`, `_` and `-` become `-`.
+                true => format!(
+                    "two runs are both named `{}` once their names are made directory names: `{}` and `{}` (characters other than letters, digits, `.`, `_` and `-` become `-`)",
+                    r.name,
+                    written(&runs[j]).escape_debug(),
+                    written(r).escape_debug()
+                ),
+                false => format!("two runs are both named `{}`", r.name),
+            };
             let d = m
                 .source
-                .at_value(at, format!("two runs are both named `{}`", r.name))
+                .at_value(at, message)
                 .with_help(format!(
-                    "runs with {} and with {}: make the run-name template use every axis that varies",
+                    "runs with {} and with {}: make the run-name template use every axis that varies, in plain characters",
                     show_params(&runs[j].params),
                     show_params(&r.params)
                 ));

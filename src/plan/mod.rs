@@ -34,6 +34,8 @@ pub struct Run {
     /// Short stable hash of the resolved configuration (and the repeat).
     pub id: String,
     pub name: String,
+    /// The name as written, where making it a directory name changed it.
+    pub sanitized_from: Option<String>,
     /// What this run repeats (itself, without repeats).
     pub configuration: record::Configuration,
     /// Axis values and derived values, in axis order: what distinguishes runs.

@@ -7,6 +7,7 @@ mod data;
 #[cfg(feature = "mpi")]
 mod ddp;
 mod e2e;
+mod faults;
 mod gpu;
 mod local;
 mod manifests;

@@ -513,9 +513,9 @@ fn plans_estimate_memory_per_device_and_refuse_runs_that_cannot_fit() {
         &text.replace("gpu = \"GH200\"", "gpu = \"GH200\"\ngpu_memory_gb = 4000"),
     );
     assert!(plan(&[]).status.success());
-    // A batch of eight million sequences neither fits nor wraps around into fitting.
+    // The largest batch allowed neither fits nor wraps around into fitting.
     let text = std::fs::read_to_string(&m).unwrap();
-    write(&m, &text.replace("batch_size = 64", "batch_size = 8000000"));
+    write(&m, &text.replace("batch_size = 64", "batch_size = 65536"));
     let refused = plan(&[]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("will not fit"));

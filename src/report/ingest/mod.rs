@@ -160,6 +160,11 @@ pub struct Omissions {
     lines: Vec<(usize, String)>,
     /// field -> (lines, first line, first value)
     values: IndexMap<&'static str, (usize, usize, f64)>,
+    /// The step of the last point kept.
+    last_step: Option<f64>,
+    /// Points whose step repeats or goes back: (count, first line, its
+    /// step, the step before it).
+    backward: Option<(usize, usize, f64, f64)>,
 }
 
 impl Omissions {
@@ -174,6 +179,12 @@ impl Omissions {
             self.bad_line(line, format!("step {} is not a step number", p.step));
             return None;
         }
+        // Kept, and said: a log of two attempts appended, or of another program's restarts.
+        if let Some(prev) = self.last_step.filter(|&prev| p.step <= prev) {
+            let b = self.backward.get_or_insert((0, line, p.step, prev));
+            b.0 += 1;
+        }
+        self.last_step = Some(p.step);
         for f in Field::ALL {
             let slot = f.slot(&mut p);
             if let Some(v) = *slot {
@@ -188,7 +199,7 @@ impl Omissions {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.lines.is_empty() && self.values.is_empty()
+        self.lines.is_empty() && self.values.is_empty() && self.backward.is_none()
     }
 
     /// One sentence per kind of omission, naming the file.
@@ -211,6 +222,12 @@ impl Omissions {
                 "{name}: {} line(s) left out ({}{more})",
                 self.lines.len(),
                 shown.join("; ")
+            ));
+        }
+        if let Some((count, line, step, prev)) = self.backward {
+            out.push(format!(
+                "{name}: the step number repeats or goes back on {count} line(s) (line {line}: step {step} after step {prev}): \
+                 the log holds more than one attempt or restart, and all of its steps are averaged together"
             ));
         }
         for (field, (count, first, value)) in &self.values {
@@ -326,7 +343,23 @@ mod tests {
                 }
             )
             .is_none());
+        for (line, step) in [(9, 5.0), (10, 4.0), (11, 4.0), (12, 6.0)] {
+            o.screen(
+                line,
+                Point {
+                    step,
+                    ..Point::default()
+                },
+            )
+            .unwrap();
+        }
         let text = o.describe(Path::new("m.jsonl")).join("\n");
+        assert!(
+            text.contains(
+                "the step number repeats or goes back on 2 line(s) (line 10: step 4 after step 5)"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("m.jsonl: 1 line(s) left out (line 8: step NaN"),
             "{text}"
