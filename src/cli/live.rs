@@ -52,7 +52,8 @@ impl LiveView {
         let count = |f: &dyn Fn(State) -> bool| states.iter().filter(|s| f(**s)).count();
         let summary = format!(
             "{} pending, {} running, {} done, {} failed or cancelled ({:.0} s)",
-            count(&|s| s == State::Pending || s == State::Unsubmitted),
+            // Interrupted runs are due again, like those never submitted.
+            count(&|s| s == State::Pending || s.is_due()),
             count(&|s| s == State::Running),
             count(&|s| s == State::Completed),
             count(&|s| s.is_failed()),

@@ -549,4 +549,24 @@ mod tests {
         );
         assert_eq!(percent_encode("a b/é"), "a%20b%2F%C3%A9");
     }
+
+    #[test]
+    fn the_log_shown_is_the_one_of_the_attempt_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // An earlier attempt's log, written last, and the reported job's.
+        std::fs::write(d.join("sweep-r-12_3.out"), "attempt of 12_3\nfailed here\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(d.join("sweep-r-9.out"), "an earlier attempt\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(d.join("local.out"), "local attempt\n").unwrap();
+        let (name, tail) = log_tail(d, Some("12_3")).unwrap();
+        assert_eq!(
+            (name.as_str(), tail.as_str()),
+            ("sweep-r-12_3.out", "attempt of 12_3\nfailed here")
+        );
+        assert_eq!(log_tail(d, Some("local-77-0")).unwrap().0, "local.out");
+        // An unknown job: the log written last.
+        assert_eq!(log_tail(d, Some("4")).unwrap().0, "local.out");
+    }
 }

@@ -321,3 +321,46 @@ fn the_data_benchmark_runs_its_python_peer_beside_the_loaders() {
         );
     }
 }
+
+/// An input of no rows is an error that says so; null texts become empty
+/// documents (a BOS alone), and pretokenize says how many there were.
+#[test]
+fn empty_datasets_and_null_texts_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    python(&format!(
+        "import pyarrow as pa, pyarrow.parquet as pq\n\
+         pq.write_table(pa.table({{'text': pa.array([], pa.string())}}), '{d}/empty.parquet')\n\
+         pq.write_table(pa.table({{'text': ['A first document.', None, 'A third one.', None]}}), '{d}/nulls.parquet')",
+        d = d.display()
+    ));
+    let tok = repo().join("assets/tokenizers/mistral-7b/tokenizer.json");
+    let run = |input: &str| {
+        sweep(d)
+            .args([
+                "pretokenize",
+                "--quiet",
+                "--sequence-length",
+                "16",
+                "--out",
+                "out",
+                "--input",
+                input,
+            ])
+            .arg("--tokenizer")
+            .arg(&tok)
+            .output()
+            .unwrap()
+    };
+    let o = run("empty.parquet");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("empty.parquet holds no rows"),
+        "{err}"
+    );
+    assert!(!d.join("out/padded.parquet").exists());
+    let o = run("nulls.parquet");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("2 of 4 documents in `text` are null"), "{err}");
+}

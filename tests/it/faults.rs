@@ -558,6 +558,89 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_one_before() {
     }
 }
 
+/// One process stops between the micro-batches of a step: it abandons the
+/// step (of 400 micro-batches), checkpoints the last whole one, and resumes
+/// from it.
+#[test]
+fn a_stop_signal_between_micro_batches_checkpoints_the_last_whole_step() {
+    let root = project();
+    let run = train_run(
+        root.path(),
+        "micro",
+        "training_steps = 3\nsequence_length = 32\ngradient_accumulation = 400",
+    );
+    let child = sweep(root.path())
+        .arg("train")
+        .arg("--config")
+        .arg(run.join("config.toml"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(120, "step 1", || {
+        (!super::support::metrics(&run).is_empty()).then_some(())
+    });
+    signal(&child, Signal::SIGTERM);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(99), "{err}");
+    assert!(
+        err.contains("SIGTERM received during step 2")
+            && err.contains(&format!(
+                "checkpoint {} written at step 1",
+                run.join("checkpoints/step-00000001").display()
+            )),
+        "{err}"
+    );
+    // Step 2 was abandoned, not finished: the checkpoint is step 1's.
+    assert!(!run.join("checkpoints/step-00000002").exists());
+    let o = train(root.path(), &run);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let steps: Vec<u64> = super::support::metrics(&run)
+        .iter()
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, [1, 2, 3]);
+}
+
+/// A disk that fills while a checkpoint is written (a file-size limit here):
+/// the error names the checkpoint and the file, and no partial checkpoint stays.
+#[test]
+fn a_full_disk_names_the_checkpoint_and_the_file() {
+    let root = project();
+    let run = train_run(
+        root.path(),
+        "full",
+        "training_steps = 2\nsequence_length = 32",
+    );
+    let bin = env!("CARGO_BIN_EXE_sweep");
+    // 1 MB: the metrics log fits, the model's 8 MB do not. SIGXFSZ is
+    // ignored so that the write fails (EFBIG) as on a full disk.
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; ulimit -f 2048; exec {bin} -C . train --config {}",
+            run.join("config.toml").display()
+        ))
+        .current_dir(root.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "writing checkpoint {}",
+            run.join("checkpoints/step-00000002").display()
+        )) && err.contains("model.safetensors")
+            && err.contains("File too large"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "no partial checkpoint: {left:?}");
+}
+
 /// A checkpoint of a 4-layer model never resumes into a 2-layer configuration.
 #[test]
 fn a_checkpoint_resumes_only_into_its_own_model() {

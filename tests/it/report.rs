@@ -632,3 +632,19 @@ fn names_from_files_are_printed_as_text() {
     let row = md.lines().find(|l| l.starts_with("| evil")).unwrap();
     assert_eq!(pipes(row), pipes(header), "{row}");
 }
+
+/// A study compared with itself is an error that says what to compare instead.
+#[test]
+fn compare_refuses_a_study_compared_with_itself() {
+    let root = super::support::project();
+    std::fs::create_dir_all(root.path().join("results/same")).unwrap();
+    let o = super::support::sweep(root.path())
+        .args(["compare", "results/same", "./results/../results/same"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("are the same study"),
+        "{err}"
+    );
+}

@@ -213,11 +213,23 @@ fn a_rerun_follows_the_jobs_still_going_then_reports() {
     );
     let s = status(root.path(), &m);
     assert!(s.values().all(|v| v.0 == "COMPLETED"), "{s:?}");
-    assert_eq!(
-        jobs_named("sweep-test-follow"),
-        2,
-        "one array of two runs, submitted once"
-    );
+    for run in ["batch_size-1", "batch_size-2"] {
+        let record: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                root.path()
+                    .join("results/follow")
+                    .join(run)
+                    .join("run.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            record["jobs"].as_array().unwrap().len(),
+            1,
+            "{run} submitted once"
+        );
+    }
 }
 
 /// `sbatch --test-only` on every job script rendered from experiments/. The

@@ -112,7 +112,7 @@ fn validation_keeps_its_schedule_and_mfu_above_peak_is_a_warning() {
     let m = manifest(
         root.path(),
         "sched",
-        "training_steps = 12\nsequence_length = 32\nlogging_frequency = 4\nvalidation_every = 5\nvalidation_documents = 8\nvalidation_batches = 1\npeak_flops = 1e9",
+        "training_steps = 12\nsequence_length = 256\nlogging_frequency = 4\nvalidation_every = 5\nvalidation_documents = 8\nvalidation_batches = 1\npeak_flops = 1e9",
         "",
     );
     run_ok(sweep(root.path()).arg("submit").arg(&m));
