@@ -399,22 +399,8 @@ impl Contents {
 
 impl FileEntry {
     fn of(path: &Path) -> Result<FileEntry> {
-        use std::io::Read;
-        let mut file =
-            std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut bytes = 0u64;
-        loop {
-            let n = file
-                .read(&mut buf)
-                .with_context(|| format!("reading {}", path.display()))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            bytes += n as u64;
-        }
+        let bytes = crate::util::hash::stream_file(path, |chunk| hasher.update(chunk))?;
         Ok(FileEntry {
             bytes,
             xxh3_64: format!("{:016x}", hasher.digest()),

@@ -7,20 +7,27 @@ use std::path::Path;
 
 /// Hex sha256 of a file, streamed.
 pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut hasher = Sha256::new();
+    stream_file(path, |chunk| hasher.update(chunk))?;
+    Ok(hex(&hasher.finalize()))
+}
+
+/// Hands a file to `f` a megabyte at a time; returns its length.
+pub fn stream_file(path: &Path, mut f: impl FnMut(&[u8])) -> Result<u64> {
     let mut file =
         std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
     loop {
         let n = file
             .read(&mut buf)
             .with_context(|| format!("reading {}", path.display()))?;
         if n == 0 {
-            break;
+            return Ok(bytes);
         }
-        hasher.update(&buf[..n]);
+        f(&buf[..n]);
+        bytes += n as u64;
     }
-    Ok(hex(&hasher.finalize()))
 }
 
 pub fn sha256_bytes(bytes: &[u8]) -> String {

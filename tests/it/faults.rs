@@ -44,6 +44,29 @@ fn states(root: &Path, m: &Path) -> Vec<String> {
     v.into_iter().map(|(k, st)| format!("{k}={st}")).collect()
 }
 
+/// `sweep run <m>` again, which must succeed and leave every run COMPLETED.
+fn rerun_completes(root: &Path, m: &Path, runs: usize) {
+    let again = sweep(root).arg("run").arg(m).output().unwrap();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let want: Vec<String> = (1..=runs).map(|i| format!("x-{i}=COMPLETED")).collect();
+    assert_eq!(states(root, m), want);
+}
+
+/// `sweep <verb> <m>` in the background, its output thrown away.
+fn start_quietly(root: &Path, verb: &str, m: &Path) -> std::process::Child {
+    sweep(root)
+        .arg(verb)
+        .arg(m)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn signal(child: &std::process::Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
 }
@@ -91,16 +114,7 @@ fn an_interrupted_local_sweep_continues_on_a_plain_rerun() {
             ["x-1=INTERRUPTED", "x-2=INTERRUPTED", "x-3=INTERRUPTED"],
             "{name}"
         );
-        let again = sweep(root.path()).arg("run").arg(&m).output().unwrap();
-        assert!(
-            again.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&again.stderr)
-        );
-        assert_eq!(
-            states(root.path(), &m),
-            ["x-1=COMPLETED", "x-2=COMPLETED", "x-3=COMPLETED"]
-        );
+        rerun_completes(root.path(), &m, 3);
         // The two stopped runs ran twice, the one never started once.
         let runs = executions(root.path(), name);
         assert_eq!(runs.values().sum::<usize>(), 5, "{runs:?}");
@@ -115,13 +129,7 @@ fn an_interrupted_local_sweep_continues_on_a_plain_rerun() {
 fn a_killed_sweep_leaves_a_truthful_status_and_the_rerun_does_the_rest() {
     let root = project();
     let m = command_study(root.path(), "killed", 3, 1, "sleep 3");
-    let mut child = sweep(root.path())
-        .arg("run")
-        .arg(&m)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start_quietly(root.path(), "run", &m);
     wait_for(30, "a running job", || {
         let s = status(root.path(), &m);
         s.values().any(|v| v.0 == "RUNNING").then_some(())
@@ -146,16 +154,7 @@ fn a_killed_sweep_leaves_a_truthful_status_and_the_rerun_does_the_rest() {
         "{after_kill:?}"
     );
     // At once, while the orphan still runs: followed, not run again.
-    let again = sweep(root.path()).arg("run").arg(&m).output().unwrap();
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
-    assert_eq!(
-        states(root.path(), &m),
-        ["x-1=COMPLETED", "x-2=COMPLETED", "x-3=COMPLETED"]
-    );
+    rerun_completes(root.path(), &m, 3);
     let runs = executions(root.path(), "killed");
     assert_eq!(
         runs.values().copied().collect::<Vec<_>>(),
@@ -166,13 +165,7 @@ fn a_killed_sweep_leaves_a_truthful_status_and_the_rerun_does_the_rest() {
     // An orphan that fails records how: FAILED with its exit code, from
     // the run directory alone.
     let m = command_study(root.path(), "orphan", 1, 1, "sleep 2; exit 3");
-    let mut child = sweep(root.path())
-        .arg("submit")
-        .arg(&m)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start_quietly(root.path(), "submit", &m);
     wait_for(30, "the job to start", || {
         (status(root.path(), &m)["x-1"].0 == "RUNNING").then_some(())
     });
@@ -756,149 +749,67 @@ fn absurd_checkpoint_values_are_errors() {
 fn every_option_is_bounded() {
     let root = project();
     let d = root.path();
-    let flags: &[(&[&str], &str)] = &[
+    // (the command line, the flag its error names)
+    let flags: &[(&str, &str)] = &[
         (
-            &[
-                "pretokenize",
-                "--input",
-                "x.parquet",
-                "--out",
-                "o",
-                "--sequence-length",
-                "1099511627776",
-            ],
+            "pretokenize --input x.parquet --out o --sequence-length 1099511627776",
             "--sequence-length",
         ),
         (
-            &[
-                "pretokenize",
-                "--input",
-                "x.parquet",
-                "--out",
-                "o",
-                "--sequence-length",
-                "18446744073709551615",
-            ],
+            "pretokenize --input x.parquet --out o --sequence-length 18446744073709551615",
             "--sequence-length",
         ),
         (
-            &[
-                "pretokenize",
-                "--input",
-                "x.parquet",
-                "--out",
-                "o",
-                "--sequence-length",
-                "0",
-            ],
+            "pretokenize --input x.parquet --out o --sequence-length 0",
             "--sequence-length",
         ),
         (
-            &[
-                "pretokenize",
-                "--input",
-                "x.parquet",
-                "--out",
-                "o",
-                "--threads",
-                "100000",
-            ],
+            "pretokenize --input x.parquet --out o --threads 100000",
             "--threads",
         ),
         (
-            &[
-                "pretokenize",
-                "--input",
-                "x.parquet",
-                "--out",
-                "o",
-                "--row-group-size",
-                "0",
-            ],
+            "pretokenize --input x.parquet --out o --row-group-size 0",
             "--row-group-size",
         ),
         (
-            &[
-                "data",
-                "import-text",
-                "x.txt",
-                "--out",
-                "o",
-                "--median-kb",
-                "NaN",
-            ],
+            "data import-text x.txt --out o --median-kb NaN",
             "--median-kb",
         ),
         (
-            &[
-                "data",
-                "import-text",
-                "x.txt",
-                "--out",
-                "o",
-                "--median-kb=-1",
-            ],
+            "data import-text x.txt --out o --median-kb=-1",
             "--median-kb",
         ),
         (
-            &[
-                "data",
-                "dump",
-                "--dataset",
-                "x",
-                "--dataset-type",
-                "padded",
-                "--seq-len",
-                "0",
-            ],
+            "data dump --dataset x --dataset-type padded --seq-len 0",
             "--seq-len",
         ),
         (
-            &[
-                "data",
-                "dump",
-                "--dataset",
-                "x",
-                "--dataset-type",
-                "padded",
-                "--seq-len",
-                "8",
-                "--world-size",
-                "0",
-            ],
+            "data dump --dataset x --dataset-type padded --seq-len 8 --world-size 0",
             "--world-size",
         ),
-        (&["bench", "train", "--threads", "100000"], "--threads"),
-        (&["bench", "train", "--steps", "0"], "--steps"),
-        (&["bench", "plan", "--runs", "10000000000"], "--runs"),
-        (&["bench", "report", "--runs", "0"], "--runs"),
-        (&["bench", "report", "--lines", "100000000"], "--lines"),
-        (&["bench", "ddp", "--ranks", "0"], "--ranks"),
-        (&["bench", "ddp", "--ranks", "1,100000"], "--ranks"),
-        (
-            &["bench", "max-batch", "--config", "c.toml", "--max", "0"],
-            "--max",
-        ),
-        (&["bench", "data", "--samples", "0"], "--samples"),
-        (&["bench", "kernels", "--repeats", "0"], "--repeats"),
-        (
-            &["bench", "kernels", "--tokens", "1099511627776"],
-            "--tokens",
-        ),
-        (&["bench", "pretokenize", "--threads", "0"], "--threads"),
-        (
-            &["report", "x", "--skip-first", "99999999999"],
-            "--skip-first",
-        ),
-        (&["submit", "m.toml", "--parallel", "0"], "--parallel"),
+        ("bench train --threads 100000", "--threads"),
+        ("bench train --steps 0", "--steps"),
+        ("bench plan --runs 10000000000", "--runs"),
+        ("bench report --runs 0", "--runs"),
+        ("bench report --lines 100000000", "--lines"),
+        ("bench ddp --ranks 0", "--ranks"),
+        ("bench ddp --ranks 1,100000", "--ranks"),
+        ("bench max-batch --config c.toml --max 0", "--max"),
+        ("bench data --samples 0", "--samples"),
+        ("bench kernels --repeats 0", "--repeats"),
+        ("bench kernels --tokens 1099511627776", "--tokens"),
+        ("bench pretokenize --threads 0", "--threads"),
+        ("report x --skip-first 99999999999", "--skip-first"),
+        ("submit m.toml --parallel 0", "--parallel"),
     ];
-    for (args, flag) in flags {
-        let o = bounded(d, args);
+    for (line, flag) in flags {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        let o = bounded(d, &args);
         let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(o.status.code(), Some(2), "{line}: {err}");
         assert!(
             err.contains(flag) && (err.contains("is not in") || err.contains("not in [")),
-            "{args:?}: {err}"
+            "{line}: {err}"
         );
     }
     // A product of flags: checked before anything is written.
