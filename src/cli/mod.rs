@@ -66,6 +66,9 @@ pub enum Cmd {
         /// Render runs estimated not to fit their GPU's memory, with a warning.
         #[arg(long)]
         allow_oom: bool,
+        /// Move aside (to results/<study>/replaced/<time>/) the directories of runs the manifest now makes different, and start them afresh.
+        #[arg(long)]
+        replace_changed: bool,
     },
     /// Plan, render, submit, watch until done, then report: the whole study in one command.
     #[command(
@@ -539,6 +542,9 @@ pub struct SubmitArgs {
     /// Submit runs estimated not to fit their GPU's memory, with a warning.
     #[arg(long)]
     pub allow_oom: bool,
+    /// Move aside (to results/<study>/replaced/<time>/) the directories of runs the manifest now makes different, and run them afresh.
+    #[arg(long)]
+    pub replace_changed: bool,
 }
 
 pub fn main() -> ExitCode {
@@ -589,7 +595,8 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Render {
             manifest,
             allow_oom,
-        } => sweep_cmds::render(root, &manifest, allow_oom),
+            replace_changed,
+        } => sweep_cmds::render(root, &manifest, allow_oom, replace_changed),
         Cmd::Submit(args) => sweep_cmds::submit(root, &args),
         Cmd::Run(args) => run_cmd::run(root, &args),
         Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),

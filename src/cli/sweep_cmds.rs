@@ -47,10 +47,10 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
                 if let Some(g) = r.global_batch() {
                     v["global_batch"] = json!(g);
                 }
-                if let Some(mem) = r.memory() {
+                if let Some(mem) = r.memory(&plan.manifest.hints) {
                     v["memory"] = json!(mem);
                 }
-                if let Some(f) = r.scaling() {
+                if let Some(f) = r.scaling(&plan.manifest.hints) {
                     v["scaling"] = json!({
                         "allreduce_s": f.allreduce_s,
                         "compute_s": f.compute_s,
@@ -77,7 +77,10 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
         .runs
         .iter()
         .any(|r| matches!(r.job, crate::plan::Job::Train(_)));
-    let forecasts = plan.runs.iter().any(|r| r.scaling().is_some());
+    let forecasts = plan
+        .runs
+        .iter()
+        .any(|r| r.scaling(&plan.manifest.hints).is_some());
     let mut shape = if trains {
         vec!["ranks", "global batch", "memory / device"]
     } else {
@@ -104,24 +107,29 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
             // `batch_size = "max"` is found when the job starts; its memory
             // is the least it needs (batch 1).
             let global = r.global_batch().map_or("max".into(), |g| g.to_string());
-            let memory = r.memory().map_or_else(String::new, |m| {
-                let flag = if m.fits == Some(false) { " ✗" } else { "" };
-                let least = if cfg.batch_size.fixed().is_none() {
-                    "≥ "
-                } else {
-                    ""
-                };
-                format!("{least}{}{flag}", m.describe())
-            });
+            let memory = r
+                .memory(&plan.manifest.hints)
+                .map_or_else(String::new, |m| {
+                    let flag = if m.fits == Some(false) { " ✗" } else { "" };
+                    let least = if cfg.batch_size.fixed().is_none() {
+                        "≥ "
+                    } else {
+                        ""
+                    };
+                    format!("{least}{}{flag}", m.describe())
+                });
             row.extend([r.world_size().to_string(), global, memory]);
             if forecasts {
                 // "91%: 0.040 s exposed / 0.400 s compute": efficiency, then why.
-                row.push(r.scaling().map_or_else(String::new, |f| {
-                    format!(
-                        "{:.0}%: {:.3} s exposed / {:.3} s compute",
-                        f.efficiency_pct, f.exposed_s, f.compute_s
-                    )
-                }));
+                row.push(
+                    r.scaling(&plan.manifest.hints)
+                        .map_or_else(String::new, |f| {
+                            format!(
+                                "{:.0}%: {:.3} s exposed / {:.3} s compute",
+                                f.efficiency_pct, f.exposed_s, f.compute_s
+                            )
+                        }),
+                );
             }
         }
         t.add_row(row);
@@ -155,9 +163,14 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn render(root: &Path, manifest: &Path, allow_oom: bool) -> Result<ExitCode> {
+pub fn render(
+    root: &Path,
+    manifest: &Path,
+    allow_oom: bool,
+    replace_changed: bool,
+) -> Result<ExitCode> {
     let plan = load_plan(root, manifest, allow_oom)?;
-    let (_, s, _lock) = write_under_lock(&plan, "render", manifest)?;
+    let (_, s, _lock) = write_under_lock(&plan, "render", manifest, replace_changed)?;
     println!(
         "{} runs and {} stages under {} ({} files written, {} unchanged)",
         plan.runs.len(),
@@ -191,13 +204,30 @@ fn units_of(plan: &Plan, rendered: &render::Rendered) -> Result<(Vec<Unit>, Vec<
 /// far), so it happens under the lock too — and once before it, so that an
 /// error in the plan's templates writes nothing, not even the lock (0.1 s
 /// for 10,000 runs).
+///
+/// With `replace_changed`, the directories of runs that would now run
+/// something else (they hold another run's jobs or outputs) are moved aside
+/// first, and those runs start afresh.
 fn write_under_lock(
     plan: &Plan,
     verb: &str,
     manifest: &Path,
+    replace_changed: bool,
 ) -> Result<(render::Rendered, render::WriteSummary, StudyLock)> {
-    render::render(plan)?;
+    let on_changed = match replace_changed {
+        true => render::OnChanged::Replace,
+        false => render::OnChanged::Refuse,
+    };
+    render::render_with(plan, on_changed)?;
     let lock = lock_study(plan, verb, manifest)?;
+    if replace_changed {
+        for (name, to) in render::move_changed_aside(plan)? {
+            eprintln!(
+                "sweep: {name} ran something else: its directory is now {}",
+                to.display()
+            );
+        }
+    }
     let rendered = render::render(plan)?;
     let written = render::write(&rendered)?;
     Ok((rendered, written, lock))
@@ -247,7 +277,8 @@ impl Submission {
     pub fn new(root: &Path, args: &SubmitArgs, verb: &str) -> Result<Submission> {
         let plan = load_plan(root, &args.manifest, args.allow_oom)?;
         // Decided under the lock: what another sweep submitted is seen.
-        let (rendered, _, lock) = write_under_lock(&plan, verb, &args.manifest)?;
+        let (rendered, _, lock) =
+            write_under_lock(&plan, verb, &args.manifest, args.replace_changed)?;
         let (units, status) = units_of(&plan, &rendered)?;
         let kind = args
             .executor

@@ -109,12 +109,12 @@ const COMPOSED: Path = Path {
     norm_copies: 8.0,
 };
 
-/// The memory of the run's GPU: `gpu_memory_gb`, else its `gpu`'s row of the
-/// device table; `None` on a CPU or for a GPU the table lacks.
-pub fn device_bytes(cfg: &TrainConfig) -> Option<u64> {
+/// The memory of the run's GPU: the `gpu_memory_gb` hint, else its `gpu`'s
+/// row of the device table; `None` on a CPU or for a GPU the table lacks.
+pub fn device_bytes(cfg: &TrainConfig, hints: &super::PlanHints) -> Option<u64> {
     let gb = match cfg.device {
         DeviceKind::Cpu => None,
-        DeviceKind::Cuda => cfg.gpu_memory_gb.or_else(|| {
+        DeviceKind::Cuda => hints.gpu_memory_gb.or_else(|| {
             cfg.gpu
                 .as_deref()
                 .and_then(super::devices::lookup)

@@ -5,6 +5,7 @@
 //! it changes. Unknown keys are rejected everywhere.
 
 pub mod devices;
+pub mod hints;
 pub mod memory;
 pub mod model;
 pub mod scaling;
@@ -17,6 +18,7 @@ pub fn trainer_overlaps_allreduce(device: DeviceKind) -> bool {
 }
 
 use anyhow::{Context, Result};
+pub use hints::PlanHints;
 pub use model::{ModelConfig, ModelOverrides, PRESETS};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -293,7 +295,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(key: &'static str, message: String) -> ConfigError {
+    pub(crate) fn new(key: &'static str, message: String) -> ConfigError {
         ConfigError { key, message }
     }
 }
@@ -419,17 +421,6 @@ pub struct TrainConfig {
     pub gpu: Option<String>,
     /// Peak FLOP/s per device; overrides the table (and the CPU measurement).
     pub peak_flops: Option<f64>,
-    /// Memory per GPU in GB; overrides the table (what `sweep plan` checks
-    /// runs against).
-    pub gpu_memory_gb: Option<f64>,
-    /// The MFU one device is expected to reach, in percent: the compute time
-    /// of `sweep plan`'s scaling forecast (default 40; set what one node of
-    /// the study measured).
-    pub expected_mfu_pct: Option<f64>,
-    /// All-reduce bandwidth per device within a node and between nodes, in
-    /// GB/s; override the device table for the scaling forecast.
-    pub intra_node_gbps: Option<f64>,
-    pub inter_node_gbps: Option<f64>,
     /// On a CPU, the resident memory `batch_size = "max"` may use, in GB
     /// (default: 80% of what is available when the job starts).
     pub memory_limit_gb: Option<f64>,
@@ -478,14 +469,30 @@ impl Default for TrainConfig {
             validation_batches: 4,
             threads: 0,
             gpu: None,
-            gpu_memory_gb: None,
-            expected_mfu_pct: None,
-            intra_node_gbps: None,
-            inter_node_gbps: None,
             memory_limit_gb: None,
             peak_flops: None,
             monitor: MonitorConfig::default(),
         }
+    }
+}
+
+/// `key`, where set, within [least, most] (NaN is not).
+fn check_range(
+    key: &'static str,
+    v: Option<f64>,
+    least: f64,
+    most: f64,
+    unit: &str,
+) -> Result<(), ConfigError> {
+    match v.filter(|v| !(*v >= least && *v <= most)) {
+        Some(v) => Err(ConfigError::new(
+            key,
+            format!(
+                "`{key}` must lie in [{least:e}, {most:e}] {unit}, not {}",
+                number(v)
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -668,36 +675,15 @@ impl TrainConfig {
             }
         }
         // Physical quantities: outside these ranges a value is a typo (a unit
-        // off by 10^9), and the forecast would print NaN% or 300 digits.
-        for (name, v, least, most, unit) in [
-            (
-                "peak_flops",
-                self.peak_flops,
-                1e9,
-                1e18,
-                "FLOP/s (1 GFLOP/s to 1 EFLOP/s per device)",
-            ),
-            ("gpu_memory_gb", self.gpu_memory_gb, 0.1, 1e5, "GB"),
-            ("memory_limit_gb", self.memory_limit_gb, 0.01, 1e6, "GB"),
-            ("intra_node_gbps", self.intra_node_gbps, 0.1, 1e5, "GB/s"),
-            ("inter_node_gbps", self.inter_node_gbps, 0.1, 1e5, "GB/s"),
-        ] {
-            if let Some(v) = v.filter(|v| !(*v >= least && *v <= most)) {
-                return err(
-                    name,
-                    format!(
-                        "`{name}` must lie in [{least:e}, {most:e}] {unit}, not {}",
-                        number(v)
-                    ),
-                );
-            }
-        }
-        if let Some(v) = self.expected_mfu_pct.filter(|v| !(*v > 0.0 && *v <= 100.0)) {
-            return err(
-                "expected_mfu_pct",
-                format!("`expected_mfu_pct` must be a percentage in (0, 100], not {v}"),
-            );
-        }
+        // off by 10^9), and MFU would print NaN% or 300 digits.
+        check_range(
+            "peak_flops",
+            self.peak_flops,
+            1e9,
+            1e18,
+            "FLOP/s (1 GFLOP/s to 1 EFLOP/s per device)",
+        )?;
+        check_range("memory_limit_gb", self.memory_limit_gb, 0.01, 1e6, "GB")?;
         // Tokens per step on one device: far beyond what any device holds is
         // a typo, and products of such counts overflow.
         let tokens = self
@@ -804,8 +790,14 @@ impl TrainConfig {
     pub fn load(path: &Path) -> Result<TrainConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading run configuration {}", path.display()))?;
-        let cfg: TrainConfig =
+        let mut table: toml::Table =
             toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        // A configuration written before `[plan]` holds the plan's hints,
+        // which change nothing a run does.
+        PlanHints::take_from(&mut table).with_context(|| format!("parsing {}", path.display()))?;
+        let cfg: TrainConfig = toml::Value::Table(table)
+            .try_into()
+            .with_context(|| format!("parsing {}", path.display()))?;
         cfg.validate()
             .and_then(|()| cfg.check_build(Features::BUILT))
             .with_context(|| format!("invalid run configuration {}", path.display()))?;

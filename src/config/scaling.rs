@@ -25,7 +25,7 @@
 //! reference study's eight PyTorch DDP logs (4-16 GH200s) in
 //! `tests/it/planning.rs`: within 5 points of each measured efficiency.
 
-use super::{DeviceKind, Precision, TrainConfig};
+use super::{DeviceKind, PlanHints, Precision, TrainConfig};
 use crate::config::model::ModelConfig;
 use serde::Serialize;
 
@@ -76,25 +76,27 @@ pub struct Hardware {
 }
 
 impl Hardware {
-    /// The run's GPU from the device table, with the configuration's
-    /// overrides; none for a CPU run or a GPU the table lacks (unless the
-    /// configuration gives every figure).
-    pub fn of(cfg: &TrainConfig) -> Option<Hardware> {
+    /// The run's GPU from the device table, with the configuration's peak
+    /// and the plan's bandwidth hints over it; none for a CPU run or a GPU
+    /// the table lacks (unless they give every figure).
+    pub fn of(cfg: &TrainConfig, hints: &PlanHints) -> Option<Hardware> {
         let row = match cfg.device {
             DeviceKind::Cuda => cfg.gpu.as_deref().and_then(super::devices::lookup),
             DeviceKind::Cpu => None,
         };
         Some(Hardware {
             peak_flops: cfg.peak_flops.or(row.map(|r| r.peak_flops))?,
-            intra_node_gbps: cfg.intra_node_gbps.or(row.map(|r| r.intra_node_gbps))?,
-            inter_node_gbps: cfg.inter_node_gbps.or(row.map(|r| r.inter_node_gbps))?,
+            intra_node_gbps: hints.intra_node_gbps.or(row.map(|r| r.intra_node_gbps))?,
+            inter_node_gbps: hints.inter_node_gbps.or(row.map(|r| r.inter_node_gbps))?,
         })
     }
 }
 
-/// The forecast of `cfg` (a fixed batch) on `job`; none for a single rank.
+/// The forecast of `cfg` (a fixed batch) on `job` at the hints' expected
+/// MFU; none for a single rank.
 pub fn forecast(
     cfg: &TrainConfig,
+    hints: &PlanHints,
     model: &ModelConfig,
     hw: Hardware,
     job: Job,
@@ -106,7 +108,7 @@ pub fn forecast(
     let batch = cfg.batch_size.fixed()?;
     let tokens = (batch * cfg.sequence_length * cfg.gradient_accumulation) as f64;
     let flops = tokens * model.flops_per_token(cfg.sequence_length);
-    let mfu = cfg.expected_mfu_pct.unwrap_or(DEFAULT_EXPECTED_MFU_PCT) / 100.0;
+    let mfu = hints.expected_mfu_pct.unwrap_or(DEFAULT_EXPECTED_MFU_PCT) / 100.0;
     let compute_s = flops / (hw.peak_flops * mfu);
     // Gradients are summed in the parameters' type on GPUs (bf16 for bf16
     // runs), in f32 otherwise.
@@ -155,13 +157,22 @@ mod tests {
     }
 
     fn at(cfg: &TrainConfig, world_size: usize, overlaps: bool) -> Forecast {
+        at_with(cfg, &PlanHints::default(), world_size, overlaps)
+    }
+
+    fn at_with(
+        cfg: &TrainConfig,
+        hints: &PlanHints,
+        world_size: usize,
+        overlaps: bool,
+    ) -> Forecast {
         let model = ModelConfig::preset("ref-1b").unwrap();
         let job = Job {
             world_size,
             ranks_per_node: 4,
             overlaps,
         };
-        forecast(cfg, &model, Hardware::of(cfg).unwrap(), job).unwrap()
+        forecast(cfg, hints, &model, Hardware::of(cfg, hints).unwrap(), job).unwrap()
     }
 
     #[test]
@@ -180,21 +191,22 @@ mod tests {
         // Leaving the node (NVLink -> network) costs more than growing within it.
         assert!(at(&b8, 8, false).allreduce_s > 3.0 * at(&b8, 4, false).allreduce_s);
         // A faster network helps.
-        let fast = TrainConfig {
+        let fast = PlanHints {
             inter_node_gbps: Some(100.0),
-            ..cfg(1)
+            ..PlanHints::default()
         };
-        assert!(at(&fast, 16, true).efficiency_pct > at(&b1, 16, true).efficiency_pct);
+        assert!(at_with(&b1, &fast, 16, true).efficiency_pct > at(&b1, 16, true).efficiency_pct);
         // One rank has nothing to forecast; a CPU run has no table row.
         let model = ModelConfig::preset("ref-1b").unwrap();
-        let hw = Hardware::of(&b1).unwrap();
+        let none = PlanHints::default();
+        let hw = Hardware::of(&b1, &none).unwrap();
         let single = Job {
             world_size: 1,
             ranks_per_node: 1,
             overlaps: true,
         };
-        assert!(forecast(&b1, &model, hw, single).is_none());
-        assert!(Hardware::of(&TrainConfig::default()).is_none());
+        assert!(forecast(&b1, &none, &model, hw, single).is_none());
+        assert!(Hardware::of(&TrainConfig::default(), &none).is_none());
     }
 
     #[test]

@@ -339,6 +339,7 @@ mod tests {
                 params: Default::default(),
                 configuration: None,
                 depends_on: None,
+                identity: None,
                 jobs: Vec::new(),
             },
             script: String::new(),

@@ -14,7 +14,7 @@ pub use schema::{
 };
 pub use source::{join_key, Source};
 
-use crate::config::{ModelOverrides, MonitorConfig, TrainConfig};
+use crate::config::{hints, ModelOverrides, MonitorConfig, PlanHints, TrainConfig};
 use crate::template::{describe, Engine};
 use schema::ManifestFile;
 use serde::de::{DeserializeOwned, IntoDeserializer};
@@ -97,6 +97,10 @@ pub struct Manifest {
     pub local: LocalSpec,
     pub stages: StagesSpec,
     pub report: ReportSpec,
+    /// `[plan]` (with the hints older manifests wrote in `[defaults]`).
+    pub hints: PlanHints,
+    /// What the manifest should know but is no error (a hint in `[defaults]`).
+    pub notes: Vec<String>,
 }
 
 impl Manifest {
@@ -194,6 +198,7 @@ fn fields_of(section: &str) -> Option<Vec<String>> {
         "stages" => known_fields::<StagesSpec>(),
         "stages.pretokenize" => known_fields::<PretokenizeStageSpec>(),
         "report" => known_fields::<ReportSpec>(),
+        "plan" => known_fields::<PlanHints>(),
         "defaults" => known_fields::<TrainConfig>(),
         "defaults.architecture" => known_fields::<ModelOverrides>(),
         "defaults.monitor" => known_fields::<MonitorConfig>(),
@@ -381,6 +386,8 @@ impl Validator<'_, '_> {
         sha256: String,
     ) -> Option<Manifest> {
         self.check_name(&file.name);
+        let mut file = file;
+        let (hints, notes) = self.hints(&mut file.defaults, &file.plan);
 
         let mode = match &file.command {
             Some(cmd) => {
@@ -522,7 +529,50 @@ impl Validator<'_, '_> {
             local: file.local,
             stages: file.stages,
             report: file.report,
+            hints,
+            notes,
         })
+    }
+
+    /// `[plan]`, with the hint keys `[defaults]` holds (as manifests written
+    /// before `[plan]` did: accepted, with a note) taken out of it.
+    fn hints(&mut self, defaults: &mut toml::Table, plan: &PlanHints) -> (PlanHints, Vec<String>) {
+        let mut notes = Vec::new();
+        let in_defaults: Vec<&str> = hints::KEYS
+            .into_iter()
+            .filter(|k| defaults.contains_key(*k))
+            .collect();
+        for key in &in_defaults {
+            if self.written("plan", key) {
+                self.at_key_help(
+                    &join_key("defaults", key),
+                    format!("`{key}` is set both in [defaults] and in [plan]"),
+                    "it is a hint for `sweep plan`: keep it in [plan] alone",
+                );
+            } else {
+                notes.push(format!(
+                    "`{key}` in [defaults] is a hint for `sweep plan` that changes no run: it now belongs in [plan] (read from [defaults] as before)"
+                ));
+            }
+        }
+        let legacy = match PlanHints::take_from(defaults) {
+            Ok(h) => h,
+            Err(e) => {
+                let key = in_defaults.first().copied().unwrap_or("plan");
+                self.at_value(&join_key("defaults", key), e.message().to_string());
+                PlanHints::default()
+            }
+        };
+        let hints = legacy.or(plan);
+        if let Err(e) = hints.validate() {
+            let section = if in_defaults.contains(&e.key) {
+                "defaults"
+            } else {
+                "plan"
+            };
+            self.at_value(&join_key(section, e.key), e.message);
+        }
+        (hints, notes)
     }
 
     /// Every key and string value of the file against [`forbidden_char`]:
@@ -614,9 +664,13 @@ impl Validator<'_, '_> {
 
     /// `[defaults]` as the trainer's configuration, type-checked with spans.
     fn train_defaults(&mut self) -> TrainConfig {
-        let Some(table) = self.spanned_table("defaults") else {
+        let Some(mut table) = self.spanned_table("defaults") else {
             return TrainConfig::default();
         };
+        // Hints are the plan's (see `hints`), not the trainer's.
+        for key in hints::KEYS {
+            table.get_mut().remove(key);
+        }
         match TrainConfig::deserialize(table.into_deserializer()) {
             Ok(cfg) => cfg,
             Err(e) => {
@@ -795,6 +849,14 @@ impl Validator<'_, '_> {
                 col,
                 &known_fields::<SlurmSpec>(),
                 None,
+            );
+            return;
+        }
+        if hints::KEYS.contains(&key) {
+            self.at_key_help(
+                path,
+                format!("`{key}` is a hint for `sweep plan`: it changes no run, so sweeping it would make runs that are one and the same"),
+                "set it once, in [plan]",
             );
             return;
         }

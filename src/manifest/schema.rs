@@ -30,6 +30,9 @@ pub(crate) struct ManifestFile {
     pub stages: StagesSpec,
     #[serde(default)]
     pub report: ReportSpec,
+    /// What `sweep plan` assumes of the hardware (never part of a run).
+    #[serde(default)]
+    pub plan: crate::config::PlanHints,
 }
 
 #[derive(Debug, Default, Deserialize)]

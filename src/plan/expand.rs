@@ -1,8 +1,10 @@
 //! The expansion itself: combinations, derived values, configurations, ids,
 //! names and stages.
 
+use super::identity::{RunIdentity, Work};
 use super::{Job, Plan, PretokenizedFormat, Run, Stage};
 use crate::config::{DeviceKind, Features, TrainConfig};
+use crate::manifest::ExecutorKind;
 use crate::manifest::{
     did_you_mean, join_key, known_fields, Diagnostic, Diagnostics, Manifest, Mode, SlurmSpec,
     REPEAT,
@@ -60,7 +62,7 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
     if !opts.allow_oom {
         check_memory(&m, &runs)?;
     }
-    let warnings = warnings(&runs, opts.allow_oom);
+    let warnings = warnings(&m, &runs, opts.allow_oom);
     if let Some(b) = &m.report.baseline {
         // A repeat stands for its configuration only by accident: say which.
         if let Some(r) = runs
@@ -268,22 +270,27 @@ impl<'a> Shared<'a> {
         if !swept.is_empty() {
             world["slurm"] = Json::Object(swept);
         }
-        let identity = match &train {
-            Some(cfg) => json!({ "train": cfg, "world": world }),
-            None => {
-                let cmd = match &m.mode {
-                    Mode::Command(cmd) => cmd.as_str(),
-                    Mode::Train(_) => "",
-                };
-                json!({ "command": cmd, "params": table_json(&a.table, &a.params), "world": world })
-            }
+        let identity = RunIdentity {
+            work: match (&train, &m.mode) {
+                (Some(cfg), _) => Work::Train(cfg),
+                (None, Mode::Command(cmd)) => Work::Command {
+                    command: cmd,
+                    params: table_json(&a.table, &a.params),
+                },
+                (None, Mode::Train(_)) => unreachable!("a training study resolves a configuration"),
+            },
+            world,
+            local: (m.executor == Some(ExecutorKind::Local))
+                .then_some((m.local.threads, m.local.parallel)),
         };
-        // A repeat is a run of its own; without repeats ids stay as they were.
-        let config_id = short_id(&identity);
-        let id = match repeated {
-            true => short_id(&json!({ "run": identity, "repeat": repeat })),
-            false => config_id.clone(),
+        // A repeat is a run of its own.
+        let config = identity.hash(None);
+        let hashed = match repeated {
+            true => identity.hash(Some(repeat)),
+            false => config.clone(),
         };
+        let legacy_id = identity.legacy_id(&m.hints, repeated.then_some(repeat));
+        let id = hashed.id.clone();
         ctx["id"] = json!(id);
         let written = self.name_as_written(&ctx, &a.params)?;
         let rendered = sanitize(&written);
@@ -304,7 +311,7 @@ impl<'a> Shared<'a> {
         }
         let name = self.checked_name(name, &a.params)?;
         let configuration = super::record::Configuration {
-            id: config_id,
+            id: config.id,
             name: config_name,
         };
         let dir = self.study_dir.join(&name);
@@ -317,6 +324,9 @@ impl<'a> Shared<'a> {
         };
         Ok(Run {
             id,
+            digest: hashed.digest,
+            identity: hashed.value,
+            legacy_id,
             name,
             sanitized_from,
             configuration,
@@ -708,6 +718,15 @@ fn check_ids(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
             continue;
         };
         let other = &runs[j];
+        if other.digest != r.digest {
+            // Astronomically unlikely (see identity::ID_HEX), and no fault of
+            // the manifest: said as what it is.
+            let d = m.source.at_key("sweep", format!(
+                "runs `{}` and `{}` are different runs whose ids collide ({}): a 64-bit hash collision",
+                other.name, r.name, r.id
+            )).with_help("change any value of one of them (a seed, a name does not count) and plan again; please report it");
+            return Err(d.into());
+        }
         let differs = r
             .params
             .iter()
@@ -898,8 +917,9 @@ const MANY_TASKS: u64 = 200_000;
 /// What the plan accepts but should say: absurd job sizes, memory estimates
 /// that cannot be checked against an unknown GPU, and with `--allow-oom`
 /// the runs estimated not to fit. One line per distinct cause.
-fn warnings(runs: &[Run], allow_oom: bool) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
+fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<String> {
+    let hints = &m.hints;
+    let mut out: Vec<String> = m.notes.clone();
     let mut say = |w: String| {
         if !out.contains(&w) {
             out.push(w);
@@ -914,21 +934,21 @@ fn warnings(runs: &[Run], allow_oom: bool) -> Vec<String> {
             ));
         }
         let Job::Train(cfg) = &r.job else { continue };
-        if cfg.device == DeviceKind::Cuda && cfg.gpu_memory_gb.is_none() {
+        if cfg.device == DeviceKind::Cuda && hints.gpu_memory_gb.is_none() {
             if let Some(gpu) = cfg
                 .gpu
                 .as_deref()
                 .filter(|g| crate::config::devices::lookup(g).is_none())
             {
                 say(format!(
-                    "gpu `{}` is not in the device table ({}): the runs' memory is not checked; set `gpu_memory_gb`",
+                    "gpu `{}` is not in the device table ({}): the runs' memory is not checked; set `gpu_memory_gb` in [plan]",
                     gpu.escape_debug(),
                     crate::config::devices::known()
                 ));
             }
         }
         if allow_oom {
-            if let Some(mem) = r.memory().filter(|m| m.fits == Some(false)) {
+            if let Some(mem) = r.memory(hints).filter(|m| m.fits == Some(false)) {
                 say(format!(
                     "{} will not fit in its GPU's memory by the estimate ({})",
                     r.name,
@@ -945,7 +965,7 @@ fn warnings(runs: &[Run], allow_oom: bool) -> Vec<String> {
 fn check_memory(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     let over: Vec<(&Run, super::Memory)> = runs
         .iter()
-        .filter_map(|r| Some((r, r.memory()?)))
+        .filter_map(|r| Some((r, r.memory(&m.hints)?)))
         .filter(|(_, mem)| mem.fits == Some(false))
         .collect();
     let Some((_, first)) = over.first() else {
@@ -978,7 +998,7 @@ fn check_memory(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
         shown.join(", ")
     );
     d.help = Some(format!(
-        "try {recompute}a smaller `batch_size` or more GPUs; set `gpu_memory_gb` if your GPUs have more memory than the table says; \
+        "try {recompute}a smaller `batch_size` or more GPUs; set `gpu_memory_gb` in [plan] if your GPUs have more memory than the table says; \
          `--allow-oom` plans them anyway (docs/memory.md)"
     ));
     Err(d.into())

@@ -5,6 +5,7 @@
 
 mod expand;
 pub mod files;
+pub mod identity;
 pub mod record;
 pub mod render;
 pub mod templates;
@@ -14,7 +15,7 @@ use crate::template::shell_quote;
 
 use crate::config::memory::MemoryEstimate;
 pub use crate::config::PretokenizedFormat;
-use crate::config::TrainConfig;
+use crate::config::{PlanHints, TrainConfig};
 use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -31,8 +32,16 @@ pub enum Job {
 
 #[derive(Debug, Clone)]
 pub struct Run {
-    /// Short stable hash of the resolved configuration (and the repeat).
+    /// The hash of the run's identity ([`identity`]): what it trains or
+    /// measures, and its repeat.
     pub id: String,
+    /// The whole hash the id is cut from.
+    pub digest: String,
+    /// What was hashed (recorded in `run.json`).
+    pub identity: serde_json::Value,
+    /// The id identity version 1 gave the run (8 hex digits): a directory
+    /// that records it holds this run.
+    pub legacy_id: String,
     pub name: String,
     /// The name as written, where making it a directory name changed it.
     pub sanitized_from: Option<String>,
@@ -54,10 +63,11 @@ impl Run {
         u32::try_from(self.slurm.tasks()).unwrap_or(u32::MAX)
     }
 
-    /// Estimated peak memory per device (built-in trainer runs).
-    pub fn memory(&self) -> Option<Memory> {
+    /// Estimated peak memory per device (built-in trainer runs), against
+    /// the GPU's as the plan's hints and the device table give it.
+    pub fn memory(&self, hints: &PlanHints) -> Option<Memory> {
         match &self.job {
-            Job::Train(cfg) => Memory::of(cfg),
+            Job::Train(cfg) => Memory::of(cfg, hints),
             Job::Command(_) => None,
         }
     }
@@ -65,19 +75,19 @@ impl Run {
     /// The scaling forecast of a data-parallel built-in trainer run (none for
     /// one rank, `batch_size = "max"`, CPU runs without `peak_flops` and
     /// bandwidths, or a GPU the device table lacks).
-    pub fn scaling(&self) -> Option<crate::config::scaling::Forecast> {
+    pub fn scaling(&self, hints: &PlanHints) -> Option<crate::config::scaling::Forecast> {
         use crate::config::scaling;
         let Job::Train(cfg) = &self.job else {
             return None;
         };
-        let hw = scaling::Hardware::of(cfg)?;
+        let hw = scaling::Hardware::of(cfg, hints)?;
         let model = crate::data::tokenizer::model_config(cfg).ok()?;
         let job = scaling::Job {
             world_size: self.world_size() as usize,
             ranks_per_node: self.slurm.ntasks_per_node.get() as usize,
             overlaps: crate::config::trainer_overlaps_allreduce(cfg.device),
         };
-        scaling::forecast(cfg, &model, hw, job)
+        scaling::forecast(cfg, hints, &model, hw, job)
     }
 
     /// Sequences per optimizer step over all ranks (built-in trainer runs).
@@ -216,10 +226,10 @@ pub struct Memory {
 }
 
 impl Memory {
-    pub fn of(cfg: &TrainConfig) -> Option<Memory> {
+    pub fn of(cfg: &TrainConfig, hints: &PlanHints) -> Option<Memory> {
         let model = crate::data::tokenizer::model_config(cfg).ok()?;
         let parts = crate::config::memory::estimate(cfg, &model);
-        let device_bytes = crate::config::memory::device_bytes(cfg);
+        let device_bytes = crate::config::memory::device_bytes(cfg, hints);
         Some(Memory {
             estimate_bytes: parts.total(),
             device_bytes,

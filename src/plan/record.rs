@@ -75,6 +75,10 @@ pub struct RunRecord {
     /// The stage this run waits for (its directory name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depends_on: Option<String>,
+    /// What the run's id is the hash of ([`super::identity`]; runs only,
+    /// from identity version 2 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<serde_json::Value>,
     #[serde(default)]
     pub jobs: Vec<JobRecord>,
 }

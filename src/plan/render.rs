@@ -38,8 +38,24 @@ pub struct WriteSummary {
     pub files_unchanged: usize,
 }
 
+/// What rendering does with a run whose directory holds another run (its
+/// record has jobs or its directory outputs, under another id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnChanged {
+    /// An error that lists every such run and what changed in it.
+    Refuse,
+    /// Render it afresh: the caller moves the old directory aside first
+    /// ([`move_changed_aside`]).
+    Replace,
+}
+
 /// Renders every run and stage of the plan in memory.
 pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
+    render_with(plan, OnChanged::Refuse)
+}
+
+/// [`render`], with a choice for the runs whose directories hold another run.
+pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagnostics> {
     let templates = Templates::load(plan)?;
     let sweep_bin = &plan.sweep_bin;
     let m = &plan.manifest;
@@ -61,9 +77,11 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
         params,
         configuration: None,
         depends_on,
+        identity: None,
         jobs: Vec::new(),
     };
 
+    let changed = std::sync::Mutex::new(Vec::new());
     let runs: Vec<Result<RenderedDir, Diagnostics>> = plan
         .runs
         .par_iter()
@@ -71,19 +89,27 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
             let config = config_toml(plan, run)?;
             let script = templates.run_script(plan, run, sweep_bin)?;
             let depends_on = run.stage.map(|s| plan.stages[s].name.clone());
-            let record = merge(
-                &run.dir,
-                RunRecord {
-                    configuration: Some(run.configuration.clone()),
-                    ..fresh(
-                        &run.id,
-                        &run.name,
-                        UnitKind::Run,
-                        run.params.clone(),
-                        depends_on,
-                    )
-                },
-            )?;
+            let fresh = RunRecord {
+                configuration: Some(run.configuration.clone()),
+                identity: Some(run.identity.clone()),
+                ..fresh(
+                    &run.id,
+                    &run.name,
+                    UnitKind::Run,
+                    run.params.clone(),
+                    depends_on,
+                )
+            };
+            let record = match merge(&run.dir, fresh.clone(), Some(&run.legacy_id))? {
+                Merged::Record(r) => *r,
+                Merged::Changed(old) => {
+                    if on_changed == OnChanged::Refuse {
+                        let what = Changed::of(run, &old, &config);
+                        changed.lock().expect("no panic holding it").push(what);
+                    }
+                    fresh
+                }
+            };
             Ok(RenderedDir {
                 dir: run.dir.clone(),
                 config: Some(config),
@@ -109,7 +135,20 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
             let script = templates.stage_script(plan, s, sweep_bin)?;
-            let record = merge(&s.dir, fresh(&s.id, &s.name, UnitKind::Stage, params, None))?;
+            // A stage's id names its directory: another id is another directory.
+            let record = match merge(&s.dir, fresh(&s.id, &s.name, UnitKind::Stage, params, None), None)? {
+                Merged::Record(r) => *r,
+                // Named by its id, a stage's directory holds another stage
+                // only when its record was edited.
+                Merged::Changed(_) => {
+                    let d = Diagnostic::new(
+                        s.dir.join(UnitKind::Stage.record_file()),
+                        format!("this directory is stage {}'s, and its record names another stage", s.id),
+                    )
+                    .with_help("repair the record, or move the stage's directory away to run the stage afresh");
+                    return Err(d.into());
+                }
+            };
             Ok(RenderedDir {
                 dir: s.dir.clone(),
                 config: None,
@@ -129,6 +168,10 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
     };
     let runs = ok(runs);
     let stages = ok(stages);
+    let changed = changed.into_inner().expect("no panic holding it");
+    if !changed.is_empty() {
+        errors.push(Changed::diagnostic(plan, changed));
+    }
     if !errors.is_empty() {
         errors.dedup();
         return Err(Diagnostics(errors));
@@ -181,9 +224,19 @@ fn config_toml(plan: &Plan, run: &super::Run) -> Result<String, Diagnostics> {
     ))
 }
 
+/// What an existing directory makes of a freshly rendered record.
+enum Merged {
+    /// The record to write: the fresh one, or the same run's (its creation
+    /// time, commit and jobs kept).
+    Record(Box<RunRecord>),
+    /// The directory holds the jobs or outputs of another run (this record).
+    Changed(Box<RunRecord>),
+}
+
 /// Keeps what an existing record knows (creation time, commit, jobs) when the
-/// run is the same; refuses to reuse a directory for a different run.
-fn merge(dir: &Path, fresh: RunRecord) -> Result<RunRecord, Diagnostics> {
+/// run is the same — under its id or under `legacy` (the id an earlier
+/// version gave it); says when the directory holds a different run.
+fn merge(dir: &Path, fresh: RunRecord, legacy: Option<&str>) -> Result<Merged, Diagnostics> {
     let file = fresh.kind.record_file();
     // One failed open per new run is cheaper than a stat first.
     let old = match RunRecord::read(&dir.join(file), None) {
@@ -197,28 +250,159 @@ fn merge(dir: &Path, fresh: RunRecord) -> Result<RunRecord, Diagnostics> {
             return Err(d.into());
         }
     };
-    let Some(old) = old else { return Ok(fresh) };
-    if old.id != fresh.id && (!old.jobs.is_empty() || has_outputs(dir)) {
-        let d = Diagnostic::new(
-            dir.join(file),
-            format!(
-                "run directory `{}` holds run {} but the manifest now gives it configuration {}",
-                fresh.name, old.id, fresh.id
-            ),
-        )
-        .with_help("its outputs would be mixed up: rename the run (sweep.name) or move the old directory away");
-        return Err(d.into());
+    let Some(old) = old else {
+        return Ok(Merged::Record(Box::new(fresh)));
+    };
+    let same = old.id == fresh.id || Some(old.id.as_str()) == legacy;
+    if !same && (!old.jobs.is_empty() || has_outputs(dir)) {
+        return Ok(Merged::Changed(Box::new(old)));
     }
-    if old.id != fresh.id {
-        return Ok(fresh);
+    if !same {
+        return Ok(Merged::Record(Box::new(fresh)));
     }
-    Ok(RunRecord {
+    Ok(Merged::Record(Box::new(RunRecord {
         created_at: old.created_at,
         git_commit: old.git_commit,
         sweep_version: old.sweep_version,
         jobs: old.jobs,
         ..fresh
-    })
+    })))
+}
+
+/// A run whose directory holds another run's jobs or outputs, and how the
+/// manifest changed it (`config.toml` key by key).
+struct Changed {
+    name: String,
+    /// (dotted key, as it was, as it is now).
+    fields: Vec<(String, String, String)>,
+}
+
+impl Changed {
+    /// From the identity the old record holds, else (a record written
+    /// before identities were recorded) from the old `config.toml`.
+    fn of(run: &super::Run, old: &RunRecord, config: &str) -> Changed {
+        let fields = match &old.identity {
+            Some(identity) => super::identity::differences(identity, &run.identity),
+            None => {
+                let old = std::fs::read_to_string(run.dir.join(CONFIG_TOML))
+                    .ok()
+                    .and_then(|t| t.parse::<toml::Table>().ok())
+                    .unwrap_or_default();
+                let new = config.parse::<toml::Table>().unwrap_or_default();
+                let mut fields = Vec::new();
+                diff_tables("", &old, &new, &mut fields);
+                fields
+            }
+        };
+        Changed {
+            name: run.name.clone(),
+            fields,
+        }
+    }
+
+    /// One error for all of them: which fields changed in how many runs,
+    /// and the ways forward.
+    fn diagnostic(plan: &Plan, mut changed: Vec<Changed>) -> Diagnostic {
+        changed.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut by_field: indexmap::IndexMap<&str, (usize, &str, &str)> = indexmap::IndexMap::new();
+        let mut unexplained = 0;
+        for c in &changed {
+            if c.fields.is_empty() {
+                unexplained += 1;
+            }
+            for (k, old, new) in &c.fields {
+                by_field.entry(k.as_str()).or_insert((0, old, new)).0 += 1;
+            }
+        }
+        let mut what: Vec<String> = by_field
+            .iter()
+            .map(|(k, (n, old, new))| format!("`{k}` {old} → {new} ({n} run(s))"))
+            .collect();
+        if unexplained > 0 {
+            what.push(format!(
+                "the job's shape, a swept [slurm] key or the [local] settings ({unexplained} run(s))"
+            ));
+        }
+        let names: Vec<&str> = changed.iter().take(5).map(|c| c.name.as_str()).collect();
+        let more = match changed.len() {
+            n if n > 5 => format!(" and {} more", n - 5),
+            _ => String::new(),
+        };
+        let m = &plan.manifest;
+        // At the first changed key where the manifest writes it (a command
+        // run's values are `params.<key>` in its config.toml).
+        let mut d = match by_field.keys().next() {
+            Some(k) => m.locate(k.strip_prefix("params.").unwrap_or(k)),
+            None => m.source.at_key("sweep", ""),
+        };
+        d.message = format!(
+            "{} run(s) whose directories hold their jobs and outputs would now run something else ({}{more}): {}",
+            changed.len(),
+            names.join(", "),
+            what.join("; ")
+        );
+        d.help = Some(format!(
+            "`--replace-changed` (sweep submit, run or render) moves their directories to {}/ and runs them anew; \
+             or keep them and give the new runs other names ([sweep] name)",
+            plan.study_dir.join(REPLACED).display()
+        ));
+        d
+    }
+}
+
+/// The dotted keys whose values differ between two tables, with both values.
+fn diff_tables(
+    prefix: &str,
+    old: &toml::Table,
+    new: &toml::Table,
+    out: &mut Vec<(String, String, String)>,
+) {
+    let show = |v: Option<&toml::Value>| v.map_or("(unset)".to_string(), |v| v.to_string());
+    let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for k in keys {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match (old.get(k), new.get(k)) {
+            (Some(toml::Value::Table(a)), Some(toml::Value::Table(b))) => {
+                diff_tables(&key, a, b, out)
+            }
+            (a, b) if a != b => out.push((key, show(a), show(b))),
+            _ => {}
+        }
+    }
+}
+
+/// Where `--replace-changed` moves the directories of changed runs, under
+/// the study: `replaced/<time>/<run>`.
+pub const REPLACED: &str = "replaced";
+
+/// Moves aside the directory of every run of the plan that holds another
+/// run's jobs or outputs (to `results/<study>/replaced/<time>/<run>`, kept
+/// whole), so that the run starts afresh; returns where each went.
+pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    let into = plan.study_dir.join(REPLACED).join(stamp);
+    let mut moved = Vec::new();
+    for run in &plan.runs {
+        let Some(old) = RunRecord::read(&run.dir.join(UnitKind::Run.record_file()), None)? else {
+            continue;
+        };
+        let same = old.id == run.id || old.id == run.legacy_id;
+        if same || (old.jobs.is_empty() && !has_outputs(&run.dir)) {
+            continue;
+        }
+        std::fs::create_dir_all(&into).with_context(|| format!("creating {}", into.display()))?;
+        let to = into.join(&run.name);
+        std::fs::rename(&run.dir, &to)
+            .with_context(|| format!("moving {} to {}", run.dir.display(), to.display()))?;
+        moved.push((run.name.clone(), to));
+    }
+    Ok(moved)
 }
 
 /// Anything in the directory besides what rendering writes.

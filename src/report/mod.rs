@@ -186,7 +186,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
             run.configuration = Some(r.configuration.clone());
             run.forecast_pct = match (&r.job, r.world_size()) {
                 (crate::plan::Job::Train(_), 1) => Some(100.0),
-                _ => r.scaling().map(|f| f.efficiency_pct),
+                _ => r.scaling(&plan.manifest.hints).map(|f| f.efficiency_pct),
             };
             run
         })

@@ -80,7 +80,7 @@ pub fn search(base: &TrainConfig, limit: Option<u64>, steps: usize, max: usize) 
         memory::estimate(&c, &model).total()
     };
     // The budget the estimate is held against: the limit, else the GPU's size.
-    let budget = limit.or_else(|| memory::device_bytes(base));
+    let budget = limit.or_else(|| memory::device_bytes(base, &crate::config::PlanHints::default()));
     let start = match budget {
         Some(b) => {
             let mut s = 1;

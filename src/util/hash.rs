@@ -35,11 +35,18 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
 }
 
 /// A short id (8 hex digits) of a JSON value that does not depend on the order
-/// of keys in its objects.
+/// of keys in its objects (stages' ids, and runs' ids before identity
+/// version 2).
 pub fn short_id(value: &serde_json::Value) -> String {
+    canonical_sha256(value)[..8].to_string()
+}
+
+/// The hex sha256 of a JSON value written with its objects' keys sorted:
+/// the same for the same value, whatever the order it was built in.
+pub fn canonical_sha256(value: &serde_json::Value) -> String {
     let mut canonical = String::new();
     write_canonical(value, &mut canonical);
-    sha256_bytes(canonical.as_bytes())[..8].to_string()
+    sha256_bytes(canonical.as_bytes())
 }
 
 /// Serialises with object keys sorted, whatever map type serde_json was built with.

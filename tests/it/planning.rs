@@ -31,7 +31,7 @@ fn the_reference_study_plans_eight_runs_and_two_stages() {
     let runs = plan_json(root.path(), &m);
     assert_eq!(runs.len(), 8);
     for r in &runs {
-        assert_eq!(r["id"].as_str().unwrap().len(), 8);
+        assert_eq!(r["id"].as_str().unwrap().len(), 16);
         let p = r["params"].as_object().unwrap();
         for key in [
             "dataset_type",
@@ -150,13 +150,160 @@ fn a_run_directory_is_never_reused_for_another_configuration() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("holds run") && err.contains("rename the run"),
-        "{err}"
+        err.contains("1 run(s) whose directories hold their jobs and outputs would now run something else (run): `seed` 1 → 2 (1 run(s))")
+            && err.contains("--replace-changed"),
+        "one message naming what changed and the way forward: {err}"
     );
     assert_eq!(
         std::fs::read(run.join("config.toml")).unwrap(),
         config,
         "nothing was rewritten"
+    );
+    // The way forward: the old directory is kept aside, the run starts afresh.
+    let out = run_ok(
+        sweep(root.path())
+            .args(["render", "--replace-changed"])
+            .arg(&m),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let moved: Vec<_> = std::fs::read_dir(root.path().join("results/s/replaced"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("run"))
+        .collect();
+    assert_eq!(moved.len(), 1, "{err}");
+    assert!(moved[0].join("metrics.jsonl").is_file() && err.contains("ran something else"));
+    assert!(!run.join("metrics.jsonl").exists());
+    let text = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(text.contains("seed = 2"), "{text}");
+}
+
+/// The plan's hints ([plan], or [defaults] as older manifests wrote them)
+/// change no run: changing one re-runs nothing.
+#[test]
+fn a_hint_changes_no_run() {
+    let root = project();
+    let m = super::train::manifest(
+        root.path(),
+        "hint",
+        "training_steps = 2\nsequence_length = 32",
+        "",
+    );
+    let text = std::fs::read_to_string(&m).unwrap();
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    for (extra, note) in [
+        (
+            "[plan]\nexpected_mfu_pct = 35.0\ngpu_memory_gb = 80\n",
+            false,
+        ),
+        ("[plan]\nexpected_mfu_pct = 20.0\n", false),
+    ] {
+        write(&m, &format!("{text}{extra}"));
+        let out = run_ok(sweep(root.path()).arg("submit").arg(&m));
+        assert!(
+            stdout(&out).contains("nothing to submit"),
+            "{extra}: {}",
+            stdout(&out)
+        );
+        assert_eq!(
+            note,
+            String::from_utf8_lossy(&out.stderr).contains("belongs in [plan]")
+        );
+    }
+    // Written in [defaults], as before [plan] existed: the same, with a note.
+    write(
+        &m,
+        &text.replace("[defaults]\n", "[defaults]\nexpected_mfu_pct = 50.0\n"),
+    );
+    let out = run_ok(sweep(root.path()).arg("submit").arg(&m));
+    assert!(
+        stdout(&out).contains("nothing to submit"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("`expected_mfu_pct` in [defaults] is a hint")
+    );
+    // A hint is not swept: its runs would all be one.
+    write(
+        &m,
+        &format!("{text}[sweep.grid]\nexpected_mfu_pct = [30.0, 40.0]\n"),
+    );
+    let out = sweep(root.path()).arg("plan").arg(&m).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is a hint for `sweep plan`: it changes no run"),
+        "{err}"
+    );
+}
+
+/// `[local]` threads (and parallel) change what a local run measures: a
+/// change is said, field by field, and `--replace-changed` runs it afresh.
+#[test]
+fn local_settings_are_part_of_a_local_runs_identity() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    let study = |threads: usize| {
+        format!("name = \"t\"\nexecutor = \"local\"\ncommand = \"echo $SWEEP_THREADS\"\n[local]\nthreads = {threads}\n")
+    };
+    write(&m, &study(1));
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    write(&m, &study(2));
+    let out = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("`[local] threads` 1 → 2"),
+        "{err}"
+    );
+    run_ok(
+        sweep(root.path())
+            .args(["submit", "--replace-changed"])
+            .arg(&m),
+    );
+    let log = std::fs::read_to_string(root.path().join("results/t/run/local.out")).unwrap();
+    assert!(
+        log.lines().any(|l| l == "2"),
+        "the run ran again with 2 threads: {log}"
+    );
+}
+
+/// A study run by the version before run identities had a version: its
+/// completed runs are recognised (by the id that version gave them) and
+/// nothing runs again; their records keep their jobs, under the new ids.
+#[test]
+fn a_study_run_before_identity_versions_is_recognised() {
+    let root = project();
+    std::os::unix::fs::symlink(repo().join("assets"), root.path().join("assets")).unwrap();
+    let fixture = repo().join("tests/fixtures/identity-v1");
+    std::fs::copy(fixture.join("v1.toml"), root.path().join("v1.toml")).unwrap();
+    for run in ["batch_size-1", "batch_size-2"] {
+        let to = root.path().join("results/v1").join(run);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(fixture.join("results/v1").join(run)).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+        }
+    }
+    let m = root.path().join("v1.toml");
+    let out = run_ok(sweep(root.path()).arg("submit").arg(&m));
+    assert!(
+        stdout(&out).contains("nothing to submit"),
+        "{}",
+        stdout(&out)
+    );
+    for run in ["batch_size-1", "batch_size-2"] {
+        let record: Value = serde_json::from_slice(
+            &std::fs::read(root.path().join("results/v1").join(run).join("run.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(record["id"].as_str().unwrap().len(), 16);
+        assert_eq!(record["jobs"].as_array().unwrap().len(), 1, "{record}");
+    }
+    let report = run_ok(sweep(root.path()).arg("report").arg(&m).arg("--no-plots"));
+    assert!(
+        stdout(&report).contains("batch_size-2"),
+        "{}",
+        stdout(&report)
     );
 }
 
@@ -667,7 +814,9 @@ fn the_optimization_study_plans_ten_runs_at_their_largest_batch() {
 #[test]
 fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
     use sweep::config::scaling::{forecast, Hardware, Job};
-    use sweep::config::{model::ModelConfig, BatchSize, DeviceKind, Precision, TrainConfig};
+    use sweep::config::{
+        model::ModelConfig, BatchSize, DeviceKind, PlanHints, Precision, TrainConfig,
+    };
     let root = project();
     let rows = super::support::reference_ddp_report(root.path());
     let batch_of = |r: &Value| -> usize {
@@ -699,10 +848,13 @@ fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
             gpu: Some("GH200".into()),
             batch_size: BatchSize::Fixed(batch),
             sequence_length: 2048,
-            expected_mfu_pct: Some(100.0 * one_node * fpt / 989e12),
             ..TrainConfig::default()
         };
-        let hw = Hardware::of(&cfg).unwrap();
+        let hints = PlanHints {
+            expected_mfu_pct: Some(100.0 * one_node * fpt / 989e12),
+            ..PlanHints::default()
+        };
+        let hw = Hardware::of(&cfg, &hints).unwrap();
         // PyTorch's DDP sums buckets during the backward pass.
         let at = |world_size: usize| {
             let job = Job {
@@ -710,7 +862,9 @@ fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
                 ranks_per_node: 4,
                 overlaps: true,
             };
-            forecast(&cfg, &model, hw, job).unwrap().efficiency_pct
+            forecast(&cfg, &hints, &model, hw, job)
+                .unwrap()
+                .efficiency_pct
         };
         for r in &runs {
             let w = r["world_size"].as_f64().unwrap() as usize;

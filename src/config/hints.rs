@@ -1,0 +1,110 @@
+//! `[plan]`: what `sweep plan` assumes of the hardware for its memory check
+//! and scaling forecast. A hint changes no run — not what it trains, not what
+//! it measures — so hints are never part of a run's identity nor of its
+//! `config.toml`: changing one re-plans the study and re-runs nothing.
+
+use super::ConfigError;
+use serde::{Deserialize, Serialize};
+
+/// The hint keys, which manifests before `[plan]` wrote in `[defaults]`
+/// (still accepted there, with a note).
+pub const KEYS: [&str; 4] = [
+    "gpu_memory_gb",
+    "expected_mfu_pct",
+    "intra_node_gbps",
+    "inter_node_gbps",
+];
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlanHints {
+    /// Memory per GPU in GB; overrides the device table (what `sweep plan`
+    /// checks runs against).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_gb: Option<f64>,
+    /// The MFU one device is expected to reach, in percent: the compute time
+    /// of the scaling forecast (default 40; set what one node of the study
+    /// measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_mfu_pct: Option<f64>,
+    /// All-reduce bandwidth per device within a node and between nodes, in
+    /// GB/s; override the device table for the scaling forecast.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intra_node_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inter_node_gbps: Option<f64>,
+}
+
+impl PlanHints {
+    /// Each hint within a physical range: outside it a value is a typo (a
+    /// unit off by 10^9), and the forecast would print NaN% or 300 digits.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, v, least, most, unit) in [
+            ("gpu_memory_gb", self.gpu_memory_gb, 0.1, 1e5, "GB"),
+            ("intra_node_gbps", self.intra_node_gbps, 0.1, 1e5, "GB/s"),
+            ("inter_node_gbps", self.inter_node_gbps, 0.1, 1e5, "GB/s"),
+        ] {
+            super::check_range(name, v, least, most, unit)?;
+        }
+        if let Some(v) = self.expected_mfu_pct.filter(|v| !(*v > 0.0 && *v <= 100.0)) {
+            return Err(ConfigError::new(
+                "expected_mfu_pct",
+                format!(
+                    "`expected_mfu_pct` must be a percentage in (0, 100], not {}",
+                    super::number(v)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes the hint keys out of a `[defaults]`-shaped table (where
+    /// manifests and `config.toml` files written before `[plan]` hold them).
+    pub fn take_from(table: &mut toml::Table) -> Result<PlanHints, toml::de::Error> {
+        let mut hints = toml::Table::new();
+        for key in KEYS {
+            if let Some(v) = table.remove(key) {
+                hints.insert(key.to_string(), v);
+            }
+        }
+        toml::Value::Table(hints).try_into()
+    }
+
+    /// Each hint that `other` sets over this one's.
+    pub fn or(&self, other: &PlanHints) -> PlanHints {
+        PlanHints {
+            gpu_memory_gb: other.gpu_memory_gb.or(self.gpu_memory_gb),
+            expected_mfu_pct: other.expected_mfu_pct.or(self.expected_mfu_pct),
+            intra_node_gbps: other.intra_node_gbps.or(self.intra_node_gbps),
+            inter_node_gbps: other.inter_node_gbps.or(self.inter_node_gbps),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_are_taken_out_of_a_configuration_table() {
+        let mut t: toml::Table =
+            toml::from_str("dataset = 'd'\ngpu_memory_gb = 120\nexpected_mfu_pct = 35.0\n")
+                .unwrap();
+        let h = PlanHints::take_from(&mut t).unwrap();
+        assert_eq!(
+            (h.gpu_memory_gb, h.expected_mfu_pct),
+            (Some(120.0), Some(35.0))
+        );
+        assert_eq!(t.len(), 1, "only the configuration is left: {t:?}");
+        let mut bad: toml::Table = toml::from_str("inter_node_gbps = 'fast'").unwrap();
+        assert!(PlanHints::take_from(&mut bad).is_err());
+        let e = PlanHints {
+            inter_node_gbps: Some(1e-300),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(e.key, "inter_node_gbps");
+        assert!(e.message.contains("not 1e-300"), "{e}");
+    }
+}

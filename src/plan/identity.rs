@@ -1,0 +1,314 @@
+//! A run's identity: what changes what it trains or measures, and nothing
+//! else — never its name, the manifest's description, the plan's hints
+//! (`[plan]`) or where its files go. The hash of the identity is the run's id:
+//! `sweep submit` runs again exactly the runs whose identity is new.
+
+use crate::config::{PlanHints, TrainConfig};
+use crate::util::hash::{canonical_sha256, short_id};
+use serde_json::{json, Value};
+
+/// What counts as identity, by version: a new version changes every id, and
+/// the directories written under the one before are recognised by the id
+/// it gave them ([`RunIdentity::legacy_id`]).
+///
+/// Version 2: the trainer's configuration where it departs from the
+/// defaults, the job's shape, the `[local]` settings of local studies, the
+/// repeat; ids of 16 hex digits.
+pub const VERSION: u32 = 2;
+
+/// Hex digits of an id: 64 bits, so that two of the at most 10^6 runs of a
+/// study share one with a chance of about 3·10^-8.
+pub const ID_HEX: usize = 16;
+
+/// What a run computes from.
+pub enum Work<'a> {
+    /// The built-in trainer's configuration.
+    Train(&'a TrainConfig),
+    /// Any program: its command template and the values it is rendered with.
+    Command { command: &'a str, params: Value },
+}
+
+/// Everything that makes a run what it is.
+pub struct RunIdentity<'a> {
+    pub work: Work<'a>,
+    /// The job's shape (nodes, tasks, GPUs) and any other `[slurm]` key an
+    /// axis varies (a partition, a time limit).
+    pub world: Value,
+    /// `[local]` `threads` and `parallel` of a study the local executor
+    /// runs: the cores each run gets and the runs it shares them with change
+    /// what it measures.
+    pub local: Option<(usize, usize)>,
+}
+
+/// A hashed identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashed {
+    pub id: String,
+    /// The whole hash: two runs with one id and two digests are a
+    /// collision, not one run twice.
+    pub digest: String,
+    /// What was hashed (recorded in `run.json`, so that a later change can be
+    /// told field by field).
+    pub value: Value,
+}
+
+impl RunIdentity<'_> {
+    fn value(&self, repeat: Option<u32>) -> Value {
+        let work = match &self.work {
+            Work::Train(cfg) => json!({ "train": departures(cfg) }),
+            Work::Command { command, params } => json!({ "command": command, "params": params }),
+        };
+        let mut v = json!({ "version": VERSION, "work": work, "world": self.world });
+        if let Some((threads, parallel)) = self.local {
+            v["local"] = json!({ "threads": threads, "parallel": parallel });
+        }
+        if let Some(r) = repeat {
+            v["repeat"] = json!(r);
+        }
+        v
+    }
+
+    /// The identity of the configuration (`None`) or of one repeat of it.
+    pub fn hash(&self, repeat: Option<u32>) -> Hashed {
+        let value = self.value(repeat);
+        let digest = canonical_sha256(&value);
+        Hashed {
+            id: digest[..ID_HEX].to_string(),
+            digest,
+            value,
+        }
+    }
+
+    /// The id version 1 gave this run: 8 hex digits of the whole trainer
+    /// configuration, the plan's hints included (null where unset). A run
+    /// directory that records it holds this run.
+    pub fn legacy_id(&self, hints: &PlanHints, repeat: Option<u32>) -> String {
+        let identity = match &self.work {
+            Work::Train(cfg) => {
+                let mut c = serde_json::to_value(cfg).expect("a configuration serialises");
+                let h = serde_json::to_value(hints).expect("hints serialise");
+                for key in crate::config::hints::KEYS {
+                    c[key] = h.get(key).cloned().unwrap_or(Value::Null);
+                }
+                json!({ "train": c, "world": self.world })
+            }
+            Work::Command { command, params } => {
+                json!({ "command": command, "params": params, "world": self.world })
+            }
+        };
+        match repeat {
+            Some(r) => short_id(&json!({ "run": identity, "repeat": r })),
+            None => short_id(&identity),
+        }
+    }
+}
+
+/// The configuration where it departs from the defaults, field by field
+/// (nested tables too): a field added in a later version, at its default,
+/// changes no id.
+fn departures(cfg: &TrainConfig) -> Value {
+    let mine = serde_json::to_value(cfg).expect("a configuration serialises");
+    let base = serde_json::to_value(TrainConfig::default()).expect("the defaults serialise");
+    diff(mine, &base).unwrap_or_else(|| json!({}))
+}
+
+/// What of `mine` differs from `base` (None: nothing).
+fn diff(mine: Value, base: &Value) -> Option<Value> {
+    match (mine, base) {
+        (Value::Object(m), Value::Object(b)) => {
+            let kept: serde_json::Map<String, Value> = m
+                .into_iter()
+                .filter_map(|(k, v)| match b.get(&k) {
+                    Some(bv) => diff(v, bv).map(|d| (k, d)),
+                    None => Some((k, v)),
+                })
+                .collect();
+            (!kept.is_empty()).then_some(Value::Object(kept))
+        }
+        (m, b) => (m != *b).then_some(m),
+    }
+}
+
+/// The fields in which two recorded identities differ, as a manifest names
+/// them (`learning_rate`, `architecture.n_layers`, `slurm.nodes`,
+/// `[local] threads`), with both values.
+pub fn differences(old: &Value, new: &Value) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    walk("", old, new, &mut out);
+    out.into_iter()
+        .filter(|(k, _, _)| k != "version")
+        .map(|(k, a, b)| (manifest_key(&k), a, b))
+        .collect()
+}
+
+fn walk(prefix: &str, old: &Value, new: &Value, out: &mut Vec<(String, String, String)>) {
+    let show = |v: Option<&Value>| v.map_or("(unset)".to_string(), |v| v.to_string());
+    match (old, new) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) if x.is_object() && y.is_object() => walk(&key, x, y, out),
+                    (x, y) if x != y => out.push((key, show(x), show(y))),
+                    _ => {}
+                }
+            }
+        }
+        (a, b) if a != b => out.push((prefix.to_string(), a.to_string(), b.to_string())),
+        _ => {}
+    }
+}
+
+/// An identity's key as the manifest writes it.
+fn manifest_key(key: &str) -> String {
+    for (inner, outer) in [
+        ("work.train.", ""),
+        ("work.params.", ""),
+        ("world.slurm.", "slurm."),
+        ("world.", "slurm."),
+        ("local.", "[local] "),
+    ] {
+        if let Some(rest) = key.strip_prefix(inner) {
+            return format!("{outer}{rest}");
+        }
+    }
+    match key {
+        "work.command" => "command".into(),
+        "local" => "[local]".into(),
+        other => other.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> TrainConfig {
+        TrainConfig {
+            dataset: "d.parquet".into(),
+            learning_rate: 1e-3,
+            ..Default::default()
+        }
+    }
+
+    fn identity(cfg: &TrainConfig) -> RunIdentity<'_> {
+        RunIdentity {
+            work: Work::Train(cfg),
+            world: json!({ "nodes": 1, "ntasks_per_node": 1, "gpus_per_node": 0 }),
+            local: None,
+        }
+    }
+
+    #[test]
+    fn only_what_departs_from_the_defaults_is_hashed() {
+        let c = cfg();
+        let v = identity(&c).value(None);
+        assert_eq!(
+            v["work"]["train"],
+            json!({ "dataset": "d.parquet", "learning_rate": 1e-3 }),
+            "a field at its default is no part of the identity, so adding one changes no id"
+        );
+        // Written out at their defaults, fields change nothing either.
+        let explicit: TrainConfig = toml::from_str(
+            "dataset = 'd.parquet'\nlearning_rate = 1e-3\nprefetch = 4\n[monitor]\nwindow = 20\n",
+        )
+        .unwrap();
+        assert_eq!(identity(&explicit).hash(None), identity(&c).hash(None));
+        // A nested departure keeps only itself.
+        let mut deeper = cfg();
+        deeper.architecture.n_layers = Some(2);
+        deeper.monitor.window = 50;
+        let v = identity(&deeper).value(None);
+        assert_eq!(v["work"]["train"]["architecture"], json!({ "n_layers": 2 }));
+        assert_eq!(v["work"]["train"]["monitor"], json!({ "window": 50 }));
+    }
+
+    #[test]
+    fn what_a_run_computes_or_measures_changes_its_id_and_nothing_else_does() {
+        let c = cfg();
+        let base = identity(&c).hash(None);
+        assert_eq!(base.id.len(), ID_HEX);
+        assert_eq!(base.id, base.digest[..ID_HEX]);
+        let threads = TrainConfig {
+            threads: 2,
+            ..cfg()
+        };
+        assert_ne!(identity(&threads).hash(None), base);
+        let local = RunIdentity {
+            local: Some((2, 1)),
+            ..identity(&c)
+        };
+        assert_ne!(
+            local.hash(None),
+            base,
+            "[local] threads change what a run measures"
+        );
+        assert_ne!(
+            identity(&c).hash(Some(1)),
+            base,
+            "a repeat is a run of its own"
+        );
+        assert_ne!(identity(&c).hash(Some(1)), identity(&c).hash(Some(2)));
+    }
+
+    #[test]
+    fn differences_are_named_as_the_manifest_names_them() {
+        let (a, b) = (
+            cfg(),
+            TrainConfig {
+                threads: 2,
+                ..cfg()
+            },
+        );
+        let mut old = identity(&a).hash(None).value;
+        let new = RunIdentity {
+            local: Some((1, 2)),
+            ..identity(&b)
+        }
+        .hash(None)
+        .value;
+        old["world"]["nodes"] = json!(2);
+        assert_eq!(
+            differences(&old, &new),
+            vec![
+                (
+                    "[local]".to_string(),
+                    "(unset)".to_string(),
+                    "{\"parallel\":2,\"threads\":1}".to_string()
+                ),
+                (
+                    "threads".to_string(),
+                    "(unset)".to_string(),
+                    "2".to_string()
+                ),
+                ("slurm.nodes".to_string(), "2".to_string(), "1".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_earlier_version_id_is_reproduced() {
+        // What version 1 hashed: the whole configuration, hints included.
+        let c = cfg();
+        let world = json!({ "nodes": 1, "ntasks_per_node": 1, "gpus_per_node": 0 });
+        let mut whole = serde_json::to_value(&c).unwrap();
+        for key in crate::config::hints::KEYS {
+            whole[key] = Value::Null;
+        }
+        whole["expected_mfu_pct"] = json!(35.0);
+        let hints = PlanHints {
+            expected_mfu_pct: Some(35.0),
+            ..Default::default()
+        };
+        let v1 = short_id(&json!({ "train": whole, "world": world }));
+        assert_eq!(identity(&c).legacy_id(&hints, None), v1);
+        assert_eq!(v1.len(), 8);
+    }
+}
