@@ -66,9 +66,7 @@ impl StudyLock {
             let err = std::io::Error::last_os_error();
             match err.raw_os_error() {
                 Some(libc::EWOULDBLOCK) => {
-                    let mut holder = String::new();
-                    let _ = (&file).take(4096).read_to_string(&mut holder);
-                    waiting(holder.trim());
+                    waiting(&holder_of(&file));
                     // SAFETY: as above; blocks until the holder releases it or exits.
                     if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
                         let err = std::io::Error::last_os_error();
@@ -89,10 +87,12 @@ impl StudyLock {
             std::process::id(),
             crate::util::now_rfc3339()
         );
-        // Written in place: a new file renamed over this one would be another lock.
-        file.set_len(0)?;
+        // Written in place (a new file renamed over this one would be another
+        // lock), then cut to length, so that the file is never empty between
+        // two holders.
         file.rewind()?;
         file.write_all(who.as_bytes())?;
+        file.set_len(who.len() as u64)?;
         Ok((
             StudyLock {
                 file: Some(file),
@@ -110,6 +110,24 @@ impl StudyLock {
     pub fn held(&self) -> bool {
         self.file.is_some()
     }
+}
+
+/// Who holds the lock, as its holder wrote it. A holder that has just taken
+/// the lock writes a moment later (a new lock file is empty until then), so an
+/// empty file is read again for up to half a second.
+fn holder_of(mut file: &std::fs::File) -> String {
+    let mut holder = String::new();
+    for _ in 0..25 {
+        holder.clear();
+        if file.rewind().is_ok() {
+            let _ = file.take(4096).read_to_string(&mut holder);
+        }
+        if !holder.trim().is_empty() {
+            return holder.trim().to_string();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    "another sweep".to_string()
 }
 
 #[cfg(test)]
@@ -146,6 +164,28 @@ mod tests {
         );
         drop(first);
         assert_eq!(second.join().unwrap(), (true, Acquired::AfterWaiting));
+    }
+
+    #[test]
+    fn a_holder_that_has_not_yet_written_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        // Locked, still empty: the moment between a holder's flock and its write.
+        let held = std::fs::File::create(&path).unwrap();
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::fs::write(&path, "process 1 on h (sweep run)\n").unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            drop(held);
+        });
+        let mut said = String::new();
+        let (lock, how) =
+            StudyLock::acquire(dir.path(), "x", |who| said = who.to_string()).unwrap();
+        writer.join().unwrap();
+        assert_eq!(said, "process 1 on h (sweep run)");
+        assert!(lock.held() && how == Acquired::AfterWaiting);
     }
 
     #[test]
