@@ -5,7 +5,9 @@
 //! across ranks. The ranks are the trainer's own (`Trainer::step`, MPI),
 //! started by `mpirun` like the local executor starts them.
 
-use crate::config::{AttentionKind, DeviceKind, Features, ModelOverrides, Precision, TrainConfig};
+use crate::config::{
+    AttentionKind, DeviceKind, Features, ModelOverrides, Precision, RuntimeOptions, TrainConfig,
+};
 use crate::data::SampleStream;
 use crate::train::{device::PeakMemory, optim, Trainer};
 use anyhow::{bail, Context, Result};
@@ -75,9 +77,9 @@ fn config(w: &Work) -> TrainConfig {
 
 /// One rank of a benchmark (run by `mpirun`, or alone for one rank): two
 /// warm-up steps, then `steps` timed ones; rank 0 prints its row as JSON.
-pub fn rank(w: &Work) -> Result<()> {
-    let threads = crate::train::init_threads(w.threads);
-    let mut t = Trainer::new(config(w), threads)?;
+pub fn rank(w: &Work, rt: &RuntimeOptions) -> Result<()> {
+    let threads = crate::train::init_threads(w.threads, rt);
+    let mut t = Trainer::new(config(w), threads, rt)?;
     let mut stream = SampleStream::open(&t.spec)?;
     let mut memory = PeakMemory::default();
     let (mut step_s, mut comm_s) = (0.0, 0.0);
@@ -143,7 +145,7 @@ pub fn run(w: &Work, world_sizes: &[usize], engine_at_one: bool) -> Result<Vec<D
             crate::executor::local::mpirun(n as u32, &argv)?
         };
         if forced {
-            cmd.env(crate::train::dist::ENGINE_AT_ONE, "1");
+            cmd.env("SWEEP_ENGINE_AT_ONE", "1");
         }
         let out = cmd.output().context("starting the benchmark's ranks")?;
         if !out.status.success() {

@@ -464,7 +464,8 @@ pub fn run(work: &Work) -> Result<KernelReport> {
     let (device, name, dtypes) = match work.device {
         DeviceKind::Cpu => (Device::Cpu, "cpu".to_string(), vec![DType::F32]),
         DeviceKind::Cuda => {
-            let d = crate::train::device::cuda(0)?;
+            let d =
+                crate::train::device::cuda(0, crate::config::RuntimeOptions::current().cuda_pool)?;
             let name = crate::train::device::name(&d)?;
             (d, name, vec![DType::BF16, DType::F32])
         }

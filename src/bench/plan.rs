@@ -51,7 +51,7 @@ pub fn run(runs: usize, dir: &std::path::Path) -> Result<PlanBench> {
     let path = dir.path().join("bench.toml");
     std::fs::write(&path, manifest_text(runs))?;
     let (m, load) = timed(|| Manifest::load(&path, dir.path()));
-    let opts = crate::plan::PlanOptions::from_env(false);
+    let opts = crate::plan::PlanOptions::new(false, crate::config::RuntimeOptions::current());
     let (plan, plan_t) = timed(|| Plan::new(m?, &opts));
     let plan = plan?;
     ensure!(plan.runs.len() == runs, "planned {} runs", plan.runs.len());

@@ -202,7 +202,8 @@ fn setup(
     let (device, name) = match c.device {
         DeviceKind::Cpu => (Device::Cpu, "cpu".to_string()),
         DeviceKind::Cuda => {
-            let d = crate::train::device::cuda(0)?;
+            let d =
+                crate::train::device::cuda(0, crate::config::RuntimeOptions::current().cuda_pool)?;
             let name = crate::train::device::name(&d)?;
             (d, name)
         }

@@ -2,13 +2,13 @@
 
 use super::BenchCmd;
 use crate::bench::ddp::DdpRow;
-use crate::config::DeviceKind;
+use crate::config::{DeviceKind, RuntimeOptions};
 use anyhow::Result;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
+pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     match cmd {
         BenchCmd::Train {
             threads,
@@ -19,7 +19,15 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
             gpu,
             recompute,
             json,
-        } => train(threads, steps, only, device, (layers, gpu), recompute, json)?,
+        } => train(
+            (threads, rt),
+            steps,
+            only,
+            device,
+            (layers, gpu),
+            recompute,
+            json,
+        )?,
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
         BenchCmd::Peak => peak()?,
         BenchCmd::Kernels {
@@ -78,7 +86,7 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
             };
             ddp(&work, &ranks, engine_at_one, repeats as usize)?
         }
-        BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?)?,
+        BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?, rt)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -88,7 +96,7 @@ pub fn run(cmd: BenchCmd, root: &Path) -> Result<ExitCode> {
 /// `sweep bench train`; `(layers, gpu)`: the 8B-shaped GPU model's layers
 /// and the accelerator's name for the peak-FLOPs table.
 fn train(
-    threads: usize,
+    (threads, rt): (usize, &RuntimeOptions),
     steps: usize,
     only: Option<String>,
     device: DeviceKind,
@@ -102,7 +110,7 @@ fn train(
         );
     }
     let mut human = human_out(json.as_deref());
-    let threads = crate::train::init_threads(threads);
+    let threads = crate::train::init_threads(threads, rt);
     let cases = match device {
         DeviceKind::Cpu => crate::bench::train::default_cases(),
         DeviceKind::Cuda => crate::bench::train::gpu_cases(layers),

@@ -24,7 +24,7 @@ pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
         formats,
         out_dir: p.out.clone(),
         row_group_size: p.row_group_size,
-        threads: crate::util::threads(p.threads),
+        threads: crate::config::RuntimeOptions::current().threads(p.threads),
         force: p.force,
         progress: !p.quiet,
         // SLURM cancels and preempts with SIGTERM: stop cleanly between row groups.

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::config::RuntimeOptions;
 use crate::manifest::{Diagnostics, ExecutorKind};
 
 /// `sweep --version`: the version and the optional engines built in, which
@@ -561,6 +562,13 @@ pub fn main() -> ExitCode {
         // before any thread is spawned.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
+    let rt = match RuntimeOptions::from_env() {
+        Ok(rt) => rt.install(),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let root = match cli
         .root
         .clone()
@@ -573,7 +581,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match dispatch(cli.command, &root) {
+    match dispatch(cli.command, &root, rt) {
         Ok(code) => code,
         Err(e) => {
             match e.downcast_ref::<Diagnostics>() {
@@ -585,7 +593,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Result<ExitCode> {
     match cmd {
         Cmd::Plan {
             manifest,
@@ -601,9 +609,15 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         Cmd::Run(args) => run_cmd::run(root, &args),
         Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),
         Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest),
-        Cmd::Bench(b) => bench_cmds::run(b, root),
+        Cmd::Bench(b) => {
+            keep_freed_memory();
+            bench_cmds::run(b, root, rt)
+        }
         Cmd::Pretokenize(p) => data_cmds::pretokenize(&p),
-        Cmd::Train { config } => crate::train::run(&config),
+        Cmd::Train { config } => {
+            keep_freed_memory();
+            crate::train::run(&config, rt)
+        }
         Cmd::Report(r) => report_cmd(root, r),
         Cmd::Compare {
             a,
@@ -613,6 +627,22 @@ fn dispatch(cmd: Cmd, root: &std::path::Path) -> anyhow::Result<ExitCode> {
         } => compare_cmd(root, &a, &b, skip_first, !no_plots),
         Cmd::Data(d) => data_cmds::run(d),
     }
+}
+
+/// `mi_option_purge_delay` in mimalloc 3's `mi_option_e` (mimalloc.h).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Training (`sweep train`, `sweep bench`) never hands freed memory back to
+/// the OS: every train step frees and allocates the same large activations
+/// and gradients again, and purged pages come back through page faults the
+/// kernel must zero (~10% of the step on the speed-goal model); its peak RSS
+/// is the same either way. Streaming commands (pretokenize) free buffers of
+/// many sizes and keep mimalloc's default, which returns them. (The binary
+/// makes mimalloc its allocator: glibc malloc spends a large share of the
+/// train step in page faults.)
+fn keep_freed_memory() {
+    // SAFETY: setting an option is thread-safe and valid at any time.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }
 
 fn compare_cmd(

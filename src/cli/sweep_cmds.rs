@@ -1,6 +1,7 @@
 //! plan, render, submit, status, cancel: the commands that take a manifest.
 
 use super::SubmitArgs;
+use crate::config::RuntimeOptions;
 use crate::executor::{self, local, Decision, Event, Executor, State, Status, SubmitOptions, Unit};
 use crate::manifest::{ExecutorKind, Manifest};
 use crate::plan::{render, Plan, PlanOptions};
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 /// plan's warnings go to stderr.
 pub fn load_plan(root: &Path, manifest: &Path, allow_oom: bool) -> Result<Plan> {
     let m = Manifest::load(manifest, root)?;
-    let plan = Plan::new(m, &PlanOptions::from_env(allow_oom))?;
+    let plan = Plan::new(m, &PlanOptions::new(allow_oom, RuntimeOptions::current()))?;
     for w in &plan.warnings {
         eprintln!("warning: {w}");
     }
@@ -242,11 +243,7 @@ pub fn lock_study(plan: &Plan, verb: &str, manifest: &Path) -> Result<StudyLock>
         eprintln!(
             "sweep: {} is held by {}; waiting until it is done (Ctrl-C stops waiting)",
             plan.study_dir.display(),
-            if holder.is_empty() {
-                "another sweep"
-            } else {
-                holder
-            }
+            holder
         )
     })?;
     if how == Acquired::Unsupported {

@@ -8,6 +8,7 @@ pub mod devices;
 pub mod hints;
 pub mod memory;
 pub mod model;
+pub mod runtime;
 pub mod scaling;
 
 /// Whether the built-in trainer sums gradient buckets while its backward pass
@@ -20,6 +21,7 @@ pub fn trainer_overlaps_allreduce(device: DeviceKind) -> bool {
 use anyhow::{Context, Result};
 pub use hints::PlanHints;
 pub use model::{ModelConfig, ModelOverrides, PRESETS};
+pub use runtime::RuntimeOptions;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

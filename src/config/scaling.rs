@@ -11,7 +11,7 @@
 //! - **Overlap**: a trainer that sums buckets during the backward pass hides
 //!   the bandwidth time behind the backward's device work — two thirds of the
 //!   step's FLOPs, at no slower than the MFU of a step bound by its kernels
-//!   ([`KERNEL_MFU`]): a slower step waits on its host, and that wait hides
+//!   ([`Fitted::kernel_mfu`]): a slower step waits on its host, and that wait hides
 //!   nothing (the reference's batch-1 runs at 5% MFU expose nearly all their
 //!   communication). The last bucket and the latencies are never hidden.
 //! - **Efficiency** = compute ÷ (compute + exposed communication): per-device
@@ -21,24 +21,41 @@
 //! with other jobs, NCCL's tree algorithms and in-network reduction (SHARP),
 //! hierarchical rings that use NVLink within each node, the data loader, and
 //! a per-rank batch so small that the host bounds the step (set
-//! `expected_mfu_pct` to what one node measured). Calibrated against the
-//! reference study's eight PyTorch DDP logs (4-16 GH200s) in
-//! `tests/it/planning.rs`: within 5 points of each measured efficiency.
+//! `expected_mfu_pct` to what one node measured). Its two constants
+//! ([`FITTED`]) were fitted to the reference study's eight PyTorch DDP logs
+//! (4-16 GH200s), which it then matches within 5 points; fitted on all but
+//! one log, it forecasts the one left out within the bound
+//! `tests/it/planning.rs` checks (docs/data-parallelism.md shows each).
 
 use super::{DeviceKind, PlanHints, Precision, TrainConfig};
 use crate::config::model::ModelConfig;
 use serde::Serialize;
 
-/// Gradients are summed in buckets of this size (the trainer's too).
+/// The bucket size the forecast counts: PyTorch DDP's, whose logs it was
+/// calibrated on. The built-in trainer's buckets hold at most this much but
+/// close at a block's end once they hold 1 MiB, and the token embedding's
+/// gradient travels by rows (`train::dist::buckets`): more, smaller calls
+/// than the forecast counts.
 pub const BUCKET_BYTES: usize = 25 << 20;
-/// The MFU (in sweep's FLOP count) of a step's device work when its kernels
-/// bound it: how fast the backward window over which communication hides
-/// passes at the most. Fitted to the reference's DDP logs, with
-/// [`HOP_LATENCY_S`]; the bandwidths are the device table's.
-pub const KERNEL_MFU: f64 = 0.38;
-/// The latency of one ring hop of one bucket (fitted; a few microseconds is
-/// what NCCL's tests show on such networks).
-pub const HOP_LATENCY_S: f64 = 6e-6;
+/// The forecast's two fitted constants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fitted {
+    /// The MFU (in sweep's FLOP count) of a step's device work when its
+    /// kernels bound it: how fast the backward window over which
+    /// communication hides passes at the most.
+    pub kernel_mfu: f64,
+    /// The latency of one ring hop of one bucket (a few microseconds is what
+    /// NCCL's tests show on such networks).
+    pub hop_latency_s: f64,
+}
+
+/// Fitted to the reference study's eight PyTorch DDP logs (the bandwidths
+/// are the device table's): these logs are the forecast's calibration data,
+/// and the docs show how it forecasts each of them when fitted on the others.
+pub const FITTED: Fitted = Fitted {
+    kernel_mfu: 0.38,
+    hop_latency_s: 6e-6,
+};
 /// `expected_mfu_pct` when the manifest does not say.
 pub const DEFAULT_EXPECTED_MFU_PCT: f64 = 40.0;
 /// The backward pass's share of a step's FLOPs.
@@ -101,6 +118,18 @@ pub fn forecast(
     hw: Hardware,
     job: Job,
 ) -> Option<Forecast> {
+    forecast_with(FITTED, cfg, hints, model, hw, job)
+}
+
+/// [`forecast`] with other fitted constants (to fit them).
+pub fn forecast_with(
+    fitted: Fitted,
+    cfg: &TrainConfig,
+    hints: &PlanHints,
+    model: &ModelConfig,
+    hw: Hardware,
+    job: Job,
+) -> Option<Forecast> {
     let w = job.world_size;
     if w < 2 {
         return None;
@@ -124,9 +153,9 @@ pub fn forecast(
     let ring = 2.0 * (w - 1) as f64 / w as f64;
     let bandwidth_s = ring * grad_bytes / (gbps * 1e9);
     let buckets = (grad_bytes / BUCKET_BYTES as f64).ceil();
-    let latency_s = 2.0 * (w - 1) as f64 * buckets * HOP_LATENCY_S;
+    let latency_s = 2.0 * (w - 1) as f64 * buckets * fitted.hop_latency_s;
     let exposed_bandwidth_s = if job.overlaps {
-        let window = BACKWARD_SHARE * flops / (hw.peak_flops * mfu.max(KERNEL_MFU));
+        let window = BACKWARD_SHARE * flops / (hw.peak_flops * mfu.max(fitted.kernel_mfu));
         let last_bucket = ring * (BUCKET_BYTES as f64).min(grad_bytes) / (gbps * 1e9);
         (bandwidth_s - window).max(0.0) + last_bucket.min(bandwidth_s)
     } else {

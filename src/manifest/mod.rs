@@ -147,10 +147,6 @@ impl Manifest {
         }
     }
 
-    pub fn is_train(&self) -> bool {
-        matches!(self.mode, Mode::Train(_))
-    }
-
     /// Every key that varies across runs, in axis order.
     pub fn axis_keys(&self) -> impl Iterator<Item = &str> {
         self.axes

@@ -192,13 +192,13 @@ pub struct PlanOptions {
 }
 
 impl PlanOptions {
-    /// This binary, or `SWEEP_BIN` (a build elsewhere, e.g. the cluster's GPU
-    /// build inside its container, assumed to have every feature since it
-    /// cannot be asked from here).
-    pub fn from_env(allow_oom: bool) -> PlanOptions {
-        let (sweep_bin, features) = match std::env::var("SWEEP_BIN") {
-            Ok(bin) => (bin, crate::config::Features::ALL),
-            Err(_) => (
+    /// This binary, or the options' `SWEEP_BIN` (a build elsewhere, e.g. the
+    /// cluster's GPU build inside its container, assumed to have every
+    /// feature since it cannot be asked from here).
+    pub fn new(allow_oom: bool, rt: &crate::config::RuntimeOptions) -> PlanOptions {
+        let (sweep_bin, features) = match &rt.sweep_bin {
+            Some(bin) => (bin.display().to_string(), crate::config::Features::ALL),
+            None => (
                 std::env::current_exe()
                     .map(|p| p.display().to_string())
                     .unwrap_or_else(|_| "sweep".into()),
@@ -283,9 +283,5 @@ impl Plan {
             node_hours: node_h,
             gpu_hours: gpu_h,
         }
-    }
-
-    pub fn run_by_name(&self, name: &str) -> Option<&Run> {
-        self.runs.iter().find(|r| r.name == name)
     }
 }

@@ -164,7 +164,10 @@ fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
 fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     let m = Manifest::load(path, root)?;
     // Reporting on runs is no time to refuse them for memory.
-    let plan = Plan::new(m, &crate::plan::PlanOptions::from_env(true))?;
+    let plan = Plan::new(
+        m,
+        &crate::plan::PlanOptions::new(true, crate::config::RuntimeOptions::current()),
+    )?;
     let rendered = render::render(&plan)?;
     let records: Vec<(&RunRecord, &Path)> = rendered
         .runs

@@ -2,8 +2,10 @@
 //! shape of llm.c's): the forward keeps a planned cache per block, the
 //! backward walks the blocks in reverse, drops each block's cache as soon as
 //! its backward is done, and hands every weight's gradient over as it is
-//! made. candle's autograd takes no part: no graph is recorded (every input
-//! is a plain tensor), and it stays the oracle the tests compare against.
+//! made. candle's autograd takes no part: no graph is recorded (the weights
+//! are detached from the parameters, [`super::params`]), and it is the
+//! oracle the tests compare against ([`super::oracle`]). [`Llama::loss`] is
+//! the forward pass alone, for validation.
 //!
 //! A block's cache (without recomputation): its input, q, k and v after the
 //! rotary embedding (with eager attention, its probabilities too), the
@@ -20,7 +22,7 @@ use super::attention;
 use super::model::{linear, Attention, Block, Llama, Mlp};
 use super::ops::{cross_entropy, embedding, matmul::matmul, rms_norm, rope, silu_mul};
 use super::optim::Grads;
-use crate::config::AttentionKind;
+use crate::config::{AttentionKind, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
@@ -379,7 +381,7 @@ impl Llama {
         let started = std::time::Instant::now();
         let (b, t) = ids.dims2()?;
         let ids = ids.flatten_all()?;
-        let recompute = self.recomputed.is_some();
+        let recompute = self.recompute == Recompute::Blocks;
         let mut x = embedding::embedding(&self.embeddings, &ids)?;
         let mut caches = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
@@ -422,6 +424,31 @@ impl Llama {
             trace,
             forward_s,
         })
+    }
+
+    /// The summed cross-entropy of `ids` [B, T] against `labels` divided by
+    /// `divisor`, by the forward pass alone (validation): each block's
+    /// intermediates go as the next block starts, and the head runs a slice
+    /// of rows at a time through the same loss kernel as training.
+    pub fn loss(&self, ids: &Tensor, labels: &[i64], divisor: f64) -> Result<f64> {
+        let (b, t) = ids.dims2()?;
+        let mut x = embedding::embedding(&self.embeddings, &ids.flatten_all()?)?;
+        for block in &self.blocks {
+            x = block.forward_cached(&x, b, t, &self.rope)?.0;
+        }
+        let (n, _) = x.dims2()?;
+        let h = rms_norm::rms_norm(&x, &self.norm, self.eps)?;
+        drop(x);
+        let rows = (HEAD_ELEMENTS / self.output.dim(0)?).max(1);
+        let mut loss = 0.0;
+        for start in (0..n).step_by(rows) {
+            let len = rows.min(n - start);
+            let logits = linear(&h.narrow(0, start, len)?, &self.output, self.bf16)?;
+            let (l, _) =
+                cross_entropy::loss_and_grad(logits, &labels[start..start + len], divisor)?;
+            loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        }
+        Ok(loss)
     }
 
     /// The final norm's output through the output head and the loss, a
@@ -472,6 +499,7 @@ mod tests {
     use crate::config::{AttentionKind, ModelConfig, ModelOverrides, Recompute};
     use crate::data::samples::IGNORE;
     use crate::train::model::ModelSpec;
+    use crate::train::oracle::Autograd;
     use crate::train::params::Params;
     use candle_core::backprop::GradStore;
     use candle_core::Device;
@@ -544,10 +572,11 @@ mod tests {
             let s = spec(DType::F64, recompute, AttentionKind::Eager);
             let params = s.init_params(11)?;
             let model = Llama::new(&params, &s)?;
+            let oracle = Autograd::new(&params, &s)?;
             let (ids, labels) = batch(2, 8, 1);
-            let autograd_loss = model.loss(&ids, &labels, 9.0)?;
+            let autograd_loss = oracle.loss(&ids, &labels, 9.0)?;
             let value = autograd_loss.to_scalar::<f64>()?;
-            let reference = model.backward(&autograd_loss)?;
+            let reference = oracle.backward(&autograd_loss)?;
             let mut grads = Grads::buffers_for(&params)?;
             let loss = model.forward_backward(&ids, &labels, 9.0, &mut grads)?;
             assert!(
@@ -564,10 +593,29 @@ mod tests {
     }
 
     #[test]
+    fn the_forward_alone_gives_the_same_loss() -> Result<()> {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-6)] {
+            let s = spec(dtype, Recompute::None, AttentionKind::Eager);
+            let params = s.init_params(13)?;
+            let model = Llama::new(&params, &s)?;
+            let (ids, labels) = batch(2, 8, 4);
+            let forward = model.loss(&ids, &labels, 9.0)?;
+            let mut grads = Grads::buffers_for(&params)?;
+            let both = model.forward_backward(&ids, &labels, 9.0, &mut grads)?;
+            assert!(
+                (forward - both).abs() <= tol * both.abs(),
+                "{dtype:?}: {forward} vs {both}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
     fn accumulated_micro_batches_equal_autograd_in_f64() -> Result<()> {
         let s = spec(DType::F64, Recompute::None, AttentionKind::Eager);
         let params = s.init_params(5)?;
         let model = Llama::new(&params, &s)?;
+        let oracle = Autograd::new(&params, &s)?;
         let (mut ours, mut theirs) = (Grads::buffers_for(&params)?, Grads::default());
         let (mut loss_ours, mut loss_theirs) = (0.0, 0.0);
         // Buffers from an earlier step are emptied first.
@@ -577,9 +625,9 @@ mod tests {
         for seed in [1, 2] {
             let (ids, labels) = batch(2, 8, seed);
             loss_ours += model.forward_backward(&ids, &labels, 21.0, &mut ours)?;
-            let l = model.loss(&ids, &labels, 21.0)?;
+            let l = oracle.loss(&ids, &labels, 21.0)?;
             loss_theirs += l.to_scalar::<f64>()?;
-            theirs.accumulate(&params, model.backward(&l)?)?;
+            theirs.accumulate(&params, oracle.backward(&l)?)?;
         }
         assert!((loss_ours - loss_theirs).abs() <= 1e-12 * loss_theirs);
         for (name, _) in params.iter() {
@@ -599,10 +647,11 @@ mod tests {
             let s = spec(DType::F32, Recompute::None, attention);
             let params = s.init_params(3)?;
             let model = Llama::new(&params, &s)?;
+            let oracle = Autograd::new(&params, &s)?;
             let (ids, labels) = batch(2, 8, 3);
-            let l = model.loss(&ids, &labels, 9.0)?;
+            let l = oracle.loss(&ids, &labels, 9.0)?;
             let value = l.to_scalar::<f32>()? as f64;
-            let reference = model.backward(&l)?;
+            let reference = oracle.backward(&l)?;
             let mut grads = Grads::buffers_for(&params)?;
             let loss = model.forward_backward(&ids, &labels, 9.0, &mut grads)?;
             assert!(

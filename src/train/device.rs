@@ -5,45 +5,14 @@
 //! sampled after each backward pass, when activations and gradients are
 //! both alive.
 
+pub use crate::config::runtime::CudaPool;
 use anyhow::Result;
 use candle_core::Device;
 
-/// The environment variable that picks what the CUDA memory pool does with
-/// freed memory.
-pub const CUDA_POOL_ENV: &str = "SWEEP_CUDA_POOL";
-
-/// What the CUDA memory pool does with the memory the trainer frees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaPool {
-    /// Keeps it for the next allocation (the default; PyTorch's caching
-    /// allocator does the same): memory in use is then the pool's reserve.
-    Keep,
-    /// Hands it back to the driver at every synchronisation (the driver's
-    /// own default, release threshold 0): each step allocates afresh.
-    Release,
-}
-
-/// What `SWEEP_CUDA_POOL` asks for (`keep`, the default, or `release`);
-/// anything else is an error.
-pub fn cuda_pool_requested() -> std::result::Result<CudaPool, String> {
-    cuda_pool_from(std::env::var_os(CUDA_POOL_ENV).as_deref())
-}
-
-fn cuda_pool_from(value: Option<&std::ffi::OsStr>) -> std::result::Result<CudaPool, String> {
-    match value.map(|v| v.to_str()) {
-        None | Some(Some("" | "keep")) => Ok(CudaPool::Keep),
-        Some(Some("release")) => Ok(CudaPool::Release),
-        Some(v) => Err(format!(
-            "{CUDA_POOL_ENV}=`{}`: use `keep` or `release`",
-            v.unwrap_or("(not UTF-8)").escape_debug()
-        )),
-    }
-}
-
-/// CUDA device `ordinal`, its memory pool set as `SWEEP_CUDA_POOL` asks.
+/// CUDA device `ordinal`, its memory pool set as `pool` says
+/// (`SWEEP_CUDA_POOL`).
 #[cfg(feature = "cuda")]
-pub fn cuda(ordinal: usize) -> Result<Device> {
-    let pool = cuda_pool_requested().map_err(anyhow::Error::msg)?;
+pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
     let device = Device::new_cuda(ordinal)?;
     if pool == CudaPool::Keep {
         keep_freed_memory(&device)?;
@@ -53,7 +22,7 @@ pub fn cuda(ordinal: usize) -> Result<Device> {
 
 /// A build without the `cuda` feature: candle's error.
 #[cfg(not(feature = "cuda"))]
-pub fn cuda(ordinal: usize) -> Result<Device> {
+pub fn cuda(ordinal: usize, _pool: CudaPool) -> Result<Device> {
     Ok(Device::new_cuda(ordinal)?)
 }
 
@@ -172,24 +141,5 @@ impl PeakMemory {
         } else {
             self.mb
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_pool_keeps_memory_unless_asked_to_release_it() {
-        let from = |v: Option<&str>| cuda_pool_from(v.map(std::ffi::OsStr::new));
-        assert_eq!(from(None), Ok(CudaPool::Keep));
-        assert_eq!(from(Some("")), Ok(CudaPool::Keep));
-        assert_eq!(from(Some("keep")), Ok(CudaPool::Keep));
-        assert_eq!(from(Some("release")), Ok(CudaPool::Release));
-        let e = from(Some("Release\n")).unwrap_err();
-        assert!(
-            e.contains("SWEEP_CUDA_POOL=`Release\\n`") && e.contains("`keep` or `release`"),
-            "{e}"
-        );
     }
 }

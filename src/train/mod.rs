@@ -23,6 +23,8 @@ pub mod ops;
 pub mod optim;
 #[cfg(feature = "cuda")]
 mod optim_cuda;
+#[cfg(test)]
+mod oracle;
 pub mod params;
 pub mod peak;
 pub mod record;

@@ -47,6 +47,8 @@ impl Grads {
         for (name, var) in params.iter() {
             g.by_name
                 .insert(name.clone(), var.as_tensor().zeros_like()?);
+            // The model's weight (detached) and the variable itself.
+            g.names.insert(params.weight(name)?.id(), name.clone());
             g.names.insert(var.as_tensor().id(), name.clone());
         }
         Ok(g)

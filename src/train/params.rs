@@ -19,6 +19,10 @@ pub const INIT_BLOCK: usize = 1 << 20;
 pub struct Params {
     /// Sorted by name, which makes everything that iterates them deterministic.
     vars: BTreeMap<String, Var>,
+    /// Each variable's value detached (the same storage, no graph): what the
+    /// model computes with, one tensor per parameter for good, so that its
+    /// id names the parameter ([`super::optim::Grads`]).
+    weights: BTreeMap<String, Tensor>,
 }
 
 /// How a parameter starts.
@@ -83,9 +87,12 @@ impl Source for Declare {
     }
 }
 
+/// The parameters' values, sharing their storage (an update of a parameter
+/// is seen) but detached: candle records no graph of what is computed from
+/// them.
 impl Source for &Params {
     fn param(&mut self, name: &str, shape: &[usize], _init: Init) -> Result<Tensor> {
-        let t = self.get(name)?;
+        let t = self.weight(name)?.clone();
         if t.dims() != shape {
             anyhow::bail!("`{name}` is {:?}, the model wants {shape:?}", t.dims());
         }
@@ -120,7 +127,19 @@ impl Params {
             let t = Tensor::from_vec(data, shape, device)?.to_dtype(dtype)?;
             vars.insert(name, Var::from_tensor(&t)?);
         }
-        Ok(Params { vars })
+        let weights = vars
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().detach()))
+            .collect();
+        Ok(Params { vars, weights })
+    }
+
+    /// The value of parameter `name` as the model computes with it: its
+    /// storage, detached from autograd.
+    pub fn weight(&self, name: &str) -> Result<&Tensor> {
+        self.weights
+            .get(name)
+            .ok_or_else(|| anyhow!("no parameter `{name}`"))
     }
 
     pub fn get(&self, name: &str) -> Result<Tensor> {

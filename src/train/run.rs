@@ -20,7 +20,7 @@ use super::metrics::{self, LoggedStep, Reporter};
 use super::monitor::Monitor;
 use super::record::MetricsLog;
 use super::{device, dist, max_batch, optim, schedule, Trainer};
-use crate::config::{BatchSize, TrainConfig, OUT_OF_MEMORY_EXIT, REQUEUE_EXIT};
+use crate::config::{BatchSize, RuntimeOptions, TrainConfig, OUT_OF_MEMORY_EXIT, REQUEUE_EXIT};
 use crate::data::{DataLoader, SampleStream};
 use crate::util::signals::StopSignals;
 use anyhow::{Context, Result};
@@ -31,8 +31,8 @@ use std::time::Instant;
 /// `sweep train`: the run's exit code says how it ended (0, [`REQUEUE_EXIT`]
 /// after a stop signal, [`OUT_OF_MEMORY_EXIT`] when the device ran out of
 /// memory); any other error is returned.
-pub fn run(config: &Path) -> Result<ExitCode> {
-    match run_to_end(config) {
+pub fn run(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
+    match run_to_end(config, rt) {
         Err(e) if device::is_out_of_memory(&e) => {
             eprintln!("error: {e:#}");
             eprintln!("sweep train: the device ran out of memory (exit {OUT_OF_MEMORY_EXIT})");
@@ -42,16 +42,16 @@ pub fn run(config: &Path) -> Result<ExitCode> {
     }
 }
 
-fn run_to_end(config: &Path) -> Result<ExitCode> {
+fn run_to_end(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     let run_dir = crate::util::fs::parent_dir(config).to_path_buf();
     let mut cfg = TrainConfig::load(config)?;
     if cfg.batch_size == BatchSize::Max {
         cfg.batch_size = BatchSize::Fixed(max_batch::resolve(&cfg, &run_dir)?);
     }
-    let threads = init_threads(cfg.threads);
+    let threads = init_threads(cfg.threads, rt);
     let stop = Stop::install()?;
-    let mut t = Trainer::new(cfg, threads)?;
-    let result = train(&mut t, &run_dir, &stop);
+    let mut t = Trainer::new(cfg, threads, rt)?;
+    let result = train(&mut t, &run_dir, &stop, rt.check_replicas);
     if let Err(e) = &result {
         let r = t.ranks();
         if r.world_size > 1 {
@@ -67,9 +67,10 @@ fn run_to_end(config: &Path) -> Result<ExitCode> {
 }
 
 /// The threads for the CPU kernels: the configuration, else SWEEP_THREADS or
-/// SLURM_CPUS_PER_TASK, else every core. Set before any kernel runs.
-pub fn init_threads(configured: usize) -> usize {
-    let n = crate::util::threads(configured);
+/// SLURM_CPUS_PER_TASK, else every core ([`RuntimeOptions::threads`]). Set
+/// before any kernel runs.
+pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
+    let n = rt.threads(configured);
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
@@ -125,7 +126,7 @@ fn announce(t: &Trainer, cfg: &TrainConfig, flops_per_token: f64, peak: f64, pea
 }
 
 /// The training loop of one rank, from the latest checkpoint to the last step.
-fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
+fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -> Result<ExitCode> {
     let mut cfg = t.cfg.clone();
     let ranks = t.ranks();
     let main = ranks.is_main();
@@ -177,7 +178,6 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop) -> Result<ExitCode> {
     if let Some((_, state)) = &resumed {
         reporter.resume(state.step)?;
     }
-    let check_every_step = std::env::var_os("SWEEP_CHECK_REPLICAS").is_some();
     let mut loader = DataLoader::spawn(stream, cfg.batch(), cfg.prefetch);
     let tokens_per_step = (cfg.batch() * cfg.sequence_length * cfg.gradient_accumulation) as u64;
     let schedule = schedule::Schedule::new(&cfg);

@@ -10,7 +10,7 @@ use super::model::{Llama, ModelSpec};
 use super::optim::{AdamW, Grads};
 use super::params::Params;
 use super::{device, ops};
-use crate::config::{BatchSize, DeviceKind, Precision, TrainConfig};
+use crate::config::{BatchSize, DeviceKind, Precision, RuntimeOptions, TrainConfig};
 use crate::data::Batch;
 use crate::data::{DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer};
 use crate::util::signals::StopSignals;
@@ -51,15 +51,16 @@ pub struct StepOutcome {
 }
 
 impl Trainer {
-    /// A trainer for the rank the launcher's environment names.
-    pub fn new(cfg: TrainConfig, threads: usize) -> Result<Trainer> {
+    /// A trainer for the rank the launcher's environment names, with the
+    /// process's options (kernels, memory pool, data-parallel engine).
+    pub fn new(cfg: TrainConfig, threads: usize, rt: &RuntimeOptions) -> Result<Trainer> {
         if cfg.batch_size == BatchSize::Max {
             bail!("batch_size = \"max\" must be resolved before training (sweep train does)");
         }
         let ranks = Ranks::from_env()?;
         let device = match cfg.device {
             DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Cuda => cuda_device(ranks.local_rank)?,
+            DeviceKind::Cuda => cuda_device(ranks.local_rank, rt)?,
         };
         let dtype = match (cfg.precision, device.is_cpu()) {
             (Precision::F32, _) => DType::F32,
@@ -69,7 +70,7 @@ impl Trainer {
             (Precision::Bf16Mixed, _) => DType::F32,
         };
         if cfg.precision == Precision::Bf16Mixed && device.is_cpu() && ranks.is_main() {
-            announce_bf16_kernel()?;
+            announce_bf16_kernel(rt);
         }
         let bf16_matmuls = cfg.precision == Precision::Bf16Mixed;
         let specials = SpecialTokens {
@@ -89,7 +90,7 @@ impl Trainer {
                 tok.vocab_size()
             );
         }
-        let comm = dist::connect(ranks, &device)?;
+        let comm = dist::connect(ranks, &device, rt)?;
         let model_spec = ModelSpec {
             cfg: model_cfg,
             attention: cfg.attention,
@@ -197,28 +198,6 @@ impl Trainer {
         })
     }
 
-    /// Forward and backward over one step's micro-batches on this rank,
-    /// sampling the device's memory where each pass holds the most. The
-    /// gradients are summed into [`Trainer::grads`]; returns this rank's share
-    /// of the loss (its summed cross-entropy ÷ `divisor`).
-    pub fn forward_backward(
-        &mut self,
-        micro: &[Batch],
-        divisor: f64,
-        memory: &mut device::PeakMemory,
-    ) -> Result<f64> {
-        let mut sum = self.layout.begin(&dist::Single);
-        forward_backward(
-            &self.model,
-            &mut self.grads,
-            &self.device,
-            (micro, None),
-            divisor,
-            memory,
-            &mut sum,
-        )
-    }
-
     /// Mean loss over `batches` batches of the held-out documents (no gradients).
     pub fn validation_loss(&self, batches: usize) -> Result<f64> {
         let mut stream = SampleStream::open_validation(&self.spec)?;
@@ -226,8 +205,7 @@ impl Trainer {
         for _ in 0..batches {
             let b = crate::data::loader::next_batch(&mut stream, self.cfg.batch())?;
             let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
-            let l = self.model.loss(&ids.detach(), &b.labels, 1.0)?;
-            sum += l.to_dtype(DType::F32)?.to_scalar::<f32>()? as f64;
+            sum += self.model.loss(&ids, &b.labels, 1.0)?;
             count += b.training_tokens;
         }
         Ok(sum / count.max(1) as f64)
@@ -309,34 +287,31 @@ fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
 }
 
 /// Says once which CPU kernel multiplies bf16-mixed's operands, and why when
-/// it is the slower portable one; refuses an invalid `SWEEP_CPU_KERNELS`.
-fn announce_bf16_kernel() -> Result<()> {
+/// it is the slower portable one.
+fn announce_bf16_kernel(rt: &RuntimeOptions) {
+    use crate::config::runtime::CpuKernels;
     use ops::bf16_gemm::{self, Bf16Kernel};
-    let forced = bf16_gemm::requested().map_err(anyhow::Error::msg)?;
     if bf16_gemm::selected() == Bf16Kernel::Portable {
-        let why = match forced {
-            Some(_) => format!("{}=portable", bf16_gemm::KERNELS_ENV),
-            None => "this CPU lacks AVX-512 BF16".into(),
+        let why = match rt.cpu_kernels {
+            CpuKernels::Portable => "SWEEP_CPU_KERNELS=portable",
+            CpuKernels::Auto => "this CPU lacks AVX-512 BF16",
         };
         eprintln!(
             "sweep train: bf16-mixed through the portable bf16 kernel ({why}): the same arithmetic \
              as the AVX-512 BF16 kernel, and slower than training in f32"
         );
     }
-    Ok(())
 }
 
-/// GPU `local_rank`; refuses an invalid `SWEEP_CUDA_KERNELS` (and, in
-/// [`device::cuda`], `SWEEP_CUDA_POOL`).
-fn cuda_device(local_rank: usize) -> Result<Device> {
-    if ops::cuda_kernels_requested().map_err(anyhow::Error::msg)? == ops::CudaKernels::Composed {
+/// GPU `local_rank`, its memory pool as the options say.
+fn cuda_device(local_rank: usize, rt: &RuntimeOptions) -> Result<Device> {
+    if rt.cuda_kernels == ops::CudaKernels::Composed {
         eprintln!(
-            "sweep train: {}=composed: candle's composed ops instead of sweep's CUDA kernels",
-            ops::CUDA_KERNELS_ENV
+            "sweep train: SWEEP_CUDA_KERNELS=composed: candle's composed ops instead of sweep's CUDA kernels"
         );
     }
     #[cfg(feature = "cuda")]
-    return device::cuda(local_rank);
+    return device::cuda(local_rank, rt.cuda_pool);
     #[cfg(not(feature = "cuda"))]
     bail!(
         "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see docs/gpu.md)"
@@ -349,6 +324,7 @@ mod tests {
     use crate::config::{ModelConfig, ModelOverrides};
     use crate::data::samples::IGNORE;
     use crate::train::optim;
+    use crate::train::oracle::Autograd;
 
     fn tiny(vocab: usize) -> ModelConfig {
         let o = ModelOverrides {
@@ -363,14 +339,14 @@ mod tests {
         ModelConfig::resolve("tiny", &o).unwrap()
     }
 
-    fn setup(dtype: DType) -> (Params, Llama, Tensor, Vec<i64>) {
+    fn setup(dtype: DType) -> (Params, Autograd, Tensor, Vec<i64>) {
         setup_with(dtype, crate::config::Recompute::None)
     }
 
     fn setup_with(
         dtype: DType,
         recompute: crate::config::Recompute,
-    ) -> (Params, Llama, Tensor, Vec<i64>) {
+    ) -> (Params, Autograd, Tensor, Vec<i64>) {
         let cfg = tiny(40);
         let spec = ModelSpec {
             cfg,
@@ -382,7 +358,7 @@ mod tests {
             recompute,
         };
         let params = spec.init_params(7).unwrap();
-        let model = Llama::new(&params, &spec).unwrap();
+        let model = Autograd::new(&params, &spec).unwrap();
         let ids: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 40).collect();
         let ids = Tensor::from_vec(ids, (2, 6), &Device::Cpu).unwrap();
         let labels: Vec<i64> = (0..12)
@@ -397,7 +373,7 @@ mod tests {
         (params, model, ids, labels)
     }
 
-    fn grads_of(params: &Params, model: &Llama, ids: &Tensor, labels: &[i64]) -> (f64, Grads) {
+    fn grads_of(params: &Params, model: &Autograd, ids: &Tensor, labels: &[i64]) -> (f64, Grads) {
         let loss = model.loss(ids, labels, 10.0).unwrap();
         let value = loss
             .to_dtype(DType::F64)
@@ -513,7 +489,7 @@ mod tests {
             },
             ..Default::default()
         };
-        let mut t = Trainer::new(cfg.clone(), 2)?;
+        let mut t = Trainer::new(cfg.clone(), 2, &RuntimeOptions::default())?;
         let mut stream = SampleStream::open(&t.spec)?;
         let mut losses = vec![];
         for step in 1..=steps {

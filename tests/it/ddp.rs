@@ -465,17 +465,22 @@ fn a_rank_killed_mid_run_fails_the_job_within_a_minute() {
         (losses(&run).len() >= 3).then_some(())
     });
     let pid = wait_for(10, "rank 1's process", || rank_pid(&run, 1));
-    let killed = std::time::Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
+    // The bound: the whole job ends within a minute of its rank's death
+    // (the survivor does not wait in the gradient sum for ever).
     let exit = wait_for(60, "the job to fail after its rank died", || {
         child.try_wait().unwrap()
     });
-    assert!(killed.elapsed().as_secs() < 60);
     assert!(!exit.success(), "sweep reports the failed run");
+    let steps = losses(&run).len();
+    assert!(
+        steps < 100_000,
+        "it ended at the kill, not at its last step ({steps} logged)"
+    );
     let s = status(root.path(), &m);
     assert_eq!(s["ranks-2"].0, "FAILED", "{s:?}");
     let log = std::fs::read_to_string(run.join("local.out")).unwrap();

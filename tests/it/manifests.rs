@@ -52,7 +52,10 @@ fn diagnose(path: &Path, root: &Path) -> Option<Diagnostics> {
         Ok(m) => m,
         Err(d) => return Some(d),
     };
-    let plan = match Plan::new(m, &sweep::plan::PlanOptions::from_env(false)) {
+    let plan = match Plan::new(
+        m,
+        &sweep::plan::PlanOptions::new(false, &sweep::config::RuntimeOptions::from_env().unwrap()),
+    ) {
         Ok(p) => p,
         Err(d) => return Some(d),
     };

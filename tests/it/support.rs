@@ -134,11 +134,21 @@ pub fn job_id(run: &Path) -> String {
 pub fn release_requeued(job: &str) -> String {
     let held = wait_requeued(job);
     wait_steps_gone(job);
-    // The kill revoked the job's credential on slurmd, and revocation has
-    // one-second resolution: a relaunch within the same second is refused
-    // ("Job N already killed, do not launch batch job") and the job FAILS.
-    // SLURM's own hold exists for this; releasing early must wait it out.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // The kill revoked the job's credential on slurmd, at the latest in the
+    // second its steps were last seen, and revocation has one-second
+    // resolution: a relaunch within that second is refused ("Job N already
+    // killed, do not launch batch job") and the job FAILS. SLURM's own hold
+    // exists for this; releasing early waits for the clock's next second.
+    let second = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let gone = second();
+    wait_for(5, "a later second than the revocation's", || {
+        (second() > gone).then_some(())
+    });
     run_ok(Command::new("scontrol").args(["update", &format!("JobId={job}"), "StartTime=now"]));
     held
 }

@@ -13,6 +13,7 @@ mod mpi;
 #[cfg(feature = "nccl")]
 mod nccl;
 
+use crate::config::RuntimeOptions;
 use anyhow::{bail, Result};
 pub use buckets::{all_reduce_in_buckets, GradientLayout, GradientSum};
 use candle_core::{DType, Device, Tensor};
@@ -147,18 +148,15 @@ impl Collective for Single {
     }
 }
 
-/// Set (to anything) to go through the engine even at world size 1, to
-/// measure what it costs (`sweep bench ddp --engine-at-one`).
-pub const ENGINE_AT_ONE: &str = "SWEEP_ENGINE_AT_ONE";
-
-/// Connects to the job's other ranks with the engine for `device`.
-pub fn connect(ranks: Ranks, device: &Device) -> Result<Box<dyn Collective>> {
-    if ranks.world_size == 1 && std::env::var_os(ENGINE_AT_ONE).is_none() {
+/// Connects to the job's other ranks with the engine for `device` (through
+/// it at world size 1 too when the options say `engine_at_one`).
+pub fn connect(ranks: Ranks, device: &Device, rt: &RuntimeOptions) -> Result<Box<dyn Collective>> {
+    if ranks.world_size == 1 && !rt.engine_at_one {
         return Ok(Box::new(Single));
     }
     if device.is_cpu() {
         #[cfg(feature = "mpi")]
-        return Ok(Box::new(mpi::Mpi::init(ranks)?));
+        return Ok(Box::new(mpi::Mpi::init(ranks, rt.blocking_allreduce)?));
         #[cfg(not(feature = "mpi"))]
         bail!("{} ranks on the CPU need a build with the `mpi` feature (cargo build --release --features mpi; see docs/data-parallelism.md)", ranks.world_size);
     }
@@ -168,9 +166,12 @@ pub fn connect(ranks: Ranks, device: &Device) -> Result<Box<dyn Collective>> {
     bail!("{} ranks on GPUs need a build with the `nccl` feature (scripts/build-gpu.sh; see docs/data-parallelism.md)", ranks.world_size)
 }
 
-/// Gradients are summed in buckets of about this many bytes (PyTorch DDP's
-/// default): few enough calls to amortise latency, small enough to bound the
-/// extra memory of the concatenated copy. The scaling forecast counts the same.
+/// The most a bucket of gradients holds (PyTorch DDP's default): few enough
+/// calls to amortise latency, small enough to bound the extra memory of the
+/// concatenated copy. A bucket closes earlier, at a block's end once it
+/// holds [`buckets::MIN_BUCKET_BYTES`], and the token embedding's gradient
+/// travels by rows; the scaling forecast counts whole 25 MiB buckets, as
+/// PyTorch sends them.
 pub const BUCKET_BYTES: usize = crate::config::scaling::BUCKET_BYTES;
 
 /// Sums f32 buckets over all ranks on a thread of its own.

@@ -19,12 +19,16 @@ pub struct Mpi {
     /// backward pass, when MPI lets a second thread call it (never at the
     /// same time as the first).
     background: Option<Arc<Handle>>,
+    /// Sum buckets after the backward pass even where MPI allows a thread
+    /// (`SWEEP_BLOCKING_ALLREDUCE`, to compare: the sums are the same, bit
+    /// for bit).
+    blocking: bool,
     // Last: dropping it finalizes MPI, after everything that uses it.
     _universe: Universe,
 }
 
 impl Mpi {
-    pub fn init(ranks: Ranks) -> Result<Mpi> {
+    pub fn init(ranks: Ranks, blocking: bool) -> Result<Mpi> {
         // The main thread calls MPI, and during the backward pass a thread
         // of its own that sums gradient buckets ([`Mpi::background`]), never
         // both at once: serialized.
@@ -53,6 +57,7 @@ impl Mpi {
             world,
             library,
             background,
+            blocking,
             _universe: universe,
         })
     }
@@ -143,13 +148,9 @@ impl Collective for Mpi {
     }
 
     fn overlaps(&self) -> bool {
-        self.background.is_some() && std::env::var_os(BLOCKING).is_none()
+        self.background.is_some() && !self.blocking
     }
 }
-
-/// Set (to anything) to sum every bucket after the backward pass instead of
-/// during it (to compare: the sums are the same, bit for bit).
-pub const BLOCKING: &str = "SWEEP_BLOCKING_ALLREDUCE";
 
 /// A communicator moved to the thread that sums buckets.
 struct Handle(SimpleCommunicator);

@@ -20,6 +20,7 @@
 //! `SWEEP_CPU_KERNELS=portable` forces the portable one (the tests use it to
 //! cover that path on AVX-512 machines too).
 
+use crate::config::runtime::CpuKernels;
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
@@ -32,10 +33,6 @@ const NC: usize = 512;
 /// k values per block of the portable kernel: bounds its rounded copies to
 /// (m + n) · 512 values whatever k is.
 const PORTABLE_KC: usize = 512;
-
-/// The environment variable that overrides the choice of CPU kernels:
-/// `auto` (the default: the best the CPU has) or `portable`.
-pub const KERNELS_ENV: &str = "SWEEP_CPU_KERNELS";
 
 /// Which implementation multiplies bf16 operands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,34 +62,18 @@ pub fn avx512_bf16_available() -> bool {
     false
 }
 
-/// What `SWEEP_CPU_KERNELS` asks for: `Some(Portable)` to force the portable
-/// kernel, `None` for the best available; anything else is an error.
-pub fn requested() -> Result<Option<Bf16Kernel>, String> {
-    parse_request(std::env::var_os(KERNELS_ENV).as_deref())
-}
-
-fn parse_request(value: Option<&std::ffi::OsStr>) -> Result<Option<Bf16Kernel>, String> {
-    match value.map(|v| v.to_str()) {
-        None => Ok(None),
-        Some(Some("" | "auto")) => Ok(None),
-        Some(Some("portable")) => Ok(Some(Bf16Kernel::Portable)),
-        Some(v) => Err(format!(
-            "{KERNELS_ENV}=`{}`: use `auto` or `portable`",
-            v.unwrap_or("(not UTF-8)").escape_debug()
-        )),
-    }
-}
-
-/// The kernel this process uses, chosen once: the portable one when
-/// `SWEEP_CPU_KERNELS=portable` or the CPU lacks AVX-512 BF16 (an invalid
-/// `SWEEP_CPU_KERNELS` counts as `auto` here; the trainer refuses it).
+/// The kernel this process uses, chosen once: the portable one when the
+/// process's options ask for it (`SWEEP_CPU_KERNELS=portable`) or the CPU
+/// lacks AVX-512 BF16.
 pub fn selected() -> Bf16Kernel {
     static CHOICE: OnceLock<Bf16Kernel> = OnceLock::new();
-    *CHOICE.get_or_init(|| match requested() {
-        Ok(Some(k)) => k,
-        _ if avx512_bf16_available() => Bf16Kernel::Avx512Bf16,
-        _ => Bf16Kernel::Portable,
-    })
+    *CHOICE.get_or_init(
+        || match crate::config::RuntimeOptions::current().cpu_kernels {
+            CpuKernels::Portable => Bf16Kernel::Portable,
+            CpuKernels::Auto if avx512_bf16_available() => Bf16Kernel::Avx512Bf16,
+            CpuKernels::Auto => Bf16Kernel::Portable,
+        },
+    )
 }
 
 /// f32 -> bf16, round to nearest even (NaNs stay NaNs).
@@ -579,19 +560,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn the_environment_may_force_the_portable_kernel() {
-        use std::ffi::OsStr;
-        assert_eq!(parse_request(None), Ok(None));
-        assert_eq!(parse_request(Some(OsStr::new("auto"))), Ok(None));
-        assert_eq!(
-            parse_request(Some(OsStr::new("portable"))),
-            Ok(Some(Bf16Kernel::Portable))
-        );
-        let err = parse_request(Some(OsStr::new("avx9"))).unwrap_err();
-        assert!(err.contains("SWEEP_CPU_KERNELS=`avx9`"), "{err}");
     }
 
     #[test]

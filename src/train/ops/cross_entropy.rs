@@ -5,21 +5,28 @@
 //! Off the CPU's f32 path the logits are [B·T, 131072] for the reference
 //! models: gigabytes. Composing log-softmax from candle ops keeps three more
 //! such tensors alive for the backward pass, and their gradients on top.
-//! [`by_rows`] instead computes the loss and its gradient up front, in f32, a
-//! slice of rows at a time, and hangs the gradient on the graph with
-//! [`attach`]: one extra [B·T, V] tensor in the logits' dtype, no more.
+//! [`loss_and_grad`] instead computes the loss and its gradient at once, in
+//! f32, a slice of rows at a time (one kernel on CUDA, one pass on the CPU),
+//! for the block-wise passes. The autograd op [`cross_entropy`] (tests only:
+//! the oracle's loss) hangs that gradient on the graph with `attach`.
 
+#[cfg(test)]
 use super::attach::attach;
 #[cfg(feature = "cuda")]
 use super::cuda::{self, by_dtype, Element};
 use super::{f32s, fused, own_kernel, work_dtype};
 use crate::data::samples::IGNORE;
-use candle_core::{bail, CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
+#[cfg(test)]
+use candle_core::DType;
+#[cfg(test)]
+use candle_core::D;
+use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 #[cfg(feature = "cuda")]
 use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
 use rayon::prelude::*;
 use std::sync::Arc;
 
+#[cfg(test)]
 /// `logits` [N, V], `labels` N values (-100: ignored). Returns a scalar.
 pub fn cross_entropy(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
     check_labels(logits, labels)?;
@@ -51,6 +58,7 @@ fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
 /// Elements of f32 temporaries per slice of rows in [`by_rows`] (256 MB).
 const SLICE_ELEMENTS: usize = 1 << 26;
 
+#[cfg(test)]
 /// The loss and d loss / d logits, computed with detached candle ops on the
 /// logits' device, a slice of rows at a time, in f32 (f64 for f64 logits).
 /// The loss is a scalar of that dtype.
@@ -59,6 +67,7 @@ pub fn by_rows(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> 
     by_slices_of(logits, labels, divisor, (SLICE_ELEMENTS / v).max(1))
 }
 
+#[cfg(test)]
 fn by_slices_of(logits: &Tensor, labels: &[i64], divisor: f64, rows: usize) -> Result<Tensor> {
     let (loss, grad) = computed_by_slices(logits, labels, divisor, rows)?;
     loss + attach(logits, grad, work_dtype(logits))?
@@ -222,6 +231,8 @@ fn loss_and_grad_cuda<T: Element>(
     unsafe { cuda::launch(&mut b, cuda::block_per_row(rows32), "loss_and_grad") }
 }
 
+/// The loss composed from candle ops: the reference the tests hold the kernels to.
+#[cfg(test)]
 pub fn composed(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
     let (n, _) = logits.dims2()?;
     let keep: Vec<f32> = labels
@@ -241,17 +252,20 @@ pub fn composed(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor>
     (picked * keep)?.sum_all()?.neg()? / divisor
 }
 
+#[cfg(test)]
 struct CrossEntropy {
     labels: Arc<Vec<i64>>,
     divisor: f32,
 }
 
+#[cfg(test)]
 /// log(sum(exp(row))) computed stably.
 fn log_sum_exp(row: &[f32]) -> f32 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     max + row.iter().map(|&v| (v - max).exp()).sum::<f32>().ln()
 }
 
+#[cfg(test)]
 impl CustomOp1 for CrossEntropy {
     fn name(&self) -> &'static str {
         "sweep-cross-entropy"
@@ -279,6 +293,8 @@ impl CustomOp1 for CrossEntropy {
         ))
     }
 
+    // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
+    #[cfg(test)]
     fn bwd(&self, logits: &Tensor, _loss: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let g = grad.to_dtype(DType::F32)?.to_scalar::<f32>()?;
         let op = CrossEntropyBwd {
@@ -289,12 +305,14 @@ impl CustomOp1 for CrossEntropy {
     }
 }
 
+#[cfg(test)]
 /// d logits = scale * (softmax - onehot(label)) on kept rows, 0 elsewhere.
 struct CrossEntropyBwd {
     labels: Arc<Vec<i64>>,
     scale: f32,
 }
 
+#[cfg(test)]
 impl CustomOp1 for CrossEntropyBwd {
     fn name(&self) -> &'static str {
         "sweep-cross-entropy-bwd"

@@ -62,6 +62,8 @@ impl CustomOp2 for Lookup {
         Ok((t.index_select(ids, tl, il, 0)?, out_shape(tl, il)?))
     }
 
+    // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
+    #[cfg(test)]
     fn bwd(
         &self,
         table: &Tensor,

@@ -80,6 +80,8 @@ impl CustomOp2 for Bf16Matmul {
         Ok((CpuStorage::F32(c), Shape::from(dims)))
     }
 
+    // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
+    #[cfg(test)]
     fn bwd(
         &self,
         a: &Tensor,

@@ -10,6 +10,7 @@
 //! devices and dtypes and which the tests check the kernels against.
 
 pub mod accumulate;
+#[cfg(test)]
 pub mod attach;
 pub mod bf16_gemm;
 pub mod cross_entropy;
@@ -22,6 +23,7 @@ pub mod rope;
 pub mod silu_mul;
 pub mod softmax;
 
+pub use crate::config::runtime::CudaKernels;
 use candle_core::{bail, CpuStorage, DType, Layout, Result, Tensor};
 
 /// The dtype an op's backward computes in off the fused path: f64 for f64
@@ -78,40 +80,10 @@ pub fn composed_here<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// The environment variable that picks the CUDA ops' implementation.
-pub const CUDA_KERNELS_ENV: &str = "SWEEP_CUDA_KERNELS";
-
-/// Which implementation the ops with CUDA kernels use on a GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaKernels {
-    /// sweep's kernels (`src/train/kernels/`): the default.
-    Own,
-    /// The composed twins, from candle's kernels: to measure the difference,
-    /// or to rule a kernel out when a GPU run goes wrong.
-    Composed,
-}
-
-/// What `SWEEP_CUDA_KERNELS` asks for (`own`, the default, or `composed`);
-/// anything else is an error.
-pub fn cuda_kernels_requested() -> std::result::Result<CudaKernels, String> {
-    match std::env::var_os(CUDA_KERNELS_ENV)
-        .as_deref()
-        .map(|v| v.to_str())
-    {
-        None | Some(Some("" | "own")) => Ok(CudaKernels::Own),
-        Some(Some("composed")) => Ok(CudaKernels::Composed),
-        Some(v) => Err(format!(
-            "{CUDA_KERNELS_ENV}=`{}`: use `own` or `composed`",
-            v.unwrap_or("(not UTF-8)").escape_debug()
-        )),
-    }
-}
-
-/// The choice, read once (an invalid value counts as `own` here; the trainer
-/// refuses it before it starts).
+/// Which implementation the ops with CUDA kernels use: the process's
+/// option (`SWEEP_CUDA_KERNELS`), read where candle calls an op.
 pub fn cuda_kernels() -> CudaKernels {
-    static CHOICE: std::sync::OnceLock<CudaKernels> = std::sync::OnceLock::new();
-    *CHOICE.get_or_init(|| cuda_kernels_requested().unwrap_or(CudaKernels::Own))
+    crate::config::RuntimeOptions::current().cuda_kernels
 }
 
 /// The contiguous f32 data of a CPU storage.

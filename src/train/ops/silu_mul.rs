@@ -88,6 +88,8 @@ impl CustomOp2 for SiluMul {
         Ok((y, al.shape().clone()))
     }
 
+    // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
+    #[cfg(test)]
     fn bwd(
         &self,
         a: &Tensor,

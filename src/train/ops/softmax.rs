@@ -141,6 +141,8 @@ impl CustomOp1 for Softmax {
         Ok((p, l.shape().clone()))
     }
 
+    // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
+    #[cfg(test)]
     fn bwd(&self, _x: &Tensor, p: &Tensor, dp: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(backward(p, dp, self.scale as f64)?))
     }
