@@ -35,15 +35,19 @@ pub struct DdpRow {
     pub step_s: f64,
     /// Seconds per step in the all-reduces (and waiting for the slowest rank).
     pub comm_s: f64,
+    /// The engine that summed gradients, as it describes itself.
     pub engine: String,
+    /// Whether the ranks went through the engine (one rank alone does not,
+    /// unless `--engine-at-one`).
+    pub through_engine: bool,
 }
 
 impl DdpRow {
     /// How the row is labelled: its world size, and whether one rank went
     /// through the engine.
     pub fn label(&self) -> String {
-        match (self.ranks, self.engine.starts_with("none")) {
-            (1, false) => "1 (engine)".into(),
+        match (self.ranks, self.through_engine) {
+            (1, true) => "1 (engine)".into(),
             (n, _) => n.to_string(),
         }
     }
@@ -108,6 +112,7 @@ pub fn rank(w: &Work, rt: &RuntimeOptions) -> Result<()> {
             step_s: step_s / n,
             comm_s: comm_s / n,
             engine: t.comm.describe(),
+            through_engine: !t.comm.is_single(),
         };
         println!("{}", serde_json::to_string(&row)?);
     }

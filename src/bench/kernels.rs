@@ -66,7 +66,11 @@ pub struct KernelRow {
 /// The whole run, as `--json` writes it.
 #[derive(Debug, Clone, Serialize)]
 pub struct KernelReport {
+    /// The device's name (`cpu`, or the GPU's as its driver gives it).
     pub device: String,
+    /// Which kind it is: what the kernels are checked against.
+    #[serde(skip)]
+    pub kind: DeviceKind,
     pub model: String,
     pub tokens: usize,
     pub rows: Vec<KernelRow>,
@@ -509,6 +513,7 @@ pub fn run(work: &Work) -> Result<KernelReport> {
     }
     Ok(KernelReport {
         device: name,
+        kind: work.device,
         model: work.model.clone(),
         tokens: work.tokens,
         rows,
@@ -522,10 +527,9 @@ pub fn table(report: &KernelReport) -> String {
         report.device,
         report.model,
         report.tokens,
-        if report.device == "cpu" {
-            "the composed candle ops"
-        } else {
-            "the CPU kernels on the same inputs"
+        match report.kind {
+            DeviceKind::Cpu => "the composed candle ops",
+            DeviceKind::Cuda => "the CPU kernels on the same inputs",
         }
     );
     out += &format!(

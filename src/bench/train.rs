@@ -6,18 +6,17 @@
 //! optimizer, and the peak memory.
 
 use crate::config::{
-    AttentionKind, DeviceKind, ModelConfig, ModelOverrides, Precision, Recompute, TrainConfig,
+    AttentionKind, BatchSize, DeviceKind, ModelConfig, ModelOverrides, Precision, Recompute,
+    TrainConfig, DEFAULT_TOKENIZER,
 };
 use crate::data::samples::IGNORE;
-use crate::train::blockwise::Probe;
+use crate::data::{Batch, LoaderState, SpecialTokens, TextTokenizer};
 use crate::train::device::PeakMemory;
-use crate::train::model::Llama;
-use crate::train::model::ModelSpec;
-use crate::train::optim::{AdamW, Grads};
 use crate::train::peak::Kernel;
-use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor};
-use std::time::Instant;
+use crate::train::Trainer;
+use anyhow::Result;
+use std::path::Path;
+use std::sync::Arc;
 
 #[derive(Clone)]
 pub struct Case {
@@ -191,44 +190,26 @@ pub fn gpu_cases(layers: usize) -> Vec<Case> {
     ]
 }
 
-/// The device, the dtype of parameters and activations, whether matrix
-/// products run in bf16 (bf16-mixed), and the peak FLOP/s MFU is measured
-/// against (a `gpu` name overrides the driver's).
-fn setup(
-    c: &Case,
-    threads: usize,
-    gpu: Option<&str>,
-) -> Result<(Device, DType, bool, f64, String)> {
-    let (device, name) = match c.device {
-        DeviceKind::Cpu => (Device::Cpu, "cpu".to_string()),
-        DeviceKind::Cuda => {
-            let d =
-                crate::train::device::cuda(0, crate::config::RuntimeOptions::current().cuda_pool)?;
-            let name = crate::train::device::name(&d)?;
-            (d, name)
+/// The peak FLOP/s MFU is measured against on `device`: on the CPU the
+/// matmul peak of the kernel the case multiplies with, on a GPU the table's
+/// (a `gpu` name overrides the driver's, `device_name`).
+fn peak(c: &Case, device_name: &str, threads: usize, gpu: Option<&str>) -> Result<f64> {
+    Ok(match c.device {
+        DeviceKind::Cpu => {
+            let kernel = match c.precision {
+                Precision::Bf16Mixed => Kernel::Bf16,
+                _ => Kernel::F32,
+            };
+            crate::train::peak::refresh(kernel, threads)?
         }
-    };
-    let (dtype, bf16_matmuls) = match (c.precision, device.is_cpu()) {
-        (Precision::F32, _) => (DType::F32, false),
-        (Precision::Bf16, false) => (DType::BF16, false),
-        (Precision::Bf16Mixed, _) => (DType::F32, true),
-        (Precision::Bf16, true) => bail!("bf16 parameters need a GPU"),
-    };
-    let peak = if device.is_cpu() {
-        let kernel = if bf16_matmuls {
-            Kernel::Bf16
-        } else {
-            Kernel::F32
-        };
-        crate::train::peak::refresh(kernel, threads)?
-    } else {
-        let cfg = TrainConfig {
-            gpu: gpu.map(str::to_string),
-            ..Default::default()
-        };
-        crate::train::metrics::peak_flops(&cfg, Some(&name), threads)?.0
-    };
-    Ok((device, dtype, bf16_matmuls, peak, name))
+        DeviceKind::Cuda => {
+            let cfg = TrainConfig {
+                gpu: gpu.map(str::to_string),
+                ..Default::default()
+            };
+            crate::train::metrics::peak_flops(&cfg, Some(device_name), threads)?.0
+        }
+    })
 }
 
 /// A case that could not be timed (out of device memory, say), and why.
@@ -273,62 +254,56 @@ fn time_case(
     recompute: Recompute,
 ) -> Result<TrainRow> {
     let case = case.clone();
-    let (device, dtype, bf16_matmuls, peak, device_name) = setup(&case, threads, gpu)?;
-    let cfg = ModelConfig::resolve(&case.preset, &case.overrides)?;
-    let spec = ModelSpec {
-        cfg,
+    let cfg = TrainConfig {
+        model: case.preset.clone(),
+        architecture: case.overrides.clone(),
+        sequence_length: case.seq,
+        batch_size: BatchSize::Fixed(case.batch),
+        precision: case.precision,
         attention: case.attention,
-        max_seq: case.seq,
-        device: device.clone(),
-        dtype,
-        bf16_matmuls,
+        device: case.device,
         recompute,
+        seed: 1,
+        threads,
+        ..Default::default()
     };
-    let params = spec.init_params(1)?;
-    let model = Llama::new(&params, &spec)?;
-    let cfg = &spec.cfg;
-    let mut opt = AdamW::new(&params, &TrainConfig::default())?;
+    // The case's vocabulary, whatever the tokenizer's: the ids are synthetic.
+    let model = ModelConfig::resolve(&case.preset, &case.overrides)?;
+    let vocab = model.vocab_size;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tok = TextTokenizer::load(&root.join(DEFAULT_TOKENIZER), &SpecialTokens::default())?;
+    let rt = crate::config::RuntimeOptions::current();
+    let mut t = Trainer::with_model(cfg, model, Arc::new(tok), threads, rt)?;
+    t.sync_forward = true;
+    let device_name = crate::train::device::name(&t.device)?;
+    let peak = peak(&case, &device_name, threads, gpu)?;
     let n = case.batch * case.seq;
-    let ids: Vec<u32> = (0..n)
-        .map(|i| ((i * 7919) % cfg.vocab_size) as u32)
-        .collect();
-    let labels: Vec<i64> = (0..n)
-        .map(|i| {
-            if i % case.seq == 0 {
-                IGNORE
-            } else {
-                ((i * 104729) % cfg.vocab_size) as i64
-            }
-        })
-        .collect();
-    let ids = Tensor::from_vec(ids, (case.batch, case.seq), &device)?;
+    let batch = Batch {
+        inputs: (0..n).map(|i| ((i * 7919) % vocab) as u32).collect(),
+        labels: (0..n)
+            .map(|i| match i % case.seq {
+                0 => IGNORE,
+                _ => ((i * 104729) % vocab) as i64,
+            })
+            .collect(),
+        batch_size: case.batch,
+        seq_len: case.seq,
+        training_tokens: n - case.batch,
+        state: LoaderState::default(),
+    };
     let mut memory = PeakMemory::default();
-    let mut grads = Grads::buffers_for(&params)?;
     let (mut fwd, mut bwd, mut upd) = (0.0, 0.0, 0.0);
     for step in 0..steps + 2 {
-        let t0 = Instant::now();
-        let probe = Probe {
-            at_peak: &mut || memory.sample(&device),
-            sync_forward: true,
-            on_ready: &mut |_, _| Ok(()),
-        };
-        grads.zero()?;
-        let pass = model.forward_backward_probed(&ids, &labels, n as f64, &mut grads, probe)?;
-        let t1 = t0 + std::time::Duration::from_secs_f64(pass.forward_s);
-        // The pass has read its loss: the backward is done here.
-        let t2 = Instant::now();
-        let clipping = grads.clipping(1.0)?;
-        opt.step(&grads, 1e-4, &clipping)?;
-        clipping.norm()?;
-        device.synchronize()?;
-        let t3 = Instant::now();
+        let out = t.step(std::slice::from_ref(&batch), 1e-4, &mut memory, None)?;
         if step >= 2 {
             // The first two steps warm up allocations and caches.
-            fwd += (t1 - t0).as_secs_f64();
-            bwd += (t2 - t1).as_secs_f64();
-            upd += (t3 - t2).as_secs_f64();
+            fwd += out.phases.forward_s;
+            bwd += out.phases.backward_s;
+            upd += out.phases.optimizer_s;
         }
     }
+    let (params, device) = (&t.params, &t.device);
+    let cfg = &t.model_spec.cfg;
     let total = fwd + bwd + upd;
     let tokens_per_s = (n * steps) as f64 / total;
     let flops_per_token = cfg.flops_per_token(case.seq);
@@ -341,7 +316,7 @@ fn time_case(
         forward_s: fwd / steps as f64,
         backward_s: bwd / steps as f64,
         optimizer_s: upd / steps as f64,
-        peak_memory_mb: memory.peak_mb(&device),
+        peak_memory_mb: memory.peak_mb(device),
         device_name,
         case,
     })

@@ -39,32 +39,36 @@ fn cell(v: &serde_json::Value) -> String {
 
 pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result<ExitCode> {
     let plan = load_plan(root, manifest, allow_oom)?;
-    if json {
-        let runs: Vec<_> = plan
-            .runs
-            .iter()
-            .map(|r| {
-                let mut v = json!({ "id": r.id, "name": r.name, "params": r.params, "world_size": r.world_size() });
-                if let Some(g) = r.global_batch() {
-                    v["global_batch"] = json!(g);
-                }
-                if let Some(mem) = r.memory(&plan.manifest.hints) {
-                    v["memory"] = json!(mem);
-                }
-                if let Some(f) = r.scaling(&plan.manifest.hints) {
-                    v["scaling"] = json!({
-                        "allreduce_s": f.allreduce_s,
-                        "compute_s": f.compute_s,
-                        "exposed_s": f.exposed_s,
-                        "efficiency_pct": f.efficiency_pct,
-                    });
-                }
-                v
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&runs)?);
-        return Ok(ExitCode::SUCCESS);
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(&plan_json(&plan))?),
+        false => print_plan(&plan),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sweep plan --json`: one object per run.
+fn plan_json(plan: &Plan) -> Vec<serde_json::Value> {
+    let hints = &plan.manifest.hints;
+    plan.runs
+        .iter()
+        .map(|r| {
+            let mut v = json!({ "id": r.id, "name": r.name, "params": r.params, "world_size": r.world_size() });
+            if let Some(g) = r.global_batch() {
+                v["global_batch"] = json!(g);
+            }
+            if let Some(mem) = r.memory(hints) {
+                v["memory"] = json!(mem);
+            }
+            if let Some(f) = r.scaling(hints) {
+                v["scaling"] = json!(f);
+            }
+            v
+        })
+        .collect()
+}
+
+/// `sweep plan`: the runs as a table, the stages, the totals.
+fn print_plan(plan: &Plan) {
     let m = &plan.manifest;
     let keys: Vec<String> = m
         .axis_keys()
@@ -161,7 +165,6 @@ pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result
         "{} runs{repeats}, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
         tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
     );
-    Ok(ExitCode::SUCCESS)
 }
 
 pub fn render(

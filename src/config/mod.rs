@@ -730,6 +730,12 @@ impl TrainConfig {
                 "`attention = \"flash\"` runs on CUDA devices only: set `device = \"cuda\"` (with a build that has the `flash-attn` feature) or use `attention = \"eager\"` on the CPU".into(),
             );
         }
+        if self.precision == Precision::Bf16 && self.device == DeviceKind::Cpu {
+            return err(
+                "precision",
+                "`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use \"bf16-mixed\" (bf16 products, f32 weights) or \"f32\" on the CPU".into(),
+            );
+        }
         if self.attention == AttentionKind::Flash && self.precision == Precision::F32 {
             return err(
                 "attention",
@@ -804,6 +810,31 @@ impl TrainConfig {
             .and_then(|()| cfg.check_build(Features::BUILT))
             .with_context(|| format!("invalid run configuration {}", path.display()))?;
         Ok(cfg)
+    }
+
+    /// How many steps write a metrics line: the first, every
+    /// `logging_frequency`-th, every validation step and the last (as the
+    /// trainer's schedule logs them; a test keeps the two equal).
+    pub fn logged_steps(&self) -> usize {
+        let n = self.training_steps;
+        let multiples = |k: usize| n.checked_div(k).unwrap_or(0);
+        let (log, val) = (self.logging_frequency.max(1), self.validation_every);
+        // Multiples of either, once each.
+        let mut count = multiples(log) + multiples(val);
+        if val > 0 {
+            let gcd = |mut a: usize, mut b: usize| {
+                while b != 0 {
+                    (a, b) = (b, a % b);
+                }
+                a
+            };
+            count -= (log / gcd(log, val)).checked_mul(val).map_or(0, multiples);
+        }
+        let multiple = |s: usize| s.is_multiple_of(log) || (val > 0 && s.is_multiple_of(val));
+        // Step 1 and the last, where they are no multiple.
+        count += (n >= 1 && !multiple(1)) as usize;
+        count += (n > 1 && !multiple(n)) as usize;
+        count
     }
 
     /// Sequences per micro-batch; an unresolved `max` counts as 1 (planning's

@@ -48,6 +48,23 @@ pub struct ModelOverrides {
 pub const PRESETS: &[&str] = &["tiny", "small", "ref-1b", "ref-8b"];
 
 impl ModelConfig {
+    /// The model with the vocabulary of a tokenizer of `tokenizer` ids: a
+    /// preset without a vocabulary of its own takes the tokenizer's; one
+    /// smaller than the tokenizer's is an error (its ids would fall outside
+    /// the embedding).
+    pub fn with_vocabulary(mut self, tokenizer: usize) -> anyhow::Result<ModelConfig> {
+        if self.vocab_size == 0 {
+            self.vocab_size = tokenizer;
+        }
+        if self.vocab_size < tokenizer {
+            anyhow::bail!(
+                "the model's vocabulary ({}) is smaller than the tokenizer's ({tokenizer})",
+                self.vocab_size
+            );
+        }
+        Ok(self)
+    }
+
     /// A named preset. `ref-8b` and `ref-1b` are the reference study's two
     /// models (its pretokenization and DDP studies); `small` is the model the
     /// CPU speed goal is measured on; `tiny` trains in seconds on a laptop.

@@ -57,15 +57,20 @@ pub fn vocab_size_of(path: &Path) -> Option<usize> {
     size
 }
 
-/// A run's model with its vocabulary: the preset's, or the tokenizer's for
-/// presets without one (as the trainer builds it).
+/// A run's model with its vocabulary, as the trainer builds it
+/// ([`ModelConfig::with_vocabulary`]): a preset without one reads the
+/// tokenizer's (planning needs no tokenizer file for the others; the trainer
+/// checks theirs against it).
+///
+/// [`ModelConfig::with_vocabulary`]: crate::config::ModelConfig::with_vocabulary
 pub fn model_config(cfg: &crate::config::TrainConfig) -> Result<crate::config::ModelConfig> {
-    let mut model = cfg.model_config()?;
-    if model.vocab_size == 0 {
-        model.vocab_size = vocab_size_of(&cfg.tokenizer)
-            .with_context(|| format!("reading the tokenizer {}", cfg.tokenizer.display()))?;
+    let model = cfg.model_config()?;
+    if model.vocab_size > 0 {
+        return Ok(model);
     }
-    Ok(model)
+    let tokenizer = vocab_size_of(&cfg.tokenizer)
+        .with_context(|| format!("reading the tokenizer {}", cfg.tokenizer.display()))?;
+    model.with_vocabulary(tokenizer)
 }
 
 impl TextTokenizer {

@@ -188,7 +188,7 @@ fn write_array_script(
     dry_run: bool,
 ) -> Result<PathBuf> {
     use crate::template::shell_quote;
-    let logs = study_dir.join("logs");
+    let logs = study_dir.join(crate::plan::files::LOGS_DIR);
     let mut s = String::from("#!/bin/bash\n# A job array written by `sweep submit`: task i runs the i-th run directory's job.sbatch.\n");
     for line in head {
         s.push_str(line);

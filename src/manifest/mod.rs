@@ -10,7 +10,7 @@ use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
     parse_slurm_time, ExecutorKind, LocalSpec, PretokenizeStageSpec, ReportSpec, SlurmSpec,
-    SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS,
+    SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST,
 };
 pub use source::{join_key, Source};
 

@@ -397,11 +397,15 @@ pub struct ReportSpec {
     pub line_pattern: Option<String>,
 }
 
+/// Log points a report skips at the start of every run unless told otherwise
+/// (warm-up: compilation, caches, the allocator).
+pub const DEFAULT_SKIP_FIRST: usize = 5;
+
 impl Default for ReportSpec {
     fn default() -> Self {
         ReportSpec {
             baseline: None,
-            skip_first: 5,
+            skip_first: DEFAULT_SKIP_FIRST,
             group_by: Vec::new(),
             line_pattern: None,
         }

@@ -601,7 +601,7 @@ impl<'a> Shared<'a> {
     ) -> Result<String, Box<Diagnostic>> {
         let why = match crate::util::name::check(&name) {
             Err(why) => why,
-            Ok(()) if name == "stages" || name == "logs" => {
+            Ok(()) if super::files::STUDY_DIRS.contains(&name.as_str()) => {
                 format!("`{name}` is reserved for the study's own directories")
             }
             Ok(()) => return Ok(name),
@@ -788,7 +788,7 @@ fn stages(
         let id = short_id(&key);
         let index = *by_id.entry(id.clone()).or_insert_with(|| {
             let name = format!("pretokenize-{}-{id}", format.as_str());
-            let dir = study_dir.join("stages").join(&name);
+            let dir = study_dir.join(super::files::STAGES_DIR).join(&name);
             let mut slurm = SlurmSpec {
                 nodes: std::num::NonZeroU32::MIN,
                 ntasks_per_node: std::num::NonZeroU32::MIN,
@@ -934,6 +934,14 @@ fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<String> {
             ));
         }
         let Job::Train(cfg) = &r.job else { continue };
+        let (logged, skip) = (cfg.logged_steps(), m.report.skip_first);
+        if logged <= skip {
+            say(format!(
+                "runs of {} steps logged every {} log {logged} steps, and the report skips the first {skip} as warm-up: \
+                 set `logging_frequency` lower, `training_steps` higher, or `[report] skip_first` below {logged}",
+                cfg.training_steps, cfg.logging_frequency
+            ));
+        }
         if cfg.device == DeviceKind::Cuda && hints.gpu_memory_gb.is_none() {
             if let Some(gpu) = cfg
                 .gpu

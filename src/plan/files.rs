@@ -12,3 +12,13 @@ pub const STAGE_JSON: &str = "stage.json";
 
 /// Everything rendering writes: what a directory holds besides outputs.
 pub const RENDERED: [&str; 4] = [CONFIG_TOML, JOB_SBATCH, RUN_JSON, STAGE_JSON];
+
+/// The study's stage directories (`results/<study>/stages/<stage>`).
+pub const STAGES_DIR: &str = "stages";
+/// SLURM's array logs and the array scripts (`results/<study>/logs`).
+pub const LOGS_DIR: &str = "logs";
+/// Directories of runs the manifest changed, moved aside by
+/// `--replace-changed` (`results/<study>/replaced/<time>`).
+pub const REPLACED_DIR: &str = "replaced";
+/// The study's own directories beside its runs': no run may take their names.
+pub const STUDY_DIRS: [&str; 3] = [STAGES_DIR, LOGS_DIR, REPLACED_DIR];

@@ -344,7 +344,7 @@ impl Changed {
         d.help = Some(format!(
             "`--replace-changed` (sweep submit, run or render) moves their directories to {}/ and runs them anew; \
              or keep them and give the new runs other names ([sweep] name)",
-            plan.study_dir.join(REPLACED).display()
+            plan.study_dir.join(super::files::REPLACED_DIR).display()
         ));
         d
     }
@@ -377,16 +377,12 @@ fn diff_tables(
     }
 }
 
-/// Where `--replace-changed` moves the directories of changed runs, under
-/// the study: `replaced/<time>/<run>`.
-pub const REPLACED: &str = "replaced";
-
 /// Moves aside the directory of every run of the plan that holds another
 /// run's jobs or outputs (to `results/<study>/replaced/<time>/<run>`, kept
 /// whole), so that the run starts afresh; returns where each went.
 pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
-    let into = plan.study_dir.join(REPLACED).join(stamp);
+    let into = plan.study_dir.join(super::files::REPLACED_DIR).join(stamp);
     let mut moved = Vec::new();
     for run in &plan.runs {
         let Some(old) = RunRecord::read(&run.dir.join(UnitKind::Run.record_file()), None)? else {

@@ -170,10 +170,7 @@ fn lines(
 
 /// Grouped bars of throughput, one colour per batch size, when the sweep varies it.
 fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
-    let bs_key = s
-        .axes
-        .iter()
-        .find(|p| p.ends_with("batch_size") && !p.contains("global"))?;
+    let bs_key = s.batch_axis.as_ref()?;
     let others: Vec<&String> = s.axes.iter().filter(|p| *p != bs_key).collect();
     let mut sizes: Vec<String> = s.rows.iter().map(|r| r.param(bs_key).to_string()).collect();
     sizes.sort_by(|a, b| {

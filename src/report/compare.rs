@@ -88,8 +88,8 @@ fn study_dir(root: &Path, source: &Source) -> Option<PathBuf> {
 fn side(root: &Path, source: &Source, skip_first: Option<usize>) -> Result<(String, Summary)> {
     let (study, runs, spec) = super::load(root, source)?;
     let opts = super::summary::Options {
+        skip_first: spec.skip_first(skip_first),
         axes: spec.axes,
-        skip_first: skip_first.or(spec.skip_first).unwrap_or(5),
         baseline: None,
         group_by: spec.group_by,
     };

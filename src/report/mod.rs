@@ -78,11 +78,19 @@ struct Spec {
     inputs: Vec<PathBuf>,
 }
 
+impl Spec {
+    /// Log points skipped per run: the flag's, else the manifest's, else the default.
+    fn skip_first(&self, flag: Option<usize>) -> usize {
+        flag.or(self.skip_first)
+            .unwrap_or(crate::manifest::DEFAULT_SKIP_FIRST)
+    }
+}
+
 pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     let (study, runs, spec) = load(root, source)?;
     let sopts = summary::Options {
+        skip_first: spec.skip_first(opts.skip_first),
         axes: spec.axes,
-        skip_first: opts.skip_first.or(spec.skip_first).unwrap_or(5),
         baseline: opts.baseline.clone().or(spec.baseline),
         group_by: if opts.group_by.is_empty() {
             spec.group_by
@@ -254,7 +262,9 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
         // Only directories hold runs (stages/ holds stages).
-        if !e.file_type().is_ok_and(|t| t.is_dir()) || name == "stages" {
+        if !e.file_type().is_ok_and(|t| t.is_dir())
+            || crate::plan::files::STUDY_DIRS.contains(&name.as_ref())
+        {
             continue;
         }
         match RunRecord::load_within(&path, dir) {

@@ -249,18 +249,8 @@ asc=!asc;rows.forEach(function(r){b.appendChild(r);});});})(i);}});";
 
 fn provenance(out: &mut String, p: &Provenance) {
     let features = crate::config::Features::BUILT.names();
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_default();
+    let host = crate::util::process::host_name();
+    let cpu = crate::util::process::cpu_model().unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     out.push_str("<section id=\"provenance\"><dl class=\"meta\">\n");
     let mut item = |k: &str, v: &str| {

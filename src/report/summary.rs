@@ -42,6 +42,10 @@ pub struct Summary {
     /// The parameters that distinguish configurations (a sweep's axes; for
     /// imported logs, the parameters that vary): what charts group and label by.
     pub axes: Vec<String>,
+    /// The axis that is the per-device batch size, if one is: the trainer's
+    /// `batch_size`, or a command's parameter named `…batch_size` (not a
+    /// global batch).
+    pub batch_axis: Option<String>,
     /// Runs without usable points, that did not complete, or with something
     /// left out of their logs, with the reason.
     pub problems: Vec<Problem>,
@@ -225,13 +229,18 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
     };
     add_scaling(&mut table, &axes)?;
     let rows = rows(&table, &params, &members, &runs, tps_samples)?;
+    let batch_axis = axes
+        .iter()
+        .find(|p| p.ends_with("batch_size") && !p.contains("global"))
+        .cloned();
     Ok(Summary {
         table,
         rows,
-        problems: problems(&runs),
+        problems: [problems(&runs), short_runs(&runs, opts.skip_first)].concat(),
         runs,
         params,
         axes,
+        batch_axis,
     })
 }
 
@@ -266,13 +275,46 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
     Ok(DataFrame::new_infer_height(columns)?)
 }
 
-/// Where a run's steady state starts: after the fixed skip and the warm-up
-/// points detected after it (from tokens/s).
+/// The log points a run skips as warm-up: `skip_first`, unless that leaves
+/// it no point with a throughput; then only its first point (the one that
+/// pays for compilation and caches), and [`short_runs`] says so.
+fn skip_of(run: &RunLog, skip_first: usize) -> usize {
+    let measured = run
+        .points
+        .iter()
+        .filter(|p| p.tokens_per_second.is_some())
+        .count();
+    match measured > skip_first || measured == 0 {
+        true => skip_first,
+        false => usize::from(run.points.len() > 1),
+    }
+}
+
+/// Runs whose log is too short for the warm-up skip, with what their
+/// figures use instead: a short study never gives a blank table silently.
+fn short_runs(runs: &[RunLog], skip_first: usize) -> Vec<Problem> {
+    runs.iter()
+        .filter(|r| skip_of(r, skip_first) != skip_first)
+        .map(|r| Problem {
+            run: r.name.clone(),
+            state: r.status.describe(),
+            reason: format!(
+                "it logged {} points, not more than the {skip_first} the report skips as warm-up: \
+                 its figures use every point after the first (log more steps, or lower \
+                 `[report] skip_first` / --skip-first)",
+                r.points.len()
+            ),
+        })
+        .collect()
+}
+
+/// Where a run's steady state starts: after its skip ([`skip_of`]) and the
+/// warm-up points detected after it (from tokens/s).
 fn warmup(run: &RunLog, skip_first: usize) -> usize {
     let tps: Vec<f64> = run
         .points
         .iter()
-        .skip(skip_first)
+        .skip(skip_of(run, skip_first))
         .filter_map(|p| p.tokens_per_second)
         .collect();
     super::stats::warmup_len(&tps)
@@ -318,8 +360,9 @@ fn runs_frame(runs: &[RunLog], skip_first: usize) -> Result<(DataFrame, Vec<Stri
         ),
         Column::new(
             c::FIRST_STEADY.into(),
-            warm.iter()
-                .map(|w| w + skip_first as u32)
+            runs.iter()
+                .zip(&warm)
+                .map(|(r, w)| w + skip_of(r, skip_first) as u32)
                 .collect::<Vec<_>>(),
         ),
         Column::new(c::WARMUP_POINTS.into(), warm),

@@ -7,7 +7,7 @@
 
 use super::ops::{matmul::matmul, rope};
 use super::params::{Declare, Init, Params, Source};
-use crate::config::{AttentionKind, ModelConfig, Recompute};
+use crate::config::{AttentionKind, ModelConfig, Precision, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
@@ -111,6 +111,18 @@ impl Block {
             eps: spec.cfg.norm_eps,
         })
     }
+}
+
+/// What a precision means on `device`: the dtype of parameters and
+/// activations, and whether matrix products round their operands to bf16
+/// (bf16-mixed: f32 weights and optimizer state, bf16 products, as autocast).
+pub fn dtypes(precision: Precision, device: &Device) -> Result<(DType, bool)> {
+    Ok(match (precision, device.is_cpu()) {
+        (Precision::F32, _) => (DType::F32, false),
+        (Precision::Bf16, false) => (DType::BF16, false),
+        (Precision::Bf16, true) => anyhow::bail!("`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use \"bf16-mixed\" (or \"f32\") on the CPU"),
+        (Precision::Bf16Mixed, _) => (DType::F32, true),
+    })
 }
 
 /// Everything a model is built from besides its parameters' values.

@@ -47,14 +47,7 @@ fn cache_path() -> PathBuf {
 }
 
 fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown cpu".into())
+    crate::util::process::cpu_model().unwrap_or_else(|| "unknown cpu".into())
 }
 
 fn key(kernel: Kernel, threads: usize) -> String {

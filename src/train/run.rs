@@ -125,80 +125,120 @@ fn announce(t: &Trainer, cfg: &TrainConfig, flops_per_token: f64, peak: f64, pea
     }
 }
 
-/// The training loop of one rank, from the latest checkpoint to the last step.
-fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -> Result<ExitCode> {
-    let mut cfg = t.cfg.clone();
-    let ranks = t.ranks();
-    let main = ranks.is_main();
-    let mut stream = SampleStream::open(&t.spec)?;
-    let mut monitor = Monitor::new(cfg.monitor.clone(), cfg.grad_clip);
-    let (mut first, mut elapsed) = (1, 0.0);
-    let resumed = resume_point(t, run_dir)?;
-    if let Some((dir, state)) = &resumed {
-        state.check(&model_identity(t), cfg.training_steps, dir)?;
-        let resume = state.resume(
-            ranks,
-            cfg.data_order,
-            cfg.batch(),
-            cfg.gradient_accumulation,
-            dir,
-        )?;
-        checkpoint::restore(dir, state, &t.params, &mut t.opt, &t.device)?;
-        stream.restore(resume.loader)?;
-        monitor.state = state.monitor.clone();
-        cfg.gradient_accumulation = resume.gradient_accumulation;
-        if main {
-            eprintln!(
-                "sweep train: resumed from {} (step {}, global sample {}{})",
-                dir.display(),
-                state.step,
-                state.loader.samples,
-                resume.change.map(|c| format!("; {c}")).unwrap_or_default()
-            );
-        }
-        (first, elapsed) = (state.step + 1, state.elapsed_s);
+/// Where a rank starts: step 1, or the step after its latest checkpoint.
+struct Start {
+    /// The first step to train.
+    first: usize,
+    /// Seconds of training before it.
+    elapsed: f64,
+    /// The data stream, at the position of the step before `first`.
+    stream: SampleStream,
+    /// That position (`None` before step 1): what a stop before the first
+    /// step completes checkpoints.
+    position: Option<crate::data::LoaderState>,
+    monitor: Monitor,
+}
+
+/// Opens the data and restores the latest checkpoint, if any: parameters,
+/// optimizer, data position, the monitor's window, and the gradient
+/// accumulation that keeps the global batch on this world size (set on the
+/// trainer's configuration, which the loop reads).
+fn resume(t: &mut Trainer, run_dir: &Path) -> Result<Start> {
+    let mut start = Start {
+        first: 1,
+        elapsed: 0.0,
+        stream: SampleStream::open(&t.spec)?,
+        position: None,
+        monitor: Monitor::new(t.cfg.monitor.clone(), t.cfg.grad_clip),
+    };
+    let Some((dir, state)) = resume_point(t, run_dir)? else {
+        return Ok(start);
+    };
+    let cfg = &t.cfg;
+    state.check(&model_identity(t), cfg.training_steps, &dir)?;
+    let resume = state.resume(
+        t.ranks(),
+        cfg.data_order,
+        cfg.batch(),
+        cfg.gradient_accumulation,
+        &dir,
+    )?;
+    checkpoint::restore(&dir, &state, &t.params, &mut t.opt, &t.device)?;
+    start.stream.restore(resume.loader)?;
+    start.monitor.state = state.monitor.clone();
+    t.cfg.gradient_accumulation = resume.gradient_accumulation;
+    if t.ranks().is_main() {
+        eprintln!(
+            "sweep train: resumed from {} (step {}, global sample {}{})",
+            dir.display(),
+            state.step,
+            state.loader.samples,
+            resume.change.map(|c| format!("; {c}")).unwrap_or_default()
+        );
     }
+    start.first = state.step + 1;
+    start.elapsed = state.elapsed_s;
+    start.position = Some(state.loader);
+    Ok(start)
+}
+
+/// The counters and the metrics log (rank 0 writes it), after saying what is
+/// trained against what peak.
+fn open_reporter(t: &Trainer, run_dir: &Path, first: usize) -> Result<Reporter> {
+    let (cfg, main) = (&t.cfg, t.ranks().is_main());
     let driver_name = (!t.device.is_cpu())
         .then(|| device::name(&t.device))
         .transpose()?;
-    let (peak, peak_source) = metrics::peak_flops(&cfg, driver_name.as_deref(), t.threads)?;
+    let (peak, peak_source) = metrics::peak_flops(cfg, driver_name.as_deref(), t.threads)?;
     let flops_per_token = t.model_spec.cfg.flops_per_token(cfg.sequence_length);
     if main {
-        announce(t, &cfg, flops_per_token, peak, &peak_source);
+        announce(t, cfg, flops_per_token, peak, &peak_source);
     }
     let log = main.then(|| MetricsLog::open(run_dir)).transpose()?;
     let mut reporter = Reporter::new(
         log,
-        &cfg,
-        ranks.world_size,
+        cfg,
+        t.ranks().world_size,
         flops_per_token,
         peak,
         peak_source,
     );
-    if let Some((_, state)) = &resumed {
-        reporter.resume(state.step)?;
+    if first > 1 {
+        reporter.resume(first - 1)?;
     }
+    Ok(reporter)
+}
+
+/// The training loop of one rank, from the latest checkpoint to the last step.
+fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -> Result<ExitCode> {
+    let Start {
+        first,
+        mut elapsed,
+        stream,
+        mut position,
+        mut monitor,
+    } = resume(t, run_dir)?;
+    // What the trainer trains with, resumed; the loop only reads it.
+    let cfg = t.cfg.clone();
+    let main = t.ranks().is_main();
+    let mut reporter = open_reporter(t, run_dir, first)?;
     let mut loader = DataLoader::spawn(stream, cfg.batch(), cfg.prefetch);
     let tokens_per_step = (cfg.batch() * cfg.sequence_length * cfg.gradient_accumulation) as u64;
     let schedule = schedule::Schedule::new(&cfg);
     let mut memory = device::PeakMemory::default();
-    // Where the last completed step left the data, and the last step saved:
-    // what a stop in the middle of a step checkpoints.
-    let mut position = resumed.as_ref().map(|(_, s)| s.loader.clone());
     let mut saved = first - 1;
     // One rank stops between micro-batches at once; several ranks agree at
     // the end of a step (a rank that left mid-step would leave the others
     // waiting in the gradient sum).
-    let stop_early = (ranks.world_size == 1).then_some(&stop.0);
+    let stop_early = (t.ranks().world_size == 1).then_some(&stop.0);
 
     for step in first..=cfg.training_steps {
         let started = Instant::now();
         let lr = optim::lr_at(step, &cfg);
         let mut micro = Vec::with_capacity(cfg.gradient_accumulation);
-        for _ in 0..cfg.gradient_accumulation {
-            if stop_early.is_some_and(|s| s.received().is_some()) {
-                break;
-            }
+        while micro.len() < cfg.gradient_accumulation
+            && stop_early.is_none_or(|s| s.received().is_none())
+        {
             micro.push(loader.next_batch()?);
         }
         let out = match micro.len() == cfg.gradient_accumulation {
@@ -208,11 +248,12 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
         let out = match out {
             Err(e) if e.is::<Interrupted>() => {
                 let why = stop.take().unwrap_or("a stop signal");
+                let at = (step, saved);
                 return stop_mid_step(
                     t,
                     &cfg,
                     run_dir,
-                    (step, saved),
+                    at,
                     position.as_ref(),
                     &monitor,
                     elapsed,
@@ -236,13 +277,15 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
             let val_loss = (due.validate && main)
                 .then(|| t.validation_loss(cfg.validation_batches))
                 .transpose()?;
+            let (loss, grad_norm) = (out.loss, out.grad_norm);
+            let peak_memory_mb = memory.peak_mb(&t.device);
             reporter.log(LoggedStep {
                 step,
-                loss: out.loss,
+                loss,
                 lr,
-                grad_norm: out.grad_norm,
+                grad_norm,
                 elapsed_s: elapsed,
-                peak_memory_mb: memory.peak_mb(&t.device),
+                peak_memory_mb,
                 val_loss,
             })?;
         }
@@ -264,9 +307,16 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
             }
         }
     }
+    finish(t, elapsed)
+}
+
+/// After the last step: every rank holds the same parameters (checked), and
+/// the run says it is done.
+fn finish(t: &Trainer, elapsed: f64) -> Result<ExitCode> {
+    let ranks = t.ranks();
     if ranks.world_size > 1 {
         let digest = t.check_replicas()?;
-        if main {
+        if ranks.is_main() {
             eprintln!(
                 "sweep train: parameters identical on all {} ranks (sha256 {})",
                 ranks.world_size,
@@ -274,10 +324,10 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
             );
         }
     }
-    if main {
+    if ranks.is_main() {
         eprintln!(
             "sweep train: done, {} steps in {elapsed:.1} s of training",
-            cfg.training_steps
+            t.cfg.training_steps
         );
     }
     Ok(ExitCode::SUCCESS)

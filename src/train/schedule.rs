@@ -103,4 +103,33 @@ mod tests {
         };
         assert_eq!(steps_where(&no_final, |d| d.checkpoint), vec![15, 30]);
     }
+
+    #[test]
+    fn the_configuration_counts_the_steps_the_schedule_logs() {
+        for (steps, log, val) in [
+            (8, 2, 0),
+            (1, 5, 0),
+            (100, 10, 25),
+            (33, 5, 4),
+            (7, 1, 3),
+            (10, 3, 6),
+            (12, 4, 6),
+            (0, 1, 0),
+        ] {
+            let cfg = TrainConfig {
+                training_steps: steps,
+                logging_frequency: log,
+                validation_every: val,
+                validation_batches: 1,
+                ..TrainConfig::default()
+            };
+            let s = Schedule::new(&cfg);
+            let logged = steps_where(&s, |d| d.log).len();
+            assert_eq!(
+                cfg.logged_steps(),
+                logged,
+                "{steps} steps, every {log}, validation {val}"
+            );
+        }
+    }
 }

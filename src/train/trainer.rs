@@ -10,7 +10,7 @@ use super::model::{Llama, ModelSpec};
 use super::optim::{AdamW, Grads};
 use super::params::Params;
 use super::{device, ops};
-use crate::config::{BatchSize, DeviceKind, Precision, RuntimeOptions, TrainConfig};
+use crate::config::{BatchSize, DeviceKind, RuntimeOptions, TrainConfig};
 use crate::data::Batch;
 use crate::data::{DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer};
 use crate::util::signals::StopSignals;
@@ -35,6 +35,22 @@ pub struct Trainer {
     pub grads: Grads,
     /// The order and buckets in which gradients are summed across ranks.
     pub layout: GradientLayout,
+    /// Wait for the device at the end of each forward pass, so that
+    /// [`Phases`] splits a step truly (`sweep bench train`); training does
+    /// not (it would idle a GPU).
+    pub sync_forward: bool,
+}
+
+/// Where a step's time went, in seconds. Without [`Trainer::sync_forward`]
+/// a GPU's forward work may end inside `backward_s`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// The forward passes of the step's micro-batches.
+    pub forward_s: f64,
+    /// Their backward passes, and the wait for the gradients' sums.
+    pub backward_s: f64,
+    /// Clipping and AdamW, until the gradient norm is read.
+    pub optimizer_s: f64,
 }
 
 /// What one optimizer step reports.
@@ -48,12 +64,32 @@ pub struct StepOutcome {
     pub training_tokens: usize,
     /// Seconds spent summing gradients and losses across ranks.
     pub comm_s: f64,
+    pub phases: Phases,
 }
 
 impl Trainer {
     /// A trainer for the rank the launcher's environment names, with the
     /// process's options (kernels, memory pool, data-parallel engine).
     pub fn new(cfg: TrainConfig, threads: usize, rt: &RuntimeOptions) -> Result<Trainer> {
+        let specials = SpecialTokens {
+            bos: cfg.bos_token.clone(),
+            eos: cfg.eos_token.clone(),
+            pad: cfg.pad_token.clone(),
+        };
+        let tok = Arc::new(TextTokenizer::load(&cfg.tokenizer, &specials)?);
+        let model = cfg.model_config()?.with_vocabulary(tok.vocab_size())?;
+        Trainer::with_model(cfg, model, tok, threads, rt)
+    }
+
+    /// A trainer of `model_cfg`, whose vocabulary the caller resolved
+    /// (`sweep bench train` trains on synthetic ids of its own vocabulary).
+    pub fn with_model(
+        cfg: TrainConfig,
+        model_cfg: crate::config::ModelConfig,
+        tok: Arc<TextTokenizer>,
+        threads: usize,
+        rt: &RuntimeOptions,
+    ) -> Result<Trainer> {
         if cfg.batch_size == BatchSize::Max {
             bail!("batch_size = \"max\" must be resolved before training (sweep train does)");
         }
@@ -62,33 +98,9 @@ impl Trainer {
             DeviceKind::Cpu => Device::Cpu,
             DeviceKind::Cuda => cuda_device(ranks.local_rank, rt)?,
         };
-        let dtype = match (cfg.precision, device.is_cpu()) {
-            (Precision::F32, _) => DType::F32,
-            (Precision::Bf16, false) => DType::BF16,
-            (Precision::Bf16, true) => bail!("`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use \"bf16-mixed\" (or \"f32\") on the CPU"),
-            // f32 weights and optimizer state, bf16 matrix products (autocast).
-            (Precision::Bf16Mixed, _) => DType::F32,
-        };
-        if cfg.precision == Precision::Bf16Mixed && device.is_cpu() && ranks.is_main() {
+        let (dtype, bf16_matmuls) = super::model::dtypes(cfg.precision, &device)?;
+        if bf16_matmuls && device.is_cpu() && ranks.is_main() {
             announce_bf16_kernel(rt);
-        }
-        let bf16_matmuls = cfg.precision == Precision::Bf16Mixed;
-        let specials = SpecialTokens {
-            bos: cfg.bos_token.clone(),
-            eos: cfg.eos_token.clone(),
-            pad: cfg.pad_token.clone(),
-        };
-        let tok = Arc::new(TextTokenizer::load(&cfg.tokenizer, &specials)?);
-        let mut model_cfg = cfg.model_config()?;
-        if model_cfg.vocab_size == 0 {
-            model_cfg.vocab_size = tok.vocab_size();
-        }
-        if model_cfg.vocab_size < tok.vocab_size() {
-            bail!(
-                "the model's vocabulary ({}) is smaller than the tokenizer's ({})",
-                model_cfg.vocab_size,
-                tok.vocab_size()
-            );
         }
         let comm = dist::connect(ranks, &device, rt)?;
         let model_spec = ModelSpec {
@@ -133,6 +145,7 @@ impl Trainer {
             comm,
             grads,
             layout,
+            sync_forward: false,
         })
     }
 
@@ -164,11 +177,12 @@ impl Trainer {
         // gradients to the engine's background thread, where it has one;
         // what is left to wait for afterwards is the exposed communication.
         let mut sum = self.layout.begin(&*self.comm);
-        let partial = forward_backward(
+        let passes = Instant::now();
+        let (partial, forward_s) = forward_backward(
             &self.model,
             &mut self.grads,
             &self.device,
-            (micro, stop),
+            (micro, stop, self.sync_forward),
             global.max(1.0),
             memory,
             &mut sum,
@@ -178,6 +192,7 @@ impl Trainer {
         let grads = &mut self.grads;
         let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
         comm_s += t1.elapsed().as_secs_f64();
+        let updating = Instant::now();
         if !loss.is_finite() {
             bail!("the loss ({loss}) is not finite; try a lower learning_rate");
         }
@@ -190,11 +205,17 @@ impl Trainer {
         if !grad_norm.is_finite() {
             bail!("the gradient norm ({grad_norm}) is not finite (loss {loss}); try a lower learning_rate");
         }
+        let phases = Phases {
+            forward_s,
+            backward_s: (updating - passes).as_secs_f64() - forward_s,
+            optimizer_s: updating.elapsed().as_secs_f64(),
+        };
         Ok(StepOutcome {
             loss,
             grad_norm,
             training_tokens: local,
             comm_s,
+            phases,
         })
     }
 
@@ -240,20 +261,21 @@ impl Trainer {
     }
 }
 
-/// [`Trainer::forward_backward`], telling `sum` which gradients the last
-/// micro-batch's backward pass has finished, and checking `stop` between
-/// micro-batches.
+/// The forward and backward passes of a step's micro-batches into `grads`,
+/// telling `sum` which gradients the last one's backward pass has finished,
+/// and checking `stop` between micro-batches: the loss's share of this rank,
+/// and the seconds in forward passes.
 fn forward_backward(
     model: &Llama,
     grads: &mut Grads,
     device: &Device,
-    (micro, stop): (&[Batch], Option<&StopSignals>),
+    (micro, stop, sync_forward): (&[Batch], Option<&StopSignals>, bool),
     divisor: f64,
     memory: &mut device::PeakMemory,
     sum: &mut GradientSum<'_>,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
     grads.zero()?;
-    let mut loss = 0.0;
+    let (mut loss, mut forward_s) = (0.0, 0.0);
     for (i, b) in micro.iter().enumerate() {
         if i > 0 && stop.is_some_and(|s| s.received().is_some()) {
             return Err(super::run::Interrupted.into());
@@ -263,14 +285,14 @@ fn forward_backward(
         let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), device)?;
         let probe = Probe {
             at_peak: &mut || memory.sample(device),
-            sync_forward: false,
+            sync_forward,
             on_ready: &mut |f, g| if last { sum.finished(f, g) } else { Ok(()) },
         };
-        loss += model
-            .forward_backward_probed(&ids, &b.labels, divisor, grads, probe)?
-            .loss;
+        let pass = model.forward_backward_probed(&ids, &b.labels, divisor, grads, probe)?;
+        loss += pass.loss;
+        forward_s += pass.forward_s;
     }
-    Ok(loss)
+    Ok((loss, forward_s))
 }
 
 /// Every rank starts from rank 0's parameters (the same seed gives the same
@@ -321,7 +343,7 @@ fn cuda_device(local_rank: usize, rt: &RuntimeOptions) -> Result<Device> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{ModelConfig, ModelOverrides};
+    use crate::config::{ModelConfig, ModelOverrides, Precision};
     use crate::data::samples::IGNORE;
     use crate::train::optim;
     use crate::train::oracle::Autograd;

@@ -80,8 +80,7 @@ impl StudyLock {
                 _ => bail!("locking {}: {err}", path.display()),
             }
         }
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let host = host.trim();
+        let host = crate::util::process::host_name();
         let who = format!(
             "process {} on {host} ({what}) since {}\n",
             std::process::id(),

@@ -4,6 +4,20 @@ use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::process::Command;
 
+/// This machine's host name (empty when the kernel does not say).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The CPU's model name, as `/proc/cpuinfo` gives it.
+pub fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("model name"))?;
+    Some(line.split_once(':')?.1.trim().to_string())
+}
+
 /// Runs a command to completion and returns its stdout; a non-zero exit is an
 /// error carrying the command line and its stderr.
 pub fn output(cmd: &mut Command) -> Result<String> {

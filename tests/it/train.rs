@@ -2,7 +2,7 @@
 //! and pretokenized, resume after a kill, and requeue on SLURM's SIGUSR1.
 
 use super::support::{
-    job_id, job_logs, losses, metrics, project, release_requeued, repo, run_ok, status,
+    job_id, job_logs, losses, metrics, project, release_requeued, repo, run_ok, status, stdout,
     submit_slurm, sweep, wait_for, write,
 };
 use std::path::{Path, PathBuf};
@@ -46,6 +46,52 @@ job_name = "sweep-test-{name}"
         ),
     );
     m
+}
+
+/// The first thing anyone does, a tiny study: 8 steps logged every 2 give
+/// 5 points, no more than the report's warm-up skip of 5. The plan says so
+/// and what to set; the report still fills every cell, with a note per run.
+#[test]
+fn a_short_study_warns_at_plan_time_and_reports_what_it_has() {
+    let root = project();
+    let m = manifest(
+        root.path(),
+        "short",
+        "training_steps = 8\nlogging_frequency = 2\nsequence_length = 32",
+        "[sweep.grid]\nseed = [1, 2]",
+    );
+    let plan = run_ok(sweep(root.path()).arg("plan").arg(&m));
+    let err = String::from_utf8_lossy(&plan.stderr);
+    assert!(
+        err.contains(
+            "runs of 8 steps logged every 2 log 5 steps, and the report skips the first 5"
+        ) && err.contains("`[report] skip_first` below 5"),
+        "{err}"
+    );
+    let out = run_ok(sweep(root.path()).arg("run").arg(&m));
+    let said = stdout(&out);
+    assert_eq!(
+        said.matches("it logged 5 points, not more than the 5 the report skips")
+            .count(),
+        2,
+        "a note per run: {said}"
+    );
+    let report = run_ok(
+        sweep(root.path())
+            .arg("report")
+            .arg(root.path().join("results/short"))
+            .arg("--json"),
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert!(
+            r["tokens_per_second_mean"]
+                .as_f64()
+                .is_some_and(|t| t > 0.0),
+            "{r}"
+        );
+    }
 }
 
 #[test]
