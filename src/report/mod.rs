@@ -436,7 +436,12 @@ fn read_run(
                 }
                 Err(_) if !path.exists() && path.symlink_metadata().is_err() => {
                     if run.reason.is_none() {
-                        run.reason = Some("no metrics.jsonl yet".into());
+                        run.reason = Some(match run.status.state.is_active() {
+                            true => "no metrics.jsonl yet".into(),
+                            false => {
+                                "no metrics.jsonl: the run wrote none (its log says why)".into()
+                            }
+                        });
                     }
                 }
                 Err(why) => run.issues.push(why),
@@ -444,7 +449,10 @@ fn read_run(
         }
     }
     if run.points.is_empty() && run.reason.is_none() && run.issues.is_empty() {
-        run.reason = Some("no metrics yet".into());
+        run.reason = Some(match run.status.state.is_active() {
+            true => "no metrics yet".into(),
+            false => "no metrics".into(),
+        });
     }
     run
 }

@@ -374,16 +374,19 @@ fn runs_frame(runs: &[RunLog], skip_first: usize) -> Result<(DataFrame, Vec<Stri
     for k in &keys {
         let values: Vec<Option<String>> = runs
             .iter()
-            .map(|r| {
-                r.params.get(k).map(|v| match v {
-                    serde_json::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                })
-            })
+            .map(|r| r.params.get(k).map(param_text))
             .collect();
         columns.push(Column::new(k.as_str().into(), values));
     }
     Ok((DataFrame::new_infer_height(columns)?, keys))
+}
+
+/// A parameter's value as the table's text column holds it.
+pub fn param_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 fn stat(metric: Metric, s: Stat) -> Expr {
@@ -874,15 +877,22 @@ fn problems(runs: &[RunLog]) -> Vec<Problem> {
             if complete && r.issues.is_empty() && torn.is_none() {
                 return None;
             }
+            // The state's own reason is said with the state already
+            // (`PENDING (Priority)`).
+            let said = r.status.describe();
             let known: Vec<&str> = r
                 .reason
                 .iter()
+                .filter(|&why| {
+                    !(r.status.reason.as_ref() == Some(why) && said.contains(why.as_str()))
+                })
                 .chain(&r.issues)
                 .map(String::as_str)
                 .chain(torn)
                 .collect();
             let reason = match (known.is_empty(), r.points.is_empty()) {
                 (false, _) => known.join("; "),
+                (true, true) if r.status.state.is_active() => "no metrics yet".into(),
                 (true, true) => "no metrics".into(),
                 (true, false) => "not finished".into(),
             };
@@ -914,4 +924,34 @@ fn text_column(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
         .map_err(|_| anyhow::anyhow!("the summary has no column `{name}`"))?
         .cast(&DataType::String)?;
     Ok(c.str()?.iter().map(|v| v.map(str::to_string)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::Status;
+
+    #[test]
+    fn a_problem_says_the_states_reason_once_and_an_ended_run_is_not_yet_to_write() {
+        let pending = Status {
+            reason: Some("Priority".into()),
+            ..Status::new(State::Pending)
+        };
+        let waiting = RunLog {
+            reason: pending.reason.clone(),
+            ..RunLog::new("w", pending)
+        };
+        let ended = RunLog::new("e", Status::exited(3));
+        let said: Vec<String> = problems(&[waiting, ended])
+            .iter()
+            .map(Problem::describe)
+            .collect();
+        assert_eq!(
+            said,
+            [
+                "w: PENDING (Priority), no metrics yet",
+                "e: FAILED (exit 3), no metrics"
+            ]
+        );
+    }
 }

@@ -1020,8 +1020,9 @@ fn the_report_shows_the_forecast_beside_the_measured_scaling_efficiency() {
     for r in &rows {
         let name = r["run"].as_str().unwrap();
         let batch = name.split("-bs").nth(1).unwrap();
-        // The study's own `world_size` parameter, as text.
-        let world: f64 = r["world_size"].as_str().unwrap().parse().unwrap();
+        // The study's own `world_size` parameter, typed as its manifest
+        // gives it (a number, not its text in the table).
+        let world = r["world_size"].as_f64().unwrap();
         let measured = r["scaling_efficiency_pct"].as_f64().unwrap();
         assert!(
             (measured - 100.0 * (1000.0 - world) / 996.0).abs() < 1e-6,
