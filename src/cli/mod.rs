@@ -451,9 +451,10 @@ pub struct ReportCli {
     /// Read these log files instead (one run each), e.g. another program's logs.
     #[arg(long, value_name = "GLOB")]
     pub import: Option<String>,
-    #[arg(long, value_enum, default_value = "reference")]
-    pub log_format: crate::report::LogFormat,
-    /// With --log-format pattern: a regex with named groups (step, loss, tokens_per_second, mfu_pct, tflops, ...).
+    /// How the imported logs are written (default: `pattern` with --pattern, else `reference`).
+    #[arg(long, value_enum)]
+    pub log_format: Option<crate::report::LogFormat>,
+    /// A regex with named groups (step, loss, tokens_per_second, mfu_pct, tflops, ...) that matches the imported logs' lines (implies --log-format pattern).
     #[arg(long)]
     pub pattern: Option<String>,
     /// With --import: the study name (results/<name>, plots/<name>).
@@ -671,7 +672,11 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
     let source = match (&r.import, &r.target) {
         (Some(glob), _) => Source::Import {
             glob: glob.clone(),
-            format: r.log_format,
+            format: match (r.log_format, &r.pattern) {
+                (Some(f), _) => f,
+                (None, Some(_)) => crate::report::LogFormat::Pattern,
+                (None, None) => crate::report::LogFormat::Reference,
+            },
             pattern: r.pattern.clone(),
             name: r.name.clone(),
         },

@@ -316,6 +316,13 @@ fn load_import(
         (LogFormat::Pattern, None) => {
             bail!("--log-format pattern needs --pattern '<regex with named groups>'")
         }
+        (other, Some(_)) => bail!(
+            "--pattern reads lines with a regex, and --log-format {} reads its own: drop one",
+            match other {
+                LogFormat::Jsonl => "jsonl",
+                _ => "reference",
+            }
+        ),
         _ => None,
     };
     let mut paths: Vec<PathBuf> = glob::glob(glob)

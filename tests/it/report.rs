@@ -648,3 +648,54 @@ fn compare_refuses_a_study_compared_with_itself() {
         "{err}"
     );
 }
+
+/// Another program's logs with `--pattern` alone: the pattern says how to
+/// read them (it used to be dropped for the reference format, every run "no
+/// step lines"); with a format of another kind it is an error.
+#[test]
+fn a_pattern_reads_imported_logs_without_naming_its_format() {
+    let root = project();
+    let logs = root.path().join("logs");
+    let text: String = (1..=8)
+        .map(|s| {
+            format!(
+                "it {s} loss {:.2} speed {}\n",
+                9.0 - s as f64 * 0.5,
+                100 * s
+            )
+        })
+        .collect();
+    write(&logs.join("a.log"), &text);
+    let glob = format!("{}/*.log", logs.display());
+    let pattern = r"it (?P<step>\d+) loss (?P<loss>[\d.]+) speed (?P<tokens_per_second>\d+)";
+    let out = run_ok(
+        sweep(root.path())
+            .args(["report", "--import", &glob, "--pattern", pattern])
+            .args([
+                "--name",
+                "other",
+                "--skip-first",
+                "2",
+                "--json",
+                "--no-plots",
+            ]),
+    );
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    // Points 3..8: mean of 300..800.
+    assert_eq!(
+        rows[0]["tokens_per_second_mean"].as_f64(),
+        Some(550.0),
+        "{rows:?}"
+    );
+    let refused = sweep(root.path())
+        .args(["report", "--import", &glob, "--pattern", pattern])
+        .args(["--log-format", "jsonl", "--name", "other", "--no-plots"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("--log-format jsonl") && err.contains("--pattern"),
+        "{err}"
+    );
+}
