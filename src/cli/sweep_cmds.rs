@@ -390,13 +390,22 @@ fn print_event(e: Event<'_>, dry_run: bool) {
             } else {
                 job.units[0].clone()
             };
-            let after = if job.depends_on.is_empty() {
-                String::new()
-            } else {
-                format!(" after job {}", job.depends_on.join(","))
+            // A dry run's stage jobs have no id yet: their stages' names.
+            let after = match (dry_run, job.after_stages.is_empty()) {
+                (_, true) => String::new(),
+                (true, false) => format!(" after {}", job.after_stages.join(", ")),
+                (false, false) => format!(" after job {}", job.depends_on.join(",")),
             };
             if dry_run {
-                println!("would submit {what}{after}: {}", job.script.display());
+                let written = if job.array {
+                    " (written when submitted)"
+                } else {
+                    ""
+                };
+                println!(
+                    "would submit {what}{after}: {}{written}",
+                    job.script.display()
+                );
             } else {
                 println!("submitted job {}: {what}{after}", job.job_id);
             }

@@ -24,7 +24,11 @@ pub struct Submission {
     pub script: PathBuf,
     pub units: Vec<String>,
     pub array: bool,
+    /// The job ids it waits for (`afterok`).
     pub depends_on: Vec<String>,
+    /// The stages whose jobs those are, by name (what a dry run, without
+    /// ids, can say).
+    pub after_stages: Vec<String>,
 }
 
 /// The SLURM executor.
@@ -94,13 +98,21 @@ pub fn submit(
                 if !dry_run {
                     units[i].record_job(ExecutorKind::Slurm, id.clone())?;
                 }
-                stage_jobs.insert(i, id.clone());
+                // A dry run has no id: the stage's name keeps its runs apart
+                // from another stage's, as its id would.
+                let dep = if dry_run {
+                    units[i].name.clone()
+                } else {
+                    id.clone()
+                };
+                stage_jobs.insert(i, dep);
                 subs.push(Submission {
                     job_id: id,
                     script,
                     units: vec![units[i].name.clone()],
                     array: false,
                     depends_on: vec![],
+                    after_stages: vec![],
                 });
             }
             Decision::Skip(s) if s.is_active() => {
@@ -125,6 +137,10 @@ pub fn submit(
             .push(i);
     }
     for ((head, dep, throttle), members) in groups {
+        let after_stages: Vec<String> = match (&dep, units[members[0]].stage) {
+            (Some(_), Some(stage)) => vec![units[stage].name.clone()],
+            _ => vec![],
+        };
         let mut args = Vec::new();
         if let Some(d) = &dep {
             args.push(format!("--dependency=afterok:{d}"));
@@ -141,7 +157,8 @@ pub fn submit(
                 script,
                 units: vec![u.name.clone()],
                 array: false,
-                depends_on: dep.into_iter().collect(),
+                after_stages: after_stages.clone(),
+                depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
             });
             continue;
         }
@@ -163,7 +180,8 @@ pub fn submit(
             script,
             units: members.iter().map(|&i| units[i].name.clone()).collect(),
             array: true,
-            depends_on: dep.into_iter().collect(),
+            after_stages,
+            depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
         });
     }
     Ok(subs)
@@ -206,11 +224,10 @@ fn write_array_script(
         ")\nexport SWEEP_ARRAY=1\nexec bash \"${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}/job.sbatch\"\n",
     );
     let id = crate::util::hash::sha256_bytes(s.as_bytes());
-    let path = study_dir
-        .join("arrays")
-        .join(format!("array-{}.sbatch", &id[..12]));
+    let arrays = study_dir.join(crate::plan::files::ARRAYS_DIR);
+    let path = arrays.join(format!("array-{}.sbatch", &id[..12]));
     if !dry_run {
-        for d in [&logs, &study_dir.join("arrays")] {
+        for d in [&logs, &arrays] {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
         crate::util::fs::write_if_changed(&path, s.as_bytes())?;

@@ -17,8 +17,10 @@ pub const RENDERED: [&str; 4] = [CONFIG_TOML, JOB_SBATCH, RUN_JSON, STAGE_JSON];
 pub const STAGES_DIR: &str = "stages";
 /// SLURM's array logs and the array scripts (`results/<study>/logs`).
 pub const LOGS_DIR: &str = "logs";
+/// The job arrays' scripts `sweep submit` writes (`results/<study>/arrays`).
+pub const ARRAYS_DIR: &str = "arrays";
 /// Directories of runs the manifest changed, moved aside by
 /// `--replace-changed` (`results/<study>/replaced/<time>`).
 pub const REPLACED_DIR: &str = "replaced";
 /// The study's own directories beside its runs': no run may take their names.
-pub const STUDY_DIRS: [&str; 3] = [STAGES_DIR, LOGS_DIR, REPLACED_DIR];
+pub const STUDY_DIRS: [&str; 4] = [STAGES_DIR, LOGS_DIR, ARRAYS_DIR, REPLACED_DIR];

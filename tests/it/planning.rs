@@ -71,6 +71,42 @@ fn the_reference_study_plans_eight_runs_and_two_stages() {
     assert!(!root.path().join("results").exists());
 }
 
+/// `submit --dry-run` on SLURM says what would go out and in what order,
+/// without job ids it cannot know and without writing the array scripts it
+/// names.
+#[test]
+fn a_dry_run_names_each_job_and_what_it_waits_for() {
+    let root = project();
+    let m = repo().join("experiments/pretokenization.toml");
+    let out = run_ok(
+        sweep(root.path())
+            .args(["submit", "--dry-run"])
+            .arg(&m)
+            .env("SWEEP_BIN", GPU_BUILD),
+    );
+    let text = stdout(&out);
+    assert_eq!(
+        text.matches("would submit pretokenize-").count(),
+        2,
+        "{text}"
+    );
+    // The pretokenized runs wait for their own stage: padded and token-list
+    // runs in two arrays, as they will be with real job ids.
+    for stage in ["after pretokenize-padded-", "after pretokenize-token-list-"] {
+        assert_eq!(text.matches(stage).count(), 1, "{text}");
+    }
+    assert_eq!(
+        text.matches("(written when submitted)").count(),
+        3,
+        "{text}"
+    );
+    assert!(
+        !text.contains("after job :") && !text.contains("after job ,"),
+        "{text}"
+    );
+    assert!(!root.path().join("results/pretokenization/arrays").exists());
+}
+
 #[test]
 fn run_ids_ignore_key_order_and_cosmetic_fields() {
     let root = project();
