@@ -936,9 +936,13 @@ fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<String> {
         let Job::Train(cfg) = &r.job else { continue };
         let (logged, skip) = (cfg.logged_steps(), m.report.skip_first);
         if logged <= skip {
+            let lower = match cfg.logging_frequency > 1 {
+                true => "set `logging_frequency` lower, ",
+                false => "set ",
+            };
             say(format!(
                 "runs of {} steps logged every {} log {logged} steps, and the report skips the first {skip} as warm-up: \
-                 set `logging_frequency` lower, `training_steps` higher, or `[report] skip_first` below {logged}",
+                 {lower}`training_steps` higher, or `[report] skip_first` below {logged}",
                 cfg.training_steps, cfg.logging_frequency
             ));
         }

@@ -133,12 +133,19 @@ fn diff(mine: Value, base: &Value) -> Option<Value> {
 /// them (`learning_rate`, `architecture.n_layers`, `slurm.nodes`,
 /// `[local] threads`), with both values.
 pub fn differences(old: &Value, new: &Value) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    walk("", old, new, &mut out);
-    out.into_iter()
+    changed_fields(old, new)
+        .into_iter()
         .filter(|(k, _, _)| k != "version")
         .map(|(k, a, b)| (manifest_key(&k), a, b))
         .collect()
+}
+
+/// The dotted keys whose values differ between two objects (nested objects
+/// compared key by key), with both values (`(unset)` where one lacks it).
+pub fn changed_fields(old: &Value, new: &Value) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    walk("", old, new, &mut out);
+    out
 }
 
 fn walk(prefix: &str, old: &Value, new: &Value, out: &mut Vec<(String, String, String)>) {

@@ -284,14 +284,12 @@ impl Changed {
         let fields = match &old.identity {
             Some(identity) => super::identity::differences(identity, &run.identity),
             None => {
-                let old = std::fs::read_to_string(run.dir.join(CONFIG_TOML))
-                    .ok()
-                    .and_then(|t| t.parse::<toml::Table>().ok())
-                    .unwrap_or_default();
-                let new = config.parse::<toml::Table>().unwrap_or_default();
-                let mut fields = Vec::new();
-                diff_tables("", &old, &new, &mut fields);
-                fields
+                let table = |text: &str| {
+                    let t = text.parse::<toml::Table>().unwrap_or_default();
+                    serde_json::to_value(t).unwrap_or_default()
+                };
+                let old = std::fs::read_to_string(run.dir.join(CONFIG_TOML)).unwrap_or_default();
+                super::identity::changed_fields(&table(&old), &table(config))
             }
         };
         Changed {
@@ -347,33 +345,6 @@ impl Changed {
             plan.study_dir.join(super::files::REPLACED_DIR).display()
         ));
         d
-    }
-}
-
-/// The dotted keys whose values differ between two tables, with both values.
-fn diff_tables(
-    prefix: &str,
-    old: &toml::Table,
-    new: &toml::Table,
-    out: &mut Vec<(String, String, String)>,
-) {
-    let show = |v: Option<&toml::Value>| v.map_or("(unset)".to_string(), |v| v.to_string());
-    let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    for k in keys {
-        let key = if prefix.is_empty() {
-            k.clone()
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match (old.get(k), new.get(k)) {
-            (Some(toml::Value::Table(a)), Some(toml::Value::Table(b))) => {
-                diff_tables(&key, a, b, out)
-            }
-            (a, b) if a != b => out.push((key, show(a), show(b))),
-            _ => {}
-        }
     }
 }
 

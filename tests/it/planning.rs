@@ -342,6 +342,36 @@ fn a_study_run_before_identity_versions_is_recognised() {
         "{}",
         stdout(&report)
     );
+
+    // A run of that version the manifest now changes: its record holds no
+    // identity, so its config.toml says what changed, field by field.
+    let fresh = project();
+    std::os::unix::fs::symlink(repo().join("assets"), fresh.path().join("assets")).unwrap();
+    let changed = fresh.path().join("v1.toml");
+    let text = std::fs::read_to_string(fixture.join("v1.toml")).unwrap();
+    write(
+        &changed,
+        &text.replace("training_steps = 3", "training_steps = 4"),
+    );
+    let to = fresh.path().join("results/v1/batch_size-1");
+    std::fs::create_dir_all(&to).unwrap();
+    for f in std::fs::read_dir(fixture.join("results/v1/batch_size-1")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+    }
+    let out = sweep(fresh.path())
+        .arg("submit")
+        .arg(&changed)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("training_steps")
+            && err.contains('3')
+            && err.contains('4'),
+        "{err}"
+    );
 }
 
 #[test]
