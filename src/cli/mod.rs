@@ -706,6 +706,9 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
     for p in &rep.summary.problems {
         println!("note: {}", p.describe());
     }
+    for h in &rep.summary.hints {
+        println!("hint: {h}");
+    }
     println!(
         "wrote {}",
         rep.files

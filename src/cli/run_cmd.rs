@@ -202,6 +202,9 @@ fn print_report(root: &Path, manifest: &Path) -> Result<()> {
     for p in &rep.summary.problems {
         println!("note: {}", p.describe());
     }
+    for h in &rep.summary.hints {
+        println!("hint: {h}");
+    }
     let files: Vec<String> = rep
         .files
         .iter()

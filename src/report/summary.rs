@@ -49,6 +49,9 @@ pub struct Summary {
     /// Runs without usable points, that did not complete, or with something
     /// left out of their logs, with the reason.
     pub problems: Vec<Problem>,
+    /// What would make the figures more useful (e.g. more repeats), for the
+    /// lines after the table.
+    pub hints: Vec<String>,
 }
 
 /// One row of the table: a run, a configuration's repeats, or a group.
@@ -233,10 +236,13 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         .iter()
         .find(|p| p.ends_with("batch_size") && !p.contains("global"))
         .cloned();
+    let hints = repeats_hint(&rows).into_iter().collect();
     Ok(Summary {
+        hints,
         table,
         rows,
         problems: [problems(&runs), short_runs(&runs, opts.skip_first)].concat(),
+
         runs,
         params,
         axes,
@@ -306,6 +312,16 @@ fn short_runs(runs: &[RunLog], skip_first: usize) -> Vec<Problem> {
             ),
         })
         .collect()
+}
+
+/// Two repeats give an interval from one degree of freedom, Student's t of
+/// 12.7 at 95%: say what three or more give.
+fn repeats_hint(rows: &[Row]) -> Option<String> {
+    rows.iter().any(|r| r.members.len() == 2).then(|| {
+        "rows of 2 repeats have wide 95% intervals (Student's t with 1 degree of freedom: \
+         ±12.7 standard errors); 3 repeats make it ±4.3, 5 ±2.8 (`[sweep] repeats`)"
+            .to_string()
+    })
 }
 
 /// Where a run's steady state starts: after its skip ([`skip_of`]) and the

@@ -58,7 +58,7 @@ fn a_short_study_warns_at_plan_time_and_reports_what_it_has() {
         root.path(),
         "short",
         "training_steps = 8\nlogging_frequency = 2\nsequence_length = 32",
-        "[sweep.grid]\nseed = [1, 2]",
+        "[sweep]\nrepeats = 2",
     );
     let plan = run_ok(sweep(root.path()).arg("plan").arg(&m));
     let err = String::from_utf8_lossy(&plan.stderr);
@@ -82,8 +82,14 @@ fn a_short_study_warns_at_plan_time_and_reports_what_it_has() {
             .arg(root.path().join("results/short"))
             .arg("--json"),
     );
+    // Two repeats: one row, and a hint that three give useful intervals.
+    assert!(
+        said.contains("hint: rows of 2 repeats have wide 95% intervals")
+            && said.contains("3 repeats make it ±4.3"),
+        "{said}"
+    );
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&report.stdout).unwrap();
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 1);
     for r in &rows {
         assert!(
             r["tokens_per_second_mean"]
