@@ -12,7 +12,7 @@ use crate::data::SampleStream;
 use crate::train::{device::PeakMemory, optim, Trainer};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// What one benchmark configuration is: every rank trains this.
@@ -24,6 +24,8 @@ pub struct Work {
     pub steps: usize,
     pub threads: usize,
     pub device: DeviceKind,
+    /// The project root: the bundled data and tokenizer are under it.
+    pub root: PathBuf,
 }
 
 /// Rank 0's figures at one world size.
@@ -56,7 +58,7 @@ impl DdpRow {
 /// The run every rank trains: f32 on the CPU; on a GPU, bf16 with flash
 /// attention when built in, as the reference study trains.
 fn config(w: &Work) -> TrainConfig {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = &w.root;
     let (precision, attention) = match w.device {
         DeviceKind::Cpu => (Precision::F32, AttentionKind::Eager),
         DeviceKind::Cuda if Features::BUILT.flash_attn => (Precision::Bf16, AttentionKind::Flash),

@@ -7,7 +7,7 @@
 
 use crate::config::{
     AttentionKind, BatchSize, DeviceKind, ModelConfig, ModelOverrides, Precision, Recompute,
-    TrainConfig, DEFAULT_TOKENIZER,
+    TrainConfig,
 };
 use crate::data::samples::IGNORE;
 use crate::data::{Batch, LoaderState, SpecialTokens, TextTokenizer};
@@ -220,7 +220,8 @@ pub struct Failed {
 
 /// Times `steps` train steps of every case after two warm-up steps. `gpu`
 /// names the accelerator for the peak-FLOPs table when the driver's name
-/// does not match it. A case that fails is reported and the next one runs:
+/// does not match it; `tokenizer` is the one the trainer holds (the ids
+/// are synthetic). A case that fails is reported and the next one runs:
 /// one too large for the device should not hide the others.
 pub fn run(
     cases: Vec<Case>,
@@ -228,11 +229,16 @@ pub fn run(
     threads: usize,
     gpu: Option<&str>,
     recompute: Recompute,
+    tokenizer: &Path,
 ) -> Vec<std::result::Result<TrainRow, Box<Failed>>> {
+    let tok = TextTokenizer::load(tokenizer, &SpecialTokens::default()).map(Arc::new);
     cases
         .into_iter()
         .map(|case| {
-            let outcome = time_case(&case, steps, threads, gpu, recompute);
+            let outcome = match &tok {
+                Ok(tok) => time_case(&case, steps, threads, (gpu, recompute), tok),
+                Err(e) => Err(anyhow::anyhow!("{e:#}")),
+            };
             // As each case ends: the table comes only after the last one.
             match &outcome {
                 Ok(r) => eprintln!(
@@ -250,8 +256,8 @@ fn time_case(
     case: &Case,
     steps: usize,
     threads: usize,
-    gpu: Option<&str>,
-    recompute: Recompute,
+    (gpu, recompute): (Option<&str>, Recompute),
+    tok: &Arc<TextTokenizer>,
 ) -> Result<TrainRow> {
     let case = case.clone();
     let cfg = TrainConfig {
@@ -270,10 +276,8 @@ fn time_case(
     // The case's vocabulary, whatever the tokenizer's: the ids are synthetic.
     let model = ModelConfig::resolve(&case.preset, &case.overrides)?;
     let vocab = model.vocab_size;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let tok = TextTokenizer::load(&root.join(DEFAULT_TOKENIZER), &SpecialTokens::default())?;
     let rt = crate::config::RuntimeOptions::current();
-    let mut t = Trainer::with_model(cfg, model, Arc::new(tok), threads, rt)?;
+    let mut t = Trainer::with_model(cfg, model, Arc::clone(tok), threads, rt)?;
     t.sync_forward = true;
     let device_name = crate::train::device::name(&t.device)?;
     let peak = peak(&case, &device_name, threads, gpu)?;

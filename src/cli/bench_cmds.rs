@@ -20,7 +20,7 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
             recompute,
             json,
         } => train(
-            (threads, rt),
+            (threads, rt, root),
             steps,
             only,
             device,
@@ -83,6 +83,7 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
                 steps,
                 threads,
                 device,
+                root: repository(root, crate::config::DEFAULT_TOKENIZER),
             };
             ddp(&work, &ranks, engine_at_one, repeats as usize)?
         }
@@ -96,7 +97,7 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
 /// `sweep bench train`; `(layers, gpu)`: the 8B-shaped GPU model's layers
 /// and the accelerator's name for the peak-FLOPs table.
 fn train(
-    (threads, rt): (usize, &RuntimeOptions),
+    (threads, rt, root): (usize, &RuntimeOptions, &Path),
     steps: usize,
     only: Option<String>,
     device: DeviceKind,
@@ -123,7 +124,14 @@ fn train(
         })
         .collect();
     let (mut rows, mut failed) = (Vec::new(), Vec::new());
-    for outcome in crate::bench::train::run(cases, steps, threads, gpu.as_deref(), recompute) {
+    for outcome in crate::bench::train::run(
+        cases,
+        steps,
+        threads,
+        gpu.as_deref(),
+        recompute,
+        &repository(root, crate::config::DEFAULT_TOKENIZER).join(crate::config::DEFAULT_TOKENIZER),
+    ) {
         match outcome {
             Ok(row) => rows.push(row),
             Err(f) => failed.push(f),
@@ -545,15 +553,22 @@ fn write_json(path: &Path, bytes: &[u8]) -> Result<()> {
     crate::util::fs::write_output(path, bytes, &[])
 }
 
-/// The repository's `scripts/`: under the project root, else beside the
-/// build this binary is (`target/release/sweep` → `scripts/`).
+/// The repository's `scripts/`.
 fn scripts_dir(root: &Path) -> std::path::PathBuf {
+    repository(root, "scripts/python-loaders.py").join("scripts")
+}
+
+/// Where the repository's own files are (its scripts, the bundled tokenizer
+/// and data): the project root when it holds `probe`, else the checkout this
+/// binary was built in (`target/release/sweep` → the checkout), else the
+/// project root (whose missing file the caller's error then names).
+fn repository(root: &Path, probe: &str) -> std::path::PathBuf {
     let beside_build = std::env::current_exe()
         .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.join("scripts")));
-    [Some(root.join("scripts")), beside_build]
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()));
+    [Some(root.to_path_buf()), beside_build]
         .into_iter()
         .flatten()
-        .find(|d| d.join("python-loaders.py").is_file())
-        .unwrap_or_else(|| root.join("scripts"))
+        .find(|d| d.join(probe).is_file())
+        .unwrap_or_else(|| root.to_path_buf())
 }
