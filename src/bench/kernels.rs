@@ -6,14 +6,13 @@
 //! On the CPU the reference is the composed twin in f32. On a GPU it is the
 //! CPU kernel run on the same inputs (rounded to the GPU's dtype first), so a
 //! wrong CUDA kernel shows as an error here before it shows in a loss curve;
-//! a case outside its tolerance makes the command fail.
+//! a case outside its tolerance makes the command fail. Each op declares
+//! its cases in its own file ([`crate::train::ops::check`]); this module
+//! runs, times and tabulates them.
 
 use crate::config::{DeviceKind, ModelConfig, ModelOverrides};
-use crate::data::samples::IGNORE;
-use crate::train::ops::{
-    accumulate, composed_here, cross_entropy, rms_norm, rope, silu_mul, softmax,
-};
-use crate::train::{attention, optim};
+use crate::train::ops::check::{self, Case, Shapes};
+use crate::train::ops::composed_here;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -95,274 +94,6 @@ fn dtype_name(dtype: DType) -> &'static str {
         DType::F64 => "f64",
         _ => "f32",
     }
-}
-
-/// Deterministic values in [-scale, scale), f32, on the CPU.
-fn random(shape: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
-    let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect();
-    Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
-}
-
-/// Runs an op on its inputs.
-type Run = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>>;
-
-/// An op under test: inputs prepared once, run by the kernel or the
-/// composed twin, its outputs flattened to f32 on the CPU for comparing.
-struct Case {
-    op: &'static str,
-    shape: String,
-    /// Elements the op must move at least (times the dtype's size: bytes).
-    elements_moved: usize,
-    /// Floating-point operations of its matrix products (0: none).
-    flops: f64,
-    /// Whether its bf16 path chains rounded products ([`tolerance`]).
-    chained: bool,
-    /// The inputs on the CPU in f32 (already rounded to the dtype).
-    inputs: Vec<Tensor>,
-    run: Run,
-}
-
-fn cases(cfg: &ModelConfig, tokens: usize, seq: usize, device: &Device) -> Result<Vec<Case>> {
-    let (d, f, v) = (cfg.dim, cfg.ffn_hidden(), cfg.vocab_size);
-    let (h, kv, q) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim());
-    let seq = seq.min(tokens).max(1);
-    let batch = tokens.div_ceil(seq);
-    let n = batch * seq;
-    let eps = cfg.norm_eps;
-    // The head works on slices of rows (blockwise.rs): one slice's worth.
-    let head_rows = ((1usize << 26) / v).clamp(1, n);
-    let labels: Vec<i64> = (0..head_rows)
-        .map(|i| {
-            if i % 7 == 3 {
-                IGNORE
-            } else {
-                ((i * 7919) % v) as i64
-            }
-        })
-        .collect();
-    let ids: Vec<u32> = (0..n).map(|i| ((i * 104_729) % v) as u32).collect();
-    let distinct = {
-        let mut s = ids.clone();
-        s.sort_unstable();
-        s.dedup();
-        s.len()
-    };
-    // The tables on the CPU (the reference) and on the device measured.
-    let tables = |on: &Device| rope::RopeTables::new(cfg.rope_theta, q, seq, on, DType::F32);
-    let (cpu_tables, device_tables) = (tables(&Device::Cpu)?, tables(device)?);
-    let rope_tables = move |x: &Tensor| -> rope::RopeTables {
-        if x.device().is_cpu() {
-            cpu_tables.clone()
-        } else {
-            device_tables.clone()
-        }
-    };
-    let rope_back = rope_tables.clone();
-    // Attention's softmax on the last tile of queries of the backward (the
-    // one that sees every key).
-    let tile = attention::tile_rows(batch, h, seq, DType::BF16).min(seq);
-    let last_tile = seq - tile;
-    let scores = batch * h * tile * seq;
-    let scale = 1.0 / (q as f64).sqrt();
-    let labels_loss = labels.clone();
-    let ids_rows = ids.clone();
-    Ok(vec![
-        Case {
-            op: "rms_norm forward",
-            shape: format!("[{n}, {d}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 2 * n * d + d,
-            inputs: vec![random(&[n, d], 1, 2.0)?, (random(&[d], 2, 0.5)? + 1.0)?],
-            run: Box::new(move |t| Ok(vec![rms_norm::rms_norm(&t[0], &t[1], eps)?])),
-        },
-        Case {
-            op: "rms_norm backward",
-            shape: format!("[{n}, {d}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 3 * n * d + 2 * d,
-            inputs: vec![
-                random(&[n, d], 3, 2.0)?,
-                (random(&[d], 4, 0.5)? + 1.0)?,
-                random(&[n, d], 5, 1.0)?,
-            ],
-            run: Box::new(move |t| {
-                let (dx, dw) = rms_norm::backward(&t[0], &t[1], eps, &t[2])?;
-                Ok(vec![dx, dw])
-            }),
-        },
-        Case {
-            op: "swiglu forward",
-            shape: format!("[{n}, {f}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 3 * n * f,
-            inputs: vec![random(&[n, f], 6, 4.0)?, random(&[n, f], 7, 1.0)?],
-            run: Box::new(|t| Ok(vec![silu_mul::silu_mul(&t[0], &t[1])?])),
-        },
-        Case {
-            op: "swiglu backward",
-            shape: format!("[{n}, {f}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 5 * n * f,
-            inputs: vec![
-                random(&[n, f], 8, 4.0)?,
-                random(&[n, f], 9, 1.0)?,
-                random(&[n, f], 10, 1.0)?,
-            ],
-            run: Box::new(|t| {
-                let (da, db) = silu_mul::backward(&t[0], &t[1], &t[2])?;
-                Ok(vec![da, db])
-            }),
-        },
-        Case {
-            op: "rope forward",
-            shape: format!("[{batch}, {seq}, {h}, {q}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 2 * n * h * q,
-            inputs: vec![random(&[batch, seq, h, q], 11, 1.0)?],
-            run: Box::new(move |t| {
-                let r = rope_tables(&t[0]);
-                Ok(vec![rope::heads_first(&t[0], Some(&r))?])
-            }),
-        },
-        Case {
-            op: "rope backward",
-            shape: format!("[{batch}, {h}, {seq}, {q}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 2 * n * h * q,
-            inputs: vec![random(&[batch, h, seq, q], 12, 1.0)?],
-            run: Box::new(move |t| {
-                let r = rope_back(&t[0]);
-                Ok(vec![rope::backward(&t[0], Some(&r))?])
-            }),
-        },
-        Case {
-            op: "loss and d logits",
-            shape: format!("[{head_rows}, {v}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 2 * head_rows * v,
-            inputs: vec![random(&[head_rows, v], 13, 8.0)?],
-            run: Box::new(move |t| {
-                // The op consumes its logits: a copy, made before the clock
-                // starts (`prepare`).
-                let (loss, d) = cross_entropy::loss_and_grad(t[0].clone(), &labels_loss, 1e3)?;
-                Ok(vec![loss.reshape(1)?, d])
-            }),
-        },
-        Case {
-            op: "embedding backward",
-            shape: format!("[{n}, {d}] into [{v}, {d}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: n * d + 2 * distinct * d,
-            inputs: vec![random(&[v, d], 14, 0.1)?, random(&[n, d], 15, 1.0)?],
-            run: Box::new(move |t| {
-                let ids = Tensor::new(ids_rows.as_slice(), t[1].device())?;
-                let mut buf = t[0].clone();
-                accumulate::add_rows(&mut buf, &ids, &t[1])?;
-                Ok(vec![buf])
-            }),
-        },
-        Case {
-            op: "softmax forward",
-            shape: format!("[{batch}, {h}, {tile}, {seq}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 2 * scores,
-            inputs: vec![random(&[batch, h, tile, seq], 16, 8.0)?],
-            run: Box::new(move |t| {
-                Ok(vec![softmax::softmax(&t[0], scale, tile, last_tile, true)?])
-            }),
-        },
-        Case {
-            op: "softmax backward",
-            shape: format!("[{batch}, {h}, {tile}, {seq}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: 3 * scores,
-            // Probabilities (rows of a causal softmax) and their gradient.
-            inputs: vec![
-                softmax::softmax(
-                    &random(&[batch, h, tile, seq], 17, 8.0)?,
-                    scale,
-                    tile,
-                    last_tile,
-                    true,
-                )?,
-                random(&[batch, h, tile, seq], 18, 1.0)?,
-            ],
-            run: Box::new(move |t| Ok(vec![softmax::backward(&t[0], &t[1], scale)?])),
-        },
-        Case {
-            op: "attention backward",
-            shape: format!("[{batch}, {h}/{kv}, {seq}, {q}]"),
-            // Five products over the causal half of the scores.
-            flops: 5.0 * 2.0 * (batch * h * q) as f64 * (seq * (seq + 1) / 2) as f64,
-            chained: true,
-            elements_moved: (3 * h + 4 * kv) * n * q,
-            inputs: vec![
-                random(&[batch, h, seq, q], 19, 1.0)?,
-                random(&[batch, kv, seq, q], 20, 1.0)?,
-                random(&[batch, kv, seq, q], 21, 1.0)?,
-                random(&[batch, h, seq, q], 22, 1.0)?,
-            ],
-            run: Box::new(move |t| {
-                let (dq, dk, dv) =
-                    attention::tiled_backward(&t[0], &t[1], &t[2], &t[3], true, None)?;
-                Ok(vec![dq, dk, dv])
-            }),
-        },
-        Case {
-            op: "weight gradient",
-            shape: format!("[{d}, {f}] over {n} rows"),
-            // A linear layer's dW += dyᵀ·x with beta = 1 (w2's shapes).
-            flops: 2.0 * (n * d * f) as f64,
-            chained: false,
-            elements_moved: 2 * d * f + n * (d + f),
-            inputs: vec![
-                random(&[d, f], 26, 0.1)?,
-                random(&[n, d], 27, 1.0)?,
-                random(&[n, f], 28, 1.0)?,
-            ],
-            run: Box::new(|t| {
-                let mut buf = t[0].clone();
-                accumulate::add_product(&mut buf, &t[1], &t[2], false)?;
-                Ok(vec![buf])
-            }),
-        },
-        Case {
-            op: "grad norm and clip",
-            shape: format!("[{v}, {d}] + [{f}, {d}] + [{d}]"),
-            flops: 0.0,
-            chained: false,
-            elements_moved: v * d + f * d + d,
-            // Gradients of an embedding, a projection and a norm weight.
-            inputs: vec![
-                random(&[v, d], 23, 0.01)?,
-                random(&[f, d], 24, 0.1)?,
-                random(&[d], 25, 1.0)?,
-            ],
-            run: Box::new(|t| {
-                let clipping = optim::clipping(&t.iter().collect::<Vec<_>>(), 1.0)?;
-                Ok(vec![clipping.as_tensor(t[0].device())?])
-            }),
-        },
-    ])
 }
 
 /// The inputs of a case on the device in the dtype; ops that write into
@@ -474,8 +205,15 @@ pub fn run(work: &Work) -> Result<KernelReport> {
             (d, name, vec![DType::BF16, DType::F32])
         }
     };
+    let seq = work.seq_len.min(work.tokens).max(1);
+    let shapes = Shapes {
+        cfg: &cfg,
+        batch: work.tokens.div_ceil(seq),
+        seq,
+        device: &device,
+    };
     let mut rows = Vec::new();
-    for case in cases(&cfg, work.tokens, work.seq_len, &device)? {
+    for case in check::all(&shapes)? {
         for &dtype in &dtypes {
             // The reference: on the CPU the composed twin, elsewhere the CPU
             // kernel, on the same (rounded) inputs in f32.

@@ -15,13 +15,13 @@
 //! the input alone and the block runs forward again in the backward pass.
 //!
 //! Each op's explicit backward lives beside its forward in [`super::ops`] or
-//! [`super::attention`]: the fused CPU kernels where they apply, composed
+//! [`super::ops::attention`]: the fused CPU kernels where they apply, composed
 //! candle ops (in f32, f64 for f64) elsewhere.
 
-use super::attention;
-use super::model::{linear, Attention, Block, Llama, Mlp};
-use super::ops::{cross_entropy, embedding, matmul::matmul, rms_norm, rope, silu_mul};
-use super::optim::Grads;
+use super::grads::Grads;
+use super::model::{Attention, Block, Llama, Mlp};
+use super::ops::linear::{linear, matmul};
+use super::ops::{attention, cross_entropy, embedding, rms_norm, rope, silu_mul};
 use crate::config::{AttentionKind, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
@@ -29,6 +29,11 @@ use candle_core::{DType, Tensor};
 /// Elements of logits computed at once by the head (256 MB in f32): the
 /// full [tokens, vocabulary] logits never exist.
 const HEAD_ELEMENTS: usize = 1 << 26;
+
+/// Rows of logits the head computes at once for a vocabulary (at most `tokens`).
+pub fn head_rows(tokens: usize, vocab: usize) -> usize {
+    (HEAD_ELEMENTS / vocab.max(1)).clamp(1, tokens.max(1))
+}
 
 /// What attention's backward needs: q, k and v after the rotary embedding,
 /// in the layout its forward took.
@@ -115,6 +120,37 @@ pub enum Finished {
     Block(usize),
     /// The token embeddings: the last.
     Embeddings,
+}
+
+impl Block {
+    /// The block's weights.
+    fn weights(&self) -> [&Tensor; 9] {
+        let (a, m) = (&self.attention, &self.mlp);
+        [
+            &self.attention_norm,
+            &a.wq,
+            &a.wk,
+            &a.wv,
+            &a.wo,
+            &self.ffn_norm,
+            &m.w1,
+            &m.w2,
+            &m.w3,
+        ]
+    }
+}
+
+impl Llama {
+    /// Every weight by the stage of the backward pass that finishes its
+    /// gradient, in that order (what gradient buckets are planned from).
+    pub fn stages(&self) -> Vec<(Finished, Vec<&Tensor>)> {
+        let mut stages = vec![(Finished::Head, vec![&self.output, &self.norm])];
+        for (i, block) in self.blocks.iter().enumerate().rev() {
+            stages.push((Finished::Block(i), block.weights().to_vec()));
+        }
+        stages.push((Finished::Embeddings, vec![&self.embeddings]));
+        stages
+    }
 }
 
 /// One forward and backward pass: the loss, how the caches' memory went,
@@ -439,7 +475,7 @@ impl Llama {
         let (n, _) = x.dims2()?;
         let h = rms_norm::rms_norm(&x, &self.norm, self.eps)?;
         drop(x);
-        let rows = (HEAD_ELEMENTS / self.output.dim(0)?).max(1);
+        let rows = head_rows(n, self.output.dim(0)?);
         let mut loss = 0.0;
         for start in (0..n).step_by(rows) {
             let len = rows.min(n - start);
@@ -465,7 +501,7 @@ impl Llama {
         let (n, _) = x.dims2()?;
         let vocab = self.output.dim(0)?;
         let h = rms_norm::rms_norm(x, &self.norm, self.eps)?;
-        let rows = (HEAD_ELEMENTS / vocab).max(1);
+        let rows = head_rows(n, vocab);
         let (mut loss, mut dh_parts) = (None, Vec::new());
         for start in (0..n).step_by(rows) {
             let len = rows.min(n - start);

@@ -5,16 +5,11 @@
 //! passes over it are [`super::blockwise`]'s (the trainer's) and, in the
 //! tests alone, [`super::oracle`]'s autograd.
 
-use super::ops::{matmul::matmul, rope};
+use super::ops::rope;
 use super::params::{Declare, Init, Params, Source};
 use crate::config::{AttentionKind, ModelConfig, Precision, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-
-/// x [N, in] · wᵀ, w [out, in]; bf16 operands when `bf16`.
-pub(super) fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> candle_core::Result<Tensor> {
-    matmul(x, &w.t()?, bf16)
-}
 
 #[derive(Clone)]
 pub(super) struct Attention {

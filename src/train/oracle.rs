@@ -5,11 +5,10 @@
 //! where the two must agree to rounding. With `recompute = "blocks"` each
 //! block is a custom op whose backward runs the block again.
 
-use super::attention;
-use super::model::{linear, Attention, Block, Llama, Mlp, ModelSpec};
+use super::model::{Attention, Block, Llama, Mlp, ModelSpec};
 use super::ops::{
-    attach::attach, cross_entropy::cross_entropy, embedding::embedding, rms_norm::rms_norm, rope,
-    silu_mul::silu_mul,
+    attach::attach, attention, cross_entropy::cross_entropy, embedding::embedding, linear::linear,
+    rms_norm::rms_norm, rope, silu_mul::silu_mul,
 };
 use super::params::{Init, Params, Source};
 use crate::config::{AttentionKind, Recompute};

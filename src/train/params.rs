@@ -21,7 +21,7 @@ pub struct Params {
     vars: BTreeMap<String, Var>,
     /// Each variable's value detached (the same storage, no graph): what the
     /// model computes with, one tensor per parameter for good, so that its
-    /// id names the parameter ([`super::optim::Grads`]).
+    /// id names the parameter ([`super::grads::Grads`]).
     weights: BTreeMap<String, Tensor>,
 }
 

@@ -4,7 +4,7 @@
 //! Measured once and cached per CPU model, kernel and thread count;
 //! `sweep bench peak` refreshes it.
 
-use super::ops::bf16_gemm::{self, Bf16Kernel, View};
+use super::ops::linear::bf16_gemm::{self, Bf16Kernel, View};
 use anyhow::Result;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};

@@ -6,8 +6,9 @@
 
 use super::blockwise::Probe;
 use super::dist::{self, Collective, GradientLayout, GradientSum, Ranks};
+use super::grads::Grads;
 use super::model::{Llama, ModelSpec};
-use super::optim::{AdamW, Grads};
+use super::optim::AdamW;
 use super::params::Params;
 use super::{device, ops};
 use crate::config::{BatchSize, DeviceKind, RuntimeOptions, TrainConfig};
@@ -132,7 +133,7 @@ impl Trainer {
             holdout: cfg.validation_documents,
         };
         let grads = Grads::buffers_for(&params)?;
-        let layout = GradientLayout::new(&grads, model_spec.cfg.n_layers);
+        let layout = GradientLayout::new(&grads, &model.stages())?;
         Ok(Trainer {
             cfg,
             model_spec,
@@ -312,7 +313,7 @@ fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
 /// it is the slower portable one.
 fn announce_bf16_kernel(rt: &RuntimeOptions) {
     use crate::config::runtime::CpuKernels;
-    use ops::bf16_gemm::{self, Bf16Kernel};
+    use ops::linear::bf16_gemm::{self, Bf16Kernel};
     if bf16_gemm::selected() == Bf16Kernel::Portable {
         let why = match rt.cpu_kernels {
             CpuKernels::Portable => "SWEEP_CPU_KERNELS=portable",

@@ -5,8 +5,8 @@
 
 use super::{Background, Collective, BUCKET_BYTES};
 use crate::train::blockwise::Finished;
-use crate::train::optim::Grads;
-use anyhow::{Context, Result};
+use crate::train::grads::Grads;
+use anyhow::{bail, Context, Result};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
 /// How a step's gradients travel: consecutive tensors, in the order the
@@ -162,9 +162,6 @@ fn size_of_tensor(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }
 
-/// The gradient summed by rows: the token embedding's.
-const ROWS: &str = "tok_embeddings.weight";
-
 /// The gradients in the order the backward pass finishes them — the head,
 /// the blocks from the last, the embeddings — and their buckets: planned
 /// once per run, the same on every rank.
@@ -186,39 +183,39 @@ pub struct GradientLayout {
 }
 
 impl GradientLayout {
-    pub fn new(grads: &Grads, n_layers: usize) -> GradientLayout {
-        let stage = |name: &str| -> Finished {
-            if name == "output.weight" || name == "norm.weight" {
-                return Finished::Head;
+    /// The layout of `grads` over the model's stages (`Llama::stages`):
+    /// each stage's gradients in the order the model lists them.
+    pub fn new(grads: &Grads, stages: &[(Finished, Vec<&Tensor>)]) -> Result<GradientLayout> {
+        let (mut names, mut finished, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
+        for (stage, (f, weights)) in stages.iter().enumerate() {
+            for w in weights {
+                let name = grads
+                    .name_of(w)
+                    .context("a weight of the model without a gradient buffer")?;
+                let g = grads.get(name).context("a gradient buffer per name")?;
+                names.push(name.to_string());
+                finished.push(*f);
+                sizes.push((stage, size_of_tensor(g)));
             }
-            name.strip_prefix("layers.")
-                .and_then(|rest| rest.split('.').next())
-                .and_then(|i| i.parse().ok())
-                .map_or(Finished::Embeddings, Finished::Block)
-        };
-        let rank = |f: Finished| match f {
-            Finished::Head => 0,
-            Finished::Block(i) => 1 + n_layers.saturating_sub(i + 1),
-            Finished::Embeddings => n_layers + 1,
-        };
-        let mut names: Vec<(usize, String, usize)> = grads
-            .iter()
-            .map(|(n, t)| (rank(stage(n)), n.clone(), size_of_tensor(t)))
-            .collect();
-        names.sort();
-        // Sorting puts the embedding last (the only tensor of its stage).
-        let by_rows = names.last().is_some_and(|n| n.1 == ROWS)
-            && grads.get(ROWS).is_some_and(|t| t.rank() == 2);
-        let sizes: Vec<(usize, usize)> = names.iter().map(|n| (n.0, n.2)).collect();
+        }
+        if names.len() != grads.iter().count() {
+            bail!(
+                "{} gradients, of which the model's stages name {}",
+                grads.iter().count(),
+                names.len()
+            );
+        }
+        // The embedding's table is the whole last stage.
+        let by_rows = matches!(stages.last(), Some((Finished::Embeddings, w)) if w.len() == 1 && w[0].rank() == 2);
         let bucketed = &sizes[..sizes.len() - by_rows as usize];
         let buckets = Buckets::plan(bucketed, BUCKET_BYTES);
-        GradientLayout {
-            finished: names.iter().map(|n| stage(&n.1)).collect(),
-            names: names.into_iter().map(|n| n.1).collect(),
+        Ok(GradientLayout {
+            finished,
+            names,
             pairs: buckets.groups.iter().map(|_| None).collect(),
             buckets,
             by_rows,
-        }
+        })
     }
 
     /// Bucket `i`'s send and receive buffers, its gradients in the first.
@@ -384,7 +381,7 @@ pub fn sum_rows(comm: &dyn Collective, table: &mut Tensor, used: &[bool]) -> Res
 mod tests {
     use super::*;
     use crate::config::{AttentionKind, ModelOverrides, Recompute};
-    use crate::train::model::ModelSpec;
+    use crate::train::model::{Llama, ModelSpec};
 
     #[test]
     fn buckets_are_consecutive_and_a_large_tensor_travels_alone() {
@@ -403,8 +400,8 @@ mod tests {
         assert_eq!(Buckets::plan(&staged, 4 * m).groups, [0..1, 1..5, 5..6]);
     }
 
-    /// A two-layer model's zero gradient buffers.
-    fn tiny_grads() -> Grads {
+    /// A two-layer model and its zero gradient buffers.
+    fn tiny_model() -> (Llama, Grads) {
         let o = ModelOverrides {
             dim: Some(16),
             n_layers: Some(2),
@@ -423,13 +420,15 @@ mod tests {
             bf16_matmuls: false,
             recompute: Recompute::None,
         };
-        Grads::buffers_for(&spec.init_params(1).unwrap()).unwrap()
+        let params = spec.init_params(1).unwrap();
+        let model = Llama::new(&params, &spec).unwrap();
+        (model, Grads::buffers_for(&params).unwrap())
     }
 
     #[test]
     fn gradients_go_in_the_order_the_backward_pass_finishes_them() {
-        let grads = tiny_grads();
-        let layout = GradientLayout::new(&grads, 2);
+        let (model, grads) = tiny_model();
+        let layout = GradientLayout::new(&grads, &model.stages()).unwrap();
         let first = |prefix: &str| {
             layout
                 .names
@@ -441,6 +440,14 @@ mod tests {
         assert!(first("layers.1.") < first("layers.0."));
         assert_eq!(layout.names.last().unwrap(), "tok_embeddings.weight");
         assert_eq!(layout.names.len(), grads.iter().count());
+        assert_eq!(layout.finished.first(), Some(&Finished::Head));
+        assert_eq!(layout.finished[first("layers.0.")], Finished::Block(0));
+        // A model that does not name every gradient is refused.
+        let stages = model.stages();
+        let err = GradientLayout::new(&grads, &stages[..stages.len() - 1])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("name"), "{err}");
     }
 
     /// Step after step the sums land in the gradients (the stand-in engine
@@ -449,8 +456,8 @@ mod tests {
     /// the rows of the step's tokens travel.
     #[test]
     fn sums_land_in_the_gradients_and_the_embedding_travels_by_rows() -> Result<()> {
-        let mut grads = tiny_grads();
-        let mut layout = GradientLayout::new(&grads, 2);
+        let (model, mut grads) = tiny_model();
+        let mut layout = GradientLayout::new(&grads, &model.stages())?;
         assert!(layout.by_rows);
         let comm = crate::train::dist::tests::Doubled(Default::default());
         let used = [3u32, 7, 3];

@@ -12,11 +12,12 @@
 
 #[cfg(test)]
 use super::attach::attach;
+use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda::{self, by_dtype, Element};
 use super::{f32s, fused, own_kernel, work_dtype};
 use crate::data::samples::IGNORE;
-#[cfg(test)]
+#[cfg(any(test, feature = "cuda"))]
 use candle_core::DType;
 #[cfg(test)]
 use candle_core::D;
@@ -383,6 +384,33 @@ impl CustomOp1 for LossAndGradCpu {
         last[0] = (total / self.divisor as f64) as f32;
         Ok((CpuStorage::F32(out), Shape::from((n + 1, v))))
     }
+}
+
+/// Its case for `sweep bench kernels`: the loss and its gradient over one
+/// slice of rows of the head (as the block-wise pass computes them).
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let v = s.cfg.vocab_size;
+    let rows = crate::train::blockwise::head_rows(s.tokens(), v);
+    let labels: Vec<i64> = (0..rows)
+        .map(|i| {
+            if i % 7 == 3 {
+                IGNORE
+            } else {
+                ((i * 7919) % v) as i64
+            }
+        })
+        .collect();
+    Ok(vec![Case::new(
+        "loss and d logits",
+        format!("[{rows}, {v}]"),
+        2 * rows * v,
+        vec![random(&[rows, v], 13, 8.0)?],
+        Box::new(move |t| {
+            // The op consumes its logits: a copy, made before the clock starts.
+            let (loss, d) = loss_and_grad(t[0].clone(), &labels, 1e3)?;
+            Ok(vec![loss.reshape(1)?, d])
+        }),
+    )])
 }
 
 #[cfg(test)]

@@ -3,9 +3,17 @@
 //! table's dtype: in bf16 a frequent token's row loses most of its updates
 //! once the sum is 256 times larger than one of them. This op looks rows up
 //! like `index_select` and, backwards, adds into an f32 table and rounds once.
+//!
+//! The trainer's backward adds the gradient into the table's buffer in place
+//! instead ([`add_rows`]): on the CPU row by row in the ids' order, on a GPU
+//! by sweep's kernel (`kernels/embedding.cu`) grouped by token without
+//! atomics; both give the same sums every run. Between ranks the gradient
+//! travels as the rows the step used (`dist::buckets::sum_rows`).
 
+use super::accumulate;
+use super::check::{random, Case, Shapes};
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp3, Layout, Result, Shape, Tensor};
 
 /// Rows `ids` (u32, [N]) of `table` ([V, D]): [N, D].
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
@@ -75,10 +83,291 @@ impl CustomOp2 for Lookup {
     }
 }
 
+/// buf [V, D] rows `ids` += rows of dy [N, D], in the order of `ids` (the
+/// same sums every run): an embedding's gradient, without a V × D temporary
+/// on the in-place path; elsewhere summed in f32 and rounded once
+/// ([`super::embedding::backward`]).
+pub fn add_rows(buf: &mut Tensor, ids: &Tensor, dy: &Tensor) -> Result<()> {
+    if super::in_place(buf, &[dy]) && ids.device().is_cpu() && super::own_kernel(&[dy]) {
+        return buf.inplace_op3(
+            &ids.to_dtype(DType::U32)?.contiguous()?,
+            &dy.contiguous()?,
+            &AddRows,
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if buf.device().is_cuda() && buf.is_contiguous() && super::own_kernel(&[buf, dy]) {
+        return cuda_rows::add_rows(buf, ids, dy);
+    }
+    let g = backward(buf, ids, dy)?;
+    accumulate::add(buf, &g)
+}
+
+struct AddRows;
+
+impl InplaceOp3 for AddRows {
+    fn name(&self) -> &'static str {
+        "sweep-add-rows-into"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let CpuStorage::U32(ids) = s2 else {
+            bail!("expected u32 ids")
+        };
+        let ids = &ids[l2.start_offset()..l2.start_offset() + l2.shape().elem_count()];
+        let dy = super::f32s(s3, l3)?;
+        let (rows, d) = l1.shape().dims2()?;
+        let CpuStorage::F32(buf) = s1 else {
+            bail!("expected f32 data")
+        };
+        let buf = &mut buf[l1.start_offset()..l1.start_offset() + rows * d];
+        if dy.len() != ids.len() * d {
+            bail!(
+                "{} ids for {} rows of gradient",
+                ids.len(),
+                dy.len() / d.max(1)
+            );
+        }
+        for (&id, g) in ids.iter().zip(dy.chunks_exact(d)) {
+            let Some(row) = buf.get_mut(id as usize * d..(id as usize + 1) * d) else {
+                bail!("token {id} is outside the {rows}-row table");
+            };
+            row.iter_mut().zip(g).for_each(|(b, g)| *b += g);
+        }
+        Ok(())
+    }
+}
+
+/// [order: positions sorted by token, stably] [starts: distinct + 1]
+/// [tokens: the distinct ids], as one vector of u32.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Plan {
+    words: Vec<u32>,
+    len: usize,
+    distinct: usize,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl Plan {
+    fn of(ids: &[u32]) -> Plan {
+        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+        order.sort_by_key(|&p| ids[p as usize]);
+        let (mut starts, mut tokens) = (Vec::new(), Vec::new());
+        for (k, &p) in order.iter().enumerate() {
+            let id = ids[p as usize];
+            if tokens.last() != Some(&id) {
+                tokens.push(id);
+                starts.push(k as u32);
+            }
+        }
+        starts.push(order.len() as u32);
+        let distinct = tokens.len();
+        let mut words = order;
+        words.extend(starts);
+        words.extend(tokens);
+        Plan {
+            len: words.len(),
+            words,
+            distinct,
+        }
+    }
+}
+
+/// [`add_rows`] on CUDA without atomics (`kernels/embedding.cu`): the host
+/// groups the positions by token, and one thread per (token, column) sums
+/// that token's rows in position order and adds the sum into the buffer.
+/// The same bits every run, which the bit-identical NCCL and resume tests
+/// rely on (candle's `index_add` gives no such promise).
+#[cfg(feature = "cuda")]
+mod cuda_rows {
+    use super::super::cuda::{self, by_dtype, Element};
+    use super::Plan;
+    use candle_core::cuda::cudarc::driver::PushKernelArg;
+    use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
+
+    pub fn add_rows(buf: &mut Tensor, ids: &Tensor, dy: &Tensor) -> Result<()> {
+        let (rows, d) = buf.dims2()?;
+        // The ids came from the host; reading them back waits for nothing
+        // but their upload.
+        let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+        if dy.elem_count() != ids.len() * d {
+            bail!(
+                "{} ids for {} rows of gradient",
+                ids.len(),
+                dy.elem_count() / d.max(1)
+            );
+        }
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= rows) {
+            bail!("token {bad} is outside the {rows}-row table");
+        }
+        let plan = Plan::of(&ids);
+        let op = AddRows {
+            n: cuda::u32_of(ids.len(), "tokens")?,
+            u: cuda::u32_of(plan.distinct, "distinct tokens")?,
+            d: cuda::u32_of(d, "width")?,
+        };
+        let plan = Tensor::from_vec(plan.words, plan.len, buf.device())?;
+        buf.inplace_op3(&dy.contiguous()?, &plan, &op)
+    }
+
+    struct AddRows {
+        n: u32,
+        u: u32,
+        d: u32,
+    }
+
+    impl InplaceOp3 for AddRows {
+        fn name(&self) -> &'static str {
+            "sweep-add-rows-grouped"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            bail!("the grouped row sum runs on CUDA tensors")
+        }
+
+        fn cuda_fwd(
+            &self,
+            buf: &mut CudaStorage,
+            bl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+            plan: &CudaStorage,
+            pl: &Layout,
+        ) -> Result<()> {
+            by_dtype!(cuda::dtype(buf), launch(self, buf, bl, dy, dyl, plan, pl))
+        }
+    }
+
+    fn launch<T: Element>(
+        op: &AddRows,
+        buf: &mut CudaStorage,
+        bl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+        plan: &CudaStorage,
+        pl: &Layout,
+    ) -> Result<()> {
+        let dev = cuda::device(buf);
+        let dyv = cuda::view::<T>(dy, dyl)?;
+        let plan = cuda::view::<u32>(plan, pl)?;
+        let (n, u, d) = (op.n as usize, op.u as usize, op.d as usize);
+        let mut b_view = cuda::view_mut::<T>(buf, bl)?;
+        if plan.len() != n + 2 * u + 1 || dyv.len() != n * d || b_view.len() % d.max(1) != 0 {
+            bail!("the grouped row sum's plan does not match its operands");
+        }
+        let f = cuda::function(&dev, &cuda::EMBEDDING, "add_rows", T::DTYPE)?;
+        let mut b = f.builder();
+        b.arg(&mut b_view).arg(&dyv).arg(&plan);
+        b.arg(&op.n).arg(&op.u).arg(&op.d);
+        let grid = cuda::blocks(op.u.max(1), cuda::column_blocks(d));
+        // SAFETY: the kernel's signature; block (t, c) reads the plan's
+        // entries of token t < u (the plan has n + 2u + 1 words, its
+        // positions are below n and its tokens below the buffer's rows,
+        // checked by the caller), dy's rows at those positions and columns
+        // below d, and writes its token's row of the buffer.
+        unsafe { cuda::launch(&mut b, grid, "add_rows") }
+    }
+}
+
+/// Its case for `sweep bench kernels`: a step's gradient into the table.
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (d, v, n) = (s.cfg.dim, s.cfg.vocab_size, s.tokens());
+    let ids: Vec<u32> = (0..n).map(|i| ((i * 104_729) % v) as u32).collect();
+    let distinct = {
+        let mut s = ids.clone();
+        s.sort_unstable();
+        s.dedup();
+        s.len()
+    };
+    Ok(vec![Case::new(
+        "embedding backward",
+        format!("[{n}, {d}] into [{v}, {d}]"),
+        n * d + 2 * distinct * d,
+        vec![random(&[v, d], 14, 0.1)?, random(&[n, d], 15, 1.0)?],
+        Box::new(move |t| {
+            let ids = Tensor::new(ids.as_slice(), t[1].device())?;
+            let mut buf = t[0].clone();
+            add_rows(&mut buf, &ids, &t[1])?;
+            Ok(vec![buf])
+        }),
+    )])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::ops::testing::{max_diff, rand};
     use candle_core::{Device, Var};
+
+    #[test]
+    fn rows_are_added_in_place_like_index_add() -> Result<()> {
+        let mut buf = Tensor::zeros((9, 13), DType::F32, &Device::Cpu)?;
+        let alias = buf.clone();
+        let ids = Tensor::new(&[2u32, 0, 2], &Device::Cpu)?;
+        let rows = rand(&[3, 13], 6);
+        add_rows(&mut buf, &ids, &rows)?;
+        let want = Tensor::zeros((9, 13), DType::F32, &Device::Cpu)?.index_add(&ids, &rows, 0)?;
+        assert!(max_diff(&buf, &want)? < 1e-7);
+        assert!(max_diff(&alias, &want)? < 1e-7, "not in place");
+        let outside = Tensor::new(&[9u32], &Device::Cpu)?;
+        let err = add_rows(&mut buf, &outside, &rand(&[1, 13], 7)).unwrap_err();
+        assert!(err.to_string().contains("outside the 9-row table"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_cuda_kernels_grouping_sums_the_rows_of_each_token() -> Result<()> {
+        // The plan the CUDA kernel walks, walked here the way the kernel
+        // does (per token and column, positions in order), against the CPU
+        // kernel's sums.
+        let ids: Vec<u32> = vec![4, 1, 4, 0, 6, 1, 4, 6, 2];
+        let (n, d, rows) = (ids.len(), 5, 7);
+        let plan = Plan::of(&ids);
+        assert_eq!(plan.distinct, 5);
+        assert_eq!(plan.len, n + 2 * plan.distinct + 1);
+        let (order, rest) = plan.words.split_at(n);
+        let (starts, tokens) = rest.split_at(plan.distinct + 1);
+        assert_eq!(tokens, [0, 1, 2, 4, 6]);
+        assert_eq!(starts, [0, 1, 3, 4, 7, 9]);
+        // Stable: token 4's positions in the order they came.
+        assert_eq!(&order[4..7], [0, 2, 6]);
+        let dy = rand(&[n, d], 1);
+        let g = dy.to_vec2::<f32>()?;
+        let mut by_plan = rand(&[rows, d], 2).to_vec2::<f32>()?;
+        let mut buf = Tensor::new(by_plan.clone(), &candle_core::Device::Cpu)?;
+        for (t, &token) in tokens.iter().enumerate() {
+            for col in 0..d {
+                let sum: f32 = (starts[t]..starts[t + 1])
+                    .map(|k| g[order[k as usize] as usize][col])
+                    .sum();
+                by_plan[token as usize][col] += sum;
+            }
+        }
+        add_rows(
+            &mut buf,
+            &Tensor::new(ids.as_slice(), &candle_core::Device::Cpu)?,
+            &dy,
+        )?;
+        let by_plan = Tensor::new(by_plan, &candle_core::Device::Cpu)?;
+        assert!(max_diff(&buf, &by_plan)? < 1e-6);
+        Ok(())
+    }
 
     #[test]
     fn bf16_gradients_are_summed_in_f32() -> Result<()> {

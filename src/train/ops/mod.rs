@@ -5,19 +5,27 @@
 //!
 //! Each op's file holds its whole story: the CPU kernel (f32, rayon), the
 //! launch of its CUDA kernel (`src/train/kernels/<op>.cu`, f32 or bf16
-//! storage with f32 arithmetic; the CPU kernel is its reference), and a
-//! composed twin built from differentiable candle ops, which runs on other
-//! devices and dtypes and which the tests check the kernels against.
+//! storage with f32 arithmetic; the CPU kernel is its reference), a
+//! composed twin built from candle ops, which runs on other devices and
+//! dtypes and which the tests check the kernels against, and its cases for
+//! `sweep bench kernels` ([`check`]). The ops: [`embedding`], [`rms_norm`],
+//! [`rope`], [`attention`] (with [`softmax`]), [`linear`] (with its CPU bf16
+//! GEMM), [`silu_mul`] (SwiGLU), [`cross_entropy`] (the loss), and the
+//! optimizer's [`grad_norm`] and [`adamw`]; [`accumulate`] adds into
+//! gradient buffers.
 
 pub mod accumulate;
+pub mod adamw;
 #[cfg(test)]
 pub mod attach;
-pub mod bf16_gemm;
+pub mod attention;
+pub mod check;
 pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub mod embedding;
-pub mod matmul;
+pub mod grad_norm;
+pub mod linear;
 pub mod rms_norm;
 pub mod rope;
 pub mod silu_mul;
@@ -84,6 +92,12 @@ pub fn composed_here<T>(f: impl FnOnce() -> T) -> T {
 /// option (`SWEEP_CUDA_KERNELS`), read where candle calls an op.
 pub fn cuda_kernels() -> CudaKernels {
     crate::config::RuntimeOptions::current().cuda_kernels
+}
+
+/// Whether the in-place CPU kernels apply to a buffer and its operands.
+pub(crate) fn in_place(buf: &Tensor, operands: &[&Tensor]) -> bool {
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
+    f32_cpu(buf) && buf.is_contiguous() && operands.iter().all(|t| f32_cpu(t))
 }
 
 /// The contiguous f32 data of a CPU storage.

@@ -1,6 +1,7 @@
 //! The SwiGLU gate: silu(a) * b, in one pass each way. CUDA kernels:
 //! `src/train/kernels/silu_mul.cu`.
 
+use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda::{self, by_dtype, Element};
 use super::{f32s, own_kernel, work_dtype};
@@ -193,6 +194,35 @@ fn launch_cuda<T: Element>(
     unsafe { cuda::launch(&mut args, cuda::grid_stride(n), name) }?;
     drop(args);
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Its cases for `sweep bench kernels`: the feed-forward's gate, forward
+/// and backward.
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (n, f) = (s.tokens(), s.cfg.ffn_hidden());
+    Ok(vec![
+        Case::new(
+            "swiglu forward",
+            format!("[{n}, {f}]"),
+            3 * n * f,
+            vec![random(&[n, f], 6, 4.0)?, random(&[n, f], 7, 1.0)?],
+            Box::new(|t| Ok(vec![silu_mul(&t[0], &t[1])?])),
+        ),
+        Case::new(
+            "swiglu backward",
+            format!("[{n}, {f}]"),
+            5 * n * f,
+            vec![
+                random(&[n, f], 8, 4.0)?,
+                random(&[n, f], 9, 1.0)?,
+                random(&[n, f], 10, 1.0)?,
+            ],
+            Box::new(|t| {
+                let (da, db) = backward(&t[0], &t[1], &t[2])?;
+                Ok(vec![da, db])
+            }),
+        ),
+    ])
 }
 
 #[cfg(test)]

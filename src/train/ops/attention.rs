@@ -11,8 +11,9 @@
 //!   not see). The CPU forward lets the tests check that backward against
 //!   autograd.
 
-use super::ops::matmul::matmul;
-use super::ops::softmax::{self, softmax};
+use super::check::{random, Case, Shapes};
+use super::linear::matmul;
+use super::softmax::{self, softmax};
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 /// q [B, H, T, Q]; k, v [B, KV, T, Q] (heads first). Returns [B, H, T, Q].
@@ -63,7 +64,7 @@ pub fn eager_backward(
     };
     let dv = matmul(&p.t()?, &dog, bf16)?;
     let dp = matmul(&dog, &v.t()?, bf16)?;
-    let ds = super::ops::softmax::backward(&p, &dp, scale)?;
+    let ds = softmax::backward(&p, &dp, scale)?;
     drop((p, dp));
     let dq = matmul(&ds, k, bf16)?.reshape((b, h, t, d))?;
     let dk = matmul(&ds.t()?, &qg, bf16)?;
@@ -108,7 +109,7 @@ impl CustomOp3 for FlashAttention {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        use super::ops::f32s;
+        use super::f32s;
         let (q, k, v) = (f32s(s1, l1)?, f32s(s2, l2)?, f32s(s3, l3)?);
         let (b, t, h, d) = l1.shape().dims4()?;
         let kv = l2.shape().dims4()?.2;
@@ -251,7 +252,7 @@ pub fn tiled_backward(
     }
     let rep = h / kv;
     let scale = 1.0 / (d as f64).sqrt();
-    let work = super::ops::work_dtype(q);
+    let work = super::work_dtype(q);
     let (k, v) = (k.contiguous()?, v.contiguous()?);
     let (mut dk, mut dv) = (None, None);
     let mut dq_tiles = Vec::new();
@@ -303,6 +304,33 @@ fn add_to_keys(sum: &mut Option<Tensor>, part: &Tensor, work: DType) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Its case for `sweep bench kernels`: the tiled backward of causal
+/// attention with grouped queries.
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (batch, seq) = (s.batch, s.seq);
+    let (h, kv, q) = (s.cfg.n_heads, s.cfg.n_kv_heads, s.cfg.head_dim());
+    Ok(vec![Case {
+        // Five products over the causal half of the scores.
+        flops: 5.0 * 2.0 * (batch * h * q) as f64 * (seq * (seq + 1) / 2) as f64,
+        chained: true,
+        ..Case::new(
+            "attention backward",
+            format!("[{batch}, {h}/{kv}, {seq}, {q}]"),
+            (3 * h + 4 * kv) * s.tokens() * q,
+            vec![
+                random(&[batch, h, seq, q], 19, 1.0)?,
+                random(&[batch, kv, seq, q], 20, 1.0)?,
+                random(&[batch, kv, seq, q], 21, 1.0)?,
+                random(&[batch, h, seq, q], 22, 1.0)?,
+            ],
+            Box::new(move |t| {
+                let (dq, dk, dv) = tiled_backward(&t[0], &t[1], &t[2], &t[3], true, None)?;
+                Ok(vec![dq, dk, dv])
+            }),
+        )
+    }])
 }
 
 #[cfg(test)]

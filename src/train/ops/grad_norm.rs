@@ -1,0 +1,220 @@
+//! The global gradient norm and the clip scale: on the host with tensor
+//! ops, or on a GPU with sweep's kernels (`kernels/grad_norm.cu`) in one
+//! pass over each gradient and a last kernel that writes [norm, scale], which
+//! the fused AdamW ([`super::adamw`]) reads from device memory.
+
+use super::check::{random, Case, Shapes};
+use candle_core::{DType, Result, Tensor};
+
+/// The global gradient norm and the factor the update scales the gradients
+/// by: `max_norm / norm` where `max_norm` > 0 and the norm exceeds it, else
+/// 1; NaN where the norm is not finite (the update then changes nothing).
+pub enum Clipping {
+    /// Computed on the host (the CPU, or ops without sweep's kernels).
+    Host { norm: f64, scale: f64 },
+    /// [norm, scale] in f32 on the GPU, computed and read by the update
+    /// there: the host reads it once, after the update is queued
+    /// ([`Clipping::norm`]), instead of waiting for the backward to end.
+    Device(Tensor),
+}
+
+impl Clipping {
+    fn from_norm(norm: f64, max_norm: f64) -> Clipping {
+        let scale = if !norm.is_finite() {
+            f64::NAN
+        } else if max_norm > 0.0 && norm > max_norm {
+            max_norm / norm
+        } else {
+            1.0
+        };
+        Clipping::Host { norm, scale }
+    }
+
+    /// [norm, scale] on the host.
+    fn read(&self) -> Result<[f64; 2]> {
+        Ok(match self {
+            Clipping::Host { norm, scale } => [*norm, *scale],
+            Clipping::Device(t) => {
+                let v = t.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+                [v[0], v[1]]
+            }
+        })
+    }
+
+    /// The norm (on a GPU this waits for the step's kernels).
+    pub fn norm(&self) -> Result<f64> {
+        Ok(self.read()?[0])
+    }
+
+    /// The scale on the host (on a GPU this waits for the step's kernels).
+    pub fn scale(&self) -> Result<f64> {
+        Ok(self.read()?[1])
+    }
+
+    /// [norm, scale] as an f32 tensor on `device`.
+    pub fn as_tensor(&self, device: &candle_core::Device) -> Result<Tensor> {
+        Ok(match self {
+            Clipping::Device(t) => t.to_device(device)?,
+            Clipping::Host { norm, scale } => Tensor::new(&[*norm as f32, *scale as f32], device)?,
+        })
+    }
+}
+
+/// The global L2 norm over `grads` and the clip scale for `max_norm`: on a
+/// GPU with sweep's kernels in one pass over each gradient and a last
+/// kernel that writes [norm, scale] (no read of the host); elsewhere with
+/// tensor ops, each gradient first summed along its last dimension (candle's
+/// CUDA `sum_all` reduces a whole tensor in one thread block, which took
+/// half of an 8B-shaped model's step on an H100), in f32, read once.
+pub fn clipping(grads: &[&Tensor], max_norm: f64) -> Result<Clipping> {
+    #[cfg(feature = "cuda")]
+    if grads.first().is_some_and(|g| g.device().is_cuda()) && super::own_kernel(grads) {
+        let out = cuda_norm::norm_and_scale(grads, max_norm as f32)?;
+        return Ok(Clipping::Device(out));
+    }
+    let sums = grads
+        .iter()
+        .map(|g| {
+            g.to_dtype(DType::F32)?
+                .sqr()?
+                .sum(candle_core::D::Minus1)?
+                .sum_all()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if sums.is_empty() {
+        return Ok(Clipping::from_norm(0.0, max_norm));
+    }
+    let total = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?;
+    Ok(Clipping::from_norm((total as f64).sqrt(), max_norm))
+}
+
+/// [`clipping`] on CUDA tensors, without a read of the host.
+#[cfg(feature = "cuda")]
+mod cuda_norm {
+    use super::super::cuda;
+    use candle_core::cuda::cudarc::driver::PushKernelArg;
+    use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp1, Layout, Result, Tensor};
+
+    /// Blocks per gradient of the sum of squares: two per SM of an H100, enough
+    /// to stream the largest gradient at full bandwidth; each writes one partial.
+    const NORM_BLOCKS: usize = 264;
+
+    /// The global L2 norm of `grads` (all f32 or all bf16, on one GPU) and the
+    /// clip scale for `max_norm`, as [norm, scale] in f32 on the device.
+    pub fn norm_and_scale(grads: &[&Tensor], max_norm: f32) -> Result<Tensor> {
+        let Some(first) = grads.first() else {
+            candle_core::bail!("no gradients to take the norm of");
+        };
+        let out = Tensor::zeros(2, DType::F32, first.device())?;
+        let grads = grads
+            .iter()
+            .map(|g| g.contiguous())
+            .collect::<Result<Vec<_>>>()?;
+        out.inplace_op1(&NormAndScale { grads, max_norm })?;
+        Ok(out)
+    }
+
+    /// Writes [norm, scale] into the tensor it is applied to.
+    struct NormAndScale {
+        grads: Vec<Tensor>,
+        max_norm: f32,
+    }
+
+    impl InplaceOp1 for NormAndScale {
+        fn name(&self) -> &'static str {
+            "sweep-grad-norm"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> Result<()> {
+            candle_core::bail!("the device gradient norm runs on CUDA tensors")
+        }
+
+        fn cuda_fwd(&self, out: &mut CudaStorage, ol: &Layout) -> Result<()> {
+            let dev = cuda::device(out);
+            let count = self.grads.len() * NORM_BLOCKS;
+            let mut partial = cuda::alloc::<f32>(&dev, count)?;
+            for (i, g) in self.grads.iter().enumerate() {
+                let (s, l) = g.storage_and_layout();
+                let s = cuda::on_gpu(&s, "a gradient")?;
+                let slots = partial.slice_mut(i * NORM_BLOCKS..(i + 1) * NORM_BLOCKS);
+                cuda::by_dtype!(g.dtype(), sum_squares(s, &l, slots))?;
+            }
+            let f = cuda::function(&dev, &cuda::GRAD_NORM, "clip_scale", DType::F32)?;
+            let mut o = cuda::view_mut::<f32>(out, ol)?;
+            if o.len() != 2 {
+                candle_core::bail!("the gradient norm writes [norm, scale]");
+            }
+            let count32 = cuda::u32_of(count, "partial sums of the gradient norm")?;
+            let mut b = f.builder();
+            b.arg(&partial)
+                .arg(&count32)
+                .arg(&self.max_norm)
+                .arg(&mut o);
+            // SAFETY: (partial, count, max_norm, out) is the kernel's signature;
+            // one block reads partial[..count] and writes out[0] and out[1].
+            unsafe { cuda::launch(&mut b, cuda::blocks(1, 1), "clip_scale") }?;
+            Ok(())
+        }
+    }
+
+    /// partial[b] = the sum of squares of block b's grid-stride share of g.
+    fn sum_squares<T: cuda::Element>(
+        s: &CudaStorage,
+        l: &Layout,
+        mut partial: candle_core::cuda::cudarc::driver::CudaViewMut<'_, f32>,
+    ) -> Result<()> {
+        let g = cuda::view::<T>(s, l)?;
+        let n = g.len() as u64;
+        let f = cuda::function(&cuda::device(s), &cuda::GRAD_NORM, "sum_squares", T::DTYPE)?;
+        let mut b = f.builder();
+        b.arg(&g).arg(&n).arg(&mut partial);
+        // SAFETY: (g, n, partial) is the kernel's signature; indices below n of
+        // g, and one partial per block of the NORM_BLOCKS launched.
+        unsafe { cuda::launch(&mut b, cuda::blocks(NORM_BLOCKS as u32, 1), "sum_squares") }
+    }
+}
+
+/// Its case for `sweep bench kernels`: gradients of an embedding, a
+/// projection and a norm weight.
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (d, f, v) = (s.cfg.dim, s.cfg.ffn_hidden(), s.cfg.vocab_size);
+    Ok(vec![Case::new(
+        "grad norm and clip",
+        format!("[{v}, {d}] + [{f}, {d}] + [{d}]"),
+        v * d + f * d + d,
+        vec![
+            random(&[v, d], 23, 0.01)?,
+            random(&[f, d], 24, 0.1)?,
+            random(&[d], 25, 1.0)?,
+        ],
+        Box::new(|t| {
+            let clipping = clipping(&t.iter().collect::<Vec<_>>(), 1.0)?;
+            Ok(vec![clipping.as_tensor(t[0].device())?])
+        }),
+    )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_norm_clips_and_a_non_finite_norm_scales_by_nan() -> Result<()> {
+        let dev = candle_core::Device::Cpu;
+        let a = Tensor::new(&[[3.0f32, 0.0], [0.0, 0.0]], &dev)?;
+        let b = Tensor::new(&[4.0f32], &dev)?;
+        // |(3, 4)| = 5: clipped to 2 by a factor 0.4, untouched under 10 or 0.
+        for (max_norm, scale) in [(2.0, 0.4), (10.0, 1.0), (0.0, 1.0)] {
+            let c = clipping(&[&a, &b], max_norm)?;
+            assert!((c.norm()? - 5.0).abs() < 1e-6);
+            assert!((c.scale()? - scale).abs() < 1e-6, "{max_norm}");
+            let t = c.as_tensor(&dev)?.to_vec1::<f32>()?;
+            assert!((t[0] - 5.0).abs() < 1e-6 && (t[1] as f64 - scale).abs() < 1e-6);
+        }
+        let inf = Tensor::new(&[f32::INFINITY], &dev)?;
+        let c = clipping(&[&a, &inf], 1.0)?;
+        assert!(c.norm()?.is_infinite() && c.scale()?.is_nan());
+        assert_eq!(clipping(&[], 1.0)?.norm()?, 0.0);
+        Ok(())
+    }
+}

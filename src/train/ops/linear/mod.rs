@@ -1,0 +1,419 @@
+//! The linear layer and the model's other matrix products.
+//!
+//! - [`matmul`] / [`linear`] (forward, and the input's gradient dy · w):
+//!   candle's GEMM in the tensors' dtype, or with `bf16` (the `bf16-mixed`
+//!   precision: f32 tensors, bf16 products) the CPU's bf16 kernel
+//!   ([`bf16_gemm`]: AVX-512 BF16 or portable, [`bf16_gemm::selected`]), and
+//!   on a GPU cuBLAS's bf16 GEMM on operands cast to bf16, as autocast does.
+//! - [`add_product`] (the weight's gradient `buf += dyᵀ·x`): one GEMM with
+//!   beta = 1 written into the gradient buffer, reading the transposed
+//!   operand through its strides (no transposed copy, no product tensor): the
+//!   `gemm` crate on the CPU in f32, cuBLAS (`cublasGemmEx`) on a GPU;
+//!   elsewhere the product is added to the buffer.
+//!
+//! Allocating nothing that outlives a pass matters beyond the copies saved:
+//! gradients created block by block during the backward pass, between its
+//! transients, fragmented the heap (the CPU trainer's resident memory grew
+//! ~75 MB a block under recomputation).
+
+use super::check::{random, Case, Shapes};
+use super::{f32s_any, fused};
+use bf16_gemm::View;
+
+pub mod bf16_gemm;
+use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp3, Layout, Result, Shape, Tensor};
+
+/// x [N, in] · wᵀ, w [out, in]; bf16 operands when `bf16`.
+pub fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> Result<Tensor> {
+    matmul(x, &w.t()?, bf16)
+}
+
+/// a · b, batched over leading dimensions; bf16 operands when `bf16`.
+pub fn matmul(a: &Tensor, b: &Tensor, bf16: bool) -> Result<Tensor> {
+    if bf16 && fused(a) && fused(b) {
+        a.apply_op2(b, Bf16Matmul)
+    } else if bf16 && a.dtype() == DType::F32 && !a.device().is_cpu() {
+        // The casts are differentiable: gradients come back as f32.
+        a.to_dtype(DType::BF16)?
+            .matmul(&b.to_dtype(DType::BF16)?)?
+            .to_dtype(DType::F32)
+    } else {
+        a.matmul(b)
+    }
+}
+
+struct Bf16Matmul;
+
+/// The data offset of every matrix of a (possibly batched) layout, in
+/// row-major order of the leading (batch) dimensions.
+fn matrix_offsets(l: &Layout) -> Vec<usize> {
+    let dims = l.shape().dims();
+    let lead = &dims[..dims.len() - 2];
+    (0..lead.iter().product())
+        .map(|mut b: usize| {
+            let mut off = l.start_offset();
+            for (&size, &stride) in lead.iter().zip(l.stride()).rev() {
+                off += (b % size) * stride;
+                b /= size;
+            }
+            off
+        })
+        .collect()
+}
+
+impl CustomOp2 for Bf16Matmul {
+    fn name(&self) -> &'static str {
+        "sweep-bf16-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (a, b) = (f32s_any(s1)?, f32s_any(s2)?);
+        let (da, db) = (l1.shape().dims(), l2.shape().dims());
+        let r = da.len();
+        if r < 2 || db.len() != r || da[..r - 2] != db[..r - 2] || da[r - 1] != db[r - 2] {
+            bail!("bf16 matmul: shapes {da:?} and {db:?} do not multiply");
+        }
+        let (m, k, n) = (da[r - 2], da[r - 1], db[r - 1]);
+        let (sa, sb) = (l1.stride(), l2.stride());
+        let (oa, ob) = (matrix_offsets(l1), matrix_offsets(l2));
+        let mut c = vec![0f32; oa.len() * m * n];
+        for ((&oa, &ob), c) in oa.iter().zip(&ob).zip(c.chunks_exact_mut(m * n)) {
+            let av = View {
+                data: &a[oa..],
+                rs: sa[r - 2],
+                cs: sa[r - 1],
+            };
+            let bv = View {
+                data: &b[ob..],
+                rs: sb[r - 2],
+                cs: sb[r - 1],
+            };
+            bf16_gemm::gemm(m, n, k, av, bv, c);
+        }
+        let mut dims = da.to_vec();
+        dims[r - 1] = n;
+        Ok((CpuStorage::F32(c), Shape::from(dims)))
+    }
+
+    // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
+    #[cfg(test)]
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _c: &Tensor,
+        dc: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let da = dc.apply_op2_no_bwd(&b.t()?, &Bf16Matmul)?;
+        let db = a.t()?.apply_op2_no_bwd(dc, &Bf16Matmul)?;
+        Ok((Some(da), Some(db)))
+    }
+}
+
+/// buf [out, in] += dyᵀ · x, with dy [N, out] and x [N, in] (a linear
+/// layer's weight gradient); `bf16`: the product with bf16 operands.
+pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
+    let (n, out) = dy.dims2()?;
+    let (n2, inp) = x.dims2()?;
+    if n != n2 || buf.dims() != [out, inp] {
+        bail!(
+            "a {:?} gradient from dy {:?} and x {:?}",
+            buf.dims(),
+            dy.dims(),
+            x.dims()
+        );
+    }
+    if !bf16 && super::in_place(buf, &[dy, x]) && super::own_kernel(&[dy, x]) {
+        return buf.inplace_op3(dy, x, &AddProduct);
+    }
+    #[cfg(feature = "cuda")]
+    if buf.device().is_cuda() && buf.is_contiguous() && super::own_kernel(&[buf, dy, x]) {
+        return cuda_product::add_product(buf, dy, x, bf16);
+    }
+    let product = matmul(&dy.t()?, x, bf16)?;
+    super::accumulate::add(buf, &product)
+}
+
+struct AddProduct;
+
+impl InplaceOp3 for AddProduct {
+    fn name(&self) -> &'static str {
+        "sweep-add-product-into"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let (dy, x) = (f32s_any(s2)?, f32s_any(s3)?);
+        let (n, out) = l2.shape().dims2()?;
+        let inp = l3.shape().dims2()?.1;
+        let CpuStorage::F32(buf) = s1 else {
+            bail!("expected f32 data")
+        };
+        let (sd, sx) = (l2.stride(), l3.stride());
+        // Every index below stays inside its slice: the layouts describe them.
+        let (dy_end, x_end) = (
+            l2.start_offset() + (n - 1) * sd[0] + (out - 1) * sd[1] + 1,
+            l3.start_offset() + (n - 1) * sx[0] + (inp - 1) * sx[1] + 1,
+        );
+        let buf_end = l1.start_offset() + out * inp;
+        if n == 0 || dy_end > dy.len() || x_end > x.len() || buf_end > buf.len() {
+            bail!("a layout reaches outside its data");
+        }
+        // SAFETY: dst is the contiguous out × in buffer (row stride `inp`),
+        // lhs = dyᵀ read through dy's strides (lhs(i, p) = dy[p, i]), rhs = x
+        // through its own; all three lie inside their slices (checked above)
+        // and dst does not alias the operands (a separate storage).
+        unsafe {
+            gemm::gemm(
+                out,
+                inp,
+                n,
+                buf.as_mut_ptr().add(l1.start_offset()),
+                1,
+                inp as isize,
+                true,
+                dy.as_ptr().add(l2.start_offset()),
+                sd[0] as isize,
+                sd[1] as isize,
+                x.as_ptr().add(l3.start_offset()),
+                sx[1] as isize,
+                sx[0] as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            )
+        };
+        Ok(())
+    }
+}
+
+/// Its case for `sweep bench kernels`: a weight's gradient with `w2`'s shapes.
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (d, f, n) = (s.cfg.dim, s.cfg.ffn_hidden(), s.tokens());
+    Ok(vec![Case {
+        flops: 2.0 * (n * d * f) as f64,
+        ..Case::new(
+            "weight gradient",
+            format!("[{d}, {f}] over {n} rows"),
+            2 * d * f + n * (d + f),
+            vec![
+                random(&[d, f], 26, 0.1)?,
+                random(&[n, d], 27, 1.0)?,
+                random(&[n, f], 28, 1.0)?,
+            ],
+            Box::new(|t| {
+                let mut buf = t[0].clone();
+                add_product(&mut buf, &t[1], &t[2], false)?;
+                Ok(vec![buf])
+            }),
+        )
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::ops::testing::{max_diff, rand};
+    use candle_core::Var;
+
+    #[test]
+    fn weight_gradients_accumulate_in_place_like_their_sums() -> Result<()> {
+        let (dy, x) = (rand(&[37, 9], 1), rand(&[37, 13], 2));
+        let mut buf = rand(&[9, 13], 3);
+        let want = (&buf + dy.t()?.matmul(&x)?)?;
+        // A clone shares the storage: it sees the sum only if it is made in place.
+        let alias = buf.clone();
+        add_product(&mut buf, &dy, &x, false)?;
+        assert!(max_diff(&buf, &want)? < 1e-5);
+        assert!(max_diff(&alias, &want)? < 1e-5, "not in place");
+        // A transposed operand is read through its strides.
+        let dy_t = rand(&[9, 37], 4);
+        let want = (&buf + dy_t.matmul(&x)?)?;
+        add_product(&mut buf, &dy_t.t()?, &x, false)?;
+        assert!(max_diff(&buf, &want)? < 1e-5);
+        // Off the in-place path (f64): the same sums.
+        let mut b64 = Tensor::zeros((9, 13), DType::F64, x.device())?;
+        let (dy64, x64) = (dy.to_dtype(DType::F64)?, x.to_dtype(DType::F64)?);
+        add_product(&mut b64, &dy64, &x64, false)?;
+        let d = (&b64 - dy64.t()?.matmul(&x64)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f64>()?;
+        assert!(d < 1e-14);
+        assert!(add_product(&mut b64, &dy64, &dy64, false).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn batched_transposed_products_and_gradients_match_f32_within_bf16_rounding() -> Result<()> {
+        // The attention shapes: [B, KV, R, Q] x [B, KV, T, Q]ᵀ, and a linear layer x · wᵀ.
+        let q = Var::from_tensor(&rand(&[2, 3, 20, 16], 1))?;
+        let k = Var::from_tensor(&rand(&[2, 3, 9, 16], 2))?;
+        let ours = matmul(&q, &k.t()?, true)?;
+        let want = q.matmul(&k.t()?)?;
+        let rel = |a: &Tensor, b: &Tensor| -> Result<f32> {
+            let d = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            Ok(d / b.abs()?.max_all()?.to_scalar::<f32>()?)
+        };
+        assert!(
+            rel(&ours, &want)? < 1e-2,
+            "bf16 operands keep ~3 significant digits"
+        );
+        let g = rand(&[2, 3, 20, 9], 3);
+        let (g1, g2) = (
+            (ours * &g)?.sum_all()?.backward()?,
+            (want * &g)?.sum_all()?.backward()?,
+        );
+        assert!(rel(g1.get(&q).unwrap(), g2.get(&q).unwrap())? < 2e-2);
+        assert!(rel(g1.get(&k).unwrap(), g2.get(&k).unwrap())? < 2e-2);
+        let x = rand(&[37, 48], 4);
+        let w = rand(&[65, 48], 5);
+        assert!(rel(&matmul(&x, &w.t()?, true)?, &x.matmul(&w.t()?)?)? < 1e-2);
+        Ok(())
+    }
+}
+
+/// buf [out, in] += dyᵀ·x on CUDA: one cuBLAS GEMM with beta = 1 written into
+/// the buffer (no product tensor, no transposed copy). With `bf16`
+/// (bf16-mixed: f32 buffers and activations) the operands go to cuBLAS in
+/// bf16 and the sum stays in f32, as autocast's products do; f32 arithmetic
+/// in every case (CUBLAS_COMPUTE_32F, no TF32).
+#[cfg(feature = "cuda")]
+mod cuda_product {
+    use super::super::cuda;
+    use candle_core::cuda::cudarc::cublas::{result::gemm_ex, sys};
+    use candle_core::cuda::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
+
+    pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
+        let operands = if bf16 { DType::BF16 } else { buf.dtype() };
+        let dy = dy.to_dtype(operands)?.contiguous()?;
+        let x = x.to_dtype(operands)?.contiguous()?;
+        buf.inplace_op3(&dy, &x, &AddProduct)
+    }
+
+    struct AddProduct;
+
+    fn cuda_type(dtype: DType) -> Result<sys::cudaDataType> {
+        Ok(match dtype {
+            DType::F32 => sys::cudaDataType::CUDA_R_32F,
+            DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
+            dt => bail!("the in-place weight gradient takes f32 or bf16, not {dt:?}"),
+        })
+    }
+
+    fn int(n: usize, what: &str) -> Result<i32> {
+        i32::try_from(n).map_err(|_| {
+            candle_core::Error::Msg(format!("{what} = {n} is too large for one cuBLAS GEMM"))
+        })
+    }
+
+    impl InplaceOp3 for AddProduct {
+        fn name(&self) -> &'static str {
+            "sweep-add-product-cublas"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            bail!("the cuBLAS weight gradient runs on CUDA tensors")
+        }
+
+        fn cuda_fwd(
+            &self,
+            buf: &mut CudaStorage,
+            bl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+            x: &CudaStorage,
+            xl: &Layout,
+        ) -> Result<()> {
+            let (out, inp) = bl.shape().dims2()?;
+            let (n, dy_out) = dyl.shape().dims2()?;
+            let (xn, x_inp) = xl.shape().dims2()?;
+            if (dy_out, x_inp, xn) != (out, inp, n) {
+                bail!("a [{out}, {inp}] gradient from dy [{n}, {dy_out}] and x [{xn}, {x_inp}]");
+            }
+            let (c_type, ab_type) = (cuda_type(cuda::dtype(buf))?, cuda_type(cuda::dtype(dy))?);
+            if cuda::dtype(x) != cuda::dtype(dy) {
+                bail!("the weight gradient's operands differ in dtype");
+            }
+            let dev = cuda::device(buf);
+            let stream = dev.cuda_stream();
+            let blas = dev.cublas_handle();
+            let (m, nn, k) = (int(inp, "in")?, int(out, "out")?, int(n, "tokens")?);
+            let (one, also_one) = (1.0f32, 1.0f32);
+            // Row-major buf [out, in] is column-major bufᵀ [in, out]:
+            // bufᵀ += xᵀ·dy, with x read as column-major [in, N] (no
+            // transpose, ld in) and dy as column-major [out, N] transposed
+            // (ld out). One macro per storage type pair keeps the typed
+            // views alive while cuBLAS runs on candle's stream.
+            macro_rules! gemm {
+                ($c:ty, $ab:ty) => {{
+                    let a = cuda::view::<$ab>(x, xl)?;
+                    let b = cuda::view::<$ab>(dy, dyl)?;
+                    let mut c = cuda::view_mut::<$c>(buf, bl)?;
+                    let (a_ptr, _a) = a.device_ptr(&stream);
+                    let (b_ptr, _b) = b.device_ptr(&stream);
+                    let (c_ptr, _c) = c.device_ptr_mut(&stream);
+                    // SAFETY: a holds in·N values, b out·N and c in·out (the
+                    // shapes checked above), each contiguous, with the types
+                    // and leading dimensions passed; alpha and beta are f32
+                    // host values as CUBLAS_COMPUTE_32F takes them.
+                    unsafe {
+                        gemm_ex(
+                            *blas.handle(),
+                            sys::cublasOperation_t::CUBLAS_OP_N,
+                            sys::cublasOperation_t::CUBLAS_OP_T,
+                            m,
+                            nn,
+                            k,
+                            (&one as *const f32).cast(),
+                            a_ptr as *const _,
+                            ab_type,
+                            m,
+                            b_ptr as *const _,
+                            ab_type,
+                            nn,
+                            (&also_one as *const f32).cast(),
+                            c_ptr as *mut _,
+                            c_type,
+                            m,
+                            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    }
+                    .map_err(|e| candle_core::Error::Msg(format!("cuBLAS weight gradient: {e:?}")))
+                }};
+            }
+            match (cuda::dtype(buf), cuda::dtype(dy)) {
+                (DType::F32, DType::F32) => gemm!(f32, f32),
+                (DType::F32, DType::BF16) => gemm!(f32, half::bf16),
+                (DType::BF16, DType::BF16) => gemm!(half::bf16, half::bf16),
+                (c, ab) => bail!("a {c:?} gradient from {ab:?} operands"),
+            }
+        }
+    }
+}
