@@ -1,6 +1,6 @@
 //! pretokenize, data import-text, data dump, data verify.
 
-use super::{DataCmd, FormatArg, PretokenizeCli};
+use super::{DataCmd, DumpCli, FormatArg, ImportTextCli, PretokenizeCli, VerifyCli};
 use crate::config::PretokenizedFormat;
 use crate::data::{import, pretokenize, verify, DataSpec, SampleStream, SourceSpec, TextTokenizer};
 use crate::util::signals::{self, StopSignals};
@@ -62,116 +62,130 @@ pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
 
 pub fn run(cmd: DataCmd) -> Result<ExitCode> {
     match cmd {
-        DataCmd::ImportText {
-            files,
-            out,
-            no_split,
-            median_kb,
-            seed,
-            row_group_size,
-        } => {
-            let opts = import::ImportOptions {
-                split: !no_split,
-                median_bytes: median_kb * 1000.0,
-                seed,
-                row_group_size,
-                ..Default::default()
-            };
-            let r = import::import_text(&files, &out, &opts)?;
-            for f in &r.latin1 {
-                eprintln!("note: {f} is not UTF-8; read it as Latin-1");
+        DataCmd::ImportText(args) => import_text(args),
+        DataCmd::Dump(args) => dump(args),
+        DataCmd::Verify(args) => verify_file(args),
+    }
+}
+
+/// `sweep data import-text`: text files into a Parquet dataset.
+fn import_text(args: ImportTextCli) -> Result<ExitCode> {
+    let ImportTextCli {
+        files,
+        out,
+        no_split,
+        median_kb,
+        seed,
+        row_group_size,
+    } = args;
+    let opts = import::ImportOptions {
+        split: !no_split,
+        median_bytes: median_kb * 1000.0,
+        seed,
+        row_group_size,
+        ..Default::default()
+    };
+    let r = import::import_text(&files, &out, &opts)?;
+    for f in &r.latin1 {
+        eprintln!("note: {f} is not UTF-8; read it as Latin-1");
+    }
+    println!(
+        "{} files -> {} documents ({:.1} MB, mean {:.1} KB) in {}",
+        r.files,
+        r.documents,
+        r.bytes as f64 / 1e6,
+        r.bytes as f64 / 1e3 / r.documents.max(1) as f64,
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sweep data dump`: a rank's samples as JSON lines.
+fn dump(args: DumpCli) -> Result<ExitCode> {
+    let DumpCli {
+        dataset,
+        dataset_type,
+        pretokenized,
+        text_column,
+        tokenizer,
+        seq_len,
+        samples,
+        rank,
+        world_size,
+        batch_size,
+        data_order,
+    } = args;
+    anyhow::ensure!(rank < world_size, "--rank must be below --world-size");
+    anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
+    // One batch is held in memory (12 bytes a token).
+    const MAX_TOKENS: usize = 1 << 24;
+    anyhow::ensure!(
+        batch_size
+            .checked_mul(seq_len)
+            .is_some_and(|t| t <= MAX_TOKENS),
+        "--batch-size × --seq-len is more than {MAX_TOKENS} tokens"
+    );
+    let spec = DataSpec {
+        dataset_type,
+        seq_len,
+        source: if pretokenized {
+            SourceSpec::Pretokenized { path: dataset }
+        } else {
+            SourceSpec::Text {
+                path: dataset,
+                column: text_column,
             }
-            println!(
-                "{} files -> {} documents ({:.1} MB, mean {:.1} KB) in {}",
-                r.files,
-                r.documents,
-                r.bytes as f64 / 1e6,
-                r.bytes as f64 / 1e3 / r.documents.max(1) as f64,
-                out.display()
-            );
+        },
+        tokenizer: Arc::new(TextTokenizer::load(
+            &tokenizer.tokenizer,
+            &tokenizer.specials(),
+        )?),
+        rank,
+        world_size,
+        order: data_order,
+        holdout: 0,
+    };
+    let mut stream = SampleStream::open(&spec)?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut left = samples;
+    while left > 0 {
+        let b = crate::data::loader::next_batch(&mut stream, batch_size)?;
+        let rows = b.inputs.chunks(seq_len).zip(b.labels.chunks(seq_len));
+        for (inputs, labels) in rows.take(left) {
+            serde_json::to_writer(
+                &mut out,
+                &serde_json::json!({ "inputs": inputs, "labels": labels }),
+            )?;
+            out.write_all(b"\n")?;
         }
-        DataCmd::Dump {
-            dataset,
-            dataset_type,
-            pretokenized,
-            text_column,
-            tokenizer,
-            seq_len,
-            samples,
-            rank,
-            world_size,
-            batch_size,
-            data_order,
-        } => {
-            anyhow::ensure!(rank < world_size, "--rank must be below --world-size");
-            anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
-            // One batch is held in memory (12 bytes a token).
-            const MAX_TOKENS: usize = 1 << 24;
-            anyhow::ensure!(
-                batch_size
-                    .checked_mul(seq_len)
-                    .is_some_and(|t| t <= MAX_TOKENS),
-                "--batch-size × --seq-len is more than {MAX_TOKENS} tokens"
-            );
-            let spec = DataSpec {
-                dataset_type,
-                seq_len,
-                source: if pretokenized {
-                    SourceSpec::Pretokenized { path: dataset }
-                } else {
-                    SourceSpec::Text {
-                        path: dataset,
-                        column: text_column,
-                    }
-                },
-                tokenizer: Arc::new(TextTokenizer::load(
-                    &tokenizer.tokenizer,
-                    &tokenizer.specials(),
-                )?),
-                rank,
-                world_size,
-                order: data_order,
-                holdout: 0,
-            };
-            let mut stream = SampleStream::open(&spec)?;
-            let stdout = std::io::stdout();
-            let mut out = std::io::BufWriter::new(stdout.lock());
-            let mut left = samples;
-            while left > 0 {
-                let b = crate::data::loader::next_batch(&mut stream, batch_size)?;
-                let rows = b.inputs.chunks(seq_len).zip(b.labels.chunks(seq_len));
-                for (inputs, labels) in rows.take(left) {
-                    serde_json::to_writer(
-                        &mut out,
-                        &serde_json::json!({ "inputs": inputs, "labels": labels }),
-                    )?;
-                    out.write_all(b"\n")?;
-                }
-                left = left.saturating_sub(batch_size);
-            }
-            out.flush()?;
-        }
-        DataCmd::Verify {
-            pretokenized,
-            source,
-            tokenizer,
-            sample,
-            seed,
-        } => {
-            let args = verify::VerifyArgs {
-                pretokenized: pretokenized.clone(),
-                source,
-                tokenizer: tokenizer.tokenizer.clone(),
-                specials: tokenizer.specials(),
-                sample,
-                seed,
-            };
-            let r = verify::verify(&args)?;
-            println!("{}", verify::describe(&r, &pretokenized));
-            if r.mismatch.is_some() {
-                return Ok(ExitCode::FAILURE);
-            }
-        }
+        left = left.saturating_sub(batch_size);
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sweep data verify`: a pretokenized file against its source.
+fn verify_file(args: VerifyCli) -> Result<ExitCode> {
+    let VerifyCli {
+        pretokenized,
+        source,
+        tokenizer,
+        sample,
+        seed,
+    } = args;
+    let args = verify::VerifyArgs {
+        pretokenized: pretokenized.clone(),
+        source,
+        tokenizer: tokenizer.tokenizer.clone(),
+        specials: tokenizer.specials(),
+        sample,
+        seed,
+    };
+    let r = verify::verify(&args)?;
+    println!("{}", verify::describe(&r, &pretokenized));
+    if r.mismatch.is_some() {
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -150,8 +150,8 @@ pub struct TokenizerArgs {
 }
 
 impl TokenizerArgs {
-    pub fn specials(&self) -> crate::data::SpecialTokens {
-        crate::data::SpecialTokens {
+    pub fn specials(&self) -> crate::config::SpecialTokens {
+        crate::config::SpecialTokens {
             bos: self.bos_token.clone(),
             eos: self.eos_token.clone(),
             pad: self.pad_token.clone(),
@@ -202,72 +202,84 @@ pub enum DataCmd {
     #[command(
         after_help = "Example:\n  sweep data import-text assets/corpus/gutenberg assets/corpus/sotu --out assets/data/corpus.parquet"
     )]
-    ImportText {
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-        #[arg(long)]
-        out: PathBuf,
-        /// One document per file instead of paragraph groups.
-        #[arg(long)]
-        no_split: bool,
-        /// Median document length in KB.
-        #[arg(long, default_value_t = 2.2, value_parser = median_kb)]
-        median_kb: f64,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        #[arg(long, default_value_t = 1000, value_parser = count(1, MAX_ROW_GROUP))]
-        row_group_size: usize,
-    },
+    ImportText(ImportTextCli),
     /// Print samples as JSON lines: {"inputs": [...], "labels": [...]} (labels -100 where ignored).
     #[command(
         after_help = "Examples:\n  sweep data dump --dataset assets/data/quickstart.parquet --dataset-type padding-free --seq-len 16 --samples 3\n  sweep data dump --dataset results/quickstart/stages/<stage>/token-list.parquet --pretokenized --dataset-type padding-free --seq-len 512 --samples 10"
     )]
-    Dump {
-        #[arg(long)]
-        dataset: PathBuf,
-        #[arg(long, value_enum)]
-        dataset_type: crate::config::DatasetType,
-        /// The dataset is a file written by `sweep pretokenize`.
-        #[arg(long)]
-        pretokenized: bool,
-        #[arg(long, default_value = "text")]
-        text_column: String,
-        #[command(flatten)]
-        tokenizer: TokenizerArgs,
-        #[arg(long, alias = "sequence-length", value_parser = count(1, MAX_SEQ))]
-        seq_len: usize,
-        /// How many of this rank's samples to print.
-        #[arg(long, default_value_t = 10, value_parser = count(0, 1 << 32))]
-        samples: usize,
-        /// The rank whose samples to print, of `--world-size`.
-        #[arg(long, default_value_t = 0, value_parser = count(0, MAX_RANKS - 1))]
-        rank: usize,
-        #[arg(long, default_value_t = 1, value_parser = count(1, MAX_RANKS))]
-        world_size: usize,
-        /// The per-rank batch size (in the global order, a rank's slice of
-        /// each global batch).
-        #[arg(long, default_value_t = 1, value_parser = count(1, MAX_BATCH))]
-        batch_size: usize,
-        #[arg(long, value_enum, default_value = "global")]
-        data_order: crate::config::DataOrder,
-    },
+    Dump(DumpCli),
     /// Prove that a pretokenized file equals on-the-fly tokenization of its source.
     #[command(
         after_help = "Examples:\n  sweep data verify results/quickstart/stages/<stage>/padded.parquet\n  sweep data verify big/token-list.parquet --sample 1000"
     )]
-    Verify {
-        pretokenized: PathBuf,
-        /// The source dataset (default: the one recorded in the file).
-        #[arg(long)]
-        source: Option<PathBuf>,
-        #[command(flatten)]
-        tokenizer: TokenizerArgs,
-        /// Check this many random documents instead of all.
-        #[arg(long, value_parser = count(1, 1 << 32))]
-        sample: Option<usize>,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-    },
+    Verify(VerifyCli),
+}
+
+/// `sweep data import-text`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct ImportTextCli {
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    #[arg(long)]
+    pub out: PathBuf,
+    /// One document per file instead of paragraph groups.
+    #[arg(long)]
+    pub no_split: bool,
+    /// Median document length in KB.
+    #[arg(long, default_value_t = 2.2, value_parser = median_kb)]
+    pub median_kb: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 1000, value_parser = count(1, MAX_ROW_GROUP))]
+    pub row_group_size: usize,
+}
+
+/// `sweep data dump`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct DumpCli {
+    #[arg(long)]
+    pub dataset: PathBuf,
+    #[arg(long, value_enum)]
+    pub dataset_type: crate::config::DatasetType,
+    /// The dataset is a file written by `sweep pretokenize`.
+    #[arg(long)]
+    pub pretokenized: bool,
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
+    #[arg(long, alias = "sequence-length", value_parser = count(1, MAX_SEQ))]
+    pub seq_len: usize,
+    /// How many of this rank's samples to print.
+    #[arg(long, default_value_t = 10, value_parser = count(0, 1 << 32))]
+    pub samples: usize,
+    /// The rank whose samples to print, of `--world-size`.
+    #[arg(long, default_value_t = 0, value_parser = count(0, MAX_RANKS - 1))]
+    pub rank: usize,
+    #[arg(long, default_value_t = 1, value_parser = count(1, MAX_RANKS))]
+    pub world_size: usize,
+    /// The per-rank batch size (in the global order, a rank's slice of
+    /// each global batch).
+    #[arg(long, default_value_t = 1, value_parser = count(1, MAX_BATCH))]
+    pub batch_size: usize,
+    #[arg(long, value_enum, default_value = "global")]
+    pub data_order: crate::config::DataOrder,
+}
+
+/// `sweep data verify`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct VerifyCli {
+    pub pretokenized: PathBuf,
+    /// The source dataset (default: the one recorded in the file).
+    #[arg(long)]
+    pub source: Option<PathBuf>,
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
+    /// Check this many random documents instead of all.
+    #[arg(long, value_parser = count(1, 1 << 32))]
+    pub sample: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(Subcommand, Debug)]

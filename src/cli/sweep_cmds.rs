@@ -428,12 +428,7 @@ fn stage_ready(plan: &Plan, u: &Unit) -> bool {
     let Some(s) = plan.stages.iter().find(|s| s.dir == u.dir) else {
         return false;
     };
-    let specials = crate::data::SpecialTokens {
-        bos: s.bos_token.clone(),
-        eos: s.eos_token.clone(),
-        pad: s.pad_token.clone(),
-    };
-    let Ok(tok) = crate::data::TextTokenizer::load(&s.tokenizer, &specials) else {
+    let Ok(tok) = crate::data::TextTokenizer::load(&s.tokenizer, &s.specials) else {
         return false;
     };
     crate::data::pretokenize::expected_meta(

@@ -352,6 +352,17 @@ impl Features {
     };
 }
 
+/// Special-token overrides (token strings) from the manifest or the command
+/// line; by default a tokenizer's own are used. A manifest spells them
+/// `bos_token`, `eos_token` and `pad_token` among the data keys
+/// ([`TrainConfig::specials`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecialTokens {
+    pub bos: Option<String>,
+    pub eos: Option<String>,
+    pub pad: Option<String>,
+}
+
 /// The built-in trainer's configuration: `[defaults]` in a manifest, one
 /// `config.toml` per run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -508,14 +519,34 @@ fn number(v: f64) -> String {
 
 impl TrainConfig {
     /// Checks that hold for any run, whatever the data on disk or the build.
+    /// The special-token overrides. (Three flat keys, not a nested struct:
+    /// they are manifest keys, and serde's `flatten` cannot be combined with
+    /// the `deny_unknown_fields` that catches misspelt keys.)
+    pub fn specials(&self) -> SpecialTokens {
+        SpecialTokens {
+            bos: self.bos_token.clone(),
+            eos: self.eos_token.clone(),
+            pad: self.pad_token.clone(),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |key: &'static str, msg: String| Err(ConfigError::new(key, msg));
         if self.dataset.as_os_str().is_empty() {
-            return err(
+            return Err(ConfigError::new(
                 "dataset",
                 "`dataset` is not set: give the Parquet file with the training text".into(),
-            );
+            ));
         }
+        self.validate_counts()?;
+        self.validate_optimizer()?;
+        self.validate_sizes()?;
+        self.validate_combinations()?;
+        self.validate_model()
+    }
+
+    /// Every count within the bounds where it is read.
+    fn validate_counts(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError::new(key, msg));
         // Every count, bounded where it is read: (key, value, least, most, what 0 means).
         let counts: [(&'static str, usize, usize, usize, &str); 16] = [
             (
@@ -621,6 +652,12 @@ impl TrainConfig {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// The optimizer's and the monitor's numbers (finite, in range).
+    fn validate_optimizer(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError::new(key, msg));
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
             return err(
                 "learning_rate",
@@ -676,6 +713,11 @@ impl TrainConfig {
                 return err(name, format!("`{name}` must be {what}, not {v}"));
             }
         }
+        Ok(())
+    }
+
+    /// Physical quantities and the tokens of one step on one device.
+    fn validate_sizes(&self) -> Result<(), ConfigError> {
         // Physical quantities: outside these ranges a value is a typo (a unit
         // off by 10^9), and MFU would print NaN% or 300 digits.
         check_range(
@@ -701,14 +743,20 @@ impl TrainConfig {
             } else {
                 "batch_size"
             };
-            return err(
+            return Err(ConfigError::new(
                 key,
                 format!(
                     "batch_size × sequence_length × gradient_accumulation is more than 2^28 \
                      ({MAX_TOKENS_PER_STEP}) tokens per step on one device (a step's token ids are held in memory at once)"
                 ),
-            );
+            ));
         }
+        Ok(())
+    }
+
+    /// Settings that are each valid but not together.
+    fn validate_combinations(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError::new(key, msg));
         if self.validation_every > 0 && self.validation_documents == 0 {
             return err(
                 "validation_every",
@@ -744,6 +792,12 @@ impl TrainConfig {
                     .into(),
             );
         }
+        Ok(())
+    }
+
+    /// The model preset and its architecture overrides.
+    fn validate_model(&self) -> Result<(), ConfigError> {
+        let err = |key: &'static str, msg: String| Err(ConfigError::new(key, msg));
         if ModelConfig::preset(&self.model).is_none() {
             return err(
                 "model",

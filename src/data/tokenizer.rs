@@ -9,13 +9,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 
-/// Special-token overrides (token strings) from the manifest or command line.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SpecialTokens {
-    pub bos: Option<String>,
-    pub eos: Option<String>,
-    pub pad: Option<String>,
-}
+pub use crate::config::SpecialTokens;
 
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,

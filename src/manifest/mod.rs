@@ -374,18 +374,9 @@ impl Validator<'_, '_> {
         false
     }
 
-    fn validate(
-        &mut self,
-        file: ManifestFile,
-        path: &Path,
-        root: &Path,
-        sha256: String,
-    ) -> Option<Manifest> {
-        self.check_name(&file.name);
-        let mut file = file;
-        let (hints, notes) = self.hints(&mut file.defaults, &file.plan);
-
-        let mode = match &file.command {
+    /// A `command` sweep, or the built-in trainer with its defaults.
+    fn mode(&mut self, command: &Option<String>) -> Mode {
+        match command {
             Some(cmd) => {
                 if cmd.trim().is_empty() {
                     self.at_value("command", "`command` is empty");
@@ -398,10 +389,13 @@ impl Validator<'_, '_> {
                 Mode::Command(cmd.clone())
             }
             None => Mode::Train(Box::new(self.train_defaults())),
-        };
+        }
+    }
 
-        let axes = self.axes(&file.sweep.grid, &file.sweep.zip);
-        let max_runs = file.sweep.max_runs.unwrap_or(DEFAULT_MAX_RUNS);
+    /// `max_runs` and `repeats`, or None (with the error) where they are out
+    /// of bounds.
+    fn runs_and_repeats(&mut self, sweep: &schema::SweepFile, mode: &Mode) -> Option<(u64, u32)> {
+        let max_runs = sweep.max_runs.unwrap_or(DEFAULT_MAX_RUNS);
         if max_runs > MAX_MAX_RUNS {
             self.at_value_help(
                 "sweep.max_runs",
@@ -410,7 +404,7 @@ impl Validator<'_, '_> {
             );
             return None;
         }
-        let repeats = file.sweep.repeats.unwrap_or(1);
+        let repeats = sweep.repeats.unwrap_or(1);
         if repeats == 0 {
             let d = self
                 .source
@@ -418,7 +412,7 @@ impl Validator<'_, '_> {
             self.err(d);
             return None;
         }
-        if file.sweep.seed_per_repeat && matches!(mode, Mode::Command(_)) {
+        if sweep.seed_per_repeat && matches!(mode, Mode::Command(_)) {
             let d = self.source.at_value(
                 "sweep.seed_per_repeat",
                 "`seed_per_repeat` sets the built-in trainer's seed; a `command` sweep can pass `{{ repeat }}` to its program instead",
@@ -426,25 +420,12 @@ impl Validator<'_, '_> {
             self.err(d);
             return None;
         }
-        if !self.check_size(&axes, max_runs, repeats) {
-            // Every later check walks the axes: stop before a huge sweep does.
-            return None;
-        }
-        for axis in &axes {
-            for (key, path) in axis.keys.iter().zip(&axis.paths) {
-                self.check_axis_key(&mode, key, path, axis);
-            }
-        }
-        let exclude = self.exclude(&file.sweep.exclude, &axes);
-        let derived = self.derived(&file.sweep.derived, &axes, &file.defaults);
-        if let Some(name) = &file.sweep.name {
-            if let Err(e) = self.engine.check(name) {
-                self.at_value(
-                    "sweep.name",
-                    format!("the run-name template does not compile: {}", describe(&e)),
-                );
-            }
-        }
+        Some((max_runs, repeats))
+    }
+
+    /// The bounded counts of the other sections, the log pattern, sbatch
+    /// options and environment names.
+    fn check_sections(&mut self, file: &ManifestFile) {
         // Counts that size thread pools, allocations and loops, bounded here.
         for (path, v, least, most) in [
             ("local.parallel", file.local.parallel, 1, MAX_PARALLEL),
@@ -500,7 +481,41 @@ impl Validator<'_, '_> {
                 );
             }
         }
+    }
 
+    fn validate(
+        &mut self,
+        file: ManifestFile,
+        path: &Path,
+        root: &Path,
+        sha256: String,
+    ) -> Option<Manifest> {
+        self.check_name(&file.name);
+        let mut file = file;
+        let (hints, notes) = self.hints(&mut file.defaults, &file.plan);
+        let mode = self.mode(&file.command);
+        let axes = self.axes(&file.sweep.grid, &file.sweep.zip);
+        let (max_runs, repeats) = self.runs_and_repeats(&file.sweep, &mode)?;
+        if !self.check_size(&axes, max_runs, repeats) {
+            // Every later check walks the axes: stop before a huge sweep does.
+            return None;
+        }
+        for axis in &axes {
+            for (key, path) in axis.keys.iter().zip(&axis.paths) {
+                self.check_axis_key(&mode, key, path, axis);
+            }
+        }
+        let exclude = self.exclude(&file.sweep.exclude, &axes);
+        let derived = self.derived(&file.sweep.derived, &axes, &file.defaults);
+        if let Some(name) = &file.sweep.name {
+            if let Err(e) = self.engine.check(name) {
+                self.at_value(
+                    "sweep.name",
+                    format!("the run-name template does not compile: {}", describe(&e)),
+                );
+            }
+        }
+        self.check_sections(&file);
         if !self.errors.is_empty() {
             return None;
         }

@@ -212,6 +212,58 @@ impl<'a> Shared<'a> {
         })
     }
 
+    /// The shape of a run's job, as its identity hashes it: nodes, tasks
+    /// and GPUs, and any other `[slurm]` key an axis varies.
+    fn world(&self, a: &Assembly, slurm: &SlurmSpec) -> Json {
+        let mut world = json!({
+            "nodes": slurm.nodes,
+            "ntasks_per_node": slurm.ntasks_per_node,
+            "gpus_per_node": slurm.gpus_per_node,
+        });
+        // Any other [slurm] key an axis varies (a partition, a time limit)
+        // makes runs of their own; studies without such axes keep their ids.
+        let swept: serde_json::Map<String, Json> = a
+            .params
+            .iter()
+            .filter_map(|(k, v)| {
+                let field = k.strip_prefix("slurm.")?;
+                let shape = ["nodes", "ntasks_per_node", "gpus_per_node"].contains(&field);
+                (!shape).then(|| (field.to_string(), v.clone()))
+            })
+            .collect();
+        if !swept.is_empty() {
+            world["slurm"] = Json::Object(swept);
+        }
+        world
+    }
+
+    /// A run's name (with `-r<repeat>` where the template does not write
+    /// the repeat), its configuration's name, and the name as written where
+    /// it had to be made safe.
+    fn names(
+        &self,
+        ctx: &Json,
+        params: &IndexMap<String, Json>,
+        repeat: u32,
+    ) -> Result<(String, String, Option<String>), Box<Diagnostic>> {
+        let repeated = self.m.repeats > 1;
+        let written = self.name_as_written(ctx, params)?;
+        let rendered = sanitize(&written);
+        let sanitized_from = (written.trim() != rendered).then_some(written);
+        let (name, config_name) = match (repeated, self.name_uses_repeat) {
+            (false, _) => (rendered.clone(), rendered),
+            (true, false) => (format!("{rendered}-r{repeat}"), rendered),
+            // The template writes the repeat itself: the configuration is
+            // named after its first repeat.
+            (true, true) => {
+                let mut first = ctx.clone();
+                first["repeat"] = json!(0);
+                (rendered, self.name(&first, params)?)
+            }
+        };
+        Ok((name, config_name, sanitized_from))
+    }
+
     fn resolve(&self, combo: &[usize], repeat: u32) -> Result<Run, Box<Diagnostic>> {
         let m = self.m;
         let mut a = self.assemble(combo);
@@ -251,25 +303,6 @@ impl<'a> Shared<'a> {
 
         // Identity: the resolved configuration and the shape of the job, never
         // the run's name or the manifest's cosmetic fields.
-        let mut world = json!({
-            "nodes": slurm.nodes,
-            "ntasks_per_node": slurm.ntasks_per_node,
-            "gpus_per_node": slurm.gpus_per_node,
-        });
-        // Any other [slurm] key an axis varies (a partition, a time limit)
-        // makes runs of their own; studies without such axes keep their ids.
-        let swept: serde_json::Map<String, Json> = a
-            .params
-            .iter()
-            .filter_map(|(k, v)| {
-                let field = k.strip_prefix("slurm.")?;
-                let shape = ["nodes", "ntasks_per_node", "gpus_per_node"].contains(&field);
-                (!shape).then(|| (field.to_string(), v.clone()))
-            })
-            .collect();
-        if !swept.is_empty() {
-            world["slurm"] = Json::Object(swept);
-        }
         let identity = RunIdentity {
             work: match (&train, &m.mode) {
                 (Some(cfg), _) => Work::Train(cfg),
@@ -279,7 +312,7 @@ impl<'a> Shared<'a> {
                 },
                 (None, Mode::Train(_)) => unreachable!("a training study resolves a configuration"),
             },
-            world,
+            world: self.world(&a, &slurm),
             local: (m.executor == Some(ExecutorKind::Local))
                 .then_some((m.local.threads, m.local.parallel)),
         };
@@ -292,20 +325,7 @@ impl<'a> Shared<'a> {
         let legacy_id = identity.legacy_id(&m.hints, repeated.then_some(repeat));
         let id = hashed.id.clone();
         ctx["id"] = json!(id);
-        let written = self.name_as_written(&ctx, &a.params)?;
-        let rendered = sanitize(&written);
-        let sanitized_from = (written.trim() != rendered).then_some(written);
-        let (name, config_name) = match (repeated, self.name_uses_repeat) {
-            (false, _) => (rendered.clone(), rendered),
-            (true, false) => (format!("{rendered}-r{repeat}"), rendered),
-            // The template writes the repeat itself: the configuration is
-            // named after its first repeat.
-            (true, true) => {
-                let mut first = ctx.clone();
-                first["repeat"] = json!(0);
-                (rendered, self.name(&first, &a.params)?)
-            }
-        };
+        let (name, config_name, sanitized_from) = self.names(&ctx, &a.params, repeat)?;
         if repeated {
             a.params.insert(REPEAT.into(), json!(repeat));
         }
@@ -814,9 +834,7 @@ fn stages(
                 tokenizer: crate::util::fs::absolute(&m.root, &cfg.tokenizer),
                 sequence_length: cfg.sequence_length,
                 format,
-                bos_token: cfg.bos_token.clone(),
-                eos_token: cfg.eos_token.clone(),
-                pad_token: cfg.pad_token.clone(),
+                specials: cfg.specials(),
                 row_group_size: spec.row_group_size,
                 dir,
                 slurm,

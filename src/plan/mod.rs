@@ -15,7 +15,7 @@ use crate::template::shell_quote;
 
 use crate::config::memory::MemoryEstimate;
 pub use crate::config::PretokenizedFormat;
-use crate::config::{PlanHints, TrainConfig};
+use crate::config::{PlanHints, SpecialTokens, TrainConfig};
 use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -126,9 +126,7 @@ pub struct Stage {
     pub tokenizer: PathBuf,
     pub sequence_length: usize,
     pub format: PretokenizedFormat,
-    pub bos_token: Option<String>,
-    pub eos_token: Option<String>,
-    pub pad_token: Option<String>,
+    pub specials: SpecialTokens,
     pub row_group_size: usize,
     pub dir: PathBuf,
     /// The file training runs read.
@@ -152,9 +150,9 @@ impl Stage {
             format!("--out {}", path(&self.dir)),
         ];
         for (flag, v) in [
-            ("--bos-token", &self.bos_token),
-            ("--eos-token", &self.eos_token),
-            ("--pad-token", &self.pad_token),
+            ("--bos-token", &self.specials.bos),
+            ("--eos-token", &self.specials.eos),
+            ("--pad-token", &self.specials.pad),
         ] {
             if let Some(v) = v {
                 cmd.push(format!("{flag} {}", shell_quote(v)));

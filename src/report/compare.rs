@@ -6,8 +6,8 @@
 use super::columns::{self as c, Metric};
 use super::export::markdown_cell as cell;
 use super::plot::{bars::Bars, save};
-use super::stats::{holm, mean_ci95, ratio_ci95, MeanCi, RatioCi, ALPHA};
-use super::summary::{Problem, Summary};
+use super::stats::{mean_ci95, speedups, MeanCi, RatioCi};
+use super::summary::{self, Problem, Summary};
 use super::Source;
 use anyhow::{bail, Result};
 use polars::prelude::*;
@@ -118,51 +118,55 @@ pub fn run(
     }
     let (name_a, sa) = side(root, a, skip_first)?;
     let (name_b, sb) = side(root, b, skip_first)?;
+    let mut cmp = compare(&name_a, &sa, &name_b, &sb)?;
+    // Study names from directories may be anything a file name can be.
+    let dir_name = crate::util::name::sanitize(&format!("{name_a}-vs-{name_b}"));
+    write(root, &dir_name, &mut cmp, plots)?;
+    Ok(cmp)
+}
+
+/// The comparison of two summaries, configuration by configuration: B's
+/// speedup over A with its interval, the verdicts decided over every
+/// configuration compared (Holm).
+pub fn compare(name_a: &str, sa: &Summary, name_b: &str, sb: &Summary) -> Result<Comparison> {
     let (label_a, label_b) = if name_a == name_b {
         (format!("{name_a} (A)"), format!("{name_b} (B)"))
     } else {
-        (name_a.clone(), name_b.clone())
+        (name_a.to_string(), name_b.to_string())
     };
     let configs = |s: &Summary| s.rows.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
-    let (ca, cb) = (configs(&sa), configs(&sb));
-    let mut rows = Vec::new();
-    for (ra, config) in sa.rows.iter().zip(&ca) {
-        let Some(rb) = sb.rows.iter().find(|r| &r.name == config) else {
-            continue;
-        };
-        let speedup = ratio_ci95(&rb.tps_samples, &ra.tps_samples);
-        rows.push(Row {
-            configuration: config.clone(),
-            a: mean_ci95(&ra.tps_samples),
-            b: mean_ci95(&rb.tps_samples),
-            a_mean: ra.metric(Metric::TokensPerSecond).mean,
-            b_mean: rb.metric(Metric::TokensPerSecond).mean,
-            verdict: None,
-            p_value_holm: None,
-            speedup,
-        });
-    }
-    // Every configuration's comparison is one family: Holm's verdicts.
-    let p: Vec<Option<f64>> = rows.iter().map(|r| r.speedup.map(|s| s.p_value)).collect();
-    for (row, adjusted) in rows.iter_mut().zip(holm(&p)) {
-        if let (Some(s), Some(a)) = (row.speedup.as_mut(), adjusted) {
-            s.significant = a < ALPHA;
-        }
-        row.p_value_holm = adjusted;
-        row.verdict = row.speedup.as_ref().map(Verdict::of);
-    }
-    if rows.is_empty() {
+    let (ca, cb) = (configs(sa), configs(sb));
+    let both: Vec<(&summary::Row, &summary::Row)> = sa
+        .rows
+        .iter()
+        .filter_map(|ra| Some((ra, sb.rows.iter().find(|r| r.name == ra.name)?)))
+        .collect();
+    if both.is_empty() {
         bail!(
             "`{name_a}` and `{name_b}` have no configuration in common (A: {}; B: {})",
             ca.join(", "),
             cb.join(", ")
         );
     }
-    // Study names from directories may be anything a file name can be.
-    let dir_name = crate::util::name::sanitize(&format!("{name_a}-vs-{name_b}"));
-    let out = root.join("results").join("compare").join(&dir_name);
-    std::fs::create_dir_all(&out)?;
-    let mut cmp = Comparison {
+    let pairs: Vec<_> = both
+        .iter()
+        .map(|(ra, rb)| Some((rb.tps_samples.as_slice(), ra.tps_samples.as_slice())))
+        .collect();
+    let rows = both
+        .iter()
+        .zip(speedups(&pairs))
+        .map(|((ra, rb), compared)| Row {
+            configuration: ra.name.clone(),
+            a: mean_ci95(&ra.tps_samples),
+            b: mean_ci95(&rb.tps_samples),
+            a_mean: ra.metric(Metric::TokensPerSecond).mean,
+            b_mean: rb.metric(Metric::TokensPerSecond).mean,
+            verdict: compared.as_ref().map(|(r, _)| Verdict::of(r)),
+            p_value_holm: compared.as_ref().map(|c| c.1),
+            speedup: compared.map(|c| c.0),
+        })
+        .collect();
+    Ok(Comparison {
         a: label_a,
         b: label_b,
         only_a: ca.iter().filter(|x| !cb.contains(x)).cloned().collect(),
@@ -171,20 +175,26 @@ pub fn run(
         problems_b: sb.problems.clone(),
         rows,
         files: Vec::new(),
-    };
+    })
+}
+
+/// Writes the comparison's table (markdown, CSV), chart and page.
+fn write(root: &Path, dir_name: &str, cmp: &mut Comparison, plots: bool) -> Result<()> {
+    let out = root.join("results").join("compare").join(dir_name);
+    std::fs::create_dir_all(&out)?;
     let md = out.join("comparison.md");
-    crate::util::fs::write_atomic(&md, markdown(&cmp).as_bytes())?;
+    crate::util::fs::write_atomic(&md, markdown(cmp).as_bytes())?;
     let csv = out.join("comparison.csv");
-    let mut frame = frame(&cmp)?;
+    let mut frame = frame(cmp)?;
     let mut bytes = Vec::new();
     CsvWriter::new(&mut bytes).finish(&mut frame)?;
     crate::util::fs::write_atomic(&csv, &bytes)?;
     cmp.files.extend([md, csv]);
     let drawn = if plots {
-        let fig = chart(&cmp);
+        let fig = chart(cmp);
         let c = save(
             &fig,
-            &root.join("plots").join("compare").join(&dir_name),
+            &root.join("plots").join("compare").join(dir_name),
             "comparison",
         )?;
         cmp.files.extend(c.files.iter().cloned());
@@ -194,13 +204,13 @@ pub fn run(
     };
     let page = out.join(super::page::COMPARISON_PAGE);
     let html = super::page::comparison(
-        &cmp,
+        cmp,
         drawn.as_ref(),
         crate::util::process::git_commit(root).as_deref(),
     );
     crate::util::fs::write_atomic(&page, html.as_bytes())?;
     cmp.files.push(page);
-    Ok(cmp)
+    Ok(())
 }
 
 fn f(v: Option<f64>) -> String {

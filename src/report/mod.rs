@@ -15,7 +15,7 @@ pub mod summary;
 use crate::executor::{self, Status};
 use crate::manifest::{Manifest, Mode};
 use crate::plan::record::{RunRecord, UnitKind};
-use crate::plan::{render, Plan};
+use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
 use ingest::RunLog;
 use rayon::prelude::*;
@@ -176,13 +176,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         m,
         &crate::plan::PlanOptions::new(true, crate::config::RuntimeOptions::current()),
     )?;
-    let rendered = render::render(&plan)?;
-    let records: Vec<(&RunRecord, &Path)> = rendered
-        .runs
-        .iter()
-        .map(|r| (&r.record, r.dir.as_path()))
-        .collect();
-    let states = states_or_unknown(&records);
+    let states = planned_states(&plan);
     let pattern = match (&plan.manifest.mode, &plan.manifest.report.line_pattern) {
         (Mode::Command(_), Some(p)) => Some(regex::Regex::new(p)?),
         _ => None,
@@ -191,8 +185,15 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         .runs
         .par_iter()
         .zip(states)
-        .map(|(r, st)| {
-            let mut run = read_run(&r.name, &r.dir, &plan.study_dir, st, pattern.as_ref());
+        .map(|(r, (st, its_own))| {
+            let mut run = match its_own {
+                true => read_run(&r.name, &r.dir, &plan.study_dir, st, pattern.as_ref()),
+                // Whatever the directory holds is not this run's.
+                false => RunLog {
+                    reason: st.reason.clone(),
+                    ..RunLog::new(&r.name, st)
+                },
+            };
             run.params = r.params.clone();
             run.configuration = Some(r.configuration.clone());
             run.forecast_pct = match (&r.job, r.world_size()) {
@@ -218,6 +219,42 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         inputs: Vec::new(),
     };
     Ok((plan.manifest.name.clone(), runs, spec))
+}
+
+/// Each planned run's state, from the record `render` wrote in its
+/// directory (`run.json`, with its jobs), and whether the directory's files
+/// are that run's: a run not yet rendered is unsubmitted, and a directory
+/// that holds another run (of an earlier version of the manifest) or an
+/// unreadable record says so, its files left unread.
+fn planned_states(plan: &Plan) -> Vec<(Status, bool)> {
+    use executor::State;
+    let loaded: Vec<Result<RunRecord, Status>> = plan
+        .runs
+        .iter()
+        .map(|r| match RunRecord::load_within(&r.dir, &plan.study_dir) {
+            Ok(Some(rec)) if rec.id == r.id || rec.id == r.legacy_id => Ok(rec),
+            Ok(Some(rec)) => Err(Status::new(State::Unknown).with_reason(format!(
+                "its directory holds run {} of another version of the manifest: `sweep render` it again",
+                rec.id
+            ))),
+            Ok(None) => Err(Status::new(State::Unsubmitted)
+                .with_reason("not rendered yet: `sweep render` or `sweep run` it")),
+            Err(e) => Err(Status::new(State::Unknown).with_reason(format!("{e:#}"))),
+        })
+        .collect();
+    let records: Vec<(&RunRecord, &Path)> = loaded
+        .iter()
+        .zip(&plan.runs)
+        .filter_map(|(rec, r)| Some((rec.as_ref().ok()?, r.dir.as_path())))
+        .collect();
+    let mut known = states_or_unknown(&records).into_iter();
+    loaded
+        .into_iter()
+        .map(|rec| match rec {
+            Ok(_) => (known.next().expect("a state per record"), true),
+            Err(status) => (status, false),
+        })
+        .collect()
 }
 
 /// Where a plan's runs train, as their configurations say: `cpu`, `cuda

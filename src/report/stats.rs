@@ -126,6 +126,28 @@ pub fn holm(p: &[Option<f64>]) -> Vec<Option<f64>> {
 /// The level at which a (Holm-adjusted) p-value is a significant difference.
 pub const ALPHA: f64 = 0.05;
 
+/// A family of speedups, each sample's mean over its reference's
+/// (`None`: no comparison), as the summary (rows against the baseline) and
+/// `sweep compare` (B against A per configuration) make them: each with its
+/// own interval, and its `significant` and Holm-adjusted p-value decided
+/// over the whole family.
+pub fn speedups(pairs: &[Option<(&[f64], &[f64])>]) -> Vec<Option<(RatioCi, f64)>> {
+    let ratios: Vec<Option<RatioCi>> = pairs
+        .iter()
+        .map(|pair| pair.and_then(|(mine, reference)| ratio_ci95(mine, reference)))
+        .collect();
+    let p: Vec<Option<f64>> = ratios.iter().map(|r| r.map(|r| r.p_value)).collect();
+    ratios
+        .into_iter()
+        .zip(holm(&p))
+        .map(|(r, adjusted)| {
+            let (mut r, adjusted) = (r?, adjusted?);
+            r.significant = adjusted < ALPHA;
+            Some((r, adjusted))
+        })
+        .collect()
+}
+
 /// How many points at the start of a run are warm-up: the leading points
 /// that are outliers below the rest (slower than the median by more than
 /// three scaled median absolute deviations, or 10% when the run is steadier

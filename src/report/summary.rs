@@ -12,7 +12,7 @@
 
 use super::columns::{self as c, Metric, Stat};
 use super::ingest::{Field, RunLog};
-use super::stats::{holm, mean_ci95, ratio_ci95, ALPHA};
+use super::stats::{mean_ci95, speedups, RatioCi};
 use crate::executor::State;
 use anyhow::{bail, Context as _, Result};
 use indexmap::IndexMap;
@@ -665,24 +665,30 @@ fn add_comparisons(
         None => None,
     };
     let mut speedup = vec![None; h];
-    let (mut low, mut high, mut p_value) = (vec![None; h], vec![None; h], vec![None; h]);
+    let mut compared = vec![None; h];
     if let Some((b, base_tps)) = base.and_then(|b| Some((b, tps[b].filter(|v| *v > 0.0)?))) {
-        let base_samples = samples(Metric::TokensPerSecond, &members[b], per_run, runs);
+        let tps_of = |i: usize| samples(Metric::TokensPerSecond, &members[i], per_run, runs);
+        let base_samples = tps_of(b);
+        let mine: Vec<Vec<f64>> = (0..h).map(tps_of).collect();
+        let pairs: Vec<_> = (0..h)
+            .map(|i| (i != b).then(|| (mine[i].as_slice(), base_samples.as_slice())))
+            .collect();
         for i in 0..h {
             speedup[i] = tps[i].map(|v| v / base_tps).filter(|s| s.is_finite());
-            if i == b {
-                continue;
-            }
-            let mine = samples(Metric::TokensPerSecond, &members[i], per_run, runs);
-            if let Some(r) = ratio_ci95(&mine, &base_samples) {
-                (low[i], high[i], p_value[i]) = (Some(r.low), Some(r.high), Some(r.p_value));
-            }
         }
+        // The rows' comparisons with the baseline are one family: the
+        // verdicts are Holm's, the intervals each comparison's own.
+        compared = speedups(&pairs);
     }
-    // The rows' comparisons with the baseline are one family: the verdicts
-    // are Holm's, the intervals each comparison's own.
-    let adjusted = holm(&p_value);
-    let significant: Vec<Option<bool>> = adjusted.iter().map(|p| p.map(|p| p < ALPHA)).collect();
+    let of = |f: fn(&(RatioCi, f64)) -> f64| -> Vec<Option<f64>> {
+        compared.iter().map(|c| c.as_ref().map(f)).collect()
+    };
+    let (low, high) = (of(|c| c.0.low), of(|c| c.0.high));
+    let (p_value, adjusted) = (of(|c| c.0.p_value), of(|c| c.1));
+    let significant: Vec<Option<bool>> = compared
+        .iter()
+        .map(|c| c.as_ref().map(|c| c.0.significant))
+        .collect();
     table.with_column(Column::new(c::SPEEDUP.into(), speedup))?;
     table.with_column(Column::new(c::SPEEDUP_CI95_LOW.into(), low))?;
     table.with_column(Column::new(c::SPEEDUP_CI95_HIGH.into(), high))?;

@@ -13,7 +13,7 @@ use super::params::Params;
 use super::{device, ops};
 use crate::config::{BatchSize, DeviceKind, RuntimeOptions, TrainConfig};
 use crate::data::Batch;
-use crate::data::{DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer};
+use crate::data::{DataSpec, SampleStream, SourceSpec, TextTokenizer};
 use crate::util::signals::StopSignals;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
@@ -72,12 +72,7 @@ impl Trainer {
     /// A trainer for the rank the launcher's environment names, with the
     /// process's options (kernels, memory pool, data-parallel engine).
     pub fn new(cfg: TrainConfig, threads: usize, rt: &RuntimeOptions) -> Result<Trainer> {
-        let specials = SpecialTokens {
-            bos: cfg.bos_token.clone(),
-            eos: cfg.eos_token.clone(),
-            pad: cfg.pad_token.clone(),
-        };
-        let tok = Arc::new(TextTokenizer::load(&cfg.tokenizer, &specials)?);
+        let tok = Arc::new(TextTokenizer::load(&cfg.tokenizer, &cfg.specials())?);
         let model = cfg.model_config()?.with_vocabulary(tok.vocab_size())?;
         Trainer::with_model(cfg, model, tok, threads, rt)
     }

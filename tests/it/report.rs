@@ -699,3 +699,52 @@ fn a_pattern_reads_imported_logs_without_naming_its_format() {
         "{err}"
     );
 }
+
+/// A report of a manifest reads each planned run as `render` recorded it:
+/// a run added to the manifest since is unsubmitted, not yet rendered, and
+/// a directory that holds a run of an earlier version of the manifest is a
+/// problem, not that run's figures.
+#[test]
+fn a_manifest_report_reads_what_render_recorded() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    let line = step_line(1, 3.0, 100.0, 1.0).replace('"', "\\\"");
+    let manifest = |extra: &str, sizes: &str| {
+        format!(
+            r#"name = "v"
+executor = "local"
+command = """printf '{line}\n' > "$SWEEP_RUN_DIR/metrics.jsonl"; echo {extra}"""
+[sweep.grid]
+size = [{sizes}]
+[report]
+skip_first = 0
+"#
+        )
+    };
+    write(&m, &manifest("one", "1, 2"));
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    // The same names, another command (other ids), and a third run.
+    write(&m, &manifest("two", "1, 2, 3"));
+    let out = run_ok(
+        sweep(root.path())
+            .arg("report")
+            .arg(&m)
+            .args(["--json", "--no-plots"]),
+    );
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let text = stdout(&run_ok(
+        sweep(root.path()).arg("report").arg(&m).arg("--no-plots"),
+    ));
+    assert!(
+        text.contains("of another version of the manifest: `sweep render` it again"),
+        "{text}"
+    );
+    assert!(text.contains("not rendered yet"), "{text}");
+    for row in &rows {
+        assert!(
+            row["tokens_per_second_mean"].is_null(),
+            "figures of another run were reported as this manifest's: {row}"
+        );
+    }
+}
