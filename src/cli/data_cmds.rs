@@ -69,23 +69,15 @@ pub fn run(cmd: DataCmd) -> Result<ExitCode> {
 }
 
 /// `sweep data import-text`: text files into a Parquet dataset.
-fn import_text(args: ImportTextCli) -> Result<ExitCode> {
-    let ImportTextCli {
-        files,
-        out,
-        no_split,
-        median_kb,
-        seed,
-        row_group_size,
-    } = args;
+fn import_text(a: ImportTextCli) -> Result<ExitCode> {
     let opts = import::ImportOptions {
-        split: !no_split,
-        median_bytes: median_kb * 1000.0,
-        seed,
-        row_group_size,
+        split: !a.no_split,
+        median_bytes: a.median_kb * 1000.0,
+        seed: a.seed,
+        row_group_size: a.row_group_size,
         ..Default::default()
     };
-    let r = import::import_text(&files, &out, &opts)?;
+    let r = import::import_text(&a.files, &a.out, &opts)?;
     for f in &r.latin1 {
         eprintln!("note: {f} is not UTF-8; read it as Latin-1");
     }
@@ -95,63 +87,50 @@ fn import_text(args: ImportTextCli) -> Result<ExitCode> {
         r.documents,
         r.bytes as f64 / 1e6,
         r.bytes as f64 / 1e3 / r.documents.max(1) as f64,
-        out.display()
+        a.out.display()
     );
     Ok(ExitCode::SUCCESS)
 }
 
 /// `sweep data dump`: a rank's samples as JSON lines.
-fn dump(args: DumpCli) -> Result<ExitCode> {
-    let DumpCli {
-        dataset,
-        dataset_type,
-        pretokenized,
-        text_column,
-        tokenizer,
-        seq_len,
-        samples,
-        rank,
-        world_size,
-        batch_size,
-        data_order,
-    } = args;
-    anyhow::ensure!(rank < world_size, "--rank must be below --world-size");
-    anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
+fn dump(a: DumpCli) -> Result<ExitCode> {
+    anyhow::ensure!(a.rank < a.world_size, "--rank must be below --world-size");
+    anyhow::ensure!(a.batch_size > 0, "--batch-size must be at least 1");
     // One batch is held in memory (12 bytes a token).
     const MAX_TOKENS: usize = 1 << 24;
     anyhow::ensure!(
-        batch_size
-            .checked_mul(seq_len)
+        a.batch_size
+            .checked_mul(a.seq_len)
             .is_some_and(|t| t <= MAX_TOKENS),
         "--batch-size × --seq-len is more than {MAX_TOKENS} tokens"
     );
     let spec = DataSpec {
-        dataset_type,
-        seq_len,
-        source: if pretokenized {
-            SourceSpec::Pretokenized { path: dataset }
+        dataset_type: a.dataset_type,
+        seq_len: a.seq_len,
+        source: if a.pretokenized {
+            SourceSpec::Pretokenized { path: a.dataset }
         } else {
             SourceSpec::Text {
-                path: dataset,
-                column: text_column,
+                path: a.dataset,
+                column: a.text_column,
             }
         },
         tokenizer: Arc::new(TextTokenizer::load(
-            &tokenizer.tokenizer,
-            &tokenizer.specials(),
+            &a.tokenizer.tokenizer,
+            &a.tokenizer.specials(),
         )?),
-        rank,
-        world_size,
-        order: data_order,
+        rank: a.rank,
+        world_size: a.world_size,
+        order: a.data_order,
         holdout: 0,
     };
     let mut stream = SampleStream::open(&spec)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let mut left = samples;
+    let mut left = a.samples;
     while left > 0 {
-        let b = crate::data::loader::next_batch(&mut stream, batch_size)?;
-        let rows = b.inputs.chunks(seq_len).zip(b.labels.chunks(seq_len));
+        let b = crate::data::loader::next_batch(&mut stream, a.batch_size)?;
+        let rows = b.inputs.chunks(a.seq_len).zip(b.labels.chunks(a.seq_len));
         for (inputs, labels) in rows.take(left) {
             serde_json::to_writer(
                 &mut out,
@@ -159,31 +138,24 @@ fn dump(args: DumpCli) -> Result<ExitCode> {
             )?;
             out.write_all(b"\n")?;
         }
-        left = left.saturating_sub(batch_size);
+        left = left.saturating_sub(a.batch_size);
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `sweep data verify`: a pretokenized file against its source.
-fn verify_file(args: VerifyCli) -> Result<ExitCode> {
-    let VerifyCli {
-        pretokenized,
-        source,
-        tokenizer,
-        sample,
-        seed,
-    } = args;
+fn verify_file(a: VerifyCli) -> Result<ExitCode> {
     let args = verify::VerifyArgs {
-        pretokenized: pretokenized.clone(),
-        source,
-        tokenizer: tokenizer.tokenizer.clone(),
-        specials: tokenizer.specials(),
-        sample,
-        seed,
+        pretokenized: a.pretokenized.clone(),
+        source: a.source,
+        tokenizer: a.tokenizer.tokenizer.clone(),
+        specials: a.tokenizer.specials(),
+        sample: a.sample,
+        seed: a.seed,
     };
     let r = verify::verify(&args)?;
-    println!("{}", verify::describe(&r, &pretokenized));
+    println!("{}", verify::describe(&r, &a.pretokenized));
     if r.mismatch.is_some() {
         return Ok(ExitCode::FAILURE);
     }

@@ -109,65 +109,57 @@ impl Hardware {
     }
 }
 
-/// The forecast of `cfg` (a fixed batch) on `job` at the hints' expected
-/// MFU; none for a single rank.
-pub fn forecast(
-    cfg: &TrainConfig,
-    hints: &PlanHints,
-    model: &ModelConfig,
-    hw: Hardware,
-    job: Job,
-) -> Option<Forecast> {
-    forecast_with(FITTED, cfg, hints, model, hw, job)
-}
-
-/// [`forecast`] with other fitted constants (to fit them).
-pub fn forecast_with(
-    fitted: Fitted,
-    cfg: &TrainConfig,
-    hints: &PlanHints,
-    model: &ModelConfig,
-    hw: Hardware,
-    job: Job,
-) -> Option<Forecast> {
-    let w = job.world_size;
-    if w < 2 {
-        return None;
+impl Fitted {
+    /// The forecast of `cfg` (a fixed batch) on `job` at the hints' expected
+    /// MFU with these constants ([`FITTED`]: the ones sweep uses); none for
+    /// a single rank.
+    pub fn forecast(
+        self,
+        cfg: &TrainConfig,
+        hints: &PlanHints,
+        model: &ModelConfig,
+        hw: Hardware,
+        job: Job,
+    ) -> Option<Forecast> {
+        let w = job.world_size;
+        if w < 2 {
+            return None;
+        }
+        let batch = cfg.batch_size.fixed()?;
+        let tokens = (batch * cfg.sequence_length * cfg.gradient_accumulation) as f64;
+        let flops = tokens * model.flops_per_token(cfg.sequence_length);
+        let mfu = hints.expected_mfu_pct.unwrap_or(DEFAULT_EXPECTED_MFU_PCT) / 100.0;
+        let compute_s = flops / (hw.peak_flops * mfu);
+        // Gradients are summed in the parameters' type on GPUs (bf16 for bf16
+        // runs), in f32 otherwise.
+        let grad_bytes = match (cfg.device, cfg.precision) {
+            (DeviceKind::Cuda, Precision::Bf16) => 2.0,
+            _ => 4.0,
+        } * model.total_params() as f64;
+        let gbps = if w <= job.ranks_per_node {
+            hw.intra_node_gbps
+        } else {
+            hw.inter_node_gbps
+        };
+        let ring = 2.0 * (w - 1) as f64 / w as f64;
+        let bandwidth_s = ring * grad_bytes / (gbps * 1e9);
+        let buckets = (grad_bytes / BUCKET_BYTES as f64).ceil();
+        let latency_s = 2.0 * (w - 1) as f64 * buckets * self.hop_latency_s;
+        let exposed_bandwidth_s = if job.overlaps {
+            let window = BACKWARD_SHARE * flops / (hw.peak_flops * mfu.max(self.kernel_mfu));
+            let last_bucket = ring * (BUCKET_BYTES as f64).min(grad_bytes) / (gbps * 1e9);
+            (bandwidth_s - window).max(0.0) + last_bucket.min(bandwidth_s)
+        } else {
+            bandwidth_s
+        };
+        let exposed_s = exposed_bandwidth_s + latency_s;
+        Some(Forecast {
+            allreduce_s: bandwidth_s + latency_s,
+            compute_s,
+            exposed_s,
+            efficiency_pct: 100.0 * compute_s / (compute_s + exposed_s),
+        })
     }
-    let batch = cfg.batch_size.fixed()?;
-    let tokens = (batch * cfg.sequence_length * cfg.gradient_accumulation) as f64;
-    let flops = tokens * model.flops_per_token(cfg.sequence_length);
-    let mfu = hints.expected_mfu_pct.unwrap_or(DEFAULT_EXPECTED_MFU_PCT) / 100.0;
-    let compute_s = flops / (hw.peak_flops * mfu);
-    // Gradients are summed in the parameters' type on GPUs (bf16 for bf16
-    // runs), in f32 otherwise.
-    let grad_bytes = match (cfg.device, cfg.precision) {
-        (DeviceKind::Cuda, Precision::Bf16) => 2.0,
-        _ => 4.0,
-    } * model.total_params() as f64;
-    let gbps = if w <= job.ranks_per_node {
-        hw.intra_node_gbps
-    } else {
-        hw.inter_node_gbps
-    };
-    let ring = 2.0 * (w - 1) as f64 / w as f64;
-    let bandwidth_s = ring * grad_bytes / (gbps * 1e9);
-    let buckets = (grad_bytes / BUCKET_BYTES as f64).ceil();
-    let latency_s = 2.0 * (w - 1) as f64 * buckets * fitted.hop_latency_s;
-    let exposed_bandwidth_s = if job.overlaps {
-        let window = BACKWARD_SHARE * flops / (hw.peak_flops * mfu.max(fitted.kernel_mfu));
-        let last_bucket = ring * (BUCKET_BYTES as f64).min(grad_bytes) / (gbps * 1e9);
-        (bandwidth_s - window).max(0.0) + last_bucket.min(bandwidth_s)
-    } else {
-        bandwidth_s
-    };
-    let exposed_s = exposed_bandwidth_s + latency_s;
-    Some(Forecast {
-        allreduce_s: bandwidth_s + latency_s,
-        compute_s,
-        exposed_s,
-        efficiency_pct: 100.0 * compute_s / (compute_s + exposed_s),
-    })
 }
 
 #[cfg(test)]
@@ -201,7 +193,9 @@ mod tests {
             ranks_per_node: 4,
             overlaps,
         };
-        forecast(cfg, hints, &model, Hardware::of(cfg, hints).unwrap(), job).unwrap()
+        FITTED
+            .forecast(cfg, hints, &model, Hardware::of(cfg, hints).unwrap(), job)
+            .unwrap()
     }
 
     #[test]
@@ -234,7 +228,7 @@ mod tests {
             ranks_per_node: 1,
             overlaps: true,
         };
-        assert!(forecast(&b1, &none, &model, hw, single).is_none());
+        assert!(FITTED.forecast(&b1, &none, &model, hw, single).is_none());
         assert!(Hardware::of(&TrainConfig::default(), &none).is_none());
     }
 

@@ -87,7 +87,7 @@ impl Run {
             ranks_per_node: self.slurm.ntasks_per_node.get() as usize,
             overlaps: crate::config::trainer_overlaps_allreduce(cfg.device),
         };
-        scaling::forecast(cfg, hints, &model, hw, job)
+        scaling::FITTED.forecast(cfg, hints, &model, hw, job)
     }
 
     /// Sequences per optimizer step over all ranks (built-in trainer runs).

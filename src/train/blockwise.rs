@@ -153,6 +153,15 @@ impl Llama {
     }
 }
 
+/// The positions a pass runs over: `b` sequences of `t` tokens, and the
+/// rotary tables for them.
+#[derive(Clone, Copy)]
+pub(super) struct Seq<'a> {
+    pub b: usize,
+    pub t: usize,
+    pub rope: &'a rope::RopeTables,
+}
+
 /// One forward and backward pass: the loss, how the caches' memory went,
 /// and the forward pass's share of the time.
 pub struct Pass {
@@ -176,13 +185,12 @@ fn linear_backward(
 
 impl Attention {
     /// h [N, D] -> the attention's output after `wo`, [N, D], and its cache.
-    fn forward_cached(
-        &self,
-        h: &Tensor,
-        b: usize,
-        t: usize,
-        rope_tables: &rope::RopeTables,
-    ) -> Result<(Tensor, AttentionCache, Tensor)> {
+    fn forward_cached(&self, h: &Tensor, seq: Seq) -> Result<(Tensor, AttentionCache, Tensor)> {
+        let Seq {
+            b,
+            t,
+            rope: rope_tables,
+        } = seq;
         let (nh, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let q = linear(h, &self.wq, self.bf16)?.reshape((b, t, nh, d))?;
         let k = linear(h, &self.wk, self.bf16)?.reshape((b, t, kv, d))?;
@@ -234,11 +242,14 @@ impl Attention {
         cache: AttentionCache,
         attended: &Tensor,
         dy: &Tensor,
-        b: usize,
-        t: usize,
-        rope_tables: &rope::RopeTables,
+        seq: Seq,
         grads: &mut Grads,
     ) -> Result<Tensor> {
+        let Seq {
+            b,
+            t,
+            rope: rope_tables,
+        } = seq;
         let (nh, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let d_attended = linear_backward(attended, &self.wo, dy, self.bf16, grads)?;
         // The gradients of q, k (heads first, before un-rotating) and v (as given).
@@ -312,15 +323,9 @@ impl Mlp {
 
 impl Block {
     /// x [N, D] -> the block's output and what its backward needs.
-    fn forward_cached(
-        &self,
-        x: &Tensor,
-        b: usize,
-        t: usize,
-        rope_tables: &rope::RopeTables,
-    ) -> Result<(Tensor, Saved)> {
+    fn forward_cached(&self, x: &Tensor, seq: Seq) -> Result<(Tensor, Saved)> {
         let h = rms_norm::rms_norm(x, &self.attention_norm, self.eps)?;
-        let (a, attention, attended) = self.attention.forward_cached(&h, b, t, rope_tables)?;
+        let (a, attention, attended) = self.attention.forward_cached(&h, seq)?;
         drop(h);
         let mid = (x + a)?;
         let h2 = rms_norm::rms_norm(&mid, &self.ffn_norm, self.eps)?;
@@ -349,16 +354,14 @@ impl Block {
         &self,
         cache: BlockCache,
         dy: &Tensor,
-        b: usize,
-        t: usize,
-        rope_tables: &rope::RopeTables,
+        seq: Seq,
         grads: &mut Grads,
     ) -> Result<Tensor> {
         let BlockCache { x, saved } = cache;
         let saved = match saved {
             Some(s) => s,
             // Recomputation: the block runs forward again, from its input.
-            None => self.forward_cached(&x, b, t, rope_tables)?.1,
+            None => self.forward_cached(&x, seq)?.1,
         };
         let Saved {
             attention,
@@ -375,9 +378,9 @@ impl Block {
         let d_mid = (dy + d_mid_norm)?;
         drop(mid);
         let h = rms_norm::rms_norm(&x, &self.attention_norm, self.eps)?;
-        let dh =
-            self.attention
-                .backward(&h, attention, &attended, &d_mid, b, t, rope_tables, grads)?;
+        let dh = self
+            .attention
+            .backward(&h, attention, &attended, &d_mid, seq, grads)?;
         let (dx_norm, dg1) = rms_norm::backward(&x, &self.attention_norm, self.eps, &dh)?;
         grads.add(&self.attention_norm, &dg1)?;
         Ok((d_mid + dx_norm)?)
@@ -416,12 +419,17 @@ impl Llama {
     ) -> Result<Pass> {
         let started = std::time::Instant::now();
         let (b, t) = ids.dims2()?;
+        let seq = Seq {
+            b,
+            t,
+            rope: &self.rope,
+        };
         let ids = ids.flatten_all()?;
         let recompute = self.recompute == Recompute::Blocks;
         let mut x = embedding::embedding(&self.embeddings, &ids)?;
         let mut caches = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
-            let (y, saved) = block.forward_cached(&x, b, t, &self.rope)?;
+            let (y, saved) = block.forward_cached(&x, seq)?;
             caches.push(BlockCache {
                 x,
                 saved: (!recompute).then_some(saved),
@@ -444,7 +452,7 @@ impl Llama {
         (probe.on_ready)(Finished::Head, grads)?;
         for (i, block) in self.blocks.iter().enumerate().rev() {
             let cache = caches.pop().expect("one cache per block");
-            dx = block.backward(cache, &dx, b, t, &self.rope, grads)?;
+            dx = block.backward(cache, &dx, seq, grads)?;
             trace
                 .after_each_backward
                 .push(caches.iter().map(BlockCache::bytes).sum());
@@ -468,9 +476,14 @@ impl Llama {
     /// of rows at a time through the same loss kernel as training.
     pub fn loss(&self, ids: &Tensor, labels: &[i64], divisor: f64) -> Result<f64> {
         let (b, t) = ids.dims2()?;
+        let seq = Seq {
+            b,
+            t,
+            rope: &self.rope,
+        };
         let mut x = embedding::embedding(&self.embeddings, &ids.flatten_all()?)?;
         for block in &self.blocks {
-            x = block.forward_cached(&x, b, t, &self.rope)?.0;
+            x = block.forward_cached(&x, seq)?.0;
         }
         let (n, _) = x.dims2()?;
         let h = rms_norm::rms_norm(&x, &self.norm, self.eps)?;

@@ -11,6 +11,23 @@ use crate::config::{AttentionKind, ModelConfig, Precision, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
+/// Layer `layer`'s weight `name` of its `part` (`attention`,
+/// `feed_forward`), named as the reference's checkpoints name it.
+fn matrix(
+    src: &mut dyn Source,
+    layer: usize,
+    part: &str,
+    name: &str,
+    shape: [usize; 2],
+    init: Init,
+) -> Result<Tensor> {
+    src.param(
+        &format!("layers.{layer}.{part}.{name}.weight"),
+        &shape,
+        init,
+    )
+}
+
 #[derive(Clone)]
 pub(super) struct Attention {
     pub(super) wq: Tensor,
@@ -34,13 +51,7 @@ impl Attention {
     fn new(src: &mut dyn Source, layer: usize, spec: &ModelSpec) -> Result<Self> {
         let cfg = &spec.cfg;
         let (d, kv) = (cfg.dim, cfg.n_kv_heads * cfg.head_dim());
-        let mut w = |n: &str, shape: [usize; 2], init| {
-            src.param(
-                &format!("layers.{layer}.attention.{n}.weight"),
-                &shape,
-                init,
-            )
-        };
+        let mut w = |n: &str, shape, init| matrix(src, layer, "attention", n, shape, init);
         Ok(Attention {
             wq: w("wq", [d, d], Init::Truncated(0.02))?,
             wk: w("wk", [kv, d], Init::Truncated(0.02))?,
@@ -66,13 +77,7 @@ pub(super) struct Mlp {
 impl Mlp {
     fn new(src: &mut dyn Source, layer: usize, spec: &ModelSpec) -> Result<Self> {
         let (d, ffn) = (spec.cfg.dim, spec.cfg.ffn_hidden());
-        let mut w = |n: &str, shape: [usize; 2], init| {
-            src.param(
-                &format!("layers.{layer}.feed_forward.{n}.weight"),
-                &shape,
-                init,
-            )
-        };
+        let mut w = |n: &str, shape, init| matrix(src, layer, "feed_forward", n, shape, init);
         Ok(Mlp {
             w1: w("w1", [ffn, d], Init::Truncated(0.02))?,
             w2: w("w2", [d, ffn], Init::Truncated(depth_std(layer)))?,

@@ -5,6 +5,7 @@
 //! where the two must agree to rounding. With `recompute = "blocks"` each
 //! block is a custom op whose backward runs the block again.
 
+use super::blockwise::Seq;
 use super::model::{Attention, Block, Llama, Mlp, ModelSpec};
 use super::ops::{
     attach::attach, attention, cross_entropy::cross_entropy, embedding::embedding, linear::linear,
@@ -45,11 +46,16 @@ impl Autograd {
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let m = &self.model;
         let (b, t) = ids.dims2()?;
+        let seq = Seq {
+            b,
+            t,
+            rope: &m.rope,
+        };
         let mut x = embedding(&m.embeddings, &ids.flatten_all()?)?;
         for block in &m.blocks {
             x = match &self.recomputed {
-                None => block.autograd_forward(&x, b, t, &m.rope)?,
-                Some(grads) => Recomputed::forward(block, &x, b, t, &m.rope, grads)?,
+                None => block.autograd_forward(&x, seq)?,
+                Some(grads) => Recomputed::forward(block, &x, seq, grads)?,
             };
         }
         Ok(linear(&rms_norm(&x, &m.norm, m.eps)?, &m.output, m.bf16)?)
@@ -73,13 +79,12 @@ impl Autograd {
 }
 
 impl Attention {
-    fn autograd_forward(
-        &self,
-        x: &Tensor,
-        b: usize,
-        t: usize,
-        rope_tables: &rope::RopeTables,
-    ) -> Result<Tensor> {
+    fn autograd_forward(&self, x: &Tensor, seq: Seq) -> Result<Tensor> {
+        let Seq {
+            b,
+            t,
+            rope: rope_tables,
+        } = seq;
         let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let q = linear(x, &self.wq, self.bf16)?.reshape((b, t, h, d))?;
         let k = linear(x, &self.wk, self.bf16)?.reshape((b, t, kv, d))?;
@@ -116,15 +121,9 @@ impl Mlp {
 }
 
 impl Block {
-    fn autograd_forward(
-        &self,
-        x: &Tensor,
-        b: usize,
-        t: usize,
-        rope_tables: &rope::RopeTables,
-    ) -> Result<Tensor> {
+    fn autograd_forward(&self, x: &Tensor, seq: Seq) -> Result<Tensor> {
         let h = rms_norm(x, &self.attention_norm, self.eps)?;
-        let x = (x + self.attention.autograd_forward(&h, b, t, rope_tables)?)?;
+        let x = (x + self.attention.autograd_forward(&h, seq)?)?;
         let h = rms_norm(&x, &self.ffn_norm, self.eps)?;
         Ok((&x + self.mlp.autograd_forward(&h)?)?)
     }
@@ -149,18 +148,16 @@ impl Recomputed {
     fn forward(
         block: &Block,
         x: &Tensor,
-        b: usize,
-        t: usize,
-        rope: &rope::RopeTables,
+        seq: Seq,
         grads: &Arc<Mutex<GradStore>>,
     ) -> Result<Tensor> {
         // The block's graph dies with `y`; its output lives on as data.
-        let y = block.autograd_forward(&x.detach(), b, t, rope)?.detach();
+        let y = block.autograd_forward(&x.detach(), seq)?.detach();
         let op = Recomputed {
             block: block.clone(),
-            rope: rope.clone(),
-            b,
-            t,
+            rope: seq.rope.clone(),
+            b: seq.b,
+            t: seq.t,
             output: Mutex::new(Some(y)),
             grads: grads.clone(),
         };
@@ -195,7 +192,14 @@ impl CustomOp1 for Recomputed {
         let x = Var::from_tensor(&x.detach())?;
         let y = self
             .block
-            .autograd_forward(x.as_tensor(), self.b, self.t, &self.rope)
+            .autograd_forward(
+                x.as_tensor(),
+                Seq {
+                    b: self.b,
+                    t: self.t,
+                    rope: &self.rope,
+                },
+            )
             .map_err(|e| candle_core::Error::Msg(format!("recomputing a block: {e:#}")))?;
         let mut inner = attach(&y, dy.detach(), DType::F32)?.backward()?;
         let dx = inner.remove(x.as_tensor());

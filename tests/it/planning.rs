@@ -1,6 +1,6 @@
 //! Planning and rendering: run counts, stable ids, idempotent rendering.
 
-use super::support::{project, repo, run_ok, stdout, sweep, write};
+use super::support::{project, repo, run_err, run_ok, stdout, sweep, write};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -55,17 +55,13 @@ fn the_reference_study_plans_eight_runs_and_two_stages() {
     ));
     assert!(text.contains("8 runs, 10 jobs"), "{text}");
     // This CPU build cannot train its flash-attention runs: planning for it fails and says why.
-    let out = sweep(root.path())
-        .arg("plan")
-        .arg(&m)
-        .env_remove("SWEEP_BIN")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("built with the `cuda` feature"),
-        "{err}"
+    let err = run_err(
+        sweep(root.path())
+            .arg("plan")
+            .arg(&m)
+            .env_remove("SWEEP_BIN"),
     );
+    assert!(err.contains("built with the `cuda` feature"), "{err}");
     assert!(text.contains("baseline-padded-bs1") && text.contains("pretokenized-padding-free-bs2"));
     // plan writes nothing.
     assert!(!root.path().join("results").exists());
@@ -183,9 +179,7 @@ fn a_run_directory_is_never_reused_for_another_configuration() {
         &m,
         "name = \"s\"\n[defaults]\ndataset = \"d.parquet\"\nseed = 2\n",
     );
-    let out = sweep(root.path()).arg("render").arg(&m).output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = run_err(sweep(root.path()).arg("render").arg(&m));
     assert!(
         err.contains("1 run(s) whose directories hold their jobs and outputs would now run something else (run): `seed` 1 → 2 (1 run(s))")
             && err.contains("--replace-changed"),
@@ -266,10 +260,9 @@ fn a_hint_changes_no_run() {
         &m,
         &format!("{text}[sweep.grid]\nexpected_mfu_pct = [30.0, 40.0]\n"),
     );
-    let out = sweep(root.path()).arg("plan").arg(&m).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = run_err(sweep(root.path()).arg("plan").arg(&m));
     assert!(
-        !out.status.success() && err.contains("is a hint for `sweep plan`: it changes no run"),
+        err.contains("is a hint for `sweep plan`: it changes no run"),
         "{err}"
     );
 }
@@ -286,12 +279,8 @@ fn local_settings_are_part_of_a_local_runs_identity() {
     write(&m, &study(1));
     run_ok(sweep(root.path()).arg("submit").arg(&m));
     write(&m, &study(2));
-    let out = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("`[local] threads` 1 → 2"),
-        "{err}"
-    );
+    let err = run_err(sweep(root.path()).arg("submit").arg(&m));
+    assert!(err.contains("`[local] threads` 1 → 2"), "{err}");
     run_ok(
         sweep(root.path())
             .args(["submit", "--replace-changed"])
@@ -359,17 +348,9 @@ fn a_study_run_before_identity_versions_is_recognised() {
         let f = f.unwrap();
         std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
     }
-    let out = sweep(fresh.path())
-        .arg("submit")
-        .arg(&changed)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = run_err(sweep(fresh.path()).arg("submit").arg(&changed));
     assert!(
-        !out.status.success()
-            && err.contains("training_steps")
-            && err.contains('3')
-            && err.contains('4'),
+        err.contains("training_steps") && err.contains('3') && err.contains('4'),
         "{err}"
     );
 }
@@ -860,17 +841,13 @@ fn the_optimization_study_plans_ten_runs_at_their_largest_batch() {
             "gpus_per_node = 4\nntasks_per_node = 4",
         ),
     );
-    let out = sweep(root.path())
-        .arg("plan")
-        .arg(&multi)
-        .env("SWEEP_BIN", GPU_BUILD)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("searched on one device"),
-        "{err}"
+    let err = run_err(
+        sweep(root.path())
+            .arg("plan")
+            .arg(&multi)
+            .env("SWEEP_BIN", GPU_BUILD),
     );
+    assert!(err.contains("searched on one device"), "{err}");
 }
 
 /// The forecast against the reference study's eight PyTorch DDP logs (ref-1b
@@ -931,7 +908,7 @@ fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
 /// buckets during the backward pass) at `world_size` against 4 GPUs, given
 /// one node's measured tokens/s at `batch` (its MFU).
 fn reference_forecast(fitted: Fitted, batch: usize, one_node: f64, world_size: usize) -> f64 {
-    use sweep::config::scaling::{forecast_with, Hardware, Job};
+    use sweep::config::scaling::{Hardware, Job};
     use sweep::config::{
         model::ModelConfig, BatchSize, DeviceKind, PlanHints, Precision, TrainConfig,
     };
@@ -956,7 +933,8 @@ fn reference_forecast(fitted: Fitted, batch: usize, one_node: f64, world_size: u
             ranks_per_node: 4,
             overlaps: true,
         };
-        forecast_with(fitted, &cfg, &hints, &model, hw, job)
+        fitted
+            .forecast(&cfg, &hints, &model, hw, job)
             .unwrap()
             .efficiency_pct
     };

@@ -1,7 +1,7 @@
 //! The report: the reference study's own table from its logs, and a sweep
 //! whose runs failed, are still writing, or wrote nothing.
 
-use super::support::{project, repo, run_ok, stdout, step_line, sweep, write, CHARTS};
+use super::support::{project, repo, run_err, run_ok, stdout, step_line, sweep, write, CHARTS};
 use serde_json::Value;
 use std::path::Path;
 
@@ -594,11 +594,7 @@ fn report_names_cannot_leave_the_results_directory() {
     );
     let outside = root.path().join("outside");
     for name in ["../../outside", outside.to_str().unwrap(), "..", ""] {
-        let out = import_jsonl(&root.path().join("logs"), &glob, name)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "--name {name:?} was accepted");
+        let err = run_err(&mut import_jsonl(&root.path().join("logs"), &glob, name));
         assert!(err.contains("--name"), "{err}");
     }
     assert!(!outside.exists() && !root.path().join("results").exists());

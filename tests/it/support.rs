@@ -37,6 +37,14 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// Runs a command that must fail; its standard error.
+pub fn run_err(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("the command starts");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{cmd:?} succeeded:\n{err}");
+    err
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

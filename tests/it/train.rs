@@ -2,8 +2,8 @@
 //! and pretokenized, resume after a kill, and requeue on SLURM's SIGUSR1.
 
 use super::support::{
-    job_id, job_logs, losses, metrics, project, release_requeued, repo, run_ok, status, stdout,
-    submit_slurm, sweep, wait_for, write,
+    job_id, job_logs, losses, metrics, project, release_requeued, repo, run_err, run_ok, status,
+    stdout, submit_slurm, sweep, wait_for, write,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -612,11 +612,7 @@ fn bench_kernels_checks_every_kernel_and_writes_its_figures() {
     }
     // A GPU benchmark asked of a CPU build is a clear error.
     if !cfg!(feature = "cuda") {
-        let out = sweep(root.path())
-            .args(["bench", "kernels", "--device", "cuda"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("GPU build"));
+        let err = run_err(sweep(root.path()).args(["bench", "kernels", "--device", "cuda"]));
+        assert!(err.contains("GPU build"), "{err}");
     }
 }

@@ -26,44 +26,17 @@ pub fn softmax(
     if period == 0 {
         candle_core::bail!("softmax: a period of 0 query positions");
     }
+    let op = Softmax {
+        scale,
+        period,
+        first,
+        causal,
+    };
     if own_kernel(&[scores]) {
-        scores.contiguous()?.apply_op1(Softmax {
-            scale: scale as f32,
-            period,
-            first,
-            causal,
-        })
+        scores.contiguous()?.apply_op1(op)
     } else {
-        composed(scores, scale, period, first, causal)
+        op.composed(scores)
     }
-}
-
-pub fn composed(
-    scores: &Tensor,
-    scale: f64,
-    period: usize,
-    first: usize,
-    causal: bool,
-) -> Result<Tensor> {
-    let s = (scores * scale)?;
-    if !causal {
-        return candle_nn::ops::softmax(&s, D::Minus1);
-    }
-    let dims = s.dims().to_vec();
-    let (rows, keys) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-    let mask: Vec<f32> = (0..rows)
-        .flat_map(|r| {
-            (0..keys).map(move |k| {
-                if k <= first + r % period {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    let mask = Tensor::from_vec(mask, (rows, keys), s.device())?.to_dtype(s.dtype())?;
-    candle_nn::ops::softmax(&s.broadcast_add(&mask)?, D::Minus1)
 }
 
 /// The gradient of the scores from the probabilities `p` of [`softmax`]
@@ -84,14 +57,45 @@ pub fn backward(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
     ((pw * dpw.broadcast_sub(&dot)?)? * scale)?.to_dtype(p.dtype())
 }
 
+#[derive(Clone, Copy)]
 struct Softmax {
-    scale: f32,
+    scale: f64,
     period: usize,
     first: usize,
     causal: bool,
 }
 
 impl Softmax {
+    /// The composed twin: candle's softmax over the scaled scores with a
+    /// mask (any device and dtype).
+    fn composed(&self, scores: &Tensor) -> Result<Tensor> {
+        let Softmax {
+            scale,
+            period,
+            first,
+            causal,
+        } = *self;
+        let s = (scores * scale)?;
+        if !causal {
+            return candle_nn::ops::softmax(&s, D::Minus1);
+        }
+        let dims = s.dims().to_vec();
+        let (rows, keys) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        let mask: Vec<f32> = (0..rows)
+            .flat_map(|r| {
+                (0..keys).map(move |k| {
+                    if k <= first + r % period {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (rows, keys), s.device())?.to_dtype(s.dtype())?;
+        candle_nn::ops::softmax(&s.broadcast_add(&mask)?, D::Minus1)
+    }
+
     fn visible(&self, row: usize, keys: usize) -> usize {
         if self.causal {
             (self.first + row % self.period + 1).min(keys)
@@ -112,6 +116,7 @@ impl CustomOp1 for Softmax {
         let (rows, keys) = (dims[dims.len() - 2], dims[dims.len() - 1]);
         let mut y = vec![0f32; x.len()];
         let per = rows_per_task(x.len() / keys, keys) * keys;
+        let scale = self.scale as f32;
         y.par_chunks_mut(per)
             .zip(x.par_chunks(per))
             .enumerate()
@@ -123,10 +128,10 @@ impl CustomOp1 for Softmax {
                     .enumerate()
                 {
                     let n = self.visible((first + i) % rows, keys);
-                    let max = x[..n].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * self.scale;
+                    let max = x[..n].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
                     let mut sum = 0.0;
                     for (y, &x) in y[..n].iter_mut().zip(&x[..n]) {
-                        *y = (x * self.scale - max).exp();
+                        *y = (x * scale - max).exp();
                         sum += *y;
                     }
                     let inv = 1.0 / sum;
@@ -145,7 +150,7 @@ impl CustomOp1 for Softmax {
     // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
     #[cfg(test)]
     fn bwd(&self, _x: &Tensor, p: &Tensor, dp: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(backward(p, dp, self.scale as f64)?))
+        Ok(Some(backward(p, dp, self.scale)?))
     }
 }
 
@@ -222,6 +227,8 @@ fn forward_cuda<T: Element>(op: &Softmax, s: &CudaStorage, l: &Layout) -> Result
     let period = cuda::u32_of(op.period, "the softmax period")?;
     let first = cuda::u32_of(op.first, "the softmax's first position")?;
     let causal = u32::from(op.causal);
+    // The kernel takes an f32 scale.
+    let scale = op.scale as f32;
     let f = cuda::function(&dev, &cuda::SOFTMAX, "softmax_fwd", T::DTYPE)?;
     let mut args = f.builder();
     args.arg(&x)
@@ -230,7 +237,7 @@ fn forward_cuda<T: Element>(op: &Softmax, s: &CudaStorage, l: &Layout) -> Result
         .arg(&period)
         .arg(&first)
         .arg(&causal)
-        .arg(&op.scale);
+        .arg(&scale);
     // SAFETY: (scores, probs, keys, period, offset, causal, scale) is the
     // kernel's signature; block r reads and writes row r's `keys` values,
     // and there are `rows` blocks over rows × keys values.
@@ -314,7 +321,7 @@ mod tests {
             let s = Var::from_tensor(&(rand(&[2, 3, 10, 5], 1) * 4.0)?)?;
             let dy = rand(&[2, 3, 10, 5], 2);
             let a = softmax(&s, 0.35, 5, 0, causal)?;
-            let b = composed(&s, 0.35, 5, 0, causal)?;
+            let b = super::super::composed_here(|| softmax(&s, 0.35, 5, 0, causal))?;
             assert!(max_diff(&a, &b)? < 1e-6, "causal={causal}");
             let ga = (a * &dy)?.sum_all()?.backward()?;
             let gb = (b * &dy)?.sum_all()?.backward()?;

@@ -168,26 +168,12 @@ fn gemm_portable(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) 
         // SAFETY: C is m x n row-major (asserted by the caller), the blocks
         // are m x kc and kc x n row-major, all alive and not aliased.
         unsafe {
-            gemm::gemm(
-                m,
-                n,
-                kc,
+            super::gemm_f32(
+                (m, n, kc),
                 c.as_mut_ptr(),
-                1,
-                n as isize,
                 k0 > 0,
-                ab.as_ptr(),
-                1,
-                kc as isize,
-                bb.as_ptr(),
-                1,
-                n as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                (ab.as_ptr(), 1, kc),
+                (bb.as_ptr(), 1, n),
             )
         };
     }

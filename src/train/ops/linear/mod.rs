@@ -140,6 +140,48 @@ pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Res
     super::accumulate::add(buf, &product)
 }
 
+/// c (m × n, contiguous row-major) = lhs · rhs (m × k times k × n), plus
+/// c's values where `accumulate`, by the `gemm` crate's f32 kernels (the
+/// ones candle uses) on the current rayon pool. Each operand is its first
+/// element with its column and row strides.
+///
+/// # Safety
+/// Every element the shapes and strides reach lies inside its allocation,
+/// and c aliases neither operand.
+pub(crate) unsafe fn gemm_f32(
+    (m, n, k): (usize, usize, usize),
+    c: *mut f32,
+    accumulate: bool,
+    (lhs, lhs_cs, lhs_rs): (*const f32, usize, usize),
+    (rhs, rhs_cs, rhs_rs): (*const f32, usize, usize),
+) {
+    let s = |x: usize| x as isize;
+    // SAFETY: as the caller promises.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            s(n),
+            accumulate,
+            lhs,
+            s(lhs_cs),
+            s(lhs_rs),
+            rhs,
+            s(rhs_cs),
+            s(rhs_rs),
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(rayon::current_num_threads()),
+        )
+    }
+}
+
 struct AddProduct;
 
 impl InplaceOp3 for AddProduct {
@@ -177,26 +219,12 @@ impl InplaceOp3 for AddProduct {
         // through its own; all three lie inside their slices (checked above)
         // and dst does not alias the operands (a separate storage).
         unsafe {
-            gemm::gemm(
-                out,
-                inp,
-                n,
+            gemm_f32(
+                (out, inp, n),
                 buf.as_mut_ptr().add(l1.start_offset()),
-                1,
-                inp as isize,
                 true,
-                dy.as_ptr().add(l2.start_offset()),
-                sd[0] as isize,
-                sd[1] as isize,
-                x.as_ptr().add(l3.start_offset()),
-                sx[1] as isize,
-                sx[0] as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                (dy.as_ptr().add(l2.start_offset()), sd[0], sd[1]),
+                (x.as_ptr().add(l3.start_offset()), sx[1], sx[0]),
             )
         };
         Ok(())
