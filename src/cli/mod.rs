@@ -35,7 +35,7 @@ fn version() -> &'static str {
     after_help = "Examples:\n  sweep plan experiments/quickstart.toml\n  sweep submit experiments/pretokenization.toml --executor slurm --dry-run\n  sweep status experiments/pretokenization.toml"
 )]
 pub struct Cli {
-    /// Project root: relative paths in manifests and `results/` resolve here.
+    /// Project root, as `git -C`: sweep starts there, so the manifest argument, relative paths in manifests, `results/` and a command's working directory resolve there.
     #[arg(short = 'C', long = "root", global = true, value_name = "DIR")]
     pub root: Option<PathBuf>,
 
@@ -582,12 +582,16 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let root = match cli
-        .root
-        .clone()
-        .map(Ok)
-        .unwrap_or_else(std::env::current_dir)
-    {
+    // `-C DIR` as `git -C DIR`: sweep starts in DIR, so the manifest
+    // argument, every relative path in it, `results/` and a command's
+    // working directory are all the project root's.
+    if let Some(dir) = &cli.root {
+        if let Err(e) = std::env::set_current_dir(dir) {
+            eprintln!("error: -C {}: {e}", dir.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let root = match std::env::current_dir() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot find the working directory: {e}");

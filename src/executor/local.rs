@@ -53,6 +53,13 @@ struct LocalState {
 }
 
 impl LocalState {
+    /// Seconds from its start to its end, once both are recorded.
+    fn run_s(&self) -> Option<u64> {
+        let at = |t: &Option<String>| chrono::DateTime::parse_from_rfc3339(t.as_deref()?).ok();
+        let (start, end) = (at(&self.started_at)?, at(&self.ended_at)?);
+        u64::try_from((end - start).num_seconds()).ok()
+    }
+
     fn new(job_id: String, state: State, owner_pid: u32) -> LocalState {
         LocalState {
             job_id,
@@ -629,6 +636,7 @@ fn to_status(s: &LocalState) -> Status {
         signal: s.signal,
         reason: s.reason.clone(),
         job_id: Some(s.job_id.clone()),
+        run_s: s.run_s(),
     }
 }
 

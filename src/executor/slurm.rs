@@ -296,6 +296,7 @@ pub(crate) fn parse_squeue(out: &str) -> HashMap<String, Status> {
                 signal,
                 reason: Some(reason).filter(|r| !r.is_empty() && r != "None"),
                 job_id: Some(id.to_string()),
+                run_s: None,
             },
         );
     }
@@ -311,7 +312,7 @@ fn sacct(ids: &[&str]) -> HashMap<String, Status> {
             "-P",
             "-n",
             "-o",
-            "JobID,State,ExitCode",
+            "JobID,State,ExitCode,ElapsedRaw",
             "-j",
             &ids.join(","),
         ])
@@ -340,6 +341,11 @@ fn sacct(ids: &[&str]) -> HashMap<String, Status> {
                 signal,
                 reason: None,
                 job_id: Some(f[0].to_string()),
+                // Seconds; a job still running is not done measuring.
+                run_s: f
+                    .get(3)
+                    .and_then(|s| s.trim().parse().ok())
+                    .filter(|_| !state.is_active()),
             },
         );
     }

@@ -99,6 +99,12 @@ pub struct Status {
     pub signal: Option<i32>,
     pub reason: Option<String>,
     pub job_id: Option<String>,
+    /// How long the job ran, in whole seconds, where the executor knows:
+    /// the local executor from its record of the start and the end, SLURM
+    /// from `sacct` (where accounting runs). The report's wall time of a run
+    /// whose log has no clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_s: Option<u64>,
 }
 
 impl Status {
@@ -109,6 +115,7 @@ impl Status {
             signal: None,
             reason: None,
             job_id: None,
+            run_s: None,
         }
     }
 

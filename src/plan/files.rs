@@ -10,6 +10,14 @@ pub const RUN_JSON: &str = "run.json";
 /// A stage's record, as `run.json` is a run's.
 pub const STAGE_JSON: &str = "stage.json";
 
+/// What the study directory records of the manifest that last rendered it
+/// (`results/<study>/study.json`): which file and version, its report
+/// settings and its runs.
+pub const STUDY_JSON: &str = "study.json";
+/// Grouped reports (`sweep report --group-by`) beside the main one
+/// (`results/<study>/grouped/<keys>`).
+pub const GROUPED_DIR: &str = "grouped";
+
 /// Everything rendering writes: what a directory holds besides outputs.
 pub const RENDERED: [&str; 4] = [CONFIG_TOML, JOB_SBATCH, RUN_JSON, STAGE_JSON];
 
@@ -23,4 +31,11 @@ pub const ARRAYS_DIR: &str = "arrays";
 /// `--replace-changed` (`results/<study>/replaced/<time>`).
 pub const REPLACED_DIR: &str = "replaced";
 /// The study's own directories beside its runs': no run may take their names.
-pub const STUDY_DIRS: [&str; 4] = [STAGES_DIR, LOGS_DIR, ARRAYS_DIR, REPLACED_DIR];
+pub const STUDY_DIRS: [&str; 6] = [
+    STAGES_DIR,
+    LOGS_DIR,
+    ARRAYS_DIR,
+    REPLACED_DIR,
+    GROUPED_DIR,
+    STUDY_JSON,
+];

@@ -23,6 +23,56 @@ pub struct ManifestRef {
     pub sha256: String,
 }
 
+/// What a study directory records of the manifest that last rendered it
+/// ([`super::files::STUDY_JSON`]): a report of the directory reads its
+/// settings and tells its runs from directories an earlier version left.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StudyRecord {
+    /// The manifest (its path made absolute) and its version.
+    pub manifest: ManifestRef,
+    /// The manifest's `[report]` settings and axes.
+    pub skip_first: usize,
+    pub baseline: Option<String>,
+    #[serde(default)]
+    pub group_by: Vec<String>,
+    #[serde(default)]
+    pub axes: Vec<String>,
+    /// The ids of the runs it plans.
+    pub runs: Vec<String>,
+}
+
+impl StudyRecord {
+    pub fn of(plan: &super::Plan) -> StudyRecord {
+        let m = &plan.manifest;
+        let path = crate::util::fs::absolute(&std::env::current_dir().unwrap_or_default(), &m.path);
+        StudyRecord {
+            manifest: ManifestRef {
+                path: path.display().to_string(),
+                sha256: m.sha256.clone(),
+            },
+            skip_first: m.report.skip_first,
+            baseline: m.report.baseline.clone(),
+            group_by: m.report.group_by.clone(),
+            axes: m.axis_keys().map(str::to_string).collect(),
+            runs: plan.runs.iter().map(|r| r.id.clone()).collect(),
+        }
+    }
+
+    /// `study.json` of a study directory; `None` where it has none (a study
+    /// rendered before it was written).
+    pub fn load(study_dir: &Path) -> Result<Option<StudyRecord>> {
+        use crate::util::fs::{read_regular, ReadError};
+        let path = study_dir.join(super::files::STUDY_JSON);
+        match read_regular(&path, MAX_RECORD_BYTES, Some(study_dir)) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .with_context(|| format!("{} is not a valid study record", path.display())),
+            Err(ReadError::NotFound) => Ok(None),
+            Err(e) => Err(anyhow::anyhow!("{} {e}", path.display())),
+        }
+    }
+}
+
 /// A training (or any-command) run, or a stage job that runs wait for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

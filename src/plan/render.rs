@@ -2,8 +2,8 @@
 //! template error writes nothing), then written file by file, only where the
 //! content changed: re-rendering is idempotent and never touches outputs.
 
-use super::files::{CONFIG_TOML, JOB_SBATCH};
-use super::record::{ManifestRef, RunRecord, UnitKind};
+use super::files::{CONFIG_TOML, JOB_SBATCH, STUDY_JSON};
+use super::record::{ManifestRef, RunRecord, StudyRecord, UnitKind};
 use super::templates::Templates;
 use super::{Job, Plan};
 use crate::manifest::{Diagnostic, Diagnostics};
@@ -30,6 +30,9 @@ pub struct RenderedDir {
 pub struct Rendered {
     pub runs: Vec<RenderedDir>,
     pub stages: Vec<RenderedDir>,
+    /// `results/<study>` and what it records of the manifest (`study.json`).
+    pub study_dir: PathBuf,
+    pub study: StudyRecord,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +179,12 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
         errors.dedup();
         return Err(Diagnostics(errors));
     }
-    Ok(Rendered { runs, stages })
+    Ok(Rendered {
+        runs,
+        stages,
+        study_dir: plan.study_dir.clone(),
+        study: StudyRecord::of(plan),
+    })
 }
 
 /// A run's `config.toml`: the trainer's configuration, or an any-command
@@ -387,6 +395,10 @@ fn has_outputs(dir: &Path) -> bool {
 /// A directory that did not exist yet gets its files without reading first:
 /// on a slow file system every avoidable lookup counts.
 pub fn write(rendered: &Rendered) -> Result<WriteSummary> {
+    std::fs::create_dir_all(&rendered.study_dir)
+        .with_context(|| format!("creating {}", rendered.study_dir.display()))?;
+    let study = serde_json::to_vec_pretty(&rendered.study).expect("a study record serialises");
+    write_if_changed(&rendered.study_dir.join(STUDY_JSON), &study)?;
     let all: Vec<&RenderedDir> = rendered.stages.iter().chain(&rendered.runs).collect();
     let mut parents: Vec<&Path> = all.iter().filter_map(|r| r.dir.parent()).collect();
     parents.sort_unstable();

@@ -35,6 +35,12 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<Chart>> {
             "Achieved TFLOPs per device",
             "TFLOP/s",
         ),
+        (
+            "peak-memory",
+            Metric::PeakMemoryMb,
+            "Peak memory per device",
+            "MB",
+        ),
     ] {
         let values: Vec<Option<f64>> = s.rows.iter().map(|r| r.metric(metric).mean).collect();
         if values.iter().all(Option::is_none) {

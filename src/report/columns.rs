@@ -11,14 +11,17 @@ pub enum Metric {
     MfuPct,
     Tflops,
     TrainingTokensPct,
+    /// Peak memory per device: the most any logged step had reached.
+    PeakMemoryMb,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 4] = [
+    pub const ALL: [Metric; 5] = [
         Metric::TokensPerSecond,
         Metric::MfuPct,
         Metric::Tflops,
         Metric::TrainingTokensPct,
+        Metric::PeakMemoryMb,
     ];
 
     /// The field of a log point it is read from.
@@ -28,6 +31,7 @@ impl Metric {
             Metric::MfuPct => Field::MfuPct,
             Metric::Tflops => Field::Tflops,
             Metric::TrainingTokensPct => Field::TrainingTokensPct,
+            Metric::PeakMemoryMb => Field::PeakMemoryMb,
         }
     }
 
@@ -52,7 +56,12 @@ impl Metric {
 }
 
 /// The metrics whose means get confidence intervals.
-pub const WITH_INTERVALS: [Metric; 3] = [Metric::TokensPerSecond, Metric::MfuPct, Metric::Tflops];
+pub const WITH_INTERVALS: [Metric; 4] = [
+    Metric::TokensPerSecond,
+    Metric::MfuPct,
+    Metric::Tflops,
+    Metric::PeakMemoryMb,
+];
 
 /// A statistic over a run's steady-state points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +129,9 @@ pub const SCALING_EFFICIENCY_PCT: &str = "scaling_efficiency_pct";
 /// The same ratio as `sweep plan`'s scaling forecast has it, beside the
 /// measured one (built-in trainer runs on devices the forecast knows).
 pub const FORECAST_EFFICIENCY_PCT: &str = "forecast_efficiency_pct";
+/// Helper: how long a run's job ran by its executor's clock (the wall time
+/// of a run whose log has no `elapsed_s`).
+pub const JOB_RUN_S: &str = "_job_run_s";
 /// Helper: the forecast's efficiency against one device alone.
 pub const FORECAST_VS_ONE_DEVICE: &str = "_forecast_vs_one_device";
 /// The parameters that set the world size (and the time limit that goes

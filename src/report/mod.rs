@@ -14,7 +14,7 @@ pub mod summary;
 
 use crate::executor::{self, Status};
 use crate::manifest::{Manifest, Mode};
-use crate::plan::record::{RunRecord, UnitKind};
+use crate::plan::record::{RunRecord, StudyRecord, UnitKind};
 use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
 use ingest::RunLog;
@@ -76,6 +76,9 @@ struct Spec {
     provenance: page::Provenance,
     /// Log files named by the user (`--import`): no output may replace one.
     inputs: Vec<PathBuf>,
+    /// Run directories left by an earlier version of the manifest: listed
+    /// among the problems, never averaged in.
+    stale: Vec<summary::Problem>,
 }
 
 impl Spec {
@@ -98,11 +101,27 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
             opts.group_by.clone()
         },
     };
-    let s = summary::summarize(runs, &sopts)?;
-    let out = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| root.join("results").join(&study));
+    let mut s = summary::summarize(runs, &sopts)?;
+    s.problems.extend(spec.stale);
+    // A grouping asked for on the command line writes beside the study's
+    // main report (results/<study>/grouped/<keys>), never over it.
+    let grouped =
+        (!opts.group_by.is_empty()).then(|| crate::util::name::sanitize(&opts.group_by.join("+")));
+    let out = opts.out.clone().unwrap_or_else(|| {
+        let main = root.join("results").join(&study);
+        match &grouped {
+            Some(keys) => main.join(crate::plan::files::GROUPED_DIR).join(keys),
+            None => main,
+        }
+    });
+    let plots = match &grouped {
+        Some(keys) => root
+            .join("plots")
+            .join(&study)
+            .join(crate::plan::files::GROUPED_DIR)
+            .join(keys),
+        None => root.join("plots").join(&study),
+    };
     let page = out.join(page::STUDY_PAGE);
     let inputs: Vec<&Path> = spec.inputs.iter().map(PathBuf::as_path).collect();
     for path in export::paths(&out).iter().chain([&page]) {
@@ -115,7 +134,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     };
     let mut files = export::write_all(&s, &ctx, &out)?;
     let charts = if opts.plots {
-        charts::render(&s, &root.join("plots").join(&study), &study)?
+        charts::render(&s, &plots, &study)?
     } else {
         vec![]
     };
@@ -217,6 +236,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
             ..page::Provenance::default()
         },
         inputs: Vec::new(),
+        stale: Vec::new(),
     };
     Ok((plan.manifest.name.clone(), runs, spec))
 }
@@ -316,6 +336,26 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
             dir.display()
         );
     }
+    // The manifest that last rendered the directory says which runs are
+    // its own and how to report them.
+    let record = StudyRecord::load(dir)?;
+    let mut stale = Vec::new();
+    if let Some(rec) = &record {
+        found.retain(|(r, _)| {
+            let current = rec.runs.contains(&r.id);
+            if !current {
+                stale.push(summary::Problem {
+                    run: r.name.clone(),
+                    state: "STALE".into(),
+                    reason: format!(
+                        "a run of an earlier version of {} (not among the runs it last rendered): left out; move it away or render it again",
+                        rec.manifest.path
+                    ),
+                });
+            }
+            current
+        });
+    }
     found.sort_by(|a, b| {
         a.0.created_at
             .cmp(&b.0.created_at)
@@ -335,7 +375,58 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
         .collect();
     broken.sort_by(|a, b| a.name.cmp(&b.name));
     runs.extend(broken);
-    Ok((study, runs, Spec::default()))
+    let spec = match record {
+        Some(rec) => Spec {
+            axes: Some(rec.axes),
+            skip_first: Some(rec.skip_first),
+            baseline: rec.baseline,
+            group_by: rec.group_by,
+            stale,
+            ..Spec::default()
+        },
+        None => Spec::default(),
+    };
+    Ok((study, runs, spec))
+}
+
+/// The runs of imported files: their stems (`lsai_1n_bs8.out` is
+/// `lsai_1n_bs8`) where those are distinct, else each file's path relative
+/// to the files' common directory, without its extension (twelve
+/// `node*/local.out` are `node1/local`, `node2/local`, ...).
+fn import_names(paths: &[PathBuf]) -> Vec<String> {
+    let stem = |p: &Path| {
+        p.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let stems: Vec<String> = paths.iter().map(|p| stem(p)).collect();
+    let mut distinct = stems.clone();
+    distinct.sort();
+    distinct.dedup();
+    if distinct.len() == stems.len() {
+        return stems;
+    }
+    // The longest directory every file is in.
+    let mut common: Vec<std::path::Component> = paths[0]
+        .parent()
+        .map(|d| d.components().collect())
+        .unwrap_or_default();
+    for p in &paths[1..] {
+        let dir: Vec<_> = p
+            .parent()
+            .map(|d| d.components().collect())
+            .unwrap_or_default();
+        let same = common.iter().zip(&dir).take_while(|(a, b)| a == b).count();
+        common.truncate(same);
+    }
+    let common: PathBuf = common.iter().collect();
+    paths
+        .iter()
+        .map(|p| {
+            let relative = p.strip_prefix(&common).unwrap_or(p);
+            relative.with_extension("").to_string_lossy().into_owned()
+        })
+        .collect()
 }
 
 /// Foreign log files, one run each (named after the file), and their paths.
@@ -370,13 +461,11 @@ fn load_import(
     if paths.is_empty() {
         bail!("no files match `{glob}`");
     }
+    let names = import_names(&paths);
     let runs = paths
         .iter()
-        .map(|p| {
-            let name = p
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+        .zip(names)
+        .map(|(p, name)| {
             // The user named these files: links may lead anywhere.
             let bytes = match ingest::read_log(p, None) {
                 Ok(b) => b,

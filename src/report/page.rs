@@ -11,9 +11,10 @@
 
 use super::columns::Metric;
 use super::compare::Comparison;
+use super::export::with_interval;
 use super::ingest::RunLog;
 use super::plot::Chart;
-use super::summary::{MetricStats, Row, Summary};
+use super::summary::{Row, Summary};
 use crate::executor::State;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -283,15 +284,6 @@ fn provenance(out: &mut String, p: &Provenance) {
     out.push_str("</dl></section>\n");
 }
 
-fn with_interval(m: &MetricStats) -> String {
-    match (m.mean, m.ci95) {
-        (Some(mean), Some((lo, hi))) if mean.is_finite() && (hi - lo).is_finite() => {
-            format!("{mean:.2} ± {:.2}", (hi - lo) / 2.0)
-        }
-        _ => fmt(m.mean, 2),
-    }
-}
-
 fn summary_table(out: &mut String, s: &Summary, baseline: Option<&str>, skip_first: usize) {
     out.push_str("<section><h2>Summary</h2>\n");
     let _ = write!(
@@ -321,6 +313,7 @@ fn summary_table(out: &mut String, s: &Summary, baseline: Option<&str>, skip_fir
         "MFU %",
         "TFLOPs",
         "Training tokens %",
+        "Peak memory (MB)",
         "Final loss",
         "Wall time (s)",
         "Speedup",
@@ -354,10 +347,12 @@ fn summary_table(out: &mut String, s: &Summary, baseline: Option<&str>, skip_fir
         );
         for m in [Metric::TokensPerSecond, Metric::MfuPct, Metric::Tflops] {
             let st = r.metric(m);
-            cell_value(out, st.mean, &with_interval(st));
+            cell_value(out, st.mean, &with_interval(st, 2));
         }
         let tt = r.metric(Metric::TrainingTokensPct).mean;
         cell_value(out, tt, &fmt(tt, 2));
+        let mem = r.metric(Metric::PeakMemoryMb);
+        cell_value(out, mem.mean, &with_interval(mem, 0));
         cell_value(out, r.final_loss, &fmt(r.final_loss, 3));
         cell_value(out, r.wall_time_s, &fmt(r.wall_time_s, 1));
         let sp = r.speedup.map(|x| x.ratio);

@@ -386,6 +386,12 @@ fn runs_frame(runs: &[RunLog], skip_first: usize) -> Result<(DataFrame, Vec<Stri
             c::FORECAST_VS_ONE_DEVICE.into(),
             runs.iter().map(|r| r.forecast_pct).collect::<Vec<_>>(),
         ),
+        Column::new(
+            c::JOB_RUN_S.into(),
+            runs.iter()
+                .map(|r| r.status.run_s.map(|s| s as f64))
+                .collect::<Vec<_>>(),
+        ),
     ];
     for k in &keys {
         let values: Vec<Option<String>> = runs
@@ -486,8 +492,16 @@ fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
         )
         .sort([c::ORDER], Default::default())
         .with_column(lit(1u32).alias(c::RUNS))
+        // A log without a clock: the job's run time as its executor saw it.
+        .with_column(
+            when(col(c::WALL_TIME_S).is_null())
+                .then(col(c::JOB_RUN_S))
+                .otherwise(col(c::WALL_TIME_S))
+                .alias(c::WALL_TIME_S),
+        )
         .collect()
         .map_err(|e| anyhow::anyhow!("summarising the runs: {e}"))?;
+    table = table.drop(c::JOB_RUN_S)?;
     // A study that names a parameter `world_size` (ddp-scaling.toml derives
     // it) has the logged one twice: the parameter says the same, keep it.
     let duplicate = format!("{}_right", c::WORLD_SIZE);

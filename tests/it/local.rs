@@ -1,6 +1,7 @@
 //! The local executor: parallel runs, exit codes, idempotence, dependencies, Ctrl-C.
 
 use super::support::{project, run_ok, status, stdout, sweep, wait_for, write};
+use std::process::Command;
 
 #[test]
 fn local_runs_record_exit_codes_and_resubmit_only_what_failed() {
@@ -123,4 +124,39 @@ fn live_members(pgid: i32) -> usize {
             f.len() > 2 && f[2] == pgid.to_string() && f[0] != "Z" && f[0] != "X"
         })
         .count()
+}
+
+/// `-C DIR` works as `git -C DIR`: from another directory, the manifest
+/// argument and a command's relative script resolve in the project root.
+#[test]
+fn minus_c_runs_a_study_from_another_directory() {
+    let root = project();
+    let elsewhere = tempfile::tempdir().unwrap();
+    write(
+        &root.path().join("m.toml"),
+        "name = \"c\"\nexecutor = \"local\"\ncommand = \"./hello.sh {{ x }}\"\n[sweep.grid]\nx = [1, 2]\n",
+    );
+    let script = root.path().join("hello.sh");
+    write(
+        &script,
+        "#!/bin/sh\necho \"hello $1\" > \"$SWEEP_RUN_DIR/said\"\n",
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    run_ok(
+        Command::new(env!("CARGO_BIN_EXE_sweep"))
+            .current_dir(elsewhere.path())
+            .arg("-C")
+            .arg(root.path())
+            .args(["run", "m.toml"]),
+    );
+    let said = std::fs::read_to_string(root.path().join("results/c/x-2/said")).unwrap();
+    assert_eq!(said, "hello 2\n");
+    assert!(
+        std::fs::read_dir(elsewhere.path())
+            .unwrap()
+            .next()
+            .is_none(),
+        "wrote outside the project"
+    );
 }

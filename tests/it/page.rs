@@ -304,10 +304,11 @@ fn table_matches_csv(page: &[Vec<(String, String)>], csv_rows: &[Vec<(String, St
         (3, "mfu_pct_mean"),
         (4, "tflops_mean"),
         (5, "training_tokens_pct_mean"),
-        (6, "final_loss"),
-        (7, "wall_time_s"),
-        (8, "speedup"),
-        (9, "state"),
+        (6, "peak_memory_mb_mean"),
+        (7, "final_loss"),
+        (8, "wall_time_s"),
+        (9, "speedup"),
+        (10, "state"),
     ];
     assert_eq!(page.len(), csv_rows.len(), "one row per configuration");
     for (row, want) in page.iter().zip(csv_rows) {
@@ -331,6 +332,8 @@ fn table_matches_csv(page: &[Vec<(String, String)>], csv_rows: &[Vec<(String, St
                             3
                         } else if column == "wall_time_s" {
                             1
+                        } else if column == "peak_memory_mb_mean" {
+                            0
                         } else {
                             2
                         };

@@ -344,9 +344,16 @@ fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
         "{md}"
     );
 
-    // sweep compare: the same measurements on both sides are no difference.
+    // sweep compare: the same measurements on both sides are no difference
+    // (the copy of a study directory: its runs and what it records of its
+    // manifest, whose report settings both sides use).
     let results = root.path().join("results");
     std::fs::create_dir_all(results.join("reps-copy")).unwrap();
+    std::fs::copy(
+        results.join("reps/study.json"),
+        results.join("reps-copy/study.json"),
+    )
+    .unwrap();
     for e in std::fs::read_dir(results.join("reps")).unwrap() {
         let run = e.unwrap().path();
         if run.join("run.json").is_file() {
@@ -743,4 +750,148 @@ skip_first = 0
             "figures of another run were reported as this manifest's: {row}"
         );
     }
+}
+
+/// Peak memory is a column (mean and interval), in the markdown table and a
+/// chart, for the built-in trainer's logs and any program whose log lines
+/// name it; a command run whose log has no clock gets its wall time from
+/// its executor.
+#[test]
+fn peak_memory_and_wall_time_reach_the_tables_and_charts() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(
+        &m,
+        r#"name = "mem"
+executor = "local"
+command = """for s in 1 2 3 4; do echo "step $s tps {{ tps }} mem {{ mem }}"; done; sleep 1"""
+[sweep.grid]
+tps = [100, 200]
+mem = [512, 2048]
+[report]
+skip_first = 0
+line_pattern = 'step (?P<step>\d+) tps (?P<tokens_per_second>[0-9.]+) mem (?P<peak_memory_mb>[0-9.]+)'
+"#,
+    );
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let out = run_ok(sweep(root.path()).arg("report").arg(&m).arg("--json"));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in &rows {
+        let mem = r["mem"].as_f64().unwrap();
+        assert_eq!(r["peak_memory_mb_mean"].as_f64(), Some(mem), "{r}");
+        assert!(r.get("peak_memory_mb_ci95_low").is_some(), "{r}");
+        let wall = r["wall_time_s"].as_f64().unwrap_or(0.0);
+        assert!(
+            (1.0..60.0).contains(&wall),
+            "wall time from local.json: {r}"
+        );
+    }
+    let md = std::fs::read_to_string(root.path().join("results/mem/summary.md")).unwrap();
+    assert!(
+        md.contains("Peak memory (MB)") && md.contains("2048"),
+        "{md}"
+    );
+    assert!(root.path().join("plots/mem/peak-memory.png").exists());
+    let page = std::fs::read_to_string(root.path().join("results/mem/report.html")).unwrap();
+    assert!(page.contains("Peak memory (MB)"));
+}
+
+/// `sweep report results/<study>` reads the manifest's settings from the
+/// study directory (its baseline gives speedups), lists a directory an
+/// earlier version of the manifest left as stale instead of averaging it
+/// in, and a `--group-by` report writes beside the main one.
+#[test]
+fn a_study_directory_reports_as_its_manifest_and_groupings_write_beside_it() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    let line = |tps: &str| {
+        step_line(1, 3.0, 100.0, 1.0)
+            .replace("100.0", tps)
+            .replace('"', "\\\"")
+    };
+    let manifest = |sizes: &str| {
+        format!(
+            r#"name = "dir"
+executor = "local"
+command = """printf '{}\n' > "$SWEEP_RUN_DIR/metrics.jsonl" """
+[sweep]
+name = "s{{{{ size }}}}-{{{{ kind }}}}"
+[sweep.grid]
+size = [{sizes}]
+kind = ["a", "b"]
+[report]
+skip_first = 0
+baseline = "s1-a"
+"#,
+            line("{{ size * 100 }}")
+        )
+    };
+    write(&m, &manifest("1, 2"));
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    // The next version drops size 2: its two directories stay behind.
+    write(&m, &manifest("1, 3"));
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let dir = root.path().join("results/dir");
+    let out = run_ok(
+        sweep(root.path())
+            .arg("report")
+            .arg(&dir)
+            .args(["--json", "--no-plots"]),
+    );
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["run"].as_str().unwrap()).collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("s2-")), "{names:?}");
+    let speedup = |n: &str| rows.iter().find(|r| r["run"] == n).unwrap()["speedup"].as_f64();
+    assert_eq!(speedup("s1-a"), Some(1.0));
+    assert_eq!(speedup("s3-b"), Some(3.0));
+    let text = stdout(&run_ok(
+        sweep(root.path()).arg("report").arg(&dir).arg("--no-plots"),
+    ));
+    assert!(
+        text.contains("s2-a: STALE") && text.contains("earlier version"),
+        "{text}"
+    );
+    // A grouping on the command line leaves the main report as it was.
+    let main = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    run_ok(
+        sweep(root.path())
+            .arg("report")
+            .arg(&dir)
+            .args(["--group-by", "kind", "--no-plots"]),
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("summary.md")).unwrap(),
+        main
+    );
+    let grouped = std::fs::read_to_string(dir.join("grouped/kind/summary.md")).unwrap();
+    assert!(grouped.contains("kind"), "{grouped}");
+    assert!(dir.join("grouped/kind/report.html").is_file());
+}
+
+/// Imported files with the same stem in different directories are runs of
+/// their own, named by their paths below the files' common directory.
+#[test]
+fn imported_files_with_one_stem_are_named_by_their_paths() {
+    let root = project();
+    let logs = root.path().join("logs");
+    for (node, tps) in [("node1", 100.0), ("node2", 300.0)] {
+        let lines: Vec<String> = (1..=3).map(|s| step_line(s, 3.0, tps, s as f64)).collect();
+        write(
+            &logs.join(node).join("local.jsonl"),
+            &(lines.join("\n") + "\n"),
+        );
+    }
+    let glob = format!("{}/*/local.jsonl", logs.display());
+    let out = run_ok(import_jsonl(root.path(), &glob, "nodes").args([
+        "--json",
+        "--skip-first",
+        "0",
+        "--no-plots",
+    ]));
+    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["run"].as_str().unwrap()).collect();
+    assert_eq!(names, ["node1/local", "node2/local"]);
+    assert_eq!(rows[1]["tokens_per_second_mean"].as_f64(), Some(300.0));
 }

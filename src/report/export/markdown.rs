@@ -24,7 +24,7 @@ pub fn cell(s: &str) -> String {
 }
 
 /// `mean ± half-width` of a metric's 95% interval (the mean alone without one).
-fn with_interval(m: &MetricStats, digits: usize) -> String {
+pub(crate) fn with_interval(m: &MetricStats, digits: usize) -> String {
     match (m.mean, m.ci95) {
         (Some(mean), Some((lo, hi))) if mean.is_finite() && (hi - lo).is_finite() => {
             format!("{mean:.digits$} ± {:.digits$}", (hi - lo) / 2.0)
@@ -49,13 +49,18 @@ pub fn table(s: &Summary) -> String {
     let scaling = rows.iter().any(|r| r.scaling_efficiency_pct.is_some());
     let forecast = scaling && rows.iter().any(|r| r.forecast_efficiency_pct.is_some());
     let repeats = rows.iter().any(|r| r.members.len() > 1);
+    let memory = rows
+        .iter()
+        .any(|r| r.metric(Metric::PeakMemoryMb).mean.is_some());
     let mut out = String::from("| Configuration |");
     if repeats {
         out.push_str(" Runs |");
     }
-    out.push_str(
-        " Tokens/sec | MFU % | TFLOPs | Training tokens % | Final loss | Wall time (s) | Speedup |",
-    );
+    out.push_str(" Tokens/sec | MFU % | TFLOPs | Training tokens % |");
+    if memory {
+        out.push_str(" Peak memory (MB) |");
+    }
+    out.push_str(" Final loss | Wall time (s) | Speedup |");
     if scaling {
         out.push_str(" Ranks | Global tokens/sec | Scaling efficiency % |");
     }
@@ -68,28 +73,45 @@ pub fn table(s: &Summary) -> String {
     out.push_str(" State |\n|---|");
     let columns = 9
         + usize::from(repeats)
+        + usize::from(memory)
         + if scaling { 3 } else { 0 }
         + usize::from(forecast)
         + usize::from(max_batch);
     out.push_str(&"---:|".repeat(columns - 2));
     out.push_str("---|\n");
     for r in rows {
-        out.push_str(&row(r, repeats, scaling, forecast, max_batch));
+        out.push_str(&row(r, repeats, memory, scaling, forecast, max_batch));
     }
     out
 }
 
-fn row(r: &Row, repeats: bool, scaling: bool, forecast: bool, max_batch: bool) -> String {
+fn row(
+    r: &Row,
+    repeats: bool,
+    memory: bool,
+    scaling: bool,
+    forecast: bool,
+    max_batch: bool,
+) -> String {
     let mut out = format!("| {} |", cell(&r.name));
     if repeats {
         out.push_str(&format!(" {} |", r.members.len()));
     }
     out.push_str(&format!(
-        " {} | {} | {} | {} | {} | {} | {} |",
+        " {} | {} | {} | {} |",
         with_interval(r.metric(Metric::TokensPerSecond), 2),
         with_interval(r.metric(Metric::MfuPct), 2),
         with_interval(r.metric(Metric::Tflops), 2),
         f(r.metric(Metric::TrainingTokensPct).mean, 2),
+    ));
+    if memory {
+        out.push_str(&format!(
+            " {} |",
+            with_interval(r.metric(Metric::PeakMemoryMb), 0)
+        ));
+    }
+    out.push_str(&format!(
+        " {} | {} | {} |",
         f(r.final_loss, 3),
         f(r.wall_time_s, 1),
         r.speedup.map_or_else(|| "-".into(), |s| s.text()),

@@ -7,6 +7,7 @@ mod markdown;
 mod parquet;
 
 pub use json::rows as json_rows;
+pub(crate) use markdown::with_interval;
 pub use markdown::{cell as markdown_cell, table as markdown_table};
 
 use super::summary::Summary;

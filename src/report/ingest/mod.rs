@@ -37,6 +37,8 @@ pub struct Point {
     pub world_size: Option<f64>,
     /// Sequences per device and micro-batch, when the log says.
     pub batch_size: Option<f64>,
+    /// The most memory one device held so far, MB (2^20 bytes).
+    pub peak_memory_mb: Option<f64>,
 }
 
 /// The measured fields of a [`Point`], in one list: their names (the keys of
@@ -54,10 +56,11 @@ pub enum Field {
     GlobalTokensPerSecond,
     WorldSize,
     BatchSize,
+    PeakMemoryMb,
 }
 
 impl Field {
-    pub const ALL: [Field; 10] = [
+    pub const ALL: [Field; 11] = [
         Field::Loss,
         Field::TokensPerSecond,
         Field::TrainingTokensPct,
@@ -68,6 +71,7 @@ impl Field {
         Field::GlobalTokensPerSecond,
         Field::WorldSize,
         Field::BatchSize,
+        Field::PeakMemoryMb,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -82,6 +86,7 @@ impl Field {
             Field::GlobalTokensPerSecond => "global_tokens_per_second",
             Field::WorldSize => "world_size",
             Field::BatchSize => "batch_size",
+            Field::PeakMemoryMb => "peak_memory_mb",
         }
     }
 
@@ -97,6 +102,7 @@ impl Field {
             Field::GlobalTokensPerSecond => p.global_tokens_per_second,
             Field::WorldSize => p.world_size,
             Field::BatchSize => p.batch_size,
+            Field::PeakMemoryMb => p.peak_memory_mb,
         }
     }
 
@@ -112,6 +118,7 @@ impl Field {
             Field::GlobalTokensPerSecond => &mut p.global_tokens_per_second,
             Field::WorldSize => &mut p.world_size,
             Field::BatchSize => &mut p.batch_size,
+            Field::PeakMemoryMb => &mut p.peak_memory_mb,
         }
     }
 
@@ -129,6 +136,8 @@ impl Field {
             Field::StepTimeS | Field::ElapsedS => 0.0..=3.2e9,
             Field::WorldSize => 1.0..=1e8,
             Field::BatchSize => 0.0..=1e9,
+            // An exabyte.
+            Field::PeakMemoryMb => 0.0..=1e12,
         }
     }
 }
@@ -148,6 +157,8 @@ impl From<&StepMetrics> for Point {
             world_size: Some(m.world_size as f64),
             // Logs from before `batch_size` was recorded say 0.
             batch_size: Some(m.batch_size as f64).filter(|&b| b > 0.0),
+            // 0: a device whose memory the trainer cannot read.
+            peak_memory_mb: Some(m.peak_memory_mb).filter(|&mb| mb > 0.0),
         }
     }
 }

@@ -143,6 +143,7 @@ pub fn parse(name: &str, bytes: &[u8], file: &std::path::Path) -> RunLog {
             global_tokens_per_second: num("gtps"),
             world_size: None,
             batch_size: None,
+            peak_memory_mb: None,
         };
         run.points.extend(omitted.screen(n, point));
     }
