@@ -621,7 +621,7 @@ impl<'a> Shared<'a> {
     ) -> Result<String, Box<Diagnostic>> {
         let why = match crate::util::name::check(&name) {
             Err(why) => why,
-            Ok(()) if super::files::STUDY_DIRS.contains(&name.as_str()) => {
+            Ok(()) if super::files::reserved(&name) => {
                 format!("`{name}` is reserved for the study's own directories")
             }
             Ok(()) => return Ok(name),

@@ -31,11 +31,10 @@ pub const ARRAYS_DIR: &str = "arrays";
 /// `--replace-changed` (`results/<study>/replaced/<time>`).
 pub const REPLACED_DIR: &str = "replaced";
 /// The study's own directories beside its runs': no run may take their names.
-pub const STUDY_DIRS: [&str; 6] = [
-    STAGES_DIR,
-    LOGS_DIR,
-    ARRAYS_DIR,
-    REPLACED_DIR,
-    GROUPED_DIR,
-    STUDY_JSON,
-];
+pub const STUDY_DIRS: [&str; 5] = [STAGES_DIR, LOGS_DIR, ARRAYS_DIR, REPLACED_DIR, GROUPED_DIR];
+
+/// Whether a run may take this name: not one of the study's own
+/// directories or files.
+pub fn reserved(name: &str) -> bool {
+    STUDY_DIRS.contains(&name) || name == STUDY_JSON
+}

@@ -28,6 +28,9 @@ pub struct ManifestRef {
 /// settings and tells its runs from directories an earlier version left.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StudyRecord {
+    /// The study directory it is written in (not written).
+    #[serde(skip)]
+    pub dir: std::path::PathBuf,
     /// The manifest (its path made absolute) and its version.
     pub manifest: ManifestRef,
     /// The manifest's `[report]` settings and axes.
@@ -46,6 +49,7 @@ impl StudyRecord {
         let m = &plan.manifest;
         let path = crate::util::fs::absolute(&std::env::current_dir().unwrap_or_default(), &m.path);
         StudyRecord {
+            dir: plan.study_dir.clone(),
             manifest: ManifestRef {
                 path: path.display().to_string(),
                 sha256: m.sha256.clone(),
@@ -65,7 +69,12 @@ impl StudyRecord {
         let path = study_dir.join(super::files::STUDY_JSON);
         match read_regular(&path, MAX_RECORD_BYTES, Some(study_dir)) {
             Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
+                .map(|r| {
+                    Some(StudyRecord {
+                        dir: study_dir.to_path_buf(),
+                        ..r
+                    })
+                })
                 .with_context(|| format!("{} is not a valid study record", path.display())),
             Err(ReadError::NotFound) => Ok(None),
             Err(e) => Err(anyhow::anyhow!("{} {e}", path.display())),

@@ -30,8 +30,7 @@ pub struct RenderedDir {
 pub struct Rendered {
     pub runs: Vec<RenderedDir>,
     pub stages: Vec<RenderedDir>,
-    /// `results/<study>` and what it records of the manifest (`study.json`).
-    pub study_dir: PathBuf,
+    /// What `results/<study>` records of the manifest (`study.json`).
     pub study: StudyRecord,
 }
 
@@ -182,7 +181,6 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
     Ok(Rendered {
         runs,
         stages,
-        study_dir: plan.study_dir.clone(),
         study: StudyRecord::of(plan),
     })
 }
@@ -395,10 +393,10 @@ fn has_outputs(dir: &Path) -> bool {
 /// A directory that did not exist yet gets its files without reading first:
 /// on a slow file system every avoidable lookup counts.
 pub fn write(rendered: &Rendered) -> Result<WriteSummary> {
-    std::fs::create_dir_all(&rendered.study_dir)
-        .with_context(|| format!("creating {}", rendered.study_dir.display()))?;
+    let dir = &rendered.study.dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let study = serde_json::to_vec_pretty(&rendered.study).expect("a study record serialises");
-    write_if_changed(&rendered.study_dir.join(STUDY_JSON), &study)?;
+    write_if_changed(&dir.join(STUDY_JSON), &study)?;
     let all: Vec<&RenderedDir> = rendered.stages.iter().chain(&rendered.runs).collect();
     let mut parents: Vec<&Path> = all.iter().filter_map(|r| r.dir.parent()).collect();
     parents.sort_unstable();

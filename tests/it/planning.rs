@@ -1,6 +1,6 @@
 //! Planning and rendering: run counts, stable ids, idempotent rendering.
 
-use super::support::{project, repo, run_err, run_ok, stdout, sweep, write};
+use super::support::{json_rows, project, repo, run_err, run_ok, stdout, sweep, write};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -1050,13 +1050,12 @@ fn the_report_shows_the_forecast_beside_the_measured_scaling_efficiency() {
             r#"{"job_id": "local-1", "state": "COMPLETED", "pid": null, "owner_pid": 1, "exit_code": 0, "signal": null, "reason": null, "started_at": null, "ended_at": null}"#,
         );
     }
-    let out = run_ok(
+    let rows = json_rows(
         sweep(root.path())
             .args(["report", "--json", "--no-plots"])
             .arg(&m)
             .env("SWEEP_BIN", GPU_BUILD),
     );
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let forecast = |name: &str| {
         let r = plan.iter().find(|r| r["name"] == name).unwrap();
         r["scaling"]["efficiency_pct"].as_f64().unwrap()

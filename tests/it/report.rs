@@ -1,7 +1,9 @@
 //! The report: the reference study's own table from its logs, and a sweep
 //! whose runs failed, are still writing, or wrote nothing.
 
-use super::support::{project, repo, run_err, run_ok, stdout, step_line, sweep, write, CHARTS};
+use super::support::{
+    json_rows, project, repo, run_err, run_ok, stdout, step_line, sweep, write, CHARTS,
+};
 use serde_json::Value;
 use std::path::Path;
 
@@ -41,7 +43,7 @@ fn the_reference_studys_table_is_reproduced_from_its_logs() {
         .unwrap();
     }
     let glob = format!("{}/*.out", logs.display());
-    let out = run_ok(sweep(root.path()).args([
+    let rows = json_rows(sweep(root.path()).args([
         "report",
         "--log-format",
         "reference",
@@ -51,7 +53,6 @@ fn the_reference_studys_table_is_reproduced_from_its_logs() {
         "--import",
         &glob,
     ]));
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.len(), 8);
     for (name, tps, mfu, tflops) in TABLE {
         let r = rows
@@ -133,8 +134,7 @@ baseline = "ok"
         ),
     );
     let _ = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
-    let out = run_ok(sweep(root.path()).arg("report").arg(&m).arg("--json"));
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = json_rows(sweep(root.path()).arg("report").arg(&m).arg("--json"));
     let row = |n: &str| rows.iter().find(|r| r["run"] == n).unwrap().clone();
     // Skipping 2 of 8 points: mean of 300..800 = 550.
     assert_eq!(row("ok")["tokens_per_second_mean"].as_f64(), Some(550.0));
@@ -279,8 +279,7 @@ fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
         "{plan}"
     );
     run_ok(sweep(root.path()).arg("submit").arg(&m));
-    let out = run_ok(sweep(root.path()).args(["report", "--json"]).arg(&m));
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = json_rows(sweep(root.path()).args(["report", "--json"]).arg(&m));
     let names: Vec<&str> = rows.iter().map(|r| r["run"].as_str().unwrap()).collect();
     assert_eq!(
         names,
@@ -671,7 +670,7 @@ fn a_pattern_reads_imported_logs_without_naming_its_format() {
     write(&logs.join("a.log"), &text);
     let glob = format!("{}/*.log", logs.display());
     let pattern = r"it (?P<step>\d+) loss (?P<loss>[\d.]+) speed (?P<tokens_per_second>\d+)";
-    let out = run_ok(
+    let rows = json_rows(
         sweep(root.path())
             .args(["report", "--import", &glob, "--pattern", pattern])
             .args([
@@ -683,7 +682,6 @@ fn a_pattern_reads_imported_logs_without_naming_its_format() {
                 "--no-plots",
             ]),
     );
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     // Points 3..8: mean of 300..800.
     assert_eq!(
         rows[0]["tokens_per_second_mean"].as_f64(),
@@ -709,8 +707,7 @@ fn a_pattern_reads_imported_logs_without_naming_its_format() {
 /// problem, not that run's figures.
 #[test]
 fn a_manifest_report_reads_what_render_recorded() {
-    let root = project();
-    let m = root.path().join("m.toml");
+    let (root, m) = (project(), Path::new("m.toml"));
     let line = step_line(1, 3.0, 100.0, 1.0).replace('"', "\\\"");
     let manifest = |extra: &str, sizes: &str| {
         format!(
@@ -724,20 +721,19 @@ skip_first = 0
 "#
         )
     };
-    write(&m, &manifest("one", "1, 2"));
-    run_ok(sweep(root.path()).arg("run").arg(&m));
+    write(&root.path().join(m), &manifest("one", "1, 2"));
+    run_ok(sweep(root.path()).arg("run").arg(m));
     // The same names, another command (other ids), and a third run.
-    write(&m, &manifest("two", "1, 2, 3"));
-    let out = run_ok(
+    write(&root.path().join(m), &manifest("two", "1, 2, 3"));
+    let rows = json_rows(
         sweep(root.path())
             .arg("report")
-            .arg(&m)
+            .arg(m)
             .args(["--json", "--no-plots"]),
     );
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.len(), 3, "{rows:?}");
     let text = stdout(&run_ok(
-        sweep(root.path()).arg("report").arg(&m).arg("--no-plots"),
+        sweep(root.path()).arg("report").arg(m).arg("--no-plots"),
     ));
     assert!(
         text.contains("of another version of the manifest: `sweep render` it again"),
@@ -758,10 +754,9 @@ skip_first = 0
 /// its executor.
 #[test]
 fn peak_memory_and_wall_time_reach_the_tables_and_charts() {
-    let root = project();
-    let m = root.path().join("m.toml");
+    let (root, m) = (project(), Path::new("m.toml"));
     write(
-        &m,
+        &root.path().join(m),
         r#"name = "mem"
 executor = "local"
 command = """for s in 1 2 3 4; do echo "step $s tps {{ tps }} mem {{ mem }}"; done; sleep 1"""
@@ -773,9 +768,8 @@ skip_first = 0
 line_pattern = 'step (?P<step>\d+) tps (?P<tokens_per_second>[0-9.]+) mem (?P<peak_memory_mb>[0-9.]+)'
 "#,
     );
-    run_ok(sweep(root.path()).arg("run").arg(&m));
-    let out = run_ok(sweep(root.path()).arg("report").arg(&m).arg("--json"));
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    run_ok(sweep(root.path()).arg("run").arg(m));
+    let rows = json_rows(sweep(root.path()).arg("report").arg(m).arg("--json"));
     assert_eq!(rows.len(), 4);
     for r in &rows {
         let mem = r["mem"].as_f64().unwrap();
@@ -803,8 +797,7 @@ line_pattern = 'step (?P<step>\d+) tps (?P<tokens_per_second>[0-9.]+) mem (?P<pe
 /// in, and a `--group-by` report writes beside the main one.
 #[test]
 fn a_study_directory_reports_as_its_manifest_and_groupings_write_beside_it() {
-    let root = project();
-    let m = root.path().join("m.toml");
+    let (root, m) = (project(), Path::new("m.toml"));
     let line = |tps: &str| {
         step_line(1, 3.0, 100.0, 1.0)
             .replace("100.0", tps)
@@ -827,19 +820,18 @@ baseline = "s1-a"
             line("{{ size * 100 }}")
         )
     };
-    write(&m, &manifest("1, 2"));
-    run_ok(sweep(root.path()).arg("run").arg(&m));
+    write(&root.path().join(m), &manifest("1, 2"));
+    run_ok(sweep(root.path()).arg("run").arg(m));
     // The next version drops size 2: its two directories stay behind.
-    write(&m, &manifest("1, 3"));
-    run_ok(sweep(root.path()).arg("run").arg(&m));
+    write(&root.path().join(m), &manifest("1, 3"));
+    run_ok(sweep(root.path()).arg("run").arg(m));
     let dir = root.path().join("results/dir");
-    let out = run_ok(
+    let rows = json_rows(
         sweep(root.path())
             .arg("report")
             .arg(&dir)
             .args(["--json", "--no-plots"]),
     );
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["run"].as_str().unwrap()).collect();
     assert_eq!(names.len(), 4, "{names:?}");
     assert!(!names.iter().any(|n| n.starts_with("s2-")), "{names:?}");
@@ -884,13 +876,12 @@ fn imported_files_with_one_stem_are_named_by_their_paths() {
         );
     }
     let glob = format!("{}/*/local.jsonl", logs.display());
-    let out = run_ok(import_jsonl(root.path(), &glob, "nodes").args([
+    let rows = json_rows(import_jsonl(root.path(), &glob, "nodes").args([
         "--json",
         "--skip-first",
         "0",
         "--no-plots",
     ]));
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["run"].as_str().unwrap()).collect();
     assert_eq!(names, ["node1/local", "node2/local"]);
     assert_eq!(rows[1]["tokens_per_second_mean"].as_f64(), Some(300.0));

@@ -37,6 +37,11 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// Runs a command that must succeed and prints JSON rows (`--json`): the rows.
+pub fn json_rows(cmd: &mut Command) -> Vec<serde_json::Value> {
+    serde_json::from_slice(&run_ok(cmd).stdout).expect("JSON rows on stdout")
+}
+
 /// Runs a command that must fail; its standard error.
 pub fn run_err(cmd: &mut Command) -> String {
     let out = cmd.output().expect("the command starts");
