@@ -570,7 +570,7 @@ impl Validator<'_, '_> {
             Ok(h) => h,
             Err(e) => {
                 let key = in_defaults.first().copied().unwrap_or("plan");
-                self.at_value(&join_key("defaults", key), e.message().to_string());
+                self.at_value(&join_key("defaults", key), source::plain_types(e.message()));
                 PlanHints::default()
             }
         };
@@ -931,7 +931,10 @@ impl Validator<'_, '_> {
             if let Err(e) = T::deserialize(Value::Table(table)) {
                 self.at_value(
                     &format!("{path}[{i}]"),
-                    format!("bad value for `{key}`: {}", e.message().trim()),
+                    format!(
+                        "bad value for `{key}`: {}",
+                        source::plain_types(e.message().trim())
+                    ),
                 );
             }
         }

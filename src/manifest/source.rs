@@ -137,7 +137,7 @@ impl Source {
         err: &toml::de::Error,
         hint: impl Fn(&Source, &str) -> Option<(String, String)>,
     ) -> Diagnostic {
-        let msg = err.message().trim().to_string();
+        let msg = plain_types(err.message().trim());
         let mut d = match err.span() {
             Some(span) => self.at_offset(span.start, msg.clone()),
             None => Diagnostic::new(&self.path, msg.clone()),
@@ -238,9 +238,79 @@ fn walk_value(v: &Spanned<DeValue<'_>>, path: &str, out: &mut Vec<Entry>) {
     }
 }
 
+/// A deserialiser's message in a reader's words: the types Rust names
+/// (`usize`, `f64`, `a nonzero u32`) as the numbers they hold, and "invalid
+/// type: X, expected Y" as "expected Y, not X".
+pub fn plain_types(msg: &str) -> String {
+    let words = |t: &str| -> String {
+        let t = t.trim();
+        match t {
+            "usize" | "u64" | "u32" | "u16" | "u8" => "a whole number ≥ 0".into(),
+            "a nonzero usize" | "a nonzero u64" | "a nonzero u32" | "a nonzero u16" => {
+                "a whole number ≥ 1".into()
+            }
+            "isize" | "i64" | "i32" | "i16" | "i8" => "a whole number".into(),
+            "f64" | "f32" => "a number".into(),
+            "a sequence" => "a list".into(),
+            "a map" => "a table".into(),
+            t => match t.strip_prefix("struct ") {
+                Some(_) => "a table".into(),
+                None => t.to_string(),
+            },
+        }
+    };
+    let shape = |msg: &str, prefix: &str| -> Option<(String, String)> {
+        let rest = msg.strip_prefix(prefix)?;
+        let (got, want) = rest.rsplit_once(", expected ")?;
+        Some((got.trim().to_string(), words(want)))
+    };
+    // `integer `-3`` is -3; `string "ten"` the string "ten".
+    let what = |got: &str| -> String {
+        let got = got.replace("sequence", "list").replace("map", "table");
+        match got.split_once(' ') {
+            Some(("integer" | "floating point", n)) => n.trim_matches('`').to_string(),
+            Some(("string", s)) => format!("the string {s}"),
+            _ => got,
+        }
+    };
+    if let Some((got, want)) =
+        shape(msg, "invalid type: ").or_else(|| shape(msg, "invalid value: "))
+    {
+        return format!("expected {want}, not {}", what(&got));
+    }
+    match msg.rsplit_once("expected ") {
+        Some((head, want)) if !want.contains(' ') || want.starts_with("a nonzero") => {
+            format!("{head}expected {}", words(want))
+        }
+        _ => msg.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn type_names_become_the_numbers_they_hold() {
+        use super::plain_types;
+        assert_eq!(
+            plain_types(r#"invalid type: string "ten", expected usize"#),
+            r#"expected a whole number ≥ 0, not the string "ten""#
+        );
+        assert_eq!(
+            plain_types("invalid value: integer `-3`, expected u64"),
+            "expected a whole number ≥ 0, not -3"
+        );
+        assert_eq!(
+            plain_types(r#"invalid type: string "2", expected a nonzero u32"#),
+            r#"expected a whole number ≥ 1, not the string "2""#
+        );
+        assert_eq!(
+            plain_types("invalid type: sequence, expected f64"),
+            "expected a number, not list"
+        );
+        assert_eq!(plain_types("unknown field `x`"), "unknown field `x`");
+    }
 
     #[test]
     fn paths_and_parents() {
