@@ -50,9 +50,21 @@ struct LocalState {
     /// Set by `sweep cancel`: the job must not be started or restarted.
     #[serde(default)]
     cancel_requested: bool,
+    /// How many times the run started before in this directory (requeued,
+    /// or run again after an interrupt or a failure): `SWEEP_RESTART_COUNT`.
+    #[serde(default)]
+    restarts: u32,
 }
 
 impl LocalState {
+    /// How many times the run in `dir` has started so far: its record's
+    /// count, plus the start it records if it did start.
+    fn starts_before(dir: &Path) -> u32 {
+        LocalState::load(dir).map_or(0, |s| {
+            s.restarts.saturating_add(u32::from(s.started_at.is_some()))
+        })
+    }
+
     /// Seconds from its start to its end, once both are recorded.
     fn run_s(&self) -> Option<u64> {
         let at = |t: &Option<String>| chrono::DateTime::parse_from_rfc3339(t.as_deref()?).ok();
@@ -73,6 +85,7 @@ impl LocalState {
             started_at: None,
             ended_at: None,
             cancel_requested: false,
+            restarts: 0,
         }
     }
 
@@ -252,7 +265,11 @@ impl Pool {
                 Decision::Submit => {
                     let job_id = format!("local-{owner}-{i}");
                     u.record_job(ExecutorKind::Local, job_id.clone())?;
-                    LocalState::new(job_id, State::Pending, owner).save(&u.dir)?;
+                    LocalState {
+                        restarts: LocalState::starts_before(&u.dir),
+                        ..LocalState::new(job_id, State::Pending, owner)
+                    }
+                    .save(&u.dir)?;
                     queue.push_back(i);
                 }
                 Decision::Cached | Decision::Skip(State::Completed) => {
@@ -456,6 +473,9 @@ impl Pool {
 }
 
 fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> Result<Running> {
+    // A run started before in its directory is restarted, whichever sweep
+    // started it (a requeue now, or a re-run after an interrupt).
+    let restarts = LocalState::starts_before(&u.dir);
     let log_path = u.dir.join(LOG_FILE);
     let mut log = std::fs::OpenOptions::new()
         .create(true)
@@ -464,7 +484,7 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         .with_context(|| format!("opening {}", log_path.display()))?;
     writeln!(
         log,
-        "sweep: local job for {} ({}) started at {}, restart {requeues}",
+        "sweep: local job for {} ({}) started at {}, restart {restarts}",
         u.name,
         u.id,
         crate::util::now_rfc3339()
@@ -493,7 +513,7 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         .env("SWEEP_THREADS", threads.to_string())
         .env("RAYON_NUM_THREADS", threads.to_string())
         .env("OMP_NUM_THREADS", threads.to_string())
-        .env("SWEEP_RESTART_COUNT", requeues.to_string())
+        .env("SWEEP_RESTART_COUNT", restarts.to_string())
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -507,6 +527,7 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         pid: Some(child.id()),
         pid_start: process_start(child.id()),
         started_at: Some(crate::util::now_rfc3339()),
+        restarts,
         ..LocalState::new(job_id, State::Running, owner)
     };
     state.save(&u.dir)?;

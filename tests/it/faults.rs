@@ -119,6 +119,25 @@ fn an_interrupted_local_sweep_continues_on_a_plain_rerun() {
         let runs = executions(root.path(), name);
         assert_eq!(runs.values().sum::<usize>(), 5, "{runs:?}");
         assert_eq!(runs.values().filter(|&&n| n == 2).count(), 2, "{runs:?}");
+        // A run started again counts its restart, as a requeue does.
+        let logs: Vec<String> = ["x-1", "x-2", "x-3"]
+            .iter()
+            .map(|r| {
+                std::fs::read_to_string(
+                    root.path()
+                        .join("results")
+                        .join(name)
+                        .join(r)
+                        .join("local.out"),
+                )
+                .unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(
+            logs.iter().filter(|l| l.contains(", restart 1")).count(),
+            2,
+            "{logs:?}"
+        );
     }
 }
 
