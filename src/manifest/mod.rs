@@ -3,6 +3,7 @@
 //! key path; nothing is written on error.
 
 mod diagnostic;
+mod isolate;
 mod schema;
 mod source;
 
@@ -137,8 +138,13 @@ impl Manifest {
         if !v.errors.is_empty() {
             return Err(Diagnostics(v.errors));
         }
-        let file = ManifestFile::deserialize(toml::de::Deserializer::from(doc.clone()))
-            .map_err(|e| source.from_toml_error(&e, explain_key))?;
+        let file = match ManifestFile::deserialize(toml::de::Deserializer::from(doc.clone())) {
+            Ok(file) => file,
+            Err(e) => {
+                v.key_errors(&doc, e, root);
+                return Err(Diagnostics(v.errors));
+            }
+        };
         let manifest = v.validate(file, path, root, sha256.clone());
         if v.errors.is_empty() {
             Ok(manifest.expect("a manifest without errors"))
@@ -350,6 +356,36 @@ impl Validator<'_, '_> {
         self.err(d);
     }
 
+    /// Every key the file's structure refuses (each misspelt key, each
+    /// wrong type), found alone; when only keys inside sections fail, the
+    /// rest is validated too, so one round shows every independent error.
+    /// `first` is serde's error for the whole document: what is said when no
+    /// key fails alone (a missing key).
+    fn key_errors(&mut self, doc: &Spanned<DeTable<'_>>, first: toml::de::Error, root: &Path) {
+        let found = isolate::key_errors::<ManifestFile>(doc);
+        if found.is_empty() {
+            let d = self.source.from_toml_error(&first, explain_key);
+            self.err(d);
+            return;
+        }
+        for f in &found {
+            let d = self.source.from_toml_error(&f.error, explain_key);
+            self.err(d);
+        }
+        // A wrong top-level key (`comand`, `[sweeep]`) changes what every
+        // other check would mean: stop there rather than report its echoes.
+        if found.iter().any(|f| f.path.len() < 2) {
+            return;
+        }
+        let paths: Vec<Vec<String>> = found.into_iter().map(|f| f.path).collect();
+        let rest = isolate::without(doc, &paths);
+        if let Ok(file) = ManifestFile::deserialize(toml::de::Deserializer::from(rest)) {
+            let path = self.source.path.clone();
+            self.validate(file, &path, root, String::new());
+        }
+        self.errors.sort_by_key(|d| (d.line, d.column));
+    }
+
     fn spanned_table(&self, key: &str) -> Option<Spanned<DeTable<'_>>> {
         self.doc.get(key).and_then(|v| match v.get_ref() {
             DeValue::Table(t) => Some(Spanned::new(v.span(), t.clone())),
@@ -457,7 +493,7 @@ impl Validator<'_, '_> {
             }
         }
         if let Some(p) = &file.report.line_pattern {
-            if let Err(e) = regex::Regex::new(p) {
+            if let Err(e) = crate::util::text::regex(p) {
                 self.at_value(
                     "report.line_pattern",
                     format!("not a valid regular expression: {e}"),
@@ -682,14 +718,22 @@ impl Validator<'_, '_> {
         for key in hints::KEYS {
             table.get_mut().remove(key);
         }
-        match TrainConfig::deserialize(table.into_deserializer()) {
+        match TrainConfig::deserialize(table.clone().into_deserializer()) {
             Ok(cfg) => cfg,
             Err(e) => {
-                let mut d = self.source.from_toml_error(&e, explain_key);
-                if d.help.is_none() {
-                    d.help = Some("see the manifest reference in docs/manifest.md".into());
+                // Each wrong key of [defaults], not only the first.
+                let found = isolate::key_errors::<TrainConfig>(&table);
+                let errors = match found.is_empty() {
+                    true => vec![e],
+                    false => found.into_iter().map(|f| f.error).collect(),
+                };
+                for e in errors {
+                    let mut d = self.source.from_toml_error(&e, explain_key);
+                    if d.help.is_none() {
+                        d.help = Some("see the manifest reference in docs/manifest.md".into());
+                    }
+                    self.err(d);
                 }
-                self.err(d);
                 TrainConfig::default()
             }
         }

@@ -197,7 +197,9 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
     )?;
     let states = planned_states(&plan);
     let pattern = match (&plan.manifest.mode, &plan.manifest.report.line_pattern) {
-        (Mode::Command(_), Some(p)) => Some(regex::Regex::new(p)?),
+        (Mode::Command(_), Some(p)) => {
+            Some(crate::util::text::regex(p).map_err(anyhow::Error::msg)?)
+        }
         _ => None,
     };
     let runs = plan
@@ -438,9 +440,10 @@ fn load_import(
     pattern: Option<&str>,
 ) -> Result<(Vec<RunLog>, Vec<PathBuf>)> {
     let re = match (format, pattern) {
-        (LogFormat::Pattern, Some(p)) => {
-            Some(regex::Regex::new(p).context("--pattern is not a valid regular expression")?)
-        }
+        (LogFormat::Pattern, Some(p)) => Some(
+            crate::util::text::regex(p)
+                .map_err(|e| anyhow::anyhow!("--pattern is not a valid regular expression: {e}"))?,
+        ),
         (LogFormat::Pattern, None) => {
             bail!("--log-format pattern needs --pattern '<regex with named groups>'")
         }

@@ -27,6 +27,23 @@ pub fn describe_char(c: char) -> String {
     format!("{name} (U+{:04X})", c as u32)
 }
 
+/// A regular expression from a user (a manifest's `line_pattern`,
+/// `--pattern`), or why not in one line: the regex crate's message draws the
+/// pattern with a caret over several lines, which reads as more errors.
+pub fn regex(pattern: &str) -> Result<regex::Regex, String> {
+    regex::Regex::new(pattern).map_err(|e| match e {
+        regex::Error::Syntax(text) => {
+            let why = text
+                .lines()
+                .rev()
+                .find_map(|l| l.strip_prefix("error: "))
+                .unwrap_or(text.trim());
+            format!("{why} (in `{pattern}`)")
+        }
+        other => other.to_string(),
+    })
+}
+
 /// `s` with every character [`forbidden_char`] finds written as its escape
 /// (`\n`, `\u{1b}`): text read from files, printed on a terminal or in a
 /// table, can neither start a line of its own nor move the cursor or change

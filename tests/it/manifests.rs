@@ -190,3 +190,55 @@ fn a_huge_zip_is_refused_and_max_runs_raises_the_limit() {
     .unwrap();
     assert_eq!(m.axes[0].rows.len(), rows);
 }
+
+/// A manifest with independent mistakes in three sections and one in a
+/// value the plan checks: one round of `sweep plan` names all four, each at
+/// its line, in the order of the file.
+#[test]
+fn every_independent_error_is_reported_at_once() {
+    let root = project();
+    let path = root.path().join("four.toml");
+    std::fs::write(
+        &path,
+        "name = \"four\"\n\
+         [defaults]\n\
+         warmup_steps = \"ten\"\n\
+         lerning_rate = 0.1\n\
+         [sweep]\n\
+         repeets = 2\n\
+         [sweep.grid]\n\
+         batch_size = [1, 2]\n\
+         [report]\n\
+         line_pattern = \"(unclosed\"\n\
+         [slurm]\n\
+         partition = 3\n",
+    )
+    .unwrap();
+    let out = sweep(root.path()).arg("plan").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    // One block per error: its message, then where it is.
+    let blocks: Vec<&str> = stderr.split("error: ").skip(1).collect();
+    let mut at = Vec::new();
+    for (line, says) in [
+        (6, "unknown key `repeets` in [sweep]"),
+        (10, "not a valid regular expression"),
+        (12, "expected a string"),
+    ] {
+        let i = blocks
+            .iter()
+            .position(|b| b.starts_with(says) && b.contains(&format!("four.toml:{line}:")))
+            .unwrap_or_else(|| panic!("no `{says}` at line {line}:\n{stderr}"));
+        at.push(i);
+    }
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "in file order:\n{stderr}"
+    );
+    // [defaults] is the trainer's: both of its wrong keys, in the same round.
+    let m = Manifest::load(&path, root.path()).unwrap_err();
+    let lines: Vec<usize> = m.0.iter().map(|d| d.line).collect();
+    for line in [3, 4, 6, 10, 12] {
+        assert!(lines.contains(&line), "line {line} in {lines:?}:\n{stderr}");
+    }
+}
