@@ -10,8 +10,9 @@ mod source;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
-    parse_slurm_time, ExecutorKind, LocalSpec, PretokenizeStageSpec, ReportSpec, SlurmSpec,
-    SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST,
+    check_roles, memory_unit, parse_slurm_time, ExecutorKind, LocalSpec, PretokenizeStageSpec,
+    ReportSpec, Roles, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS,
+    DEFAULT_SKIP_FIRST, KNOWN_GROUPS, MEMORY_UNITS,
 };
 pub use source::{join_key, Source};
 
@@ -428,6 +429,112 @@ impl Validator<'_, '_> {
         }
     }
 
+    /// `[report]`'s keys for foreign logs: roles and charts name groups of
+    /// the line_pattern, and what computes FLOPs is a number, a preset and a
+    /// device the tables know. The built-in trainer logs all of it itself.
+    fn check_report(&mut self, r: &ReportSpec, command: bool) {
+        let foreign = [
+            ("memory", r.memory.is_some()),
+            ("throughput", r.throughput.is_some()),
+            ("charts", !r.charts.is_empty()),
+            ("flops_per_token", r.flops_per_token.is_some()),
+            ("model", r.model.is_some()),
+            ("sequence_length", r.sequence_length.is_some()),
+            ("gpu", r.gpu.is_some()),
+        ];
+        for (key, set) in foreign {
+            let needs_pattern = matches!(key, "memory" | "throughput" | "charts");
+            if set && (!command || (needs_pattern && r.line_pattern.is_none())) {
+                let why = match command {
+                    false => "the built-in trainer logs its memory, throughput and FLOPs itself: it is for `command` sweeps",
+                    true => "it names a group of `[report] line_pattern`, which is not set",
+                };
+                self.at_key(&format!("report.{key}"), format!("`{key}`: {why}"));
+            }
+        }
+        if let Some(p) = r
+            .line_pattern
+            .as_deref()
+            .filter(|p| crate::util::text::regex(p).is_ok())
+        {
+            if let Err(why) = check_roles(p, &r.roles()) {
+                let key = match why.contains("`throughput") {
+                    true => "report.throughput",
+                    false => "report.memory",
+                };
+                self.at_value(key, why);
+            }
+            let groups: Vec<String> = regex::Regex::new(p)
+                .map(|re| re.capture_names().flatten().map(str::to_string).collect())
+                .unwrap_or_default();
+            for (i, c) in r.charts.iter().enumerate() {
+                if !groups.contains(c) || KNOWN_GROUPS.contains(&c.as_str()) {
+                    self.at_value(
+                        &format!("report.charts[{i}]"),
+                        format!(
+                            "`{c}` is no other group of the line_pattern (those it can chart: {})",
+                            groups
+                                .iter()
+                                .filter(|g| !KNOWN_GROUPS.contains(&g.as_str()))
+                                .cloned()
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        if let Some(f) = r.flops_per_token {
+            if !(f.is_finite() && f > 0.0 && f <= 1e18) {
+                self.at_value(
+                    "report.flops_per_token",
+                    format!("`flops_per_token` must be a number of FLOPs above 0 and at most 1e18, not {f}"),
+                );
+            }
+            if r.model.is_some() {
+                self.at_key(
+                    "report.model",
+                    "give `flops_per_token` or `model`, not both",
+                );
+            }
+        }
+        if let Some(m) = &r.model {
+            if crate::config::ModelConfig::preset(m).is_none() {
+                self.at_value_help(
+                    "report.model",
+                    format!("unknown model preset `{m}`"),
+                    format!("the presets are {}", crate::config::PRESETS.join(", ")),
+                );
+            }
+            if r.sequence_length.is_none() {
+                self.at_key(
+                    "report.model",
+                    "`model` needs `sequence_length`: its FLOPs per token depend on it",
+                );
+            }
+        }
+        if let Some(t) = r.sequence_length {
+            if !(1..=crate::config::MAX_SEQUENCE_LENGTH).contains(&t) {
+                self.at_value(
+                    "report.sequence_length",
+                    format!(
+                        "`sequence_length` must be a whole number in 1..={}, not {t}",
+                        crate::config::MAX_SEQUENCE_LENGTH
+                    ),
+                );
+            }
+        }
+        if let Some(g) = &r.gpu {
+            if crate::config::devices::lookup(g).is_none() {
+                self.at_value_help(
+                    "report.gpu",
+                    format!("the device table does not know `{g}`: MFU needs its peak"),
+                    format!("known devices: {}", crate::config::devices::known()),
+                );
+            }
+        }
+    }
+
     /// `max_runs` and `repeats`, or None (with the error) where they are out
     /// of bounds.
     fn runs_and_repeats(&mut self, sweep: &schema::SweepFile, mode: &Mode) -> Option<(u64, u32)> {
@@ -500,6 +607,7 @@ impl Validator<'_, '_> {
                 );
             }
         }
+        self.check_report(&file.report, file.command.is_some());
         for (i, line) in file.slurm.extra_sbatch.iter().enumerate() {
             if !line.trim_start().starts_with('-') {
                 self.at_value_help(

@@ -395,11 +395,125 @@ pub struct ReportSpec {
     /// For any-command sweeps: a regex with named groups (step, loss,
     /// tokens_per_second, mfu_pct, tflops, ...) that matches the program's log lines.
     pub line_pattern: Option<String>,
+    /// The line_pattern group that is the peak memory per device, its unit
+    /// at the end of its name (`mem_gb`, `mem_gib`, `mem_mb`, `mem_bytes`).
+    pub memory: Option<String>,
+    /// The line_pattern group that is tokens per second per device.
+    pub throughput: Option<String>,
+    /// Other line_pattern groups to chart (a bar per configuration, as
+    /// throughput is).
+    pub charts: Vec<String>,
+    /// For any-command sweeps whose program logs no FLOPs: training FLOPs
+    /// per token, so that the report computes TFLOP/s (and, with `gpu`, MFU)
+    /// from tokens/s. A run's parameter of the same name wins.
+    pub flops_per_token: Option<f64>,
+    /// Instead of `flops_per_token`: a built-in model preset and the
+    /// sequence length the program trains (runs' parameters win).
+    pub model: Option<String>,
+    pub sequence_length: Option<usize>,
+    /// The device the program trains on (a name the device table knows): its
+    /// dense bf16 peak is what MFU is measured against. A run's `gpu`
+    /// parameter wins.
+    pub gpu: Option<String>,
+}
+
+/// The named groups a `line_pattern` may use that mean a field the report
+/// knows (the keys of `metrics.jsonl`); every other group is a field of its
+/// own. The report's `Field` list is checked equal to it by a test.
+pub const KNOWN_GROUPS: [&str; 12] = [
+    "step",
+    "loss",
+    "tokens_per_second",
+    "training_tokens_pct",
+    "mfu_pct",
+    "tflops",
+    "step_time_s",
+    "elapsed_s",
+    "global_tokens_per_second",
+    "world_size",
+    "batch_size",
+    "peak_memory_mb",
+];
+
+/// Which foreign groups stand for known fields.
+#[derive(Debug, Clone, Default)]
+pub struct Roles {
+    /// The group that is the peak memory per device.
+    pub memory: Option<String>,
+    /// The group that is tokens per second per device.
+    pub throughput: Option<String>,
+}
+
+/// Units a memory group's name may end in, and MB (2^20 bytes, as
+/// `peak_memory_mb`) per unit: SI prefixes decimal, IEC binary.
+pub const MEMORY_UNITS: [(&str, f64); 8] = [
+    ("_bytes", 1.0 / 1048576.0),
+    ("_kb", 1e3 / 1048576.0),
+    ("_kib", 1.0 / 1024.0),
+    ("_mb", 1e6 / 1048576.0),
+    ("_mib", 1.0),
+    ("_gb", 1e9 / 1048576.0),
+    ("_gib", 1024.0),
+    ("_tb", 1e12 / 1048576.0),
+];
+
+/// MB per unit of a memory group, from the unit its name ends in.
+pub fn memory_unit(group: &str) -> Option<f64> {
+    let lower = group.to_ascii_lowercase();
+    MEMORY_UNITS
+        .iter()
+        .find(|(suffix, _)| lower.ends_with(suffix))
+        .map(|&(_, mb)| mb)
+}
+
+/// Why `roles` do not fit the groups of `pattern` (a role naming no group,
+/// or a known field, or a memory group without a unit in its name).
+pub fn check_roles(pattern: &str, roles: &Roles) -> Result<(), String> {
+    let re = crate::util::text::regex(pattern)?;
+    let groups: Vec<&str> = re.capture_names().flatten().collect();
+    for (key, group) in [("memory", &roles.memory), ("throughput", &roles.throughput)] {
+        let Some(g) = group else { continue };
+        if !groups.contains(&g.as_str()) {
+            return Err(format!(
+                "`{key} = \"{g}\"` names no group of the line_pattern (its groups: {})",
+                groups.join(", ")
+            ));
+        }
+        if is_known(g) {
+            return Err(format!(
+                "`{g}` already is a field the report knows: `{key}` names a group of another name"
+            ));
+        }
+    }
+    if let Some(g) = &roles.memory {
+        if memory_unit(g).is_none() {
+            let units: Vec<&str> = MEMORY_UNITS.iter().map(|(s, _)| &s[1..]).collect();
+            return Err(format!(
+                "the unit of `{g}` is not in its name: name the group `{g}_gb` (or end it in one of {})",
+                units.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn is_known(group: &str) -> bool {
+    KNOWN_GROUPS.contains(&group)
 }
 
 /// Log points a report skips at the start of every run unless told otherwise
 /// (warm-up: compilation, caches, the allocator).
 pub const DEFAULT_SKIP_FIRST: usize = 5;
+
+impl ReportSpec {
+    /// Which groups of the line_pattern stand for known fields.
+    pub fn roles(&self) -> Roles {
+        Roles {
+            memory: self.memory.clone(),
+            throughput: self.throughput.clone(),
+        }
+    }
+}
 
 impl Default for ReportSpec {
     fn default() -> Self {
@@ -408,6 +522,13 @@ impl Default for ReportSpec {
             skip_first: DEFAULT_SKIP_FIRST,
             group_by: Vec::new(),
             line_pattern: None,
+            memory: None,
+            throughput: None,
+            charts: Vec::new(),
+            flops_per_token: None,
+            model: None,
+            sequence_length: None,
+            gpu: None,
         }
     }
 }

@@ -42,6 +42,10 @@ pub struct StudyRecord {
     pub axes: Vec<String>,
     /// The ids of the runs it plans.
     pub runs: Vec<String>,
+    /// A `command` study's whole `[report]`: how its logs are read (the
+    /// line pattern and its roles) and its FLOPs computed.
+    #[serde(default)]
+    pub command_report: Option<crate::manifest::ReportSpec>,
 }
 
 impl StudyRecord {
@@ -59,6 +63,8 @@ impl StudyRecord {
             group_by: m.report.group_by.clone(),
             axes: m.axis_keys().map(str::to_string).collect(),
             runs: plan.runs.iter().map(|r| r.id.clone()).collect(),
+            command_report: matches!(m.mode, crate::manifest::Mode::Command(_))
+                .then(|| m.report.clone()),
         }
     }
 

@@ -6,12 +6,14 @@
 use super::columns::{self as c, Metric};
 use super::ingest::{Field, Point};
 use super::plot::{bars::Bars, lines::Lines, save, Chart};
-use super::summary::Summary;
+use super::summary::{MetricStats, Summary};
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<Chart>> {
+/// `extras`: the foreign log fields (of [`Summary::extras`]) the manifest
+/// asks charts of (`[report] charts`), one bar chart each.
+pub fn render(s: &Summary, dir: &Path, study: &str, extras: &[String]) -> Result<Vec<Chart>> {
     // Names come from files: printable in any label.
     let names: Vec<String> = s
         .rows
@@ -21,7 +23,7 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<Chart>> {
     let speedups: Vec<Option<String>> =
         s.rows.iter().map(|r| r.speedup.map(|x| x.text())).collect();
     let mut out = Vec::new();
-    for (file, metric, title, unit) in [
+    let known = [
         (
             "throughput",
             Metric::TokensPerSecond,
@@ -41,12 +43,34 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<Chart>> {
             "Peak memory per device",
             "MB",
         ),
-    ] {
-        let values: Vec<Option<f64>> = s.rows.iter().map(|r| r.metric(metric).mean).collect();
+    ];
+    // Each bar chart: its file, title and unit, and each row's statistics.
+    let mut bars: Vec<(String, String, String, Vec<MetricStats>)> = known
+        .iter()
+        .map(|&(file, metric, title, unit)| {
+            let stats = s.rows.iter().map(|r| *r.metric(metric)).collect();
+            (file.into(), title.into(), unit.into(), stats)
+        })
+        .collect();
+    for x in extras {
+        let Some(i) = s.extras.iter().position(|e| e == x) else {
+            continue;
+        };
+        let stats = s
+            .rows
+            .iter()
+            .map(|r| r.extra(i).copied().unwrap_or_default())
+            .collect();
+        // Named as written in the log's pattern, units and all (`mem_gb`).
+        let file = format!("field-{}", crate::util::name::sanitize(x));
+        bars.push((file, x.clone(), x.clone(), stats));
+    }
+    for (file, title, unit, stats) in bars {
+        let values: Vec<Option<f64>> = stats.iter().map(|m| m.mean).collect();
         if values.iter().all(Option::is_none) {
             continue;
         }
-        let intervals = s.rows.iter().map(|r| r.metric(metric).ci95).collect();
+        let intervals = stats.iter().map(|m| m.ci95).collect();
         let fig = Bars {
             title: match file == "throughput" && speedups.iter().any(Option::is_some) {
                 true => format!(
@@ -54,9 +78,9 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<Chart>> {
                 ),
                 false => format!("{study}: {title} (mean, 95% interval)"),
             },
-            y_label: unit.into(),
+            y_label: unit.clone(),
             categories: names.clone(),
-            series: vec![(unit.into(), values)],
+            series: vec![(unit, values)],
             intervals: vec![intervals],
             notes: if file == "throughput" {
                 speedups.clone()
@@ -64,7 +88,7 @@ pub fn render(s: &Summary, dir: &Path, study: &str) -> Result<Vec<Chart>> {
                 vec![None; names.len()]
             },
         };
-        out.push(save(&fig, dir, file)?);
+        out.push(save(&fig, dir, &file)?);
     }
     if let Some(fig) = batch_size_bars(s, study) {
         out.push(save(&fig, dir, "batch-size")?);

@@ -2,7 +2,7 @@
 //! the aggregated columns (`tokens_per_second_mean`, ...) and constants for
 //! the rest. Tables, exports and charts name columns only through these.
 
-use super::ingest::Field;
+use super::ingest::{Field, Point};
 
 /// A per-step metric that the summary aggregates per run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,74 @@ impl Metric {
 
     pub fn ci_high(self) -> String {
         format!("{}_ci95_high", self.name())
+    }
+}
+
+/// What the summary gives statistics of: a metric it knows, or a field only
+/// a foreign log's line pattern names (`mem_gb`), summarised the same way in
+/// columns of its own name (`mem_gb_mean`, ..., `mem_gb_ci95_low`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Measure {
+    Known(Metric),
+    /// `Point::extra[index]`.
+    Extra {
+        index: usize,
+        name: String,
+    },
+}
+
+impl Measure {
+    /// The known metrics, then the extra fields `extras` (in their order).
+    pub fn all(extras: &[String]) -> Vec<Measure> {
+        Metric::ALL
+            .into_iter()
+            .map(Measure::Known)
+            .chain(
+                extras
+                    .iter()
+                    .enumerate()
+                    .map(|(index, name)| Measure::Extra {
+                        index,
+                        name: name.clone(),
+                    }),
+            )
+            .collect()
+    }
+
+    /// The column of the points frame.
+    pub fn name(&self) -> &str {
+        match self {
+            Measure::Known(m) => m.name(),
+            Measure::Extra { name, .. } => name,
+        }
+    }
+
+    pub fn col(&self, stat: Stat) -> String {
+        format!("{}_{}", self.name(), stat.name())
+    }
+
+    pub fn ci_low(&self) -> String {
+        format!("{}_ci95_low", self.name())
+    }
+
+    pub fn ci_high(&self) -> String {
+        format!("{}_ci95_high", self.name())
+    }
+
+    /// Whether its mean gets a 95% interval (every extra field does).
+    pub fn has_interval(&self) -> bool {
+        match self {
+            Measure::Known(m) => WITH_INTERVALS.contains(m),
+            Measure::Extra { .. } => true,
+        }
+    }
+
+    /// Its value at a log point.
+    pub fn of(&self, p: &Point) -> Option<f64> {
+        match self {
+            Measure::Known(m) => m.field().of(p),
+            Measure::Extra { index, .. } => p.extra.get(*index).copied().flatten(),
+        }
     }
 }
 
@@ -129,6 +197,9 @@ pub const SCALING_EFFICIENCY_PCT: &str = "scaling_efficiency_pct";
 /// The same ratio as `sweep plan`'s scaling forecast has it, beside the
 /// measured one (built-in trainer runs on devices the forecast knows).
 pub const FORECAST_EFFICIENCY_PCT: &str = "forecast_efficiency_pct";
+/// The peak FLOP/s per device (TFLOP/s) a row's MFU is measured against:
+/// its device's, for its precision (TFLOPs ÷ MFU).
+pub const MFU_PEAK_TFLOPS: &str = "mfu_peak_tflops";
 /// Helper: how long a run's job ran by its executor's clock (the wall time
 /// of a run whose log has no `elapsed_s`).
 pub const JOB_RUN_S: &str = "_job_run_s";

@@ -57,10 +57,25 @@ pub struct Row {
     pub verdict: Option<Verdict>,
 }
 
+/// A field in which the runs compared differ between A and B: a
+/// configuration field of their identity (`learning_rate`, `slurm.nodes`),
+/// or what rendered them (`sweep version`, `git commit`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Difference {
+    pub field: String,
+    pub a: String,
+    pub b: String,
+    /// The configurations whose runs differ in it; empty: every one compared.
+    pub configurations: Vec<String>,
+}
+
 pub struct Comparison {
     pub a: String,
     pub b: String,
     pub rows: Vec<Row>,
+    /// What differs between the two sides' runs of a configuration, as their
+    /// records say (none known for imported logs).
+    pub differences: Vec<Difference>,
     /// Configurations found on one side only.
     pub only_a: Vec<String>,
     pub only_b: Vec<String>,
@@ -92,6 +107,7 @@ fn side(root: &Path, source: &Source, skip_first: Option<usize>) -> Result<(Stri
         axes: spec.axes,
         baseline: None,
         group_by: spec.group_by,
+        extras: spec.extras,
     };
     Ok((study, super::summary::summarize(runs, &opts)?))
 }
@@ -166,9 +182,11 @@ pub fn compare(name_a: &str, sa: &Summary, name_b: &str, sb: &Summary) -> Result
             speedup: compared.map(|c| c.0),
         })
         .collect();
+    let differences = differences(&both, sa, sb);
     Ok(Comparison {
         a: label_a,
         b: label_b,
+        differences,
         only_a: ca.iter().filter(|x| !cb.contains(x)).cloned().collect(),
         only_b: cb.iter().filter(|x| !ca.contains(x)).cloned().collect(),
         problems_a: sa.problems.clone(),
@@ -176,6 +194,93 @@ pub fn compare(name_a: &str, sa: &Summary, name_b: &str, sb: &Summary) -> Result
         rows,
         files: Vec::new(),
     })
+}
+
+/// The fields in which each configuration's runs differ between the sides
+/// (its first run on each side stands for it: repeats share their
+/// configuration), merged where several configurations differ alike.
+fn differences(
+    both: &[(&summary::Row, &summary::Row)],
+    sa: &Summary,
+    sb: &Summary,
+) -> Vec<Difference> {
+    let mut out: Vec<Difference> = Vec::new();
+    for (ra, rb) in both {
+        let (Some(a), Some(b)) = (ra.runs.first(), rb.runs.first()) else {
+            continue;
+        };
+        let (a, b) = (&sa.runs[*a], &sb.runs[*b]);
+        let mut found = match (&a.identity, &b.identity) {
+            (Some(x), Some(y)) => crate::plan::identity::differences(x, y),
+            _ => Vec::new(),
+        };
+        // Repeats are numbered within a study: no difference between two.
+        found.retain(|(k, _, _)| k != crate::plan::REPEAT);
+        if let (Some(x), Some(y)) = (&a.built, &b.built) {
+            let commit = |c: &Option<String>| c.clone().unwrap_or_else(|| "(unknown)".into());
+            for (field, u, v) in [
+                (
+                    "sweep version",
+                    x.sweep_version.clone(),
+                    y.sweep_version.clone(),
+                ),
+                ("git commit", commit(&x.git_commit), commit(&y.git_commit)),
+            ] {
+                if u != v {
+                    found.push((field.to_string(), u, v));
+                }
+            }
+        }
+        for (field, a, b) in found {
+            match out
+                .iter_mut()
+                .find(|d| d.field == field && d.a == a && d.b == b)
+            {
+                Some(d) => d.configurations.push(ra.name.clone()),
+                None => out.push(Difference {
+                    field,
+                    a,
+                    b,
+                    configurations: vec![ra.name.clone()],
+                }),
+            }
+        }
+    }
+    for d in &mut out {
+        if d.configurations.len() == both.len() {
+            d.configurations.clear();
+        }
+    }
+    out
+}
+
+/// The differences as markdown: a table, or the sentence that says none is
+/// recorded.
+fn differences_markdown(cmp: &Comparison) -> String {
+    if cmp.differences.is_empty() {
+        return "\nThe runs compared have the same configuration and were rendered by the same sweep \
+                and commit: what differs is outside sweep's records (the machine, the node, the hour).\n"
+            .into();
+    }
+    let mut out = format!(
+        "\n## What differs\n\n| Field | A: {} | B: {} | Configurations |\n|---|---|---|---|\n",
+        cell(&cmp.a),
+        cell(&cmp.b)
+    );
+    for d in &cmp.differences {
+        let which = match d.configurations.is_empty() {
+            true => "all".to_string(),
+            false => d.configurations.join(", "),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            cell(&d.field),
+            cell(&d.a),
+            cell(&d.b),
+            cell(&which)
+        ));
+    }
+    out
 }
 
 /// Writes the comparison's table (markdown, CSV), chart and page.
@@ -264,6 +369,7 @@ pub fn markdown(cmp: &Comparison) -> String {
             r.verdict.map_or("- (too few samples)", |v| v.describe()),
         ));
     }
+    out.push_str(&differences_markdown(cmp));
     for (side, only) in [(&cmp.a, &cmp.only_a), (&cmp.b, &cmp.only_b)] {
         if !only.is_empty() {
             let only: Vec<String> = only.iter().map(|o| cell(o)).collect();

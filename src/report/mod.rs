@@ -6,6 +6,7 @@ pub mod charts;
 pub mod columns;
 pub mod compare;
 pub mod export;
+pub mod flops;
 pub mod ingest;
 pub mod page;
 pub mod plot;
@@ -79,6 +80,10 @@ struct Spec {
     /// Run directories left by an earlier version of the manifest: listed
     /// among the problems, never averaged in.
     stale: Vec<summary::Problem>,
+    /// The foreign log fields the line pattern names (`Point::extra`).
+    extras: Vec<String>,
+    /// Those of them charted.
+    charts: Vec<String>,
 }
 
 impl Spec {
@@ -100,6 +105,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         } else {
             opts.group_by.clone()
         },
+        extras: spec.extras,
     };
     let mut s = summary::summarize(runs, &sopts)?;
     s.problems.extend(spec.stale);
@@ -134,7 +140,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     };
     let mut files = export::write_all(&s, &ctx, &out)?;
     let charts = if opts.plots {
-        charts::render(&s, &plots, &study)?
+        charts::render(&s, &plots, &study, &spec.charts)?
     } else {
         vec![]
     };
@@ -174,12 +180,21 @@ fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
             name,
         } => {
             crate::util::name::check(name).map_err(|why| anyhow::anyhow!("--name: {why}"))?;
-            let (runs, inputs) = load_import(glob, *format, pattern.as_deref())?;
+            let pattern = match pattern {
+                Some(p) => Some(
+                    ingest::pattern::Pattern::new(p, &crate::manifest::Roles::default()).map_err(
+                        |e| anyhow::anyhow!("--pattern is not a valid regular expression: {e}"),
+                    )?,
+                ),
+                None => None,
+            };
+            let (runs, inputs) = load_import(glob, *format, pattern.as_ref())?;
             Ok((
                 name.clone(),
                 runs,
                 Spec {
                     inputs,
+                    extras: pattern.map(|p| p.extras).unwrap_or_default(),
                     ..Spec::default()
                 },
             ))
@@ -196,27 +211,31 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         &crate::plan::PlanOptions::new(true, crate::config::RuntimeOptions::current()),
     )?;
     let states = planned_states(&plan);
-    let pattern = match (&plan.manifest.mode, &plan.manifest.report.line_pattern) {
-        (Mode::Command(_), Some(p)) => {
-            Some(crate::util::text::regex(p).map_err(anyhow::Error::msg)?)
-        }
-        _ => None,
+    let rs = &plan.manifest.report;
+    let pattern = match &plan.manifest.mode {
+        Mode::Command(_) => command_pattern(rs)?,
+        Mode::Train(_) => None,
     };
     let runs = plan
         .runs
         .par_iter()
         .zip(states)
-        .map(|(r, (st, its_own))| {
-            let mut run = match its_own {
-                true => read_run(&r.name, &r.dir, &plan.study_dir, st, pattern.as_ref()),
+        .map(|(r, (st, record))| {
+            let mut run = match &record {
+                Some(_) => read_run(&r.name, &r.dir, &plan.study_dir, st, pattern.as_ref()),
                 // Whatever the directory holds is not this run's.
-                false => RunLog {
+                None => RunLog {
                     reason: st.reason.clone(),
                     ..RunLog::new(&r.name, st)
                 },
             };
+            run.identity = Some(r.identity.clone());
+            run.built = record.map(|rec| ingest::Built::of(&rec));
             run.params = r.params.clone();
             run.configuration = Some(r.configuration.clone());
+            if let crate::plan::Job::Command(_) = r.job {
+                flops::derive(&mut run, rs);
+            }
             run.forecast_pct = match (&r.job, r.world_size()) {
                 (crate::plan::Job::Train(_), 1) => Some(100.0),
                 _ => r.scaling(&plan.manifest.hints).map(|f| f.efficiency_pct),
@@ -224,7 +243,6 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
             run
         })
         .collect();
-    let rs = &plan.manifest.report;
     let m = &plan.manifest;
     let spec = Spec {
         axes: Some(m.axis_keys().map(str::to_string).collect()),
@@ -239,8 +257,19 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         },
         inputs: Vec::new(),
         stale: Vec::new(),
+        extras: pattern.map(|p| p.extras).unwrap_or_default(),
+        charts: rs.charts.clone(),
     };
     Ok((plan.manifest.name.clone(), runs, spec))
+}
+
+/// How a command study's logs are read: its `[report] line_pattern` with
+/// its roles (none: `metrics.jsonl`, for programs that write sweep's own).
+fn command_pattern(rs: &crate::manifest::ReportSpec) -> Result<Option<ingest::pattern::Pattern>> {
+    rs.line_pattern
+        .as_deref()
+        .map(|p| ingest::pattern::Pattern::new(p, &rs.roles()).map_err(anyhow::Error::msg))
+        .transpose()
 }
 
 /// Each planned run's state, from the record `render` wrote in its
@@ -248,7 +277,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
 /// are that run's: a run not yet rendered is unsubmitted, and a directory
 /// that holds another run (of an earlier version of the manifest) or an
 /// unreadable record says so, its files left unread.
-fn planned_states(plan: &Plan) -> Vec<(Status, bool)> {
+fn planned_states(plan: &Plan) -> Vec<(Status, Option<RunRecord>)> {
     use executor::State;
     let loaded: Vec<Result<RunRecord, Status>> = plan
         .runs
@@ -273,8 +302,8 @@ fn planned_states(plan: &Plan) -> Vec<(Status, bool)> {
     loaded
         .into_iter()
         .map(|rec| match rec {
-            Ok(_) => (known.next().expect("a state per record"), true),
-            Err(status) => (status, false),
+            Ok(rec) => (known.next().expect("a state per record"), Some(rec)),
+            Err(status) => (status, None),
         })
         .collect()
 }
@@ -365,13 +394,24 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     });
     let records: Vec<(&RunRecord, &Path)> = found.iter().map(|(r, d)| (r, d.as_path())).collect();
     let states = states_or_unknown(&records);
+    // A command study's logs are read as its manifest said.
+    let command = record.as_ref().and_then(|r| r.command_report.clone());
+    let pattern = match &command {
+        Some(rs) => command_pattern(rs)?,
+        None => None,
+    };
     let mut runs: Vec<RunLog> = found
         .par_iter()
         .zip(states)
         .map(|((r, d), st)| {
-            let mut run = read_run(&r.name, d, dir, st, None);
+            let mut run = read_run(&r.name, d, dir, st, pattern.as_ref());
+            run.identity = r.identity.clone();
+            run.built = Some(ingest::Built::of(r));
             run.params = r.params.clone();
             run.configuration = r.configuration.clone();
+            if let Some(rs) = &command {
+                flops::derive(&mut run, rs);
+            }
             run
         })
         .collect();
@@ -384,6 +424,8 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
             baseline: rec.baseline,
             group_by: rec.group_by,
             stale,
+            extras: pattern.map(|p| p.extras).unwrap_or_default(),
+            charts: command.map(|rs| rs.charts).unwrap_or_default(),
             ..Spec::default()
         },
         None => Spec::default(),
@@ -437,13 +479,10 @@ fn import_names(paths: &[PathBuf]) -> Vec<String> {
 fn load_import(
     glob: &str,
     format: LogFormat,
-    pattern: Option<&str>,
+    pattern: Option<&ingest::pattern::Pattern>,
 ) -> Result<(Vec<RunLog>, Vec<PathBuf>)> {
     let re = match (format, pattern) {
-        (LogFormat::Pattern, Some(p)) => Some(
-            crate::util::text::regex(p)
-                .map_err(|e| anyhow::anyhow!("--pattern is not a valid regular expression: {e}"))?,
-        ),
+        (LogFormat::Pattern, Some(p)) => Some(p),
         (LogFormat::Pattern, None) => {
             bail!("--log-format pattern needs --pattern '<regex with named groups>'")
         }
@@ -524,7 +563,7 @@ fn read_run(
     dir: &Path,
     study_dir: &Path,
     status: Status,
-    pattern: Option<&regex::Regex>,
+    pattern: Option<&ingest::pattern::Pattern>,
 ) -> RunLog {
     let mut run = RunLog {
         reason: status.reason.clone(),

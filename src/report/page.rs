@@ -9,9 +9,8 @@
 //! ([`esc`]): a name holding `<script>`, quotes or control characters is text
 //! on the page, never markup.
 
-use super::columns::Metric;
 use super::compare::Comparison;
-use super::export::with_interval;
+use super::export::shown;
 use super::ingest::RunLog;
 use super::plot::Chart;
 use super::summary::{Row, Summary};
@@ -115,7 +114,8 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
          corrected for the configurations compared with Holm's method (≈: no significant \
          difference).</p>\n<table id=\"summary\" class=\"sortable\"><thead><tr>",
     );
-    for h in ["Configuration", "A", "B", "Speedup (B / A)", "Verdict"] {
+    let (a, b) = (format!("A: {}", cmp.a), format!("B: {}", cmp.b));
+    for h in ["Configuration", &a, &b, "Speedup (B / A)", "Verdict"] {
         let _ = write!(out, "<th>{}</th>", esc(h));
     }
     out.push_str("</tr></thead><tbody>\n");
@@ -151,6 +151,37 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
             let _ = writeln!(out, "<p>Only in {}: {}</p>", esc(side), names.join(", "));
         }
     }
+    out.push_str("<section id=\"differences\"><h2>What differs</h2>");
+    if cmp.differences.is_empty() {
+        out.push_str(
+            "<p>The runs compared have the same configuration and were rendered by the same \
+             sweep and commit: what differs is outside sweep's records (the machine, the node, \
+             the hour).</p>",
+        );
+    } else {
+        let _ = write!(
+            out,
+            "<table><thead><tr><th>Field</th><th>{}</th><th>{}</th><th>Configurations</th></tr></thead><tbody>",
+            esc(&a),
+            esc(&b)
+        );
+        for d in &cmp.differences {
+            out.push_str("<tr>");
+            for text in [&d.field, &d.a, &d.b] {
+                cell_text(&mut out, text);
+            }
+            cell_text(
+                &mut out,
+                &match d.configurations.is_empty() {
+                    true => "all".to_string(),
+                    false => d.configurations.join(", "),
+                },
+            );
+            out.push_str("</tr>");
+        }
+        out.push_str("</tbody></table>");
+    }
+    out.push_str("</section>\n");
     if let Some(c) = chart {
         charts_section(&mut out, std::slice::from_ref(c));
     }
@@ -306,23 +337,15 @@ fn summary_table(out: &mut String, s: &Summary, baseline: Option<&str>, skip_fir
     out.push_str(
         " Click a column to sort by it.</p>\n<table id=\"summary\" class=\"sortable\"><thead><tr>",
     );
-    for h in [
-        "Configuration",
-        "Runs",
-        "Tokens/sec",
-        "MFU %",
-        "TFLOPs",
-        "Training tokens %",
-        "Peak memory (MB)",
-        "Final loss",
-        "Wall time (s)",
-        "Speedup",
-        "State",
-    ] {
+    let columns = shown::columns(s);
+    let headers = std::iter::once("Configuration")
+        .chain(columns.iter().map(|c| c.header.as_str()))
+        .chain(["State"]);
+    for h in headers {
         let _ = write!(out, "<th>{}</th>", esc(h));
     }
     out.push_str("</tr></thead><tbody>\n");
-    for r in &s.rows {
+    for (i, r) in s.rows.iter().enumerate() {
         let is_base = baseline.is_some_and(|b| r.name == b || r.members.iter().any(|m| m == b));
         let _ = write!(
             out,
@@ -340,27 +363,17 @@ fn summary_table(out: &mut String, s: &Summary, baseline: Option<&str>, skip_fir
             esc(&r.name),
             esc(&name)
         );
-        cell_value(
-            out,
-            Some(r.members.len() as f64),
-            &r.members.len().to_string(),
-        );
-        for m in [Metric::TokensPerSecond, Metric::MfuPct, Metric::Tflops] {
-            let st = r.metric(m);
-            cell_value(out, st.mean, &with_interval(st, 2));
+        for c in &columns {
+            cell_value(out, c.cells[i].value, &c.cells[i].text);
         }
-        let tt = r.metric(Metric::TrainingTokensPct).mean;
-        cell_value(out, tt, &fmt(tt, 2));
-        let mem = r.metric(Metric::PeakMemoryMb);
-        cell_value(out, mem.mean, &with_interval(mem, 0));
-        cell_value(out, r.final_loss, &fmt(r.final_loss, 3));
-        cell_value(out, r.wall_time_s, &fmt(r.wall_time_s, 1));
-        let sp = r.speedup.map(|x| x.ratio);
-        cell_value(out, sp, &r.speedup.map_or_else(|| "-".into(), |x| x.text()));
         cell_text(out, &r.state);
         out.push_str("</tr>\n");
     }
-    out.push_str("</tbody></table></section>\n");
+    out.push_str("</tbody></table>");
+    if let Some(note) = shown::mfu_note(s) {
+        let _ = write!(out, "<p class=\"note\">{}</p>", esc(&note));
+    }
+    out.push_str("</section>\n");
 }
 
 fn charts_section(out: &mut String, charts: &[Chart]) {

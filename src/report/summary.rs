@@ -10,7 +10,7 @@
 //! the charts and comparisons read. Runs are told apart by their position,
 //! never by their names, which imported logs may repeat.
 
-use super::columns::{self as c, Metric, Stat};
+use super::columns::{self as c, Measure, Metric, Stat};
 use super::ingest::{Field, RunLog};
 use super::stats::{mean_ci95, speedups, RatioCi};
 use crate::executor::State;
@@ -26,6 +26,8 @@ pub struct Options {
     /// A run name (or, with grouping, any run of the baseline group).
     pub baseline: Option<String>,
     pub group_by: Vec<String>,
+    /// The extra fields of the runs' points (a line pattern's own groups).
+    pub extras: Vec<String>,
 }
 
 pub struct Summary {
@@ -52,6 +54,8 @@ pub struct Summary {
     /// What would make the figures more useful (e.g. more repeats), for the
     /// lines after the table.
     pub hints: Vec<String>,
+    /// The extra fields summarised (each row's [`Row::extra`]), in order.
+    pub extras: Vec<String>,
 }
 
 /// One row of the table: a run, a configuration's repeats, or a group.
@@ -69,7 +73,7 @@ pub struct Row {
     pub warmup_points: usize,
     /// Parameter values as the table prints them.
     pub params: IndexMap<String, String>,
-    /// Statistics of each metric, in [`Metric::ALL`]'s order.
+    /// Statistics of each measure: [`Metric::ALL`]'s, then the extra fields'.
     metrics: Vec<MetricStats>,
     pub final_loss: Option<f64>,
     pub wall_time_s: Option<f64>,
@@ -79,8 +83,12 @@ pub struct Row {
     pub scaling_efficiency_pct: Option<f64>,
     /// The same ratio as `sweep plan`'s scaling forecast has it.
     pub forecast_efficiency_pct: Option<f64>,
-    /// The batch each run trained at, as its metrics say.
+    /// The batch each run trained at, as its metrics say (the largest of
+    /// its runs').
     pub trained_batch_size: Option<f64>,
+    /// The smallest and largest batch its runs trained at, when they differ
+    /// (a group over batch sizes).
+    pub trained_batch_range: Option<(f64, f64)>,
     /// Against the baseline (none without one, or for rows without throughput).
     pub speedup: Option<Speedup>,
     /// What the row's tokens/s interval was computed from (its repeats'
@@ -149,6 +157,19 @@ impl Row {
         &self.metrics[i]
     }
 
+    /// The statistics of extra field `i` ([`Summary::extras`]).
+    pub fn extra(&self, i: usize) -> Option<&MetricStats> {
+        self.metrics.get(Metric::ALL.len() + i)
+    }
+
+    /// The peak FLOP/s per device its MFU is measured against (TFLOP/s),
+    /// as its figures imply: every row's own (a precision's, a device's).
+    pub fn mfu_peak_tflops(&self) -> Option<f64> {
+        let tflops = self.metric(Metric::Tflops).mean?;
+        let mfu = self.metric(Metric::MfuPct).mean.filter(|m| *m > 0.0)?;
+        Some(100.0 * tflops / mfu).filter(|p| p.is_finite())
+    }
+
     /// A parameter's value as printed, empty when the row has none.
     pub fn param(&self, key: &str) -> &str {
         self.params.get(key).map_or("", String::as_str)
@@ -178,8 +199,10 @@ impl Problem {
 }
 
 pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
-    let points = points_frame(&runs)?;
+    let measures = Measure::all(&opts.extras);
+    let points = points_frame(&runs, &opts.extras)?;
     let (info, params) = runs_frame(&runs, opts.skip_first)?;
+    check_extras(&opts.extras, &params)?;
     for g in &opts.group_by {
         if !params.contains(g) {
             bail!(
@@ -188,7 +211,7 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
             );
         }
     }
-    let per_run = per_run(&points, info)?;
+    let per_run = per_run(&points, info, &measures)?;
     // The repeats of a configuration are one row, named after it.
     let params: Vec<String> = params
         .into_iter()
@@ -196,9 +219,14 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         .collect();
     let configurations = per_run.column(c::CONFIGURATION)?.n_unique()?;
     let mut table = if !opts.group_by.is_empty() {
-        group(&per_run, &opts.group_by, &[])?
+        group(&per_run, &opts.group_by, &[], &measures)?
     } else if configurations < per_run.height() {
-        let mut t = group(&per_run, &[c::CONFIGURATION.to_string()], &params)?;
+        let mut t = group(
+            &per_run,
+            &[c::CONFIGURATION.to_string()],
+            &params,
+            &measures,
+        )?;
         let names = t
             .column(c::CONFIGURATION_NAME)?
             .clone()
@@ -213,9 +241,9 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
     table.with_column(Column::new(c::STATE.into(), states))?;
     let tps_samples: Vec<Vec<f64>> = members
         .iter()
-        .map(|m| samples(Metric::TokensPerSecond, m, &per_run, &runs))
+        .map(|m| samples(&TPS, m, &per_run, &runs))
         .collect();
-    add_comparisons(&mut table, &members, &per_run, &runs, opts)?;
+    add_comparisons(&mut table, &members, &per_run, &runs, opts, &measures)?;
     let params = if opts.group_by.is_empty() {
         params
     } else {
@@ -231,7 +259,11 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         None => varying(&table, &params),
     };
     add_scaling(&mut table, &axes)?;
-    let rows = rows(&table, &params, &members, &runs, tps_samples)?;
+    let rows = rows(&table, &params, &members, &runs, tps_samples, &measures)?;
+    table.with_column(Column::new(
+        c::MFU_PEAK_TFLOPS.into(),
+        rows.iter().map(Row::mfu_peak_tflops).collect::<Vec<_>>(),
+    ))?;
     let batch_axis = axes
         .iter()
         .find(|p| p.ends_with("batch_size") && !p.contains("global"))
@@ -247,13 +279,48 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         params,
         axes,
         batch_axis,
+        extras: opts.extras.clone(),
     })
+}
+
+const TPS: Measure = Measure::Known(Metric::TokensPerSecond);
+
+/// Extra fields become columns `<name>`, `<name>_mean`, ...: none may take
+/// the name of a column the tables already have.
+fn check_extras(extras: &[String], params: &[String]) -> Result<()> {
+    let frame = [
+        c::ORDER,
+        c::LOG_INDEX,
+        c::STEP,
+        c::TRAINED_BATCH_SIZE,
+        c::RUN,
+        c::STATE,
+    ];
+    for x in extras {
+        let m = Measure::Extra {
+            index: 0,
+            name: x.clone(),
+        };
+        let mut cols: Vec<String> = Stat::ALL.iter().map(|&s| m.col(s)).collect();
+        cols.extend([m.ci_low(), m.ci_high(), x.clone()]);
+        let clash = cols.iter().find(|col| {
+            frame.contains(&col.as_str())
+                || params.contains(col)
+                || extras.iter().any(|y| y != x && &y == col)
+        });
+        if let Some(col) = clash {
+            bail!(
+                "the line pattern's group `{x}` would be summarised in a column `{col}`, a name the table already has: rename the group"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Every point of every run as one frame: `order` (the run's position),
 /// `log_index`, `step`, then a column per [`Field`] (named as the field, but
 /// for the batch size: [`c::TRAINED_BATCH_SIZE`]).
-fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
+fn points_frame(runs: &[RunLog], extras: &[String]) -> Result<DataFrame> {
     let all = || runs.iter().flat_map(|r| r.points.iter());
     let mut columns = vec![
         Column::new(
@@ -277,6 +344,10 @@ fn points_frame(runs: &[RunLog]) -> Result<DataFrame> {
         };
         let values: Vec<Option<f64>> = all().map(|p| f.of(p)).collect();
         columns.push(Column::new(name.into(), values));
+    }
+    for (i, x) in extras.iter().enumerate() {
+        let values: Vec<Option<f64>> = all().map(|p| p.extra.get(i).copied().flatten()).collect();
+        columns.push(Column::new(x.as_str().into(), values));
     }
     Ok(DataFrame::new_infer_height(columns)?)
 }
@@ -411,7 +482,7 @@ pub fn param_text(v: &serde_json::Value) -> String {
     }
 }
 
-fn stat(metric: Metric, s: Stat) -> Expr {
+fn stat(metric: &Measure, s: Stat) -> Expr {
     let x = col(metric.name());
     let e = match s {
         Stat::Mean => x.mean(),
@@ -423,19 +494,19 @@ fn stat(metric: Metric, s: Stat) -> Expr {
     e.alias(metric.col(s))
 }
 
-/// Every metric × statistic aggregation.
-fn stats(f: impl Fn(Metric, Stat) -> Expr) -> Vec<Expr> {
-    Metric::ALL
+/// Every measure × statistic aggregation.
+fn stats(measures: &[Measure], f: impl Fn(&Measure, Stat) -> Expr) -> Vec<Expr> {
+    measures
         .iter()
-        .flat_map(|&m| Stat::ALL.iter().map(move |&s| (m, s)))
+        .flat_map(|m| Stat::ALL.iter().map(move |&s| (m, s)))
         .map(|(m, s)| f(m, s))
         .collect()
 }
 
 /// One row per run, in run order: its statistics over the points after the
 /// first `skip_first`, its final loss and wall time, joined to its parameters.
-fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
-    let mut aggs = stats(stat);
+fn per_run(points: &DataFrame, info: DataFrame, measures: &[Measure]) -> Result<DataFrame> {
+    let mut aggs = stats(measures, stat);
     aggs.push(col(c::STEP).count().alias(c::POINTS));
     aggs.push(
         col(c::GLOBAL_TOKENS_PER_SECOND)
@@ -519,9 +590,14 @@ fn per_run(points: &DataFrame, info: DataFrame) -> Result<DataFrame> {
 /// One row per group of runs with equal `keys`: the means of the runs'
 /// statistics, named after the group's values (`dataset_type=padded
 /// pretokenized=true`), with the positions of its runs.
-fn group(per_run: &DataFrame, keys: &[String], carry: &[String]) -> Result<DataFrame> {
+fn group(
+    per_run: &DataFrame,
+    keys: &[String],
+    carry: &[String],
+    measures: &[Measure],
+) -> Result<DataFrame> {
     let by: Vec<Expr> = keys.iter().map(|g| col(g.as_str())).collect();
-    let mut aggs = stats(|m, s| col(m.col(s)).mean());
+    let mut aggs = stats(measures, |m, s| col(m.col(s)).mean());
     // Parameters shared by every member (a configuration's, for its repeats).
     aggs.extend(carry.iter().map(|p| col(p.as_str()).first()));
     aggs.extend([
@@ -597,7 +673,7 @@ fn state_of(members: &[usize], runs: &[RunLog]) -> String {
 /// What a row's interval is computed over: its member runs' steady-state
 /// means when it has several (repeats, groups), else its one run's
 /// steady-state log points. `per_run` has one row per run, in run order.
-fn samples(metric: Metric, members: &[usize], per_run: &DataFrame, runs: &[RunLog]) -> Vec<f64> {
+fn samples(metric: &Measure, members: &[usize], per_run: &DataFrame, runs: &[RunLog]) -> Vec<f64> {
     let means = number_column(per_run, &metric.col(Stat::Mean)).unwrap_or_default();
     if members.len() >= 2 {
         return members
@@ -616,7 +692,7 @@ fn samples(metric: Metric, members: &[usize], per_run: &DataFrame, runs: &[RunLo
         .points
         .iter()
         .skip(first)
-        .filter_map(|p| metric.field().of(p))
+        .filter_map(|p| metric.of(p))
         .collect()
 }
 
@@ -632,12 +708,25 @@ fn baseline_row(
         .iter()
         .position(|n| n.as_deref() == Some(b))
         .or_else(|| {
-            members
-                .iter()
-                .position(|m| m.iter().any(|&r| runs[r].name == b))
+            members.iter().position(|m| {
+                m.iter().any(|&r| {
+                    runs[r].name == b || runs[r].configuration.as_ref().is_some_and(|c| c.name == b)
+                })
+            })
         })
         .ok_or_else(|| {
-            anyhow::anyhow!("no run or configuration named `{b}` to measure speedups against")
+            const SHOWN: usize = 20;
+            let rows: Vec<&str> = names.iter().flatten().map(String::as_str).collect();
+            let more = match rows.len() > SHOWN {
+                true => format!(", and {} more", rows.len() - SHOWN),
+                false => String::new(),
+            };
+            anyhow::anyhow!(
+                "no row, configuration or run named `{b}` to measure speedups against; the rows are {}{more} \
+                 (with grouping, a row is named by its group's values, e.g. `{}`, and any run or configuration in it names it too)",
+                rows.iter().take(SHOWN).map(|r| format!("`{r}`")).collect::<Vec<_>>().join(", "),
+                rows.first().copied().unwrap_or("")
+            )
         })
 }
 
@@ -651,10 +740,11 @@ fn add_comparisons(
     per_run: &DataFrame,
     runs: &[RunLog],
     opts: &Options,
+    measures: &[Measure],
 ) -> Result<()> {
     let h = table.height();
     let repeats: Vec<u32> = members.iter().map(|m| m.len() as u32).collect();
-    for metric in c::WITH_INTERVALS {
+    for metric in measures.iter().filter(|m| m.has_interval()) {
         let cis: Vec<Option<super::stats::MeanCi>> = members
             .iter()
             .map(|m| mean_ci95(&samples(metric, m, per_run, runs)))
@@ -681,7 +771,7 @@ fn add_comparisons(
     let mut speedup = vec![None; h];
     let mut compared = vec![None; h];
     if let Some((b, base_tps)) = base.and_then(|b| Some((b, tps[b].filter(|v| *v > 0.0)?))) {
-        let tps_of = |i: usize| samples(Metric::TokensPerSecond, &members[i], per_run, runs);
+        let tps_of = |i: usize| samples(&TPS, &members[i], per_run, runs);
         let base_samples = tps_of(b);
         let mine: Vec<Vec<f64>> = (0..h).map(tps_of).collect();
         let pairs: Vec<_> = (0..h)
@@ -815,6 +905,7 @@ fn rows(
     members: &[Vec<usize>],
     runs: &[RunLog],
     tps_samples: Vec<Vec<f64>>,
+    measures: &[Measure],
 ) -> Result<Vec<Row>> {
     let nums = |name: &str| number_column(table, name);
     let names = text_column(table, c::RUN)?;
@@ -824,8 +915,8 @@ fn rows(
         .map(|p| text_column(table, p))
         .collect::<Result<_>>()?;
     let mut metrics: Vec<[Vec<Option<f64>>; 7]> = Vec::new();
-    for m in Metric::ALL {
-        let (lo, hi) = if c::WITH_INTERVALS.contains(&m) {
+    for m in measures {
+        let (lo, hi) = if m.has_interval() {
             (nums(&m.ci_low())?, nums(&m.ci_high())?)
         } else {
             (vec![None; table.height()], vec![None; table.height()])
@@ -888,6 +979,7 @@ fn rows(
             scaling_efficiency_pct: efficiency[i],
             forecast_efficiency_pct: forecast[i],
             trained_batch_size: batch[i],
+            trained_batch_range: batch_range(&members[i], runs),
             speedup: speedup[i].map(|ratio| Speedup {
                 ratio,
                 ci95: sp_lo[i].zip(sp_hi[i]),
@@ -898,6 +990,19 @@ fn rows(
             tps_samples,
         })
         .collect())
+}
+
+/// The smallest and largest batch the runs trained at, where they differ.
+fn batch_range(members: &[usize], runs: &[RunLog]) -> Option<(f64, f64)> {
+    let each = members.iter().filter_map(|&m| {
+        runs[m]
+            .points
+            .iter()
+            .filter_map(|p| p.batch_size)
+            .reduce(f64::max)
+    });
+    let (lo, hi) = each.fold((f64::MAX, f64::MIN), |(lo, hi), b| (lo.min(b), hi.max(b)));
+    (lo < hi).then_some((lo, hi))
 }
 
 /// Runs without points, that did not complete, or with something left out

@@ -295,21 +295,43 @@ fn csv(path: &Path) -> Vec<Vec<(String, String)>> {
         .collect()
 }
 
-/// The page's cells equal summary.csv's values, row by row.
-fn table_matches_csv(page: &[Vec<(String, String)>], csv_rows: &[Vec<(String, String)>]) {
-    let columns = [
-        (0, "run"),
-        (1, "repeats"),
-        (2, "tokens_per_second_mean"),
-        (3, "mfu_pct_mean"),
-        (4, "tflops_mean"),
-        (5, "training_tokens_pct_mean"),
-        (6, "peak_memory_mb_mean"),
-        (7, "final_loss"),
-        (8, "wall_time_s"),
-        (9, "speedup"),
-        (10, "state"),
+/// The page's headers.
+fn rendered_headers(b: &mut Browser) -> Vec<String> {
+    let v = b.eval("Array.from(document.querySelectorAll('#summary th')).map(h => h.textContent)");
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The page's cells equal summary.csv's values, row by row, column by
+/// column as its headers name them (a column no row has is not shown).
+fn table_matches_csv(
+    headers: &[String],
+    page: &[Vec<(String, String)>],
+    csv_rows: &[Vec<(String, String)>],
+) {
+    let named = [
+        ("Configuration", "run"),
+        ("Runs", "repeats"),
+        ("Tokens/sec", "tokens_per_second_mean"),
+        ("MFU %", "mfu_pct_mean"),
+        ("TFLOPs", "tflops_mean"),
+        ("Training tokens %", "training_tokens_pct_mean"),
+        ("Peak memory (MB)", "peak_memory_mb_mean"),
+        ("Final loss", "final_loss"),
+        ("Wall time (s)", "wall_time_s"),
+        ("Speedup", "speedup"),
+        ("State", "state"),
     ];
+    let columns: Vec<(usize, &str)> = named
+        .iter()
+        .filter_map(|(h, c)| Some((headers.iter().position(|x| x == h)?, *c)))
+        .collect();
+    for must in ["Configuration", "Tokens/sec", "State"] {
+        assert!(headers.iter().any(|h| h == must), "{must} in {headers:?}");
+    }
     assert_eq!(page.len(), csv_rows.len(), "one row per configuration");
     for (row, want) in page.iter().zip(csv_rows) {
         let get = |c: &str| {
@@ -318,7 +340,7 @@ fn table_matches_csv(page: &[Vec<(String, String)>], csv_rows: &[Vec<(String, St
                 .map(|(_, v)| v.as_str())
                 .unwrap()
         };
-        for (i, column) in columns {
+        for &(i, column) in &columns {
             let (value, text) = &row[i];
             let expected = get(column);
             match (value.parse::<f64>(), expected.parse::<f64>()) {
@@ -391,7 +413,8 @@ pub fn check_study_page(page: &Path, summary_csv: &Path, screenshot: &str) -> Br
     assert_eq!(b.complaints(&url), Vec::<String>::new());
     let scripts = b.eval("[document.scripts.length, document.images.length]");
     assert_eq!(scripts, json!([1, 0]), "one script (the sorting), no image");
-    table_matches_csv(&rendered_table(&mut b), &csv(summary_csv));
+    let headers = rendered_headers(&mut b);
+    table_matches_csv(&headers, &rendered_table(&mut b), &csv(summary_csv));
     shows_charts(&mut b);
     let png = b.first_screen();
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
@@ -466,9 +489,9 @@ skip_first = 2
     let order = |b: &mut Browser| {
         b.eval("Array.from(document.querySelectorAll('#summary tbody tr')).map(r => r.cells[0].getAttribute('data-value'))")
     };
-    b.eval("document.querySelectorAll('#summary th')[2].click()");
+    b.eval("Array.from(document.querySelectorAll('#summary th')).find(h => h.textContent == 'Tokens/sec').click()");
     assert_eq!(order(&mut b), json!(["slow", "fast", "failing"]));
-    b.eval("document.querySelectorAll('#summary th')[2].click()");
+    b.eval("Array.from(document.querySelectorAll('#summary th')).find(h => h.textContent == 'Tokens/sec').click()");
     assert_eq!(order(&mut b), json!(["fast", "slow", "failing"]));
 
     // A comparison's page, against a copy of the study.

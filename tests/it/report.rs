@@ -369,6 +369,7 @@ fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
             .arg(results.join("reps-copy"))
             .arg(results.join("reps")),
     ));
+    assert!(out.contains("have the same configuration"), "{out}");
     for config in ["batch_size-1", "batch_size-4"] {
         let line = out
             .lines()
@@ -801,6 +802,7 @@ fn a_study_directory_reports_as_its_manifest_and_groupings_write_beside_it() {
     let line = |tps: &str| {
         step_line(1, 3.0, 100.0, 1.0)
             .replace("100.0", tps)
+            .replace("\"batch_size\":1,", "\"batch_size\":{{ size }},")
             .replace('"', "\\\"")
     };
     let manifest = |sizes: &str| {
@@ -860,6 +862,191 @@ baseline = "s1-a"
     let grouped = std::fs::read_to_string(dir.join("grouped/kind/summary.md")).unwrap();
     assert!(grouped.contains("kind"), "{grouped}");
     assert!(dir.join("grouped/kind/report.html").is_file());
+    // A group over batch sizes 1 and 3 says so, not "3"; the manifest's
+    // baseline run names its group.
+    let row = grouped
+        .lines()
+        .find(|l| l.starts_with("| kind=b |"))
+        .unwrap_or_else(|| panic!("{grouped}"));
+    assert!(row.contains("| 1–3 |"), "{grouped}");
+    assert!(
+        row.contains("| 1.00x") || row.contains("1.00x ["),
+        "{grouped}"
+    );
+    // A baseline that names nothing lists what does.
+    let err = run_err(sweep(root.path()).arg("report").arg(&dir).args([
+        "--group-by",
+        "kind",
+        "--no-plots",
+        "--baseline",
+        "kind=c",
+    ]));
+    assert!(
+        err.contains("no row, configuration or run named `kind=c`")
+            && err.contains("`kind=a`, `kind=b`"),
+        "{err}"
+    );
+}
+
+/// A program's own log fields: every named group of the line pattern is a
+/// column (`grad_norm_mean`, its interval, charted on request), the groups
+/// `[report]` names as memory and throughput fill those columns (GiB made
+/// MB), and FLOPs per token with a device give TFLOPs and MFU. A study
+/// whose log has none of that shows no MFU column at all.
+#[test]
+fn a_programs_own_fields_become_columns_and_its_flops_are_computed() {
+    let (root, m) = (project(), Path::new("m.toml"));
+    write(
+        &root.path().join(m),
+        r#"name = "foreign"
+executor = "local"
+command = """for s in 1 2 3 4; do echo "it $s: {{ tps }} tok/s mem {{ mem }} GiB gn 0.$s"; done"""
+[sweep.grid]
+tps = [100, 200]
+mem = [1, 2]
+[report]
+skip_first = 0
+line_pattern = 'it (?P<step>\d+): (?P<tok_s>[0-9.]+) tok/s mem (?P<mem_gib>[0-9.]+) GiB gn (?P<grad_norm>[0-9.]+)'
+memory = "mem_gib"
+throughput = "tok_s"
+charts = ["grad_norm"]
+flops_per_token = 6e9
+gpu = "H100"
+"#,
+    );
+    run_ok(sweep(root.path()).arg("run").arg(m));
+    let check = |rows: &[serde_json::Value]| {
+        assert_eq!(rows.len(), 4);
+        for r in rows {
+            let (tps, mem) = (r["tps"].as_f64().unwrap(), r["mem"].as_f64().unwrap());
+            let close = |k: &str, want: f64| {
+                let got = r[k].as_f64().unwrap_or(f64::NAN);
+                assert!(
+                    (got - want).abs() < 1e-6 * want.abs().max(1.0),
+                    "{k}: {got} vs {want}: {r}"
+                );
+            };
+            close("tokens_per_second_mean", tps);
+            close("peak_memory_mb_mean", mem * 1024.0);
+            close("grad_norm_mean", 0.25);
+            close("tflops_mean", tps * 6e9 / 1e12);
+            close("mfu_pct_mean", 100.0 * tps * 6e9 / 989e12);
+            close("mfu_peak_tflops", 989.0);
+            assert!(r["grad_norm_ci95_low"].as_f64().is_some(), "{r}");
+        }
+    };
+    check(&json_rows(
+        sweep(root.path()).arg("report").arg(m).arg("--json"),
+    ));
+    // The study directory reads its logs as the manifest said.
+    check(&json_rows(
+        sweep(root.path())
+            .arg("report")
+            .arg("results/foreign")
+            .args(["--json", "--no-plots"]),
+    ));
+    let md = std::fs::read_to_string(root.path().join("results/foreign/summary.md")).unwrap();
+    assert!(
+        md.contains("| grad_norm |") && md.contains("| MFU % |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("MFU is measured against a peak of 989.0 TFLOP/s"),
+        "{md}"
+    );
+    assert!(root
+        .path()
+        .join("plots/foreign/field-grad_norm.png")
+        .is_file());
+
+    // Tokens/s alone: no MFU, TFLOPs or memory columns of dashes.
+    let plain = Path::new("plain.toml");
+    write(
+        &root.path().join(plain),
+        r#"name = "plain"
+executor = "local"
+command = """for s in 1 2 3; do echo "it $s: {{ tps }} tok/s"; done"""
+[sweep.grid]
+tps = [100, 200]
+[report]
+skip_first = 0
+line_pattern = 'it (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tok/s'
+"#,
+    );
+    run_ok(sweep(root.path()).arg("run").arg(plain));
+    let md = std::fs::read_to_string(root.path().join("results/plain/summary.md")).unwrap();
+    let header = md
+        .lines()
+        .find(|l| l.starts_with("| Configuration |"))
+        .unwrap();
+    for hidden in ["MFU %", "TFLOPs", "Training tokens %", "Peak memory"] {
+        assert!(!header.contains(hidden), "{header}");
+    }
+    assert!(header.contains("Tokens/sec"), "{header}");
+    // A role that names no group is refused at plan time.
+    write(
+        &root.path().join(plain),
+        &std::fs::read_to_string(root.path().join(plain))
+            .unwrap()
+            .replace("skip_first = 0", "skip_first = 0\nmemory = \"mem\""),
+    );
+    let err = run_err(sweep(root.path()).arg("plan").arg(plain));
+    assert!(err.contains("`memory = \"mem\"` names no group"), "{err}");
+}
+
+/// `sweep compare` names both studies and says what differs between their
+/// runs: here the command a configuration ran.
+#[test]
+fn compare_names_both_studies_and_what_differs() {
+    let (root, m) = (project(), Path::new("m.toml"));
+    let manifest = |tps: u32| {
+        format!(
+            r#"name = "cmpd"
+executor = "local"
+command = """for s in 1 2 3 4; do echo "it $s: {tps} tok/s"; done"""
+[sweep.grid]
+kind = ["x", "y"]
+[report]
+skip_first = 0
+line_pattern = 'it (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tok/s'
+"#
+        )
+    };
+    write(&root.path().join(m), &manifest(100));
+    run_ok(sweep(root.path()).arg("run").arg(m));
+    let results = root.path().join("results");
+    run_ok(
+        std::process::Command::new("mv")
+            .arg(results.join("cmpd"))
+            .arg(results.join("cmpd-before")),
+    );
+    write(&root.path().join(m), &manifest(200));
+    run_ok(sweep(root.path()).arg("run").arg(m));
+    let out = stdout(&run_ok(
+        sweep(root.path())
+            .arg("compare")
+            .arg(results.join("cmpd-before"))
+            .arg(results.join("cmpd")),
+    ));
+    assert!(
+        out.contains("A: cmpd-before") && out.contains("B: cmpd"),
+        "{out}"
+    );
+    assert!(out.contains("## What differs"), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("| command |"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("100 tok/s") && line.contains("200 tok/s") && line.ends_with("| all |"),
+        "{out}"
+    );
+    let page = std::fs::read_to_string(results.join("compare/cmpd-before-vs-cmpd/comparison.html"))
+        .unwrap();
+    assert!(
+        page.contains("What differs") && page.contains("A: cmpd-before"),
+        "{page}"
+    );
 }
 
 /// Imported files with the same stem in different directories are runs of

@@ -5,9 +5,9 @@ mod csv;
 mod json;
 mod markdown;
 mod parquet;
+pub mod shown;
 
 pub use json::rows as json_rows;
-pub(crate) use markdown::with_interval;
 pub use markdown::{cell as markdown_cell, table as markdown_table};
 
 use super::summary::Summary;

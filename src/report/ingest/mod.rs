@@ -39,7 +39,14 @@ pub struct Point {
     pub batch_size: Option<f64>,
     /// The most memory one device held so far, MB (2^20 bytes).
     pub peak_memory_mb: Option<f64>,
+    /// Fields of a foreign log that no [`Field`] is (a `line_pattern`'s other
+    /// named groups), in the order its pattern names them.
+    pub extra: Vec<Option<f64>>,
 }
+
+/// The largest magnitude a foreign field may log: beyond it, only a corrupt
+/// log (or a unit no table can show) writes numbers.
+pub const MAX_EXTRA: f64 = 1e15;
 
 /// The measured fields of a [`Point`], in one list: their names (the keys of
 /// `metrics.jsonl`, the named groups of a `line_pattern`) and the values a
@@ -159,6 +166,7 @@ impl From<&StepMetrics> for Point {
             batch_size: Some(m.batch_size as f64).filter(|&b| b > 0.0),
             // 0: a device whose memory the trainer cannot read.
             peak_memory_mb: Some(m.peak_memory_mb).filter(|&mb| mb > 0.0),
+            extra: Vec::new(),
         }
     }
 }
@@ -170,7 +178,9 @@ impl From<&StepMetrics> for Point {
 pub struct Omissions {
     lines: Vec<(usize, String)>,
     /// field -> (lines, first line, first value)
-    values: IndexMap<&'static str, (usize, usize, f64)>,
+    values: IndexMap<String, (usize, usize, f64)>,
+    /// The names of the points' extra fields.
+    extras: Vec<String>,
     /// The step of the last point kept.
     last_step: Option<f64>,
     /// Points whose step repeats or goes back: (count, first line, its
@@ -179,6 +189,19 @@ pub struct Omissions {
 }
 
 impl Omissions {
+    /// For points that carry the extra fields `names`.
+    pub fn with_extras(names: &[String]) -> Omissions {
+        Omissions {
+            extras: names.to_vec(),
+            ..Omissions::default()
+        }
+    }
+
+    fn implausible(&mut self, field: &str, line: usize, v: f64) {
+        let e = self.values.entry(field.to_string()).or_insert((0, line, v));
+        e.0 += 1;
+    }
+
     pub fn bad_line(&mut self, line: usize, why: impl Into<String>) {
         self.lines.push((line, why.into()));
     }
@@ -200,10 +223,16 @@ impl Omissions {
             let slot = f.slot(&mut p);
             if let Some(v) = *slot {
                 if !f.plausible().contains(&v) {
-                    let e = self.values.entry(f.name()).or_insert((0, line, v));
-                    e.0 += 1;
                     *slot = None;
+                    self.implausible(f.name(), line, v);
                 }
+            }
+        }
+        for i in 0..p.extra.len() {
+            if let Some(v) = p.extra[i].filter(|v| !v.is_finite() || v.abs() > MAX_EXTRA) {
+                p.extra[i] = None;
+                let name = self.extras.get(i).cloned().unwrap_or_default();
+                self.implausible(&name, line, v);
             }
         }
         Some(p)
@@ -279,6 +308,27 @@ pub struct RunLog {
     /// `sweep plan`'s forecast efficiency against one device alone (100 for
     /// one rank), where the planner made one.
     pub forecast_pct: Option<f64>,
+    /// What the run's id is the hash of (its whole configuration), where
+    /// the planner recorded it: what comparisons tell studies apart by.
+    pub identity: Option<serde_json::Value>,
+    /// The sweep that rendered it, where its record says.
+    pub built: Option<Built>,
+}
+
+/// The sweep that rendered a run: its version and the project's commit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Built {
+    pub sweep_version: String,
+    pub git_commit: Option<String>,
+}
+
+impl Built {
+    pub fn of(r: &crate::plan::record::RunRecord) -> Built {
+        Built {
+            sweep_version: r.sweep_version.clone(),
+            git_commit: r.git_commit.clone(),
+        }
+    }
 }
 
 impl RunLog {
@@ -294,6 +344,8 @@ impl RunLog {
             torn: false,
             issues: Vec::new(),
             forecast_pct: None,
+            identity: None,
+            built: None,
         }
     }
 

@@ -1,17 +1,59 @@
-//! Any program's log lines, matched by the manifest's `[report] line_pattern`:
-//! a regex whose named groups name the fields — `step` and the names of
-//! [`Field`] (`loss`, `tokens_per_second`, `training_tokens_pct`, `mfu_pct`,
-//! `tflops`, `step_time_s`, `elapsed_s`, ...). Unnamed fields are left empty.
+//! Any program's log lines, matched by the manifest's `[report] line_pattern`
+//! (or `--pattern`): a regex whose named groups name the fields. `step` and
+//! the names of [`Field`] (`loss`, `tokens_per_second`, `mfu_pct`, `tflops`,
+//! `peak_memory_mb`, ...) keep their meaning; every other named group
+//! (`mem_gb`, `samples_per_s`) is a field of its own, summarised in columns
+//! of its name. `[report] memory` and `throughput` say which foreign group is
+//! the peak memory (converted from the unit its name ends in) and which the
+//! tokens per second.
 
 use super::{text_lines, Field, Omissions, Point};
+use crate::manifest::{check_roles, memory_unit, Roles};
 use regex::Regex;
 
+/// A compiled `line_pattern` and what its groups mean.
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    re: Regex,
+    /// Named groups that are no [`Field`] (nor a role): `Point::extra`, in
+    /// the order they appear in the pattern.
+    pub extras: Vec<String>,
+    /// (group, MB per unit of it) for the peak memory.
+    memory: Option<(String, f64)>,
+    throughput: Option<String>,
+}
+
+impl Pattern {
+    pub fn new(pattern: &str, roles: &Roles) -> Result<Pattern, String> {
+        check_roles(pattern, roles)?;
+        let re = crate::util::text::regex(pattern)?;
+        let is_known = |g: &str| crate::manifest::KNOWN_GROUPS.contains(&g);
+        let role =
+            |g: &str| roles.memory.as_deref() == Some(g) || roles.throughput.as_deref() == Some(g);
+        let extras = re
+            .capture_names()
+            .flatten()
+            .filter(|g| !is_known(g) && !role(g))
+            .map(str::to_string)
+            .collect();
+        Ok(Pattern {
+            re,
+            extras,
+            memory: roles
+                .memory
+                .clone()
+                .map(|g| (g.clone(), memory_unit(&g).unwrap_or(1.0))),
+            throughput: roles.throughput.clone(),
+        })
+    }
+}
+
 /// The points of a log's bytes, and what was left out of them.
-pub fn parse(re: &Regex, bytes: &[u8]) -> (Vec<Point>, Omissions) {
+pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
     let mut points = Vec::new();
-    let mut omitted = Omissions::default();
+    let mut omitted = Omissions::with_extras(&pattern.extras);
     for (n, line, valid) in text_lines(bytes) {
-        let Some(c) = re.captures(&line) else {
+        let Some(c) = pattern.re.captures(&line) else {
             continue;
         };
         if !valid {
@@ -24,10 +66,17 @@ pub fn parse(re: &Regex, bytes: &[u8]) -> (Vec<Point>, Omissions) {
         };
         let mut p = Point {
             step: num("step").unwrap_or(points.len() as f64 + 1.0),
+            extra: pattern.extras.iter().map(|g| num(g)).collect(),
             ..Point::default()
         };
         for f in Field::ALL {
             *f.slot(&mut p) = num(f.name());
+        }
+        if let Some((g, mb)) = &pattern.memory {
+            p.peak_memory_mb = num(g).map(|v| v * mb);
+        }
+        if let Some(g) = &pattern.throughput {
+            p.tokens_per_second = num(g);
         }
         points.extend(omitted.screen(n, p));
     }
@@ -38,9 +87,13 @@ pub fn parse(re: &Regex, bytes: &[u8]) -> (Vec<Point>, Omissions) {
 mod tests {
     use super::*;
 
+    fn pattern(re: &str) -> Pattern {
+        Pattern::new(re, &Roles::default()).unwrap()
+    }
+
     #[test]
     fn named_groups_become_fields() {
-        let re = Regex::new(r"it (?P<step>\d+): (?P<tokens_per_second>[\d.]+) tok/s").unwrap();
+        let re = pattern(r"it (?P<step>\d+): (?P<tokens_per_second>[\d.]+) tok/s");
         let (p, omitted) = parse(&re, b"start\nit 1: 10.5 tok/s\nnoise\nit 2: 11 tok/s\n");
         assert_eq!(p.len(), 2);
         assert!(omitted.is_empty());
@@ -51,8 +104,70 @@ mod tests {
     }
 
     #[test]
+    fn other_groups_are_fields_of_their_own_and_roles_map_them() {
+        let re =
+            r"it (?P<step>\d+): (?P<tok_s>[\d.]+) tok/s (?P<mem_gib>[\d.]+) GiB (?P<grad_norm>\S+)";
+        let plain = pattern(re);
+        assert_eq!(plain.extras, ["tok_s", "mem_gib", "grad_norm"]);
+        let (p, _) = parse(&plain, b"it 1: 10 tok/s 2 GiB 0.5\n");
+        assert_eq!(p[0].extra, [Some(10.0), Some(2.0), Some(0.5)]);
+        let roles = Roles {
+            memory: Some("mem_gib".into()),
+            throughput: Some("tok_s".into()),
+        };
+        let mapped = Pattern::new(re, &roles).unwrap();
+        assert_eq!(mapped.extras, ["grad_norm"]);
+        let (p, omitted) = parse(&mapped, b"it 1: 10 tok/s 2 GiB inf\n");
+        assert_eq!(
+            (
+                p[0].tokens_per_second,
+                p[0].peak_memory_mb,
+                p[0].extra.clone()
+            ),
+            (Some(10.0), Some(2048.0), vec![None])
+        );
+        let text = omitted.describe(std::path::Path::new("f")).join("\n");
+        assert!(text.contains("`grad_norm` left out on 1 line(s)"), "{text}");
+    }
+
+    #[test]
+    fn the_manifest_knows_the_fields_the_report_knows() {
+        let mut fields: Vec<&str> = Field::ALL.iter().map(|f| f.name()).collect();
+        fields.insert(0, "step");
+        assert_eq!(fields, crate::manifest::KNOWN_GROUPS);
+    }
+
+    #[test]
+    fn roles_must_name_foreign_groups_with_units() {
+        let re = r"(?P<step>\d+) (?P<mem>\d+) (?P<loss>\S+)";
+        let err = |memory: &str| {
+            let roles = Roles {
+                memory: Some(memory.into()),
+                throughput: None,
+            };
+            check_roles(re, &roles).unwrap_err()
+        };
+        assert!(
+            err("memory").contains("names no group"),
+            "{}",
+            err("memory")
+        );
+        assert!(
+            err("loss").contains("already is a field"),
+            "{}",
+            err("loss")
+        );
+        assert!(
+            err("mem").contains("name the group `mem_gb`"),
+            "{}",
+            err("mem")
+        );
+        assert_eq!(memory_unit("Mem_GB"), Some(1e9 / 1048576.0));
+    }
+
+    #[test]
     fn unparsable_numbers_and_invalid_bytes_are_omissions() {
-        let re = Regex::new(r"it (?P<step>\S+): (?P<tokens_per_second>\S+) tok/s").unwrap();
+        let re = pattern(r"it (?P<step>\S+): (?P<tokens_per_second>\S+) tok/s");
         let (p, omitted) = parse(&re, b"it 1: inf tok/s\nit \xff: 3 tok/s\nit x: 4 tok/s\n");
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!(p[0].tokens_per_second, None);

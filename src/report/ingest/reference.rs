@@ -144,6 +144,7 @@ pub fn parse(name: &str, bytes: &[u8], file: &std::path::Path) -> RunLog {
             world_size: None,
             batch_size: None,
             peak_memory_mb: None,
+            extra: Vec::new(),
         };
         run.points.extend(omitted.screen(n, point));
     }

@@ -1,0 +1,219 @@
+//! The columns a reader sees in `summary.md` and `report.html`, in one list
+//! (the CSV, Parquet and JSON keep every column): the measured figures with
+//! their intervals, each foreign log field the line pattern names, and the
+//! scaling and batch columns where a study has them. A figure no row can
+//! have (MFU of a program that logs no FLOPs, peak memory of a CPU run) is
+//! left out rather than shown as a column of dashes.
+
+use crate::report::columns::Metric;
+use crate::report::summary::{MetricStats, Row, Summary};
+
+/// One shown column: its header and each row's cell.
+pub struct Shown {
+    pub header: String,
+    pub cells: Vec<Cell>,
+}
+
+/// A cell's value (what the page sorts by) and its text.
+pub struct Cell {
+    pub value: Option<f64>,
+    pub text: String,
+}
+
+pub fn number(v: Option<f64>, digits: usize) -> String {
+    v.filter(|v| v.is_finite())
+        .map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// `mean ± half-width` of a metric's 95% interval (the mean alone without one).
+pub fn with_interval(m: &MetricStats, digits: usize) -> String {
+    match (m.mean, m.ci95) {
+        (Some(mean), Some((lo, hi))) if mean.is_finite() && (hi - lo).is_finite() => {
+            format!("{mean:.digits$} ± {:.digits$}", (hi - lo) / 2.0)
+        }
+        _ => number(m.mean, digits),
+    }
+}
+
+/// The columns between the configuration's name and its state.
+pub fn columns(s: &Summary) -> Vec<Shown> {
+    let rows = &s.rows;
+    let any = |f: &dyn Fn(&Row) -> bool| rows.iter().any(f);
+    let mut out = Vec::new();
+    let mut push = |header: &str, cell: &dyn Fn(&Row) -> Cell| {
+        out.push(Shown {
+            header: header.to_string(),
+            cells: rows.iter().map(cell).collect(),
+        })
+    };
+    let stats = |m: &MetricStats, digits: usize| Cell {
+        value: m.mean,
+        text: with_interval(m, digits),
+    };
+    let plain = |v: Option<f64>, digits: usize| Cell {
+        value: v,
+        text: number(v, digits),
+    };
+    if any(&|r| r.members.len() > 1) {
+        push("Runs", &|r| plain(Some(r.members.len() as f64), 0));
+    }
+    // Tokens/sec is the comparison every study makes: always shown.
+    push("Tokens/sec", &|r| {
+        stats(r.metric(Metric::TokensPerSecond), 2)
+    });
+    for (metric, header, digits) in [
+        (Metric::MfuPct, "MFU %", 2),
+        (Metric::Tflops, "TFLOPs", 2),
+        (Metric::TrainingTokensPct, "Training tokens %", 2),
+        (Metric::PeakMemoryMb, "Peak memory (MB)", 0),
+    ] {
+        if any(&|r| r.metric(metric).mean.is_some()) {
+            match metric {
+                Metric::TrainingTokensPct => {
+                    push(header, &|r| plain(r.metric(metric).mean, digits))
+                }
+                _ => push(header, &|r| stats(r.metric(metric), digits)),
+            }
+        }
+    }
+    for (i, name) in s.extras.iter().enumerate() {
+        if any(&|r| r.extra(i).is_some_and(|m| m.mean.is_some())) {
+            push(name, &|r| {
+                stats(&r.extra(i).copied().unwrap_or_default(), 2)
+            });
+        }
+    }
+    push("Final loss", &|r| plain(r.final_loss, 3));
+    push("Wall time (s)", &|r| plain(r.wall_time_s, 1));
+    push("Speedup", &|r| Cell {
+        value: r.speedup.map(|x| x.ratio),
+        text: r.speedup.map_or_else(|| "-".into(), |x| x.text()),
+    });
+    if any(&|r| r.scaling_efficiency_pct.is_some()) {
+        push("Ranks", &|r| plain(Some(r.world_size), 0));
+        push("Global tokens/sec", &|r| {
+            plain(r.global_tokens_per_second, 2)
+        });
+        push("Scaling efficiency %", &|r| {
+            plain(r.scaling_efficiency_pct, 1)
+        });
+        if any(&|r| r.forecast_efficiency_pct.is_some()) {
+            push("Forecast efficiency %", &|r| {
+                plain(r.forecast_efficiency_pct, 1)
+            });
+        }
+    }
+    // The batch each run trained at, where no parameter column already says
+    // it: `batch_size = "max"`, or a batch size that is not an axis.
+    let batch_param = s.params.iter().any(|p| p == "batch_size");
+    if any(&|r| r.trained_batch_size.is_some() && (!batch_param || r.param("batch_size") == "max"))
+    {
+        // A group over several batch sizes shows them all, not its largest.
+        push("Batch size", &|r| match r.trained_batch_range {
+            Some((lo, hi)) => Cell {
+                value: r.trained_batch_size,
+                text: format!("{lo:.0}–{hi:.0}"),
+            },
+            None => plain(r.trained_batch_size, 0),
+        });
+    }
+    out
+}
+
+/// Which peak each row's MFU is measured against, when rows differ (a
+/// bf16 row's peak is another than an f32 row's): MFU then does not compare
+/// across rows, tokens/s does. One sentence, or none without MFU.
+pub fn mfu_note(s: &Summary) -> Option<String> {
+    // Peaks to 0.1 TFLOP/s, with the rows that use each.
+    let mut peaks: Vec<(f64, Vec<&Row>)> = Vec::new();
+    for r in &s.rows {
+        let Some(p) = r.mfu_peak_tflops() else {
+            continue;
+        };
+        let p = (p * 10.0).round() / 10.0;
+        match peaks.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, rows)) => rows.push(r),
+            None => peaks.push((p, vec![r])),
+        }
+    }
+    match peaks.as_slice() {
+        [] => None,
+        [(p, _)] => Some(format!(
+            "MFU is measured against a peak of {p:.1} TFLOP/s per device."
+        )),
+        _ => {
+            let each: Vec<String> = peaks
+                .iter()
+                .map(|(p, rows)| format!("{p:.1} TFLOP/s ({})", which(rows)))
+                .collect();
+            Some(format!(
+                "MFU is measured against each row's own peak (its device and precision): {}. \
+                 MFU does not compare across those rows; tokens/sec does.",
+                each.join("; ")
+            ))
+        }
+    }
+}
+
+/// Rows named by their precision when they share one, else by name.
+fn which(rows: &[&Row]) -> String {
+    let precision = rows[0].param("precision");
+    if !precision.is_empty() && rows.iter().all(|r| r.param("precision") == precision) {
+        return format!("precision {precision}");
+    }
+    let mut names: Vec<&str> = rows.iter().take(3).map(|r| r.name.as_str()).collect();
+    if rows.len() > 3 {
+        names.push("…");
+    }
+    names.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::{State, Status};
+    use crate::report::ingest::{Point, RunLog};
+    use crate::report::summary::{summarize, Options};
+
+    fn run(name: &str, precision: &str, peak_tflops: f64) -> RunLog {
+        let mut r = RunLog::new(name, Status::new(State::Completed));
+        r.params.insert("precision".into(), precision.into());
+        r.points = (1..=3)
+            .map(|step| Point {
+                step: step as f64,
+                tokens_per_second: Some(100.0),
+                tflops: Some(10.0),
+                mfu_pct: Some(100.0 * 10.0 / peak_tflops),
+                ..Point::default()
+            })
+            .collect();
+        r
+    }
+
+    #[test]
+    fn rows_of_different_peaks_are_told_apart_and_a_shared_peak_is_said_once() {
+        let s = summarize(
+            vec![
+                run("a", "f32", 66.9),
+                run("b", "bf16-mixed", 989.0),
+                run("c", "f32", 66.9),
+            ],
+            &Options::default(),
+        )
+        .unwrap();
+        let note = mfu_note(&s).unwrap();
+        assert!(
+            note.contains("66.9 TFLOP/s (precision f32); 989.0 TFLOP/s (precision bf16-mixed)"),
+            "{note}"
+        );
+        assert!(note.contains("tokens/sec does"), "{note}");
+        let one = summarize(vec![run("a", "f32", 66.9)], &Options::default()).unwrap();
+        assert_eq!(
+            mfu_note(&one).as_deref(),
+            Some("MFU is measured against a peak of 66.9 TFLOP/s per device.")
+        );
+        let headers: Vec<String> = columns(&one).into_iter().map(|c| c.header).collect();
+        assert!(!headers.iter().any(|h| h.contains("memory")), "{headers:?}");
+    }
+}

@@ -1,0 +1,159 @@
+//! TFLOP/s and MFU for programs that log only tokens/s (any-command
+//! sweeps): from the FLOPs per token the manifest gives (`[report]
+//! flops_per_token`, or a built-in `model` preset at a `sequence_length`)
+//! and the device's dense bf16 peak (`gpu`), each overridable by a run
+//! parameter of the same name. A log's own `tflops` / `mfu_pct` always win.
+
+use super::ingest::RunLog;
+use crate::manifest::ReportSpec;
+use serde_json::Value;
+
+/// What a run's FLOPs are computed from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Basis {
+    flops_per_token: f64,
+    /// The device's peak FLOP/s, when it is known.
+    peak_flops: Option<f64>,
+}
+
+/// Fills each point's missing TFLOP/s and MFU from its tokens/s, where the
+/// manifest or the run's parameters say how; a parameter that names no
+/// preset or device is an issue of the run.
+pub fn derive(run: &mut RunLog, spec: &ReportSpec) {
+    let basis = match basis(run, spec) {
+        Ok(Some(b)) => b,
+        Ok(None) => return,
+        Err(why) => {
+            run.issues.push(why);
+            return;
+        }
+    };
+    for p in &mut run.points {
+        let Some(tps) = p.tokens_per_second else {
+            continue;
+        };
+        let tflops = *p.tflops.get_or_insert(tps * basis.flops_per_token / 1e12);
+        if let (None, Some(peak)) = (p.mfu_pct, basis.peak_flops) {
+            p.mfu_pct = Some(100.0 * tflops * 1e12 / peak);
+        }
+    }
+}
+
+fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Option<Basis>, String> {
+    let param = |key: &str| run.params.get(key).filter(|v| !v.is_null());
+    let number = |key: &str, fallback: Option<f64>| -> Result<Option<f64>, String> {
+        match param(key) {
+            None => Ok(fallback),
+            Some(v) => number_of(v).map(Some).ok_or_else(|| {
+                format!("its parameter `{key}` = {v} is not a number: no TFLOP/s or MFU")
+            }),
+        }
+    };
+    let text = |key: &str, fallback: &Option<String>| match param(key) {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => Some(v.to_string()),
+        None => fallback.clone(),
+    };
+    let flops_per_token = match number("flops_per_token", spec.flops_per_token)? {
+        Some(f) => Some(f),
+        None => match text("model", &spec.model) {
+            None => None,
+            Some(m) => {
+                let model = crate::config::ModelConfig::preset(&m).ok_or_else(|| {
+                    format!(
+                        "model `{m}` is no preset ({}): no TFLOP/s or MFU",
+                        crate::config::PRESETS.join(", ")
+                    )
+                })?;
+                let t = number("sequence_length", spec.sequence_length.map(|t| t as f64))?
+                    .ok_or("`model` without `sequence_length`: no TFLOP/s or MFU")?;
+                Some(model.flops_per_token(t as usize))
+            }
+        },
+    };
+    let Some(flops_per_token) = flops_per_token.filter(|f| f.is_finite() && *f > 0.0) else {
+        return Ok(None);
+    };
+    let peak_flops = match text("gpu", &spec.gpu) {
+        None => None,
+        Some(g) => Some(
+            crate::config::devices::lookup(&g)
+                .ok_or_else(|| format!("the device table does not know gpu `{g}`: no MFU"))?
+                .peak_flops,
+        ),
+    };
+    Ok(Some(Basis {
+        flops_per_token,
+        peak_flops,
+    }))
+}
+
+/// A parameter's number, written as a number or as text.
+fn number_of(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+    .filter(|f: &f64| f.is_finite())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::{State, Status};
+    use crate::report::ingest::Point;
+
+    fn run(params: &[(&str, Value)]) -> RunLog {
+        let mut r = RunLog::new("r", Status::new(State::Completed));
+        r.params = params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        r.points = vec![Point {
+            step: 1.0,
+            tokens_per_second: Some(1000.0),
+            ..Point::default()
+        }];
+        r
+    }
+
+    #[test]
+    fn flops_come_from_the_manifest_or_the_runs_own_parameters() {
+        let spec = ReportSpec {
+            flops_per_token: Some(6e9),
+            gpu: Some("H100".into()),
+            ..ReportSpec::default()
+        };
+        let mut r = run(&[]);
+        derive(&mut r, &spec);
+        let p = &r.points[0];
+        assert_eq!(p.tflops, Some(6.0));
+        assert!((p.mfu_pct.unwrap() - 100.0 * 6e12 / 989e12).abs() < 1e-9);
+        // A run's parameters win; a preset at a sequence length works too.
+        let mut r = run(&[
+            ("model", Value::from("tiny")),
+            ("sequence_length", Value::from(128)),
+            ("gpu", Value::from("A100")),
+        ]);
+        derive(&mut r, &ReportSpec::default());
+        let fpt = crate::config::ModelConfig::preset("tiny")
+            .unwrap()
+            .flops_per_token(128);
+        assert_eq!(r.points[0].tflops, Some(1000.0 * fpt / 1e12));
+        assert!(r.points[0].mfu_pct.is_some());
+        // Nothing to go on: nothing invented.
+        let mut r = run(&[]);
+        derive(&mut r, &ReportSpec::default());
+        assert_eq!((r.points[0].tflops, r.points[0].mfu_pct), (None, None));
+        // A device nobody knows is said, not guessed.
+        let mut r = run(&[("gpu", Value::from("Z9000"))]);
+        derive(&mut r, &spec);
+        assert!(
+            r.issues[0].contains("does not know gpu `Z9000`"),
+            "{:?}",
+            r.issues
+        );
+        assert_eq!(r.points[0].mfu_pct, None);
+    }
+}
