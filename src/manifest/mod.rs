@@ -452,31 +452,26 @@ impl Validator<'_, '_> {
                 self.at_key(&format!("report.{key}"), format!("`{key}`: {why}"));
             }
         }
-        if let Some(p) = r
+        // An invalid pattern is reported above.
+        if let Some(re) = r
             .line_pattern
             .as_deref()
-            .filter(|p| crate::util::text::regex(p).is_ok())
+            .and_then(|p| crate::util::text::regex(p).ok())
         {
-            if let Err(why) = check_roles(p, &r.roles()) {
-                let key = match why.contains("`throughput") {
-                    true => "report.throughput",
-                    false => "report.memory",
-                };
-                self.at_value(key, why);
+            let groups: Vec<&str> = re.capture_names().flatten().collect();
+            if let Err((key, why)) = check_roles(&groups, &r.roles()) {
+                self.at_value(&format!("report.{key}"), why);
             }
-            let groups: Vec<String> = regex::Regex::new(p)
-                .map(|re| re.capture_names().flatten().map(str::to_string).collect())
-                .unwrap_or_default();
             for (i, c) in r.charts.iter().enumerate() {
-                if !groups.contains(c) || KNOWN_GROUPS.contains(&c.as_str()) {
+                if !groups.contains(&c.as_str()) || KNOWN_GROUPS.contains(&c.as_str()) {
                     self.at_value(
                         &format!("report.charts[{i}]"),
                         format!(
                             "`{c}` is no other group of the line_pattern (those it can chart: {})",
                             groups
                                 .iter()
-                                .filter(|g| !KNOWN_GROUPS.contains(&g.as_str()))
-                                .cloned()
+                                .filter(|g| !KNOWN_GROUPS.contains(g))
+                                .copied()
                                 .collect::<Vec<_>>()
                                 .join(", ")
                         ),

@@ -466,32 +466,37 @@ pub fn memory_unit(group: &str) -> Option<f64> {
         .map(|&(_, mb)| mb)
 }
 
-/// Why `roles` do not fit the groups of `pattern` (a role naming no group,
-/// or a known field, or a memory group without a unit in its name).
-pub fn check_roles(pattern: &str, roles: &Roles) -> Result<(), String> {
-    let re = crate::util::text::regex(pattern)?;
-    let groups: Vec<&str> = re.capture_names().flatten().collect();
+/// Why `roles` do not fit a line pattern's named `groups` (a role naming no
+/// group, or a known field, or a memory group without a unit in its name),
+/// with the role's key (`memory`, `throughput`).
+pub fn check_roles(groups: &[&str], roles: &Roles) -> Result<(), (&'static str, String)> {
     for (key, group) in [("memory", &roles.memory), ("throughput", &roles.throughput)] {
         let Some(g) = group else { continue };
         if !groups.contains(&g.as_str()) {
-            return Err(format!(
-                "`{key} = \"{g}\"` names no group of the line_pattern (its groups: {})",
-                groups.join(", ")
+            return Err((
+                key,
+                format!(
+                    "`{key} = \"{g}\"` names no group of the line_pattern (its groups: {})",
+                    groups.join(", ")
+                ),
             ));
         }
         if is_known(g) {
-            return Err(format!(
+            return Err((
+                key,
+                format!(
                 "`{g}` already is a field the report knows: `{key}` names a group of another name"
+            ),
             ));
         }
     }
     if let Some(g) = &roles.memory {
         if memory_unit(g).is_none() {
             let units: Vec<&str> = MEMORY_UNITS.iter().map(|(s, _)| &s[1..]).collect();
-            return Err(format!(
+            return Err(("memory", format!(
                 "the unit of `{g}` is not in its name: name the group `{g}_gb` (or end it in one of {})",
                 units.join(", ")
-            ));
+            )));
         }
     }
     Ok(())

@@ -69,6 +69,16 @@ pub struct Difference {
     pub configurations: Vec<String>,
 }
 
+impl Difference {
+    /// The configurations it concerns, as tables show them.
+    pub fn which(&self) -> String {
+        match self.configurations.is_empty() {
+            true => "all".to_string(),
+            false => self.configurations.join(", "),
+        }
+    }
+}
+
 pub struct Comparison {
     pub a: String,
     pub b: String,
@@ -254,13 +264,16 @@ fn differences(
     out
 }
 
+/// What the table and the page say when no [`Difference`] is recorded.
+pub const NOTHING_DIFFERS: &str = "The runs compared have the same configuration and were \
+    rendered by the same sweep and commit: what differs is outside sweep's records (the \
+    machine, the node, the hour).";
+
 /// The differences as markdown: a table, or the sentence that says none is
 /// recorded.
 fn differences_markdown(cmp: &Comparison) -> String {
     if cmp.differences.is_empty() {
-        return "\nThe runs compared have the same configuration and were rendered by the same sweep \
-                and commit: what differs is outside sweep's records (the machine, the node, the hour).\n"
-            .into();
+        return format!("\n{NOTHING_DIFFERS}\n");
     }
     let mut out = format!(
         "\n## What differs\n\n| Field | A: {} | B: {} | Configurations |\n|---|---|---|---|\n",
@@ -268,16 +281,12 @@ fn differences_markdown(cmp: &Comparison) -> String {
         cell(&cmp.b)
     );
     for d in &cmp.differences {
-        let which = match d.configurations.is_empty() {
-            true => "all".to_string(),
-            false => d.configurations.join(", "),
-        };
         out.push_str(&format!(
             "| {} | {} | {} | {} |\n",
             cell(&d.field),
             cell(&d.a),
             cell(&d.b),
-            cell(&which)
+            cell(&d.which())
         ));
     }
     out

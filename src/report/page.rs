@@ -125,7 +125,7 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
         for (mean, ci) in [(r.a_mean, &r.a), (r.b_mean, &r.b)] {
             let text = match ci {
                 Some(c) => format!("{:.2} ± {:.2}", c.mean, (c.high - c.low) / 2.0),
-                None => fmt(mean, 2),
+                None => shown::number(mean, 2),
             };
             cell_value(&mut out, mean, &text);
         }
@@ -153,11 +153,7 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
     }
     out.push_str("<section id=\"differences\"><h2>What differs</h2>");
     if cmp.differences.is_empty() {
-        out.push_str(
-            "<p>The runs compared have the same configuration and were rendered by the same \
-             sweep and commit: what differs is outside sweep's records (the machine, the node, \
-             the hour).</p>",
-        );
+        let _ = write!(out, "<p>{}</p>", esc(super::compare::NOTHING_DIFFERS));
     } else {
         let _ = write!(
             out,
@@ -170,13 +166,7 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
             for text in [&d.field, &d.a, &d.b] {
                 cell_text(&mut out, text);
             }
-            cell_text(
-                &mut out,
-                &match d.configurations.is_empty() {
-                    true => "all".to_string(),
-                    false => d.configurations.join(", "),
-                },
-            );
+            cell_text(&mut out, &d.which());
             out.push_str("</tr>");
         }
         out.push_str("</tbody></table>");
@@ -204,12 +194,6 @@ pub fn esc(s: &str) -> String {
         }
     }
     out
-}
-
-fn fmt(v: Option<f64>, digits: usize) -> String {
-    v.filter(|v| v.is_finite())
-        .map(|v| format!("{v:.digits$}"))
-        .unwrap_or_else(|| "-".into())
 }
 
 fn cell_text(out: &mut String, text: &str) {

@@ -25,8 +25,9 @@ pub struct Pattern {
 
 impl Pattern {
     pub fn new(pattern: &str, roles: &Roles) -> Result<Pattern, String> {
-        check_roles(pattern, roles)?;
         let re = crate::util::text::regex(pattern)?;
+        let groups: Vec<&str> = re.capture_names().flatten().collect();
+        check_roles(&groups, roles).map_err(|(_, why)| why)?;
         let is_known = |g: &str| crate::manifest::KNOWN_GROUPS.contains(&g);
         let role =
             |g: &str| roles.memory.as_deref() == Some(g) || roles.throughput.as_deref() == Some(g);
@@ -145,7 +146,9 @@ mod tests {
                 memory: Some(memory.into()),
                 throughput: None,
             };
-            check_roles(re, &roles).unwrap_err()
+            let re = Regex::new(re).unwrap();
+            let groups: Vec<&str> = re.capture_names().flatten().collect();
+            check_roles(&groups, &roles).unwrap_err().1
         };
         assert!(
             err("memory").contains("names no group"),
