@@ -99,6 +99,13 @@ pub enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Write what this machine is (environment.json) into a run directory (what job scripts call first).
+    #[command(hide = true)]
+    Fingerprint {
+        /// The run directory (its run.json says what to probe).
+        #[arg(long)]
+        dir: PathBuf,
+    },
     /// Tokenize a text dataset once into padded and/or token-list Parquet files.
     #[command(
         after_help = "Examples:\n  sweep pretokenize --input assets/data/quickstart.parquet --sequence-length 2048 --out data/pretok\n  sweep pretokenize --input corpus.parquet --format token-list --threads 8 --out data/pretok"
@@ -127,6 +134,16 @@ pub enum Cmd {
         #[arg(long)]
         no_plots: bool,
     },
+    /// Did it get slower? Each configuration's latest attempt against the history (or another study): regressed, improved, unchanged or failed. Exit 0: nothing regressed or failed; 1: something did; 2: the check could not be made.
+    #[command(
+        after_help = "Examples:\n  sweep check experiments/nightly.toml --history --junit results/nightly-check.xml\n  sweep check results/quickstart --against results/quickstart-before --threshold 5"
+    )]
+    Check(CheckCli),
+    /// The history of a project's measurements (results/history.sqlite): tokens/s per configuration and attempt, with 95% intervals.
+    #[command(
+        after_help = "Examples:\n  sweep history experiments/quickstart.toml\n  sweep history --config baseline-bs8 --since 2026-11-01 --json\n  sweep history --import results/quickstart"
+    )]
+    History(HistoryCli),
     /// Benchmarks of the hot paths (release build).
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -539,6 +556,67 @@ pub struct DataBenchCli {
 }
 
 #[derive(clap::Args, Debug, Clone)]
+pub struct CheckCli {
+    /// The study checked: a manifest or a results/<study> directory (its latest attempt).
+    pub target: PathBuf,
+    /// Check against another study (a manifest or a results/<study> directory) instead of the history.
+    #[arg(long, value_name = "STUDY", conflicts_with = "history")]
+    pub against: Option<PathBuf>,
+    /// Check against the history: the same configuration on the same system, its last N attempts pooled (the default).
+    #[arg(long)]
+    pub history: bool,
+    /// Attempts of the history pooled as the reference.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = count(1, 10_000))]
+    pub last: usize,
+    /// A significant change smaller than this (percent) counts as unchanged.
+    #[arg(long, value_name = "PCT", default_value_t = 3.0)]
+    pub threshold: f64,
+    /// Also write the verdicts as JUnit XML (one test case per configuration).
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Print the verdicts as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Log points skipped at the start of every run (default: the manifest's, else 5).
+    #[arg(long, value_parser = count(0, MAX_STEPS))]
+    pub skip_first: Option<usize>,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct HistoryCli {
+    /// Only this study: a manifest or a results/<study> directory (default: every study).
+    #[arg(conflicts_with = "import")]
+    pub target: Option<PathBuf>,
+    /// Only the configuration of this name.
+    #[arg(long = "config", value_name = "NAME")]
+    pub configuration: Option<String>,
+    /// Only this system (as `sweep history` lists them: `<cluster>/<partition>`, `local/<host>`).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Only what ran on or after this date (`2026-11-01`, or RFC 3339).
+    #[arg(long, value_name = "DATE", value_parser = since)]
+    pub since: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    /// Record a study reported before the history existed (a results/<study> directory).
+    #[arg(long, value_name = "DIR")]
+    pub import: Option<PathBuf>,
+}
+
+/// `--since`: a date or an RFC 3339 time, as the history's UTC times compare.
+fn since(s: &str) -> Result<String, String> {
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(d.format("%Y-%m-%d").to_string());
+    }
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| {
+            t.with_timezone(&chrono::Utc)
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        })
+        .map_err(|_| format!("`{s}` is neither a date (2026-11-01) nor an RFC 3339 time"))
+}
+
+#[derive(clap::Args, Debug, Clone)]
 pub struct SubmitArgs {
     pub manifest: PathBuf,
     /// Where jobs run; the manifest's `executor`, else slurm.
@@ -559,6 +637,9 @@ pub struct SubmitArgs {
     /// Move aside (to results/<study>/replaced/<time>/) the directories of runs the manifest now makes different, and run them afresh.
     #[arg(long)]
     pub replace_changed: bool,
+    /// Measure the study again as a new attempt: every run anew; the finished attempt is recorded in the history and its run directories kept under results/<study>/attempts/<attempt>/.
+    #[arg(long, conflicts_with_all = ["retry_failed", "dry_run"])]
+    pub again: bool,
 }
 
 pub fn main() -> ExitCode {
@@ -636,6 +717,23 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
             crate::train::run(&config, rt)
         }
         Cmd::Report(r) => report_cmd(root, r),
+        Cmd::Check(c) => Ok(check_cmd(root, &c).unwrap_or_else(|e| {
+            // 2, not 1: a CI job tells "could not check" from "regressed".
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        })),
+        Cmd::History(h) => history_cmd(root, &h),
+        Cmd::Fingerprint { dir } => {
+            let f = crate::executor::fingerprint::write(&dir)?;
+            println!(
+                "sweep: environment of {} on {} ({} GPUs) in {}",
+                f.system,
+                f.host,
+                f.gpus.len(),
+                dir.join(crate::plan::files::ENVIRONMENT_JSON).display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Compare {
             a,
             b,
@@ -683,6 +781,89 @@ fn compare_cmd(
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `sweep check` and `sweep history` take: a directory is a study's
+/// results, anything else its manifest.
+fn source_of(p: &std::path::Path) -> crate::report::Source {
+    match p.is_dir() {
+        true => crate::report::Source::ResultsDir(p.to_path_buf()),
+        false => crate::report::Source::Manifest(p.to_path_buf()),
+    }
+}
+
+fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
+    use crate::report::check::{self, Reference};
+    let opts = check::Options {
+        reference: match &c.against {
+            Some(a) => Reference::Study(source_of(a)),
+            None => Reference::History { last: c.last },
+        },
+        threshold_pct: c.threshold,
+        skip_first: c.skip_first,
+    };
+    let done = check::run(root, &source_of(&c.target), &opts)?;
+    if let Some(path) = &c.junit {
+        // Never over the manifest or the study it checks.
+        let inputs = [c.target.as_path()];
+        crate::util::fs::write_output(path, check::junit(&done).as_bytes(), &inputs)?;
+        eprintln!("wrote {}", path.display());
+    }
+    match c.json {
+        true => println!("{}", serde_json::to_string_pretty(&check::to_json(&done))?),
+        false => println!("{}", check::text(&done)),
+    }
+    Ok(match done.passed() {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::FAILURE,
+    })
+}
+
+fn history_cmd(root: &std::path::Path, h: &HistoryCli) -> anyhow::Result<ExitCode> {
+    use crate::report::history::{self, Filter, History};
+    if let Some(dir) = &h.import {
+        if !dir.is_dir() {
+            anyhow::bail!(
+                "--import takes a results/<study> directory, not {}",
+                dir.display()
+            );
+        }
+        let (path, added) = crate::report::record_history(root, &source_of(dir))?;
+        println!("{added} run(s) recorded in {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (path, study) = match &h.target {
+        Some(t) => {
+            let source = source_of(t);
+            let dir = crate::report::study_dir(root, &source).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} is not a study (a manifest or a results/<study> directory)",
+                    t.display()
+                )
+            })?;
+            let name = crate::report::study_name(root, &source)?;
+            (history::path_for(&dir), Some(name))
+        }
+        None => (root.join("results").join(history::FILE), None),
+    };
+    let Some(store) = History::open_existing(&path)? else {
+        anyhow::bail!(
+            "there is no history at {} yet: every `sweep report` and `sweep run` records one",
+            path.display()
+        );
+    };
+    let filter = Filter {
+        study,
+        configuration: h.configuration.clone(),
+        system: h.system.clone(),
+        since: h.since.clone(),
+    };
+    let attempts = store.attempts(&filter)?;
+    match h.json {
+        true => println!("{}", serde_json::to_string_pretty(&attempts)?),
+        false => println!("{}", crate::report::history::text(&attempts)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> {
     use crate::report::{self, Source};
     let source = match (&r.import, &r.target) {
@@ -716,7 +897,7 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
             "{}",
             serde_json::to_string_pretty(&report::export::json_rows(&rep.summary))?
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(history_note(&rep));
     }
     println!("{}", report::export::markdown_table(&rep.summary));
     for p in &rep.summary.problems {
@@ -740,5 +921,21 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
             .unwrap_or_default();
         println!("{} charts (PNG and SVG) in {dir}", rep.charts.len());
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(history_note(&rep))
+}
+
+/// Says where a report's runs were recorded (stderr), or why they could
+/// not be: then the command fails, its report files written all the same.
+fn history_note(rep: &crate::report::Report) -> ExitCode {
+    match &rep.history {
+        Some(Ok((path, added))) if *added > 0 => {
+            eprintln!("history: {added} run(s) recorded in {}", path.display());
+            ExitCode::SUCCESS
+        }
+        Some(Err(why)) => {
+            eprintln!("error: the runs were not recorded in the history: {why}");
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::SUCCESS,
+    }
 }

@@ -28,12 +28,12 @@ pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
         eprintln!("{}", stop.note(&args.manifest));
         return Ok(ExitCode::from(130));
     }
-    print_report(root, &args.manifest)?;
+    let recorded = print_report(root, &args.manifest)?;
     let all_done = executor::statuses(&sub.units)?
         .iter()
         .zip(&sub.units)
         .all(|(s, u)| u.kind == UnitKind::Stage || s.state == State::Completed);
-    Ok(if all_done {
+    Ok(if all_done && recorded == ExitCode::SUCCESS {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -191,8 +191,9 @@ fn poll(sub: &Submission, view: &mut LiveView, page: &mut LivePage) -> Result<Op
     }
 }
 
-/// The sweep's report with its plots, and where it went.
-fn print_report(root: &Path, manifest: &Path) -> Result<()> {
+/// The sweep's report with its plots, and where it went; fails when its
+/// runs could not be recorded in the history.
+fn print_report(root: &Path, manifest: &Path) -> Result<ExitCode> {
     let rep = report::run(
         root,
         &Source::Manifest(manifest.to_path_buf()),
@@ -216,7 +217,7 @@ fn print_report(root: &Path, manifest: &Path) -> Result<()> {
         println!("charts: {} (PNG and SVG)", dir.display());
     }
     println!("the report, one page: {}", rep.page.display());
-    Ok(())
+    Ok(super::history_note(&rep))
 }
 
 fn options(live: bool) -> report::Options {

@@ -174,7 +174,7 @@ pub fn render(
     replace_changed: bool,
 ) -> Result<ExitCode> {
     let plan = load_plan(root, manifest, allow_oom)?;
-    let (_, s, _lock) = write_under_lock(&plan, "render", manifest, replace_changed)?;
+    let (_, s, _lock) = write_under_lock(&plan, "render", manifest, replace_changed, None)?;
     println!(
         "{} runs and {} stages under {} ({} files written, {} unchanged)",
         plan.runs.len(),
@@ -211,19 +211,25 @@ fn units_of(plan: &Plan, rendered: &render::Rendered) -> Result<(Vec<Unit>, Vec<
 ///
 /// With `replace_changed`, the directories of runs that would now run
 /// something else (they hold another run's jobs or outputs) are moved aside
-/// first, and those runs start afresh.
+/// first, and those runs start afresh. With `again` (the project root),
+/// the study's finished attempt is recorded and moved aside, and every run
+/// starts afresh as the next one.
 fn write_under_lock(
     plan: &Plan,
     verb: &str,
     manifest: &Path,
     replace_changed: bool,
+    again: Option<&Path>,
 ) -> Result<(render::Rendered, render::WriteSummary, StudyLock)> {
-    let on_changed = match replace_changed {
+    let on_changed = match replace_changed || again.is_some() {
         true => render::OnChanged::Replace,
         false => render::OnChanged::Refuse,
     };
     render::render_with(plan, on_changed)?;
     let lock = lock_study(plan, verb, manifest)?;
+    if let Some(root) = again {
+        start_again(root, plan, manifest)?;
+    }
     if replace_changed {
         for (name, to) in render::move_changed_aside(plan)? {
             eprintln!(
@@ -235,6 +241,43 @@ fn write_under_lock(
     let rendered = render::render(plan)?;
     let written = render::write(&rendered)?;
     Ok((rendered, written, lock))
+}
+
+/// `--again`: refuses while runs of the study are still going; records the
+/// finished attempt's runs in the history (nothing is moved when that
+/// fails); moves the attempt aside.
+fn start_again(root: &Path, plan: &Plan, manifest: &Path) -> Result<()> {
+    let rendered = render::render_with(plan, render::OnChanged::Replace)?;
+    let (units, status) = units_of(plan, &rendered)?;
+    let going: Vec<&str> = units
+        .iter()
+        .zip(&status)
+        .filter(|(u, s)| u.kind == executor::UnitKind::Run && s.state.is_active())
+        .map(|(u, _)| u.name.as_str())
+        .collect();
+    if !going.is_empty() {
+        anyhow::bail!(
+            "{} run(s) of the study are still pending or running ({}): let them end, or `sweep cancel {}`, then measure again",
+            going.len(),
+            going.iter().take(5).copied().collect::<Vec<_>>().join(", "),
+            manifest.display()
+        );
+    }
+    if plan.study_dir.is_dir() {
+        let source = crate::report::Source::Manifest(manifest.to_path_buf());
+        let (path, added) = crate::report::record_history(root, &source)?;
+        eprintln!(
+            "sweep: the finished attempt's runs are in {} ({added} recorded now)",
+            path.display()
+        );
+    }
+    let (attempt, into) = render::start_next_attempt(plan)?;
+    eprintln!(
+        "sweep: attempt {attempt} moved to {}; measuring attempt {}",
+        into.display(),
+        attempt + 1
+    );
+    Ok(())
 }
 
 /// The study's lock for a command that writes it (`sweep <verb> <manifest>`):
@@ -277,8 +320,13 @@ impl Submission {
     pub fn new(root: &Path, args: &SubmitArgs, verb: &str) -> Result<Submission> {
         let plan = load_plan(root, &args.manifest, args.allow_oom)?;
         // Decided under the lock: what another sweep submitted is seen.
-        let (rendered, _, lock) =
-            write_under_lock(&plan, verb, &args.manifest, args.replace_changed)?;
+        let (rendered, _, lock) = write_under_lock(
+            &plan,
+            verb,
+            &args.manifest,
+            args.replace_changed,
+            args.again.then_some(root),
+        )?;
         let (units, status) = units_of(&plan, &rendered)?;
         let kind = args
             .executor

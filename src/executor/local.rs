@@ -489,6 +489,12 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         u.id,
         crate::util::now_rfc3339()
     )?;
+    // What it runs on, before it runs (a SLURM job's prologue does the same).
+    if u.kind == UnitKind::Run {
+        if let Err(e) = super::fingerprint::write(&u.dir) {
+            writeln!(log, "sweep: no environment fingerprint: {e:#}")?;
+        }
+    }
     let job_id = u
         .record
         .last_job()

@@ -5,6 +5,7 @@
 //! with `--retry-failed`.
 
 pub mod ended;
+pub mod fingerprint;
 pub mod local;
 pub mod slurm;
 mod state;
@@ -337,6 +338,8 @@ mod tests {
                 sweep_version: "0".into(),
                 created_at: "2026-01-01T00:00:00Z".into(),
                 params: Default::default(),
+                attempt: 1,
+                environment: None,
                 configuration: None,
                 depends_on: None,
                 identity: None,

@@ -10,9 +10,9 @@ mod source;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
-    check_roles, memory_unit, parse_slurm_time, ExecutorKind, LocalSpec, PretokenizeStageSpec,
-    ReportSpec, Roles, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS,
-    DEFAULT_SKIP_FIRST, KNOWN_GROUPS, MEMORY_UNITS,
+    check_roles, memory_unit, parse_slurm_time, EnvironmentSpec, ExecutorKind, LocalSpec,
+    PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice,
+    DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS, MEMORY_UNITS,
 };
 pub use source::{join_key, Source};
 
@@ -99,6 +99,7 @@ pub struct Manifest {
     pub local: LocalSpec,
     pub stages: StagesSpec,
     pub report: ReportSpec,
+    pub environment: EnvironmentSpec,
     /// `[plan]` (with the hints older manifests wrote in `[defaults]`).
     pub hints: PlanHints,
     /// What the manifest should know but is no error (a hint in `[defaults]`).
@@ -201,6 +202,7 @@ fn fields_of(section: &str) -> Option<Vec<String>> {
         "stages" => known_fields::<StagesSpec>(),
         "stages.pretokenize" => known_fields::<PretokenizeStageSpec>(),
         "report" => known_fields::<ReportSpec>(),
+        "environment" => known_fields::<EnvironmentSpec>(),
         "plan" => known_fields::<PlanHints>(),
         "defaults" => known_fields::<TrainConfig>(),
         "defaults.architecture" => known_fields::<ModelOverrides>(),
@@ -432,6 +434,40 @@ impl Validator<'_, '_> {
     /// `[report]`'s keys for foreign logs: roles and charts name groups of
     /// the line_pattern, and what computes FLOPs is a number, a preset and a
     /// device the tables know. The built-in trainer logs all of it itself.
+    /// `[environment]`: a system name a history can group by (one line of
+    /// printable text), and probes with plain names and a command each.
+    fn check_environment(&mut self, e: &EnvironmentSpec) {
+        if let Some(system) = &e.system {
+            let bad = system.trim().is_empty()
+                || system.chars().count() > 100
+                || system.chars().any(|c| c.is_control());
+            if bad {
+                self.at_value(
+                    "environment.system",
+                    "`system` is one line of at most 100 characters, not empty".to_string(),
+                );
+            }
+        }
+        if e.probes.len() > schema::MAX_PROBES {
+            self.at_key(
+                "environment.probes",
+                format!(
+                    "{} probes: at most {} (each runs at the start of every job)",
+                    e.probes.len(),
+                    schema::MAX_PROBES
+                ),
+            );
+        }
+        for (name, command) in &e.probes {
+            let key = join_key("environment.probes", name);
+            if let Err(why) = crate::util::name::check(name) {
+                self.at_key(&key, format!("probe name: {why}"));
+            } else if command.trim().is_empty() {
+                self.at_value(&key, format!("probe `{name}` has no command"));
+            }
+        }
+    }
+
     fn check_report(&mut self, r: &ReportSpec, command: bool) {
         let foreign = [
             ("memory", r.memory.is_some()),
@@ -603,6 +639,7 @@ impl Validator<'_, '_> {
             }
         }
         self.check_report(&file.report, file.command.is_some());
+        self.check_environment(&file.environment);
         for (i, line) in file.slurm.extra_sbatch.iter().enumerate() {
             if !line.trim_start().starts_with('-') {
                 self.at_value_help(
@@ -679,6 +716,7 @@ impl Validator<'_, '_> {
             local: file.local,
             stages: file.stages,
             report: file.report,
+            environment: file.environment,
             hints,
             notes,
         })

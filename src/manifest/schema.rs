@@ -30,6 +30,8 @@ pub(crate) struct ManifestFile {
     pub stages: StagesSpec,
     #[serde(default)]
     pub report: ReportSpec,
+    #[serde(default)]
+    pub environment: EnvironmentSpec,
     /// What `sweep plan` assumes of the hardware (never part of a run).
     #[serde(default)]
     pub plan: crate::config::PlanHints,
@@ -345,6 +347,24 @@ impl Default for LocalSpec {
         }
     }
 }
+
+/// `[environment]`: what every job records of the machine it ran on
+/// besides what sweep finds itself (`environment.json` in its run
+/// directory), and the system its measurements are grouped under in the
+/// history. Never part of a run's identity.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvironmentSpec {
+    /// The system's name in the history (default: SLURM's cluster name and
+    /// partition, `<cluster>/<partition>`; on the local executor `local/<host>`).
+    pub system: Option<String>,
+    /// name -> shell command, run once per job; its output is recorded
+    /// (e.g. `torch = "python -c 'import torch; print(torch.__version__)'"`).
+    pub probes: IndexMap<String, String>,
+}
+
+/// The most probes a manifest declares (each runs at the start of every job).
+pub const MAX_PROBES: usize = 32;
 
 /// `[stages]`: jobs that runs depend on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

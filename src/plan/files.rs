@@ -21,6 +21,14 @@ pub const GROUPED_DIR: &str = "grouped";
 /// Everything rendering writes: what a directory holds besides outputs.
 pub const RENDERED: [&str; 4] = [CONFIG_TOML, JOB_SBATCH, RUN_JSON, STAGE_JSON];
 
+/// What the job found of the machine it ran on, written by the job itself
+/// (`sweep fingerprint`).
+pub const ENVIRONMENT_JSON: &str = "environment.json";
+
+/// Earlier attempts of a study measured again (`sweep run --again`):
+/// `results/<study>/attempts/<attempt>/<run>`.
+pub const ATTEMPTS_DIR: &str = "attempts";
+
 /// The study's stage directories (`results/<study>/stages/<stage>`).
 pub const STAGES_DIR: &str = "stages";
 /// SLURM's array logs and the array scripts (`results/<study>/logs`).
@@ -31,7 +39,14 @@ pub const ARRAYS_DIR: &str = "arrays";
 /// `--replace-changed` (`results/<study>/replaced/<time>`).
 pub const REPLACED_DIR: &str = "replaced";
 /// The study's own directories beside its runs': no run may take their names.
-pub const STUDY_DIRS: [&str; 5] = [STAGES_DIR, LOGS_DIR, ARRAYS_DIR, REPLACED_DIR, GROUPED_DIR];
+pub const STUDY_DIRS: [&str; 6] = [
+    STAGES_DIR,
+    LOGS_DIR,
+    ARRAYS_DIR,
+    REPLACED_DIR,
+    GROUPED_DIR,
+    ATTEMPTS_DIR,
+];
 
 /// Whether a run may take this name: not one of the study's own
 /// directories or files.

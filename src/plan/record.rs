@@ -46,10 +46,13 @@ pub struct StudyRecord {
     /// line pattern and its roles) and its FLOPs computed.
     #[serde(default)]
     pub command_report: Option<crate::manifest::ReportSpec>,
+    /// The study's current attempt (`sweep run --again` counts them).
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
 }
 
 impl StudyRecord {
-    pub fn of(plan: &super::Plan) -> StudyRecord {
+    pub fn of(plan: &super::Plan, attempt: u32) -> StudyRecord {
         let m = &plan.manifest;
         let path = crate::util::fs::absolute(&std::env::current_dir().unwrap_or_default(), &m.path);
         StudyRecord {
@@ -65,6 +68,7 @@ impl StudyRecord {
             runs: plan.runs.iter().map(|r| r.id.clone()).collect(),
             command_report: matches!(m.mode, crate::manifest::Mode::Command(_))
                 .then(|| m.report.clone()),
+            attempt,
         }
     }
 
@@ -146,6 +150,17 @@ pub struct RunRecord {
     pub identity: Option<serde_json::Value>,
     #[serde(default)]
     pub jobs: Vec<JobRecord>,
+    /// Which measurement of the study this is: 1, then one more for each
+    /// `sweep run --again` (runs only).
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The manifest's `[environment]`, for the job's `sweep fingerprint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<crate::manifest::EnvironmentSpec>,
+}
+
+fn first_attempt() -> u32 {
+    1
 }
 
 /// The largest `run.json` read (a record of thousands of requeues is ~1 MB).

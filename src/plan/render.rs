@@ -67,6 +67,7 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
     };
     let git_commit = crate::util::process::git_commit(&m.root);
     let now = crate::util::now_rfc3339();
+    let attempt = current_attempt(plan)?;
     let fresh = |id: &str, name: &str, kind: UnitKind, params, depends_on| RunRecord {
         id: id.to_string(),
         name: name.to_string(),
@@ -81,6 +82,8 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
         depends_on,
         identity: None,
         jobs: Vec::new(),
+        attempt,
+        environment: None,
     };
 
     let changed = std::sync::Mutex::new(Vec::new());
@@ -94,6 +97,7 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
             let fresh = RunRecord {
                 configuration: Some(run.configuration.clone()),
                 identity: Some(run.identity.clone()),
+                environment: (m.environment != Default::default()).then(|| m.environment.clone()),
                 ..fresh(
                     &run.id,
                     &run.name,
@@ -181,8 +185,20 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
     Ok(Rendered {
         runs,
         stages,
-        study: StudyRecord::of(plan),
+        study: StudyRecord::of(plan, attempt),
     })
+}
+
+/// The study's current attempt, as its `study.json` counts them (1 for a
+/// study not rendered yet). A record that cannot be read is an error: its
+/// count would be lost.
+fn current_attempt(plan: &Plan) -> Result<u32, Diagnostics> {
+    match StudyRecord::load(&plan.study_dir) {
+        Ok(rec) => Ok(rec.map_or(1, |r| r.attempt)),
+        Err(e) => Err(Diagnostic::new(plan.study_dir.join(STUDY_JSON), format!("{e:#}"))
+            .with_help("it counts the study's attempts (`sweep run --again`): repair it, or move it away to count from 1")
+            .into()),
+    }
 }
 
 /// A run's `config.toml`: the trainer's configuration, or an any-command
@@ -271,6 +287,7 @@ fn merge(dir: &Path, fresh: RunRecord, legacy: Option<&str>) -> Result<Merged, D
         git_commit: old.git_commit,
         sweep_version: old.sweep_version,
         jobs: old.jobs,
+        attempt: old.attempt,
         ..fresh
     })))
 }
@@ -376,6 +393,42 @@ pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
         moved.push((run.name.clone(), to));
     }
     Ok(moved)
+}
+
+/// Starts the study's next attempt (`sweep run --again`): moves every run
+/// directory of the plan, kept whole, to
+/// `results/<study>/attempts/<attempt>/<run>` and counts one more attempt
+/// in `study.json`, so that rendering makes every run afresh. Returns the
+/// attempt moved aside and where it went. Stopped half-way, it is run again
+/// safely: what was moved stays moved.
+pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
+    let attempt = current_attempt(plan).map_err(anyhow::Error::new)?;
+    let into = plan
+        .study_dir
+        .join(super::files::ATTEMPTS_DIR)
+        .join(attempt.to_string());
+    for run in &plan.runs {
+        if run.dir.symlink_metadata().is_err() {
+            continue;
+        }
+        std::fs::create_dir_all(&into).with_context(|| format!("creating {}", into.display()))?;
+        let to = into.join(&run.name);
+        if to.symlink_metadata().is_ok() {
+            anyhow::bail!(
+                "{} already holds run {} of attempt {attempt}: move one of the two away",
+                to.display(),
+                run.name
+            );
+        }
+        std::fs::rename(&run.dir, &to)
+            .with_context(|| format!("moving {} to {}", run.dir.display(), to.display()))?;
+    }
+    std::fs::create_dir_all(&plan.study_dir)
+        .with_context(|| format!("creating {}", plan.study_dir.display()))?;
+    let study = StudyRecord::of(plan, attempt + 1);
+    let bytes = serde_json::to_vec_pretty(&study).expect("a study record serialises");
+    write_atomic(&plan.study_dir.join(STUDY_JSON), &bytes)?;
+    Ok((attempt, into))
 }
 
 /// Anything in the directory besides what rendering writes.

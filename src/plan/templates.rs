@@ -52,6 +52,8 @@ pub struct Templates {
 #[derive(Serialize)]
 struct ScriptContext<'a> {
     sweep_version: &'a str,
+    /// The sweep binary that rendered the script (jobs call it).
+    sweep_bin: &'a str,
     study: &'a str,
     template: String,
     kind: UnitKind,
@@ -173,6 +175,7 @@ impl Templates {
             UnitKind::Run,
             info,
             run.command(sweep_bin),
+            sweep_bin,
         )
     }
 
@@ -193,6 +196,7 @@ impl Templates {
             UnitKind::Stage,
             info,
             stage.command(sweep_bin),
+            sweep_bin,
         )
     }
 
@@ -203,11 +207,13 @@ impl Templates {
         kind: UnitKind,
         run: RunInfo<'_>,
         command: String,
+        sweep_bin: &str,
     ) -> Result<String, Diagnostics> {
         let name = Self::resolve(slurm);
         let file = self.file_of(&name);
         let ctx = ScriptContext {
             sweep_version: env!("CARGO_PKG_VERSION"),
+            sweep_bin,
             study: &plan.manifest.name,
             template: file
                 .file_name()

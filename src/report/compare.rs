@@ -96,20 +96,6 @@ pub struct Comparison {
     pub files: Vec<PathBuf>,
 }
 
-/// The directory a side's runs live in (None when it cannot be found: the
-/// loading that follows says why).
-fn study_dir(root: &Path, source: &Source) -> Option<PathBuf> {
-    let dir = match source {
-        Source::ResultsDir(d) => d.clone(),
-        Source::Manifest(p) => {
-            let m = crate::manifest::Manifest::load(p, root).ok()?;
-            root.join("results").join(&m.name)
-        }
-        Source::Import { .. } => return None,
-    };
-    dir.canonicalize().ok()
-}
-
 fn side(root: &Path, source: &Source, skip_first: Option<usize>) -> Result<(String, Summary)> {
     let (study, runs, spec) = super::load(root, source)?;
     let opts = super::summary::Options {
@@ -131,7 +117,7 @@ pub fn run(
     skip_first: Option<usize>,
     plots: bool,
 ) -> Result<Comparison> {
-    if let (Some(da), Some(db)) = (study_dir(root, a), study_dir(root, b)) {
+    if let (Some(da), Some(db)) = (super::study_dir(root, a), super::study_dir(root, b)) {
         if da == db {
             bail!(
                 "A and B are the same study ({}): every ratio would be 1.00x. Compare two studies, \

@@ -3,10 +3,12 @@
 //! logs written by other programs (`--import`, e.g. the reference study's).
 
 pub mod charts;
+pub mod check;
 pub mod columns;
 pub mod compare;
 pub mod export;
 pub mod flops;
+pub mod history;
 pub mod ingest;
 pub mod page;
 pub mod plot;
@@ -60,6 +62,10 @@ pub struct Options {
 
 pub struct Report {
     pub study: String,
+    /// Where its completed runs were recorded (`results/history.sqlite`)
+    /// and how many were new, or why they could not be; none for imported
+    /// logs and live pages.
+    pub history: Option<Result<(PathBuf, usize), String>>,
     pub summary: summary::Summary,
     pub files: Vec<PathBuf>,
     pub charts: Vec<plot::Chart>,
@@ -160,13 +166,69 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     );
     crate::util::fs::write_atomic(&page, html.as_bytes())?;
     files.push(page.clone());
+    // Last: a history that cannot be written costs no report file.
+    let history = match (source, opts.live) {
+        (Source::Import { .. }, _) | (_, true) => None,
+        _ => study_dir(root, source)
+            .map(|dir| history::record(&dir, &study, &s).map_err(|e| format!("{e:#}"))),
+    };
     Ok(Report {
+        history,
         study,
         summary: s,
         files,
         charts,
         page,
     })
+}
+
+/// The directory a study's runs live in (None for imported logs, or when it
+/// cannot be found: the loading that follows says why).
+pub fn study_dir(root: &Path, source: &Source) -> Option<PathBuf> {
+    let dir = match source {
+        Source::ResultsDir(d) => d.clone(),
+        Source::Manifest(p) => {
+            let m = crate::manifest::Manifest::load(p, root).ok()?;
+            root.join("results").join(&m.name)
+        }
+        Source::Import { .. } => return None,
+    };
+    dir.canonicalize().ok()
+}
+
+/// The study's name, as its report and the history call it.
+pub fn study_name(root: &Path, source: &Source) -> Result<String> {
+    Ok(match source {
+        Source::Manifest(p) => Manifest::load(p, root)?.name,
+        Source::ResultsDir(d) => dir_study_name(d),
+        Source::Import { name, .. } => name.clone(),
+    })
+}
+
+/// A results directory's study: its name (it names plots/<study>: whatever
+/// the directory is called, one plain name).
+fn dir_study_name(dir: &Path) -> String {
+    dir.canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .map_or_else(|| "study".into(), |n| crate::util::name::sanitize(&n))
+}
+
+/// Records a study's completed runs in its history without writing a
+/// report (`sweep history --import`, and `sweep run --again` before it
+/// moves an attempt aside); returns the file and how many runs were new.
+pub fn record_history(root: &Path, source: &Source) -> Result<(PathBuf, usize)> {
+    let dir = study_dir(root, source)
+        .ok_or_else(|| anyhow::anyhow!("the study has no results directory yet"))?;
+    let (study, runs, spec) = load(root, source)?;
+    let opts = summary::Options {
+        skip_first: spec.skip_first(None),
+        axes: spec.axes,
+        baseline: None,
+        group_by: Vec::new(),
+        extras: spec.extras,
+    };
+    history::record(&dir, &study, &summary::summarize(runs, &opts)?)
 }
 
 fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
@@ -230,6 +292,9 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
                 },
             };
             run.identity = Some(r.identity.clone());
+            if let Some(rec) = &record {
+                (run.id, run.attempt) = (Some(r.id.clone()), rec.attempt);
+            }
             run.built = record.map(|rec| ingest::Built::of(&rec));
             run.params = r.params.clone();
             run.configuration = Some(r.configuration.clone());
@@ -336,12 +401,7 @@ fn devices(plan: &Plan) -> Vec<String> {
 /// directory whose `run.json` cannot be read is a run of its own, listed
 /// among the problems with why.
 fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
-    // It names plots/<study>: whatever the directory is called, one plain name.
-    let study = dir
-        .canonicalize()
-        .ok()
-        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .map_or_else(|| "study".into(), |n| crate::util::name::sanitize(&n));
+    let study = dir_study_name(dir);
     let mut found: Vec<(RunRecord, PathBuf)> = Vec::new();
     let mut broken: Vec<RunLog> = Vec::new();
     let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
@@ -406,6 +466,7 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
         .map(|((r, d), st)| {
             let mut run = read_run(&r.name, d, dir, st, pattern.as_ref());
             run.identity = r.identity.clone();
+            (run.id, run.attempt) = (Some(r.id.clone()), r.attempt);
             run.built = Some(ingest::Built::of(r));
             run.params = r.params.clone();
             run.configuration = r.configuration.clone();

@@ -39,12 +39,21 @@ pub fn mean_ci95(xs: &[f64]) -> Option<MeanCi> {
         return None;
     }
     let (mean, var) = mean_var(xs);
-    let half = t975(xs.len() as f64 - 1.0) * (var / xs.len() as f64).sqrt();
+    mean_ci95_of(mean, var, xs.len())
+}
+
+/// The 95% interval of a mean from its summary statistics: `n` samples of
+/// variance `var` (n − 1); none below two samples.
+pub fn mean_ci95_of(mean: f64, var: f64, n: usize) -> Option<MeanCi> {
+    if n < 2 || !(mean.is_finite() && var.is_finite()) {
+        return None;
+    }
+    let half = t975(n as f64 - 1.0) * (var / n as f64).sqrt();
     Some(MeanCi {
         mean,
         low: mean - half,
         high: mean + half,
-        n: xs.len(),
+        n,
     })
 }
 
@@ -72,9 +81,34 @@ pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
         return None;
     }
     let (na, nb) = (a.len() as f64, b.len() as f64);
-    let (ra, rb) = (va / (na * ma * ma), vb / (nb * mb * mb));
+    welch_ratio(
+        ma,
+        va / (na * ma * ma),
+        na - 1.0,
+        mb,
+        vb / (nb * mb * mb),
+        nb - 1.0,
+    )
+}
+
+/// ma / mb from the relative variances of the two means (`ra`, `rb`) and
+/// their degrees of freedom: the delta method on the log scale with
+/// Welch–Satterthwaite degrees of freedom.
+fn welch_ratio(ma: f64, ra: f64, dfa: f64, mb: f64, rb: f64, dfb: f64) -> Option<RatioCi> {
     let se = (ra + rb).sqrt();
-    let ratio = ma / mb;
+    if se == 0.0 {
+        return ratio_from_se(ma / mb, 0.0, 1.0);
+    }
+    let df = (ra + rb).powi(2) / (ra * ra / dfa + rb * rb / dfb);
+    ratio_from_se(ma / mb, se, df)
+}
+
+/// A ratio's interval from the standard error of its logarithm and the
+/// degrees of freedom of that error.
+fn ratio_from_se(ratio: f64, se: f64, df: f64) -> Option<RatioCi> {
+    if !(ratio.is_finite() && ratio > 0.0 && se.is_finite() && df.is_finite()) {
+        return None;
+    }
     if se == 0.0 {
         return Some(RatioCi {
             ratio,
@@ -84,7 +118,6 @@ pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
             p_value: if ratio != 1.0 { 0.0 } else { 1.0 },
         });
     }
-    let df = (ra + rb).powi(2) / (ra * ra / (na - 1.0) + rb * rb / (nb - 1.0));
     let spread = (t975(df) * se).exp();
     let (low, high) = (ratio / spread, ratio * spread);
     Some(RatioCi {
@@ -94,6 +127,80 @@ pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
         significant: low > 1.0 || high < 1.0,
         p_value: two_sided_p(ratio.ln() / se, df),
     })
+}
+
+/// One run as a sample of its configuration: its steady-state mean, and
+/// the spread and count of the points behind it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunSample {
+    pub mean: f64,
+    pub std: Option<f64>,
+    pub points: usize,
+}
+
+/// What a ratio of runs' throughput and its interval rest on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    /// Two or more runs on each side: their means (Welch, on the log scale).
+    Runs,
+    /// One run on one side: its mean against the other side's runs, with
+    /// their run-to-run spread standing for its own (a prediction
+    /// interval, the other side's degrees of freedom).
+    OneRun,
+    /// One run on each side: the runs' own step-to-step spread, which is
+    /// narrower than the run-to-run spread it stands in for.
+    WithinRuns,
+}
+
+impl Basis {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Basis::Runs => "runs on both sides",
+            Basis::OneRun => "one run against the other side's runs",
+            Basis::WithinRuns => {
+                "one run on each side: the interval is their steps' spread, too narrow for run-to-run noise"
+            }
+        }
+    }
+}
+
+/// mean(now) / mean(reference) over runs, with its 95% interval and the
+/// two-sided p-value of "no change": what `sweep check` decides on. The
+/// run is the unit (its steady-state mean one sample), as the repeats of a
+/// study are.
+pub fn ratio_of_runs(now: &[RunSample], reference: &[RunSample]) -> Option<(RatioCi, Basis)> {
+    let means = |s: &[RunSample]| s.iter().map(|r| r.mean).collect::<Vec<_>>();
+    match (now.len(), reference.len()) {
+        (0, _) | (_, 0) => None,
+        (1, 1) => {
+            let (a, b) = (now[0], reference[0]);
+            let rel = |r: RunSample| {
+                let n = r.points as f64;
+                Some((r.std? * r.std? / (n * r.mean * r.mean), n - 1.0))
+            };
+            let ((ra, dfa), (rb, dfb)) = (rel(a)?, rel(b)?);
+            if a.points < 2 || b.points < 2 || a.mean <= 0.0 || b.mean <= 0.0 {
+                return None;
+            }
+            welch_ratio(a.mean, ra, dfa, b.mean, rb, dfb).map(|r| (r, Basis::WithinRuns))
+        }
+        (1, _) | (_, 1) => {
+            let one_now = now.len() == 1;
+            let (one, many) = match one_now {
+                true => (now[0].mean, means(reference)),
+                false => (reference[0].mean, means(now)),
+            };
+            let (m, v) = mean_var(&many);
+            if m <= 0.0 || one <= 0.0 {
+                return None;
+            }
+            let n = many.len() as f64;
+            let se = (v / (m * m) * (1.0 + 1.0 / n)).sqrt();
+            let ratio = if one_now { one / m } else { m / one };
+            ratio_from_se(ratio, se, n - 1.0).map(|r| (r, Basis::OneRun))
+        }
+        _ => ratio_ci95(&means(now), &means(reference)).map(|r| (r, Basis::Runs)),
+    }
 }
 
 /// The two-sided p-value of a t statistic with `df` degrees of freedom.

@@ -56,6 +56,24 @@ pub struct Summary {
     pub hints: Vec<String>,
     /// The extra fields summarised (each row's [`Row::extra`]), in order.
     pub extras: Vec<String>,
+    /// Each run's own steady-state figures, by position in `runs` (what
+    /// the history records).
+    pub figures: Vec<RunFigures>,
+}
+
+/// One run's figures over its steady state: the means its configuration's
+/// row averages, and the spread and count its interval needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RunFigures {
+    /// Steady-state log points with a throughput.
+    pub points: usize,
+    pub tokens_per_second: Option<f64>,
+    /// Standard deviation of its steady-state tokens/s (n − 1).
+    pub tokens_per_second_std: Option<f64>,
+    pub mfu_pct: Option<f64>,
+    pub tflops: Option<f64>,
+    pub step_time_s: Option<f64>,
+    pub peak_memory_mb: Option<f64>,
 }
 
 /// One row of the table: a run, a configuration's repeats, or a group.
@@ -269,6 +287,7 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         .find(|p| p.ends_with("batch_size") && !p.contains("global"))
         .cloned();
     let hints = repeats_hint(&rows).into_iter().collect();
+    let figures = run_figures(&per_run, &runs)?;
     Ok(Summary {
         hints,
         table,
@@ -280,7 +299,40 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         axes,
         batch_axis,
         extras: opts.extras.clone(),
+        figures,
     })
+}
+
+/// Every run's [`RunFigures`], from the per-run table (the same means the
+/// summary's rows average) and its steady-state points.
+fn run_figures(per_run: &DataFrame, runs: &[RunLog]) -> Result<Vec<RunFigures>> {
+    let mean = |m: Metric| number_column(per_run, &m.col(Stat::Mean));
+    let tps = mean(Metric::TokensPerSecond)?;
+    let tps_std = number_column(per_run, &Metric::TokensPerSecond.col(Stat::Std))?;
+    let (mfu, tflops, memory) = (
+        mean(Metric::MfuPct)?,
+        mean(Metric::Tflops)?,
+        mean(Metric::PeakMemoryMb)?,
+    );
+    let first = number_column(per_run, c::FIRST_STEADY)?;
+    Ok(runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let steady = || r.points.iter().skip(first[i].unwrap_or(0.0) as usize);
+            let step_times: Vec<f64> = steady().filter_map(|p| p.step_time_s).collect();
+            RunFigures {
+                points: steady().filter(|p| p.tokens_per_second.is_some()).count(),
+                tokens_per_second: tps[i],
+                tokens_per_second_std: tps_std[i],
+                mfu_pct: mfu[i],
+                tflops: tflops[i],
+                step_time_s: (!step_times.is_empty())
+                    .then(|| step_times.iter().sum::<f64>() / step_times.len() as f64),
+                peak_memory_mb: memory[i],
+            }
+        })
+        .collect())
 }
 
 const TPS: Measure = Measure::Known(Metric::TokensPerSecond);

@@ -139,3 +139,87 @@ mod tests {
         assert_eq!(proc_kb("/proc/no-such-file", "VmRSS"), None);
     }
 }
+
+/// What a program printed before it exited or was stopped at `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bounded {
+    /// stdout then stderr, at most `max_bytes` of each, lossy UTF-8.
+    pub text: String,
+    /// The exit code; `None` when a signal (or the time limit) ended it.
+    pub code: Option<i32>,
+    pub timed_out: bool,
+}
+
+/// Runs `cmd` (in a process group of its own, so that a shell's children go
+/// with it) for at most `limit`, keeping at most `max_bytes` of its stdout
+/// and of its stderr: a probe of the environment never hangs or floods the
+/// job that runs it.
+pub fn output_within(
+    cmd: &mut Command,
+    limit: std::time::Duration,
+    max_bytes: usize,
+) -> Result<Bounded> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("could not run {shown}"))?;
+    // Read in threads: a full pipe would stop the child before it exits.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            if let Some(mut p) = pipe {
+                let mut buf = [0u8; 8192];
+                while let Ok(n @ 1..) = p.read(&mut buf) {
+                    let room = max_bytes.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+            }
+            kept
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = std::time::Instant::now() + limit;
+    let (status, timed_out) = loop {
+        if let Some(s) = child.try_wait()? {
+            break (s, false);
+        }
+        if std::time::Instant::now() >= deadline {
+            // SAFETY: signalling the process group this function created.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            break (child.wait()?, true);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    // Whatever it left running in its group (`cmd &`) would hold the pipes
+    // open: it goes too.
+    // SAFETY: signalling the process group this function created.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let mut text = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
+    let err = err.join().unwrap_or_default();
+    if !err.is_empty() {
+        text.push_str(&String::from_utf8_lossy(&err));
+    }
+    Ok(Bounded {
+        text,
+        code: status.code(),
+        timed_out,
+    })
+}

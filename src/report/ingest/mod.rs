@@ -313,6 +313,10 @@ pub struct RunLog {
     pub identity: Option<serde_json::Value>,
     /// The sweep that rendered it, where its record says.
     pub built: Option<Built>,
+    /// The run's id (`run.json`): the hash of its identity, repeat included.
+    pub id: Option<String>,
+    /// Which measurement of its study it is (`sweep run --again`).
+    pub attempt: u32,
 }
 
 /// The sweep that rendered a run: its version and the project's commit.
@@ -320,6 +324,8 @@ pub struct RunLog {
 pub struct Built {
     pub sweep_version: String,
     pub git_commit: Option<String>,
+    /// When it was rendered.
+    pub created_at: String,
 }
 
 impl Built {
@@ -327,6 +333,7 @@ impl Built {
         Built {
             sweep_version: r.sweep_version.clone(),
             git_commit: r.git_commit.clone(),
+            created_at: r.created_at.clone(),
         }
     }
 }
@@ -346,6 +353,8 @@ impl RunLog {
             forecast_pct: None,
             identity: None,
             built: None,
+            id: None,
+            attempt: 1,
         }
     }
 

@@ -1,0 +1,572 @@
+//! The performance history: `results/history.sqlite`, one SQLite file per
+//! project (rusqlite's bundled SQLite, write-ahead log, no server). Every
+//! report of a study records its completed runs' measurements — keyed by
+//! study, run id and attempt, so recording a report twice adds nothing — in
+//! one transaction: a report killed while recording leaves the history as
+//! it was, and reports recording at once wait for each other (SQLite's
+//! lock) instead of losing a row. `sweep history` reads it back per
+//! configuration and attempt; `sweep check --history` takes its references
+//! from it. The schema is a contract (docs/report.md, "The history").
+
+use super::ingest::RunLog;
+use super::stats::{mean_ci95_of, MeanCi};
+use super::summary::Summary;
+use crate::executor::fingerprint::Fingerprint;
+use crate::executor::State;
+use anyhow::{bail, Context, Result};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The file, in a project's `results/`.
+pub const FILE: &str = "history.sqlite";
+/// The schema's version (`meta.schema_version`): a file of a later version
+/// is refused, never rewritten.
+pub const SCHEMA_VERSION: i64 = 1;
+/// The system of runs whose jobs wrote no fingerprint.
+pub const UNKNOWN_SYSTEM: &str = "unknown";
+/// How long a writer waits for another one (a report of thousands of runs
+/// records in well under a second).
+const BUSY: Duration = Duration::from_secs(60);
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    study                  TEXT    NOT NULL,
+    run_id                 TEXT    NOT NULL,
+    attempt                INTEGER NOT NULL,
+    run                    TEXT    NOT NULL,
+    configuration_id       TEXT    NOT NULL,
+    configuration          TEXT    NOT NULL,
+    system                 TEXT    NOT NULL,
+    ran_at                 TEXT    NOT NULL,
+    recorded_at            TEXT    NOT NULL,
+    git_commit             TEXT,
+    sweep_version          TEXT,
+    points                 INTEGER NOT NULL,
+    tokens_per_second_mean REAL    NOT NULL,
+    tokens_per_second_std  REAL,
+    mfu_pct_mean           REAL,
+    tflops_mean            REAL,
+    step_time_s_mean       REAL,
+    peak_memory_mb_mean    REAL,
+    fingerprint            TEXT,
+    PRIMARY KEY (study, run_id, attempt)
+);
+CREATE INDEX IF NOT EXISTS measurements_by_configuration
+    ON measurements (configuration_id, system, ran_at);
+";
+
+/// One run's measurements, as a row of `measurements`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Entry {
+    pub study: String,
+    /// The run's identity hash (its repeat included).
+    pub run_id: String,
+    pub attempt: u32,
+    pub run: String,
+    /// The identity hash its repeats share: what the history compares by.
+    pub configuration_id: String,
+    pub configuration: String,
+    pub system: String,
+    /// When the job ran (its fingerprint's time; else when it was rendered).
+    pub ran_at: String,
+    pub recorded_at: String,
+    pub git_commit: Option<String>,
+    pub sweep_version: Option<String>,
+    /// Steady-state log points its mean is over.
+    pub points: usize,
+    pub tokens_per_second_mean: f64,
+    pub tokens_per_second_std: Option<f64>,
+    pub mfu_pct_mean: Option<f64>,
+    pub tflops_mean: Option<f64>,
+    pub step_time_s_mean: Option<f64>,
+    pub peak_memory_mb_mean: Option<f64>,
+    /// `environment.json` as the job wrote it.
+    #[serde(skip)]
+    pub fingerprint: Option<Fingerprint>,
+}
+
+/// The history file beside a study directory (`results/<study>` ->
+/// `results/history.sqlite`).
+pub fn path_for(study_dir: &Path) -> PathBuf {
+    let dir = study_dir
+        .canonicalize()
+        .unwrap_or_else(|_| study_dir.to_path_buf());
+    crate::util::fs::parent_dir(&dir).join(FILE)
+}
+
+/// The completed runs of a summary as history entries (runs without a
+/// record — imported logs — or without a throughput are not measurements
+/// the history can key).
+pub fn entries(study: &str, s: &Summary) -> Vec<Entry> {
+    let now = crate::util::now_rfc3339();
+    s.runs
+        .iter()
+        .zip(&s.figures)
+        .filter(|(r, _)| r.status.state == State::Completed)
+        .filter_map(|(r, f)| {
+            let (id, configuration) = (r.id.as_ref()?, r.configuration.as_ref()?);
+            let fingerprint = fingerprint_of(r);
+            Some(Entry {
+                study: study.to_string(),
+                run_id: id.clone(),
+                attempt: r.attempt,
+                run: r.name.clone(),
+                configuration_id: configuration.id.clone(),
+                configuration: configuration.name.clone(),
+                system: fingerprint
+                    .as_ref()
+                    .map_or_else(|| UNKNOWN_SYSTEM.to_string(), |f| f.system.clone()),
+                ran_at: fingerprint
+                    .as_ref()
+                    .map(|f| f.taken_at.clone())
+                    .filter(|t| !t.is_empty())
+                    .or_else(|| r.built.as_ref().map(|b| b.created_at.clone()))
+                    .unwrap_or_else(|| now.clone()),
+                recorded_at: now.clone(),
+                git_commit: r.built.as_ref().and_then(|b| b.git_commit.clone()),
+                sweep_version: r.built.as_ref().map(|b| b.sweep_version.clone()),
+                points: f.points,
+                tokens_per_second_mean: f.tokens_per_second?,
+                tokens_per_second_std: f.tokens_per_second_std,
+                mfu_pct_mean: f.mfu_pct,
+                tflops_mean: f.tflops,
+                step_time_s_mean: f.step_time_s,
+                peak_memory_mb_mean: f.peak_memory_mb,
+                fingerprint,
+            })
+        })
+        .collect()
+}
+
+/// A run's fingerprint, where its job wrote a readable one.
+pub fn fingerprint_of(r: &RunLog) -> Option<Fingerprint> {
+    Fingerprint::load(r.dir.as_deref()?).ok().flatten()
+}
+
+pub struct History {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl History {
+    /// Opens (creating it where there is none) the history for recording.
+    pub fn open(path: &Path) -> Result<History> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        Self::with(path, flags, true)
+    }
+
+    /// The history for reading; `None` where there is none yet.
+    pub fn open_existing(path: &Path) -> Result<Option<History>> {
+        if path.symlink_metadata().is_err() {
+            return Ok(None);
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        Self::with(path, flags, false).map(Some)
+    }
+
+    fn with(path: &Path, flags: OpenFlags, create: bool) -> Result<History> {
+        let broken = |e: &dyn std::fmt::Display| {
+            anyhow::anyhow!(
+                "{} is not a readable sweep history ({e}): move it away to start a new one \
+                 (`sweep history --import results/<study>` records a study again)",
+                path.display()
+            )
+        };
+        // Only a regular file (or none): never a device, pipe or directory.
+        if let Ok(m) = path.metadata() {
+            if !m.is_file() {
+                bail!("{} is not a regular file", path.display());
+            }
+        }
+        let conn = Connection::open_with_flags(path, flags).map_err(|e| broken(&e))?;
+        conn.busy_timeout(BUSY).map_err(|e| broken(&e))?;
+        let setup = || -> rusqlite::Result<Option<i64>> {
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            if create {
+                conn.execute_batch(SCHEMA)?;
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)",
+                    params![SCHEMA_VERSION.to_string()],
+                )?;
+            }
+            conn.query_row(
+                "SELECT value FROM meta WHERE key = 'schema_version'",
+                [],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()
+            .map(|v| v.and_then(|v| v.parse().ok()))
+        };
+        match setup() {
+            Ok(Some(v)) if v == SCHEMA_VERSION => Ok(History {
+                conn,
+                path: path.to_path_buf(),
+            }),
+            Ok(Some(v)) => bail!(
+                "{} has schema version {v}, and this sweep reads version {SCHEMA_VERSION}: use the sweep that wrote it",
+                path.display()
+            ),
+            Ok(None) => Err(broken(&"it has no schema version")),
+            Err(e) => Err(broken(&e)),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records entries in one transaction; returns how many were new (an
+    /// entry already recorded, by study, run and attempt, is left as it was).
+    pub fn record(&mut self, entries: &[Entry]) -> Result<usize> {
+        let path = self.path.clone();
+        let fail = |e: rusqlite::Error| anyhow::anyhow!("recording into {}: {e}", path.display());
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(fail)?;
+        let mut added = 0;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO measurements (study, run_id, attempt, run,
+                     configuration_id, configuration, system, ran_at, recorded_at, git_commit,
+                     sweep_version, points, tokens_per_second_mean, tokens_per_second_std,
+                     mfu_pct_mean, tflops_mean, step_time_s_mean, peak_memory_mb_mean, fingerprint)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+                )
+                .map_err(fail)?;
+            for e in entries {
+                let fingerprint = e
+                    .fingerprint
+                    .as_ref()
+                    .map(|f| serde_json::to_string(f).expect("a fingerprint serialises"));
+                added += insert
+                    .execute(params![
+                        e.study,
+                        e.run_id,
+                        e.attempt,
+                        e.run,
+                        e.configuration_id,
+                        e.configuration,
+                        e.system,
+                        e.ran_at,
+                        e.recorded_at,
+                        e.git_commit,
+                        e.sweep_version,
+                        e.points as i64,
+                        e.tokens_per_second_mean,
+                        e.tokens_per_second_std,
+                        e.mfu_pct_mean,
+                        e.tflops_mean,
+                        e.step_time_s_mean,
+                        e.peak_memory_mb_mean,
+                        fingerprint,
+                    ])
+                    .map_err(fail)?;
+            }
+        }
+        tx.commit().map_err(fail)?;
+        Ok(added)
+    }
+
+    /// Each configuration's attempts (per study and system), oldest first,
+    /// with their runs pooled: what `sweep history` shows.
+    pub fn attempts(&self, filter: &Filter) -> Result<Vec<Attempt>> {
+        let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT configuration_id, MIN(configuration), system, study, attempt, MIN(ran_at),
+                        MAX(git_commit), COUNT(*), AVG(tokens_per_second_mean),
+                        SUM(tokens_per_second_mean * tokens_per_second_mean),
+                        MAX(tokens_per_second_std), MAX(points), AVG(mfu_pct_mean),
+                        AVG(tflops_mean)
+                 FROM measurements
+                 WHERE (?1 IS NULL OR study = ?1) AND (?2 IS NULL OR configuration = ?2)
+                   AND (?3 IS NULL OR system = ?3) AND (?4 IS NULL OR ran_at >= ?4)
+                 GROUP BY configuration_id, system, study, attempt
+                 ORDER BY configuration_id, system, MIN(ran_at), study, attempt",
+            )
+            .map_err(fail)?;
+        let rows = stmt
+            .query_map(
+                params![
+                    filter.study,
+                    filter.configuration,
+                    filter.system,
+                    filter.since
+                ],
+                |r| {
+                    let n: i64 = r.get(7)?;
+                    let mean: f64 = r.get(8)?;
+                    let sum_sq: f64 = r.get(9)?;
+                    let one_std: Option<f64> = r.get(10)?;
+                    let one_points: i64 = r.get(11)?;
+                    Ok(Attempt {
+                        configuration_id: r.get(0)?,
+                        configuration: r.get(1)?,
+                        system: r.get(2)?,
+                        study: r.get(3)?,
+                        attempt: r.get(4)?,
+                        ran_at: r.get(5)?,
+                        git_commit: r.get(6)?,
+                        runs: n as usize,
+                        tokens_per_second: mean,
+                        ci95: interval(n, mean, sum_sq, one_std, one_points)
+                            .map(|c| (c.low, c.high)),
+                        mfu_pct: r.get(12)?,
+                        tflops: r.get(13)?,
+                    })
+                },
+            )
+            .map_err(fail)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+    }
+
+    /// The runs of a configuration's last `last` attempts on `system`
+    /// (newest first), other than the one `now` names (its study and
+    /// attempt): the reference `sweep check --history` pools.
+    pub fn reference(
+        &self,
+        configuration_id: &str,
+        system: &str,
+        now: (&str, u32),
+        last: usize,
+    ) -> Result<Vec<Entry>> {
+        let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT m.study, m.run_id, m.attempt, m.run, m.configuration_id, m.configuration,
+                        m.system, m.ran_at, m.recorded_at, m.git_commit, m.sweep_version, m.points,
+                        m.tokens_per_second_mean, m.tokens_per_second_std, m.mfu_pct_mean,
+                        m.tflops_mean, m.step_time_s_mean, m.peak_memory_mb_mean, m.fingerprint
+                 FROM measurements m
+                 JOIN (SELECT study, attempt, MAX(ran_at) AS at FROM measurements
+                       WHERE configuration_id = ?1 AND system = ?2
+                         AND NOT (study = ?3 AND attempt = ?4)
+                       GROUP BY study, attempt ORDER BY at DESC LIMIT ?5) a
+                   ON m.study = a.study AND m.attempt = a.attempt
+                 WHERE m.configuration_id = ?1 AND m.system = ?2
+                 ORDER BY a.at DESC, m.run",
+            )
+            .map_err(fail)?;
+        let rows = stmt
+            .query_map(
+                params![configuration_id, system, now.0, now.1, last as i64],
+                |r| {
+                    let fingerprint: Option<String> = r.get(18)?;
+                    Ok(Entry {
+                        study: r.get(0)?,
+                        run_id: r.get(1)?,
+                        attempt: r.get(2)?,
+                        run: r.get(3)?,
+                        configuration_id: r.get(4)?,
+                        configuration: r.get(5)?,
+                        system: r.get(6)?,
+                        ran_at: r.get(7)?,
+                        recorded_at: r.get(8)?,
+                        git_commit: r.get(9)?,
+                        sweep_version: r.get(10)?,
+                        points: r.get::<_, i64>(11)?.max(0) as usize,
+                        tokens_per_second_mean: r.get(12)?,
+                        tokens_per_second_std: r.get(13)?,
+                        mfu_pct_mean: r.get(14)?,
+                        tflops_mean: r.get(15)?,
+                        step_time_s_mean: r.get(16)?,
+                        peak_memory_mb_mean: r.get(17)?,
+                        // A fingerprint that no longer parses is only a
+                        // comparison less.
+                        fingerprint: fingerprint.and_then(|f| serde_json::from_str(&f).ok()),
+                    })
+                },
+            )
+            .map_err(fail)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+    }
+}
+
+/// The interval of an attempt's tokens/s: over its runs' means when it has
+/// two or more, else over its one run's steady-state points (as the
+/// report's table has it).
+fn interval(n: i64, mean: f64, sum_sq: f64, one_std: Option<f64>, points: i64) -> Option<MeanCi> {
+    if n >= 2 {
+        let nf = n as f64;
+        let var = ((sum_sq - nf * mean * mean) / (nf - 1.0)).max(0.0);
+        mean_ci95_of(mean, var, n as usize)
+    } else {
+        mean_ci95_of(mean, one_std? * one_std?, points.max(0) as usize)
+    }
+}
+
+/// Which attempts `sweep history` shows.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub study: Option<String>,
+    pub configuration: Option<String>,
+    pub system: Option<String>,
+    /// RFC 3339 or a date (`2026-11-01`): runs that ran on or after it.
+    pub since: Option<String>,
+}
+
+/// One attempt of one configuration, its runs pooled.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attempt {
+    pub configuration_id: String,
+    pub configuration: String,
+    pub system: String,
+    pub study: String,
+    pub attempt: u32,
+    pub ran_at: String,
+    pub git_commit: Option<String>,
+    pub runs: usize,
+    /// Mean tokens/s of its runs, and the 95% interval of that mean.
+    pub tokens_per_second: f64,
+    pub ci95: Option<(f64, f64)>,
+    pub mfu_pct: Option<f64>,
+    pub tflops: Option<f64>,
+}
+
+/// `sweep history` as a table: a line per configuration and attempt.
+pub fn text(attempts: &[Attempt]) -> String {
+    use crate::util::text::printable;
+    if attempts.is_empty() {
+        return "no measurements match".to_string();
+    }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
+        .set_header([
+            "configuration",
+            "system",
+            "study",
+            "attempt",
+            "ran",
+            "commit",
+            "runs",
+            "tokens/s [95% CI]",
+            "MFU %",
+        ]);
+    for a in attempts {
+        let tps = match a.ci95 {
+            Some((low, high)) => format!("{:.1} [{low:.1}, {high:.1}]", a.tokens_per_second),
+            None => format!("{:.1}", a.tokens_per_second),
+        };
+        t.add_row([
+            printable(&a.configuration).into_owned(),
+            printable(&a.system).into_owned(),
+            printable(&a.study).into_owned(),
+            a.attempt.to_string(),
+            printable(a.ran_at.get(..16).unwrap_or(&a.ran_at)).replace('T', " "),
+            printable(
+                a.git_commit
+                    .as_deref()
+                    .map_or("", |c| c.get(..10).unwrap_or(c)),
+            )
+            .into_owned(),
+            a.runs.to_string(),
+            tps,
+            a.mfu_pct
+                .map_or_else(|| "–".to_string(), |m| format!("{m:.1}")),
+        ]);
+    }
+    t.to_string()
+}
+
+/// Records a summary's completed runs in the history beside its study;
+/// returns the file and how many runs were new.
+pub fn record(study_dir: &Path, study: &str, s: &Summary) -> Result<(PathBuf, usize)> {
+    let path = path_for(study_dir);
+    let entries = entries(study, s);
+    if entries.is_empty() && path.symlink_metadata().is_err() {
+        // Nothing measured yet: no file for nothing.
+        return Ok((path, 0));
+    }
+    let mut h = History::open(&path)?;
+    let added = h.record(&entries)?;
+    Ok((path, added))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(study: &str, attempt: u32, run: &str, tps: f64) -> Entry {
+        Entry {
+            study: study.into(),
+            run_id: format!("id-{run}"),
+            attempt,
+            run: run.into(),
+            configuration_id: "c1".into(),
+            configuration: "base".into(),
+            system: "local/x".into(),
+            ran_at: format!("2026-11-{:02}T00:00:00Z", attempt),
+            recorded_at: "2026-11-30T00:00:00Z".into(),
+            git_commit: Some("abc".into()),
+            sweep_version: Some("0.1.0".into()),
+            points: 10,
+            tokens_per_second_mean: tps,
+            tokens_per_second_std: Some(5.0),
+            mfu_pct_mean: None,
+            tflops_mean: None,
+            step_time_s_mean: Some(0.5),
+            peak_memory_mb_mean: None,
+            fingerprint: None,
+        }
+    }
+
+    #[test]
+    fn recording_twice_adds_nothing_and_references_skip_the_attempt_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let mut h = History::open(&path).unwrap();
+        let first = [entry("s", 1, "r0", 100.0), entry("s", 1, "r1", 110.0)];
+        assert_eq!(h.record(&first).unwrap(), 2);
+        assert_eq!(h.record(&first).unwrap(), 0);
+        h.record(&[entry("s", 2, "r0", 90.0)]).unwrap();
+        h.record(&[entry("s", 3, "r0", 95.0)]).unwrap();
+        let all = h.attempts(&Filter::default()).unwrap();
+        assert_eq!(all.iter().map(|a| a.attempt).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!((all[0].runs, all[0].tokens_per_second), (2, 105.0));
+        // Two runs, 100 and 110: 105 ± t(1)·5.
+        let (low, high) = all[0].ci95.unwrap();
+        assert!(
+            (high - 105.0 - 12.706 * 5.0).abs() < 0.01 && (105.0 - low - 12.706 * 5.0).abs() < 0.01
+        );
+        // One run: its points' interval (std 5 over 10 points).
+        let (low, high) = all[1].ci95.unwrap();
+        assert!((high - low - 2.0 * 2.262 * 5.0 / 10f64.sqrt()).abs() < 0.01);
+        let refs = h.reference("c1", "local/x", ("s", 3), 2).unwrap();
+        assert_eq!(
+            refs.iter().map(|e| e.attempt).collect::<Vec<_>>(),
+            [2, 1, 1],
+            "the two attempts before the third, newest first"
+        );
+        assert!(h.reference("c1", "other", ("s", 3), 5).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_history_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        std::fs::write(&path, vec![0x42u8; 10_000]).unwrap();
+        let e = History::open(&path).err().unwrap().to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("move it away"),
+            "{e}"
+        );
+        // Never written over.
+        assert_eq!(std::fs::read(&path).unwrap(), vec![0x42u8; 10_000]);
+    }
+}
