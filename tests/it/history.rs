@@ -1,0 +1,385 @@
+//! The performance history (`results/history.sqlite`), `sweep history`,
+//! `sweep check` and `sweep run --again`, on real runs of the local
+//! executor.
+
+use crate::support::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// A program that logs a fixed throughput per step (its configuration's
+/// `tps`, a little more for each repeat and step): known figures.
+const FIXED: &str = r#"executor = "local"
+command = """for s in 1 2 3 4 5 6; do echo "step $s: $(( {{ tps }} + 3 * {{ repeat }} + s )) tokens/s"; done"""
+[sweep]
+repeats = 2
+[sweep.grid]
+tps = [1000, 2000]
+[report]
+skip_first = 1
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#;
+
+fn python(script: &str, args: &[&str]) -> String {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "python failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every report records the study's completed runs once; Python's own
+/// `sqlite3` reads the same figures as summary.csv (the schema is a
+/// contract); `sweep history` gives the intervals the table has.
+#[test]
+fn the_history_holds_what_summary_csv_says_and_python_reads_it() {
+    let (root, m) = (project(), Path::new("fixed.toml"));
+    write(&root.path().join(m), &format!("name = \"fixed\"\n{FIXED}"));
+    let out = run_ok(sweep(root.path()).arg("run").arg(m));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("history: 4 run(s) recorded"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let db = root.path().join("results/history.sqlite");
+    // Reported again: nothing new.
+    let again = run_ok(sweep(root.path()).arg("report").arg(m).arg("--no-plots"));
+    assert!(!String::from_utf8_lossy(&again.stderr).contains("recorded"));
+    let compared = python(
+        r#"
+import csv, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+cols = [r[1] for r in db.execute("PRAGMA table_info(measurements)")]
+want = ["study", "run_id", "attempt", "run", "configuration_id", "configuration", "system",
+        "ran_at", "recorded_at", "git_commit", "sweep_version", "points",
+        "tokens_per_second_mean", "tokens_per_second_std", "mfu_pct_mean", "tflops_mean",
+        "step_time_s_mean", "peak_memory_mb_mean", "fingerprint"]
+assert cols == want, cols
+assert db.execute("SELECT COUNT(*) FROM measurements").fetchone()[0] == 4
+rows = {r["run"]: r for r in csv.DictReader(open(sys.argv[2]))}
+n = 0
+for name, mean, runs, points in db.execute(
+        "SELECT configuration, AVG(tokens_per_second_mean), COUNT(*), SUM(points) "
+        "FROM measurements GROUP BY configuration_id"):
+    row = rows[name]
+    assert abs(mean - float(row["tokens_per_second_mean"])) < 1e-9 * mean, (mean, row)
+    assert runs == int(row["runs"]) and points == int(row["points"]), (runs, points, row)
+    n += 1
+print(n)
+"#,
+        &[
+            db.to_str().unwrap(),
+            root.path()
+                .join("results/fixed/summary.csv")
+                .to_str()
+                .unwrap(),
+        ],
+    );
+    assert_eq!(compared.trim(), "2");
+    // `sweep history`: each configuration's attempt with the table's interval.
+    let history: Vec<serde_json::Value> = serde_json::from_slice(
+        &run_ok(sweep(root.path()).args(["history", "fixed.toml", "--json"])).stdout,
+    )
+    .unwrap();
+    let table =
+        json_rows(sweep(root.path()).args(["report", "fixed.toml", "--json", "--no-plots"]));
+    assert_eq!(history.len(), 2);
+    for h in &history {
+        let row = table
+            .iter()
+            .find(|r| r["run"] == h["configuration"])
+            .unwrap();
+        let close = |a: &serde_json::Value, b: &serde_json::Value| {
+            (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-6
+        };
+        assert!(
+            close(&h["tokens_per_second"], &row["tokens_per_second_mean"]),
+            "{h} {row}"
+        );
+        assert!(
+            close(&h["ci95"][0], &row["tokens_per_second_ci95_low"]),
+            "{h} {row}"
+        );
+        assert!(
+            close(&h["ci95"][1], &row["tokens_per_second_ci95_high"]),
+            "{h} {row}"
+        );
+        assert_eq!(h["attempt"], 1);
+        assert!(h["system"].as_str().unwrap().starts_with("local/"), "{h}");
+    }
+    let filtered = run_ok(sweep(root.path()).args([
+        "history",
+        "--config",
+        "tps-1000",
+        "--since",
+        "2000-01-01",
+    ]));
+    let text = stdout(&filtered);
+    assert!(
+        text.contains("tps-1000") && !text.contains("tps-2000"),
+        "{text}"
+    );
+    // Against a copy of itself: every configuration unchanged, exit 0.
+    let copy = root.path().join("results/fixed-copy");
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(root.path().join("results/fixed"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let same =
+        run_ok(sweep(root.path()).args(["check", "fixed.toml", "--against", "results/fixed-copy"]));
+    assert!(stdout(&same).contains("2 unchanged"), "{}", stdout(&same));
+    // Usage errors exit 2.
+    let bad = sweep(root.path())
+        .args(["check", "fixed.toml", "--threshold", "150"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let both = sweep(root.path())
+        .args([
+            "check",
+            "fixed.toml",
+            "--history",
+            "--against",
+            "results/fixed-copy",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(both.status.code(), Some(2));
+}
+
+/// A program whose throughput is its own, real, single-threaded Python loop.
+const WORK: &str = r#"import sys, time
+n = int(sys.argv[1])
+for step in range(1, 9):
+    t = time.perf_counter()
+    s = 0
+    for i in range(n):
+        s += i * i
+    print(f"step {step}: {n / (time.perf_counter() - t):.1f} tokens/s", flush=True)
+"#;
+
+/// Busy processes that take the CPU from the study's runs until dropped.
+struct Competition(Vec<std::process::Child>);
+
+impl Competition {
+    fn start(n: usize) -> Competition {
+        Competition(
+            (0..n)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Competition {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Measured, measured again unchanged (`--again`: exit 0 against the
+/// history), then measured again while other processes compete for the
+/// CPU: a real slowdown, found in every configuration with its ratio and
+/// interval, exit 1, and a JUnit file a real JUnit parser reads. The
+/// threshold is 30%: this shared machine's Python throughput moves by up to
+/// ±20% from one minute to the next, and the competition (four busy
+/// processes per core pair) takes well over half of it.
+#[test]
+fn a_study_measured_again_is_unchanged_and_competition_for_the_cpu_regresses_it() {
+    let (root, m) = (project(), Path::new("nightly.toml"));
+    write(&root.path().join("work.py"), WORK);
+    write(
+        &root.path().join(m),
+        r#"name = "nightly"
+executor = "local"
+command = "python3 work.py {{ work }}"
+[sweep]
+repeats = 3
+[sweep.grid]
+work = [150000, 300000]
+[report]
+skip_first = 1
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+[environment]
+system = "ci-box"
+probes = { python = "python3 -c 'import sys; print(sys.version.split()[0])'" }
+"#,
+    );
+    run_ok(sweep(root.path()).arg("run").arg(m));
+    let fp: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            root.path()
+                .join("results/nightly/work-150000-r0/environment.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(fp["system"], "ci-box");
+    assert!(
+        fp["probes"]["python"].as_str().unwrap().starts_with('3'),
+        "{fp}"
+    );
+    assert!(
+        !fp["kernel"].as_str().unwrap().is_empty() && fp["nodes"][0] == fp["host"],
+        "{fp}"
+    );
+    let again = run_ok(sweep(root.path()).arg("run").arg(m).arg("--again"));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("attempt 1 moved to"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    // The first attempt is kept whole.
+    assert!(root
+        .path()
+        .join("results/nightly/attempts/1/work-300000-r2/local.out")
+        .is_file());
+    let check = |extra: &[&str]| {
+        sweep(root.path())
+            .args(["check", "nightly.toml", "--history", "--threshold", "30"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let unchanged = check(&[]);
+    assert_eq!(
+        unchanged.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&unchanged),
+        String::from_utf8_lossy(&unchanged.stderr)
+    );
+    {
+        let _busy = Competition::start(4);
+        run_ok(sweep(root.path()).arg("run").arg(m).arg("--again"));
+    }
+    let slowed = check(&["--junit", "check.xml"]);
+    let text = stdout(&slowed);
+    assert_eq!(slowed.status.code(), Some(1), "{text}");
+    for config in ["work-150000", "work-300000"] {
+        let line = text.lines().find(|l| l.contains(config)).unwrap();
+        assert!(line.contains("regressed") && line.contains("x ["), "{line}");
+    }
+    assert!(text.contains("2 regressed"), "{text}");
+    // The reference pooled both earlier attempts (3 runs each).
+    assert!(text.contains("(6, 2)"), "{text}");
+    let parsed = python(
+        r#"
+import sys
+from junitparser import JUnitXml, Failure
+xml = JUnitXml.fromfile(sys.argv[1])
+cases = [c for suite in xml for c in suite]
+failed = [c for c in cases if any(isinstance(r, Failure) for r in c.result)]
+print(len(cases), len(failed), failed[0].result[0].message)
+"#,
+        &[root.path().join("check.xml").to_str().unwrap()],
+    );
+    assert!(parsed.starts_with("2 2 regressed:"), "{parsed}");
+    // `sweep history`: three attempts of each configuration.
+    let h: Vec<serde_json::Value> = serde_json::from_slice(
+        &run_ok(sweep(root.path()).args(["history", "results/nightly", "--json"])).stdout,
+    )
+    .unwrap();
+    assert_eq!(h.len(), 6, "{h:?}");
+}
+
+/// Reports recording at once lose nothing; a report killed while it
+/// records leaves all or nothing of it; a history that is not one is named,
+/// and the report's own files are written all the same.
+#[test]
+fn concurrent_killed_and_broken_histories() {
+    let root = project();
+    for name in ["a", "b"] {
+        write(
+            &root.path().join(format!("{name}.toml")),
+            &format!("name = \"{name}\"\n{FIXED}"),
+        );
+        run_ok(sweep(root.path()).args(["submit", &format!("{name}.toml")]));
+    }
+    let db = root.path().join("results/history.sqlite");
+    assert!(!db.exists(), "submit records nothing");
+    let count = |study: &str| {
+        python(
+            "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); \
+             assert db.execute('PRAGMA integrity_check').fetchone()[0] == 'ok'; \
+             print(db.execute('SELECT COUNT(*) FROM measurements WHERE study = ?', (sys.argv[2],)).fetchone()[0])",
+            &[db.to_str().unwrap(), study],
+        )
+        .trim()
+        .parse::<usize>()
+        .unwrap()
+    };
+    // Both at once, a few times.
+    for _ in 0..3 {
+        let spawn = |m: &str| {
+            sweep(root.path())
+                .args(["report", m, "--no-plots"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let (mut x, mut y) = (spawn("a.toml"), spawn("b.toml"));
+        assert!(x.wait().unwrap().success() && y.wait().unwrap().success());
+    }
+    assert_eq!((count("a"), count("b")), (4, 4));
+    // Killed at any moment of a recording: all of it or none.
+    for delay_ms in [0u64, 5, 10, 20, 40, 80] {
+        python(
+            "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); \
+             db.execute('DELETE FROM measurements WHERE study = ?', ('a',)); db.commit()",
+            &[db.to_str().unwrap()],
+        );
+        let mut c = sweep(root.path())
+            .args(["history", "--import", "results/a"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        let _ = c.kill();
+        let _ = c.wait();
+        let n = count("a");
+        assert!(n == 0 || n == 4, "{n} rows after a kill at {delay_ms} ms");
+        assert_eq!(count("b"), 4);
+    }
+    // Not a history: named, never written over; the report is written.
+    for f in ["history.sqlite-wal", "history.sqlite-shm"] {
+        let _ = std::fs::remove_file(root.path().join("results").join(f));
+    }
+    std::fs::write(&db, b"not a database, but someone's notes\n".repeat(200)).unwrap();
+    let summary = root.path().join("results/a/summary.md");
+    std::fs::remove_file(&summary).unwrap();
+    let err = run_err(sweep(root.path()).args(["report", "a.toml", "--no-plots"]));
+    assert!(
+        err.contains(&db.display().to_string()) && err.contains("move it away"),
+        "{err}"
+    );
+    assert!(summary.is_file());
+    assert!(std::fs::read(&db).unwrap().starts_with(b"not a database"));
+    let check = sweep(root.path())
+        .args(["check", "a.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(2));
+}
