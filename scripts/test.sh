@@ -26,7 +26,10 @@ eval "$(scripts/local-slurm.sh env)"
 [ $started -eq 1 ] && trap 'scripts/local-slurm.sh down' EXIT
 
 # gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
-cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu::
+# timing:: measures a real slowdown against unchanged runs: it runs alone, after
+# the rest, so that no other test's load reads as a regression.
+cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu:: --skip timing::
+cargo test --release --locked --features mpi "$@" -- --ignored timing::
 
 # On a CPU with AVX-512 BF16 the bf16-mixed tests above ran on that kernel: run
 # them again through the portable one, which CPUs without it use (the memory test

@@ -3,6 +3,7 @@
 
 pub mod data;
 pub mod ddp;
+pub mod history;
 pub mod kernels;
 pub mod plan;
 pub mod pretokenize;

@@ -29,6 +29,7 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
             json,
         )?,
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
+        BenchCmd::History { rows, dir } => history(rows, dir)?,
         BenchCmd::Peak => peak()?,
         BenchCmd::Kernels {
             device,
@@ -270,6 +271,28 @@ fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
         b.setup_s
     );
     println!("  read + summarise + write tables  {:8.3} s", b.report_s);
+    Ok(())
+}
+
+fn history(rows: usize, dir: PathBuf) -> Result<()> {
+    std::fs::create_dir_all(&dir)?;
+    let b = crate::bench::history::run(rows, &dir)?;
+    println!(
+        "history of {} measurements ({} studies; writing them took {:.1} s)",
+        b.rows, b.studies, b.setup_s
+    );
+    println!(
+        "  sweep history <study>     {:8.3} s  ({} attempts, as a table)",
+        b.one_study_s, b.one_study_lines
+    );
+    println!(
+        "  sweep check --history     {:8.3} s  (20 configurations' last 5 attempts)",
+        b.check_s
+    );
+    println!(
+        "  sweep history (all)       {:8.3} s  ({} attempts)",
+        b.everything_s, b.everything_lines
+    );
     Ok(())
 }
 

@@ -421,6 +421,15 @@ pub enum BenchCmd {
         #[arg(long, default_value = "results")]
         dir: PathBuf,
     },
+    /// The performance history at scale: `sweep history` and `sweep check --history` over a results/history.sqlite of N measurements.
+    #[command(after_help = "Example:\n  sweep bench history --rows 1000000")]
+    History {
+        #[arg(long, default_value_t = 1_000_000, value_parser = count(1, 100_000_000))]
+        rows: usize,
+        /// Where the synthetic history is written.
+        #[arg(long, default_value = "results")]
+        dir: PathBuf,
+    },
     /// sweep's own kernels (RMSNorm, SwiGLU, RoPE, the loss, the embedding's gradient) against their references: error, time, GB/s, and the composed ops they replace.
     #[command(after_help = "Examples:
   sweep bench kernels
