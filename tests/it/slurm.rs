@@ -229,7 +229,28 @@ fn a_rerun_follows_the_jobs_still_going_then_reports() {
             1,
             "{run} submitted once"
         );
+        // The job script wrote what it ran on: the cluster and partition
+        // are the history's system.
+        let fp: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                root.path()
+                    .join("results/follow")
+                    .join(run)
+                    .join("environment.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(fp["system"], "sweeplocal/debug", "{fp}");
+        assert_eq!(fp["slurm_job"], record["jobs"][0]["job_id"], "{fp}");
+        assert!(!fp["nodes"].as_array().unwrap().is_empty(), "{fp}");
     }
+    let history: Vec<serde_json::Value> = serde_json::from_slice(
+        &run_ok(sweep(root.path()).args(["history", "results/follow", "--json"])).stdout,
+    )
+    .unwrap();
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert!(history.iter().all(|h| h["system"] == "sweeplocal/debug"));
 }
 
 /// `sbatch --test-only` on every job script rendered from experiments/. The
