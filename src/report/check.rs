@@ -175,18 +175,6 @@ fn sample(r: &RunLog, f: &RunFigures) -> Option<RunSample> {
     })
 }
 
-fn summarize(root: &Path, source: &Source, skip_first: Option<usize>) -> Result<(String, Summary)> {
-    let (study, runs, spec) = super::load(root, source)?;
-    let opts = super::summary::Options {
-        skip_first: spec.skip_first(skip_first),
-        axes: spec.axes,
-        baseline: None,
-        group_by: Vec::new(),
-        extras: spec.extras,
-    };
-    Ok((study, super::summary::summarize(runs, &opts)?))
-}
-
 /// The reference of one configuration: its runs' samples, how many
 /// attempts they come from, and their fingerprints.
 struct Found {
@@ -205,14 +193,14 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
     if matches!(source, Source::Import { .. }) {
         bail!("give a manifest or a results/<study> directory to check");
     }
-    let (study, now) = summarize(root, source, opts.skip_first)?;
+    let (study, now, dir) = super::configurations(root, source, opts.skip_first)?;
     let now = sides(&now);
     let (reference, found): (String, Vec<Option<Found>>) = match &opts.reference {
         Reference::History { last } => {
-            let dir = super::study_dir(root, source).ok_or_else(|| {
+            let dir = dir.as_ref().ok_or_else(|| {
                 anyhow::anyhow!("cannot find the study's directory to find its history")
             })?;
-            let path = history::path_for(&dir);
+            let path = history::path_for(dir);
             let Some(h) = History::open_existing(&path)? else {
                 bail!(
                     "there is no history at {} yet: a report of the study records it (`sweep report`, `sweep run`), \
@@ -253,12 +241,10 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
             )
         }
         Reference::Study(other) => {
-            if super::study_dir(root, other).is_some()
-                && super::study_dir(root, other) == super::study_dir(root, source)
-            {
+            let (name, theirs, their_dir) = super::configurations(root, other, opts.skip_first)?;
+            if their_dir.is_some() && their_dir == dir {
                 bail!("--against names the study checked: give another study, or --history");
             }
-            let (name, theirs) = summarize(root, other, opts.skip_first)?;
             let theirs = sides(&theirs);
             let found = now
                 .iter()

@@ -90,6 +90,9 @@ struct Spec {
     extras: Vec<String>,
     /// Those of them charted.
     charts: Vec<String>,
+    /// The study's directory (canonical), where it has one: its history
+    /// is beside it.
+    dir: Option<PathBuf>,
 }
 
 impl Spec {
@@ -102,6 +105,7 @@ impl Spec {
 
 pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     let (study, runs, spec) = load(root, source)?;
+    let study_dir = spec.dir.clone();
     let sopts = summary::Options {
         skip_first: spec.skip_first(opts.skip_first),
         axes: spec.axes,
@@ -169,8 +173,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     // Last: a history that cannot be written costs no report file.
     let history = match (source, opts.live) {
         (Source::Import { .. }, _) | (_, true) => None,
-        _ => study_dir(root, source)
-            .map(|dir| history::record(&dir, &study, &s).map_err(|e| format!("{e:#}"))),
+        _ => study_dir.map(|dir| history::record(&dir, &study, &s).map_err(|e| format!("{e:#}"))),
     };
     Ok(Report {
         history,
@@ -218,17 +221,28 @@ fn dir_study_name(dir: &Path) -> String {
 /// report (`sweep history --import`, and `sweep run --again` before it
 /// moves an attempt aside); returns the file and how many runs were new.
 pub fn record_history(root: &Path, source: &Source) -> Result<(PathBuf, usize)> {
-    let dir = study_dir(root, source)
-        .ok_or_else(|| anyhow::anyhow!("the study has no results directory yet"))?;
+    let (study, s, dir) = configurations(root, source, None)?;
+    let dir = dir.ok_or_else(|| anyhow::anyhow!("the study has no results directory yet"))?;
+    history::record(&dir, &study, &s)
+}
+
+/// A study summarised a row per configuration with its own settings and no
+/// baseline — what the history records and `sweep check` judges — with its
+/// directory where it has one.
+fn configurations(
+    root: &Path,
+    source: &Source,
+    skip_first: Option<usize>,
+) -> Result<(String, summary::Summary, Option<PathBuf>)> {
     let (study, runs, spec) = load(root, source)?;
     let opts = summary::Options {
-        skip_first: spec.skip_first(None),
+        skip_first: spec.skip_first(skip_first),
         axes: spec.axes,
         baseline: None,
         group_by: Vec::new(),
         extras: spec.extras,
     };
-    history::record(&dir, &study, &summary::summarize(runs, &opts)?)
+    Ok((study, summary::summarize(runs, &opts)?, spec.dir))
 }
 
 fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
@@ -324,6 +338,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         stale: Vec::new(),
         extras: pattern.map(|p| p.extras).unwrap_or_default(),
         charts: rs.charts.clone(),
+        dir: plan.study_dir.canonicalize().ok(),
     };
     Ok((plan.manifest.name.clone(), runs, spec))
 }
@@ -490,6 +505,10 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
             ..Spec::default()
         },
         None => Spec::default(),
+    };
+    let spec = Spec {
+        dir: dir.canonicalize().ok(),
+        ..spec
     };
     Ok((study, runs, spec))
 }
