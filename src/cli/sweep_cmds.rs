@@ -275,7 +275,7 @@ fn start_again(root: &Path, plan: &Plan, manifest: &Path) -> Result<()> {
     eprintln!(
         "sweep: attempt {attempt} moved to {}; measuring attempt {}",
         into.display(),
-        attempt + 1
+        attempt.saturating_add(1)
     );
     Ok(())
 }

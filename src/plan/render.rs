@@ -403,6 +403,13 @@ pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
 /// safely: what was moved stays moved.
 pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
     let attempt = current_attempt(plan).map_err(anyhow::Error::new)?;
+    // A count read from a file: its next one may not exist.
+    let next = attempt.checked_add(1).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} counts {attempt} attempts, the most there can be",
+            plan.study_dir.join(STUDY_JSON).display()
+        )
+    })?;
     let into = plan
         .study_dir
         .join(super::files::ATTEMPTS_DIR)
@@ -425,7 +432,7 @@ pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
     }
     std::fs::create_dir_all(&plan.study_dir)
         .with_context(|| format!("creating {}", plan.study_dir.display()))?;
-    let study = StudyRecord::of(plan, attempt + 1);
+    let study = StudyRecord::of(plan, next);
     let bytes = serde_json::to_vec_pretty(&study).expect("a study record serialises");
     write_atomic(&plan.study_dir.join(STUDY_JSON), &bytes)?;
     Ok((attempt, into))
