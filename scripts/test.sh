@@ -26,8 +26,9 @@ eval "$(scripts/local-slurm.sh env)"
 [ $started -eq 1 ] && trap 'scripts/local-slurm.sh down' EXIT
 
 # gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
-# timing:: measures a real slowdown against unchanged runs: it runs alone, after
-# the rest, so that no other test's load reads as a regression.
+# timing:: measures real slowdowns (a study against its unchanged runs, a rank on
+# a busy core against its peer): it runs alone, after the rest, so that no other
+# test's load reads as a regression or a straggler.
 cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu:: --skip timing::
 cargo test --release --locked --features mpi "$@" -- --ignored timing::
 

@@ -44,6 +44,7 @@ pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBen
                     elapsed_s: s as f64 * 0.3,
                     peak_memory_mb: 800.0,
                     val_loss: None,
+                    rank_compute_s: Vec::new(),
                 })?;
             }
         }

@@ -912,6 +912,9 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
     for p in &rep.summary.problems {
         println!("note: {}", p.describe());
     }
+    for st in &rep.summary.stragglers {
+        println!("straggler: {}", st.describe());
+    }
     for h in &rep.summary.hints {
         println!("hint: {h}");
     }

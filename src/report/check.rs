@@ -85,6 +85,9 @@ pub struct Checked {
     /// For a regression: what differs between its runs' fingerprints and
     /// the reference's.
     pub differences: Vec<String>,
+    /// For a regression or a failure: the stragglers among its runs' ranks
+    /// (a slow node slows every rank of a data-parallel run), described.
+    pub stragglers: Vec<String>,
 }
 
 pub struct Check {
@@ -116,6 +119,7 @@ struct Side {
     /// Runs that did not complete with a throughput: `name: STATE`.
     failed: Vec<String>,
     fingerprints: Vec<Fingerprint>,
+    stragglers: Vec<super::straggler::Straggler>,
 }
 
 /// A study's runs per configuration, in the order of its table.
@@ -137,12 +141,15 @@ fn sides(s: &Summary) -> Vec<Side> {
                     samples: Vec::new(),
                     failed: Vec::new(),
                     fingerprints: Vec::new(),
+                    stragglers: Vec::new(),
                 });
                 out.len() - 1
             }
         };
         let side = &mut out[at];
         side.attempt = side.attempt.max(r.attempt);
+        side.stragglers
+            .extend(s.stragglers.iter().filter(|x| x.run == r.name).cloned());
         match sample(r, f) {
             Some(x) => side.samples.push(x),
             None => side
@@ -331,7 +338,12 @@ fn judge(now: &[Side], found: Vec<Option<Found>>, threshold_pct: f64) -> Vec<Che
                 ),
                 _ => Vec::new(),
             };
+            let stragglers = match verdict.fails() {
+                true => s.stragglers.iter().map(|x| x.describe()).collect(),
+                false => Vec::new(),
+            };
             Checked {
+                stragglers,
                 configuration: s.name.clone(),
                 configuration_id: s.id.clone(),
                 system: s.system.clone(),
@@ -430,6 +442,16 @@ pub fn text(c: &Check) -> String {
             printable(&what)
         ));
     }
+    for r in c.rows.iter().filter(|r| r.verdict.fails()) {
+        for st in &r.stragglers {
+            out.push_str(&format!(
+                "{} {}; straggler {}\n",
+                printable(&r.configuration),
+                r.verdict.as_str(),
+                printable(st)
+            ));
+        }
+    }
     for r in c.rows.iter().filter(|r| r.basis == Some(Basis::WithinRuns)) {
         out.push_str(&format!(
             "note: {}: {}\n",
@@ -472,6 +494,7 @@ pub fn to_json(c: &Check) -> serde_json::Value {
             "ratio_ci95_high": r.ratio.map(|x| x.high),
             "p_value_holm": r.p_value_holm,
             "differences": r.differences,
+            "stragglers": r.stragglers,
         })).collect::<Vec<_>>(),
     })
 }
@@ -533,6 +556,9 @@ pub fn junit(c: &Check) -> String {
                 let mut body = figures.clone();
                 if !r.differences.is_empty() {
                     body.push_str(&format!("\nwhat differs: {}", r.differences.join("; ")));
+                }
+                for st in &r.stragglers {
+                    body.push_str(&format!("\nstraggler {st}"));
                 }
                 out.push_str(&format!(
                     "<failure type=\"{}\" message=\"{}\">{}</failure>",

@@ -13,6 +13,7 @@ pub mod ingest;
 pub mod page;
 pub mod plot;
 pub mod stats;
+pub mod straggler;
 pub mod summary;
 
 use crate::executor::{self, Status};
@@ -597,11 +598,12 @@ fn load_import(
             match (format, &re) {
                 (LogFormat::Reference, _) => ingest::reference::parse(&name, &bytes, p),
                 (LogFormat::Jsonl, _) => {
-                    let (points, omitted, torn) = ingest::jsonl::parse(&bytes);
+                    let log = ingest::jsonl::parse(&bytes);
                     RunLog {
-                        points,
-                        torn,
-                        issues: omitted.describe(p),
+                        points: log.points,
+                        ranks: log.ranks,
+                        torn: log.torn,
+                        issues: log.omitted.describe(p),
                         ..RunLog::new(name, completed)
                     }
                 }
@@ -684,10 +686,11 @@ fn read_run(
             let path = dir.join(crate::train::record::METRICS_FILE);
             match ingest::read_log(&path, Some(study_dir)) {
                 Ok(bytes) => {
-                    let (points, omitted, torn) = ingest::jsonl::parse(&bytes);
-                    run.points = points;
-                    run.torn = torn;
-                    run.issues.extend(omitted.describe(&path));
+                    let log = ingest::jsonl::parse(&bytes);
+                    run.points = log.points;
+                    run.ranks = log.ranks;
+                    run.torn = log.torn;
+                    run.issues.extend(log.omitted.describe(&path));
                 }
                 Err(_) if !path.exists() && path.symlink_metadata().is_err() => {
                     if run.reason.is_none() {

@@ -70,6 +70,19 @@ pub fn study(
         }
         out.push_str("</ul></section>\n");
     }
+    if !s.stragglers.is_empty() {
+        let _ = writeln!(
+            out,
+            "<section id=\"stragglers\" class=\"problems\"><h2>Stragglers</h2>\
+             <p>A rank whose compute time per step (the step without waiting for the other ranks) \
+             is over {:.0}% above its peers' median: every rank of its run waits for it.</p><ul>",
+            super::straggler::THRESHOLD_PCT
+        );
+        for st in &s.stragglers {
+            let _ = writeln!(out, "<li>{}</li>", esc(&st.describe()));
+        }
+        out.push_str("</ul></section>\n");
+    }
     summary_table(&mut out, s, baseline, skip_first);
     charts_section(&mut out, charts);
     configurations(&mut out, s, dir);

@@ -59,6 +59,8 @@ pub struct Summary {
     /// Each run's own steady-state figures, by position in `runs` (what
     /// the history records).
     pub figures: Vec<RunFigures>,
+    /// Ranks of data-parallel runs slower than their peers, by run.
+    pub stragglers: Vec<super::straggler::Straggler>,
 }
 
 /// One run's figures over its steady state: the means its configuration's
@@ -288,6 +290,7 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         .cloned();
     let hints = repeats_hint(&rows).into_iter().collect();
     let figures = run_figures(&per_run, &runs)?;
+    let stragglers = runs.iter().flat_map(super::straggler::find).collect();
     Ok(Summary {
         hints,
         table,
@@ -300,6 +303,7 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         batch_axis,
         extras: opts.extras.clone(),
         figures,
+        stragglers,
     })
 }
 

@@ -3,7 +3,7 @@
 //! the process's peak memory. The log itself is [`super::record`].
 
 use super::peak::Kernel;
-use super::record::{Event, EventKind, MetricsLog, StepMetrics};
+use super::record::{Event, EventKind, MetricsLog, Placement, StepMetrics};
 use crate::config::{Precision, TrainConfig};
 use anyhow::{bail, Result};
 
@@ -74,14 +74,19 @@ pub struct Interval {
     /// Tokens with a training label.
     pub training_tokens: u64,
     pub seconds: f64,
+    /// Of `seconds`, those spent waiting in collectives (the exposed part
+    /// of the gradient sum, the scalar sums): what a straggler makes its
+    /// peers wait.
+    pub comm_seconds: f64,
     pub steps: usize,
 }
 
 impl Interval {
-    pub fn add(&mut self, tokens: u64, training_tokens: u64, seconds: f64) {
+    pub fn add(&mut self, tokens: u64, training_tokens: u64, seconds: f64, comm_seconds: f64) {
         self.tokens += tokens;
         self.training_tokens += training_tokens;
         self.seconds += seconds;
+        self.comm_seconds += comm_seconds.min(seconds);
         self.steps += 1;
     }
 
@@ -96,6 +101,11 @@ impl Interval {
 
     pub fn step_time_s(&self) -> f64 {
         self.seconds / self.steps.max(1) as f64
+    }
+
+    /// Seconds per step outside the collectives' waits: this rank's own work.
+    pub fn compute_s(&self) -> f64 {
+        (self.seconds - self.comm_seconds).max(0.0) / self.steps.max(1) as f64
     }
 }
 
@@ -124,6 +134,9 @@ pub struct LoggedStep {
     pub elapsed_s: f64,
     pub peak_memory_mb: f64,
     pub val_loss: Option<f64>,
+    /// Every rank's [`Interval::compute_s`], by rank (data parallelism
+    /// only; gathered by the caller, which holds the ranks' connection).
+    pub rank_compute_s: Vec<f64>,
 }
 
 impl Reporter {
@@ -156,9 +169,24 @@ impl Reporter {
         }
     }
 
-    /// One step's tokens (padding included), training tokens and time.
-    pub fn count(&mut self, tokens: u64, training_tokens: u64, seconds: f64) {
-        self.interval.add(tokens, training_tokens, seconds);
+    /// One step's tokens (padding included), training tokens, time and
+    /// the part of it spent waiting for other ranks.
+    pub fn count(&mut self, tokens: u64, training_tokens: u64, seconds: f64, comm_seconds: f64) {
+        self.interval
+            .add(tokens, training_tokens, seconds, comm_seconds);
+    }
+
+    /// This rank's compute seconds per step since the last log line.
+    pub fn compute_s(&self) -> f64 {
+        self.interval.compute_s()
+    }
+
+    /// The ranks' hosts from `step` on (written by the main rank).
+    pub fn placement(&mut self, step: usize, hosts: Vec<String>) -> Result<()> {
+        match &mut self.log {
+            Some(log) => log.write(Placement { step, hosts }),
+            None => Ok(()),
+        }
     }
 
     /// The monitor's events at a step, logged and echoed.
@@ -219,6 +247,7 @@ impl Reporter {
             elapsed_s: s.elapsed_s,
             peak_memory_mb: s.peak_memory_mb,
             val_loss: s.val_loss,
+            rank_compute_s: s.rank_compute_s,
         };
         let global = match self.world_size {
             1 => String::new(),

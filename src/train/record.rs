@@ -38,6 +38,22 @@ pub struct StepMetrics {
     pub peak_memory_mb: f64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub val_loss: Option<f64>,
+    /// Data parallelism: each rank's seconds per step outside the gradient
+    /// sum's waits (forward, backward, optimizer, its data) over the
+    /// interval, by rank; what tells a straggler from its peers.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub rank_compute_s: Vec<f64>,
+}
+
+/// Where each rank of a data-parallel run trains, from a step on: logged
+/// when the ranks start (and again after a resume, which may land on
+/// other nodes), so every later step's `rank_compute_s` names its hosts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The first step trained there.
+    pub step: usize,
+    /// Host names, by rank.
+    pub hosts: Vec<String>,
 }
 
 fn one() -> usize {
@@ -85,6 +101,13 @@ impl EventKind {
 pub enum Record {
     Step(StepMetrics),
     Event(Event),
+    Placement(Placement),
+}
+
+impl From<Placement> for Record {
+    fn from(p: Placement) -> Record {
+        Record::Placement(p)
+    }
 }
 
 impl From<StepMetrics> for Record {
@@ -105,11 +128,13 @@ impl Record {
         match self {
             Record::Step(m) => m.step,
             Record::Event(e) => e.step,
+            Record::Placement(p) => p.step,
         }
     }
 
     /// One line (without its newline). An object with an `event` key is an
-    /// event, any other a step; the error says what is wrong with the line.
+    /// event, one with `hosts` a placement, any other a step; the error says
+    /// what is wrong with the line.
     pub fn parse(line: &[u8]) -> Result<Record, String> {
         let text = std::str::from_utf8(line)
             .map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
@@ -122,6 +147,10 @@ impl Record {
             serde_json::from_value(value)
                 .map(Record::Event)
                 .map_err(|e| format!("not an event record ({e})"))
+        } else if value.get("hosts").is_some() {
+            serde_json::from_value(value)
+                .map(Record::Placement)
+                .map_err(|e| format!("not a placement record ({e})"))
         } else {
             serde_json::from_value(value)
                 .map(Record::Step)
@@ -146,7 +175,7 @@ impl ParsedLog {
     pub fn steps(&self) -> impl Iterator<Item = &StepMetrics> {
         self.records.iter().filter_map(|(_, r)| match r {
             Record::Step(m) => Some(m),
-            Record::Event(_) => None,
+            _ => None,
         })
     }
 }
@@ -285,6 +314,7 @@ mod tests {
             elapsed_s: step as f64 * 0.5,
             peak_memory_mb: 100.0,
             val_loss: None,
+            rank_compute_s: Vec::new(),
         }
     }
 

@@ -222,6 +222,11 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
     let cfg = t.cfg.clone();
     let main = t.ranks().is_main();
     let mut reporter = open_reporter(t, run_dir, first)?;
+    let several = t.ranks().world_size > 1;
+    if several {
+        let hosts = dist::gather_hosts(&*t.comm, &t.device)?;
+        reporter.placement(first, hosts)?;
+    }
     let mut loader = DataLoader::spawn(stream, cfg.batch(), cfg.prefetch);
     let tokens_per_step = (cfg.batch() * cfg.sequence_length * cfg.gradient_accumulation) as u64;
     let schedule = schedule::Schedule::new(&cfg);
@@ -265,7 +270,12 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
         let step_time = started.elapsed().as_secs_f64();
         elapsed += step_time;
         position = micro.last().map(|b| b.state.clone());
-        reporter.count(tokens_per_step, out.training_tokens as u64, step_time);
+        reporter.count(
+            tokens_per_step,
+            out.training_tokens as u64,
+            step_time,
+            out.comm_s,
+        );
         if check_every_step {
             t.check_replicas()
                 .with_context(|| format!("after step {step}"))?;
@@ -279,6 +289,10 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
                 .transpose()?;
             let (loss, grad_norm) = (out.loss, out.grad_norm);
             let peak_memory_mb = memory.peak_mb(&t.device);
+            let rank_compute_s = match several {
+                true => dist::gather_scalar(&*t.comm, reporter.compute_s(), &t.device)?,
+                false => Vec::new(),
+            };
             reporter.log(LoggedStep {
                 step,
                 loss,
@@ -287,6 +301,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
                 elapsed_s: elapsed,
                 peak_memory_mb,
                 val_loss,
+                rank_compute_s,
             })?;
         }
 

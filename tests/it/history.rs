@@ -273,34 +273,7 @@ for step in range(1, 9):
 /// machine is a real slowdown too.
 mod timing {
     use super::*;
-
-    /// Busy processes that take the CPU from the study's runs until dropped.
-    struct Competition(Vec<std::process::Child>);
-
-    impl Competition {
-        fn start(n: usize) -> Competition {
-            Competition(
-                (0..n)
-                    .map(|_| {
-                        Command::new("sh")
-                            .args(["-c", "while :; do :; done"])
-                            .stdout(Stdio::null())
-                            .spawn()
-                            .unwrap()
-                    })
-                    .collect(),
-            )
-        }
-    }
-
-    impl Drop for Competition {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
+    use crate::support::Competition;
 
     /// Measured, measured again unchanged (`--again`: exit 0 against the
     /// history), then measured again while other processes compete for the

@@ -222,6 +222,7 @@ pub fn step_line(step: usize, loss: f64, tokens_per_second: f64, elapsed_s: f64)
         elapsed_s,
         peak_memory_mb: 100.0,
         val_loss: None,
+        rank_compute_s: Vec::new(),
     };
     serde_json::to_string(&sweep::train::record::Record::from(m)).unwrap()
 }
@@ -246,4 +247,46 @@ pub fn reference_ddp_report(root: &Path) -> Vec<serde_json::Value> {
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.len(), 8);
     rows
+}
+
+/// Busy processes that take the CPU from a study's runs until dropped: a
+/// real slowdown, nothing simulated.
+pub struct Competition(Vec<std::process::Child>);
+
+impl Competition {
+    /// `n` busy processes wherever the scheduler puts them.
+    pub fn start(n: usize) -> Competition {
+        Competition::on(n, None)
+    }
+
+    /// `n` busy processes, on CPU `cpu` only when given (`taskset`).
+    pub fn on(n: usize, cpu: Option<usize>) -> Competition {
+        Competition(
+            (0..n)
+                .map(|_| {
+                    let mut c = match cpu {
+                        Some(cpu) => {
+                            let mut c = Command::new("taskset");
+                            c.args(["-c", &cpu.to_string(), "sh"]);
+                            c
+                        }
+                        None => Command::new("sh"),
+                    };
+                    c.args(["-c", "while :; do :; done"])
+                        .stdout(std::process::Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Competition {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }

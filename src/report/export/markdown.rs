@@ -91,6 +91,18 @@ impl Exporter for Markdown {
                 r.warmup_points,
             )?;
         }
+        if !s.stragglers.is_empty() {
+            writeln!(
+                out,
+                "\nStragglers (a rank's compute time per step, the step without waiting for the \
+                 other ranks, over {:.0}% above its peers' median; every rank of the run waits \
+                 for it):\n",
+                crate::report::straggler::THRESHOLD_PCT
+            )?;
+            for st in &s.stragglers {
+                writeln!(out, "- {}", cell(&st.describe()))?;
+            }
+        }
         if !s.problems.is_empty() {
             writeln!(out, "\nRuns without complete results:\n")?;
             for p in &s.problems {

@@ -317,6 +317,9 @@ pub struct RunLog {
     pub id: Option<String>,
     /// Which measurement of its study it is (`sweep run --again`).
     pub attempt: u32,
+    /// Data-parallel runs of our trainer: each rank's compute time per
+    /// logging interval, and its host (what finds a straggler).
+    pub ranks: Vec<jsonl::RankInterval>,
 }
 
 /// The sweep that rendered a run: its version and the project's commit.
@@ -355,6 +358,7 @@ impl RunLog {
             built: None,
             id: None,
             attempt: 1,
+            ranks: Vec::new(),
         }
     }
 

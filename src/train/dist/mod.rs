@@ -203,6 +203,53 @@ pub fn barrier(comm: &dyn Collective, device: &Device) -> Result<()> {
     sum_scalars(comm, [0.0], device).map(|_| ())
 }
 
+/// One number from every rank, by rank, on every rank: each rank fills its
+/// own slot of a world-sized vector and the sum gathers them.
+pub fn gather_scalar(comm: &dyn Collective, x: f64, device: &Device) -> Result<Vec<f64>> {
+    let Ranks {
+        rank, world_size, ..
+    } = comm.ranks();
+    let mut slots = vec![0.0; world_size];
+    slots[rank] = x;
+    if comm.is_single() {
+        return Ok(slots);
+    }
+    let s = comm.all_reduce_sum(&Tensor::new(slots.as_slice(), device)?)?;
+    Ok(s.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+}
+
+/// The longest host name gathered; longer ones are cut (Linux allows 64 bytes).
+const HOST_BYTES: usize = 64;
+
+/// Every rank's host name, by rank, on every rank (its bytes gathered as
+/// numbers the way [`gather_scalar`] gathers one).
+pub fn gather_hosts(comm: &dyn Collective, device: &Device) -> Result<Vec<String>> {
+    let Ranks {
+        rank, world_size, ..
+    } = comm.ranks();
+    let host = crate::util::process::host_name();
+    let mut slots = vec![0.0f64; world_size * HOST_BYTES];
+    let mine = &mut slots[rank * HOST_BYTES..(rank + 1) * HOST_BYTES];
+    for (slot, b) in mine.iter_mut().zip(host.bytes()) {
+        *slot = b as f64;
+    }
+    if !comm.is_single() {
+        let s = comm.all_reduce_sum(&Tensor::new(slots.as_slice(), device)?)?;
+        slots = s.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+    }
+    Ok(slots
+        .chunks(HOST_BYTES)
+        .map(|c| {
+            let bytes: Vec<u8> = c
+                .iter()
+                .map(|&x| x.clamp(0.0, 255.0) as u8)
+                .take_while(|&b| b != 0)
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
