@@ -575,14 +575,17 @@ pub struct CheckCli {
     #[arg(long)]
     pub history: bool,
     /// Attempts of the history pooled as the reference.
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = count(1, 10_000))]
+    #[arg(long, value_name = "N", default_value_t = crate::report::check::DEFAULT_LAST, value_parser = count(1, 10_000))]
     pub last: usize,
     /// A significant change smaller than this (percent) counts as unchanged.
-    #[arg(long, value_name = "PCT", default_value_t = 3.0)]
+    #[arg(long, value_name = "PCT", default_value_t = crate::report::check::DEFAULT_THRESHOLD_PCT)]
     pub threshold: f64,
     /// Also write the verdicts as JUnit XML (one test case per configuration).
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// Also write the verdicts, what differs and each configuration's history as a page (self-contained HTML).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     /// Print the verdicts as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -809,12 +812,27 @@ fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
         threshold_pct: c.threshold,
         skip_first: c.skip_first,
     };
+    if let (Some(j), Some(h)) = (&c.junit, &c.html) {
+        if crate::util::fs::absolute(root, j) == crate::util::fs::absolute(root, h) {
+            anyhow::bail!("--junit and --html name the same file: give each its own");
+        }
+    }
     let done = check::run(root, &source_of(&c.target), &opts)?;
-    if let Some(path) = &c.junit {
-        // Never over the manifest or the study it checks.
-        let inputs = [c.target.as_path()];
-        crate::util::fs::write_output(path, check::junit(&done).as_bytes(), &inputs)?;
+    // Never over the manifest or the study it checks; the folder is made.
+    let write = |path: &std::path::Path, bytes: &[u8]| -> anyhow::Result<()> {
+        let dir = crate::util::fs::parent_dir(path);
+        anyhow::Context::with_context(std::fs::create_dir_all(dir), || {
+            format!("creating {}", dir.display())
+        })?;
+        crate::util::fs::write_output(path, bytes, &[c.target.as_path()])?;
         eprintln!("wrote {}", path.display());
+        Ok(())
+    };
+    if let Some(path) = &c.junit {
+        write(path, check::junit(&done).as_bytes())?;
+    }
+    if let Some(path) = &c.html {
+        write(path, crate::report::page::check(&done).as_bytes())?;
     }
     match c.json {
         true => println!("{}", serde_json::to_string_pretty(&check::to_json(&done))?),
@@ -864,6 +882,7 @@ fn history_cmd(root: &std::path::Path, h: &HistoryCli) -> anyhow::Result<ExitCod
         configuration: h.configuration.clone(),
         system: h.system.clone(),
         since: h.since.clone(),
+        ..Filter::default()
     };
     let attempts = store.attempts(&filter)?;
     match h.json {

@@ -17,6 +17,12 @@ use serde::Serialize;
 use serde_json::json;
 use std::path::Path;
 
+/// Attempts of the history pooled as the reference unless told (`--last`).
+pub const DEFAULT_LAST: usize = 5;
+/// A significant change smaller than this (percent) is `unchanged` unless
+/// told (`--threshold`).
+pub const DEFAULT_THRESHOLD_PCT: f64 = 3.0;
+
 /// What a configuration is checked against.
 pub enum Reference {
     /// The history's last `last` attempts of the same configuration on the
@@ -96,6 +102,18 @@ pub struct Check {
     pub reference: String,
     pub threshold_pct: f64,
     pub rows: Vec<Checked>,
+    /// Against the history: the configurations' measurements over their
+    /// attempts, in the rows' order, for those with earlier attempts.
+    pub trends: Vec<Trend>,
+}
+
+/// A configuration's measurements on one system over its attempts (of any
+/// study), oldest first, the one checked included.
+#[derive(Debug, Clone)]
+pub struct Trend {
+    pub configuration: String,
+    pub system: String,
+    pub attempts: Vec<history::Attempt>,
 }
 
 impl Check {
@@ -200,9 +218,8 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
     if matches!(source, Source::Import { .. }) {
         bail!("give a manifest or a results/<study> directory to check");
     }
-    let (study, now, dir) = super::configurations(root, source, opts.skip_first)?;
-    let now = sides(&now);
-    let (reference, found): (String, Vec<Option<Found>>) = match &opts.reference {
+    let (study, summary, dir) = super::configurations(root, source, opts.skip_first)?;
+    match &opts.reference {
         Reference::History { last } => {
             let dir = dir.as_ref().ok_or_else(|| {
                 anyhow::anyhow!("cannot find the study's directory to find its history")
@@ -215,39 +232,10 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
                     path.display()
                 );
             };
-            let found = now
-                .iter()
-                .map(|s| {
-                    let entries = h.reference(&s.id, &s.system, (&study, s.attempt), *last)?;
-                    let mut attempts: Vec<(String, u32)> = entries
-                        .iter()
-                        .map(|e| (e.study.clone(), e.attempt))
-                        .collect();
-                    attempts.sort();
-                    attempts.dedup();
-                    Ok((!entries.is_empty()).then(|| Found {
-                        attempts: attempts.len(),
-                        samples: entries
-                            .iter()
-                            .map(|e| RunSample {
-                                mean: e.tokens_per_second_mean,
-                                std: e.tokens_per_second_std,
-                                points: e.points,
-                            })
-                            .collect(),
-                        fingerprints: entries.into_iter().filter_map(|e| e.fingerprint).collect(),
-                    }))
-                })
-                .collect::<Result<_>>()?;
-            (
-                format!(
-                    "the history ({}), last {last} attempts on the same system",
-                    path.display()
-                ),
-                found,
-            )
+            against_history(&study, &summary, &h, *last, opts.threshold_pct)
         }
         Reference::Study(other) => {
+            let now = sides(&summary);
             let (name, theirs, their_dir) = super::configurations(root, other, opts.skip_first)?;
             if their_dir.is_some() && their_dir == dir {
                 bail!("--against names the study checked: give another study, or --history");
@@ -267,16 +255,88 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
                     })
                 })
                 .collect();
-            (format!("study {name}"), found)
+            Ok(Check {
+                study,
+                reference: format!("study {name}"),
+                threshold_pct: opts.threshold_pct,
+                rows: judge(&now, found, opts.threshold_pct),
+                trends: Vec::new(),
+            })
         }
-    };
-    let rows = judge(&now, found, opts.threshold_pct);
+    }
+}
+
+/// A study's latest attempt (`summary`, summarised per configuration)
+/// against its history: the check and each configuration's trend.
+pub fn against_history(
+    study: &str,
+    summary: &Summary,
+    h: &History,
+    last: usize,
+    threshold_pct: f64,
+) -> Result<Check> {
+    let now = sides(summary);
+    let found = now
+        .iter()
+        .map(|s| {
+            let entries = h.reference(&s.id, &s.system, (study, s.attempt), last)?;
+            let mut attempts: Vec<(String, u32)> = entries
+                .iter()
+                .map(|e| (e.study.clone(), e.attempt))
+                .collect();
+            attempts.sort();
+            attempts.dedup();
+            Ok((!entries.is_empty()).then(|| Found {
+                attempts: attempts.len(),
+                samples: entries
+                    .iter()
+                    .map(|e| RunSample {
+                        mean: e.tokens_per_second_mean,
+                        std: e.tokens_per_second_std,
+                        points: e.points,
+                    })
+                    .collect(),
+                fingerprints: entries.into_iter().filter_map(|e| e.fingerprint).collect(),
+            }))
+        })
+        .collect::<Result<_>>()?;
+    let rows = judge(&now, found, threshold_pct);
+    let trends = trends(h, study, &now)?;
     Ok(Check {
-        study,
-        reference,
-        threshold_pct: opts.threshold_pct,
+        study: study.to_string(),
+        reference: format!(
+            "the history ({}), last {last} attempts on the same system",
+            h.path().display()
+        ),
+        threshold_pct,
         rows,
+        trends,
     })
+}
+
+/// Each configuration's attempts on its system, oldest first, where it has
+/// any besides the one checked.
+fn trends(h: &History, study: &str, now: &[Side]) -> Result<Vec<Trend>> {
+    let mut out = Vec::new();
+    for s in now {
+        let attempts = h.attempts(&history::Filter {
+            configuration_id: Some(s.id.clone()),
+            system: Some(s.system.clone()),
+            ..history::Filter::default()
+        })?;
+        let earlier = attempts
+            .iter()
+            .filter(|a| !(a.study == study && a.attempt >= s.attempt))
+            .count();
+        if earlier > 0 {
+            out.push(Trend {
+                configuration: s.name.clone(),
+                system: s.system.clone(),
+                attempts,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The verdicts: ratios and intervals per configuration, Holm's correction

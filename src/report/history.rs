@@ -322,6 +322,7 @@ impl History {
         for (sql, value) in [
             ("study = ?", &filter.study),
             ("configuration = ?", &filter.configuration),
+            ("configuration_id = ?", &filter.configuration_id),
             ("system = ?", &filter.system),
             ("ran_at >= ?", &filter.since),
         ] {
@@ -541,7 +542,10 @@ fn interval(n: i64, mean: f64, sum_sq: f64, one_std: Option<f64>, points: i64) -
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub study: Option<String>,
+    /// A configuration by name (as `sweep history --config` takes it).
     pub configuration: Option<String>,
+    /// A configuration by identity (what the page and the check use).
+    pub configuration_id: Option<String>,
     pub system: Option<String>,
     /// RFC 3339 or a date (`2026-11-01`): runs that ran on or after it.
     pub since: Option<String>,

@@ -21,6 +21,7 @@ use crate::manifest::{Manifest, Mode};
 use crate::plan::record::{RunRecord, StudyRecord, UnitKind};
 use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
+use history::History;
 use ingest::RunLog;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -160,6 +161,33 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         git_commit: crate::util::process::git_commit(root),
         ..spec.provenance
     };
+    // A history that cannot be written costs no report file: its error is
+    // the command's to report once the files are written.
+    let history = match (source, opts.live) {
+        (Source::Import { .. }, _) | (_, true) => None,
+        _ => study_dir.map(|dir| history::record(&dir, &study, &s).map_err(|e| format!("{e:#}"))),
+    };
+    // The page shows each configuration's past where the history has one,
+    // and how the latest attempt compares (as `sweep check --history`).
+    let past = match &history {
+        Some(Ok((path, _))) => History::open_existing(path)
+            .and_then(|h| {
+                h.map(|h| {
+                    check::against_history(
+                        &study,
+                        &s,
+                        &h,
+                        check::DEFAULT_LAST,
+                        check::DEFAULT_THRESHOLD_PCT,
+                    )
+                })
+                .transpose()
+            })
+            .map_err(|e| eprintln!("warning: the page shows no history: {e:#}"))
+            .ok()
+            .flatten(),
+        _ => None,
+    };
     let html = page::study(
         &s,
         &charts,
@@ -168,14 +196,10 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         sopts.skip_first,
         &out,
         page::Live { reload: opts.live },
+        past.as_ref(),
     );
     crate::util::fs::write_atomic(&page, html.as_bytes())?;
     files.push(page.clone());
-    // Last: a history that cannot be written costs no report file.
-    let history = match (source, opts.live) {
-        (Source::Import { .. }, _) | (_, true) => None,
-        _ => study_dir.map(|dir| history::record(&dir, &study, &s).map_err(|e| format!("{e:#}"))),
-    };
     Ok(Report {
         history,
         study,

@@ -9,6 +9,7 @@
 //! ([`esc`]): a name holding `<script>`, quotes or control characters is text
 //! on the page, never markup.
 
+use super::check::{Check, Checked, Trend, Verdict};
 use super::compare::Comparison;
 use super::export::shown;
 use super::ingest::RunLog;
@@ -45,6 +46,7 @@ pub struct Live {
 
 /// A study's page. `dir` is where the page is written (links to run files
 /// are relative to it).
+#[allow(clippy::too_many_arguments)]
 pub fn study(
     s: &Summary,
     charts: &[Chart],
@@ -53,6 +55,7 @@ pub fn study(
     skip_first: usize,
     dir: &Path,
     live: Live,
+    history: Option<&Check>,
 ) -> String {
     let mut out = head(&format!("{} — sweep report", p.study), live);
     let _ = writeln!(out, "<h1>{}</h1>", esc(&p.study));
@@ -85,6 +88,9 @@ pub fn study(
     }
     summary_table(&mut out, s, baseline, skip_first);
     charts_section(&mut out, charts);
+    if let Some(c) = history.filter(|c| !c.trends.is_empty()) {
+        history_section(&mut out, c);
+    }
     configurations(&mut out, s, dir);
     if let Some((path, text)) = &p.manifest {
         let _ = writeln!(
@@ -191,6 +197,221 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
     tail(out)
 }
 
+/// `sweep check --html`: the verdicts, what differs beside each
+/// regression, and against the history each configuration's trend.
+pub fn check(c: &Check) -> String {
+    let title = format!("{}: sweep check", c.study);
+    let mut out = head(&title, Live::default());
+    let _ = writeln!(out, "<h1>{}</h1>", esc(&title));
+    out.push_str("<section id=\"provenance\"><dl class=\"meta\">\n");
+    for (k, v) in [
+        ("written", crate::util::now_rfc3339()),
+        ("sweep", env!("CARGO_PKG_VERSION").to_string()),
+        ("against", c.reference.clone()),
+        ("threshold", format!("{}%", c.threshold_pct)),
+    ] {
+        let _ = writeln!(out, "<dt>{}</dt><dd>{}</dd>", esc(k), esc(&v));
+    }
+    out.push_str("</dl></section>\n");
+    let verdict = match c.passed() {
+        true => "<p class=\"verdict-unchanged\" id=\"outcome\">Passed: nothing regressed or failed.</p>",
+        false => "<p class=\"verdict-regressed\" id=\"outcome\">Failed: a configuration regressed or failed.</p>",
+    };
+    out.push_str(verdict);
+    out.push_str(
+        "<section><h2>Verdicts</h2><p class=\"note\">Per configuration, its latest attempt's mean \
+         tokens/s over the reference's, with the 95% interval of the ratio; significant after Holm's \
+         correction over the configurations and beyond the threshold is <code>regressed</code> or \
+         <code>improved</code>.</p>\n<table id=\"verdicts\" class=\"sortable\"><thead><tr>",
+    );
+    for h in [
+        "Configuration",
+        "System",
+        "Verdict",
+        "Tokens/sec now",
+        "Runs",
+        "Reference",
+        "Reference runs",
+        "Now / reference",
+        "Why",
+    ] {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr></thead><tbody>\n");
+    for r in &c.rows {
+        out.push_str("<tr>");
+        cell_text(&mut out, &r.configuration);
+        cell_text(&mut out, &r.system);
+        let v = r.verdict.as_str();
+        let _ = write!(out, "<td data-value=\"{v}\" class=\"verdict-{v}\">{v}</td>");
+        cell_value(&mut out, r.now_mean, &shown::number(r.now_mean, 1));
+        cell_value(&mut out, Some(r.now_runs as f64), &r.now_runs.to_string());
+        cell_value(
+            &mut out,
+            r.reference_mean,
+            &shown::number(r.reference_mean, 1),
+        );
+        cell_value(
+            &mut out,
+            Some(r.reference_runs as f64),
+            &format!("{} ({} attempts)", r.reference_runs, r.reference_attempts),
+        );
+        let ratio = r.ratio.map_or_else(
+            || "-".to_string(),
+            |x| format!("{:.3}x [{:.3}, {:.3}]", x.ratio, x.low, x.high),
+        );
+        cell_value(&mut out, r.ratio.map(|x| x.ratio), &ratio);
+        cell_text(&mut out, &r.note);
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</tbody></table></section>\n");
+    let failing: Vec<&Checked> = c.rows.iter().filter(|r| r.verdict.fails()).collect();
+    if !failing.is_empty() {
+        out.push_str("<section id=\"why\" class=\"problems\"><h2>What differs</h2><ul>\n");
+        for r in failing {
+            let _ = writeln!(
+                out,
+                "<li><b>{}</b> {}: {}</li>",
+                esc(&r.configuration),
+                r.verdict.as_str(),
+                esc(&why(r))
+            );
+        }
+        out.push_str("</ul></section>\n");
+    }
+    if !c.trends.is_empty() {
+        history_section(&mut out, c);
+    }
+    tail(out)
+}
+
+/// What differs between a failing configuration's runs and the reference,
+/// and its stragglers, in a sentence.
+fn why(r: &Checked) -> String {
+    let mut parts = match r.differences.is_empty() {
+        true if r.verdict == Verdict::Regressed => {
+            vec!["nothing its fingerprints record differs".to_string()]
+        }
+        true => Vec::new(),
+        false => vec![r.differences.join("; ")],
+    };
+    parts.extend(r.stragglers.iter().map(|st| format!("straggler {st}")));
+    match parts.is_empty() {
+        true => r.note.clone(),
+        false => parts.join("; "),
+    }
+}
+
+/// Each configuration with earlier attempts: its tokens/s per attempt with
+/// the intervals (a chart and a table, each attempt's date and commit) and
+/// the verdict of the latest against the history.
+fn history_section(out: &mut String, c: &Check) {
+    out.push_str(
+        "<section id=\"history\"><h2>History</h2><p class=\"note\">Each configuration's mean \
+         tokens/s per attempt on its system, oldest first, with the 95% interval, from the \
+         history (<code>results/history.sqlite</code>); the verdict is the latest attempt's \
+         against ",
+    );
+    let _ = writeln!(
+        out,
+        "{} (threshold {}%), as <code>sweep check</code> gives it.</p>",
+        esc(&c.reference),
+        c.threshold_pct
+    );
+    for (i, t) in c.trends.iter().enumerate() {
+        let row = c
+            .rows
+            .iter()
+            .find(|r| r.configuration == t.configuration && r.system == t.system);
+        let _ = write!(
+            out,
+            "<div class=\"trend\" id=\"history-{i}\"><h3>{} <small>on {}</small>",
+            esc(&t.configuration),
+            esc(&t.system)
+        );
+        if let Some(r) = row {
+            let v = r.verdict.as_str();
+            let _ = write!(
+                out,
+                " <span class=\"verdict verdict-{v}\">{v}</span></h3><p>{}</p>",
+                esc(&why(r))
+            );
+            if r.verdict.fails() || r.verdict == Verdict::Improved {
+                let _ = write!(out, "<p class=\"note\">{}</p>", esc(&r.note));
+            }
+        } else {
+            out.push_str("</h3>");
+        }
+        if let Some(svg) = trend_chart(t) {
+            let _ = write!(out, "<figure>{svg}</figure>");
+        }
+        out.push_str(
+            "<table class=\"attempts\"><thead><tr><th>Study</th><th>Attempt</th><th>Ran</th>\
+             <th>Commit</th><th>Runs</th><th>Tokens/sec [95% CI]</th><th>MFU %</th></tr></thead><tbody>\n",
+        );
+        for a in &t.attempts {
+            out.push_str("<tr>");
+            cell_text(out, &a.study);
+            cell_value(out, Some(a.attempt as f64), &a.attempt.to_string());
+            cell_text(out, &a.ran_at);
+            cell_text(out, a.git_commit.as_deref().unwrap_or("-"));
+            cell_value(out, Some(a.runs as f64), &a.runs.to_string());
+            let text = match a.ci95 {
+                Some((lo, hi)) => format!("{:.1} [{lo:.1}, {hi:.1}]", a.tokens_per_second),
+                None => format!("{:.1}", a.tokens_per_second),
+            };
+            cell_value(out, Some(a.tokens_per_second), &text);
+            cell_value(out, a.mfu_pct, &shown::number(a.mfu_pct, 2));
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</tbody></table></div>\n");
+    }
+    out.push_str("</section>\n");
+}
+
+/// A configuration's tokens/s over its attempts as bars with their
+/// intervals, each named by its date, commit and attempt.
+fn trend_chart(t: &Trend) -> Option<String> {
+    let bars = super::plot::bars::Bars {
+        title: format!("{} on {}: tokens/s per attempt", t.configuration, t.system),
+        y_label: "Tokens/sec".into(),
+        categories: t
+            .attempts
+            .iter()
+            .map(|a| {
+                let date = a.ran_at.get(..10).unwrap_or(&a.ran_at);
+                let commit = a
+                    .git_commit
+                    .as_deref()
+                    .map_or("", |c| c.get(..7).unwrap_or(c));
+                format!("{date} {commit} #{}", a.attempt)
+            })
+            .collect(),
+        series: vec![(
+            "tokens/s".into(),
+            t.attempts
+                .iter()
+                .map(|a| Some(a.tokens_per_second))
+                .collect(),
+        )],
+        intervals: vec![t.attempts.iter().map(|a| a.ci95).collect()],
+        notes: t
+            .attempts
+            .iter()
+            .map(|a| Some(format!("{} run(s)", a.runs)))
+            .collect(),
+    };
+    let svg = super::plot::svg(&super::plot::Resized(&bars, (1000, 420))).ok()?;
+    inline_svg(&svg)
+}
+
+/// An SVG as a page inlines it: from its `<svg` on, without the namespace
+/// HTML implies (so that the page holds no URL to check for requests).
+fn inline_svg(svg: &str) -> Option<String> {
+    let i = svg.find("<svg")?;
+    Some(svg[i..].replacen(" xmlns=\"http://www.w3.org/2000/svg\"", "", 1))
+}
+
 /// Text as HTML: `<`, `>`, `&` and quotes escaped, control characters
 /// written as escapes (they have no place in a page and some none in XML).
 pub fn esc(s: &str) -> String {
@@ -263,7 +484,9 @@ table.sortable th{cursor:pointer}tr.baseline{background:#eef4ff}\
 dl.meta{display:grid;grid-template-columns:max-content auto;gap:.1rem 1rem}dl.meta dt{color:#666}\
 figure{margin:1.2rem 0}figure svg{max-width:100%;height:auto;border:1px solid #eee}\
 figcaption{color:#444;margin-top:.3rem}pre{background:#f7f7f8;padding:.6rem;overflow:auto}\
-.state-ok{color:#1a7f37}.state-bad{color:#b42318}code{background:#f3f3f3;padding:0 .2rem}";
+.state-ok{color:#1a7f37}.state-bad{color:#b42318}code{background:#f3f3f3;padding:0 .2rem}\
+.verdict-regressed,.verdict-failed{color:#b42318;font-weight:600}.verdict-improved,.verdict-unchanged{color:#1a7f37}\
+.verdict-new{color:#555}span.verdict{font-size:.9rem;border:1px solid currentColor;border-radius:3px;padding:0 .3rem}";
 
 /// Sorting a table by a clicked header: numbers by value, text by text,
 /// empty cells (a failed configuration's figures) last either way; a second
@@ -382,9 +605,8 @@ fn charts_section(out: &mut String, charts: &[Chart]) {
         // plotters escapes the text it writes; the SVG is inlined as is, but
         // for its namespace, which HTML implies (and a page with no URL in
         // it is easy to check for requests).
-        let svg = match c.svg.find("<svg") {
-            Some(i) => c.svg[i..].replacen(" xmlns=\"http://www.w3.org/2000/svg\"", "", 1),
-            None => continue,
+        let Some(svg) = inline_svg(&c.svg) else {
+            continue;
         };
         let _ = writeln!(
             out,

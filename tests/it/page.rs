@@ -603,3 +603,107 @@ parallel = 2
         "the slow run's row: {done}"
     );
 }
+
+/// A study measured twice (`sweep run --again`), one configuration 30%
+/// slower the second time: `report.html` shows each configuration's history
+/// (a chart and a table of its attempts, with dates and commits) and the
+/// latest attempt's verdict, and `sweep check --html` writes a page of its
+/// own. Both load offline without a complaint, their one script the
+/// sorting; a hostile system name is text on both.
+#[test]
+#[ignore = "needs Debian's chromium (scripts/setup.sh installs it; scripts/test.sh runs this)"]
+fn the_history_and_the_check_page_load_offline() {
+    let root = project();
+    let m = root.path().join("h.toml");
+    let system = "<script>alert(1)</script> & \"q\"";
+    write(
+        &m,
+        &format!(
+            r#"name = "trend"
+executor = "local"
+command = """
+f=$(cat factor-{{{{ config }}}})
+r=$((RANDOM % 7))
+for s in 1 2 3 4 5 6 7 8; do
+  awk -v f="$f" -v s="$s" -v r="$r" 'BEGIN {{ printf "step %d: %.1f tokens/s\\n", s, f * (1000 + r + (s * 37) % 11) }}'
+done
+"""
+[sweep]
+repeats = 3
+[sweep.grid]
+config = ["a", "b"]
+[report]
+skip_first = 1
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+[environment]
+system = {system:?}
+"#
+        ),
+    );
+    write(&root.path().join("factor-a"), "1.0");
+    write(&root.path().join("factor-b"), "1.0");
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    write(&root.path().join("factor-b"), "0.7");
+    run_ok(sweep(root.path()).args(["run", "--again"]).arg(&m));
+
+    let study = root.path().join("results/trend");
+    let mut b = check_study_page(
+        &study.join("report.html"),
+        &study.join("summary.csv"),
+        "history.png",
+    );
+    let seen = b.eval(
+        "[document.querySelectorAll('#history .trend').length,
+          document.querySelectorAll('#history svg').length,
+          Array.from(document.querySelectorAll('#history span.verdict')).map(s => s.textContent),
+          document.querySelectorAll('#history table.attempts tbody tr').length,
+          document.querySelector('#history h3 small').textContent]",
+    );
+    assert_eq!(
+        seen,
+        json!([2, 2, ["unchanged", "regressed"], 4, format!("on {system}")]),
+        "{seen}"
+    );
+
+    let out = root.path().join("out");
+    let (page, junit) = (out.join("check.html"), out.join("check.xml"));
+    let check = sweep(root.path())
+        .args(["check", "--history"])
+        .arg(&m)
+        .arg("--html")
+        .arg(&page)
+        .arg("--junit")
+        .arg(&junit)
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(1), "{check:?}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    for bad in ["http://", "https://", "src=\"//", "@import", "url("] {
+        assert!(!html.contains(bad), "`{bad}` in the check page");
+    }
+    let url = b.open(&page);
+    assert_eq!(b.complaints(&url), Vec::<String>::new());
+    let seen = b.eval(
+        "[document.scripts.length, document.images.length,
+          Array.from(document.querySelectorAll('#verdicts tbody tr')).map(r => [r.cells[0].textContent, r.cells[1].textContent, r.cells[2].textContent]),
+          document.getElementById('outcome').textContent,
+          document.querySelector('#why li').textContent,
+          document.querySelectorAll('#history .trend svg').length]",
+    );
+    assert_eq!(seen[0], 1, "one script (the sorting)");
+    assert_eq!(seen[1], 0, "no image");
+    assert_eq!(
+        seen[2],
+        json!([["a", system, "unchanged"], ["b", system, "regressed"]]),
+        "{seen}"
+    );
+    assert!(seen[3].as_str().unwrap().starts_with("Failed"), "{seen}");
+    assert!(
+        seen[4]
+            .as_str()
+            .unwrap()
+            .starts_with("b regressed: nothing its fingerprints record differs"),
+        "{seen}"
+    );
+    assert_eq!(seen[5], 2);
+}

@@ -80,17 +80,10 @@ pub struct Chart {
 /// Writes `<dir>/<name>.png` and `<dir>/<name>.svg` (each to a temporary
 /// name first, then renamed).
 pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Chart> {
-    register_font();
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let size = fig.size();
     let drawn = |e: String| anyhow!("drawing {name}: {e}");
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| drawn(e.to_string()))?;
-        fig.draw(&root).map_err(|e| drawn(e.to_string()))?;
-        root.present().map_err(|e| drawn(e.to_string()))?;
-    }
+    let svg = svg(fig).with_context(|| format!("drawing {name}"))?;
     let svg_path = dir.join(format!("{name}.svg"));
     crate::util::fs::write_atomic(&svg_path, svg.as_bytes())?;
     let png_path = dir.join(format!("{name}.png"));
@@ -119,6 +112,34 @@ pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Chart> {
         svg,
         files: vec![png_path, svg_path],
     })
+}
+
+/// A figure as SVG text, in memory (what a page inlines without a file).
+pub fn svg(fig: &impl Figure) -> Result<String> {
+    register_font();
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, fig.size()).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+        fig.draw(&root).map_err(|e| anyhow!("{e}"))?;
+        root.present().map_err(|e| anyhow!("{e}"))?;
+    }
+    Ok(svg)
+}
+
+/// A figure drawn at another size than its own.
+pub struct Resized<'a, F: Figure>(pub &'a F, pub (u32, u32));
+
+impl<F: Figure> Figure for Resized<'_, F> {
+    fn size(&self) -> (u32, u32) {
+        self.1
+    }
+    fn title(&self) -> &str {
+        self.0.title()
+    }
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
+        self.0.draw(root)
+    }
 }
 
 /// Distinct colours (Tableau 20: ten hues, dark then light).
