@@ -23,7 +23,7 @@ use std::time::Duration;
 pub const FILE: &str = "history.sqlite";
 /// The schema's version (`meta.schema_version`): a file of a later version
 /// is refused, never rewritten.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 /// The system of runs whose jobs wrote no fingerprint.
 pub const UNKNOWN_SYSTEM: &str = "unknown";
 /// How long a writer waits for another one (a report of thousands of runs
@@ -67,6 +67,66 @@ CREATE TABLE IF NOT EXISTS measurements (
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS measurements_by_run
     ON measurements (study, run_id, attempt);
+";
+
+// Version 2: each attempt's runs summed as they are recorded, so that
+// `sweep history` reads one row per attempt, not per run (a million runs
+// are ~200,000 attempts). A trigger keeps it: whatever inserts a
+// measurement adds it to its attempt, in the same transaction.
+const ATTEMPTS: &str = "
+CREATE TABLE IF NOT EXISTS attempts (
+    configuration_id TEXT    NOT NULL,
+    system           TEXT    NOT NULL,
+    study            TEXT    NOT NULL,
+    attempt          INTEGER NOT NULL,
+    configuration    TEXT    NOT NULL,
+    ran_at           TEXT    NOT NULL,
+    git_commit       TEXT,
+    runs             INTEGER NOT NULL,
+    tps_sum          REAL    NOT NULL,
+    tps_sum_sq       REAL    NOT NULL,
+    one_std          REAL,
+    one_points       INTEGER NOT NULL,
+    mfu_sum          REAL    NOT NULL,
+    mfu_n            INTEGER NOT NULL,
+    tflops_sum       REAL    NOT NULL,
+    tflops_n         INTEGER NOT NULL,
+    PRIMARY KEY (configuration_id, system, study, attempt)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS attempts_by_study ON attempts (study);
+CREATE TRIGGER IF NOT EXISTS measurement_in_attempt AFTER INSERT ON measurements
+BEGIN
+    INSERT INTO attempts VALUES (
+        NEW.configuration_id, NEW.system, NEW.study, NEW.attempt, NEW.configuration,
+        NEW.ran_at, NEW.git_commit, 1, NEW.tokens_per_second_mean,
+        NEW.tokens_per_second_mean * NEW.tokens_per_second_mean,
+        NEW.tokens_per_second_std, NEW.points,
+        IFNULL(NEW.mfu_pct_mean, 0), NEW.mfu_pct_mean IS NOT NULL,
+        IFNULL(NEW.tflops_mean, 0), NEW.tflops_mean IS NOT NULL)
+    ON CONFLICT DO UPDATE SET
+        ran_at = MIN(ran_at, excluded.ran_at),
+        runs = runs + 1,
+        tps_sum = tps_sum + excluded.tps_sum,
+        tps_sum_sq = tps_sum_sq + excluded.tps_sum_sq,
+        one_std = excluded.one_std,
+        one_points = excluded.one_points,
+        mfu_sum = mfu_sum + excluded.mfu_sum,
+        mfu_n = mfu_n + excluded.mfu_n,
+        tflops_sum = tflops_sum + excluded.tflops_sum,
+        tflops_n = tflops_n + excluded.tflops_n;
+END;
+";
+
+/// A version 1 history's attempts, summed from its runs (the upgrade to
+/// version 2; the trigger adds every run recorded afterwards).
+const FILL_ATTEMPTS: &str = "
+INSERT INTO attempts
+SELECT configuration_id, system, study, attempt, MIN(configuration), MIN(ran_at),
+       MIN(git_commit), COUNT(*), SUM(tokens_per_second_mean),
+       SUM(tokens_per_second_mean * tokens_per_second_mean),
+       MAX(tokens_per_second_std), MAX(points),
+       TOTAL(mfu_pct_mean), COUNT(mfu_pct_mean), TOTAL(tflops_mean), COUNT(tflops_mean)
+FROM measurements GROUP BY configuration_id, system, study, attempt;
 ";
 
 /// One run's measurements, as a row of `measurements`.
@@ -205,20 +265,32 @@ impl History {
             // Reads straight from the mapped file (a history of a million
             // runs is ~300 MB): `sweep history` of everything scans it.
             conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
+            let version = || {
+                conn.query_row(
+                    "SELECT value FROM meta WHERE key = 'schema_version'",
+                    [],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map(|v| v.and_then(|v| v.parse::<i64>().ok()))
+            };
             if create {
-                conn.execute_batch(SCHEMA)?;
+                // A new file gets the whole schema at once; a version 1
+                // file is upgraded below, with its attempts filled.
+                conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA}"))?;
                 conn.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)",
                     params![SCHEMA_VERSION.to_string()],
                 )?;
+                if version()? == Some(SCHEMA_VERSION) {
+                    conn.execute_batch(ATTEMPTS)?;
+                }
+                conn.execute_batch("COMMIT")?;
             }
-            conn.query_row(
-                "SELECT value FROM meta WHERE key = 'schema_version'",
-                [],
-                |r| r.get::<_, String>(0),
-            )
-            .optional()
-            .map(|v| v.and_then(|v| v.parse().ok()))
+            if version()? == Some(1) {
+                upgrade_from_1(&conn)?;
+            }
+            version()
         };
         match setup() {
             Ok(Some(v)) if v == SCHEMA_VERSION => Ok(History {
@@ -313,10 +385,11 @@ impl History {
     }
 
     /// Each configuration's attempts (per study and system), oldest first,
-    /// with their runs pooled: what `sweep history` shows.
+    /// with their runs pooled: what `sweep history` shows. One row read per
+    /// attempt (the `attempts` table the trigger keeps).
     pub fn attempts(&self, filter: &Filter) -> Result<Vec<Attempt>> {
         let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
-        // Only the filters given, so that SQLite can use the study's index.
+        // Only the filters given, so that SQLite can use an index.
         let mut conditions: Vec<&str> = Vec::new();
         let mut values: Vec<&str> = Vec::new();
         for (sql, value) in [
@@ -335,70 +408,41 @@ impl History {
             true => String::new(),
             false => format!("WHERE {}", conditions.join(" AND ")),
         };
-        // Aggregated here, in one pass over the rows in their stored order:
-        // SQLite's GROUP BY costs ~5 µs a group, six times the scan.
         let mut stmt = self
             .conn
             .prepare(&format!(
                 "SELECT configuration_id, system, study, attempt, configuration, ran_at, git_commit,
-                        tokens_per_second_mean, tokens_per_second_std, points, mfu_pct_mean,
-                        tflops_mean
-                 FROM measurements {filter_sql}
-                 ORDER BY configuration_id, system, study, attempt"
+                        runs, tps_sum, tps_sum_sq, one_std, one_points, mfu_sum, mfu_n,
+                        tflops_sum, tflops_n
+                 FROM attempts {filter_sql}"
             ))
             .map_err(fail)?;
-        let mut rows = stmt
-            .query(rusqlite::params_from_iter(values))
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(values), |r| {
+                let runs: i64 = r.get(7)?;
+                let (sum, sum_sq): (f64, f64) = (r.get(8)?, r.get(9)?);
+                let mean = sum / runs.max(1) as f64;
+                let avg = |s: f64, n: i64| (n > 0).then(|| s / n as f64);
+                Ok(Attempt {
+                    configuration_id: r.get(0)?,
+                    system: r.get(1)?,
+                    study: r.get(2)?,
+                    attempt: r.get(3)?,
+                    configuration: r.get(4)?,
+                    ran_at: r.get(5)?,
+                    git_commit: r.get(6)?,
+                    runs: runs.max(0) as usize,
+                    tokens_per_second: mean,
+                    ci95: interval(runs, mean, sum_sq, r.get(10)?, r.get(11)?)
+                        .map(|c| (c.low, c.high)),
+                    mfu_pct: avg(r.get(12)?, r.get(13)?),
+                    tflops: avg(r.get(14)?, r.get(15)?),
+                })
+            })
             .map_err(fail)?;
-        let mut out: Vec<Attempt> = Vec::new();
-        let mut acc = Pooled::default();
-        while let Some(r) = rows.next().map_err(fail)? {
-            let text = |i: usize| r.get_ref(i).map(|v| v.as_str().unwrap_or(""));
-            let attempt: u32 = r.get(3).map_err(fail)?;
-            let same = out.last().is_some_and(|a: &Attempt| {
-                a.attempt == attempt
-                    && text(0).is_ok_and(|v| v == a.configuration_id)
-                    && text(1).is_ok_and(|v| v == a.system)
-                    && text(2).is_ok_and(|v| v == a.study)
-            });
-            if !same {
-                if let Some(last) = out.last_mut() {
-                    acc.finish(last);
-                }
-                acc = Pooled::default();
-                out.push(Attempt {
-                    configuration_id: r.get(0).map_err(fail)?,
-                    system: r.get(1).map_err(fail)?,
-                    study: r.get(2).map_err(fail)?,
-                    attempt,
-                    configuration: r.get(4).map_err(fail)?,
-                    ran_at: r.get(5).map_err(fail)?,
-                    git_commit: r.get(6).map_err(fail)?,
-                    runs: 0,
-                    tokens_per_second: 0.0,
-                    ci95: None,
-                    mfu_pct: None,
-                    tflops: None,
-                });
-            }
-            let a = out.last_mut().expect("pushed above");
-            let ran_at = text(5).map_err(fail)?;
-            if ran_at < a.ran_at.as_str() {
-                a.ran_at = ran_at.to_string();
-            }
-            acc.add(
-                r.get(7).map_err(fail)?,
-                r.get(8).map_err(fail)?,
-                r.get::<_, i64>(9).map_err(fail)?,
-                r.get(10).map_err(fail)?,
-                r.get(11).map_err(fail)?,
-            );
-        }
-        if let Some(last) = out.last_mut() {
-            acc.finish(last);
-        }
+        let mut out = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)?;
         // Each configuration's attempts in the order they ran.
-        out.sort_by(|a, b| {
+        out.sort_unstable_by(|a, b| {
             (
                 &a.configuration_id,
                 &a.system,
@@ -481,50 +525,6 @@ impl History {
     }
 }
 
-/// An attempt's runs, summed as they are read.
-#[derive(Default)]
-struct Pooled {
-    n: usize,
-    sum: f64,
-    sum_sq: f64,
-    /// The last run's spread and points (what one run's interval uses).
-    one: (Option<f64>, i64),
-    mfu: (f64, usize),
-    tflops: (f64, usize),
-}
-
-impl Pooled {
-    fn add(
-        &mut self,
-        tps: f64,
-        std: Option<f64>,
-        points: i64,
-        mfu: Option<f64>,
-        tflops: Option<f64>,
-    ) {
-        self.n += 1;
-        self.sum += tps;
-        self.sum_sq += tps * tps;
-        self.one = (std, points);
-        for (x, slot) in [(mfu, &mut self.mfu), (tflops, &mut self.tflops)] {
-            if let Some(x) = x {
-                slot.0 += x;
-                slot.1 += 1;
-            }
-        }
-    }
-
-    fn finish(&self, a: &mut Attempt) {
-        let mean = self.sum / self.n.max(1) as f64;
-        a.runs = self.n;
-        a.tokens_per_second = mean;
-        a.ci95 = interval(self.n as i64, mean, self.sum_sq, self.one.0, self.one.1)
-            .map(|c| (c.low, c.high));
-        let avg = |(s, n): (f64, usize)| (n > 0).then(|| s / n as f64);
-        (a.mfu_pct, a.tflops) = (avg(self.mfu), avg(self.tflops));
-    }
-}
-
 /// The interval of an attempt's tokens/s: over its runs' means when it has
 /// two or more, else over its one run's steady-state points (as the
 /// report's table has it).
@@ -536,6 +536,32 @@ fn interval(n: i64, mean: f64, sum_sq: f64, one_std: Option<f64>, points: i64) -
     } else {
         mean_ci95_of(mean, one_std? * one_std?, points.max(0) as usize)
     }
+}
+
+/// Version 1 -> 2: the `attempts` table, filled from the runs, in one
+/// transaction (a history another sweep upgrades at the same time waits,
+/// then finds it done).
+fn upgrade_from_1(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let done = (|| {
+        let version: String = conn.query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )?;
+        if version == "1" {
+            conn.execute_batch(&format!("{ATTEMPTS} {FILL_ATTEMPTS}"))?;
+            conn.execute(
+                "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",
+                params![SCHEMA_VERSION.to_string()],
+            )?;
+        }
+        conn.execute_batch("COMMIT")
+    })();
+    if done.is_err() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    done
 }
 
 /// Which attempts `sweep history` shows.
@@ -698,5 +724,57 @@ mod tests {
         );
         // Never written over.
         assert_eq!(std::fs::read(&path).unwrap(), vec![0x42u8; 10_000]);
+    }
+
+    #[test]
+    fn a_version_1_history_is_upgraded_with_its_attempts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        {
+            // A history as version 1 wrote it: runs only.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(SCHEMA).unwrap();
+            conn.execute_batch("INSERT INTO meta VALUES ('schema_version', '1')")
+                .unwrap();
+            for (i, (attempt, tps)) in [(1, 100.0), (1, 110.0), (2, 90.0)].iter().enumerate() {
+                conn.execute(
+                    "INSERT INTO measurements (study, run_id, attempt, run, configuration_id,
+                     configuration, system, ran_at, recorded_at, points, tokens_per_second_mean,
+                     tokens_per_second_std, mfu_pct_mean)
+                     VALUES ('s', ?1, ?2, 'r', 'c1', 'base', 'local/x', ?3, 'now', 10, ?4, 5.0, 20.0)",
+                    params![format!("id{i}"), attempt, format!("2026-11-0{attempt}"), tps],
+                )
+                .unwrap();
+            }
+        }
+        let mut h = History::open_existing(&path).unwrap().unwrap();
+        let version: String = h
+            .conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(version, "2");
+        let seen = |h: &History| -> Vec<(u32, usize, f64, Option<f64>)> {
+            h.attempts(&Filter::default())
+                .unwrap()
+                .iter()
+                .map(|a| (a.attempt, a.runs, a.tokens_per_second, a.mfu_pct))
+                .collect()
+        };
+        assert_eq!(
+            seen(&h),
+            [(1, 2, 105.0, Some(20.0)), (2, 1, 90.0, Some(20.0))]
+        );
+        // Runs recorded afterwards join their attempts.
+        h.record(&[entry("s", 2, "r9", 100.0)]).unwrap();
+        assert_eq!(seen(&h)[1], (2, 2, 95.0, Some(20.0)));
+        drop(h);
+        // Opened again (and for recording): nothing counted twice.
+        let h = History::open(&path).unwrap();
+        assert_eq!(seen(&h).len(), 2);
+        assert_eq!(seen(&h)[0], (1, 2, 105.0, Some(20.0)));
     }
 }

@@ -67,7 +67,7 @@ fn the_history_holds_what_summary_csv_says_and_python_reads_it() {
 import csv, sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
 assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
 cols = [r[1] for r in db.execute("PRAGMA table_info(measurements)")]
 want = ["study", "run_id", "attempt", "run", "configuration_id", "configuration", "system",
         "ran_at", "recorded_at", "git_commit", "sweep_version", "points",
