@@ -64,6 +64,13 @@ pub struct Fingerprint {
     pub mpi: Option<String>,
     /// The Linux kernel release.
     pub kernel: Option<String>,
+    /// The GPU and MPI libraries this sweep loaded (those of its features:
+    /// CUDA runtime, cuBLAS, NVRTC, NCCL, MPI), by name, each the file the
+    /// loader chose — its name carries the full version
+    /// (`/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5`). What any other
+    /// program loads (PyTorch's cuDNN) is a probe's to record.
+    #[serde(default)]
+    pub libraries: IndexMap<String, String>,
     pub sweep: Build,
     /// The manifest's `[environment] probes`: name -> output (`exit N:
     /// output` when it failed, `timed out` when it hung).
@@ -114,6 +121,9 @@ impl Fingerprint {
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .ok()
                 .map(|k| k.trim().to_string()),
+            libraries: std::fs::read_to_string("/proc/self/maps")
+                .map(|m| libraries_in(&m))
+                .unwrap_or_default(),
             sweep: Build {
                 version: env!("CARGO_PKG_VERSION").to_string(),
                 features: crate::config::Features::BUILT
@@ -165,6 +175,10 @@ impl Fingerprint {
         one("commit", &self.sweep.commit);
         for g in &self.gpus {
             out.push(("gpu".into(), g.name.clone()));
+        }
+        for (name, path) in &self.libraries {
+            let file = path.rsplit('/').next().unwrap_or(path);
+            out.push((name.clone(), file.to_string()));
         }
         for (name, value) in &self.probes {
             out.push((format!("probe {name}"), value.clone()));
@@ -232,6 +246,44 @@ fn run_probe(command: &str) -> String {
         }
         Err(e) => format!("{e:#}"),
     }
+}
+
+/// The libraries of the GPU and MPI stacks, by the start of their file
+/// names (cuBLASLt before cuBLAS: the longer name first).
+const LIBRARIES: &[&str] = &[
+    "libcudart",
+    "libcublasLt",
+    "libcublas",
+    "libnvrtc",
+    "libcurand",
+    "libcudnn",
+    "libnccl",
+    "libmpi",
+];
+
+/// The [`LIBRARIES`] a process has mapped (`/proc/<pid>/maps`), by name,
+/// with the path of the file mapped (the loader's choice, links resolved).
+fn libraries_in(maps: &str) -> IndexMap<String, String> {
+    let mut out = IndexMap::new();
+    for line in maps.lines() {
+        let Some(path) = line
+            .split_whitespace()
+            .nth(5)
+            .filter(|p| p.starts_with('/'))
+        else {
+            continue;
+        };
+        let file = path.rsplit('/').next().unwrap_or(path);
+        let known = LIBRARIES.iter().find(|l| {
+            file.strip_prefix(**l)
+                .is_some_and(|rest| rest.starts_with(".so"))
+        });
+        if let Some(name) = known {
+            out.entry(name.to_string())
+                .or_insert_with(|| path.to_string());
+        }
+    }
+    out
 }
 
 /// The GPUs, driver and driver CUDA version `nvidia-smi` reports.
@@ -360,5 +412,42 @@ mod tests {
         // A flood is cut, and a child left running does not hold the probe.
         let long = run_probe("yes | head -c 100000; sleep 30 &");
         assert!(long.len() <= PROBE_BYTES, "{}", long.len());
+    }
+
+    #[test]
+    fn the_libraries_loaded_are_named_with_their_files() {
+        let maps = "\
+7f1 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4
+7f2 r-xp 00001000 08:01 1 /usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4
+7f3 r--p 00000000 08:01 2 /opt/nvidia/lib/libcublasLt.so.13.0.2.14
+7f4 r--p 00000000 08:01 3 /opt/nvidia/lib/libcublas.so.13.0.2.14
+7f5 r--p 00000000 08:01 4 /opt/nccl/lib/libnccl.so.2.27.7
+7f6 r--p 00000000 08:01 5 /usr/lib/libmpi_cxx.so.40.30.1
+7f7 rw-p 00000000 00:00 0 [heap]
+7f8 r--p 00000000 08:01 6 /usr/lib/libc.so.6
+";
+        let libs = libraries_in(maps);
+        assert_eq!(
+            libs.iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                ("libmpi", "/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4"),
+                ("libcublasLt", "/opt/nvidia/lib/libcublasLt.so.13.0.2.14"),
+                ("libcublas", "/opt/nvidia/lib/libcublas.so.13.0.2.14"),
+                ("libnccl", "/opt/nccl/lib/libnccl.so.2.27.7"),
+            ]
+        );
+        // A new NCCL shows as a difference.
+        let mut a = fp("580.65", &["n1"]);
+        let mut b = a.clone();
+        a.libraries
+            .insert("libnccl".into(), "/x/libnccl.so.2.21.5".into());
+        b.libraries
+            .insert("libnccl".into(), "/y/libnccl.so.2.27.7".into());
+        assert_eq!(
+            differences(&[&b], &[&a]),
+            ["libnccl libnccl.so.2.21.5 → libnccl.so.2.27.7"]
+        );
     }
 }

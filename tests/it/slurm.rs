@@ -244,6 +244,11 @@ fn a_rerun_follows_the_jobs_still_going_then_reports() {
         assert_eq!(fp["system"], "sweeplocal/debug", "{fp}");
         assert_eq!(fp["slurm_job"], record["jobs"][0]["job_id"], "{fp}");
         assert!(!fp["nodes"].as_array().unwrap().is_empty(), "{fp}");
+        // A build with MPI names the Open MPI library file it loaded.
+        if cfg!(feature = "mpi") {
+            let mpi = fp["libraries"]["libmpi"].as_str().unwrap_or_default();
+            assert!(mpi.contains("libmpi.so."), "{fp}");
+        }
     }
     let history: Vec<serde_json::Value> = serde_json::from_slice(
         &run_ok(sweep(root.path()).args(["history", "results/follow", "--json"])).stdout,
