@@ -56,6 +56,9 @@ fn plan_json(plan: &Plan) -> Vec<serde_json::Value> {
             if let Some(g) = r.global_batch() {
                 v["global_batch"] = json!(g);
             }
+            if let Some(b) = r.block {
+                v["block"] = json!(b);
+            }
             if let Some(mem) = r.memory(hints) {
                 v["memory"] = json!(mem);
             }
@@ -94,16 +97,21 @@ fn print_plan(plan: &Plan) {
     if forecasts {
         shape.push("scaling forecast");
     }
+    let blocked = m.design == crate::manifest::Design::Blocks;
     let mut t = table(
         ["id", "name"]
             .iter()
             .map(|s| s.to_string())
+            .chain(blocked.then(|| "block".to_string()))
             .chain(keys.iter().cloned())
             .chain(shape.iter().map(|s| s.to_string()))
             .collect(),
     );
     for r in &plan.runs {
         let mut row = vec![r.id.clone(), r.name.clone()];
+        if let Some(b) = r.block.filter(|_| blocked) {
+            row.push(format!("{} #{}", b.block, b.position));
+        }
         row.extend(
             keys.iter()
                 .map(|k| r.params.get(k).map(cell).unwrap_or_default()),
@@ -155,6 +163,24 @@ fn print_plan(plan: &Plan) {
             s.output.display(),
             users
         );
+    }
+    if blocked {
+        // Each block's order, by configuration: what the seed drew.
+        println!(
+            "randomized blocks (order_seed = {}): each block runs every configuration once, in its own order",
+            m.order_seed
+        );
+        let mut blocks: Vec<(u32, Vec<&str>)> = Vec::new();
+        for r in &plan.runs {
+            let Some(b) = r.block else { continue };
+            match blocks.last_mut() {
+                Some((n, names)) if *n == b.block => names.push(&r.configuration.name),
+                _ => blocks.push((b.block, vec![&r.configuration.name])),
+            }
+        }
+        for (n, names) in blocks {
+            println!("  block {n}: {}", names.join(" → "));
+        }
     }
     let tot = plan.totals();
     let repeats = match m.repeats {

@@ -340,6 +340,7 @@ mod tests {
                 params: Default::default(),
                 attempt: 1,
                 environment: None,
+                block: None,
                 configuration: None,
                 depends_on: None,
                 identity: None,

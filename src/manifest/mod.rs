@@ -10,7 +10,7 @@ mod source;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
-    check_roles, memory_unit, parse_slurm_time, EnvironmentSpec, ExecutorKind, LocalSpec,
+    check_roles, memory_unit, parse_slurm_time, Design, EnvironmentSpec, ExecutorKind, LocalSpec,
     PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice,
     DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS, MEMORY_UNITS,
 };
@@ -95,6 +95,10 @@ pub struct Manifest {
     pub repeats: u32,
     /// Repeat k trains with `seed + k`.
     pub seed_per_repeat: bool,
+    /// The order runs go out in (`[sweep] design`).
+    pub design: Design,
+    /// The seed of a blocked design's orders (`[sweep] order_seed`, default 0).
+    pub order_seed: u64,
     pub slurm: SlurmSpec,
     pub local: LocalSpec,
     pub stages: StagesSpec,
@@ -586,6 +590,14 @@ impl Validator<'_, '_> {
             self.err(d);
             return None;
         }
+        if sweep.order_seed.is_some() && sweep.design != Some(Design::Blocks) {
+            let d = self.source.at_key(
+                "sweep.order_seed",
+                "`order_seed` draws the orders of a blocked design: set `design = \"blocks\"` too",
+            );
+            self.err(d);
+            return None;
+        }
         if sweep.seed_per_repeat && matches!(mode, Mode::Command(_)) {
             let d = self.source.at_value(
                 "sweep.seed_per_repeat",
@@ -712,6 +724,8 @@ impl Validator<'_, '_> {
             max_runs,
             repeats,
             seed_per_repeat: file.sweep.seed_per_repeat,
+            design: file.sweep.design.unwrap_or_default(),
+            order_seed: file.sweep.order_seed.unwrap_or(0),
             slurm: file.slurm,
             local: file.local,
             stages: file.stages,

@@ -61,6 +61,24 @@ pub(crate) struct SweepFile {
     /// Repeat k trains with `seed + k` instead of the same seed.
     #[serde(default)]
     pub seed_per_repeat: bool,
+    /// How the runs are ordered: repeats interleaved (the default), or
+    /// randomized blocks.
+    pub design: Option<Design>,
+    /// The seed of the blocks' orders (default 0).
+    pub order_seed: Option<u64>,
+}
+
+/// `[sweep] design`: the order runs go out in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Design {
+    /// Every configuration once, then every one again (repeat by repeat),
+    /// in the sweep's order.
+    #[default]
+    Interleaved,
+    /// Randomized blocks: a block is one run of every configuration
+    /// (`repeats` blocks), in an order of its own drawn from `order_seed`.
+    Blocks,
 }
 
 /// The largest sweep expanded unless the manifest raises `[sweep] max_runs`:

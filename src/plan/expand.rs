@@ -6,8 +6,8 @@ use super::{Job, Plan, PretokenizedFormat, Run, Stage};
 use crate::config::{DeviceKind, Features, TrainConfig};
 use crate::manifest::ExecutorKind;
 use crate::manifest::{
-    did_you_mean, join_key, known_fields, Diagnostic, Diagnostics, Manifest, Mode, SlurmSpec,
-    REPEAT,
+    did_you_mean, join_key, known_fields, Design, Diagnostic, Diagnostics, Manifest, Mode,
+    SlurmSpec, REPEAT,
 };
 use crate::template::{describe, Engine};
 use crate::util::hash::short_id;
@@ -31,12 +31,34 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
 
     let ctx = Shared::new(&m, &study_dir, opts.features)?;
     // Repeats interleaved: every configuration once, then every one again, so
-    // that a slow drift of a shared machine spreads over all of them.
-    let order: Vec<(u32, &Vec<usize>)> = (0..m.repeats)
-        .flat_map(|r| combos.iter().map(move |c| (r, c)))
+    // that a slow drift of a shared machine spreads over all of them. In a
+    // blocked design each repeat is a block with an order of its own.
+    let combos = &combos;
+    let order: Vec<(u32, &Vec<usize>, Option<super::record::Block>)> = (0..m.repeats)
+        .flat_map(|r| {
+            let within: Vec<usize> = match m.design {
+                Design::Interleaved => (0..combos.len()).collect(),
+                Design::Blocks => block_order(m.order_seed, r, combos.len()),
+            };
+            let blocked = m.design == Design::Blocks;
+            within.into_iter().enumerate().map(move |(k, c)| {
+                let block = blocked.then_some(super::record::Block {
+                    block: r + 1,
+                    position: k as u32 + 1,
+                });
+                (r, &combos[c], block)
+            })
+        })
         .collect();
-    let resolved: Vec<Result<Run, Box<Diagnostic>>> =
-        order.par_iter().map(|(r, c)| ctx.resolve(c, *r)).collect();
+    let resolved: Vec<Result<Run, Box<Diagnostic>>> = order
+        .par_iter()
+        .map(|(r, c, block)| {
+            ctx.resolve(c, *r).map(|run| Run {
+                block: *block,
+                ..run
+            })
+        })
+        .collect();
 
     let mut errors: Vec<Diagnostic> = Vec::new();
     let mut runs = Vec::with_capacity(resolved.len());
@@ -109,6 +131,32 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
         sweep_bin: opts.sweep_bin.clone(),
         warnings,
     })
+}
+
+/// Block `r`'s order of `n` configurations: a permutation drawn from
+/// (`seed`, `r`) by Fisher–Yates on ChaCha8, whose output is fixed by its
+/// specification (rand's own shuffles may change between versions), so a
+/// seed gives the same orders on any machine and any sweep version.
+pub(super) fn block_order(seed: u64, r: u32, n: usize) -> Vec<usize> {
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8..12].copy_from_slice(&r.to_le_bytes());
+    let mut rng = rand_chacha::ChaCha8Rng::from_seed(key);
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        // Uniform in 0..=i by rejection (no modulo bias).
+        let bound = i as u64 + 1;
+        let zone = u64::MAX - u64::MAX % bound;
+        let j = loop {
+            let x = rng.next_u64();
+            if x < zone {
+                break (x % bound) as usize;
+            }
+        };
+        order.swap(i, j);
+    }
+    order
 }
 
 /// Row indices, one per axis, for every combination that no rule excludes.
@@ -355,6 +403,7 @@ impl<'a> Shared<'a> {
             slurm,
             stage: None,
             dir,
+            block: None,
         })
     }
 
@@ -1032,4 +1081,31 @@ fn check_memory(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
          `--allow-oom` plans them anyway (docs/memory.md)"
     ));
     Err(d.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::block_order;
+
+    #[test]
+    fn block_orders_are_permutations_fixed_by_the_seed() {
+        for n in [0, 1, 2, 5, 40] {
+            let mut o = block_order(3, 1, n);
+            o.sort_unstable();
+            assert_eq!(o, (0..n).collect::<Vec<_>>());
+        }
+        // Pinned: a seed gives these orders on any machine and sweep version.
+        assert_eq!(block_order(0, 0, 6), PINNED);
+        assert_eq!(block_order(0, 0, 6), block_order(0, 0, 6));
+        assert_ne!(block_order(0, 0, 6), block_order(0, 1, 6), "another block");
+        assert_ne!(block_order(0, 0, 6), block_order(1, 0, 6), "another seed");
+        // Every position is as likely for every configuration.
+        let mut first = [0usize; 4];
+        for r in 0..4000 {
+            first[block_order(9, r, 4)[0]] += 1;
+        }
+        assert!(first.iter().all(|&c| (900..1100).contains(&c)), "{first:?}");
+    }
+
+    const PINNED: [usize; 6] = [2, 3, 1, 4, 5, 0];
 }

@@ -54,6 +54,8 @@ pub struct Run {
     /// Index into `Plan::stages` of the stage this run waits for.
     pub stage: Option<usize>,
     pub dir: PathBuf,
+    /// Its block and place in a blocked design.
+    pub block: Option<record::Block>,
 }
 
 impl Run {

@@ -49,6 +49,10 @@ pub struct StudyRecord {
     /// The study's current attempt (`sweep run --again` counts them).
     #[serde(default = "first_attempt")]
     pub attempt: u32,
+    /// A blocked design's seed (`[sweep] order_seed`): what its orders are
+    /// drawn from (none for the interleaved design).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_seed: Option<u64>,
 }
 
 impl StudyRecord {
@@ -69,6 +73,7 @@ impl StudyRecord {
             command_report: matches!(m.mode, crate::manifest::Mode::Command(_))
                 .then(|| m.report.clone()),
             attempt,
+            order_seed: (m.design == crate::manifest::Design::Blocks).then_some(m.order_seed),
         }
     }
 
@@ -127,6 +132,15 @@ pub struct Configuration {
     pub name: String,
 }
 
+/// Where a run stands in a blocked design (`[sweep] design = "blocks"`):
+/// its block (one run of every configuration; the repeat) and its place in
+/// the block's order, both from 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Block {
+    pub block: u32,
+    pub position: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     pub id: String,
@@ -157,6 +171,9 @@ pub struct RunRecord {
     /// The manifest's `[environment]`, for the job's `sweep fingerprint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<crate::manifest::EnvironmentSpec>,
+    /// Its block and place in a blocked design (runs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<Block>,
 }
 
 fn first_attempt() -> u32 {

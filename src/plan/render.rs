@@ -84,6 +84,7 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
         jobs: Vec::new(),
         attempt,
         environment: None,
+        block: None,
     };
 
     let changed = std::sync::Mutex::new(Vec::new());
@@ -98,6 +99,7 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
                 configuration: Some(run.configuration.clone()),
                 identity: Some(run.identity.clone()),
                 environment: (m.environment != Default::default()).then(|| m.environment.clone()),
+                block: run.block,
                 ..fresh(
                     &run.id,
                     &run.name,
