@@ -1,6 +1,7 @@
 //! The SLURM executor: `sbatch --parsable`, one job array per group of runs
-//! that share a job header and a dependency, `afterok` on stage jobs, and one
-//! `squeue` call for the state of the whole sweep.
+//! that share a job header and throttle (tasks in the plan's order), `afterok`
+//! on every stage job its runs need, and one `squeue` call for the state of
+//! the whole sweep.
 
 use super::{Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::ExecutorKind;
@@ -12,9 +13,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// What runs must share to go out as one array: their `#SBATCH` header, the
-/// job they wait for, and the array throttle.
-type ArrayKey = (Vec<String>, Option<String>, Option<u32>);
+/// What runs must share to go out as one array: their `#SBATCH` header and
+/// the array throttle. Whatever stage they wait for, runs that share these
+/// go out together, in the plan's order (repeats interleaved, or block by
+/// block), the array waiting for every stage its runs need: split by stage,
+/// the runs without one would all run first and the others after them —
+/// the studied axis confounded with the hour.
+type ArrayKey = (Vec<String>, Option<u32>);
 
 /// One `sbatch` call.
 #[derive(Debug, Clone, Serialize)]
@@ -124,26 +129,32 @@ pub fn submit(
         }
     }
 
-    // Runs that share their #SBATCH header, dependency and throttle go out as one array.
+    // Runs that share their #SBATCH header and throttle go out as one array.
     let mut groups: IndexMap<ArrayKey, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
         if u.kind != UnitKind::Run || decisions[i] != Decision::Submit {
             continue;
         }
-        let dep = u.stage.and_then(|s| stage_jobs.get(&s).cloned());
         groups
-            .entry((header(&u.script), dep, u.array_throttle))
+            .entry((header(&u.script), u.array_throttle))
             .or_default()
             .push(i);
     }
-    for ((head, dep, throttle), members) in groups {
-        let after_stages: Vec<String> = match (&dep, units[members[0]].stage) {
-            (Some(_), Some(stage)) => vec![units[stage].name.clone()],
-            _ => vec![],
-        };
+    for ((head, throttle), members) in groups {
+        // Every stage a member waits for that is still to finish, in the
+        // order the stages were planned.
+        let mut stages: Vec<usize> = members
+            .iter()
+            .filter_map(|&i| units[i].stage)
+            .filter(|s| stage_jobs.contains_key(s))
+            .collect();
+        stages.sort_unstable();
+        stages.dedup();
+        let dep: Vec<String> = stages.iter().map(|s| stage_jobs[s].clone()).collect();
+        let after_stages: Vec<String> = stages.iter().map(|&s| units[s].name.clone()).collect();
         let mut args = Vec::new();
-        if let Some(d) = &dep {
-            args.push(format!("--dependency=afterok:{d}"));
+        if !dep.is_empty() {
+            args.push(format!("--dependency=afterok:{}", dep.join(":")));
         }
         if members.len() == 1 {
             let u = &mut units[members[0]];

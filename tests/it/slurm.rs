@@ -2,7 +2,9 @@
 //! dependencies, failures, cancellation, idempotent submission, and
 //! `sbatch --test-only` on every script rendered from experiments/.
 
-use super::support::{project, repo, run_ok, status, stdout, submit_slurm, sweep, wait_for, write};
+use super::support::{
+    job_id, project, repo, run_ok, status, stdout, submit_slurm, sweep, wait_for, write,
+};
 use std::path::Path;
 use std::process::Command;
 
@@ -112,6 +114,60 @@ fn runs_wait_for_their_stage_and_are_cancelled_when_it_fails() {
         "afterok on a failed job never runs"
     );
     assert_eq!(s["batch_size-2"].0, "CANCELLED");
+}
+
+/// Runs with and without a stage to wait for go out as one array, its
+/// tasks in the plan's order (on-the-fly and pretokenized interleaved,
+/// repeat by repeat), the array waiting for the stage: split by stage, all
+/// the on-the-fly runs would run first.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn runs_with_and_without_a_stage_share_one_array_in_the_plans_order() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"mixed\"\n[defaults]\ndataset = \"missing.parquet\"\n[sweep]\nrepeats = 2\n[sweep.grid]\npretokenized = [false, true]\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-mixed\"\n");
+    let out = submit_slurm(root.path(), &m);
+    assert!(out.contains("array of 4 runs after job"), "{out}");
+    let plan: Vec<serde_json::Value> =
+        serde_json::from_slice(&run_ok(sweep(root.path()).args(["plan", "--json"]).arg(&m)).stdout)
+            .unwrap();
+    let ids: Vec<String> = plan
+        .iter()
+        .map(|r| {
+            job_id(
+                &root
+                    .path()
+                    .join("results/mixed")
+                    .join(r["name"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    let array = ids[0].split('_').next().unwrap().to_string();
+    assert_eq!(
+        ids,
+        (0..4).map(|k| format!("{array}_{k}")).collect::<Vec<_>>(),
+        "one array, tasks in the plan's order: {plan:?}"
+    );
+    let kinds: Vec<&serde_json::Value> =
+        plan.iter().map(|r| &r["params"]["pretokenized"]).collect();
+    assert_eq!(
+        kinds,
+        [
+            &serde_json::json!(false),
+            &serde_json::json!(true),
+            &serde_json::json!(false),
+            &serde_json::json!(true)
+        ]
+    );
+    // The stage fails (no dataset): the array never runs.
+    let s = wait_until_done(root.path(), &m, 60);
+    assert!(
+        s.iter()
+            .filter(|(k, _)| !k.starts_with("pretokenize-"))
+            .all(|(_, v)| v.0 == "CANCELLED"),
+        "{s:?}"
+    );
 }
 
 #[test]
