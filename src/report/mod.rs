@@ -334,6 +334,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
             if let Some(rec) = &record {
                 (run.id, run.attempt) = (Some(r.id.clone()), rec.attempt);
             }
+            run.block = r.block.map(|b| b.block);
             run.built = record.map(|rec| ingest::Built::of(&rec));
             run.params = r.params.clone();
             run.configuration = Some(r.configuration.clone());
@@ -507,6 +508,7 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
             let mut run = read_run(&r.name, d, dir, st, pattern.as_ref());
             run.identity = r.identity.clone();
             (run.id, run.attempt) = (Some(r.id.clone()), r.attempt);
+            run.block = r.block.map(|b| b.block);
             run.built = Some(ingest::Built::of(r));
             run.params = r.params.clone();
             run.configuration = r.configuration.clone();

@@ -12,7 +12,7 @@
 
 use super::columns::{self as c, Measure, Metric, Stat};
 use super::ingest::{Field, RunLog};
-use super::stats::{mean_ci95, speedups, RatioCi};
+use super::stats::{holm_judged, mean_ci95, paired_ratio_ci95, ratio_ci95, RatioCi};
 use crate::executor::State;
 use anyhow::{bail, Context as _, Result};
 use indexmap::IndexMap;
@@ -61,6 +61,16 @@ pub struct Summary {
     pub figures: Vec<RunFigures>,
     /// Ranks of data-parallel runs slower than their peers, by run.
     pub stragglers: Vec<super::straggler::Straggler>,
+}
+
+impl Summary {
+    /// The number of blocks, where the runs come from a blocked design
+    /// (their speedups are then paired by block).
+    pub fn blocks(&self) -> Option<usize> {
+        let blocks: std::collections::BTreeSet<u32> =
+            self.runs.iter().filter_map(|r| r.block).collect();
+        (!blocks.is_empty()).then_some(blocks.len())
+    }
 }
 
 /// One run's figures over its steady state: the means its configuration's
@@ -729,6 +739,29 @@ fn state_of(members: &[usize], runs: &[RunLog]) -> String {
 /// What a row's interval is computed over: its member runs' steady-state
 /// means when it has several (repeats, groups), else its one run's
 /// steady-state log points. `per_run` has one row per run, in run order.
+/// A configuration's and the baseline's run means paired by block, where
+/// every run of both has a block and they share two or more; none
+/// otherwise (the comparison is then unpaired).
+fn blocked_pairs(
+    mine: &[usize],
+    base: &[usize],
+    runs: &[RunLog],
+    means: &[Option<f64>],
+) -> Option<Vec<(f64, f64)>> {
+    let by_block = |members: &[usize]| -> Option<std::collections::BTreeMap<u32, f64>> {
+        members
+            .iter()
+            .map(|&m| Some((runs[m].block?, means.get(m).copied().flatten()?)))
+            .collect()
+    };
+    let (a, b) = (by_block(mine)?, by_block(base)?);
+    let pairs: Vec<(f64, f64)> = a
+        .iter()
+        .filter_map(|(k, x)| Some((*x, *b.get(k)?)))
+        .collect();
+    (pairs.len() >= 2).then_some(pairs)
+}
+
 fn samples(metric: &Measure, members: &[usize], per_run: &DataFrame, runs: &[RunLog]) -> Vec<f64> {
     let means = number_column(per_run, &metric.col(Stat::Mean)).unwrap_or_default();
     if members.len() >= 2 {
@@ -837,8 +870,19 @@ fn add_comparisons(
             speedup[i] = tps[i].map(|v| v / base_tps).filter(|s| s.is_finite());
         }
         // The rows' comparisons with the baseline are one family: the
-        // verdicts are Holm's, the intervals each comparison's own.
-        compared = speedups(&pairs);
+        // verdicts are Holm's, the intervals each comparison's own. Runs of
+        // a blocked design are compared block by block (paired).
+        let run_means = number_column(per_run, &Metric::TokensPerSecond.col(Stat::Mean))?;
+        let ratios = (0..h)
+            .map(|i| {
+                let (mine, base) = pairs[i]?;
+                match blocked_pairs(&members[i], &members[b], runs, &run_means) {
+                    Some(by_block) => paired_ratio_ci95(&by_block),
+                    None => ratio_ci95(mine, base),
+                }
+            })
+            .collect();
+        compared = holm_judged(ratios);
     }
     let of = |f: fn(&(RatioCi, f64)) -> f64| -> Vec<Option<f64>> {
         compared.iter().map(|c| c.as_ref().map(f)).collect()

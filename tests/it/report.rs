@@ -1073,3 +1073,52 @@ fn imported_files_with_one_stem_are_named_by_their_paths() {
     assert_eq!(names, ["node1/local", "node2/local"]);
     assert_eq!(rows[1]["tokens_per_second_mean"].as_f64(), Some(300.0));
 }
+
+/// A blocked study whose blocks ran at very different speeds (1000, 1300
+/// and 1600 tokens/s: three nodes), configuration `b` 5% faster than `a`
+/// in each: paired by block, the speedup's interval is tight around 1.05
+/// and significant; the table says the analysis is blocked.
+#[test]
+fn a_blocked_study_pairs_its_speedups_by_block() {
+    let root = project();
+    let m = root.path().join("b.toml");
+    write(
+        &m,
+        r#"name = "paired"
+executor = "local"
+command = """
+speed=$(( 1000 + 300 * {{ repeat }} ))
+for s in 1 2 3 4 5 6 7 8; do
+  awk -v v="$speed" -v f="{{ factor }}" -v s="$s" 'BEGIN { printf "step %d: %.2f tokens/s\\n", s, v * f * (1 + ((s * 7) % 5 - 2) / 1000) }'
+done
+"""
+[sweep]
+repeats = 3
+design = "blocks"
+order_seed = 5
+[sweep.grid]
+factor = [1.0, 1.05]
+[report]
+baseline = "factor-1.0"
+skip_first = 1
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let rows = json_rows(sweep(root.path()).args(["report", "--json"]).arg(&m));
+    let b = rows.iter().find(|r| r["run"] == "factor-1.05").unwrap();
+    let (low, high) = (
+        b["speedup_ci95_low"].as_f64().unwrap(),
+        b["speedup_ci95_high"].as_f64().unwrap(),
+    );
+    assert!(
+        1.04 < low && low < 1.05 && 1.05 < high && high < 1.06,
+        "paired: [{low}, {high}] {b}"
+    );
+    assert_eq!(b["significant"], true, "{b}");
+    let md = std::fs::read_to_string(root.path().join("results/paired/summary.md")).unwrap();
+    assert!(
+        md.contains("Randomized blocks (3): each speedup is paired by block"),
+        "{md}"
+    );
+}

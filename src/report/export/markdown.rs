@@ -65,6 +65,13 @@ impl Exporter for Markdown {
             )?,
             None => writeln!(out, ".\n")?,
         }
+        if let Some(blocks) = s.blocks() {
+            writeln!(
+                out,
+                "Randomized blocks ({blocks}): each speedup is paired by block — a t-interval over \
+                 the blocks' log-ratios, each block's runs measured in one place and hour.\n"
+            )?;
+        }
         out.write_all(table(s).as_bytes())?;
         if let Some(note) = shown::mfu_note(s) {
             writeln!(out, "\n{note}")?;

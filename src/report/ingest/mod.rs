@@ -320,6 +320,9 @@ pub struct RunLog {
     /// Data-parallel runs of our trainer: each rank's compute time per
     /// logging interval, and its host (what finds a straggler).
     pub ranks: Vec<jsonl::RankInterval>,
+    /// Its block in a blocked design (`[sweep] design = "blocks"`): the
+    /// runs of one block are compared with each other.
+    pub block: Option<u32>,
 }
 
 /// The sweep that rendered a run: its version and the project's commit.
@@ -359,6 +362,7 @@ impl RunLog {
             id: None,
             attempt: 1,
             ranks: Vec::new(),
+            block: None,
         }
     }
 
