@@ -641,17 +641,22 @@ pub fn text(attempts: &[Attempt]) -> String {
 }
 
 /// Records a summary's completed runs in the history beside its study;
-/// returns the file and how many runs were new.
-pub fn record(study_dir: &Path, study: &str, s: &Summary) -> Result<(PathBuf, usize)> {
+/// returns the file, how many runs were new, and the history still open
+/// (none where there is no file: nothing was measured yet).
+pub fn record(
+    study_dir: &Path,
+    study: &str,
+    s: &Summary,
+) -> Result<(PathBuf, usize, Option<History>)> {
     let path = path_for(study_dir);
     let entries = entries(study, s);
     if entries.is_empty() && path.symlink_metadata().is_err() {
         // Nothing measured yet: no file for nothing.
-        return Ok((path, 0));
+        return Ok((path, 0, None));
     }
     let mut h = History::open(&path)?;
     let added = h.record(&entries)?;
-    Ok((path, added))
+    Ok((path, added, Some(h)))
 }
 
 #[cfg(test)]

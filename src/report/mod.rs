@@ -21,7 +21,6 @@ use crate::manifest::{Manifest, Mode};
 use crate::plan::record::{RunRecord, StudyRecord, UnitKind};
 use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
-use history::History;
 use ingest::RunLog;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -163,31 +162,25 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     };
     // A history that cannot be written costs no report file: its error is
     // the command's to report once the files are written.
-    let history = match (source, opts.live) {
+    let recorded = match (source, opts.live) {
         (Source::Import { .. }, _) | (_, true) => None,
         _ => study_dir.map(|dir| history::record(&dir, &study, &s).map_err(|e| format!("{e:#}"))),
     };
     // The page shows each configuration's past where the history has one,
     // and how the latest attempt compares (as `sweep check --history`).
-    let past = match &history {
-        Some(Ok((path, _))) => History::open_existing(path)
-            .and_then(|h| {
-                h.map(|h| {
-                    check::against_history(
-                        &study,
-                        &s,
-                        &h,
-                        check::DEFAULT_LAST,
-                        check::DEFAULT_THRESHOLD_PCT,
-                    )
-                })
-                .transpose()
-            })
-            .map_err(|e| eprintln!("warning: the page shows no history: {e:#}"))
-            .ok()
-            .flatten(),
+    let past = match &recorded {
+        Some(Ok((_, _, Some(h)))) => check::against_history(
+            &study,
+            &s,
+            h,
+            check::DEFAULT_LAST,
+            check::DEFAULT_THRESHOLD_PCT,
+        )
+        .map_err(|e| eprintln!("warning: the page shows no history: {e:#}"))
+        .ok(),
         _ => None,
     };
+    let history = recorded.map(|r| r.map(|(path, added, _)| (path, added)));
     let html = page::study(
         &s,
         &charts,
@@ -248,7 +241,8 @@ fn dir_study_name(dir: &Path) -> String {
 pub fn record_history(root: &Path, source: &Source) -> Result<(PathBuf, usize)> {
     let (study, s, dir) = configurations(root, source, None)?;
     let dir = dir.ok_or_else(|| anyhow::anyhow!("the study has no results directory yet"))?;
-    history::record(&dir, &study, &s)
+    let (path, added, _) = history::record(&dir, &study, &s)?;
+    Ok((path, added))
 }
 
 /// A study summarised a row per configuration with its own settings and no
