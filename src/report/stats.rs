@@ -306,17 +306,10 @@ pub fn warmup_len(xs: &[f64]) -> usize {
     if xs.len() < 4 {
         return 0;
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
-    };
-    let m = median(&mut xs.to_vec());
-    let mad = median(&mut xs.iter().map(|x| (x - m).abs()).collect());
+    // At least four values: both medians exist.
+    let m = median(xs).unwrap_or(0.0);
+    let deviations: Vec<f64> = xs.iter().map(|x| (x - m).abs()).collect();
+    let mad = median(&deviations).unwrap_or(0.0);
     let threshold = m - (3.0 * 1.4826 * mad).max(0.1 * m.abs());
     xs.iter()
         .take(xs.len() / 2)
