@@ -203,14 +203,15 @@ pub fn barrier(comm: &dyn Collective, device: &Device) -> Result<()> {
     sum_scalars(comm, [0.0], device).map(|_| ())
 }
 
-/// One number from every rank, by rank, on every rank: each rank fills its
-/// own slot of a world-sized vector and the sum gathers them.
-pub fn gather_scalar(comm: &dyn Collective, x: f64, device: &Device) -> Result<Vec<f64>> {
+/// Every rank's `mine` (as long on every rank), one after another by rank,
+/// on every rank: each rank fills its own slots of the whole and the sum
+/// over the ranks gathers them.
+fn gather(comm: &dyn Collective, mine: &[f64], device: &Device) -> Result<Vec<f64>> {
     let Ranks {
         rank, world_size, ..
     } = comm.ranks();
-    let mut slots = vec![0.0; world_size];
-    slots[rank] = x;
+    let mut slots = vec![0.0; world_size * mine.len()];
+    slots[rank * mine.len()..(rank + 1) * mine.len()].copy_from_slice(mine);
     if comm.is_single() {
         return Ok(slots);
     }
@@ -218,26 +219,24 @@ pub fn gather_scalar(comm: &dyn Collective, x: f64, device: &Device) -> Result<V
     Ok(s.to_dtype(DType::F64)?.to_vec1::<f64>()?)
 }
 
+/// One number from every rank, by rank, on every rank.
+pub fn gather_scalar(comm: &dyn Collective, x: f64, device: &Device) -> Result<Vec<f64>> {
+    gather(comm, &[x], device)
+}
+
 /// The longest host name gathered; longer ones are cut (Linux allows 64 bytes).
 const HOST_BYTES: usize = 64;
 
-/// Every rank's host name, by rank, on every rank (its bytes gathered as
-/// numbers the way [`gather_scalar`] gathers one).
+/// Every rank's host name, by rank, on every rank (its bytes gathered as numbers).
 pub fn gather_hosts(comm: &dyn Collective, device: &Device) -> Result<Vec<String>> {
-    let Ranks {
-        rank, world_size, ..
-    } = comm.ranks();
-    let host = crate::util::process::host_name();
-    let mut slots = vec![0.0f64; world_size * HOST_BYTES];
-    let mine = &mut slots[rank * HOST_BYTES..(rank + 1) * HOST_BYTES];
-    for (slot, b) in mine.iter_mut().zip(host.bytes()) {
+    let mut mine = [0.0f64; HOST_BYTES];
+    for (slot, b) in mine
+        .iter_mut()
+        .zip(crate::util::process::host_name().bytes())
+    {
         *slot = b as f64;
     }
-    if !comm.is_single() {
-        let s = comm.all_reduce_sum(&Tensor::new(slots.as_slice(), device)?)?;
-        slots = s.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-    }
-    Ok(slots
+    Ok(gather(comm, &mine, device)?
         .chunks(HOST_BYTES)
         .map(|c| {
             let bytes: Vec<u8> = c
