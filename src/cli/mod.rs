@@ -804,6 +804,7 @@ fn source_of(p: &std::path::Path) -> crate::report::Source {
 
 fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
     use crate::report::check::{self, Reference};
+    use anyhow::Context;
     let opts = check::Options {
         reference: match &c.against {
             Some(a) => Reference::Study(source_of(a)),
@@ -821,9 +822,7 @@ fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
     // Never over the manifest or the study it checks; the folder is made.
     let write = |path: &std::path::Path, bytes: &[u8]| -> anyhow::Result<()> {
         let dir = crate::util::fs::parent_dir(path);
-        anyhow::Context::with_context(std::fs::create_dir_all(dir), || {
-            format!("creating {}", dir.display())
-        })?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         crate::util::fs::write_output(path, bytes, &[c.target.as_path()])?;
         eprintln!("wrote {}", path.display());
         Ok(())
