@@ -182,6 +182,8 @@ $gres_types
 NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem_mb $node_gres State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 PartitionName=normal Nodes=ALL MaxTime=INFINITE State=UP
+# A partition with a time limit, for the plan-time checks against one.
+PartitionName=short Nodes=ALL MaxTime=10 State=UP
 EOF
 
     # Clients without SLURM_CONF read /etc/slurm/slurm.conf; point it here if that path is free.

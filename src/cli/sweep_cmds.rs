@@ -39,11 +39,35 @@ fn cell(v: &serde_json::Value) -> String {
 
 pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result<ExitCode> {
     let plan = load_plan(root, manifest, allow_oom)?;
+    check_packed_time(&plan)?;
     match json {
         true => println!("{}", serde_json::to_string_pretty(&plan_json(&plan))?),
         false => print_plan(&plan),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A packed study's blocks against its partition's time limit, as `sinfo`
+/// gives it: an error where a block asks for more. Without `sinfo` (a plan
+/// made off the cluster) it is said and left to `sweep submit`.
+fn check_packed_time(plan: &Plan) -> Result<()> {
+    if !plan.manifest.slurm.pack {
+        return Ok(());
+    }
+    let partition = plan.manifest.slurm.partition.as_deref();
+    match executor::slurm::partition_limit(partition) {
+        Ok(Some((name, limit))) => crate::plan::pack::check_limit(plan, &name, limit)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", plan.manifest.path.display())),
+        Ok(None) => anyhow::bail!(
+            "{}: the cluster has no partition {}",
+            plan.manifest.path.display(),
+            partition.map_or("marked default".into(), |p| format!("`{p}`"))
+        ),
+        Err(e) => {
+            eprintln!("note: the packed blocks' time is not checked against the partition's limit here ({e:#})");
+            Ok(())
+        }
+    }
 }
 
 /// `sweep plan --json`: one object per run.
@@ -178,8 +202,33 @@ fn print_plan(plan: &Plan) {
                 _ => blocks.push((b.block, vec![&r.configuration.name])),
             }
         }
-        for (n, names) in blocks {
-            println!("  block {n}: {}", names.join(" → "));
+        let packed = crate::plan::pack::blocks(plan);
+        for ((n, names), p) in blocks.into_iter().zip(&packed) {
+            let size = match m.slurm.pack {
+                true => format!(
+                    "  [one job: {} node(s), {}]",
+                    p.allocation.nodes,
+                    crate::plan::pack::slurm_time(p.allocation.time_s)
+                ),
+                false => String::new(),
+            };
+            println!("  block {n}: {}{size}", names.join(" → "));
+        }
+        // What packing saves the queue, and costs in reserved time.
+        let (per_run, packed) = crate::plan::pack::costs(plan);
+        let this = |yes: bool| if yes { "  ← this manifest" } else { "" };
+        println!("on SLURM (each job waits in the queue and pays its start on its own):");
+        for (what, c, yes) in [
+            ("a job per run:              ", per_run, !m.slurm.pack),
+            ("packed blocks (pack = true):", packed, m.slurm.pack),
+        ] {
+            println!(
+                "  {what} {:>5} jobs from {:>5} sbatch submissions, at most {:.1} node-hours{}",
+                c.jobs,
+                c.submissions,
+                c.node_hours,
+                this(yes)
+            );
         }
     }
     let tot = plan.totals();
@@ -345,6 +394,13 @@ impl Submission {
     /// `verb`: the command (`submit`, `run`), for a second `sweep` to name.
     pub fn new(root: &Path, args: &SubmitArgs, verb: &str) -> Result<Submission> {
         let plan = load_plan(root, &args.manifest, args.allow_oom)?;
+        let kind = args
+            .executor
+            .or(plan.manifest.executor)
+            .unwrap_or(ExecutorKind::Slurm);
+        if kind == ExecutorKind::Slurm {
+            check_packed_time(&plan)?;
+        }
         // Decided under the lock: what another sweep submitted is seen.
         let (rendered, _, lock) = write_under_lock(
             &plan,
@@ -354,10 +410,6 @@ impl Submission {
             args.again.then_some(root),
         )?;
         let (units, status) = units_of(&plan, &rendered)?;
-        let kind = args
-            .executor
-            .or(plan.manifest.executor)
-            .unwrap_or(ExecutorKind::Slurm);
         let local = local::LocalOptions {
             parallel: args.parallel.unwrap_or(plan.manifest.local.parallel).max(1),
             threads: plan.manifest.local.threads,
@@ -459,10 +511,10 @@ pub fn interrupted_note(
 fn print_event(e: Event<'_>, dry_run: bool) {
     match e {
         Event::Submitted(job) => {
-            let what = if job.array {
-                format!("array of {} runs", job.units.len())
-            } else {
-                job.units[0].clone()
+            let what = match (job.block, job.array) {
+                (Some(b), _) => format!("block {b} of {} runs, packed", job.units.len()),
+                (None, true) => format!("array of {} runs", job.units.len()),
+                (None, false) => job.units[0].clone(),
             };
             // A dry run's stage jobs have no id yet: their stages' names.
             let after = match (dry_run, job.after_stages.is_empty()) {
@@ -471,7 +523,7 @@ fn print_event(e: Event<'_>, dry_run: bool) {
                 (false, false) => format!(" after job {}", job.depends_on.join(",")),
             };
             if dry_run {
-                let written = if job.array {
+                let written = if job.array || job.block.is_some() {
                     " (written when submitted)"
                 } else {
                     ""
@@ -542,7 +594,7 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
                 json!({
                     "name": u.name, "id": u.id, "kind": u.kind, "state": s.state,
                     "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
-                    "job_id": s.job_id, "dir": u.dir,
+                    "job_id": s.job_id, "dir": u.dir, "packed_block": packed_block(u),
                 })
             })
             .collect();
@@ -557,11 +609,15 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
     ]);
     let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
     for (u, s) in units.iter().zip(&status) {
+        let mut job = s.job_id.clone().unwrap_or_default();
+        if let Some(b) = packed_block(u) {
+            job.push_str(&format!(" (block {b})"));
+        }
         t.add_row(vec![
             u.name.clone(),
             u.kind.as_str().into(),
             s.describe(),
-            s.job_id.clone().unwrap_or_default(),
+            job,
         ]);
         *counts.entry(s.state.as_str()).or_default() += 1;
     }
@@ -575,6 +631,11 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
             .join(", ")
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The packed block whose job ran (or runs) the unit last.
+fn packed_block(u: &Unit) -> Option<u32> {
+    u.record.last_job().and_then(|j| j.block)
 }
 
 pub fn cancel(root: &Path, manifest: &Path) -> Result<ExitCode> {

@@ -7,6 +7,7 @@
 pub mod ended;
 pub mod fingerprint;
 pub mod local;
+pub mod packed;
 pub mod slurm;
 mod state;
 
@@ -36,6 +37,10 @@ pub struct Unit {
     pub script: String,
     pub env: Vec<(String, String)>,
     pub array_throttle: Option<u32>,
+    /// The block this run is packed into (`[slurm] pack`), with its
+    /// `[slurm]` settings, which size the block's allocation.
+    pub pack: Option<u32>,
+    pub slurm: crate::manifest::SlurmSpec,
     /// Processes the local executor starts (through `mpirun`) for a
     /// data-parallel run of the built-in trainer; 1 otherwise (a `command`
     /// run launches its own ranks).
@@ -49,6 +54,17 @@ impl Unit {
 
     /// Appends a submitted job to the unit's record, on disk at once.
     pub fn record_job(&mut self, executor: ExecutorKind, job_id: String) -> Result<()> {
+        self.record_job_in(executor, job_id, None)
+    }
+
+    /// [`Unit::record_job`] for a job that runs it as a step of a packed
+    /// block (`block`) or on its own (`None`).
+    pub fn record_job_in(
+        &mut self,
+        executor: ExecutorKind,
+        job_id: String,
+        block: Option<u32>,
+    ) -> Result<()> {
         // Re-read: another process (a job's own requeue, a parallel submit) may have written.
         let path = self.record_file();
         if let Ok(bytes) = std::fs::read(&path) {
@@ -60,6 +76,7 @@ impl Unit {
             executor,
             job_id,
             submitted_at: crate::util::now_rfc3339(),
+            block,
         });
         crate::util::fs::write_atomic(&path, &self.record.to_bytes())
     }
@@ -75,7 +92,7 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
             r,
             s.command(bin),
             None,
-            plan.manifest.slurm.env.clone(),
+            &s.slurm,
             None,
             1,
         ));
@@ -86,8 +103,8 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
             r,
             run.command(bin),
             run.stage,
-            run.slurm.env.clone(),
-            run.slurm.array_throttle,
+            &run.slurm,
+            run.block.filter(|_| run.slurm.pack).map(|b| b.block),
             match run.job {
                 crate::plan::Job::Train(_) => run.world_size(),
                 crate::plan::Job::Command(_) => 1,
@@ -102,8 +119,8 @@ fn unit(
     r: &RenderedDir,
     command: String,
     stage: Option<usize>,
-    env: indexmap::IndexMap<String, String>,
-    array_throttle: Option<u32>,
+    slurm: &crate::manifest::SlurmSpec,
+    pack: Option<u32>,
     ranks: u32,
 ) -> Unit {
     Unit {
@@ -115,8 +132,10 @@ fn unit(
         stage,
         record: r.record.clone(),
         script: r.script.clone(),
-        env: env.into_iter().collect(),
-        array_throttle,
+        env: slurm.env.clone().into_iter().collect(),
+        array_throttle: slurm.array_throttle,
+        pack,
+        slurm: slurm.clone(),
         ranks,
     }
 }
@@ -211,8 +230,13 @@ pub fn statuses(units: &[Unit]) -> Result<Vec<Status>> {
 pub fn record_statuses(records: &[(&RunRecord, &std::path::Path)]) -> Result<Vec<Status>> {
     let mut out = vec![Status::new(State::Unsubmitted); records.len()];
     by_executor(records, |exec, idx, jobs| {
-        for ((&i, s), (job, _)) in idx.iter().zip(exec.statuses(jobs)?).zip(jobs) {
-            out[i] = s.with_job(job);
+        for ((&i, s), (job, dir)) in idx.iter().zip(exec.statuses(jobs)?).zip(jobs) {
+            // The scheduler knows a packed block's job; the run's directory
+            // says where the block is with it.
+            out[i] = match records[i].0.last_job().and_then(|j| j.block) {
+                Some(b) => packed::run_status(&s, dir, job, b),
+                None => s.with_job(job),
+            };
         }
         Ok(())
     })?;
@@ -349,6 +373,8 @@ mod tests {
             script: String::new(),
             env: Vec::new(),
             array_throttle: None,
+            pack: None,
+            slurm: Default::default(),
             ranks: 1,
         }
     }

@@ -1,6 +1,7 @@
 //! The SLURM executor: `sbatch --parsable`, one job array per group of runs
-//! that share a job header and throttle (tasks in the plan's order), `afterok`
-//! on every stage job its runs need, and one `squeue` call for the state of
+//! that share a job header and throttle (tasks in the plan's order), or one
+//! job per block where blocks are packed; `afterok` on every stage job its
+//! runs need, and one `squeue` call for the state of
 //! the whole sweep.
 
 use super::{Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
@@ -29,6 +30,8 @@ pub struct Submission {
     pub script: PathBuf,
     pub units: Vec<String>,
     pub array: bool,
+    /// The block it runs, packed (`[slurm] pack`).
+    pub block: Option<u32>,
     /// The job ids it waits for (`afterok`).
     pub depends_on: Vec<String>,
     /// The stages whose jobs those are, by name (what a dry run, without
@@ -116,6 +119,7 @@ pub fn submit(
                     script,
                     units: vec![units[i].name.clone()],
                     array: false,
+                    block: None,
                     depends_on: vec![],
                     after_stages: vec![],
                 });
@@ -129,10 +133,46 @@ pub fn submit(
         }
     }
 
+    // Packed runs go out block by block, each block one job.
+    let mut blocks: IndexMap<u32, Vec<usize>> = IndexMap::new();
+    for (i, u) in units.iter().enumerate() {
+        if let (UnitKind::Run, Decision::Submit, Some(b)) = (u.kind, &decisions[i], u.pack) {
+            blocks.entry(b).or_default().push(i);
+        }
+    }
+    for (block, members) in blocks {
+        let (dep, after_stages) = waits_for(units, &members, &stage_jobs);
+        let allocation =
+            crate::plan::pack::Allocation::of(members.iter().map(|&i| &units[i].slurm))
+                .expect("a block has runs");
+        let head = crate::plan::pack::block_header(&header(&units[members[0]].script), &allocation);
+        let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
+        let script = super::packed::write_script(study_dir, block, &head, &dirs, dry_run)?;
+        let mut args = Vec::new();
+        if !dep.is_empty() {
+            args.push(format!("--dependency=afterok:{}", dep.join(":")));
+        }
+        let id = sbatch(&args, &script, dry_run)?;
+        if !dry_run {
+            for &i in &members {
+                units[i].record_job_in(ExecutorKind::Slurm, id.clone(), Some(block))?;
+            }
+        }
+        subs.push(Submission {
+            job_id: id,
+            script,
+            units: members.iter().map(|&i| units[i].name.clone()).collect(),
+            array: false,
+            block: Some(block),
+            after_stages,
+            depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
+        });
+    }
+
     // Runs that share their #SBATCH header and throttle go out as one array.
     let mut groups: IndexMap<ArrayKey, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
-        if u.kind != UnitKind::Run || decisions[i] != Decision::Submit {
+        if u.kind != UnitKind::Run || decisions[i] != Decision::Submit || u.pack.is_some() {
             continue;
         }
         groups
@@ -141,17 +181,7 @@ pub fn submit(
             .push(i);
     }
     for ((head, throttle), members) in groups {
-        // Every stage a member waits for that is still to finish, in the
-        // order the stages were planned.
-        let mut stages: Vec<usize> = members
-            .iter()
-            .filter_map(|&i| units[i].stage)
-            .filter(|s| stage_jobs.contains_key(s))
-            .collect();
-        stages.sort_unstable();
-        stages.dedup();
-        let dep: Vec<String> = stages.iter().map(|s| stage_jobs[s].clone()).collect();
-        let after_stages: Vec<String> = stages.iter().map(|&s| units[s].name.clone()).collect();
+        let (dep, after_stages) = waits_for(units, &members, &stage_jobs);
         let mut args = Vec::new();
         if !dep.is_empty() {
             args.push(format!("--dependency=afterok:{}", dep.join(":")));
@@ -168,6 +198,7 @@ pub fn submit(
                 script,
                 units: vec![u.name.clone()],
                 array: false,
+                block: None,
                 after_stages: after_stages.clone(),
                 depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
             });
@@ -191,11 +222,33 @@ pub fn submit(
             script,
             units: members.iter().map(|&i| units[i].name.clone()).collect(),
             array: true,
+            block: None,
             after_stages,
             depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
         });
     }
     Ok(subs)
+}
+
+/// The job ids `members` wait for (`afterok`): every stage one of them
+/// needs that is still to finish, in the order the stages were planned; and
+/// those stages' names (what a dry run, without ids, can say).
+fn waits_for(
+    units: &[Unit],
+    members: &[usize],
+    stage_jobs: &HashMap<usize, String>,
+) -> (Vec<String>, Vec<String>) {
+    let mut stages: Vec<usize> = members
+        .iter()
+        .filter_map(|&i| units[i].stage)
+        .filter(|s| stage_jobs.contains_key(s))
+        .collect();
+    stages.sort_unstable();
+    stages.dedup();
+    (
+        stages.iter().map(|s| stage_jobs[s].clone()).collect(),
+        stages.iter().map(|&s| units[s].name.clone()).collect(),
+    )
 }
 
 /// The `#SBATCH` lines of a script that do not name the run (its output file).
@@ -384,8 +437,40 @@ pub fn status_from_exit_file(dir: &Path, job_id: &str) -> Status {
     })
 }
 
+/// A partition's time limit as `sinfo` gives it: the partition's name (the
+/// cluster's default where `partition` is `None`) and its limit in seconds
+/// (`None`: unlimited). `Ok(None)` where the cluster has no such partition.
+pub fn partition_limit(partition: Option<&str>) -> Result<Option<(String, Option<u64>)>> {
+    let out = output(Command::new("sinfo").args(["--noheader", "--format=%P %l"]))
+        .context("asking SLURM for its partitions' time limits (sinfo)")?;
+    Ok(parse_partition_limit(&out, partition))
+}
+
+fn parse_partition_limit(out: &str, partition: Option<&str>) -> Option<(String, Option<u64>)> {
+    out.lines().find_map(|line| {
+        let (name, limit) = line.trim().split_once(' ')?;
+        let (name, default) = match name.strip_suffix('*') {
+            Some(n) => (n, true),
+            None => (name, false),
+        };
+        let wanted = match partition {
+            Some(p) => p == name,
+            None => default,
+        };
+        let limit = match limit.trim() {
+            "infinite" | "UNLIMITED" => None,
+            l => Some(crate::manifest::parse_slurm_time(l).ok()?),
+        };
+        wanted.then(|| (name.to_string(), limit))
+    })
+}
+
 pub fn cancel(ids: &[String]) -> Result<()> {
-    output(Command::new("scancel").args(ids)).context("cancelling the sweep's jobs")?;
+    // A packed block's runs share its job: cancelled once.
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    output(Command::new("scancel").args(&ids)).context("cancelling the sweep's jobs")?;
     Ok(())
 }
 
@@ -408,6 +493,24 @@ mod tests {
         assert_eq!(m["5_0"].state, State::Running);
         assert_eq!(m["4"].describe(), "FAILED (exit 3)");
         assert_eq!(m["7_[1-5%1]"].reason.as_deref(), Some("JobArrayTaskLimit"));
+    }
+
+    #[test]
+    fn partition_limits_parse() {
+        let out = "debug* infinite\nnormal 1-00:00:00\nshort 10:00\n";
+        assert_eq!(
+            parse_partition_limit(out, None),
+            Some(("debug".into(), None))
+        );
+        assert_eq!(
+            parse_partition_limit(out, Some("short")),
+            Some(("short".into(), Some(600)))
+        );
+        assert_eq!(
+            parse_partition_limit(out, Some("normal")),
+            Some(("normal".into(), Some(86_400)))
+        );
+        assert_eq!(parse_partition_limit(out, Some("gpu")), None);
     }
 
     #[test]

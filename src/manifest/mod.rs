@@ -572,7 +572,12 @@ impl Validator<'_, '_> {
 
     /// `max_runs` and `repeats`, or None (with the error) where they are out
     /// of bounds.
-    fn runs_and_repeats(&mut self, sweep: &schema::SweepFile, mode: &Mode) -> Option<(u64, u32)> {
+    fn runs_and_repeats(
+        &mut self,
+        sweep: &schema::SweepFile,
+        mode: &Mode,
+        pack: bool,
+    ) -> Option<(u64, u32)> {
         let max_runs = sweep.max_runs.unwrap_or(DEFAULT_MAX_RUNS);
         if max_runs > MAX_MAX_RUNS {
             self.at_value_help(
@@ -596,6 +601,14 @@ impl Validator<'_, '_> {
                 "`order_seed` draws the orders of a blocked design: set `design = \"blocks\"` too",
             );
             self.err(d);
+            return None;
+        }
+        if pack && sweep.design != Some(Design::Blocks) {
+            self.at_value_help(
+                "slurm.pack",
+                "`pack` runs each block of a blocked design as one job, and this study has no blocks",
+                "set `design = \"blocks\"` in [sweep] (a block is one run of every configuration; `repeats` blocks)",
+            );
             return None;
         }
         if sweep.seed_per_repeat && matches!(mode, Mode::Command(_)) {
@@ -683,7 +696,7 @@ impl Validator<'_, '_> {
         let (hints, notes) = self.hints(&mut file.defaults, &file.plan);
         let mode = self.mode(&file.command);
         let axes = self.axes(&file.sweep.grid, &file.sweep.zip);
-        let (max_runs, repeats) = self.runs_and_repeats(&file.sweep, &mode)?;
+        let (max_runs, repeats) = self.runs_and_repeats(&file.sweep, &mode, file.slurm.pack)?;
         if !self.check_size(&axes, max_runs, repeats) {
             // Every later check walks the axes: stop before a huge sweep does.
             return None;
@@ -1043,6 +1056,14 @@ impl Validator<'_, '_> {
                 self.at_key(path, "sweep `slurm.<key>`, not the whole [slurm] table");
                 return;
             };
+            if field == "pack" {
+                self.at_key_help(
+                    path,
+                    "`slurm.pack` is one choice for the whole study, not an axis",
+                    "set `pack = true` in [slurm]: every block of the blocked design becomes one job",
+                );
+                return;
+            }
             if self.written("slurm", field) {
                 self.at_key_help(
                     path,

@@ -130,6 +130,10 @@ pub struct SlurmSpec {
     pub signal_grace: u32,
     pub requeue: bool,
     pub master_port: u16,
+    /// A blocked design's blocks each as one job (`[slurm] pack`): one
+    /// allocation for the block's largest run, its runs one after another
+    /// as job steps. One choice for the whole study (not an axis).
+    pub pack: bool,
 }
 
 impl Default for SlurmSpec {
@@ -156,6 +160,7 @@ impl Default for SlurmSpec {
             signal_grace: 120,
             requeue: true,
             master_port: 29500,
+            pack: false,
         }
     }
 }

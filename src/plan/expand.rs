@@ -75,6 +75,7 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
 
     check_names(&m, &runs)?;
     check_ids(&m, &runs)?;
+    super::pack::check(&m, &runs)?;
     let stages = stages(&m, &study_dir, &mut runs)?;
     for run in &mut runs {
         if let Job::Train(cfg) = &mut run.job {
@@ -864,6 +865,8 @@ fn stages(
                 gpus_per_node: 0,
                 array_throttle: None,
                 requeue: false,
+                // A stage is a job of its own, before the blocks that need it.
+                pack: false,
                 template: spec.template.clone(),
                 job_name: Some(format!("{}-pretokenize", m.name)),
                 ..m.slurm.clone()

@@ -35,14 +35,17 @@ pub const STAGES_DIR: &str = "stages";
 pub const LOGS_DIR: &str = "logs";
 /// The job arrays' scripts `sweep submit` writes (`results/<study>/arrays`).
 pub const ARRAYS_DIR: &str = "arrays";
+/// The packed blocks' scripts `sweep submit` writes (`results/<study>/blocks`).
+pub const BLOCKS_DIR: &str = "blocks";
 /// Directories of runs the manifest changed, moved aside by
 /// `--replace-changed` (`results/<study>/replaced/<time>`).
 pub const REPLACED_DIR: &str = "replaced";
 /// The study's own directories beside its runs': no run may take their names.
-pub const STUDY_DIRS: [&str; 6] = [
+pub const STUDY_DIRS: [&str; 7] = [
     STAGES_DIR,
     LOGS_DIR,
     ARRAYS_DIR,
+    BLOCKS_DIR,
     REPLACED_DIR,
     GROUPED_DIR,
     ATTEMPTS_DIR,

@@ -6,6 +6,7 @@
 mod expand;
 pub mod files;
 pub mod identity;
+pub mod pack;
 pub mod record;
 pub mod render;
 pub mod templates;
@@ -263,23 +264,51 @@ impl Plan {
         expand::plan(manifest, opts)
     }
 
-    /// The upper bound of node- and GPU-hours: every job runs to its limit.
+    /// The upper bound of node- and GPU-hours: every job runs to its limit
+    /// (a packed block to the sum of its runs' limits and its margin).
     pub fn totals(&self) -> Totals {
-        let mut node_h = 0.0;
-        let mut gpu_h = 0.0;
-        let specs = self
-            .runs
+        let hours = |nodes: u64, gpus_per_node: u64, s: u64| {
+            let h = s as f64 / 3600.0;
+            (nodes as f64 * h, (nodes * gpus_per_node) as f64 * h)
+        };
+        let mut parts: Vec<(f64, f64)> = self
+            .stages
             .iter()
-            .map(|r| &r.slurm)
-            .chain(self.stages.iter().map(|s| &s.slurm));
-        for s in specs {
-            let hours = s.time.seconds() as f64 / 3600.0;
-            node_h += s.nodes.get() as f64 * hours;
-            gpu_h += s.gpus_total() as f64 * hours;
+            .map(|s| &s.slurm)
+            .map(|s| {
+                hours(
+                    s.nodes.get().into(),
+                    s.gpus_per_node.into(),
+                    s.time.seconds(),
+                )
+            })
+            .collect();
+        let blocks = match self.manifest.slurm.pack {
+            true => pack::blocks(self),
+            false => Vec::new(),
+        };
+        match blocks.is_empty() {
+            true => parts.extend(self.runs.iter().map(|r| &r.slurm).map(|s| {
+                hours(
+                    s.nodes.get().into(),
+                    s.gpus_per_node.into(),
+                    s.time.seconds(),
+                )
+            })),
+            false => parts.extend(blocks.iter().map(|b| {
+                let a = &b.allocation;
+                hours(a.nodes.into(), a.gpus_per_node.into(), a.time_s)
+            })),
         }
+        let node_h = parts.iter().map(|p| p.0).sum();
+        let gpu_h = parts.iter().map(|p| p.1).sum();
+        let run_jobs = match blocks.is_empty() {
+            true => self.runs.len(),
+            false => blocks.len(),
+        };
         Totals {
             runs: self.runs.len(),
-            jobs: self.runs.len() + self.stages.len(),
+            jobs: run_jobs + self.stages.len(),
             node_hours: node_h,
             gpu_hours: gpu_h,
         }

@@ -15,6 +15,10 @@ pub struct JobRecord {
     /// SLURM job id (`123` or `123_4` for an array task) or `local-<pid>`.
     pub job_id: String,
     pub submitted_at: String,
+    /// The block whose packed job (`job_id`, shared by the block's runs)
+    /// runs this run as one of its steps (`[slurm] pack`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -60,6 +60,9 @@ struct ScriptContext<'a> {
     run: RunInfo<'a>,
     job_name: String,
     slurm: &'a SlurmSpec,
+    /// A run of a packed block (`[slurm] pack`): its job step takes its own
+    /// size, time and first node out of the block's allocation.
+    packed: bool,
     command: minijinja::Value,
 }
 
@@ -226,6 +229,7 @@ impl Templates {
                 .clone()
                 .unwrap_or_else(|| plan.manifest.name.clone()),
             slurm,
+            packed: slurm.pack && kind == UnitKind::Run,
             command: minijinja::Value::from_safe_string(crate::template::launch_line(&command)),
         };
         self.engine

@@ -226,3 +226,85 @@ fn a_run_with_a_bad_dataset_path_fails_alone_with_a_clear_error() {
         "{table}"
     );
 }
+
+/// A packed block of three training runs, requeued while its second run
+/// trains and cancelled (scancel) while its third does, then resubmitted:
+/// the completed runs never run again, the interrupted ones resume from
+/// their checkpoints, and every run logs every step exactly once.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_packed_block_requeued_and_cancelled_loses_and_repeats_nothing() {
+    require_cluster();
+    let root = project_with_assets();
+    let m = root.path().join("packed.toml");
+    write(
+        &m,
+        "name = \"packed\"\n[defaults]\ndataset = \"assets/data/quickstart.parquet\"\nmodel = \"tiny\"\narchitecture = { dim = 32, n_layers = 1 }\nsequence_length = 128\nbatch_size = 2\nlearning_rate = 3e-3\nwarmup_steps = 2\nlogging_frequency = 1\ntraining_steps = 80\ncheckpoint_every = 5\n[sweep]\ndesign = \"blocks\"\norder_seed = 1\nname = \"s{{ seed }}\"\n[sweep.grid]\nseed = [1, 2, 3]\n[slurm]\ntime = \"5\"\ncpus_per_task = 1\npack = true\n",
+    );
+    let plan: Vec<serde_json::Value> =
+        serde_json::from_slice(&run_ok(sweep(root.path()).args(["plan", "--json"]).arg(&m)).stdout)
+            .unwrap();
+    let order: Vec<String> = plan
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    let dir = |k: usize| root.path().join("results/packed").join(&order[k]);
+    let state = |k: usize| status(root.path(), &m)[&order[k]].0.clone();
+    let out = submit_slurm(root.path(), &m);
+    assert!(out.contains("block 1 of 3 runs, packed"), "{out}");
+    let job = job_id(&dir(0));
+    wait_for(240, "the second run at step 10", || {
+        (state(0) == "COMPLETED" && losses(&dir(1)).len() >= 10).then_some(())
+    });
+    assert_eq!(state(2), "PENDING", "the third waits for its turn");
+    // What a node failure or preemption does: the block is queued again.
+    run_ok(Command::new("scontrol").args(["requeue", &job]));
+    release_requeued(&job);
+    wait_for(240, "the third run at step 10", || {
+        (state(1) == "COMPLETED" && losses(&dir(2)).len() >= 10).then_some(())
+    });
+    run_ok(Command::new("scancel").arg(&job));
+    wait_for(60, "the block to end", || {
+        (state(2) == "CANCELLED").then_some(())
+    });
+    assert_eq!(state(0), "COMPLETED");
+    assert_eq!(state(1), "COMPLETED");
+    let again = stdout(&run_ok(sweep(root.path()).arg("submit").arg(&m).args([
+        "--executor",
+        "slurm",
+        "--retry-failed",
+    ])));
+    assert!(
+        again.contains("skip ") && again.contains("block 1 of 1 runs, packed"),
+        "only the cancelled run goes again: {again}"
+    );
+    wait_for(240, "the resubmitted run", || {
+        (state(2) == "COMPLETED").then_some(())
+    });
+    for (k, name) in order.iter().enumerate() {
+        let steps: Vec<u64> = losses(&dir(k)).iter().map(|(s, _)| *s).collect();
+        assert_eq!(
+            steps,
+            (1..=80).collect::<Vec<_>>(),
+            "{name}: every step once"
+        );
+    }
+    let starts = |k: usize| job_logs(&dir(k)).matches("sweep: run ").count();
+    assert_eq!(
+        starts(0),
+        1,
+        "the first run completed before the requeue: never run again"
+    );
+    assert_eq!(starts(1), 2, "the second ran again after the requeue");
+    assert!(
+        job_logs(&dir(1)).contains("resumed from"),
+        "{}",
+        job_logs(&dir(1))
+    );
+    assert_eq!(starts(2), 2, "the third: cancelled, then its own job");
+    assert!(
+        job_logs(&dir(2)).contains("resumed from"),
+        "{}",
+        job_logs(&dir(2))
+    );
+}

@@ -387,3 +387,157 @@ fn collect_scripts(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         }
     }
 }
+
+/// A blocked study packed on SLURM: 4 configurations × 3 blocks go out as
+/// 3 jobs that run 12 runs, each block's runs one after another in the
+/// order `order_seed` draws (another order per block), each run with a
+/// directory of its own; a run that fails does not end its block.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_packed_blocked_study_runs_each_block_as_one_job() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    let name = format!("sweep-test-packed-{}", std::process::id());
+    write(
+        &m,
+        &format!(
+            r#"name = "packed"
+command = "echo config {{{{ cfg }}}} of block {{{{ repeat }}}}; exit {{{{ 3 if cfg == 'c' else 0 }}}}"
+[sweep]
+design = "blocks"
+repeats = 3
+order_seed = 4
+name = "{{{{ cfg }}}}"
+[sweep.grid]
+cfg = ["a", "b", "c", "d"]
+[slurm]
+time = "2"
+pack = true
+job_name = "{name}"
+"#
+        ),
+    );
+    let plan: Vec<serde_json::Value> =
+        serde_json::from_slice(&run_ok(sweep(root.path()).args(["plan", "--json"]).arg(&m)).stdout)
+            .unwrap();
+    let shown = stdout(&run_ok(sweep(root.path()).arg("plan").arg(&m)));
+    assert!(
+        shown.contains("3 jobs from     3 sbatch submissions")
+            && shown.contains("12 jobs from     1 sbatch submissions"),
+        "both designs' costs: {shown}"
+    );
+    let out = submit_slurm(root.path(), &m);
+    for b in 1..=3 {
+        assert!(
+            out.contains(&format!("block {b} of 4 runs, packed")),
+            "{out}"
+        );
+    }
+    assert_eq!(jobs_named(&name), 3, "a job per block");
+    let s = wait_until_done(root.path(), &m, 90);
+    assert_eq!(s.len(), 12);
+    let study = root.path().join("results/packed");
+    // Each block ran its runs in the plan's order, which the seed drew.
+    let logs = std::fs::read_dir(study.join("logs")).unwrap();
+    let mut ran: Vec<Vec<String>> = logs
+        .flatten()
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            text.lines()
+                .filter_map(|l| l.strip_prefix("sweep: block "))
+                .filter_map(|l| Some(l.split_once(": ")?.1.split_once(" on ")?.0))
+                .map(|dir| {
+                    Path::new(dir)
+                        .file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect()
+        })
+        .collect();
+    ran.sort_by_key(|names| {
+        plan.iter()
+            .find(|r| r["name"] == names[0].as_str())
+            .map(|r| r["block"]["block"].as_u64().unwrap())
+    });
+    let planned: Vec<Vec<String>> = (1..=3)
+        .map(|b| {
+            plan.iter()
+                .filter(|r| r["block"]["block"] == b)
+                .map(|r| r["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    assert_eq!(ran, planned, "each block in its planned order");
+    let configs =
+        |names: &Vec<String>| -> Vec<String> { names.iter().map(|n| n[..1].to_string()).collect() };
+    let orders: Vec<Vec<String>> = ran.iter().map(configs).collect();
+    assert!(
+        orders[0] != orders[1] && orders[1] != orders[2] && orders[0] != orders[2],
+        "another order per block: {orders:?}"
+    );
+    for r in &plan {
+        let run = r["name"].as_str().unwrap();
+        let dir = study.join(run);
+        let cfg = r["params"]["cfg"].as_str().unwrap();
+        let want = if cfg == "c" {
+            ("FAILED".to_string(), Some(3))
+        } else {
+            ("COMPLETED".to_string(), Some(0))
+        };
+        assert_eq!(s[run], want, "{run}");
+        for f in [
+            "run.json",
+            "config.toml",
+            "job.sbatch",
+            "exit_code",
+            "started",
+            "environment.json",
+        ] {
+            assert!(dir.join(f).is_file(), "{run}: {f}");
+        }
+        let log = super::support::job_logs(&dir);
+        assert_eq!(log.matches("config ").count(), 1, "{run} ran once: {log}");
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap()).unwrap();
+        assert_eq!(record["jobs"][0]["block"], r["block"]["block"], "{record}");
+    }
+    // The blocks' jobs ended with their failed run reported, not the block.
+    let json: Vec<serde_json::Value> = serde_json::from_slice(
+        &run_ok(sweep(root.path()).arg("status").arg(&m).arg("--json")).stdout,
+    )
+    .unwrap();
+    assert!(json.iter().all(|r| r["packed_block"].is_u64()), "{json:?}");
+}
+
+/// A block of a packed study over a partition's time limit is refused at
+/// plan time, with the block and the limit.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_packed_block_longer_than_its_partition_allows_is_refused_at_plan_time() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    let manifest = |configs: &str| {
+        format!("name = \"long\"\ncommand = \"true\"\n[sweep]\ndesign = \"blocks\"\n[sweep.grid]\ncfg = [{configs}]\n[slurm]\ntime = \"4\"\npartition = \"short\"\npack = true\n")
+    };
+    // Three runs of 4 minutes and a 5-minute margin: 17 minutes > 10.
+    write(&m, &manifest("1, 2, 3"));
+    let err = super::support::run_err(sweep(root.path()).arg("plan").arg(&m));
+    assert!(
+        err.contains("partition `short` allows (0-00:10:00)")
+            && err.contains("block 1 asks for 0-00:17:00"),
+        "{err}"
+    );
+    let err = super::support::run_err(sweep(root.path()).arg("submit").arg(&m));
+    assert!(err.contains("partition `short`"), "{err}");
+    assert!(
+        !root.path().join("results/long/blocks").exists(),
+        "nothing submitted"
+    );
+    // One run: 4 + 5 minutes fit.
+    write(&m, &manifest("1"));
+    run_ok(sweep(root.path()).arg("plan").arg(&m));
+}
