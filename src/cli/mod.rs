@@ -933,6 +933,16 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
     for st in &rep.summary.stragglers {
         println!("straggler: {}", st.describe());
     }
+    if let Some(d) = &rep.summary.design {
+        println!(
+            "blocks: {} (speedups paired by block); {}",
+            d.places.len(),
+            d.places_line()
+        );
+        if let Some(line) = d.effects_line() {
+            println!("place in block: {line}");
+        }
+    }
     for h in &rep.summary.hints {
         println!("hint: {h}");
     }

@@ -93,6 +93,10 @@ pub struct Comparison {
     /// or whole), as `sweep report` lists them.
     pub problems_a: Vec<Problem>,
     pub problems_b: Vec<Problem>,
+    /// Each side's blocked design, where it has one: its blocks' nodes and
+    /// position check.
+    pub design_a: Option<super::blocks::Design>,
+    pub design_b: Option<super::blocks::Design>,
     pub files: Vec<PathBuf>,
 }
 
@@ -187,6 +191,8 @@ pub fn compare(name_a: &str, sa: &Summary, name_b: &str, sb: &Summary) -> Result
         only_b: cb.iter().filter(|x| !ca.contains(x)).cloned().collect(),
         problems_a: sa.problems.clone(),
         problems_b: sb.problems.clone(),
+        design_a: sa.design.clone(),
+        design_b: sb.design.clone(),
         rows,
         files: Vec::new(),
     })
@@ -365,6 +371,7 @@ pub fn markdown(cmp: &Comparison) -> String {
         ));
     }
     out.push_str(&differences_markdown(cmp));
+    out.push_str(&designs_markdown(cmp));
     for (side, only) in [(&cmp.a, &cmp.only_a), (&cmp.b, &cmp.only_b)] {
         if !only.is_empty() {
             let only: Vec<String> = only.iter().map(|o| cell(o)).collect();
@@ -378,6 +385,40 @@ pub fn markdown(cmp: &Comparison) -> String {
                 out.push_str(&format!("- {}\n", cell(&p.describe())));
             }
         }
+    }
+    out
+}
+
+/// Each blocked side: its blocks and where they ran, its position check,
+/// and what the pairing covers (within a study, not between A and B).
+fn designs_markdown(cmp: &Comparison) -> String {
+    let mut out = String::new();
+    for (side, design) in [(&cmp.a, &cmp.design_a), (&cmp.b, &cmp.design_b)] {
+        let Some(d) = design else { continue };
+        if out.is_empty() {
+            out.push_str(
+                "
+## Blocked designs
+
+",
+            );
+        }
+        out.push_str(&format!(
+            "- {}: randomized blocks ({}), its own speedups paired by block; {}.",
+            cell(side),
+            d.places.len(),
+            cell(&d.places_line())
+        ));
+        if let Some(line) = d.effects_line() {
+            out.push_str(&format!(" Place in the block: {}.", cell(&line)));
+        }
+        out.push('\n');
+    }
+    if !out.is_empty() {
+        out.push_str(
+            "\nB's speedups over A above compare runs of different allocations (unpaired): \
+             for a paired comparison, run both in one blocked study.\n",
+        );
     }
     out
 }

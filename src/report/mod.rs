@@ -2,6 +2,7 @@
 //! every run of a sweep, from its manifest or its results directory, or for
 //! logs written by other programs (`--import`, e.g. the reference study's).
 
+pub mod blocks;
 pub mod charts;
 pub mod check;
 pub mod columns;
@@ -328,7 +329,8 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
             if let Some(rec) = &record {
                 (run.id, run.attempt) = (Some(r.id.clone()), rec.attempt);
             }
-            run.block = r.block.map(|b| b.block);
+            run.block = r.block;
+            run.nodes = blocked_nodes(&run);
             run.built = record.map(|rec| ingest::Built::of(&rec));
             run.params = r.params.clone();
             run.configuration = Some(r.configuration.clone());
@@ -502,7 +504,8 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
             let mut run = read_run(&r.name, d, dir, st, pattern.as_ref());
             run.identity = r.identity.clone();
             (run.id, run.attempt) = (Some(r.id.clone()), r.attempt);
-            run.block = r.block.map(|b| b.block);
+            run.block = r.block;
+            run.nodes = blocked_nodes(&run);
             run.built = Some(ingest::Built::of(r));
             run.params = r.params.clone();
             run.configuration = r.configuration.clone();
@@ -660,6 +663,20 @@ fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
 /// A run's points: metrics.jsonl, or its job logs matched by `pattern`. A
 /// file that exists but cannot be read (or leads outside `study_dir`) is an
 /// issue of the run, never an empty run.
+/// Where a run of a blocked design ran: its allocation's nodes as its job
+/// recorded them (`environment.json`), else its host; none for other runs
+/// (one file read per run saved) or a run that recorded nothing.
+fn blocked_nodes(run: &RunLog) -> Vec<String> {
+    let (Some(_), Some(dir)) = (run.block, &run.dir) else {
+        return Vec::new();
+    };
+    match crate::executor::fingerprint::Fingerprint::load(dir) {
+        Ok(Some(f)) if !f.nodes.is_empty() => f.nodes,
+        Ok(Some(f)) => vec![f.host],
+        _ => Vec::new(),
+    }
+}
+
 fn read_run(
     name: &str,
     dir: &Path,

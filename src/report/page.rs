@@ -550,6 +550,12 @@ fn summary_table(out: &mut String, s: &Summary, baseline: Option<&str>, skip_fir
              the blocks' log-ratios, each block's runs measured in one place and hour)."
         );
     }
+    if let Some(d) = &s.design {
+        let _ = write!(out, " Where each block ran: {}.", esc(&d.places_line()));
+        if let Some(line) = d.effects_line() {
+            let _ = write!(out, " Place in the block: {}.", esc(&line));
+        }
+    }
     if let Some(b) = baseline {
         let _ = write!(
             out,

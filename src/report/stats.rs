@@ -20,7 +20,7 @@ pub struct MeanCi {
 }
 
 /// The 0.975 quantile of Student's t with `df` degrees of freedom.
-fn t975(df: f64) -> f64 {
+pub(crate) fn t975(df: f64) -> f64 {
     StudentsT::new(0.0, 1.0, df)
         .map(|t| t.inverse_cdf(0.975))
         .unwrap_or(f64::NAN)
@@ -240,7 +240,7 @@ pub fn ratio_of_runs(now: &[RunSample], reference: &[RunSample]) -> Option<(Rati
 }
 
 /// The two-sided p-value of a t statistic with `df` degrees of freedom.
-fn two_sided_p(t: f64, df: f64) -> f64 {
+pub(crate) fn two_sided_p(t: f64, df: f64) -> f64 {
     StudentsT::new(0.0, 1.0, df)
         .map(|d| (2.0 * (1.0 - d.cdf(t.abs()))).clamp(0.0, 1.0))
         .unwrap_or(1.0)

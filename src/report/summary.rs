@@ -61,14 +61,19 @@ pub struct Summary {
     pub figures: Vec<RunFigures>,
     /// Ranks of data-parallel runs slower than their peers, by run.
     pub stragglers: Vec<super::straggler::Straggler>,
+    /// A blocked design's places and position check (none otherwise).
+    pub design: Option<super::blocks::Design>,
 }
 
 impl Summary {
     /// The number of blocks, where the runs come from a blocked design
     /// (their speedups are then paired by block).
     pub fn blocks(&self) -> Option<usize> {
-        let blocks: std::collections::BTreeSet<u32> =
-            self.runs.iter().filter_map(|r| r.block).collect();
+        let blocks: std::collections::BTreeSet<u32> = self
+            .runs
+            .iter()
+            .filter_map(|r| Some(r.block?.block))
+            .collect();
         (!blocks.is_empty()).then_some(blocks.len())
     }
 }
@@ -301,7 +306,10 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
     let hints = repeats_hint(&rows).into_iter().collect();
     let figures = run_figures(&per_run, &runs)?;
     let stragglers = runs.iter().flat_map(super::straggler::find).collect();
+    let tps: Vec<Option<f64>> = figures.iter().map(|f| f.tokens_per_second).collect();
+    let design = super::blocks::design(&runs, &tps);
     Ok(Summary {
+        design,
         hints,
         table,
         rows,
@@ -751,7 +759,7 @@ fn blocked_pairs(
     let by_block = |members: &[usize]| -> Option<std::collections::BTreeMap<u32, f64>> {
         members
             .iter()
-            .map(|&m| Some((runs[m].block?, means.get(m).copied().flatten()?)))
+            .map(|&m| Some((runs[m].block?.block, means.get(m).copied().flatten()?)))
             .collect()
     };
     let (a, b) = (by_block(mine)?, by_block(base)?);

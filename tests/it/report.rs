@@ -1121,4 +1121,67 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
         md.contains("Randomized blocks (3): each speedup is paired by block"),
         "{md}"
     );
+    // Where each block ran, from its runs' environment records.
+    let host = sweep::util::process::host_name();
+    assert!(
+        md.contains(&format!(
+            "Where each block ran: block 1: {host} (2 runs); block 2: {host}"
+        )),
+        "{md}"
+    );
+    let said = stdout(&run_ok(sweep(root.path()).arg("report").arg(&m)));
+    assert!(
+        said.contains("blocks: 3 (speedups paired by block)"),
+        "{said}"
+    );
+}
+
+/// A configuration that runs slower the later it comes in its block (here:
+/// it counts the runs of the block before it, as a cache another run
+/// filled or a GPU heating up would) is named with its figures; the others
+/// are not.
+#[test]
+fn a_configuration_whose_speed_depends_on_its_place_in_the_block_is_flagged() {
+    let root = project();
+    let m = root.path().join("b.toml");
+    write(
+        &m,
+        r#"name = "places"
+executor = "local"
+command = """
+before=$(( $(cat ../ran.txt 2>/dev/null | wc -l) % 4 ))
+echo x >> ../ran.txt
+speed=$(( 1000 + 150 * {{ repeat }} ))
+slow=$([ "{{ cfg }}" = d ] && echo "0.03 * $before" || echo 0)
+for s in 1 2 3 4 5 6; do
+  awk -v v="$speed" -v b="$slow" -v s="$s" 'BEGIN { split(b, p, " "); d = (b == "0") ? 0 : p[1] * p[3]; printf "step %d: %.3f tokens/s\\n", s, v * (1 - d) * (1 + ((s * 7) % 5 - 2) / 2000) }'
+done
+"""
+[sweep]
+repeats = 5
+design = "blocks"
+order_seed = 3
+[sweep.grid]
+cfg = ["a", "b", "c", "d"]
+[report]
+skip_first = 1
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let said = stdout(&run_ok(sweep(root.path()).arg("report").arg(&m)));
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("place in block:"))
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        line.contains("speed depends on the place in the block — d: -")
+            && line.matches("per place later").count() == 1,
+        "{line}"
+    );
+    let md = std::fs::read_to_string(root.path().join("results/places/summary.md")).unwrap();
+    assert!(
+        md.contains("Place in the block: speed depends on the place in the block — d"),
+        "{md}"
+    );
 }

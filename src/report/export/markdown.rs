@@ -72,6 +72,12 @@ impl Exporter for Markdown {
                  the blocks' log-ratios, each block's runs measured in one place and hour.\n"
             )?;
         }
+        if let Some(d) = &s.design {
+            writeln!(out, "Where each block ran: {}.\n", cell(&d.places_line()))?;
+            if let Some(line) = d.effects_line() {
+                writeln!(out, "Place in the block: {}.\n", cell(&line))?;
+            }
+        }
         out.write_all(table(s).as_bytes())?;
         if let Some(note) = shown::mfu_note(s) {
             writeln!(out, "\n{note}")?;

@@ -320,9 +320,12 @@ pub struct RunLog {
     /// Data-parallel runs of our trainer: each rank's compute time per
     /// logging interval, and its host (what finds a straggler).
     pub ranks: Vec<jsonl::RankInterval>,
-    /// Its block in a blocked design (`[sweep] design = "blocks"`): the
-    /// runs of one block are compared with each other.
-    pub block: Option<u32>,
+    /// Its block and place in a blocked design (`[sweep] design =
+    /// "blocks"`): the runs of one block are compared with each other.
+    pub block: Option<crate::plan::record::Block>,
+    /// The nodes it ran on (its allocation's, as its job recorded them),
+    /// where a blocked design's report says where each block ran.
+    pub nodes: Vec<String>,
 }
 
 /// The sweep that rendered a run: its version and the project's commit.
@@ -363,6 +366,7 @@ impl RunLog {
             attempt: 1,
             ranks: Vec::new(),
             block: None,
+            nodes: Vec::new(),
         }
     }
 
