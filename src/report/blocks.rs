@@ -169,7 +169,7 @@ pub fn design(runs: &[RunLog], means: &[Option<f64>]) -> Option<Design> {
             .or_default()
             .push((f64::from(*pos), 100.0 * (y - (sum - y) / (n - 1) as f64)));
     }
-    let fits: Vec<(String, usize, Option<(f64, f64, f64)>)> = by_config
+    let fits: Vec<(String, usize, Option<Fit>)> = by_config
         .into_iter()
         .map(|(name, pts)| (name, pts.len(), slope(&pts)))
         .collect();
@@ -199,9 +199,11 @@ pub fn design(runs: &[RunLog], means: &[Option<f64>]) -> Option<Design> {
     })
 }
 
-/// Least squares of y on x: (slope, its 95% half-width, p of slope 0);
-/// `None` below three points or with one x.
-fn slope(pts: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
+/// A slope, its 95% half-width and the p-value of "no slope".
+type Fit = (f64, f64, f64);
+
+/// Least squares of y on x; `None` below three points or with one x.
+fn slope(pts: &[(f64, f64)]) -> Option<Fit> {
     let n = pts.len();
     if n < 3 {
         return None;
@@ -250,7 +252,7 @@ mod tests {
             for k in 0..4u32 {
                 let c = ((k + b) % 4) as u8;
                 let name = ((b'a' + c) as char).to_string();
-                let mut r = RunLog::new(&format!("{name}-r{b}"), Status::new(State::Completed));
+                let mut r = RunLog::new(format!("{name}-r{b}"), Status::new(State::Completed));
                 r.block = Some(Block {
                     block: b,
                     position: k + 1,

@@ -337,7 +337,7 @@ fn every_script_rendered_from_experiments_passes_sbatch_test_only() {
     }
     collect_scripts(&root.path().join("results"), &mut scripts);
     assert!(
-        scripts.len() >= 8 + 2 + 8 + 6 + 8,
+        scripts.len() >= 8 + 2 + 8 + 6 + 8 + 24,
         "{} scripts",
         scripts.len()
     );
