@@ -5,7 +5,7 @@
 
 use super::ended::{self, EXIT_CODE};
 use super::{State, Status};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -69,16 +69,14 @@ echo "sweep: block {block} done at $(date -Is): $failed run(s) failed"
 [[ $failed -eq 0 ]]
 "#
     ));
-    let id = crate::util::hash::sha256_bytes(s.as_bytes());
-    let blocks = study_dir.join(crate::plan::files::BLOCKS_DIR);
-    let path = blocks.join(format!("block-{block}-{}.sbatch", &id[..12]));
-    if !dry_run {
-        for d in [&logs, &blocks] {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-        }
-        crate::util::fs::write_if_changed(&path, s.as_bytes())?;
-    }
-    Ok(path)
+    let stem = format!("block-{block}");
+    super::slurm::write_study_script(
+        study_dir,
+        crate::plan::files::BLOCKS_DIR,
+        &stem,
+        &s,
+        dry_run,
+    )
 }
 
 /// When job `job_id` started the run in `dir` (its `started` record).

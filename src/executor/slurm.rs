@@ -287,14 +287,35 @@ fn write_array_script(
     s.push_str(
         ")\nexport SWEEP_ARRAY=1\nexec bash \"${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}/job.sbatch\"\n",
     );
-    let id = crate::util::hash::sha256_bytes(s.as_bytes());
-    let arrays = study_dir.join(crate::plan::files::ARRAYS_DIR);
-    let path = arrays.join(format!("array-{}.sbatch", &id[..12]));
+    write_study_script(
+        study_dir,
+        crate::plan::files::ARRAYS_DIR,
+        "array",
+        &s,
+        dry_run,
+    )
+}
+
+/// Writes a script `sweep submit` makes (an array's, a packed block's) as
+/// `results/<study>/<dir>/<stem>-<hash>.sbatch`, named by its content so
+/// that submitting the same again reuses it; makes the study's `logs/` its
+/// jobs log into. Returns the path (on a dry run, without writing).
+pub(super) fn write_study_script(
+    study_dir: &Path,
+    dir: &str,
+    stem: &str,
+    text: &str,
+    dry_run: bool,
+) -> Result<PathBuf> {
+    let id = crate::util::hash::sha256_bytes(text.as_bytes());
+    let scripts = study_dir.join(dir);
+    let path = scripts.join(format!("{stem}-{}.sbatch", &id[..12]));
     if !dry_run {
-        for d in [&logs, &arrays] {
+        let logs = study_dir.join(crate::plan::files::LOGS_DIR);
+        for d in [&logs, &scripts] {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
-        crate::util::fs::write_if_changed(&path, s.as_bytes())?;
+        crate::util::fs::write_if_changed(&path, text.as_bytes())?;
     }
     Ok(path)
 }
