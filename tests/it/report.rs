@@ -1184,4 +1184,26 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
         md.contains("Place in the block: speed depends on the place in the block — d"),
         "{md}"
     );
+    // `sweep compare` of two blocked studies shows each one's blocks and
+    // check, and says that its speedups between them are unpaired.
+    let results = root.path().join("results");
+    run_ok(
+        std::process::Command::new("cp")
+            .arg("-r")
+            .arg(results.join("places"))
+            .arg(results.join("before")),
+    );
+    let said = stdout(&run_ok(sweep(root.path()).args([
+        "compare",
+        "results/before",
+        "results/places",
+    ])));
+    let host = sweep::util::process::host_name();
+    assert!(
+        said.contains("## Blocked designs")
+            && said.contains(&format!("- before: randomized blocks (5), its own speedups paired by block; block 1: {host} (4 runs)"))
+            && said.contains("Place in the block: speed depends on the place in the block — d")
+            && said.contains("compare runs of different allocations (unpaired)"),
+        "{said}"
+    );
 }
