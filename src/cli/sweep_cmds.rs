@@ -194,25 +194,21 @@ fn print_plan(plan: &Plan) {
             "randomized blocks (order_seed = {}): each block runs every configuration once, in its own order",
             m.order_seed
         );
-        let mut blocks: Vec<(u32, Vec<&str>)> = Vec::new();
-        for r in &plan.runs {
-            let Some(b) = r.block else { continue };
-            match blocks.last_mut() {
-                Some((n, names)) if *n == b.block => names.push(&r.configuration.name),
-                _ => blocks.push((b.block, vec![&r.configuration.name])),
-            }
-        }
-        let packed = crate::plan::pack::blocks(plan);
-        for ((n, names), p) in blocks.into_iter().zip(&packed) {
+        for b in crate::plan::pack::blocks(plan) {
+            let names: Vec<&str> = b
+                .runs
+                .iter()
+                .map(|&i| plan.runs[i].configuration.name.as_str())
+                .collect();
             let size = match m.slurm.pack {
                 true => format!(
                     "  [one job: {} node(s), {}]",
-                    p.allocation.nodes,
-                    crate::plan::pack::slurm_time(p.allocation.time_s)
+                    b.allocation.nodes,
+                    crate::plan::pack::slurm_time(b.allocation.time_s)
                 ),
                 false => String::new(),
             };
-            println!("  block {n}: {}{size}", names.join(" → "));
+            println!("  block {}: {}{size}", b.block, names.join(" → "));
         }
         // What packing saves the queue, and costs in reserved time.
         let (per_run, packed) = crate::plan::pack::costs(plan);
@@ -224,9 +220,9 @@ fn print_plan(plan: &Plan) {
         ] {
             println!(
                 "  {what} {:>5} jobs from {:>5} sbatch submissions, at most {:.1} node-hours{}",
-                c.jobs,
+                c.load.jobs,
                 c.submissions,
-                c.node_hours,
+                c.load.node_hours,
                 this(yes)
             );
         }

@@ -35,12 +35,11 @@ pub struct Unit {
     pub stage: Option<usize>,
     pub record: RunRecord,
     pub script: String,
-    pub env: Vec<(String, String)>,
-    pub array_throttle: Option<u32>,
-    /// The block this run is packed into (`[slurm] pack`), with its
-    /// `[slurm]` settings, which size the block's allocation.
-    pub pack: Option<u32>,
+    /// Its `[slurm]` settings: the job's variables, the array throttle, and
+    /// the sizes of a packed block's allocation.
     pub slurm: crate::manifest::SlurmSpec,
+    /// The block this run is packed into (`[slurm] pack`).
+    pub pack: Option<u32>,
     /// Processes the local executor starts (through `mpirun`) for a
     /// data-parallel run of the built-in trainer; 1 otherwise (a `command`
     /// run launches its own ranks).
@@ -132,10 +131,8 @@ fn unit(
         stage,
         record: r.record.clone(),
         script: r.script.clone(),
-        env: slurm.env.clone().into_iter().collect(),
-        array_throttle: slurm.array_throttle,
-        pack,
         slurm: slurm.clone(),
+        pack,
         ranks,
     }
 }
@@ -310,7 +307,7 @@ pub fn decide(
 /// The environment every job gets besides the manifest's variables.
 pub fn job_env(unit: &Unit) -> Vec<(String, String)> {
     let mut env = vec![("SWEEP_RUN_DIR".to_string(), unit.dir.display().to_string())];
-    env.extend(unit.env.iter().cloned());
+    env.extend(unit.slurm.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
 }
 
@@ -371,10 +368,8 @@ mod tests {
                 jobs: Vec::new(),
             },
             script: String::new(),
-            env: Vec::new(),
-            array_throttle: None,
-            pack: None,
             slurm: Default::default(),
+            pack: None,
             ranks: 1,
         }
     }

@@ -176,7 +176,7 @@ pub fn submit(
             continue;
         }
         groups
-            .entry((header(&u.script), u.array_throttle))
+            .entry((header(&u.script), u.slurm.array_throttle))
             .or_default()
             .push(i);
     }

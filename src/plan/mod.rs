@@ -267,50 +267,12 @@ impl Plan {
     /// The upper bound of node- and GPU-hours: every job runs to its limit
     /// (a packed block to the sum of its runs' limits and its margin).
     pub fn totals(&self) -> Totals {
-        let hours = |nodes: u64, gpus_per_node: u64, s: u64| {
-            let h = s as f64 / 3600.0;
-            (nodes as f64 * h, (nodes * gpus_per_node) as f64 * h)
-        };
-        let mut parts: Vec<(f64, f64)> = self
-            .stages
-            .iter()
-            .map(|s| &s.slurm)
-            .map(|s| {
-                hours(
-                    s.nodes.get().into(),
-                    s.gpus_per_node.into(),
-                    s.time.seconds(),
-                )
-            })
-            .collect();
-        let blocks = match self.manifest.slurm.pack {
-            true => pack::blocks(self),
-            false => Vec::new(),
-        };
-        match blocks.is_empty() {
-            true => parts.extend(self.runs.iter().map(|r| &r.slurm).map(|s| {
-                hours(
-                    s.nodes.get().into(),
-                    s.gpus_per_node.into(),
-                    s.time.seconds(),
-                )
-            })),
-            false => parts.extend(blocks.iter().map(|b| {
-                let a = &b.allocation;
-                hours(a.nodes.into(), a.gpus_per_node.into(), a.time_s)
-            })),
-        }
-        let node_h = parts.iter().map(|p| p.0).sum();
-        let gpu_h = parts.iter().map(|p| p.1).sum();
-        let run_jobs = match blocks.is_empty() {
-            true => self.runs.len(),
-            false => blocks.len(),
-        };
+        let l = pack::load(self, self.manifest.slurm.pack);
         Totals {
             runs: self.runs.len(),
-            jobs: run_jobs + self.stages.len(),
-            node_hours: node_h,
-            gpu_hours: gpu_h,
+            jobs: l.jobs,
+            node_hours: l.node_hours,
+            gpu_hours: l.gpu_hours,
         }
     }
 }

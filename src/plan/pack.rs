@@ -158,22 +158,23 @@ pub struct PackedBlock {
 
 /// The plan's blocks, in order (none for an interleaved design).
 pub fn blocks(plan: &Plan) -> Vec<PackedBlock> {
-    let mut out: Vec<PackedBlock> = Vec::new();
+    let mut members: Vec<(u32, Vec<usize>)> = Vec::new();
     for (i, r) in plan.runs.iter().enumerate() {
         let Some(b) = r.block else { continue };
-        match out.last_mut() {
-            Some(last) if last.block == b.block => last.runs.push(i),
-            _ => out.push(PackedBlock {
-                block: b.block,
-                runs: vec![i],
-                allocation: Allocation::of([&r.slurm]).expect("one run"),
-            }),
+        match members.last_mut() {
+            Some((n, runs)) if *n == b.block => runs.push(i),
+            _ => members.push((b.block, vec![i])),
         }
     }
-    for b in &mut out {
-        b.allocation = Allocation::of(b.runs.iter().map(|&i| &plan.runs[i].slurm)).expect("runs");
-    }
-    out
+    members
+        .into_iter()
+        .map(|(block, runs)| PackedBlock {
+            block,
+            allocation: Allocation::of(runs.iter().map(|&i| &plan.runs[i].slurm))
+                .expect("a block has runs"),
+            runs,
+        })
+        .collect()
 }
 
 /// The keys of `[slurm]` that runs packed into one job must share: they
@@ -196,12 +197,6 @@ pub(super) fn check(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     if !m.slurm.pack {
         return Ok(());
     }
-    let value = |s: &SlurmSpec, key: &str| -> serde_json::Value {
-        serde_json::to_value(s)
-            .ok()
-            .and_then(|v| v.get(key).cloned())
-            .unwrap_or_default()
-    };
     for r in runs {
         if let Some(mem) = &r.slurm.mem {
             if mem_mb(mem).is_none() {
@@ -215,27 +210,37 @@ pub(super) fn check(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
             }
         }
     }
-    let mut first: std::collections::HashMap<u32, &Run> = Default::default();
+    // Each run's shared keys, serialised once; each block's first run's
+    // stand for the block.
+    let shared = |s: &SlurmSpec| -> Vec<serde_json::Value> {
+        let v = serde_json::to_value(s).unwrap_or_default();
+        SHARED
+            .iter()
+            .map(|k| v.get(*k).cloned().unwrap_or_default())
+            .collect()
+    };
+    let mut first: std::collections::HashMap<u32, (&Run, Vec<serde_json::Value>)> =
+        Default::default();
     for r in runs {
         let Some(b) = r.block else { continue };
-        let head = *first.entry(b.block).or_insert(r);
-        for key in SHARED {
-            let (a, b2) = (value(&head.slurm, key), value(&r.slurm, key));
-            if a != b2 {
-                let d = m.locate(&format!("slurm.{key}"));
-                return Err(crate::manifest::Diagnostic {
-                    message: format!(
-                        "block {}: runs `{}` and `{}` differ in `slurm.{key}` ({a} and {b2}), and a packed block is one job",
-                        b.block, head.name, r.name
-                    ),
-                    help: Some(format!(
-                        "sweep `slurm.{key}` only without `pack`, or make it the same for every run"
-                    )),
-                    ..d
-                }
-                .into());
-            }
+        let mine = shared(&r.slurm);
+        let (head, theirs) = first.entry(b.block).or_insert_with(|| (r, mine.clone()));
+        let Some(k) = (0..SHARED.len()).find(|&k| mine[k] != theirs[k]) else {
+            continue;
+        };
+        let key = SHARED[k];
+        let d = m.locate(&format!("slurm.{key}"));
+        return Err(crate::manifest::Diagnostic {
+            message: format!(
+                "block {}: runs `{}` and `{}` differ in `slurm.{key}` ({} and {}), and a packed block is one job",
+                b.block, head.name, r.name, theirs[k], mine[k]
+            ),
+            help: Some(format!(
+                "sweep `slurm.{key}` only without `pack`, or make it the same for every run"
+            )),
+            ..d
         }
+        .into());
     }
     Ok(())
 }
@@ -264,59 +269,81 @@ pub fn check_limit(plan: &Plan, partition: &str, limit_s: Option<u64>) -> Result
     ))
 }
 
-/// What a way of submitting the plan costs the queue.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Cost {
+/// Jobs at their time limits: how many, and their node- and GPU-hours.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Load {
     /// Jobs the scheduler starts (array tasks counted one by one): each
     /// waits in the queue for its allocation and pays its start.
     pub jobs: usize,
+    pub node_hours: f64,
+    pub gpu_hours: f64,
+}
+
+impl Load {
+    fn add(&mut self, nodes: u32, gpus_per_node: u32, seconds: u64) {
+        let h = seconds as f64 / 3600.0;
+        self.jobs += 1;
+        self.node_hours += f64::from(nodes) * h;
+        self.gpu_hours += f64::from(nodes) * f64::from(gpus_per_node) * h;
+    }
+}
+
+/// The plan's jobs with a job per run (`packed = false`) or a job per
+/// block; stages are jobs of their own in both.
+pub fn load(plan: &Plan, packed: bool) -> Load {
+    let mut l = Load::default();
+    let mut add = |s: &SlurmSpec| l.add(s.nodes.get(), s.gpus_per_node, s.time.seconds());
+    plan.stages.iter().for_each(|st| add(&st.slurm));
+    match packed {
+        false => plan.runs.iter().for_each(|r| add(&r.slurm)),
+        true => {
+            for b in blocks(plan) {
+                let a = &b.allocation;
+                l.add(a.nodes, a.gpus_per_node, a.time_s);
+            }
+        }
+    }
+    l
+}
+
+/// What a way of submitting the plan costs the queue.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Cost {
+    pub load: Load,
     /// `sbatch` calls.
     pub submissions: usize,
-    /// At most: every job to its time limit.
-    pub node_hours: f64,
 }
 
 /// The plan's cost with a job per run (arrays of runs that share their
-/// job's header) and with packed blocks; stages are jobs of their own in
-/// both.
+/// job's header) and with packed blocks.
 pub fn costs(plan: &Plan) -> (Cost, Cost) {
-    let stage_h: f64 = plan
-        .stages
-        .iter()
-        .map(|s| s.slurm.nodes.get() as f64 * s.slurm.time.seconds() as f64 / 3600.0)
-        .sum();
-    let stages = plan.stages.len();
     // Runs go out as one array per header and throttle (the executor's
     // rule); the header is the shared keys and the sizes.
-    let mut arrays = std::collections::HashSet::new();
-    let mut run_h = 0.0;
-    for r in &plan.runs {
-        let s = &r.slurm;
-        let mut key = serde_json::to_value(s).unwrap_or_default();
-        for k in ["env", "setup", "srun_args", "template", "master_port"] {
+    let arrays: std::collections::HashSet<String> = plan
+        .runs
+        .iter()
+        .map(|r| {
+            let mut key = serde_json::to_value(&r.slurm).unwrap_or_default();
             if let Some(o) = key.as_object_mut() {
-                o.remove(k);
+                for k in ["env", "setup", "srun_args", "template", "master_port"] {
+                    o.remove(k);
+                }
             }
-        }
-        arrays.insert(key.to_string());
-        run_h += s.nodes.get() as f64 * s.time.seconds() as f64 / 3600.0;
-    }
-    let per_run = Cost {
-        jobs: plan.runs.len() + stages,
-        submissions: arrays.len() + stages,
-        node_hours: run_h + stage_h,
-    };
-    let blocks = blocks(plan);
-    let packed = Cost {
-        jobs: blocks.len() + stages,
-        submissions: blocks.len() + stages,
-        node_hours: blocks
-            .iter()
-            .map(|b| b.allocation.node_hours())
-            .sum::<f64>()
-            + stage_h,
-    };
-    (per_run, packed)
+            key.to_string()
+        })
+        .collect();
+    let packed = load(plan, true);
+    (
+        Cost {
+            load: load(plan, false),
+            submissions: arrays.len() + plan.stages.len(),
+        },
+        Cost {
+            load: packed,
+            // A block is one sbatch call, as a stage is.
+            submissions: packed.jobs,
+        },
+    )
 }
 
 #[cfg(test)]
