@@ -222,6 +222,14 @@ pub struct History {
     path: PathBuf,
 }
 
+/// SQLite's "busy" or "locked": another connection holds the lock.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
 impl History {
     /// Opens (creating it where there is none) the history for recording.
     pub fn open(path: &Path) -> Result<History> {
@@ -292,7 +300,24 @@ impl History {
             }
             version()
         };
-        match setup() {
+        // Two sweeps opening a new history at once: switching it to WAL (and
+        // creating its schema) takes the file's exclusive lock, and SQLite
+        // answers "locked" at once, without its busy handler, where waiting
+        // could deadlock. Retried, from a clean state, for as long as a
+        // busy recording is waited for.
+        let deadline = std::time::Instant::now() + BUSY;
+        let outcome = loop {
+            match setup() {
+                Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    if !conn.is_autocommit() {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                outcome => break outcome,
+            }
+        };
+        match outcome {
             Ok(Some(v)) if v == SCHEMA_VERSION => Ok(History {
                 conn,
                 path: path.to_path_buf(),
@@ -715,6 +740,30 @@ mod tests {
             "the two attempts before the third, newest first"
         );
         assert!(h.reference("c1", "other", ("s", 3), 5).unwrap().is_empty());
+    }
+
+    /// Connections (here threads; in use, sweeps) opening a new history at
+    /// once all get it, each recording its own runs: none is told "locked".
+    #[test]
+    fn histories_opened_at_once_all_record() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(FILE);
+            let threads: Vec<_> = (0..6)
+                .map(|i| {
+                    let path = path.clone();
+                    std::thread::spawn(move || {
+                        let mut h = History::open(&path)?;
+                        h.record(&[entry(&format!("s{i}"), 1, "r0", 100.0)])
+                    })
+                })
+                .collect();
+            for t in threads {
+                assert_eq!(t.join().unwrap().unwrap(), 1);
+            }
+            let h = History::open_existing(&path).unwrap().unwrap();
+            assert_eq!(h.attempts(&Filter::default()).unwrap().len(), 6);
+        }
     }
 
     #[test]

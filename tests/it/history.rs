@@ -208,12 +208,18 @@ fn concurrent_killed_and_broken_histories() {
             sweep(root.path())
                 .args(["report", m, "--no-plots"])
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         };
-        let (mut x, mut y) = (spawn("a.toml"), spawn("b.toml"));
-        assert!(x.wait().unwrap().success() && y.wait().unwrap().success());
+        let (x, y) = (spawn("a.toml"), spawn("b.toml"));
+        for out in [x.wait_with_output().unwrap(), y.wait_with_output().unwrap()] {
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
     assert_eq!((count("a"), count("b")), (4, 4));
     // Killed at any moment of a recording: all of it or none.
