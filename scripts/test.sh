@@ -23,7 +23,28 @@ if ! scripts/local-slurm.sh status 2>/dev/null; then
     started=1
 fi
 eval "$(scripts/local-slurm.sh env)"
-[ $started -eq 1 ] && trap 'scripts/local-slurm.sh down' EXIT
+
+# The two-node cluster (tests/it/nodes.rs): each node a network namespace of
+# its own (root only), beside the one-node cluster, with its own directory and
+# controller port. Where it cannot start, the tests say why and pass.
+two_nodes() { SWEEP_SLURM_DIR=/tmp/sweep-slurm-2nodes SWEEP_SLURM_CTLD_PORT=16827 scripts/local-slurm.sh "$@"; }
+two_started=0
+if two_nodes status 2>/dev/null; then
+    export SWEEP_TEST_TWO_NODES=/tmp/sweep-slurm-2nodes
+elif two_nodes up --nodes 2 >/dev/null 2>/tmp/sweep-two-nodes.err; then
+    export SWEEP_TEST_TWO_NODES=/tmp/sweep-slurm-2nodes
+    two_started=1
+else
+    SWEEP_TEST_TWO_NODES_SKIPPED=$(tail -n 1 /tmp/sweep-two-nodes.err)
+    export SWEEP_TEST_TWO_NODES_SKIPPED
+    echo "test.sh: no two-node cluster, its tests will say so: $SWEEP_TEST_TWO_NODES_SKIPPED" >&2
+fi
+stop_clusters() {
+    [ $two_started -eq 1 ] && two_nodes down
+    [ $started -eq 1 ] && scripts/local-slurm.sh down
+    return 0
+}
+trap stop_clusters EXIT
 
 # gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
 # timing:: measures real slowdowns (a study against its unchanged runs, a rank on

@@ -182,11 +182,18 @@ impl Reporter {
     }
 
     /// The ranks' hosts from `step` on (written by the main rank).
+    /// Also said in the job's log, where a reader looks first.
     pub fn placement(&mut self, step: usize, hosts: Vec<String>) -> Result<()> {
-        match &mut self.log {
-            Some(log) => log.write(Placement { step, hosts }),
-            None => Ok(()),
-        }
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        let each: Vec<String> = hosts
+            .iter()
+            .enumerate()
+            .map(|(rank, h)| format!("{rank} on {}", crate::util::text::printable(h)))
+            .collect();
+        eprintln!("sweep train: ranks from step {step}: {}", each.join(", "));
+        log.write(Placement { step, hosts })
     }
 
     /// The monitor's events at a step, logged and echoed.

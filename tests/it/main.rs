@@ -12,6 +12,8 @@ mod gpu;
 mod history;
 mod local;
 mod manifests;
+#[cfg(feature = "mpi")]
+mod nodes;
 mod page;
 mod planning;
 mod report;
