@@ -3,7 +3,10 @@
 //! process with its own threads; per-device and whole-job tokens/s, weak
 //! scaling efficiency, and the share of the step spent summing gradients
 //! across ranks. The ranks are the trainer's own (`Trainer::step`, MPI),
-//! started by `mpirun` like the local executor starts them.
+//! started by `mpirun` like the local executor starts them, or by `srun` on
+//! SLURM nodes ([`Launch::Nodes`]). Beside each measured world size, the
+//! plan's scaling forecast for it ([`forecast`]) where the link's bandwidth
+//! is given: the one check of the forecast against a link of known speed.
 
 use crate::config::{
     AttentionKind, DeviceKind, Features, ModelOverrides, Precision, RuntimeOptions, TrainConfig,
@@ -42,6 +45,30 @@ pub struct DdpRow {
     /// Whether the ranks went through the engine (one rank alone does not,
     /// unless `--engine-at-one`).
     pub through_engine: bool,
+    /// FLOPs of one rank's step, and the peak its MFU is measured against
+    /// (the trainer's: the measured CPU peak, or the GPU's table entry).
+    pub flops_per_step: f64,
+    pub peak_flops: f64,
+}
+
+/// Where a benchmark's ranks run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Launch {
+    /// `mpirun` on this machine.
+    Local,
+    /// `srun --mpi=pmix` over this many SLURM nodes (a world size spread
+    /// evenly over them; one rank on one node).
+    Nodes(usize),
+}
+
+impl Launch {
+    /// Ranks on one node at a world size.
+    pub fn ranks_per_node(self, world_size: usize) -> usize {
+        match self {
+            Launch::Local => world_size,
+            Launch::Nodes(n) => world_size.div_ceil(n.min(world_size)),
+        }
+    }
 }
 
 impl DdpRow {
@@ -106,6 +133,11 @@ pub fn rank(w: &Work, rt: &RuntimeOptions) -> Result<()> {
     t.check_replicas()?;
     let ranks = t.ranks();
     if ranks.is_main() {
+        let driver = (!t.device.is_cpu())
+            .then(|| crate::train::device::name(&t.device))
+            .transpose()?;
+        let (peak_flops, _) =
+            crate::train::metrics::peak_flops(&t.cfg, driver.as_deref(), t.threads)?;
         let n = w.steps as f64;
         let row = DdpRow {
             ranks: ranks.world_size,
@@ -115,16 +147,24 @@ pub fn rank(w: &Work, rt: &RuntimeOptions) -> Result<()> {
             comm_s: comm_s / n,
             engine: t.comm.describe(),
             through_engine: !t.comm.is_single(),
+            flops_per_step: t.model_spec.cfg.flops_per_token(w.seq) * (w.batch * w.seq) as f64,
+            peak_flops,
         };
         println!("{}", serde_json::to_string(&row)?);
     }
     Ok(())
 }
 
-/// Runs `w` at every world size of `world_sizes` (1 in this process's
-/// child, more through `mpirun`) and returns rank 0's rows; `engine_at_one`
-/// adds a run of one rank through the engine (its cost without peers).
-pub fn run(w: &Work, world_sizes: &[usize], engine_at_one: bool) -> Result<Vec<DdpRow>> {
+/// Runs `w` at every world size of `world_sizes` (locally: 1 in this
+/// process's child, more through `mpirun`; on nodes: each through `srun`)
+/// and returns rank 0's rows; `engine_at_one` adds a run of one rank
+/// through the engine (its cost without peers).
+pub fn run(
+    w: &Work,
+    world_sizes: &[usize],
+    engine_at_one: bool,
+    launch: Launch,
+) -> Result<Vec<DdpRow>> {
     let exe = std::env::current_exe().context("finding the sweep binary")?;
     let exe = exe.to_string_lossy().into_owned();
     let work = serde_json::to_string(w)?;
@@ -135,7 +175,9 @@ pub fn run(w: &Work, world_sizes: &[usize], engine_at_one: bool) -> Result<Vec<D
         runs.insert(1.min(runs.len()), (1, true));
     }
     for (n, forced) in runs {
-        let mut cmd = if n == 1 && !forced {
+        let mut cmd = if let Launch::Nodes(nodes) = launch {
+            srun(n, nodes.min(n), w.threads, &argv)?
+        } else if n == 1 && !forced {
             let mut c = std::process::Command::new(&exe);
             c.args(&argv[1..]).env("WORLD_SIZE", "1").env_remove("RANK");
             c
@@ -170,4 +212,77 @@ pub fn run(w: &Work, world_sizes: &[usize], engine_at_one: bool) -> Result<Vec<D
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// `srun` of `ranks` ranks over `nodes` nodes (as many on each), one CPU
+/// per thread, the step failing as a whole when a rank fails.
+fn srun(
+    ranks: usize,
+    nodes: usize,
+    threads: usize,
+    argv: &[&str],
+) -> Result<std::process::Command> {
+    if crate::util::process::find_in_path("srun").is_none() {
+        bail!("--nodes starts the ranks with `srun`, and there is none on PATH: run it on a SLURM cluster");
+    }
+    if !ranks.is_multiple_of(nodes) {
+        bail!("{ranks} ranks do not spread evenly over {nodes} nodes: choose world sizes that are multiples of --nodes");
+    }
+    let mut c = std::process::Command::new("srun");
+    c.args([
+        "--mpi=pmix",
+        "--kill-on-bad-exit=1",
+        &format!("--nodes={nodes}"),
+        &format!("--ntasks={ranks}"),
+        &format!("--ntasks-per-node={}", ranks / nodes),
+        &format!("--cpus-per-task={threads}"),
+    ])
+    .args(argv)
+    .env("WORLD_SIZE", ranks.to_string())
+    .env_remove("RANK")
+    .env_remove("LOCAL_RANK");
+    Ok(c)
+}
+
+/// The link bandwidths the forecast is given (GB/s per device, as `[plan]`
+/// `intra_node_gbps` and `inter_node_gbps`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Links {
+    pub intra_node_gbps: Option<f64>,
+    pub inter_node_gbps: Option<f64>,
+}
+
+/// The plan's scaling forecast ([`crate::config::scaling`]) of `row`'s world
+/// size as launched, with the compute of the measured one-rank `base` (its
+/// MFU as `expected_mfu_pct`, as the forecast's docs advise) and the
+/// given bandwidth of the link the ranks sum over; none for one rank or
+/// where that bandwidth is not given.
+pub fn forecast(
+    w: &Work,
+    base: &DdpRow,
+    row: &DdpRow,
+    launch: Launch,
+    links: Links,
+) -> Result<Option<crate::config::scaling::Forecast>> {
+    use crate::config::scaling;
+    let ranks_per_node = launch.ranks_per_node(row.ranks);
+    let mut cfg = config(w);
+    cfg.peak_flops = Some(base.peak_flops);
+    let hints = crate::config::PlanHints {
+        expected_mfu_pct: Some(100.0 * base.flops_per_step / (base.peak_flops * base.step_s)),
+        ..Default::default()
+    };
+    let model = crate::data::tokenizer::model_config(&cfg)?;
+    let hw = scaling::Hardware {
+        peak_flops: base.peak_flops,
+        intra_node_gbps: links.intra_node_gbps,
+        inter_node_gbps: links.inter_node_gbps,
+    };
+    let job = scaling::Job {
+        world_size: row.ranks,
+        ranks_per_node,
+        overlaps: crate::config::trainer_overlaps_allreduce(w.device),
+        traffic: scaling::Traffic::Builtin,
+    };
+    Ok(scaling::FITTED.forecast(&cfg, &hints, &model, hw, job))
 }

@@ -76,8 +76,13 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
             device,
             engine_at_one,
             repeats,
+            nodes,
+            intra_node_gbps,
+            inter_node_gbps,
+            json,
         } => {
-            let work = crate::bench::ddp::Work {
+            use crate::bench::ddp::{Launch, Links, Work};
+            let work = Work {
                 model,
                 batch,
                 seq: seq_len,
@@ -86,7 +91,20 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
                 device,
                 root: repository(root, crate::config::DEFAULT_TOKENIZER),
             };
-            ddp(&work, &ranks, engine_at_one, repeats as usize)?
+            let launch = nodes.map_or(Launch::Local, Launch::Nodes);
+            let links = Links {
+                intra_node_gbps,
+                inter_node_gbps,
+            };
+            ddp(
+                &work,
+                &ranks,
+                engine_at_one,
+                repeats as usize,
+                launch,
+                links,
+                json.as_deref(),
+            )?
         }
         BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?, rt)?,
     }
@@ -491,21 +509,32 @@ fn plan(runs: usize, dir: PathBuf) -> Result<()> {
 
 /// `sweep bench ddp`: weak scaling from the first world size to the others,
 /// over `repeats` rounds of every world size in turn (medians; each round's
-/// efficiency against its own base, so a drifting machine moves both alike).
+/// efficiency against its own base, so a drifting machine moves both alike),
+/// each beside the plan's forecast for it where the link is given.
 fn ddp(
     work: &crate::bench::ddp::Work,
     ranks: &[usize],
     engine_at_one: bool,
     repeats: usize,
+    launch: crate::bench::ddp::Launch,
+    links: crate::bench::ddp::Links,
+    json: Option<&Path>,
 ) -> Result<()> {
+    use crate::bench::ddp::Launch;
     let rounds = (0..repeats)
-        .map(|_| crate::bench::ddp::run(work, ranks, engine_at_one))
+        .map(|_| crate::bench::ddp::run(work, ranks, engine_at_one, launch))
         .collect::<Result<Vec<_>>>()?;
     let Some(base) = rounds.first().and_then(|r| r.first()) else {
         return Ok(());
     };
-    println!(
-        "data parallelism: {} ({:.1}M parameters), batch {} x {} tokens per rank, {} thread(s) per rank, {} timed steps{}; engine {}",
+    let mut out = human_out(json);
+    let placed = match launch {
+        Launch::Local => "this machine (mpirun)".to_string(),
+        Launch::Nodes(n) => format!("{n} SLURM node(s) (srun)"),
+    };
+    writeln!(
+        out,
+        "data parallelism: {} ({:.1}M parameters), batch {} x {} tokens per rank, {} thread(s) per rank, {} timed steps{}; engine {}; ranks on {placed}",
         work.model,
         base.parameters as f64 / 1e6,
         work.batch,
@@ -514,16 +543,18 @@ fn ddp(
         work.steps,
         if repeats > 1 { format!(", median of {repeats} rounds") } else { String::new() },
         rounds[0].last().map_or("-", |r| r.engine.as_str()),
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:>10} {:>16} {:>14} {:>9} {:>12} {:>10}",
         "ranks", "tokens/s/rank", "tokens/s all", "s/step", "all-reduce", "efficiency"
-    );
+    )?;
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         let n = v.len();
         (v[(n - 1) / 2] + v[n / 2]) / 2.0
     };
+    let mut rows = Vec::new();
     for (i, r) in rounds[0].iter().enumerate() {
         // This row's figure in every round, given the row and its round's base.
         let each = |f: &dyn Fn(&DdpRow, &DdpRow) -> f64| -> Vec<f64> {
@@ -532,6 +563,11 @@ fn ddp(
         let efficiency = each(&|r, base| r.tokens_per_s_per_rank / base.tokens_per_s_per_rank);
         let share = each(&|r, _| r.comm_s / r.step_s);
         let per_rank = median(each(&|r, _| r.tokens_per_s_per_rank));
+        // The forecast from the median base: the same compute every round's
+        // row is compared with.
+        let mut base_median = base.clone();
+        base_median.step_s = median(rounds.iter().map(|round| round[0].step_s).collect());
+        let forecast = crate::bench::ddp::forecast(work, &base_median, r, launch, links)?;
         let rounds_note = if repeats > 1 && i > 0 {
             let each: Vec<String> = efficiency
                 .iter()
@@ -542,15 +578,48 @@ fn ddp(
         } else {
             String::new()
         };
-        println!(
-            "{:>10} {:>16.0} {:>14.0} {:>9.3} {:>11.1}% {:>9.1}%{rounds_note}",
+        let forecast_note = forecast.map_or_else(String::new, |f| {
+            format!(
+                "   forecast: {:.1}% all-reduce, {:.1}% efficiency",
+                100.0 * f.exposed_s / (f.compute_s + f.exposed_s),
+                f.efficiency_pct
+            )
+        });
+        let row = serde_json::json!({
+            "ranks": r.ranks,
+            "label": r.label(),
+            "ranks_per_node": launch.ranks_per_node(r.ranks),
+            "tokens_per_s_per_rank": per_rank,
+            "step_s": median(each(&|r, _| r.step_s)),
+            "comm_s": median(each(&|r, _| r.comm_s)),
+            "comm_share_pct": 100.0 * median(share.clone()),
+            "efficiency_pct": 100.0 * median(efficiency.clone()),
+            "forecast": forecast,
+        });
+        writeln!(
+            out,
+            "{:>10} {:>16.0} {:>14.0} {:>9.3} {:>11.1}% {:>9.1}%{rounds_note}{forecast_note}",
             r.label(),
             per_rank,
             per_rank * r.ranks as f64,
-            median(each(&|r, _| r.step_s)),
+            row["step_s"].as_f64().unwrap_or(f64::NAN),
             100.0 * median(share),
             100.0 * median(efficiency),
-        );
+        )?;
+        rows.push(row);
+    }
+    if let Some(path) = json {
+        let doc = serde_json::json!({
+            "work": work,
+            "nodes": match launch { Launch::Local => None, Launch::Nodes(n) => Some(n) },
+            "intra_node_gbps": links.intra_node_gbps,
+            "inter_node_gbps": links.inter_node_gbps,
+            "parameters": base.parameters,
+            "engine": rounds[0].last().map(|r| r.engine.clone()),
+            "rows": rows,
+            "rounds": rounds,
+        });
+        write_json(path, &serde_json::to_vec_pretty(&doc)?)?;
     }
     Ok(())
 }

@@ -383,6 +383,25 @@ pub enum BenchCmd {
         /// machine's noise moves one run by several percent).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
         repeats: u32,
+        /// Start the ranks on this many SLURM nodes with `srun --mpi=pmix`
+        /// (in an allocation, or one of their own), a world size spread
+        /// evenly over them; the one-rank base on one node. Default: `mpirun`
+        /// on this machine.
+        #[arg(long, value_parser = count(1, MAX_BENCH_RANKS))]
+        nodes: Option<usize>,
+        /// All-reduce bandwidth per device within a node, in GB/s (as `[plan]
+        /// intra_node_gbps`): adds the plan's scaling forecast of each world size
+        /// that fits on one node, its compute calibrated by the one-rank base.
+        #[arg(long, value_parser = gbps)]
+        intra_node_gbps: Option<f64>,
+        /// All-reduce bandwidth per device between nodes, in GB/s (as `[plan]
+        /// inter_node_gbps`; 1 Gbit/s is 0.125): adds the forecast of each world
+        /// size that spans nodes.
+        #[arg(long, value_parser = gbps)]
+        inter_node_gbps: Option<f64>,
+        /// Also write the rows, every round and the forecasts to this JSON file (`-`: standard output).
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// The largest batch size a run's configuration trains at: real steps at
     /// each size tried, starting from the plan's memory estimate.
@@ -527,6 +546,15 @@ const MAX_BENCH_LINES: u64 = 1_000_000;
 /// A whole number in `least..=most` for a flag.
 fn count(least: u64, most: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(least..=most)
+}
+
+/// A bandwidth in GB/s within the range `[plan]` accepts.
+fn gbps(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if !(0.01..=1e5).contains(&v) {
+        return Err(format!("{v} GB/s is not in [0.01, 100000]"));
+    }
+    Ok(v)
 }
 
 /// `--median-kb`: a document length in KB, from 0.2 (the shortest document

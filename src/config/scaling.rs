@@ -7,13 +7,22 @@
 //! - **All-reduce**: a ring over the W ranks moves 2(W−1)/W of the gradient
 //!   bytes through each device's slowest link (within a node while W fits in
 //!   one, the network otherwise; the device table's bandwidths, overridable),
-//!   and pays a hop's latency 2(W−1) times per bucket.
+//!   and pays a hop's latency 2(W−1) times per bucket. Which bytes travel is
+//!   the trainer's ([`Traffic`]): PyTorch DDP sends every gradient in 25 MiB
+//!   buckets; sweep's trainer sends the token embedding's gradient by the
+//!   rows a step used, after the backward pass.
 //! - **Overlap**: a trainer that sums buckets during the backward pass hides
 //!   the bandwidth time behind the backward's device work — two thirds of the
 //!   step's FLOPs, at no slower than the MFU of a step bound by its kernels
 //!   ([`Fitted::kernel_mfu`]): a slower step waits on its host, and that wait hides
 //!   nothing (the reference's batch-1 runs at 5% MFU expose nearly all their
-//!   communication). The last bucket and the latencies are never hidden.
+//!   communication). What the window cannot hide is exposed, and never less
+//!   than the last bucket (ready only when the backward ends); the embedding's
+//!   rows and the latencies are never hidden. sweep's trainer finishes the
+//!   head's gradient first and each block's after it, each part's share of
+//!   the backward's work later: the link sends each part once it is ready,
+//!   so a model whose bytes sit in its head (a small model with a large
+//!   vocabulary) hides little.
 //! - **Efficiency** = compute ÷ (compute + exposed communication): per-device
 //!   throughput against one device alone.
 //!
@@ -37,6 +46,9 @@ use serde::Serialize;
 /// gradient travels by rows (`train::dist::buckets`): more, smaller calls
 /// than the forecast counts.
 pub const BUCKET_BYTES: usize = 25 << 20;
+/// sweep's trainer closes a bucket where the backward pass moves to the next
+/// block once it holds this much (`train::dist::buckets`).
+pub const MIN_BUCKET_BYTES: usize = 1 << 20;
 /// The forecast's two fitted constants.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fitted {
@@ -44,8 +56,9 @@ pub struct Fitted {
     /// kernels bound it: how fast the backward window over which
     /// communication hides passes at the most.
     pub kernel_mfu: f64,
-    /// The latency of one ring hop of one bucket (a few microseconds is what
-    /// NCCL's tests show on such networks).
+    /// The latency of one ring hop of one bucket (NCCL's tests show a few
+    /// microseconds on such networks; the fit also takes in each bucket's
+    /// launch and synchronisation).
     pub hop_latency_s: f64,
 }
 
@@ -53,8 +66,8 @@ pub struct Fitted {
 /// are the device table's): these logs are the forecast's calibration data,
 /// and the docs show how it forecasts each of them when fitted on the others.
 pub const FITTED: Fitted = Fitted {
-    kernel_mfu: 0.38,
-    hop_latency_s: 6e-6,
+    kernel_mfu: 0.21,
+    hop_latency_s: 16e-6,
 };
 /// `expected_mfu_pct` when the manifest does not say.
 pub const DEFAULT_EXPECTED_MFU_PCT: f64 = 40.0;
@@ -82,14 +95,105 @@ pub struct Job {
     pub ranks_per_node: usize,
     /// Whether gradient buckets are summed during the backward pass.
     pub overlaps: bool,
+    /// Which bytes travel, in which buckets.
+    pub traffic: Traffic,
+}
+
+/// How a trainer's gradients travel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Traffic {
+    /// Every gradient, in buckets of [`BUCKET_BYTES`] (PyTorch DDP: the
+    /// reference study's logs, on which the constants were fitted).
+    Dense,
+    /// sweep's trainer: the other gradients in buckets that close at a
+    /// block's end (at least [`MIN_BUCKET_BYTES`], at most
+    /// [`BUCKET_BYTES`]), the last one block 0's; then the token
+    /// embedding's by rows — first the ranks' marks of the rows they used
+    /// (one f32 per row of the vocabulary), then those rows (at most the
+    /// step's tokens over all ranks).
+    Builtin,
+}
+
+/// The bytes of one step's sums and how they are cut.
+struct Volume {
+    /// Summed in buckets, in the order the backward pass finishes them.
+    bucketed: f64,
+    /// The last of those buckets.
+    last_bucket: f64,
+    /// Summed after the backward pass (the embedding's marks and rows).
+    after: f64,
+    /// All-reduce calls.
+    calls: f64,
+    /// When the backward pass has finished each part of `bucketed`, in
+    /// order: (the share of its work done by then, bytes). `None`: evenly
+    /// over it (PyTorch's buckets, as the constants were fitted).
+    ready: Option<Vec<(f64, f64)>>,
+}
+
+impl Traffic {
+    fn volume(
+        self,
+        model: &ModelConfig,
+        element: f64,
+        tokens_all_ranks: f64,
+        seq: usize,
+    ) -> Volume {
+        let bucket = BUCKET_BYTES as f64;
+        match self {
+            Traffic::Dense => {
+                let all = element * model.total_params() as f64;
+                Volume {
+                    bucketed: all,
+                    last_bucket: bucket.min(all),
+                    after: 0.0,
+                    calls: (all / bucket).ceil(),
+                    ready: None,
+                }
+            }
+            Traffic::Builtin => {
+                let (vocab, dim) = (model.vocab_size as f64, model.dim as f64);
+                let layers = model.n_layers.max(1) as f64;
+                let bucketed = element * model.non_embedding_params() as f64;
+                let block_params =
+                    (model.non_embedding_params() as f64 - dim - dim * vocab) / layers;
+                let block = element * block_params;
+                let head = bucketed - layers * block;
+                let min = MIN_BUCKET_BYTES as f64;
+                let block_calls = if block >= min {
+                    layers * (block / bucket).ceil()
+                } else {
+                    (layers * block / min).ceil()
+                };
+                // The backward pass goes from the head (its gradient first)
+                // down the blocks; each part's work as in flops_per_token.
+                let per_token = model.flops_per_token(seq);
+                let head_share = 6.0 * dim * vocab / per_token;
+                let block_share = (1.0 - head_share) / layers;
+                let ready = std::iter::once((head_share, head))
+                    .chain(
+                        (1..=model.n_layers.max(1))
+                            .map(|k| (head_share + k as f64 * block_share, block)),
+                    )
+                    .collect();
+                Volume {
+                    bucketed,
+                    last_bucket: block.max(min).min(bucket).min(bucketed),
+                    after: 4.0 * vocab + element * dim * tokens_all_ranks.min(vocab),
+                    calls: (head / bucket).ceil() + block_calls + 2.0,
+                    ready: Some(ready),
+                }
+            }
+        }
+    }
 }
 
 /// What the forecast needs to know of the devices and links.
 #[derive(Debug, Clone, Copy)]
 pub struct Hardware {
     pub peak_flops: f64,
-    pub intra_node_gbps: f64,
-    pub inter_node_gbps: f64,
+    /// Only the link a job sums over must be known.
+    pub intra_node_gbps: Option<f64>,
+    pub inter_node_gbps: Option<f64>,
 }
 
 impl Hardware {
@@ -103,8 +207,8 @@ impl Hardware {
         };
         Some(Hardware {
             peak_flops: cfg.peak_flops.or(row.map(|r| r.peak_flops))?,
-            intra_node_gbps: hints.intra_node_gbps.or(row.map(|r| r.intra_node_gbps))?,
-            inter_node_gbps: hints.inter_node_gbps.or(row.map(|r| r.inter_node_gbps))?,
+            intra_node_gbps: hints.intra_node_gbps.or(row.map(|r| r.intra_node_gbps)),
+            inter_node_gbps: hints.inter_node_gbps.or(row.map(|r| r.inter_node_gbps)),
         })
     }
 }
@@ -132,29 +236,42 @@ impl Fitted {
         let compute_s = flops / (hw.peak_flops * mfu);
         // Gradients are summed in the parameters' type on GPUs (bf16 for bf16
         // runs), in f32 otherwise.
-        let grad_bytes = match (cfg.device, cfg.precision) {
+        let element = match (cfg.device, cfg.precision) {
             (DeviceKind::Cuda, Precision::Bf16) => 2.0,
             _ => 4.0,
-        } * model.total_params() as f64;
+        };
+        let v = job
+            .traffic
+            .volume(model, element, tokens * w as f64, cfg.sequence_length);
         let gbps = if w <= job.ranks_per_node {
             hw.intra_node_gbps
         } else {
             hw.inter_node_gbps
-        };
+        }?;
         let ring = 2.0 * (w - 1) as f64 / w as f64;
-        let bandwidth_s = ring * grad_bytes / (gbps * 1e9);
-        let buckets = (grad_bytes / BUCKET_BYTES as f64).ceil();
-        let latency_s = 2.0 * (w - 1) as f64 * buckets * self.hop_latency_s;
-        let exposed_bandwidth_s = if job.overlaps {
+        let seconds = |bytes: f64| ring * bytes / (gbps * 1e9);
+        let (bucketed_s, after_s) = (seconds(v.bucketed), seconds(v.after));
+        let latency_s = 2.0 * (w - 1) as f64 * v.calls * self.hop_latency_s;
+        let exposed_bucketed_s = if job.overlaps {
             let window = BACKWARD_SHARE * flops / (hw.peak_flops * mfu.max(self.kernel_mfu));
-            let last_bucket = ring * (BUCKET_BYTES as f64).min(grad_bytes) / (gbps * 1e9);
-            (bandwidth_s - window).max(0.0) + last_bucket.min(bandwidth_s)
+            // The link sends each part once it is ready and the parts before
+            // it are sent; what is left when the backward pass ends is exposed.
+            let unhidden = match &v.ready {
+                Some(parts) => {
+                    let sent = parts.iter().fold(0.0f64, |link_free, &(done, bytes)| {
+                        link_free.max(done * window) + seconds(bytes)
+                    });
+                    sent - window
+                }
+                None => bucketed_s - window,
+            };
+            unhidden.max(seconds(v.last_bucket)).min(bucketed_s)
         } else {
-            bandwidth_s
+            bucketed_s
         };
-        let exposed_s = exposed_bandwidth_s + latency_s;
+        let exposed_s = exposed_bucketed_s + after_s + latency_s;
         Some(Forecast {
-            allreduce_s: bandwidth_s + latency_s,
+            allreduce_s: bucketed_s + after_s + latency_s,
             compute_s,
             exposed_s,
             efficiency_pct: 100.0 * compute_s / (compute_s + exposed_s),
@@ -192,6 +309,7 @@ mod tests {
             world_size,
             ranks_per_node: 4,
             overlaps,
+            traffic: Traffic::Dense,
         };
         FITTED
             .forecast(cfg, hints, &model, Hardware::of(cfg, hints).unwrap(), job)
@@ -227,6 +345,7 @@ mod tests {
             world_size: 1,
             ranks_per_node: 1,
             overlaps: true,
+            traffic: Traffic::Builtin,
         };
         assert!(FITTED.forecast(&b1, &none, &model, hw, single).is_none());
         assert!(Hardware::of(&TrainConfig::default(), &none).is_none());
@@ -235,16 +354,67 @@ mod tests {
     #[test]
     fn the_figures_follow_from_the_formula() {
         // ref-1b in bf16 over 16 GH200s (4 nodes): 2·15/16 of its gradient
-        // bytes at 25 GB/s, plus 2·15 hops of 6 µs per 25 MiB bucket.
+        // bytes at 25 GB/s, plus 2·15 hops of 16 µs per 25 MiB bucket.
         let model = ModelConfig::preset("ref-1b").unwrap();
         let bytes = 2.0 * model.total_params() as f64;
         let f = at(&cfg(1), 16, false);
         let want =
-            2.0 * 15.0 / 16.0 * bytes / 25e9 + 30.0 * (bytes / (25u64 << 20) as f64).ceil() * 6e-6;
+            2.0 * 15.0 / 16.0 * bytes / 25e9 + 30.0 * (bytes / (25u64 << 20) as f64).ceil() * 16e-6;
         assert!((f.allreduce_s - want).abs() < 1e-12, "{f:?}");
         let compute = 2048.0 * model.flops_per_token(2048) / (989e12 * 0.4);
         assert!((f.compute_s - compute).abs() < 1e-12);
         assert_eq!(f.exposed_s, f.allreduce_s, "nothing hidden without overlap");
         assert!((f.efficiency_pct - 100.0 * compute / (compute + want)).abs() < 1e-9);
+    }
+
+    /// sweep's trainer: the embedding by the rows a step can use, after the
+    /// backward pass; whatever the link, no more is exposed than is sent.
+    #[test]
+    fn sweeps_trainer_sends_the_embedding_by_rows_and_exposes_at_most_what_it_sends() {
+        let mut model = ModelConfig::preset("tiny").unwrap();
+        model.vocab_size = 32_000;
+        let cfg = TrainConfig {
+            model: "tiny".into(),
+            batch_size: super::super::BatchSize::Fixed(4),
+            sequence_length: 256,
+            peak_flops: Some(1e11),
+            ..TrainConfig::default()
+        };
+        let hints = PlanHints {
+            expected_mfu_pct: Some(30.0),
+            ..PlanHints::default()
+        };
+        let at = |traffic, gbps: f64, w: usize| {
+            let hw = Hardware {
+                peak_flops: 1e11,
+                intra_node_gbps: None,
+                inter_node_gbps: Some(gbps),
+            };
+            let job = Job {
+                world_size: w,
+                ranks_per_node: 1,
+                overlaps: true,
+                traffic,
+            };
+            FITTED.forecast(&cfg, &hints, &model, hw, job).unwrap()
+        };
+        // Two ranks: a ring factor of 1; 2,048 tokens use at most 2,048 rows.
+        let f = at(Traffic::Builtin, 0.0625, 2);
+        let bytes =
+            4.0 * model.non_embedding_params() as f64 + 4.0 * 32_000.0 + 4.0 * 128.0 * 2048.0;
+        let latency = f.allreduce_s - bytes / 0.0625e9;
+        assert!(latency > 0.0 && latency < 1e-3, "{f:?}");
+        assert!(f.allreduce_s < at(Traffic::Dense, 0.0625, 2).allreduce_s);
+        for traffic in [Traffic::Dense, Traffic::Builtin] {
+            for gbps in [0.01, 0.0625, 0.625, 6.25, 1e3] {
+                for w in [2, 3, 8] {
+                    let f = at(traffic, gbps, w);
+                    assert!(
+                        f.exposed_s <= f.allreduce_s + 1e-15 && f.exposed_s > 0.0,
+                        "{traffic:?} {gbps} {w}: {f:?}"
+                    );
+                }
+            }
+        }
     }
 }

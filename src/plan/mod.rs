@@ -89,6 +89,7 @@ impl Run {
             world_size: self.world_size() as usize,
             ranks_per_node: self.slurm.ntasks_per_node.get() as usize,
             overlaps: crate::config::trainer_overlaps_allreduce(cfg.device),
+            traffic: scaling::Traffic::Builtin,
         };
         scaling::FITTED.forecast(cfg, hints, &model, hw, job)
     }

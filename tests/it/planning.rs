@@ -910,7 +910,7 @@ fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
 /// buckets during the backward pass) at `world_size` against 4 GPUs, given
 /// one node's measured tokens/s at `batch` (its MFU).
 fn reference_forecast(fitted: Fitted, batch: usize, one_node: f64, world_size: usize) -> f64 {
-    use sweep::config::scaling::{Hardware, Job};
+    use sweep::config::scaling::{Hardware, Job, Traffic};
     use sweep::config::{
         model::ModelConfig, BatchSize, DeviceKind, PlanHints, Precision, TrainConfig,
     };
@@ -930,10 +930,12 @@ fn reference_forecast(fitted: Fitted, batch: usize, one_node: f64, world_size: u
     };
     let hw = Hardware::of(&cfg, &hints).unwrap();
     let at = |world_size| {
+        // PyTorch DDP: every gradient travels, in 25 MiB buckets.
         let job = Job {
             world_size,
             ranks_per_node: 4,
             overlaps: true,
+            traffic: Traffic::Dense,
         };
         fitted
             .forecast(&cfg, &hints, &model, hw, job)
@@ -1009,11 +1011,20 @@ fn leave_one_out(rows: &[Value], batch_of: impl Fn(&Value) -> usize) {
             p.2
         ));
     }
+    let all: Vec<_> = points.iter().collect();
+    let on_all = fit(&all);
     eprintln!(
-        "{}\nleave-one-out: worst {worst:.1} points",
-        lines.join("\n")
+        "{}\nleave-one-out: worst {worst:.1} points; fitted on all: {:.2} MFU, {:.1} µs",
+        lines.join("\n"),
+        on_all.kernel_mfu,
+        on_all.hop_latency_s * 1e6
     );
     assert!(worst <= 5.0, "{}", lines.join("\n"));
+    assert!(
+        (on_all.kernel_mfu - FITTED.kernel_mfu).abs() < 1e-9
+            && (on_all.hop_latency_s - FITTED.hop_latency_s).abs() < 1e-12,
+        "FITTED is the fit on all the logs"
+    );
 }
 
 /// The report puts the forecast beside the measured efficiency, as the same

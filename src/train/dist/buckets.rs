@@ -25,8 +25,8 @@ pub struct Buckets {
 }
 
 /// A stage's gradients smaller than this wait for the next stage's (fewer,
-/// larger calls where a block is tiny).
-pub const MIN_BUCKET_BYTES: usize = 1 << 20;
+/// larger calls where a block is tiny); the scaling forecast counts it.
+pub use crate::config::scaling::MIN_BUCKET_BYTES;
 
 impl Buckets {
     /// `tensors`: each one's stage (when the backward pass finishes it, in
