@@ -813,6 +813,9 @@ fn every_option_is_bounded() {
         ("bench report --lines 100000000", "--lines"),
         ("bench ddp --ranks 0", "--ranks"),
         ("bench ddp --ranks 1,100000", "--ranks"),
+        ("bench ddp --nodes 0", "--nodes"),
+        ("bench ddp --inter-node-gbps 1e-300", "--inter-node-gbps"),
+        ("bench ddp --intra-node-gbps NaN", "--intra-node-gbps"),
         ("bench max-batch --config c.toml --max 0", "--max"),
         ("bench data --samples 0", "--samples"),
         ("bench kernels --repeats 0", "--repeats"),
@@ -867,7 +870,7 @@ fn every_option_is_bounded() {
         ),
         (
             "inter_node_gbps = 1e-300",
-            "`inter_node_gbps` must lie in [1e-1, 1e5]",
+            "`inter_node_gbps` must lie in [1e-2, 1e5]",
         ),
         (
             "monitor = { window = 0 }",

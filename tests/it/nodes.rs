@@ -8,6 +8,7 @@
 //! The tests take turns ([`TURN`]): one of them takes a node away.
 
 use super::support::{losses, metrics, project, repo, run_ok, sweep, wait_for, write};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -21,7 +22,40 @@ struct Cluster {
     dir: PathBuf,
 }
 
+/// The cluster, for the holder of the turn.
+struct Turn {
+    cluster: Cluster,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Turn {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
+/// Brings every node back and the links to unshaped when dropped, whatever
+/// a test did to them.
+struct Restore<'a>(&'a Cluster);
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        self.0.script(&["up", "--nodes", "2"]);
+    }
+}
+
 impl Cluster {
+    /// The cluster once it is this test's turn, or `None` (having said why)
+    /// where it could not be made.
+    fn take() -> Option<Turn> {
+        let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        Some(Turn {
+            cluster: Cluster::get()?,
+            _turn: turn,
+        })
+    }
+
     /// The cluster, or `None` (having said why) where it could not be made.
     fn get() -> Option<Cluster> {
         if let Some(why) = std::env::var_os("SWEEP_TEST_TWO_NODES_SKIPPED") {
@@ -90,28 +124,22 @@ impl Cluster {
             .sum()
     }
 
-    /// `sweep status --json`: name -> state.
-    fn states(&self, root: &Path, manifest: &Path) -> Vec<(String, String)> {
-        let out = run_ok(self.sweep(root).arg("status").arg(manifest).arg("--json"));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["name"].as_str().unwrap().to_string(),
-                    r["state"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
+    /// `sweep status --json`: name -> (state, exit code).
+    fn states(&self, root: &Path, manifest: &Path) -> HashMap<String, (String, Option<i64>)> {
+        super::support::status_by(self.sweep(root), manifest)
     }
 
     /// Waits until every run of the study has ended; their states.
-    fn wait_ended(&self, root: &Path, manifest: &Path, secs: u64) -> Vec<(String, String)> {
+    fn wait_ended(
+        &self,
+        root: &Path,
+        manifest: &Path,
+        secs: u64,
+    ) -> HashMap<String, (String, Option<i64>)> {
         wait_for(secs, "every run to end", || {
             let s = self.states(root, manifest);
-            s.iter()
-                .all(|(_, st)| !matches!(st.split(' ').next(), Some("PENDING" | "RUNNING")))
+            s.values()
+                .all(|(st, _)| !matches!(st.split(' ').next(), Some("PENDING" | "RUNNING")))
                 .then_some(s)
         })
     }
@@ -236,8 +264,7 @@ fn assert_on_both_hosts(run: &Path) {
 #[test]
 #[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
 fn one_rank_per_node_over_tcp_trains_like_two_ranks_on_one_node() {
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(cluster) = Cluster::get() else {
+    let Some(cluster) = Cluster::take() else {
         return;
     };
     let root = project();
@@ -254,7 +281,7 @@ fn one_rank_per_node_over_tcp_trains_like_two_ranks_on_one_node() {
     let s = cluster.wait_ended(root.path(), &m, 300);
     let dir = root.path().join("results/two-hosts");
     assert!(
-        s.iter().all(|(_, st)| st == "COMPLETED"),
+        s.values().all(|(st, _)| st == "COMPLETED"),
         "{s:?}\n{}",
         run_log(&dir.join("two-nodes"))
     );
@@ -280,8 +307,7 @@ fn one_rank_per_node_over_tcp_trains_like_two_ranks_on_one_node() {
 #[test]
 #[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
 fn a_packed_block_runs_a_two_node_run_beside_a_one_node_run() {
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(cluster) = Cluster::get() else {
+    let Some(cluster) = Cluster::take() else {
         return;
     };
     let root = project();
@@ -299,7 +325,7 @@ fn a_packed_block_runs_a_two_node_run_beside_a_one_node_run() {
     let s = cluster.wait_ended(root.path(), &m, 300);
     let dir = root.path().join("results/two-hosts-packed");
     assert!(
-        s.iter().all(|(_, st)| st == "COMPLETED"),
+        s.values().all(|(st, _)| st == "COMPLETED"),
         "{s:?}\n{}",
         run_log(&dir.join("two-nodes"))
     );
@@ -324,8 +350,7 @@ fn a_packed_block_runs_a_two_node_run_beside_a_one_node_run() {
 #[test]
 #[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
 fn an_arrays_runs_land_on_both_nodes_and_each_names_its_own() {
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(cluster) = Cluster::get() else {
+    let Some(cluster) = Cluster::take() else {
         return;
     };
     let root = project();
@@ -345,10 +370,10 @@ cpus_per_task = 2
     );
     run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
     let s = cluster.wait_ended(root.path(), &m, 300);
-    assert!(s.iter().all(|(_, st)| st == "COMPLETED"), "{s:?}");
+    assert!(s.values().all(|(st, _)| st == "COMPLETED"), "{s:?}");
     let dir = root.path().join("results/spread");
     let mut hosts = Vec::new();
-    for (name, _) in &s {
+    for name in s.keys() {
         let run = dir.join(name);
         let host = run_host(&run);
         let record = cluster.job(&super::support::job_id(&run));
@@ -376,27 +401,28 @@ cpus_per_task = 2
 #[test]
 #[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
 fn a_node_lost_mid_run_fails_the_job_and_the_run_resumes_on_the_other() {
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(cluster) = Cluster::get() else {
+    let Some(cluster) = Cluster::take() else {
         return;
     };
     // Whatever happens below, node2 comes back for the next test.
-    struct Restore<'a>(&'a Cluster);
-    impl Drop for Restore<'_> {
-        fn drop(&mut self) {
-            self.0.script(&["up", "--nodes", "2"]);
-        }
-    }
     let _restore = Restore(&cluster);
     let root = project();
     let steps = 400;
+    let defaults = format!("training_steps = {steps}\ncheckpoint_every = 10");
+    // The uninterrupted one-node run first, alone: on nodes with more cores
+    // it could otherwise share node2 with the run that loses it.
     let m = study(
         root.path(),
         "node-lost",
-        &format!("training_steps = {steps}\ncheckpoint_every = 10"),
-        "",
+        &defaults,
+        "[[sweep.exclude]]\n\"slurm.nodes\" = 2",
         "requeue = false",
     );
+    run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
+    let s = cluster.wait_ended(root.path(), &m, 300);
+    assert_eq!(s["one-node"].0, "COMPLETED", "{s:?}");
+    // Then the same study whole: only the two-node run is left to run.
+    let m = study(root.path(), "node-lost", &defaults, "", "requeue = false");
     run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
     let dir = root.path().join("results/node-lost");
     let run = dir.join("two-nodes");
@@ -413,8 +439,7 @@ fn a_node_lost_mid_run_fails_the_job_and_the_run_resumes_on_the_other() {
     // cluster) without an answer and ends its jobs; 120 s leaves room for
     // its ping cycle and a loaded machine.
     let state = wait_for(120, "the job to end after its node was lost", || {
-        let s = cluster.states(root.path(), &m);
-        let st = s.iter().find(|(n, _)| n == "two-nodes").unwrap().1.clone();
+        let st = cluster.states(root.path(), &m)["two-nodes"].0.clone();
         (!st.starts_with("RUNNING") && !st.starts_with("PENDING")).then_some(st)
     });
     let waited = lost_at.elapsed().as_secs();
@@ -460,13 +485,6 @@ fn a_node_lost_mid_run_fails_the_job_and_the_run_resumes_on_the_other() {
     let last = metrics(&run).last().unwrap().clone();
     assert_eq!(last["world_size"], 1, "{last}");
     assert_eq!(run_host(&run), "node1");
-    wait_for(300, "the one-node run to finish", || {
-        cluster
-            .states(root.path(), &m)
-            .iter()
-            .any(|(n, st)| n == "one-node" && st == "COMPLETED")
-            .then_some(())
-    });
     assert_same_curve(&dir, steps);
     eprintln!(
         "node lost: the job ended {waited} s later (NODE_FAIL); resumed after step {stopped_at}"
@@ -485,18 +503,11 @@ mod timing {
     #[test]
     #[ignore = "timing: scripts/test.sh runs it alone, after the other tests"]
     fn the_forecast_follows_the_exposed_all_reduce_on_a_shaped_link() {
-        let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(cluster) = Cluster::get() else {
+        let Some(cluster) = Cluster::take() else {
             return;
         };
         // The links go back to unshaped whatever happens.
-        struct Unshape<'a>(&'a Cluster);
-        impl Drop for Unshape<'_> {
-            fn drop(&mut self) {
-                self.0.script(&["up", "--nodes", "2"]);
-            }
-        }
-        let _unshape = Unshape(&cluster);
+        let _unshape = Restore(&cluster);
         let root = project();
         let mut measured = Vec::new();
         for gbit in [0.5, 5.0] {

@@ -98,7 +98,15 @@ pub fn status(
     root: &Path,
     manifest: &Path,
 ) -> std::collections::HashMap<String, (String, Option<i64>)> {
-    let out = run_ok(sweep(root).arg("status").arg(manifest).arg("--json"));
+    status_by(sweep(root), manifest)
+}
+
+/// `sweep status --json` through `sweep` (a command set up for a cluster).
+pub fn status_by(
+    mut sweep: Command,
+    manifest: &Path,
+) -> std::collections::HashMap<String, (String, Option<i64>)> {
+    let out = run_ok(sweep.arg("status").arg(manifest).arg("--json"));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status --json is JSON");
     v.as_array()
         .unwrap()
