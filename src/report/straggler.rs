@@ -51,17 +51,21 @@ impl Straggler {
                     .join(", ")
             ),
         };
+        // The excess is the median of the per-interval ratios (what flags a
+        // rank); the two times are each one's median over the run, which on
+        // a noisy machine need not stand in the same order.
         format!(
-            "{}: rank {} of {} on {node} computes {:.4} s per step against its peers' median {:.4} s \
-             (+{:.0}%, threshold {THRESHOLD_PCT:.0}%; slow in {} of {} logging intervals)",
+            "{}: rank {} of {} on {node} computes +{:.0}% per step over its peers' median \
+             (the median over its logging intervals, threshold {THRESHOLD_PCT:.0}%; slow in {} of {}; \
+             over the run {:.4} s against their {:.4} s)",
             printable(&self.run),
             self.rank,
             self.world_size,
-            self.compute_s,
-            self.peers_s,
             self.excess_pct,
             self.slow_intervals,
             self.intervals,
+            self.compute_s,
+            self.peers_s,
         )
     }
 }
@@ -204,8 +208,9 @@ mod tests {
         let text = s.describe();
         assert!(
             text.contains("rank 2 of 4 on node nid2")
-                && text.contains("+28%, threshold 10%")
-                && text.contains("2 of 3 logging intervals"),
+                && text.contains("computes +28% per step over its peers' median")
+                && text.contains("slow in 2 of 3")
+                && text.contains("0.6400 s against their 0.5000 s"),
             "{text}"
         );
     }
