@@ -223,10 +223,15 @@ impl ModelConfig {
     /// the reference study's FLOPs formula.
     pub fn non_embedding_params(&self) -> u64 {
         let d = self.dim as u64;
+        self.n_layers as u64 * self.block_params() + d + d * self.vocab_size as u64
+    }
+
+    /// Parameters of one block (attention, MLP and their two norms).
+    pub fn block_params(&self) -> u64 {
+        let d = self.dim as u64;
         let kv = (self.n_kv_heads * self.head_dim()) as u64;
         let h = self.ffn_hidden() as u64;
-        let per_layer = 2 * d * d + 2 * d * kv + 3 * d * h + 2 * d;
-        self.n_layers as u64 * per_layer + d + d * self.vocab_size as u64
+        2 * d * d + 2 * d * kv + 3 * d * h + 2 * d
     }
 
     pub fn total_params(&self) -> u64 {

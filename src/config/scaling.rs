@@ -7,7 +7,7 @@
 //! - **All-reduce**: a ring over the W ranks moves 2(W−1)/W of the gradient
 //!   bytes through each device's slowest link (within a node while W fits in
 //!   one, the network otherwise; the device table's bandwidths, overridable),
-//!   and pays a hop's latency 2(W−1) times per bucket. Which bytes travel is
+//!   and pays a hop's latency 2(W−1) times per call. Which bytes travel is
 //!   the trainer's ([`Traffic`]): PyTorch DDP sends every gradient in 25 MiB
 //!   buckets; sweep's trainer sends the token embedding's gradient by the
 //!   rows a step used, after the backward pass.
@@ -40,11 +40,9 @@ use super::{DeviceKind, PlanHints, Precision, TrainConfig};
 use crate::config::model::ModelConfig;
 use serde::Serialize;
 
-/// The bucket size the forecast counts: PyTorch DDP's, whose logs it was
-/// calibrated on. The built-in trainer's buckets hold at most this much but
-/// close at a block's end once they hold 1 MiB, and the token embedding's
-/// gradient travels by rows (`train::dist::buckets`): more, smaller calls
-/// than the forecast counts.
+/// The largest bucket: PyTorch DDP's, whose logs the forecast was calibrated
+/// on, and the built-in trainer's (`train::dist::buckets`), whose buckets
+/// also close at a block's end ([`MIN_BUCKET_BYTES`]; [`Traffic`]).
 pub const BUCKET_BYTES: usize = 25 << 20;
 /// sweep's trainer closes a bucket where the backward pass moves to the next
 /// block once it holds this much (`train::dist::buckets`).
@@ -152,11 +150,11 @@ impl Traffic {
             }
             Traffic::Builtin => {
                 let (vocab, dim) = (model.vocab_size as f64, model.dim as f64);
-                let layers = model.n_layers.max(1) as f64;
+                // A resolved model has at least one layer.
+                let layers = model.n_layers as f64;
                 let bucketed = element * model.non_embedding_params() as f64;
-                let block_params =
-                    (model.non_embedding_params() as f64 - dim - dim * vocab) / layers;
-                let block = element * block_params;
+                let block = element * model.block_params() as f64;
+                // The output head and the final norm.
                 let head = bucketed - layers * block;
                 let min = MIN_BUCKET_BYTES as f64;
                 let block_calls = if block >= min {
@@ -171,8 +169,7 @@ impl Traffic {
                 let block_share = (1.0 - head_share) / layers;
                 let ready = std::iter::once((head_share, head))
                     .chain(
-                        (1..=model.n_layers.max(1))
-                            .map(|k| (head_share + k as f64 * block_share, block)),
+                        (1..=model.n_layers).map(|k| (head_share + k as f64 * block_share, block)),
                     )
                     .collect();
                 Volume {
