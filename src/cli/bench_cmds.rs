@@ -554,6 +554,10 @@ fn ddp(
         let n = v.len();
         (v[(n - 1) / 2] + v[n / 2]) / 2.0
     };
+    // The forecasts' compute: the base at its median step, the same compute
+    // every round's row is compared with.
+    let mut base_median = base.clone();
+    base_median.step_s = median(rounds.iter().map(|round| round[0].step_s).collect());
     let mut rows = Vec::new();
     for (i, r) in rounds[0].iter().enumerate() {
         // This row's figure in every round, given the row and its round's base.
@@ -563,10 +567,7 @@ fn ddp(
         let efficiency = each(&|r, base| r.tokens_per_s_per_rank / base.tokens_per_s_per_rank);
         let share = each(&|r, _| r.comm_s / r.step_s);
         let per_rank = median(each(&|r, _| r.tokens_per_s_per_rank));
-        // The forecast from the median base: the same compute every round's
-        // row is compared with.
-        let mut base_median = base.clone();
-        base_median.step_s = median(rounds.iter().map(|round| round[0].step_s).collect());
+        let step_s = median(each(&|r, _| r.step_s));
         let forecast = crate::bench::ddp::forecast(work, &base_median, r, launch, links)?;
         let rounds_note = if repeats > 1 && i > 0 {
             let each: Vec<String> = efficiency
@@ -590,7 +591,7 @@ fn ddp(
             "label": r.label(),
             "ranks_per_node": launch.ranks_per_node(r.ranks),
             "tokens_per_s_per_rank": per_rank,
-            "step_s": median(each(&|r, _| r.step_s)),
+            "step_s": step_s,
             "comm_s": median(each(&|r, _| r.comm_s)),
             "comm_share_pct": 100.0 * median(share.clone()),
             "efficiency_pct": 100.0 * median(efficiency.clone()),
@@ -602,7 +603,7 @@ fn ddp(
             r.label(),
             per_rank,
             per_rank * r.ranks as f64,
-            row["step_s"].as_f64().unwrap_or(f64::NAN),
+            step_s,
             100.0 * median(share),
             100.0 * median(efficiency),
         )?;
