@@ -119,8 +119,21 @@ fn assert_same_curve(study: &Path, steps: u64) {
 /// relative; `resumed(step)` says which steps of `ranks-2` ran after a
 /// resume (for the message).
 fn assert_same_curve_from(study: &Path, steps: u64, resumed: impl Fn(u64) -> bool) {
-    let one = losses(&study.join("ranks-1"));
-    let two = losses(&study.join("ranks-2"));
+    assert_curves_agree(study, ["ranks-1", "ranks-2"], steps, resumed);
+}
+
+/// The per-step losses of a study's two runs (`runs`: the reference, then
+/// the one that differs) agree within 1e-5 relative (float summation order)
+/// over `steps` steps, and fall; `resumed(step)` says which steps of the
+/// second ran after a resume (for the message).
+pub fn assert_curves_agree(
+    study: &Path,
+    runs: [&str; 2],
+    steps: u64,
+    resumed: impl Fn(u64) -> bool,
+) {
+    let one = losses(&study.join(runs[0]));
+    let two = losses(&study.join(runs[1]));
     assert_eq!(one.len() as u64, steps, "{one:?}");
     assert_eq!(
         one.iter().map(|x| x.0).collect::<Vec<_>>(),
@@ -135,7 +148,9 @@ fn assert_same_curve_from(study: &Path, steps: u64, resumed: impl Fn(u64) -> boo
         };
         assert!(
             rel <= 1e-5,
-            "step {step}{after}: 1 rank × batch 2 {a} vs 2 ranks × batch 1 {b} (relative {rel:e})"
+            "step {step}{after}: {} {a} vs {} {b} (relative {rel:e})",
+            runs[0],
+            runs[1]
         );
     }
     let mean = |xs: &[(u64, f64)]| xs.iter().map(|x| x.1).sum::<f64>() / xs.len() as f64;

@@ -228,25 +228,10 @@ env = {{ SWEEP_CHECK_REPLICAS = "1" }}
     m
 }
 
-/// The two runs' losses agree step by step within 1e-5 (the tolerance of
-/// the one-node data-parallel tests: float summation order).
+/// The two runs' losses agree step by step within the one-node
+/// data-parallel tests' tolerance, and fall.
 fn assert_same_curve(dir: &Path, steps: u64) {
-    let (one, two) = (
-        losses(&dir.join("one-node")),
-        losses(&dir.join("two-nodes")),
-    );
-    assert_eq!(one.len() as u64, steps, "{one:?}");
-    assert_eq!(
-        one.iter().map(|x| x.0).collect::<Vec<_>>(),
-        two.iter().map(|x| x.0).collect::<Vec<_>>()
-    );
-    for ((step, a), (_, b)) in one.iter().zip(&two) {
-        let rel = (a - b).abs() / a.abs();
-        assert!(
-            rel <= 1e-5,
-            "step {step}: 1 node × 2 ranks {a} vs 2 nodes × 1 rank {b}"
-        );
-    }
+    super::ddp::assert_curves_agree(dir, ["one-node", "two-nodes"], steps, |_| false);
 }
 
 /// The two-node run trained on both hosts, rank 0 on node1, and its
@@ -261,6 +246,39 @@ fn assert_on_both_hosts(run: &Path) {
     assert!(log.contains("parameters identical on all 2 ranks"), "{log}");
 }
 
+/// Submits the study `name` of [`STEPS`] steps to the cluster and waits:
+/// both runs complete on one curve, the two-node run on both hosts. The
+/// study's directory and what `sweep submit` said.
+fn trained_on_both(
+    cluster: &Cluster,
+    root: &Path,
+    name: &str,
+    sweep: &str,
+    slurm: &str,
+) -> (PathBuf, String) {
+    let m = study(
+        root,
+        name,
+        &format!("training_steps = {STEPS}"),
+        sweep,
+        slurm,
+    );
+    let out = run_ok(cluster.sweep(root).arg("submit").arg(&m));
+    let s = cluster.wait_ended(root, &m, 300);
+    let dir = root.join("results").join(name);
+    assert!(
+        s.values().all(|(st, _)| st == "COMPLETED"),
+        "{s:?}\n{}",
+        run_log(&dir.join("two-nodes"))
+    );
+    assert_same_curve(&dir, STEPS);
+    assert_on_both_hosts(&dir.join("two-nodes"));
+    (dir, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Steps of the studies that only compare curves.
+const STEPS: u64 = 8;
+
 #[test]
 #[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
 fn one_rank_per_node_over_tcp_trains_like_two_ranks_on_one_node() {
@@ -268,26 +286,9 @@ fn one_rank_per_node_over_tcp_trains_like_two_ranks_on_one_node() {
         return;
     };
     let root = project();
-    let steps = 8;
-    let m = study(
-        root.path(),
-        "two-hosts",
-        &format!("training_steps = {steps}"),
-        "",
-        "",
-    );
     let before = cluster.link_bytes();
-    run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
-    let s = cluster.wait_ended(root.path(), &m, 300);
-    let dir = root.path().join("results/two-hosts");
-    assert!(
-        s.values().all(|(st, _)| st == "COMPLETED"),
-        "{s:?}\n{}",
-        run_log(&dir.join("two-nodes"))
-    );
-    assert_same_curve(&dir, steps);
+    let (dir, _) = trained_on_both(&cluster, root.path(), "two-hosts", "", "");
     let two = dir.join("two-nodes");
-    assert_on_both_hosts(&two);
     let script = std::fs::read_to_string(two.join("job.sbatch")).unwrap();
     assert!(
         script.contains("#SBATCH --nodes=2") && script.contains("--mpi=pmix"),
@@ -300,7 +301,7 @@ fn one_rank_per_node_over_tcp_trains_like_two_ranks_on_one_node() {
     assert_eq!(placement(&dir.join("one-node")).len(), 2);
     let crossed = cluster.link_bytes() - before;
     assert!(
-        crossed > steps * 4_000_000,
+        crossed > STEPS * 4_000_000,
         "{crossed} bytes through the links"
     );
 }
@@ -312,26 +313,14 @@ fn a_packed_block_runs_a_two_node_run_beside_a_one_node_run() {
         return;
     };
     let root = project();
-    let steps = 8;
-    let m = study(
+    let (dir, text) = trained_on_both(
+        &cluster,
         root.path(),
         "two-hosts-packed",
-        &format!("training_steps = {steps}"),
         "design = \"blocks\"\norder_seed = 3",
         "pack = true",
     );
-    let out = run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(text.contains("block 1 of 2 runs, packed"), "{text}");
-    let s = cluster.wait_ended(root.path(), &m, 300);
-    let dir = root.path().join("results/two-hosts-packed");
-    assert!(
-        s.values().all(|(st, _)| st == "COMPLETED"),
-        "{s:?}\n{}",
-        run_log(&dir.join("two-nodes"))
-    );
-    assert_same_curve(&dir, steps);
-    assert_on_both_hosts(&dir.join("two-nodes"));
     // One allocation of two nodes held both runs; the one-node run took
     // the first of them.
     let block = std::fs::read_dir(dir.join("blocks"))
