@@ -35,6 +35,28 @@ pub fn head_rows(tokens: usize, vocab: usize) -> usize {
     (HEAD_ELEMENTS / vocab.max(1)).clamp(1, tokens.max(1))
 }
 
+/// A micro-batch's token ids, [batch, seq] in row order, as the host holds
+/// them: the forward pass uploads them, and the embedding's gradient groups
+/// them where they are (on a GPU, reading them back would wait for all the
+/// work queued before).
+#[derive(Clone, Copy, Debug)]
+pub struct Tokens<'a> {
+    ids: &'a [u32],
+    batch: usize,
+    seq: usize,
+}
+
+impl<'a> Tokens<'a> {
+    pub fn new(ids: &'a [u32], batch: usize, seq: usize) -> Result<Self> {
+        anyhow::ensure!(
+            batch.checked_mul(seq) == Some(ids.len()),
+            "{} token ids for a batch of {batch} × {seq}",
+            ids.len()
+        );
+        Ok(Tokens { ids, batch, seq })
+    }
+}
+
 /// What attention's backward needs: q, k and v after the rotary embedding,
 /// in the layout its forward took.
 enum AttentionCache {
@@ -388,12 +410,12 @@ impl Block {
 }
 
 impl Llama {
-    /// The summed cross-entropy of `ids` [B, T] against `labels` (−100:
+    /// The summed cross-entropy of `tokens` against `labels` (−100:
     /// ignored) divided by `divisor`, by the explicit block-wise passes;
     /// every parameter's gradient is added into its buffer in `grads`.
     pub fn forward_backward(
         &self,
-        ids: &Tensor,
+        tokens: Tokens<'_>,
         labels: &[i64],
         divisor: f64,
         grads: &mut Grads,
@@ -404,29 +426,29 @@ impl Llama {
             on_ready: &mut |_, _| Ok(()),
         };
         Ok(self
-            .forward_backward_probed(ids, labels, divisor, grads, probe)?
+            .forward_backward_probed(tokens, labels, divisor, grads, probe)?
             .loss)
     }
 
     /// [`Llama::forward_backward`], probed from inside.
     pub fn forward_backward_probed(
         &self,
-        ids: &Tensor,
+        tokens: Tokens<'_>,
         labels: &[i64],
         divisor: f64,
         grads: &mut Grads,
         probe: Probe<'_>,
     ) -> Result<Pass> {
         let started = std::time::Instant::now();
-        let (b, t) = ids.dims2()?;
         let seq = Seq {
-            b,
-            t,
+            b: tokens.batch,
+            t: tokens.seq,
             rope: &self.rope,
         };
-        let ids = ids.flatten_all()?;
+        let ids = Tensor::from_slice(tokens.ids, tokens.ids.len(), self.embeddings.device())?;
         let recompute = self.recompute == Recompute::Blocks;
         let mut x = embedding::embedding(&self.embeddings, &ids)?;
+        drop(ids);
         let mut caches = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
             let (y, saved) = block.forward_cached(&x, seq)?;
@@ -458,7 +480,7 @@ impl Llama {
                 .push(caches.iter().map(BlockCache::bytes).sum());
             (probe.on_ready)(Finished::Block(i), grads)?;
         }
-        grads.add_rows(&self.embeddings, &ids, &dx)?;
+        grads.add_rows(&self.embeddings, tokens.ids, &dx)?;
         (probe.on_ready)(Finished::Embeddings, grads)?;
         // Read once the backward is queued: on a GPU, reading it earlier
         // would leave the device idle while the host waits.
@@ -577,7 +599,24 @@ mod tests {
 
     /// Ids [B, T] and labels: padded rows end in ignored labels; a
     /// padding-free row's first label after a document start is ignored.
-    fn batch(b: usize, t: usize, seed: usize) -> (Tensor, Vec<i64>) {
+    /// A micro-batch's ids as the trainer passes them and as the oracle takes them.
+    struct Micro {
+        ids: Vec<u32>,
+        b: usize,
+        t: usize,
+    }
+
+    impl Micro {
+        fn tokens(&self) -> Tokens<'_> {
+            Tokens::new(&self.ids, self.b, self.t).unwrap()
+        }
+
+        fn tensor(&self) -> Tensor {
+            Tensor::from_slice(&self.ids, (self.b, self.t), &Device::Cpu).unwrap()
+        }
+    }
+
+    fn batch(b: usize, t: usize, seed: usize) -> (Micro, Vec<i64>) {
         let ids: Vec<u32> = (0..b * t)
             .map(|i| ((i * 7 + seed * 13 + 3) % 50) as u32)
             .collect();
@@ -593,7 +632,7 @@ mod tests {
                 }
             })
             .collect();
-        (Tensor::from_vec(ids, (b, t), &Device::Cpu).unwrap(), labels)
+        (Micro { ids, b, t }, labels)
     }
 
     /// Max |a − b| / max |b| over two gradient sets, by parameter name.
@@ -623,11 +662,11 @@ mod tests {
             let model = Llama::new(&params, &s)?;
             let oracle = Autograd::new(&params, &s)?;
             let (ids, labels) = batch(2, 8, 1);
-            let autograd_loss = oracle.loss(&ids, &labels, 9.0)?;
+            let autograd_loss = oracle.loss(&ids.tensor(), &labels, 9.0)?;
             let value = autograd_loss.to_scalar::<f64>()?;
             let reference = oracle.backward(&autograd_loss)?;
             let mut grads = Grads::buffers_for(&params)?;
-            let loss = model.forward_backward(&ids, &labels, 9.0, &mut grads)?;
+            let loss = model.forward_backward(ids.tokens(), &labels, 9.0, &mut grads)?;
             assert!(
                 (loss - value).abs() <= 1e-12 * value.abs(),
                 "{recompute:?}: loss {loss} vs {value}"
@@ -648,9 +687,9 @@ mod tests {
             let params = s.init_params(13)?;
             let model = Llama::new(&params, &s)?;
             let (ids, labels) = batch(2, 8, 4);
-            let forward = model.loss(&ids, &labels, 9.0)?;
+            let forward = model.loss(&ids.tensor(), &labels, 9.0)?;
             let mut grads = Grads::buffers_for(&params)?;
-            let both = model.forward_backward(&ids, &labels, 9.0, &mut grads)?;
+            let both = model.forward_backward(ids.tokens(), &labels, 9.0, &mut grads)?;
             assert!(
                 (forward - both).abs() <= tol * both.abs(),
                 "{dtype:?}: {forward} vs {both}"
@@ -669,12 +708,12 @@ mod tests {
         let (mut loss_ours, mut loss_theirs) = (0.0, 0.0);
         // Buffers from an earlier step are emptied first.
         let (ids, labels) = batch(2, 8, 3);
-        model.forward_backward(&ids, &labels, 21.0, &mut ours)?;
+        model.forward_backward(ids.tokens(), &labels, 21.0, &mut ours)?;
         ours.zero()?;
         for seed in [1, 2] {
             let (ids, labels) = batch(2, 8, seed);
-            loss_ours += model.forward_backward(&ids, &labels, 21.0, &mut ours)?;
-            let l = oracle.loss(&ids, &labels, 21.0)?;
+            loss_ours += model.forward_backward(ids.tokens(), &labels, 21.0, &mut ours)?;
+            let l = oracle.loss(&ids.tensor(), &labels, 21.0)?;
             loss_theirs += l.to_scalar::<f64>()?;
             theirs.accumulate(&params, oracle.backward(&l)?)?;
         }
@@ -698,11 +737,11 @@ mod tests {
             let model = Llama::new(&params, &s)?;
             let oracle = Autograd::new(&params, &s)?;
             let (ids, labels) = batch(2, 8, 3);
-            let l = oracle.loss(&ids, &labels, 9.0)?;
+            let l = oracle.loss(&ids.tensor(), &labels, 9.0)?;
             let value = l.to_scalar::<f32>()? as f64;
             let reference = oracle.backward(&l)?;
             let mut grads = Grads::buffers_for(&params)?;
-            let loss = model.forward_backward(&ids, &labels, 9.0, &mut grads)?;
+            let loss = model.forward_backward(ids.tokens(), &labels, 9.0, &mut grads)?;
             assert!(
                 (loss - value).abs() <= 1e-5 * value,
                 "{attention:?}: {loss} vs {value}"
@@ -731,7 +770,7 @@ mod tests {
             };
             let mut grads = Grads::buffers_for(&params)?;
             let trace = model
-                .forward_backward_probed(&ids, &labels, 9.0, &mut grads, probe)?
+                .forward_backward_probed(ids.tokens(), &labels, 9.0, &mut grads, probe)?
                 .trace;
             // The order in which gradients can be summed across ranks.
             use Finished::*;

@@ -26,33 +26,123 @@ pub fn cuda(ordinal: usize, _pool: CudaPool) -> Result<Device> {
     Ok(Device::new_cuda(ordinal)?)
 }
 
-/// Raises the release threshold of the device's default memory pool (where
-/// cudarc's stream-ordered allocations come from) to its maximum, so that
-/// freed memory stays in the pool across synchronisations.
+/// The default memory pool of a CUDA device (where cudarc's stream-ordered
+/// allocations come from).
+#[cfg(feature = "cuda")]
+fn default_pool(
+    d: &candle_core::CudaDevice,
+) -> Result<candle_core::cuda::cudarc::driver::sys::CUmemoryPool> {
+    use candle_core::cuda::cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the device handle is the context's own; `pool` receives the
+    // default pool's handle.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, d.cuda_stream().context().cu_device()) }
+        .result()
+        .map_err(|e| {
+            anyhow::anyhow!("asking the CUDA driver for the device's memory pool: {e:?}")
+        })?;
+    Ok(pool)
+}
+
+/// Raises the release threshold of the device's default memory pool to its
+/// maximum, so that freed memory stays in the pool across synchronisations.
 #[cfg(feature = "cuda")]
 fn keep_freed_memory(device: &Device) -> Result<()> {
     use candle_core::cuda::cudarc::driver::sys;
     let Device::Cuda(d) = device else {
         return Ok(());
     };
-    let context = d.cuda_stream().context().clone();
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let pool = default_pool(d)?;
     let mut threshold = u64::MAX;
-    // SAFETY: the device handle is the context's own; `pool` receives the
-    // default pool's handle, and the attribute takes a u64 by pointer.
+    // SAFETY: `pool` is the device's; the attribute takes a u64 by pointer.
     unsafe {
-        sys::cuDeviceGetDefaultMemPool(&mut pool, context.cu_device())
-            .result()
-            .and_then(|()| {
-                sys::cuMemPoolSetAttribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    (&mut threshold as *mut u64).cast(),
-                )
-                .result()
-            })
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
     }
+    .result()
     .map_err(|e| anyhow::anyhow!("setting the CUDA memory pool's release threshold: {e:?}"))
+}
+
+/// Hands the memory the pool keeps unused back to the driver, once the work
+/// queued has finished (only then are its frees observed): the bytes handed
+/// back. The pool's reserve serves the pool's own allocations only; cuBLAS's
+/// and NCCL's, and a fragmented request, need it back.
+#[cfg(feature = "cuda")]
+pub fn release_pool(device: &Device) -> Result<u64> {
+    use candle_core::cuda::cudarc::driver::sys;
+    let Device::Cuda(d) = device else {
+        return Ok(0);
+    };
+    device.synchronize()?;
+    let pool = default_pool(d)?;
+    let reserved = || -> Result<u64> {
+        let mut bytes = 0u64;
+        // SAFETY: `pool` is the device's; the attribute is a u64.
+        unsafe {
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut bytes as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(|e| anyhow::anyhow!("asking the CUDA memory pool its reserve: {e:?}"))?;
+        Ok(bytes)
+    };
+    let before = reserved()?;
+    // SAFETY: `pool` is the device's; trimming keeps what backs live allocations.
+    unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+        .result()
+        .map_err(|e| anyhow::anyhow!("releasing the CUDA memory pool: {e:?}"))?;
+    Ok(before.saturating_sub(reserved()?))
+}
+
+/// Without CUDA there is no pool to release.
+#[cfg(not(feature = "cuda"))]
+pub fn release_pool(_device: &Device) -> Result<u64> {
+    Ok(0)
+}
+
+/// `attempt`, run once more when it ran out of device memory and the memory
+/// pool had kept some to hand back (as PyTorch's caching allocator empties
+/// itself and retries when an allocation fails). Only `alone` (a single
+/// rank): one rank cannot run a step's collectives again by itself.
+pub fn once_more_after_release<T>(
+    device: &Device,
+    alone: bool,
+    attempt: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    retried(attempt, is_out_of_memory, || {
+        if alone {
+            release_pool(device)
+        } else {
+            Ok(0)
+        }
+    })
+}
+
+fn retried<T>(
+    mut attempt: impl FnMut() -> Result<T>,
+    short_of_memory: impl Fn(&anyhow::Error) -> bool,
+    release: impl FnOnce() -> Result<u64>,
+) -> Result<T> {
+    match attempt() {
+        Err(e) if short_of_memory(&e) => {
+            let released = release()?;
+            if released == 0 {
+                return Err(e);
+            }
+            eprintln!(
+                "sweep train: out of device memory ({e:#}); the memory pool handed {:.0} MB back, running the step again",
+                released as f64 / 1e6
+            );
+            attempt()
+        }
+        done => done,
+    }
 }
 
 /// `NVIDIA H100 80GB HBM3`, or `cpu`.
@@ -141,5 +231,92 @@ impl PeakMemory {
         } else {
             self.mb
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_step_short_of_memory_runs_once_more_only_after_memory_was_handed_back() {
+        let short = |e: &anyhow::Error| e.to_string() == "short";
+        /// Fails short of memory first, then `again` (Ok where empty).
+        fn fail_first<'a>(
+            tries: &'a Cell<u32>,
+            again: &'static str,
+        ) -> impl FnMut() -> Result<u32> + 'a {
+            move || {
+                tries.set(tries.get() + 1);
+                match tries.get() {
+                    1 => anyhow::bail!("short"),
+                    _ if again.is_empty() => Ok(tries.get()),
+                    _ => anyhow::bail!(again),
+                }
+            }
+        }
+        // Released: once more, and that answer is the step's.
+        let tries = Cell::new(0);
+        assert_eq!(
+            retried(fail_first(&tries, ""), short, || Ok(1 << 30)).unwrap(),
+            2
+        );
+        let tries = Cell::new(0);
+        let err = retried(fail_first(&tries, "short"), short, || Ok(1)).unwrap_err();
+        assert_eq!((err.to_string(), tries.get()), ("short".into(), 2));
+        // Nothing to hand back, or a release that failed: the first error
+        // or the release's, and no second attempt.
+        let tries = Cell::new(0);
+        let err = retried(fail_first(&tries, ""), short, || Ok(0)).unwrap_err();
+        assert_eq!((err.to_string(), tries.get()), ("short".into(), 1));
+        let tries = Cell::new(0);
+        let err = retried(fail_first(&tries, ""), short, || anyhow::bail!("no pool")).unwrap_err();
+        assert_eq!((err.to_string(), tries.get()), ("no pool".into(), 1));
+        // Another error: no release asked for.
+        let tries = Cell::new(0);
+        let err = retried(
+            fail_first(&tries, ""),
+            |_| false,
+            || -> Result<u64> { panic!("released for an error that is not memory") },
+        )
+        .unwrap_err();
+        assert_eq!((err.to_string(), tries.get()), ("short".into(), 1));
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use crate::train::ops::cuda::typed;
+    use candle_core::cuda::cudarc::cublas::{result::CublasError, sys::cublasStatus_t};
+    use candle_core::cuda::cudarc::driver::{sys::CUresult, DriverError};
+
+    #[test]
+    fn out_of_memory_is_known_through_sweeps_own_kernels_and_gemms() {
+        // As the cuBLAS weight gradient and a kernel launch report them,
+        // under the contexts the trainer adds on the way up.
+        let up = |e: candle_core::Error| anyhow::Error::from(e).context("a step");
+        let gemm = typed(
+            CublasError(cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED),
+            "cuBLAS weight gradient".into(),
+        );
+        assert!(is_out_of_memory(&up(gemm)));
+        let launch = typed(
+            DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            "launching".into(),
+        );
+        let shown = format!("{:#}", up(launch));
+        assert!(shown.contains("launching"), "{shown}");
+        let launch = typed(
+            DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            "launching".into(),
+        );
+        assert!(is_out_of_memory(&up(launch)));
+        let other = typed(
+            CublasError(cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE),
+            "cuBLAS weight gradient".into(),
+        );
+        assert!(!is_out_of_memory(&up(other)));
     }
 }

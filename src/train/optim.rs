@@ -95,16 +95,18 @@ impl AdamW {
     }
 
     /// One update with learning rate `lr`, gradients scaled by the clip
-    /// scale. A non-finite gradient norm changes nothing (the caller stops
-    /// on it); on a GPU the fused update reads the scale from device memory.
-    pub fn step(&mut self, grads: &Grads, lr: f64, clipping: &Clipping) -> Result<()> {
+    /// scale; the gradient norm, read once the update is queued (on a GPU
+    /// the fused update reads the scale from device memory, and the host
+    /// waits for the step's kernels only here). A non-finite norm changes
+    /// nothing, the step count included (the caller stops on it).
+    pub fn step(&mut self, grads: &Grads, lr: f64, clipping: &Clipping) -> Result<f64> {
         // The scale on the host, read when a path needs it (at most once).
         let mut host_scale = match clipping {
             Clipping::Host { scale, .. } => Some(*scale),
             Clipping::Device(_) => None,
         };
         if host_scale.is_some_and(|s| !s.is_finite()) {
-            return Ok(());
+            return Ok(clipping.norm()?);
         }
         self.t += 1;
         let hyper = |wd| adamw::Hyper {
@@ -149,7 +151,13 @@ impl AdamW {
                 }
             }
         }
-        Ok(())
+        let norm = clipping.norm()?;
+        if !norm.is_finite() {
+            // The device's update saw the NaN scale and left everything as it
+            // was: so does the count its bias corrections come from.
+            self.t -= 1;
+        }
+        Ok(norm)
     }
 
     /// The moments as tensors named `m.<param>` / `v.<param>` (for checkpoints).
@@ -233,11 +241,18 @@ mod tests {
         let mut opt = AdamW::new(&params, &TrainConfig::default())?;
         let mut grads = Grads::buffers_for(&params)?;
         grads.add(&w()?, &a)?;
-        opt.step(&grads, 0.1, &c)?;
+        assert_eq!(opt.step(&grads, 0.1, &c)?, f64::INFINITY);
+        assert_eq!(opt.t, 0);
+        assert_eq!(w()?.to_vec2::<f32>()?, ones);
+        // So does a norm the host learns only after the update is queued (a
+        // GPU's [norm, scale]).
+        let on_device = Tensor::new(&[f32::INFINITY, f32::NAN], &dev)?;
+        let c = super::super::ops::grad_norm::Clipping::Device(on_device);
+        assert_eq!(opt.step(&grads, 0.1, &c)?, f64::INFINITY);
         assert_eq!(opt.t, 0);
         assert_eq!(w()?.to_vec2::<f32>()?, ones);
         // A finite norm does update.
-        opt.step(&grads, 0.1, &grads.clipping(1.0)?)?;
+        assert_eq!(opt.step(&grads, 0.1, &grads.clipping(1.0)?)?, 3.0);
         assert_eq!(opt.t, 1);
         assert_ne!(w()?.to_vec2::<f32>()?, ones);
         Ok(())

@@ -4,7 +4,7 @@
 //! The process around it — threads, signals, resuming, the step loop — is
 //! [`super::run`].
 
-use super::blockwise::Probe;
+use super::blockwise::{Probe, Tokens};
 use super::dist::{self, Collective, GradientLayout, GradientSum, Ranks};
 use super::grads::Grads;
 use super::model::{Llama, ModelSpec};
@@ -172,22 +172,28 @@ impl Trainer {
         // The last micro-batch's backward pass hands each bucket of finished
         // gradients to the engine's background thread, where it has one;
         // what is left to wait for afterwards is the exposed communication.
-        let mut sum = self.layout.begin(&*self.comm);
         let passes = Instant::now();
-        let (partial, forward_s) = forward_backward(
-            &self.model,
-            &mut self.grads,
-            &self.device,
-            (micro, stop, self.sync_forward),
-            global.max(1.0),
-            memory,
-            &mut sum,
-        )?;
+        let alone = self.comm.is_single();
+        let (partial, forward_s, finish_s) =
+            device::once_more_after_release(&self.device, alone, || {
+                let mut sum = self.layout.begin(&*self.comm);
+                let (partial, forward_s) = forward_backward(
+                    &self.model,
+                    &mut self.grads,
+                    &self.device,
+                    (micro, stop, self.sync_forward),
+                    global.max(1.0),
+                    memory,
+                    &mut sum,
+                )?;
+                let t1 = Instant::now();
+                sum.finish(&*self.comm, &mut self.grads)?;
+                Ok((partial, forward_s, t1.elapsed().as_secs_f64()))
+            })?;
         let t1 = Instant::now();
-        sum.finish(&*self.comm, &mut self.grads)?;
         let grads = &mut self.grads;
         let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
-        comm_s += t1.elapsed().as_secs_f64();
+        comm_s += finish_s + t1.elapsed().as_secs_f64();
         let updating = Instant::now();
         if !loss.is_finite() {
             bail!("the loss ({loss}) is not finite; try a lower learning_rate");
@@ -196,8 +202,7 @@ impl Trainer {
         // reads the scale there, and the host reads the norm once, after the
         // update is queued (a non-finite norm makes the update change nothing).
         let clipping = grads.clipping(self.cfg.grad_clip)?;
-        self.opt.step(&self.grads, lr, &clipping)?;
-        let grad_norm = clipping.norm()?;
+        let grad_norm = self.opt.step(&self.grads, lr, &clipping)?;
         if !grad_norm.is_finite() {
             bail!("the gradient norm ({grad_norm}) is not finite (loss {loss}); try a lower learning_rate");
         }
@@ -278,13 +283,13 @@ fn forward_backward(
         }
         let last = i + 1 == micro.len();
         sum.tokens(&b.inputs);
-        let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), device)?;
+        let tokens = Tokens::new(&b.inputs, b.batch_size, b.seq_len)?;
         let probe = Probe {
             at_peak: &mut || memory.sample(device),
             sync_forward,
             on_ready: &mut |f, g| if last { sum.finished(f, g) } else { Ok(()) },
         };
-        let pass = model.forward_backward_probed(&ids, &b.labels, divisor, grads, probe)?;
+        let pass = model.forward_backward_probed(tokens, &b.labels, divisor, grads, probe)?;
         loss += pass.loss;
         forward_s += pass.forward_s;
     }

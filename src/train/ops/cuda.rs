@@ -9,11 +9,11 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchArgs,
-    LaunchConfig, ValidAsZeroBits,
+    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
+    DriverError, LaunchArgs, LaunchConfig, ValidAsZeroBits,
 };
 use candle_core::cuda::cudarc::nvrtc::Ptx;
-use candle_core::cuda::{CudaDType, CudaDevice};
+use candle_core::cuda::{CudaDType, CudaDevice, CudaError};
 use candle_core::{bail, CudaStorage, DType, Layout, Result, WithDType};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -172,8 +172,16 @@ pub fn function(dev: &CudaDevice, source: &Source, name: &str, dtype: DType) -> 
     Ok(Kernel { stream, func })
 }
 
-fn driver_error(e: impl std::fmt::Debug, what: &str) -> candle_core::Error {
-    candle_core::Error::Msg(format!("loading sweep's `{what}` kernels: {e:?}"))
+fn driver_error(e: DriverError, what: &str) -> candle_core::Error {
+    typed(e, format!("loading sweep's `{what}` kernels"))
+}
+
+/// A driver or cuBLAS error as candle's own typed error, with what was being
+/// done: out-of-memory stays recognisable by its type
+/// ([`crate::train::device::is_out_of_memory`]: the batch-size search and
+/// the trainer's exit status rely on it), which a message would lose.
+pub fn typed(e: impl Into<CudaError>, doing: String) -> candle_core::Error {
+    candle_core::Error::from(e.into()).context(doing)
 }
 
 /// `[start, end)` of a contiguous layout.
@@ -207,10 +215,11 @@ pub fn on_gpu<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaSto
 }
 
 /// Uninitialised device memory for `n` values (every kernel writing into it
-/// writes every element).
+/// writes every element); one value for none, as the driver refuses an
+/// allocation of 0 bytes (the output of an empty input, never read).
 pub fn alloc<T: Element>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: the callers' kernels write all n values before anything reads them.
-    unsafe { dev.alloc::<T>(n) }
+    unsafe { dev.alloc::<T>(n.max(1)) }
 }
 
 /// The device of a storage.
@@ -235,15 +244,17 @@ pub fn u32_of(n: usize, what: &str) -> Result<u32> {
 /// Threads per block of every launch.
 const THREADS: u32 = 256;
 
-/// One warp per row, 8 rows per block.
+/// One warp per row, 8 rows per block (none for no rows: [`launch`] then
+/// launches nothing).
 pub fn warp_per_row(rows: usize) -> LaunchConfig {
     let warps = THREADS as usize / 32;
-    blocks((rows.div_ceil(warps)).max(1) as u32, 1)
+    blocks(rows.div_ceil(warps) as u32, 1)
 }
 
-/// One block per row.
+/// One block per row (none for no rows: the row kernels read row
+/// `blockIdx.x` unchecked, and [`launch`] launches nothing).
 pub fn block_per_row(rows: u32) -> LaunchConfig {
-    blocks(rows.max(1), 1)
+    blocks(rows, 1)
 }
 
 /// A grid-stride loop over n elements: enough blocks to fill a large GPU
@@ -271,10 +282,16 @@ pub fn column_blocks(cols: usize) -> u32 {
 /// # Safety
 /// The arguments match the kernel's signature, and every index the kernel
 /// reaches under `cfg` is inside the memory passed to it.
+/// An empty grid (an empty input: no row, no token) launches nothing, where
+/// CUDA would refuse the configuration.
 pub unsafe fn launch(args: &mut LaunchArgs<'_>, cfg: LaunchConfig, what: &str) -> Result<()> {
+    let (x, y, z) = cfg.grid_dim;
+    if x == 0 || y == 0 || z == 0 {
+        return Ok(());
+    }
     unsafe { args.launch(cfg) }
         .map(|_| ())
-        .map_err(|e| candle_core::Error::Msg(format!("launching sweep's `{what}` kernel: {e:?}")))
+        .map_err(|e| typed(e, format!("launching sweep's `{what}` kernel")))
 }
 
 /// Calls `$f::<T>(args)` with T the Rust type of a CUDA dtype (f32 or bf16).

@@ -13,7 +13,7 @@
 use super::accumulate;
 use super::check::{random, Case, Shapes};
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp3, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor};
 
 /// Rows `ids` (u32, [N]) of `table` ([V, D]): [N, D].
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
@@ -86,26 +86,39 @@ impl CustomOp2 for Lookup {
 /// buf [V, D] rows `ids` += rows of dy [N, D], in the order of `ids` (the
 /// same sums every run): an embedding's gradient, without a V × D temporary
 /// on the in-place path; elsewhere summed in f32 and rounded once
-/// ([`super::embedding::backward`]).
-pub fn add_rows(buf: &mut Tensor, ids: &Tensor, dy: &Tensor) -> Result<()> {
-    if super::in_place(buf, &[dy]) && ids.device().is_cpu() && super::own_kernel(&[dy]) {
-        return buf.inplace_op3(
-            &ids.to_dtype(DType::U32)?.contiguous()?,
-            &dy.contiguous()?,
-            &AddRows,
+/// ([`super::embedding::backward`]). The ids are the host's: on a GPU,
+/// reading them back from the device would wait for all the work queued
+/// before them, and the kernel's grouping is made on the host anyway.
+pub fn add_rows(buf: &mut Tensor, ids: &[u32], dy: &Tensor) -> Result<()> {
+    let (rows, d) = buf.dims2()?;
+    if dy.elem_count() != ids.len() * d {
+        bail!(
+            "{} ids for {} rows of gradient",
+            ids.len(),
+            dy.elem_count() / d.max(1)
         );
+    }
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= rows) {
+        bail!("token {bad} is outside the {rows}-row table");
+    }
+    if super::in_place(buf, &[dy]) && super::own_kernel(&[dy]) {
+        return buf.inplace_op2(&dy.contiguous()?, &AddRows { ids });
     }
     #[cfg(feature = "cuda")]
     if buf.device().is_cuda() && buf.is_contiguous() && super::own_kernel(&[buf, dy]) {
         return cuda_rows::add_rows(buf, ids, dy);
     }
-    let g = backward(buf, ids, dy)?;
+    let ids = Tensor::from_slice(ids, ids.len(), buf.device())?;
+    let g = backward(buf, &ids, dy)?;
     accumulate::add(buf, &g)
 }
 
-struct AddRows;
+/// The CPU's row sum, ids checked by [`add_rows`].
+struct AddRows<'a> {
+    ids: &'a [u32],
+}
 
-impl InplaceOp3 for AddRows {
+impl InplaceOp2 for AddRows<'_> {
     fn name(&self) -> &'static str {
         "sweep-add-rows-into"
     }
@@ -116,30 +129,15 @@ impl InplaceOp3 for AddRows {
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
     ) -> Result<()> {
-        let CpuStorage::U32(ids) = s2 else {
-            bail!("expected u32 ids")
-        };
-        let ids = &ids[l2.start_offset()..l2.start_offset() + l2.shape().elem_count()];
-        let dy = super::f32s(s3, l3)?;
+        let dy = super::f32s(s2, l2)?;
         let (rows, d) = l1.shape().dims2()?;
         let CpuStorage::F32(buf) = s1 else {
             bail!("expected f32 data")
         };
         let buf = &mut buf[l1.start_offset()..l1.start_offset() + rows * d];
-        if dy.len() != ids.len() * d {
-            bail!(
-                "{} ids for {} rows of gradient",
-                ids.len(),
-                dy.len() / d.max(1)
-            );
-        }
-        for (&id, g) in ids.iter().zip(dy.chunks_exact(d)) {
-            let Some(row) = buf.get_mut(id as usize * d..(id as usize + 1) * d) else {
-                bail!("token {id} is outside the {rows}-row table");
-            };
+        for (&id, g) in self.ids.iter().zip(dy.chunks_exact(d)) {
+            let row = &mut buf[id as usize * d..(id as usize + 1) * d];
             row.iter_mut().zip(g).for_each(|(b, g)| *b += g);
         }
         Ok(())
@@ -191,24 +189,15 @@ mod cuda_rows {
     use super::super::cuda::{self, by_dtype, Element};
     use super::Plan;
     use candle_core::cuda::cudarc::driver::PushKernelArg;
-    use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
+    use candle_core::{bail, CpuStorage, CudaStorage, InplaceOp3, Layout, Result, Tensor};
 
-    pub fn add_rows(buf: &mut Tensor, ids: &Tensor, dy: &Tensor) -> Result<()> {
-        let (rows, d) = buf.dims2()?;
-        // The ids came from the host; reading them back waits for nothing
-        // but their upload.
-        let ids = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1::<u32>()?;
-        if dy.elem_count() != ids.len() * d {
-            bail!(
-                "{} ids for {} rows of gradient",
-                ids.len(),
-                dy.elem_count() / d.max(1)
-            );
+    /// Ids and shapes checked by [`super::add_rows`].
+    pub fn add_rows(buf: &mut Tensor, ids: &[u32], dy: &Tensor) -> Result<()> {
+        let (_, d) = buf.dims2()?;
+        if ids.is_empty() || d == 0 {
+            return Ok(());
         }
-        if let Some(bad) = ids.iter().find(|&&id| id as usize >= rows) {
-            bail!("token {bad} is outside the {rows}-row table");
-        }
-        let plan = Plan::of(&ids);
+        let plan = Plan::of(ids);
         let op = AddRows {
             n: cuda::u32_of(ids.len(), "tokens")?,
             u: cuda::u32_of(plan.distinct, "distinct tokens")?,
@@ -275,7 +264,7 @@ mod cuda_rows {
         let mut b = f.builder();
         b.arg(&mut b_view).arg(&dyv).arg(&plan);
         b.arg(&op.n).arg(&op.u).arg(&op.d);
-        let grid = cuda::blocks(op.u.max(1), cuda::column_blocks(d));
+        let grid = cuda::blocks(op.u, cuda::column_blocks(d));
         // SAFETY: the kernel's signature; block (t, c) reads the plan's
         // entries of token t < u (the plan has n + 2u + 1 words, its
         // positions are below n and its tokens below the buffer's rows,
@@ -301,7 +290,6 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
         n * d + 2 * distinct * d,
         vec![random(&[v, d], 14, 0.1)?, random(&[n, d], 15, 1.0)?],
         Box::new(move |t| {
-            let ids = Tensor::new(ids.as_slice(), t[1].device())?;
             let mut buf = t[0].clone();
             add_rows(&mut buf, &ids, &t[1])?;
             Ok(vec![buf])
@@ -319,15 +307,28 @@ mod tests {
     fn rows_are_added_in_place_like_index_add() -> Result<()> {
         let mut buf = Tensor::zeros((9, 13), DType::F32, &Device::Cpu)?;
         let alias = buf.clone();
-        let ids = Tensor::new(&[2u32, 0, 2], &Device::Cpu)?;
+        let ids = [2u32, 0, 2];
         let rows = rand(&[3, 13], 6);
         add_rows(&mut buf, &ids, &rows)?;
-        let want = Tensor::zeros((9, 13), DType::F32, &Device::Cpu)?.index_add(&ids, &rows, 0)?;
+        let want = Tensor::zeros((9, 13), DType::F32, &Device::Cpu)?.index_add(
+            &Tensor::new(&ids, &Device::Cpu)?,
+            &rows,
+            0,
+        )?;
         assert!(max_diff(&buf, &want)? < 1e-7);
         assert!(max_diff(&alias, &want)? < 1e-7, "not in place");
-        let outside = Tensor::new(&[9u32], &Device::Cpu)?;
-        let err = add_rows(&mut buf, &outside, &rand(&[1, 13], 7)).unwrap_err();
-        assert!(err.to_string().contains("outside the 9-row table"), "{err}");
+        // Checked before any path: the composed one too.
+        for composed in [false, true] {
+            let mut f64_buf = buf.to_dtype(DType::F64)?;
+            let (b, dy) = match composed {
+                false => (&mut buf, rand(&[1, 13], 7)),
+                true => (&mut f64_buf, rand(&[1, 13], 7).to_dtype(DType::F64)?),
+            };
+            let err = add_rows(b, &[9], &dy).unwrap_err();
+            assert!(err.to_string().contains("outside the 9-row table"), "{err}");
+            let err = add_rows(b, &[1, 2], &dy).unwrap_err();
+            assert!(err.to_string().contains("2 ids for 1 rows"), "{err}");
+        }
         Ok(())
     }
 
@@ -359,11 +360,7 @@ mod tests {
                 by_plan[token as usize][col] += sum;
             }
         }
-        add_rows(
-            &mut buf,
-            &Tensor::new(ids.as_slice(), &candle_core::Device::Cpu)?,
-            &dy,
-        )?;
+        add_rows(&mut buf, &ids, &dy)?;
         let by_plan = Tensor::new(by_plan, &candle_core::Device::Cpu)?;
         assert!(max_diff(&buf, &by_plan)? < 1e-6);
         Ok(())

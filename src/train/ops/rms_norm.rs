@@ -254,7 +254,7 @@ fn backward_cuda<T: Element>(
     }
     let dev = cuda::device(x);
     let mut out = cuda::alloc::<T>(&dev, (rows + 1) * d)?;
-    let mut r = cuda::alloc::<f32>(&dev, rows.max(1))?;
+    let mut r = cuda::alloc::<f32>(&dev, rows)?;
     let slabs = DW_SLABS.min(rows).max(1);
     let per = rows.div_ceil(slabs).max(1);
     let slabs = rows.div_ceil(per).max(1);

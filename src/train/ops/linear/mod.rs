@@ -433,7 +433,12 @@ mod cuda_product {
                             sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                         )
                     }
-                    .map_err(|e| candle_core::Error::Msg(format!("cuBLAS weight gradient: {e:?}")))
+                    .map_err(|e| {
+                        cuda::typed(
+                            e,
+                            format!("cuBLAS weight gradient [{out}, {inp}] over {n} tokens"),
+                        )
+                    })
                 }};
             }
             match (cuda::dtype(buf), cuda::dtype(dy)) {
