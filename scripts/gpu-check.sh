@@ -1,19 +1,49 @@
 #!/usr/bin/env bash
-# On a GPU machine (no Rust there): the GPU build's tests, the train-step
-# benchmark beside PyTorch, and the GPU quickstart, from the artifacts that
-# `scripts/build-gpu.sh --tests` made on a build machine and that were carried
-# here (target/gpu/{sweep,it}-<features>-sm<cap>.xz and target/gpu/BUILD_ROOT).
+# On a GPU machine (no Rust there): the GPU build's checks and measurements,
+# from the artifacts that `scripts/build-gpu.sh --tests` made on a build
+# machine and that were carried here (target/gpu/{sweep,it}-<features>-sm<cap>.xz,
+# target/gpu/BUILD_ROOT and BUILD_COMMIT).
 #
-#   scripts/gpu-check.sh [tests] [bench] [quickstart]   (default: all three)
+#   scripts/gpu-check.sh STEP [STEP ...]      (no step: all of them, in order)
 #
-# Figures and logs go to $OUT (default results/gpu-check/).
+# Steps, each meant as one call of a machine lent for minutes at a time (each
+# well under 10 minutes on an H100; STEP_BUDGET seconds, default 540, bound a
+# step's commands together, and what a step measured is in $OUT as soon as it
+# is measured, so a step cut off still leaves its figures):
+#   first-light  the GPU, the libraries the binary needs and which file each
+#                resolves to (libraries.txt), `sweep --version`, one train step
+#                of a one-layer 8B-shaped model
+#   tests        the GPU integration tests (tests/it/gpu.rs), one at a time
+#   kernels      `sweep bench kernels --device cuda`: every kernel against its
+#                CPU twin (a wrong kernel fails here), timed beside the
+#                composed ops (kernels.json)
+#   train        `sweep bench train --device cuda`: the goal's cases (sweep-train.json)
+#   torch        scripts/torch-gpu-baseline.py on the same cases, eager and
+#                torch.compile (torch-*.json); then bench.json, every case of
+#                both side by side with the device, the date and the commit
+#   variants     the same steps through the composed ops, with the memory pool
+#                released at every sync, with recomputation, and through NCCL
+#   timeline     an Nsight Systems timeline of three ref-1b steps (batch 2, 8): kernel and
+#                API summaries (timeline-*.csv), where nsys can make a report
+#   quickstart   experiments/gpu-quickstart.toml, its logs and report (quickstart.tgz)
+#
+# Figures and logs go to $OUT (default results/gpu-check/); the exit status
+# says whether any command failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-results/gpu-check}
 FEATURES=${FEATURES:-flash-attn}
 CAP=${CAP:-90}
+STEP_BUDGET=${STEP_BUDGET:-540}
 STEPS=("$@")
-[[ ${#STEPS[@]} -eq 0 ]] && STEPS=(tests bench quickstart)
+[[ ${#STEPS[@]} -eq 0 ]] && STEPS=(first-light tests kernels train torch variants timeline quickstart)
+for step in "${STEPS[@]}"; do
+    case $step in
+        first-light|tests|kernels|train|torch|variants|timeline|quickstart) ;;
+        *) echo "gpu-check: unknown step $step (see the head of $0)" >&2; exit 2 ;;
+    esac
+done
+export PYTHONUNBUFFERED=1
 mkdir -p "$OUT" target/gpu/release
 
 # The binaries, unpacked where the test binary expects them: the repository
@@ -23,54 +53,60 @@ if [[ $built_in != "$PWD" && ! -e $built_in ]]; then
     mkdir -p "$(dirname "$built_in")"
     ln -s "$PWD" "$built_in"
 fi
-unpack() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; chmod +x "$2"; }
+unpack() {
+    [[ -x $2 && $2 -nt $1 ]] && return 0
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
+    chmod +x "$2"
+}
 unpack "target/gpu/sweep-$FEATURES-sm$CAP.xz" target/gpu/release/sweep
 SWEEP=$PWD/target/gpu/release/sweep
 
-# CUDA's runtime libraries from the Python environment's NVIDIA packages.
-LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os
-print(":".join(sorted({os.path.join(r, d) for p in nvidia.__path__ for r, ds, _ in os.walk(p) for d in ds if d == "lib"})))')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The libraries a GPU build opens (docs/gpu.md): libcudart through the
+# flash-attention kernels' link, the others by name at run time. They come
+# from the Python environment's NVIDIA packages (cu13 wheels) and, after
+# them, the CUDA toolkit's lib64.
+LIBS=(libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13 libnccl.so.2)
+lib_dirs=$(python3 -c 'import os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except ImportError:
+    roots = []
+print(":".join(sorted({os.path.join(r, d) for p in roots for r, ds, _ in os.walk(p) for d in ds if d == "lib"})))' || true)
+for dir in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64; do
+    [[ -d $dir ]] && lib_dirs=${lib_dirs:+$lib_dirs:}$dir
+done
+# (No empty entry: the loader reads one as the current directory.)
+LD_LIBRARY_PATH=$(IFS=:; printf '%s' "$lib_dirs:${LD_LIBRARY_PATH:-}" | tr -s : | sed 's/^://; s/:$//')
 export LD_LIBRARY_PATH
-nvidia-smi -L | tee "$OUT/device.txt"
-"$SWEEP" --version | tee -a "$OUT/device.txt"
 
-# Each step runs even when an earlier one failed; the exit status says
-# whether any did.
 status=0
-for step in "${STEPS[@]}"; do
-    case $step in
-        tests)
-            unpack "target/gpu/it-$FEATURES-sm$CAP.xz" target/gpu/it
-            # One at a time: they share the GPU.
-            target/gpu/it --ignored gpu:: --test-threads 1 >"$OUT/tests.txt" 2>&1 || status=1
-            tail -n 30 "$OUT/tests.txt"
-            ;;
-        bench)
-            {
-                # sweep's own kernels first: each against its CPU twin (a wrong
-                # one fails here), their time and the composed ops' beside them.
-                "$SWEEP" bench kernels --device cuda --json "$OUT/kernels.json" || status=1
-                # The same train steps through candle's composed ops instead,
-                # the measure of what the kernels bought.
-                SWEEP_CUDA_KERNELS=composed "$SWEEP" bench train --device cuda --layers 8 --only ref-8b --steps 5 || status=1
-                # And with the memory pool handing freed memory back to the
-                # driver at every sync (the driver's default), the measure of
-                # keeping it.
-                SWEEP_CUDA_POOL=release "$SWEEP" bench train --device cuda --layers 8 --only ref-8b --steps 5 || status=1
-                # The goal's cases: ref-1b and the 8B-shaped model, recorded
-                # for bench.json; ref-1b at batch 8 without recomputation, and with it.
-                "$SWEEP" bench train --device cuda --layers 8 --steps 5 --json "$OUT/sweep-train.json" || status=1
-                "$SWEEP" bench train --device cuda --only ref-1b --steps 5 --recompute blocks || status=1
-                # The NCCL path at world size 1 (one GPU allows one rank) against no engine.
-                "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10 || status=1
-                python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json" || status=1
-                python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json" || status=1
-                python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 1 --json "$OUT/torch-8b-8l-b1.json" || status=1
-            } >"$OUT/bench.txt" 2>&1
-            cat "$OUT/bench.txt"
-            # Every case of sweep and of PyTorch side by side, with the device,
-            # the date and the commit built (docs/gpu-bench.json is the latest).
-            python3 - "$OUT" "$(cat target/gpu/BUILD_COMMIT 2>/dev/null || echo unknown)" <<'PY' || status=1
+deadline=0
+# run LOG CMD...: CMD with its output appended to $OUT/LOG as it comes, within
+# what is left of the step's budget; a failure is recorded, not fatal.
+run() {
+    local log=$OUT/$1 left=$((deadline - SECONDS))
+    shift
+    if ((left < 15)); then
+        echo "gpu-check: skipped, the step's ${STEP_BUDGET} s are spent: $*" | tee -a "$log"
+        status=1
+        return 0
+    fi
+    echo "\$ $*" >>"$log"
+    local code=0
+    timeout --kill-after=10 "$left" "$@" 2>&1 | tee -a "$log" || code=${PIPESTATUS[0]}
+    if ((code != 0)); then
+        local why=""
+        ((code == 124 || code == 137)) && why=" (out of the step's ${STEP_BUDGET} s)"
+        echo "gpu-check: exit $code$why: $*" | tee -a "$log"
+        status=1
+    fi
+}
+
+# Every case of sweep and of PyTorch side by side, with the device, the date
+# and the commit built.
+merge_bench() {
+    python3 - "$OUT" "$(cat target/gpu/BUILD_COMMIT 2>/dev/null || echo unknown)" <<'PY' || status=1
 import datetime, glob, json, os, sys
 out, commit = sys.argv[1], sys.argv[2]
 cases = []
@@ -88,16 +124,97 @@ bench = {
 json.dump(bench, open(os.path.join(out, "bench.json"), "w"), indent=1)
 print(f"bench.json: {len(cases)} cases on {bench['device']}")
 PY
+}
+
+# nsys: on the PATH, or inside an Nsight install.
+find_nsys() {
+    command -v nsys && return 0
+    ls /opt/nvidia/nsight-systems*/bin/nsys /usr/local/cuda/bin/nsys \
+        /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -n 1
+}
+
+for step in "${STEPS[@]}"; do
+    deadline=$((SECONDS + STEP_BUDGET))
+    case $step in
+        first-light)
+            log=first-light.txt
+            run $log nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+            {
+                echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+                echo "# ldd: what the binary links (libcudart through the flash-attention kernels)"
+                ldd "$SWEEP"
+                echo "# each library a GPU build opens, as the loader finds it"
+                IFS=: read -ra dirs <<<"$LD_LIBRARY_PATH"
+                # NVRTC opens its builtins (named by its minor version) beside itself.
+                for lib in "${LIBS[@]}" 'libnvrtc-builtins.so.13.*'; do
+                    found=""
+                    for dir in "${dirs[@]}"; do
+                        # shellcheck disable=SC2086 # the builtins' name is a pattern
+                        [[ -n $dir ]] && found=$(ls $dir/$lib 2>/dev/null | head -n 1) && [[ -n $found ]] && break
+                    done
+                    [[ -z $found ]] && found=$(ldconfig -p | awk -v l="$lib" '$1 == l { print $NF; exit }')
+                    echo "$lib ${found:-NOT FOUND}"
+                done
+            } >"$OUT/libraries.txt" 2>&1
+            cat "$OUT/libraries.txt"
+            run $log "$SWEEP" --version
+            # One step of a small model: the device opens, the kernels
+            # compile with NVRTC and a step runs.
+            run $log "$SWEEP" bench train --device cuda --layers 1 --only 'ref-8b (1 layers)' --steps 1 --json "$OUT/first-step.json"
+            ;;
+        tests)
+            unpack "target/gpu/it-$FEATURES-sm$CAP.xz" target/gpu/it
+            # One at a time: they share the GPU.
+            run tests.txt target/gpu/it --ignored gpu:: --test-threads 1
+            ;;
+        kernels)
+            # sweep's own kernels, each against its CPU twin, their time and the
+            # composed ops' beside them.
+            run kernels.txt "$SWEEP" bench kernels --device cuda --json "$OUT/kernels.json"
+            ;;
+        train)
+            # The goal's cases: ref-1b and the 8B-shaped model (8 of its layers).
+            run train.txt "$SWEEP" bench train --device cuda --layers 8 --steps 5 --json "$OUT/sweep-train.json"
+            merge_bench
+            ;;
+        torch)
+            run torch.txt python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json"
+            run torch.txt python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json"
+            run torch.txt python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 1 --json "$OUT/torch-8b-8l-b1.json"
+            merge_bench
+            ;;
+        variants)
+            # Through candle's composed ops instead of sweep's kernels: what
+            # the kernels bought.
+            SWEEP_CUDA_KERNELS=composed run variants.txt "$SWEEP" bench train --device cuda --layers 8 --only ref-8b --steps 5
+            # The memory pool handing freed memory back at every sync (the
+            # driver's default): what keeping it buys.
+            SWEEP_CUDA_POOL=release run variants.txt "$SWEEP" bench train --device cuda --layers 8 --only ref-8b --steps 5
+            run variants.txt "$SWEEP" bench train --device cuda --only ref-1b --steps 5 --recompute blocks
+            # The NCCL path at world size 1 (one GPU allows one rank) against no engine.
+            run variants.txt "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10
+            ;;
+        timeline)
+            nsys=$(find_nsys || true)
+            if [[ -z $nsys ]]; then
+                echo "gpu-check: no nsys on this machine (PATH, /opt/nvidia)" | tee "$OUT/timeline.txt"
+                status=1
+            else
+                run timeline.txt "$nsys" profile --trace=cuda,osrt --sample=none --force-overwrite=true \
+                    -o /tmp/sweep-timeline "$SWEEP" bench train --device cuda --only 'ref-1b bf16' --steps 3
+                for report in cuda_gpu_kern_sum cuda_api_sum cuda_gpu_mem_time_sum; do
+                    run timeline.txt "$nsys" stats --force-export=true --report "$report" --format csv \
+                        --output "$OUT/timeline" /tmp/sweep-timeline.nsys-rep
+                done
+            fi
             ;;
         quickstart)
-            "$SWEEP" run experiments/gpu-quickstart.toml >"$OUT/quickstart.txt" 2>&1 || status=1
+            run quickstart.txt "$SWEEP" run experiments/gpu-quickstart.toml
             cat results/gpu-quickstart/summary.md >>"$OUT/quickstart.txt" 2>&1 || status=1
-            tail -n 40 "$OUT/quickstart.txt"
             # The runs' logs and metrics and the report, without checkpoints or data.
             tar -czf "$OUT/quickstart.tgz" --exclude='checkpoints' --exclude='*.parquet' \
                 --exclude='*.arrow' results/gpu-quickstart plots/gpu-quickstart 2>/dev/null || true
             ;;
-        *) echo "gpu-check: unknown step $step (tests, bench, quickstart)" >&2; exit 2 ;;
     esac
 done
 exit $status
