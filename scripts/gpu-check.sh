@@ -61,10 +61,9 @@ unpack() {
 unpack "target/gpu/sweep-$FEATURES-sm$CAP.xz" target/gpu/release/sweep
 SWEEP=$PWD/target/gpu/release/sweep
 
-# The libraries a GPU build opens (docs/gpu.md): libcudart through the
-# flash-attention kernels' link, the others by name at run time. They come
-# from the Python environment's NVIDIA packages (cu13 wheels) and, after
-# them, the CUDA toolkit's lib64.
+# The libraries a GPU build links (docs/gpu.md), and NVRTC's builtins, which
+# NVRTC opens beside itself. They come from the Python environment's NVIDIA
+# packages (cu13 wheels) and, after them, the CUDA toolkit's lib64.
 LIBS=(libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13 libnccl.so.2)
 lib_dirs=$(python3 -c 'import os
 try:
@@ -141,9 +140,9 @@ for step in "${STEPS[@]}"; do
             run $log nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
             {
                 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-                echo "# ldd: what the binary links (libcudart through the flash-attention kernels)"
+                echo "# ldd: what the binary links"
                 ldd "$SWEEP"
-                echo "# each library a GPU build opens, as the loader finds it"
+                echo "# each library a GPU build needs, as the loader finds it"
                 IFS=: read -ra dirs <<<"$LD_LIBRARY_PATH"
                 # NVRTC opens its builtins (named by its minor version) beside itself.
                 for lib in "${LIBS[@]}" 'libnvrtc-builtins.so.13.*'; do

@@ -597,8 +597,6 @@ mod tests {
         }
     }
 
-    /// Ids [B, T] and labels: padded rows end in ignored labels; a
-    /// padding-free row's first label after a document start is ignored.
     /// A micro-batch's ids as the trainer passes them and as the oracle takes them.
     struct Micro {
         ids: Vec<u32>,
@@ -616,6 +614,8 @@ mod tests {
         }
     }
 
+    /// Ids [B, T] and labels: padded rows end in ignored labels; a
+    /// padding-free row's first label after a document start is ignored.
     fn batch(b: usize, t: usize, seed: usize) -> (Micro, Vec<i64>) {
         let ids: Vec<u32> = (0..b * t)
             .map(|i| ((i * 7 + seed * 13 + 3) % 50) as u32)

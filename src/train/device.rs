@@ -13,7 +13,12 @@ use candle_core::Device;
 /// (`SWEEP_CUDA_POOL`).
 #[cfg(feature = "cuda")]
 pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
-    let device = Device::new_cuda(ordinal)?;
+    use anyhow::Context;
+    let device = Device::new_cuda(ordinal).with_context(|| {
+        format!(
+            "opening CUDA device {ordinal} (does `nvidia-smi` list it here? a SLURM job needs `gpus_per_node`)"
+        )
+    })?;
     if pool == CudaPool::Keep {
         keep_freed_memory(&device)?;
     }
