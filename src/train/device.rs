@@ -118,15 +118,12 @@ pub fn release_pool(_device: &Device) -> Result<u64> {
 pub fn once_more_after_release<T>(
     device: &Device,
     alone: bool,
-    attempt: impl FnMut() -> Result<T>,
+    mut attempt: impl FnMut() -> Result<T>,
 ) -> Result<T> {
-    retried(attempt, is_out_of_memory, || {
-        if alone {
-            release_pool(device)
-        } else {
-            Ok(0)
-        }
-    })
+    if !alone {
+        return attempt();
+    }
+    retried(attempt, is_out_of_memory, || release_pool(device))
 }
 
 fn retried<T>(
@@ -307,17 +304,12 @@ mod cuda_tests {
             "cuBLAS weight gradient".into(),
         );
         assert!(is_out_of_memory(&up(gemm)));
-        let launch = typed(
+        let launch = up(typed(
             DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
             "launching".into(),
-        );
-        let shown = format!("{:#}", up(launch));
-        assert!(shown.contains("launching"), "{shown}");
-        let launch = typed(
-            DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
-            "launching".into(),
-        );
-        assert!(is_out_of_memory(&up(launch)));
+        ));
+        assert!(format!("{launch:#}").contains("launching"), "{launch:#}");
+        assert!(is_out_of_memory(&launch));
         let other = typed(
             CublasError(cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE),
             "cuBLAS weight gradient".into(),

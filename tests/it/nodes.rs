@@ -584,13 +584,12 @@ mod timing {
     /// `expected_mfu_pct` and its peak as `peak_flops`.
     fn plan_forecast(root: &Path, bench: &serde_json::Value, gbps: f64) -> serde_json::Value {
         let base = &bench["rounds"][0][0];
-        let steps: Vec<f64> = bench["rounds"]
+        let mut sorted: Vec<f64> = bench["rounds"]
             .as_array()
             .unwrap()
             .iter()
             .map(|r| r[0]["step_s"].as_f64().unwrap())
             .collect();
-        let mut sorted = steps.clone();
         sorted.sort_by(f64::total_cmp);
         let n = sorted.len();
         let step = (sorted[(n - 1) / 2] + sorted[n / 2]) / 2.0;
