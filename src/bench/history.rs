@@ -25,7 +25,7 @@ const REPEATS: usize = 5;
 const ATTEMPTS: usize = 100;
 
 pub fn run(rows: usize, dir: &std::path::Path) -> Result<HistoryBench> {
-    let tmp = tempfile::tempdir_in(dir)?;
+    let tmp = crate::util::fs::scratch_dir_in(dir)?;
     let path = tmp.path().join(history::FILE);
     let per_study = CONFIGURATIONS * REPEATS * ATTEMPTS;
     let studies = rows.div_ceil(per_study).max(1);
@@ -67,7 +67,12 @@ pub fn run(rows: usize, dir: &std::path::Path) -> Result<HistoryBench> {
                 .reference(
                     &format!("cfg-0000-{c:02}"),
                     "bench/gpu",
-                    ("study-0000", ATTEMPTS as u32),
+                    &history::Now {
+                        study_attempts: vec![study_attempt(0, ATTEMPTS)],
+                        runs: (0..REPEATS)
+                            .map(|r| attempt_id(0, ATTEMPTS, c, r))
+                            .collect(),
+                    },
                     5,
                 )?
                 .len();
@@ -90,10 +95,22 @@ pub fn run(rows: usize, dir: &std::path::Path) -> Result<HistoryBench> {
     })
 }
 
+/// The id of attempt `a` of study `s`.
+fn study_attempt(s: usize, a: usize) -> String {
+    format!("{:032x}", (s << 16) | a)
+}
+
+/// The attempt id of repeat `r` of configuration `c` in attempt `a` of study `s`.
+fn attempt_id(s: usize, a: usize, c: usize, r: usize) -> String {
+    format!("{:032x}", (s << 40) | (a << 24) | (c << 8) | r)
+}
+
 /// Repeat `r` of configuration `c` of study `s`, attempt `a`.
 fn entry(s: usize, a: usize, c: usize, r: usize) -> Entry {
     let tps = 10_000.0 + (c * 100) as f64 + ((s * 31 + a * 7 + r * 3) % 50) as f64;
     Entry {
+        attempt_id: attempt_id(s, a, c, r),
+        study_attempt_id: study_attempt(s, a),
         study: format!("study-{s:04}"),
         run_id: format!("run-{s:04}-{c:02}-{r}"),
         attempt: a as u32,

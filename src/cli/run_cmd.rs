@@ -19,6 +19,7 @@ pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
         return sweep_cmds::submit(root, args);
     }
     let mut sub = Submission::new(root, args, "run")?;
+    let attempt = current_attempt(&sub)?;
     let mut view = LiveView::new(tracked(&sub));
     let mut page = LivePage::new(root, &args.manifest);
     let stopped = watch(&mut sub, &mut view, &mut page)?;
@@ -27,6 +28,29 @@ pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
         page.settle();
         eprintln!("{}", stop.note(&args.manifest));
         return Ok(ExitCode::from(130));
+    }
+    // The report is written under the study's lock, and of the attempt this
+    // run followed: a `sweep run --again` that began the next one while the
+    // lock was free (SLURM jobs, once they had all ended) has recorded and
+    // kept this one.
+    if sub.lock.is_none() {
+        sub.lock = Some(sweep_cmds::lock_study(&sub.plan, "run", &args.manifest)?);
+    }
+    let now = current_attempt(&sub)?;
+    if now != attempt {
+        eprintln!(
+            "sweep: another sweep began attempt {} of the study (`sweep run --again`) once this \
+             one's runs had ended: the attempt followed here was recorded in the history and kept \
+             in {}; `sweep history {m}` shows it, and `sweep run {m}` follows the new one",
+            now.0,
+            sub.plan
+                .study_dir
+                .join(crate::plan::files::ATTEMPTS_DIR)
+                .join(attempt.0.to_string())
+                .display(),
+            m = args.manifest.display()
+        );
+        return Ok(ExitCode::FAILURE);
     }
     let recorded = print_report(root, &args.manifest)?;
     let all_done = executor::statuses(&sub.units)?
@@ -38,6 +62,12 @@ pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The study's attempt (count and id) as its `study.json` says now.
+fn current_attempt(sub: &Submission) -> Result<(u32, Option<String>)> {
+    let record = crate::plan::record::StudyRecord::load(&sub.plan.study_dir)?;
+    Ok(record.map_or((1, None), |r| (r.attempt, r.attempt_id)))
 }
 
 /// Why watching ended before the sweep did.
@@ -99,8 +129,12 @@ fn watch(
             return Ok(Some(Stopped::LocalJobs(sig, done.outcomes)));
         }
     }
-    // Submitting is over: another sweep may submit this study meanwhile.
-    sub.lock = None;
+    // Submitting SLURM jobs is over: another sweep may submit this study
+    // while their jobs run (for hours). Local runs have ended here: the
+    // lock is kept until the report is written.
+    if sub.kind == crate::manifest::ExecutorKind::Slurm {
+        sub.lock = None;
+    }
     poll(sub, view, page)
 }
 

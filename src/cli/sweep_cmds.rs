@@ -30,10 +30,12 @@ fn table(header: Vec<String>) -> Table {
     t
 }
 
+/// A value in a table, cut to [`crate::util::text::CELL_CHARS`] (`--json`
+/// holds it whole).
 fn cell(v: &serde_json::Value) -> String {
     match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
+        serde_json::Value::String(s) => crate::util::text::cell(s).into_owned(),
+        other => crate::util::text::cell(&other.to_string()).into_owned(),
     }
 }
 
@@ -380,6 +382,7 @@ pub(super) struct Submission {
     pub status: Vec<Status>,
     /// Chosen once: `--executor`, else the manifest's, else SLURM.
     pub executor: Box<dyn Executor>,
+    pub kind: ExecutorKind,
     pub decisions: Vec<Decision>,
     /// The study's lock, held while this process submits (on the local
     /// executor: runs) its jobs.
@@ -421,6 +424,7 @@ impl Submission {
             units,
             status,
             executor: executor::for_kind(kind, local),
+            kind,
             decisions,
             lock: Some(lock),
         })

@@ -366,6 +366,8 @@ mod tests {
                 depends_on: None,
                 identity: None,
                 jobs: Vec::new(),
+                attempt_id: None,
+                study_attempt_id: None,
             },
             script: String::new(),
             slurm: Default::default(),

@@ -53,6 +53,12 @@ pub struct StudyRecord {
     /// The study's current attempt (`sweep run --again` counts them).
     #[serde(default = "first_attempt")]
     pub attempt: u32,
+    /// The current attempt's id, drawn at random when the attempt begins
+    /// (the study's first render, `--again`): the runs rendered in it carry
+    /// it, and the history pools them as one attempt by it. A study moved
+    /// away and run again begins a new attempt, whatever its count says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_id: Option<String>,
     /// A blocked design's seed (`[sweep] order_seed`): what its orders are
     /// drawn from (none for the interleaved design).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,7 +66,7 @@ pub struct StudyRecord {
 }
 
 impl StudyRecord {
-    pub fn of(plan: &super::Plan, attempt: u32) -> StudyRecord {
+    pub fn of(plan: &super::Plan, attempt: u32, attempt_id: String) -> StudyRecord {
         let m = &plan.manifest;
         let path = crate::util::fs::absolute(&std::env::current_dir().unwrap_or_default(), &m.path);
         StudyRecord {
@@ -77,6 +83,7 @@ impl StudyRecord {
             command_report: matches!(m.mode, crate::manifest::Mode::Command(_))
                 .then(|| m.report.clone()),
             attempt,
+            attempt_id: Some(attempt_id),
             order_seed: (m.design == crate::manifest::Design::Blocks).then_some(m.order_seed),
         }
     }
@@ -178,6 +185,17 @@ pub struct RunRecord {
     /// Its block and place in a blocked design (runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<Block>,
+    /// This run's measurement: an id drawn at random when its directory is
+    /// made afresh (its first render, `--again`, `--replace-changed`) and
+    /// kept for as long as the directory lives (runs only). The history
+    /// records a measurement once per id: a study moved, copied or renamed
+    /// records nothing twice, and a run made afresh is a new measurement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_id: Option<String>,
+    /// The study attempt it was rendered in (`study.json`'s `attempt_id`):
+    /// the runs the history pools as one attempt (runs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub study_attempt_id: Option<String>,
 }
 
 fn first_attempt() -> u32 {
@@ -220,4 +238,38 @@ impl RunRecord {
     pub fn last_job(&self) -> Option<&JobRecord> {
         self.jobs.last()
     }
+
+    /// The run's measurement id and its study attempt's, as the history
+    /// keys them. A record written before sweep drew them has ids derived
+    /// from what it does hold (run id, creation time and first job; study
+    /// and attempt count), the same for every copy of it.
+    pub fn attempt_ids(&self) -> (String, String) {
+        let derived = |text: String| {
+            format!(
+                "derived-{}",
+                &crate::util::hash::sha256_bytes(text.as_bytes())[..24]
+            )
+        };
+        let run = self.attempt_id.clone().unwrap_or_else(|| {
+            let job = self.jobs.first();
+            derived(format!(
+                "{}\n{}\n{}\n{}",
+                self.id,
+                self.created_at,
+                job.map_or("", |j| j.job_id.as_str()),
+                job.map_or("", |j| j.submitted_at.as_str())
+            ))
+        });
+        let study = self
+            .study_attempt_id
+            .clone()
+            .unwrap_or_else(|| derived(format!("{}\n{}", self.study, self.attempt)));
+        (run, study)
+    }
+}
+
+/// A new attempt id: 128 random bits in hex, unique across every study,
+/// copy and machine for all practical purposes.
+pub fn new_attempt_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }

@@ -67,7 +67,7 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
     };
     let git_commit = crate::util::process::git_commit(&m.root);
     let now = crate::util::now_rfc3339();
-    let attempt = current_attempt(plan)?;
+    let (attempt, study_attempt_id) = current_attempt(plan)?;
     let fresh = |id: &str, name: &str, kind: UnitKind, params, depends_on| RunRecord {
         id: id.to_string(),
         name: name.to_string(),
@@ -85,6 +85,8 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
         attempt,
         environment: None,
         block: None,
+        attempt_id: None,
+        study_attempt_id: None,
     };
 
     let changed = std::sync::Mutex::new(Vec::new());
@@ -100,6 +102,8 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
                 identity: Some(run.identity.clone()),
                 environment: (m.environment != Default::default()).then(|| m.environment.clone()),
                 block: run.block,
+                attempt_id: Some(super::record::new_attempt_id()),
+                study_attempt_id: Some(study_attempt_id.clone()),
                 ..fresh(
                     &run.id,
                     &run.name,
@@ -187,16 +191,24 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
     Ok(Rendered {
         runs,
         stages,
-        study: StudyRecord::of(plan, attempt),
+        study: StudyRecord::of(plan, attempt, study_attempt_id),
     })
 }
 
 /// The study's current attempt, as its `study.json` counts them (1 for a
-/// study not rendered yet). A record that cannot be read is an error: its
-/// count would be lost.
-fn current_attempt(plan: &Plan) -> Result<u32, Diagnostics> {
+/// study not rendered yet), and its id (a new one for a study not rendered
+/// yet, or whose record has none). A record that cannot be read is an
+/// error: its count would be lost.
+fn current_attempt(plan: &Plan) -> Result<(u32, String), Diagnostics> {
     match StudyRecord::load(&plan.study_dir) {
-        Ok(rec) => Ok(rec.map_or(1, |r| r.attempt)),
+        Ok(rec) => Ok(match rec {
+            Some(r) => (
+                r.attempt,
+                r.attempt_id
+                    .unwrap_or_else(super::record::new_attempt_id),
+            ),
+            None => (1, super::record::new_attempt_id()),
+        }),
         Err(e) => Err(Diagnostic::new(plan.study_dir.join(STUDY_JSON), format!("{e:#}"))
             .with_help("it counts the study's attempts (`sweep run --again`): repair it, or move it away to count from 1")
             .into()),
@@ -290,6 +302,10 @@ fn merge(dir: &Path, fresh: RunRecord, legacy: Option<&str>) -> Result<Merged, D
         sweep_version: old.sweep_version,
         jobs: old.jobs,
         attempt: old.attempt,
+        // The directory's measurement goes on (a record written before
+        // the ids were drawn gets them now).
+        attempt_id: old.attempt_id.or(fresh.attempt_id),
+        study_attempt_id: old.study_attempt_id.or(fresh.study_attempt_id),
         ..fresh
     })))
 }
@@ -377,8 +393,7 @@ impl Changed {
 /// run's jobs or outputs (to `results/<study>/replaced/<time>/<run>`, kept
 /// whole), so that the run starts afresh; returns where each went.
 pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
-    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
-    let into = plan.study_dir.join(super::files::REPLACED_DIR).join(stamp);
+    let mut into: Option<PathBuf> = None;
     let mut moved = Vec::new();
     for run in &plan.runs {
         let Some(old) = RunRecord::read(&run.dir.join(UnitKind::Run.record_file()), None)? else {
@@ -388,13 +403,39 @@ pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
         if same || (old.jobs.is_empty() && !has_outputs(&run.dir)) {
             continue;
         }
-        std::fs::create_dir_all(&into).with_context(|| format!("creating {}", into.display()))?;
+        let into = match &into {
+            Some(d) => d,
+            None => into.insert(fresh_dir(&plan.study_dir.join(super::files::REPLACED_DIR))?),
+        };
         let to = into.join(&run.name);
         std::fs::rename(&run.dir, &to)
             .with_context(|| format!("moving {} to {}", run.dir.display(), to.display()))?;
         moved.push((run.name.clone(), to));
     }
     Ok(moved)
+}
+
+/// A new directory in `parent` named by the time (`20261125T101500Z`, then
+/// `…Z-2`, `…Z-3` for more in the same second): made here, so no other
+/// sweep's is reused.
+fn fresh_dir(parent: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    for n in 1..10_000 {
+        let dir = match n {
+            1 => parent.join(&stamp),
+            n => parent.join(format!("{stamp}-{n}")),
+        };
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+    anyhow::bail!(
+        "{} holds 10,000 directories of this second: move some away",
+        parent.display()
+    )
 }
 
 /// Starts the study's next attempt (`sweep run --again`): moves every run
@@ -404,7 +445,7 @@ pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
 /// attempt moved aside and where it went. Stopped half-way, it is run again
 /// safely: what was moved stays moved.
 pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
-    let attempt = current_attempt(plan).map_err(anyhow::Error::new)?;
+    let (attempt, _) = current_attempt(plan).map_err(anyhow::Error::new)?;
     // A count read from a file: its next one may not exist.
     let next = attempt.checked_add(1).ok_or_else(|| {
         anyhow::anyhow!(
@@ -434,7 +475,7 @@ pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
     }
     std::fs::create_dir_all(&plan.study_dir)
         .with_context(|| format!("creating {}", plan.study_dir.display()))?;
-    let study = StudyRecord::of(plan, next);
+    let study = StudyRecord::of(plan, next, super::record::new_attempt_id());
     let bytes = serde_json::to_vec_pretty(&study).expect("a study record serialises");
     write_atomic(&plan.study_dir.join(STUDY_JSON), &bytes)?;
     Ok((attempt, into))
@@ -500,4 +541,19 @@ pub fn write(rendered: &Rendered) -> Result<WriteSummary> {
         s.files_unchanged += u;
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two moves aside in one second (two `--replace-changed`) each get a
+    /// directory of their own.
+    #[test]
+    fn each_move_aside_gets_a_directory_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let made: Vec<PathBuf> = (0..3).map(|_| fresh_dir(dir.path()).unwrap()).collect();
+        assert!(made.iter().all(|d| d.is_dir()));
+        assert!(made[0] != made[1] && made[1] != made[2] && made[0] != made[2]);
+    }
 }

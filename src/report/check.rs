@@ -131,7 +131,8 @@ impl Check {
 struct Side {
     id: String,
     name: String,
-    attempt: u32,
+    /// The measurements it holds (none of them its own reference).
+    now: history::Now,
     system: String,
     samples: Vec<RunSample>,
     /// Runs that did not complete with a throughput: `name: STATE`.
@@ -154,7 +155,7 @@ fn sides(s: &Summary) -> Vec<Side> {
                 out.push(Side {
                     id,
                     name,
-                    attempt: r.attempt,
+                    now: history::Now::default(),
                     system: String::new(),
                     samples: Vec::new(),
                     failed: Vec::new(),
@@ -165,7 +166,12 @@ fn sides(s: &Summary) -> Vec<Side> {
             }
         };
         let side = &mut out[at];
-        side.attempt = side.attempt.max(r.attempt);
+        if let Some(b) = &r.built {
+            if !side.now.study_attempts.contains(&b.study_attempt_id) {
+                side.now.study_attempts.push(b.study_attempt_id.clone());
+            }
+            side.now.runs.push(b.attempt_id.clone());
+        }
         side.stragglers
             .extend(s.stragglers.iter().filter(|x| x.run == r.name).cloned());
         match sample(r, f) {
@@ -279,15 +285,16 @@ pub fn against_history(
     let found = now
         .iter()
         .map(|s| {
-            let entries = h.reference(&s.id, &s.system, (study, s.attempt), last)?;
-            let mut attempts: Vec<(String, u32)> = entries
+            let entries = h.reference(&s.id, &s.system, &s.now, last)?;
+            let mut attempts: Vec<&str> = entries
                 .iter()
-                .map(|e| (e.study.clone(), e.attempt))
+                .map(|e| e.study_attempt_id.as_str())
                 .collect();
             attempts.sort();
             attempts.dedup();
+            let attempts = attempts.len();
             Ok((!entries.is_empty()).then(|| Found {
-                attempts: attempts.len(),
+                attempts,
                 samples: entries
                     .iter()
                     .map(|e| RunSample {
@@ -301,7 +308,7 @@ pub fn against_history(
         })
         .collect::<Result<_>>()?;
     let rows = judge(&now, found, threshold_pct);
-    let trends = trends(h, study, &now)?;
+    let trends = trends(h, &now)?;
     Ok(Check {
         study: study.to_string(),
         reference: format!(
@@ -316,7 +323,7 @@ pub fn against_history(
 
 /// Each configuration's attempts on its system, oldest first, where it has
 /// any besides the one checked.
-fn trends(h: &History, study: &str, now: &[Side]) -> Result<Vec<Trend>> {
+fn trends(h: &History, now: &[Side]) -> Result<Vec<Trend>> {
     let mut out = Vec::new();
     for s in now {
         let attempts = h.attempts(&history::Filter {
@@ -326,7 +333,7 @@ fn trends(h: &History, study: &str, now: &[Side]) -> Result<Vec<Trend>> {
         })?;
         let earlier = attempts
             .iter()
-            .filter(|a| !(a.study == study && a.attempt >= s.attempt))
+            .filter(|a| !s.now.study_attempts.contains(&a.study_attempt_id))
             .count();
         if earlier > 0 {
             out.push(Trend {
@@ -449,6 +456,10 @@ pub fn verdicts(
         .collect()
 }
 
+/// The most characters of a note or a line of differences the table and
+/// its lines show (`--json` and the JUnit file hold them whole).
+const NOTE_CHARS: usize = 400;
+
 fn number(x: Option<f64>) -> String {
     x.map_or_else(|| "–".to_string(), |v| format!("{v:.1}"))
 }
@@ -456,7 +467,7 @@ fn number(x: Option<f64>) -> String {
 /// The check as a table with a line per regression's differences, and a
 /// closing count.
 pub fn text(c: &Check) -> String {
-    use crate::util::text::printable;
+    use crate::util::text::{cell, cut};
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
         .set_header([
@@ -469,7 +480,7 @@ pub fn text(c: &Check) -> String {
         ]);
     for r in &c.rows {
         t.add_row([
-            printable(&r.configuration).into_owned(),
+            cell(&r.configuration).into_owned(),
             r.verdict.as_str().to_string(),
             format!("{} ({})", number(r.now_mean), r.now_runs),
             format!(
@@ -482,13 +493,13 @@ pub fn text(c: &Check) -> String {
                 || "–".to_string(),
                 |x| format!("{:.3}x [{:.3}, {:.3}]", x.ratio, x.low, x.high),
             ),
-            printable(&r.note).into_owned(),
+            cut(&r.note, NOTE_CHARS).into_owned(),
         ]);
     }
     let mut out = format!(
         "{} against {} (threshold {}%):\n{t}\n",
-        printable(&c.study),
-        printable(&c.reference),
+        cell(&c.study),
+        cut(&c.reference, NOTE_CHARS),
         c.threshold_pct
     );
     for r in c.rows.iter().filter(|r| r.verdict == Verdict::Regressed) {
@@ -498,24 +509,24 @@ pub fn text(c: &Check) -> String {
         };
         out.push_str(&format!(
             "{} regressed; what differs from the reference: {}\n",
-            printable(&r.configuration),
-            printable(&what)
+            cell(&r.configuration),
+            cut(&what, NOTE_CHARS)
         ));
     }
     for r in c.rows.iter().filter(|r| r.verdict.fails()) {
         for st in &r.stragglers {
             out.push_str(&format!(
                 "{} {}; straggler {}\n",
-                printable(&r.configuration),
+                cell(&r.configuration),
                 r.verdict.as_str(),
-                printable(st)
+                cut(st, NOTE_CHARS)
             ));
         }
     }
     for r in c.rows.iter().filter(|r| r.basis == Some(Basis::WithinRuns)) {
         out.push_str(&format!(
             "note: {}: {}\n",
-            printable(&r.configuration),
+            cell(&r.configuration),
             Basis::WithinRuns.describe()
         ));
     }

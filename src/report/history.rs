@@ -1,12 +1,21 @@
 //! The performance history: `results/history.sqlite`, one SQLite file per
 //! project (rusqlite's bundled SQLite, write-ahead log, no server). Every
-//! report of a study records its completed runs' measurements — keyed by
-//! study, run id and attempt, so recording a report twice adds nothing — in
-//! one transaction: a report killed while recording leaves the history as
-//! it was, and reports recording at once wait for each other (SQLite's
-//! lock) instead of losing a row. `sweep history` reads it back per
-//! configuration and attempt; `sweep check --history` takes its references
-//! from it. The schema is a contract (docs/report.md, "The history").
+//! report of a study records its completed runs' measurements in one
+//! transaction, each once: a measurement is keyed by the run's attempt id
+//! (`run.json`'s `attempt_id`, drawn when the run's directory is made), so a
+//! study reported again, moved, copied or renamed adds nothing, and a study
+//! run afresh (after `rm -rf` or `mv`) is recorded anew. A report killed while
+//! recording leaves the history as it was, and reports recording at once
+//! wait for each other (SQLite's lock) instead of losing a row. `sweep
+//! history` reads it back per configuration and attempt; `sweep check
+//! --history` takes its references from it.
+//!
+//! Sweep records only into a file it created: its application id (SQLite's
+//! `PRAGMA application_id`) and its schema, exactly. Anything else — another
+//! program's database, an earlier sweep's schema — is refused before SQLite
+//! touches it, and left byte for byte as it was. Reading never writes: a
+//! read-only file or folder is read as it is. The schema is a contract
+//! (docs/report.md, "The history").
 
 use super::ingest::RunLog;
 use super::stats::{mean_ci95_of, MeanCi};
@@ -21,9 +30,12 @@ use std::time::Duration;
 
 /// The file, in a project's `results/`.
 pub const FILE: &str = "history.sqlite";
-/// The schema's version (`meta.schema_version`): a file of a later version
-/// is refused, never rewritten.
-pub const SCHEMA_VERSION: i64 = 2;
+/// The schema's version (`meta.schema_version`): a file of any other
+/// version is refused, never converted.
+pub const SCHEMA_VERSION: i64 = 3;
+/// SQLite's application id of a sweep history (the bytes "swep"), set when
+/// sweep creates the file: a file without it is not sweep's to write.
+pub const APPLICATION_ID: i32 = 0x7377_6570;
 /// The system of runs whose jobs wrote no fingerprint.
 pub const UNKNOWN_SYSTEM: &str = "unknown";
 /// How long a writer waits for another one (a report of thousands of runs
@@ -33,17 +45,22 @@ const BUSY: Duration = Duration::from_secs(60);
 // Rows are stored in the order the history is read in (a configuration's
 // attempts together, WITHOUT ROWID): `sweep history` aggregates them in
 // one pass without sorting, and a configuration's reference is one range.
-// A fingerprint is stored once however many runs share it.
+// A measurement is unique by its attempt id. A fingerprint is stored once
+// however many runs share it. `attempts` holds each attempt's runs summed
+// (a million runs are ~200,000 attempts), kept by a trigger: whatever
+// inserts a measurement adds it to its attempt, in the same transaction.
 const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta (
+CREATE TABLE meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS fingerprints (
+CREATE TABLE fingerprints (
     id   INTEGER PRIMARY KEY,
     json TEXT NOT NULL UNIQUE
 );
-CREATE TABLE IF NOT EXISTS measurements (
+CREATE TABLE measurements (
+    attempt_id             TEXT    NOT NULL,
+    study_attempt_id       TEXT    NOT NULL,
     study                  TEXT    NOT NULL,
     run_id                 TEXT    NOT NULL,
     attempt                INTEGER NOT NULL,
@@ -63,20 +80,13 @@ CREATE TABLE IF NOT EXISTS measurements (
     step_time_s_mean       REAL,
     peak_memory_mb_mean    REAL,
     fingerprint_id         INTEGER REFERENCES fingerprints (id),
-    PRIMARY KEY (configuration_id, system, study, attempt, run_id)
+    PRIMARY KEY (configuration_id, system, study_attempt_id, attempt_id)
 ) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS measurements_by_run
-    ON measurements (study, run_id, attempt);
-";
-
-// Version 2: each attempt's runs summed as they are recorded, so that
-// `sweep history` reads one row per attempt, not per run (a million runs
-// are ~200,000 attempts). A trigger keeps it: whatever inserts a
-// measurement adds it to its attempt, in the same transaction.
-const ATTEMPTS: &str = "
-CREATE TABLE IF NOT EXISTS attempts (
+CREATE UNIQUE INDEX measurements_by_attempt ON measurements (attempt_id);
+CREATE TABLE attempts (
     configuration_id TEXT    NOT NULL,
     system           TEXT    NOT NULL,
+    study_attempt_id TEXT    NOT NULL,
     study            TEXT    NOT NULL,
     attempt          INTEGER NOT NULL,
     configuration    TEXT    NOT NULL,
@@ -91,14 +101,14 @@ CREATE TABLE IF NOT EXISTS attempts (
     mfu_n            INTEGER NOT NULL,
     tflops_sum       REAL    NOT NULL,
     tflops_n         INTEGER NOT NULL,
-    PRIMARY KEY (configuration_id, system, study, attempt)
+    PRIMARY KEY (configuration_id, system, study_attempt_id)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS attempts_by_study ON attempts (study);
-CREATE TRIGGER IF NOT EXISTS measurement_in_attempt AFTER INSERT ON measurements
+CREATE INDEX attempts_by_study ON attempts (study);
+CREATE TRIGGER measurement_in_attempt AFTER INSERT ON measurements
 BEGIN
     INSERT INTO attempts VALUES (
-        NEW.configuration_id, NEW.system, NEW.study, NEW.attempt, NEW.configuration,
-        NEW.ran_at, NEW.git_commit, 1, NEW.tokens_per_second_mean,
+        NEW.configuration_id, NEW.system, NEW.study_attempt_id, NEW.study, NEW.attempt,
+        NEW.configuration, NEW.ran_at, NEW.git_commit, 1, NEW.tokens_per_second_mean,
         NEW.tokens_per_second_mean * NEW.tokens_per_second_mean,
         NEW.tokens_per_second_std, NEW.points,
         IFNULL(NEW.mfu_pct_mean, 0), NEW.mfu_pct_mean IS NOT NULL,
@@ -117,24 +127,19 @@ BEGIN
 END;
 ";
 
-/// A version 1 history's attempts, summed from its runs (the upgrade to
-/// version 2; the trigger adds every run recorded afterwards).
-const FILL_ATTEMPTS: &str = "
-INSERT INTO attempts
-SELECT configuration_id, system, study, attempt, MIN(configuration), MIN(ran_at),
-       MIN(git_commit), COUNT(*), SUM(tokens_per_second_mean),
-       SUM(tokens_per_second_mean * tokens_per_second_mean),
-       MAX(tokens_per_second_std), MAX(points),
-       TOTAL(mfu_pct_mean), COUNT(mfu_pct_mean), TOTAL(tflops_mean), COUNT(tflops_mean)
-FROM measurements GROUP BY configuration_id, system, study, attempt;
-";
-
 /// One run's measurements, as a row of `measurements`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Entry {
+    /// The run's measurement ([`crate::plan::record::RunRecord::attempt_ids`]):
+    /// what a measurement is recorded once by.
+    pub attempt_id: String,
+    /// The study attempt it was measured in: the runs pooled as one attempt.
+    pub study_attempt_id: String,
     pub study: String,
     /// The run's identity hash (its repeat included).
     pub run_id: String,
+    /// The study's attempt count when it ran (a label: `--again` counts
+    /// on, a study run afresh counts from 1 again).
     pub attempt: u32,
     pub run: String,
     /// The identity hash its repeats share: what the history compares by.
@@ -179,8 +184,11 @@ pub fn entries(study: &str, s: &Summary) -> Vec<Entry> {
         .filter(|(r, _)| r.status.state == State::Completed)
         .filter_map(|(r, f)| {
             let (id, configuration) = (r.id.as_ref()?, r.configuration.as_ref()?);
+            let built = r.built.as_ref()?;
             let fingerprint = fingerprint_of(r);
             Some(Entry {
+                attempt_id: built.attempt_id.clone(),
+                study_attempt_id: built.study_attempt_id.clone(),
                 study: study.to_string(),
                 run_id: id.clone(),
                 attempt: r.attempt,
@@ -194,11 +202,10 @@ pub fn entries(study: &str, s: &Summary) -> Vec<Entry> {
                     .as_ref()
                     .map(|f| f.taken_at.clone())
                     .filter(|t| !t.is_empty())
-                    .or_else(|| r.built.as_ref().map(|b| b.created_at.clone()))
-                    .unwrap_or_else(|| now.clone()),
+                    .unwrap_or_else(|| built.created_at.clone()),
                 recorded_at: now.clone(),
-                git_commit: r.built.as_ref().and_then(|b| b.git_commit.clone()),
-                sweep_version: r.built.as_ref().map(|b| b.sweep_version.clone()),
+                git_commit: built.git_commit.clone(),
+                sweep_version: Some(built.sweep_version.clone()),
                 points: f.points,
                 tokens_per_second_mean: f.tokens_per_second?,
                 tokens_per_second_std: f.tokens_per_second_std,
@@ -217,6 +224,23 @@ pub fn fingerprint_of(r: &RunLog) -> Option<Fingerprint> {
     Fingerprint::load(r.dir.as_deref()?).ok().flatten()
 }
 
+/// The measurements a check is about (a study's latest attempt): left out
+/// of their own reference, however the history recorded them.
+#[derive(Debug, Clone, Default)]
+pub struct Now {
+    /// The study attempts its runs were rendered in.
+    pub study_attempts: Vec<String>,
+    /// Its runs' attempt ids.
+    pub runs: Vec<String>,
+}
+
+impl Now {
+    fn json(&self) -> (String, String) {
+        let j = |v: &Vec<String>| serde_json::to_string(v).expect("strings serialise");
+        (j(&self.study_attempts), j(&self.runs))
+    }
+}
+
 pub struct History {
     conn: Connection,
     path: PathBuf,
@@ -230,81 +254,360 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-impl History {
-    /// Opens (creating it where there is none) the history for recording.
-    pub fn open(path: &Path) -> Result<History> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        Self::with(path, flags, true)
-    }
+/// SQLite could not write (or create the files it writes beside) the file.
+fn is_read_only(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(
+            rusqlite::ErrorCode::ReadOnly
+                | rusqlite::ErrorCode::CannotOpen
+                | rusqlite::ErrorCode::PermissionDenied
+        )
+    )
+}
 
-    /// The history for reading; `None` where there is none yet.
-    pub fn open_existing(path: &Path) -> Result<Option<History>> {
-        if path.symlink_metadata().is_err() {
-            return Ok(None);
-        }
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        Self::with(path, flags, false).map(Some)
-    }
+/// What is at a history's path, seen from its first bytes before SQLite
+/// opens it (opening another program's database could already change it).
+enum Found {
+    Nothing,
+    /// An empty file: a history another sweep is creating, or a file nobody
+    /// wrote yet.
+    Empty,
+    /// A SQLite database carrying sweep's application id.
+    Ours,
+    /// A SQLite database without an application id, not in write-ahead
+    /// mode: an empty one (a history being created: sweep sets its id in
+    /// the transaction that creates its tables, and switches to write-ahead
+    /// mode after), or another program's — told apart under SQLite's lock.
+    Unmarked,
+}
 
-    fn with(path: &Path, flags: OpenFlags, create: bool) -> Result<History> {
-        let broken = |e: &dyn std::fmt::Display| {
-            anyhow::anyhow!(
-                "{} is not a readable sweep history ({e}): move it away to start a new one \
-                 (`sweep history --import results/<study>` records a study again)",
-                path.display()
-            )
-        };
-        // Only a regular file (or none): never a device, pipe or directory.
-        if let Ok(m) = path.metadata() {
-            if !m.is_file() {
-                bail!("{} is not a regular file", path.display());
-            }
+/// Reads the header of what is at `path`: nothing, an empty file, a sweep
+/// history, or a database to look into; anything else is an error that
+/// says what it is. A header another sweep is writing this moment reads
+/// short or zero: it is read again, for up to a fifth of a second.
+fn sniff(path: &Path) -> Result<Found> {
+    use crate::util::fs::ReadError;
+    use std::io::{Read, Seek};
+    let mut file = match crate::util::fs::open_regular(path, 0) {
+        Ok((file, _)) => file,
+        Err(ReadError::NotFound) => return Ok(Found::Nothing),
+        Err(e) => bail!("{} {e}: it cannot hold sweep's history", path.display()),
+    };
+    let mut header = Vec::with_capacity(100);
+    for tries in 1.. {
+        header.clear();
+        file.rewind()
+            .and_then(|_| (&mut file).take(100).read_to_end(&mut header))
+            .with_context(|| format!("reading {}", path.display()))?;
+        let settled = header.is_empty() || (header.len() == 100 && header.iter().any(|&b| b != 0));
+        if settled || tries == 20 {
+            break;
         }
-        let conn = Connection::open_with_flags(path, flags).map_err(|e| broken(&e))?;
-        conn.busy_timeout(BUSY).map_err(|e| broken(&e))?;
-        let setup = || -> rusqlite::Result<Option<i64>> {
-            conn.pragma_update(None, "journal_mode", "WAL")?;
-            conn.pragma_update(None, "synchronous", "NORMAL")?;
-            // Reads straight from the mapped file (a history of a million
-            // runs is ~300 MB): `sweep history` of everything scans it.
-            conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
-            let version = || {
-                conn.query_row(
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if header.is_empty() {
+        return Ok(Found::Empty);
+    }
+    if !header.starts_with(b"SQLite format 3\0") || header.len() < 100 {
+        let start = String::from_utf8_lossy(&header[..header.len().min(24)]).into_owned();
+        bail!(
+            "{} is not a SQLite database (it begins with {:?}), so not sweep's history: sweep \
+             leaves it as it is; move it elsewhere for sweep to start its history there",
+            path.display(),
+            crate::util::text::printable(&start)
+        );
+    }
+    let id = i32::from_be_bytes(header[68..72].try_into().expect("four bytes"));
+    let wal = header[18] == 2;
+    match id {
+        APPLICATION_ID => Ok(Found::Ours),
+        0 if !wal => Ok(Found::Unmarked),
+        _ => bail!("{}", foreign(path, id)),
+    }
+}
+
+/// What a SQLite database without sweep's application id is, read without
+/// a lock or a write (`immutable`): an earlier sweep's history, or another
+/// program's database.
+fn foreign(path: &Path, id: i32) -> String {
+    let seen = (|| -> rusqlite::Result<(Vec<String>, Option<String>)> {
+        let conn = Connection::open_with_flags(
+            immutable_uri(path),
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+        )?;
+        let mut stmt = conn.prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 20",
+        )?;
+        let tables = stmt
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let version = match tables.iter().any(|t| t == "meta") {
+            true => conn
+                .query_row(
                     "SELECT value FROM meta WHERE key = 'schema_version'",
                     [],
                     |r| r.get::<_, String>(0),
                 )
                 .optional()
-                .map(|v| v.and_then(|v| v.parse::<i64>().ok()))
-            };
-            if create {
-                // A new file gets the whole schema at once; a version 1
-                // file is upgraded below, with its attempts filled.
-                conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA}"))?;
+                .unwrap_or(None),
+            false => None,
+        };
+        Ok((tables, version))
+    })();
+    let p = path.display();
+    match seen {
+        Ok((tables, Some(v))) if tables.iter().any(|t| t == "measurements") && id == 0 => format!(
+            "{p} is a history of an earlier sweep (schema version {}), and this sweep reads \
+             version {SCHEMA_VERSION} only: it keys each measurement by its run's attempt id, \
+             which the earlier schema has not, and converts nothing. The file is left as it is: \
+             keep it under another name (`mv {p} {}`) and this sweep starts a new history; \
+             `sweep history --import results/<study>` records a study kept on disk again",
+            crate::util::text::printable(&v),
+            p.to_string().replace(FILE, "history-earlier.sqlite"),
+        ),
+        Ok((tables, _)) => format!(
+            "{p} is a SQLite database that sweep did not create (application id {id:#010x}, \
+             not sweep's {APPLICATION_ID:#010x}; tables: {}): sweep records only into a history \
+             it created, and leaves this file as it is; move it elsewhere for sweep to start \
+             its history there",
+            match tables.is_empty() {
+                true => "none".to_string(),
+                false => crate::util::text::printable(&tables.join(", ")).into_owned(),
+            }
+        ),
+        Err(e) => format!(
+            "{p} is a SQLite database that sweep did not create (application id {id:#010x}), \
+             and it cannot be read ({e}): sweep leaves it as it is; move it elsewhere for sweep \
+             to start its history there"
+        ),
+    }
+}
+
+/// `file:` URI of a path, opened `immutable`: no lock, no side file, no
+/// write — for a history on a read-only file system or folder, and for
+/// looking at a file that is not sweep's.
+fn immutable_uri(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut uri = String::from("file:");
+    for &b in abs.as_os_str().as_bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'.' | b'_' | b'~' => {
+                uri.push(b as char)
+            }
+            _ => uri.push_str(&format!("%{b:02X}")),
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
+}
+
+/// The schema sweep creates, as SQLite lists it (`sqlite_master`): what a
+/// history must hold exactly.
+fn expected_schema() -> &'static [SchemaRow] {
+    static EXPECTED: std::sync::OnceLock<Vec<SchemaRow>> = std::sync::OnceLock::new();
+    EXPECTED.get_or_init(|| {
+        let conn = Connection::open_in_memory().expect("an in-memory database opens");
+        conn.execute_batch(SCHEMA)
+            .expect("sweep's schema is valid SQL");
+        schema_of(&conn).expect("an in-memory schema reads")
+    })
+}
+
+type SchemaRow = (String, String, String, Option<String>);
+
+fn schema_of(conn: &Connection) -> rusqlite::Result<Vec<SchemaRow>> {
+    let mut stmt =
+        conn.prepare("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    rows.collect()
+}
+
+/// What an open database turned out to be.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    /// A sweep history of this version.
+    Ours,
+    /// No table, no application id: nothing anybody wrote yet.
+    Empty,
+    /// Another application id (0: none).
+    Foreign(i32),
+    /// Sweep's application id over another schema or version: what differs.
+    Wrong(String),
+}
+
+/// Whether an open database is a sweep history of this version: its
+/// application id, its schema exactly, its version; else what it is.
+fn verify(conn: &Connection) -> rusqlite::Result<Verdict> {
+    let id: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    if id != APPLICATION_ID {
+        let objects: i64 =
+            conn.query_row("SELECT COUNT(*) FROM sqlite_master", [], |r| r.get(0))?;
+        let user_version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        return Ok(match id == 0 && objects == 0 && user_version == 0 {
+            true => Verdict::Empty,
+            false => Verdict::Foreign(id),
+        });
+    }
+    let have = schema_of(conn)?;
+    let want = expected_schema();
+    if have != want {
+        let names = |rows: &[SchemaRow]| rows.iter().map(|r| r.1.clone()).collect::<Vec<_>>();
+        let (have_names, want_names) = (names(&have), names(want));
+        let missing: Vec<&String> = want_names
+            .iter()
+            .filter(|n| !have_names.contains(n))
+            .collect();
+        let extra: Vec<&String> = have_names
+            .iter()
+            .filter(|n| !want_names.contains(n))
+            .collect();
+        let changed: Vec<&String> = want
+            .iter()
+            .filter(|w| have.iter().any(|h| h.1 == w.1 && h != *w))
+            .map(|w| &w.1)
+            .collect();
+        let list = |v: &[&String]| {
+            crate::util::text::cell(&v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "))
+                .into_owned()
+        };
+        let mut what = Vec::new();
+        for (label, v) in [
+            ("missing", missing),
+            ("not sweep's", extra),
+            ("changed", changed),
+        ] {
+            if !v.is_empty() {
+                what.push(format!("{label}: {}", list(&v)));
+            }
+        }
+        return Ok(Verdict::Wrong(format!(
+            "its schema is not sweep's version {SCHEMA_VERSION} ({})",
+            what.join("; ")
+        )));
+    }
+    let version: Option<String> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(match version.as_deref() {
+        Some(v) if v == SCHEMA_VERSION.to_string() => Verdict::Ours,
+        Some(v) => Verdict::Wrong(format!(
+            "it says schema version {}, and this sweep reads version {SCHEMA_VERSION}: use the sweep that wrote it",
+            crate::util::text::cell(v)
+        )),
+        None => Verdict::Wrong("it has no schema version".to_string()),
+    })
+}
+
+/// The error for a database that is not sweep's history of this version.
+fn refused(path: &Path, verdict: Verdict) -> anyhow::Error {
+    match verdict {
+        Verdict::Foreign(id) => anyhow::anyhow!("{}", foreign(path, id)),
+        Verdict::Wrong(what) => anyhow::anyhow!(
+            "{} is not sweep's history ({what}): sweep leaves it as it is; move it elsewhere \
+             for sweep to start its history there",
+            path.display()
+        ),
+        Verdict::Ours | Verdict::Empty => unreachable!("only refusals are errors"),
+    }
+}
+
+/// Why recording into `path` failed where it is read-only: which of the
+/// file and its folder this user cannot write, and that nothing is lost.
+fn read_only(path: &Path, why: &dyn std::fmt::Display) -> anyhow::Error {
+    let writable = |p: &Path| {
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+            return false;
+        };
+        // SAFETY: a valid NUL-terminated path.
+        unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+    };
+    let dir = crate::util::fs::parent_dir(path);
+    let file_ok = !path.exists() || writable(path);
+    let dir_ok = writable(dir);
+    let what = match (file_ok, dir_ok) {
+        (false, false) => "the file and its folder are",
+        (false, true) => "the file is",
+        (true, false) => "its folder is",
+        (true, true) => "it is",
+    };
+    anyhow::anyhow!(
+        "cannot record into {}: {what} read-only for this user ({why}). The history is intact \
+         and is read as it is (`sweep history`, `sweep check`); recording needs write access to \
+         the file and to its folder {} (SQLite writes {FILE}-wal and {FILE}-shm beside it)",
+        path.display(),
+        dir.display()
+    )
+}
+
+impl History {
+    /// Opens the history for recording, creating it where there is none
+    /// (or an empty file). A file that is not a sweep history of this
+    /// version is refused, untouched.
+    pub fn open(path: &Path) -> Result<History> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                return Err(match e.kind() {
+                    std::io::ErrorKind::PermissionDenied
+                    | std::io::ErrorKind::ReadOnlyFilesystem => read_only(path, &e),
+                    _ => anyhow::Error::new(e).context(format!("creating {}", dir.display())),
+                });
+            }
+        }
+        sniff(path)?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn =
+            Connection::open_with_flags(path, flags).map_err(|e| match is_read_only(&e) {
+                true => read_only(path, &e),
+                false => not_readable(path, &e),
+            })?;
+        // SQLite opens a file it may not write read-only, without a word.
+        if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+            return Err(read_only(path, &"SQLite opened it read-only"));
+        }
+        conn.busy_timeout(BUSY)
+            .map_err(|e| not_readable(path, &e))?;
+        // What the file is, decided under SQLite's write lock; a new (or
+        // empty) file gets the whole schema and sweep's application id in
+        // one transaction. Nothing else is written until it is known to be
+        // sweep's history: not even the switch to write-ahead mode.
+        let setup = || -> rusqlite::Result<Verdict> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let mut verdict = verify(&conn)?;
+            if verdict == Verdict::Empty {
+                conn.execute_batch(SCHEMA)?;
+                conn.pragma_update(None, "application_id", APPLICATION_ID)?;
                 conn.execute(
-                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)",
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
                     params![SCHEMA_VERSION.to_string()],
                 )?;
-                if version()? == Some(SCHEMA_VERSION) {
-                    conn.execute_batch(ATTEMPTS)?;
-                }
-                conn.execute_batch("COMMIT")?;
+                verdict = verify(&conn)?;
             }
-            if version()? == Some(1) {
-                upgrade_from_1(&conn)?;
+            if verdict != Verdict::Ours {
+                conn.execute_batch("ROLLBACK")?;
+                return Ok(verdict);
             }
-            version()
+            conn.execute_batch("COMMIT")?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            // Reads straight from the mapped file (a history of a million
+            // runs is ~300 MB): `sweep history` of everything scans it.
+            conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
+            Ok(verdict)
         };
-        // Two sweeps opening a new history at once: switching it to WAL (and
-        // creating its schema) takes the file's exclusive lock, and SQLite
-        // answers "locked" at once, without its busy handler, where waiting
-        // could deadlock. Retried, from a clean state, for as long as a
-        // busy recording is waited for.
+        // Two sweeps opening a new history at once: switching it to WAL
+        // takes the file's exclusive lock, and SQLite answers "locked" at
+        // once, without its busy handler, where waiting could deadlock.
+        // Retried, from a clean state, for as long as a busy recording is
+        // waited for.
         let deadline = std::time::Instant::now() + BUSY;
         let outcome = loop {
             match setup() {
@@ -317,17 +620,57 @@ impl History {
                 outcome => break outcome,
             }
         };
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
         match outcome {
-            Ok(Some(v)) if v == SCHEMA_VERSION => Ok(History {
+            Ok(Verdict::Ours) => Ok(History {
                 conn,
                 path: path.to_path_buf(),
             }),
-            Ok(Some(v)) => bail!(
-                "{} has schema version {v}, and this sweep reads version {SCHEMA_VERSION}: use the sweep that wrote it",
-                path.display()
-            ),
-            Ok(None) => Err(broken(&"it has no schema version")),
-            Err(e) => Err(broken(&e)),
+            Ok(verdict) => Err(refused(path, verdict)),
+            Err(e) if is_read_only(&e) => Err(read_only(path, &e)),
+            Err(e) => Err(not_readable(path, &e)),
+        }
+    }
+
+    /// The history for reading; `None` where there is none yet. Nothing is
+    /// written: a read-only file, folder or file system is read as it is.
+    pub fn open_existing(path: &Path) -> Result<Option<History>> {
+        match sniff(path)? {
+            Found::Nothing => return Ok(None),
+            // A history another sweep is creating has its first pages in
+            // its write-ahead log; a bare empty file holds nothing.
+            Found::Empty if !wal_of(path).exists() => return Ok(None),
+            Found::Empty | Found::Ours | Found::Unmarked => {}
+        }
+        let open = |target: &str, flags: OpenFlags| -> rusqlite::Result<(Connection, Verdict)> {
+            let conn = Connection::open_with_flags(target, flags)?;
+            conn.busy_timeout(BUSY)?;
+            let verdict = verify(&conn)?;
+            if verdict == Verdict::Ours {
+                conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
+            }
+            Ok((conn, verdict))
+        };
+        let read = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let plain = open(&path.to_string_lossy(), read);
+        // Where SQLite cannot make its shared-memory file (a read-only
+        // folder), the file is read as immutable: no lock, no side file.
+        let opened = match plain {
+            Err(e) if is_read_only(&e) => {
+                open(&immutable_uri(path), read | OpenFlags::SQLITE_OPEN_URI).map_err(|_| e)
+            }
+            other => other,
+        };
+        match opened {
+            Ok((conn, Verdict::Ours)) => Ok(Some(History {
+                conn,
+                path: path.to_path_buf(),
+            })),
+            Ok((_, Verdict::Empty)) => Ok(None),
+            Ok((_, verdict)) => Err(refused(path, verdict)),
+            Err(e) => Err(not_readable(path, &e)),
         }
     }
 
@@ -335,11 +678,14 @@ impl History {
         &self.path
     }
 
-    /// Records entries in one transaction; returns how many were new (an
-    /// entry already recorded, by study, run and attempt, is left as it was).
+    /// Records entries in one transaction; returns how many were new (a
+    /// measurement already recorded, by its attempt id, is left as it was).
     pub fn record(&mut self, entries: &[Entry]) -> Result<usize> {
         let path = self.path.clone();
-        let fail = |e: rusqlite::Error| anyhow::anyhow!("recording into {}: {e}", path.display());
+        let fail = |e: rusqlite::Error| match is_read_only(&e) {
+            true => read_only(&path, &e),
+            false => anyhow::anyhow!("recording into {}: {e}", path.display()),
+        };
         let tx = self
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -355,11 +701,13 @@ impl History {
                 .map_err(fail)?;
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT OR IGNORE INTO measurements (study, run_id, attempt, run,
-                     configuration_id, configuration, system, ran_at, recorded_at, git_commit,
-                     sweep_version, points, tokens_per_second_mean, tokens_per_second_std,
-                     mfu_pct_mean, tflops_mean, step_time_s_mean, peak_memory_mb_mean, fingerprint_id)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+                    "INSERT OR IGNORE INTO measurements (attempt_id, study_attempt_id, study,
+                     run_id, attempt, run, configuration_id, configuration, system, ran_at,
+                     recorded_at, git_commit, sweep_version, points, tokens_per_second_mean,
+                     tokens_per_second_std, mfu_pct_mean, tflops_mean, step_time_s_mean,
+                     peak_memory_mb_mean, fingerprint_id)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
+                             ?16, ?17, ?18, ?19, ?20, ?21)",
                 )
                 .map_err(fail)?;
             for e in entries {
@@ -382,6 +730,8 @@ impl History {
                 };
                 added += insert
                     .execute(params![
+                        e.attempt_id,
+                        e.study_attempt_id,
                         e.study,
                         e.run_id,
                         e.attempt,
@@ -409,8 +759,8 @@ impl History {
         Ok(added)
     }
 
-    /// Each configuration's attempts (per study and system), oldest first,
-    /// with their runs pooled: what `sweep history` shows. One row read per
+    /// Each configuration's attempts (per system), oldest first, with
+    /// their runs pooled: what `sweep history` shows. One row read per
     /// attempt (the `attempts` table the trigger keeps).
     pub fn attempts(&self, filter: &Filter) -> Result<Vec<Attempt>> {
         let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
@@ -436,32 +786,33 @@ impl History {
         let mut stmt = self
             .conn
             .prepare(&format!(
-                "SELECT configuration_id, system, study, attempt, configuration, ran_at, git_commit,
-                        runs, tps_sum, tps_sum_sq, one_std, one_points, mfu_sum, mfu_n,
-                        tflops_sum, tflops_n
+                "SELECT configuration_id, system, study_attempt_id, study, attempt, configuration,
+                        ran_at, git_commit, runs, tps_sum, tps_sum_sq, one_std, one_points,
+                        mfu_sum, mfu_n, tflops_sum, tflops_n
                  FROM attempts {filter_sql}"
             ))
             .map_err(fail)?;
         let rows = stmt
             .query_map(rusqlite::params_from_iter(values), |r| {
-                let runs: i64 = r.get(7)?;
-                let (sum, sum_sq): (f64, f64) = (r.get(8)?, r.get(9)?);
+                let runs: i64 = r.get(8)?;
+                let (sum, sum_sq): (f64, f64) = (r.get(9)?, r.get(10)?);
                 let mean = sum / runs.max(1) as f64;
                 let avg = |s: f64, n: i64| (n > 0).then(|| s / n as f64);
                 Ok(Attempt {
                     configuration_id: r.get(0)?,
                     system: r.get(1)?,
-                    study: r.get(2)?,
-                    attempt: r.get(3)?,
-                    configuration: r.get(4)?,
-                    ran_at: r.get(5)?,
-                    git_commit: r.get(6)?,
+                    study_attempt_id: r.get(2)?,
+                    study: r.get(3)?,
+                    attempt: r.get(4)?,
+                    configuration: r.get(5)?,
+                    ran_at: r.get(6)?,
+                    git_commit: r.get(7)?,
                     runs: runs.max(0) as usize,
                     tokens_per_second: mean,
-                    ci95: interval(runs, mean, sum_sq, r.get(10)?, r.get(11)?)
+                    ci95: interval(runs, mean, sum_sq, r.get(11)?, r.get(12)?)
                         .map(|c| (c.low, c.high)),
-                    mfu_pct: avg(r.get(12)?, r.get(13)?),
-                    tflops: avg(r.get(14)?, r.get(15)?),
+                    mfu_pct: avg(r.get(13)?, r.get(14)?),
+                    tflops: avg(r.get(15)?, r.get(16)?),
                 })
             })
             .map_err(fail)?;
@@ -474,6 +825,7 @@ impl History {
                 &a.ran_at,
                 &a.study,
                 a.attempt,
+                &a.study_attempt_id,
             )
                 .cmp(&(
                     &b.configuration_id,
@@ -481,64 +833,71 @@ impl History {
                     &b.ran_at,
                     &b.study,
                     b.attempt,
+                    &b.study_attempt_id,
                 ))
         });
         Ok(out)
     }
 
     /// The runs of a configuration's last `last` attempts on `system`
-    /// (newest first), other than the one `now` names (its study and
-    /// attempt): the reference `sweep check --history` pools.
+    /// (newest first), other than the measurements `now` names: the
+    /// reference `sweep check --history` pools, each measurement once.
     pub fn reference(
         &self,
         configuration_id: &str,
         system: &str,
-        now: (&str, u32),
+        now: &Now,
         last: usize,
     ) -> Result<Vec<Entry>> {
         let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
+        let (study_attempts, runs) = now.json();
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT m.study, m.run_id, m.attempt, m.run, m.configuration_id, m.configuration,
-                        m.system, m.ran_at, m.recorded_at, m.git_commit, m.sweep_version, m.points,
-                        m.tokens_per_second_mean, m.tokens_per_second_std, m.mfu_pct_mean,
-                        m.tflops_mean, m.step_time_s_mean, m.peak_memory_mb_mean, f.json
+                "SELECT m.attempt_id, m.study_attempt_id, m.study, m.run_id, m.attempt, m.run,
+                        m.configuration_id, m.configuration, m.system, m.ran_at, m.recorded_at,
+                        m.git_commit, m.sweep_version, m.points, m.tokens_per_second_mean,
+                        m.tokens_per_second_std, m.mfu_pct_mean, m.tflops_mean,
+                        m.step_time_s_mean, m.peak_memory_mb_mean, f.json
                  FROM measurements m
-                 JOIN (SELECT study, attempt, MAX(ran_at) AS at FROM measurements
+                 JOIN (SELECT study_attempt_id, MAX(ran_at) AS at FROM measurements
                        WHERE configuration_id = ?1 AND system = ?2
-                         AND NOT (study = ?3 AND attempt = ?4)
-                       GROUP BY study, attempt ORDER BY at DESC LIMIT ?5) a
-                   ON m.study = a.study AND m.attempt = a.attempt
+                         AND study_attempt_id NOT IN (SELECT value FROM json_each(?3))
+                         AND attempt_id NOT IN (SELECT value FROM json_each(?4))
+                       GROUP BY study_attempt_id ORDER BY at DESC LIMIT ?5) a
+                   ON m.study_attempt_id = a.study_attempt_id
                  LEFT JOIN fingerprints f ON f.id = m.fingerprint_id
                  WHERE m.configuration_id = ?1 AND m.system = ?2
+                   AND m.attempt_id NOT IN (SELECT value FROM json_each(?4))
                  ORDER BY a.at DESC, m.run",
             )
             .map_err(fail)?;
         let rows = stmt
             .query_map(
-                params![configuration_id, system, now.0, now.1, last as i64],
+                params![configuration_id, system, study_attempts, runs, last as i64],
                 |r| {
-                    let fingerprint: Option<String> = r.get(18)?;
+                    let fingerprint: Option<String> = r.get(20)?;
                     Ok(Entry {
-                        study: r.get(0)?,
-                        run_id: r.get(1)?,
-                        attempt: r.get(2)?,
-                        run: r.get(3)?,
-                        configuration_id: r.get(4)?,
-                        configuration: r.get(5)?,
-                        system: r.get(6)?,
-                        ran_at: r.get(7)?,
-                        recorded_at: r.get(8)?,
-                        git_commit: r.get(9)?,
-                        sweep_version: r.get(10)?,
-                        points: r.get::<_, i64>(11)?.max(0) as usize,
-                        tokens_per_second_mean: r.get(12)?,
-                        tokens_per_second_std: r.get(13)?,
-                        mfu_pct_mean: r.get(14)?,
-                        tflops_mean: r.get(15)?,
-                        step_time_s_mean: r.get(16)?,
-                        peak_memory_mb_mean: r.get(17)?,
+                        attempt_id: r.get(0)?,
+                        study_attempt_id: r.get(1)?,
+                        study: r.get(2)?,
+                        run_id: r.get(3)?,
+                        attempt: r.get(4)?,
+                        run: r.get(5)?,
+                        configuration_id: r.get(6)?,
+                        configuration: r.get(7)?,
+                        system: r.get(8)?,
+                        ran_at: r.get(9)?,
+                        recorded_at: r.get(10)?,
+                        git_commit: r.get(11)?,
+                        sweep_version: r.get(12)?,
+                        points: r.get::<_, i64>(13)?.max(0) as usize,
+                        tokens_per_second_mean: r.get(14)?,
+                        tokens_per_second_std: r.get(15)?,
+                        mfu_pct_mean: r.get(16)?,
+                        tflops_mean: r.get(17)?,
+                        step_time_s_mean: r.get(18)?,
+                        peak_memory_mb_mean: r.get(19)?,
                         // A fingerprint that no longer parses is only a
                         // comparison less.
                         fingerprint: fingerprint.and_then(|f| serde_json::from_str(&f).ok()),
@@ -548,6 +907,19 @@ impl History {
             .map_err(fail)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
     }
+}
+
+/// Where SQLite keeps a history's write-ahead log.
+fn wal_of(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+/// A history SQLite could not open or read, and that was not refused for
+/// what it is.
+fn not_readable(path: &Path, e: &dyn std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{} cannot be read as sweep's history ({e})", path.display())
 }
 
 /// The interval of an attempt's tokens/s: over its runs' means when it has
@@ -561,32 +933,6 @@ fn interval(n: i64, mean: f64, sum_sq: f64, one_std: Option<f64>, points: i64) -
     } else {
         mean_ci95_of(mean, one_std? * one_std?, points.max(0) as usize)
     }
-}
-
-/// Version 1 -> 2: the `attempts` table, filled from the runs, in one
-/// transaction (a history another sweep upgrades at the same time waits,
-/// then finds it done).
-fn upgrade_from_1(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let done = (|| {
-        let version: String = conn.query_row(
-            "SELECT value FROM meta WHERE key = 'schema_version'",
-            [],
-            |r| r.get(0),
-        )?;
-        if version == "1" {
-            conn.execute_batch(&format!("{ATTEMPTS} {FILL_ATTEMPTS}"))?;
-            conn.execute(
-                "UPDATE meta SET value = ?1 WHERE key = 'schema_version'",
-                params![SCHEMA_VERSION.to_string()],
-            )?;
-        }
-        conn.execute_batch("COMMIT")
-    })();
-    if done.is_err() {
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    done
 }
 
 /// Which attempts `sweep history` shows.
@@ -608,6 +954,8 @@ pub struct Attempt {
     pub configuration_id: String,
     pub configuration: String,
     pub system: String,
+    /// The study attempt its runs were measured in (`study.json`).
+    pub study_attempt_id: String,
     pub study: String,
     pub attempt: u32,
     pub ran_at: String,
@@ -622,7 +970,7 @@ pub struct Attempt {
 
 /// `sweep history` as a table: a line per configuration and attempt.
 pub fn text(attempts: &[Attempt]) -> String {
-    use crate::util::text::printable;
+    use crate::util::text::{cell, printable};
     if attempts.is_empty() {
         return "no measurements match".to_string();
     }
@@ -645,9 +993,9 @@ pub fn text(attempts: &[Attempt]) -> String {
             None => format!("{:.1}", a.tokens_per_second),
         };
         t.add_row([
-            printable(&a.configuration).into_owned(),
-            printable(&a.system).into_owned(),
-            printable(&a.study).into_owned(),
+            cell(&a.configuration).into_owned(),
+            cell(&a.system).into_owned(),
+            cell(&a.study).into_owned(),
             a.attempt.to_string(),
             printable(a.ran_at.get(..16).unwrap_or(&a.ran_at)).replace('T', " "),
             printable(
@@ -690,6 +1038,8 @@ mod tests {
 
     fn entry(study: &str, attempt: u32, run: &str, tps: f64) -> Entry {
         Entry {
+            attempt_id: format!("{study}-{attempt}-{run}"),
+            study_attempt_id: format!("{study}-{attempt}"),
             study: study.into(),
             run_id: format!("id-{run}"),
             attempt,
@@ -712,18 +1062,48 @@ mod tests {
         }
     }
 
+    fn now(study_attempts: &[&str], runs: &[&str]) -> Now {
+        Now {
+            study_attempts: study_attempts.iter().map(|s| s.to_string()).collect(),
+            runs: runs.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
     #[test]
-    fn recording_twice_adds_nothing_and_references_skip_the_attempt_checked() {
+    fn a_measurement_is_recorded_once_and_never_its_own_reference() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE);
         let mut h = History::open(&path).unwrap();
         let first = [entry("s", 1, "r0", 100.0), entry("s", 1, "r1", 110.0)];
         assert_eq!(h.record(&first).unwrap(), 2);
         assert_eq!(h.record(&first).unwrap(), 0);
-        h.record(&[entry("s", 2, "r0", 90.0)]).unwrap();
+        // The same measurements under another study's name (a copied or
+        // renamed study reported): nothing new.
+        let copied: Vec<Entry> = first
+            .iter()
+            .map(|e| Entry {
+                study: "s-copy".into(),
+                ..e.clone()
+            })
+            .collect();
+        assert_eq!(h.record(&copied).unwrap(), 0);
+        // The same study name, attempt count and run ids measured afresh
+        // (the study moved away and run again): new measurements.
+        let afresh = Entry {
+            attempt_id: "new-r0".into(),
+            study_attempt_id: "s-1-again".into(),
+            ran_at: "2026-11-02T12:00:00Z".into(),
+            ..entry("s", 1, "r0", 90.0)
+        };
+        assert_eq!(h.record(std::slice::from_ref(&afresh)).unwrap(), 1);
         h.record(&[entry("s", 3, "r0", 95.0)]).unwrap();
         let all = h.attempts(&Filter::default()).unwrap();
-        assert_eq!(all.iter().map(|a| a.attempt).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            all.iter()
+                .map(|a| (a.attempt, a.study_attempt_id.as_str()))
+                .collect::<Vec<_>>(),
+            [(1, "s-1"), (1, "s-1-again"), (3, "s-3")]
+        );
         assert_eq!((all[0].runs, all[0].tokens_per_second), (2, 105.0));
         // Two runs, 100 and 110: 105 ± t(1)·5.
         let (low, high) = all[0].ci95.unwrap();
@@ -733,13 +1113,58 @@ mod tests {
         // One run: its points' interval (std 5 over 10 points).
         let (low, high) = all[1].ci95.unwrap();
         assert!((high - low - 2.0 * 2.262 * 5.0 / 10f64.sqrt()).abs() < 0.01);
-        let refs = h.reference("c1", "local/x", ("s", 3), 2).unwrap();
+        let refs = h
+            .reference("c1", "local/x", &now(&["s-3"], &["s-3-r0"]), 2)
+            .unwrap();
         assert_eq!(
-            refs.iter().map(|e| e.attempt).collect::<Vec<_>>(),
-            [2, 1, 1],
+            refs.iter()
+                .map(|e| e.attempt_id.as_str())
+                .collect::<Vec<_>>(),
+            ["new-r0", "s-1-r0", "s-1-r1"],
             "the two attempts before the third, newest first"
         );
-        assert!(h.reference("c1", "other", ("s", 3), 5).unwrap().is_empty());
+        // A copy being checked: its runs are the first attempt's, so that
+        // attempt is no reference of its own.
+        let refs = h
+            .reference("c1", "local/x", &now(&["copy"], &["s-1-r0", "s-1-r1"]), 5)
+            .unwrap();
+        assert_eq!(
+            refs.iter()
+                .map(|e| e.attempt_id.as_str())
+                .collect::<Vec<_>>(),
+            ["s-3-r0", "new-r0"]
+        );
+        assert!(h
+            .reference("c1", "other", &now(&[], &[]), 5)
+            .unwrap()
+            .is_empty());
+    }
+
+    /// A name of megabytes is listed cut: the table's size is bounded by
+    /// its rows, not by its widest cell.
+    #[test]
+    fn a_huge_name_is_listed_cut() {
+        let attempt = |system: String| Attempt {
+            configuration_id: "c".into(),
+            configuration: "base".into(),
+            system,
+            study_attempt_id: "a".into(),
+            study: "s".into(),
+            attempt: 1,
+            ran_at: "2026-11-01T00:00:00Z".into(),
+            git_commit: None,
+            runs: 1,
+            tokens_per_second: 1.0,
+            ci95: None,
+            mfu_pct: None,
+            tflops: None,
+        };
+        let rows: Vec<Attempt> = (0..100).map(|_| attempt("short".into())).collect();
+        let short = text(&rows).len();
+        let mut rows = rows;
+        rows.push(attempt("x".repeat(8 << 20)));
+        let long = text(&rows).len();
+        assert!(long < short * 3, "{short} -> {long} bytes");
     }
 
     /// Connections (here threads; in use, sweeps) opening a new history at
@@ -766,69 +1191,131 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_file_that_is_not_a_history_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(FILE);
-        std::fs::write(&path, vec![0x42u8; 10_000]).unwrap();
-        let e = History::open(&path).err().unwrap().to_string();
-        assert!(
-            e.contains(&path.display().to_string()) && e.contains("move it away"),
-            "{e}"
-        );
-        // Never written over.
-        assert_eq!(std::fs::read(&path).unwrap(), vec![0x42u8; 10_000]);
+    /// The files beside a database, which SQLite would create on opening it.
+    fn side_files(path: &Path) -> Vec<PathBuf> {
+        ["-wal", "-shm", "-journal"]
+            .iter()
+            .map(|s| PathBuf::from(format!("{}{s}", path.display())))
+            .filter(|p| p.exists())
+            .collect()
     }
 
+    /// What is not sweep's history — not SQLite, another program's
+    /// database, an earlier sweep's schema, sweep's id over another schema
+    /// — is named for what it is, for recording and for reading, and left
+    /// byte for byte as it was, with no file made beside it.
     #[test]
-    fn a_version_1_history_is_upgraded_with_its_attempts() {
+    fn what_is_not_sweeps_history_is_named_and_left_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(FILE);
-        {
-            // A history as version 1 wrote it: runs only.
-            let conn = Connection::open(&path).unwrap();
-            conn.execute_batch(SCHEMA).unwrap();
-            conn.execute_batch("INSERT INTO meta VALUES ('schema_version', '1')")
-                .unwrap();
-            for (i, (attempt, tps)) in [(1, 100.0), (1, 110.0), (2, 90.0)].iter().enumerate() {
-                conn.execute(
-                    "INSERT INTO measurements (study, run_id, attempt, run, configuration_id,
-                     configuration, system, ran_at, recorded_at, points, tokens_per_second_mean,
-                     tokens_per_second_std, mfu_pct_mean)
-                     VALUES ('s', ?1, ?2, 'r', 'c1', 'base', 'local/x', ?3, 'now', 10, ?4, 5.0, 20.0)",
-                    params![format!("id{i}"), attempt, format!("2026-11-0{attempt}"), tps],
-                )
-                .unwrap();
+        type Make = Box<dyn Fn(&Path)>;
+        let cases: Vec<(&str, Make, &str)> = vec![
+            (
+                "notes",
+                Box::new(|p: &Path| std::fs::write(p, vec![0x42u8; 10_000]).unwrap()),
+                "is not a SQLite database",
+            ),
+            (
+                "another program's",
+                Box::new(|p: &Path| {
+                    let c = Connection::open(p).unwrap();
+                    c.execute_batch(
+                        "PRAGMA journal_mode = DELETE; CREATE TABLE todo (item TEXT);
+                         INSERT INTO todo VALUES ('buy milk');",
+                    )
+                    .unwrap();
+                }),
+                "that sweep did not create (application id 0x00000000, not sweep's 0x73776570; tables: todo)",
+            ),
+            (
+                "an earlier sweep's",
+                Box::new(|p: &Path| {
+                    let c = Connection::open(p).unwrap();
+                    c.execute_batch(
+                        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                         INSERT INTO meta VALUES ('schema_version', '2');
+                         CREATE TABLE measurements (study TEXT, run_id TEXT, attempt INTEGER);
+                         INSERT INTO measurements VALUES ('s', 'r', 1);",
+                    )
+                    .unwrap();
+                }),
+                "is a history of an earlier sweep (schema version 2)",
+            ),
+            (
+                "a version 1 file without its version row",
+                Box::new(|p: &Path| {
+                    let c = Connection::open(p).unwrap();
+                    c.execute_batch(
+                        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                         CREATE TABLE measurements (study TEXT, run_id TEXT, attempt INTEGER);",
+                    )
+                    .unwrap();
+                }),
+                "that sweep did not create",
+            ),
+            (
+                "sweep's id over another schema",
+                Box::new(|p: &Path| {
+                    let c = Connection::open(p).unwrap();
+                    c.execute_batch(&SCHEMA.replace(
+                        "CREATE INDEX attempts_by_study ON attempts (study);",
+                        "",
+                    ))
+                    .unwrap();
+                    c.pragma_update(None, "application_id", APPLICATION_ID)
+                        .unwrap();
+                    c.execute_batch("INSERT INTO meta VALUES ('schema_version', '3')")
+                        .unwrap();
+                }),
+                "is not sweep's history (its schema is not sweep's version 3 (missing: attempts_by_study))",
+            ),
+        ];
+        for (what, make, says) in cases {
+            let path = dir
+                .path()
+                .join(format!("{}.sqlite", what.replace(' ', "-")));
+            make(&path);
+            let before = crate::util::hash::sha256_file(&path).unwrap();
+            for e in [
+                History::open(&path).err().map(|e| e.to_string()),
+                History::open_existing(&path).err().map(|e| e.to_string()),
+            ] {
+                let e = e.unwrap_or_else(|| panic!("{what} was opened"));
+                assert!(
+                    e.contains(&path.display().to_string()) && e.contains(says),
+                    "{what}: {e}"
+                );
+                assert!(!e.contains("discard") && !e.contains("delete"), "{e}");
             }
+            assert_eq!(
+                crate::util::hash::sha256_file(&path).unwrap(),
+                before,
+                "{what} changed"
+            );
+            assert_eq!(side_files(&path), Vec::<PathBuf>::new(), "{what}");
         }
-        let mut h = History::open_existing(&path).unwrap().unwrap();
-        let version: String = h
+    }
+
+    /// A history sweep created carries its application id and exactly its
+    /// schema; an empty file is adopted as a new history.
+    #[test]
+    fn a_new_history_carries_sweeps_id_and_an_empty_file_becomes_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join(FILE);
+        std::fs::write(&empty, b"").unwrap();
+        assert!(History::open_existing(&empty).unwrap().is_none());
+        let mut h = History::open(&empty).unwrap();
+        h.record(&[entry("s", 1, "r0", 100.0)]).unwrap();
+        let id: i32 = h
             .conn
-            .query_row(
-                "SELECT value FROM meta WHERE key = 'schema_version'",
-                [],
-                |r| r.get(0),
-            )
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, "2");
-        let seen = |h: &History| -> Vec<(u32, usize, f64, Option<f64>)> {
-            h.attempts(&Filter::default())
-                .unwrap()
-                .iter()
-                .map(|a| (a.attempt, a.runs, a.tokens_per_second, a.mfu_pct))
-                .collect()
-        };
-        assert_eq!(
-            seen(&h),
-            [(1, 2, 105.0, Some(20.0)), (2, 1, 90.0, Some(20.0))]
-        );
-        // Runs recorded afterwards join their attempts.
-        h.record(&[entry("s", 2, "r9", 100.0)]).unwrap();
-        assert_eq!(seen(&h)[1], (2, 2, 95.0, Some(20.0)));
+        assert_eq!(id, APPLICATION_ID);
+        assert_eq!(verify(&h.conn).unwrap(), Verdict::Ours);
         drop(h);
-        // Opened again (and for recording): nothing counted twice.
-        let h = History::open(&path).unwrap();
-        assert_eq!(seen(&h).len(), 2);
-        assert_eq!(seen(&h)[0], (1, 2, 105.0, Some(20.0)));
+        let h = History::open_existing(&empty).unwrap().unwrap();
+        assert_eq!(h.attempts(&Filter::default()).unwrap().len(), 1);
+        assert!(
+            immutable_uri(Path::new("/a b/h%.sqlite")).ends_with("/a%20b/h%25.sqlite?immutable=1")
+        );
     }
 }

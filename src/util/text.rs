@@ -64,9 +64,49 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     )
 }
 
+/// The most characters of one value a table cell or a quoted value in a
+/// sentence shows (the full value is in the JSON, CSV and Parquet outputs):
+/// one huge name must not pad every row of a table to its width.
+pub const CELL_CHARS: usize = 80;
+
+/// [`printable`], cut to [`CELL_CHARS`] characters with a note of how many
+/// more there are: text from files (names, notes, records) shown in a table
+/// or a sentence.
+pub fn cell(s: &str) -> Cow<'_, str> {
+    cut(s, CELL_CHARS)
+}
+
+/// [`printable`], cut to `most` characters (see [`cell`]).
+pub fn cut(s: &str, most: usize) -> Cow<'_, str> {
+    // Only the first characters are looked at: a value of megabytes costs
+    // no more than a short one.
+    let mut chars = s.char_indices();
+    let end = match chars.nth(most) {
+        None => return printable(s),
+        Some((at, _)) => at,
+    };
+    let more = s[end..].chars().count();
+    Cow::Owned(format!(
+        "{}… ({more} more characters)",
+        printable(&s[..end])
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_values_are_cut_with_a_count_of_the_rest() {
+        assert_eq!(cell("short"), "short");
+        let long = "x".repeat(CELL_CHARS) + "yyy";
+        assert_eq!(
+            cell(&long),
+            "x".repeat(CELL_CHARS) + "… (3 more characters)"
+        );
+        assert_eq!(cut("ééé\n", 2), "éé… (2 more characters)");
+        assert_eq!(cut("a\nb", 3), "a\\nb");
+    }
 
     #[test]
     fn control_characters_print_as_escapes() {

@@ -67,9 +67,11 @@ fn the_history_holds_what_summary_csv_says_and_python_reads_it() {
 import csv, sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
 assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+assert db.execute("PRAGMA application_id").fetchone()[0] == 0x73776570
 cols = [r[1] for r in db.execute("PRAGMA table_info(measurements)")]
-want = ["study", "run_id", "attempt", "run", "configuration_id", "configuration", "system",
+want = ["attempt_id", "study_attempt_id", "study", "run_id", "attempt", "run",
+        "configuration_id", "configuration", "system",
         "ran_at", "recorded_at", "git_commit", "sweep_version", "points",
         "tokens_per_second_mean", "tokens_per_second_std", "mfu_pct_mean", "tflops_mean",
         "step_time_s_mean", "peak_memory_mb_mean", "fingerprint_id"]
@@ -251,7 +253,7 @@ fn concurrent_killed_and_broken_histories() {
     std::fs::remove_file(&summary).unwrap();
     let err = run_err(sweep(root.path()).args(["report", "a.toml", "--no-plots"]));
     assert!(
-        err.contains(&db.display().to_string()) && err.contains("move it away"),
+        err.contains(&db.display().to_string()) && err.contains("is not a SQLite database"),
         "{err}"
     );
     assert!(summary.is_file());
@@ -261,6 +263,325 @@ fn concurrent_killed_and_broken_histories() {
         .output()
         .unwrap();
     assert_eq!(check.status.code(), Some(2));
+}
+
+/// A program whose throughput is its configuration's `tps` (a little more
+/// for each repeat and step) scaled by the percentage in `speed.txt`: a
+/// slowdown made by hand, nothing timed.
+const SCALED: &str = r#"name = "scaled"
+executor = "local"
+command = """f=$(cat speed.txt); for s in 1 2 3 4 5 6; do echo "step $s: $(( ({{ tps }} + 3 * {{ repeat }} + s) * f / 100 )) tokens/s"; done"""
+[sweep]
+repeats = 2
+[sweep.grid]
+tps = [1000, 2000]
+[report]
+skip_first = 1
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#;
+
+/// The measurements in a project's history.
+fn measurements(root: &Path) -> usize {
+    python(
+        "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); \
+         print(db.execute('SELECT COUNT(*) FROM measurements').fetchone()[0])",
+        &[root.join("results/history.sqlite").to_str().unwrap()],
+    )
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+/// The README's recipe — keep a study (`mv results/S results/S-before`),
+/// change something, run it again — records the new runs as a new attempt,
+/// and `sweep check` finds the slowdown. The study moved, reported again or
+/// copied records nothing twice, and a copy is never its own reference; a
+/// study removed (`rm -rf`) and run again is measured anew.
+#[test]
+fn a_study_moved_away_and_run_again_is_a_new_attempt_and_its_slowdown_is_found() {
+    let (root, m) = (project(), "scaled.toml");
+    write(&root.path().join(m), SCALED);
+    write(&root.path().join("speed.txt"), "100\n");
+    run_ok(sweep(root.path()).args(["run", m]));
+    assert_eq!(measurements(root.path()), 4);
+    let results = root.path().join("results");
+    std::fs::rename(results.join("scaled"), results.join("scaled-before")).unwrap();
+    write(&root.path().join("speed.txt"), "60\n");
+    let again = run_ok(sweep(root.path()).args(["run", m]));
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(said.contains("history: 4 run(s) recorded"), "{said}");
+    assert_eq!(measurements(root.path()), 8);
+    let attempts = |root: &Path| -> Vec<serde_json::Value> {
+        json_rows(sweep(root).args(["history", m, "--json"]))
+    };
+    let h = attempts(root.path());
+    assert_eq!(h.len(), 4, "two configurations, two attempts each: {h:?}");
+    let ids: std::collections::BTreeSet<&str> = h
+        .iter()
+        .map(|a| a["study_attempt_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{h:?}");
+    let check = sweep(root.path()).args(["check", m]).output().unwrap();
+    let text = stdout(&check);
+    assert_eq!(check.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("2 regressed") && text.contains("0.600x"),
+        "{text}"
+    );
+    // The moved study reported again, and a copy of it: nothing twice.
+    let moved = run_ok(sweep(root.path()).args(["report", "results/scaled-before", "--no-plots"]));
+    assert!(
+        !String::from_utf8_lossy(&moved.stderr).contains("recorded"),
+        "{}",
+        String::from_utf8_lossy(&moved.stderr)
+    );
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(results.join("scaled-before"))
+        .arg(results.join("scaled-copy"))
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    run_ok(sweep(root.path()).args(["report", "results/scaled-copy", "--no-plots"]));
+    assert_eq!(measurements(root.path()), 8);
+    // The copy checked against the history: its reference is the other
+    // attempt alone (2 runs of 1 attempt), never its own runs again.
+    let copy: serde_json::Value = serde_json::from_slice(
+        &sweep(root.path())
+            .args(["check", "results/scaled-copy", "--json"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    for c in copy["configurations"].as_array().unwrap() {
+        assert_eq!(
+            (
+                &c["reference_runs"],
+                &c["reference_attempts"],
+                &c["verdict"]
+            ),
+            (&2.into(), &1.into(), &"improved".into()),
+            "{c}"
+        );
+    }
+    // Removed and run again: measured anew.
+    std::fs::remove_dir_all(results.join("scaled")).unwrap();
+    run_ok(sweep(root.path()).args(["run", m]));
+    assert_eq!(measurements(root.path()), 12);
+    assert_eq!(attempts(root.path()).len(), 6);
+}
+
+/// Another program's SQLite database, or a history of an earlier sweep's
+/// schema, where the history goes: named for what it is by every command
+/// that meets it, and left byte for byte as it was (no file beside it
+/// either); a report's own files are written all the same.
+#[test]
+fn another_programs_database_and_an_earlier_schema_are_refused_untouched() {
+    let (root, m) = (project(), "scaled.toml");
+    write(&root.path().join(m), SCALED);
+    write(&root.path().join("speed.txt"), "100\n");
+    let db = root.path().join("results/history.sqlite");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    for (make, says) in [
+        (
+            "CREATE TABLE todo (item TEXT); INSERT INTO todo VALUES ('buy milk');",
+            "a SQLite database that sweep did not create",
+        ),
+        (
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL); \
+             INSERT INTO meta VALUES ('schema_version', '2'); \
+             CREATE TABLE measurements (study TEXT, run_id TEXT, attempt INTEGER); \
+             INSERT INTO measurements VALUES ('s', 'r', 1);",
+            "is a history of an earlier sweep (schema version 2)",
+        ),
+    ] {
+        let _ = std::fs::remove_file(&db);
+        python(
+            "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); \
+             db.executescript(sys.argv[2]); db.commit()",
+            &[db.to_str().unwrap(), make],
+        );
+        let before = std::fs::read(&db).unwrap();
+        let summary = root.path().join("results/scaled/summary.csv");
+        let _ = std::fs::remove_file(&summary);
+        let run = sweep(root.path()).args(["run", m]).output().unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(says) && err.contains(&db.display().to_string()),
+            "{err}"
+        );
+        assert!(summary.is_file(), "the report is written all the same");
+        for args in [vec!["history"], vec!["history", m]] {
+            let e = run_err(sweep(root.path()).args(&args));
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        let check = sweep(root.path()).args(["check", m]).output().unwrap();
+        assert_eq!(check.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&check.stderr).contains(says));
+        assert!(std::fs::read(&db).unwrap() == before, "the file changed");
+        for side in ["-wal", "-shm", "-journal"] {
+            let p = format!("{}{side}", db.display());
+            assert!(!Path::new(&p).exists(), "{p} was made");
+        }
+    }
+}
+
+/// `sweep run --again` started while a `sweep run` of the study is still
+/// running waits for it — its runs and its report — then measures anew:
+/// both succeed, and the history holds both attempts.
+#[test]
+fn a_run_again_waits_for_a_running_sweep_run_and_its_report() {
+    let (root, m) = (project(), "scaled.toml");
+    write(
+        &root.path().join(m),
+        &SCALED.replace("command = \"\"\"f=", "command = \"\"\"sleep 0.5; f="),
+    );
+    write(&root.path().join("speed.txt"), "100\n");
+    let first = sweep(root.path())
+        .args(["run", m])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = root.path().join("results/scaled/tps-1000-r0/local.out");
+    wait_for(60, "the first run to start", || log.exists().then_some(()));
+    let again = run_ok(sweep(root.path()).args(["run", m, "--again"]));
+    let first = first.wait_with_output().unwrap();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("is held by"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(root
+        .path()
+        .join("results/scaled/attempts/1/tps-1000-r0/local.out")
+        .is_file());
+    assert_eq!(measurements(root.path()), 8);
+}
+
+/// Runs `sweep` as a user who may not write the project (root: `nobody`,
+/// through setpriv; anyone else: themselves, the project made read-only),
+/// from a copy of the binary that user can run.
+fn as_reader(root: &Path, bin: &Path) -> Command {
+    // SAFETY: geteuid has no preconditions.
+    let mut c = match unsafe { libc::geteuid() } {
+        0 => {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(bin);
+            c
+        }
+        _ => Command::new(bin),
+    };
+    c.arg("-C").arg(root).current_dir(root);
+    c
+}
+
+/// A history its reader may not write (its file and folder read-only, or a
+/// read-only file system) is read as it is: `sweep history` and `sweep
+/// check` work; recording says it is read-only, advises nothing against
+/// the record, and changes nothing.
+#[test]
+fn a_read_only_history_is_read_as_it_is() {
+    use std::os::unix::fs::PermissionsExt;
+    let (root, m) = (project(), "scaled.toml");
+    write(&root.path().join(m), SCALED);
+    write(&root.path().join("speed.txt"), "100\n");
+    run_ok(sweep(root.path()).args(["run", m]));
+    let bin = root.path().join("sweep-bin");
+    std::fs::copy(env!("CARGO_BIN_EXE_sweep"), &bin).unwrap();
+    let db = root.path().join("results/history.sqlite");
+    let before = std::fs::read(&db).unwrap();
+    // Readable by all, writable by none but its owner (root: not `nobody`).
+    let walk = Command::new("chmod")
+        .args(["-R", "a+rX,go-w"])
+        .arg(root.path())
+        .status()
+        .unwrap();
+    assert!(walk.success());
+    let read_only = [db.clone(), root.path().join("results")];
+    for p in &read_only {
+        let mode = std::fs::metadata(p).unwrap().permissions().mode();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & !0o222)).unwrap();
+    }
+    let history = run_ok(as_reader(root.path(), &bin).args(["history", m]));
+    assert!(
+        stdout(&history).contains("tps-1000"),
+        "{}",
+        stdout(&history)
+    );
+    let check = as_reader(root.path(), &bin)
+        .args(["check", m])
+        .output()
+        .unwrap();
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&check),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let err = run_err(as_reader(root.path(), &bin).args(["history", "--import", "results/scaled"]));
+    assert!(
+        err.contains("read-only for this user") && err.contains("The history is intact"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("move it") && !err.contains("not a readable"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&db).unwrap(), before);
+    for p in &read_only {
+        let mode = std::fs::metadata(p).unwrap().permissions().mode();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode | 0o200)).unwrap();
+    }
+    // A read-only file system (root only: a read-only bind mount of results/).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let results = root.path().join("results");
+        let script = format!(
+            "mount --bind '{r}' '{r}' && mount -o remount,ro,bind '{r}' && exec \"$@\"",
+            r = results.display()
+        );
+        let ro = |args: &[&str]| {
+            Command::new("unshare")
+                .args(["-m", "sh", "-c", &script, "sh"])
+                .arg(&bin)
+                .arg("-C")
+                .arg(root.path())
+                .args(args)
+                .current_dir(root.path())
+                .output()
+                .unwrap()
+        };
+        let probe = ro(&["history", m]);
+        if String::from_utf8_lossy(&probe.stderr).contains("mount") {
+            eprintln!(
+                "skipped the read-only file system: {}",
+                String::from_utf8_lossy(&probe.stderr)
+            );
+        } else {
+            assert!(
+                probe.status.success() && stdout(&probe).contains("tps-2000"),
+                "{}",
+                String::from_utf8_lossy(&probe.stderr)
+            );
+            let import = ro(&["history", "--import", "results/scaled"]);
+            let err = String::from_utf8_lossy(&import.stderr);
+            assert!(
+                !import.status.success() && err.contains("read-only for this user"),
+                "{err}"
+            );
+        }
+        assert_eq!(std::fs::read(&db).unwrap(), before);
+    }
 }
 
 /// A program whose throughput is its own, real, single-threaded Python loop.

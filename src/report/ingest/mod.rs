@@ -252,7 +252,7 @@ impl Omissions {
                 .lines
                 .iter()
                 .take(SHOWN)
-                .map(|(n, why)| format!("line {n}: {}", crate::util::text::printable(why)))
+                .map(|(n, why)| format!("line {n}: {}", crate::util::text::cut(why, 400)))
                 .collect();
             let more = match self.lines.len() {
                 n if n > SHOWN => format!("; and {} more", n - SHOWN),
@@ -335,14 +335,21 @@ pub struct Built {
     pub git_commit: Option<String>,
     /// When it was rendered.
     pub created_at: String,
+    /// The run's measurement and its study attempt, as the history keys
+    /// them ([`crate::plan::record::RunRecord::attempt_ids`]).
+    pub attempt_id: String,
+    pub study_attempt_id: String,
 }
 
 impl Built {
     pub fn of(r: &crate::plan::record::RunRecord) -> Built {
+        let (attempt_id, study_attempt_id) = r.attempt_ids();
         Built {
             sweep_version: r.sweep_version.clone(),
             git_commit: r.git_commit.clone(),
             created_at: r.created_at.clone(),
+            attempt_id,
+            study_attempt_id,
         }
     }
 }
