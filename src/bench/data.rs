@@ -59,7 +59,6 @@ pub fn run(a: &DataBenchArgs) -> Result<DataBench> {
         threads: 0,
         force: false,
         progress: false,
-        stop: None,
     })?;
     let configs: [(&str, DatasetType, Option<PretokenizedFormat>); 4] = [
         ("on-the-fly padded", DatasetType::Padded, None),
@@ -180,8 +179,7 @@ fn python_peer(
             PretokenizedFormat::TokenList,
         ));
     }
-    let out = cmd
-        .output()
+    let out = crate::util::process::output_stoppable(&mut cmd)
         .map_err(|e| anyhow::anyhow!("python3 does not start ({e})"))?;
     if !out.status.success() {
         anyhow::bail!(

@@ -196,7 +196,8 @@ pub fn run(
         if forced {
             cmd.env("SWEEP_ENGINE_AT_ONE", "1");
         }
-        let out = cmd.output().context("starting the benchmark's ranks")?;
+        let out = crate::util::process::output_stoppable(&mut cmd)
+            .context("starting the benchmark's ranks")?;
         if !out.status.success() {
             bail!(
                 "{n} rank(s) failed ({}):\n{}",

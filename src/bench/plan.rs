@@ -47,7 +47,7 @@ pub fn run(runs: usize, dir: &std::path::Path) -> Result<PlanBench> {
         runs >= 100 && runs.is_multiple_of(100),
         "--runs must be a multiple of 100"
     );
-    let dir = tempfile::tempdir_in(dir)?;
+    let dir = crate::util::fs::scratch_dir_in(dir)?;
     let path = dir.path().join("bench.toml");
     std::fs::write(&path, manifest_text(runs))?;
     let (m, load) = timed(|| Manifest::load(&path, dir.path()));

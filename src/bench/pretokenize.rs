@@ -42,7 +42,7 @@ pub fn run(
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()?;
-    let out = tempfile::tempdir()?;
+    let out = crate::util::fs::scratch_dir_in(&std::env::temp_dir())?;
     let args = |formats: Vec<PretokenizedFormat>| PretokenizeArgs {
         input: dataset.to_path_buf(),
         text_column: "text".into(),
@@ -55,7 +55,6 @@ pub fn run(
         threads,
         force: true,
         progress: false,
-        stop: None,
     };
     let configs: [(&'static str, Vec<PretokenizedFormat>); 3] = [
         ("token-list", vec![PretokenizedFormat::TokenList]),
@@ -112,9 +111,9 @@ pub fn run(
 
 /// Runs `sweep pretokenize` on `input` as a child and returns its peak RSS.
 fn peak_rss_mb(input: &Path, tokenizer: &Path, seq_len: usize, threads: usize) -> Result<f64> {
-    let out = tempfile::tempdir()?;
-    let child = std::process::Command::new(std::env::current_exe()?)
-        .arg("pretokenize")
+    let out = crate::util::fs::scratch_dir_in(&std::env::temp_dir())?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("pretokenize")
         .arg("--input")
         .arg(input)
         .arg("--tokenizer")
@@ -128,8 +127,8 @@ fn peak_rss_mb(input: &Path, tokenizer: &Path, seq_len: usize, threads: usize) -
             "--out",
         ])
         .arg(out.path())
-        .stdout(std::process::Stdio::null())
-        .spawn()?;
+        .stdout(std::process::Stdio::null());
+    let child = crate::util::process::spawn_stoppable(&mut cmd)?;
     // The child's own high-water mark (VmHWM), polled until it exits: the
     // rusage of a child counts the parent's pages it was forked with, which
     // are this benchmark's.
@@ -151,6 +150,7 @@ fn peak_rss_mb(input: &Path, tokenizer: &Path, seq_len: usize, threads: usize) -
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
+    crate::util::process::forget_child(child.id());
     if !status.success() {
         bail!("sweep pretokenize {} failed ({status})", input.display());
     }

@@ -14,12 +14,15 @@ pub struct ReportBench {
 }
 
 pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBench> {
-    let root = tempfile::tempdir_in(dir)?;
+    let root = crate::util::fs::scratch_dir_in(dir)?;
     let study = root.path().join("results").join("bench-report");
     let (r, setup) = timed(|| -> Result<()> {
+        std::fs::create_dir_all(&study)?;
         for i in 0..runs {
+            // Made inside the study only: once a stop signal removed the
+            // scratch folder, nothing makes it again.
             let d = study.join(format!("run-{i:05}"));
-            std::fs::create_dir_all(&d)?;
+            std::fs::create_dir(&d)?;
             let record = serde_json::json!({
                 "id": format!("{i:08x}"), "name": format!("run-{i:05}"), "study": "bench-report", "kind": "run",
                 "manifest": { "path": "bench.toml", "sha256": "0" }, "git_commit": null, "sweep_version": "0",

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
+    check_outputs(&cmd)?;
     match cmd {
         BenchCmd::Train {
             threads,
@@ -625,6 +626,27 @@ fn ddp(
     Ok(())
 }
 
+/// Where a benchmark writes (`--json FILE`, `--dir`), checked before it
+/// runs, against the rule every output follows: a long benchmark never
+/// ends in "cannot write", nor writes over a file sweep owns.
+fn check_outputs(cmd: &BenchCmd) -> Result<()> {
+    use crate::util::outputs::{self, Output};
+    match cmd {
+        BenchCmd::Train { json: Some(p), .. }
+        | BenchCmd::Ddp { json: Some(p), .. }
+        | BenchCmd::Kernels { json: Some(p), .. }
+            if p != Path::new("-") =>
+        {
+            outputs::check(&[Output::new("--json", p)], &[], outputs::Allow::default())?
+        }
+        BenchCmd::Report { dir, .. }
+        | BenchCmd::History { dir, .. }
+        | BenchCmd::Plan { dir, .. } => outputs::check_dir("--dir", dir)?,
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Where a benchmark's table goes: standard output, or standard error when
 /// its JSON takes standard output (`--json -`).
 fn human_out(json: Option<&Path>) -> Box<dyn std::io::Write> {
@@ -643,7 +665,7 @@ fn write_json(path: &Path, bytes: &[u8]) -> Result<()> {
         out.write_all(b"\n")?;
         return Ok(out.flush()?);
     }
-    crate::util::fs::write_output(path, bytes, &[])
+    crate::util::outputs::write("--json", path, bytes, &[])
 }
 
 /// The repository's `scripts/`.

@@ -3,7 +3,6 @@
 use super::{DataCmd, DumpCli, FormatArg, ImportTextCli, PretokenizeCli, VerifyCli};
 use crate::config::PretokenizedFormat;
 use crate::data::{import, pretokenize, verify, DataSpec, SampleStream, SourceSpec, TextTokenizer};
-use crate::util::signals::{self, StopSignals};
 use anyhow::Result;
 use std::io::Write;
 use std::process::ExitCode;
@@ -27,8 +26,6 @@ pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
         threads: crate::config::RuntimeOptions::current().threads(p.threads),
         force: p.force,
         progress: !p.quiet,
-        // SLURM cancels and preempts with SIGTERM: stop cleanly between row groups.
-        stop: Some(StopSignals::install_interactive(&signals::INTERRUPTS)?),
     };
     let r = pretokenize::run(&args)?;
     if r.null_documents > 0 {

@@ -719,7 +719,26 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match dispatch(cli.command, &root, rt) {
+    // Commands that write only through temporaries stop at once on Ctrl-C
+    // or SIGTERM, their temporaries removed; the rest (run, submit, train,
+    // cancel) stop their jobs or checkpoint first, each its own way.
+    let stops_at_once = !matches!(
+        cli.command,
+        Cmd::Run(_)
+            | Cmd::Submit(_)
+            | Cmd::Train { .. }
+            | Cmd::Cancel { .. }
+            | Cmd::Bench(BenchCmd::DdpRank { .. })
+    );
+    if stops_at_once {
+        if let Err(e) = crate::util::signals::exit_on_stop() {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let outcome = dispatch(cli.command, &root, rt);
+    crate::util::signals::yield_to_stop();
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             match e.downcast_ref::<Diagnostics>() {
@@ -758,6 +777,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
         }
         Cmd::Report(r) => report_cmd(root, r),
         Cmd::Check(c) => Ok(check_cmd(root, &c).unwrap_or_else(|e| {
+            crate::util::signals::yield_to_stop();
             // 2, not 1: a CI job tells "could not check" from "regressed".
             eprintln!("error: {e:#}");
             ExitCode::from(2)
@@ -832,7 +852,6 @@ fn source_of(p: &std::path::Path) -> crate::report::Source {
 
 fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
     use crate::report::check::{self, Reference};
-    use anyhow::Context;
     let opts = check::Options {
         reference: match &c.against {
             Some(a) => Reference::Study(source_of(a)),
@@ -841,17 +860,20 @@ fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
         threshold_pct: c.threshold,
         skip_first: c.skip_first,
     };
-    if let (Some(j), Some(h)) = (&c.junit, &c.html) {
-        if crate::util::fs::absolute(root, j) == crate::util::fs::absolute(root, h) {
-            anyhow::bail!("--junit and --html name the same file: give each its own");
-        }
-    }
+    // Checked before the check runs (a check of a long history should not
+    // end in "cannot write"): both outputs together, against the rule every
+    // output follows and the studies read.
+    use crate::util::outputs::{self, Output};
+    let outputs: Vec<Output> = [("--junit", &c.junit), ("--html", &c.html)]
+        .into_iter()
+        .filter_map(|(flag, p)| Some(Output::new(flag, p.as_deref()?)))
+        .collect();
+    let mut inputs = vec![c.target.as_path()];
+    inputs.extend(c.against.as_deref());
+    outputs::check(&outputs, &inputs, outputs::Allow::default())?;
     let done = check::run(root, &source_of(&c.target), &opts)?;
-    // Never over the manifest or the study it checks; the folder is made.
     let write = |path: &std::path::Path, bytes: &[u8]| -> anyhow::Result<()> {
-        let dir = crate::util::fs::parent_dir(path);
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        crate::util::fs::write_output(path, bytes, &[c.target.as_path()])?;
+        outputs::write_checked(path, bytes)?;
         eprintln!("wrote {}", path.display());
         Ok(())
     };
@@ -961,12 +983,8 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
     for st in &rep.summary.stragglers {
         println!("straggler: {}", st.describe());
     }
-    if let Some(d) = &rep.summary.design {
-        println!(
-            "blocks: {} (speedups paired by block); {}",
-            d.places.len(),
-            d.places_line()
-        );
+    if let (Some(d), Some(pairing)) = (&rep.summary.design, rep.summary.pairing()) {
+        println!("{pairing}; where each block ran: {}", d.places_line());
         if let Some(line) = d.effects_line() {
             println!("place in block: {line}");
         }

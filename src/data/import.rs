@@ -198,7 +198,12 @@ const TEMP_PREFIX: &str = ".import-";
 pub fn import_text(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Result<ImportReport> {
     let files = expand_inputs(inputs)?;
     let read: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-    crate::util::fs::check_output(out, &read)?;
+    use crate::util::outputs::{self, Output};
+    outputs::check(
+        &[Output::new("--out", out)],
+        &read,
+        outputs::Allow::default(),
+    )?;
     let schema = Arc::new(Schema::new(vec![
         Field::new("text", DataType::Utf8, false),
         Field::new("source", DataType::Utf8, false),

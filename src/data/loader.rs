@@ -772,7 +772,6 @@ mod tests {
             threads: 1,
             force: true,
             progress: false,
-            stop: None,
         };
         crate::data::pretokenize::run(&args).unwrap();
         let file = |f| crate::data::pretokenize::output_path(&out, f);

@@ -10,7 +10,6 @@ use super::text::TextFile;
 use super::tokenizer::{SpecialTokens, TextTokenizer};
 use crate::config::PretokenizedFormat;
 use crate::util::progress::Progress;
-use crate::util::signals::{self, StopSignals};
 use anyhow::{anyhow, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
@@ -31,9 +30,6 @@ pub struct PretokenizeArgs {
     /// Rewrite outputs even when they are current.
     pub force: bool,
     pub progress: bool,
-    /// Signals that stop the work between row groups, leaving no partial
-    /// output behind (the command installs them; a library caller may not).
-    pub stop: Option<StopSignals>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -134,13 +130,20 @@ fn check_sizes(args: &PretokenizeArgs) -> Result<()> {
 pub fn run(args: &PretokenizeArgs) -> Result<PretokenizeReport> {
     let started = Instant::now();
     check_sizes(args)?;
-    // An output never replaces what it is made from.
-    for &f in &args.formats {
-        crate::util::fs::check_output(
-            &output_path(&args.out_dir, f),
-            &[&args.input, &args.tokenizer],
-        )?;
-    }
+    // An output never replaces what it is made from, nor anything else
+    // sweep owns but a stage's own files (a stage's job writes them).
+    use crate::util::outputs::{self, Output};
+    let paths: Vec<PathBuf> = args
+        .formats
+        .iter()
+        .map(|&f| output_path(&args.out_dir, f))
+        .collect();
+    let outputs: Vec<Output> = paths.iter().map(|p| Output::new("--out", p)).collect();
+    outputs::check(
+        &outputs,
+        &[&args.input, &args.tokenizer],
+        outputs::Allow { stage: true },
+    )?;
     // What a killed run left behind is removed; a file being written by
     // another process now is not.
     for stale in crate::util::fs::remove_stale_temps(&args.out_dir, TEMP_PREFIX) {
@@ -260,16 +263,10 @@ fn stream(
             Ok(writers)
         });
         let mut failed = None;
+        // A stop signal (SLURM cancels and preempts with SIGTERM) ends the
+        // process at once, its temporary files removed
+        // (`util::signals::exit_on_stop`).
         for chunk in text_rx {
-            // Stopped between row groups: the writers are dropped unfinished,
-            // which removes their temporary files.
-            if let Some(sig) = args.stop.as_ref().and_then(StopSignals::received) {
-                failed = Some(anyhow!(
-                    "stopped by {}; no output was written (its partial files were removed)",
-                    signals::name(sig)
-                ));
-                break;
-            }
             nulls += chunk.nulls() as u64;
             let result = chunk.texts().and_then(|t| {
                 let n: u64 = t.iter().map(|s| s.len() as u64).sum();

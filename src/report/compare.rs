@@ -287,8 +287,30 @@ fn differences_markdown(cmp: &Comparison) -> String {
 /// Writes the comparison's table (markdown, CSV), chart and page.
 fn write(root: &Path, dir_name: &str, cmp: &mut Comparison, plots: bool) -> Result<()> {
     let out = root.join("results").join("compare").join(dir_name);
-    std::fs::create_dir_all(&out)?;
     let md = out.join("comparison.md");
+    let files = [
+        md.clone(),
+        out.join("comparison.csv"),
+        out.join(super::page::COMPARISON_PAGE),
+    ];
+    // results/compare/ is the comparisons' own (a study called `compare`
+    // would own it: then nothing is written).
+    if out.join(crate::plan::files::STUDY_JSON).exists()
+        || root
+            .join("results/compare")
+            .join(crate::plan::files::STUDY_JSON)
+            .exists()
+    {
+        anyhow::bail!(
+            "{} is a rendered study's directory: comparisons are written to results/compare/, \
+             and a study of that name owns it; rename the study",
+            root.join("results/compare").display()
+        );
+    }
+    for f in &files {
+        crate::util::outputs::check_own(f, &[])?;
+    }
+    std::fs::create_dir_all(&out)?;
     crate::util::fs::write_atomic(&md, markdown(cmp).as_bytes())?;
     let csv = out.join("comparison.csv");
     let mut frame = frame(cmp)?;
@@ -403,8 +425,12 @@ fn designs_markdown(cmp: &Comparison) -> String {
 ",
             );
         }
+        let paired = match d.places.len() {
+            1 => "one block, its own speedups not paired",
+            _ => "its own speedups paired by block",
+        };
         out.push_str(&format!(
-            "- {}: randomized blocks ({}), its own speedups paired by block; {}.",
+            "- {}: randomized blocks ({}), {paired}; {}.",
             cell(side),
             d.places.len(),
             cell(&d.places_line())

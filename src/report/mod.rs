@@ -125,13 +125,20 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     // main report (results/<study>/grouped/<keys>), never over it.
     let grouped =
         (!opts.group_by.is_empty()).then(|| crate::util::name::sanitize(&opts.group_by.join("+")));
-    let out = opts.out.clone().unwrap_or_else(|| {
-        let main = root.join("results").join(&study);
+    // A study's report goes into its own directory (a results directory
+    // given: that one, wherever it is), an imported study's into
+    // results/<name>; `--out` elsewhere is checked as any output is.
+    let own = {
+        let main = match source {
+            Source::ResultsDir(d) => d.canonicalize().unwrap_or_else(|_| d.clone()),
+            _ => root.join("results").join(&study),
+        };
         match &grouped {
             Some(keys) => main.join(crate::plan::files::GROUPED_DIR).join(keys),
             None => main,
         }
-    });
+    };
+    let out = opts.out.clone().unwrap_or_else(|| own.clone());
     let plots = match &grouped {
         Some(keys) => root
             .join("plots")
@@ -142,9 +149,11 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     };
     let page = out.join(page::STUDY_PAGE);
     let inputs: Vec<&Path> = spec.inputs.iter().map(PathBuf::as_path).collect();
-    for path in export::paths(&out).iter().chain([&page]) {
-        crate::util::fs::check_output(path, &inputs)?;
-    }
+    let files: Vec<PathBuf> = export::paths(&out)
+        .into_iter()
+        .chain([page.clone()])
+        .collect();
+    check_outputs(source, &own, &out, &files, &inputs)?;
     let ctx = export::TableContext {
         study: study.clone(),
         skip_first: sopts.skip_first,
@@ -165,12 +174,26 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     // the command's to report once the files are written.
     let recorded = match (source, opts.live) {
         (Source::Import { .. }, _) | (_, true) => None,
-        _ => study_dir.map(|dir| history::record(&dir, &study, &s).map_err(|e| format!("{e:#}"))),
+        _ => study_dir
+            .as_ref()
+            .map(|dir| history::record(dir, &study, &s).map_err(|e| format!("{e:#}"))),
     };
     // The page shows each configuration's past where the history has one,
-    // and how the latest attempt compares (as `sweep check --history`).
-    let past = match &recorded {
-        Some(Ok((_, _, Some(h)))) => check::against_history(
+    // and how the latest attempt compares (as `sweep check --history`):
+    // from the history recorded into, else (it could not be written: a
+    // read-only one) from the history as it is.
+    let read_only = match (&recorded, &study_dir) {
+        (Some(Err(_)), Some(dir)) => history::History::open_existing(&history::path_for(dir))
+            .ok()
+            .flatten(),
+        _ => None,
+    };
+    let open = match &recorded {
+        Some(Ok((_, _, Some(h)))) => Some(h),
+        _ => read_only.as_ref(),
+    };
+    let past = open.and_then(|h| {
+        check::against_history(
             &study,
             &s,
             h,
@@ -178,9 +201,8 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
             check::DEFAULT_THRESHOLD_PCT,
         )
         .map_err(|e| eprintln!("warning: the page shows no history: {e:#}"))
-        .ok(),
-        _ => None,
-    };
+        .ok()
+    });
     let history = recorded.map(|r| r.map(|(path, added, _)| (path, added)));
     let html = page::study(
         &s,
@@ -202,6 +224,36 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         charts,
         page,
     })
+}
+
+/// A report's files may be written: in the study's own directory, none is
+/// special or an input, and an imported study's directory is no rendered
+/// study's; elsewhere (`--out`), the rule every output follows.
+fn check_outputs(
+    source: &Source,
+    own: &Path,
+    out: &Path,
+    files: &[PathBuf],
+    inputs: &[&Path],
+) -> Result<()> {
+    use crate::util::outputs::{self, resolve, Output};
+    if resolve(out) != resolve(own) {
+        let outputs: Vec<Output> = files.iter().map(|f| Output::new("--out", f)).collect();
+        return Ok(outputs::check(&outputs, inputs, outputs::Allow::default())?);
+    }
+    if let Source::Import { name, .. } = source {
+        if own.join(crate::plan::files::STUDY_JSON).exists() {
+            bail!(
+                "{} is the directory of the study {name}, which a manifest rendered: an imported \
+                 report never writes over it; give --name another name",
+                own.display()
+            );
+        }
+    }
+    for f in files {
+        outputs::check_own(f, inputs)?;
+    }
+    Ok(())
 }
 
 /// The directory a study's runs live in (None for imported logs, or when it
@@ -454,7 +506,17 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
         }
         match RunRecord::load_within(&path, dir) {
             Ok(Some(r)) if r.kind == UnitKind::Run => found.push((r, path)),
-            Ok(_) => {}
+            Ok(Some(_)) => {}
+            // A run directory whose record is gone (a directory sweep never
+            // made holds no logs it reads either): named, counted missing.
+            Ok(None) if has_run_logs(&path) => broken.push(RunLog::unreadable(
+                name,
+                format!(
+                    "{} holds logs but no run.json (the run's record): counted as missing, its logs unread",
+                    path.display()
+                ),
+            )),
+            Ok(None) => {}
             Err(why) => broken.push(RunLog::unreadable(name, format!("{why:#}"))),
         }
     }
@@ -469,6 +531,25 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     let record = StudyRecord::load(dir)?;
     let mut stale = Vec::new();
     if let Some(rec) = &record {
+        // Runs the study rendered whose directory (or record) is gone.
+        let seen: std::collections::HashSet<&str> =
+            found.iter().map(|(r, _)| r.id.as_str()).collect();
+        let gone = rec
+            .runs
+            .iter()
+            .filter(|id| !seen.contains(id.as_str()))
+            .count();
+        if gone > 0 {
+            stale.push(summary::Problem {
+                run: format!("{gone} run(s)"),
+                state: "MISSING".into(),
+                reason: format!(
+                    "{gone} of the {} runs the manifest last rendered have no directory with a run.json here: \
+                     moved or removed, they are not counted",
+                    rec.runs.len()
+                ),
+            });
+        }
         found.retain(|(r, _)| {
             let current = rec.runs.contains(&r.id);
             if !current {
@@ -535,6 +616,20 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
         ..spec
     };
     Ok((study, runs, spec))
+}
+
+/// Whether a directory holds what a run writes (its metrics or a job's
+/// log): a run's directory whose record is gone.
+fn has_run_logs(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name == crate::train::record::METRICS_FILE
+                || name == crate::plan::files::ENVIRONMENT_JSON
+                || name.ends_with(".out")
+        })
+    })
 }
 
 /// The runs of imported files: their stems (`lsai_1n_bs8.out` is

@@ -92,7 +92,8 @@ pub fn search(base: &TrainConfig, limit: Option<u64>, steps: usize, max: usize) 
         None => 1,
     };
     let exe = std::env::current_exe().context("finding the sweep binary")?;
-    let dir = tempfile::tempdir().context("a directory for the trials")?;
+    let dir = crate::util::fs::scratch_dir_in(&std::env::temp_dir())
+        .context("a directory for the trials")?;
     let mut trials = Vec::new();
     let (mut lo, mut hi) = (0usize, None::<usize>);
     let mut batch = start.min(max).max(1);

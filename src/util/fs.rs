@@ -15,18 +15,71 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = temp_beside(path, ".tmp-")?;
     tmp.write_all(bytes)
         .with_context(|| format!("writing {}", path.display()))?;
-    tmp.persist(path)
-        .with_context(|| format!("renaming into {}", path.display()))?;
-    Ok(())
+    persist(tmp.into_temp_path(), path)
+}
+
+/// Every temporary file and folder this process made and has not renamed
+/// into place: what a stop signal removes before the process exits
+/// ([`super::signals::exit_on_stop`]). Entries of temporaries dropped (and
+/// so removed) stay, harmlessly: removing them again finds nothing.
+static TEMPORARIES: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn temporaries() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    TEMPORARIES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Removes every temporary this process still has, and keeps any other
+/// thread from making or renaming one from then on (for a process about to
+/// exit); returns how many it removed.
+pub fn remove_temporaries() -> usize {
+    let list = temporaries();
+    let mut removed = 0;
+    for p in list.iter() {
+        let gone = match std::fs::symlink_metadata(p) {
+            Ok(m) if m.is_dir() => remove_busy_dir(p),
+            Ok(_) => std::fs::remove_file(p).is_ok(),
+            Err(_) => false,
+        };
+        removed += gone as usize;
+    }
+    // Held until the process exits: nothing is renamed into place after
+    // its temporaries were removed.
+    std::mem::forget(list);
+    removed
+}
+
+/// Removes a folder other threads may still be writing into: renamed
+/// away first (their next file, named by its old path, is not made), then
+/// removed, again while what they had open lands in it.
+fn remove_busy_dir(dir: &Path) -> bool {
+    let mut doomed = dir.as_os_str().to_owned();
+    doomed.push("-stopped");
+    let doomed = PathBuf::from(doomed);
+    let target = match std::fs::rename(dir, &doomed) {
+        Ok(()) => doomed.as_path(),
+        Err(_) => dir,
+    };
+    (0..50).any(|_| std::fs::remove_dir_all(target).is_ok() || !target.exists())
+}
+
+/// A temporary folder inside `dir` (a benchmark's synthetic project),
+/// removed when dropped, or by a stop signal.
+pub fn scratch_dir_in(dir: &Path) -> Result<tempfile::TempDir> {
+    let tmp = tempfile::Builder::new()
+        .prefix(".sweep-scratch-")
+        .tempdir_in(dir)
+        .with_context(|| format!("creating a temporary folder in {}", dir.display()))?;
+    temporaries().push(tmp.path().to_path_buf());
+    Ok(tmp)
 }
 
 /// A directory, device, FIFO or socket at `path` itself is never replaced
 /// by a file renamed over it (a link is: the rename replaces the link, not
 /// what it names).
-fn refuse_special(path: &Path) -> Result<(), OutputError> {
+fn refuse_special(path: &Path) -> Result<(), super::outputs::OutputError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if !m.file_type().is_file() && !m.file_type().is_symlink() => {
-            Err(OutputError::NotRegular {
+            Err(super::outputs::OutputError::NotRegular {
                 path: path.to_path_buf(),
                 what: kind_of(m.file_type()),
             })
@@ -39,21 +92,40 @@ fn refuse_special(path: &Path) -> Result<(), OutputError> {
 /// device, FIFO or socket is there.
 pub fn persist(tmp: tempfile::TempPath, target: &Path) -> Result<()> {
     refuse_special(target)?;
+    // Renamed under the list's lock: a stop signal removes the temporary
+    // before or finds it gone, never half-way.
+    let mut list = temporaries();
+    let path = tmp.to_path_buf();
     tmp.persist(target)
         .with_context(|| format!("renaming into {}", target.display()))?;
+    if let Some(i) = list.iter().rposition(|p| *p == path) {
+        list.swap_remove(i);
+    }
     Ok(())
 }
 
 /// A temporary file beside `target`, readable by others once renamed (temp
 /// files are created private).
 pub fn temp_beside(target: &Path, prefix: &str) -> Result<tempfile::NamedTempFile> {
+    temp_beside_as(target, prefix, "")
+}
+
+/// [`temp_beside`], its name ending in `suffix` (a writer that picks the
+/// format by the extension).
+pub fn temp_beside_as(
+    target: &Path,
+    prefix: &str,
+    suffix: &str,
+) -> Result<tempfile::NamedTempFile> {
     use std::os::unix::fs::PermissionsExt;
     let dir = parent_dir(target);
     let tmp = tempfile::Builder::new()
         .prefix(prefix)
+        .suffix(suffix)
         .permissions(std::fs::Permissions::from_mode(0o644))
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    temporaries().push(tmp.path().to_path_buf());
     Ok(tmp)
 }
 
@@ -108,71 +180,6 @@ pub fn remove_stale_temps(dir: &Path, prefix: &str) -> Vec<PathBuf> {
         }
     }
     removed
-}
-
-/// Why a path cannot receive a command's output.
-#[derive(Debug)]
-pub enum OutputError {
-    /// A device, FIFO, socket or directory is there (or a link names one).
-    NotRegular { path: PathBuf, what: &'static str },
-    /// It is one of the command's inputs (the same file, by device and inode).
-    IsInput { path: PathBuf, input: PathBuf },
-}
-
-impl std::fmt::Display for OutputError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OutputError::NotRegular { path, what } => write!(
-                f,
-                "the output {} is {what}: sweep writes outputs only to regular files or new paths",
-                path.display()
-            ),
-            OutputError::IsInput { path, input } => write!(
-                f,
-                "the output {} is the input {}: writing it would destroy the input; choose another output",
-                path.display(),
-                input.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for OutputError {}
-
-/// The device and inode of what `path` names, through links; None when nothing is there.
-fn identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// Checks that `path` may receive an output of a command that reads
-/// `inputs`: nothing is there yet, or a regular file (a link is followed to
-/// see what it names) that is none of the inputs — compared by device and
-/// inode, so no other name, link or `..` for an input passes.
-pub fn check_output(path: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(()); // a new path (or a dangling link, which rename replaces)
-    };
-    if !meta.file_type().is_file() {
-        return Err(OutputError::NotRegular {
-            path: path.to_path_buf(),
-            what: kind_of(meta.file_type()),
-        });
-    }
-    let id = identity(path);
-    match inputs.iter().find(|i| identity(i) == id) {
-        Some(input) => Err(OutputError::IsInput {
-            path: path.to_path_buf(),
-            input: input.to_path_buf(),
-        }),
-        None => Ok(()),
-    }
-}
-
-/// Checks `path` as an output (see [`check_output`]), then writes it atomically.
-pub fn write_output(path: &Path, bytes: &[u8], inputs: &[&Path]) -> Result<()> {
-    check_output(path, inputs)?;
-    write_atomic(path, bytes)
 }
 
 /// Like [`write_atomic`], but leaves the file (and its mtime) alone when it
@@ -246,7 +253,7 @@ impl std::fmt::Display for ReadError {
 
 impl std::error::Error for ReadError {}
 
-fn kind_of(t: std::fs::FileType) -> &'static str {
+pub(crate) fn kind_of(t: std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if t.is_dir() {
         "a directory"
@@ -271,7 +278,10 @@ fn io(e: std::io::Error) -> ReadError {
 /// Opens a file without blocking (a FIFO with no writer would block `open`
 /// forever), with `extra` open flags, and checks after opening that it is a
 /// regular file (what was checked is what is read).
-fn open_regular(path: &Path, extra: i32) -> Result<(std::fs::File, std::fs::Metadata), ReadError> {
+pub fn open_regular(
+    path: &Path,
+    extra: i32,
+) -> Result<(std::fs::File, std::fs::Metadata), ReadError> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -335,7 +345,6 @@ pub fn read_tail(path: &Path, bytes: u64) -> Result<Vec<u8>, ReadError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::os::unix::fs::FileTypeExt;
 
     pub(crate) fn mkfifo(path: &Path) {
         use std::os::unix::ffi::OsStrExt;
@@ -406,52 +415,6 @@ pub(crate) mod tests {
             read_tail(&dir.path().join("none"), 10),
             Err(ReadError::NotFound)
         ));
-    }
-
-    #[test]
-    fn an_output_is_a_new_path_or_a_regular_file_that_is_no_input() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let input = d.join("notes.txt");
-        std::fs::write(&input, b"the only copy").unwrap();
-        assert!(check_output(&d.join("new.parquet"), &[&input]).is_ok());
-        let e = check_output(&input, &[&input]).unwrap_err().to_string();
-        assert!(e.contains("would destroy the input"), "{e}");
-        // Another name for it: a link, a hard link, a path through `..`.
-        std::os::unix::fs::symlink(&input, d.join("link")).unwrap();
-        std::fs::hard_link(&input, d.join("hard")).unwrap();
-        std::fs::create_dir(d.join("sub")).unwrap();
-        for other in [d.join("link"), d.join("hard"), d.join("sub/../notes.txt")] {
-            assert!(matches!(
-                check_output(&other, &[&input]),
-                Err(OutputError::IsInput { .. })
-            ));
-        }
-        assert!(write_output(&d.join("hard"), b"x", &[&input]).is_err());
-        assert_eq!(std::fs::read(&input).unwrap(), b"the only copy");
-        // Special files, directly or through a link, are never replaced.
-        let fifo = d.join("fifo");
-        mkfifo(&fifo);
-        std::os::unix::fs::symlink("/dev/null", d.join("null")).unwrap();
-        for special in [
-            fifo.as_path(),
-            Path::new("/dev/null"),
-            &d.join("null"),
-            &d.join("sub"),
-        ] {
-            let e = check_output(special, &[]).unwrap_err().to_string();
-            assert!(e.contains("only to regular files"), "{e}");
-        }
-        let e = write_atomic(&fifo, b"x").unwrap_err().to_string();
-        assert!(e.contains("a FIFO"), "{e}");
-        assert!(std::fs::symlink_metadata(&fifo)
-            .unwrap()
-            .file_type()
-            .is_fifo());
-        // A regular file that is no input is replaced.
-        std::fs::write(d.join("old.csv"), b"old").unwrap();
-        write_output(&d.join("old.csv"), b"new", &[&input]).unwrap();
-        assert_eq!(std::fs::read(d.join("old.csv")).unwrap(), b"new");
     }
 
     #[test]

@@ -4,6 +4,7 @@ pub mod fs;
 pub mod hash;
 pub mod lock;
 pub mod name;
+pub mod outputs;
 pub mod process;
 pub mod progress;
 pub mod signals;

@@ -35,6 +35,53 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The process groups of the programs a command started and waits for:
+/// what a stop signal stops before the command exits
+/// ([`super::signals::exit_on_stop`]).
+static CHILDREN: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+fn children() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    CHILDREN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts `cmd` in a process group of its own (a launcher's ranks with it),
+/// which a stop signal to sweep stops too. Call [`forget_child`] once it has
+/// ended.
+pub fn spawn_stoppable(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let mut list = children();
+    let child = cmd.process_group(0).spawn()?;
+    list.push(child.id() as i32);
+    Ok(child)
+}
+
+/// A child started by [`spawn_stoppable`] has ended.
+pub fn forget_child(pid: u32) {
+    children().retain(|&p| p != pid as i32);
+}
+
+/// Runs `cmd` to completion as [`std::process::Command::output`] does, in
+/// a process group a stop signal to sweep stops too.
+pub fn output_stoppable(cmd: &mut Command) -> std::io::Result<std::process::Output> {
+    use std::process::Stdio;
+    let child = spawn_stoppable(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))?;
+    let pid = child.id();
+    let out = child.wait_with_output();
+    forget_child(pid);
+    out
+}
+
+/// Sends SIGTERM to the process group of every child still running (a
+/// process about to exit; none is started afterwards).
+pub fn stop_children() {
+    let list = children();
+    for &pid in list.iter() {
+        // SAFETY: a signal to a process group this process made.
+        unsafe { libc::kill(-pid, libc::SIGTERM) };
+    }
+    std::mem::forget(list);
+}
+
 /// A "Name:   1234 kB" field of a /proc file (`/proc/self/status`,
 /// `/proc/<pid>/status`, `/proc/meminfo`), in kB; None when absent.
 pub fn proc_kb(file: &str, field: &str) -> Option<u64> {

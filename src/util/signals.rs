@@ -67,6 +67,58 @@ impl StopSignals {
     }
 }
 
+/// For a command that writes only through temporaries renamed into place
+/// (reports, checks, pretokenizing, imports, benchmarks): from now on, the
+/// first of [`INTERRUPTS`] stops the processes it started, removes its
+/// temporaries and exits the process at once with 128 + the signal (130 for
+/// Ctrl-C, 143 for SIGTERM), whatever its threads are doing — a loop deep
+/// in a library need not look at a flag. What was renamed into place stays
+/// whole; a history transaction not yet committed is rolled back by SQLite.
+pub fn exit_on_stop() -> Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new(INTERRUPTS)
+        .context("installing the stop signals' handler")?;
+    std::thread::Builder::new()
+        .name("stop-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                STOPPING.store(true, Ordering::SeqCst);
+                super::process::stop_children();
+                let removed = super::fs::remove_temporaries();
+                // The terminal may be gone (SIGHUP): a failed write is no
+                // reason not to exit.
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "sweep: stopped by {}{}",
+                    name(sig),
+                    match removed {
+                        0 => String::new(),
+                        n => format!("; {n} temporary file(s) removed"),
+                    }
+                );
+                // SAFETY: ends the process without running destructors,
+                // which other threads may be using.
+                unsafe { libc::_exit(128 + sig) };
+            }
+        })
+        .context("starting the stop signals' thread")?;
+    Ok(())
+}
+
+/// Set once [`exit_on_stop`]'s thread is stopping the process.
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Waits for the process's end where a stop signal is ending it: the work
+/// its removal of temporaries broke (a file that vanished) must not end the
+/// process first, with another status and a confusing error.
+pub fn yield_to_stop() {
+    if STOPPING.load(Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// `SIGTERM` for 15, and so on for the signals sweep handles.
 pub fn name(sig: i32) -> &'static str {
     match sig {

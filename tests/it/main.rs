@@ -9,6 +9,7 @@ mod ddp;
 mod e2e;
 mod faults;
 mod gpu;
+mod guards;
 mod history;
 mod local;
 mod manifests;

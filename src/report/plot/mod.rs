@@ -90,12 +90,7 @@ pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Chart> {
     // A fresh temporary name (created exclusively): the backend writes a
     // path, and no file of anyone else's can be there.
     // The backend picks the image format by the extension.
-    let (file, tmp) = tempfile::Builder::new()
-        .prefix(".chart-")
-        .suffix(".png")
-        .tempfile_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?
-        .into_parts();
+    let (file, tmp) = crate::util::fs::temp_beside_as(&png_path, ".chart-", ".png")?.into_parts();
     drop(file);
     let result = (|| -> Result<()> {
         let root = BitMapBackend::new(&tmp, size).into_drawing_area();
