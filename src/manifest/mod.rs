@@ -10,9 +10,10 @@ mod source;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
-    check_roles, memory_unit, parse_slurm_time, Design, EnvironmentSpec, ExecutorKind, LocalSpec,
-    PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice,
-    DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS, MEMORY_UNITS,
+    check_roles, group_collides, memory_unit, parse_slurm_time, Design, EnvironmentSpec,
+    ExecutorKind, LocalSpec, PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec, SlurmTime,
+    StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS, MEMORY_UNITS,
+    REPORT_COLUMNS, STAT_SUFFIXES,
 };
 pub use source::{join_key, Source};
 
@@ -472,6 +473,32 @@ impl Validator<'_, '_> {
         }
     }
 
+    /// Each foreign group of the line pattern makes columns of its own: none
+    /// may be the report's or an axis's ([`group_collides`]).
+    fn check_pattern_groups(&mut self, r: &ReportSpec, axes: &[Axis]) {
+        let Some(re) = r
+            .line_pattern
+            .as_deref()
+            .and_then(|p| crate::util::text::regex(p).ok())
+        else {
+            return;
+        };
+        let keys: Vec<&str> = axes
+            .iter()
+            .flat_map(|a| a.keys.iter().map(String::as_str))
+            .collect();
+        let roles = r.roles();
+        for g in re.capture_names().flatten() {
+            let role = roles.memory.as_deref() == Some(g) || roles.throughput.as_deref() == Some(g);
+            if KNOWN_GROUPS.contains(&g) || role {
+                continue;
+            }
+            if let Some(why) = group_collides(g, &keys) {
+                self.at_value("report.line_pattern", why);
+            }
+        }
+    }
+
     fn check_report(&mut self, r: &ReportSpec, command: bool) {
         let foreign = [
             ("memory", r.memory.is_some()),
@@ -717,6 +744,7 @@ impl Validator<'_, '_> {
             }
         }
         self.check_sections(&file);
+        self.check_pattern_groups(&file.report, &axes);
         if !self.errors.is_empty() {
             return None;
         }

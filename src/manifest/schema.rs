@@ -478,6 +478,79 @@ pub const KNOWN_GROUPS: [&str; 12] = [
     "peak_memory_mb",
 ];
 
+/// The report's own columns besides the known fields' and their
+/// statistics' (`report::columns` checks in a test that these are all of
+/// them): no foreign group may make one of them.
+pub const REPORT_COLUMNS: [&str; 27] = [
+    "run",
+    "log_index",
+    "order",
+    "state",
+    "runs",
+    "points",
+    "final_loss",
+    "wall_time_s",
+    "last_step",
+    "speedup",
+    "speedup_ci95_low",
+    "speedup_ci95_high",
+    "speedup_p_value",
+    "speedup_p_value_holm",
+    "significant",
+    "repeats",
+    "warmup_points",
+    "scaling_efficiency_pct",
+    "forecast_efficiency_pct",
+    "mfu_peak_tflops",
+    "trained_batch_size",
+    "members",
+    "first_steady",
+    "configuration",
+    "configuration_name",
+    "_job_run_s",
+    "_forecast_vs_one_device",
+];
+
+/// The suffixes of a measure's statistic columns: a group `mem_gb` makes
+/// `mem_gb_mean`, ..., `mem_gb_ci95_high`.
+pub const STAT_SUFFIXES: [&str; 7] = [
+    "_mean",
+    "_median",
+    "_std",
+    "_p5",
+    "_p95",
+    "_ci95_low",
+    "_ci95_high",
+];
+
+/// Why a foreign group of a line pattern cannot have columns of its own:
+/// one it would make (`<group>`, `<group>_mean`, ...) is one the report
+/// makes already, or an axis's (`axes`: their keys). Its statistics would
+/// be lost, or the report fail once every job ran.
+pub fn group_collides(group: &str, axes: &[&str]) -> Option<String> {
+    let made = std::iter::once(group.to_string())
+        .chain(STAT_SUFFIXES.iter().map(|s| format!("{group}{s}")));
+    for col in made {
+        let known = KNOWN_GROUPS
+            .iter()
+            .any(|k| STAT_SUFFIXES.iter().any(|s| format!("{k}{s}") == col));
+        if REPORT_COLUMNS.contains(&col.as_str()) || known {
+            return Some(format!(
+                "the group `{group}` would make a column `{col}`, which the report makes itself: name the group otherwise"
+            ));
+        }
+        if let Some(a) = axes
+            .iter()
+            .find(|a| **a == col || a.rsplit('.').next() == Some(col.as_str()))
+        {
+            return Some(format!(
+                "the group `{group}` would make a column `{col}`, the axis `{a}`'s: name the group otherwise"
+            ));
+        }
+    }
+    None
+}
+
 /// Which foreign groups stand for known fields.
 #[derive(Debug, Clone, Default)]
 pub struct Roles {

@@ -242,13 +242,36 @@ fn walk_value(v: &Spanned<DeValue<'_>>, path: &str, out: &mut Vec<Entry>) {
 /// (`usize`, `f64`, `a nonzero u32`) as the numbers they hold, and "invalid
 /// type: X, expected Y" as "expected Y, not X".
 pub fn plain_types(msg: &str) -> String {
-    let words = |t: &str| -> String {
+    // The whole numbers a type holds: (least, most).
+    let range = |t: &str| -> Option<(u64, u64)> {
+        Some(match t {
+            "usize" | "u64" => (0, u64::MAX),
+            "u32" => (0, u32::MAX.into()),
+            "u16" => (0, u16::MAX.into()),
+            "u8" => (0, u8::MAX.into()),
+            "a nonzero usize" | "a nonzero u64" => (1, u64::MAX),
+            "a nonzero u32" => (1, u32::MAX.into()),
+            "a nonzero u16" => (1, u16::MAX.into()),
+            _ => return None,
+        })
+    };
+    // `got` is the value refused: one too large for the type is told the
+    // type's range (it is a whole number ≥ 0 all the same).
+    let words = |t: &str, got: &str| -> String {
         let t = t.trim();
+        if let Some((least, most)) = range(t) {
+            let too_large = got
+                .trim_matches('`')
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.trim_matches('`').parse::<u128>().ok())
+                .is_some_and(|n| n > u128::from(most));
+            return match too_large {
+                true => format!("a whole number in {least}..={most}"),
+                false => format!("a whole number ≥ {least}"),
+            };
+        }
         match t {
-            "usize" | "u64" | "u32" | "u16" | "u8" => "a whole number ≥ 0".into(),
-            "a nonzero usize" | "a nonzero u64" | "a nonzero u32" | "a nonzero u16" => {
-                "a whole number ≥ 1".into()
-            }
             "isize" | "i64" | "i32" | "i16" | "i8" => "a whole number".into(),
             "f64" | "f32" => "a number".into(),
             "a sequence" => "a list".into(),
@@ -262,7 +285,7 @@ pub fn plain_types(msg: &str) -> String {
     let shape = |msg: &str, prefix: &str| -> Option<(String, String)> {
         let rest = msg.strip_prefix(prefix)?;
         let (got, want) = rest.rsplit_once(", expected ")?;
-        Some((got.trim().to_string(), words(want)))
+        Some((got.trim().to_string(), words(want, got)))
     };
     // `integer `-3`` is -3; `string "ten"` the string "ten".
     let what = |got: &str| -> String {
@@ -280,7 +303,7 @@ pub fn plain_types(msg: &str) -> String {
     }
     match msg.rsplit_once("expected ") {
         Some((head, want)) if !want.contains(' ') || want.starts_with("a nonzero") => {
-            format!("{head}expected {}", words(want))
+            format!("{head}expected {}", words(want, ""))
         }
         _ => msg.to_string(),
     }
@@ -300,6 +323,10 @@ mod tests {
         assert_eq!(
             plain_types("invalid value: integer `-3`, expected u64"),
             "expected a whole number ≥ 0, not -3"
+        );
+        assert_eq!(
+            plain_types("invalid value: integer `4294967296`, expected u32"),
+            "expected a whole number in 0..=4294967295, not 4294967296"
         );
         assert_eq!(
             plain_types(r#"invalid type: string "2", expected a nonzero u32"#),

@@ -774,7 +774,74 @@ fn check_names(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
         }
         seen.insert(&r.name, i);
     }
+    check_look_alikes(m, runs)
+}
+
+/// Two runs whose names, as the manifest writes them, look the same (they
+/// differ only in characters Unicode lists as confusable — `а` and `a`,
+/// `é` written as one character or two, full-width letters) name two
+/// different runs that no reader of the plan or the report can tell apart.
+/// Names in plain ASCII are compared as they are.
+fn check_look_alikes(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
+    let written = |run: &Run| {
+        run.sanitized_from
+            .clone()
+            .unwrap_or_else(|| run.name.clone())
+    };
+    // By skeleton (UTS #39): the first run of each, and whether one of
+    // them is not plain ASCII (two ASCII names, `bs-1` and `bs-l`, are
+    // told apart as they are written).
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, r) in runs.iter().enumerate() {
+        let name = written(r);
+        let key: String = unicode_security::skeleton(&name).collect();
+        let Some(&j) = seen.get(&key) else {
+            seen.insert(key, i);
+            continue;
+        };
+        let other = written(&runs[j]);
+        if other == name || (other.is_ascii() && name.is_ascii()) {
+            continue;
+        }
+        let (a, b) = first_difference(&other, &name);
+        let at = if m.name_template.is_some() {
+            "sweep.name"
+        } else {
+            "sweep"
+        };
+        let d = m
+            .source
+            .at_value(
+                at,
+                format!(
+                    "two runs' names look alike: `{}` and `{}` differ only in characters that look the \
+                     same (U+{a} against U+{b}): no reader of the plan or the report can tell the two runs apart",
+                    crate::util::text::cell(&other).escape_debug(),
+                    crate::util::text::cell(&name).escape_debug(),
+                ),
+            )
+            .with_help(format!(
+                "runs with {} and with {}: write the values in plain characters",
+                show_params(&runs[j].params),
+                show_params(&r.params)
+            ));
+        return Err(d.into());
+    }
     Ok(())
+}
+
+/// The first characters in which two strings differ, as hex code points.
+fn first_difference(a: &str, b: &str) -> (String, String) {
+    let hex =
+        |c: Option<char>| c.map_or_else(|| "end".to_string(), |c| format!("{:04X}", c as u32));
+    let mut x = a.chars();
+    let mut y = b.chars();
+    loop {
+        match (x.next(), y.next()) {
+            (Some(p), Some(q)) if p == q => continue,
+            (p, q) => return (hex(p), hex(q)),
+        }
+    }
 }
 
 /// Two runs with the same id are one run twice (they differ only in values

@@ -229,6 +229,69 @@ pub const CONFIGURATION_NAME: &str = "configuration_name";
 mod tests {
     use super::*;
 
+    /// Every column the report makes of its own is one the manifest keeps
+    /// foreign groups from making (`manifest::REPORT_COLUMNS`), and every
+    /// statistic's suffix is one it knows.
+    #[test]
+    fn the_manifest_knows_every_column_of_the_report() {
+        use crate::manifest::{KNOWN_GROUPS, REPORT_COLUMNS, STAT_SUFFIXES};
+        for c in [
+            RUN,
+            LOG_INDEX,
+            STEP,
+            LOSS,
+            STEP_TIME_S,
+            ELAPSED_S,
+            GLOBAL_TOKENS_PER_SECOND,
+            WORLD_SIZE,
+            TRAINED_BATCH_SIZE,
+            ORDER,
+            STATE,
+            RUNS,
+            POINTS,
+            FINAL_LOSS,
+            WALL_TIME_S,
+            LAST_STEP,
+            SPEEDUP,
+            SPEEDUP_CI95_LOW,
+            SPEEDUP_CI95_HIGH,
+            SPEEDUP_P_VALUE,
+            SPEEDUP_P_VALUE_HOLM,
+            SIGNIFICANT,
+            REPEATS,
+            WARMUP_POINTS,
+            SCALING_EFFICIENCY_PCT,
+            FORECAST_EFFICIENCY_PCT,
+            MFU_PEAK_TFLOPS,
+            JOB_RUN_S,
+            FORECAST_VS_ONE_DEVICE,
+            MEMBERS,
+            FIRST_STEADY,
+            CONFIGURATION,
+            CONFIGURATION_NAME,
+        ] {
+            assert!(
+                REPORT_COLUMNS.contains(&c) || KNOWN_GROUPS.contains(&c),
+                "{c} is not in manifest::REPORT_COLUMNS"
+            );
+        }
+        let m = Measure::Extra {
+            index: 0,
+            name: "g".into(),
+        };
+        let mut made: Vec<String> = Stat::ALL.iter().map(|&s| m.col(s)).collect();
+        made.extend([m.ci_low(), m.ci_high()]);
+        for c in made {
+            let suffix = &c[1..];
+            assert!(STAT_SUFFIXES.contains(&suffix), "{suffix}");
+        }
+        assert!(crate::manifest::group_collides("speedup", &[]).is_some());
+        assert!(crate::manifest::group_collides("tokens_per_second_p5", &[]).is_some());
+        assert!(crate::manifest::group_collides("mem_gb", &[]).is_none());
+        assert!(crate::manifest::group_collides("tps", &["tps"]).is_some());
+        assert!(crate::manifest::group_collides("layers", &["model.layers"]).is_some());
+    }
+
     #[test]
     fn aggregated_columns_are_metric_underscore_stat() {
         assert_eq!(

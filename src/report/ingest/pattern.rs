@@ -31,12 +31,18 @@ impl Pattern {
         let is_known = |g: &str| crate::manifest::KNOWN_GROUPS.contains(&g);
         let role =
             |g: &str| roles.memory.as_deref() == Some(g) || roles.throughput.as_deref() == Some(g);
-        let extras = re
+        let extras: Vec<String> = re
             .capture_names()
             .flatten()
             .filter(|g| !is_known(g) && !role(g))
             .map(str::to_string)
             .collect();
+        if let Some(why) = extras
+            .iter()
+            .find_map(|g| crate::manifest::group_collides(g, &[]))
+        {
+            return Err(why);
+        }
         Ok(Pattern {
             re,
             extras,
