@@ -18,7 +18,7 @@ pub fn render(s: &Summary, dir: &Path, study: &str, extras: &[String]) -> Result
     let names: Vec<String> = s
         .rows
         .iter()
-        .map(|r| crate::util::text::printable(&r.name).into_owned())
+        .map(|r| crate::util::text::cell(&r.name).into_owned())
         .collect();
     let speedups: Vec<Option<String>> =
         s.rows.iter().map(|r| r.speedup.map(|x| x.text())).collect();
@@ -172,7 +172,7 @@ fn lines(
     let mut series = Vec::new();
     let mut bands = Vec::new();
     for row in &s.rows {
-        let name = crate::util::text::printable(&row.name).into_owned();
+        let name = crate::util::text::cell(&row.name).into_owned();
         let curves: Vec<Vec<(f64, f64)>> = row.runs.iter().map(|&m| curve(m)).collect();
         let runs: Vec<&Vec<(f64, f64)>> = curves.iter().collect();
         if runs.len() < 2 {

@@ -543,12 +543,8 @@ fn summary_table(out: &mut String, s: &Summary, baseline: Option<&str>, skip_fir
          and any warm-up detected after them, ± the half-width of their 95% confidence interval \
          (over a configuration's repeats, or over one run's steps)."
     );
-    if let Some(blocks) = s.blocks() {
-        let _ = write!(
-            out,
-            " Randomized blocks ({blocks}): each speedup is paired by block (a t-interval over \
-             the blocks' log-ratios, each block's runs measured in one place and hour)."
-        );
+    if let Some(line) = s.pairing() {
+        let _ = write!(out, " {}.", esc(&line));
     }
     if let Some(d) = &s.design {
         let _ = write!(out, " Where each block ran: {}.", esc(&d.places_line()));

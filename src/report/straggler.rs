@@ -39,16 +39,13 @@ pub struct Straggler {
 impl Straggler {
     /// One line for a report or a check.
     pub fn describe(&self) -> String {
-        use crate::util::text::printable;
+        use crate::util::text::cell;
         let node = match self.hosts.as_slice() {
             [] => "an unnamed node".to_string(),
-            [one] => format!("node {}", printable(one)),
+            [one] => format!("node {}", cell(one)),
             many => format!(
                 "nodes {}",
-                many.iter()
-                    .map(|h| printable(h))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                many.iter().map(|h| cell(h)).collect::<Vec<_>>().join(", ")
             ),
         };
         // The excess is the median of the per-interval ratios (what flags a
@@ -58,7 +55,7 @@ impl Straggler {
             "{}: rank {} of {} on {node} computes +{:.0}% per step over its peers' median \
              (the median over its logging intervals, threshold {THRESHOLD_PCT:.0}%; slow in {} of {}; \
              over the run {:.4} s against their {:.4} s)",
-            printable(&self.run),
+            cell(&self.run),
             self.rank,
             self.world_size,
             self.excess_pct,

@@ -66,8 +66,23 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// How a blocked design's speedups were found, in a sentence (none for
+    /// other designs): paired by block, or — one block — not paired.
+    pub fn pairing(&self) -> Option<String> {
+        Some(match self.blocks()? {
+            1 => "Randomized blocks (1): one block cannot be paired — each speedup's interval is \
+                  over its runs' own steps, which leaves out the spread between runs; measure two \
+                  or more blocks (repeats ≥ 2)"
+                .to_string(),
+            n => format!(
+                "Randomized blocks ({n}): each speedup is paired by block — a t-interval over the \
+                 blocks' log-ratios, each block's runs measured in one place and hour"
+            ),
+        })
+    }
+
     /// The number of blocks, where the runs come from a blocked design
-    /// (their speedups are then paired by block).
+    /// (with two or more, their speedups are paired by block).
     pub fn blocks(&self) -> Option<usize> {
         let blocks: std::collections::BTreeSet<u32> = self
             .runs
@@ -221,14 +236,15 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// `run: state, reason`, safe to print (names and reasons come from files).
+    /// `run: state, reason`, safe to print (names and reasons come from
+    /// files) and bounded (a reason quoting a huge record is cut).
     pub fn describe(&self) -> String {
-        use crate::util::text::printable;
+        use crate::util::text::{cell, cut};
         format!(
             "{}: {}, {}",
-            printable(&self.run),
-            printable(&self.state),
-            printable(&self.reason)
+            cell(&self.run),
+            cell(&self.state),
+            cut(&self.reason, 400)
         )
     }
 }
@@ -818,11 +834,26 @@ fn baseline_row(
                 true => format!(", and {} more", rows.len() - SHOWN),
                 false => String::new(),
             };
+            // Runs whose record is missing or unreadable name no
+            // configuration: the baseline may be among them.
+            let unrecorded: Vec<&str> = runs
+                .iter()
+                .filter(|r| r.configuration.is_none() && r.points.is_empty() && !r.issues.is_empty())
+                .map(|r| r.name.as_str())
+                .collect();
+            let missing = match unrecorded.len() {
+                0 => String::new(),
+                n => format!(
+                    "; {n} run(s) have no readable record (run.json) and are counted as missing, the baseline's perhaps among them: {}",
+                    unrecorded.iter().take(5).map(|r| format!("`{}`", crate::util::text::cell(r))).collect::<Vec<_>>().join(", ")
+                ),
+            };
             anyhow::anyhow!(
-                "no row, configuration or run named `{b}` to measure speedups against; the rows are {}{more} \
-                 (with grouping, a row is named by its group's values, e.g. `{}`, and any run or configuration in it names it too)",
-                rows.iter().take(SHOWN).map(|r| format!("`{r}`")).collect::<Vec<_>>().join(", "),
-                rows.first().copied().unwrap_or("")
+                "no row, configuration or run named `{}` to measure speedups against; the rows are {}{more} \
+                 (with grouping, a row is named by its group's values, e.g. `{}`, and any run or configuration in it names it too){missing}",
+                crate::util::text::cell(b),
+                rows.iter().take(SHOWN).map(|r| format!("`{}`", crate::util::text::cell(r))).collect::<Vec<_>>().join(", "),
+                rows.first().map(|r| crate::util::text::cell(r)).unwrap_or_default()
             )
         })
 }

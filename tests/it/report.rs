@@ -1131,7 +1131,22 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
     );
     let said = stdout(&run_ok(sweep(root.path()).arg("report").arg(&m)));
     assert!(
-        said.contains("blocks: 3 (speedups paired by block)"),
+        said.contains("Randomized blocks (3): each speedup is paired by block"),
+        "{said}"
+    );
+    // One block cannot be paired, and says so.
+    let text = std::fs::read_to_string(&m)
+        .unwrap()
+        .replace("repeats = 3", "repeats = 1");
+    write(
+        &m,
+        &text.replace("name = \"paired\"", "name = \"one-block\""),
+    );
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let said = stdout(&run_ok(sweep(root.path()).arg("report").arg(&m)));
+    assert!(
+        said.contains("Randomized blocks (1): one block cannot be paired")
+            && !said.contains("paired by block"),
         "{said}"
     );
 }

@@ -13,9 +13,10 @@ use std::io::Write;
 pub struct Markdown;
 
 /// Text as one markdown table cell: control characters as escapes, `|`
-/// escaped.
+/// escaped, cut to [`crate::util::text::CELL_CHARS`] (the CSV and Parquet
+/// files hold it whole).
 pub fn cell(s: &str) -> String {
-    crate::util::text::printable(s).replace('|', "\\|")
+    crate::util::text::cell(s).replace('|', "\\|")
 }
 
 /// The README-ready table (also what `sweep report` prints): the
@@ -65,12 +66,8 @@ impl Exporter for Markdown {
             )?,
             None => writeln!(out, ".\n")?,
         }
-        if let Some(blocks) = s.blocks() {
-            writeln!(
-                out,
-                "Randomized blocks ({blocks}): each speedup is paired by block — a t-interval over \
-                 the blocks' log-ratios, each block's runs measured in one place and hour.\n"
-            )?;
+        if let Some(line) = s.pairing() {
+            writeln!(out, "{line}.\n")?;
         }
         if let Some(d) = &s.design {
             writeln!(out, "Where each block ran: {}.\n", cell(&d.places_line()))?;
@@ -129,6 +126,17 @@ impl Exporter for Markdown {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_value_is_cut_in_a_cell() {
+        let huge = "x".repeat(8 << 20);
+        let c = cell(&huge);
+        assert!(
+            c.len() < 200 && c.ends_with("more characters)"),
+            "{}",
+            c.len()
+        );
+    }
 
     #[test]
     fn cells_cannot_break_the_table() {

@@ -33,6 +33,11 @@ pub struct Parsed {
 /// The most seconds per step a rank's compute time can be in a log a run
 /// wrote (a week); beyond it, or negative, the interval is left out.
 const MAX_COMPUTE_S: f64 = 7.0 * 86400.0;
+/// The most one rank's compute time per step can be a multiple of
+/// another's in one interval: ranks do the same work, so a thousandfold gap
+/// is an error in the log, not a slow node (it would print a percentage of
+/// hundreds of digits).
+const MAX_RANK_SPREAD: f64 = 1000.0;
 
 /// The points of a metrics file, the ranks' intervals, what was left out,
 /// and whether its last line is torn.
@@ -50,10 +55,15 @@ pub fn parse(bytes: &[u8]) -> Parsed {
         match r {
             Record::Step(m) => {
                 if !m.rank_compute_s.is_empty() {
+                    let (low, high) = m
+                        .rank_compute_s
+                        .iter()
+                        .fold((f64::INFINITY, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
                     let sane = m.rank_compute_s.len() == m.world_size
                         && m.rank_compute_s
                             .iter()
-                            .all(|x| x.is_finite() && (0.0..=MAX_COMPUTE_S).contains(x));
+                            .all(|x| x.is_finite() && (0.0..=MAX_COMPUTE_S).contains(x))
+                        && (high == 0.0 || high <= low * MAX_RANK_SPREAD);
                     match sane {
                         true => out.ranks.push(RankInterval {
                             step: m.step,
@@ -63,7 +73,7 @@ pub fn parse(bytes: &[u8]) -> Parsed {
                         false => out.omitted.bad_line(
                             *line,
                             format!(
-                                "rank_compute_s left out: {} value(s) for world size {}, or one negative, not finite or over a week",
+                                "rank_compute_s left out: {} value(s) for world size {}, or one negative, not finite, over a week, or a thousand times another",
                                 m.rank_compute_s.len(),
                                 m.world_size
                             ),
@@ -148,10 +158,12 @@ mod tests {
             step(4, 2, "[0.5,-1]"),
             "{\"step\":5,\"hosts\":[\"nid3\"]}\n".to_string(),
             step(5, 2, "[0.5,0.8]"),
+            // Absurd: a rank 10^300 times faster than its peer.
+            step(6, 2, "[1e-300,0.8]"),
         ]
         .concat();
         let log = parse(text.as_bytes());
-        assert_eq!(log.points.len(), 5, "the steps stay points");
+        assert_eq!(log.points.len(), 6, "the steps stay points");
         let seen: Vec<(usize, Option<Vec<String>>)> = log
             .ranks
             .iter()
