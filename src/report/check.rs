@@ -456,10 +456,6 @@ pub fn verdicts(
         .collect()
 }
 
-/// The most characters of a note or a line of differences the table and
-/// its lines show (`--json` and the JUnit file hold them whole).
-const NOTE_CHARS: usize = 400;
-
 fn number(x: Option<f64>) -> String {
     x.map_or_else(|| "–".to_string(), |v| format!("{v:.1}"))
 }
@@ -467,7 +463,7 @@ fn number(x: Option<f64>) -> String {
 /// The check as a table with a line per regression's differences, and a
 /// closing count.
 pub fn text(c: &Check) -> String {
-    use crate::util::text::{cell, cut};
+    use crate::util::text::{cell, note};
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
         .set_header([
@@ -493,13 +489,13 @@ pub fn text(c: &Check) -> String {
                 || "–".to_string(),
                 |x| format!("{:.3}x [{:.3}, {:.3}]", x.ratio, x.low, x.high),
             ),
-            cut(&r.note, NOTE_CHARS).into_owned(),
+            note(&r.note).into_owned(),
         ]);
     }
     let mut out = format!(
         "{} against {} (threshold {}%):\n{t}\n",
         cell(&c.study),
-        cut(&c.reference, NOTE_CHARS),
+        note(&c.reference),
         c.threshold_pct
     );
     for r in c.rows.iter().filter(|r| r.verdict == Verdict::Regressed) {
@@ -510,7 +506,7 @@ pub fn text(c: &Check) -> String {
         out.push_str(&format!(
             "{} regressed; what differs from the reference: {}\n",
             cell(&r.configuration),
-            cut(&what, NOTE_CHARS)
+            note(&what)
         ));
     }
     for r in c.rows.iter().filter(|r| r.verdict.fails()) {
@@ -519,7 +515,7 @@ pub fn text(c: &Check) -> String {
                 "{} {}; straggler {}\n",
                 cell(&r.configuration),
                 r.verdict.as_str(),
-                cut(st, NOTE_CHARS)
+                note(st)
             ));
         }
     }

@@ -239,12 +239,12 @@ impl Problem {
     /// `run: state, reason`, safe to print (names and reasons come from
     /// files) and bounded (a reason quoting a huge record is cut).
     pub fn describe(&self) -> String {
-        use crate::util::text::{cell, cut};
+        use crate::util::text::{cell, note};
         format!(
             "{}: {}, {}",
             cell(&self.run),
             cell(&self.state),
-            cut(&self.reason, 400)
+            note(&self.reason)
         )
     }
 }

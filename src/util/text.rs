@@ -76,6 +76,16 @@ pub fn cell(s: &str) -> Cow<'_, str> {
     cut(s, CELL_CHARS)
 }
 
+/// The most characters of a sentence quoted from a file or made of what
+/// files hold (a note, a reason, what differs, a markdown cell): room for
+/// paths and messages, none for a record of megabytes.
+pub const NOTE_CHARS: usize = 400;
+
+/// [`printable`], cut to [`NOTE_CHARS`] characters (see [`cell`]).
+pub fn note(s: &str) -> Cow<'_, str> {
+    cut(s, NOTE_CHARS)
+}
+
 /// [`printable`], cut to `most` characters (see [`cell`]).
 pub fn cut(s: &str, most: usize) -> Cow<'_, str> {
     // Only the first characters are looked at: a value of megabytes costs

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 /// A program that logs a fixed throughput per step (its configuration's
 /// `tps`, a little more for each repeat and step): known figures.
-const FIXED: &str = r#"executor = "local"
+pub const FIXED: &str = r#"executor = "local"
 command = """for s in 1 2 3 4 5 6; do echo "step $s: $(( {{ tps }} + 3 * {{ repeat }} + s )) tokens/s"; done"""
 [sweep]
 repeats = 2

@@ -1222,3 +1222,51 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
         "{said}"
     );
 }
+
+/// A run whose record (`run.json`) is gone does not drop out of a report
+/// of its study's directory, nor of a comparison, without a word: it is
+/// named and counted missing, and a baseline among such runs is said to be
+/// missing, not blamed on its name.
+#[test]
+fn a_run_without_its_record_is_named_and_counted_missing() {
+    let root = project();
+    let d = root.path();
+    write(
+        &d.join("f.toml"),
+        &format!(
+            "name = \"f\"\n{}",
+            super::history::FIXED.replace("skip_first = 1", "skip_first = 1\nbaseline = \"tps-1000\"")
+        ),
+    );
+    run_ok(sweep(d).args(["run", "f.toml"]));
+    assert!(std::process::Command::new("cp")
+        .args(["-r", "results/f", "results/f-before"])
+        .current_dir(d)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::remove_file(d.join("results/f/tps-2000-r1/run.json")).unwrap();
+    let said = stdout(&run_ok(sweep(d).args(["report", "results/f", "--no-plots"])));
+    assert!(
+        said.contains("tps-2000-r1") && said.contains("holds logs but no run.json"),
+        "{said}"
+    );
+    assert!(said.contains("1 of the 4 runs the manifest last rendered"), "{said}");
+    // A comparison names it too.
+    let cmp = stdout(&run_ok(sweep(d).args([
+        "compare",
+        "results/f-before",
+        "results/f",
+        "--no-plots",
+    ])));
+    assert!(cmp.contains("tps-2000-r1"), "{cmp}");
+    // The baseline's runs without their records: said so.
+    for r in ["tps-1000-r0", "tps-1000-r1"] {
+        std::fs::remove_file(d.join("results/f").join(r).join("run.json")).unwrap();
+    }
+    let err = run_err(sweep(d).args(["report", "results/f", "--no-plots"]));
+    assert!(
+        err.contains("no readable record") && err.contains("tps-1000-r0"),
+        "{err}"
+    );
+}

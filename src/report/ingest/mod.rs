@@ -252,7 +252,7 @@ impl Omissions {
                 .lines
                 .iter()
                 .take(SHOWN)
-                .map(|(n, why)| format!("line {n}: {}", crate::util::text::cut(why, 400)))
+                .map(|(n, why)| format!("line {n}: {}", crate::util::text::note(why)))
                 .collect();
             let more = match self.lines.len() {
                 n if n > SHOWN => format!("; and {} more", n - SHOWN),
