@@ -219,14 +219,16 @@ fn history_file(resolved: &Path) -> Option<String> {
             .and_then(Path::file_name)
             .is_some_and(|d| d == "results");
     // Opened without blocking (the file beside an output may be a FIFO).
-    let ours = super::fs::open_regular(&file, 0).ok().is_some_and(|(f, _)| {
-        use std::io::Read;
-        let mut header = [0u8; 72];
-        f.take(72).read_exact(&mut header).is_ok()
-            && header.starts_with(b"SQLite format 3\0")
-            && i32::from_be_bytes(header[68..72].try_into().expect("4 bytes"))
-                == crate::report::history::APPLICATION_ID
-    });
+    let ours = super::fs::open_regular(&file, 0)
+        .ok()
+        .is_some_and(|(f, _)| {
+            use std::io::Read;
+            let mut header = [0u8; 72];
+            f.take(72).read_exact(&mut header).is_ok()
+                && header.starts_with(b"SQLite format 3\0")
+                && i32::from_be_bytes(header[68..72].try_into().expect("4 bytes"))
+                    == crate::report::history::APPLICATION_ID
+        });
     (named || ours).then(|| match base == name {
         true => "it is sweep's performance history".to_string(),
         false => "it is a file SQLite keeps beside sweep's performance history".to_string(),

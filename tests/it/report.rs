@@ -1235,7 +1235,8 @@ fn a_run_without_its_record_is_named_and_counted_missing() {
         &d.join("f.toml"),
         &format!(
             "name = \"f\"\n{}",
-            super::history::FIXED.replace("skip_first = 1", "skip_first = 1\nbaseline = \"tps-1000\"")
+            super::history::FIXED
+                .replace("skip_first = 1", "skip_first = 1\nbaseline = \"tps-1000\"")
         ),
     );
     run_ok(sweep(d).args(["run", "f.toml"]));
@@ -1246,12 +1247,19 @@ fn a_run_without_its_record_is_named_and_counted_missing() {
         .unwrap()
         .success());
     std::fs::remove_file(d.join("results/f/tps-2000-r1/run.json")).unwrap();
-    let said = stdout(&run_ok(sweep(d).args(["report", "results/f", "--no-plots"])));
+    let said = stdout(&run_ok(sweep(d).args([
+        "report",
+        "results/f",
+        "--no-plots",
+    ])));
     assert!(
         said.contains("tps-2000-r1") && said.contains("holds logs but no run.json"),
         "{said}"
     );
-    assert!(said.contains("1 of the 4 runs the manifest last rendered"), "{said}");
+    assert!(
+        said.contains("1 of the 4 runs the manifest last rendered"),
+        "{said}"
+    );
     // A comparison names it too.
     let cmp = stdout(&run_ok(sweep(d).args([
         "compare",
