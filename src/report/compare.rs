@@ -295,16 +295,12 @@ fn write(root: &Path, dir_name: &str, cmp: &mut Comparison, plots: bool) -> Resu
     ];
     // results/compare/ is the comparisons' own (a study called `compare`
     // would own it: then nothing is written).
-    if out.join(crate::plan::files::STUDY_JSON).exists()
-        || root
-            .join("results/compare")
-            .join(crate::plan::files::STUDY_JSON)
-            .exists()
-    {
+    let compare = root.join("results/compare");
+    if compare.join(crate::plan::files::STUDY_JSON).exists() {
         anyhow::bail!(
             "{} is a rendered study's directory: comparisons are written to results/compare/, \
              and a study of that name owns it; rename the study",
-            root.join("results/compare").display()
+            compare.display()
         );
     }
     for f in &files {
