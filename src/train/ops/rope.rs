@@ -111,8 +111,18 @@ pub fn composed(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
     let Some(r) = tables else { return Ok(x) };
     let (_, _, t, q) = x.dims4()?;
     let half = q / 2;
-    let cos = r.cos.narrow(0, 0, t)?.reshape((1, 1, t, half))?;
-    let sin = r.sin.narrow(0, 0, t)?.reshape((1, 1, t, half))?;
+    // The tables in x's dtype: `sweep bench kernels` builds them in f32
+    // beside bf16 inputs (training builds them in the model's dtype).
+    let cos = r
+        .cos
+        .narrow(0, 0, t)?
+        .to_dtype(x.dtype())?
+        .reshape((1, 1, t, half))?;
+    let sin = r
+        .sin
+        .narrow(0, 0, t)?
+        .to_dtype(x.dtype())?
+        .reshape((1, 1, t, half))?;
     let x1 = x.narrow(3, 0, half)?;
     let x2 = x.narrow(3, half, half)?;
     let a = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
@@ -291,6 +301,19 @@ mod tests {
             let gb = (b * &dy)?.sum_all()?.backward()?;
             assert!(max_diff(ga.get(&x).unwrap(), gb.get(&x).unwrap())? < 1e-6);
         }
+        Ok(())
+    }
+
+    /// Tables in f32 beside a bf16 input, as `sweep bench kernels` builds
+    /// them (the composed path stopped its GPU run at the first RoPE case).
+    #[test]
+    fn f32_tables_rotate_a_bf16_input() -> Result<()> {
+        let r = RopeTables::new(10_000.0, 8, 16, &Device::Cpu, DType::F32)?;
+        let x = rand(&[2, 5, 3, 8], 7);
+        let want = composed(&x, Some(&r))?;
+        let got = composed(&x.to_dtype(DType::BF16)?, Some(&r))?;
+        assert_eq!(got.dtype(), DType::BF16);
+        assert!(max_diff(&got.to_dtype(DType::F32)?, &want)? < 2e-2);
         Ok(())
     }
 
