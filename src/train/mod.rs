@@ -18,6 +18,7 @@ mod checkpoint;
 pub mod device;
 pub mod dist;
 pub mod grads;
+pub mod kernels;
 pub mod max_batch;
 pub mod metrics;
 pub mod model;

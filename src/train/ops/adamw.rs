@@ -149,7 +149,6 @@ impl InplaceOp2 for HostUpdate<'_> {
 mod cuda_update {
     use super::super::cuda;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda::cudarc::driver::PushKernelArg;
     use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result, Tensor};
 
     /// The update of one parameter (`self` of `inplace_op2`, with its gradient),

@@ -17,13 +17,13 @@ use super::check::{random, Case, Shapes};
 use super::cuda::{self, by_dtype, Element};
 use super::{f32s, fused, own_kernel, work_dtype};
 use crate::data::samples::IGNORE;
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
 #[cfg(any(test, feature = "cuda"))]
 use candle_core::DType;
 #[cfg(test)]
 use candle_core::D;
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
-#[cfg(feature = "cuda")]
-use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
 use rayon::prelude::*;
 use std::sync::Arc;
 

@@ -1,16 +1,18 @@
 //! Compiling and launching the trainer's own CUDA kernels
 //! (`src/train/kernels/*.cu`). NVRTC compiles each source once per process
 //! and GPU architecture, to CUBIN, behind `common.cuh`, when an op first
-//! needs it: no CUDA toolkit at build
-//! time, and `scripts/check-kernels.sh` compiles the same text offline with
-//! nvcc and with NVRTC so that errors, spills and shared-memory overuse are
-//! caught without a GPU. The kernels run on candle's stream, in order with
-//! candle's own.
+//! needs it: no CUDA toolkit at build time. Every launch is held to its
+//! kernel's signature in [`crate::train::kernels::KERNELS`] before
+//! `cuLaunchKernel`, and `scripts/check-gpu-offline.sh` compiles the same
+//! programs with the same options offline and holds the CUBINs to the same
+//! table, so that a source that does not compile, a parameter added on one
+//! side only, spills and shared-memory overuse are caught without a GPU.
+//! The kernels run on candle's stream, in order with candle's own.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
-    DriverError, LaunchArgs, LaunchConfig, ValidAsZeroBits,
+    DriverError, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use candle_core::cuda::{CudaDType, CudaDevice, CudaError};
@@ -18,31 +20,10 @@ use candle_core::{bail, CudaStorage, DType, Layout, Result, WithDType};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// One kernel source: its module name on the device and its text.
-pub struct Source {
-    pub module: &'static str,
-    pub text: &'static str,
-}
-
-macro_rules! source {
-    ($name:literal) => {
-        Source {
-            module: concat!("sweep_", $name),
-            text: include_str!(concat!("../kernels/", $name, ".cu")),
-        }
-    };
-}
-
-pub const ADAMW: Source = source!("adamw");
-pub const CROSS_ENTROPY: Source = source!("cross_entropy");
-pub const EMBEDDING: Source = source!("embedding");
-pub const GRAD_NORM: Source = source!("grad_norm");
-pub const RMS_NORM: Source = source!("rms_norm");
-pub const ROPE: Source = source!("rope");
-pub const SILU_MUL: Source = source!("silu_mul");
-pub const SOFTMAX: Source = source!("softmax");
-
-const COMMON: &str = include_str!("../kernels/common.cuh");
+use crate::train::kernels::{self, Arg, Ty};
+pub use crate::train::kernels::{
+    Source, ADAMW, CROSS_ENTROPY, EMBEDDING, GRAD_NORM, RMS_NORM, ROPE, SILU_MUL, SOFTMAX,
+};
 
 /// The CUBIN of a source for a GPU architecture, compiled once per process
 /// (an error is kept too: it would not compile better the second time).
@@ -62,7 +43,7 @@ fn cubin(source: &Source, arch: (i32, i32)) -> Result<&'static [u8]> {
     let compiled = cache
         .entry((source.module, arch.0, arch.1))
         .or_insert_with(|| {
-            compile_cubin(&format!("{COMMON}{}", source.text), arch)
+            compile_cubin(&kernels::program(source), arch)
                 // Leaked once per source, architecture and process: the
                 // device keeps the module.
                 .map(|bin| &*Box::leak(bin.into_boxed_slice()))
@@ -83,7 +64,7 @@ fn compile_cubin(text: &str, (major, minor): (i32, i32)) -> std::result::Result<
     use candle_core::cuda::cudarc::nvrtc::{result, sys};
     let src = std::ffi::CString::new(text).map_err(|e| e.to_string())?;
     let prog = result::create_program(&src, None).map_err(|e| format!("{e:?}"))?;
-    let options = [format!("--gpu-architecture=sm_{major}{minor}")];
+    let options = kernels::nvrtc_options((major, minor));
     // SAFETY: `prog` was created above and is destroyed once, at the end;
     // the CUBIN buffer holds the size NVRTC reports for it.
     let out = unsafe {
@@ -119,30 +100,150 @@ fn compile_cubin(text: &str, (major, minor): (i32, i32)) -> std::result::Result<
 
 /// The storage types the kernels take (each kernel has an `_f32` and a
 /// `_bf16` entry point).
-pub trait Element: CudaDType + DeviceRepr + ValidAsZeroBits + WithDType {}
+pub trait Element: CudaDType + DeviceRepr + ValidAsZeroBits + WithDType + Stored {}
 impl Element for f32 {}
 impl Element for half::bf16 {}
 
-/// A kernel loaded on a device, launched on candle's stream.
+/// A type a kernel's pointer parameter points to.
+pub trait Stored {
+    const TY: Ty;
+}
+impl Stored for f32 {
+    const TY: Ty = Ty::F32;
+}
+impl Stored for half::bf16 {
+    const TY: Ty = Ty::Bf16;
+}
+impl Stored for u32 {
+    const TY: Ty = Ty::U32;
+}
+
+/// What a value pushed as a kernel argument is, held against the kernel's
+/// signature ([`kernels::KERNELS`]) before the launch.
+pub trait Pushed {
+    fn arg(&self) -> Arg;
+}
+impl Pushed for u32 {
+    fn arg(&self) -> Arg {
+        Arg::U32
+    }
+}
+impl Pushed for u64 {
+    fn arg(&self) -> Arg {
+        Arg::U64
+    }
+}
+impl Pushed for f32 {
+    fn arg(&self) -> Arg {
+        Arg::F32
+    }
+}
+impl<T: Stored> Pushed for CudaSlice<T> {
+    fn arg(&self) -> Arg {
+        Arg::Ptr(T::TY)
+    }
+}
+impl<T: Stored> Pushed for CudaView<'_, T> {
+    fn arg(&self) -> Arg {
+        Arg::Ptr(T::TY)
+    }
+}
+impl<T: Stored> Pushed for CudaViewMut<'_, T> {
+    fn arg(&self) -> Arg {
+        Arg::Ptr(T::TY)
+    }
+}
+
+/// A reference pushed as an argument (`&x` or `&mut x`).
+pub trait Describe {
+    fn describe(&self) -> Arg;
+}
+impl<T: Pushed + ?Sized> Describe for &T {
+    fn describe(&self) -> Arg {
+        (**self).arg()
+    }
+}
+impl<T: Pushed + ?Sized> Describe for &mut T {
+    fn describe(&self) -> Arg {
+        (**self).arg()
+    }
+}
+
+/// A kernel loaded on a device, launched on candle's stream, with the
+/// arguments its signature takes.
 pub struct Kernel {
     stream: Arc<CudaStream>,
     func: CudaFunction,
+    entry: String,
+    want: Vec<Arg>,
 }
 
 impl Kernel {
     /// A launch's arguments, to push in the order of the kernel's signature.
-    pub fn builder(&self) -> LaunchArgs<'_> {
-        self.stream.launch_builder(&self.func)
+    pub fn builder(&self) -> Launch<'_> {
+        Launch {
+            args: self.stream.launch_builder(&self.func),
+            entry: &self.entry,
+            want: &self.want,
+            got: Vec::with_capacity(self.want.len()),
+        }
     }
 }
 
+/// A launch's arguments as they are pushed, each one's type recorded.
+pub struct Launch<'a> {
+    args: LaunchArgs<'a>,
+    entry: &'a str,
+    want: &'a [Arg],
+    got: Vec<Arg>,
+}
+
+impl<'a> Launch<'a> {
+    /// Pushes the next argument.
+    pub fn arg<A: Describe>(&mut self, a: A) -> &mut Self
+    where
+        LaunchArgs<'a>: PushKernelArg<A>,
+    {
+        self.got.push(a.describe());
+        self.args.arg(a);
+        self
+    }
+
+    /// Whether what was pushed is the kernel's signature: its number of
+    /// arguments, in order, each of its type.
+    fn check(&self) -> Result<()> {
+        if self.got != self.want {
+            bail!(
+                "sweep's `{}` kernel takes ({}), but its launch pushed ({}): not launched",
+                self.entry,
+                describe(self.want),
+                describe(&self.got)
+            );
+        }
+        Ok(())
+    }
+}
+
+fn describe(args: &[Arg]) -> String {
+    args.iter()
+        .map(|a| format!("{a:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `name_f32` or `name_bf16` of a source, loaded on the device (each source
-/// once per device).
+/// once per device), with its signature from [`kernels::KERNELS`].
 pub fn function(dev: &CudaDevice, source: &Source, name: &str, dtype: DType) -> Result<Kernel> {
-    let suffix = match dtype {
-        DType::F32 => "f32",
-        DType::BF16 => "bf16",
+    let ty = match dtype {
+        DType::F32 => Ty::F32,
+        DType::BF16 => Ty::Bf16,
         dt => bail!("sweep's `{name}` kernel takes f32 or bf16, not {dt:?}"),
+    };
+    let Some(kernel) = kernels::kernel(source, name) else {
+        bail!("sweep's `{name}` kernel is not in the kernels' table (src/train/kernels/mod.rs)");
+    };
+    let Some((entry, ty)) = kernel.entry_points().into_iter().find(|(_, t)| *t == ty) else {
+        bail!("sweep's `{name}` kernel has no {dtype:?} entry point");
     };
     type Modules = Mutex<HashMap<(usize, &'static str), Arc<CudaModule>>>;
     static MODULES: OnceLock<Modules> = OnceLock::new();
@@ -167,9 +268,14 @@ pub fn function(dev: &CudaDevice, source: &Source, name: &str, dtype: DType) -> 
         }
     };
     let func = module
-        .load_function(&format!("{name}_{suffix}"))
+        .load_function(&entry)
         .map_err(|e| driver_error(e, name))?;
-    Ok(Kernel { stream, func })
+    Ok(Kernel {
+        stream,
+        func,
+        want: kernel.args(ty),
+        entry,
+    })
 }
 
 fn driver_error(e: DriverError, what: &str) -> candle_core::Error {
@@ -277,19 +383,22 @@ pub fn column_blocks(cols: usize) -> u32 {
     cols.div_ceil(THREADS as usize).max(1) as u32
 }
 
-/// Launches a kernel whose arguments are pushed.
+/// Launches a kernel whose arguments are pushed, once they are checked
+/// against its signature (a launch that pushes other arguments fails here,
+/// before `cuLaunchKernel`).
 ///
 /// # Safety
-/// The arguments match the kernel's signature, and every index the kernel
-/// reaches under `cfg` is inside the memory passed to it.
+/// Every index the kernel reaches under `cfg` is inside the memory passed
+/// to it.
 /// An empty grid (an empty input: no row, no token) launches nothing, where
 /// CUDA would refuse the configuration.
-pub unsafe fn launch(args: &mut LaunchArgs<'_>, cfg: LaunchConfig, what: &str) -> Result<()> {
+pub unsafe fn launch(args: &mut Launch<'_>, cfg: LaunchConfig, what: &str) -> Result<()> {
+    args.check()?;
     let (x, y, z) = cfg.grid_dim;
     if x == 0 || y == 0 || z == 0 {
         return Ok(());
     }
-    unsafe { args.launch(cfg) }
+    unsafe { args.args.launch(cfg) }
         .map(|_| ())
         .map_err(|e| typed(e, format!("launching sweep's `{what}` kernel")))
 }

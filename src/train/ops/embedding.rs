@@ -188,7 +188,6 @@ impl Plan {
 mod cuda_rows {
     use super::super::cuda::{self, by_dtype, Element};
     use super::Plan;
-    use candle_core::cuda::cudarc::driver::PushKernelArg;
     use candle_core::{bail, CpuStorage, CudaStorage, InplaceOp3, Layout, Result, Tensor};
 
     /// Ids and shapes checked by [`super::add_rows`].

@@ -92,7 +92,6 @@ pub fn clipping(grads: &[&Tensor], max_norm: f64) -> Result<Clipping> {
 #[cfg(feature = "cuda")]
 mod cuda_norm {
     use super::super::cuda;
-    use candle_core::cuda::cudarc::driver::PushKernelArg;
     use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp1, Layout, Result, Tensor};
 
     /// Blocks per gradient of the sum of squares: two per SM of an H100, enough

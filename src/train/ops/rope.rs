@@ -8,7 +8,7 @@ use super::check::{random, Case, Shapes};
 use super::cuda::{self, by_dtype, Element};
 use super::{f32s, own_kernel};
 #[cfg(feature = "cuda")]
-use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
+use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;

@@ -6,7 +6,7 @@ use super::check::{random, Case, Shapes};
 use super::cuda::{self, by_dtype, Element};
 use super::{f32s, own_kernel, work_dtype};
 #[cfg(feature = "cuda")]
-use candle_core::{cuda::cudarc::driver::PushKernelArg, CudaStorage};
+use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The trainer's CUDA code checked without a GPU (CI runs this on every
+# submission, from scripts/test.sh):
+#
+# 1. the kernels (src/train/kernels/*.cu): each compiled by NVRTC exactly as
+#    the trainer compiles it at run time (the same program text and options,
+#    from the Rust code), for sm_80, sm_90 and sm_100; in each CUBIN exactly
+#    the entry points of the kernels' table (src/train/kernels/mod.rs), each
+#    with parameters of the table's sizes where a launch puts them (read by
+#    cuobjdump), no spills, no stack, registers and static shared memory
+#    within a 256-thread block's — the test `train::kernels::offline`;
+# 2. the CUDA feature sets type-checked one by one (`cuda`, `cuda,nccl`;
+#    with --flash-attn also `cuda,flash-attn` and `cuda,flash-attn,nccl`,
+#    whose kernel build takes an hour cold): code that only one feature set
+#    compiles is caught.
+#
+#   scripts/check-gpu-offline.sh [--kernels] [--flash-attn] [-- <cargo test args>]
+#
+# --kernels runs only step 1 (seconds once built: for a kernel change).
+# NVRTC and cuobjdump come from NVIDIA's PyPI wheels, pinned by sha256 (no
+# CUDA toolkit); step 2 uses the offline toolkit of scripts/cuda-toolkit.sh.
+# Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+KERNELS_ONLY=0
+FLASH=0
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --kernels) KERNELS_ONLY=1; shift ;;
+        --flash-attn) FLASH=1; shift ;;
+        --) shift; break ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        *) echo "check-gpu-offline: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+log() { echo "check-gpu-offline: $*" >&2; }
+
+# NVRTC 13.0 (the version the trainer is built against) and cuobjdump.
+DEST=${SWEEP_CUDA_DIR:-$PWD/.cuda}/offline
+REQUIREMENTS='nvidia-cuda-nvrtc==13.0.88 --hash=sha256:ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575
+nvidia-cuda-cuobjdump==13.2.78 --hash=sha256:394087411405b846bf43aa52ca2ff603bbe18b3b8a1257cda0903e23c17bdbf3'
+stamp=$(printf '%s' "$REQUIREMENTS" | sha256sum | cut -c1-16)
+if [[ ! -f $DEST/.installed || $(cat "$DEST/.installed") != "$stamp" ]]; then
+    log "downloading NVRTC and cuobjdump (~90 MB) into $DEST"
+    rm -rf "$DEST"
+    mkdir -p "$DEST/wheels"
+    printf '%s\n' "$REQUIREMENTS" >"$DEST/requirements.txt"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
+        -r "$DEST/requirements.txt" -d "$DEST/wheels"
+    for w in "$DEST"/wheels/*.whl; do
+        unzip -q -o "$w" 'nvidia/*' -d "$DEST"
+    done
+    chmod +x "$DEST"/nvidia/cu13/bin/cuobjdump
+    echo "$stamp" >"$DEST/.installed"
+fi
+export SWEEP_NVRTC=$DEST/nvidia/cu13/lib/libnvrtc.so.13
+export SWEEP_CUOBJDUMP=$DEST/nvidia/cu13/bin/cuobjdump
+export SWEEP_REQUIRE_GPU_OFFLINE=1
+[[ -f $SWEEP_NVRTC && -x $SWEEP_CUOBJDUMP ]] || { log "no NVRTC or cuobjdump in $DEST"; exit 1; }
+
+started=$(date +%s)
+cargo test --release --locked "$@" --lib train::kernels -- --test-threads=1
+log "kernels checked in $(($(date +%s) - started)) s"
+[[ $KERNELS_ONLY -eq 1 ]] && exit 0
+
+# The feature sets, type-checked against the offline toolkit (candle's own
+# kernels are compiled once by nvcc, in target/gpu-check/, and kept there).
+if [[ -z ${CUDA_HOME:-} ]]; then
+    eval "$(scripts/cuda-toolkit.sh)"
+fi
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+sets=(cuda cuda,nccl)
+if [[ $FLASH -eq 1 ]]; then
+    sets+=(cuda,flash-attn cuda,flash-attn,nccl)
+    export NVCC_APPEND_FLAGS="-DFLASHATTENTION_DISABLE_DROPOUT -DFLASHATTENTION_DISABLE_ALIBI -DFLASHATTENTION_DISABLE_SOFTCAP -DFLASHATTENTION_DISABLE_LOCAL -Xfatbin=-compress-all"
+    flags_id=$(printf '%s' "$NVCC_APPEND_FLAGS" | sha256sum | cut -c1-12)
+    export CANDLE_FLASH_ATTN_BUILD_DIR=$PWD/.cache/flash-attn-sm$CUDA_COMPUTE_CAP-$flags_id
+    export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}
+    mkdir -p "$CANDLE_FLASH_ATTN_BUILD_DIR"
+fi
+for features in "${sets[@]}"; do
+    started=$(date +%s)
+    CARGO_TARGET_DIR=target/gpu-check cargo check --locked --all-targets --features "$features" 2>&1 |
+        grep -E '^(warning|error)|^\s+-->' && { log "--features $features: warnings or errors (above)"; exit 1; }
+    # cargo check's own status (a failure that printed no line above).
+    CARGO_TARGET_DIR=target/gpu-check cargo check --locked --all-targets --features "$features" --quiet
+    log "--features $features type-checks ($(($(date +%s) - started)) s)"
+done
