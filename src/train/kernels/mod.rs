@@ -9,6 +9,8 @@
 //! trainer does.
 
 #[cfg(test)]
+pub mod emulator;
+#[cfg(test)]
 mod offline;
 
 /// One kernel source: its module name on the device and its text.
@@ -91,6 +93,16 @@ pub enum Ty {
     F32,
     Bf16,
     U32,
+}
+
+impl Ty {
+    /// Bytes per value.
+    pub fn size(self) -> usize {
+        match self {
+            Ty::F32 | Ty::U32 => 4,
+            Ty::Bf16 => 2,
+        }
+    }
 }
 
 /// A parameter of one entry point (its `Own` resolved): what a launch must
@@ -295,6 +307,131 @@ pub fn kernel(source: &Source, name: &str) -> Option<&'static Kernel> {
     KERNELS
         .iter()
         .find(|k| k.source.module == source.module && k.name == name)
+}
+
+/// Threads per block of every launch.
+pub const THREADS: u32 = 256;
+
+/// One warp per row, 8 rows per block (no block for no rows: the executors
+/// launch nothing for an empty grid).
+pub fn warp_per_row(rows: usize) -> (u32, u32) {
+    let warps = THREADS as usize / 32;
+    (rows.div_ceil(warps) as u32, 1)
+}
+
+/// One block per row (none for no rows: the row kernels read row
+/// `blockIdx.x` unchecked).
+pub fn block_per_row(rows: u32) -> (u32, u32) {
+    (rows, 1)
+}
+
+/// A grid-stride loop over n elements: enough blocks to fill a large GPU
+/// (132 SMs × 16), fewer for small n.
+pub fn grid_stride(n: usize) -> (u32, u32) {
+    (n.div_ceil(THREADS as usize).clamp(1, 132 * 16) as u32, 1)
+}
+
+/// Blocks of [`THREADS`] columns over `cols` (one for none).
+pub fn column_blocks(cols: usize) -> u32 {
+    cols.div_ceil(THREADS as usize).max(1) as u32
+}
+
+/// A size as the kernels' 32-bit count, or why not.
+pub fn u32_of(n: usize, what: &str) -> Result<u32, String> {
+    u32::try_from(n).map_err(|_| format!("{what} = {n} is too large for sweep's CUDA kernels"))
+}
+
+/// Memory a planned launch points into: an operand of the op (by index, in
+/// the order its executor is given them), one of the outputs or the scratch
+/// buffers the plan declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mem {
+    Operand(usize),
+    Output(usize),
+    Scratch(usize),
+}
+
+/// An argument of a planned launch: memory from an element offset, or a
+/// scalar.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    Ptr(Mem, usize),
+    U32(u32),
+    U64(u64),
+    F32(f32),
+}
+
+/// One launch of a plan: a kernel's entry point (by its storage type), its
+/// grid of [`THREADS`]-thread blocks, and its arguments in order.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub kernel: &'static Kernel,
+    pub own: Ty,
+    pub grid: (u32, u32),
+    pub args: Vec<Value>,
+}
+
+impl Launch {
+    /// Its entry point's name (`rms_norm_fwd_bf16`).
+    pub fn entry(&self) -> String {
+        let suffix = match self.own {
+            Ty::F32 => "f32",
+            Ty::Bf16 => "bf16",
+            Ty::U32 => "u32",
+        };
+        format!("{}_{suffix}", self.kernel.name)
+    }
+}
+
+/// An op's work on a GPU as data: the outputs and scratch buffers it
+/// allocates (type, values) and its launches in order. The CUDA executor
+/// ([`crate::train::ops::cuda::execute`]) runs it on candle's stream, and
+/// the tests run the same plan on a CPU (the host emulation of the
+/// kernels, [`emulator`]) against the op's CPU twin: the grid sizes,
+/// offsets and the order of the arguments are the ones the GPU gets.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub outputs: Vec<(Ty, usize)>,
+    pub scratch: Vec<(Ty, usize)>,
+    pub launches: Vec<Launch>,
+}
+
+impl Plan {
+    /// Declares an output of `n` values (every one written by a launch).
+    pub fn output(&mut self, ty: Ty, n: usize) -> Mem {
+        self.outputs.push((ty, n));
+        Mem::Output(self.outputs.len() - 1)
+    }
+
+    /// Declares a scratch buffer of `n` values.
+    pub fn scratch(&mut self, ty: Ty, n: usize) -> Mem {
+        self.scratch.push((ty, n));
+        Mem::Scratch(self.scratch.len() - 1)
+    }
+
+    /// Adds a launch of `source`'s kernel `name` for storage type `own`
+    /// (none for an empty grid).
+    pub fn launch(
+        &mut self,
+        source: &Source,
+        name: &str,
+        own: Ty,
+        grid: (u32, u32),
+        args: Vec<Value>,
+    ) -> Result<(), String> {
+        let kernel = kernel(source, name)
+            .ok_or_else(|| format!("sweep's `{name}` kernel is not in the kernels' table"))?;
+        if grid.0 == 0 || grid.1 == 0 {
+            return Ok(());
+        }
+        self.launches.push(Launch {
+            kernel,
+            own,
+            grid,
+            args,
+        });
+        Ok(())
+    }
 }
 
 #[cfg(test)]

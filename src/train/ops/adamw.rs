@@ -15,6 +15,7 @@
 //! - [`composed`]: candle ops, on every other device and dtype (f64 in the
 //!   tests); the reference the kernels are checked against.
 
+use crate::train::kernels::{grid_stride, Mem, Plan, Ty, Value, ADAMW};
 use candle_core::{CpuStorage, InplaceOp2, Layout, Result, Tensor, Var};
 use std::cell::RefCell;
 
@@ -99,6 +100,26 @@ pub fn device(
     p.inplace_op2(g, &op)
 }
 
+/// The update on a GPU: the parameter, its gradient and its moments m and
+/// v (operands 0–3, of storage type `own`; the parameter and the moments
+/// written in place) and [norm, scale] (operand 4, f32) for n values, a
+/// grid-stride pass; `hyper` is lr, beta1, beta2, the bias corrections 1
+/// and 2, eps, weight decay. A NaN scale leaves everything as it is.
+pub fn plan(n: usize, own: Ty, hyper: [f32; 7]) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let mut args = vec![
+        Value::Ptr(Mem::Operand(0), 0),
+        Value::Ptr(Mem::Operand(1), 0),
+        Value::Ptr(Mem::Operand(2), 0),
+        Value::Ptr(Mem::Operand(3), 0),
+        Value::Ptr(Mem::Operand(4), 0),
+        Value::U64(n as u64),
+    ];
+    args.extend(hyper.map(Value::F32));
+    plan.launch(&ADAMW, "adamw", own, grid_stride(n), args)?;
+    Ok(plan)
+}
+
 /// param -= lr * (m̂ / (sqrt(v̂) + eps) + wd * param), with m and v updated in the same pass.
 struct HostUpdate<'a> {
     m: RefCell<&'a mut Vec<f32>>,
@@ -148,7 +169,6 @@ impl InplaceOp2 for HostUpdate<'_> {
 #[cfg(feature = "cuda")]
 mod cuda_update {
     use super::super::cuda;
-    use candle_core::backend::BackendStorage;
     use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result, Tensor};
 
     /// The update of one parameter (`self` of `inplace_op2`, with its gradient),
@@ -208,43 +228,26 @@ mod cuda_update {
             if cl.shape().elem_count() != 2 || self.clip.dtype() != DType::F32 {
                 candle_core::bail!("the fused AdamW takes [norm, scale] in f32");
             }
-            let func = cuda::function(&cuda::device(p), &cuda::ADAMW, "adamw", p.dtype())?;
-            let h = self.hyper;
-            // The moments are written through views taken from shared references:
-            // they are this optimizer's own tensors, used by nothing else while
-            // the kernel runs, on candle's single stream.
-            macro_rules! launch {
-                ($t:ty) => {{
-                    let mut pv = cuda::view_mut::<$t>(p, pl)?;
-                    let gv = cuda::view::<$t>(g, gl)?;
-                    let mv = cuda::view::<$t>(m, &ml)?;
-                    let vv = cuda::view::<$t>(v, &vl)?;
-                    let clip = cuda::view::<f32>(c, &cl)?;
-                    let n = pv.len();
-                    if [gv.len(), mv.len(), vv.len()].iter().any(|&len| len != n) {
-                        candle_core::bail!("the fused AdamW got tensors of different sizes");
-                    }
-                    let mut b = func.builder();
-                    let n64 = n as u64;
-                    b.arg(&mut pv)
-                        .arg(&gv)
-                        .arg(&mv)
-                        .arg(&vv)
-                        .arg(&clip)
-                        .arg(&n64);
-                    for x in &h {
-                        b.arg(x);
-                    }
-                    // SAFETY: the kernel's signature matches these arguments,
-                    // every index it touches is below n, the length of each view,
-                    // and it reads clip[1] of the two values of `clip`.
-                    unsafe { cuda::launch(&mut b, cuda::grid_stride(n), "adamw") }?;
-                }};
+            // The moments are written through views of shared references:
+            // they are this optimizer's own tensors, used by nothing else
+            // while the kernel runs, on candle's single stream.
+            let operands = [
+                cuda::Operand::of(p, pl)?,
+                cuda::Operand::of(g, gl)?,
+                cuda::Operand::of(m, ml)?,
+                cuda::Operand::of(v, vl)?,
+                cuda::Operand::of(c, cl)?,
+            ];
+            let n = operands[0].len();
+            if operands[1..4]
+                .iter()
+                .any(|o| o.len() != n || o.ty() != operands[0].ty())
+            {
+                candle_core::bail!("the fused AdamW got tensors of different sizes or dtypes");
             }
-            match p.dtype() {
-                DType::F32 => launch!(f32),
-                _ => launch!(half::bf16),
-            }
+            let plan =
+                super::plan(n, operands[0].ty(), self.hyper).map_err(candle_core::Error::Msg)?;
+            cuda::execute(&cuda::device(p), &plan, &operands)?;
             Ok(())
         }
     }
@@ -254,6 +257,65 @@ mod cuda_update {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
+
+    /// The GPU plan under the host emulation of CUDA equals the CPU kernel,
+    /// scaled by the clip scale; a NaN scale leaves the parameter and both
+    /// moments as they were; f32 and bf16.
+    #[test]
+    fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
+        use crate::train::kernels::emulator::Buffer;
+        use crate::train::ops::testing::{buffer, emulate, max_diff, rand, tensor};
+        let n = 1000;
+        let (p, g) = (rand(&[n], 1), (rand(&[n], 2) * 3.0)?);
+        let (m0, v0) = (rand(&[n], 3), rand(&[n], 4).abs()?);
+        let h = Hyper {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.95,
+            bc1: 0.19,
+            bc2: 0.0975,
+            eps: 1e-8,
+            wd: 0.1,
+        };
+        let hyper = [h.lr, h.beta1, h.beta2, h.bc1, h.bc2, h.eps, h.wd].map(|x| x as f32);
+        for scale in [0.5f32, f32::NAN] {
+            for (own, tol) in [(Ty::F32, 1e-6), (Ty::Bf16, 2e-2)] {
+                let seen = |t: &Tensor| tensor(&buffer(t, own), t.dims());
+                let want = seen(&p).copy()?;
+                let (mut m, mut v) = (seen(&m0).to_vec1::<f32>()?, seen(&v0).to_vec1::<f32>()?);
+                if !scale.is_nan() {
+                    host(&want, &seen(&g), &mut m, &mut v, &h, scale as f64)?;
+                }
+                let operands = [
+                    buffer(&p, own),
+                    buffer(&g, own),
+                    buffer(&m0, own),
+                    buffer(&v0, own),
+                    Buffer::f32(&[2.0, scale]),
+                ];
+                let Some((_, after)) = emulate(
+                    &plan(n, own, hyper).unwrap(),
+                    &operands,
+                    own == Ty::F32 && scale == 0.5,
+                ) else {
+                    return Ok(());
+                };
+                let got = tensor(&after[0], &[n]);
+                assert!(max_diff(&got, &want)? < tol, "{scale} {own:?}");
+                let m = Tensor::new(m.as_slice(), &Device::Cpu)?;
+                assert!(
+                    max_diff(&tensor(&after[2], &[n]), &m)? < tol,
+                    "m {scale} {own:?}"
+                );
+                if scale.is_nan() {
+                    assert_eq!(after[0], operands[0], "a NaN scale changes nothing");
+                    assert_eq!(after[2], operands[2]);
+                    assert_eq!(after[3], operands[3]);
+                }
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn the_cpu_kernel_and_the_composed_update_agree() -> Result<()> {

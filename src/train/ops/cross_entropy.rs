@@ -14,9 +14,10 @@
 use super::attach::attach;
 use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
-use super::cuda::{self, by_dtype, Element};
+use super::cuda;
 use super::{f32s, fused, own_kernel, work_dtype};
 use crate::data::samples::IGNORE;
+use crate::train::kernels::{block_per_row, u32_of, Mem, Plan, Ty, Value, CROSS_ENTROPY};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 #[cfg(any(test, feature = "cuda"))]
@@ -195,15 +196,34 @@ impl candle_core::InplaceOp2 for LossAndGrad {
         labels: &CudaStorage,
         labl: &Layout,
     ) -> Result<()> {
-        by_dtype!(
-            cuda::dtype(logits),
-            loss_and_grad_cuda(logits, ll, labels, labl, &self.row_loss, self.scale)
-        )
+        loss_and_grad_cuda(logits, ll, labels, labl, &self.row_loss, self.scale)
     }
 }
 
+/// The loss and its gradient on a GPU: logits [n, v] (operand 0, the
+/// gradient written over them, scaled by `scale`), labels (operand 1, u32,
+/// ignored as u32::MAX) and each row's loss into operand 2 (f32): a block
+/// per row.
+pub fn plan(n: usize, v: usize, own: Ty, scale: f32) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    plan.launch(
+        &CROSS_ENTROPY,
+        "loss_and_grad",
+        own,
+        block_per_row(u32_of(n, "rows")?),
+        vec![
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(Mem::Operand(1), 0),
+            Value::Ptr(Mem::Operand(2), 0),
+            Value::U32(u32_of(v, "vocabulary")?),
+            Value::F32(scale),
+        ],
+    )?;
+    Ok(plan)
+}
+
 #[cfg(feature = "cuda")]
-fn loss_and_grad_cuda<T: Element>(
+fn loss_and_grad_cuda(
     logits: &mut CudaStorage,
     ll: &Layout,
     labels: &CudaStorage,
@@ -212,24 +232,21 @@ fn loss_and_grad_cuda<T: Element>(
     scale: f32,
 ) -> Result<()> {
     let (n, v) = ll.shape().dims2()?;
+    let plan = plan(n, v, cuda::ty(logits)?, scale).map_err(candle_core::Error::Msg)?;
     let dev = cuda::device(logits);
-    let (rows32, v32) = (cuda::u32_of(n, "rows")?, cuda::u32_of(v, "vocabulary")?);
-    let labels = cuda::view::<u32>(labels, labl)?;
     let (losses, lossl) = row_loss.storage_and_layout();
-    // Written through a view of a shared reference: `row_loss` is this op's
-    // own tensor, used by nothing else until the kernel is done (one stream).
-    let rl = cuda::view::<f32>(cuda::on_gpu(&losses, "the row losses")?, lossl)?;
-    if labels.len() != n || rl.len() != n {
-        bail!("{n} rows of logits but {} labels", labels.len());
+    // The row losses are this op's own tensor, used by nothing else until
+    // the kernel is done (one stream): written through its view.
+    let operands = [
+        cuda::Operand::of(logits, ll)?,
+        cuda::Operand::of(labels, labl)?,
+        cuda::Operand::of(cuda::on_gpu(&losses, "the row losses")?, lossl)?,
+    ];
+    if operands[1].len() != n || operands[2].len() != n {
+        bail!("{n} rows of logits but {} labels", operands[1].len());
     }
-    let mut x = cuda::view_mut::<T>(logits, ll)?;
-    let f = cuda::function(&dev, &cuda::CROSS_ENTROPY, "loss_and_grad", T::DTYPE)?;
-    let mut b = f.builder();
-    b.arg(&mut x).arg(&labels).arg(&rl).arg(&v32).arg(&scale);
-    // SAFETY: the kernel's signature; block r < n touches row r of the
-    // logits ([n, v]), labels[r] (below v or u32::MAX, checked by the
-    // caller) and row_loss[r].
-    unsafe { cuda::launch(&mut b, cuda::block_per_row(rows32), "loss_and_grad") }
+    cuda::execute(&dev, &plan, &operands)?;
+    Ok(())
 }
 
 /// The loss composed from candle ops: the reference the tests hold the kernels to.
@@ -418,6 +435,67 @@ mod tests {
     use super::*;
     use crate::train::ops::testing::{max_diff, rand};
     use candle_core::Var;
+
+    /// The GPU plan under the host emulation of CUDA equals the CPU kernel:
+    /// ignored rows (gradient and loss 0), a vocabulary that fills no whole
+    /// pass of a block, one row; f32 and bf16.
+    #[test]
+    fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
+        use crate::train::kernels::emulator::Buffer;
+        use crate::train::ops::testing::{buffer, emulate, tensor};
+        for (n, v) in [(6, 1000), (1, 300), (3, 5)] {
+            let logits = (rand(&[n, v], 4) * 6.0)?;
+            let labels: Vec<i64> = (0..n)
+                .map(|i| {
+                    if i % 3 == 1 {
+                        IGNORE
+                    } else {
+                        ((i * 7919) % v) as i64
+                    }
+                })
+                .collect();
+            let ids: Vec<u32> = labels
+                .iter()
+                .map(|&l| if l == IGNORE { u32::MAX } else { l as u32 })
+                .collect();
+            let divisor = 4.0;
+            for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 2e-2)] {
+                let seen = tensor(&buffer(&logits, own), &[n, v]);
+                let (loss, grad) = loss_and_grad(seen, &labels, divisor)?;
+                let operands = [
+                    buffer(&logits, own),
+                    Buffer::u32(&ids),
+                    Buffer::f32(&vec![0.0; n]),
+                ];
+                let Some((_, after)) = emulate(
+                    &plan(n, v, own, 1.0 / divisor as f32).unwrap(),
+                    &operands,
+                    own == Ty::F32 && n == 6,
+                ) else {
+                    return Ok(());
+                };
+                let got = tensor(&after[0], &[n, v]);
+                assert!(
+                    max_diff(&got, &grad)? < tol / 10.0 + 1e-6,
+                    "grad {n}x{v} {own:?}"
+                );
+                let rows = after[2].to_f32();
+                let total: f32 = rows.iter().sum::<f32>() / divisor as f32;
+                let want = loss.to_scalar::<f32>()?;
+                assert!(
+                    (total - want).abs() < tol * want.abs().max(1.0),
+                    "loss {total} {want}"
+                );
+                for (i, l) in labels.iter().enumerate() {
+                    if *l == IGNORE {
+                        assert_eq!(rows[i], 0.0);
+                        assert!(got.get(i)?.abs()?.max(0)?.to_scalar::<f32>()? == 0.0);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn fused_matches_composed_and_ignores_masked_labels() -> Result<()> {

@@ -16,14 +16,11 @@ use candle_core::cuda::cudarc::driver::{
 };
 use candle_core::cuda::cudarc::nvrtc::Ptx;
 use candle_core::cuda::{CudaDType, CudaDevice, CudaError};
-use candle_core::{bail, CudaStorage, DType, Layout, Result, WithDType};
+use candle_core::{bail, CudaStorage, DType, Layout, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::train::kernels::{self, Arg, Ty};
-pub use crate::train::kernels::{
-    Source, ADAMW, CROSS_ENTROPY, EMBEDDING, GRAD_NORM, RMS_NORM, ROPE, SILU_MUL, SOFTMAX,
-};
+use crate::train::kernels::{self, Arg, Source, Ty};
 
 /// The CUBIN of a source for a GPU architecture, compiled once per process
 /// (an error is kept too: it would not compile better the second time).
@@ -97,12 +94,6 @@ fn compile_cubin(text: &str, (major, minor): (i32, i32)) -> std::result::Result<
     let _ = unsafe { result::destroy_program(prog) };
     out
 }
-
-/// The storage types the kernels take (each kernel has an `_f32` and a
-/// `_bf16` entry point).
-pub trait Element: CudaDType + DeviceRepr + ValidAsZeroBits + WithDType + Stored {}
-impl Element for f32 {}
-impl Element for half::bf16 {}
 
 /// A type a kernel's pointer parameter points to.
 pub trait Stored {
@@ -323,7 +314,7 @@ pub fn on_gpu<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaSto
 /// Uninitialised device memory for `n` values (every kernel writing into it
 /// writes every element); one value for none, as the driver refuses an
 /// allocation of 0 bytes (the output of an empty input, never read).
-pub fn alloc<T: Element>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
+fn alloc<T: DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: the callers' kernels write all n values before anything reads them.
     unsafe { dev.alloc::<T>(n.max(1)) }
 }
@@ -338,49 +329,27 @@ pub fn dtype(s: &CudaStorage) -> DType {
     s.dtype()
 }
 
-/// A size as the kernels' 32-bit count.
-pub fn u32_of(n: usize, what: &str) -> Result<u32> {
-    u32::try_from(n).map_err(|_| {
-        candle_core::Error::Msg(format!(
-            "{what} = {n} is too large for sweep's CUDA kernels"
-        ))
-    })
-}
-
-/// Threads per block of every launch.
-const THREADS: u32 = 256;
-
-/// One warp per row, 8 rows per block (none for no rows: [`launch`] then
-/// launches nothing).
-pub fn warp_per_row(rows: usize) -> LaunchConfig {
-    let warps = THREADS as usize / 32;
-    blocks(rows.div_ceil(warps) as u32, 1)
-}
-
-/// One block per row (none for no rows: the row kernels read row
-/// `blockIdx.x` unchecked, and [`launch`] launches nothing).
-pub fn block_per_row(rows: u32) -> LaunchConfig {
-    blocks(rows, 1)
-}
-
-/// A grid-stride loop over n elements: enough blocks to fill a large GPU
-/// (132 SMs × 16), fewer for small n.
-pub fn grid_stride(n: usize) -> LaunchConfig {
-    blocks(n.div_ceil(THREADS as usize).clamp(1, 132 * 16) as u32, 1)
-}
-
-/// x × y blocks of [`THREADS`] threads.
-pub fn blocks(x: u32, y: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (x, y, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
+/// The kernels' storage type of a storage (f32 or bf16).
+pub fn ty(s: &CudaStorage) -> Result<Ty> {
+    match s.dtype() {
+        DType::F32 => Ok(Ty::F32),
+        DType::BF16 => Ok(Ty::Bf16),
+        dt => bail!("sweep's CUDA kernels take f32 or bf16, not {dt:?}"),
     }
 }
 
-/// Blocks of [`THREADS`] columns over `cols`.
-pub fn column_blocks(cols: usize) -> u32 {
-    cols.div_ceil(THREADS as usize).max(1) as u32
+/// A size as the kernels' 32-bit count ([`kernels::u32_of`]).
+pub fn u32_of(n: usize, what: &str) -> Result<u32> {
+    kernels::u32_of(n, what).map_err(candle_core::Error::Msg)
+}
+
+/// x × y blocks of [`kernels::THREADS`] threads.
+fn blocks(x: u32, y: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (x, y, 1),
+        block_dim: (kernels::THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Launches a kernel whose arguments are pushed, once they are checked
@@ -403,14 +372,167 @@ pub unsafe fn launch(args: &mut Launch<'_>, cfg: LaunchConfig, what: &str) -> Re
         .map_err(|e| typed(e, format!("launching sweep's `{what}` kernel")))
 }
 
-/// Calls `$f::<T>(args)` with T the Rust type of a CUDA dtype (f32 or bf16).
-macro_rules! by_dtype {
-    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
-        match $dtype {
-            candle_core::DType::F32 => $f::<f32>($($arg),*),
-            candle_core::DType::BF16 => $f::<half::bf16>($($arg),*),
-            dt => candle_core::bail!("sweep's CUDA kernels take f32 or bf16, not {dt:?}"),
-        }
-    };
+/// An operand of a plan: the contiguous elements of a storage, typed.
+pub enum Operand<'a> {
+    F32(CudaView<'a, f32>),
+    Bf16(CudaView<'a, half::bf16>),
+    U32(CudaView<'a, u32>),
 }
-pub(crate) use by_dtype;
+
+impl<'a> Operand<'a> {
+    /// The contiguous elements of a storage under a layout, of its dtype.
+    pub fn of(s: &'a CudaStorage, l: &Layout) -> Result<Operand<'a>> {
+        Ok(match s.dtype() {
+            DType::F32 => Operand::F32(view(s, l)?),
+            DType::BF16 => Operand::Bf16(view(s, l)?),
+            DType::U32 => Operand::U32(view(s, l)?),
+            dt => bail!("sweep's CUDA kernels take f32, bf16 or u32, not {dt:?}"),
+        })
+    }
+
+    /// Its number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Operand::F32(v) => v.len(),
+            Operand::Bf16(v) => v.len(),
+            Operand::U32(v) => v.len(),
+        }
+    }
+
+    /// Its storage type.
+    pub fn ty(&self) -> Ty {
+        match self {
+            Operand::F32(_) => Ty::F32,
+            Operand::Bf16(_) => Ty::Bf16,
+            Operand::U32(_) => Ty::U32,
+        }
+    }
+}
+
+/// An output or scratch buffer a plan allocates.
+pub enum Owned {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<half::bf16>),
+    U32(CudaSlice<u32>),
+}
+
+impl Owned {
+    fn alloc(dev: &CudaDevice, ty: Ty, n: usize) -> Result<Owned> {
+        Ok(match ty {
+            Ty::F32 => Owned::F32(alloc(dev, n)?),
+            Ty::Bf16 => Owned::Bf16(alloc(dev, n)?),
+            Ty::U32 => Owned::U32(alloc(dev, n)?),
+        })
+    }
+
+    /// A storage of it, for a tensor.
+    pub fn into_storage(self, dev: CudaDevice) -> CudaStorage {
+        match self {
+            Owned::F32(s) => CudaStorage::wrap_cuda_slice(s, dev),
+            Owned::Bf16(s) => CudaStorage::wrap_cuda_slice(s, dev),
+            Owned::U32(s) => CudaStorage::wrap_cuda_slice(s, dev),
+        }
+    }
+}
+
+/// A pointer argument: a view from an element offset of an operand or an
+/// allocated buffer.
+enum Pointer<'a> {
+    F32(CudaView<'a, f32>),
+    Bf16(CudaView<'a, half::bf16>),
+    U32(CudaView<'a, u32>),
+}
+
+impl<'a> Pointer<'a> {
+    fn of_operand(o: &'a Operand<'_>, at: usize) -> Result<Pointer<'a>> {
+        if at > o.len() {
+            bail!("a planned launch points past an operand");
+        }
+        Ok(match o {
+            Operand::F32(v) => Pointer::F32(v.slice(at..)),
+            Operand::Bf16(v) => Pointer::Bf16(v.slice(at..)),
+            Operand::U32(v) => Pointer::U32(v.slice(at..)),
+        })
+    }
+
+    fn of_owned(o: &'a Owned, at: usize) -> Result<Pointer<'a>> {
+        let n = match o {
+            Owned::F32(s) => s.len(),
+            Owned::Bf16(s) => s.len(),
+            Owned::U32(s) => s.len(),
+        };
+        if at > n {
+            bail!("a planned launch points past a buffer it allocates");
+        }
+        Ok(match o {
+            Owned::F32(s) => Pointer::F32(s.slice(at..)),
+            Owned::Bf16(s) => Pointer::Bf16(s.slice(at..)),
+            Owned::U32(s) => Pointer::U32(s.slice(at..)),
+        })
+    }
+}
+
+/// Runs a plan ([`kernels::Plan`]) on candle's stream: allocates its outputs
+/// and scratch buffers, then launches each kernel with its arguments (each
+/// launch held to its kernel's signature first); returns the outputs.
+/// Operands the plan writes are written in place.
+pub fn execute(dev: &CudaDevice, plan: &kernels::Plan, operands: &[Operand]) -> Result<Vec<Owned>> {
+    use kernels::{Mem, Value};
+    let outputs = plan
+        .outputs
+        .iter()
+        .map(|&(ty, n)| Owned::alloc(dev, ty, n))
+        .collect::<Result<Vec<_>>>()?;
+    let scratch = plan
+        .scratch
+        .iter()
+        .map(|&(ty, n)| Owned::alloc(dev, ty, n))
+        .collect::<Result<Vec<_>>>()?;
+    for l in &plan.launches {
+        let dtype = match l.own {
+            Ty::F32 => DType::F32,
+            Ty::Bf16 => DType::BF16,
+            Ty::U32 => DType::U32,
+        };
+        let kernel = function(dev, l.kernel.source, l.kernel.name, dtype)?;
+        // The views first: the builder keeps pointers to them.
+        let pointers = l
+            .args
+            .iter()
+            .filter_map(|a| match *a {
+                Value::Ptr(m, at) => Some(match m {
+                    Mem::Operand(i) => match operands.get(i) {
+                        Some(o) => Pointer::of_operand(o, at),
+                        None => Err(candle_core::Error::Msg(
+                            "a plan names a missing operand".into(),
+                        )),
+                    },
+                    Mem::Output(i) => Pointer::of_owned(&outputs[i], at),
+                    Mem::Scratch(i) => Pointer::of_owned(&scratch[i], at),
+                }),
+                _ => None,
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut b = kernel.builder();
+        let mut next = pointers.iter();
+        for a in &l.args {
+            match a {
+                Value::Ptr(..) => match next.next().expect("a view per pointer") {
+                    Pointer::F32(v) => b.arg(v),
+                    Pointer::Bf16(v) => b.arg(v),
+                    Pointer::U32(v) => b.arg(v),
+                },
+                Value::U32(v) => b.arg(v),
+                Value::U64(v) => b.arg(v),
+                Value::F32(v) => b.arg(v),
+            };
+        }
+        let entry = l.entry();
+        // SAFETY: the plan's launch: its arguments are checked against the
+        // kernel's signature by `launch`, and each plan bounds what its
+        // kernels touch by the sizes it passes (the emulator's tests run
+        // every plan under AddressSanitizer).
+        unsafe { launch(&mut b, blocks(l.grid.0, l.grid.1), &entry) }?;
+    }
+    Ok(outputs)
+}

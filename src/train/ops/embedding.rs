@@ -12,6 +12,7 @@
 
 use super::accumulate;
 use super::check::{random, Case, Shapes};
+use crate::train::kernels::{column_blocks, u32_of, Mem, Plan, Ty, Value, EMBEDDING};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor};
 
@@ -147,15 +148,18 @@ impl InplaceOp2 for AddRows<'_> {
 /// [order: positions sorted by token, stably] [starts: distinct + 1]
 /// [tokens: the distinct ids], as one vector of u32.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-struct Plan {
+/// The positions of a step's tokens grouped by token: what the CUDA kernel
+/// walks (`kernels/embedding.cu`): the positions sorted by token (stably),
+/// each token's first index into them (and the end), the tokens.
+struct Grouping {
     words: Vec<u32>,
     len: usize,
     distinct: usize,
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-impl Plan {
-    fn of(ids: &[u32]) -> Plan {
+impl Grouping {
+    fn of(ids: &[u32]) -> Grouping {
         let mut order: Vec<u32> = (0..ids.len() as u32).collect();
         order.sort_by_key(|&p| ids[p as usize]);
         let (mut starts, mut tokens) = (Vec::new(), Vec::new());
@@ -171,7 +175,7 @@ impl Plan {
         let mut words = order;
         words.extend(starts);
         words.extend(tokens);
-        Plan {
+        Grouping {
             len: words.len(),
             words,
             distinct,
@@ -186,8 +190,8 @@ impl Plan {
 /// rely on (candle's `index_add` gives no such promise).
 #[cfg(feature = "cuda")]
 mod cuda_rows {
-    use super::super::cuda::{self, by_dtype, Element};
-    use super::Plan;
+    use super::super::cuda;
+    use super::Grouping;
     use candle_core::{bail, CpuStorage, CudaStorage, InplaceOp3, Layout, Result, Tensor};
 
     /// Ids and shapes checked by [`super::add_rows`].
@@ -196,7 +200,7 @@ mod cuda_rows {
         if ids.is_empty() || d == 0 {
             return Ok(());
         }
-        let plan = Plan::of(ids);
+        let plan = Grouping::of(ids);
         let op = AddRows {
             n: cuda::u32_of(ids.len(), "tokens")?,
             u: cuda::u32_of(plan.distinct, "distinct tokens")?,
@@ -238,39 +242,66 @@ mod cuda_rows {
             plan: &CudaStorage,
             pl: &Layout,
         ) -> Result<()> {
-            by_dtype!(cuda::dtype(buf), launch(self, buf, bl, dy, dyl, plan, pl))
+            launch(self, buf, bl, dy, dyl, plan, pl)
         }
     }
 
-    fn launch<T: Element>(
+    fn launch(
         op: &AddRows,
         buf: &mut CudaStorage,
         bl: &Layout,
         dy: &CudaStorage,
         dyl: &Layout,
-        plan: &CudaStorage,
-        pl: &Layout,
+        grouping: &CudaStorage,
+        gl: &Layout,
     ) -> Result<()> {
-        let dev = cuda::device(buf);
-        let dyv = cuda::view::<T>(dy, dyl)?;
-        let plan = cuda::view::<u32>(plan, pl)?;
         let (n, u, d) = (op.n as usize, op.u as usize, op.d as usize);
-        let mut b_view = cuda::view_mut::<T>(buf, bl)?;
-        if plan.len() != n + 2 * u + 1 || dyv.len() != n * d || b_view.len() % d.max(1) != 0 {
+        let plan = super::plan(n, u, d, cuda::ty(buf)?).map_err(candle_core::Error::Msg)?;
+        let dev = cuda::device(buf);
+        let operands = [
+            cuda::Operand::of(buf, bl)?,
+            cuda::Operand::of(dy, dyl)?,
+            cuda::Operand::of(grouping, gl)?,
+        ];
+        if operands[2].len() != n + 2 * u + 1
+            || operands[1].len() != n * d
+            || operands[0].len() % d.max(1) != 0
+        {
             bail!("the grouped row sum's plan does not match its operands");
         }
-        let f = cuda::function(&dev, &cuda::EMBEDDING, "add_rows", T::DTYPE)?;
-        let mut b = f.builder();
-        b.arg(&mut b_view).arg(&dyv).arg(&plan);
-        b.arg(&op.n).arg(&op.u).arg(&op.d);
-        let grid = cuda::blocks(op.u, cuda::column_blocks(d));
-        // SAFETY: the kernel's signature; block (t, c) reads the plan's
-        // entries of token t < u (the plan has n + 2u + 1 words, its
-        // positions are below n and its tokens below the buffer's rows,
-        // checked by the caller), dy's rows at those positions and columns
-        // below d, and writes its token's row of the buffer.
-        unsafe { cuda::launch(&mut b, grid, "add_rows") }
+        cuda::execute(&dev, &plan, &operands)?;
+        Ok(())
     }
+}
+
+/// The grouped row sum on a GPU: the buffer [rows, d] (operand 0, added
+/// into), dy [n, d] (operand 1) and the grouping of n positions into u
+/// tokens (operand 2, u32, [`Grouping`]'s words): block (t, c) sums token t's
+/// rows of dy in position order for its columns and adds them into the
+/// token's row (positions below n and tokens below the buffer's rows,
+/// checked by [`add_rows`]).
+pub fn plan(n: usize, u: usize, d: usize, own: Ty) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let (n32, u32v, d32) = (
+        u32_of(n, "tokens")?,
+        u32_of(u, "distinct tokens")?,
+        u32_of(d, "width")?,
+    );
+    plan.launch(
+        &EMBEDDING,
+        "add_rows",
+        own,
+        (u32v, column_blocks(d)),
+        vec![
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(Mem::Operand(1), 0),
+            Value::Ptr(Mem::Operand(2), 0),
+            Value::U32(n32),
+            Value::U32(u32v),
+            Value::U32(d32),
+        ],
+    )?;
+    Ok(plan)
 }
 
 /// Its case for `sweep bench kernels`: a step's gradient into the table.
@@ -338,7 +369,7 @@ mod tests {
         // kernel's sums.
         let ids: Vec<u32> = vec![4, 1, 4, 0, 6, 1, 4, 6, 2];
         let (n, d, rows) = (ids.len(), 5, 7);
-        let plan = Plan::of(&ids);
+        let plan = Grouping::of(&ids);
         assert_eq!(plan.distinct, 5);
         assert_eq!(plan.len, n + 2 * plan.distinct + 1);
         let (order, rest) = plan.words.split_at(n);
@@ -362,6 +393,50 @@ mod tests {
         add_rows(&mut buf, &ids, &dy)?;
         let by_plan = Tensor::new(by_plan, &candle_core::Device::Cpu)?;
         assert!(max_diff(&buf, &by_plan)? < 1e-6);
+        Ok(())
+    }
+
+    /// The GPU plan under the host emulation of CUDA equals the CPU kernel:
+    /// a token repeated many times and across blocks, widths that fill no
+    /// whole block of columns, one token; f32 and bf16 buffers.
+    #[test]
+    fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
+        use crate::train::kernels::emulator::Buffer;
+        use crate::train::ops::testing::{buffer, emulate, tensor};
+        for (ids, d, rows) in [
+            (
+                (0..40)
+                    .map(|i| [3, 9, 3, 3, 0][i % 5])
+                    .collect::<Vec<u32>>(),
+                300,
+                10,
+            ),
+            (vec![2], 5, 4),
+        ] {
+            let n = ids.len();
+            let grouping = Grouping::of(&ids);
+            let dy = rand(&[n, d], 3);
+            let start = rand(&[rows, d], 4);
+            for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 5e-2)] {
+                let seen = |t: &Tensor| tensor(&buffer(t, own), t.dims());
+                let mut want = seen(&start);
+                add_rows(&mut want, &ids, &seen(&dy))?;
+                let operands = [
+                    buffer(&start, own),
+                    buffer(&dy, own),
+                    Buffer::u32(&grouping.words),
+                ];
+                let Some((_, after)) = emulate(
+                    &plan(n, grouping.distinct, d, own).unwrap(),
+                    &operands,
+                    own == Ty::F32 && n == 40,
+                ) else {
+                    return Ok(());
+                };
+                let got = tensor(&after[0], &[rows, d]);
+                assert!(max_diff(&got, &want)? < tol, "{n} ids, width {d}, {own:?}");
+            }
+        }
         Ok(())
     }
 

@@ -4,7 +4,49 @@
 //! the fused AdamW ([`super::adamw`]) reads from device memory.
 
 use super::check::{random, Case, Shapes};
+use crate::train::kernels::{u32_of, Mem, Plan, Ty, Value, GRAD_NORM};
 use candle_core::{DType, Result, Tensor};
+
+/// Blocks per gradient of the sum of squares: two per SM of an H100, enough
+/// to stream the largest gradient at full bandwidth; each writes one partial.
+const NORM_BLOCKS: usize = 264;
+
+/// The norm and the clip scale on a GPU: gradients of `lens` values
+/// (operands 0.., each of storage type `own`) into [norm, scale] (the
+/// operand after them, f32): each gradient's sum of squares by
+/// [`NORM_BLOCKS`] blocks, one partial each, then one block sums the
+/// partials in order and writes the pair.
+pub fn plan(lens: &[usize], own: Ty, max_norm: f32) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let count = lens.len() * NORM_BLOCKS;
+    let partial = plan.scratch(Ty::F32, count);
+    for (i, &n) in lens.iter().enumerate() {
+        plan.launch(
+            &GRAD_NORM,
+            "sum_squares",
+            own,
+            (NORM_BLOCKS as u32, 1),
+            vec![
+                Value::Ptr(Mem::Operand(i), 0),
+                Value::U64(n as u64),
+                Value::Ptr(partial, i * NORM_BLOCKS),
+            ],
+        )?;
+    }
+    plan.launch(
+        &GRAD_NORM,
+        "clip_scale",
+        Ty::F32,
+        (1, 1),
+        vec![
+            Value::Ptr(partial, 0),
+            Value::U32(u32_of(count, "partial sums of the gradient norm")?),
+            Value::F32(max_norm),
+            Value::Ptr(Mem::Operand(lens.len()), 0),
+        ],
+    )?;
+    Ok(plan)
+}
 
 /// The global gradient norm and the factor the update scales the gradients
 /// by: `max_norm / norm` where `max_norm` > 0 and the norm exceeds it, else
@@ -94,10 +136,6 @@ mod cuda_norm {
     use super::super::cuda;
     use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp1, Layout, Result, Tensor};
 
-    /// Blocks per gradient of the sum of squares: two per SM of an H100, enough
-    /// to stream the largest gradient at full bandwidth; each writes one partial.
-    const NORM_BLOCKS: usize = 264;
-
     /// The global L2 norm of `grads` (all f32 or all bf16, on one GPU) and the
     /// clip scale for `max_norm`, as [norm, scale] in f32 on the device.
     pub fn norm_and_scale(grads: &[&Tensor], max_norm: f32) -> Result<Tensor> {
@@ -130,46 +168,24 @@ mod cuda_norm {
 
         fn cuda_fwd(&self, out: &mut CudaStorage, ol: &Layout) -> Result<()> {
             let dev = cuda::device(out);
-            let count = self.grads.len() * NORM_BLOCKS;
-            let mut partial = cuda::alloc::<f32>(&dev, count)?;
-            for (i, g) in self.grads.iter().enumerate() {
-                let (s, l) = g.storage_and_layout();
-                let s = cuda::on_gpu(&s, "a gradient")?;
-                let slots = partial.slice_mut(i * NORM_BLOCKS..(i + 1) * NORM_BLOCKS);
-                cuda::by_dtype!(g.dtype(), sum_squares(s, &l, slots))?;
+            let stored: Vec<_> = self.grads.iter().map(|g| g.storage_and_layout()).collect();
+            let mut operands = Vec::with_capacity(stored.len() + 1);
+            for (s, l) in &stored {
+                operands.push(cuda::Operand::of(cuda::on_gpu(s, "a gradient")?, l)?);
             }
-            let f = cuda::function(&dev, &cuda::GRAD_NORM, "clip_scale", DType::F32)?;
-            let mut o = cuda::view_mut::<f32>(out, ol)?;
-            if o.len() != 2 {
+            let own = match operands.first() {
+                Some(o) if operands.iter().all(|g| g.ty() == o.ty()) => o.ty(),
+                _ => candle_core::bail!("the gradients' norm takes gradients of one dtype"),
+            };
+            let lens: Vec<usize> = operands.iter().map(|o| o.len()).collect();
+            operands.push(cuda::Operand::of(out, ol)?);
+            if operands.last().map(|o| o.len()) != Some(2) {
                 candle_core::bail!("the gradient norm writes [norm, scale]");
             }
-            let count32 = cuda::u32_of(count, "partial sums of the gradient norm")?;
-            let mut b = f.builder();
-            b.arg(&partial)
-                .arg(&count32)
-                .arg(&self.max_norm)
-                .arg(&mut o);
-            // SAFETY: (partial, count, max_norm, out) is the kernel's signature;
-            // one block reads partial[..count] and writes out[0] and out[1].
-            unsafe { cuda::launch(&mut b, cuda::blocks(1, 1), "clip_scale") }?;
+            let plan = super::plan(&lens, own, self.max_norm).map_err(candle_core::Error::Msg)?;
+            cuda::execute(&dev, &plan, &operands)?;
             Ok(())
         }
-    }
-
-    /// partial[b] = the sum of squares of block b's grid-stride share of g.
-    fn sum_squares<T: cuda::Element>(
-        s: &CudaStorage,
-        l: &Layout,
-        mut partial: candle_core::cuda::cudarc::driver::CudaViewMut<'_, f32>,
-    ) -> Result<()> {
-        let g = cuda::view::<T>(s, l)?;
-        let n = g.len() as u64;
-        let f = cuda::function(&cuda::device(s), &cuda::GRAD_NORM, "sum_squares", T::DTYPE)?;
-        let mut b = f.builder();
-        b.arg(&g).arg(&n).arg(&mut partial);
-        // SAFETY: (g, n, partial) is the kernel's signature; indices below n of
-        // g, and one partial per block of the NORM_BLOCKS launched.
-        unsafe { cuda::launch(&mut b, cuda::blocks(NORM_BLOCKS as u32, 1), "sum_squares") }
     }
 }
 
@@ -214,6 +230,53 @@ mod tests {
         let c = clipping(&[&a, &inf], 1.0)?;
         assert!(c.norm()?.is_infinite() && c.scale()?.is_nan());
         assert_eq!(clipping(&[], 1.0)?.norm()?, 0.0);
+        Ok(())
+    }
+
+    /// The GPU plan under the host emulation of CUDA gives the host's norm
+    /// and scale: a gradient longer than the grid's threads, one shorter
+    /// than a block; clipped; one infinite value (the scale NaN); f32 and
+    /// bf16.
+    #[test]
+    fn the_gpu_plan_equals_the_host_under_emulation() -> Result<()> {
+        use crate::train::kernels::emulator::Buffer;
+        use crate::train::ops::testing::{buffer, emulate, rand, tensor};
+        let grads = vec![rand(&[70_000], 1), rand(&[3], 2)];
+        let mut with_inf = grads.clone();
+        with_inf[1] = Tensor::new(&[1.0f32, f32::INFINITY, 0.0], &candle_core::Device::Cpu)?;
+        for (set, grads) in [grads, with_inf].into_iter().enumerate() {
+            let max_norm = 1.0;
+            {
+                for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 1e-5)] {
+                    let seen: Vec<Tensor> = grads
+                        .iter()
+                        .map(|g| tensor(&buffer(g, own), g.dims()))
+                        .collect();
+                    let want = clipping(&seen.iter().collect::<Vec<_>>(), max_norm)?;
+                    let mut operands: Vec<Buffer> = grads.iter().map(|g| buffer(g, own)).collect();
+                    operands.push(Buffer::f32(&[0.0, 0.0]));
+                    let lens: Vec<usize> = grads.iter().map(|g| g.elem_count()).collect();
+                    let Some((_, after)) = emulate(
+                        &plan(&lens, own, max_norm as f32).unwrap(),
+                        &operands,
+                        own == Ty::F32 && set == 0,
+                    ) else {
+                        return Ok(());
+                    };
+                    let got = after[grads.len()].to_f32();
+                    let (norm, scale) = (want.norm()?, want.scale()?);
+                    if norm.is_finite() {
+                        assert!(
+                            ((got[0] as f64) - norm).abs() < tol * norm,
+                            "{got:?} {norm}"
+                        );
+                        assert!(((got[1] as f64) - scale).abs() < 1e-5, "{got:?} {scale}");
+                    } else {
+                        assert!(got[0].is_infinite() && got[1].is_nan(), "{got:?}");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 }

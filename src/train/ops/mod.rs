@@ -148,4 +148,53 @@ pub(crate) mod testing {
     pub fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
         (a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()
     }
+
+    use crate::train::kernels::emulator::{Buffer, Emulator, Flavor};
+    use crate::train::kernels::{Plan, Ty};
+
+    /// A CPU tensor's values as an emulator buffer of storage type `ty`
+    /// (f32 data rounded to bf16 for Bf16).
+    pub fn buffer(t: &Tensor, ty: Ty) -> Buffer {
+        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        match ty {
+            Ty::F32 => Buffer::f32(&v),
+            Ty::Bf16 => Buffer::bf16(
+                &v.iter()
+                    .map(|&x| half::bf16::from_f32(x))
+                    .collect::<Vec<_>>(),
+            ),
+            Ty::U32 => panic!("u32 data is built with Buffer::u32"),
+        }
+    }
+
+    /// A buffer's values as an f32 CPU tensor of `shape`.
+    pub fn tensor(b: &Buffer, shape: &[usize]) -> Tensor {
+        Tensor::from_vec(b.to_f32(), shape, &Device::Cpu).unwrap()
+    }
+
+    /// Runs a plan on `operands` under the host emulation of CUDA, with
+    /// AddressSanitizer and UndefinedBehaviorSanitizer, and where `race`,
+    /// with ThreadSanitizer too (its barriers and shuffles: slow, so once
+    /// per kernel), which must give the same bits (the kernels' results
+    /// depend on nothing but the launch shape). Returns the outputs and the
+    /// operands after; none where g++ is missing (the test is then skipped).
+    pub fn emulate(
+        plan: &Plan,
+        operands: &[Buffer],
+        race: bool,
+    ) -> Option<(Vec<Buffer>, Vec<Buffer>)> {
+        let address = Emulator::get(Flavor::Address)?;
+        let mut a = operands.to_vec();
+        let out = address.run(plan, &mut a).unwrap();
+        if race {
+            let thread = Emulator::get(Flavor::Thread)?;
+            let mut t = operands.to_vec();
+            let out_t = thread.run(plan, &mut t).unwrap();
+            assert!(
+                out == out_t && a == t,
+                "ThreadSanitizer's run gave other bits"
+            );
+        }
+        Some((out, a))
+    }
 }

@@ -3,8 +3,9 @@
 
 use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
-use super::cuda::{self, by_dtype, Element};
+use super::cuda;
 use super::{f32s, own_kernel, rows_per_task, work_dtype};
+use crate::train::kernels::{column_blocks, u32_of, warp_per_row, Mem, Plan, Ty, Value, RMS_NORM};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
@@ -103,8 +104,13 @@ impl CustomOp2 for RmsNorm {
         w: &CudaStorage,
         wl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let y = by_dtype!(cuda::dtype(x), forward_cuda(x, xl, w, wl, self.eps))?;
-        Ok((y, xl.shape().clone()))
+        let (rows, d) = rows_and_width(xl, wl)?;
+        let plan =
+            forward_plan(rows, d, cuda::ty(x)?, self.eps).map_err(candle_core::Error::Msg)?;
+        let dev = cuda::device(x);
+        let operands = [cuda::Operand::of(x, xl)?, cuda::Operand::of(w, wl)?];
+        let y = cuda::execute(&dev, &plan, &operands)?.remove(0);
+        Ok((y.into_storage(dev), xl.shape().clone()))
     }
 
     // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
@@ -186,115 +192,127 @@ impl CustomOp3 for RmsNormBwd {
         dy: &CudaStorage,
         dyl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let d = wl.shape().elem_count();
-        let rows = xl.shape().elem_count() / d.max(1);
-        let out = by_dtype!(
-            cuda::dtype(x),
-            backward_cuda(x, xl, w, wl, dy, dyl, self.eps)
-        )?;
-        Ok((out, Shape::from((rows + 1, d))))
+        let (rows, d) = rows_and_width(xl, wl)?;
+        if dyl.shape().elem_count() != rows * d {
+            candle_core::bail!("RMSNorm backward: x, w and dy do not agree in shape");
+        }
+        let plan =
+            backward_plan(rows, d, cuda::ty(x)?, self.eps).map_err(candle_core::Error::Msg)?;
+        let dev = cuda::device(x);
+        let operands = [
+            cuda::Operand::of(x, xl)?,
+            cuda::Operand::of(w, wl)?,
+            cuda::Operand::of(dy, dyl)?,
+        ];
+        let out = cuda::execute(&dev, &plan, &operands)?.remove(0);
+        Ok((out.into_storage(dev), Shape::from((rows + 1, d))))
     }
 }
 
+/// Rows of x and the width of w (its last dimension).
 #[cfg(feature = "cuda")]
-fn forward_cuda<T: Element>(
-    x: &CudaStorage,
-    xl: &Layout,
-    w: &CudaStorage,
-    wl: &Layout,
-    eps: f32,
-) -> Result<CudaStorage> {
-    let (xv, wv) = (cuda::view::<T>(x, xl)?, cuda::view::<T>(w, wl)?);
-    let d = wv.len();
-    let rows = xv.len() / d.max(1);
-    let dev = cuda::device(x);
-    let mut y = cuda::alloc::<T>(&dev, xv.len())?;
-    let (rows32, d32) = (cuda::u32_of(rows, "rows")?, cuda::u32_of(d, "width")?);
-    let f = cuda::function(&dev, &cuda::RMS_NORM, "rms_norm_fwd", T::DTYPE)?;
-    let mut b = f.builder();
-    b.arg(&xv)
-        .arg(&wv)
-        .arg(&mut y)
-        .arg(&rows32)
-        .arg(&d32)
-        .arg(&eps);
-    // SAFETY: (x, w, y, rows, d, eps) is the kernel's signature; warp r
-    // touches row r < rows of x and y ([rows, d]) and w's d values.
-    unsafe { cuda::launch(&mut b, cuda::warp_per_row(rows), "rms_norm_fwd") }?;
-    Ok(CudaStorage::wrap_cuda_slice(y, dev))
+fn rows_and_width(xl: &Layout, wl: &Layout) -> Result<(usize, usize)> {
+    let d = wl.shape().elem_count();
+    let n = xl.shape().elem_count();
+    if d == 0 || !n.is_multiple_of(d) {
+        candle_core::bail!("RMSNorm: x of {n} values is no whole number of rows of {d}");
+    }
+    Ok((n / d, d))
+}
+
+/// The forward on a GPU: y [rows, d] (output 0) from x [rows, d] (operand
+/// 0) and w [d] (operand 1), a warp per row.
+pub fn forward_plan(rows: usize, d: usize, own: Ty, eps: f32) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let y = plan.output(own, rows * d);
+    let (rows32, d32) = (u32_of(rows, "rows")?, u32_of(d, "width")?);
+    plan.launch(
+        &RMS_NORM,
+        "rms_norm_fwd",
+        own,
+        warp_per_row(rows),
+        vec![
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(Mem::Operand(1), 0),
+            Value::Ptr(y, 0),
+            Value::U32(rows32),
+            Value::U32(d32),
+            Value::F32(eps),
+        ],
+    )?;
+    Ok(plan)
 }
 
 /// Rows per slab of the dw reduction: enough slabs to fill the GPU, each
 /// long enough to amortise its partial row.
-#[cfg(feature = "cuda")]
 const DW_SLABS: usize = 128;
 
-/// [dx; dw] as [rows + 1, d]: dx by a warp per row (which keeps each row's
+/// The backward on a GPU: [dx; dw] as [rows + 1, d] (output 0) from x, w
+/// and dy (operands 0, 1, 2). dx by a warp per row (which keeps each row's
 /// 1/rms), dw by slabs of rows summed per column, then the slabs summed in
 /// order (no atomics: the same bits every run).
-#[cfg(feature = "cuda")]
-fn backward_cuda<T: Element>(
-    x: &CudaStorage,
-    xl: &Layout,
-    w: &CudaStorage,
-    wl: &Layout,
-    dy: &CudaStorage,
-    dyl: &Layout,
+pub fn backward_plan(
+    rows: usize,
+    d: usize,
+    own: Ty,
     eps: f32,
-) -> Result<CudaStorage> {
-    let (xv, wv, dyv) = (
-        cuda::view::<T>(x, xl)?,
-        cuda::view::<T>(w, wl)?,
-        cuda::view::<T>(dy, dyl)?,
-    );
-    let d = wv.len();
-    let rows = xv.len() / d.max(1);
-    if dyv.len() != xv.len() || rows * d != xv.len() {
-        candle_core::bail!("RMSNorm backward: x, w and dy do not agree in shape");
-    }
-    let dev = cuda::device(x);
-    let mut out = cuda::alloc::<T>(&dev, (rows + 1) * d)?;
-    let mut r = cuda::alloc::<f32>(&dev, rows)?;
+) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let out = plan.output(own, (rows + 1) * d);
+    let r = plan.scratch(Ty::F32, rows);
     let slabs = DW_SLABS.min(rows).max(1);
     let per = rows.div_ceil(slabs).max(1);
     let slabs = rows.div_ceil(per).max(1);
-    let mut partial = cuda::alloc::<f32>(&dev, slabs * d)?;
-    let (rows32, d32) = (cuda::u32_of(rows, "rows")?, cuda::u32_of(d, "width")?);
-    let (per32, slabs32) = (per as u32, slabs as u32);
-    {
-        let mut dx = out.slice_mut(0..rows * d);
-        let f = cuda::function(&dev, &cuda::RMS_NORM, "rms_norm_bwd_dx", T::DTYPE)?;
-        let mut b = f.builder();
-        b.arg(&xv).arg(&wv).arg(&dyv).arg(&mut dx).arg(&mut r);
-        b.arg(&rows32).arg(&d32).arg(&eps);
-        // SAFETY: the kernel's signature; warp i touches row i < rows of x,
-        // dy and dx, w's d values and r[i].
-        unsafe { cuda::launch(&mut b, cuda::warp_per_row(rows), "rms_norm_bwd_dx") }?;
-    }
-    let f = cuda::function(&dev, &cuda::RMS_NORM, "rms_norm_bwd_dw_partial", T::DTYPE)?;
-    let mut b = f.builder();
-    b.arg(&xv).arg(&dyv).arg(&r).arg(&mut partial);
-    b.arg(&rows32).arg(&d32).arg(&per32);
-    let grid = cuda::blocks(cuda::column_blocks(d), slabs32);
-    // SAFETY: the kernel's signature; block (c, s) reads rows s·per .. of
-    // x and dy below rows and columns below d, and writes partial[s][col]
-    // for s < slabs.
-    unsafe { cuda::launch(&mut b, grid, "rms_norm_bwd_dw_partial") }?;
-    let mut dw = out.slice_mut(rows * d..);
-    let f = cuda::function(&dev, &cuda::RMS_NORM, "rms_norm_bwd_dw_sum", T::DTYPE)?;
-    let mut b = f.builder();
-    b.arg(&partial).arg(&mut dw).arg(&slabs32).arg(&d32);
-    // SAFETY: the kernel's signature; column c < d of the slabs × d
-    // partials and of dw.
-    unsafe {
-        cuda::launch(
-            &mut b,
-            cuda::blocks(cuda::column_blocks(d), 1),
-            "rms_norm_bwd_dw_sum",
-        )
-    }?;
-    drop(b);
-    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    let partial = plan.scratch(Ty::F32, slabs * d);
+    let (rows32, d32) = (u32_of(rows, "rows")?, u32_of(d, "width")?);
+    let (per32, slabs32) = (u32_of(per, "rows per slab")?, u32_of(slabs, "slabs")?);
+    let (x, w, dy) = (Mem::Operand(0), Mem::Operand(1), Mem::Operand(2));
+    plan.launch(
+        &RMS_NORM,
+        "rms_norm_bwd_dx",
+        own,
+        warp_per_row(rows),
+        vec![
+            Value::Ptr(x, 0),
+            Value::Ptr(w, 0),
+            Value::Ptr(dy, 0),
+            Value::Ptr(out, 0),
+            Value::Ptr(r, 0),
+            Value::U32(rows32),
+            Value::U32(d32),
+            Value::F32(eps),
+        ],
+    )?;
+    // Block (c, s) reads rows s·per.. of x and dy below `rows`, columns
+    // below d, and writes partial[s][col].
+    plan.launch(
+        &RMS_NORM,
+        "rms_norm_bwd_dw_partial",
+        own,
+        (column_blocks(d), slabs32),
+        vec![
+            Value::Ptr(x, 0),
+            Value::Ptr(dy, 0),
+            Value::Ptr(r, 0),
+            Value::Ptr(partial, 0),
+            Value::U32(rows32),
+            Value::U32(d32),
+            Value::U32(per32),
+        ],
+    )?;
+    plan.launch(
+        &RMS_NORM,
+        "rms_norm_bwd_dw_sum",
+        own,
+        (column_blocks(d), 1),
+        vec![
+            Value::Ptr(partial, 0),
+            Value::Ptr(out, rows * d),
+            Value::U32(slabs32),
+            Value::U32(d32),
+        ],
+    )?;
+    Ok(plan)
 }
 
 /// Its cases for `sweep bench kernels`: a block's norm, forward and backward.
@@ -343,6 +361,57 @@ mod tests {
         let gb = (b * &dy)?.sum_all()?.backward()?;
         assert!(max_diff(ga.get(&x).unwrap(), gb.get(&x).unwrap())? < 1e-4);
         assert!(max_diff(ga.get(&w).unwrap(), gb.get(&w).unwrap())? < 1e-4);
+        Ok(())
+    }
+
+    /// The GPU plans, run by the host emulation of CUDA (under sanitizers),
+    /// equal the CPU kernels: rows that fill no whole block of warps, rows
+    /// whose last pass is partial, one row, no rows; f32 and bf16.
+    #[test]
+    fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
+        use crate::train::ops::testing::{buffer, emulate, tensor};
+        for (rows, d) in [(5, 40), (17, 300), (1, 8), (0, 16)] {
+            let x = (rand(&[rows, d], 7) * 2.0)?;
+            let w = (rand(&[d], 8) + 1.5)?;
+            let dy = rand(&[rows, d], 9);
+            for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 3e-2)] {
+                // The twin on the values the GPU sees (bf16 rounded).
+                let seen = |t: &Tensor| tensor(&buffer(t, own), t.dims());
+                let (xs, ws, dys) = (seen(&x), seen(&w), seen(&dy));
+                let operands = [buffer(&x, own), buffer(&w, own)];
+                let Some((out, _)) = emulate(
+                    &forward_plan(rows, d, own, 1e-5).unwrap(),
+                    &operands,
+                    own == Ty::F32 && rows == 5,
+                ) else {
+                    return Ok(());
+                };
+                let want = rms_norm(&xs, &ws, 1e-5)?;
+                let got = tensor(&out[0], &[rows, d]);
+                if rows > 0 {
+                    assert!(max_diff(&got, &want)? < tol, "forward {rows}x{d} {own:?}");
+                }
+                let operands = [buffer(&x, own), buffer(&w, own), buffer(&dy, own)];
+                let (out, _) = emulate(
+                    &backward_plan(rows, d, own, 1e-5).unwrap(),
+                    &operands,
+                    own == Ty::F32 && rows == 5,
+                )
+                .unwrap();
+                let (dx, dw) = backward(&xs, &ws, 1e-5, &dys)?;
+                let both = tensor(&out[0], &[rows + 1, d]);
+                let tol = tol * (1.0 + rows as f32).sqrt() * 4.0;
+                if rows > 0 {
+                    assert!(
+                        max_diff(&both.narrow(0, 0, rows)?, &dx)? < tol,
+                        "dx {rows}x{d} {own:?}"
+                    );
+                }
+                let got_dw = both.narrow(0, rows, 1)?.reshape(d)?;
+                let dw_tol = tol * (1.0 + dw.abs()?.max(0)?.to_scalar::<f32>()?);
+                assert!(max_diff(&got_dw, &dw)? < dw_tol, "dw {rows}x{d} {own:?}");
+            }
+        }
         Ok(())
     }
 

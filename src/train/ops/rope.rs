@@ -5,8 +5,9 @@
 
 use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
-use super::cuda::{self, by_dtype, Element};
+use super::cuda;
 use super::{f32s, own_kernel};
+use crate::train::kernels::{grid_stride, u32_of, Mem, Plan, Ty, Value, ROPE};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
@@ -187,7 +188,7 @@ impl CustomOp1 for Rope {
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
         let (d0, d1, d2, q) = l.shape().dims4()?;
-        let y = by_dtype!(cuda::dtype(x), rope_cuda(self, x, l))?;
+        let y = rope_cuda(self, x, l)?;
         Ok((y, Shape::from((d0, d2, d1, q))))
     }
 
@@ -198,54 +199,83 @@ impl CustomOp1 for Rope {
     }
 }
 
-/// [`Rope`] on CUDA: one thread per output pair.
+/// [`Rope`] on a GPU: x [d0, d1, d2, q] (operand 0) to [d0, d2, d1, q]
+/// (output 0), rotated with the f32 tables cos and sin [positions, q/2]
+/// (operands 1 and 2) when `rotate` (without, the kernel reads none: a
+/// one-value stand-in), one thread per output pair.
+pub fn plan(
+    (d0, d1, d2, q): (usize, usize, usize, usize),
+    own: Ty,
+    forward: bool,
+    rotate: bool,
+) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let n = d0 * d1 * d2 * q;
+    let y = plan.output(own, n);
+    let (cos, sin) = match rotate {
+        true => (Mem::Operand(1), Mem::Operand(2)),
+        false => {
+            let none = plan.scratch(Ty::F32, 1);
+            (none, none)
+        }
+    };
+    let sign: f32 = if forward { 1.0 } else { -1.0 };
+    plan.launch(
+        &ROPE,
+        "rope",
+        own,
+        grid_stride(n / 2),
+        vec![
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(y, 0),
+            Value::Ptr(cos, 0),
+            Value::Ptr(sin, 0),
+            Value::U32(u32_of(d0, "batch")?),
+            Value::U32(u32_of(d1, "dim 1")?),
+            Value::U32(u32_of(d2, "dim 2")?),
+            Value::U32(u32_of(q, "head size")?),
+            Value::F32(sign),
+            Value::U32(u32::from(rotate)),
+            Value::U32(u32::from(forward)),
+        ],
+    )?;
+    Ok(plan)
+}
+
+/// [`plan`] on candle's stream, its tables checked to cover the positions.
 #[cfg(feature = "cuda")]
-fn rope_cuda<T: Element>(op: &Rope, x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+fn rope_cuda(op: &Rope, x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
     let (d0, d1, d2, q) = l.shape().dims4()?;
-    let xv = cuda::view::<T>(x, l)?;
-    let dev = cuda::device(x);
-    let mut y = cuda::alloc::<T>(&dev, xv.len())?;
     // The positions run along dim 1 going forward, dim 2 coming back.
     let positions = if op.forward { d1 } else { d2 };
-    let tables = match &op.tables {
-        Some(r) if r.half * 2 != q || r.cos_v.len() < positions * r.half => candle_core::bail!(
-            "RoPE: tables for {} positions of head size {} do not fit {positions} positions of size {q}",
-            r.cos_v.len() / r.half.max(1),
-            2 * r.half
-        ),
-        Some(r) => Some((r.cos32.storage_and_layout(), r.sin32.storage_and_layout())),
-        None => None,
-    };
-    // Without tables (v only moves) the kernel reads none: a 1-value stand-in.
-    let none = cuda::alloc::<f32>(&dev, 1)?;
-    let (cos, sin) = match &tables {
-        Some(((c, cl), (s, sl))) => (
-            cuda::view::<f32>(cuda::on_gpu(c, "the RoPE tables")?, cl)?,
-            cuda::view::<f32>(cuda::on_gpu(s, "the RoPE tables")?, sl)?,
-        ),
-        None => (none.slice(..), none.slice(..)),
-    };
-    let sign: f32 = if op.forward { 1.0 } else { -1.0 };
-    let (rotate, forward) = (u32::from(op.tables.is_some()), u32::from(op.forward));
-    let dims = [
-        cuda::u32_of(d0, "batch")?,
-        cuda::u32_of(d1, "dim 1")?,
-        cuda::u32_of(d2, "dim 2")?,
-        cuda::u32_of(q, "head size")?,
-    ];
-    let f = cuda::function(&dev, &cuda::ROPE, "rope", T::DTYPE)?;
-    let mut b = f.builder();
-    b.arg(&xv).arg(&mut y).arg(&cos).arg(&sin);
-    for d in &dims {
-        b.arg(d);
+    if let Some(r) = &op.tables {
+        if r.half * 2 != q || r.cos_v.len() < positions * r.half {
+            candle_core::bail!(
+                "RoPE: tables for {} positions of head size {} do not fit {positions} positions of size {q}",
+                r.cos_v.len() / r.half.max(1),
+                2 * r.half
+            );
+        }
     }
-    b.arg(&sign).arg(&rotate).arg(&forward);
-    // SAFETY: the kernel's signature; it visits each of the d0·d1·d2·q/2
-    // pairs once, within x and y, and reads the tables at positions below
-    // `positions` (checked above) when it rotates.
-    unsafe { cuda::launch(&mut b, cuda::grid_stride(xv.len() / 2), "rope") }?;
-    drop(b);
-    Ok(CudaStorage::wrap_cuda_slice(y, dev))
+    let plan = plan(
+        (d0, d1, d2, q),
+        cuda::ty(x)?,
+        op.forward,
+        op.tables.is_some(),
+    )
+    .map_err(candle_core::Error::Msg)?;
+    let dev = cuda::device(x);
+    let tables = op
+        .tables
+        .as_ref()
+        .map(|r| (r.cos32.storage_and_layout(), r.sin32.storage_and_layout()));
+    let mut operands = vec![cuda::Operand::of(x, l)?];
+    if let Some(((c, cl), (s, sl))) = &tables {
+        operands.push(cuda::Operand::of(cuda::on_gpu(c, "the RoPE tables")?, cl)?);
+        operands.push(cuda::Operand::of(cuda::on_gpu(s, "the RoPE tables")?, sl)?);
+    }
+    let y = cuda::execute(&dev, &plan, &operands)?.remove(0);
+    Ok(y.into_storage(dev))
 }
 
 /// Its cases for `sweep bench kernels`: the queries' rotation, forward and
@@ -286,6 +316,45 @@ mod tests {
     use super::*;
     use crate::train::ops::testing::{max_diff, rand};
     use candle_core::Var;
+
+    /// The GPU plan under the host emulation of CUDA equals the CPU kernel:
+    /// forward and back, with tables and without (v only moves); f32 and bf16.
+    #[test]
+    fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
+        use crate::train::kernels::emulator::Buffer;
+        use crate::train::ops::testing::{buffer, emulate, tensor};
+        let (b, t, h, q) = (2, 7, 3, 8);
+        let r = RopeTables::new(10_000.0, q, 16, &Device::Cpu, DType::F32)?;
+        let (cos, sin) = (Buffer::f32(&r.cos_v), Buffer::f32(&r.sin_v));
+        for forward in [true, false] {
+            let dims = if forward { (b, t, h, q) } else { (b, h, t, q) };
+            let x = rand(&[dims.0, dims.1, dims.2, dims.3], 9);
+            for rotate in [true, false] {
+                for (own, tol) in [(Ty::F32, 1e-6), (Ty::Bf16, 1e-2)] {
+                    let seen = tensor(&buffer(&x, own), x.dims());
+                    let tables = rotate.then_some(&r);
+                    let want = match forward {
+                        true => heads_first(&seen, tables)?,
+                        false => super::backward(&seen, tables)?,
+                    };
+                    let mut operands = vec![buffer(&x, own)];
+                    if rotate {
+                        operands.extend([cos.clone(), sin.clone()]);
+                    }
+                    let Some((out, _)) = emulate(
+                        &plan(dims, own, forward, rotate).unwrap(),
+                        &operands,
+                        own == Ty::F32 && forward && rotate,
+                    ) else {
+                        return Ok(());
+                    };
+                    let got = tensor(&out[0], want.dims());
+                    assert!(max_diff(&got, &want)? < tol, "{forward} {rotate} {own:?}");
+                }
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn fused_matches_composed_forward_and_gradients() -> Result<()> {

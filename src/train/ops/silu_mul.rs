@@ -3,8 +3,9 @@
 
 use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
-use super::cuda::{self, by_dtype, Element};
+use super::cuda;
 use super::{f32s, own_kernel, work_dtype};
+use crate::train::kernels::{grid_stride, Mem, Plan, Ty, Value, SILU_MUL};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
@@ -85,7 +86,7 @@ impl CustomOp2 for SiluMul {
         b: &CudaStorage,
         bl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let y = by_dtype!(cuda::dtype(a), launch_cuda(a, al, b, bl, None))?;
+        let y = run_cuda(a, al, b, bl, None)?;
         Ok((y, al.shape().clone()))
     }
 
@@ -153,47 +154,55 @@ impl CustomOp3 for SiluMulBwd {
         dyl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = al.shape().elem_count();
-        let out = by_dtype!(cuda::dtype(a), launch_cuda(a, al, b, bl, Some((dy, dyl))))?;
+        let out = run_cuda(a, al, b, bl, Some((dy, dyl)))?;
         Ok((out, Shape::from(2 * n)))
     }
 }
 
-/// The forward (`dy` None: silu(a)·b) or the backward ([da; db]) on CUDA.
+/// The forward (`backward` false: silu(a)·b of operands a and b) or the
+/// backward ([da; db] from a, b and dy) of n values on a GPU, as output 0:
+/// a grid-stride pass over the elements.
+pub fn plan(n: usize, own: Ty, backward: bool) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let out = plan.output(own, if backward { 2 * n } else { n });
+    let mut args = vec![
+        Value::Ptr(Mem::Operand(0), 0),
+        Value::Ptr(Mem::Operand(1), 0),
+    ];
+    if backward {
+        args.push(Value::Ptr(Mem::Operand(2), 0));
+    }
+    args.extend([Value::Ptr(out, 0), Value::U64(n as u64)]);
+    let name = if backward {
+        "silu_mul_bwd"
+    } else {
+        "silu_mul_fwd"
+    };
+    plan.launch(&SILU_MUL, name, own, grid_stride(n), args)?;
+    Ok(plan)
+}
+
+/// [`plan`] on candle's stream.
 #[cfg(feature = "cuda")]
-fn launch_cuda<T: Element>(
+fn run_cuda(
     a: &CudaStorage,
     al: &Layout,
     b: &CudaStorage,
     bl: &Layout,
     dy: Option<(&CudaStorage, &Layout)>,
 ) -> Result<CudaStorage> {
-    let (av, bv) = (cuda::view::<T>(a, al)?, cuda::view::<T>(b, bl)?);
-    let n = av.len();
-    let dyv = dy.map(|(s, l)| cuda::view::<T>(s, l)).transpose()?;
-    if bv.len() != n || dyv.as_ref().is_some_and(|d| d.len() != n) {
+    let n = al.shape().elem_count();
+    let mut operands = vec![cuda::Operand::of(a, al)?, cuda::Operand::of(b, bl)?];
+    if let Some((dy, dyl)) = dy {
+        operands.push(cuda::Operand::of(dy, dyl)?);
+    }
+    if operands.iter().any(|o| o.len() != n) {
         candle_core::bail!("SwiGLU: the operands differ in size");
     }
+    let plan = plan(n, cuda::ty(a)?, dy.is_some()).map_err(candle_core::Error::Msg)?;
     let dev = cuda::device(a);
-    let outputs = if dyv.is_some() { 2 } else { 1 };
-    let mut out = cuda::alloc::<T>(&dev, outputs * n)?;
-    let n64 = n as u64;
-    let name = if dyv.is_some() {
-        "silu_mul_bwd"
-    } else {
-        "silu_mul_fwd"
-    };
-    let f = cuda::function(&dev, &cuda::SILU_MUL, name, T::DTYPE)?;
-    let mut args = f.builder();
-    args.arg(&av).arg(&bv);
-    if let Some(dyv) = &dyv {
-        args.arg(dyv);
-    }
-    args.arg(&mut out).arg(&n64);
-    // SAFETY: (a, b, [dy,] out, n) is the kernel's signature; element i < n
-    // of each operand, and i and n + i of out for the backward.
-    unsafe { cuda::launch(&mut args, cuda::grid_stride(n), name) }?;
-    drop(args);
-    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    let out = cuda::execute(&dev, &plan, &operands)?.remove(0);
+    Ok(out.into_storage(dev))
 }
 
 /// Its cases for `sweep bench kernels`: the feed-forward's gate, forward
@@ -230,6 +239,50 @@ mod tests {
     use super::*;
     use crate::train::ops::testing::{max_diff, rand};
     use candle_core::Var;
+
+    /// The GPU plans under the host emulation of CUDA equal the CPU
+    /// kernels: a length with a tail, one value, none; f32 and bf16.
+    #[test]
+    fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
+        use crate::train::ops::testing::{buffer, emulate, max_diff, rand, tensor};
+        for n in [1000, 1, 0] {
+            let (a, b, dy) = ((rand(&[n], 1) * 4.0)?, rand(&[n], 2), rand(&[n], 3));
+            for (own, tol) in [(Ty::F32, 1e-6), (Ty::Bf16, 2e-2)] {
+                let seen = |t: &Tensor| tensor(&buffer(t, own), t.dims());
+                let (xa, xb, xdy) = (seen(&a), seen(&b), seen(&dy));
+                let Some((out, _)) = emulate(
+                    &plan(n, own, false).unwrap(),
+                    &[buffer(&a, own), buffer(&b, own)],
+                    own == Ty::F32 && n == 1000,
+                ) else {
+                    return Ok(());
+                };
+                if n > 0 {
+                    assert!(max_diff(&tensor(&out[0], &[n]), &silu_mul(&xa, &xb)?)? < tol);
+                }
+                let operands = [buffer(&a, own), buffer(&b, own), buffer(&dy, own)];
+                let (out, _) = emulate(
+                    &plan(n, own, true).unwrap(),
+                    &operands,
+                    own == Ty::F32 && n == 1000,
+                )
+                .unwrap();
+                let (da, db) = backward(&xa, &xb, &xdy)?;
+                if n > 0 {
+                    let both = tensor(&out[0], &[2 * n]);
+                    assert!(
+                        max_diff(&both.narrow(0, 0, n)?, &da)? < 2.0 * tol,
+                        "{own:?}"
+                    );
+                    assert!(
+                        max_diff(&both.narrow(0, n, n)?, &db)? < 2.0 * tol,
+                        "{own:?}"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn fused_matches_composed_forward_and_gradients() -> Result<()> {

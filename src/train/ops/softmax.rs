@@ -6,8 +6,9 @@
 
 use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
-use super::cuda::{self, by_dtype, Element};
+use super::cuda;
 use super::{f32s, own_kernel, rows_per_task, work_dtype};
+use crate::train::kernels::{block_per_row, u32_of, Mem, Plan, Ty, Value, SOFTMAX};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
@@ -25,6 +26,15 @@ pub fn softmax(
 ) -> Result<Tensor> {
     if period == 0 {
         candle_core::bail!("softmax: a period of 0 query positions");
+    }
+    // Row r is position first + r % period within its [R, K] matrix (the CPU
+    // kernel) and first + (global row) % period (the CUDA one): the same
+    // only when R is a multiple of the period, as every caller's is.
+    let rows = scores.dims().iter().rev().nth(1).copied().unwrap_or(1);
+    if rows % period != 0 {
+        candle_core::bail!(
+            "softmax: {rows} rows per matrix are no whole number of periods of {period}"
+        );
     }
     let op = Softmax {
         scale,
@@ -143,8 +153,14 @@ impl CustomOp1 for Softmax {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-        let p = by_dtype!(cuda::dtype(s), forward_cuda(self, s, l))?;
-        Ok((p, l.shape().clone()))
+        let (rows, keys) = rows_and_keys(l);
+        let shape = (self.period, self.first, self.causal);
+        // The kernel takes an f32 scale.
+        let plan = forward_plan(rows, keys, cuda::ty(s)?, shape, self.scale as f32)
+            .map_err(candle_core::Error::Msg)?;
+        let dev = cuda::device(s);
+        let p = cuda::execute(&dev, &plan, &[cuda::Operand::of(s, l)?])?.remove(0);
+        Ok((p.into_storage(dev), l.shape().clone()))
     }
 
     // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
@@ -201,74 +217,80 @@ impl CustomOp2 for SoftmaxBwd {
         dp: &CudaStorage,
         dpl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let ds = by_dtype!(cuda::dtype(p), backward_cuda(self.scale, p, pl, dp, dpl))?;
-        Ok((ds, pl.shape().clone()))
+        let (rows, keys) = rows_and_keys(pl);
+        if dpl.shape().elem_count() != pl.shape().elem_count() {
+            candle_core::bail!("softmax backward: P and dP differ in size");
+        }
+        let plan =
+            backward_plan(rows, keys, cuda::ty(p)?, self.scale).map_err(candle_core::Error::Msg)?;
+        let dev = cuda::device(p);
+        let operands = [cuda::Operand::of(p, pl)?, cuda::Operand::of(dp, dpl)?];
+        let ds = cuda::execute(&dev, &plan, &operands)?.remove(0);
+        Ok((ds.into_storage(dev), pl.shape().clone()))
     }
 }
 
-/// (rows, keys) of scores [..., R, K], each count within the kernels' u32.
+/// (rows, keys) of scores [..., R, K].
 #[cfg(feature = "cuda")]
-fn rows_and_keys(l: &Layout) -> Result<(u32, u32)> {
-    let dims = l.shape().dims();
-    let keys = *dims.last().unwrap_or(&1);
-    let rows = l.shape().elem_count() / keys.max(1);
-    Ok((
-        cuda::u32_of(rows, "softmax rows")?,
-        cuda::u32_of(keys, "softmax keys")?,
-    ))
+fn rows_and_keys(l: &Layout) -> (usize, usize) {
+    let keys = *l.shape().dims().last().unwrap_or(&1);
+    (l.shape().elem_count() / keys.max(1), keys)
 }
 
-#[cfg(feature = "cuda")]
-fn forward_cuda<T: Element>(op: &Softmax, s: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
-    let (rows, keys) = rows_and_keys(l)?;
-    let x = cuda::view::<T>(s, l)?;
-    let dev = cuda::device(s);
-    let mut p = cuda::alloc::<T>(&dev, x.len())?;
-    let period = cuda::u32_of(op.period, "the softmax period")?;
-    let first = cuda::u32_of(op.first, "the softmax's first position")?;
-    let causal = u32::from(op.causal);
-    // The kernel takes an f32 scale.
-    let scale = op.scale as f32;
-    let f = cuda::function(&dev, &cuda::SOFTMAX, "softmax_fwd", T::DTYPE)?;
-    let mut args = f.builder();
-    args.arg(&x)
-        .arg(&mut p)
-        .arg(&keys)
-        .arg(&period)
-        .arg(&first)
-        .arg(&causal)
-        .arg(&scale);
-    // SAFETY: (scores, probs, keys, period, offset, causal, scale) is the
-    // kernel's signature; block r reads and writes row r's `keys` values,
-    // and there are `rows` blocks over rows × keys values.
-    unsafe { cuda::launch(&mut args, cuda::block_per_row(rows), "softmax_fwd") }?;
-    drop(args);
-    Ok(CudaStorage::wrap_cuda_slice(p, dev))
-}
-
-#[cfg(feature = "cuda")]
-fn backward_cuda<T: Element>(
+/// The forward on a GPU: probabilities (output 0) of `rows` rows of `keys`
+/// scores (operand 0), a block per row.
+pub fn forward_plan(
+    rows: usize,
+    keys: usize,
+    own: Ty,
+    (period, first, causal): (usize, usize, bool),
     scale: f32,
-    p: &CudaStorage,
-    pl: &Layout,
-    dp: &CudaStorage,
-    dpl: &Layout,
-) -> Result<CudaStorage> {
-    let (rows, keys) = rows_and_keys(pl)?;
-    let (pv, dpv) = (cuda::view::<T>(p, pl)?, cuda::view::<T>(dp, dpl)?);
-    if pv.len() != dpv.len() {
-        candle_core::bail!("softmax backward: P and dP differ in size");
-    }
-    let dev = cuda::device(p);
-    let mut ds = cuda::alloc::<T>(&dev, pv.len())?;
-    let f = cuda::function(&dev, &cuda::SOFTMAX, "softmax_bwd", T::DTYPE)?;
-    let mut args = f.builder();
-    args.arg(&pv).arg(&dpv).arg(&mut ds).arg(&keys).arg(&scale);
-    // SAFETY: (probs, dprobs, dscores, keys, scale) is the kernel's
-    // signature; block r touches row r of each, `rows` rows in all.
-    unsafe { cuda::launch(&mut args, cuda::block_per_row(rows), "softmax_bwd") }?;
-    drop(args);
-    Ok(CudaStorage::wrap_cuda_slice(ds, dev))
+) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let p = plan.output(own, rows * keys);
+    let rows32 = u32_of(rows, "softmax rows")?;
+    plan.launch(
+        &SOFTMAX,
+        "softmax_fwd",
+        own,
+        block_per_row(rows32),
+        vec![
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(p, 0),
+            Value::U32(u32_of(keys, "softmax keys")?),
+            Value::U32(u32_of(period, "the softmax period")?),
+            Value::U32(u32_of(first, "the softmax's first position")?),
+            Value::U32(u32::from(causal)),
+            Value::F32(scale),
+        ],
+    )?;
+    Ok(plan)
+}
+
+/// The backward on a GPU: dS (output 0) from P and dP (operands 0, 1), a
+/// block per row.
+pub fn backward_plan(
+    rows: usize,
+    keys: usize,
+    own: Ty,
+    scale: f32,
+) -> std::result::Result<Plan, String> {
+    let mut plan = Plan::default();
+    let ds = plan.output(own, rows * keys);
+    plan.launch(
+        &SOFTMAX,
+        "softmax_bwd",
+        own,
+        block_per_row(u32_of(rows, "softmax rows")?),
+        vec![
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(Mem::Operand(1), 0),
+            Value::Ptr(ds, 0),
+            Value::U32(u32_of(keys, "softmax keys")?),
+            Value::F32(scale),
+        ],
+    )?;
+    Ok(plan)
 }
 
 /// Its cases for `sweep bench kernels`: attention's softmax on the last tile
@@ -313,6 +335,57 @@ mod tests {
     use super::*;
     use crate::train::ops::testing::{max_diff, rand};
     use candle_core::Var;
+
+    /// The GPU plans under the host emulation of CUDA equal the CPU
+    /// kernels: causal tiles of queries (a period below the rows, a first
+    /// position past 0), keys that fill no whole pass of a block, one key;
+    /// f32 and bf16.
+    #[test]
+    fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
+        use crate::train::ops::testing::{buffer, emulate, tensor};
+        for (r, keys, period, first, causal) in [
+            (6, 300, 3, 297, true),
+            (4, 40, 4, 0, true),
+            (5, 1, 5, 0, false),
+            (2, 513, 1, 100, false),
+        ] {
+            let x = (rand(&[2, r, keys], 1) * 4.0)?;
+            let dp = rand(&[2, r, keys], 2);
+            let rows = 2 * r;
+            for (own, tol) in [(Ty::F32, 1e-6), (Ty::Bf16, 1e-2)] {
+                let seen = |t: &Tensor| tensor(&buffer(t, own), t.dims());
+                let plan = forward_plan(rows, keys, own, (period, first, causal), 0.3).unwrap();
+                let Some((out, _)) = emulate(&plan, &[buffer(&x, own)], own == Ty::F32 && r == 6)
+                else {
+                    return Ok(());
+                };
+                let want = softmax(&seen(&x), 0.3, period, first, causal)?;
+                let p = tensor(&out[0], &[2, r, keys]);
+                assert!(max_diff(&p, &want)? < tol, "forward {r}x{keys} {own:?}");
+                let operands = [buffer(&want, own), buffer(&dp, own)];
+                let (out, _) = emulate(
+                    &backward_plan(rows, keys, own, 0.3).unwrap(),
+                    &operands,
+                    own == Ty::F32 && r == 6,
+                )
+                .unwrap();
+                let ds = backward(&seen(&want), &seen(&dp), 0.3)?;
+                let got = tensor(&out[0], &[2, r, keys]);
+                assert!(
+                    max_diff(&got, &ds)? < 2.0 * tol,
+                    "backward {r}x{keys} {own:?}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn rows_that_are_no_whole_number_of_periods_are_refused() {
+        let x = rand(&[5, 8], 3);
+        let e = softmax(&x, 1.0, 2, 0, true).unwrap_err().to_string();
+        assert!(e.contains("no whole number of periods"), "{e}");
+    }
 
     #[test]
     fn fused_matches_composed_forward_and_gradients() -> Result<()> {
