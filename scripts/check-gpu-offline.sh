@@ -8,7 +8,11 @@
 #    the entry points of the kernels' table (src/train/kernels/mod.rs), each
 #    with parameters of the table's sizes where a launch puts them (read by
 #    cuobjdump), no spills, no stack, registers and static shared memory
-#    within a 256-thread block's — the test `train::kernels::offline`;
+#    within a 256-thread block's — the test `train::kernels::offline`; and
+#    every op's GPU plan (its launches, grids and arguments as the trainer
+#    makes them) run by a host emulation of CUDA under AddressSanitizer,
+#    UndefinedBehaviorSanitizer and ThreadSanitizer against the op's CPU
+#    twin — the `under_emulation` tests (g++ only);
 # 2. the CUDA feature sets type-checked one by one (`cuda`, `cuda,nccl`;
 #    with --flash-attn also `cuda,flash-attn` and `cuda,flash-attn,nccl`,
 #    whose kernel build takes an hour cold): code that only one feature set
@@ -61,7 +65,7 @@ export SWEEP_REQUIRE_GPU_OFFLINE=1
 [[ -f $SWEEP_NVRTC && -x $SWEEP_CUOBJDUMP ]] || { log "no NVRTC or cuobjdump in $DEST"; exit 1; }
 
 started=$(date +%s)
-cargo test --release --locked "$@" --lib train::kernels -- --test-threads=1
+cargo test --release --locked "$@" --lib -- train::kernels under_emulation
 log "kernels checked in $(($(date +%s) - started)) s"
 [[ $KERNELS_ONLY -eq 1 ]] && exit 0
 

@@ -277,6 +277,8 @@ impl Emulator {
             .map_err(|e| e.to_string())?;
         let said = String::from_utf8_lossy(&out.stderr);
         if !out.status.success() || said.contains("Sanitizer") || said.contains("runtime error") {
+            // The report's head: what, where, the first frames.
+            let said: String = said.lines().take(12).collect::<Vec<_>>().join("\n");
             return Err(format!(
                 "the emulated launches failed ({}):\n{said}",
                 out.status
