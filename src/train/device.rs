@@ -9,20 +9,55 @@ pub use crate::config::runtime::CudaPool;
 use anyhow::Result;
 use candle_core::Device;
 
-/// CUDA device `ordinal`, its memory pool set as `pool` says
-/// (`SWEEP_CUDA_POOL`).
+/// CUDA device `ordinal` (a rank's local rank: where each task sees one GPU
+/// alone, as SLURM's `--gpus-per-task` gives it, that one), its memory pool
+/// set as `pool` says (`SWEEP_CUDA_POOL`).
+///
+/// All of sweep's GPU work is queued on candle's one stream by the thread
+/// that opens the device, and so runs in that thread's order: cudarc's
+/// tracking of each allocation's uses across streams (two CUDA events per
+/// allocation) is turned off, and the kernels' executor refuses another
+/// thread ([`gpu_thread`]).
 #[cfg(feature = "cuda")]
 pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
     use anyhow::Context;
+    use candle_core::cuda::cudarc::driver::CudaContext;
+    let visible = CudaContext::device_count().unwrap_or(0).max(0) as usize;
+    let ordinal = match (ordinal, visible) {
+        (o, v) if o < v => o,
+        (_, 1) => 0,
+        (o, v) => anyhow::bail!(
+            "local rank {o} has no CUDA device of its own: {v} are visible here (does `nvidia-smi` list them? a SLURM job needs `gpus_per_node`, one per task)"
+        ),
+    };
     let device = Device::new_cuda(ordinal).with_context(|| {
         format!(
             "opening CUDA device {ordinal} (does `nvidia-smi` list it here? a SLURM job needs `gpus_per_node`)"
         )
     })?;
+    if let Device::Cuda(d) = &device {
+        // SAFETY: one stream, one thread (above): nothing to synchronise
+        // between streams.
+        unsafe { d.cuda_stream().context().disable_event_tracking() };
+    }
+    let _ = GPU_THREAD.set(std::thread::current().id());
     if pool == CudaPool::Keep {
         keep_freed_memory(&device)?;
     }
     Ok(device)
+}
+
+/// The thread that opened the CUDA device (see [`cuda`]).
+#[cfg(feature = "cuda")]
+static GPU_THREAD: std::sync::OnceLock<std::thread::ThreadId> = std::sync::OnceLock::new();
+
+/// Whether this thread may queue GPU work: the one that opened the device
+/// (or any, before a device was opened: the tests' own devices).
+#[cfg(feature = "cuda")]
+pub fn gpu_thread() -> bool {
+    GPU_THREAD
+        .get()
+        .is_none_or(|t| *t == std::thread::current().id())
 }
 
 /// A build without the `cuda` feature: candle's error.

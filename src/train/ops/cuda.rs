@@ -237,30 +237,51 @@ pub fn function(dev: &CudaDevice, source: &Source, name: &str, dtype: DType) -> 
         bail!("sweep's `{name}` kernel has no {dtype:?} entry point");
     };
     type Modules = Mutex<HashMap<(usize, &'static str), Arc<CudaModule>>>;
+    type Functions = Mutex<HashMap<(usize, String), CudaFunction>>;
     static MODULES: OnceLock<Modules> = OnceLock::new();
+    static FUNCTIONS: OnceLock<Functions> = OnceLock::new();
     let stream = dev.cuda_stream();
     let context = stream.context();
-    let module = {
-        let mut modules = MODULES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match modules.entry((context.ordinal(), source.module)) {
-            std::collections::hash_map::Entry::Occupied(m) => m.get().clone(),
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                let arch = context
-                    .compute_capability()
-                    .map_err(|e| driver_error(e, source.module))?;
-                let module = context
-                    .load_module(Ptx::from_binary(cubin(source, arch)?.to_vec()))
-                    .map_err(|e| driver_error(e, source.module))?;
-                slot.insert(module).clone()
-            }
+    // Each entry point looked up once per device, not at every launch.
+    let key = (context.ordinal(), entry.clone());
+    let known = FUNCTIONS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .cloned();
+    let func = match known {
+        Some(f) => f,
+        None => {
+            let module = {
+                let mut modules = MODULES
+                    .get_or_init(Default::default)
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                match modules.entry((context.ordinal(), source.module)) {
+                    std::collections::hash_map::Entry::Occupied(m) => m.get().clone(),
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        let arch = context
+                            .compute_capability()
+                            .map_err(|e| driver_error(e, source.module))?;
+                        let module = context
+                            .load_module(Ptx::from_binary(cubin(source, arch)?.to_vec()))
+                            .map_err(|e| driver_error(e, source.module))?;
+                        slot.insert(module).clone()
+                    }
+                }
+            };
+            let f = module
+                .load_function(&entry)
+                .map_err(|e| driver_error(e, name))?;
+            FUNCTIONS
+                .get_or_init(Default::default)
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, f.clone());
+            f
         }
     };
-    let func = module
-        .load_function(&entry)
-        .map_err(|e| driver_error(e, name))?;
     Ok(Kernel {
         stream,
         func,
@@ -478,6 +499,9 @@ impl<'a> Pointer<'a> {
 /// Operands the plan writes are written in place.
 pub fn execute(dev: &CudaDevice, plan: &kernels::Plan, operands: &[Operand]) -> Result<Vec<Owned>> {
     use kernels::{Mem, Value};
+    if !crate::train::device::gpu_thread() {
+        bail!("sweep's kernels are queued by the thread that opened the device (one stream, in that thread's order)");
+    }
     let outputs = plan
         .outputs
         .iter()
