@@ -11,7 +11,7 @@
 //! runs, times and tabulates them.
 
 use crate::config::{DeviceKind, ModelConfig, ModelOverrides};
-use crate::train::ops::check::{self, Case, Shapes};
+use crate::train::ops::check::{self, errors, flat_f32, prepare, tolerance, Case, Shapes};
 use crate::train::ops::composed_here;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
@@ -75,70 +75,12 @@ pub struct KernelReport {
     pub rows: Vec<KernelRow>,
 }
 
-/// Relative error allowed: f32 arithmetic either way; bf16 storage rounds
-/// each output once (2^-8 relative) and the reference does not. Ops that
-/// chain several bf16 products (`chained`: the attention backward rounds
-/// its scores, probabilities and their gradients to bf16 between its five
-/// products, as flash attention's backward does) get twice that.
-fn tolerance(dtype: DType, chained: bool) -> f64 {
-    match (dtype, chained) {
-        (DType::BF16, false) => 1.6e-2,
-        (DType::BF16, true) => 3.2e-2,
-        _ => 1e-4,
-    }
-}
-
 fn dtype_name(dtype: DType) -> &'static str {
     match dtype {
         DType::BF16 => "bf16",
         DType::F64 => "f64",
         _ => "f32",
     }
-}
-
-/// The inputs of a case on the device in the dtype; ops that write into
-/// their inputs (the loss, the embedding's buffer) get fresh copies.
-fn prepare(case: &Case, device: &Device, dtype: DType) -> Result<Vec<Tensor>> {
-    case.inputs
-        .iter()
-        .map(|t| Ok(t.to_dtype(dtype)?.to_device(device)?.copy()?))
-        .collect()
-}
-
-fn flat_f32(outputs: &[Tensor]) -> Result<Vec<f32>> {
-    let mut all = Vec::new();
-    for t in outputs {
-        all.extend(
-            t.to_device(&Device::Cpu)?
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?,
-        );
-    }
-    Ok(all)
-}
-
-/// (max abs error, max abs error / max |reference|).
-fn errors(got: &[f32], want: &[f32]) -> Result<(f64, f64)> {
-    if got.len() != want.len() {
-        bail!(
-            "{} outputs against {} in the reference",
-            got.len(),
-            want.len()
-        );
-    }
-    let (mut abs, mut scale) = (0f64, 0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        let e = (g as f64 - w as f64).abs();
-        // A NaN anywhere is an infinite error, not one that max() skips.
-        abs = if e.is_nan() {
-            f64::INFINITY
-        } else {
-            abs.max(e)
-        };
-        scale = scale.max((w as f64).abs());
-    }
-    Ok((abs, abs / scale.max(f64::MIN_POSITIVE)))
 }
 
 /// The median time of `repeats` calls, after one warm-up, each on fresh
@@ -196,13 +138,13 @@ pub fn run(work: &Work) -> Result<KernelReport> {
     if work.tokens == 0 || work.repeats == 0 {
         bail!("--tokens and --repeats must be at least 1");
     }
-    let (device, name, dtypes) = match work.device {
-        DeviceKind::Cpu => (Device::Cpu, "cpu".to_string(), vec![DType::F32]),
+    let (device, name) = match work.device {
+        DeviceKind::Cpu => (Device::Cpu, "cpu".to_string()),
         DeviceKind::Cuda => {
             let d =
                 crate::train::device::cuda(0, crate::config::RuntimeOptions::current().cuda_pool)?;
             let name = crate::train::device::name(&d)?;
-            (d, name, vec![DType::BF16, DType::F32])
+            (d, name)
         }
     };
     let seq = work.seq_len.min(work.tokens).max(1);
@@ -214,7 +156,7 @@ pub fn run(work: &Work) -> Result<KernelReport> {
     };
     let mut rows = Vec::new();
     for case in check::all(&shapes)? {
-        for &dtype in &dtypes {
+        for dtype in check::dtypes(&case, &device) {
             // The reference: on the CPU the composed twin, elsewhere the CPU
             // kernel, on the same (rounded) inputs in f32.
             let reference_inputs: Vec<Tensor> = case
@@ -232,7 +174,7 @@ pub fn run(work: &Work) -> Result<KernelReport> {
             let (max_abs_err, max_rel_err) = errors(&got, &want)?;
             let kernel_s = time(&case, &device, dtype, work.repeats, false)?;
             let composed_s = time(&case, &device, dtype, work.repeats, true)?;
-            let tol = tolerance(dtype, case.chained);
+            let tol = tolerance(&case, dtype);
             rows.push(KernelRow {
                 op: case.op,
                 shape: case.shape.clone(),

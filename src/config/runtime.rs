@@ -28,8 +28,13 @@ pub enum CpuKernels {
 /// Which implementation the ops with CUDA kernels use on a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CudaKernels {
-    /// sweep's kernels (`src/train/kernels/`).
+    /// sweep's kernels (`src/train/kernels/`) that pass their self-check
+    /// when the device opens; the composed twin of any that does not (said
+    /// on stderr and recorded in the run's metrics).
     #[default]
+    Auto,
+    /// sweep's kernels, all of them: a kernel that fails its self-check
+    /// stops the run instead of falling back.
     Own,
     /// The composed twins, from candle's kernels: to measure the difference,
     /// or to rule a kernel out when a GPU run goes wrong.
@@ -90,8 +95,8 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "SWEEP_CUDA_KERNELS",
-        values: "`own`, `composed`",
-        what: "sweep's CUDA kernels, or candle's composed ops in their place",
+        values: "`auto`, `own`, `composed`",
+        what: "sweep's CUDA kernels that pass their self-check when the device opens (the composed twin of any that fails), all of them (a failure stops the run), or candle's composed ops in their place",
     },
     Variable {
         name: "SWEEP_CUDA_POOL",
@@ -183,8 +188,8 @@ impl RuntimeOptions {
         Ok(RuntimeOptions {
             cpu_kernels: [CpuKernels::Auto, CpuKernels::Portable]
                 [choice("SWEEP_CPU_KERNELS", &["auto", "portable"])?],
-            cuda_kernels: [CudaKernels::Own, CudaKernels::Composed]
-                [choice("SWEEP_CUDA_KERNELS", &["own", "composed"])?],
+            cuda_kernels: [CudaKernels::Auto, CudaKernels::Own, CudaKernels::Composed]
+                [choice("SWEEP_CUDA_KERNELS", &["auto", "own", "composed"])?],
             cuda_pool: [CudaPool::Keep, CudaPool::Release]
                 [choice("SWEEP_CUDA_POOL", &["keep", "release"])?],
             check_replicas: flag("SWEEP_CHECK_REPLICAS")?,

@@ -823,6 +823,7 @@ fn read_run(
                     run.ranks = log.ranks;
                     run.torn = log.torn;
                     run.issues.extend(log.omitted.describe(&path));
+                    run.issues.extend(log.notes);
                 }
                 Err(_) if !path.exists() && path.symlink_metadata().is_err() => {
                     if run.reason.is_none() {

@@ -183,6 +183,28 @@ impl Reporter {
 
     /// The ranks' hosts from `step` on (written by the main rank).
     /// Also said in the job's log, where a reader looks first.
+    /// Records the kernels that fell back on this rank's GPU, from `step`
+    /// (the main rank's: the others said so on stderr).
+    pub fn fallbacks(
+        &mut self,
+        step: usize,
+        failures: &[crate::train::ops::selfcheck::Failure],
+    ) -> Result<()> {
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        for f in failures {
+            log.write(Event {
+                step,
+                event: EventKind::KernelFallback,
+                value: f.rel_err.filter(|e| e.is_finite()).unwrap_or(-1.0),
+                threshold: f.tolerance,
+                detail: Some(f.describe()),
+            })?;
+        }
+        Ok(())
+    }
+
     pub fn placement(&mut self, step: usize, hosts: Vec<String>) -> Result<()> {
         let Some(log) = &mut self.log else {
             return Ok(());
@@ -235,6 +257,7 @@ impl Reporter {
                 event: EventKind::MfuAbovePeak,
                 value: tp.mfu_pct,
                 threshold: 100.0,
+                detail: None,
             })?;
         }
         let m = StepMetrics {

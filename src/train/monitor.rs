@@ -42,6 +42,7 @@ impl Monitor {
                     event: EventKind::LossSpike,
                     value: loss,
                     threshold: self.cfg.spike_factor * mean,
+                    detail: None,
                 });
             }
         }
@@ -51,6 +52,7 @@ impl Monitor {
                 event: EventKind::GradientExplosion,
                 value: grad_norm,
                 threshold: self.cfg.explosion_factor * self.clip,
+                detail: None,
             });
         }
         s.window.push_back(loss);
@@ -66,6 +68,7 @@ impl Monitor {
                         event: EventKind::Plateau,
                         value: loss,
                         threshold: b,
+                        detail: None,
                     });
                     s.last_plateau = step;
                 }

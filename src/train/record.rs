@@ -68,6 +68,10 @@ pub struct Event {
     pub event: EventKind,
     pub value: f64,
     pub threshold: f64,
+    /// What the numbers are about, in words, where the kind alone does not
+    /// say (which kernel fell back, and why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +86,10 @@ pub enum EventKind {
     /// The measured MFU exceeds 100%: the peak FLOPs is too low for this
     /// device (a noisy CPU measurement, a wrong `gpu` or `peak_flops`).
     MfuAbovePeak,
+    /// A kernel failed its self-check when the GPU opened: its ops ran
+    /// their composed twins (`value`: its relative error against the twin,
+    /// −1 where it failed to run or wrote a NaN; `threshold`: the tolerance).
+    KernelFallback,
 }
 
 impl EventKind {
@@ -91,6 +99,7 @@ impl EventKind {
             EventKind::GradientExplosion => "gradient explosion",
             EventKind::Plateau => "plateau",
             EventKind::MfuAbovePeak => "MFU above 100% of the peak",
+            EventKind::KernelFallback => "a kernel failed its self-check: its composed twin ran",
         }
     }
 }
@@ -294,6 +303,7 @@ mod tests {
             event: EventKind::MfuAbovePeak,
             value: 103.5,
             threshold: 100.0,
+            detail: None,
         };
         let line = serde_json::to_string(&e).unwrap();
         assert_eq!(
@@ -330,6 +340,7 @@ mod tests {
             event: EventKind::LossSpike,
             value: 9.0,
             threshold: 3.0,
+            detail: None,
         };
         let mut text = Vec::new();
         for r in [Record::from(step(1)), Record::from(e.clone())] {

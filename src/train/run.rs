@@ -206,6 +206,7 @@ fn open_reporter(t: &Trainer, run_dir: &Path, first: usize) -> Result<Reporter> 
     if first > 1 {
         reporter.resume(first - 1)?;
     }
+    reporter.fallbacks(first, &t.fallbacks)?;
     Ok(reporter)
 }
 

@@ -40,6 +40,9 @@ pub struct Trainer {
     /// [`Phases`] splits a step truly (`sweep bench train`); training does
     /// not (it would idle a GPU).
     pub sync_forward: bool,
+    /// The kernels that failed their self-check when the GPU opened, whose
+    /// ops run their composed twins ([`ops::selfcheck`]).
+    pub fallbacks: Vec<ops::selfcheck::Failure>,
 }
 
 /// Where a step's time went, in seconds. Without [`Trainer::sync_forward`]
@@ -90,8 +93,8 @@ impl Trainer {
             bail!("batch_size = \"max\" must be resolved before training (sweep train does)");
         }
         let ranks = Ranks::from_env()?;
-        let device = match cfg.device {
-            DeviceKind::Cpu => Device::Cpu,
+        let (device, fallbacks) = match cfg.device {
+            DeviceKind::Cpu => (Device::Cpu, Vec::new()),
             DeviceKind::Cuda => cuda_device(ranks.local_rank, rt)?,
         };
         let (dtype, bf16_matmuls) = super::model::dtypes(cfg.precision, &device)?;
@@ -142,6 +145,7 @@ impl Trainer {
             grads,
             layout,
             sync_forward: false,
+            fallbacks,
         })
     }
 
@@ -326,15 +330,23 @@ fn announce_bf16_kernel(rt: &RuntimeOptions) {
     }
 }
 
-/// GPU `local_rank`, its memory pool as the options say.
-fn cuda_device(local_rank: usize, rt: &RuntimeOptions) -> Result<Device> {
+/// GPU `local_rank`, its memory pool as the options say, once its kernels
+/// passed their self-check (those that did not: their failures).
+fn cuda_device(
+    local_rank: usize,
+    rt: &RuntimeOptions,
+) -> Result<(Device, Vec<ops::selfcheck::Failure>)> {
     if rt.cuda_kernels == ops::CudaKernels::Composed {
         eprintln!(
             "sweep train: SWEEP_CUDA_KERNELS=composed: candle's composed ops instead of sweep's CUDA kernels"
         );
     }
     #[cfg(feature = "cuda")]
-    return device::cuda(local_rank, rt.cuda_pool);
+    {
+        let device = device::cuda(local_rank, rt.cuda_pool)?;
+        let failures = ops::selfcheck::at_open(&device, rt.cuda_kernels)?;
+        Ok((device, failures))
+    }
     #[cfg(not(feature = "cuda"))]
     bail!(
         "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see docs/gpu.md)"

@@ -51,6 +51,18 @@ fn cuda_f32_follows_the_cpu_loss_curve() {
     assert_eq!(cpu.len(), 20);
     let diff = max_rel_diff(&cpu, &cuda);
     assert!(diff <= 1e-4, "CUDA f32 is {diff:e} off the CPU curve");
+    // Every kernel passed its self-check when the GPU opened: none fell back.
+    let metrics =
+        std::fs::read_to_string(root.path().join("results/f32/cuda/metrics.jsonl")).unwrap();
+    assert!(
+        !metrics.contains("kernel_fallback"),
+        "a kernel failed its self-check on this GPU:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("kernel_fallback"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 #[test]

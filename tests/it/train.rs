@@ -598,9 +598,13 @@ fn bench_kernels_checks_every_kernel_and_writes_its_figures() {
     assert!(text.contains("attention backward"), "{text}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 13, "{report}");
+    assert_eq!(rows.len(), 19, "{report}");
     // The work rate of the ops made of products.
-    for op in ["attention backward", "weight gradient"] {
+    for op in [
+        "attention backward",
+        "weight gradient",
+        "flash attention forward",
+    ] {
         let row = rows.iter().find(|r| r["op"] == op).unwrap();
         assert!(row["tflop_per_s"].as_f64().unwrap() > 0.0, "{row}");
     }

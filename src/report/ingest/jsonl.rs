@@ -1,10 +1,10 @@
 //! Our trainer's `metrics.jsonl`, read through its one record type
 //! ([`crate::train::record`]): step records become points, events are not
-//! steps, lines that do not parse and implausible values are omissions. A
+//! steps (a kernel's fallback is a note beside the run), lines that do not parse and implausible values are omissions. A
 //! last line without its newline is a run still writing (`torn`).
 
 use super::{Omissions, Point};
-use crate::train::record::{parse_log, Record};
+use crate::train::record::{parse_log, EventKind, Record};
 use std::sync::Arc;
 
 /// One logging interval of a data-parallel run: each rank's compute
@@ -28,6 +28,9 @@ pub struct Parsed {
     pub omitted: Omissions,
     /// The last line is still being written.
     pub torn: bool,
+    /// How the run ran differently from what it was asked (a kernel that
+    /// fell back to its composed twin), once each.
+    pub notes: Vec<String>,
 }
 
 /// The most seconds per step a rank's compute time can be in a log a run
@@ -85,6 +88,16 @@ pub fn parse(bytes: &[u8]) -> Parsed {
                 }
             }
             Record::Placement(p) => hosts = Some(p.hosts.clone().into()),
+            Record::Event(e) if e.event == EventKind::KernelFallback => {
+                let what = e.detail.as_deref().unwrap_or("a kernel");
+                let note = format!(
+                    "composed ops ran in place of a kernel that failed its self-check on the GPU ({})",
+                    crate::util::text::note(what)
+                );
+                if !out.notes.contains(&note) {
+                    out.notes.push(note);
+                }
+            }
             Record::Event(_) => {}
         }
     }
@@ -116,6 +129,60 @@ pub fn last_point(path: &std::path::Path) -> Option<Point> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kernel that fell back is a note, once however often the run (and
+    /// its resumes) recorded it; a hostile detail is cut and printable.
+    #[test]
+    fn a_kernels_fallback_is_a_note_beside_the_run() {
+        use crate::train::ops::selfcheck::Failure;
+        use crate::train::ops::Kernel;
+        let dir = tempfile::tempdir().unwrap();
+        let f = Failure {
+            kernel: Kernel::RmsNorm,
+            case: "rms_norm forward",
+            dtype: candle_core::DType::BF16,
+            rel_err: Some(0.5),
+            tolerance: 1.6e-2,
+            why: "max relative error 5.00e-1 against its composed twin (tolerance 1.6e-2)".into(),
+        };
+        let nan = Failure {
+            rel_err: Some(f64::INFINITY),
+            ..f.clone()
+        };
+        let mut log = crate::train::record::MetricsLog::open(dir.path()).unwrap();
+        for step in [1, 5] {
+            for f in [&f, &nan] {
+                log.write(crate::train::record::Event {
+                    step,
+                    event: EventKind::KernelFallback,
+                    value: f.rel_err.filter(|e| e.is_finite()).unwrap_or(-1.0),
+                    threshold: f.tolerance,
+                    detail: Some(f.describe()),
+                })
+                .unwrap();
+            }
+        }
+        drop(log);
+        let mut bytes = std::fs::read(dir.path().join(crate::train::record::METRICS_FILE)).unwrap();
+        let long = format!(
+            "{{\"step\":9,\"event\":\"kernel_fallback\",\"value\":-1,\"threshold\":0.01,\"detail\":\"x\\u001b[31m{}\"}}\n",
+            "y".repeat(5000)
+        );
+        bytes.extend_from_slice(long.as_bytes());
+        let parsed = parse(&bytes);
+        assert!(parsed
+            .omitted
+            .describe(std::path::Path::new("m"))
+            .is_empty());
+        assert_eq!(parsed.notes.len(), 2, "{:?}", parsed.notes);
+        assert_eq!(
+            parsed.notes[0],
+            "composed ops ran in place of a kernel that failed its self-check on the GPU \
+             (rms_norm: rms_norm forward in bf16: max relative error 5.00e-1 against its composed twin (tolerance 1.6e-2))"
+        );
+        assert!(parsed.notes[1].chars().count() < 600, "{}", parsed.notes[1]);
+        assert!(!parsed.notes[1].contains('\u{1b}'), "{}", parsed.notes[1]);
+    }
 
     #[test]
     fn events_torn_lines_and_garbage_are_not_points() {

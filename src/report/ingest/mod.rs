@@ -302,8 +302,9 @@ pub struct RunLog {
     /// A last line still being written (no newline yet): normal while the
     /// run is running, a problem once it is not.
     pub torn: bool,
-    /// What was left out of the run's logs and why: files that could not be
-    /// read, lines that do not parse, implausible values.
+    /// What was left out of the run's logs and why (files that could not be
+    /// read, lines that do not parse, implausible values), and how it ran
+    /// otherwise than asked (a kernel that fell back on its GPU).
     pub issues: Vec<String>,
     /// `sweep plan`'s forecast efficiency against one device alone (100 for
     /// one rank), where the planner made one.

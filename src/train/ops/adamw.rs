@@ -15,6 +15,8 @@
 //! - [`composed`]: candle ops, on every other device and dtype (f64 in the
 //!   tests); the reference the kernels are checked against.
 
+use super::check::{random, Case, Shapes};
+use super::{own_kernel, Kernel};
 use crate::train::kernels::{grid_stride, Mem, Plan, Ty, Value, ADAMW};
 use candle_core::{CpuStorage, InplaceOp2, Layout, Result, Tensor, Var};
 use std::cell::RefCell;
@@ -120,6 +122,77 @@ pub fn plan(n: usize, own: Ty, hyper: [f32; 7]) -> std::result::Result<Plan, Str
     Ok(plan)
 }
 
+/// Its cases for `sweep bench kernels`: one update of an FFN-shaped
+/// parameter with its gradient scaled by 0.5, and one with a NaN clip scale
+/// (the step whose gradients overflowed), which leaves everything as it is.
+/// The outputs: the parameter and both moments.
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (d, f) = (s.cfg.dim, s.cfg.ffn_hidden());
+    [("adamw", 0.5f32), ("adamw, NaN clip scale", f32::NAN)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (op, scale))| {
+            let seed = 40 + 4 * i as u64;
+            let inputs = (0..4)
+                .map(|k| random(&[d, f], seed + k, if k == 0 { 0.1 } else { 1.0 }))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Ok(Case {
+                // The twin's moments round in bf16 at each of its passes.
+                chained: true,
+                ..Case::new(
+                    Kernel::AdamW,
+                    op,
+                    format!("[{d}, {f}]"),
+                    7 * d * f,
+                    inputs,
+                    Box::new(move |t| Ok(update_case(t, scale)?)),
+                )
+            })
+        })
+        .collect()
+}
+
+/// One update of the case's parameter t[0] by its gradient t[1], from the
+/// moments t[2] and |t[3]|, as the optimizer makes it: the kernel where
+/// [`own_kernel`] says so, else the twin; a NaN scale skips the update.
+fn update_case(t: &[Tensor], scale: f32) -> Result<Vec<Tensor>> {
+    let h = Hyper {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        bc1: 1.0 - 0.9f64.powi(3),
+        bc2: 1.0 - 0.95f64.powi(3),
+        eps: 1e-8,
+        wd: 0.1,
+    };
+    let (p, g) = (&t[0], &t[1]);
+    let (m, v) = (t[2].copy()?, t[3].abs()?);
+    let own = own_kernel(Kernel::AdamW, &[p, g, &m, &v]);
+    if own && p.device().is_cpu() {
+        if scale.is_nan() {
+            return Ok(vec![p.clone(), m, v]);
+        }
+        let mut mv = m.flatten_all()?.to_vec1::<f32>()?;
+        let mut vv = v.flatten_all()?.to_vec1::<f32>()?;
+        host(p, g, &mut mv, &mut vv, &h, scale as f64)?;
+        let back = |x: Vec<f32>| Tensor::from_vec(x, p.shape(), p.device());
+        return Ok(vec![p.clone(), back(mv)?, back(vv)?]);
+    }
+    #[cfg(feature = "cuda")]
+    if own {
+        let clip = Tensor::new(&[1.0f32, scale], p.device())?;
+        device(p, g, &m, &v, &h, clip)?;
+        return Ok(vec![p.clone(), m, v]);
+    }
+    if scale.is_nan() {
+        return Ok(vec![p.clone(), m, v]);
+    }
+    let var = Var::from_tensor(p)?;
+    let (mut m, mut v) = (m, v);
+    composed(&var, g, &mut m, &mut v, &h, scale as f64)?;
+    Ok(vec![var.as_tensor().clone(), m, v])
+}
+
 /// param -= lr * (m̂ / (sqrt(v̂) + eps) + wd * param), with m and v updated in the same pass.
 struct HostUpdate<'a> {
     m: RefCell<&'a mut Vec<f32>>,
@@ -187,6 +260,7 @@ mod cuda_update {
         /// Whether the fused pass applies: CUDA, f32 or bf16, everything contiguous.
         pub fn applies(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> bool {
             p.device().is_cuda()
+                && crate::train::ops::own_kernel(crate::train::ops::Kernel::AdamW, &[p, g, m, v])
                 && matches!(p.dtype(), DType::F32 | DType::BF16)
                 && [g, m, v]
                     .iter()

@@ -72,7 +72,21 @@ pub fn eager_backward(
 }
 
 /// Flash attention in its own layout: q [B, T, H, Q], k, v [B, T, KV, Q].
+/// Where its kernel is not to run ([`super::own_kernel`]: composed here, or
+/// fallen back after its self-check on this GPU), its twin: [`eager`]
+/// attention, heads first.
 pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+    if !super::own_kernel(super::Kernel::Flash, &[q, k, v]) {
+        let heads_first = |x: &Tensor| x.transpose(1, 2)?.contiguous();
+        let o = eager(
+            &heads_first(q)?,
+            &heads_first(k)?,
+            &heads_first(v)?,
+            causal,
+            false,
+        )?;
+        return o.transpose(1, 2)?.contiguous();
+    }
     let d = q.dim(3)?;
     q.apply_op3(
         k,
@@ -306,16 +320,38 @@ fn add_to_keys(sum: &mut Option<Tensor>, part: &Tensor, work: DType) -> Result<(
     Ok(())
 }
 
-/// Its case for `sweep bench kernels`: the tiled backward of causal
-/// attention with grouped queries.
+/// Its cases for `sweep bench kernels`: the tiled backward of causal
+/// attention with grouped queries, and flash attention's forward where it
+/// runs (the CPU's reference forward; on a GPU candle-flash-attn's kernel,
+/// bf16 only, in builds with the `flash-attn` feature).
 pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let (batch, seq) = (s.batch, s.seq);
     let (h, kv, q) = (s.cfg.n_heads, s.cfg.n_kv_heads, s.cfg.head_dim());
-    Ok(vec![Case {
+    let mut cases = Vec::new();
+    if s.device.is_cpu() || cfg!(feature = "flash-attn") {
+        cases.push(Case {
+            flops: 2.0 * 2.0 * (batch * h * q) as f64 * (seq * (seq + 1) / 2) as f64,
+            gpu_f32: false,
+            ..Case::new(
+                crate::train::ops::Kernel::Flash,
+                "flash attention forward",
+                format!("[{batch}, {seq}, {h}/{kv}, {q}]"),
+                (2 * h + 2 * kv) * s.tokens() * q,
+                vec![
+                    random(&[batch, seq, h, q], 23, 1.0)?,
+                    random(&[batch, seq, kv, q], 24, 1.0)?,
+                    random(&[batch, seq, kv, q], 25, 1.0)?,
+                ],
+                Box::new(|t| Ok(vec![flash(&t[0], &t[1], &t[2], true)?])),
+            )
+        });
+    }
+    cases.push(Case {
         // Five products over the causal half of the scores.
         flops: 5.0 * 2.0 * (batch * h * q) as f64 * (seq * (seq + 1) / 2) as f64,
         chained: true,
         ..Case::new(
+            crate::train::ops::Kernel::Softmax,
             "attention backward",
             format!("[{batch}, {h}/{kv}, {seq}, {q}]"),
             (3 * h + 4 * kv) * s.tokens() * q,
@@ -330,7 +366,8 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
                 Ok(vec![dq, dk, dv])
             }),
         )
-    }])
+    });
+    Ok(cases)
 }
 
 #[cfg(test)]

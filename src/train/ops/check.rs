@@ -1,10 +1,15 @@
-//! The cases `sweep bench kernels` checks and times: each op declares its
-//! own beside its kernels (a `cases` function in its file), on random data
-//! of a model's shapes; [`all`] lists them in the order the table shows.
+//! The cases `sweep bench kernels` checks and times, and that the
+//! self-check at a CUDA device's opening runs on tiny shapes
+//! ([`super::selfcheck`]): each op declares its own beside its kernels (a
+//! `cases` function in its file), on random data of a model's shapes;
+//! [`all`] lists them in the order the table shows. The one rule that
+//! compares a kernel's outputs with its reference's is here too
+//! ([`errors`], [`tolerance`]).
 
+use super::Kernel;
 use crate::config::ModelConfig;
-use anyhow::Result;
-use candle_core::{Device, Tensor};
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
 
 /// The shapes the cases are made for: a model's, at a number of tokens.
 pub struct Shapes<'a> {
@@ -29,6 +34,8 @@ pub type Run = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>>;
 /// An op under test: inputs made once, run by the kernel or the composed
 /// twin ([`super::composed_here`]), its outputs compared in f32.
 pub struct Case {
+    /// The kernel it checks (what falls back when it fails).
+    pub kernel: Kernel,
     pub op: &'static str,
     pub shape: String,
     /// Elements the op must move at least (times the dtype's size: bytes).
@@ -37,6 +44,12 @@ pub struct Case {
     pub flops: f64,
     /// Whether its bf16 path chains rounded products (a wider tolerance).
     pub chained: bool,
+    /// Whether it rounds its operands to bf16 whatever their dtype (the
+    /// bf16-mixed weight gradient): bf16's tolerance in f32 too.
+    pub mixed: bool,
+    /// Whether it runs in f32 on a GPU too (candle-flash-attn has bf16
+    /// kernels only).
+    pub gpu_f32: bool,
     /// The inputs on the CPU in f32 (rounded to the measured dtype later).
     pub inputs: Vec<Tensor>,
     pub run: Run,
@@ -45,6 +58,7 @@ pub struct Case {
 impl Case {
     /// A case of an op without matrix products and with one rounding.
     pub fn new(
+        kernel: Kernel,
         op: &'static str,
         shape: String,
         elements_moved: usize,
@@ -52,11 +66,14 @@ impl Case {
         run: Run,
     ) -> Case {
         Case {
+            kernel,
             op,
             shape,
             elements_moved,
             flops: 0.0,
             chained: false,
+            mixed: false,
+            gpu_f32: true,
             inputs,
             run,
         }
@@ -75,7 +92,80 @@ pub fn all(s: &Shapes) -> Result<Vec<Case>> {
     cases.extend(super::attention::cases(s)?);
     cases.extend(super::linear::cases(s)?);
     cases.extend(super::grad_norm::cases(s)?);
+    cases.extend(super::adamw::cases(s)?);
     Ok(cases)
+}
+
+/// The dtypes a case runs in on `device`: f32 on the CPU (its kernels'
+/// dtype); on a GPU bf16, and f32 where the kernel has it.
+pub fn dtypes(case: &Case, device: &Device) -> Vec<DType> {
+    match (device.is_cpu(), case.gpu_f32) {
+        (true, _) => vec![DType::F32],
+        (false, true) => vec![DType::BF16, DType::F32],
+        (false, false) => vec![DType::BF16],
+    }
+}
+
+/// Relative error allowed for a case in a dtype: f32 arithmetic either way;
+/// bf16 storage (or bf16 operands, `mixed`) rounds each output once (2^-8
+/// relative) and the reference does not. Ops that chain several bf16
+/// products (`chained`: the attention backward rounds its scores,
+/// probabilities and their gradients to bf16 between its five products, as
+/// flash attention's backward does) get twice that.
+pub fn tolerance(case: &Case, dtype: DType) -> f64 {
+    let dtype = if case.mixed { DType::BF16 } else { dtype };
+    match (dtype, case.chained) {
+        (DType::BF16, false) => 1.6e-2,
+        (DType::BF16, true) => 3.2e-2,
+        _ => 1e-4,
+    }
+}
+
+/// The inputs of a case on the device in the dtype; ops that write into
+/// their inputs (the loss, the embedding's buffer) get fresh copies.
+pub fn prepare(case: &Case, device: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    case.inputs
+        .iter()
+        .map(|t| Ok(t.to_dtype(dtype)?.to_device(device)?.copy()?))
+        .collect()
+}
+
+/// Every output's values in f32 on the host, one after another.
+pub fn flat_f32(outputs: &[Tensor]) -> Result<Vec<f32>> {
+    let mut all = Vec::new();
+    for t in outputs {
+        all.extend(
+            t.to_device(&Device::Cpu)?
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?,
+        );
+    }
+    Ok(all)
+}
+
+/// (max abs error, max abs error / max |reference|); a NaN anywhere is an
+/// infinite error.
+pub fn errors(got: &[f32], want: &[f32]) -> Result<(f64, f64)> {
+    if got.len() != want.len() {
+        bail!(
+            "{} outputs against {} in the reference",
+            got.len(),
+            want.len()
+        );
+    }
+    let (mut abs, mut scale) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        let e = (g as f64 - w as f64).abs();
+        // A NaN anywhere is an infinite error, not one that max() skips.
+        abs = if e.is_nan() {
+            f64::INFINITY
+        } else {
+            abs.max(e)
+        };
+        scale = scale.max((w as f64).abs());
+    }
+    Ok((abs, abs / scale.max(f64::MIN_POSITIVE)))
 }
 
 /// Deterministic values in [-scale, scale), f32, on the CPU.

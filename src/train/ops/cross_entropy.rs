@@ -132,7 +132,7 @@ fn computed_by_slices(
 /// on the CPU in f32 one pass each way; elsewhere [`by_rows`]'s arithmetic.
 pub fn loss_and_grad(logits: Tensor, labels: &[i64], divisor: f64) -> Result<(Tensor, Tensor)> {
     check_labels(&logits, labels)?;
-    if own_kernel(&[&logits]) && fused(&logits) {
+    if own_kernel(super::Kernel::CrossEntropy, &[&logits]) && fused(&logits) {
         let (n, v) = logits.dims2()?;
         let both = logits.contiguous()?.apply_op1_no_bwd(&LossAndGradCpu {
             labels: Arc::new(labels.to_vec()),
@@ -142,7 +142,7 @@ pub fn loss_and_grad(logits: Tensor, labels: &[i64], divisor: f64) -> Result<(Te
         return Ok((loss, both.narrow(0, 0, n)?.reshape((n, v))?));
     }
     #[cfg(feature = "cuda")]
-    if own_kernel(&[&logits]) {
+    if own_kernel(super::Kernel::CrossEntropy, &[&logits]) {
         return cuda_in_place(logits.contiguous()?, labels, divisor);
     }
     let v = logits.dim(1)?;
@@ -418,6 +418,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
         })
         .collect();
     Ok(vec![Case::new(
+        crate::train::ops::Kernel::CrossEntropy,
         "loss and d logits",
         format!("[{rows}, {v}]"),
         2 * rows * v,

@@ -222,6 +222,21 @@ fn describe(args: &[Arg]) -> String {
         .join(", ")
 }
 
+/// Every kernel's entry points compiled (NVRTC) and loaded on the device at
+/// once, when it opens: what would otherwise fall into the first step's time.
+pub fn load_all(dev: &CudaDevice) -> Result<()> {
+    for k in kernels::KERNELS {
+        for (_, ty) in k.entry_points() {
+            let dtype = match ty {
+                Ty::F32 => DType::F32,
+                _ => DType::BF16,
+            };
+            function(dev, k.source, k.name, dtype)?;
+        }
+    }
+    Ok(())
+}
+
 /// `name_f32` or `name_bf16` of a source, loaded on the device (each source
 /// once per device), with its signature from [`kernels::KERNELS`].
 pub fn function(dev: &CudaDevice, source: &Source, name: &str, dtype: DType) -> Result<Kernel> {

@@ -102,11 +102,14 @@ pub fn add_rows(buf: &mut Tensor, ids: &[u32], dy: &Tensor) -> Result<()> {
     if let Some(bad) = ids.iter().find(|&&id| id as usize >= rows) {
         bail!("token {bad} is outside the {rows}-row table");
     }
-    if super::in_place(buf, &[dy]) && super::own_kernel(&[dy]) {
+    if super::in_place(buf, &[dy]) && super::own_kernel(super::Kernel::Embedding, &[dy]) {
         return buf.inplace_op2(&dy.contiguous()?, &AddRows { ids });
     }
     #[cfg(feature = "cuda")]
-    if buf.device().is_cuda() && buf.is_contiguous() && super::own_kernel(&[buf, dy]) {
+    if buf.device().is_cuda()
+        && buf.is_contiguous()
+        && super::own_kernel(super::Kernel::Embedding, &[buf, dy])
+    {
         return cuda_rows::add_rows(buf, ids, dy);
     }
     let ids = Tensor::from_slice(ids, ids.len(), buf.device())?;
@@ -304,27 +307,38 @@ pub fn plan(n: usize, u: usize, d: usize, own: Ty) -> std::result::Result<Plan, 
     Ok(plan)
 }
 
-/// Its case for `sweep bench kernels`: a step's gradient into the table.
+/// Its cases for `sweep bench kernels`: a step's gradient into the table,
+/// and the same with every token one of three ids (rows added to many times).
 pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let (d, v, n) = (s.cfg.dim, s.cfg.vocab_size, s.tokens());
-    let ids: Vec<u32> = (0..n).map(|i| ((i * 104_729) % v) as u32).collect();
-    let distinct = {
-        let mut s = ids.clone();
-        s.sort_unstable();
-        s.dedup();
-        s.len()
-    };
-    Ok(vec![Case::new(
-        "embedding backward",
-        format!("[{n}, {d}] into [{v}, {d}]"),
-        n * d + 2 * distinct * d,
-        vec![random(&[v, d], 14, 0.1)?, random(&[n, d], 15, 1.0)?],
-        Box::new(move |t| {
-            let mut buf = t[0].clone();
-            add_rows(&mut buf, &ids, &t[1])?;
-            Ok(vec![buf])
-        }),
-    )])
+    let spread: Vec<u32> = (0..n).map(|i| ((i * 104_729) % v) as u32).collect();
+    let repeated: Vec<u32> = (0..n).map(|i| (i % 3.min(v)) as u32).collect();
+    [
+        ("embedding backward", spread),
+        ("embedding backward, repeated ids", repeated),
+    ]
+    .into_iter()
+    .map(|(op, ids)| {
+        let distinct = {
+            let mut s = ids.clone();
+            s.sort_unstable();
+            s.dedup();
+            s.len()
+        };
+        Ok(Case::new(
+            crate::train::ops::Kernel::Embedding,
+            op,
+            format!("[{n}, {d}] into [{v}, {d}]"),
+            n * d + 2 * distinct * d,
+            vec![random(&[v, d], 14, 0.1)?, random(&[n, d], 15, 1.0)?],
+            Box::new(move |t| {
+                let mut buf = t[0].clone();
+                add_rows(&mut buf, &ids, &t[1])?;
+                Ok(vec![buf])
+            }),
+        ))
+    })
+    .collect()
 }
 
 #[cfg(test)]

@@ -110,7 +110,9 @@ impl Clipping {
 /// half of an 8B-shaped model's step on an H100), in f32, read once.
 pub fn clipping(grads: &[&Tensor], max_norm: f64) -> Result<Clipping> {
     #[cfg(feature = "cuda")]
-    if grads.first().is_some_and(|g| g.device().is_cuda()) && super::own_kernel(grads) {
+    if grads.first().is_some_and(|g| g.device().is_cuda())
+        && super::own_kernel(super::Kernel::GradNorm, grads)
+    {
         let out = cuda_norm::norm_and_scale(grads, max_norm as f32)?;
         return Ok(Clipping::Device(out));
     }
@@ -194,6 +196,7 @@ mod cuda_norm {
 pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let (d, f, v) = (s.cfg.dim, s.cfg.ffn_hidden(), s.cfg.vocab_size);
     Ok(vec![Case::new(
+        crate::train::ops::Kernel::GradNorm,
         "grad norm and clip",
         format!("[{v}, {d}] + [{f}, {d}] + [{d}]"),
         v * d + f * d + d,

@@ -28,6 +28,7 @@ pub mod grad_norm;
 pub mod linear;
 pub mod rms_norm;
 pub mod rope;
+pub mod selfcheck;
 pub mod silu_mul;
 pub mod softmax;
 
@@ -50,10 +51,89 @@ pub fn fused(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
 }
 
-/// Whether an op that has a CUDA kernel as well runs its own kernel on these
-/// operands: the CPU's in f32, or the CUDA one when all of them are f32 or
-/// all bf16 on a GPU (unless `SWEEP_CUDA_KERNELS=composed`).
-pub fn own_kernel(operands: &[&Tensor]) -> bool {
+/// The kernels an op may run instead of its composed twin: sweep's own
+/// (`src/train/kernels/`, and on the CPU the fused kernels), cuBLAS's
+/// in-place weight gradient, and candle-flash-attn's forward. Each is
+/// checked against its twin when a CUDA device opens ([`selfcheck`]); one
+/// that fails is not used on that device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    RmsNorm,
+    SiluMul,
+    Rope,
+    CrossEntropy,
+    Embedding,
+    Softmax,
+    WeightGrad,
+    GradNorm,
+    AdamW,
+    Flash,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 10] = [
+        Kernel::RmsNorm,
+        Kernel::SiluMul,
+        Kernel::Rope,
+        Kernel::CrossEntropy,
+        Kernel::Embedding,
+        Kernel::Softmax,
+        Kernel::WeightGrad,
+        Kernel::GradNorm,
+        Kernel::AdamW,
+        Kernel::Flash,
+    ];
+
+    /// Its name in messages and in the run's metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::SiluMul => "silu_mul",
+            Kernel::Rope => "rope",
+            Kernel::CrossEntropy => "cross_entropy",
+            Kernel::Embedding => "embedding",
+            Kernel::Softmax => "softmax",
+            Kernel::WeightGrad => "weight_gradient",
+            Kernel::GradNorm => "grad_norm",
+            Kernel::AdamW => "adamw",
+            Kernel::Flash => "flash_attention",
+        }
+    }
+
+    /// Whether it is sweep's own CUDA kernel (what `SWEEP_CUDA_KERNELS`
+    /// chooses): all but candle-flash-attn's, which `attention = "flash"`
+    /// chose.
+    pub fn own(self) -> bool {
+        self != Kernel::Flash
+    }
+
+    fn bit(self) -> u32 {
+        1 << self as u32
+    }
+}
+
+/// The kernels that failed their self-check on this process's GPU (bits of
+/// [`Kernel`]): their ops take the composed twins there.
+static FALLEN_BACK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Makes `kernels` take their composed twins on GPUs from now on.
+pub(crate) fn fall_back(kernels: &[Kernel]) {
+    let bits = kernels.iter().fold(0, |b, k| b | k.bit());
+    FALLEN_BACK.fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `kernel` runs on a GPU: chosen by `SWEEP_CUDA_KERNELS` (sweep's
+/// own) and not fallen back.
+pub fn on_gpu(kernel: Kernel) -> bool {
+    let fallen = FALLEN_BACK.load(std::sync::atomic::Ordering::Relaxed) & kernel.bit() != 0;
+    let left_out = kernel.own() && cuda_kernels() == CudaKernels::Composed;
+    !(fallen || left_out)
+}
+
+/// Whether an op runs `kernel` on these operands: the CPU's in f32, or the
+/// CUDA one when all of them are f32 or all bf16 on a GPU and [`on_gpu`]
+/// says so.
+pub fn own_kernel(kernel: Kernel, operands: &[&Tensor]) -> bool {
     let Some(first) = operands.first() else {
         return false;
     };
@@ -69,7 +149,7 @@ pub fn own_kernel(operands: &[&Tensor]) -> bool {
         && operands
             .iter()
             .all(|t| t.device().is_cuda() && t.dtype() == dtype)
-        && cuda_kernels() == CudaKernels::Own
+        && on_gpu(kernel)
 }
 
 thread_local! {

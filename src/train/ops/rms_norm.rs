@@ -12,7 +12,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if own_kernel(&[x, w]) {
+    if own_kernel(super::Kernel::RmsNorm, &[x, w]) {
         x.contiguous()?
             .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
     } else {
@@ -29,7 +29,7 @@ pub fn composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 /// The gradients of [`rms_norm`] for x and w, given dy, without autograd:
 /// dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), dw = Σ_rows dy∘x·r (r = 1/rms(x)).
 pub fn backward(x: &Tensor, w: &Tensor, eps: f64, dy: &Tensor) -> Result<(Tensor, Tensor)> {
-    if own_kernel(&[x, w, dy]) {
+    if own_kernel(super::Kernel::RmsNorm, &[x, w, dy]) {
         let rows = x.elem_count() / w.elem_count();
         // One pass gives both: rows 0..n are dx, row n is dw.
         let both = x.contiguous()?.apply_op3_no_bwd(
@@ -320,6 +320,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let (n, d, eps) = (s.tokens(), s.cfg.dim, s.cfg.norm_eps);
     Ok(vec![
         Case::new(
+            crate::train::ops::Kernel::RmsNorm,
             "rms_norm forward",
             format!("[{n}, {d}]"),
             2 * n * d + d,
@@ -327,6 +328,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
             Box::new(move |t| Ok(vec![rms_norm(&t[0], &t[1], eps)?])),
         ),
         Case::new(
+            crate::train::ops::Kernel::RmsNorm,
             "rms_norm backward",
             format!("[{n}, {d}]"),
             3 * n * d + 2 * d,

@@ -67,7 +67,7 @@ impl RopeTables {
 /// [B, T, H, Q] -> [B, H, T, Q], rotated when `tables` is given (q and k; v
 /// only moves).
 pub fn heads_first(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
-    if own_kernel(&[x]) {
+    if own_kernel(super::Kernel::Rope, &[x]) {
         x.contiguous()?.apply_op1(Rope {
             tables: tables.cloned(),
             forward: true,
@@ -80,7 +80,7 @@ pub fn heads_first(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
 /// The gradient of [`heads_first`], without autograd: dy [B, H, T, Q] back to
 /// [B, T, H, Q], rotated by −angle.
 pub fn backward(dy: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
-    if own_kernel(&[dy]) {
+    if own_kernel(super::Kernel::Rope, &[dy]) {
         return dy.contiguous()?.apply_op1_no_bwd(&Rope {
             tables: tables.cloned(),
             forward: false,
@@ -295,6 +295,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let on_back = on.clone();
     Ok(vec![
         Case::new(
+            crate::train::ops::Kernel::Rope,
             "rope forward",
             format!("[{batch}, {seq}, {h}, {q}]"),
             2 * n * h * q,
@@ -302,11 +303,22 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
             Box::new(move |t| Ok(vec![heads_first(&t[0], Some(&on(&t[0])))?])),
         ),
         Case::new(
+            crate::train::ops::Kernel::Rope,
             "rope backward",
             format!("[{batch}, {h}, {seq}, {q}]"),
             2 * n * h * q,
             vec![random(&[batch, h, seq, q], 12, 1.0)?],
             Box::new(move |t| Ok(vec![backward(&t[0], Some(&on_back(&t[0])))?])),
+        ),
+        // Keys and values of layers without rotation take the same kernel
+        // as a plain transpose.
+        Case::new(
+            crate::train::ops::Kernel::Rope,
+            "heads first, no tables",
+            format!("[{batch}, {seq}, {h}, {q}]"),
+            2 * n * h * q,
+            vec![random(&[batch, seq, h, q], 13, 1.0)?],
+            Box::new(move |t| Ok(vec![heads_first(&t[0], None)?])),
         ),
     ])
 }

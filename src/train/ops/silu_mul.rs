@@ -12,7 +12,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 pub fn silu_mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if own_kernel(&[a, b]) {
+    if own_kernel(super::Kernel::SiluMul, &[a, b]) {
         a.contiguous()?.apply_op2(&b.contiguous()?, SiluMul)
     } else {
         composed(a, b)
@@ -26,7 +26,7 @@ pub fn composed(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// The gradients of [`silu_mul`] for a and b, given dy, without autograd:
 /// da = dy·b·σ(a)·(1 + a·(1 − σ(a))), db = dy·a·σ(a).
 pub fn backward(a: &Tensor, b: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
-    if own_kernel(&[a, b, dy]) {
+    if own_kernel(super::Kernel::SiluMul, &[a, b, dy]) {
         let n = a.elem_count();
         // One pass gives both: [da; db].
         let both =
@@ -211,6 +211,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let (n, f) = (s.tokens(), s.cfg.ffn_hidden());
     Ok(vec![
         Case::new(
+            crate::train::ops::Kernel::SiluMul,
             "swiglu forward",
             format!("[{n}, {f}]"),
             3 * n * f,
@@ -218,6 +219,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
             Box::new(|t| Ok(vec![silu_mul(&t[0], &t[1])?])),
         ),
         Case::new(
+            crate::train::ops::Kernel::SiluMul,
             "swiglu backward",
             format!("[{n}, {f}]"),
             5 * n * f,

@@ -42,7 +42,7 @@ pub fn softmax(
         first,
         causal,
     };
-    if own_kernel(&[scores]) {
+    if own_kernel(super::Kernel::Softmax, &[scores]) {
         scores.contiguous()?.apply_op1(op)
     } else {
         op.composed(scores)
@@ -53,7 +53,7 @@ pub fn softmax(
 /// and their gradient `dp`, without autograd: dS = scale·P∘(dP − rowsum(P∘dP))
 /// (masked entries have P = 0, so their gradient is 0).
 pub fn backward(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
-    if own_kernel(&[p, dp]) {
+    if own_kernel(super::Kernel::Softmax, &[p, dp]) {
         return p.contiguous()?.apply_op2_no_bwd(
             &dp.contiguous()?,
             &SoftmaxBwd {
@@ -304,6 +304,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let shape = format!("[{batch}, {h}, {tile}, {seq}]");
     Ok(vec![
         Case::new(
+            crate::train::ops::Kernel::Softmax,
             "softmax forward",
             shape.clone(),
             2 * scores,
@@ -311,6 +312,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
             Box::new(move |t| Ok(vec![softmax(&t[0], scale, tile, last_tile, true)?])),
         ),
         Case::new(
+            crate::train::ops::Kernel::Softmax,
             "softmax backward",
             shape,
             3 * scores,

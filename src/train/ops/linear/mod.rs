@@ -129,11 +129,17 @@ pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Res
             x.dims()
         );
     }
-    if !bf16 && super::in_place(buf, &[dy, x]) && super::own_kernel(&[dy, x]) {
+    if !bf16
+        && super::in_place(buf, &[dy, x])
+        && super::own_kernel(super::Kernel::WeightGrad, &[dy, x])
+    {
         return buf.inplace_op3(dy, x, &AddProduct);
     }
     #[cfg(feature = "cuda")]
-    if buf.device().is_cuda() && buf.is_contiguous() && super::own_kernel(&[buf, dy, x]) {
+    if buf.device().is_cuda()
+        && buf.is_contiguous()
+        && super::own_kernel(super::Kernel::WeightGrad, &[buf, dy, x])
+    {
         return cuda_product::add_product(buf, dy, x, bf16);
     }
     let product = matmul(&dy.t()?, x, bf16)?;
@@ -234,24 +240,48 @@ impl InplaceOp3 for AddProduct {
 /// Its case for `sweep bench kernels`: a weight's gradient with `w2`'s shapes.
 pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let (d, f, n) = (s.cfg.dim, s.cfg.ffn_hidden(), s.tokens());
-    Ok(vec![Case {
-        flops: 2.0 * (n * d * f) as f64,
-        ..Case::new(
-            "weight gradient",
-            format!("[{d}, {f}] over {n} rows"),
-            2 * d * f + n * (d + f),
-            vec![
-                random(&[d, f], 26, 0.1)?,
-                random(&[n, d], 27, 1.0)?,
-                random(&[n, f], 28, 1.0)?,
-            ],
-            Box::new(|t| {
-                let mut buf = t[0].clone();
-                add_product(&mut buf, &t[1], &t[2], false)?;
-                Ok(vec![buf])
-            }),
-        )
-    }])
+    Ok(vec![
+        Case {
+            flops: 2.0 * (n * d * f) as f64,
+            ..Case::new(
+                crate::train::ops::Kernel::WeightGrad,
+                "weight gradient",
+                format!("[{d}, {f}] over {n} rows"),
+                2 * d * f + n * (d + f),
+                vec![
+                    random(&[d, f], 26, 0.1)?,
+                    random(&[n, d], 27, 1.0)?,
+                    random(&[n, f], 28, 1.0)?,
+                ],
+                Box::new(|t| {
+                    let mut buf = t[0].clone();
+                    add_product(&mut buf, &t[1], &t[2], false)?;
+                    Ok(vec![buf])
+                }),
+            )
+        },
+        Case {
+            flops: 2.0 * (n * d * f) as f64,
+            // bf16-mixed: bf16 operands (rounded on the way in), an f32 buffer.
+            mixed: true,
+            ..Case::new(
+                crate::train::ops::Kernel::WeightGrad,
+                "weight gradient, bf16 operands",
+                format!("[{d}, {f}] over {n} rows"),
+                2 * d * f + n * (d + f),
+                vec![
+                    random(&[d, f], 29, 0.1)?,
+                    random(&[n, d], 30, 1.0)?,
+                    random(&[n, f], 31, 1.0)?,
+                ],
+                Box::new(|t| {
+                    let mut buf = t[0].clone();
+                    add_product(&mut buf, &t[1], &t[2], true)?;
+                    Ok(vec![buf])
+                }),
+            )
+        },
+    ])
 }
 
 #[cfg(test)]
