@@ -16,9 +16,15 @@
 # 2. the CUDA feature sets type-checked one by one (`cuda`, `cuda,nccl`;
 #    with --flash-attn also `cuda,flash-attn` and `cuda,flash-attn,nccl`,
 #    whose kernel build takes an hour cold): code that only one feature set
-#    compiles is caught.
+#    compiles is caught;
+# 3. with --link, each of those feature sets built (debug, linked against
+#    the offline toolkit and its stub driver) and started: `sweep --version`
+#    lists the set's features, and with the stub driver in place of a GPU's
+#    (every driver call fails) `sweep bench kernels --device cuda` stops at
+#    the device with its message, no crash (~15 minutes per set cold: not in
+#    CI; before submitting a change to how the device opens).
 #
-#   scripts/check-gpu-offline.sh [--kernels] [--flash-attn] [-- <cargo test args>]
+#   scripts/check-gpu-offline.sh [--kernels] [--flash-attn] [--link] [-- <cargo test args>]
 #
 # --kernels runs only step 1 (seconds once built: for a kernel change).
 # NVRTC and cuobjdump come from NVIDIA's PyPI wheels, pinned by sha256 (no
@@ -29,12 +35,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 KERNELS_ONLY=0
 FLASH=0
+LINK=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --kernels) KERNELS_ONLY=1; shift ;;
         --flash-attn) FLASH=1; shift ;;
+        --link) LINK=1; shift ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "check-gpu-offline: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -91,4 +99,34 @@ for features in "${sets[@]}"; do
     # cargo check's own status (a failure that printed no line above).
     CARGO_TARGET_DIR=target/gpu-check cargo check --locked --all-targets --features "$features" --quiet
     log "--features $features type-checks ($(($(date +%s) - started)) s)"
+done
+
+[[ $LINK -eq 1 ]] || exit 0
+
+# Each set built and started on this machine, which has no GPU: the stub
+# driver (scripts/cuda-toolkit.sh) answers every call with an error, as a
+# node whose driver cannot reach its GPU does.
+stub=$(mktemp -d)
+trap 'rm -rf "$stub"' EXIT
+ln -s "$CUDA_HOME/lib/stubs/libcuda.so" "$stub/libcuda.so.1"
+ln -s "$CUDA_HOME/lib/stubs/libnccl.so" "$stub/libnccl.so.2"
+for features in "${sets[@]}"; do
+    started=$(date +%s)
+    CARGO_TARGET_DIR=target/gpu-check cargo build --locked --quiet --features "$features" --bin sweep
+    bin=target/gpu-check/debug/sweep
+    run() { LD_LIBRARY_PATH="$stub:$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$bin" "$@"; }
+    version=$(run --version)
+    for f in ${features//,/ }; do
+        [[ $version == *"$f"* ]] || { log "--features $features: \`sweep --version\` says '$version', without $f"; exit 1; }
+    done
+    set +e
+    said=$(run bench kernels --device cuda --model tiny --tokens 64 --repeats 1 2>&1)
+    code=$?
+    set -e
+    if [[ $code -eq 0 || $code -gt 128 || $said != *"CUDA device"* ]]; then
+        log "--features $features: with the stub driver, bench kernels exited $code, saying:"
+        printf '%s\n' "$said" >&2
+        exit 1
+    fi
+    log "--features $features: built and started ($(($(date +%s) - started)) s): '$version'; without a GPU: $(printf '%s' "$said" | tail -n 1)"
 done
