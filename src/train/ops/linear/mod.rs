@@ -237,51 +237,39 @@ impl InplaceOp3 for AddProduct {
     }
 }
 
-/// Its case for `sweep bench kernels`: a weight's gradient with `w2`'s shapes.
+/// Its cases for `sweep bench kernels`: a weight's gradient with `w2`'s
+/// shapes, in the inputs' dtype and with bf16 operands into the buffer (as
+/// bf16-mixed makes it: operands rounded on the way in).
 pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let (d, f, n) = (s.cfg.dim, s.cfg.ffn_hidden(), s.tokens());
-    Ok(vec![
-        Case {
+    [
+        ("weight gradient", false, 26),
+        ("weight gradient, bf16 operands", true, 29),
+    ]
+    .into_iter()
+    .map(|(op, bf16, seed)| {
+        Ok(Case {
             flops: 2.0 * (n * d * f) as f64,
+            mixed: bf16,
             ..Case::new(
                 crate::train::ops::Kernel::WeightGrad,
-                "weight gradient",
+                op,
                 format!("[{d}, {f}] over {n} rows"),
                 2 * d * f + n * (d + f),
                 vec![
-                    random(&[d, f], 26, 0.1)?,
-                    random(&[n, d], 27, 1.0)?,
-                    random(&[n, f], 28, 1.0)?,
+                    random(&[d, f], seed, 0.1)?,
+                    random(&[n, d], seed + 1, 1.0)?,
+                    random(&[n, f], seed + 2, 1.0)?,
                 ],
-                Box::new(|t| {
+                Box::new(move |t| {
                     let mut buf = t[0].clone();
-                    add_product(&mut buf, &t[1], &t[2], false)?;
+                    add_product(&mut buf, &t[1], &t[2], bf16)?;
                     Ok(vec![buf])
                 }),
             )
-        },
-        Case {
-            flops: 2.0 * (n * d * f) as f64,
-            // bf16-mixed: bf16 operands (rounded on the way in), an f32 buffer.
-            mixed: true,
-            ..Case::new(
-                crate::train::ops::Kernel::WeightGrad,
-                "weight gradient, bf16 operands",
-                format!("[{d}, {f}] over {n} rows"),
-                2 * d * f + n * (d + f),
-                vec![
-                    random(&[d, f], 29, 0.1)?,
-                    random(&[n, d], 30, 1.0)?,
-                    random(&[n, f], 31, 1.0)?,
-                ],
-                Box::new(|t| {
-                    let mut buf = t[0].clone();
-                    add_product(&mut buf, &t[1], &t[2], true)?;
-                    Ok(vec![buf])
-                }),
-            )
-        },
-    ])
+        })
+    })
+    .collect()
 }
 
 #[cfg(test)]
