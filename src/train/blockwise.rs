@@ -445,7 +445,13 @@ impl Llama {
             t: tokens.seq,
             rope: &self.rope,
         };
-        let ids = Tensor::from_slice(tokens.ids, tokens.ids.len(), self.embeddings.device())?;
+        // Everything the pass takes from the host, uploaded before its work
+        // is queued: the ids, the labels and the ids' grouping for the
+        // embedding's gradient.
+        let device = self.embeddings.device();
+        let ids = Tensor::from_slice(tokens.ids, tokens.ids.len(), device)?;
+        let labels = cross_entropy::Labels::new(labels, device)?;
+        let rows = embedding::Rows::new(tokens.ids, device)?;
         let recompute = self.recompute == Recompute::Blocks;
         let mut x = embedding::embedding(&self.embeddings, &ids)?;
         drop(ids);
@@ -466,7 +472,7 @@ impl Llama {
             x.device().synchronize()?;
         }
         let forward_s = started.elapsed().as_secs_f64();
-        let (loss, dh) = self.head(&x, labels, divisor, grads)?;
+        let (loss, dh) = self.head(&x, &labels, divisor, grads)?;
         (probe.at_peak)()?;
         let (mut dx, dg) = rms_norm::backward(&x, &self.norm, self.eps, &dh)?;
         grads.add(&self.norm, &dg)?;
@@ -480,7 +486,7 @@ impl Llama {
                 .push(caches.iter().map(BlockCache::bytes).sum());
             (probe.on_ready)(Finished::Block(i), grads)?;
         }
-        grads.add_rows(&self.embeddings, tokens.ids, &dx)?;
+        grads.add_rows(&self.embeddings, &rows, &dx)?;
         (probe.on_ready)(Finished::Embeddings, grads)?;
         // Read once the backward is queued: on a GPU, reading it earlier
         // would leave the device idle while the host waits.
@@ -511,12 +517,12 @@ impl Llama {
         let h = rms_norm::rms_norm(&x, &self.norm, self.eps)?;
         drop(x);
         let rows = head_rows(n, self.output.dim(0)?);
+        let labels = cross_entropy::Labels::new(labels, h.device())?;
         let mut loss = 0.0;
         for start in (0..n).step_by(rows) {
             let len = rows.min(n - start);
             let logits = linear(&h.narrow(0, start, len)?, &self.output, self.bf16)?;
-            let (l, _) =
-                cross_entropy::loss_and_grad(logits, &labels[start..start + len], divisor)?;
+            let (l, _) = cross_entropy::loss_and_grad(logits, &labels.rows(start, len)?, divisor)?;
             loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         }
         Ok(loss)
@@ -529,7 +535,7 @@ impl Llama {
     fn head(
         &self,
         x: &Tensor,
-        labels: &[i64],
+        labels: &cross_entropy::Labels,
         divisor: f64,
         grads: &mut Grads,
     ) -> Result<(Tensor, Tensor)> {
@@ -543,7 +549,7 @@ impl Llama {
             let hs = h.narrow(0, start, len)?;
             let logits = linear(&hs, &self.output, self.bf16)?;
             let (l, d_logits) =
-                cross_entropy::loss_and_grad(logits, &labels[start..start + len], divisor)?;
+                cross_entropy::loss_and_grad(logits, &labels.rows(start, len)?, divisor)?;
             loss = Some(match loss {
                 None => l,
                 Some(sum) => (sum + l)?,

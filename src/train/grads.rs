@@ -69,7 +69,7 @@ impl Grads {
     }
 
     /// The buffer of the table `weight` += dy's rows at `ids` (an embedding).
-    pub fn add_rows(&mut self, weight: &Tensor, ids: &[u32], dy: &Tensor) -> Result<()> {
+    pub fn add_rows(&mut self, weight: &Tensor, ids: &embedding::Rows, dy: &Tensor) -> Result<()> {
         Ok(embedding::add_rows(self.buffer(weight)?, ids, dy)?)
     }
 

@@ -124,13 +124,63 @@ fn computed_by_slices(
     Ok((loss, grad))
 }
 
+/// A micro-batch's labels as [`loss_and_grad`] takes them: the host's
+/// (−100: ignored), and where the CUDA kernel takes them, the same as u32
+/// (ignored: u32::MAX) on the device, uploaded once with the token ids at
+/// the start of the pass rather than a slice at a time in the middle of it.
+#[derive(Debug, Clone)]
+pub struct Labels<'a> {
+    pub host: &'a [i64],
+    device: Option<Tensor>,
+}
+
+impl<'a> Labels<'a> {
+    /// The labels for logits on `device`: uploaded where its kernel runs.
+    pub fn new(host: &'a [i64], device: &candle_core::Device) -> Result<Labels<'a>> {
+        let upload = device.is_cuda() && super::on_gpu(super::Kernel::CrossEntropy);
+        let device = match upload {
+            true => Some(Tensor::from_vec(kernel_labels(host), host.len(), device)?),
+            false => None,
+        };
+        Ok(Labels { host, device })
+    }
+
+    /// Rows `start..start + len` of them.
+    pub fn rows(&self, start: usize, len: usize) -> Result<Labels<'a>> {
+        Ok(Labels {
+            host: &self.host[start..start + len],
+            device: self
+                .device
+                .as_ref()
+                .map(|t| t.narrow(0, start, len))
+                .transpose()?,
+        })
+    }
+}
+
+impl<'a> From<&'a [i64]> for Labels<'a> {
+    /// The host's labels alone (the kernel uploads its own copy).
+    fn from(host: &'a [i64]) -> Labels<'a> {
+        Labels { host, device: None }
+    }
+}
+
+/// Labels as the CUDA kernel reads them: u32, ignored as u32::MAX.
+fn kernel_labels(host: &[i64]) -> Vec<u32> {
+    host.iter()
+        .map(|&l| if l == IGNORE { u32::MAX } else { l as u32 })
+        .collect()
+}
+
 /// The loss of [`cross_entropy`] (a scalar tensor on the logits' device,
 /// f32 or f64 for f64 logits: reading it is left to the caller, once per
 /// pass) and its gradient for the logits, without autograd (the block-wise
 /// backward's head). The logits are consumed: on CUDA the gradient is
 /// written over them, one kernel computing both (`kernels/cross_entropy.cu`);
 /// on the CPU in f32 one pass each way; elsewhere [`by_rows`]'s arithmetic.
-pub fn loss_and_grad(logits: Tensor, labels: &[i64], divisor: f64) -> Result<(Tensor, Tensor)> {
+pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(Tensor, Tensor)> {
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    let (labels, uploaded) = (labels.host, labels.device.as_ref());
     check_labels(&logits, labels)?;
     if own_kernel(super::Kernel::CrossEntropy, &[&logits]) && fused(&logits) {
         let (n, v) = logits.dims2()?;
@@ -143,23 +193,28 @@ pub fn loss_and_grad(logits: Tensor, labels: &[i64], divisor: f64) -> Result<(Te
     }
     #[cfg(feature = "cuda")]
     if own_kernel(super::Kernel::CrossEntropy, &[&logits]) {
-        return cuda_in_place(logits.contiguous()?, labels, divisor);
+        return cuda_in_place(logits.contiguous()?, labels, uploaded, divisor);
     }
     let v = logits.dim(1)?;
     computed_by_slices(&logits, labels, divisor, (SLICE_ELEMENTS / v).max(1))
 }
 
 /// [`loss_and_grad`] on CUDA: d logits written over the logits, each row's
-/// loss into an f32 vector summed on the device.
+/// loss into an f32 vector summed on the device; the labels as `uploaded`
+/// holds them, else uploaded here.
 #[cfg(feature = "cuda")]
-fn cuda_in_place(logits: Tensor, labels: &[i64], divisor: f64) -> Result<(Tensor, Tensor)> {
+fn cuda_in_place(
+    logits: Tensor,
+    labels: &[i64],
+    uploaded: Option<&Tensor>,
+    divisor: f64,
+) -> Result<(Tensor, Tensor)> {
     let (n, _) = logits.dims2()?;
     let dev = logits.device();
-    let ids: Vec<u32> = labels
-        .iter()
-        .map(|&l| if l == IGNORE { u32::MAX } else { l as u32 })
-        .collect();
-    let labels = Tensor::from_vec(ids, n, dev)?;
+    let labels = match uploaded {
+        Some(t) if t.device().same_device(dev) => t.clone(),
+        _ => Tensor::from_vec(kernel_labels(labels), n, dev)?,
+    };
     let row_loss = Tensor::zeros(n, DType::F32, dev)?;
     logits.inplace_op2(
         &labels,
@@ -425,6 +480,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
         vec![random(&[rows, v], 13, 8.0)?],
         Box::new(move |t| {
             // The op consumes its logits: a copy, made before the clock starts.
+            let labels = Labels::new(&labels, t[0].device())?;
             let (loss, d) = loss_and_grad(t[0].clone(), &labels, 1e3)?;
             Ok(vec![loss.reshape(1)?, d])
         }),
@@ -455,14 +511,11 @@ mod tests {
                     }
                 })
                 .collect();
-            let ids: Vec<u32> = labels
-                .iter()
-                .map(|&l| if l == IGNORE { u32::MAX } else { l as u32 })
-                .collect();
+            let ids = kernel_labels(&labels);
             let divisor = 4.0;
             for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 2e-2)] {
                 let seen = tensor(&buffer(&logits, own), &[n, v]);
-                let (loss, grad) = loss_and_grad(seen, &labels, divisor)?;
+                let (loss, grad) = loss_and_grad(seen, &labels[..].into(), divisor)?;
                 let operands = [
                     buffer(&logits, own),
                     Buffer::u32(&ids),

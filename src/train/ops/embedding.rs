@@ -84,13 +84,49 @@ impl CustomOp2 for Lookup {
     }
 }
 
+/// A micro-batch's token ids as [`add_rows`] takes them: the host's, and
+/// where the CUDA kernel takes them, their grouping by token
+/// ([`Grouping`]) on the device, uploaded with the ids at the start of the
+/// pass rather than at the end of its backward.
+#[derive(Debug, Clone)]
+pub struct Rows<'a> {
+    pub ids: &'a [u32],
+    /// The grouping's words on the device and its count of distinct ids.
+    grouped: Option<(Tensor, usize)>,
+}
+
+impl<'a> Rows<'a> {
+    /// The ids for a table on `device`: grouped and uploaded where its
+    /// kernel runs.
+    pub fn new(ids: &'a [u32], device: &candle_core::Device) -> Result<Rows<'a>> {
+        let upload = device.is_cuda() && !ids.is_empty() && super::on_gpu(super::Kernel::Embedding);
+        let grouped = match upload {
+            true => {
+                let g = Grouping::of(ids);
+                Some((Tensor::from_vec(g.words, g.len, device)?, g.distinct))
+            }
+            false => None,
+        };
+        Ok(Rows { ids, grouped })
+    }
+}
+
+impl<'a> From<&'a [u32]> for Rows<'a> {
+    /// The host's ids alone (the kernel groups and uploads them itself).
+    fn from(ids: &'a [u32]) -> Rows<'a> {
+        Rows { ids, grouped: None }
+    }
+}
+
 /// buf [V, D] rows `ids` += rows of dy [N, D], in the order of `ids` (the
 /// same sums every run): an embedding's gradient, without a V × D temporary
 /// on the in-place path; elsewhere summed in f32 and rounded once
 /// ([`super::embedding::backward`]). The ids are the host's: on a GPU,
 /// reading them back from the device would wait for all the work queued
 /// before them, and the kernel's grouping is made on the host anyway.
-pub fn add_rows(buf: &mut Tensor, ids: &[u32], dy: &Tensor) -> Result<()> {
+pub fn add_rows(buf: &mut Tensor, ids: &Rows, dy: &Tensor) -> Result<()> {
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    let (grouped, ids) = (ids.grouped.as_ref(), ids.ids);
     let (rows, d) = buf.dims2()?;
     if dy.elem_count() != ids.len() * d {
         bail!(
@@ -110,7 +146,7 @@ pub fn add_rows(buf: &mut Tensor, ids: &[u32], dy: &Tensor) -> Result<()> {
         && buf.is_contiguous()
         && super::own_kernel(super::Kernel::Embedding, &[buf, dy])
     {
-        return cuda_rows::add_rows(buf, ids, dy);
+        return cuda_rows::add_rows(buf, ids, grouped, dy);
     }
     let ids = Tensor::from_slice(ids, ids.len(), buf.device())?;
     let g = backward(buf, &ids, dy)?;
@@ -197,19 +233,32 @@ mod cuda_rows {
     use super::Grouping;
     use candle_core::{bail, CpuStorage, CudaStorage, InplaceOp3, Layout, Result, Tensor};
 
-    /// Ids and shapes checked by [`super::add_rows`].
-    pub fn add_rows(buf: &mut Tensor, ids: &[u32], dy: &Tensor) -> Result<()> {
+    /// Ids and shapes checked by [`super::add_rows`]; their grouping as
+    /// uploaded (words, distinct ids), else grouped and uploaded here.
+    pub fn add_rows(
+        buf: &mut Tensor,
+        ids: &[u32],
+        grouped: Option<&(Tensor, usize)>,
+        dy: &Tensor,
+    ) -> Result<()> {
         let (_, d) = buf.dims2()?;
         if ids.is_empty() || d == 0 {
             return Ok(());
         }
-        let plan = Grouping::of(ids);
+        let (plan, distinct) = match grouped {
+            Some((words, distinct)) if words.device().same_device(buf.device()) => {
+                (words.clone(), *distinct)
+            }
+            _ => {
+                let g = Grouping::of(ids);
+                (Tensor::from_vec(g.words, g.len, buf.device())?, g.distinct)
+            }
+        };
         let op = AddRows {
             n: cuda::u32_of(ids.len(), "tokens")?,
-            u: cuda::u32_of(plan.distinct, "distinct tokens")?,
+            u: cuda::u32_of(distinct, "distinct tokens")?,
             d: cuda::u32_of(d, "width")?,
         };
-        let plan = Tensor::from_vec(plan.words, plan.len, buf.device())?;
         buf.inplace_op3(&dy.contiguous()?, &plan, &op)
     }
 
@@ -333,7 +382,8 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
             vec![random(&[v, d], 14, 0.1)?, random(&[n, d], 15, 1.0)?],
             Box::new(move |t| {
                 let mut buf = t[0].clone();
-                add_rows(&mut buf, &ids, &t[1])?;
+                let rows = Rows::new(&ids, buf.device())?;
+                add_rows(&mut buf, &rows, &t[1])?;
                 Ok(vec![buf])
             }),
         ))
@@ -353,7 +403,7 @@ mod tests {
         let alias = buf.clone();
         let ids = [2u32, 0, 2];
         let rows = rand(&[3, 13], 6);
-        add_rows(&mut buf, &ids, &rows)?;
+        add_rows(&mut buf, &ids[..].into(), &rows)?;
         let want = Tensor::zeros((9, 13), DType::F32, &Device::Cpu)?.index_add(
             &Tensor::new(&ids, &Device::Cpu)?,
             &rows,
@@ -368,9 +418,9 @@ mod tests {
                 false => (&mut buf, rand(&[1, 13], 7)),
                 true => (&mut f64_buf, rand(&[1, 13], 7).to_dtype(DType::F64)?),
             };
-            let err = add_rows(b, &[9], &dy).unwrap_err();
+            let err = add_rows(b, &Rows::from(&[9u32][..]), &dy).unwrap_err();
             assert!(err.to_string().contains("outside the 9-row table"), "{err}");
-            let err = add_rows(b, &[1, 2], &dy).unwrap_err();
+            let err = add_rows(b, &Rows::from(&[1u32, 2][..]), &dy).unwrap_err();
             assert!(err.to_string().contains("2 ids for 1 rows"), "{err}");
         }
         Ok(())
@@ -404,7 +454,7 @@ mod tests {
                 by_plan[token as usize][col] += sum;
             }
         }
-        add_rows(&mut buf, &ids, &dy)?;
+        add_rows(&mut buf, &ids[..].into(), &dy)?;
         let by_plan = Tensor::new(by_plan, &candle_core::Device::Cpu)?;
         assert!(max_diff(&buf, &by_plan)? < 1e-6);
         Ok(())
@@ -434,7 +484,7 @@ mod tests {
             for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 5e-2)] {
                 let seen = |t: &Tensor| tensor(&buffer(t, own), t.dims());
                 let mut want = seen(&start);
-                add_rows(&mut want, &ids, &seen(&dy))?;
+                add_rows(&mut want, &ids[..].into(), &seen(&dy))?;
                 let operands = [
                     buffer(&start, own),
                     buffer(&dy, own),
