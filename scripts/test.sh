@@ -54,12 +54,8 @@ stop_clusters() {
 trap stop_clusters EXIT
 
 # gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
-# timing:: measures real slowdowns (a study against its unchanged runs, a rank on
-# a busy core against its peer): it runs alone, after the rest, so that no other
-# test's load reads as a regression or a straggler, and one at a time: each is
-# the other's load.
-cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu:: --skip timing::
-cargo test --release --locked --features mpi "$@" -- --ignored timing:: --test-threads=1
+# No test asserts how fast anything ran: the suite passes on a loaded machine.
+cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu::
 
 # On a CPU with AVX-512 BF16 the bf16-mixed tests above ran on that kernel: run
 # them again through the portable one, which CPUs without it use (the memory test

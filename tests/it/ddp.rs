@@ -505,98 +505,79 @@ fn a_rank_killed_mid_run_fails_the_job_within_a_minute() {
     );
 }
 
-mod timing {
-    use super::*;
-    use crate::support::Competition;
-
-    /// A study measured, then measured again (`--again`) with its two-rank
-    /// run's rank 1 bound to a core that three busy processes share (rank 0
-    /// bound to the other): rank 1 computes several times slower
-    /// than its peer, a real straggler. Its log holds every rank's compute
-    /// time per interval and the ranks' hosts; the report names rank 1 and
-    /// its node with the figures, and `sweep check --history` names it
-    /// beside the regression it causes.
-    #[test]
-    #[ignore = "timing: scripts/test.sh runs it alone, after the other tests"]
-    fn a_rank_on_a_busy_core_is_named_a_straggler() {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if cpus < 2 {
-            eprintln!(
-                "skipped: a straggler on a core of its own needs 2 CPUs, this process has {cpus}"
-            );
-            return;
+/// A two-rank run logs every rank's compute time per interval and the
+/// ranks' hosts; measured again (`sweep submit --again`, which leaves the
+/// report to `sweep report`), its log is given a straggler — rank 1's
+/// compute four times its peer's, the run's throughput halved, as a rank on
+/// a busy core makes it — before the report reads it: the report names rank
+/// 1 and its node with the figures, and `sweep check --history` names it
+/// beside the regression it causes. Nothing here depends on the machine's
+/// load (a rank on a core three busy processes share is a demonstration,
+/// not a test: docs/data-parallelism.md).
+#[test]
+fn a_slow_rank_is_named_a_straggler_in_the_report_and_the_check() {
+    let root = project();
+    let m = study(
+        root.path(),
+        "ddp-straggler",
+        "training_steps = 16",
+        Data::Bundled,
+    );
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    run_ok(sweep(root.path()).args(["submit", "--again"]).arg(&m));
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim();
+    let dir = root.path().join("results/ddp-straggler");
+    let path = dir.join("ranks-2/metrics.jsonl");
+    let log = std::fs::read_to_string(&path).unwrap();
+    let mut records: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        records[0]["hosts"],
+        serde_json::json!([host, host]),
+        "{log}"
+    );
+    let mut steps = 0;
+    for r in records.iter_mut().filter(|r| r.get("loss").is_some()) {
+        let times: Vec<f64> = serde_json::from_value(r["rank_compute_s"].clone()).unwrap();
+        assert!(
+            times.len() == 2 && times.iter().all(|t| t.is_finite() && *t > 0.0),
+            "{r}"
+        );
+        r["rank_compute_s"] = serde_json::json!([times[0], 4.0 * times[0]]);
+        for key in ["tokens_per_second", "global_tokens_per_second"] {
+            r[key] = (r[key].as_f64().unwrap() / 2.0).into();
         }
-        let root = project();
-        let m = study(
-            root.path(),
-            "ddp-straggler",
-            "training_steps = 16",
-            Data::Bundled,
-        );
-        // The reference: ranks wherever the kernel puts them. (Whether
-        // balanced ranks are left alone is the unit tests' business: on two
-        // cores shared with the test's own processes, ranks differ by 10–30%
-        // from one interval to the next.)
-        run_ok(sweep(root.path()).arg("run").arg(&m));
-
-        // Open MPI binds rank i to core i (a setting in the environment wins).
-        let bound = ("OMPI_MCA_hwloc_base_binding_policy", "core");
-        let busy = Competition::on(3, Some(1));
-        run_ok(
-            sweep(root.path())
-                .args(["run", "--again"])
-                .arg(&m)
-                .env(bound.0, bound.1),
-        );
-        drop(busy);
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-        let host = host.trim();
-        let dir = root.path().join("results/ddp-straggler");
-        let log = std::fs::read_to_string(dir.join("ranks-2/metrics.jsonl")).unwrap();
-        let records: Vec<serde_json::Value> = log
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(
-            records[0]["hosts"],
-            serde_json::json!([host, host]),
-            "{log}"
-        );
-        let times: Vec<Vec<f64>> = records
-            .iter()
-            .filter(|r| r.get("loss").is_some())
-            .map(|r| serde_json::from_value(r["rank_compute_s"].clone()).unwrap())
-            .collect();
-        assert_eq!(times.len(), 16);
-        let slower = times.iter().filter(|t| t[1] > 1.5 * t[0]).count();
-        assert!(
-            slower >= 12,
-            "rank 1 slower in {slower} of 16 intervals: {times:?}"
-        );
-
-        let out = run_ok(sweep(root.path()).arg("report").arg(&m));
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let named = format!("straggler: ranks-2: rank 1 of 2 on node {host} computes");
-        assert!(text.contains(&named), "{text}");
-        assert!(!text.contains("rank 0 of 2"), "{text}");
-        let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
-        assert!(
-            md.contains("Stragglers") && md.contains("rank 1 of 2"),
-            "{md}"
-        );
-        let page = std::fs::read_to_string(dir.join("report.html")).unwrap();
-        assert!(page.contains("id=\"stragglers\""));
-
-        let check = sweep(root.path())
-            .args(["check", "--history"])
-            .arg(&m)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&check.stdout).into_owned();
-        assert_eq!(check.status.code(), Some(1), "{text}");
-        assert!(
-            text.contains("ranks-2 regressed; straggler ranks-2: rank 1 of 2 on node"),
-            "{text}"
-        );
+        steps += 1;
     }
+    assert_eq!(steps, 16);
+    let text: String = records.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+
+    let out = run_ok(sweep(root.path()).arg("report").arg(&m));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let named = format!("straggler: ranks-2: rank 1 of 2 on node {host} computes");
+    assert!(text.contains(&named), "{text}");
+    assert!(!text.contains("rank 0 of 2"), "{text}");
+    let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(
+        md.contains("Stragglers") && md.contains("rank 1 of 2"),
+        "{md}"
+    );
+    let page = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(page.contains("id=\"stragglers\""));
+
+    let check = sweep(root.path())
+        .args(["check", "--history"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert_eq!(check.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("ranks-2 regressed; straggler ranks-2: rank 1 of 2 on node"),
+        "{text}"
+    );
 }

@@ -585,127 +585,105 @@ fn a_read_only_history_is_read_as_it_is() {
 }
 
 /// A program whose throughput is its own, real, single-threaded Python loop.
-const WORK: &str = r#"import sys, time
-n = int(sys.argv[1])
-for step in range(1, 9):
-    t = time.perf_counter()
-    s = 0
-    for i in range(n):
-        s += i * i
-    print(f"step {step}: {n / (time.perf_counter() - t):.1f} tokens/s", flush=True)
+/// A nightly study: a program whose throughput is what `speed.txt` says
+/// (percent of its usual), within ±1% from run to run.
+const NIGHTLY: &str = r#"name = "nightly"
+executor = "local"
+command = """f=$(cat speed.txt); for s in 1 2 3 4 5 6 7 8; do echo "step $s: $(( ({{ work }} + 7 * {{ repeat }} + (s * 37) % 11) * f / 100 )) tokens/s"; done"""
+[sweep]
+repeats = 3
+[sweep.grid]
+work = [1000, 2000]
+[report]
+skip_first = 1
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+[environment]
+system = "ci-box"
+probes = { python = "python3 -c 'import sys; print(sys.version.split()[0])'" }
 "#;
 
-/// Tests that measure real slowdowns: run alone (`scripts/test.sh` runs
-/// `timing::` after every other test), since another test's load on the
-/// machine is a real slowdown too.
-mod timing {
-    use super::*;
-    use crate::support::Competition;
-
-    /// Measured, measured again unchanged (`--again`: exit 0 against the
-    /// history), then measured again while other processes compete for the
-    /// CPU: a real slowdown, found in every configuration with its ratio and
-    /// interval, exit 1, and a JUnit file a real JUnit parser reads. The
-    /// threshold is 30%: this shared machine's Python throughput moves by up to
-    /// ±20% from one minute to the next, and the competition (eight busy
-    /// processes on two cores) takes some three quarters of it.
-    #[test]
-    #[ignore = "timing: scripts/test.sh runs it alone, after the other tests"]
-    fn a_study_measured_again_is_unchanged_and_competition_for_the_cpu_regresses_it() {
-        let (root, m) = (project(), Path::new("nightly.toml"));
-        write(&root.path().join("work.py"), WORK);
-        write(
-            &root.path().join(m),
-            r#"name = "nightly"
-    executor = "local"
-    command = "python3 work.py {{ work }}"
-    [sweep]
-    repeats = 3
-    [sweep.grid]
-    work = [150000, 300000]
-    [report]
-    skip_first = 1
-    line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
-    [environment]
-    system = "ci-box"
-    probes = { python = "python3 -c 'import sys; print(sys.version.split()[0])'" }
-    "#,
-        );
-        run_ok(sweep(root.path()).arg("run").arg(m));
-        let fp: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(
-                root.path()
-                    .join("results/nightly/work-150000-r0/environment.json"),
-            )
-            .unwrap(),
+/// Measured, measured again unchanged (`--again`: exit 0 against the
+/// history), then measured again at 60% of its speed (as competition for
+/// the CPU makes it; that is a demonstration, not a test: docs/report.md):
+/// the slowdown found in every configuration with its ratio and interval,
+/// exit 1, and a JUnit file a real JUnit parser reads.
+#[test]
+fn a_study_measured_again_is_unchanged_and_a_slowdown_regresses_it() {
+    let (root, m) = (project(), Path::new("nightly.toml"));
+    write(&root.path().join(m), NIGHTLY);
+    write(&root.path().join("speed.txt"), "100\n");
+    run_ok(sweep(root.path()).arg("run").arg(m));
+    let fp: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            root.path()
+                .join("results/nightly/work-1000-r0/environment.json"),
         )
-        .unwrap();
-        assert_eq!(fp["system"], "ci-box");
-        assert!(
-            fp["probes"]["python"].as_str().unwrap().starts_with('3'),
-            "{fp}"
-        );
-        assert!(
-            !fp["kernel"].as_str().unwrap().is_empty() && fp["nodes"][0] == fp["host"],
-            "{fp}"
-        );
-        let again = run_ok(sweep(root.path()).arg("run").arg(m).arg("--again"));
-        assert!(
-            String::from_utf8_lossy(&again.stderr).contains("attempt 1 moved to"),
-            "{}",
-            String::from_utf8_lossy(&again.stderr)
-        );
-        // The first attempt is kept whole.
-        assert!(root
-            .path()
-            .join("results/nightly/attempts/1/work-300000-r2/local.out")
-            .is_file());
-        let check = |extra: &[&str]| {
-            sweep(root.path())
-                .args(["check", "nightly.toml", "--history", "--threshold", "30"])
-                .args(extra)
-                .output()
-                .unwrap()
-        };
-        let unchanged = check(&[]);
-        assert_eq!(
-            unchanged.status.code(),
-            Some(0),
-            "{}{}",
-            stdout(&unchanged),
-            String::from_utf8_lossy(&unchanged.stderr)
-        );
-        {
-            let _busy = Competition::start(8);
-            run_ok(sweep(root.path()).arg("run").arg(m).arg("--again"));
-        }
-        let slowed = check(&["--junit", "check.xml"]);
-        let text = stdout(&slowed);
-        assert_eq!(slowed.status.code(), Some(1), "{text}");
-        for config in ["work-150000", "work-300000"] {
-            let line = text.lines().find(|l| l.contains(config)).unwrap();
-            assert!(line.contains("regressed") && line.contains("x ["), "{line}");
-        }
-        assert!(text.contains("2 regressed"), "{text}");
-        // The reference pooled both earlier attempts (3 runs each).
-        assert!(text.contains("(6, 2)"), "{text}");
-        let parsed = python(
-            r#"
-    import sys
-    from junitparser import JUnitXml, Failure
-    xml = JUnitXml.fromfile(sys.argv[1])
-    cases = [c for suite in xml for c in suite]
-    failed = [c for c in cases if any(isinstance(r, Failure) for r in c.result)]
-    print(len(cases), len(failed), failed[0].result[0].message)
-    "#,
-            &[root.path().join("check.xml").to_str().unwrap()],
-        );
-        assert!(parsed.starts_with("2 2 regressed:"), "{parsed}");
-        // `sweep history`: three attempts of each configuration.
-        let h: Vec<serde_json::Value> = serde_json::from_slice(
-            &run_ok(sweep(root.path()).args(["history", "results/nightly", "--json"])).stdout,
-        )
-        .unwrap();
-        assert_eq!(h.len(), 6, "{h:?}");
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(fp["system"], "ci-box");
+    assert!(
+        fp["probes"]["python"].as_str().unwrap().starts_with('3'),
+        "{fp}"
+    );
+    assert!(
+        !fp["kernel"].as_str().unwrap().is_empty() && fp["nodes"][0] == fp["host"],
+        "{fp}"
+    );
+    let again = run_ok(sweep(root.path()).arg("run").arg(m).arg("--again"));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("attempt 1 moved to"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    // The first attempt is kept whole.
+    assert!(root
+        .path()
+        .join("results/nightly/attempts/1/work-2000-r2/local.out")
+        .is_file());
+    let check = |extra: &[&str]| {
+        sweep(root.path())
+            .args(["check", "nightly.toml", "--history", "--threshold", "10"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let unchanged = check(&[]);
+    assert_eq!(
+        unchanged.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&unchanged),
+        String::from_utf8_lossy(&unchanged.stderr)
+    );
+    write(&root.path().join("speed.txt"), "60\n");
+    run_ok(sweep(root.path()).arg("run").arg(m).arg("--again"));
+    let slowed = check(&["--junit", "check.xml"]);
+    let text = stdout(&slowed);
+    assert_eq!(slowed.status.code(), Some(1), "{text}");
+    for config in ["work-1000", "work-2000"] {
+        let line = text.lines().find(|l| l.contains(config)).unwrap();
+        assert!(line.contains("regressed") && line.contains("x ["), "{line}");
     }
+    assert!(text.contains("2 regressed"), "{text}");
+    // The reference pooled both earlier attempts (3 runs each).
+    assert!(text.contains("(6, 2)"), "{text}");
+    let parsed = python(
+        r#"
+import sys
+from junitparser import JUnitXml, Failure
+xml = JUnitXml.fromfile(sys.argv[1])
+cases = [c for suite in xml for c in suite]
+failed = [c for c in cases if any(isinstance(r, Failure) for r in c.result)]
+print(len(cases), len(failed), failed[0].result[0].message)
+"#,
+        &[root.path().join("check.xml").to_str().unwrap()],
+    );
+    assert!(parsed.starts_with("2 2 regressed:"), "{parsed}");
+    // `sweep history`: three attempts of each configuration.
+    let h: Vec<serde_json::Value> = serde_json::from_slice(
+        &run_ok(sweep(root.path()).args(["history", "results/nightly", "--json"])).stdout,
+    )
+    .unwrap();
+    assert_eq!(h.len(), 6, "{h:?}");
 }
