@@ -310,8 +310,8 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
             vec![random(&[batch, h, seq, q], 12, 1.0)?],
             Box::new(move |t| Ok(vec![backward(&t[0], Some(&on_back(&t[0])))?])),
         ),
-        // Keys and values of layers without rotation take the same kernel
-        // as a plain transpose.
+        // Values take the same kernel without tables: it only moves them
+        // to the heads-first layout.
         Case::new(
             crate::train::ops::Kernel::Rope,
             "heads first, no tables",
