@@ -22,7 +22,12 @@ use candle_core::Device;
 pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
     use anyhow::Context;
     use candle_core::cuda::cudarc::driver::CudaContext;
-    let visible = CudaContext::device_count().unwrap_or(0).max(0) as usize;
+    let visible = match CudaContext::device_count() {
+        Ok(n) => n.max(0) as usize,
+        Err(e) => anyhow::bail!(
+            "opening CUDA device {ordinal}: the CUDA driver cannot list this machine's GPUs ({e:?}): does `nvidia-smi` list one here, and does the job see it (a SLURM job needs `gpus_per_node`)?"
+        ),
+    };
     let ordinal = match (ordinal, visible) {
         (o, v) if o < v => o,
         (_, 1) => 0,
