@@ -102,6 +102,15 @@ impl Trainer {
             announce_bf16_kernel(rt);
         }
         let comm = dist::connect(ranks, &device, rt)?;
+        // Every rank runs the kernels every rank passed (replicas that
+        // rounded differently would drift apart).
+        let fallbacks = match device.is_cuda() {
+            true => {
+                let others = ops::selfcheck::agree(&*comm, &device, &fallbacks)?;
+                fallbacks.into_iter().chain(others).collect()
+            }
+            false => fallbacks,
+        };
         let model_spec = ModelSpec {
             cfg: model_cfg,
             attention: cfg.attention,

@@ -140,7 +140,7 @@ mod tests {
         let f = Failure {
             kernel: Kernel::RmsNorm,
             case: "rms_norm forward",
-            dtype: candle_core::DType::BF16,
+            dtype: Some(candle_core::DType::BF16),
             rel_err: Some(0.5),
             tolerance: 1.6e-2,
             why: "max relative error 5.00e-1 against its composed twin (tolerance 1.6e-2)".into(),

@@ -25,9 +25,10 @@ use candle_core::{DType, Device};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failure {
     pub kernel: Kernel,
-    /// The case (`rms_norm forward`, ...) and its dtype.
+    /// The case (`rms_norm forward`, ...) and its dtype (none: the kernel
+    /// failed on another rank's GPU, [`agree`]).
     pub case: &'static str,
-    pub dtype: DType,
+    pub dtype: Option<DType>,
     /// Max |kernel − twin| / max |twin|, where both ran.
     pub rel_err: Option<f64>,
     pub tolerance: f64,
@@ -38,13 +39,10 @@ pub struct Failure {
 impl Failure {
     /// One line: the kernel, the case and what went wrong.
     pub fn describe(&self) -> String {
-        format!(
-            "{}: {} in {}: {}",
-            self.kernel.name(),
-            self.case,
-            dtype_name(self.dtype),
-            self.why
-        )
+        let dtype = self
+            .dtype
+            .map_or(String::new(), |d| format!(" in {}", dtype_name(d)));
+        format!("{}: {}{dtype}: {}", self.kernel.name(), self.case, self.why)
     }
 }
 
@@ -108,7 +106,7 @@ pub fn run(cases: &[Case], device: &Device) -> Vec<Failure> {
             let fail = |rel_err, why: String| Failure {
                 kernel: case.kernel,
                 case: case.op,
-                dtype,
+                dtype: Some(dtype),
                 rel_err,
                 tolerance: tol,
                 why,
@@ -180,6 +178,50 @@ pub fn at_open(device: &Device, policy: CudaKernels) -> Result<Vec<Failure>> {
         );
     }
     Ok(failures)
+}
+
+/// The kernels another rank left out, left out here too, so that every
+/// rank runs the same code: ranks whose kernels differ round differently,
+/// and their replicas of the parameters would drift apart. Returns them as
+/// failures of this rank (said on stderr; the main rank records them).
+pub fn agree(
+    comm: &dyn crate::train::dist::Collective,
+    device: &Device,
+    failures: &[Failure],
+) -> Result<Vec<Failure>> {
+    if comm.is_single() {
+        return Ok(Vec::new());
+    }
+    let mine: Vec<f32> = Kernel::ALL
+        .iter()
+        .map(|k| failures.iter().any(|f| f.kernel == *k) as u8 as f32)
+        .collect();
+    let all = comm
+        .all_reduce_sum(&candle_core::Tensor::from_vec(
+            mine.clone(),
+            mine.len(),
+            device,
+        )?)?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()?;
+    let others: Vec<Failure> = Kernel::ALL
+        .iter()
+        .zip(all.iter().zip(&mine))
+        .filter(|(_, (all, mine))| **all > 0.0 && **mine == 0.0)
+        .map(|(&kernel, _)| Failure {
+            kernel,
+            case: "its self-check on another rank's GPU",
+            dtype: None,
+            rel_err: None,
+            tolerance: 0.0,
+            why: "failed there, so every rank runs its composed twin".into(),
+        })
+        .collect();
+    super::fall_back(&others.iter().map(|f| f.kernel).collect::<Vec<_>>());
+    for f in &others {
+        eprintln!("sweep train: warning: {}", f.describe());
+    }
+    Ok(others)
 }
 
 #[cfg(test)]
@@ -257,6 +299,51 @@ mod tests {
             .starts_with("rms_norm: scaled in f32: max relative error"));
     }
 
+    /// A peer's failures become this rank's, said as the other rank's;
+    /// its own are not repeated; one rank alone exchanges nothing.
+    #[test]
+    fn every_rank_leaves_out_what_any_rank_left_out() {
+        use crate::train::dist::{Collective, Ranks, Single};
+        /// Rank 0 of two, the other rank's flags given.
+        struct Peer(Vec<f32>);
+        impl Collective for Peer {
+            fn ranks(&self) -> Ranks {
+                Ranks::SINGLE
+            }
+            fn describe(&self) -> String {
+                "a peer".into()
+            }
+            fn all_reduce_sum(&self, t: &Tensor) -> anyhow::Result<Tensor> {
+                Ok((t + Tensor::new(self.0.as_slice(), t.device())?)?)
+            }
+            fn broadcast(&self, t: &Tensor, _: usize) -> anyhow::Result<Tensor> {
+                Ok(t.clone())
+            }
+            fn abort(&self, _: i32) {}
+        }
+        let mine = Failure {
+            kernel: Kernel::RmsNorm,
+            case: "rms_norm forward",
+            dtype: Some(DType::BF16),
+            rel_err: Some(0.5),
+            tolerance: 1.6e-2,
+            why: "max relative error 5.00e-1".into(),
+        };
+        let mut theirs = vec![0f32; Kernel::ALL.len()];
+        theirs[Kernel::RmsNorm as usize] = 1.0;
+        theirs[Kernel::GradNorm as usize] = 1.0;
+        let others = agree(&Peer(theirs), &Device::Cpu, std::slice::from_ref(&mine)).unwrap();
+        assert_eq!(
+            others.iter().map(|f| f.kernel).collect::<Vec<_>>(),
+            [Kernel::GradNorm]
+        );
+        assert_eq!(
+            others[0].describe(),
+            "grad_norm: its self-check on another rank's GPU: failed there, so every rank runs its composed twin"
+        );
+        assert!(agree(&Single, &Device::Cpu, &[mine]).unwrap().is_empty());
+    }
+
     /// `auto` and `composed` leave out each failed kernel once; `own`
     /// refuses, naming every failure and what to do.
     #[test]
@@ -264,7 +351,7 @@ mod tests {
         let f = |kernel, case| Failure {
             kernel,
             case,
-            dtype: DType::BF16,
+            dtype: Some(DType::BF16),
             rel_err: Some(0.5),
             tolerance: 1.6e-2,
             why: "max relative error 5.00e-1".into(),
