@@ -11,7 +11,9 @@
 //! runs, times and tabulates them.
 
 use crate::config::{DeviceKind, ModelConfig, ModelOverrides};
-use crate::train::ops::check::{self, errors, flat_f32, prepare, tolerance, Case, Shapes};
+use crate::train::ops::check::{
+    self, dtype_name, errors, flat_f32, prepare, tolerance, Case, Shapes,
+};
 use crate::train::ops::composed_here;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
@@ -73,14 +75,6 @@ pub struct KernelReport {
     pub model: String,
     pub tokens: usize,
     pub rows: Vec<KernelRow>,
-}
-
-fn dtype_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::BF16 => "bf16",
-        DType::F64 => "f64",
-        _ => "f32",
-    }
 }
 
 /// The median time of `repeats` calls, after one warm-up, each on fresh

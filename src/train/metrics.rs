@@ -181,8 +181,6 @@ impl Reporter {
         self.interval.compute_s()
     }
 
-    /// The ranks' hosts from `step` on (written by the main rank).
-    /// Also said in the job's log, where a reader looks first.
     /// Records the kernels that fell back on this rank's GPU, from `step`
     /// (the main rank's: the others said so on stderr).
     pub fn fallbacks(
@@ -205,6 +203,8 @@ impl Reporter {
         Ok(())
     }
 
+    /// The ranks' hosts from `step` on (written by the main rank).
+    /// Also said in the job's log, where a reader looks first.
     pub fn placement(&mut self, step: usize, hosts: Vec<String>) -> Result<()> {
         let Some(log) = &mut self.log else {
             return Ok(());

@@ -106,6 +106,15 @@ pub fn dtypes(case: &Case, device: &Device) -> Vec<DType> {
     }
 }
 
+/// A dtype's name in tables and messages.
+pub fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bf16",
+        DType::F64 => "f64",
+        _ => "f32",
+    }
+}
+
 /// Relative error allowed for a case in a dtype: f32 arithmetic either way;
 /// bf16 storage (or bf16 operands, `mixed`) rounds each output once (2^-8
 /// relative) and the reference does not. Ops that chain several bf16

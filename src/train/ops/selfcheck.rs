@@ -14,7 +14,7 @@
 //! The same code runs on the CPU in the tests, where the own kernels are
 //! the fused CPU ones.
 
-use super::check::{self, errors, flat_f32, prepare, tolerance, Case, Shapes};
+use super::check::{self, dtype_name, errors, flat_f32, prepare, tolerance, Case, Shapes};
 use super::{composed_here, Kernel};
 use crate::config::runtime::CudaKernels;
 use crate::config::{ModelConfig, ModelOverrides};
@@ -43,14 +43,6 @@ impl Failure {
             .dtype
             .map_or(String::new(), |d| format!(" in {}", dtype_name(d)));
         format!("{}: {}{dtype}: {}", self.kernel.name(), self.case, self.why)
-    }
-}
-
-fn dtype_name(dtype: DType) -> &'static str {
-    match dtype {
-        DType::BF16 => "bf16",
-        DType::F64 => "f64",
-        _ => "f32",
     }
 }
 
