@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod executor;
+pub mod layout;
 pub mod manifest;
 pub mod plan;
 pub mod report;

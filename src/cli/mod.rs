@@ -790,7 +790,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
                 f.system,
                 f.host,
                 f.gpus.len(),
-                dir.join(crate::plan::files::ENVIRONMENT_JSON).display()
+                dir.join(crate::layout::ENVIRONMENT_JSON).display()
             );
             Ok(ExitCode::SUCCESS)
         }

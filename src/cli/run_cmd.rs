@@ -45,7 +45,7 @@ pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
             now.0,
             sub.plan
                 .study_dir
-                .join(crate::plan::files::ATTEMPTS_DIR)
+                .join(crate::layout::ATTEMPTS_DIR)
                 .join(attempt.0.to_string())
                 .display(),
             m = args.manifest.display()

@@ -5,8 +5,8 @@
 //! and `sweep check` says what changed between a slowed run and its
 //! reference.
 
+use crate::layout::ENVIRONMENT_JSON;
 use crate::manifest::EnvironmentSpec;
-use crate::plan::files::ENVIRONMENT_JSON;
 use crate::plan::record::RunRecord;
 use crate::util::process::{output_within, Bounded};
 use anyhow::{Context, Result};
@@ -202,7 +202,7 @@ impl Fingerprint {
 /// (atomically; a requeued job's replaces its earlier one). What the run
 /// asks to probe is in its `run.json`.
 pub fn write(dir: &Path) -> Result<Fingerprint> {
-    let record = RunRecord::read(&dir.join(crate::plan::files::RUN_JSON), None)?;
+    let record = RunRecord::read(&dir.join(crate::layout::RUN_JSON), None)?;
     let (spec, commit) = match record {
         Some(r) => (r.environment.unwrap_or_default(), r.git_commit),
         None => (EnvironmentSpec::default(), None),

@@ -671,7 +671,7 @@ impl<'a> Shared<'a> {
     ) -> Result<String, Box<Diagnostic>> {
         let why = match crate::util::name::check(&name) {
             Err(why) => why,
-            Ok(()) if super::files::reserved(&name) => {
+            Ok(()) if crate::layout::reserved(&name) => {
                 format!("`{name}` is reserved for the study's own directories")
             }
             Ok(()) => return Ok(name),
@@ -925,7 +925,7 @@ fn stages(
         let id = short_id(&key);
         let index = *by_id.entry(id.clone()).or_insert_with(|| {
             let name = format!("pretokenize-{}-{id}", format.as_str());
-            let dir = study_dir.join(super::files::STAGES_DIR).join(&name);
+            let dir = study_dir.join(crate::layout::STAGES_DIR).join(&name);
             let mut slurm = SlurmSpec {
                 nodes: std::num::NonZeroU32::MIN,
                 ntasks_per_node: std::num::NonZeroU32::MIN,

@@ -4,7 +4,6 @@
 //! Everything here is in memory; `render` writes it out.
 
 mod expand;
-pub mod files;
 pub mod identity;
 pub mod pack;
 pub mod record;
@@ -113,7 +112,13 @@ impl Run {
             Job::Train(_) => format!(
                 "{} train --config {}",
                 shell_quote(sweep_bin),
-                shell_quote(&self.dir.join(files::CONFIG_TOML).display().to_string())
+                shell_quote(
+                    &self
+                        .dir
+                        .join(crate::layout::CONFIG_TOML)
+                        .display()
+                        .to_string()
+                )
             ),
             Job::Command(c) => c.clone(),
         }

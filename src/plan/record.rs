@@ -2,7 +2,7 @@
 //! job that was submitted for it. The executors append job ids; rendering
 //! never drops them.
 
-use super::files::{RUN_JSON, STAGE_JSON};
+use crate::layout::{RUN_JSON, STAGE_JSON};
 use crate::manifest::ExecutorKind;
 use anyhow::{Context, Result};
 use indexmap::IndexMap;
@@ -28,7 +28,7 @@ pub struct ManifestRef {
 }
 
 /// What a study directory records of the manifest that last rendered it
-/// ([`super::files::STUDY_JSON`]): a report of the directory reads its
+/// ([`crate::layout::STUDY_JSON`]): a report of the directory reads its
 /// settings and tells its runs from directories an earlier version left.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StudyRecord {
@@ -92,7 +92,7 @@ impl StudyRecord {
     /// rendered before it was written).
     pub fn load(study_dir: &Path) -> Result<Option<StudyRecord>> {
         use crate::util::fs::{read_regular, ReadError};
-        let path = study_dir.join(super::files::STUDY_JSON);
+        let path = study_dir.join(crate::layout::STUDY_JSON);
         match read_regular(&path, MAX_RECORD_BYTES, Some(study_dir)) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(|r| {

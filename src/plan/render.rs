@@ -2,10 +2,10 @@
 //! template error writes nothing), then written file by file, only where the
 //! content changed: re-rendering is idempotent and never touches outputs.
 
-use super::files::{CONFIG_TOML, JOB_SBATCH, STUDY_JSON};
 use super::record::{ManifestRef, RunRecord, StudyRecord, UnitKind};
 use super::templates::Templates;
 use super::{Job, Plan};
+use crate::layout::{CONFIG_TOML, JOB_SBATCH, STUDY_JSON};
 use crate::manifest::{Diagnostic, Diagnostics};
 use crate::util::fs::{write_atomic, write_if_changed};
 use anyhow::{Context, Result};
@@ -383,7 +383,7 @@ impl Changed {
         d.help = Some(format!(
             "`--replace-changed` (sweep submit, run or render) moves their directories to {}/ and runs them anew; \
              or keep them and give the new runs other names ([sweep] name)",
-            plan.study_dir.join(super::files::REPLACED_DIR).display()
+            plan.study_dir.join(crate::layout::REPLACED_DIR).display()
         ));
         d
     }
@@ -405,7 +405,9 @@ pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
         }
         let into = match &into {
             Some(d) => d,
-            None => into.insert(fresh_dir(&plan.study_dir.join(super::files::REPLACED_DIR))?),
+            None => into.insert(fresh_dir(
+                &plan.study_dir.join(crate::layout::REPLACED_DIR),
+            )?),
         };
         let to = into.join(&run.name);
         std::fs::rename(&run.dir, &to)
@@ -455,7 +457,7 @@ pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
     })?;
     let into = plan
         .study_dir
-        .join(super::files::ATTEMPTS_DIR)
+        .join(crate::layout::ATTEMPTS_DIR)
         .join(attempt.to_string());
     for run in &plan.runs {
         if run.dir.symlink_metadata().is_err() {
@@ -487,7 +489,7 @@ fn has_outputs(dir: &Path) -> bool {
         entries.flatten().any(|e| {
             let n = e.file_name();
             let n = n.to_string_lossy();
-            !super::files::RENDERED.contains(&n.as_ref())
+            !crate::layout::RENDERED.contains(&n.as_ref())
         })
     })
 }

@@ -296,7 +296,7 @@ fn write(root: &Path, dir_name: &str, cmp: &mut Comparison, plots: bool) -> Resu
     // results/compare/ is the comparisons' own (a study called `compare`
     // would own it: then nothing is written).
     let compare = root.join("results/compare");
-    if compare.join(crate::plan::files::STUDY_JSON).exists() {
+    if compare.join(crate::layout::STUDY_JSON).exists() {
         anyhow::bail!(
             "{} is a rendered study's directory: comparisons are written to results/compare/, \
              and a study of that name owns it; rename the study",

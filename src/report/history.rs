@@ -29,13 +29,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The file, in a project's `results/`.
-pub const FILE: &str = "history.sqlite";
+pub const FILE: &str = crate::layout::HISTORY_SQLITE;
 /// The schema's version (`meta.schema_version`): a file of any other
 /// version is refused, never converted.
 pub const SCHEMA_VERSION: i64 = 3;
-/// SQLite's application id of a sweep history (the bytes "swep"), set when
-/// sweep creates the file: a file without it is not sweep's to write.
-pub const APPLICATION_ID: i32 = 0x7377_6570;
+pub const APPLICATION_ID: i32 = crate::layout::HISTORY_APPLICATION_ID;
 /// The system of runs whose jobs wrote no fingerprint.
 pub const UNKNOWN_SYSTEM: &str = "unknown";
 /// How long a writer waits for another one (a report of thousands of runs

@@ -134,7 +134,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
             _ => root.join("results").join(&study),
         };
         match &grouped {
-            Some(keys) => main.join(crate::plan::files::GROUPED_DIR).join(keys),
+            Some(keys) => main.join(crate::layout::GROUPED_DIR).join(keys),
             None => main,
         }
     };
@@ -143,7 +143,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         Some(keys) => root
             .join("plots")
             .join(&study)
-            .join(crate::plan::files::GROUPED_DIR)
+            .join(crate::layout::GROUPED_DIR)
             .join(keys),
         None => root.join("plots").join(&study),
     };
@@ -242,7 +242,7 @@ fn check_outputs(
         return Ok(outputs::check(&outputs, inputs, outputs::Allow::default())?);
     }
     if let Source::Import { name, .. } = source {
-        if own.join(crate::plan::files::STUDY_JSON).exists() {
+        if own.join(crate::layout::STUDY_JSON).exists() {
             bail!(
                 "{} is the directory of the study {name}, which a manifest rendered: an imported \
                  report never writes over it; give --name another name",
@@ -500,7 +500,7 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
         let name = e.file_name().to_string_lossy().into_owned();
         // Only directories hold runs (stages/ holds stages).
         if !e.file_type().is_ok_and(|t| t.is_dir())
-            || crate::plan::files::STUDY_DIRS.contains(&name.as_ref())
+            || crate::layout::STUDY_DIRS.contains(&name.as_ref())
         {
             continue;
         }
@@ -626,7 +626,7 @@ fn has_run_logs(dir: &Path) -> bool {
             let name = e.file_name();
             let name = name.to_string_lossy();
             name == crate::train::record::METRICS_FILE
-                || name == crate::plan::files::ENVIRONMENT_JSON
+                || name == crate::layout::ENVIRONMENT_JSON
                 || name.ends_with(".out")
         })
     })

@@ -73,17 +73,35 @@ pub fn scratch_dir_in(dir: &Path) -> Result<tempfile::TempDir> {
     Ok(tmp)
 }
 
+/// A directory, device, FIFO or socket where sweep would write a file.
+#[derive(Debug)]
+pub struct NotRegular {
+    pub path: PathBuf,
+    pub what: &'static str,
+}
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the output {} is {}: sweep writes outputs only to regular files or new paths",
+            self.path.display(),
+            self.what
+        )
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
 /// A directory, device, FIFO or socket at `path` itself is never replaced
 /// by a file renamed over it (a link is: the rename replaces the link, not
 /// what it names).
-fn refuse_special(path: &Path) -> Result<(), super::outputs::OutputError> {
+fn refuse_special(path: &Path) -> Result<(), NotRegular> {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_file() && !m.file_type().is_symlink() => {
-            Err(super::outputs::OutputError::NotRegular {
-                path: path.to_path_buf(),
-                what: kind_of(m.file_type()),
-            })
-        }
+        Ok(m) if !m.file_type().is_file() && !m.file_type().is_symlink() => Err(NotRegular {
+            path: path.to_path_buf(),
+            what: kind_of(m.file_type()),
+        }),
         _ => Ok(()),
     }
 }

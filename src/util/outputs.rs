@@ -36,7 +36,7 @@ pub struct Allow {
 #[derive(Debug)]
 pub enum OutputError {
     /// A device, FIFO, socket or directory is there (or a link names one).
-    NotRegular { path: PathBuf, what: &'static str },
+    NotRegular(super::fs::NotRegular),
     /// It is one of the command's inputs (the same file, by device and inode).
     IsInput { path: PathBuf, input: PathBuf },
     /// It is (or lies inside) something sweep reads or owns: `what` says what.
@@ -55,11 +55,7 @@ pub enum OutputError {
 impl std::fmt::Display for OutputError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            OutputError::NotRegular { path, what } => write!(
-                f,
-                "the output {} is {what}: sweep writes outputs only to regular files or new paths",
-                path.display()
-            ),
+            OutputError::NotRegular(e) => e.fmt(f),
             OutputError::IsInput { path, input } => write!(
                 f,
                 "the output {} is the input {}: writing it would destroy the input, and an output \
@@ -116,10 +112,10 @@ pub fn check_own(path: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
         return Ok(()); // a new path (or a dangling link, which rename replaces)
     };
     if !meta.file_type().is_file() {
-        return Err(OutputError::NotRegular {
+        return Err(OutputError::NotRegular(super::fs::NotRegular {
             path: path.to_path_buf(),
             what: super::fs::kind_of(meta.file_type()),
-        });
+        }));
     }
     let id = identity(path);
     match inputs.iter().find(|i| identity(i) == id) {
@@ -213,7 +209,7 @@ fn history_file(resolved: &Path) -> Option<String> {
         .find_map(|s| name.strip_suffix(s))
         .unwrap_or(&name);
     let file = resolved.with_file_name(base);
-    let named = base == crate::report::history::FILE
+    let named = base == crate::layout::HISTORY_SQLITE
         && file
             .parent()
             .and_then(Path::file_name)
@@ -227,7 +223,7 @@ fn history_file(resolved: &Path) -> Option<String> {
             f.take(72).read_exact(&mut header).is_ok()
                 && header.starts_with(b"SQLite format 3\0")
                 && i32::from_be_bytes(header[68..72].try_into().expect("4 bytes"))
-                    == crate::report::history::APPLICATION_ID
+                    == crate::layout::HISTORY_APPLICATION_ID
         });
     (named || ours).then(|| match base == name {
         true => "it is sweep's performance history".to_string(),
@@ -265,7 +261,7 @@ fn sweep_directory(resolved: &Path) -> Option<(PathBuf, DirKind)> {
 }
 
 fn sweep_directory_in(resolved: &Path, results: Option<&Path>) -> Option<(PathBuf, DirKind)> {
-    use crate::plan::files::{RUN_JSON, STAGE_JSON, STUDY_JSON};
+    use crate::layout::{RUN_JSON, STAGE_JSON, STUDY_JSON};
     let mut dir = resolved.parent();
     while let Some(d) = dir {
         for (file, kind) in [
@@ -380,10 +376,14 @@ mod tests {
         std::fs::write(results.join("s/run-a/run.json"), "{}").unwrap();
         std::fs::write(results.join("s/run-a/metrics.jsonl"), "").unwrap();
         std::fs::write(results.join("s/stages/st/stage.json"), "{}").unwrap();
-        let mut h =
-            crate::report::history::History::open(&results.join(crate::report::history::FILE))
-                .unwrap();
-        h.record(&[]).unwrap();
+        let h = rusqlite::Connection::open(results.join(crate::layout::HISTORY_SQLITE)).unwrap();
+        h.pragma_update(
+            None,
+            "application_id",
+            crate::layout::HISTORY_APPLICATION_ID,
+        )
+        .unwrap();
+        h.execute_batch("CREATE TABLE t(x)").unwrap();
         dir
     }
 

@@ -1,5 +1,7 @@
-//! The files planning writes into every run (and stage) directory, by name,
-//! in one place: rendering writes them, records and executors find them.
+//! The files and directories sweep owns, by name, in one place: those
+//! planning writes into every run (and stage) directory, the study's own
+//! directories, and the history. Rendering writes them, records and
+//! executors find them, and no output of any command may replace them.
 
 /// The built-in trainer's configuration (runs of the built-in trainer).
 pub const CONFIG_TOML: &str = "config.toml";
@@ -56,3 +58,9 @@ pub const STUDY_DIRS: [&str; 7] = [
 pub fn reserved(name: &str) -> bool {
     STUDY_DIRS.contains(&name) || name == STUDY_JSON
 }
+
+/// The performance history, in a project's `results/`.
+pub const HISTORY_SQLITE: &str = "history.sqlite";
+/// SQLite's application id of a sweep history (the bytes "swep"), set when
+/// sweep creates the file: a file without it is not sweep's to write.
+pub const HISTORY_APPLICATION_ID: i32 = 0x7377_6570;
