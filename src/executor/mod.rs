@@ -8,6 +8,7 @@ pub mod ended;
 pub mod fingerprint;
 pub mod local;
 pub mod packed;
+mod scripts;
 pub mod slurm;
 mod state;
 

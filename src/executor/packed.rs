@@ -5,79 +5,13 @@
 
 use super::ended::{self, EXIT_CODE};
 use super::{State, Status};
-use anyhow::Result;
-use std::path::{Path, PathBuf};
+
+use std::path::Path;
 use std::time::SystemTime;
 
 /// `<job id>`: the packed job that started the run (written by the block's
 /// script before the run's step starts).
 pub const STARTED: &str = "started";
-
-/// Writes block `block`'s script: the allocation's header, then each run's
-/// own `job.sbatch` in the block's order, with the records that tell each
-/// run's state (`started`, then the run's `exit_code`). A run that fails
-/// does not end the block; a requeued block (the same job started again)
-/// skips the runs that completed in it and starts the others afresh (a run
-/// interrupted on SIGUSR1 resumes from its checkpoint).
-pub fn write_script(
-    study_dir: &Path,
-    block: u32,
-    header: &[String],
-    dirs: &[PathBuf],
-    dry_run: bool,
-) -> Result<PathBuf> {
-    use crate::template::shell_quote;
-    let logs = study_dir.join(crate::plan::files::LOGS_DIR);
-    let mut s = format!(
-        "#!/bin/bash\n# Block {block}, packed by `sweep submit`: its runs one after another as job steps of\n\
-         # this allocation, each logging into its own run directory.\n"
-    );
-    for line in header {
-        s.push_str(line);
-        s.push('\n');
-    }
-    s.push_str(&format!(
-        "#SBATCH --output={}\n\nRUN_DIRS=(\n",
-        shell_quote(&format!("{}/%x-%j.out", logs.display()))
-    ));
-    for d in dirs {
-        s.push_str(&format!("    {}\n", shell_quote(&d.display().to_string())));
-    }
-    s.push_str(&format!(
-        r#")
-export SWEEP_PACKED=1
-completed() {{ [[ "$(cat "$1/{EXIT_CODE}" 2>/dev/null)" == "$SLURM_JOB_ID 0" ]]; }}
-# Started again (requeued): what did not complete in this job runs afresh,
-# its records of the earlier try gone.
-for dir in "${{RUN_DIRS[@]}}"; do
-    completed "$dir" && continue
-    rm -f "$dir/{STARTED}"
-    if [[ "$(cut -d' ' -f1 "$dir/{EXIT_CODE}" 2>/dev/null)" == "$SLURM_JOB_ID" ]]; then rm -f "$dir/{EXIT_CODE}"; fi
-done
-failed=0
-for dir in "${{RUN_DIRS[@]}}"; do
-    if completed "$dir"; then
-        echo "sweep: block {block}: $dir completed earlier in job $SLURM_JOB_ID; skipped"
-        continue
-    fi
-    echo "$SLURM_JOB_ID" >"$dir/.{STARTED}.tmp" && mv "$dir/.{STARTED}.tmp" "$dir/{STARTED}"
-    echo "sweep: block {block}: $dir on $SLURM_JOB_NODELIST at $(date -Is)"
-    # A failed run does not end the block: the next one starts.
-    bash "$dir/job.sbatch" || failed=$((failed + 1))
-done
-echo "sweep: block {block} done at $(date -Is): $failed run(s) failed"
-[[ $failed -eq 0 ]]
-"#
-    ));
-    let stem = format!("block-{block}");
-    super::slurm::write_study_script(
-        study_dir,
-        crate::plan::files::BLOCKS_DIR,
-        &stem,
-        &s,
-        dry_run,
-    )
-}
 
 /// When job `job_id` started the run in `dir` (its `started` record).
 fn started(dir: &Path, job_id: &str) -> Option<SystemTime> {
@@ -205,30 +139,6 @@ mod tests {
         assert!(
             st(State::Failed).run_s.is_some(),
             "from started to exit_code"
-        );
-    }
-
-    #[test]
-    fn the_block_script_lists_its_runs_in_order_and_goes_on_after_a_failure() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dirs = [tmp.path().join("b"), tmp.path().join("a x")];
-        let head = ["#SBATCH --nodes=2".to_string()];
-        let path = write_script(tmp.path(), 3, &head, &dirs, false).unwrap();
-        let s = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            path.starts_with(tmp.path().join("blocks")),
-            "{}",
-            path.display()
-        );
-        let b = s.find("/b\n").unwrap();
-        let a = s.find("/a x'").unwrap();
-        assert!(b < a, "the block's order:\n{s}");
-        assert!(s.contains("#SBATCH --nodes=2\n#SBATCH --output="), "{s}");
-        assert!(s.contains("|| failed=$((failed + 1))"), "{s}");
-        // The same block, the same script: written once.
-        assert_eq!(
-            write_script(tmp.path(), 3, &head, &dirs, false).unwrap(),
-            path
         );
     }
 }

@@ -101,7 +101,7 @@ pub fn submit(
         }
         match &decisions[i] {
             Decision::Submit => {
-                let script = units[i].dir.join(crate::plan::files::JOB_SBATCH);
+                let script = units[i].dir.join(crate::layout::JOB_SBATCH);
                 let id = sbatch(&[], &script, dry_run)?;
                 if !dry_run {
                     units[i].record_job(ExecutorKind::Slurm, id.clone())?;
@@ -147,7 +147,7 @@ pub fn submit(
                 .expect("a block has runs");
         let head = crate::plan::pack::block_header(&header(&units[members[0]].script), &allocation);
         let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
-        let script = super::packed::write_script(study_dir, block, &head, &dirs, dry_run)?;
+        let script = super::scripts::block(study_dir, block, &head, &dirs, dry_run)?;
         let mut args = Vec::new();
         if !dep.is_empty() {
             args.push(format!("--dependency=afterok:{}", dep.join(":")));
@@ -188,7 +188,7 @@ pub fn submit(
         }
         if members.len() == 1 {
             let u = &mut units[members[0]];
-            let script = u.dir.join(crate::plan::files::JOB_SBATCH);
+            let script = u.dir.join(crate::layout::JOB_SBATCH);
             let id = sbatch(&args, &script, dry_run)?;
             if !dry_run {
                 u.record_job(ExecutorKind::Slurm, id.clone())?;
@@ -205,7 +205,7 @@ pub fn submit(
             continue;
         }
         let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
-        let script = write_array_script(study_dir, &head, &dirs, dry_run)?;
+        let script = super::scripts::array(study_dir, &head, &dirs, dry_run)?;
         let mut range = format!("--array=0-{}", members.len() - 1);
         if let Some(t) = throttle {
             range.push_str(&format!("%{t}"));
@@ -259,65 +259,6 @@ fn header(script: &str) -> Vec<String> {
         .filter(|l| !l.contains("--output="))
         .map(str::to_string)
         .collect()
-}
-
-/// An array's script: the shared header, its own log pattern, and a body that
-/// runs the task's own `job.sbatch` (which then logs into its run directory).
-fn write_array_script(
-    study_dir: &Path,
-    head: &[String],
-    dirs: &[PathBuf],
-    dry_run: bool,
-) -> Result<PathBuf> {
-    use crate::template::shell_quote;
-    let logs = study_dir.join(crate::plan::files::LOGS_DIR);
-    let mut s = String::from("#!/bin/bash\n# A job array written by `sweep submit`: task i runs the i-th run directory's job.sbatch.\n");
-    for line in head {
-        s.push_str(line);
-        s.push('\n');
-    }
-    s.push_str(&format!(
-        "#SBATCH --output={}\n\n",
-        shell_quote(&format!("{}/%x-%A_%a.out", logs.display()))
-    ));
-    s.push_str("RUN_DIRS=(\n");
-    for d in dirs {
-        s.push_str(&format!("    {}\n", shell_quote(&d.display().to_string())));
-    }
-    s.push_str(
-        ")\nexport SWEEP_ARRAY=1\nexec bash \"${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}/job.sbatch\"\n",
-    );
-    write_study_script(
-        study_dir,
-        crate::plan::files::ARRAYS_DIR,
-        "array",
-        &s,
-        dry_run,
-    )
-}
-
-/// Writes a script `sweep submit` makes (an array's, a packed block's) as
-/// `results/<study>/<dir>/<stem>-<hash>.sbatch`, named by its content so
-/// that submitting the same again reuses it; makes the study's `logs/` its
-/// jobs log into. Returns the path (on a dry run, without writing).
-pub(super) fn write_study_script(
-    study_dir: &Path,
-    dir: &str,
-    stem: &str,
-    text: &str,
-    dry_run: bool,
-) -> Result<PathBuf> {
-    let id = crate::util::hash::sha256_bytes(text.as_bytes());
-    let scripts = study_dir.join(dir);
-    let path = scripts.join(format!("{stem}-{}.sbatch", &id[..12]));
-    if !dry_run {
-        let logs = study_dir.join(crate::plan::files::LOGS_DIR);
-        for d in [&logs, &scripts] {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-        }
-        crate::util::fs::write_if_changed(&path, text.as_bytes())?;
-    }
-    Ok(path)
 }
 
 fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<String> {
