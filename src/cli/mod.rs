@@ -131,10 +131,13 @@ pub enum Cmd {
         /// Log points skipped at the start of every run (default: each side's manifest's, else 5).
         #[arg(long, value_parser = count(0, MAX_STEPS))]
         skip_first: Option<usize>,
+        /// The change (percent) that matters: smaller and within the interval is `unchanged`.
+        #[arg(long, value_name = "PCT", default_value_t = crate::report::check::DEFAULT_THRESHOLD_PCT)]
+        threshold: f64,
         #[arg(long)]
         no_plots: bool,
     },
-    /// Did it get slower? Each configuration's latest attempt against the history (or another study): regressed, improved, unchanged or failed. Exit 0: nothing regressed or failed; 1: something did; 2: the check could not be made.
+    /// Did it get slower? Each configuration's latest attempt against the history (or another study): regressed, improved, unchanged, inconclusive, failed or new. Exit 0: nothing regressed, failed or was inconclusive; 1: something regressed or failed; 2: the check could not be made; 3: nothing regressed or failed but something was inconclusive.
     #[command(
         after_help = "Examples:\n  sweep check experiments/nightly.toml --history --junit results/nightly-check.xml\n  sweep check results/quickstart --against results/quickstart-before --threshold 5"
     )]
@@ -605,7 +608,7 @@ pub struct CheckCli {
     /// Attempts of the history pooled as the reference.
     #[arg(long, value_name = "N", default_value_t = crate::report::check::DEFAULT_LAST, value_parser = count(1, 10_000))]
     pub last: usize,
-    /// A significant change smaller than this (percent) counts as unchanged.
+    /// The change (percent) that matters: `regressed`/`improved` need a significant change at least this large, `unchanged` an interval within it.
     #[arg(long, value_name = "PCT", default_value_t = crate::report::check::DEFAULT_THRESHOLD_PCT)]
     pub threshold: f64,
     /// Also write the verdicts as JUnit XML (one test case per configuration).
@@ -798,8 +801,9 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
             a,
             b,
             skip_first,
+            threshold,
             no_plots,
-        } => compare_cmd(root, &a, &b, skip_first, !no_plots),
+        } => compare_cmd(root, &a, &b, skip_first, threshold, !no_plots),
         Cmd::Data(d) => data_cmds::run(d),
     }
 }
@@ -825,6 +829,7 @@ fn compare_cmd(
     a: &std::path::Path,
     b: &std::path::Path,
     skip_first: Option<usize>,
+    threshold: f64,
     plots: bool,
 ) -> anyhow::Result<ExitCode> {
     use crate::report::{compare, Source};
@@ -832,7 +837,7 @@ fn compare_cmd(
         true => Source::ResultsDir(p.to_path_buf()),
         false => Source::Manifest(p.to_path_buf()),
     };
-    let cmp = compare::run(root, &source(a), &source(b), skip_first, plots)?;
+    let cmp = compare::run(root, &source(a), &source(b), skip_first, threshold, plots)?;
     // The markdown lists each side's problems too.
     println!("{}", compare::markdown(&cmp));
     for f in &cmp.files {
@@ -887,10 +892,7 @@ fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
         true => println!("{}", serde_json::to_string_pretty(&check::to_json(&done))?),
         false => println!("{}", check::text(&done)),
     }
-    Ok(match done.passed() {
-        true => ExitCode::SUCCESS,
-        false => ExitCode::FAILURE,
-    })
+    Ok(ExitCode::from(done.outcome().exit_status()))
 }
 
 fn history_cmd(root: &std::path::Path, h: &HistoryCli) -> anyhow::Result<ExitCode> {

@@ -3,102 +3,16 @@
 //! tokens/s with its 95% interval, B's speedup over A with its interval, and
 //! a verdict — as a table (markdown and CSV) and a chart.
 
-use super::columns::{self as c, Metric};
+use super::columns as c;
 use super::export::markdown_cell as cell;
+use super::judge::{compare, Comparison, Row, NOTHING_DIFFERS};
 use super::plot::{bars::Bars, save};
-use super::stats::{mean_ci95, speedups, MeanCi, RatioCi};
-use super::summary::{self, Problem, Summary};
+use super::stats::{MeanCi, RatioCi};
+use super::summary::Summary;
 use super::Source;
 use anyhow::{bail, Result};
 use polars::prelude::*;
-use std::path::{Path, PathBuf};
-
-/// Faster, slower, or no significant difference (after Holm's correction
-/// over the compared configurations).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    Faster,
-    Slower,
-    Same,
-}
-
-impl Verdict {
-    fn of(r: &RatioCi) -> Verdict {
-        match (r.significant, r.ratio > 1.0) {
-            (false, _) => Verdict::Same,
-            (true, true) => Verdict::Faster,
-            (true, false) => Verdict::Slower,
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Verdict::Faster => "faster",
-            Verdict::Slower => "slower",
-            Verdict::Same => "no significant difference",
-        }
-    }
-}
-
-/// One configuration present on both sides.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub configuration: String,
-    pub a: Option<MeanCi>,
-    pub b: Option<MeanCi>,
-    pub a_mean: Option<f64>,
-    pub b_mean: Option<f64>,
-    /// B's mean tokens/s over A's, with its interval; its `significant` is
-    /// the verdict after Holm's correction.
-    pub speedup: Option<RatioCi>,
-    /// The p-value of "no difference", adjusted with Holm's method over
-    /// every configuration compared.
-    pub p_value_holm: Option<f64>,
-    pub verdict: Option<Verdict>,
-}
-
-/// A field in which the runs compared differ between A and B: a
-/// configuration field of their identity (`learning_rate`, `slurm.nodes`),
-/// or what rendered them (`sweep version`, `git commit`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Difference {
-    pub field: String,
-    pub a: String,
-    pub b: String,
-    /// The configurations whose runs differ in it; empty: every one compared.
-    pub configurations: Vec<String>,
-}
-
-impl Difference {
-    /// The configurations it concerns, as tables show them.
-    pub fn which(&self) -> String {
-        match self.configurations.is_empty() {
-            true => "all".to_string(),
-            false => self.configurations.join(", "),
-        }
-    }
-}
-
-pub struct Comparison {
-    pub a: String,
-    pub b: String,
-    pub rows: Vec<Row>,
-    /// What differs between the two sides' runs of a configuration, as their
-    /// records say (none known for imported logs).
-    pub differences: Vec<Difference>,
-    /// Configurations found on one side only.
-    pub only_a: Vec<String>,
-    pub only_b: Vec<String>,
-    /// Each side's report problems (runs that failed, logs left out in part
-    /// or whole), as `sweep report` lists them.
-    pub problems_a: Vec<Problem>,
-    pub problems_b: Vec<Problem>,
-    /// Each side's blocked design, where it has one: its blocks' nodes and
-    /// position check.
-    pub design_a: Option<super::blocks::Design>,
-    pub design_b: Option<super::blocks::Design>,
-    pub files: Vec<PathBuf>,
-}
+use std::path::Path;
 
 fn side(root: &Path, source: &Source, skip_first: Option<usize>) -> Result<(String, Summary)> {
     let (study, runs, spec) = super::load(root, source)?;
@@ -119,8 +33,12 @@ pub fn run(
     a: &Source,
     b: &Source,
     skip_first: Option<usize>,
+    threshold_pct: f64,
     plots: bool,
 ) -> Result<Comparison> {
+    if !(0.0..100.0).contains(&threshold_pct) {
+        bail!("--threshold is a percentage in [0, 100), not {threshold_pct}");
+    }
     if let (Some(da), Some(db)) = (super::study_dir(root, a), super::study_dir(root, b)) {
         if da == db {
             bail!(
@@ -134,132 +52,12 @@ pub fn run(
     }
     let (name_a, sa) = side(root, a, skip_first)?;
     let (name_b, sb) = side(root, b, skip_first)?;
-    let mut cmp = compare(&name_a, &sa, &name_b, &sb)?;
+    let mut cmp = compare(&name_a, &sa, &name_b, &sb, threshold_pct)?;
     // Study names from directories may be anything a file name can be.
     let dir_name = crate::util::name::sanitize(&format!("{name_a}-vs-{name_b}"));
     write(root, &dir_name, &mut cmp, plots)?;
     Ok(cmp)
 }
-
-/// The comparison of two summaries, configuration by configuration: B's
-/// speedup over A with its interval, the verdicts decided over every
-/// configuration compared (Holm).
-pub fn compare(name_a: &str, sa: &Summary, name_b: &str, sb: &Summary) -> Result<Comparison> {
-    let (label_a, label_b) = if name_a == name_b {
-        (format!("{name_a} (A)"), format!("{name_b} (B)"))
-    } else {
-        (name_a.to_string(), name_b.to_string())
-    };
-    let configs = |s: &Summary| s.rows.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
-    let (ca, cb) = (configs(sa), configs(sb));
-    let both: Vec<(&summary::Row, &summary::Row)> = sa
-        .rows
-        .iter()
-        .filter_map(|ra| Some((ra, sb.rows.iter().find(|r| r.name == ra.name)?)))
-        .collect();
-    if both.is_empty() {
-        bail!(
-            "`{name_a}` and `{name_b}` have no configuration in common (A: {}; B: {})",
-            ca.join(", "),
-            cb.join(", ")
-        );
-    }
-    let pairs: Vec<_> = both
-        .iter()
-        .map(|(ra, rb)| Some((rb.tps_samples.as_slice(), ra.tps_samples.as_slice())))
-        .collect();
-    let rows = both
-        .iter()
-        .zip(speedups(&pairs))
-        .map(|((ra, rb), compared)| Row {
-            configuration: ra.name.clone(),
-            a: mean_ci95(&ra.tps_samples),
-            b: mean_ci95(&rb.tps_samples),
-            a_mean: ra.metric(Metric::TokensPerSecond).mean,
-            b_mean: rb.metric(Metric::TokensPerSecond).mean,
-            verdict: compared.as_ref().map(|(r, _)| Verdict::of(r)),
-            p_value_holm: compared.as_ref().map(|c| c.1),
-            speedup: compared.map(|c| c.0),
-        })
-        .collect();
-    let differences = differences(&both, sa, sb);
-    Ok(Comparison {
-        a: label_a,
-        b: label_b,
-        differences,
-        only_a: ca.iter().filter(|x| !cb.contains(x)).cloned().collect(),
-        only_b: cb.iter().filter(|x| !ca.contains(x)).cloned().collect(),
-        problems_a: sa.problems.clone(),
-        problems_b: sb.problems.clone(),
-        design_a: sa.design.clone(),
-        design_b: sb.design.clone(),
-        rows,
-        files: Vec::new(),
-    })
-}
-
-/// The fields in which each configuration's runs differ between the sides
-/// (its first run on each side stands for it: repeats share their
-/// configuration), merged where several configurations differ alike.
-fn differences(
-    both: &[(&summary::Row, &summary::Row)],
-    sa: &Summary,
-    sb: &Summary,
-) -> Vec<Difference> {
-    let mut out: Vec<Difference> = Vec::new();
-    for (ra, rb) in both {
-        let (Some(a), Some(b)) = (ra.runs.first(), rb.runs.first()) else {
-            continue;
-        };
-        let (a, b) = (&sa.runs[*a], &sb.runs[*b]);
-        let mut found = match (&a.identity, &b.identity) {
-            (Some(x), Some(y)) => crate::plan::identity::differences(x, y),
-            _ => Vec::new(),
-        };
-        // Repeats are numbered within a study: no difference between two.
-        found.retain(|(k, _, _)| k != crate::plan::REPEAT);
-        if let (Some(x), Some(y)) = (&a.built, &b.built) {
-            let commit = |c: &Option<String>| c.clone().unwrap_or_else(|| "(unknown)".into());
-            for (field, u, v) in [
-                (
-                    "sweep version",
-                    x.sweep_version.clone(),
-                    y.sweep_version.clone(),
-                ),
-                ("git commit", commit(&x.git_commit), commit(&y.git_commit)),
-            ] {
-                if u != v {
-                    found.push((field.to_string(), u, v));
-                }
-            }
-        }
-        for (field, a, b) in found {
-            match out
-                .iter_mut()
-                .find(|d| d.field == field && d.a == a && d.b == b)
-            {
-                Some(d) => d.configurations.push(ra.name.clone()),
-                None => out.push(Difference {
-                    field,
-                    a,
-                    b,
-                    configurations: vec![ra.name.clone()],
-                }),
-            }
-        }
-    }
-    for d in &mut out {
-        if d.configurations.len() == both.len() {
-            d.configurations.clear();
-        }
-    }
-    out
-}
-
-/// What the table and the page say when no [`Difference`] is recorded.
-pub const NOTHING_DIFFERS: &str = "The runs compared have the same configuration and were \
-    rendered by the same sweep and commit: what differs is outside sweep's records (the \
-    machine, the node, the hour).";
 
 /// The differences as markdown: a table, or the sentence that says none is
 /// recorded.
@@ -372,21 +170,40 @@ fn speedup_text(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
 /// B's speedup over A with its interval, and the verdict.
 pub fn markdown(cmp: &Comparison) -> String {
     let mut out = format!(
-        "# {} vs {}\n\nTokens/sec per configuration (mean ± half-width of its 95% interval); speedup of B over A with its 95% interval, `≈` where the difference is not significant at 5% after Holm's correction for the configurations compared (an interval may leave out 1 and still be `≈`: it is each comparison's own).\n\n| Configuration | A: {} | B: {} | Speedup (B / A) | Verdict |\n|---|---:|---:|---:|---|\n",
+        "# {} vs {}\n\nTokens/sec per configuration (mean ± half-width of its 95% interval); speedup of B over A with its 95% interval, `≈` where the difference is not significant at 5% after Holm's correction for the configurations compared (an interval may leave out 1 and still be `≈`: it is each comparison's own). Verdicts of B against A at a {}% threshold: `regressed`/`improved` when significant and at least the threshold, `unchanged` when the whole interval is within it, `inconclusive` when neither.\n\n| Configuration | A: {} | B: {} | Speedup (B / A) | Verdict |\n|---|---:|---:|---:|---|\n",
         cell(&cmp.a),
         cell(&cmp.b),
+        cmp.threshold_pct,
         cell(&cmp.a),
         cell(&cmp.b)
     );
     for r in &cmp.rows {
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} |\n",
-            cell(&r.configuration),
+            cell(&r.judged.configuration),
             with_ci(r.a_mean, &r.a),
             with_ci(r.b_mean, &r.b),
-            speedup_text(&r.speedup, r.a_mean, r.b_mean),
-            r.verdict.map_or("- (too few samples)", |v| v.describe()),
+            speedup_text(&r.judged.ratio, r.a_mean, r.b_mean),
+            r.judged.verdict.as_str(),
         ));
+    }
+    let notes: Vec<String> = cmp
+        .rows
+        .iter()
+        .map(|r| &r.judged)
+        .filter(|j| j.ratio.is_some() || j.verdict == super::judge::Verdict::Failed)
+        .map(|j| {
+            format!(
+                "- {}: {}: {}\n",
+                cell(&j.configuration),
+                j.verdict.as_str(),
+                cell(&j.note)
+            )
+        })
+        .collect();
+    if !notes.is_empty() {
+        out.push('\n');
+        out.push_str(&notes.concat());
     }
     out.push_str(&differences_markdown(cmp));
     out.push_str(&designs_markdown(cmp));
@@ -454,7 +271,7 @@ fn frame(cmp: &Comparison) -> Result<DataFrame> {
             "configuration".into(),
             cmp.rows
                 .iter()
-                .map(|r| r.configuration.clone())
+                .map(|r| r.judged.configuration.clone())
                 .collect::<Vec<_>>(),
         ),
         col("a_tokens_per_second_mean", &|r| r.a_mean),
@@ -463,23 +280,23 @@ fn frame(cmp: &Comparison) -> Result<DataFrame> {
         col("b_tokens_per_second_mean", &|r| r.b_mean),
         col("b_tokens_per_second_ci95_low", &|r| r.b.map(|c| c.low)),
         col("b_tokens_per_second_ci95_high", &|r| r.b.map(|c| c.high)),
-        col(c::SPEEDUP, &|r| r.speedup.map(|s| s.ratio)),
-        col(c::SPEEDUP_CI95_LOW, &|r| r.speedup.map(|s| s.low)),
-        col(c::SPEEDUP_CI95_HIGH, &|r| r.speedup.map(|s| s.high)),
-        col(c::SPEEDUP_P_VALUE, &|r| r.speedup.map(|s| s.p_value)),
-        col(c::SPEEDUP_P_VALUE_HOLM, &|r| r.p_value_holm),
+        col(c::SPEEDUP, &|r| r.judged.ratio.map(|s| s.ratio)),
+        col(c::SPEEDUP_CI95_LOW, &|r| r.judged.ratio.map(|s| s.low)),
+        col(c::SPEEDUP_CI95_HIGH, &|r| r.judged.ratio.map(|s| s.high)),
+        col(c::SPEEDUP_P_VALUE, &|r| r.judged.ratio.map(|s| s.p_value)),
+        col(c::SPEEDUP_P_VALUE_HOLM, &|r| r.judged.p_value_holm),
         Column::new(
             c::SIGNIFICANT.into(),
             cmp.rows
                 .iter()
-                .map(|r| r.speedup.map(|s| s.significant))
+                .map(|r| r.judged.ratio.map(|s| s.significant))
                 .collect::<Vec<_>>(),
         ),
         Column::new(
             "verdict".into(),
             cmp.rows
                 .iter()
-                .map(|r| r.verdict.map(|v| v.describe()))
+                .map(|r| r.judged.verdict.as_str())
                 .collect::<Vec<_>>(),
         ),
     ])?)
@@ -494,7 +311,11 @@ fn chart(cmp: &Comparison) -> Bars {
             cmp.a, cmp.b
         ),
         y_label: "tokens per second".into(),
-        categories: cmp.rows.iter().map(|r| r.configuration.clone()).collect(),
+        categories: cmp
+            .rows
+            .iter()
+            .map(|r| r.judged.configuration.clone())
+            .collect(),
         series: vec![
             (cmp.a.clone(), cmp.rows.iter().map(|r| r.a_mean).collect()),
             (cmp.b.clone(), cmp.rows.iter().map(|r| r.b_mean).collect()),
@@ -506,7 +327,7 @@ fn chart(cmp: &Comparison) -> Bars {
         notes: cmp
             .rows
             .iter()
-            .map(|r| Some(speedup_text(&r.speedup, r.a_mean, r.b_mean)))
+            .map(|r| Some(speedup_text(&r.judged.ratio, r.a_mean, r.b_mean)))
             .collect(),
     }
 }

@@ -11,6 +11,7 @@ pub mod export;
 pub mod flops;
 pub mod history;
 pub mod ingest;
+pub mod judge;
 pub mod page;
 pub mod plot;
 pub mod stats;

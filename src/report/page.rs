@@ -9,10 +9,10 @@
 //! ([`esc`]): a name holding `<script>`, quotes or control characters is text
 //! on the page, never markup.
 
-use super::check::{Check, Checked, Trend, Verdict};
-use super::compare::Comparison;
+use super::check::{Check, Outcome, Trend};
 use super::export::shown;
 use super::ingest::RunLog;
+use super::judge::{Comparison, Judged, Verdict, NOTHING_DIFFERS};
 use super::plot::Chart;
 use super::summary::{Row, Summary};
 use crate::executor::State;
@@ -139,8 +139,9 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
     }
     out.push_str("</tr></thead><tbody>\n");
     for r in &cmp.rows {
+        let j = &r.judged;
         out.push_str("<tr>");
-        cell_text(&mut out, &r.configuration);
+        cell_text(&mut out, &j.configuration);
         for (mean, ci) in [(r.a_mean, &r.a), (r.b_mean, &r.b)] {
             let text = match ci {
                 Some(c) => format!("{:.2} ± {:.2}", c.mean, (c.high - c.low) / 2.0),
@@ -148,8 +149,8 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
             };
             cell_value(&mut out, mean, &text);
         }
-        let ratio = r.speedup.map(|s| s.ratio);
-        let text = match &r.speedup {
+        let ratio = j.ratio.map(|s| s.ratio);
+        let text = match &j.ratio {
             Some(s) => format!(
                 "{}{:.2}x [{:.2}, {:.2}]",
                 if s.significant { "" } else { "≈" },
@@ -160,7 +161,12 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
             None => "-".into(),
         };
         cell_value(&mut out, ratio, &text);
-        cell_text(&mut out, r.verdict.map_or("-", |v| v.describe()));
+        let v = j.verdict.as_str();
+        let _ = write!(
+            out,
+            "<td data-value=\"{v}\" class=\"verdict-{v}\" title=\"{}\">{v}</td>",
+            esc(&j.note)
+        );
         out.push_str("</tr>\n");
     }
     out.push_str("</tbody></table></section>\n");
@@ -172,7 +178,7 @@ pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&s
     }
     out.push_str("<section id=\"differences\"><h2>What differs</h2>");
     if cmp.differences.is_empty() {
-        let _ = write!(out, "<p>{}</p>", esc(super::compare::NOTHING_DIFFERS));
+        let _ = write!(out, "<p>{}</p>", esc(NOTHING_DIFFERS));
     } else {
         let _ = write!(
             out,
@@ -213,9 +219,10 @@ pub fn check(c: &Check) -> String {
         let _ = writeln!(out, "<dt>{}</dt><dd>{}</dd>", esc(k), esc(&v));
     }
     out.push_str("</dl></section>\n");
-    let verdict = match c.passed() {
-        true => "<p class=\"verdict-unchanged\" id=\"outcome\">Passed: nothing regressed or failed.</p>",
-        false => "<p class=\"verdict-regressed\" id=\"outcome\">Failed: a configuration regressed or failed.</p>",
+    let verdict = match c.outcome() {
+        Outcome::Passed => "<p class=\"verdict-unchanged\" id=\"outcome\">Passed: nothing regressed or failed, and every configuration could be told.</p>",
+        Outcome::Failed => "<p class=\"verdict-regressed\" id=\"outcome\">Failed: a configuration regressed or failed.</p>",
+        Outcome::Inconclusive => "<p class=\"verdict-inconclusive\" id=\"outcome\">Inconclusive: nothing regressed or failed, but a configuration's interval is too wide to tell a change of the threshold's size from none (its note says how many runs would decide).</p>",
     };
     out.push_str(verdict);
     out.push_str(
@@ -265,7 +272,7 @@ pub fn check(c: &Check) -> String {
         out.push_str("</tr>\n");
     }
     out.push_str("</tbody></table></section>\n");
-    let failing: Vec<&Checked> = c.rows.iter().filter(|r| r.verdict.fails()).collect();
+    let failing: Vec<&Judged> = c.rows.iter().filter(|r| r.verdict.fails()).collect();
     if !failing.is_empty() {
         out.push_str("<section id=\"why\" class=\"problems\"><h2>What differs</h2><ul>\n");
         for r in failing {
@@ -287,7 +294,7 @@ pub fn check(c: &Check) -> String {
 
 /// What differs between a failing configuration's runs and the reference,
 /// and its stragglers, in a sentence.
-fn why(r: &Checked) -> String {
+fn why(r: &Judged) -> String {
     let mut parts = match r.differences.is_empty() {
         true if r.verdict == Verdict::Regressed => {
             vec!["nothing its fingerprints record differs".to_string()]
@@ -486,7 +493,7 @@ figure{margin:1.2rem 0}figure svg{max-width:100%;height:auto;border:1px solid #e
 figcaption{color:#444;margin-top:.3rem}pre{background:#f7f7f8;padding:.6rem;overflow:auto}\
 .state-ok{color:#1a7f37}.state-bad{color:#b42318}code{background:#f3f3f3;padding:0 .2rem}\
 .verdict-regressed,.verdict-failed{color:#b42318;font-weight:600}.verdict-improved,.verdict-unchanged{color:#1a7f37}\
-.verdict-new{color:#555}span.verdict{font-size:.9rem;border:1px solid currentColor;border-radius:3px;padding:0 .3rem}";
+.verdict-new{color:#555}.verdict-inconclusive{color:#9a6700;font-weight:600}span.verdict{font-size:.9rem;border:1px solid currentColor;border-radius:3px;padding:0 .3rem}";
 
 /// Sorting a table by a clicked header: numbers by value, text by text,
 /// empty cells (a failed configuration's figures) last either way; a second
