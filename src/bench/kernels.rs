@@ -149,7 +149,7 @@ pub fn run(work: &Work) -> Result<KernelReport> {
         device: &device,
     };
     let mut rows = Vec::new();
-    for case in check::all(&shapes)? {
+    for case in crate::train::ops::cases::all(&shapes)? {
         for dtype in check::dtypes(&case, &device) {
             // The reference: on the CPU the composed twin, elsewhere the CPU
             // kernel, on the same (rounded) inputs in f32.

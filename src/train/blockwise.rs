@@ -26,15 +26,6 @@ use crate::config::{AttentionKind, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
-/// Elements of logits computed at once by the head (256 MB in f32): the
-/// full [tokens, vocabulary] logits never exist.
-const HEAD_ELEMENTS: usize = 1 << 26;
-
-/// Rows of logits the head computes at once for a vocabulary (at most `tokens`).
-pub fn head_rows(tokens: usize, vocab: usize) -> usize {
-    (HEAD_ELEMENTS / vocab.max(1)).clamp(1, tokens.max(1))
-}
-
 /// A micro-batch's token ids, [batch, seq] in row order, as the host holds
 /// them: the forward pass uploads them, and the embedding's gradient groups
 /// them where they are (on a GPU, reading them back would wait for all the
@@ -516,7 +507,7 @@ impl Llama {
         let (n, _) = x.dims2()?;
         let h = rms_norm::rms_norm(&x, &self.norm, self.eps)?;
         drop(x);
-        let rows = head_rows(n, self.output.dim(0)?);
+        let rows = cross_entropy::head_rows(n, self.output.dim(0)?);
         let labels = cross_entropy::Labels::new(labels, h.device())?;
         let mut loss = 0.0;
         for start in (0..n).step_by(rows) {
@@ -542,7 +533,7 @@ impl Llama {
         let (n, _) = x.dims2()?;
         let vocab = self.output.dim(0)?;
         let h = rms_norm::rms_norm(x, &self.norm, self.eps)?;
-        let rows = head_rows(n, vocab);
+        let rows = cross_entropy::head_rows(n, vocab);
         let (mut loss, mut dh_parts) = (None, Vec::new());
         for start in (0..n).step_by(rows) {
             let len = rows.min(n - start);

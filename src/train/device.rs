@@ -17,7 +17,7 @@ use candle_core::Device;
 /// that opens the device, and so runs in that thread's order: cudarc's
 /// tracking of each allocation's uses across streams (two CUDA events per
 /// allocation) is turned off, and the kernels' executor refuses another
-/// thread ([`gpu_thread`]).
+/// thread ([`crate::train::ops::cuda::claim_gpu_thread`]).
 #[cfg(feature = "cuda")]
 pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
     use anyhow::Context;
@@ -45,24 +45,11 @@ pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
         // between streams.
         unsafe { d.cuda_stream().context().disable_event_tracking() };
     }
-    let _ = GPU_THREAD.set(std::thread::current().id());
+    crate::train::ops::cuda::claim_gpu_thread();
     if pool == CudaPool::Keep {
         keep_freed_memory(&device)?;
     }
     Ok(device)
-}
-
-/// The thread that opened the CUDA device (see [`cuda`]).
-#[cfg(feature = "cuda")]
-static GPU_THREAD: std::sync::OnceLock<std::thread::ThreadId> = std::sync::OnceLock::new();
-
-/// Whether this thread may queue GPU work: the one that opened the device
-/// (or any, before a device was opened: the tests' own devices).
-#[cfg(feature = "cuda")]
-pub fn gpu_thread() -> bool {
-    GPU_THREAD
-        .get()
-        .is_none_or(|t| *t == std::thread::current().id())
 }
 
 /// A build without the `cuda` feature: candle's error.

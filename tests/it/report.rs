@@ -358,8 +358,12 @@ fn repeats_become_one_row_per_configuration_with_intervals_and_verdicts() {
         if run.join("run.json").is_file() {
             let to = results.join("reps-copy").join(run.file_name().unwrap());
             std::fs::create_dir_all(&to).unwrap();
-            for f in ["run.json", "metrics.jsonl"] {
-                std::fs::copy(run.join(f), to.join(f)).unwrap();
+            // Its records too: a run whose state is unknown is no measurement.
+            for f in std::fs::read_dir(&run).unwrap() {
+                let f = f.unwrap().path();
+                if f.is_file() {
+                    std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+                }
             }
         }
     }

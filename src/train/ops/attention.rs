@@ -370,6 +370,45 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     Ok(cases)
 }
 
+/// The softmax's cases for `sweep bench kernels`: attention's softmax on the last tile
+/// of queries of the backward (the one that sees every key).
+pub fn softmax_cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (batch, seq, h) = (s.batch, s.seq, s.cfg.n_heads);
+    let tile = tile_rows(batch, h, seq, candle_core::DType::BF16).min(seq);
+    let last_tile = seq - tile;
+    let scores = batch * h * tile * seq;
+    let scale = 1.0 / (s.cfg.head_dim() as f64).sqrt();
+    let shape = format!("[{batch}, {h}, {tile}, {seq}]");
+    Ok(vec![
+        Case::new(
+            crate::train::ops::Kernel::Softmax,
+            "softmax forward",
+            shape.clone(),
+            2 * scores,
+            vec![random(&[batch, h, tile, seq], 16, 8.0)?],
+            Box::new(move |t| Ok(vec![softmax(&t[0], scale, tile, last_tile, true)?])),
+        ),
+        Case::new(
+            crate::train::ops::Kernel::Softmax,
+            "softmax backward",
+            shape,
+            3 * scores,
+            // Probabilities (rows of a causal softmax) and their gradient.
+            vec![
+                softmax(
+                    &random(&[batch, h, tile, seq], 17, 8.0)?,
+                    scale,
+                    tile,
+                    last_tile,
+                    true,
+                )?,
+                random(&[batch, h, tile, seq], 18, 1.0)?,
+            ],
+            Box::new(move |t| Ok(vec![softmax::backward(&t[0], &t[1], scale)?])),
+        ),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! self-check at a CUDA device's opening runs on tiny shapes
 //! ([`super::selfcheck`]): each op declares its own beside its kernels (a
 //! `cases` function in its file), on random data of a model's shapes;
-//! [`all`] lists them in the order the table shows. The one rule that
+//! [`super::cases::all`] lists them in the order the table shows. The one rule that
 //! compares a kernel's outputs with its reference's is here too
 //! ([`errors`], [`tolerance`]).
 
@@ -78,22 +78,6 @@ impl Case {
             run,
         }
     }
-}
-
-/// Every op's cases, in the table's order.
-pub fn all(s: &Shapes) -> Result<Vec<Case>> {
-    let mut cases = Vec::new();
-    cases.extend(super::rms_norm::cases(s)?);
-    cases.extend(super::silu_mul::cases(s)?);
-    cases.extend(super::rope::cases(s)?);
-    cases.extend(super::cross_entropy::cases(s)?);
-    cases.extend(super::embedding::cases(s)?);
-    cases.extend(super::softmax::cases(s)?);
-    cases.extend(super::attention::cases(s)?);
-    cases.extend(super::linear::cases(s)?);
-    cases.extend(super::grad_norm::cases(s)?);
-    cases.extend(super::adamw::cases(s)?);
-    Ok(cases)
 }
 
 /// The dtypes a case runs in on `device`: f32 on the CPU (its kernels'

@@ -57,8 +57,15 @@ fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
     Ok(())
 }
 
-/// Elements of f32 temporaries per slice of rows in [`by_rows`] (256 MB).
+/// Elements of f32 logits per slice of rows (256 MB): the head computes
+/// its logits a slice at a time ([`head_rows`]), so the full [tokens,
+/// vocabulary] logits never exist, and [`by_rows`] its temporaries.
 const SLICE_ELEMENTS: usize = 1 << 26;
+
+/// Rows of logits the head computes at once for a vocabulary (at most `tokens`).
+pub fn head_rows(tokens: usize, vocab: usize) -> usize {
+    (SLICE_ELEMENTS / vocab.max(1)).clamp(1, tokens.max(1))
+}
 
 #[cfg(test)]
 /// The loss and d loss / d logits, computed with detached candle ops on the
@@ -462,7 +469,7 @@ impl CustomOp1 for LossAndGradCpu {
 /// slice of rows of the head (as the block-wise pass computes them).
 pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let v = s.cfg.vocab_size;
-    let rows = crate::train::blockwise::head_rows(s.tokens(), v);
+    let rows = head_rows(s.tokens(), v);
     let labels: Vec<i64> = (0..rows)
         .map(|i| {
             if i % 7 == 3 {

@@ -508,13 +508,30 @@ impl<'a> Pointer<'a> {
     }
 }
 
+/// The thread that opened the CUDA device: all of sweep's GPU work is
+/// queued on candle's one stream by it, in its order.
+static GPU_THREAD: std::sync::OnceLock<std::thread::ThreadId> = std::sync::OnceLock::new();
+
+/// Makes this thread, which opened the device, the one that queues GPU work.
+pub fn claim_gpu_thread() {
+    let _ = GPU_THREAD.set(std::thread::current().id());
+}
+
+/// Whether this thread may queue GPU work: the one that opened the device
+/// (or any, before a device was opened: the tests' own devices).
+fn gpu_thread() -> bool {
+    GPU_THREAD
+        .get()
+        .is_none_or(|t| *t == std::thread::current().id())
+}
+
 /// Runs a plan ([`kernels::Plan`]) on candle's stream: allocates its outputs
 /// and scratch buffers, then launches each kernel with its arguments (each
 /// launch held to its kernel's signature first); returns the outputs.
 /// Operands the plan writes are written in place.
 pub fn execute(dev: &CudaDevice, plan: &kernels::Plan, operands: &[Operand]) -> Result<Vec<Owned>> {
     use kernels::{Mem, Value};
-    if !crate::train::device::gpu_thread() {
+    if !gpu_thread() {
         bail!("sweep's kernels are queued by the thread that opened the device (one stream, in that thread's order)");
     }
     let outputs = plan

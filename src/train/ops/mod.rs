@@ -19,6 +19,7 @@ pub mod adamw;
 #[cfg(test)]
 pub mod attach;
 pub mod attention;
+pub mod cases;
 pub mod check;
 pub mod cross_entropy;
 #[cfg(feature = "cuda")]

@@ -68,7 +68,7 @@ pub fn tiny_model() -> Result<ModelConfig> {
 /// Every case on the tiny shapes, on `device`.
 pub fn cases(device: &Device) -> Result<Vec<Case>> {
     let cfg = tiny_model()?;
-    check::all(&Shapes {
+    crate::train::ops::cases::all(&Shapes {
         cfg: &cfg,
         batch: 2,
         seq: 32,
