@@ -33,7 +33,9 @@ eval "$(scripts/local-slurm.sh env)"
 
 # The two-node cluster (tests/it/nodes.rs): each node a network namespace of
 # its own (root only), beside the one-node cluster, with its own directory and
-# controller port. Where it cannot start, the tests say why and pass.
+# controller port. Where it cannot start, its tests say `skipped:` and why —
+# and fail where SWEEP_TEST_REQUIRE names `two-nodes` or `all` (CI's .ci/run
+# sets `all`: there, a missing environment is a failure, never a pass).
 two_nodes() { SWEEP_SLURM_DIR=/tmp/sweep-slurm-2nodes SWEEP_SLURM_CTLD_PORT=16827 scripts/local-slurm.sh "$@"; }
 two_started=0
 if two_nodes status 2>/dev/null; then

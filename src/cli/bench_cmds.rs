@@ -346,7 +346,7 @@ fn kernels(work: &crate::bench::kernels::Work, json: Option<PathBuf>) -> Result<
 }
 
 fn peak() -> Result<()> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::config::runtime::cores();
     use crate::train::peak::{refresh, Kernel};
     let kernels = [Kernel::F32, Kernel::Bf16];
     println!("matmul peak (best of 256/512/1024 square products), cached for MFU:");

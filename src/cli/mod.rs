@@ -832,12 +832,15 @@ fn compare_cmd(
     threshold: f64,
     plots: bool,
 ) -> anyhow::Result<ExitCode> {
-    use crate::report::{compare, Source};
-    let source = |p: &std::path::Path| match p.is_dir() {
-        true => Source::ResultsDir(p.to_path_buf()),
-        false => Source::Manifest(p.to_path_buf()),
-    };
-    let cmp = compare::run(root, &source(a), &source(b), skip_first, threshold, plots)?;
+    use crate::report::compare;
+    let cmp = compare::run(
+        root,
+        &source_of(a),
+        &source_of(b),
+        skip_first,
+        threshold,
+        plots,
+    )?;
     // The markdown lists each side's problems too.
     println!("{}", compare::markdown(&cmp));
     for f in &cmp.files {
@@ -846,8 +849,8 @@ fn compare_cmd(
     Ok(ExitCode::SUCCESS)
 }
 
-/// What `sweep check` and `sweep history` take: a directory is a study's
-/// results, anything else its manifest.
+/// What a command given a study takes: a directory is a study's results,
+/// anything else its manifest.
 fn source_of(p: &std::path::Path) -> crate::report::Source {
     match p.is_dir() {
         true => crate::report::Source::ResultsDir(p.to_path_buf()),
@@ -956,8 +959,7 @@ fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> 
             pattern: r.pattern.clone(),
             name: r.name.clone(),
         },
-        (None, Some(t)) if t.is_dir() => Source::ResultsDir(t.clone()),
-        (None, Some(t)) => Source::Manifest(t.clone()),
+        (None, Some(t)) => source_of(t),
         (None, None) => {
             anyhow::bail!("give a manifest, a results/<study> directory, or --import GLOB")
         }

@@ -218,13 +218,16 @@ impl RuntimeOptions {
     /// [`super::MAX_THREADS`].
     pub fn threads(&self, configured: usize) -> usize {
         match configured {
-            0 => self
-                .threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            0 => self.threads.unwrap_or_else(cores),
             n => n,
         }
         .min(super::MAX_THREADS)
     }
+}
+
+/// The cores this process may run on (1 where that cannot be told).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// What variable `name` takes, for its error.

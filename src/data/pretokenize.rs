@@ -230,11 +230,7 @@ fn stream(
     tok: &TextTokenizer,
     writers: Vec<PretokWriter>,
 ) -> Result<(Vec<PretokWriter>, Counts)> {
-    let threads = if args.threads > 0 {
-        args.threads
-    } else {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    };
+    let threads = crate::config::RuntimeOptions::current().threads(args.threads);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("tokenize-{i}"))

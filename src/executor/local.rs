@@ -253,8 +253,7 @@ impl Pool {
         let threads = if opts.threads > 0 {
             opts.threads
         } else {
-            (std::thread::available_parallelism().map_or(1, |n| n.get()) / opts.parallel.max(1))
-                .max(1)
+            (crate::config::runtime::cores() / opts.parallel.max(1)).max(1)
         };
         let owner = std::process::id();
         let mut queue = VecDeque::new();

@@ -297,7 +297,7 @@ impl<'a> Shared<'a> {
     ) -> Result<(String, String, Option<String>), Box<Diagnostic>> {
         let repeated = self.m.repeats > 1;
         let written = self.name_as_written(ctx, params)?;
-        let rendered = sanitize(&written);
+        let rendered = crate::util::name::replace_unsafe(written.trim());
         let sanitized_from = (written.trim() != rendered).then_some(written);
         let (name, config_name) = match (repeated, self.name_uses_repeat) {
             (false, _) => (rendered.clone(), rendered),
@@ -638,7 +638,9 @@ impl<'a> Shared<'a> {
     }
 
     fn name(&self, ctx: &Json, params: &IndexMap<String, Json>) -> Result<String, Box<Diagnostic>> {
-        Ok(sanitize(&self.name_as_written(ctx, params)?))
+        Ok(crate::util::name::replace_unsafe(
+            self.name_as_written(ctx, params)?.trim(),
+        ))
     }
 
     /// The run name as the template (or the axis values) write it, before
@@ -714,19 +716,6 @@ fn default_name(m: &Manifest, params: &IndexMap<String, Json>) -> String {
     } else {
         parts.join("_")
     }
-}
-
-fn sanitize(s: &str) -> String {
-    s.trim()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect()
 }
 
 fn show_params(params: &IndexMap<String, Json>) -> String {

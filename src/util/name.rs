@@ -36,6 +36,19 @@ pub fn check(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `name` with every character a name cannot hold replaced by `-`: what a
+/// run name a template writes becomes. Its other faults (empty, too long, a
+/// leading `.`) stay, for [`check`] to refuse: a name a user chose is
+/// never shortened or renamed behind their back.
+pub fn replace_unsafe(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            c if c.is_ascii_alphanumeric() || "._-".contains(c) => c,
+            _ => '-',
+        })
+        .collect()
+}
+
 /// `name` if it can name a directory, else the same with every other
 /// character replaced by `-`, a leading `.` by `_`, and shortened to
 /// [`MAX_LEN`] with a hash of the whole (so that two long names stay
@@ -44,13 +57,7 @@ pub fn sanitize(name: &str) -> String {
     if check(name).is_ok() {
         return name.to_string();
     }
-    let mut s: String = name
-        .chars()
-        .map(|c| match c {
-            c if c.is_ascii_alphanumeric() || "._-".contains(c) => c,
-            _ => '-',
-        })
-        .collect();
+    let mut s = replace_unsafe(name);
     if s.starts_with('.') {
         s.replace_range(..1, "_");
     }

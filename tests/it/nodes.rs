@@ -7,7 +7,7 @@
 //!
 //! The tests take turns ([`TURN`]): one of them takes a node away.
 
-use super::support::{losses, metrics, project, repo, run_ok, sweep, wait_for, write};
+use super::support::{losses, metrics, project, repo, run_ok, skipped, sweep, wait_for, write};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -69,9 +69,9 @@ impl Cluster {
     /// The cluster, or `None` (having said why) where it could not be made.
     fn get() -> Option<Cluster> {
         if let Some(why) = std::env::var_os("SWEEP_TEST_TWO_NODES_SKIPPED") {
-            eprintln!(
-                "skipped: no two-node cluster here ({})",
-                why.to_string_lossy()
+            skipped(
+                "two-nodes",
+                &format!("no two-node cluster here ({})", why.to_string_lossy()),
             );
             return None;
         }

@@ -7,6 +7,27 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A test whose environment is missing (`environment`: `two-nodes`,
+/// `read-only-mount`): says `skipped: <why>` and lets the test return —
+/// unless `SWEEP_TEST_REQUIRE` names that environment (or `all`), as CI's
+/// run of `scripts/test.sh` does, when it fails: a green run never hides an
+/// untested path where the environment was asked for.
+pub fn skipped(environment: &str, why: &str) {
+    let required = std::env::var("SWEEP_TEST_REQUIRE").unwrap_or_default();
+    if required
+        .split(',')
+        .any(|r| r.trim() == environment || r.trim() == "all")
+    {
+        panic!(
+            "SWEEP_TEST_REQUIRE={required} asks for {environment}, which is missing here: {why}"
+        );
+    }
+    // Past the harness's capture (which hides a passing test's output), so
+    // that the run says what it did not test.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+}
+
 /// The `sweep` binary, run from `root` as the project root.
 pub fn sweep(root: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sweep"));
