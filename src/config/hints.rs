@@ -52,28 +52,6 @@ impl PlanHints {
         }
         Ok(())
     }
-
-    /// Takes the hint keys out of a `[defaults]`-shaped table (where
-    /// manifests and `config.toml` files written before `[plan]` hold them).
-    pub fn take_from(table: &mut toml::Table) -> Result<PlanHints, toml::de::Error> {
-        let mut hints = toml::Table::new();
-        for key in KEYS {
-            if let Some(v) = table.remove(key) {
-                hints.insert(key.to_string(), v);
-            }
-        }
-        toml::Value::Table(hints).try_into()
-    }
-
-    /// Each hint that `other` sets over this one's.
-    pub fn or(&self, other: &PlanHints) -> PlanHints {
-        PlanHints {
-            gpu_memory_gb: other.gpu_memory_gb.or(self.gpu_memory_gb),
-            expected_mfu_pct: other.expected_mfu_pct.or(self.expected_mfu_pct),
-            intra_node_gbps: other.intra_node_gbps.or(self.intra_node_gbps),
-            inter_node_gbps: other.inter_node_gbps.or(self.inter_node_gbps),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -81,18 +59,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hints_are_taken_out_of_a_configuration_table() {
-        let mut t: toml::Table =
-            toml::from_str("dataset = 'd'\ngpu_memory_gb = 120\nexpected_mfu_pct = 35.0\n")
-                .unwrap();
-        let h = PlanHints::take_from(&mut t).unwrap();
-        assert_eq!(
-            (h.gpu_memory_gb, h.expected_mfu_pct),
-            (Some(120.0), Some(35.0))
-        );
-        assert_eq!(t.len(), 1, "only the configuration is left: {t:?}");
-        let mut bad: toml::Table = toml::from_str("inter_node_gbps = 'fast'").unwrap();
-        assert!(PlanHints::take_from(&mut bad).is_err());
+    fn a_hint_out_of_its_range_names_its_key() {
         let e = PlanHints {
             inter_node_gbps: Some(1e-300),
             ..Default::default()

@@ -852,14 +852,8 @@ impl TrainConfig {
     pub fn load(path: &Path) -> Result<TrainConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading run configuration {}", path.display()))?;
-        let mut table: toml::Table =
+        let cfg: TrainConfig =
             toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        // A configuration written before `[plan]` holds the plan's hints,
-        // which change nothing a run does.
-        PlanHints::take_from(&mut table).with_context(|| format!("parsing {}", path.display()))?;
-        let cfg: TrainConfig = toml::Value::Table(table)
-            .try_into()
-            .with_context(|| format!("parsing {}", path.display()))?;
         cfg.validate()
             .and_then(|()| cfg.check_build(Features::BUILT))
             .with_context(|| format!("invalid run configuration {}", path.display()))?;

@@ -105,10 +105,8 @@ pub struct Manifest {
     pub stages: StagesSpec,
     pub report: ReportSpec,
     pub environment: EnvironmentSpec,
-    /// `[plan]` (with the hints older manifests wrote in `[defaults]`).
+    /// `[plan]`.
     pub hints: PlanHints,
-    /// What the manifest should know but is no error (a hint in `[defaults]`).
-    pub notes: Vec<String>,
 }
 
 impl Manifest {
@@ -719,8 +717,7 @@ impl Validator<'_, '_> {
         sha256: String,
     ) -> Option<Manifest> {
         self.check_name(&file.name);
-        let mut file = file;
-        let (hints, notes) = self.hints(&mut file.defaults, &file.plan);
+        let hints = self.hints(&file.defaults, &file.plan);
         let mode = self.mode(&file.command);
         let axes = self.axes(&file.sweep.grid, &file.sweep.zip);
         let (max_runs, repeats) = self.runs_and_repeats(&file.sweep, &mode, file.slurm.pack)?;
@@ -773,49 +770,23 @@ impl Validator<'_, '_> {
             report: file.report,
             environment: file.environment,
             hints,
-            notes,
         })
     }
 
-    /// `[plan]`, with the hint keys `[defaults]` holds (as manifests written
-    /// before `[plan]` did: accepted, with a note) taken out of it.
-    fn hints(&mut self, defaults: &mut toml::Table, plan: &PlanHints) -> (PlanHints, Vec<String>) {
-        let mut notes = Vec::new();
-        let in_defaults: Vec<&str> = hints::KEYS
-            .into_iter()
-            .filter(|k| defaults.contains_key(*k))
-            .collect();
-        for key in &in_defaults {
-            if self.written("plan", key) {
-                self.at_key_help(
-                    &join_key("defaults", key),
-                    format!("`{key}` is set both in [defaults] and in [plan]"),
-                    "it is a hint for `sweep plan`: keep it in [plan] alone",
-                );
-            } else {
-                notes.push(format!(
-                    "`{key}` in [defaults] is a hint for `sweep plan` that changes no run: it now belongs in [plan] (read from [defaults] as before)"
-                ));
-            }
+    /// `[plan]`, validated; a hint key in `[defaults]` is an error (it
+    /// changes no run: `[plan]` holds it).
+    fn hints(&mut self, defaults: &toml::Table, plan: &PlanHints) -> PlanHints {
+        for key in hints::KEYS.into_iter().filter(|k| defaults.contains_key(*k)) {
+            self.at_key_help(
+                &join_key("defaults", key),
+                format!("`{key}` is a hint for `sweep plan`, not part of a run's configuration"),
+                "move it to [plan]",
+            );
         }
-        let legacy = match PlanHints::take_from(defaults) {
-            Ok(h) => h,
-            Err(e) => {
-                let key = in_defaults.first().copied().unwrap_or("plan");
-                self.at_value(&join_key("defaults", key), source::plain_types(e.message()));
-                PlanHints::default()
-            }
-        };
-        let hints = legacy.or(plan);
-        if let Err(e) = hints.validate() {
-            let section = if in_defaults.contains(&e.key) {
-                "defaults"
-            } else {
-                "plan"
-            };
-            self.at_value(&join_key(section, e.key), e.message);
+        if let Err(e) = plan.validate() {
+            self.at_value(&join_key("plan", e.key), e.message);
         }
-        (hints, notes)
+        plan.clone()
     }
 
     /// Every key and string value of the file against [`forbidden_char`]:

@@ -371,7 +371,6 @@ impl<'a> Shared<'a> {
             true => identity.hash(Some(repeat)),
             false => config.clone(),
         };
-        let legacy_id = identity.legacy_id(&m.hints, repeated.then_some(repeat));
         let id = hashed.id.clone();
         ctx["id"] = json!(id);
         let (name, config_name, sanitized_from) = self.names(&ctx, &a.params, repeat)?;
@@ -395,7 +394,6 @@ impl<'a> Shared<'a> {
             id,
             digest: hashed.digest,
             identity: hashed.value,
-            legacy_id,
             name,
             sanitized_from,
             configuration,
@@ -1045,7 +1043,7 @@ const MANY_TASKS: u64 = 200_000;
 /// the runs estimated not to fit. One line per distinct cause.
 fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<String> {
     let hints = &m.hints;
-    let mut out: Vec<String> = m.notes.clone();
+    let mut out: Vec<String> = Vec::new();
     let mut say = |w: String| {
         if !out.contains(&w) {
             out.push(w);

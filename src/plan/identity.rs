@@ -3,13 +3,13 @@
 //! (`[plan]`) or where its files go. The hash of the identity is the run's id:
 //! `sweep submit` runs again exactly the runs whose identity is new.
 
-use crate::config::{PlanHints, TrainConfig};
-use crate::util::hash::{canonical_sha256, short_id};
+use crate::config::TrainConfig;
+use crate::util::hash::canonical_sha256;
 use serde_json::{json, Value};
 
-/// What counts as identity, by version: a new version changes every id, and
-/// the directories written under the one before are recognised by the id
-/// it gave them ([`RunIdentity::legacy_id`]).
+/// What counts as identity, by version: a new version changes every id (a
+/// run directory of an earlier version holds "another run": rendering says
+/// how the manifest changed it, and `--replace-changed` moves it aside).
 ///
 /// Version 2: the trainer's configuration where it departs from the
 /// defaults, the job's shape, the `[local]` settings of local studies, the
@@ -76,29 +76,6 @@ impl RunIdentity<'_> {
             id: digest[..ID_HEX].to_string(),
             digest,
             value,
-        }
-    }
-
-    /// The id version 1 gave this run: 8 hex digits of the whole trainer
-    /// configuration, the plan's hints included (null where unset). A run
-    /// directory that records it holds this run.
-    pub fn legacy_id(&self, hints: &PlanHints, repeat: Option<u32>) -> String {
-        let identity = match &self.work {
-            Work::Train(cfg) => {
-                let mut c = serde_json::to_value(cfg).expect("a configuration serialises");
-                let h = serde_json::to_value(hints).expect("hints serialise");
-                for key in crate::config::hints::KEYS {
-                    c[key] = h.get(key).cloned().unwrap_or(Value::Null);
-                }
-                json!({ "train": c, "world": self.world })
-            }
-            Work::Command { command, params } => {
-                json!({ "command": command, "params": params, "world": self.world })
-            }
-        };
-        match repeat {
-            Some(r) => short_id(&json!({ "run": identity, "repeat": r })),
-            None => short_id(&identity),
         }
     }
 }
@@ -298,24 +275,5 @@ mod tests {
                 ("slurm.nodes".to_string(), "2".to_string(), "1".to_string()),
             ]
         );
-    }
-
-    #[test]
-    fn the_earlier_version_id_is_reproduced() {
-        // What version 1 hashed: the whole configuration, hints included.
-        let c = cfg();
-        let world = json!({ "nodes": 1, "ntasks_per_node": 1, "gpus_per_node": 0 });
-        let mut whole = serde_json::to_value(&c).unwrap();
-        for key in crate::config::hints::KEYS {
-            whole[key] = Value::Null;
-        }
-        whole["expected_mfu_pct"] = json!(35.0);
-        let hints = PlanHints {
-            expected_mfu_pct: Some(35.0),
-            ..Default::default()
-        };
-        let v1 = short_id(&json!({ "train": whole, "world": world }));
-        assert_eq!(identity(&c).legacy_id(&hints, None), v1);
-        assert_eq!(v1.len(), 8);
     }
 }

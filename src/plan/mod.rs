@@ -41,7 +41,7 @@ pub struct Run {
     pub identity: serde_json::Value,
     /// The id identity version 1 gave the run (8 hex digits): a directory
     /// that records it holds this run.
-    pub legacy_id: String,
+
     pub name: String,
     /// The name as written, where making it a directory name changed it.
     pub sanitized_from: Option<String>,

@@ -112,11 +112,11 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
                     depends_on,
                 )
             };
-            let record = match merge(&run.dir, fresh.clone(), Some(&run.legacy_id))? {
+            let record = match merge(&run.dir, fresh.clone())? {
                 Merged::Record(r) => *r,
                 Merged::Changed(old) => {
                     if on_changed == OnChanged::Refuse {
-                        let what = Changed::of(run, &old, &config);
+                        let what = Changed::of(run, &old);
                         changed.lock().expect("no panic holding it").push(what);
                     }
                     fresh
@@ -148,7 +148,7 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
             .collect();
             let script = templates.stage_script(plan, s, sweep_bin)?;
             // A stage's id names its directory: another id is another directory.
-            let record = match merge(&s.dir, fresh(&s.id, &s.name, UnitKind::Stage, params, None), None)? {
+            let record = match merge(&s.dir, fresh(&s.id, &s.name, UnitKind::Stage, params, None))? {
                 Merged::Record(r) => *r,
                 // Named by its id, a stage's directory holds another stage
                 // only when its record was edited.
@@ -270,9 +270,8 @@ enum Merged {
 }
 
 /// Keeps what an existing record knows (creation time, commit, jobs) when the
-/// run is the same — under its id or under `legacy` (the id an earlier
-/// version gave it); says when the directory holds a different run.
-fn merge(dir: &Path, fresh: RunRecord, legacy: Option<&str>) -> Result<Merged, Diagnostics> {
+/// run is the same (its id); says when the directory holds a different run.
+fn merge(dir: &Path, fresh: RunRecord) -> Result<Merged, Diagnostics> {
     let file = fresh.kind.record_file();
     // One failed open per new run is cheaper than a stat first.
     let old = match RunRecord::read(&dir.join(file), None) {
@@ -289,7 +288,7 @@ fn merge(dir: &Path, fresh: RunRecord, legacy: Option<&str>) -> Result<Merged, D
     let Some(old) = old else {
         return Ok(Merged::Record(Box::new(fresh)));
     };
-    let same = old.id == fresh.id || Some(old.id.as_str()) == legacy;
+    let same = old.id == fresh.id;
     if !same && (!old.jobs.is_empty() || has_outputs(dir)) {
         return Ok(Merged::Changed(Box::new(old)));
     }
@@ -311,31 +310,26 @@ fn merge(dir: &Path, fresh: RunRecord, legacy: Option<&str>) -> Result<Merged, D
 }
 
 /// A run whose directory holds another run's jobs or outputs, and how the
-/// manifest changed it (`config.toml` key by key).
+/// manifest changed it (its identity, field by field).
 struct Changed {
     name: String,
     /// (dotted key, as it was, as it is now).
     fields: Vec<(String, String, String)>,
+    /// Its record is an earlier build's, without an identity: what it
+    /// holds cannot be told apart from this run.
+    earlier: bool,
 }
 
 impl Changed {
-    /// From the identity the old record holds, else (a record written
-    /// before identities were recorded) from the old `config.toml`.
-    fn of(run: &super::Run, old: &RunRecord, config: &str) -> Changed {
-        let fields = match &old.identity {
-            Some(identity) => super::identity::differences(identity, &run.identity),
-            None => {
-                let table = |text: &str| {
-                    let t = text.parse::<toml::Table>().unwrap_or_default();
-                    serde_json::to_value(t).unwrap_or_default()
-                };
-                let old = std::fs::read_to_string(run.dir.join(CONFIG_TOML)).unwrap_or_default();
-                super::identity::changed_fields(&table(&old), &table(config))
-            }
-        };
+    fn of(run: &super::Run, old: &RunRecord) -> Changed {
         Changed {
             name: run.name.clone(),
-            fields,
+            fields: old
+                .identity
+                .as_ref()
+                .map(|identity| super::identity::differences(identity, &run.identity))
+                .unwrap_or_default(),
+            earlier: old.identity.is_none(),
         }
     }
 
@@ -344,10 +338,12 @@ impl Changed {
     fn diagnostic(plan: &Plan, mut changed: Vec<Changed>) -> Diagnostic {
         changed.sort_by(|a, b| a.name.cmp(&b.name));
         let mut by_field: indexmap::IndexMap<&str, (usize, &str, &str)> = indexmap::IndexMap::new();
-        let mut unexplained = 0;
+        let (mut unexplained, mut earlier) = (0, 0);
         for c in &changed {
-            if c.fields.is_empty() {
-                unexplained += 1;
+            match (c.earlier, c.fields.is_empty()) {
+                (true, _) => earlier += 1,
+                (false, true) => unexplained += 1,
+                (false, false) => {}
             }
             for (k, old, new) in &c.fields {
                 by_field.entry(k.as_str()).or_insert((0, old, new)).0 += 1;
@@ -360,6 +356,11 @@ impl Changed {
         if unexplained > 0 {
             what.push(format!(
                 "the job's shape, a swept [slurm] key or the [local] settings ({unexplained} run(s))"
+            ));
+        }
+        if earlier > 0 {
+            what.push(format!(
+                "written by an earlier build of sweep, whose records hold no run identity: whether they are these runs cannot be told ({earlier} run(s))"
             ));
         }
         let names: Vec<&str> = changed.iter().take(5).map(|c| c.name.as_str()).collect();
@@ -399,7 +400,7 @@ pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
         let Some(old) = RunRecord::read(&run.dir.join(UnitKind::Run.record_file()), None)? else {
             continue;
         };
-        let same = old.id == run.id || old.id == run.legacy_id;
+        let same = old.id == run.id;
         if same || (old.jobs.is_empty() && !has_outputs(&run.dir)) {
             continue;
         }

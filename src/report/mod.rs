@@ -438,7 +438,7 @@ fn planned_states(plan: &Plan) -> Vec<(Status, Option<RunRecord>)> {
         .runs
         .iter()
         .map(|r| match RunRecord::load_within(&r.dir, &plan.study_dir) {
-            Ok(Some(rec)) if rec.id == r.id || rec.id == r.legacy_id => Ok(rec),
+            Ok(Some(rec)) if rec.id == r.id => Ok(rec),
             Ok(Some(rec)) => Err(Status::new(State::Unknown).with_reason(format!(
                 "its directory holds run {} of another version of the manifest: `sweep render` it again",
                 rec.id

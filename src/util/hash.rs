@@ -35,8 +35,7 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
 }
 
 /// A short id (8 hex digits) of a JSON value that does not depend on the order
-/// of keys in its objects (stages' ids, and runs' ids before identity
-/// version 2).
+/// of keys in its objects (stages' ids).
 pub fn short_id(value: &serde_json::Value) -> String {
     canonical_sha256(value)[..8].to_string()
 }

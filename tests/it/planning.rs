@@ -224,12 +224,9 @@ fn a_hint_changes_no_run() {
     );
     let text = std::fs::read_to_string(&m).unwrap();
     run_ok(sweep(root.path()).arg("submit").arg(&m));
-    for (extra, note) in [
-        (
-            "[plan]\nexpected_mfu_pct = 35.0\ngpu_memory_gb = 80\n",
-            false,
-        ),
-        ("[plan]\nexpected_mfu_pct = 20.0\n", false),
+    for extra in [
+        "[plan]\nexpected_mfu_pct = 35.0\ngpu_memory_gb = 80\n",
+        "[plan]\nexpected_mfu_pct = 20.0\n",
     ] {
         write(&m, &format!("{text}{extra}"));
         let out = run_ok(sweep(root.path()).arg("submit").arg(&m));
@@ -238,24 +235,17 @@ fn a_hint_changes_no_run() {
             "{extra}: {}",
             stdout(&out)
         );
-        assert_eq!(
-            note,
-            String::from_utf8_lossy(&out.stderr).contains("belongs in [plan]")
-        );
     }
-    // Written in [defaults], as before [plan] existed: the same, with a note.
+    // Written in [defaults]: an error that says where it belongs.
     write(
         &m,
         &text.replace("[defaults]\n", "[defaults]\nexpected_mfu_pct = 50.0\n"),
     );
-    let out = run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let err = run_err(sweep(root.path()).arg("submit").arg(&m));
     assert!(
-        stdout(&out).contains("nothing to submit"),
-        "{}",
-        stdout(&out)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("`expected_mfu_pct` in [defaults] is a hint")
+        err.contains("`expected_mfu_pct` is a hint for `sweep plan`, not part of a run's configuration")
+            && err.contains("move it to [plan]"),
+        "{err}"
     );
     // A hint is not swept: its runs would all be one.
     write(
@@ -295,16 +285,17 @@ fn local_settings_are_part_of_a_local_runs_identity() {
     );
 }
 
-/// A study run by the version before run identities had a version: its
-/// completed runs are recognised (by the id that version gave them) and
-/// nothing runs again; their records keep their jobs, under the new ids.
+/// A study run by an earlier build (run ids of 8 hex digits, records
+/// without an identity): refused with what to do, never taken for the runs
+/// of this one nor run over; `--replace-changed` moves its runs aside whole.
 #[test]
-fn a_study_run_before_identity_versions_is_recognised() {
+fn a_study_of_an_earlier_build_is_refused_with_what_to_do() {
     let root = project();
     std::os::unix::fs::symlink(repo().join("assets"), root.path().join("assets")).unwrap();
     let fixture = repo().join("tests/fixtures/identity-v1");
     std::fs::copy(fixture.join("v1.toml"), root.path().join("v1.toml")).unwrap();
-    for run in ["batch_size-1", "batch_size-2"] {
+    let runs = ["batch_size-1", "batch_size-2"];
+    for run in runs {
         let to = root.path().join("results/v1").join(run);
         std::fs::create_dir_all(&to).unwrap();
         for f in std::fs::read_dir(fixture.join("results/v1").join(run)).unwrap() {
@@ -313,48 +304,28 @@ fn a_study_run_before_identity_versions_is_recognised() {
         }
     }
     let m = root.path().join("v1.toml");
-    let out = run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let record = |run: &str| std::fs::read(root.path().join("results/v1").join(run).join("run.json")).unwrap();
+    let before: Vec<Vec<u8>> = runs.iter().map(|r| record(r)).collect();
+    let err = run_err(sweep(root.path()).arg("submit").arg(&m));
     assert!(
-        stdout(&out).contains("nothing to submit"),
-        "{}",
-        stdout(&out)
-    );
-    for run in ["batch_size-1", "batch_size-2"] {
-        let record: Value = serde_json::from_slice(
-            &std::fs::read(root.path().join("results/v1").join(run).join("run.json")).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(record["id"].as_str().unwrap().len(), 16);
-        assert_eq!(record["jobs"].as_array().unwrap().len(), 1, "{record}");
-    }
-    let report = run_ok(sweep(root.path()).arg("report").arg(&m).arg("--no-plots"));
-    assert!(
-        stdout(&report).contains("batch_size-2"),
-        "{}",
-        stdout(&report)
-    );
-
-    // A run of that version the manifest now changes: its record holds no
-    // identity, so its config.toml says what changed, field by field.
-    let fresh = project();
-    std::os::unix::fs::symlink(repo().join("assets"), fresh.path().join("assets")).unwrap();
-    let changed = fresh.path().join("v1.toml");
-    let text = std::fs::read_to_string(fixture.join("v1.toml")).unwrap();
-    write(
-        &changed,
-        &text.replace("training_steps = 3", "training_steps = 4"),
-    );
-    let to = fresh.path().join("results/v1/batch_size-1");
-    std::fs::create_dir_all(&to).unwrap();
-    for f in std::fs::read_dir(fixture.join("results/v1/batch_size-1")).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
-    }
-    let err = run_err(sweep(fresh.path()).arg("submit").arg(&changed));
-    assert!(
-        err.contains("training_steps") && err.contains('3') && err.contains('4'),
+        err.contains("2 run(s) whose directories hold their jobs and outputs")
+            && err.contains("earlier build of sweep")
+            && err.contains("--replace-changed"),
         "{err}"
     );
+    let after: Vec<Vec<u8>> = runs.iter().map(|r| record(r)).collect();
+    assert_eq!(before, after, "the records are left as they were");
+    run_ok(sweep(root.path()).args(["render", "--replace-changed"]).arg(&m));
+    let replaced: Vec<_> = std::fs::read_dir(root.path().join("results/v1/replaced"))
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(replaced.len(), 1, "{replaced:?}");
+    for run in runs {
+        assert!(replaced[0].join(run).join("metrics.jsonl").is_file(), "{run} kept whole");
+        let fresh: Value = serde_json::from_slice(&record(run)).unwrap();
+        assert_eq!(fresh["id"].as_str().unwrap().len(), 16);
+    }
 }
 
 #[test]
@@ -707,7 +678,7 @@ fn plans_estimate_memory_per_device_and_refuse_runs_that_cannot_fit() {
     let text = std::fs::read_to_string(&m).unwrap();
     write(
         &m,
-        &text.replace("gpu = \"GH200\"", "gpu = \"GH200\"\ngpu_memory_gb = 4000"),
+        &format!("{text}[plan]\ngpu_memory_gb = 4000\n"),
     );
     assert!(plan(&[]).status.success());
     // The largest batch allowed neither fits nor wraps around into fitting.
