@@ -4,7 +4,7 @@ use super::support::{json_rows, project, repo, run_err, run_ok, stdout, sweep, w
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
-use sweep::config::scaling::{Fitted, FITTED};
+use sweep::estimate::scaling::{Fitted, FITTED};
 
 fn plan_json(root: &Path, manifest: &Path) -> Vec<Value> {
     let out = run_ok(
@@ -243,8 +243,9 @@ fn a_hint_changes_no_run() {
     );
     let err = run_err(sweep(root.path()).arg("submit").arg(&m));
     assert!(
-        err.contains("`expected_mfu_pct` is a hint for `sweep plan`, not part of a run's configuration")
-            && err.contains("move it to [plan]"),
+        err.contains(
+            "`expected_mfu_pct` is a hint for `sweep plan`, not part of a run's configuration"
+        ) && err.contains("move it to [plan]"),
         "{err}"
     );
     // A hint is not swept: its runs would all be one.
@@ -304,7 +305,20 @@ fn a_study_of_an_earlier_build_is_refused_with_what_to_do() {
         }
     }
     let m = root.path().join("v1.toml");
-    let record = |run: &str| std::fs::read(root.path().join("results/v1").join(run).join("run.json")).unwrap();
+    // Its manifest keeps a plan hint in [defaults]: said, with where it goes.
+    let err = run_err(sweep(root.path()).arg("submit").arg(&m));
+    assert!(err.contains("move it to [plan]"), "{err}");
+    let text = std::fs::read_to_string(&m).unwrap();
+    write(
+        &m,
+        &format!(
+            "{}[plan]\nexpected_mfu_pct = 35.0\n",
+            text.replace("expected_mfu_pct = 35.0\n", "")
+        ),
+    );
+    let record = |run: &str| {
+        std::fs::read(root.path().join("results/v1").join(run).join("run.json")).unwrap()
+    };
     let before: Vec<Vec<u8>> = runs.iter().map(|r| record(r)).collect();
     let err = run_err(sweep(root.path()).arg("submit").arg(&m));
     assert!(
@@ -315,14 +329,21 @@ fn a_study_of_an_earlier_build_is_refused_with_what_to_do() {
     );
     let after: Vec<Vec<u8>> = runs.iter().map(|r| record(r)).collect();
     assert_eq!(before, after, "the records are left as they were");
-    run_ok(sweep(root.path()).args(["render", "--replace-changed"]).arg(&m));
+    run_ok(
+        sweep(root.path())
+            .args(["render", "--replace-changed"])
+            .arg(&m),
+    );
     let replaced: Vec<_> = std::fs::read_dir(root.path().join("results/v1/replaced"))
         .unwrap()
         .map(|d| d.unwrap().path())
         .collect();
     assert_eq!(replaced.len(), 1, "{replaced:?}");
     for run in runs {
-        assert!(replaced[0].join(run).join("metrics.jsonl").is_file(), "{run} kept whole");
+        assert!(
+            replaced[0].join(run).join("metrics.jsonl").is_file(),
+            "{run} kept whole"
+        );
         let fresh: Value = serde_json::from_slice(&record(run)).unwrap();
         assert_eq!(fresh["id"].as_str().unwrap().len(), 16);
     }
@@ -676,10 +697,7 @@ fn plans_estimate_memory_per_device_and_refuse_runs_that_cannot_fit() {
         .unwrap();
     assert!(!render.status.success());
     let text = std::fs::read_to_string(&m).unwrap();
-    write(
-        &m,
-        &format!("{text}[plan]\ngpu_memory_gb = 4000\n"),
-    );
+    write(&m, &format!("{text}[plan]\ngpu_memory_gb = 4000\n"));
     assert!(plan(&[]).status.success());
     // The largest batch allowed neither fits nor wraps around into fitting.
     let text = std::fs::read_to_string(&m).unwrap();
@@ -881,10 +899,10 @@ fn the_scaling_forecast_lands_within_5_points_of_the_reference_ddp_logs() {
 /// buckets during the backward pass) at `world_size` against 4 GPUs, given
 /// one node's measured tokens/s at `batch` (its MFU).
 fn reference_forecast(fitted: Fitted, batch: usize, one_node: f64, world_size: usize) -> f64 {
-    use sweep::config::scaling::{Hardware, Job, Traffic};
     use sweep::config::{
         model::ModelConfig, BatchSize, DeviceKind, PlanHints, Precision, TrainConfig,
     };
+    use sweep::estimate::scaling::{Hardware, Job, Traffic};
     let model = ModelConfig::preset("ref-1b").unwrap();
     let cfg = TrainConfig {
         model: "ref-1b".into(),
