@@ -11,6 +11,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod estimate;
 pub mod executor;
 pub mod layout;
 pub mod manifest;

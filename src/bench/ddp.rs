@@ -253,7 +253,7 @@ pub struct Links {
     pub inter_node_gbps: Option<f64>,
 }
 
-/// The plan's scaling forecast ([`crate::config::scaling`]) of `row`'s world
+/// The plan's scaling forecast ([`crate::estimate::scaling`]) of `row`'s world
 /// size as launched, with the compute of the measured one-rank `base` (its
 /// MFU as `expected_mfu_pct`, as the forecast's docs advise) and the
 /// given bandwidth of the link the ranks sum over; none for one rank or
@@ -264,13 +264,16 @@ pub fn forecast(
     row: &DdpRow,
     launch: Launch,
     links: Links,
-) -> Result<Option<crate::config::scaling::Forecast>> {
-    use crate::config::scaling;
+) -> Result<Option<crate::estimate::scaling::Forecast>> {
+    use crate::estimate::scaling;
     let ranks_per_node = launch.ranks_per_node(row.ranks);
     let mut cfg = config(w);
     cfg.peak_flops = Some(base.peak_flops);
     let hints = crate::config::PlanHints {
-        expected_mfu_pct: Some(100.0 * base.flops_per_step / (base.peak_flops * base.step_s)),
+        expected_mfu_pct: Some(crate::estimate::mfu_pct(
+            base.flops_per_step / base.step_s,
+            base.peak_flops,
+        )),
         ..Default::default()
     };
     let model = crate::data::tokenizer::model_config(&cfg)?;

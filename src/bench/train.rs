@@ -83,7 +83,7 @@ impl JsonRow {
         let step = r.forward_s + r.backward_s + r.optimizer_s;
         JsonRow {
             tokens_per_second: Some(r.tokens_per_s),
-            mfu_pct: Some(100.0 * r.gflops / r.peak_gflops),
+            mfu_pct: Some(crate::estimate::mfu_pct(r.gflops, r.peak_gflops)),
             tflops: Some(r.gflops / 1e3),
             peak_memory_gb: Some(r.peak_memory_mb / 1024.0),
             step_s: Some(step),

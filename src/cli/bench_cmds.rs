@@ -186,7 +186,7 @@ fn train(
             r.flops_per_token / 1e6,
             r.tokens_per_s,
             r.gflops / 1e3,
-            100.0 * r.gflops / r.peak_gflops,
+            crate::estimate::mfu_pct(r.gflops, r.peak_gflops),
             step,
             r.peak_memory_mb,
             100.0 * r.forward_s / step,

@@ -4,12 +4,9 @@
 //! Every field has a default except `dataset`, so a manifest only states what
 //! it changes. Unknown keys are rejected everywhere.
 
-pub mod devices;
 pub mod hints;
-pub mod memory;
 pub mod model;
 pub mod runtime;
-pub mod scaling;
 
 /// Whether the built-in trainer sums gradient buckets while its backward pass
 /// runs on `device` (what the scaling forecast assumes of it): with MPI

@@ -19,8 +19,8 @@
 //! the tests check the estimate against the CPU trainer; the GPU factors from
 //! runs on an H100, see docs/memory.md).
 
-use super::{AttentionKind, DeviceKind, Precision, Recompute, TrainConfig};
 use crate::config::model::ModelConfig;
+use crate::config::{AttentionKind, DeviceKind, Precision, Recompute, TrainConfig};
 use serde::Serialize;
 
 /// Bytes, by part.
@@ -113,7 +113,7 @@ const COMPOSED: Path = Path {
 
 /// The memory of the run's GPU: the `gpu_memory_gb` hint, else its `gpu`'s
 /// row of the device table; `None` on a CPU or for a GPU the table lacks.
-pub fn device_bytes(cfg: &TrainConfig, hints: &super::PlanHints) -> Option<u64> {
+pub fn device_bytes(cfg: &TrainConfig, hints: &crate::config::PlanHints) -> Option<u64> {
     let gb = match cfg.device {
         DeviceKind::Cpu => None,
         DeviceKind::Cuda => hints.gpu_memory_gb.or_else(|| {

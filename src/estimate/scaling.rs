@@ -36,8 +36,8 @@
 //! one log, it forecasts the one left out within the bound
 //! `tests/it/planning.rs` checks (docs/data-parallelism.md shows each).
 
-use super::{DeviceKind, PlanHints, Precision, TrainConfig};
 use crate::config::model::ModelConfig;
+use crate::config::{DeviceKind, PlanHints, Precision, TrainConfig};
 use serde::Serialize;
 
 /// The largest bucket: PyTorch DDP's, whose logs the forecast was calibrated
@@ -286,7 +286,7 @@ mod tests {
             device: DeviceKind::Cuda,
             precision: Precision::Bf16,
             gpu: Some("GH200".into()),
-            batch_size: super::super::BatchSize::Fixed(batch),
+            batch_size: crate::config::BatchSize::Fixed(batch),
             ..TrainConfig::default()
         }
     }
@@ -372,7 +372,7 @@ mod tests {
         model.vocab_size = 32_000;
         let cfg = TrainConfig {
             model: "tiny".into(),
-            batch_size: super::super::BatchSize::Fixed(4),
+            batch_size: crate::config::BatchSize::Fixed(4),
             sequence_length: 256,
             peak_flops: Some(1e11),
             ..TrainConfig::default()

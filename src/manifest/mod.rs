@@ -585,11 +585,11 @@ impl Validator<'_, '_> {
             }
         }
         if let Some(g) = &r.gpu {
-            if crate::config::devices::lookup(g).is_none() {
+            if crate::estimate::devices::lookup(g).is_none() {
                 self.at_value_help(
                     "report.gpu",
                     format!("the device table does not know `{g}`: MFU needs its peak"),
-                    format!("known devices: {}", crate::config::devices::known()),
+                    format!("known devices: {}", crate::estimate::devices::known()),
                 );
             }
         }
@@ -776,7 +776,10 @@ impl Validator<'_, '_> {
     /// `[plan]`, validated; a hint key in `[defaults]` is an error (it
     /// changes no run: `[plan]` holds it).
     fn hints(&mut self, defaults: &toml::Table, plan: &PlanHints) -> PlanHints {
-        for key in hints::KEYS.into_iter().filter(|k| defaults.contains_key(*k)) {
+        for key in hints::KEYS
+            .into_iter()
+            .filter(|k| defaults.contains_key(*k))
+        {
             self.at_key_help(
                 &join_key("defaults", key),
                 format!("`{key}` is a hint for `sweep plan`, not part of a run's configuration"),

@@ -1074,12 +1074,12 @@ fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<String> {
             if let Some(gpu) = cfg
                 .gpu
                 .as_deref()
-                .filter(|g| crate::config::devices::lookup(g).is_none())
+                .filter(|g| crate::estimate::devices::lookup(g).is_none())
             {
                 say(format!(
                     "gpu `{}` is not in the device table ({}): the runs' memory is not checked; set `gpu_memory_gb` in [plan]",
                     gpu.escape_debug(),
-                    crate::config::devices::known()
+                    crate::estimate::devices::known()
                 ));
             }
         }

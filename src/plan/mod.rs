@@ -13,9 +13,9 @@ pub mod templates;
 pub use crate::manifest::REPEAT;
 use crate::template::shell_quote;
 
-use crate::config::memory::MemoryEstimate;
 pub use crate::config::PretokenizedFormat;
 use crate::config::{PlanHints, SpecialTokens, TrainConfig};
+use crate::estimate::memory::MemoryEstimate;
 use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -41,7 +41,6 @@ pub struct Run {
     pub identity: serde_json::Value,
     /// The id identity version 1 gave the run (8 hex digits): a directory
     /// that records it holds this run.
-
     pub name: String,
     /// The name as written, where making it a directory name changed it.
     pub sanitized_from: Option<String>,
@@ -77,8 +76,8 @@ impl Run {
     /// The scaling forecast of a data-parallel built-in trainer run (none for
     /// one rank, `batch_size = "max"`, CPU runs without `peak_flops` and
     /// bandwidths, or a GPU the device table lacks).
-    pub fn scaling(&self, hints: &PlanHints) -> Option<crate::config::scaling::Forecast> {
-        use crate::config::scaling;
+    pub fn scaling(&self, hints: &PlanHints) -> Option<crate::estimate::scaling::Forecast> {
+        use crate::estimate::scaling;
         let Job::Train(cfg) = &self.job else {
             return None;
         };
@@ -235,8 +234,8 @@ pub struct Memory {
 impl Memory {
     pub fn of(cfg: &TrainConfig, hints: &PlanHints) -> Option<Memory> {
         let model = crate::data::tokenizer::model_config(cfg).ok()?;
-        let parts = crate::config::memory::estimate(cfg, &model);
-        let device_bytes = crate::config::memory::device_bytes(cfg, hints);
+        let parts = crate::estimate::memory::estimate(cfg, &model);
+        let device_bytes = crate::estimate::memory::device_bytes(cfg, hints);
         Some(Memory {
             estimate_bytes: parts.total(),
             device_bytes,

@@ -32,9 +32,12 @@ pub fn derive(run: &mut RunLog, spec: &ReportSpec) {
         let Some(tps) = p.tokens_per_second else {
             continue;
         };
-        let tflops = *p.tflops.get_or_insert(tps * basis.flops_per_token / 1e12);
+        // A log's own figures win.
+        let tflops = *p
+            .tflops
+            .get_or_insert(crate::estimate::flops(tps, basis.flops_per_token, None).0);
         if let (None, Some(peak)) = (p.mfu_pct, basis.peak_flops) {
-            p.mfu_pct = Some(100.0 * tflops * 1e12 / peak);
+            p.mfu_pct = Some(crate::estimate::mfu_pct(tflops * 1e12, peak));
         }
     }
 }
@@ -77,7 +80,7 @@ fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Option<Basis>, String> {
     let peak_flops = match text("gpu", &spec.gpu) {
         None => None,
         Some(g) => Some(
-            crate::config::devices::lookup(&g)
+            crate::estimate::devices::lookup(&g)
                 .ok_or_else(|| format!("the device table does not know gpu `{g}`: no MFU"))?
                 .peak_flops,
         ),

@@ -8,7 +8,8 @@
 //! then halves the gap; every trial's tokens/s comes back, so the
 //! throughput-against-batch curve comes with the answer.
 
-use crate::config::{memory, BatchSize, DeviceKind, TrainConfig};
+use crate::config::{BatchSize, DeviceKind, TrainConfig};
+use crate::estimate::memory;
 use crate::train::record::{parse_log, METRICS_FILE};
 use crate::util::process::proc_kb;
 use anyhow::{bail, Context, Result};

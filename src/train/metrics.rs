@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 /// Peak FLOP/s of one device and where the number comes from: `peak_flops`
 /// in the configuration, else its `gpu` name, else the name the CUDA driver
 /// gives the device (`driver_name`, `None` on the CPU) looked up in
-/// [`crate::config::devices::ACCELERATORS`], else, on the CPU, the measured peak of this machine.
+/// [`crate::estimate::devices::ACCELERATORS`], else, on the CPU, the measured peak of this machine.
 pub fn peak_flops(
     cfg: &TrainConfig,
     driver_name: Option<&str>,
@@ -20,14 +20,14 @@ pub fn peak_flops(
         return Ok((p, "peak_flops in the configuration".into()));
     }
     if let Some(gpu) = cfg.gpu.as_deref().or(driver_name) {
-        return match crate::config::devices::lookup(gpu) {
+        return match crate::estimate::devices::lookup(gpu) {
             Some(a) => Ok((
                 a.peak_flops,
                 format!("the {} entry of the peak-FLOPs table", a.matches.join(" ")),
             )),
             None => bail!(
                 "no peak FLOPs known for gpu `{gpu}` (known: {}); set `peak_flops`",
-                crate::config::devices::known()
+                crate::estimate::devices::known()
             ),
         };
     }
@@ -57,11 +57,11 @@ pub struct Throughput {
 /// throughput is right even when the peak it is divided by is not.
 pub fn throughput(tokens: u64, seconds: f64, flops_per_token: f64, peak: f64) -> Throughput {
     let tps = tokens as f64 / seconds.max(1e-12);
-    let flops = tps * flops_per_token;
+    let (tflops, mfu_pct) = crate::estimate::flops(tps, flops_per_token, Some(peak));
     Throughput {
         tokens_per_second: tps,
-        mfu_pct: 100.0 * flops / peak,
-        tflops: flops / 1e12,
+        mfu_pct: mfu_pct.expect("a peak given"),
+        tflops,
     }
 }
 

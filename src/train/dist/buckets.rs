@@ -26,7 +26,7 @@ pub struct Buckets {
 
 /// A stage's gradients smaller than this wait for the next stage's (fewer,
 /// larger calls where a block is tiny); the scaling forecast counts it.
-pub use crate::config::scaling::MIN_BUCKET_BYTES;
+pub use crate::estimate::scaling::MIN_BUCKET_BYTES;
 
 impl Buckets {
     /// `tensors`: each one's stage (when the backward pass finishes it, in

@@ -172,7 +172,7 @@ pub fn connect(ranks: Ranks, device: &Device, rt: &RuntimeOptions) -> Result<Box
 /// holds [`buckets::MIN_BUCKET_BYTES`], and the token embedding's gradient
 /// travels by rows; the scaling forecast counts whole 25 MiB buckets, as
 /// PyTorch sends them.
-pub const BUCKET_BYTES: usize = crate::config::scaling::BUCKET_BYTES;
+pub const BUCKET_BYTES: usize = crate::estimate::scaling::BUCKET_BYTES;
 
 /// Sums f32 buckets over all ranks on a thread of its own.
 pub trait Background {
