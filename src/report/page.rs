@@ -1,13 +1,15 @@
-//! `report.html` (and `comparison.html`): a study on one page, one file —
-//! styles inline, charts as inline SVG, no network, no server — that opens
-//! from the disk or as an e-mail attachment. What was run, the problems, the
-//! summary table (sortable by any column with a few lines of script; the page
-//! reads fully without it), every chart with its caption, and a section per
-//! configuration with its parameters, its runs and links to their files.
+//! `report.html`, `comparison.html` and `sweep check --html`: a study on
+//! one page, one file — styles inline, charts as inline SVG, no network, no
+//! server — that opens from the disk or as an e-mail attachment. What was
+//! run, the problems, the summary table (sortable by any column with a few
+//! lines of script; the page reads fully without it), every chart with its
+//! caption, and a section per configuration with its parameters, its runs
+//! and links to their files.
 //!
-//! Everything that comes from a manifest, a log or a file name is escaped
-//! ([`esc`]): a name holding `<script>`, quotes or control characters is text
-//! on the page, never markup.
+//! The pages are minijinja templates (`templates/page/`); this file gathers
+//! what they show. Every value a template writes is escaped ([`esc`]): a
+//! name holding `<script>`, quotes or control characters is text on the
+//! page, never markup. Only the inline SVG charts are written as they are.
 
 use super::check::{Check, Outcome, Trend};
 use super::export::shown;
@@ -16,8 +18,10 @@ use super::judge::{Comparison, Judged, Verdict, NOTHING_DIFFERS};
 use super::plot::Chart;
 use super::summary::{Row, Summary};
 use crate::executor::State;
-use std::fmt::Write;
+use minijinja::{AutoEscape, Environment};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The page's file name, beside summary.md.
 pub const STUDY_PAGE: &str = "report.html";
@@ -44,6 +48,136 @@ pub struct Live {
     pub reload: bool,
 }
 
+const TEMPLATES: [(&str, &str); 7] = [
+    ("base.html", include_str!("../../templates/page/base.html")),
+    (
+        "parts.html",
+        include_str!("../../templates/page/parts.html"),
+    ),
+    (
+        "study.html",
+        include_str!("../../templates/page/study.html"),
+    ),
+    (
+        "comparison.html",
+        include_str!("../../templates/page/comparison.html"),
+    ),
+    (
+        "check.html",
+        include_str!("../../templates/page/check.html"),
+    ),
+    ("style.css", include_str!("../../templates/page/style.css")),
+    ("sort.js", include_str!("../../templates/page/sort.js")),
+];
+
+/// The pages' templates, HTML-escaped through [`esc`].
+fn pages() -> &'static Environment<'static> {
+    static PAGES: OnceLock<Environment<'static>> = OnceLock::new();
+    PAGES.get_or_init(|| {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .expect("default delimiters are valid"),
+        );
+        env.set_auto_escape_callback(|name| match name.ends_with(".html") {
+            true => AutoEscape::Html,
+            false => AutoEscape::None,
+        });
+        env.set_formatter(|out, state, value| {
+            if matches!(state.auto_escape(), AutoEscape::Html) && !value.is_safe() {
+                let text = match value.as_str() {
+                    Some(s) => s.to_string(),
+                    None if value.is_none() || value.is_undefined() => String::new(),
+                    None => value.to_string(),
+                };
+                return out.write_str(&esc(&text)).map_err(minijinja::Error::from);
+            }
+            minijinja::escape_formatter(out, state, value)
+        });
+        for (name, text) in TEMPLATES {
+            env.add_template(name, text)
+                .unwrap_or_else(|e| panic!("the built-in template {name}: {e:#}"));
+        }
+        env
+    })
+}
+
+/// A page from its template and what it shows. The templates are built in
+/// and tested: a failure to render is a bug, said as one.
+fn render(name: &str, ctx: impl Serialize) -> String {
+    pages()
+        .get_template(name)
+        .and_then(|t| t.render(crate::template::context(&ctx)))
+        .unwrap_or_else(|e| panic!("rendering the built-in {name}: {e:#}"))
+}
+
+/// A table cell: text, a number (shown as `text`, sorted by `value`), or
+/// a verdict.
+#[derive(Serialize, Default)]
+struct Cell {
+    text: String,
+    num: bool,
+    value: String,
+    verdict: Option<&'static str>,
+    title: Option<String>,
+}
+
+impl Cell {
+    fn text(text: &str) -> Cell {
+        Cell {
+            text: text.to_string(),
+            ..Cell::default()
+        }
+    }
+
+    fn value(value: Option<f64>, text: &str) -> Cell {
+        Cell {
+            text: text.to_string(),
+            num: true,
+            value: value
+                .filter(|v| v.is_finite())
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+            ..Cell::default()
+        }
+    }
+
+    fn verdict(v: Verdict, title: Option<&str>) -> Cell {
+        Cell {
+            verdict: Some(v.as_str()),
+            title: title.map(str::to_string),
+            ..Cell::default()
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Figure {
+    name: String,
+    title: String,
+    svg: String,
+}
+
+/// The charts as the pages inline them.
+fn figures(charts: &[&Chart]) -> Vec<Figure> {
+    charts
+        .iter()
+        .filter_map(|c| {
+            // plotters escapes the text it writes; the SVG is inlined as
+            // is, but for its namespace (see [`inline_svg`]).
+            Some(Figure {
+                name: c.name.clone(),
+                title: c.title.clone(),
+                svg: inline_svg(&c.svg)?,
+            })
+        })
+        .collect()
+}
+
 /// A study's page. `dir` is where the page is written (links to run files
 /// are relative to it).
 #[allow(clippy::too_many_arguments)]
@@ -57,239 +191,219 @@ pub fn study(
     live: Live,
     history: Option<&Check>,
 ) -> String {
-    let mut out = head(&format!("{} — sweep report", p.study), live);
-    let _ = writeln!(out, "<h1>{}</h1>", esc(&p.study));
-    if !p.description.trim().is_empty() {
-        let _ = writeln!(out, "<p class=\"lead\">{}</p>", esc(p.description.trim()));
+    let columns = shown::columns(s);
+    let headers: Vec<&str> = std::iter::once("Configuration")
+        .chain(columns.iter().map(|c| c.header.as_str()))
+        .chain(["State"])
+        .collect();
+    let rows: Vec<serde_json::Value> = s
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let is_base = baseline.is_some_and(|b| r.name == b || r.members.iter().any(|m| m == b));
+            let mut cells: Vec<Cell> = columns
+                .iter()
+                .map(|c| Cell::value(c.cells[i].value, &c.cells[i].text))
+                .collect();
+            cells.push(Cell::text(&r.state));
+            serde_json::json!({
+                "name": r.name,
+                "shown": if is_base { format!("{} (baseline)", r.name) } else { r.name.clone() },
+                "baseline": is_base,
+                "cells": cells,
+            })
+        })
+        .collect();
+    let mut design: Vec<String> = s.pairing().into_iter().collect();
+    if let Some(d) = &s.design {
+        design.push(format!("Where each block ran: {}", d.places_line()));
+        design.extend(d.effects_line().map(|l| format!("Place in the block: {l}")));
     }
-    if live.reload {
-        out.push_str("<p class=\"live\">Runs are still going: this page reloads itself every 5 seconds.</p>\n");
-    }
-    provenance(&mut out, p);
-    if !s.problems.is_empty() {
-        out.push_str("<section id=\"problems\" class=\"problems\"><h2>Problems</h2><ul>\n");
-        for pr in &s.problems {
-            let _ = writeln!(out, "<li>{}</li>", esc(&pr.describe()));
-        }
-        out.push_str("</ul></section>\n");
-    }
-    if !s.stragglers.is_empty() {
-        let _ = writeln!(
-            out,
-            "<section id=\"stragglers\" class=\"problems\"><h2>Stragglers</h2>\
-             <p>A rank whose compute time per step (the step without waiting for the other ranks) \
-             is over {:.0}% above its peers' median: every rank of its run waits for it.</p><ul>",
-            super::straggler::THRESHOLD_PCT
-        );
-        for st in &s.stragglers {
-            let _ = writeln!(out, "<li>{}</li>", esc(&st.describe()));
-        }
-        out.push_str("</ul></section>\n");
-    }
-    summary_table(&mut out, s, baseline, skip_first);
-    charts_section(&mut out, charts);
-    if let Some(c) = history.filter(|c| !c.trends.is_empty()) {
-        history_section(&mut out, c);
-    }
-    configurations(&mut out, s, dir);
-    if let Some((path, text)) = &p.manifest {
-        let _ = writeln!(
-            out,
-            "<details id=\"manifest\"><summary>The manifest: {}</summary><pre>{}</pre></details>",
-            esc(&path.display().to_string()),
-            esc(text)
-        );
-    }
-    tail(out)
+    let charts: Vec<&Chart> = charts.iter().collect();
+    render(
+        "study.html",
+        serde_json::json!({
+            "title": format!("{} — sweep report", p.study),
+            "reload": live.reload,
+            "study": p.study,
+            "description": p.description.trim(),
+            "provenance": provenance(p),
+            "problems": s.problems.iter().map(|pr| pr.describe()).collect::<Vec<_>>(),
+            "stragglers": s.stragglers.iter().map(|st| st.describe()).collect::<Vec<_>>(),
+            "straggler_threshold_pct": format!("{:.0}", super::straggler::THRESHOLD_PCT),
+            "skip_first": skip_first,
+            "design": design,
+            "baseline": baseline,
+            "comparisons": s.rows.len().saturating_sub(1),
+            "headers": headers,
+            "rows": rows,
+            "mfu_note": shown::mfu_note(s),
+            "charts": figures(&charts),
+            "history": history.filter(|c| !c.trends.is_empty()).map(history_section),
+            "configurations": s.rows.iter().map(|row| configuration(row, &s.runs, dir)).collect::<Vec<_>>(),
+            "manifest": p.manifest.as_ref().map(|(path, text)| serde_json::json!({
+                "path": path.display().to_string(),
+                "text": text,
+            })),
+        }),
+    )
 }
 
 /// A comparison's page.
 pub fn comparison(cmp: &Comparison, chart: Option<&Chart>, git_commit: Option<&str>) -> String {
     let title = format!("{} vs {}", cmp.a, cmp.b);
-    let mut out = head(&format!("{title} — sweep comparison"), Live::default());
-    let _ = writeln!(out, "<h1>{}</h1>", esc(&title));
     let p = Provenance {
         study: title.clone(),
         git_commit: git_commit.map(str::to_string),
         ..Provenance::default()
     };
-    provenance(&mut out, &p);
-    let problems = cmp
+    let problems: Vec<(&String, String)> = cmp
         .problems_a
         .iter()
-        .map(|pr| (&cmp.a, pr))
-        .chain(cmp.problems_b.iter().map(|pr| (&cmp.b, pr)))
-        .collect::<Vec<_>>();
-    if !problems.is_empty() {
-        out.push_str("<section id=\"problems\" class=\"problems\"><h2>Problems</h2><ul>\n");
-        for (side, pr) in problems {
-            let _ = writeln!(out, "<li>{}: {}</li>", esc(side), esc(&pr.describe()));
-        }
-        out.push_str("</ul></section>\n");
-    }
-    out.push_str(
-        "<section><h2>Configurations</h2><p class=\"note\">Tokens/sec (mean ± half-width of \
-         its 95% interval); B's speedup over A with its 95% interval; the verdicts are \
-         corrected for the configurations compared with Holm's method (≈: no significant \
-         difference).</p>\n<table id=\"summary\" class=\"sortable\"><thead><tr>",
-    );
+        .map(|pr| (&cmp.a, pr.describe()))
+        .chain(cmp.problems_b.iter().map(|pr| (&cmp.b, pr.describe())))
+        .collect();
     let (a, b) = (format!("A: {}", cmp.a), format!("B: {}", cmp.b));
-    for h in ["Configuration", &a, &b, "Speedup (B / A)", "Verdict"] {
-        let _ = write!(out, "<th>{}</th>", esc(h));
-    }
-    out.push_str("</tr></thead><tbody>\n");
-    for r in &cmp.rows {
-        let j = &r.judged;
-        out.push_str("<tr>");
-        cell_text(&mut out, &j.configuration);
-        for (mean, ci) in [(r.a_mean, &r.a), (r.b_mean, &r.b)] {
-            let text = match ci {
-                Some(c) => format!("{:.2} ± {:.2}", c.mean, (c.high - c.low) / 2.0),
-                None => shown::number(mean, 2),
-            };
-            cell_value(&mut out, mean, &text);
-        }
-        let ratio = j.ratio.map(|s| s.ratio);
-        let text = match &j.ratio {
-            Some(s) => format!(
-                "{}{:.2}x [{:.2}, {:.2}]",
-                if s.significant { "" } else { "≈" },
-                s.ratio,
-                s.low,
-                s.high
-            ),
-            None => "-".into(),
-        };
-        cell_value(&mut out, ratio, &text);
-        let v = j.verdict.as_str();
-        let _ = write!(
-            out,
-            "<td data-value=\"{v}\" class=\"verdict-{v}\" title=\"{}\">{v}</td>",
-            esc(&j.note)
-        );
-        out.push_str("</tr>\n");
-    }
-    out.push_str("</tbody></table></section>\n");
-    for (side, only) in [(&cmp.a, &cmp.only_a), (&cmp.b, &cmp.only_b)] {
-        if !only.is_empty() {
-            let names: Vec<String> = only.iter().map(|o| esc(o)).collect();
-            let _ = writeln!(out, "<p>Only in {}: {}</p>", esc(side), names.join(", "));
-        }
-    }
-    out.push_str("<section id=\"differences\"><h2>What differs</h2>");
-    if cmp.differences.is_empty() {
-        let _ = write!(out, "<p>{}</p>", esc(NOTHING_DIFFERS));
-    } else {
-        let _ = write!(
-            out,
-            "<table><thead><tr><th>Field</th><th>{}</th><th>{}</th><th>Configurations</th></tr></thead><tbody>",
-            esc(&a),
-            esc(&b)
-        );
-        for d in &cmp.differences {
-            out.push_str("<tr>");
-            for text in [&d.field, &d.a, &d.b] {
-                cell_text(&mut out, text);
+    let rows: Vec<Vec<Cell>> = cmp
+        .rows
+        .iter()
+        .map(|r| {
+            let j = &r.judged;
+            let mut cells = vec![Cell::text(&j.configuration)];
+            for (mean, ci) in [(r.a_mean, &r.a), (r.b_mean, &r.b)] {
+                let text = match ci {
+                    Some(c) => format!("{:.2} ± {:.2}", c.mean, (c.high - c.low) / 2.0),
+                    None => shown::number(mean, 2),
+                };
+                cells.push(Cell::value(mean, &text));
             }
-            cell_text(&mut out, &d.which());
-            out.push_str("</tr>");
-        }
-        out.push_str("</tbody></table>");
-    }
-    out.push_str("</section>\n");
-    if let Some(c) = chart {
-        charts_section(&mut out, std::slice::from_ref(c));
-    }
-    tail(out)
+            let text = match &j.ratio {
+                Some(s) => format!(
+                    "{}{:.2}x [{:.2}, {:.2}]",
+                    if s.significant { "" } else { "≈" },
+                    s.ratio,
+                    s.low,
+                    s.high
+                ),
+                None => "-".into(),
+            };
+            cells.push(Cell::value(j.ratio.map(|s| s.ratio), &text));
+            cells.push(Cell::verdict(j.verdict, Some(&j.note)));
+            cells
+        })
+        .collect();
+    let only: Vec<(&String, String)> = [(&cmp.a, &cmp.only_a), (&cmp.b, &cmp.only_b)]
+        .into_iter()
+        .filter(|(_, only)| !only.is_empty())
+        .map(|(side, only)| (side, only.join(", ")))
+        .collect();
+    let differences: Vec<Vec<Cell>> = cmp
+        .differences
+        .iter()
+        .map(|d| {
+            vec![
+                Cell::text(&d.field),
+                Cell::text(&d.a),
+                Cell::text(&d.b),
+                Cell::text(&d.which()),
+            ]
+        })
+        .collect();
+    let charts: Vec<&Chart> = chart.into_iter().collect();
+    render(
+        "comparison.html",
+        serde_json::json!({
+            "title": format!("{title} — sweep comparison"),
+            "reload": false,
+            "heading": title,
+            "provenance": provenance(&p),
+            "problems": problems,
+            "threshold_pct": cmp.threshold_pct.to_string(),
+            "headers": ["Configuration", a.as_str(), b.as_str(), "Speedup (B / A)", "Verdict"],
+            "rows": rows,
+            "only": only,
+            "differences": differences,
+            "nothing_differs": NOTHING_DIFFERS,
+            "charts": figures(&charts),
+        }),
+    )
 }
 
 /// `sweep check --html`: the verdicts, what differs beside each
 /// regression, and against the history each configuration's trend.
 pub fn check(c: &Check) -> String {
     let title = format!("{}: sweep check", c.study);
-    let mut out = head(&title, Live::default());
-    let _ = writeln!(out, "<h1>{}</h1>", esc(&title));
-    out.push_str("<section id=\"provenance\"><dl class=\"meta\">\n");
-    for (k, v) in [
+    let meta = [
         ("written", crate::util::now_rfc3339()),
         ("sweep", env!("CARGO_PKG_VERSION").to_string()),
         ("against", c.reference.clone()),
         ("threshold", format!("{}%", c.threshold_pct)),
-    ] {
-        let _ = writeln!(out, "<dt>{}</dt><dd>{}</dd>", esc(k), esc(&v));
-    }
-    out.push_str("</dl></section>\n");
-    let verdict = match c.outcome() {
-        Outcome::Passed => "<p class=\"verdict-unchanged\" id=\"outcome\">Passed: nothing regressed or failed, and every configuration could be told.</p>",
-        Outcome::Failed => "<p class=\"verdict-regressed\" id=\"outcome\">Failed: a configuration regressed or failed.</p>",
-        Outcome::Inconclusive => "<p class=\"verdict-inconclusive\" id=\"outcome\">Inconclusive: nothing regressed or failed, but a configuration's interval is too wide to tell a change of the threshold's size from none (its note says how many runs would decide).</p>",
+    ];
+    let outcome = match c.outcome() {
+        Outcome::Passed => ("unchanged", "Passed: nothing regressed or failed, and every configuration could be told."),
+        Outcome::Failed => ("regressed", "Failed: a configuration regressed or failed."),
+        Outcome::Inconclusive => ("inconclusive", "Inconclusive: nothing regressed or failed, but a configuration's interval is too wide to tell a change of the threshold's size from none (its note says how many runs would decide)."),
     };
-    out.push_str(verdict);
-    out.push_str(
-        "<section><h2>Verdicts</h2><p class=\"note\">Per configuration, its latest attempt's mean \
-         tokens/s over the reference's, with the 95% interval of the ratio; significant after Holm's \
-         correction over the configurations and beyond the threshold is <code>regressed</code> or \
-         <code>improved</code>.</p>\n<table id=\"verdicts\" class=\"sortable\"><thead><tr>",
-    );
-    for h in [
-        "Configuration",
-        "System",
-        "Verdict",
-        "Tokens/sec now",
-        "Runs",
-        "Reference",
-        "Reference runs",
-        "Now / reference",
-        "Why",
-    ] {
-        let _ = write!(out, "<th>{}</th>", esc(h));
-    }
-    out.push_str("</tr></thead><tbody>\n");
-    for r in &c.rows {
-        out.push_str("<tr>");
-        cell_text(&mut out, &r.configuration);
-        cell_text(&mut out, &r.system);
-        let v = r.verdict.as_str();
-        let _ = write!(out, "<td data-value=\"{v}\" class=\"verdict-{v}\">{v}</td>");
-        cell_value(&mut out, r.now_mean, &shown::number(r.now_mean, 1));
-        cell_value(&mut out, Some(r.now_runs as f64), &r.now_runs.to_string());
-        cell_value(
-            &mut out,
-            r.reference_mean,
-            &shown::number(r.reference_mean, 1),
-        );
-        cell_value(
-            &mut out,
-            Some(r.reference_runs as f64),
-            &format!("{} ({} attempts)", r.reference_runs, r.reference_attempts),
-        );
-        let ratio = r.ratio.map_or_else(
-            || "-".to_string(),
-            |x| format!("{:.3}x [{:.3}, {:.3}]", x.ratio, x.low, x.high),
-        );
-        cell_value(&mut out, r.ratio.map(|x| x.ratio), &ratio);
-        cell_text(&mut out, &r.note);
-        out.push_str("</tr>\n");
-    }
-    out.push_str("</tbody></table></section>\n");
-    let failing: Vec<&Judged> = c.rows.iter().filter(|r| r.verdict.fails()).collect();
-    if !failing.is_empty() {
-        out.push_str("<section id=\"why\" class=\"problems\"><h2>What differs</h2><ul>\n");
-        for r in failing {
-            let _ = writeln!(
-                out,
-                "<li><b>{}</b> {}: {}</li>",
-                esc(&r.configuration),
-                r.verdict.as_str(),
-                esc(&why(r))
+    let rows: Vec<Vec<Cell>> = c
+        .rows
+        .iter()
+        .map(|r| {
+            let ratio = r.ratio.map_or_else(
+                || "-".to_string(),
+                |x| format!("{:.3}x [{:.3}, {:.3}]", x.ratio, x.low, x.high),
             );
-        }
-        out.push_str("</ul></section>\n");
-    }
-    if !c.trends.is_empty() {
-        history_section(&mut out, c);
-    }
-    tail(out)
+            vec![
+                Cell::text(&r.configuration),
+                Cell::text(&r.system),
+                Cell::verdict(r.verdict, None),
+                Cell::value(r.now_mean, &shown::number(r.now_mean, 1)),
+                Cell::value(Some(r.now_runs as f64), &r.now_runs.to_string()),
+                Cell::value(r.reference_mean, &shown::number(r.reference_mean, 1)),
+                Cell::value(
+                    Some(r.reference_runs as f64),
+                    &format!("{} ({} attempts)", r.reference_runs, r.reference_attempts),
+                ),
+                Cell::value(r.ratio.map(|x| x.ratio), &ratio),
+                Cell::text(&r.note),
+            ]
+        })
+        .collect();
+    let failing: Vec<serde_json::Value> = c
+        .rows
+        .iter()
+        .filter(|r| r.verdict.fails())
+        .map(|r| {
+            serde_json::json!({
+                "configuration": r.configuration,
+                "verdict": r.verdict.as_str(),
+                "why": why(r),
+            })
+        })
+        .collect();
+    render(
+        "check.html",
+        serde_json::json!({
+            "title": title,
+            "reload": false,
+            "meta": meta,
+            "outcome": { "class": outcome.0, "text": outcome.1 },
+            "headers": [
+                "Configuration",
+                "System",
+                "Verdict",
+                "Tokens/sec now",
+                "Runs",
+                "Reference",
+                "Reference runs",
+                "Now / reference",
+                "Why",
+            ],
+            "rows": rows,
+            "failing": failing,
+            "history": (!c.trends.is_empty()).then(|| history_section(c)),
+        }),
+    )
 }
 
 /// What differs between a failing configuration's runs and the reference,
@@ -312,68 +426,227 @@ fn why(r: &Judged) -> String {
 /// Each configuration with earlier attempts: its tokens/s per attempt with
 /// the intervals (a chart and a table, each attempt's date and commit) and
 /// the verdict of the latest against the history.
-fn history_section(out: &mut String, c: &Check) {
-    out.push_str(
-        "<section id=\"history\"><h2>History</h2><p class=\"note\">Each configuration's mean \
-         tokens/s per attempt on its system, oldest first, with the 95% interval, from the \
-         history (<code>results/history.sqlite</code>); the verdict is the latest attempt's \
-         against ",
-    );
-    let _ = writeln!(
-        out,
-        "{} (threshold {}%), as <code>sweep check</code> gives it.</p>",
-        esc(&c.reference),
-        c.threshold_pct
-    );
-    for (i, t) in c.trends.iter().enumerate() {
-        let row = c
-            .rows
-            .iter()
-            .find(|r| r.configuration == t.configuration && r.system == t.system);
-        let _ = write!(
-            out,
-            "<div class=\"trend\" id=\"history-{i}\"><h3>{} <small>on {}</small>",
-            esc(&t.configuration),
-            esc(&t.system)
-        );
-        if let Some(r) = row {
-            let v = r.verdict.as_str();
-            let _ = write!(
-                out,
-                " <span class=\"verdict verdict-{v}\">{v}</span></h3><p>{}</p>",
-                esc(&why(r))
-            );
-            if r.verdict.fails() || r.verdict == Verdict::Improved {
-                let _ = write!(out, "<p class=\"note\">{}</p>", esc(&r.note));
-            }
-        } else {
-            out.push_str("</h3>");
-        }
-        if let Some(svg) = trend_chart(t) {
-            let _ = write!(out, "<figure>{svg}</figure>");
-        }
-        out.push_str(
-            "<table class=\"attempts\"><thead><tr><th>Study</th><th>Attempt</th><th>Ran</th>\
-             <th>Commit</th><th>Runs</th><th>Tokens/sec [95% CI]</th><th>MFU %</th></tr></thead><tbody>\n",
-        );
-        for a in &t.attempts {
-            out.push_str("<tr>");
-            cell_text(out, &a.study);
-            cell_value(out, Some(a.attempt as f64), &a.attempt.to_string());
-            cell_text(out, &a.ran_at);
-            cell_text(out, a.git_commit.as_deref().unwrap_or("-"));
-            cell_value(out, Some(a.runs as f64), &a.runs.to_string());
-            let text = match a.ci95 {
-                Some((lo, hi)) => format!("{:.1} [{lo:.1}, {hi:.1}]", a.tokens_per_second),
-                None => format!("{:.1}", a.tokens_per_second),
-            };
-            cell_value(out, Some(a.tokens_per_second), &text);
-            cell_value(out, a.mfu_pct, &shown::number(a.mfu_pct, 2));
-            out.push_str("</tr>\n");
-        }
-        out.push_str("</tbody></table></div>\n");
+fn history_section(c: &Check) -> serde_json::Value {
+    let trends: Vec<serde_json::Value> = c
+        .trends
+        .iter()
+        .map(|t| {
+            let row = c
+                .rows
+                .iter()
+                .find(|r| r.configuration == t.configuration && r.system == t.system);
+            let attempts: Vec<Vec<Cell>> = t
+                .attempts
+                .iter()
+                .map(|a| {
+                    let text = match a.ci95 {
+                        Some((lo, hi)) => format!("{:.1} [{lo:.1}, {hi:.1}]", a.tokens_per_second),
+                        None => format!("{:.1}", a.tokens_per_second),
+                    };
+                    vec![
+                        Cell::text(&a.study),
+                        Cell::value(Some(a.attempt as f64), &a.attempt.to_string()),
+                        Cell::text(&a.ran_at),
+                        Cell::text(a.git_commit.as_deref().unwrap_or("-")),
+                        Cell::value(Some(a.runs as f64), &a.runs.to_string()),
+                        Cell::value(Some(a.tokens_per_second), &text),
+                        Cell::value(a.mfu_pct, &shown::number(a.mfu_pct, 2)),
+                    ]
+                })
+                .collect();
+            serde_json::json!({
+                "configuration": t.configuration,
+                "system": t.system,
+                "verdict": row.map(|r| r.verdict.as_str()),
+                "why": row.map(why),
+                "note": row
+                    .filter(|r| r.verdict.fails() || r.verdict == Verdict::Improved)
+                    .map(|r| r.note.clone()),
+                "svg": trend_chart(t),
+                "attempts": attempts,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "reference": c.reference,
+        "threshold_pct": c.threshold_pct.to_string(),
+        "trends": trends,
+    })
+}
+
+/// Where the page comes from: when and by what it was written, the
+/// project's commit, the machine, the devices the runs trained on.
+fn provenance(p: &Provenance) -> Vec<(&'static str, String)> {
+    let features = crate::config::Features::BUILT.names();
+    let host = crate::util::process::host_name();
+    let cpu = crate::util::process::cpu_model().unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mut items = vec![
+        ("written", crate::util::now_rfc3339()),
+        (
+            "sweep",
+            format!(
+                "{} (features: {})",
+                env!("CARGO_PKG_VERSION"),
+                if features.is_empty() {
+                    "none".into()
+                } else {
+                    features.join(", ")
+                }
+            ),
+        ),
+        (
+            "git commit",
+            p.git_commit
+                .clone()
+                .unwrap_or_else(|| "not a git checkout".into()),
+        ),
+        (
+            "report written on",
+            format!("{host} ({cpu}, {cores} cores)"),
+        ),
+    ];
+    if !p.devices.is_empty() {
+        items.push(("runs trained on", p.devices.join("; ")));
     }
-    out.push_str("</section>\n");
+    items
+}
+
+#[derive(Serialize)]
+struct FileLink {
+    href: String,
+    name: String,
+}
+
+#[derive(Serialize)]
+struct LogTail {
+    name: String,
+    last: String,
+}
+
+#[derive(Serialize)]
+struct RunShown {
+    name: String,
+    state: String,
+    class: &'static str,
+    notes: Vec<String>,
+    files: Vec<FileLink>,
+    log: Option<LogTail>,
+}
+
+/// A configuration's section: its parameters and its runs, each with its
+/// state, notes, files and, for a failed run, the last lines of its log.
+fn configuration(row: &Row, runs: &[RunLog], page_dir: &Path) -> serde_json::Value {
+    let runs: Vec<RunShown> = row
+        .runs
+        .iter()
+        .map(|&i| {
+            let run = &runs[i];
+            let ok = run.status.state == State::Completed && run.issues.is_empty();
+            let files = run
+                .dir
+                .as_deref()
+                .map(|dir| {
+                    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| p.is_file())
+                        .collect();
+                    names.sort();
+                    names
+                        .iter()
+                        .filter_map(|f| {
+                            Some(FileLink {
+                                href: file_link(page_dir, f)?,
+                                name: f.file_name()?.to_string_lossy().into_owned(),
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let failed = !matches!(
+                run.status.state,
+                State::Completed | State::Running | State::Pending
+            );
+            let log = match failed {
+                true => run
+                    .dir
+                    .as_deref()
+                    .and_then(|dir| log_tail(dir, run.status.job_id.as_deref()))
+                    .map(|(name, last)| LogTail { name, last }),
+                false => None,
+            };
+            RunShown {
+                name: run.name.clone(),
+                state: run.status.describe(),
+                class: if ok { "state-ok" } else { "state-bad" },
+                notes: run.reason.iter().chain(&run.issues).cloned().collect(),
+                files,
+                log,
+            }
+        })
+        .collect();
+    serde_json::json!({
+        "name": row.name,
+        "params": row.params.iter().collect::<Vec<_>>(),
+        "runs": runs,
+    })
+}
+
+/// The last lines of the log of `job`, the attempt whose end is reported:
+/// `local.out` for a local job, `<name>-<job>.out` for a SLURM job (or
+/// array task); else the log written last.
+fn log_tail(dir: &Path, job: Option<&str>) -> Option<(String, String)> {
+    let logs: Vec<(PathBuf, std::time::SystemTime)> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
+        .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
+        .collect();
+    let named = |p: &Path, job: &str| {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match job.starts_with("local-") {
+            true => name == crate::executor::local::LOG_FILE,
+            false => name.ends_with(&format!("-{job}.out")),
+        }
+    };
+    let path = job
+        .and_then(|j| logs.iter().find(|(p, _)| named(p, j)))
+        .or_else(|| logs.iter().max_by_key(|(_, t)| *t))
+        .map(|(p, _)| p.clone())?;
+    let bytes = crate::util::fs::read_tail(&path, 4096).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let last = lines[lines.len().saturating_sub(12)..].join("\n");
+    let name = path.file_name()?.to_string_lossy().into_owned();
+    Some((name, last))
+}
+
+/// A link to a file of a run's directory, relative to the page.
+fn file_link(page_dir: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(page_dir).ok()?;
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| percent_encode(&c.as_os_str().to_string_lossy()))
+        .collect();
+    Some(parts.join("/"))
+}
+
+/// Every byte but unreserved URL characters as %XX.
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// A configuration's tokens/s over its attempts as bars with their
@@ -437,339 +710,6 @@ pub fn esc(s: &str) -> String {
     out
 }
 
-fn cell_text(out: &mut String, text: &str) {
-    let t = esc(text);
-    let _ = write!(out, "<td data-value=\"{t}\">{t}</td>");
-}
-
-/// A number: shown as `text`, sorted (and checked) by its value.
-fn cell_value(out: &mut String, value: Option<f64>, text: &str) {
-    let v = value
-        .filter(|v| v.is_finite())
-        .map(|v| v.to_string())
-        .unwrap_or_default();
-    let _ = write!(
-        out,
-        "<td class=\"num\" data-value=\"{}\">{}</td>",
-        esc(&v),
-        esc(text)
-    );
-}
-
-fn head(title: &str, live: Live) -> String {
-    let reload = if live.reload {
-        "<meta http-equiv=\"refresh\" content=\"5\">\n"
-    } else {
-        ""
-    };
-    format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n{reload}\
-         <title>{}</title>\n<style>{STYLE}</style></head>\n<body><main>\n",
-        esc(title)
-    )
-}
-
-fn tail(mut out: String) -> String {
-    let _ = write!(
-        out,
-        "</main>\n<script>{SORT_SCRIPT}</script>\n</body></html>\n"
-    );
-    out
-}
-
-/// Plain, readable, printable: no web fonts, nothing fetched.
-const STYLE: &str = "body{font:15px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1d1d1f;background:#fff}\
-main{max-width:1200px;margin:0 auto;padding:1.5rem}\
-h1{margin:.2rem 0 .4rem}h2{margin-top:2rem;border-bottom:1px solid #ddd}\
-.lead{font-size:1.1rem;color:#444}.note{color:#555}.live{background:#fff6d6;padding:.4rem .6rem}\
-table{border-collapse:collapse;margin:.6rem 0;font-variant-numeric:tabular-nums}\
-th,td{border-bottom:1px solid #e3e3e3;padding:.3rem .6rem;text-align:left;vertical-align:top}\
-td.num{text-align:right;white-space:nowrap}#summary td:first-child{white-space:nowrap}th{background:#f4f5f7;position:sticky;top:0}\
-table.sortable th{cursor:pointer}tr.baseline{background:#eef4ff}\
-.problems{background:#fff1f0;border:1px solid #f3c1bd;padding:.2rem 1rem}\
-dl.meta{display:grid;grid-template-columns:max-content auto;gap:.1rem 1rem}dl.meta dt{color:#666}\
-figure{margin:1.2rem 0}figure svg{max-width:100%;height:auto;border:1px solid #eee}\
-figcaption{color:#444;margin-top:.3rem}pre{background:#f7f7f8;padding:.6rem;overflow:auto}\
-.state-ok{color:#1a7f37}.state-bad{color:#b42318}code{background:#f3f3f3;padding:0 .2rem}\
-.verdict-regressed,.verdict-failed{color:#b42318;font-weight:600}.verdict-improved,.verdict-unchanged{color:#1a7f37}\
-.verdict-new{color:#555}.verdict-inconclusive{color:#9a6700;font-weight:600}span.verdict{font-size:.9rem;border:1px solid currentColor;border-radius:3px;padding:0 .3rem}";
-
-/// Sorting a table by a clicked header: numbers by value, text by text,
-/// empty cells (a failed configuration's figures) last either way; a second
-/// click reverses. Without it the page is the same, unsorted.
-const SORT_SCRIPT: &str = "document.querySelectorAll('table.sortable').forEach(function(t){\
-var hs=t.tHead.rows[0].cells;for(var i=0;i<hs.length;i++){(function(c){var asc=true;\
-hs[c].addEventListener('click',function(){var b=t.tBodies[0],rows=Array.prototype.slice.call(b.rows);\
-rows.sort(function(x,y){var p=x.cells[c].getAttribute('data-value')||'',q=y.cells[c].getAttribute('data-value')||'';\
-if(p===''||q==='')return (p==='')-(q==='');var a=Number(p),d=Number(q);\
-var r=(isNaN(a)||isNaN(d))?p.localeCompare(q):a-d;return asc?r:-r;});\
-asc=!asc;rows.forEach(function(r){b.appendChild(r);});});})(i);}});";
-
-fn provenance(out: &mut String, p: &Provenance) {
-    let features = crate::config::Features::BUILT.names();
-    let host = crate::util::process::host_name();
-    let cpu = crate::util::process::cpu_model().unwrap_or_default();
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    out.push_str("<section id=\"provenance\"><dl class=\"meta\">\n");
-    let mut item = |k: &str, v: &str| {
-        let _ = writeln!(out, "<dt>{}</dt><dd>{}</dd>", esc(k), esc(v));
-    };
-    item("written", &crate::util::now_rfc3339());
-    item(
-        "sweep",
-        &format!(
-            "{} (features: {})",
-            env!("CARGO_PKG_VERSION"),
-            if features.is_empty() {
-                "none".into()
-            } else {
-                features.join(", ")
-            }
-        ),
-    );
-    item(
-        "git commit",
-        p.git_commit.as_deref().unwrap_or("not a git checkout"),
-    );
-    item(
-        "report written on",
-        &format!("{host} ({cpu}, {cores} cores)"),
-    );
-    if !p.devices.is_empty() {
-        item("runs trained on", &p.devices.join("; "));
-    }
-    out.push_str("</dl></section>\n");
-}
-
-fn summary_table(out: &mut String, s: &Summary, baseline: Option<&str>, skip_first: usize) {
-    out.push_str("<section><h2>Summary</h2>\n");
-    let _ = write!(
-        out,
-        "<p class=\"note\">Means over every logged step except the first {skip_first} of each run \
-         and any warm-up detected after them, ± the half-width of their 95% confidence interval \
-         (over a configuration's repeats, or over one run's steps)."
-    );
-    if let Some(line) = s.pairing() {
-        let _ = write!(out, " {}.", esc(&line));
-    }
-    if let Some(d) = &s.design {
-        let _ = write!(out, " Where each block ran: {}.", esc(&d.places_line()));
-        if let Some(line) = d.effects_line() {
-            let _ = write!(out, " Place in the block: {}.", esc(&line));
-        }
-    }
-    if let Some(b) = baseline {
-        let _ = write!(
-            out,
-            " Speedups of tokens/sec against <code>{}</code> with their 95% intervals; \
-             <code>≈</code> where the difference is not significant at 5% after Holm's \
-             correction for the {} comparisons with it (the verdicts are adjusted, the \
-             intervals are each comparison's own).",
-            esc(b),
-            s.rows.len().saturating_sub(1)
-        );
-    }
-    out.push_str(
-        " Click a column to sort by it.</p>\n<table id=\"summary\" class=\"sortable\"><thead><tr>",
-    );
-    let columns = shown::columns(s);
-    let headers = std::iter::once("Configuration")
-        .chain(columns.iter().map(|c| c.header.as_str()))
-        .chain(["State"]);
-    for h in headers {
-        let _ = write!(out, "<th>{}</th>", esc(h));
-    }
-    out.push_str("</tr></thead><tbody>\n");
-    for (i, r) in s.rows.iter().enumerate() {
-        let is_base = baseline.is_some_and(|b| r.name == b || r.members.iter().any(|m| m == b));
-        let _ = write!(
-            out,
-            "<tr{}>",
-            if is_base { " class=\"baseline\"" } else { "" }
-        );
-        let name = if is_base {
-            format!("{} (baseline)", r.name)
-        } else {
-            r.name.clone()
-        };
-        let _ = write!(
-            out,
-            "<td data-value=\"{}\">{}</td>",
-            esc(&r.name),
-            esc(&name)
-        );
-        for c in &columns {
-            cell_value(out, c.cells[i].value, &c.cells[i].text);
-        }
-        cell_text(out, &r.state);
-        out.push_str("</tr>\n");
-    }
-    out.push_str("</tbody></table>");
-    if let Some(note) = shown::mfu_note(s) {
-        let _ = write!(out, "<p class=\"note\">{}</p>", esc(&note));
-    }
-    out.push_str("</section>\n");
-}
-
-fn charts_section(out: &mut String, charts: &[Chart]) {
-    if charts.is_empty() {
-        return;
-    }
-    out.push_str("<section id=\"charts\"><h2>Charts</h2>\n");
-    for c in charts {
-        // plotters escapes the text it writes; the SVG is inlined as is, but
-        // for its namespace, which HTML implies (and a page with no URL in
-        // it is easy to check for requests).
-        let Some(svg) = inline_svg(&c.svg) else {
-            continue;
-        };
-        let _ = writeln!(
-            out,
-            "<figure id=\"chart-{}\">{}<figcaption>{} (<code>{}.png</code>, <code>{}.svg</code>)</figcaption></figure>",
-            esc(&c.name),
-            svg,
-            esc(&c.title),
-            esc(&c.name),
-            esc(&c.name)
-        );
-    }
-    out.push_str("</section>\n");
-}
-
-/// The last lines of the log of `job`, the attempt whose end is reported:
-/// `local.out` for a local job, `<name>-<job>.out` for a SLURM job (or
-/// array task); else the log written last.
-fn log_tail(dir: &Path, job: Option<&str>) -> Option<(String, String)> {
-    let logs: Vec<(PathBuf, std::time::SystemTime)> = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
-        .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
-        .collect();
-    let named = |p: &Path, job: &str| {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        match job.starts_with("local-") {
-            true => name == crate::executor::local::LOG_FILE,
-            false => name.ends_with(&format!("-{job}.out")),
-        }
-    };
-    let path = job
-        .and_then(|j| logs.iter().find(|(p, _)| named(p, j)))
-        .or_else(|| logs.iter().max_by_key(|(_, t)| *t))
-        .map(|(p, _)| p.clone())?;
-    let bytes = crate::util::fs::read_tail(&path, 4096).ok()?;
-    let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().collect();
-    let last = lines[lines.len().saturating_sub(12)..].join("\n");
-    let name = path.file_name()?.to_string_lossy().into_owned();
-    Some((name, last))
-}
-
-/// A link to a file of a run's directory, relative to the page.
-fn file_link(page_dir: &Path, file: &Path) -> Option<String> {
-    let rel = file.strip_prefix(page_dir).ok()?;
-    let parts: Vec<String> = rel
-        .components()
-        .map(|c| percent_encode(&c.as_os_str().to_string_lossy()))
-        .collect();
-    Some(parts.join("/"))
-}
-
-/// Every byte but unreserved URL characters as %XX.
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            b => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn configurations(out: &mut String, s: &Summary, page_dir: &Path) {
-    out.push_str("<section id=\"configurations\"><h2>Configurations</h2>\n");
-    for row in &s.rows {
-        configuration(out, row, &s.runs, page_dir);
-    }
-    out.push_str("</section>\n");
-}
-
-fn configuration(out: &mut String, row: &Row, runs: &[RunLog], page_dir: &Path) {
-    let _ = writeln!(
-        out,
-        "<section class=\"configuration\"><h3>{}</h3>",
-        esc(&row.name)
-    );
-    if !row.params.is_empty() {
-        out.push_str("<table class=\"params\"><tbody>");
-        for (k, v) in &row.params {
-            let _ = write!(out, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
-        }
-        out.push_str("</tbody></table>\n");
-    }
-    out.push_str("<table class=\"runs\"><thead><tr><th>Run</th><th>State</th><th>Notes</th><th>Files</th></tr></thead><tbody>\n");
-    for &i in &row.runs {
-        let run = &runs[i];
-        let ok = run.status.state == State::Completed && run.issues.is_empty();
-        let class = if ok { "state-ok" } else { "state-bad" };
-        let notes: Vec<String> = run
-            .reason
-            .iter()
-            .chain(&run.issues)
-            .map(|n| esc(n))
-            .collect();
-        let files = run
-            .dir
-            .as_deref()
-            .map(|dir| {
-                let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.is_file())
-                    .collect();
-                names.sort();
-                names
-                    .iter()
-                    .filter_map(|f| {
-                        let href = file_link(page_dir, f)?;
-                        let name = f.file_name()?.to_string_lossy().into_owned();
-                        Some(format!("<a href=\"{}\">{}</a>", esc(&href), esc(&name)))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "<tr><td>{}</td><td class=\"{class}\">{}</td><td>{}</td><td>{files}</td></tr>",
-            esc(&run.name),
-            esc(&run.status.describe()),
-            notes.join("<br>")
-        );
-        let failed = !matches!(
-            run.status.state,
-            State::Completed | State::Running | State::Pending
-        );
-        let tail = |dir: &Path| log_tail(dir, run.status.job_id.as_deref());
-        if let (true, Some((log, last))) = (failed, run.dir.as_deref().and_then(tail)) {
-            let _ = writeln!(
-                out,
-                "<tr><td colspan=\"4\"><details open><summary>The last lines of {}</summary><pre>{}</pre></details></td></tr>",
-                esc(&log),
-                esc(&last)
-            );
-        }
-    }
-    out.push_str("</tbody></table></section>\n");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -781,6 +721,60 @@ mod tests {
             "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;\\u{1b}[31m"
         );
         assert_eq!(percent_encode("a b/é"), "a%20b%2F%C3%A9");
+    }
+
+    #[test]
+    fn a_check_page_shows_hostile_names_as_text() {
+        let evil = "<script>alert('x')</script>\u{1b}[31m";
+        let row = Judged {
+            configuration: evil.into(),
+            configuration_id: "id".into(),
+            system: "sys".into(),
+            verdict: Verdict::Inconclusive,
+            note: "a & b".into(),
+            now_mean: Some(1.5),
+            now_runs: 2,
+            reference_mean: None,
+            reference_runs: 0,
+            reference_attempts: 0,
+            ratio: None,
+            basis: None,
+            p_value_holm: None,
+            runs_to_decide: None,
+            differences: Vec::new(),
+            stragglers: Vec::new(),
+        };
+        let c = Check {
+            study: evil.into(),
+            reference: "the history".into(),
+            threshold_pct: 3.0,
+            rows: vec![row],
+            trends: Vec::new(),
+        };
+        let html = check(&c);
+        assert!(!html.contains("<script>alert"), "{html}");
+        assert!(html.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;\\u{1b}[31m"));
+        assert!(html.contains("id=\"outcome\">Inconclusive:"), "{html}");
+        assert!(
+            html.contains("<td class=\"num\" data-value=\"1.5\">1.5</td>"),
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "<td data-value=\"inconclusive\" class=\"verdict-inconclusive\">inconclusive</td>"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td data-value=\"a &amp; b\">a &amp; b</td>"),
+            "{html}"
+        );
+        assert!(html.contains("threshold</dt><dd>3%</dd>"), "{html}");
+        assert_eq!(
+            html.matches("<script>").count(),
+            1,
+            "the sorting script alone"
+        );
     }
 
     #[test]
