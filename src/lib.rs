@@ -1,10 +1,15 @@
 //! `sweep`: LLM-training throughput studies from one TOML manifest.
 //!
-//! The modules follow the pipeline, and data flows one way through it:
+//! The modules follow the pipeline, and data flows one way through it (no
+//! module imports one above it):
 //! `manifest` (parse, validate) -> `plan` (expand into runs, render run
-//! directories) -> `executor` (SLURM or local jobs) -> `data` + `train` (what a
-//! job runs) -> `report` (tables and plots). `config` is the run configuration
-//! they share; `cli` parses the command line once and hands over; `bench`
+//! directories) -> `executor` (SLURM or local jobs, scripts from
+//! `templates/`) -> `data` + `train` (what a job runs) -> `report` (tables,
+//! charts, pages, one judge of a study against another or its history).
+//! `estimate` holds the device peaks, FLOPs and MFU, the memory estimate and
+//! the scaling forecast; `config` the run configuration they share;
+//! `layout` the names of every file sweep owns; `util` what every stage
+//! uses. `cli` parses the command line once and hands over; `bench`
 //! measures the hot paths.
 
 pub mod bench;
