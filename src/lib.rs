@@ -22,6 +22,7 @@ pub mod layout;
 pub mod manifest;
 pub mod plan;
 pub mod report;
+pub mod study;
 pub mod template;
 pub mod train;
 pub mod util;

@@ -134,3 +134,13 @@ impl LiveView {
         }
     }
 }
+
+impl crate::study::watch::Follow for LiveView {
+    fn states(&mut self, states: &[State]) {
+        self.update(states);
+    }
+
+    fn line(&mut self, line: &str) {
+        self.log(line);
+    }
+}

@@ -1,27 +1,42 @@
-//! plan, render, submit, status, cancel: the commands that take a manifest.
+//! plan, render, submit, status, cancel: the commands that take a manifest,
+//! as the study's verbs ([`crate::study`]) do them, printed.
 
 use super::SubmitArgs;
-use crate::config::RuntimeOptions;
-use crate::executor::{self, local, Decision, Event, Executor, State, Status, SubmitOptions, Unit};
-use crate::manifest::{ExecutorKind, Manifest};
-use crate::plan::{render, Plan, PlanOptions};
-use crate::util::lock::{Acquired, StudyLock};
+use crate::executor::{local, Event, State};
+use crate::plan::Plan;
+use crate::study::{self, Request, Submission};
 use anyhow::Result;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
 use std::path::Path;
 use std::process::ExitCode;
 
-/// `allow_oom`: runs estimated not to fit their GPU plan anyway (`--allow-oom`,
-/// and commands that only look at runs); otherwise they are an error. The
-/// plan's warnings go to stderr.
+/// What a verb says while it works, on stderr.
+pub fn say(line: &str) {
+    eprintln!("{line}");
+}
+
+/// The manifest's plan, its warnings said.
 pub fn load_plan(root: &Path, manifest: &Path, allow_oom: bool) -> Result<Plan> {
-    let m = Manifest::load(manifest, root)?;
-    let plan = Plan::new(m, &PlanOptions::new(allow_oom, RuntimeOptions::current()))?;
+    let plan = study::load_plan(root, manifest, allow_oom)?;
     for w in &plan.warnings {
         eprintln!("warning: {w}");
     }
     Ok(plan)
+}
+
+/// What the command line asks of `submit` and `run`.
+fn request(args: &SubmitArgs) -> Request {
+    Request {
+        manifest: args.manifest.clone(),
+        executor: args.executor,
+        retry_failed: args.retry_failed,
+        dry_run: args.dry_run,
+        parallel: args.parallel,
+        allow_oom: args.allow_oom,
+        replace_changed: args.replace_changed,
+        again: args.again,
+    }
 }
 
 fn table(header: Vec<String>) -> Table {
@@ -41,35 +56,12 @@ fn cell(v: &serde_json::Value) -> String {
 
 pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result<ExitCode> {
     let plan = load_plan(root, manifest, allow_oom)?;
-    check_packed_time(&plan)?;
+    study::check_packed_time(&plan, &mut say)?;
     match json {
         true => println!("{}", serde_json::to_string_pretty(&plan_json(&plan))?),
         false => print_plan(&plan),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A packed study's blocks against its partition's time limit, as `sinfo`
-/// gives it: an error where a block asks for more. Without `sinfo` (a plan
-/// made off the cluster) it is said and left to `sweep submit`.
-fn check_packed_time(plan: &Plan) -> Result<()> {
-    if !plan.manifest.slurm.pack {
-        return Ok(());
-    }
-    let partition = plan.manifest.slurm.partition.as_deref();
-    match executor::slurm::partition_limit(partition) {
-        Ok(Some((name, limit))) => crate::plan::pack::check_limit(plan, &name, limit)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", plan.manifest.path.display())),
-        Ok(None) => anyhow::bail!(
-            "{}: the cluster has no partition {}",
-            plan.manifest.path.display(),
-            partition.map_or("marked default".into(), |p| format!("`{p}`"))
-        ),
-        Err(e) => {
-            eprintln!("note: the packed blocks' time is not checked against the partition's limit here ({e:#})");
-            Ok(())
-        }
-    }
 }
 
 /// `sweep plan --json`: one object per run.
@@ -247,7 +239,7 @@ pub fn render(
     replace_changed: bool,
 ) -> Result<ExitCode> {
     let plan = load_plan(root, manifest, allow_oom)?;
-    let (_, s, _lock) = write_under_lock(&plan, "render", manifest, replace_changed, None)?;
+    let s = study::render(&plan, manifest, replace_changed, &mut say)?;
     println!(
         "{} runs and {} stages under {} ({} files written, {} unchanged)",
         plan.runs.len(),
@@ -259,187 +251,17 @@ pub fn render(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Plans, renders and collects the current state of every unit (for the
-/// commands that look: nothing is written).
-pub fn prepare(root: &Path, manifest: &Path) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
-    // Looking at runs never refuses them for memory.
-    let plan = load_plan(root, manifest, true)?;
-    let rendered = render::render(&plan)?;
-    let (units, status) = units_of(&plan, &rendered)?;
-    Ok((plan, units, status))
-}
-
-/// The rendered units with their current states.
-fn units_of(plan: &Plan, rendered: &render::Rendered) -> Result<(Vec<Unit>, Vec<Status>)> {
-    let units = executor::units(plan, rendered);
-    let status = executor::statuses(&units)?;
-    Ok((units, status))
-}
-
-/// Renders the plan and writes the run directories under the study's lock,
-/// which it returns held (what was rendered is then what is on disk). Rendering merges each run's record on disk (every job submitted so
-/// far), so it happens under the lock too — and once before it, so that an
-/// error in the plan's templates writes nothing, not even the lock (0.1 s
-/// for 10,000 runs).
-///
-/// With `replace_changed`, the directories of runs that would now run
-/// something else (they hold another run's jobs or outputs) are moved aside
-/// first, and those runs start afresh. With `again` (the project root),
-/// the study's finished attempt is recorded and moved aside, and every run
-/// starts afresh as the next one.
-fn write_under_lock(
-    plan: &Plan,
-    verb: &str,
-    manifest: &Path,
-    replace_changed: bool,
-    again: Option<&Path>,
-) -> Result<(render::Rendered, render::WriteSummary, StudyLock)> {
-    let on_changed = match replace_changed || again.is_some() {
-        true => render::OnChanged::Replace,
-        false => render::OnChanged::Refuse,
-    };
-    render::render_with(plan, on_changed)?;
-    let lock = lock_study(plan, verb, manifest)?;
-    if let Some(root) = again {
-        start_again(root, plan, manifest)?;
+/// A new submission of the study, its skipped units said.
+pub fn submission(root: &Path, args: &SubmitArgs, verb: &str) -> Result<Submission> {
+    let sub = Submission::new(root, &request(args), verb, &mut say)?;
+    for line in sub.skipped() {
+        println!("{line}");
     }
-    if replace_changed {
-        for (name, to) in render::move_changed_aside(plan)? {
-            eprintln!(
-                "sweep: {name} ran something else: its directory is now {}",
-                to.display()
-            );
-        }
-    }
-    let rendered = render::render(plan)?;
-    let written = render::write(&rendered)?;
-    Ok((rendered, written, lock))
-}
-
-/// `--again`: refuses while runs of the study are still going; records the
-/// finished attempt's runs in the history (nothing is moved when that
-/// fails); moves the attempt aside.
-fn start_again(root: &Path, plan: &Plan, manifest: &Path) -> Result<()> {
-    let rendered = render::render_with(plan, render::OnChanged::Replace)?;
-    let (units, status) = units_of(plan, &rendered)?;
-    let going: Vec<&str> = units
-        .iter()
-        .zip(&status)
-        .filter(|(u, s)| u.kind == executor::UnitKind::Run && s.state.is_active())
-        .map(|(u, _)| u.name.as_str())
-        .collect();
-    if !going.is_empty() {
-        anyhow::bail!(
-            "{} run(s) of the study are still pending or running ({}): let them end, or `sweep cancel {}`, then measure again",
-            going.len(),
-            going.iter().take(5).copied().collect::<Vec<_>>().join(", "),
-            manifest.display()
-        );
-    }
-    if plan.study_dir.is_dir() {
-        let source = crate::report::Source::Manifest(manifest.to_path_buf());
-        let (path, added) = crate::report::record_history(root, &source)?;
-        eprintln!(
-            "sweep: the finished attempt's runs are in {} ({added} recorded now)",
-            path.display()
-        );
-    }
-    let (attempt, into) = render::start_next_attempt(plan)?;
-    eprintln!(
-        "sweep: attempt {attempt} moved to {}; measuring attempt {}",
-        into.display(),
-        attempt.saturating_add(1)
-    );
-    Ok(())
-}
-
-/// The study's lock for a command that writes it (`sweep <verb> <manifest>`):
-/// a second `sweep` writing the same study waits, saying for whom, so that no
-/// run is rendered or submitted twice at once.
-pub fn lock_study(plan: &Plan, verb: &str, manifest: &Path) -> Result<StudyLock> {
-    let what = format!("sweep {verb} {}", manifest.display());
-    let (lock, how) = StudyLock::acquire(&plan.study_dir, &what, |holder| {
-        eprintln!(
-            "sweep: {} is held by {}; waiting until it is done (Ctrl-C stops waiting)",
-            plan.study_dir.display(),
-            holder
-        )
-    })?;
-    if how == Acquired::Unsupported {
-        eprintln!(
-            "warning: the file system of {} does not support locks: make sure no other sweep submits this study at the same time",
-            plan.study_dir.display()
-        );
-    }
-    Ok(lock)
-}
-
-/// What `submit` and `run` act on: the rendered sweep, the executor, and
-/// what to do with each unit given its current state.
-pub(super) struct Submission {
-    pub plan: Plan,
-    pub units: Vec<Unit>,
-    pub status: Vec<Status>,
-    /// Chosen once: `--executor`, else the manifest's, else SLURM.
-    pub executor: Box<dyn Executor>,
-    pub kind: ExecutorKind,
-    pub decisions: Vec<Decision>,
-    /// The study's lock, held while this process submits (on the local
-    /// executor: runs) its jobs.
-    pub lock: Option<StudyLock>,
-}
-
-impl Submission {
-    /// `verb`: the command (`submit`, `run`), for a second `sweep` to name.
-    pub fn new(root: &Path, args: &SubmitArgs, verb: &str) -> Result<Submission> {
-        let plan = load_plan(root, &args.manifest, args.allow_oom)?;
-        let kind = args
-            .executor
-            .or(plan.manifest.executor)
-            .unwrap_or(ExecutorKind::Slurm);
-        if kind == ExecutorKind::Slurm {
-            check_packed_time(&plan)?;
-        }
-        // Decided under the lock: what another sweep submitted is seen.
-        let (rendered, _, lock) = write_under_lock(
-            &plan,
-            verb,
-            &args.manifest,
-            args.replace_changed,
-            args.again.then_some(root),
-        )?;
-        let (units, status) = units_of(&plan, &rendered)?;
-        let local = local::LocalOptions {
-            parallel: args.parallel.unwrap_or(plan.manifest.local.parallel).max(1),
-            threads: plan.manifest.local.threads,
-        };
-        let opts = SubmitOptions {
-            retry_failed: args.retry_failed,
-            dry_run: args.dry_run,
-        };
-        let decisions = executor::decide(&units, &status, opts, |u| stage_ready(&plan, u));
-        report_decisions(&units, &decisions);
-        Ok(Submission {
-            plan,
-            units,
-            status,
-            executor: executor::for_kind(kind, local),
-            kind,
-            decisions,
-            lock: Some(lock),
-        })
-    }
-
-    pub fn todo(&self) -> usize {
-        self.decisions
-            .iter()
-            .filter(|d| **d == Decision::Submit)
-            .count()
-    }
+    Ok(sub)
 }
 
 pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
-    let mut sub = Submission::new(root, args, "submit")?;
+    let mut sub = submission(root, args, "submit")?;
     if sub.todo() == 0 {
         println!("nothing to submit");
         return Ok(ExitCode::SUCCESS);
@@ -454,7 +276,7 @@ pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
     if let Some(sig) = done.interrupted {
         eprintln!(
             "{}",
-            interrupted_note(sig, &done.outcomes, "submit", &args.manifest)
+            study::interrupted_note(sig, &done.outcomes, "submit", &args.manifest)
         );
         return Ok(ExitCode::from(130));
     }
@@ -477,34 +299,6 @@ pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
-}
-
-/// What a stop signal did to the local jobs, and what to type to go on.
-pub fn interrupted_note(
-    sig: i32,
-    outcomes: &[local::Outcome],
-    verb: &str,
-    manifest: &Path,
-) -> String {
-    let interrupted: Vec<&local::Outcome> = outcomes
-        .iter()
-        .filter(|o| o.status.state == State::Interrupted)
-        .collect();
-    let started = interrupted.iter().filter(|o| o.seconds > 0.0).count();
-    let checkpointed = interrupted
-        .iter()
-        .filter(|o| o.status.exit_code == Some(crate::config::REQUEUE_EXIT))
-        .count();
-    let mut what = format!(
-        "sweep: {} stopped the local jobs: {started} running (stopped; {checkpointed} wrote a checkpoint) and {} not started",
-        crate::util::signals::name(sig),
-        interrupted.len() - started
-    );
-    what.push_str(&format!(
-        ". They are INTERRUPTED, not failed: `sweep {verb} {}` continues them (completed runs are kept, checkpointed ones resume)",
-        manifest.display()
-    ));
-    what
 }
 
 /// One line per submitted job, or per local job as it starts and ends.
@@ -548,53 +342,17 @@ fn print_event(e: Event<'_>, dry_run: bool) {
     }
 }
 
-/// Whether a stage's output exists and its metadata matches the stage's
-/// inputs (the pretokenize stage's cache key); anything else runs it again.
-fn stage_ready(plan: &Plan, u: &Unit) -> bool {
-    let Some(s) = plan.stages.iter().find(|s| s.dir == u.dir) else {
-        return false;
-    };
-    let Ok(tok) = crate::data::TextTokenizer::load(&s.tokenizer, &s.specials) else {
-        return false;
-    };
-    crate::data::pretokenize::expected_meta(
-        &s.dataset,
-        &s.text_column,
-        &tok,
-        s.sequence_length,
-        s.format,
-    )
-    .is_ok_and(|want| crate::data::pretokenize::stale_reason(&s.output, &want).is_none())
-}
-
-fn report_decisions(units: &[Unit], decisions: &[Decision]) {
-    for (u, d) in units.iter().zip(decisions) {
-        match d {
-            Decision::Skip(s) if *s != State::Unsubmitted => println!("skip {} ({s})", u.name),
-            Decision::SkipFailed(s) => {
-                println!("skip {} ({s}; --retry-failed resubmits it)", u.name)
-            }
-            Decision::Blocked => println!(
-                "skip {} (its stage failed; --retry-failed resubmits both)",
-                u.name
-            ),
-            Decision::Cached => println!("skip {} (output already present)", u.name),
-            _ => {}
-        }
-    }
-}
-
 pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
-    let (_plan, units, status) = prepare(root, manifest)?;
+    let units = study::status(root, manifest)?;
     if json {
         let rows: Vec<_> = units
             .iter()
-            .zip(&status)
-            .map(|(u, s)| {
+            .map(|x| {
+                let (u, s) = (&x.unit, &x.status);
                 json!({
                     "name": u.name, "id": u.id, "kind": u.kind, "state": s.state,
                     "exit_code": s.exit_code, "signal": s.signal, "reason": s.reason,
-                    "job_id": s.job_id, "dir": u.dir, "packed_block": packed_block(u),
+                    "job_id": s.job_id, "dir": u.dir, "packed_block": x.packed_block,
                 })
             })
             .collect();
@@ -608,18 +366,18 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
         "job".into(),
     ]);
     let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
-    for (u, s) in units.iter().zip(&status) {
-        let mut job = s.job_id.clone().unwrap_or_default();
-        if let Some(b) = packed_block(u) {
+    for x in &units {
+        let mut job = x.status.job_id.clone().unwrap_or_default();
+        if let Some(b) = x.packed_block {
             job.push_str(&format!(" (block {b})"));
         }
         t.add_row(vec![
-            u.name.clone(),
-            u.kind.as_str().into(),
-            s.describe(),
+            x.unit.name.clone(),
+            x.unit.kind.as_str().into(),
+            x.status.describe(),
             job,
         ]);
-        *counts.entry(s.state.as_str()).or_default() += 1;
+        *counts.entry(x.status.state.as_str()).or_default() += 1;
     }
     println!("{t}");
     println!(
@@ -633,14 +391,8 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The packed block whose job ran (or runs) the unit last.
-fn packed_block(u: &Unit) -> Option<u32> {
-    u.record.last_job().and_then(|j| j.block)
-}
-
 pub fn cancel(root: &Path, manifest: &Path) -> Result<ExitCode> {
-    let (_plan, units, status) = prepare(root, manifest)?;
-    let cancelled = executor::cancel(&units, &status)?;
+    let cancelled = study::cancel(root, manifest)?;
     if cancelled.is_empty() {
         println!("nothing pending or running");
     } else {

@@ -1,0 +1,248 @@
+//! Following a study's jobs until nothing is pending or running (`sweep
+//! run`): submitting what is due, polling the scheduler, rewriting the
+//! live page as runs end; what it sees goes to a [`Follow`] (the
+//! terminal's live view).
+
+use super::Submission;
+use crate::executor::{self, local, Event, State, UnitKind};
+use crate::report::{self, Source};
+use crate::util::signals::{self, StopSignals};
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What follows a sweep as it goes.
+pub trait Follow {
+    /// Every unit's state, in the submission's order.
+    fn states(&mut self, states: &[State]);
+    /// A line about a job (submitted, ended).
+    fn line(&mut self, line: &str);
+}
+
+/// The study's attempt (count and id) as its `study.json` says now.
+pub fn current_attempt(sub: &Submission) -> Result<(u32, Option<String>)> {
+    let record = crate::plan::record::StudyRecord::load(&sub.plan.study_dir)?;
+    Ok(record.map_or((1, None), |r| (r.attempt, r.attempt_id)))
+}
+
+/// Why watching ended before the sweep did.
+pub enum Stopped {
+    /// A stop signal ended the local jobs (INTERRUPTED now).
+    LocalJobs(i32, Vec<crate::executor::local::Outcome>),
+    /// A stop signal ended the watching; the jobs go on without it.
+    Watching(i32),
+}
+
+impl Stopped {
+    /// What happened, and what to type to go on.
+    pub fn note(&self, manifest: &Path) -> String {
+        match self {
+            Stopped::LocalJobs(sig, outcomes) => {
+                super::interrupted_note(*sig, outcomes, "run", manifest)
+            }
+            Stopped::Watching(sig) => format!(
+                "sweep: {} stopped the watching; the jobs go on (`sweep status {m}`, `sweep cancel {m}`), and `sweep run {m}` again follows them until they end, then reports",
+                crate::util::signals::name(*sig),
+                m = manifest.display()
+            ),
+        }
+    }
+}
+
+/// Submits the due units, then follows everything pending or running — what
+/// this submitted, and jobs an earlier `sweep` left going — until nothing
+/// is. Returns why it stopped early, if it did.
+pub fn watch(
+    sub: &mut Submission,
+    view: &mut dyn Follow,
+    page: &mut LivePage,
+) -> Result<Option<Stopped>> {
+    if sub.todo() > 0 {
+        let done = submit(sub, view, page)?;
+        if let Some(sig) = done.interrupted {
+            return Ok(Some(Stopped::LocalJobs(sig, done.outcomes)));
+        }
+    }
+    // Submitting SLURM jobs is over: another sweep may submit this study
+    // while their jobs run (for hours). Local runs have ended here: the
+    // lock is kept until the report is written.
+    if sub.kind == crate::manifest::ExecutorKind::Slurm {
+        sub.lock = None;
+    }
+    poll(sub, view, page)
+}
+
+/// Submits (SLURM) or runs (local) the due units, following them in the view.
+fn submit(
+    sub: &mut Submission,
+    view: &mut dyn Follow,
+    page: &mut LivePage,
+) -> Result<executor::Submitted> {
+    let dirs: Vec<PathBuf> = sub.units.iter().map(|u| u.dir.clone()).collect();
+    let before: Vec<State> = sub.status.iter().map(|s| s.state).collect();
+    let submitted: Vec<bool> = sub
+        .decisions
+        .iter()
+        .map(|d| *d == executor::Decision::Submit)
+        .collect();
+    // Units left alone keep the state they had; the others are read back
+    // from their directories (many times a second: no process checks).
+    let current = |i: usize| {
+        if submitted[i] {
+            local::peek_state(&dirs[i]).unwrap_or(State::Pending)
+        } else {
+            before[i]
+        }
+    };
+    sub.executor.submit(
+        &sub.plan.study_dir,
+        &mut sub.units,
+        &sub.decisions,
+        false,
+        &mut |e| match e {
+            Event::Submitted(job) => view.line(&format!(
+                "submitted job {} ({} units)",
+                job.job_id,
+                job.units.len()
+            )),
+            Event::Ended(o) => {
+                view.line(&format!(
+                    "{:<9} {} ({:.1} s)",
+                    o.status.describe(),
+                    o.name,
+                    o.seconds
+                ));
+                if let Some(line) = &o.last_log_line {
+                    view.line(&format!("          {line}"));
+                }
+                page.changed();
+            }
+            Event::Tick => {
+                view.states(&(0..dirs.len()).map(current).collect::<Vec<_>>());
+                page.tick();
+            }
+            Event::Started(_) | Event::WouldRun { .. } => {}
+        },
+    )
+}
+
+/// Polls the whole sweep (one scheduler query per round) until nothing is
+/// pending or running. Returns the signal that stopped the watching, if one did.
+fn poll(sub: &Submission, view: &mut dyn Follow, page: &mut LivePage) -> Result<Option<Stopped>> {
+    let stop = StopSignals::install_interactive(&signals::INTERRUPTS)?;
+    let mut before: Vec<State> = Vec::new();
+    loop {
+        let states: Vec<State> = executor::statuses(&sub.units)?
+            .iter()
+            .map(|s| s.state)
+            .collect();
+        view.states(&states);
+        if states != before {
+            page.changed();
+            before = states.clone();
+        } else {
+            page.tick();
+        }
+        if states.iter().all(|s| !s.is_active()) {
+            return Ok(None);
+        }
+        // Checked often, waited on rarely: a signal is answered at once.
+        for _ in 0..20 {
+            if let Some(sig) = stop.received() {
+                if sig == signals::SIGHUP {
+                    signals::detach_from_terminal();
+                }
+                return Ok(Some(Stopped::Watching(sig)));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Takes the study's lock again (if submitting let it go) for the report,
+/// which is of the attempt this sweep followed: a `sweep run --again` that
+/// began the next one while the lock was free (SLURM jobs, once they had
+/// all ended) has recorded and kept it. Returns the attempt begun since,
+/// if one was.
+pub fn hold_for_report(
+    sub: &mut Submission,
+    followed: &(u32, Option<String>),
+    manifest: &Path,
+    say: super::Say,
+) -> Result<Option<u32>> {
+    if sub.lock.is_none() {
+        sub.lock = Some(super::lock_study(&sub.plan, "run", manifest, say)?);
+    }
+    let now = current_attempt(sub)?;
+    Ok((now != *followed).then_some(now.0))
+}
+
+/// Whether every run of the study completed (stages aside).
+pub fn all_done(sub: &Submission) -> Result<bool> {
+    Ok(executor::statuses(&sub.units)?
+        .iter()
+        .zip(&sub.units)
+        .all(|(s, u)| u.kind == UnitKind::Stage || s.state == State::Completed))
+}
+
+/// The report `sweep run` writes: the manifest's settings, with plots;
+/// `live` while runs go on (the page reloads itself).
+pub fn report_options(live: bool) -> report::Options {
+    report::Options {
+        skip_first: None,
+        baseline: None,
+        group_by: vec![],
+        out: None,
+        plots: true,
+        live,
+    }
+}
+
+/// `report.html` rewritten as runs end while the sweep is watched (it
+/// reloads itself meanwhile), at most every few seconds. A report that
+/// cannot be written yet (no run has metrics) is no reason to stop watching.
+pub struct LivePage {
+    root: PathBuf,
+    manifest: PathBuf,
+    last: Option<Instant>,
+    pending: bool,
+}
+
+impl LivePage {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    pub fn new(root: &Path, manifest: &Path) -> LivePage {
+        LivePage {
+            root: root.to_path_buf(),
+            manifest: manifest.to_path_buf(),
+            last: None,
+            pending: false,
+        }
+    }
+
+    /// A run ended: the page is due.
+    fn changed(&mut self) {
+        self.pending = true;
+        self.tick();
+    }
+
+    /// Writes the page when it is due and the last one is old enough.
+    fn tick(&mut self) {
+        if !self.pending || self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return;
+        }
+        let source = Source::Manifest(self.manifest.clone());
+        // Errors are for the final report to show.
+        let _ = report::run(&self.root, &source, &report_options(true));
+        (self.last, self.pending) = (Some(Instant::now()), false);
+    }
+
+    /// Watching stopped before the sweep ended: a page written live stops
+    /// reloading (it is a snapshot now; `sweep report` renders it again).
+    pub fn settle(&mut self) {
+        if self.last.is_some() {
+            let source = Source::Manifest(self.manifest.clone());
+            let _ = report::run(&self.root, &source, &report_options(false));
+        }
+    }
+}
