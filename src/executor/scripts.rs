@@ -117,6 +117,16 @@ fn write(study_dir: &Path, dir: &str, stem: &str, text: &str, dry_run: bool) -> 
 mod tests {
     use super::*;
 
+    /// What bash reads without running it: the script is well-formed.
+    fn parses(path: &Path) {
+        let out = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(out.success(), "bash -n {}", path.display());
+    }
+
     #[test]
     fn the_block_script_lists_its_runs_in_order_and_goes_on_after_a_failure() {
         let tmp = tempfile::tempdir().unwrap();
@@ -138,12 +148,7 @@ mod tests {
         assert!(s.contains("sweep: block 3 done"), "{s}");
         // The same block, the same script: written once.
         assert_eq!(block(tmp.path(), 3, &head, &dirs, false).unwrap(), path);
-        let out = std::process::Command::new("bash")
-            .arg("-n")
-            .arg(&path)
-            .status()
-            .unwrap();
-        assert!(out.success(), "bash -n {}", path.display());
+        parses(&path);
     }
 
     #[test]
@@ -164,11 +169,6 @@ mod tests {
             s.ends_with("exec bash \"${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}/job.sbatch\"\n"),
             "{s}"
         );
-        let out = std::process::Command::new("bash")
-            .arg("-n")
-            .arg(&path)
-            .status()
-            .unwrap();
-        assert!(out.success(), "bash -n {}", path.display());
+        parses(&path);
     }
 }
