@@ -99,5 +99,5 @@ fn print_report(root: &Path, manifest: &Path) -> Result<ExitCode> {
         println!("charts: {} (PNG and SVG)", dir.display());
     }
     println!("the report, one page: {}", rep.page.display());
-    Ok(super::history_note(&rep))
+    Ok(super::report_cmds::history_note(&rep))
 }

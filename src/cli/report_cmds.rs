@@ -1,0 +1,211 @@
+//! report, compare, check, history: the commands that read results, as
+//! `crate::report` does them, printed.
+
+use super::{CheckCli, HistoryCli, ReportCli};
+use std::process::ExitCode;
+
+pub(super) fn compare_cmd(
+    root: &std::path::Path,
+    a: &std::path::Path,
+    b: &std::path::Path,
+    skip_first: Option<usize>,
+    threshold: f64,
+    plots: bool,
+) -> anyhow::Result<ExitCode> {
+    use crate::report::compare;
+    let cmp = compare::run(
+        root,
+        &source_of(a),
+        &source_of(b),
+        skip_first,
+        threshold,
+        plots,
+    )?;
+    // The markdown lists each side's problems too.
+    println!("{}", compare::markdown(&cmp));
+    for f in &cmp.files {
+        println!("wrote {}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a command given a study takes: a directory is a study's results,
+/// anything else its manifest.
+fn source_of(p: &std::path::Path) -> crate::report::Source {
+    match p.is_dir() {
+        true => crate::report::Source::ResultsDir(p.to_path_buf()),
+        false => crate::report::Source::Manifest(p.to_path_buf()),
+    }
+}
+
+pub(super) fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
+    use crate::report::check::{self, Reference};
+    let opts = check::Options {
+        reference: match &c.against {
+            Some(a) => Reference::Study(source_of(a)),
+            None => Reference::History { last: c.last },
+        },
+        threshold_pct: c.threshold,
+        skip_first: c.skip_first,
+    };
+    // Checked before the check runs (a check of a long history should not
+    // end in "cannot write"): both outputs together, against the rule every
+    // output follows and the studies read.
+    use crate::util::outputs::{self, Output};
+    let outputs: Vec<Output> = [("--junit", &c.junit), ("--html", &c.html)]
+        .into_iter()
+        .filter_map(|(flag, p)| Some(Output::new(flag, p.as_deref()?)))
+        .collect();
+    let mut inputs = vec![c.target.as_path()];
+    inputs.extend(c.against.as_deref());
+    outputs::check(&outputs, &inputs, outputs::Allow::default())?;
+    let done = check::run(root, &source_of(&c.target), &opts)?;
+    let write = |path: &std::path::Path, bytes: &[u8]| -> anyhow::Result<()> {
+        outputs::write_checked(path, bytes)?;
+        eprintln!("wrote {}", path.display());
+        Ok(())
+    };
+    if let Some(path) = &c.junit {
+        write(path, check::junit(&done).as_bytes())?;
+    }
+    if let Some(path) = &c.html {
+        write(path, crate::report::page::check(&done).as_bytes())?;
+    }
+    match c.json {
+        true => println!("{}", serde_json::to_string_pretty(&check::to_json(&done))?),
+        false => println!("{}", check::text(&done)),
+    }
+    Ok(ExitCode::from(done.outcome().exit_status()))
+}
+
+pub(super) fn history_cmd(root: &std::path::Path, h: &HistoryCli) -> anyhow::Result<ExitCode> {
+    use crate::report::history::{self, Filter, History};
+    if let Some(dir) = &h.import {
+        if !dir.is_dir() {
+            anyhow::bail!(
+                "--import takes a results/<study> directory, not {}",
+                dir.display()
+            );
+        }
+        let (path, added) = crate::report::record_history(root, &source_of(dir))?;
+        println!("{added} run(s) recorded in {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (path, study) = match &h.target {
+        Some(t) => {
+            let source = source_of(t);
+            let dir = crate::report::study_dir(root, &source).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} is not a study (a manifest or a results/<study> directory)",
+                    t.display()
+                )
+            })?;
+            let name = crate::report::study_name(root, &source)?;
+            (history::path_for(&dir), Some(name))
+        }
+        None => (root.join("results").join(history::FILE), None),
+    };
+    let Some(store) = History::open_existing(&path)? else {
+        anyhow::bail!(
+            "there is no history at {} yet: every `sweep report` and `sweep run` records one",
+            path.display()
+        );
+    };
+    let filter = Filter {
+        study,
+        configuration: h.configuration.clone(),
+        system: h.system.clone(),
+        since: h.since.clone(),
+        ..Filter::default()
+    };
+    let attempts = store.attempts(&filter)?;
+    match h.json {
+        true => println!("{}", serde_json::to_string_pretty(&attempts)?),
+        false => println!("{}", crate::report::history::text(&attempts)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> {
+    use crate::report::{self, Source};
+    let source = match (&r.import, &r.target) {
+        (Some(glob), _) => Source::Import {
+            glob: glob.clone(),
+            format: match (r.log_format, &r.pattern) {
+                (Some(f), _) => f,
+                (None, Some(_)) => crate::report::LogFormat::Pattern,
+                (None, None) => crate::report::LogFormat::Reference,
+            },
+            pattern: r.pattern.clone(),
+            name: r.name.clone(),
+        },
+        (None, Some(t)) => source_of(t),
+        (None, None) => {
+            anyhow::bail!("give a manifest, a results/<study> directory, or --import GLOB")
+        }
+    };
+    let opts = report::Options {
+        live: false,
+        skip_first: r.skip_first,
+        baseline: r.baseline,
+        group_by: r.group_by,
+        out: r.out,
+        plots: !r.no_plots,
+    };
+    let rep = report::run(root, &source, &opts)?;
+    if r.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report::export::json_rows(&rep.summary))?
+        );
+        return Ok(history_note(&rep));
+    }
+    println!("{}", report::export::markdown_table(&rep.summary));
+    for p in &rep.summary.problems {
+        println!("note: {}", p.describe());
+    }
+    for st in &rep.summary.stragglers {
+        println!("straggler: {}", st.describe());
+    }
+    if let (Some(d), Some(pairing)) = (&rep.summary.design, rep.summary.pairing()) {
+        println!("{pairing}; where each block ran: {}", d.places_line());
+        if let Some(line) = d.effects_line() {
+            println!("place in block: {line}");
+        }
+    }
+    for h in &rep.summary.hints {
+        println!("hint: {h}");
+    }
+    println!(
+        "wrote {}",
+        rep.files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if !rep.charts.is_empty() {
+        let dir = rep.charts[0].files[0]
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        println!("{} charts (PNG and SVG) in {dir}", rep.charts.len());
+    }
+    Ok(history_note(&rep))
+}
+
+/// Says where a report's runs were recorded (stderr), or why they could
+/// not be: then the command fails, its report files written all the same.
+pub(super) fn history_note(rep: &crate::report::Report) -> ExitCode {
+    match &rep.history {
+        Some(Ok((path, added))) if *added > 0 => {
+            eprintln!("history: {added} run(s) recorded in {}", path.display());
+            ExitCode::SUCCESS
+        }
+        Some(Err(why)) => {
+            eprintln!("error: the runs were not recorded in the history: {why}");
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::SUCCESS,
+    }
+}
