@@ -1,0 +1,609 @@
+//! Reading a study: the runs a manifest plans, a results directory (a
+//! study's own or one copied from elsewhere) or imported logs, each run
+//! with its state, record and points, and the report settings that come
+//! with them.
+
+use super::{flops, ingest, page, summary};
+use crate::executor::{self, Status};
+use crate::manifest::{Manifest, Mode};
+use crate::plan::record::{RunRecord, StudyRecord, UnitKind};
+use crate::plan::Plan;
+use anyhow::{bail, Context, Result};
+use ingest::RunLog;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Our trainer's metrics.jsonl.
+    Jsonl,
+    /// The reference study's `Step: N | Loss: ... | Tokens per second: ...` lines.
+    Reference,
+    /// Lines matched by `--pattern` (a regex with named groups).
+    Pattern,
+}
+
+/// Where the runs come from.
+pub enum Source {
+    /// A manifest: its plan names the runs and their directories.
+    Manifest(PathBuf),
+    /// `results/<study>`: every run directory in it.
+    ResultsDir(PathBuf),
+    /// Files matching a glob, one run each.
+    Import {
+        glob: String,
+        format: LogFormat,
+        pattern: Option<String>,
+        name: String,
+    },
+}
+
+/// A results directory's study: its name (it names plots/<study>: whatever
+/// the directory is called, one plain name).
+pub(crate) fn dir_study_name(dir: &Path) -> String {
+    dir.canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .map_or_else(|| "study".into(), |n| crate::util::name::sanitize(&n))
+}
+
+/// Report settings a manifest may carry, and what the page says of it.
+#[derive(Default)]
+pub(crate) struct Spec {
+    pub(crate) axes: Option<Vec<String>>,
+    pub(crate) skip_first: Option<usize>,
+    pub(crate) baseline: Option<String>,
+    pub(crate) group_by: Vec<String>,
+    pub(crate) provenance: page::Provenance,
+    /// Log files named by the user (`--import`): no output may replace one.
+    pub(crate) inputs: Vec<PathBuf>,
+    /// Run directories left by an earlier version of the manifest: listed
+    /// among the problems, never averaged in.
+    pub(crate) stale: Vec<summary::Problem>,
+    /// The foreign log fields the line pattern names (`Point::extra`).
+    pub(crate) extras: Vec<String>,
+    /// Those of them charted.
+    pub(crate) charts: Vec<String>,
+    /// The study's directory (canonical), where it has one: its history
+    /// is beside it.
+    pub(crate) dir: Option<PathBuf>,
+}
+
+impl Spec {
+    /// Log points skipped per run: the flag's, else the manifest's, else the default.
+    pub(crate) fn skip_first(&self, flag: Option<usize>) -> usize {
+        flag.or(self.skip_first)
+            .unwrap_or(crate::manifest::DEFAULT_SKIP_FIRST)
+    }
+}
+
+pub(crate) fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
+    match source {
+        Source::Manifest(path) => load_manifest(root, path),
+        Source::ResultsDir(dir) => load_results_dir(dir),
+        Source::Import {
+            glob,
+            format,
+            pattern,
+            name,
+        } => {
+            crate::util::name::check(name).map_err(|why| anyhow::anyhow!("--name: {why}"))?;
+            let pattern = match pattern {
+                Some(p) => Some(
+                    ingest::pattern::Pattern::new(p, &crate::manifest::Roles::default()).map_err(
+                        |e| anyhow::anyhow!("--pattern is not a valid regular expression: {e}"),
+                    )?,
+                ),
+                None => None,
+            };
+            let (runs, inputs) = load_import(glob, *format, pattern.as_ref())?;
+            Ok((
+                name.clone(),
+                runs,
+                Spec {
+                    inputs,
+                    extras: pattern.map(|p| p.extras).unwrap_or_default(),
+                    ..Spec::default()
+                },
+            ))
+        }
+    }
+}
+
+/// The runs a manifest plans, read from their directories.
+fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
+    let m = Manifest::load(path, root)?;
+    // Reporting on runs is no time to refuse them for memory.
+    let plan = Plan::new(
+        m,
+        &crate::plan::PlanOptions::new(true, crate::config::RuntimeOptions::current()),
+    )?;
+    let states = planned_states(&plan);
+    let rs = &plan.manifest.report;
+    let pattern = match &plan.manifest.mode {
+        Mode::Command(_) => command_pattern(rs)?,
+        Mode::Train(_) => None,
+    };
+    let runs = plan
+        .runs
+        .par_iter()
+        .zip(states)
+        .map(|(r, (st, record))| {
+            let mut run = match &record {
+                Some(_) => read_run(&r.name, &r.dir, &plan.study_dir, st, pattern.as_ref()),
+                // Whatever the directory holds is not this run's.
+                None => RunLog {
+                    reason: st.reason.clone(),
+                    ..RunLog::new(&r.name, st)
+                },
+            };
+            run.identity = Some(r.identity.clone());
+            if let Some(rec) = &record {
+                (run.id, run.attempt) = (Some(r.id.clone()), rec.attempt);
+            }
+            run.block = r.block;
+            run.nodes = blocked_nodes(&run);
+            run.built = record.map(|rec| ingest::Built::of(&rec));
+            run.params = r.params.clone();
+            run.configuration = Some(r.configuration.clone());
+            if let crate::plan::Job::Command(_) = r.job {
+                flops::derive(&mut run, rs);
+            }
+            run.forecast_pct = match (&r.job, r.world_size()) {
+                (crate::plan::Job::Train(_), 1) => Some(100.0),
+                _ => r.scaling(&plan.manifest.hints).map(|f| f.efficiency_pct),
+            };
+            run
+        })
+        .collect();
+    let m = &plan.manifest;
+    let spec = Spec {
+        axes: Some(m.axis_keys().map(str::to_string).collect()),
+        skip_first: Some(rs.skip_first),
+        baseline: rs.baseline.clone(),
+        group_by: rs.group_by.clone(),
+        provenance: page::Provenance {
+            description: m.description.clone(),
+            manifest: Some((m.path.clone(), m.source.text.clone())),
+            devices: devices(&plan),
+            ..page::Provenance::default()
+        },
+        inputs: Vec::new(),
+        stale: Vec::new(),
+        extras: pattern.map(|p| p.extras).unwrap_or_default(),
+        charts: rs.charts.clone(),
+        dir: plan.study_dir.canonicalize().ok(),
+    };
+    Ok((plan.manifest.name.clone(), runs, spec))
+}
+
+/// How a command study's logs are read: its `[report] line_pattern` with
+/// its roles (none: `metrics.jsonl`, for programs that write sweep's own).
+fn command_pattern(rs: &crate::manifest::ReportSpec) -> Result<Option<ingest::pattern::Pattern>> {
+    rs.line_pattern
+        .as_deref()
+        .map(|p| ingest::pattern::Pattern::new(p, &rs.roles()).map_err(anyhow::Error::msg))
+        .transpose()
+}
+
+/// Each planned run's state, from the record `render` wrote in its
+/// directory (`run.json`, with its jobs), and whether the directory's files
+/// are that run's: a run not yet rendered is unsubmitted, and a directory
+/// that holds another run (of an earlier version of the manifest) or an
+/// unreadable record says so, its files left unread.
+fn planned_states(plan: &Plan) -> Vec<(Status, Option<RunRecord>)> {
+    use executor::State;
+    let loaded: Vec<Result<RunRecord, Status>> = plan
+        .runs
+        .iter()
+        .map(|r| match RunRecord::load_within(&r.dir, &plan.study_dir) {
+            Ok(Some(rec)) if rec.id == r.id => Ok(rec),
+            Ok(Some(rec)) => Err(Status::new(State::Unknown).with_reason(format!(
+                "its directory holds run {} of another version of the manifest: `sweep render` it again",
+                rec.id
+            ))),
+            Ok(None) => Err(Status::new(State::Unsubmitted)
+                .with_reason("not rendered yet: `sweep render` or `sweep run` it")),
+            Err(e) => Err(Status::new(State::Unknown).with_reason(format!("{e:#}"))),
+        })
+        .collect();
+    let records: Vec<(&RunRecord, &Path)> = loaded
+        .iter()
+        .zip(&plan.runs)
+        .filter_map(|(rec, r)| Some((rec.as_ref().ok()?, r.dir.as_path())))
+        .collect();
+    let mut known = states_or_unknown(&records).into_iter();
+    loaded
+        .into_iter()
+        .map(|rec| match rec {
+            Ok(rec) => (known.next().expect("a state per record"), Some(rec)),
+            Err(status) => (status, None),
+        })
+        .collect()
+}
+
+/// Where a plan's runs train, as their configurations say: `cpu`, `cuda
+/// (H100)`, with the SLURM partition when one is named.
+fn devices(plan: &Plan) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for r in &plan.runs {
+        let device = match &r.job {
+            crate::plan::Job::Train(cfg) => match (cfg.device, &cfg.gpu) {
+                (crate::config::DeviceKind::Cpu, _) => "cpu".to_string(),
+                (crate::config::DeviceKind::Cuda, Some(g)) => format!("cuda ({g})"),
+                (crate::config::DeviceKind::Cuda, None) => "cuda".to_string(),
+            },
+            crate::plan::Job::Command(_) => "a command's own devices".to_string(),
+        };
+        let d = match &r.slurm.partition {
+            Some(p) => format!("{device}, partition {p}"),
+            None => device,
+        };
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// Every run directory (with a `run.json`) of `results/<study>`. A
+/// directory whose `run.json` cannot be read is a run of its own, listed
+/// among the problems with why.
+fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
+    let study = dir_study_name(dir);
+    let mut found: Vec<(RunRecord, PathBuf)> = Vec::new();
+    let mut broken: Vec<RunLog> = Vec::new();
+    let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("listing {}", dir.display()))?;
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        // Only directories hold runs (stages/ holds stages).
+        if !e.file_type().is_ok_and(|t| t.is_dir())
+            || crate::layout::STUDY_DIRS.contains(&name.as_ref())
+        {
+            continue;
+        }
+        match RunRecord::load_within(&path, dir) {
+            Ok(Some(r)) if r.kind == UnitKind::Run => found.push((r, path)),
+            Ok(Some(_)) => {}
+            // A run directory whose record is gone (a directory sweep never
+            // made holds no logs it reads either): named, counted missing.
+            Ok(None) if has_run_logs(&path) => broken.push(RunLog::unreadable(
+                name,
+                format!(
+                    "{} holds logs but no run.json (the run's record): counted as missing, its logs unread",
+                    path.display()
+                ),
+            )),
+            Ok(None) => {}
+            Err(why) => broken.push(RunLog::unreadable(name, format!("{why:#}"))),
+        }
+    }
+    if found.is_empty() && broken.is_empty() {
+        bail!(
+            "{} holds no run directories (run.json); give the manifest or `sweep render` first",
+            dir.display()
+        );
+    }
+    // The manifest that last rendered the directory says which runs are
+    // its own and how to report them.
+    let record = StudyRecord::load(dir)?;
+    let mut stale = Vec::new();
+    if let Some(rec) = &record {
+        // Runs the study rendered whose directory (or record) is gone.
+        let seen: std::collections::HashSet<&str> =
+            found.iter().map(|(r, _)| r.id.as_str()).collect();
+        let gone = rec
+            .runs
+            .iter()
+            .filter(|id| !seen.contains(id.as_str()))
+            .count();
+        if gone > 0 {
+            stale.push(summary::Problem {
+                run: format!("{gone} run(s)"),
+                state: "MISSING".into(),
+                reason: format!(
+                    "{gone} of the {} runs the manifest last rendered have no directory with a run.json here: \
+                     moved or removed, they are not counted",
+                    rec.runs.len()
+                ),
+            });
+        }
+        found.retain(|(r, _)| {
+            let current = rec.runs.contains(&r.id);
+            if !current {
+                stale.push(summary::Problem {
+                    run: r.name.clone(),
+                    state: "STALE".into(),
+                    reason: format!(
+                        "a run of an earlier version of {} (not among the runs it last rendered): left out; move it away or render it again",
+                        rec.manifest.path
+                    ),
+                });
+            }
+            current
+        });
+    }
+    found.sort_by(|a, b| {
+        a.0.created_at
+            .cmp(&b.0.created_at)
+            .then(a.0.name.cmp(&b.0.name))
+    });
+    let records: Vec<(&RunRecord, &Path)> = found.iter().map(|(r, d)| (r, d.as_path())).collect();
+    let states = states_or_unknown(&records);
+    // A command study's logs are read as its manifest said.
+    let command = record.as_ref().and_then(|r| r.command_report.clone());
+    let pattern = match &command {
+        Some(rs) => command_pattern(rs)?,
+        None => None,
+    };
+    let mut runs: Vec<RunLog> = found
+        .par_iter()
+        .zip(states)
+        .map(|((r, d), st)| {
+            let mut run = read_run(&r.name, d, dir, st, pattern.as_ref());
+            run.identity = r.identity.clone();
+            (run.id, run.attempt) = (Some(r.id.clone()), r.attempt);
+            run.block = r.block;
+            run.nodes = blocked_nodes(&run);
+            run.built = Some(ingest::Built::of(r));
+            run.params = r.params.clone();
+            run.configuration = r.configuration.clone();
+            if let Some(rs) = &command {
+                flops::derive(&mut run, rs);
+            }
+            run
+        })
+        .collect();
+    broken.sort_by(|a, b| a.name.cmp(&b.name));
+    runs.extend(broken);
+    let spec = match record {
+        Some(rec) => Spec {
+            axes: Some(rec.axes),
+            skip_first: Some(rec.skip_first),
+            baseline: rec.baseline,
+            group_by: rec.group_by,
+            stale,
+            extras: pattern.map(|p| p.extras).unwrap_or_default(),
+            charts: command.map(|rs| rs.charts).unwrap_or_default(),
+            ..Spec::default()
+        },
+        None => Spec::default(),
+    };
+    let spec = Spec {
+        dir: dir.canonicalize().ok(),
+        ..spec
+    };
+    Ok((study, runs, spec))
+}
+
+/// Whether a directory holds what a run writes (its metrics or a job's
+/// log): a run's directory whose record is gone.
+fn has_run_logs(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name == crate::train::record::METRICS_FILE
+                || name == crate::layout::ENVIRONMENT_JSON
+                || name.ends_with(".out")
+        })
+    })
+}
+
+/// The runs of imported files: their stems (`lsai_1n_bs8.out` is
+/// `lsai_1n_bs8`) where those are distinct, else each file's path relative
+/// to the files' common directory, without its extension (twelve
+/// `node*/local.out` are `node1/local`, `node2/local`, ...).
+fn import_names(paths: &[PathBuf]) -> Vec<String> {
+    let stem = |p: &Path| {
+        p.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let stems: Vec<String> = paths.iter().map(|p| stem(p)).collect();
+    let mut distinct = stems.clone();
+    distinct.sort();
+    distinct.dedup();
+    if distinct.len() == stems.len() {
+        return stems;
+    }
+    // The longest directory every file is in.
+    let mut common: Vec<std::path::Component> = paths[0]
+        .parent()
+        .map(|d| d.components().collect())
+        .unwrap_or_default();
+    for p in &paths[1..] {
+        let dir: Vec<_> = p
+            .parent()
+            .map(|d| d.components().collect())
+            .unwrap_or_default();
+        let same = common.iter().zip(&dir).take_while(|(a, b)| a == b).count();
+        common.truncate(same);
+    }
+    let common: PathBuf = common.iter().collect();
+    paths
+        .iter()
+        .map(|p| {
+            let relative = p.strip_prefix(&common).unwrap_or(p);
+            relative.with_extension("").to_string_lossy().into_owned()
+        })
+        .collect()
+}
+
+/// Foreign log files, one run each (named after the file), and their paths.
+/// A file that cannot be read is a run with its reason, listed among the
+/// report's problems.
+fn load_import(
+    glob: &str,
+    format: LogFormat,
+    pattern: Option<&ingest::pattern::Pattern>,
+) -> Result<(Vec<RunLog>, Vec<PathBuf>)> {
+    let re = match (format, pattern) {
+        (LogFormat::Pattern, Some(p)) => Some(p),
+        (LogFormat::Pattern, None) => {
+            bail!("--log-format pattern needs --pattern '<regex with named groups>'")
+        }
+        (other, Some(_)) => bail!(
+            "--pattern reads lines with a regex, and --log-format {} reads its own: drop one",
+            match other {
+                LogFormat::Jsonl => "jsonl",
+                _ => "reference",
+            }
+        ),
+        _ => None,
+    };
+    let mut paths: Vec<PathBuf> = glob::glob(glob)
+        .with_context(|| format!("bad glob `{glob}`"))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("listing the files of `{glob}`"))?;
+    paths.sort();
+    if paths.is_empty() {
+        bail!("no files match `{glob}`");
+    }
+    let names = import_names(&paths);
+    let runs = paths
+        .iter()
+        .zip(names)
+        .map(|(p, name)| {
+            // The user named these files: links may lead anywhere.
+            let bytes = match ingest::read_log(p, None) {
+                Ok(b) => b,
+                Err(why) => return RunLog::unreadable(name, why),
+            };
+            let completed = Status::new(executor::State::Completed);
+            match (format, &re) {
+                (LogFormat::Reference, _) => ingest::reference::parse(&name, &bytes, p),
+                (LogFormat::Jsonl, _) => {
+                    let log = ingest::jsonl::parse(&bytes);
+                    RunLog {
+                        points: log.points,
+                        ranks: log.ranks,
+                        torn: log.torn,
+                        issues: log.omitted.describe(p),
+                        ..RunLog::new(name, completed)
+                    }
+                }
+                (LogFormat::Pattern, re) => {
+                    let (points, omitted) =
+                        ingest::pattern::parse(re.as_ref().expect("checked above"), &bytes);
+                    RunLog {
+                        points,
+                        issues: omitted.describe(p),
+                        ..RunLog::new(name, completed)
+                    }
+                }
+            }
+        })
+        .collect();
+    Ok((runs, paths))
+}
+
+/// Run states from the executors; a scheduler that cannot be asked makes
+/// them unknown rather than failing the report.
+fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
+    match executor::record_statuses(records) {
+        Ok(s) => s,
+        Err(e) => records
+            .iter()
+            .map(|_| {
+                Status::new(executor::State::Unknown)
+                    .with_reason(format!("status unavailable: {e:#}"))
+            })
+            .collect(),
+    }
+}
+
+/// A run's points: metrics.jsonl, or its job logs matched by `pattern`. A
+/// file that exists but cannot be read (or leads outside `study_dir`) is an
+/// issue of the run, never an empty run.
+/// Where a run of a blocked design ran: its allocation's nodes as its job
+/// recorded them (`environment.json`), else its host; none for other runs
+/// (one file read per run saved) or a run that recorded nothing.
+fn blocked_nodes(run: &RunLog) -> Vec<String> {
+    let (Some(_), Some(dir)) = (run.block, &run.dir) else {
+        return Vec::new();
+    };
+    match crate::executor::fingerprint::Fingerprint::load(dir) {
+        Ok(Some(f)) if !f.nodes.is_empty() => f.nodes,
+        Ok(Some(f)) => vec![f.host],
+        _ => Vec::new(),
+    }
+}
+
+fn read_run(
+    name: &str,
+    dir: &Path,
+    study_dir: &Path,
+    status: Status,
+    pattern: Option<&ingest::pattern::Pattern>,
+) -> RunLog {
+    let mut run = RunLog {
+        reason: status.reason.clone(),
+        dir: Some(dir.to_path_buf()),
+        ..RunLog::new(name, status)
+    };
+    match pattern {
+        Some(re) => {
+            let mut logs: Vec<PathBuf> = Vec::new();
+            match std::fs::read_dir(dir) {
+                Ok(entries) => {
+                    for e in entries {
+                        match e {
+                            Ok(e) if e.path().extension().is_some_and(|x| x == "out") => {
+                                logs.push(e.path())
+                            }
+                            Ok(_) => {}
+                            Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
+            }
+            logs.sort();
+            for l in logs {
+                match ingest::read_log(&l, Some(study_dir)) {
+                    Ok(bytes) => {
+                        let (points, omitted) = ingest::pattern::parse(re, &bytes);
+                        run.points.extend(points);
+                        run.issues.extend(omitted.describe(&l));
+                    }
+                    Err(why) => run.issues.push(why),
+                }
+            }
+        }
+        None => {
+            let path = dir.join(crate::train::record::METRICS_FILE);
+            match ingest::read_log(&path, Some(study_dir)) {
+                Ok(bytes) => {
+                    let log = ingest::jsonl::parse(&bytes);
+                    run.points = log.points;
+                    run.ranks = log.ranks;
+                    run.torn = log.torn;
+                    run.issues.extend(log.omitted.describe(&path));
+                    run.issues.extend(log.notes);
+                }
+                Err(_) if !path.exists() && path.symlink_metadata().is_err() => {
+                    if run.reason.is_none() {
+                        run.reason = Some(match run.status.state.is_active() {
+                            true => "no metrics.jsonl yet".into(),
+                            false => {
+                                "no metrics.jsonl: the run wrote none (its log says why)".into()
+                            }
+                        });
+                    }
+                }
+                Err(why) => run.issues.push(why),
+            }
+        }
+    }
+    if run.points.is_empty() && run.reason.is_none() && run.issues.is_empty() {
+        run.reason = Some(match run.status.state.is_active() {
+            true => "no metrics yet".into(),
+            false => "no metrics".into(),
+        });
+    }
+    run
+}
