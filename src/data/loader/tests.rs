@@ -1,4 +1,4 @@
-//! Tests of the four loaders: samples, order, padding and what they refuse.
+//! Tests of the loaders: shards, the global and contiguous orders, resuming, prefetching and bad input.
 
 use super::*;
 use crate::data::tokenizer::tests::mistral;
