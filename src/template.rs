@@ -166,17 +166,40 @@ pub fn shell_quote(s: &str) -> String {
     }
 }
 
-/// The shell line that starts a job's program. A single simple command is
-/// `exec`ed, so that signals from SLURM (SIGUSR1 before the time limit,
-/// SIGTERM on preemption) reach the program itself rather than a shell that
-/// would die of them; a compound command line runs as written.
+/// The shell line that starts a job's program (under `bash -c`). A single
+/// simple command is `exec`ed, so that signals from SLURM (SIGUSR1 before
+/// the time limit, SIGTERM on preemption) reach the program itself rather
+/// than a shell that would die of them — through `env` where it starts
+/// with variable assignments (`OMP_NUM_THREADS=4 python3 train.py`: `exec`
+/// takes no assignments), and not at all for a shell builtin, which `exec`
+/// cannot start. A compound command line runs as written, under `pipefail`:
+/// a program that fails before a pipe (`train.py | tee log`) fails the run,
+/// not only the last command of the pipe.
 pub fn launch_line(command: &str) -> String {
     let compound = command.contains(['\n', ';', '&', '|', '(', '`']) || command.contains("$(");
     if compound {
-        command.to_string()
-    } else {
-        format!("exec {command}")
+        return format!("set -o pipefail\n{command}");
     }
+    let first = command.split_whitespace().next().unwrap_or_default();
+    let assigns = first.split_once('=').is_some_and(|(name, _)| is_name(name));
+    const BUILTINS: [&str; 16] = [
+        "cd", "source", ".", "export", "set", "unset", "ulimit", "umask", "eval", "exit", "return",
+        "trap", "alias", "declare", "local", "readonly",
+    ];
+    match (assigns, BUILTINS.contains(&first) || first.is_empty()) {
+        (true, _) => format!("exec env {command}"),
+        (false, true) => command.to_string(),
+        (false, false) => format!("exec {command}"),
+    }
+}
+
+/// Whether `s` is a shell variable's name.
+fn is_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// A one-line description of a minijinja error with its template and line.
@@ -241,14 +264,36 @@ mod tests {
     }
 
     #[test]
-    fn only_simple_commands_are_execed() {
+    fn only_simple_commands_are_execed_and_pipes_fail_with_their_programs() {
         assert_eq!(
             launch_line("sweep train --config 'a b'"),
             "exec sweep train --config 'a b'"
         );
-        assert_eq!(launch_line("echo a; exit 3"), "echo a; exit 3");
-        assert_eq!(launch_line("a && b"), "a && b");
-        assert_eq!(launch_line("x | y"), "x | y");
+        assert_eq!(
+            launch_line("OMP_NUM_THREADS=4 A='x y' python3 train.py"),
+            "exec env OMP_NUM_THREADS=4 A='x y' python3 train.py"
+        );
+        assert_eq!(launch_line("source env.sh"), "source env.sh");
+        assert_eq!(launch_line("x=1+1"), "exec env x=1+1");
+        assert_eq!(launch_line("1=a prog"), "exec 1=a prog");
+        for compound in ["echo a; exit 3", "a && b", "x | y", "a\nb"] {
+            assert_eq!(
+                launch_line(compound),
+                format!("set -o pipefail\n{compound}")
+            );
+        }
+        // What bash makes of them: the failing program's status, the
+        // assignment seen by the program.
+        let run = |command: &str| {
+            std::process::Command::new("bash")
+                .args(["-c", &launch_line(command)])
+                .output()
+                .unwrap()
+        };
+        assert_eq!(run("(exit 3) | cat").status.code(), Some(3));
+        assert_eq!(run("true | cat").status.code(), Some(0));
+        let o = run("SWEEP_X='a b' printenv SWEEP_X");
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "a b\n");
     }
 
     #[test]

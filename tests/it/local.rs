@@ -47,6 +47,44 @@ fn local_runs_record_exit_codes_and_resubmit_only_what_failed() {
     );
 }
 
+/// A program that fails before a pipe fails its run (the history would
+/// otherwise record a crash as a measurement), and a command that sets
+/// variables before its program runs it (`exec` takes no assignments).
+#[test]
+fn a_crash_behind_a_pipe_fails_and_assignments_before_a_command_work() {
+    let root = project();
+    let study = |name: &str, command: &str| {
+        let m = root.path().join(format!("{name}.toml"));
+        write(
+            &m,
+            &format!("name = \"{name}\"\nexecutor = \"local\"\ncommand = \"{command}\"\n"),
+        );
+        let out = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
+        let log =
+            std::fs::read_to_string(root.path().join("results").join(name).join("run/local.out"))
+                .unwrap();
+        (
+            out.status.code(),
+            status(root.path(), &m)["run"].clone(),
+            log,
+        )
+    };
+    let (code, state, log) = study("piped", "sh -c 'echo out; exit 3' | cat");
+    assert_eq!(code, Some(1), "the crashed run fails the submit");
+    assert_eq!(state, ("FAILED".into(), Some(3)), "{log}");
+    assert!(log.contains("out"), "{log}");
+    let (code, state, log) = study(
+        "assigned",
+        "OMP_NUM_THREADS=3 SWEEP_NOTE=hi sh -c 'echo $OMP_NUM_THREADS $SWEEP_NOTE'",
+    );
+    assert_eq!(
+        (code, state),
+        (Some(0), ("COMPLETED".into(), Some(0))),
+        "{log}"
+    );
+    assert!(log.lines().any(|l| l == "3 hi"), "{log}");
+}
+
 #[test]
 fn a_failed_stage_cancels_the_runs_that_need_it() {
     let root = project();
