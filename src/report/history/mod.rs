@@ -1,0 +1,632 @@
+//! The performance history: `results/history.sqlite`, one SQLite file per
+//! project (rusqlite's bundled SQLite, write-ahead log, no server). Every
+//! report of a study records its completed runs' measurements in one
+//! transaction, each once: a measurement is keyed by the run's attempt id
+//! (`run.json`'s `attempt_id`, drawn when the run's directory is made), so a
+//! study reported again, moved, copied or renamed adds nothing, and a study
+//! run afresh (after `rm -rf` or `mv`) is recorded anew. A report killed while
+//! recording leaves the history as it was, and reports recording at once
+//! wait for each other (SQLite's lock) instead of losing a row. `sweep
+//! history` reads it back per configuration and attempt; `sweep check
+//! --history` takes its references from it.
+//!
+//! Sweep records only into a file it created: its application id (SQLite's
+//! `PRAGMA application_id`) and its schema, exactly. Anything else — another
+//! program's database, an earlier sweep's schema — is refused before SQLite
+//! touches it, and left byte for byte as it was. Reading never writes: a
+//! read-only file or folder is read as it is. The schema is a contract
+//! (docs/report.md, "The history").
+
+use super::ingest::RunLog;
+use super::stats::{mean_ci95_of, MeanCi};
+use super::summary::Summary;
+use crate::executor::fingerprint::Fingerprint;
+use crate::executor::State;
+use anyhow::Result;
+use rusqlite::{params, Connection, OpenFlags};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+mod file;
+
+pub use file::SCHEMA_VERSION;
+use file::*;
+
+/// The file, in a project's `results/`.
+pub const FILE: &str = crate::layout::HISTORY_SQLITE;
+pub const APPLICATION_ID: i32 = crate::layout::HISTORY_APPLICATION_ID;
+/// The system of runs whose jobs wrote no fingerprint.
+pub const UNKNOWN_SYSTEM: &str = "unknown";
+/// One run's measurements, as a row of `measurements`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Entry {
+    /// The run's measurement ([`crate::plan::record::RunRecord::attempt_ids`]):
+    /// what a measurement is recorded once by.
+    pub attempt_id: String,
+    /// The study attempt it was measured in: the runs pooled as one attempt.
+    pub study_attempt_id: String,
+    pub study: String,
+    /// The run's identity hash (its repeat included).
+    pub run_id: String,
+    /// The study's attempt count when it ran (a label: `--again` counts
+    /// on, a study run afresh counts from 1 again).
+    pub attempt: u32,
+    pub run: String,
+    /// The identity hash its repeats share: what the history compares by.
+    pub configuration_id: String,
+    pub configuration: String,
+    pub system: String,
+    /// When the job ran (its fingerprint's time; else when it was rendered).
+    pub ran_at: String,
+    pub recorded_at: String,
+    pub git_commit: Option<String>,
+    pub sweep_version: Option<String>,
+    /// Steady-state log points its mean is over.
+    pub points: usize,
+    pub tokens_per_second_mean: f64,
+    pub tokens_per_second_std: Option<f64>,
+    pub mfu_pct_mean: Option<f64>,
+    pub tflops_mean: Option<f64>,
+    pub step_time_s_mean: Option<f64>,
+    pub peak_memory_mb_mean: Option<f64>,
+    /// `environment.json` as the job wrote it.
+    #[serde(skip)]
+    pub fingerprint: Option<Fingerprint>,
+}
+
+/// The history file beside a study directory (`results/<study>` ->
+/// `results/history.sqlite`).
+pub fn path_for(study_dir: &Path) -> PathBuf {
+    let dir = study_dir
+        .canonicalize()
+        .unwrap_or_else(|_| study_dir.to_path_buf());
+    crate::util::fs::parent_dir(&dir).join(FILE)
+}
+
+/// The completed runs of a summary as history entries (runs without a
+/// record — imported logs — or without a throughput are not measurements
+/// the history can key).
+pub fn entries(study: &str, s: &Summary) -> Vec<Entry> {
+    let now = crate::util::now_rfc3339();
+    s.runs
+        .iter()
+        .zip(&s.figures)
+        .filter(|(r, _)| r.status.state == State::Completed)
+        .filter_map(|(r, f)| {
+            let (id, configuration) = (r.id.as_ref()?, r.configuration.as_ref()?);
+            let built = r.built.as_ref()?;
+            let fingerprint = fingerprint_of(r);
+            Some(Entry {
+                attempt_id: built.attempt_id.clone(),
+                study_attempt_id: built.study_attempt_id.clone(),
+                study: study.to_string(),
+                run_id: id.clone(),
+                attempt: r.attempt,
+                run: r.name.clone(),
+                configuration_id: configuration.id.clone(),
+                configuration: configuration.name.clone(),
+                system: fingerprint
+                    .as_ref()
+                    .map_or_else(|| UNKNOWN_SYSTEM.to_string(), |f| f.system.clone()),
+                ran_at: fingerprint
+                    .as_ref()
+                    .map(|f| f.taken_at.clone())
+                    .filter(|t| !t.is_empty())
+                    .unwrap_or_else(|| built.created_at.clone()),
+                recorded_at: now.clone(),
+                git_commit: built.git_commit.clone(),
+                sweep_version: Some(built.sweep_version.clone()),
+                points: f.points,
+                tokens_per_second_mean: f.tokens_per_second?,
+                tokens_per_second_std: f.tokens_per_second_std,
+                mfu_pct_mean: f.mfu_pct,
+                tflops_mean: f.tflops,
+                step_time_s_mean: f.step_time_s,
+                peak_memory_mb_mean: f.peak_memory_mb,
+                fingerprint,
+            })
+        })
+        .collect()
+}
+
+/// A run's fingerprint, where its job wrote a readable one.
+pub fn fingerprint_of(r: &RunLog) -> Option<Fingerprint> {
+    Fingerprint::load(r.dir.as_deref()?).ok().flatten()
+}
+
+/// The measurements a check is about (a study's latest attempt): left out
+/// of their own reference, however the history recorded them.
+#[derive(Debug, Clone, Default)]
+pub struct Now {
+    /// The study attempts its runs were rendered in.
+    pub study_attempts: Vec<String>,
+    /// Its runs' attempt ids.
+    pub runs: Vec<String>,
+}
+
+impl Now {
+    fn json(&self) -> (String, String) {
+        let j = |v: &Vec<String>| serde_json::to_string(v).expect("strings serialise");
+        (j(&self.study_attempts), j(&self.runs))
+    }
+}
+
+pub struct History {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl History {
+    /// Opens the history for recording, creating it where there is none
+    /// (or an empty file). A file that is not a sweep history of this
+    /// version is refused, untouched.
+    pub fn open(path: &Path) -> Result<History> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                return Err(match e.kind() {
+                    std::io::ErrorKind::PermissionDenied
+                    | std::io::ErrorKind::ReadOnlyFilesystem => read_only(path, &e),
+                    _ => anyhow::Error::new(e).context(format!("creating {}", dir.display())),
+                });
+            }
+        }
+        sniff(path)?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn =
+            Connection::open_with_flags(path, flags).map_err(|e| match is_read_only(&e) {
+                true => read_only(path, &e),
+                false => not_readable(path, &e),
+            })?;
+        // SQLite opens a file it may not write read-only, without a word.
+        if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+            return Err(read_only(path, &"SQLite opened it read-only"));
+        }
+        conn.busy_timeout(BUSY)
+            .map_err(|e| not_readable(path, &e))?;
+        // What the file is, decided under SQLite's write lock; a new (or
+        // empty) file gets the whole schema and sweep's application id in
+        // one transaction. Nothing else is written until it is known to be
+        // sweep's history: not even the switch to write-ahead mode.
+        let setup = || -> rusqlite::Result<Contents> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let mut verdict = verify(&conn)?;
+            if verdict == Contents::Empty {
+                conn.execute_batch(SCHEMA)?;
+                conn.pragma_update(None, "application_id", APPLICATION_ID)?;
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
+                    params![SCHEMA_VERSION.to_string()],
+                )?;
+                verdict = verify(&conn)?;
+            }
+            if verdict != Contents::Ours {
+                conn.execute_batch("ROLLBACK")?;
+                return Ok(verdict);
+            }
+            conn.execute_batch("COMMIT")?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            // Reads straight from the mapped file (a history of a million
+            // runs is ~300 MB): `sweep history` of everything scans it.
+            conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
+            Ok(verdict)
+        };
+        // Two sweeps opening a new history at once: switching it to WAL
+        // takes the file's exclusive lock, and SQLite answers "locked" at
+        // once, without its busy handler, where waiting could deadlock.
+        // Retried, from a clean state, for as long as a busy recording is
+        // waited for.
+        let deadline = std::time::Instant::now() + BUSY;
+        let outcome = loop {
+            match setup() {
+                Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    if !conn.is_autocommit() {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                outcome => break outcome,
+            }
+        };
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        match outcome {
+            Ok(Contents::Ours) => Ok(History {
+                conn,
+                path: path.to_path_buf(),
+            }),
+            Ok(verdict) => Err(refused(path, verdict)),
+            Err(e) if is_read_only(&e) => Err(read_only(path, &e)),
+            Err(e) => Err(not_readable(path, &e)),
+        }
+    }
+
+    /// The history for reading; `None` where there is none yet. Nothing is
+    /// written: a read-only file, folder or file system is read as it is.
+    pub fn open_existing(path: &Path) -> Result<Option<History>> {
+        match sniff(path)? {
+            Found::Nothing => return Ok(None),
+            // A history another sweep is creating has its first pages in
+            // its write-ahead log; a bare empty file holds nothing.
+            Found::Empty if !wal_of(path).exists() => return Ok(None),
+            Found::Empty | Found::Ours | Found::Unmarked => {}
+        }
+        let open = |target: &str, flags: OpenFlags| -> rusqlite::Result<(Connection, Contents)> {
+            let conn = Connection::open_with_flags(target, flags)?;
+            conn.busy_timeout(BUSY)?;
+            let verdict = verify(&conn)?;
+            if verdict == Contents::Ours {
+                conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
+            }
+            Ok((conn, verdict))
+        };
+        let read = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let plain = open(&path.to_string_lossy(), read);
+        // Where SQLite cannot make its shared-memory file (a read-only
+        // folder), the file is read as immutable: no lock, no side file.
+        let opened = match plain {
+            Err(e) if is_read_only(&e) => {
+                open(&immutable_uri(path), read | OpenFlags::SQLITE_OPEN_URI).map_err(|_| e)
+            }
+            other => other,
+        };
+        match opened {
+            Ok((conn, Contents::Ours)) => Ok(Some(History {
+                conn,
+                path: path.to_path_buf(),
+            })),
+            Ok((_, Contents::Empty)) => Ok(None),
+            Ok((_, verdict)) => Err(refused(path, verdict)),
+            Err(e) => Err(not_readable(path, &e)),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records entries in one transaction; returns how many were new (a
+    /// measurement already recorded, by its attempt id, is left as it was).
+    pub fn record(&mut self, entries: &[Entry]) -> Result<usize> {
+        let path = self.path.clone();
+        let fail = |e: rusqlite::Error| match is_read_only(&e) {
+            true => read_only(&path, &e),
+            false => anyhow::anyhow!("recording into {}: {e}", path.display()),
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(fail)?;
+        let mut added = 0;
+        {
+            let mut fingerprints: std::collections::HashMap<String, i64> = Default::default();
+            let mut store_fp = tx
+                .prepare_cached("INSERT OR IGNORE INTO fingerprints (json) VALUES (?1)")
+                .map_err(fail)?;
+            let mut find_fp = tx
+                .prepare_cached("SELECT id FROM fingerprints WHERE json = ?1")
+                .map_err(fail)?;
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO measurements (attempt_id, study_attempt_id, study,
+                     run_id, attempt, run, configuration_id, configuration, system, ran_at,
+                     recorded_at, git_commit, sweep_version, points, tokens_per_second_mean,
+                     tokens_per_second_std, mfu_pct_mean, tflops_mean, step_time_s_mean,
+                     peak_memory_mb_mean, fingerprint_id)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
+                             ?16, ?17, ?18, ?19, ?20, ?21)",
+                )
+                .map_err(fail)?;
+            for e in entries {
+                let fingerprint = match &e.fingerprint {
+                    None => None,
+                    Some(f) => {
+                        let json = serde_json::to_string(f).expect("a fingerprint serialises");
+                        match fingerprints.get(&json) {
+                            Some(id) => Some(*id),
+                            None => {
+                                store_fp.execute(params![json]).map_err(fail)?;
+                                let id: i64 = find_fp
+                                    .query_row(params![json], |r| r.get(0))
+                                    .map_err(fail)?;
+                                fingerprints.insert(json, id);
+                                Some(id)
+                            }
+                        }
+                    }
+                };
+                added += insert
+                    .execute(params![
+                        e.attempt_id,
+                        e.study_attempt_id,
+                        e.study,
+                        e.run_id,
+                        e.attempt,
+                        e.run,
+                        e.configuration_id,
+                        e.configuration,
+                        e.system,
+                        e.ran_at,
+                        e.recorded_at,
+                        e.git_commit,
+                        e.sweep_version,
+                        e.points as i64,
+                        e.tokens_per_second_mean,
+                        e.tokens_per_second_std,
+                        e.mfu_pct_mean,
+                        e.tflops_mean,
+                        e.step_time_s_mean,
+                        e.peak_memory_mb_mean,
+                        fingerprint,
+                    ])
+                    .map_err(fail)?;
+            }
+        }
+        tx.commit().map_err(fail)?;
+        Ok(added)
+    }
+
+    /// Each configuration's attempts (per system), oldest first, with
+    /// their runs pooled: what `sweep history` shows. One row read per
+    /// attempt (the `attempts` table the trigger keeps).
+    pub fn attempts(&self, filter: &Filter) -> Result<Vec<Attempt>> {
+        let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
+        // Only the filters given, so that SQLite can use an index.
+        let mut conditions: Vec<&str> = Vec::new();
+        let mut values: Vec<&str> = Vec::new();
+        for (sql, value) in [
+            ("study = ?", &filter.study),
+            ("configuration = ?", &filter.configuration),
+            ("configuration_id = ?", &filter.configuration_id),
+            ("system = ?", &filter.system),
+            ("ran_at >= ?", &filter.since),
+        ] {
+            if let Some(v) = value {
+                conditions.push(sql);
+                values.push(v);
+            }
+        }
+        let filter_sql = match conditions.is_empty() {
+            true => String::new(),
+            false => format!("WHERE {}", conditions.join(" AND ")),
+        };
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT configuration_id, system, study_attempt_id, study, attempt, configuration,
+                        ran_at, git_commit, runs, tps_sum, tps_sum_sq, one_std, one_points,
+                        mfu_sum, mfu_n, tflops_sum, tflops_n
+                 FROM attempts {filter_sql}"
+            ))
+            .map_err(fail)?;
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(values), |r| {
+                let runs: i64 = r.get(8)?;
+                let (sum, sum_sq): (f64, f64) = (r.get(9)?, r.get(10)?);
+                let mean = sum / runs.max(1) as f64;
+                let avg = |s: f64, n: i64| (n > 0).then(|| s / n as f64);
+                Ok(Attempt {
+                    configuration_id: r.get(0)?,
+                    system: r.get(1)?,
+                    study_attempt_id: r.get(2)?,
+                    study: r.get(3)?,
+                    attempt: r.get(4)?,
+                    configuration: r.get(5)?,
+                    ran_at: r.get(6)?,
+                    git_commit: r.get(7)?,
+                    runs: runs.max(0) as usize,
+                    tokens_per_second: mean,
+                    ci95: interval(runs, mean, sum_sq, r.get(11)?, r.get(12)?)
+                        .map(|c| (c.low, c.high)),
+                    mfu_pct: avg(r.get(13)?, r.get(14)?),
+                    tflops: avg(r.get(15)?, r.get(16)?),
+                })
+            })
+            .map_err(fail)?;
+        let mut out = rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)?;
+        // Each configuration's attempts in the order they ran.
+        out.sort_unstable_by(|a, b| {
+            (
+                &a.configuration_id,
+                &a.system,
+                &a.ran_at,
+                &a.study,
+                a.attempt,
+                &a.study_attempt_id,
+            )
+                .cmp(&(
+                    &b.configuration_id,
+                    &b.system,
+                    &b.ran_at,
+                    &b.study,
+                    b.attempt,
+                    &b.study_attempt_id,
+                ))
+        });
+        Ok(out)
+    }
+
+    /// The runs of a configuration's last `last` attempts on `system`
+    /// (newest first), other than the measurements `now` names: the
+    /// reference `sweep check --history` pools, each measurement once.
+    pub fn reference(
+        &self,
+        configuration_id: &str,
+        system: &str,
+        now: &Now,
+        last: usize,
+    ) -> Result<Vec<Entry>> {
+        let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
+        let (study_attempts, runs) = now.json();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT m.attempt_id, m.study_attempt_id, m.study, m.run_id, m.attempt, m.run,
+                        m.configuration_id, m.configuration, m.system, m.ran_at, m.recorded_at,
+                        m.git_commit, m.sweep_version, m.points, m.tokens_per_second_mean,
+                        m.tokens_per_second_std, m.mfu_pct_mean, m.tflops_mean,
+                        m.step_time_s_mean, m.peak_memory_mb_mean, f.json
+                 FROM measurements m
+                 JOIN (SELECT study_attempt_id, MAX(ran_at) AS at FROM measurements
+                       WHERE configuration_id = ?1 AND system = ?2
+                         AND study_attempt_id NOT IN (SELECT value FROM json_each(?3))
+                         AND attempt_id NOT IN (SELECT value FROM json_each(?4))
+                       GROUP BY study_attempt_id ORDER BY at DESC LIMIT ?5) a
+                   ON m.study_attempt_id = a.study_attempt_id
+                 LEFT JOIN fingerprints f ON f.id = m.fingerprint_id
+                 WHERE m.configuration_id = ?1 AND m.system = ?2
+                   AND m.attempt_id NOT IN (SELECT value FROM json_each(?4))
+                 ORDER BY a.at DESC, m.run",
+            )
+            .map_err(fail)?;
+        let rows = stmt
+            .query_map(
+                params![configuration_id, system, study_attempts, runs, last as i64],
+                |r| {
+                    let fingerprint: Option<String> = r.get(20)?;
+                    Ok(Entry {
+                        attempt_id: r.get(0)?,
+                        study_attempt_id: r.get(1)?,
+                        study: r.get(2)?,
+                        run_id: r.get(3)?,
+                        attempt: r.get(4)?,
+                        run: r.get(5)?,
+                        configuration_id: r.get(6)?,
+                        configuration: r.get(7)?,
+                        system: r.get(8)?,
+                        ran_at: r.get(9)?,
+                        recorded_at: r.get(10)?,
+                        git_commit: r.get(11)?,
+                        sweep_version: r.get(12)?,
+                        points: r.get::<_, i64>(13)?.max(0) as usize,
+                        tokens_per_second_mean: r.get(14)?,
+                        tokens_per_second_std: r.get(15)?,
+                        mfu_pct_mean: r.get(16)?,
+                        tflops_mean: r.get(17)?,
+                        step_time_s_mean: r.get(18)?,
+                        peak_memory_mb_mean: r.get(19)?,
+                        // A fingerprint that no longer parses is only a
+                        // comparison less.
+                        fingerprint: fingerprint.and_then(|f| serde_json::from_str(&f).ok()),
+                    })
+                },
+            )
+            .map_err(fail)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(fail)
+    }
+}
+
+/// The interval of an attempt's tokens/s: over its runs' means when it has
+/// two or more, else over its one run's steady-state points (as the
+/// report's table has it).
+fn interval(n: i64, mean: f64, sum_sq: f64, one_std: Option<f64>, points: i64) -> Option<MeanCi> {
+    if n >= 2 {
+        let nf = n as f64;
+        let var = ((sum_sq - nf * mean * mean) / (nf - 1.0)).max(0.0);
+        mean_ci95_of(mean, var, n as usize)
+    } else {
+        mean_ci95_of(mean, one_std? * one_std?, points.max(0) as usize)
+    }
+}
+
+/// Which attempts `sweep history` shows.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub study: Option<String>,
+    /// A configuration by name (as `sweep history --config` takes it).
+    pub configuration: Option<String>,
+    /// A configuration by identity (what the page and the check use).
+    pub configuration_id: Option<String>,
+    pub system: Option<String>,
+    /// RFC 3339 or a date (`2026-11-01`): runs that ran on or after it.
+    pub since: Option<String>,
+}
+
+/// One attempt of one configuration, its runs pooled.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attempt {
+    pub configuration_id: String,
+    pub configuration: String,
+    pub system: String,
+    /// The study attempt its runs were measured in (`study.json`).
+    pub study_attempt_id: String,
+    pub study: String,
+    pub attempt: u32,
+    pub ran_at: String,
+    pub git_commit: Option<String>,
+    pub runs: usize,
+    /// Mean tokens/s of its runs, and the 95% interval of that mean.
+    pub tokens_per_second: f64,
+    pub ci95: Option<(f64, f64)>,
+    pub mfu_pct: Option<f64>,
+    pub tflops: Option<f64>,
+}
+
+/// `sweep history` as a table: a line per configuration and attempt.
+pub fn text(attempts: &[Attempt]) -> String {
+    use crate::util::text::{cell, printable};
+    if attempts.is_empty() {
+        return "no measurements match".to_string();
+    }
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
+        .set_header([
+            "configuration",
+            "system",
+            "study",
+            "attempt",
+            "ran",
+            "commit",
+            "runs",
+            "tokens/s [95% CI]",
+            "MFU %",
+        ]);
+    for a in attempts {
+        let tps = match a.ci95 {
+            Some((low, high)) => format!("{:.1} [{low:.1}, {high:.1}]", a.tokens_per_second),
+            None => format!("{:.1}", a.tokens_per_second),
+        };
+        t.add_row([
+            cell(&a.configuration).into_owned(),
+            cell(&a.system).into_owned(),
+            cell(&a.study).into_owned(),
+            a.attempt.to_string(),
+            printable(a.ran_at.get(..16).unwrap_or(&a.ran_at)).replace('T', " "),
+            printable(
+                a.git_commit
+                    .as_deref()
+                    .map_or("", |c| c.get(..10).unwrap_or(c)),
+            )
+            .into_owned(),
+            a.runs.to_string(),
+            tps,
+            a.mfu_pct
+                .map_or_else(|| "–".to_string(), |m| format!("{m:.1}")),
+        ]);
+    }
+    t.to_string()
+}
+
+/// Records a summary's completed runs in the history beside its study;
+/// returns the file, how many runs were new, and the history still open
+/// (none where there is no file: nothing was measured yet).
+pub fn record(
+    study_dir: &Path,
+    study: &str,
+    s: &Summary,
+) -> Result<(PathBuf, usize, Option<History>)> {
+    let path = path_for(study_dir);
+    let entries = entries(study, s);
+    if entries.is_empty() && path.symlink_metadata().is_err() {
+        // Nothing measured yet: no file for nothing.
+        return Ok((path, 0, None));
+    }
+    let mut h = History::open(&path)?;
+    let added = h.record(&entries)?;
+    Ok((path, added, Some(h)))
+}
+
+#[cfg(test)]
+mod tests;
