@@ -1,0 +1,111 @@
+//! What a plan accepts but says (absurd sizes, unknown devices) and the
+//! runs estimated not to fit their GPU.
+
+use super::*;
+
+/// More nodes than the largest clusters have, or more tasks: accepted (a
+/// plan may be written for a machine not yet built) but said.
+pub(super) const MANY_NODES: u32 = 20_000;
+pub(super) const MANY_TASKS: u64 = 200_000;
+
+/// What the plan accepts but should say: absurd job sizes, memory estimates
+/// that cannot be checked against an unknown GPU, and with `--allow-oom`
+/// the runs estimated not to fit. One line per distinct cause.
+pub(super) fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<String> {
+    let hints = &m.hints;
+    let mut out: Vec<String> = Vec::new();
+    let mut say = |w: String| {
+        if !out.contains(&w) {
+            out.push(w);
+        }
+    };
+    for r in runs {
+        let (nodes, tasks) = (r.slurm.nodes.get(), r.slurm.tasks());
+        if nodes > MANY_NODES || tasks > MANY_TASKS {
+            say(format!(
+                "{}: {nodes} nodes and {tasks} tasks, more than any cluster has; is that a typo?",
+                r.name
+            ));
+        }
+        let Job::Train(cfg) = &r.job else { continue };
+        let (logged, skip) = (cfg.logged_steps(), m.report.skip_first);
+        if logged <= skip {
+            let lower = match cfg.logging_frequency > 1 {
+                true => "set `logging_frequency` lower, ",
+                false => "set ",
+            };
+            say(format!(
+                "runs of {} steps logged every {} log {logged} steps, and the report skips the first {skip} as warm-up: \
+                 {lower}`training_steps` higher, or `[report] skip_first` below {logged}",
+                cfg.training_steps, cfg.logging_frequency
+            ));
+        }
+        if cfg.device == DeviceKind::Cuda && hints.gpu_memory_gb.is_none() {
+            if let Some(gpu) = cfg
+                .gpu
+                .as_deref()
+                .filter(|g| crate::estimate::devices::lookup(g).is_none())
+            {
+                say(format!(
+                    "gpu `{}` is not in the device table ({}): the runs' memory is not checked; set `gpu_memory_gb` in [plan]",
+                    gpu.escape_debug(),
+                    crate::estimate::devices::known()
+                ));
+            }
+        }
+        if allow_oom {
+            if let Some(mem) = r.memory(hints).filter(|m| m.fits == Some(false)) {
+                say(format!(
+                    "{} will not fit in its GPU's memory by the estimate ({})",
+                    r.name,
+                    mem.describe()
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Runs whose estimated peak memory exceeds their GPU's are an error (before
+/// anything waits in a queue to die), listed together.
+pub(super) fn check_memory(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
+    let over: Vec<(&Run, crate::plan::Memory)> = runs
+        .iter()
+        .filter_map(|r| Some((r, r.memory(&m.hints)?)))
+        .filter(|(_, mem)| mem.fits == Some(false))
+        .collect();
+    let Some((_, first)) = over.first() else {
+        return Ok(());
+    };
+    let shown: Vec<String> = over
+        .iter()
+        .take(5)
+        .map(|(r, mem)| format!("{} ({})", r.name, mem.describe()))
+        .collect();
+    let more = match over.len() {
+        n if n > 5 => format!(" and {} more", n - 5),
+        _ => String::new(),
+    };
+    // Recomputation first where it is off and activations weigh.
+    let (first_run, _) = over[0];
+    let recompute = match &first_run.job {
+        Job::Train(cfg)
+            if cfg.recompute == crate::config::Recompute::None
+                && first.parts.activations * 5 > first.parts.total() =>
+        {
+            "`recompute = \"blocks\"`, "
+        }
+        _ => "",
+    };
+    let mut d = m.locate("batch_size");
+    d.message = format!(
+        "{} run(s) will not fit in their GPU's memory by the estimate: {}{more}",
+        over.len(),
+        shown.join(", ")
+    );
+    d.help = Some(format!(
+        "try {recompute}a smaller `batch_size` or more GPUs; set `gpu_memory_gb` in [plan] if your GPUs have more memory than the table says; \
+         `--allow-oom` plans them anyway (docs/memory.md)"
+    ));
+    Err(d.into())
+}
