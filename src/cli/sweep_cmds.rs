@@ -91,6 +91,42 @@ fn plan_json(plan: &Plan) -> Vec<serde_json::Value> {
 /// `sweep plan`: the runs as a table, the stages, the totals.
 fn print_plan(plan: &Plan) {
     let m = &plan.manifest;
+    let blocked = m.design == crate::manifest::Design::Blocks;
+    println!("{}: {}", m.name, m.description.trim());
+    println!("{}", runs_table(plan, blocked));
+    for s in &plan.stages {
+        let users = plan
+            .runs
+            .iter()
+            .filter(|r| r.stage.is_some_and(|i| plan.stages[i].id == s.id))
+            .count();
+        println!(
+            "stage {} ({}): {} -> {} [{} runs depend on it]",
+            s.name,
+            s.format.as_str(),
+            s.dataset.display(),
+            s.output.display(),
+            users
+        );
+    }
+    if blocked {
+        print_blocks(plan);
+    }
+    let tot = plan.totals();
+    let repeats = match m.repeats {
+        1 => String::new(),
+        r => format!(" ({} configurations × {r} repeats)", tot.runs / r as usize),
+    };
+    println!(
+        "{} runs{repeats}, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
+        tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
+    );
+}
+
+/// The runs as a table: id, name, block, each axis, and for the built-in
+/// trainer the ranks, global batch, memory and scaling forecast.
+fn runs_table(plan: &Plan, blocked: bool) -> Table {
+    let m = &plan.manifest;
     let keys: Vec<String> = m
         .axis_keys()
         .map(str::to_string)
@@ -115,7 +151,6 @@ fn print_plan(plan: &Plan) {
     if forecasts {
         shape.push("scaling forecast");
     }
-    let blocked = m.design == crate::manifest::Design::Blocks;
     let mut t = table(
         ["id", "name"]
             .iter()
@@ -165,71 +200,49 @@ fn print_plan(plan: &Plan) {
         }
         t.add_row(row);
     }
-    println!("{}: {}", m.name, m.description.trim());
-    println!("{t}");
-    for s in &plan.stages {
-        let users = plan
-            .runs
-            .iter()
-            .filter(|r| r.stage.is_some_and(|i| plan.stages[i].id == s.id))
-            .count();
-        println!(
-            "stage {} ({}): {} -> {} [{} runs depend on it]",
-            s.name,
-            s.format.as_str(),
-            s.dataset.display(),
-            s.output.display(),
-            users
-        );
-    }
-    if blocked {
-        // Each block's order, by configuration: what the seed drew.
-        println!(
+    t
+}
+
+/// Each randomized block's order, and what packing saves the queue.
+fn print_blocks(plan: &Plan) {
+    let m = &plan.manifest;
+    // Each block's order, by configuration: what the seed drew.
+    println!(
             "randomized blocks (order_seed = {}): each block runs every configuration once, in its own order",
             m.order_seed
         );
-        for b in crate::plan::pack::blocks(plan) {
-            let names: Vec<&str> = b
-                .runs
-                .iter()
-                .map(|&i| plan.runs[i].configuration.name.as_str())
-                .collect();
-            let size = match m.slurm.pack {
-                true => format!(
-                    "  [one job: {} node(s), {}]",
-                    b.allocation.nodes,
-                    crate::plan::pack::slurm_time(b.allocation.time_s)
-                ),
-                false => String::new(),
-            };
-            println!("  block {}: {}{size}", b.block, names.join(" → "));
-        }
-        // What packing saves the queue, and costs in reserved time.
-        let (per_run, packed) = crate::plan::pack::costs(plan);
-        let this = |yes: bool| if yes { "  ← this manifest" } else { "" };
-        println!("on SLURM (each job waits in the queue and pays its start on its own):");
-        for (what, c, yes) in [
-            ("a job per run:              ", per_run, !m.slurm.pack),
-            ("packed blocks (pack = true):", packed, m.slurm.pack),
-        ] {
-            println!(
-                "  {what} {:>5} jobs from {:>5} sbatch submissions, at most {:.1} node-hours{}",
-                c.load.jobs,
-                c.submissions,
-                c.load.node_hours,
-                this(yes)
-            );
-        }
+    for b in crate::plan::pack::blocks(plan) {
+        let names: Vec<&str> = b
+            .runs
+            .iter()
+            .map(|&i| plan.runs[i].configuration.name.as_str())
+            .collect();
+        let size = match m.slurm.pack {
+            true => format!(
+                "  [one job: {} node(s), {}]",
+                b.allocation.nodes,
+                crate::plan::pack::slurm_time(b.allocation.time_s)
+            ),
+            false => String::new(),
+        };
+        println!("  block {}: {}{size}", b.block, names.join(" → "));
     }
-    let tot = plan.totals();
-    let repeats = match m.repeats {
-        1 => String::new(),
-        r => format!(" ({} configurations × {r} repeats)", tot.runs / r as usize),
-    };
-    println!(
-        "{} runs{repeats}, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
-        tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
-    );
+    // What packing saves the queue, and costs in reserved time.
+    let (per_run, packed) = crate::plan::pack::costs(plan);
+    let this = |yes: bool| if yes { "  ← this manifest" } else { "" };
+    println!("on SLURM (each job waits in the queue and pays its start on its own):");
+    for (what, c, yes) in [
+        ("a job per run:              ", per_run, !m.slurm.pack),
+        ("packed blocks (pack = true):", packed, m.slurm.pack),
+    ] {
+        println!(
+            "  {what} {:>5} jobs from {:>5} sbatch submissions, at most {:.1} node-hours{}",
+            c.load.jobs,
+            c.submissions,
+            c.load.node_hours,
+            this(yes)
+        );
+    }
 }
 
 pub fn render(

@@ -93,7 +93,20 @@ pub fn submit(
     dry_run: bool,
 ) -> Result<Vec<Submission>> {
     let mut subs = Vec::new();
-    // Dependency targets: stage index -> job id (new or still pending/running).
+    let stage_jobs = submit_stages(units, decisions, dry_run, &mut subs)?;
+    submit_blocks(study_dir, units, decisions, &stage_jobs, dry_run, &mut subs)?;
+    submit_arrays(study_dir, units, decisions, &stage_jobs, dry_run, &mut subs)?;
+    Ok(subs)
+}
+
+/// The stages due; returns every stage's job that runs may wait for:
+/// stage index -> job id (new or still pending/running).
+fn submit_stages(
+    units: &mut [Unit],
+    decisions: &[Decision],
+    dry_run: bool,
+    subs: &mut Vec<Submission>,
+) -> Result<HashMap<usize, String>> {
     let mut stage_jobs: HashMap<usize, String> = HashMap::new();
     for i in 0..units.len() {
         if units[i].kind != UnitKind::Stage {
@@ -132,8 +145,26 @@ pub fn submit(
             _ => {}
         }
     }
+    Ok(stage_jobs)
+}
 
-    // Packed runs go out block by block, each block one job.
+/// `--dependency=afterok:…` for the jobs `dep` names, if any.
+fn after(dep: &[String]) -> Vec<String> {
+    match dep.is_empty() {
+        true => Vec::new(),
+        false => vec![format!("--dependency=afterok:{}", dep.join(":"))],
+    }
+}
+
+/// Packed runs, block by block, each block one job.
+fn submit_blocks(
+    study_dir: &Path,
+    units: &mut [Unit],
+    decisions: &[Decision],
+    stage_jobs: &HashMap<usize, String>,
+    dry_run: bool,
+    subs: &mut Vec<Submission>,
+) -> Result<()> {
     let mut blocks: IndexMap<u32, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
         if let (UnitKind::Run, Decision::Submit, Some(b)) = (u.kind, &decisions[i], u.pack) {
@@ -141,18 +172,14 @@ pub fn submit(
         }
     }
     for (block, members) in blocks {
-        let (dep, after_stages) = waits_for(units, &members, &stage_jobs);
+        let (dep, after_stages) = waits_for(units, &members, stage_jobs);
         let allocation =
             crate::plan::pack::Allocation::of(members.iter().map(|&i| &units[i].slurm))
                 .expect("a block has runs");
         let head = crate::plan::pack::block_header(&header(&units[members[0]].script), &allocation);
         let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
         let script = super::scripts::block(study_dir, block, &head, &dirs, dry_run)?;
-        let mut args = Vec::new();
-        if !dep.is_empty() {
-            args.push(format!("--dependency=afterok:{}", dep.join(":")));
-        }
-        let id = sbatch(&args, &script, dry_run)?;
+        let id = sbatch(&after(&dep), &script, dry_run)?;
         if !dry_run {
             for &i in &members {
                 units[i].record_job_in(ExecutorKind::Slurm, id.clone(), Some(block))?;
@@ -168,8 +195,19 @@ pub fn submit(
             depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
         });
     }
+    Ok(())
+}
 
-    // Runs that share their #SBATCH header and throttle go out as one array.
+/// The other runs: those that share their #SBATCH header and throttle as
+/// one array, a run alone as its own job.
+fn submit_arrays(
+    study_dir: &Path,
+    units: &mut [Unit],
+    decisions: &[Decision],
+    stage_jobs: &HashMap<usize, String>,
+    dry_run: bool,
+    subs: &mut Vec<Submission>,
+) -> Result<()> {
     let mut groups: IndexMap<ArrayKey, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
         if u.kind != UnitKind::Run || decisions[i] != Decision::Submit || u.pack.is_some() {
@@ -181,11 +219,8 @@ pub fn submit(
             .push(i);
     }
     for ((head, throttle), members) in groups {
-        let (dep, after_stages) = waits_for(units, &members, &stage_jobs);
-        let mut args = Vec::new();
-        if !dep.is_empty() {
-            args.push(format!("--dependency=afterok:{}", dep.join(":")));
-        }
+        let (dep, after_stages) = waits_for(units, &members, stage_jobs);
+        let mut args = after(&dep);
         if members.len() == 1 {
             let u = &mut units[members[0]];
             let script = u.dir.join(crate::layout::JOB_SBATCH);
@@ -227,7 +262,7 @@ pub fn submit(
             depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
         });
     }
-    Ok(subs)
+    Ok(())
 }
 
 /// The job ids `members` wait for (`afterok`): every stage one of them

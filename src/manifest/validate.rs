@@ -4,6 +4,8 @@
 
 use super::*;
 
+/// Checks one manifest's document, collecting every error before it gives
+/// up, each at its key.
 pub(super) struct Validator<'a, 'i> {
     pub(super) source: &'a Source,
     pub(super) doc: &'a DeTable<'i>,
