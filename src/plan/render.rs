@@ -59,117 +59,25 @@ pub fn render(plan: &Plan) -> Result<Rendered, Diagnostics> {
 /// [`render`], with a choice for the runs whose directories hold another run.
 pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagnostics> {
     let templates = Templates::load(plan)?;
-    let sweep_bin = &plan.sweep_bin;
-    let m = &plan.manifest;
-    let manifest = ManifestRef {
-        path: m.path.display().to_string(),
-        sha256: m.sha256.clone(),
-    };
-    let git_commit = crate::util::process::git_commit(&m.root);
-    let now = crate::util::now_rfc3339();
     let (attempt, study_attempt_id) = current_attempt(plan)?;
-    let fresh = |id: &str, name: &str, kind: UnitKind, params, depends_on| RunRecord {
-        id: id.to_string(),
-        name: name.to_string(),
-        study: m.name.clone(),
-        kind,
-        manifest: manifest.clone(),
-        git_commit: git_commit.clone(),
-        sweep_version: env!("CARGO_PKG_VERSION").to_string(),
-        created_at: now.clone(),
-        params,
-        configuration: None,
-        depends_on,
-        identity: None,
-        jobs: Vec::new(),
-        attempt,
-        environment: None,
-        block: None,
-        attempt_id: None,
-        study_attempt_id: None,
-    };
-
+    let fresh = Fresh::new(plan, attempt);
     let changed = std::sync::Mutex::new(Vec::new());
     let runs: Vec<Result<RenderedDir, Diagnostics>> = plan
         .runs
         .par_iter()
         .map(|run| {
-            let config = config_toml(plan, run)?;
-            let script = templates.run_script(plan, run, sweep_bin)?;
-            let depends_on = run.stage.map(|s| plan.stages[s].name.clone());
-            let fresh = RunRecord {
-                configuration: Some(run.configuration.clone()),
-                identity: Some(run.identity.clone()),
-                environment: (m.environment != Default::default()).then(|| m.environment.clone()),
-                block: run.block,
-                attempt_id: Some(super::record::new_attempt_id()),
-                study_attempt_id: Some(study_attempt_id.clone()),
-                ..fresh(
-                    &run.id,
-                    &run.name,
-                    UnitKind::Run,
-                    run.params.clone(),
-                    depends_on,
-                )
-            };
-            let record = match merge(&run.dir, fresh.clone())? {
-                Merged::Record(r) => *r,
-                Merged::Changed(old) => {
-                    if on_changed == OnChanged::Refuse {
-                        let what = Changed::of(run, &old);
-                        changed.lock().expect("no panic holding it").push(what);
-                    }
-                    fresh
-                }
-            };
-            Ok(RenderedDir {
-                dir: run.dir.clone(),
-                config: Some(config),
-                script,
-                record_bytes: record.to_bytes(),
-                record,
-                record_file: UnitKind::Run.record_file(),
-            })
+            let (dir, was) = render_run(plan, run, &templates, &fresh, &study_attempt_id)?;
+            if let (Some(old), OnChanged::Refuse) = (was, on_changed) {
+                let what = Changed::of(run, &old);
+                changed.lock().expect("no panic holding it").push(what);
+            }
+            Ok(dir)
         })
         .collect();
     let stages: Vec<Result<RenderedDir, Diagnostics>> = plan
         .stages
         .iter()
-        .map(|s| {
-            let params = [
-                ("dataset", json!(s.dataset)),
-                ("tokenizer", json!(s.tokenizer)),
-                ("sequence_length", json!(s.sequence_length)),
-                ("format", json!(s.format.as_str())),
-                ("output", json!(s.output)),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-            let script = templates.stage_script(plan, s, sweep_bin)?;
-            // A stage's id names its directory: another id is another directory.
-            let record = match merge(&s.dir, fresh(&s.id, &s.name, UnitKind::Stage, params, None))? {
-                Merged::Record(r) => *r,
-                // Named by its id, a stage's directory holds another stage
-                // only when its record was edited.
-                Merged::Changed(_) => {
-                    let d = Diagnostic::new(
-                        s.dir.join(UnitKind::Stage.record_file()),
-                        format!("this directory is stage {}'s, and its record names another stage", s.id),
-                    )
-                    .with_help("repair the record, or move the stage's directory away to run the stage afresh");
-                    return Err(d.into());
-                }
-            };
-            Ok(RenderedDir {
-                dir: s.dir.clone(),
-                config: None,
-                script,
-                record_bytes: record.to_bytes(),
-                record,
-                record_file: UnitKind::Stage.record_file(),
-            })
-        })
+        .map(|s| render_stage(plan, s, &templates, &fresh))
         .collect();
 
     let mut errors = Vec::new();
@@ -192,6 +100,156 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
         runs,
         stages,
         study: StudyRecord::of(plan, attempt, study_attempt_id),
+    })
+}
+
+/// What every record rendered now starts from: the manifest, the commit,
+/// the time and the attempt.
+struct Fresh {
+    study: String,
+    manifest: ManifestRef,
+    git_commit: Option<String>,
+    now: String,
+    attempt: u32,
+}
+
+impl Fresh {
+    fn new(plan: &Plan, attempt: u32) -> Fresh {
+        let m = &plan.manifest;
+        Fresh {
+            study: m.name.clone(),
+            manifest: ManifestRef {
+                path: m.path.display().to_string(),
+                sha256: m.sha256.clone(),
+            },
+            git_commit: crate::util::process::git_commit(&m.root),
+            now: crate::util::now_rfc3339(),
+            attempt,
+        }
+    }
+
+    fn record(
+        &self,
+        id: &str,
+        name: &str,
+        kind: UnitKind,
+        params: indexmap::IndexMap<String, serde_json::Value>,
+        depends_on: Option<String>,
+    ) -> RunRecord {
+        RunRecord {
+            id: id.to_string(),
+            name: name.to_string(),
+            study: self.study.clone(),
+            kind,
+            manifest: self.manifest.clone(),
+            git_commit: self.git_commit.clone(),
+            sweep_version: env!("CARGO_PKG_VERSION").to_string(),
+            created_at: self.now.clone(),
+            params,
+            configuration: None,
+            depends_on,
+            identity: None,
+            jobs: Vec::new(),
+            attempt: self.attempt,
+            environment: None,
+            block: None,
+            attempt_id: None,
+            study_attempt_id: None,
+        }
+    }
+}
+
+/// A run's directory as rendering leaves it: its configuration, job script
+/// and record (what the record on disk knows kept); and the record on disk
+/// where the directory holds another run.
+fn render_run(
+    plan: &Plan,
+    run: &super::Run,
+    templates: &Templates,
+    fresh: &Fresh,
+    study_attempt_id: &str,
+) -> Result<(RenderedDir, Option<RunRecord>), Diagnostics> {
+    let m = &plan.manifest;
+    let config = config_toml(plan, run)?;
+    let script = templates.run_script(plan, run, &plan.sweep_bin)?;
+    let depends_on = run.stage.map(|s| plan.stages[s].name.clone());
+    let new = RunRecord {
+        configuration: Some(run.configuration.clone()),
+        identity: Some(run.identity.clone()),
+        environment: (m.environment != Default::default()).then(|| m.environment.clone()),
+        block: run.block,
+        attempt_id: Some(super::record::new_attempt_id()),
+        study_attempt_id: Some(study_attempt_id.to_string()),
+        ..fresh.record(
+            &run.id,
+            &run.name,
+            UnitKind::Run,
+            run.params.clone(),
+            depends_on,
+        )
+    };
+    let (record, was) = match merge(&run.dir, new.clone())? {
+        Merged::Record(r) => (*r, None),
+        Merged::Changed(old) => (new, Some(*old)),
+    };
+    let dir = RenderedDir {
+        dir: run.dir.clone(),
+        config: Some(config),
+        script,
+        record_bytes: record.to_bytes(),
+        record,
+        record_file: UnitKind::Run.record_file(),
+    };
+    Ok((dir, was))
+}
+
+/// A stage's directory as rendering leaves it: its job script and record.
+fn render_stage(
+    plan: &Plan,
+    s: &super::Stage,
+    templates: &Templates,
+    fresh: &Fresh,
+) -> Result<RenderedDir, Diagnostics> {
+    let params = [
+        ("dataset", json!(s.dataset)),
+        ("tokenizer", json!(s.tokenizer)),
+        ("sequence_length", json!(s.sequence_length)),
+        ("format", json!(s.format.as_str())),
+        ("output", json!(s.output)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let script = templates.stage_script(plan, s, &plan.sweep_bin)?;
+    // A stage's id names its directory: another id is another directory.
+    let record = match merge(
+        &s.dir,
+        fresh.record(&s.id, &s.name, UnitKind::Stage, params, None),
+    )? {
+        Merged::Record(r) => *r,
+        // Named by its id, a stage's directory holds another stage
+        // only when its record was edited.
+        Merged::Changed(_) => {
+            let d = Diagnostic::new(
+                s.dir.join(UnitKind::Stage.record_file()),
+                format!(
+                    "this directory is stage {}'s, and its record names another stage",
+                    s.id
+                ),
+            )
+            .with_help(
+                "repair the record, or move the stage's directory away to run the stage afresh",
+            );
+            return Err(d.into());
+        }
+    };
+    Ok(RenderedDir {
+        dir: s.dir.clone(),
+        config: None,
+        script,
+        record_bytes: record.to_bytes(),
+        record,
+        record_file: UnitKind::Stage.record_file(),
     })
 }
 
