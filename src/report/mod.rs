@@ -65,32 +65,8 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
     };
     let mut s = summary::summarize(runs, &sopts)?;
     s.problems.extend(spec.stale);
-    // A grouping asked for on the command line writes beside the study's
-    // main report (results/<study>/grouped/<keys>), never over it.
-    let grouped =
-        (!opts.group_by.is_empty()).then(|| crate::util::name::sanitize(&opts.group_by.join("+")));
-    // A study's report goes into its own directory (a results directory
-    // given: that one, wherever it is), an imported study's into
-    // results/<name>; `--out` elsewhere is checked as any output is.
-    let own = {
-        let main = match source {
-            Source::ResultsDir(d) => d.canonicalize().unwrap_or_else(|_| d.clone()),
-            _ => root.join("results").join(&study),
-        };
-        match &grouped {
-            Some(keys) => main.join(crate::layout::GROUPED_DIR).join(keys),
-            None => main,
-        }
-    };
+    let (own, plots) = places(root, source, &study, &opts.group_by);
     let out = opts.out.clone().unwrap_or_else(|| own.clone());
-    let plots = match &grouped {
-        Some(keys) => root
-            .join("plots")
-            .join(&study)
-            .join(crate::layout::GROUPED_DIR)
-            .join(keys),
-        None => root.join("plots").join(&study),
-    };
     let page = out.join(page::STUDY_PAGE);
     let inputs: Vec<&Path> = spec.inputs.iter().map(PathBuf::as_path).collect();
     let files: Vec<PathBuf> = export::paths(&out)
@@ -122,31 +98,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
             .as_ref()
             .map(|dir| history::record(dir, &study, &s).map_err(|e| format!("{e:#}"))),
     };
-    // The page shows each configuration's past where the history has one,
-    // and how the latest attempt compares (as `sweep check --history`):
-    // from the history recorded into, else (it could not be written: a
-    // read-only one) from the history as it is.
-    let read_only = match (&recorded, &study_dir) {
-        (Some(Err(_)), Some(dir)) => history::History::open_existing(&history::path_for(dir))
-            .ok()
-            .flatten(),
-        _ => None,
-    };
-    let open = match &recorded {
-        Some(Ok((_, _, Some(h)))) => Some(h),
-        _ => read_only.as_ref(),
-    };
-    let past = open.and_then(|h| {
-        check::against_history(
-            &study,
-            &s,
-            h,
-            check::DEFAULT_LAST,
-            check::DEFAULT_THRESHOLD_PCT,
-        )
-        .map_err(|e| eprintln!("warning: the page shows no history: {e:#}"))
-        .ok()
-    });
+    let past = past(&study, &s, &recorded, study_dir.as_deref());
     let history = recorded.map(|r| r.map(|(path, added, _)| (path, added)));
     let html = page::study(
         &s,
@@ -167,6 +119,64 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
         files,
         charts,
         page,
+    })
+}
+
+/// Where a report goes: the study's own directory (a results directory
+/// given: that one, wherever it is; an imported study's: results/<name>)
+/// and its plots. A grouping asked for on the command line writes beside
+/// the study's main report (`grouped/<keys>`), never over it.
+fn places(root: &Path, source: &Source, study: &str, group_by: &[String]) -> (PathBuf, PathBuf) {
+    let grouped = (!group_by.is_empty()).then(|| crate::util::name::sanitize(&group_by.join("+")));
+    let main = match source {
+        Source::ResultsDir(d) => d.canonicalize().unwrap_or_else(|_| d.clone()),
+        _ => root.join("results").join(study),
+    };
+    let plots = root.join("plots").join(study);
+    match &grouped {
+        Some(keys) => (
+            main.join(crate::layout::GROUPED_DIR).join(keys),
+            plots.join(crate::layout::GROUPED_DIR).join(keys),
+        ),
+        None => (main, plots),
+    }
+}
+
+/// What recording a report into the history did: (its file, measurements
+/// added, the history open) or why it could not; none where nothing is
+/// recorded (imported logs, a live page).
+type Recorded = Option<Result<(PathBuf, usize, Option<history::History>), String>>;
+
+/// Each configuration's past where the history has one, and how the latest
+/// attempt compares (as `sweep check --history`), for the page: from the
+/// history recorded into, else (it could not be written: a read-only one)
+/// from the history as it is.
+fn past(
+    study: &str,
+    s: &summary::Summary,
+    recorded: &Recorded,
+    study_dir: Option<&Path>,
+) -> Option<check::Check> {
+    let read_only = match (recorded, study_dir) {
+        (Some(Err(_)), Some(dir)) => history::History::open_existing(&history::path_for(dir))
+            .ok()
+            .flatten(),
+        _ => None,
+    };
+    let open = match recorded {
+        Some(Ok((_, _, Some(h)))) => Some(h),
+        _ => read_only.as_ref(),
+    };
+    open.and_then(|h| {
+        check::against_history(
+            study,
+            s,
+            h,
+            check::DEFAULT_LAST,
+            check::DEFAULT_THRESHOLD_PCT,
+        )
+        .map_err(|e| eprintln!("warning: the page shows no history: {e:#}"))
+        .ok()
     })
 }
 
