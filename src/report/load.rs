@@ -251,35 +251,7 @@ fn devices(plan: &Plan) -> Vec<String> {
 /// among the problems with why.
 fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     let study = dir_study_name(dir);
-    let mut found: Vec<(RunRecord, PathBuf)> = Vec::new();
-    let mut broken: Vec<RunLog> = Vec::new();
-    let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
-    for e in entries {
-        let e = e.with_context(|| format!("listing {}", dir.display()))?;
-        let path = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        // Only directories hold runs (stages/ holds stages).
-        if !e.file_type().is_ok_and(|t| t.is_dir())
-            || crate::layout::STUDY_DIRS.contains(&name.as_ref())
-        {
-            continue;
-        }
-        match RunRecord::load_within(&path, dir) {
-            Ok(Some(r)) if r.kind == UnitKind::Run => found.push((r, path)),
-            Ok(Some(_)) => {}
-            // A run directory whose record is gone (a directory sweep never
-            // made holds no logs it reads either): named, counted missing.
-            Ok(None) if has_run_logs(&path) => broken.push(RunLog::unreadable(
-                name,
-                format!(
-                    "{} holds logs but no run.json (the run's record): counted as missing, its logs unread",
-                    path.display()
-                ),
-            )),
-            Ok(None) => {}
-            Err(why) => broken.push(RunLog::unreadable(name, format!("{why:#}"))),
-        }
-    }
+    let (mut found, mut broken) = run_dirs(dir)?;
     if found.is_empty() && broken.is_empty() {
         bail!(
             "{} holds no run directories (run.json); give the manifest or `sweep render` first",
@@ -289,42 +261,10 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     // The manifest that last rendered the directory says which runs are
     // its own and how to report them.
     let record = StudyRecord::load(dir)?;
-    let mut stale = Vec::new();
-    if let Some(rec) = &record {
-        // Runs the study rendered whose directory (or record) is gone.
-        let seen: std::collections::HashSet<&str> =
-            found.iter().map(|(r, _)| r.id.as_str()).collect();
-        let gone = rec
-            .runs
-            .iter()
-            .filter(|id| !seen.contains(id.as_str()))
-            .count();
-        if gone > 0 {
-            stale.push(summary::Problem {
-                run: format!("{gone} run(s)"),
-                state: "MISSING".into(),
-                reason: format!(
-                    "{gone} of the {} runs the manifest last rendered have no directory with a run.json here: \
-                     moved or removed, they are not counted",
-                    rec.runs.len()
-                ),
-            });
-        }
-        found.retain(|(r, _)| {
-            let current = rec.runs.contains(&r.id);
-            if !current {
-                stale.push(summary::Problem {
-                    run: r.name.clone(),
-                    state: "STALE".into(),
-                    reason: format!(
-                        "a run of an earlier version of {} (not among the runs it last rendered): left out; move it away or render it again",
-                        rec.manifest.path
-                    ),
-                });
-            }
-            current
-        });
-    }
+    let stale = match &record {
+        Some(rec) => keep_current(&mut found, rec),
+        None => Vec::new(),
+    };
     found.sort_by(|a, b| {
         a.0.created_at
             .cmp(&b.0.created_at)
@@ -376,6 +316,85 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
         ..spec
     };
     Ok((study, runs, spec))
+}
+
+/// A run directory found, with its record.
+type Found = (RunRecord, PathBuf);
+
+/// The run directories of a results directory: each with its record, and
+/// those whose record cannot be read (or is gone while their logs are
+/// there) as runs that say why.
+fn run_dirs(dir: &Path) -> Result<(Vec<Found>, Vec<RunLog>)> {
+    let mut found: Vec<Found> = Vec::new();
+    let mut broken: Vec<RunLog> = Vec::new();
+    let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("listing {}", dir.display()))?;
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        // Only directories hold runs (stages/ holds stages).
+        if !e.file_type().is_ok_and(|t| t.is_dir())
+            || crate::layout::STUDY_DIRS.contains(&name.as_ref())
+        {
+            continue;
+        }
+        match RunRecord::load_within(&path, dir) {
+            Ok(Some(r)) if r.kind == UnitKind::Run => found.push((r, path)),
+            Ok(Some(_)) => {}
+            // A run directory whose record is gone (a directory sweep never
+            // made holds no logs it reads either): named, counted missing.
+            Ok(None) if has_run_logs(&path) => broken.push(RunLog::unreadable(
+                name,
+                format!(
+                    "{} holds logs but no run.json (the run's record): counted as missing, its logs unread",
+                    path.display()
+                ),
+            )),
+            Ok(None) => {}
+            Err(why) => broken.push(RunLog::unreadable(name, format!("{why:#}"))),
+        }
+    }
+    Ok((found, broken))
+}
+
+/// Leaves out the runs the study's manifest no longer renders (an earlier
+/// version's) and counts those it rendered whose directory is gone: each a
+/// problem of the report.
+fn keep_current(found: &mut Vec<Found>, rec: &StudyRecord) -> Vec<summary::Problem> {
+    let mut stale = Vec::new();
+    // Runs the study rendered whose directory (or record) is gone.
+    let seen: std::collections::HashSet<&str> = found.iter().map(|(r, _)| r.id.as_str()).collect();
+    let gone = rec
+        .runs
+        .iter()
+        .filter(|id| !seen.contains(id.as_str()))
+        .count();
+    if gone > 0 {
+        stale.push(summary::Problem {
+            run: format!("{gone} run(s)"),
+            state: "MISSING".into(),
+            reason: format!(
+                "{gone} of the {} runs the manifest last rendered have no directory with a run.json here: \
+                 moved or removed, they are not counted",
+                rec.runs.len()
+            ),
+        });
+    }
+    found.retain(|(r, _)| {
+        let current = rec.runs.contains(&r.id);
+        if !current {
+            stale.push(summary::Problem {
+                run: r.name.clone(),
+                state: "STALE".into(),
+                reason: format!(
+                    "a run of an earlier version of {} (not among the runs it last rendered): left out; move it away or render it again",
+                    rec.manifest.path
+                ),
+            });
+        }
+        current
+    });
+    stale
 }
 
 /// Whether a directory holds what a run writes (its metrics or a job's
