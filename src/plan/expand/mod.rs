@@ -39,26 +39,7 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
     }
 
     let ctx = Shared::new(&m, &study_dir, opts.features)?;
-    // Repeats interleaved: every configuration once, then every one again, so
-    // that a slow drift of a shared machine spreads over all of them. In a
-    // blocked design each repeat is a block with an order of its own.
-    let combos = &combos;
-    let order: Vec<(u32, &Vec<usize>, Option<super::record::Block>)> = (0..m.repeats)
-        .flat_map(|r| {
-            let within: Vec<usize> = match m.design {
-                Design::Interleaved => (0..combos.len()).collect(),
-                Design::Blocks => block_order(m.order_seed, r, combos.len()),
-            };
-            let blocked = m.design == Design::Blocks;
-            within.into_iter().enumerate().map(move |(k, c)| {
-                let block = blocked.then_some(super::record::Block {
-                    block: r + 1,
-                    position: k as u32 + 1,
-                });
-                (r, &combos[c], block)
-            })
-        })
-        .collect();
+    let order = run_order(&m, &combos);
     let resolved: Vec<Result<Run, Box<Diagnostic>>> = order
         .par_iter()
         .map(|(r, c, block)| {
@@ -95,44 +76,7 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
         check_memory(&m, &runs)?;
     }
     let warnings = warnings(&m, &runs, opts.allow_oom);
-    if let Some(b) = &m.report.baseline {
-        // A repeat stands for its configuration only by accident: say which.
-        if let Some(r) = runs
-            .iter()
-            .find(|r| &r.name == b && r.configuration.name != *b && m.repeats > 1)
-        {
-            return Err(m
-                .source
-                .at_value(
-                    "report.baseline",
-                    format!(
-                        "`{b}` is one repeat of the configuration `{}`: speedups are measured against a configuration, all its repeats together",
-                        r.configuration.name
-                    ),
-                )
-                .with_help(format!("set `baseline = \"{}\"`", r.configuration.name))
-                .into());
-        }
-        if !runs
-            .iter()
-            .any(|r| &r.name == b || r.configuration.name == *b)
-        {
-            let mut names: Vec<&str> = runs.iter().map(|r| r.configuration.name.as_str()).collect();
-            names.dedup();
-            let help = match did_you_mean(b, names.iter().copied()) {
-                Some(s) => format!("did you mean `{s}`?"),
-                None => format!("`sweep plan` lists the run names ({} runs)", names.len()),
-            };
-            return Err(m
-                .source
-                .at_value(
-                    "report.baseline",
-                    format!("no run or configuration is named `{b}`"),
-                )
-                .with_help(help)
-                .into());
-        }
-    }
+    check_baseline(&m, &runs)?;
     Ok(Plan {
         manifest: m,
         runs,
@@ -141,6 +85,78 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
         sweep_bin: opts.sweep_bin.clone(),
         warnings,
     })
+}
+
+/// Each run to resolve, in the plan's order: (repeat, configuration, its
+/// block). Repeats interleaved — every configuration once, then every one
+/// again — so that a slow drift of a shared machine spreads over all of
+/// them; in a blocked design each repeat is a block with an order of its
+/// own.
+fn run_order<'c>(
+    m: &Manifest,
+    combos: &'c [Vec<usize>],
+) -> Vec<(u32, &'c Vec<usize>, Option<super::record::Block>)> {
+    (0..m.repeats)
+        .flat_map(|r| {
+            let within: Vec<usize> = match m.design {
+                Design::Interleaved => (0..combos.len()).collect(),
+                Design::Blocks => block_order(m.order_seed, r, combos.len()),
+            };
+            let blocked = m.design == Design::Blocks;
+            within.into_iter().enumerate().map(move |(k, c)| {
+                let block = blocked.then_some(super::record::Block {
+                    block: r + 1,
+                    position: k as u32 + 1,
+                });
+                (r, &combos[c], block)
+            })
+        })
+        .collect()
+}
+
+/// The report's baseline names a configuration of the plan (not one
+/// repeat of it).
+fn check_baseline(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
+    let Some(b) = &m.report.baseline else {
+        return Ok(());
+    };
+    // A repeat stands for its configuration only by accident: say which.
+    if let Some(r) = runs
+        .iter()
+        .find(|r| &r.name == b && r.configuration.name != *b && m.repeats > 1)
+    {
+        return Err(m
+            .source
+            .at_value(
+                "report.baseline",
+                format!(
+                    "`{b}` is one repeat of the configuration `{}`: speedups are measured against a configuration, all its repeats together",
+                    r.configuration.name
+                ),
+            )
+            .with_help(format!("set `baseline = \"{}\"`", r.configuration.name))
+            .into());
+    }
+    if !runs
+        .iter()
+        .any(|r| &r.name == b || r.configuration.name == *b)
+    {
+        let mut names: Vec<&str> = runs.iter().map(|r| r.configuration.name.as_str()).collect();
+        names.dedup();
+        let help = match did_you_mean(b, names.iter().copied()) {
+            Some(s) => format!("did you mean `{s}`?"),
+            None => format!("`sweep plan` lists the run names ({} runs)", names.len()),
+        };
+        return Err(m
+            .source
+            .at_value(
+                "report.baseline",
+                format!("no run or configuration is named `{b}`"),
+            )
+            .with_help(help)
+            .into());
+    }
+    Ok(())
 }
 
 /// Block `r`'s order of `n` configurations: a permutation drawn from
