@@ -322,82 +322,12 @@ pub enum BenchCmd {
     #[command(
         after_help = "Examples:\n  sweep bench train --threads 1\n  sweep bench train --threads 2 --steps 10\n  sweep bench train --device cuda --layers 8      (a GPU build on a GPU machine)"
     )]
-    Train {
-        /// CPU threads (1 gives tokens per CPU-second; 0: every core).
-        #[arg(long, default_value_t = 1, value_parser = count(0, MAX_THREADS))]
-        threads: usize,
-        #[arg(long, default_value_t = 5, value_parser = count(1, MAX_BENCH_STEPS))]
-        steps: usize,
-        /// Only the cases whose "label precision" contains this (e.g. `8192`, `bf16-mixed`).
-        #[arg(long)]
-        only: Option<String>,
-        /// `cpu`: the CPU presets; `cuda`: ref-1b and an 8B-shaped model on GPU 0.
-        #[arg(long, value_enum, default_value = "cpu")]
-        device: crate::config::DeviceKind,
-        /// Layers of the 8B-shaped GPU model (ref-8b's shapes; 32 is the full model).
-        #[arg(long, default_value_t = 8, value_parser = count(1, 1024))]
-        layers: usize,
-        /// The accelerator's name in the peak-FLOPs table (default: the driver's name).
-        #[arg(long)]
-        gpu: Option<String>,
-        /// Activation recomputation for every case (`blocks`: less memory, more compute).
-        #[arg(long, value_enum, default_value = "none")]
-        recompute: crate::config::Recompute,
-        /// Also write every case (tokens/s, MFU, peak memory, or its error) to this JSON file
-        /// (`-`: standard output, and the table to standard error).
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
+    Train(TrainBenchCli),
     /// Data-parallel scaling of the trainer on this machine: 1 and N ranks (MPI) with the same work per rank.
     #[command(
         after_help = "Example:\n  sweep bench ddp --ranks 1,2 --threads 1      (a build with --features mpi)\n  sweep bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048   (NCCL at world size 1)"
     )]
-    Ddp {
-        /// World sizes to run, the first being the base of the efficiency.
-        #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = count(1, MAX_BENCH_RANKS))]
-        ranks: Vec<usize>,
-        /// CPU threads per rank.
-        #[arg(long, default_value_t = 1, value_parser = count(1, MAX_THREADS))]
-        threads: usize,
-        #[arg(long, default_value_t = 10, value_parser = count(1, MAX_BENCH_STEPS))]
-        steps: usize,
-        /// A model preset (the tokenizer's vocabulary).
-        #[arg(long, default_value = "small")]
-        model: String,
-        /// Sequences per rank and step.
-        #[arg(long, default_value_t = 4, value_parser = count(1, MAX_BATCH))]
-        batch: usize,
-        #[arg(long, default_value_t = 256, value_parser = count(1, MAX_SEQ))]
-        seq_len: usize,
-        #[arg(long, value_enum, default_value = "cpu")]
-        device: crate::config::DeviceKind,
-        /// Also run one rank through the engine (MPI or NCCL) to see its cost without peers.
-        #[arg(long)]
-        engine_at_one: bool,
-        /// Rounds of every world size in turn; the medians count (a shared
-        /// machine's noise moves one run by several percent).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
-        repeats: u32,
-        /// Start the ranks on this many SLURM nodes with `srun --mpi=pmix`
-        /// (in an allocation, or one of their own), a world size spread
-        /// evenly over them; the one-rank base on one node. Default: `mpirun`
-        /// on this machine.
-        #[arg(long, value_parser = count(1, MAX_BENCH_RANKS))]
-        nodes: Option<usize>,
-        /// All-reduce bandwidth per device within a node, in GB/s (as `[plan]
-        /// intra_node_gbps`): adds the plan's scaling forecast of each world size
-        /// that fits on one node, its compute calibrated by the one-rank base.
-        #[arg(long, value_parser = gbps)]
-        intra_node_gbps: Option<f64>,
-        /// All-reduce bandwidth per device between nodes, in GB/s (as `[plan]
-        /// inter_node_gbps`; 1 Gbit/s is 0.125): adds the forecast of each world
-        /// size that spans nodes.
-        #[arg(long, value_parser = gbps)]
-        inter_node_gbps: Option<f64>,
-        /// Also write the rows, every round and the forecasts to this JSON file (`-`: standard output).
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
+    Ddp(DdpBenchCli),
     /// The largest batch size a run's configuration trains at: real steps at
     /// each size tried, starting from the plan's memory estimate.
     #[command(
@@ -448,28 +378,7 @@ pub enum BenchCmd {
     #[command(after_help = "Examples:
   sweep bench kernels
   sweep bench kernels --device cuda --json results/kernels.json   (a GPU build on a GPU machine)")]
-    Kernels {
-        /// `cpu`: the CPU kernels against the composed ops; `cuda`: the CUDA kernels against the CPU kernels, in bf16 and f32.
-        #[arg(long, value_enum, default_value = "cpu")]
-        device: crate::config::DeviceKind,
-        /// The model preset whose shapes are used (default: `small` on the CPU, `ref-1b` on a GPU).
-        #[arg(long)]
-        model: Option<String>,
-        /// Tokens per call (batch x sequence; default 2048 on the CPU, 16384 on a GPU).
-        #[arg(long, value_parser = count(1, MAX_TOKENS))]
-        tokens: Option<usize>,
-        #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
-        seq_len: usize,
-        /// Timed calls per case (the median counts).
-        #[arg(long, default_value_t = 5, value_parser = count(1, MAX_REPEATS))]
-        repeats: usize,
-        /// The vocabulary (default: the preset's, else 32000).
-        #[arg(long, value_parser = count(1, 1 << 24))]
-        vocab: Option<usize>,
-        /// Also write the figures as JSON to this file (`-`: standard output, and the table to standard error).
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
+    Kernels(KernelsBenchCli),
     /// Matmul throughput on this CPU, f32 (candle) and bf16 (sweep's kernel): what CPU MFU is measured against.
     #[command(after_help = "Example:\n  sweep bench peak")]
     Peak,
@@ -675,4 +584,107 @@ pub struct SubmitArgs {
     /// Measure the study again as a new attempt: every run anew; the finished attempt is recorded in the history and its run directories kept under results/<study>/attempts/<attempt>/.
     #[arg(long, conflicts_with_all = ["retry_failed", "dry_run"])]
     pub again: bool,
+}
+
+/// `sweep bench train`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrainBenchCli {
+    /// CPU threads (1 gives tokens per CPU-second; 0: every core).
+    #[arg(long, default_value_t = 1, value_parser = count(0, MAX_THREADS))]
+    pub threads: usize,
+    #[arg(long, default_value_t = 5, value_parser = count(1, MAX_BENCH_STEPS))]
+    pub steps: usize,
+    /// Only the cases whose "label precision" contains this (e.g. `8192`, `bf16-mixed`).
+    #[arg(long)]
+    pub only: Option<String>,
+    /// `cpu`: the CPU presets; `cuda`: ref-1b and an 8B-shaped model on GPU 0.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: crate::config::DeviceKind,
+    /// Layers of the 8B-shaped GPU model (ref-8b's shapes; 32 is the full model).
+    #[arg(long, default_value_t = 8, value_parser = count(1, 1024))]
+    pub layers: usize,
+    /// The accelerator's name in the peak-FLOPs table (default: the driver's name).
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Activation recomputation for every case (`blocks`: less memory, more compute).
+    #[arg(long, value_enum, default_value = "none")]
+    pub recompute: crate::config::Recompute,
+    /// Also write every case (tokens/s, MFU, peak memory, or its error) to this JSON file
+    /// (`-`: standard output, and the table to standard error).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `sweep bench ddp`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DdpBenchCli {
+    /// World sizes to run, the first being the base of the efficiency.
+    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = count(1, MAX_BENCH_RANKS))]
+    pub ranks: Vec<usize>,
+    /// CPU threads per rank.
+    #[arg(long, default_value_t = 1, value_parser = count(1, MAX_THREADS))]
+    pub threads: usize,
+    #[arg(long, default_value_t = 10, value_parser = count(1, MAX_BENCH_STEPS))]
+    pub steps: usize,
+    /// A model preset (the tokenizer's vocabulary).
+    #[arg(long, default_value = "small")]
+    pub model: String,
+    /// Sequences per rank and step.
+    #[arg(long, default_value_t = 4, value_parser = count(1, MAX_BATCH))]
+    pub batch: usize,
+    #[arg(long, default_value_t = 256, value_parser = count(1, MAX_SEQ))]
+    pub seq_len: usize,
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: crate::config::DeviceKind,
+    /// Also run one rank through the engine (MPI or NCCL) to see its cost without peers.
+    #[arg(long)]
+    pub engine_at_one: bool,
+    /// Rounds of every world size in turn; the medians count (a shared
+    /// machine's noise moves one run by several percent).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeats: u32,
+    /// Start the ranks on this many SLURM nodes with `srun --mpi=pmix`
+    /// (in an allocation, or one of their own), a world size spread
+    /// evenly over them; the one-rank base on one node. Default: `mpirun`
+    /// on this machine.
+    #[arg(long, value_parser = count(1, MAX_BENCH_RANKS))]
+    pub nodes: Option<usize>,
+    /// All-reduce bandwidth per device within a node, in GB/s (as `[plan]
+    /// intra_node_gbps`): adds the plan's scaling forecast of each world size
+    /// that fits on one node, its compute calibrated by the one-rank base.
+    #[arg(long, value_parser = gbps)]
+    pub intra_node_gbps: Option<f64>,
+    /// All-reduce bandwidth per device between nodes, in GB/s (as `[plan]
+    /// inter_node_gbps`; 1 Gbit/s is 0.125): adds the forecast of each world
+    /// size that spans nodes.
+    #[arg(long, value_parser = gbps)]
+    pub inter_node_gbps: Option<f64>,
+    /// Also write the rows, every round and the forecasts to this JSON file (`-`: standard output).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `sweep bench kernels`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KernelsBenchCli {
+    /// `cpu`: the CPU kernels against the composed ops; `cuda`: the CUDA kernels against the CPU kernels, in bf16 and f32.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: crate::config::DeviceKind,
+    /// The model preset whose shapes are used (default: `small` on the CPU, `ref-1b` on a GPU).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Tokens per call (batch x sequence; default 2048 on the CPU, 16384 on a GPU).
+    #[arg(long, value_parser = count(1, MAX_TOKENS))]
+    pub tokens: Option<usize>,
+    #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
+    pub seq_len: usize,
+    /// Timed calls per case (the median counts).
+    #[arg(long, default_value_t = 5, value_parser = count(1, MAX_REPEATS))]
+    pub repeats: usize,
+    /// The vocabulary (default: the preset's, else 32000).
+    #[arg(long, value_parser = count(1, 1 << 24))]
+    pub vocab: Option<usize>,
+    /// Also write the figures as JSON to this file (`-`: standard output, and the table to standard error).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }

@@ -1,6 +1,6 @@
 //! `sweep bench ...`: run a benchmark and print its figures.
 
-use super::BenchCmd;
+use super::{BenchCmd, DdpBenchCli, KernelsBenchCli, TrainBenchCli};
 use crate::bench::ddp::DdpRow;
 use crate::config::{DeviceKind, RuntimeOptions};
 use anyhow::Result;
@@ -11,47 +11,11 @@ use std::process::ExitCode;
 pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     check_outputs(&cmd)?;
     match cmd {
-        BenchCmd::Train {
-            threads,
-            steps,
-            only,
-            device,
-            layers,
-            gpu,
-            recompute,
-            json,
-        } => train(
-            (threads, rt, root),
-            steps,
-            only,
-            device,
-            (layers, gpu),
-            recompute,
-            json,
-        )?,
+        BenchCmd::Train(t) => train(&t, rt, root)?,
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
         BenchCmd::History { rows, dir } => history(rows, dir)?,
         BenchCmd::Peak => peak()?,
-        BenchCmd::Kernels {
-            device,
-            model,
-            tokens,
-            seq_len,
-            repeats,
-            vocab,
-            json,
-        } => {
-            let gpu = device == DeviceKind::Cuda;
-            let work = crate::bench::kernels::Work {
-                device,
-                model: model.unwrap_or_else(|| if gpu { "ref-1b" } else { "small" }.into()),
-                tokens: tokens.unwrap_or(if gpu { 16_384 } else { 2048 }),
-                seq_len,
-                repeats,
-                vocab,
-            };
-            return kernels(&work, json);
-        }
+        BenchCmd::Kernels(k) => return kernels(&k),
         BenchCmd::MaxBatch {
             config,
             memory_limit,
@@ -67,46 +31,7 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
             repeats,
         } => pretokenize(dataset, tokenizer, seq_len, threads, repeats, root)?,
         BenchCmd::Plan { runs, dir } => plan(runs, dir)?,
-        BenchCmd::Ddp {
-            ranks,
-            threads,
-            steps,
-            model,
-            batch,
-            seq_len,
-            device,
-            engine_at_one,
-            repeats,
-            nodes,
-            intra_node_gbps,
-            inter_node_gbps,
-            json,
-        } => {
-            use crate::bench::ddp::{Launch, Links, Work};
-            let work = Work {
-                model,
-                batch,
-                seq: seq_len,
-                steps,
-                threads,
-                device,
-                root: repository(root, crate::config::DEFAULT_TOKENIZER),
-            };
-            let launch = nodes.map_or(Launch::Local, Launch::Nodes);
-            let links = Links {
-                intra_node_gbps,
-                inter_node_gbps,
-            };
-            ddp(
-                &work,
-                &ranks,
-                engine_at_one,
-                repeats as usize,
-                launch,
-                links,
-                json.as_deref(),
-            )?
-        }
+        BenchCmd::Ddp(d) => ddp(&d, root)?,
         BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?, rt)?,
     }
     Ok(ExitCode::SUCCESS)
@@ -116,15 +41,17 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
 /// reference's models on a GPU.
 /// `sweep bench train`; `(layers, gpu)`: the 8B-shaped GPU model's layers
 /// and the accelerator's name for the peak-FLOPs table.
-fn train(
-    (threads, rt, root): (usize, &RuntimeOptions, &Path),
-    steps: usize,
-    only: Option<String>,
-    device: DeviceKind,
-    (layers, gpu): (usize, Option<String>),
-    recompute: crate::config::Recompute,
-    json: Option<PathBuf>,
-) -> Result<()> {
+fn train(args: &TrainBenchCli, rt: &RuntimeOptions, root: &Path) -> Result<()> {
+    let TrainBenchCli {
+        threads,
+        steps,
+        only,
+        device,
+        layers,
+        gpu,
+        recompute,
+        json,
+    } = args.clone();
     if device == DeviceKind::Cuda && !crate::config::Features::BUILT.cuda {
         anyhow::bail!(
             "`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; docs/gpu.md)"
@@ -169,15 +96,37 @@ fn train(
         human,
         "train step on {on}, {steps} timed steps after 2 warm-up steps{recomputing}"
     )?;
+    train_table(&mut *human, &rows, &failed)?;
+    if let Some(path) = json {
+        use crate::bench::train::JsonRow;
+        let all: Vec<JsonRow> = rows
+            .iter()
+            .map(|r| JsonRow::timed(r, &on))
+            .chain(failed.iter().map(|f| JsonRow::failed(f, &on)))
+            .collect();
+        write_json(&path, &serde_json::to_vec_pretty(&all)?)?;
+    }
+    if rows.is_empty() && !failed.is_empty() {
+        anyhow::bail!("no case could be timed");
+    }
+    Ok(())
+}
+
+/// The timed cases of `sweep bench train`, one line each, and the failed.
+fn train_table(
+    out: &mut dyn Write,
+    rows: &[crate::bench::train::TrainRow],
+    failed: &[Box<crate::bench::train::Failed>],
+) -> Result<()> {
     writeln!(
-        human,
+        out,
         "{:<24} {:<10} {:>5} {:>9} {:>11} {:>10} {:>10} {:>7} {:>9} {:>10}  forward / backward / optimizer",
         "model", "precision", "batch", "params", "MFLOP/tok", "tokens/s", "TFLOP/s", "MFU", "s/step", "peak MB",
     )?;
-    for r in &rows {
+    for r in rows {
         let step = r.forward_s + r.backward_s + r.optimizer_s;
         writeln!(
-            human,
+            out,
             "{:<24} {:<10} {:>5} {:>8.1}M {:>11.1} {:>10.0} {:>10.3} {:>6.1}% {:>9.3} {:>10.0}  {:.0}% / {:.0}% / {:.0}%",
             r.case.label,
             r.case.precision(),
@@ -194,27 +143,15 @@ fn train(
             100.0 * r.optimizer_s / step
         )?;
     }
-    for f in &failed {
+    for f in failed {
         writeln!(
-            human,
+            out,
             "{:<24} {:<10} {:>5}  failed: {:#}",
             f.case.label,
             f.case.precision(),
             f.case.batch,
             f.error
         )?;
-    }
-    if let Some(path) = json {
-        use crate::bench::train::JsonRow;
-        let all: Vec<JsonRow> = rows
-            .iter()
-            .map(|r| JsonRow::timed(r, &on))
-            .chain(failed.iter().map(|f| JsonRow::failed(f, &on)))
-            .collect();
-        write_json(&path, &serde_json::to_vec_pretty(&all)?)?;
-    }
-    if rows.is_empty() && !failed.is_empty() {
-        anyhow::bail!("no case could be timed");
     }
     Ok(())
 }
@@ -317,7 +254,20 @@ fn history(rows: usize, dir: PathBuf) -> Result<()> {
 
 /// `sweep bench peak`: matmul peak of this CPU (what CPU MFU is measured against).
 /// `sweep bench kernels`: fails when a kernel is outside its tolerance.
-fn kernels(work: &crate::bench::kernels::Work, json: Option<PathBuf>) -> Result<ExitCode> {
+fn kernels(k: &KernelsBenchCli) -> Result<ExitCode> {
+    let gpu = k.device == DeviceKind::Cuda;
+    let work = &crate::bench::kernels::Work {
+        device: k.device,
+        model: k
+            .model
+            .clone()
+            .unwrap_or_else(|| if gpu { "ref-1b" } else { "small" }.into()),
+        tokens: k.tokens.unwrap_or(if gpu { 16_384 } else { 2048 }),
+        seq_len: k.seq_len,
+        repeats: k.repeats,
+        vocab: k.vocab,
+    };
+    let json = k.json.clone();
     if work.device == DeviceKind::Cuda && !crate::config::Features::BUILT.cuda {
         anyhow::bail!(
             "`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; docs/gpu.md)"
@@ -512,16 +462,28 @@ fn plan(runs: usize, dir: PathBuf) -> Result<()> {
 /// over `repeats` rounds of every world size in turn (medians; each round's
 /// efficiency against its own base, so a drifting machine moves both alike),
 /// each beside the plan's forecast for it where the link is given.
-fn ddp(
-    work: &crate::bench::ddp::Work,
-    ranks: &[usize],
-    engine_at_one: bool,
-    repeats: usize,
-    launch: crate::bench::ddp::Launch,
-    links: crate::bench::ddp::Links,
-    json: Option<&Path>,
-) -> Result<()> {
-    use crate::bench::ddp::Launch;
+fn ddp(d: &DdpBenchCli, root: &Path) -> Result<()> {
+    use crate::bench::ddp::{Launch, Links, Work};
+    let work = &Work {
+        model: d.model.clone(),
+        batch: d.batch,
+        seq: d.seq_len,
+        steps: d.steps,
+        threads: d.threads,
+        device: d.device,
+        root: repository(root, crate::config::DEFAULT_TOKENIZER),
+    };
+    let launch = d.nodes.map_or(Launch::Local, Launch::Nodes);
+    let links = Links {
+        intra_node_gbps: d.intra_node_gbps,
+        inter_node_gbps: d.inter_node_gbps,
+    };
+    let (ranks, engine_at_one, repeats, json) = (
+        d.ranks.as_slice(),
+        d.engine_at_one,
+        d.repeats as usize,
+        d.json.as_deref(),
+    );
     let rounds = (0..repeats)
         .map(|_| crate::bench::ddp::run(work, ranks, engine_at_one, launch))
         .collect::<Result<Vec<_>>>()?;
@@ -550,6 +512,33 @@ fn ddp(
         "{:>10} {:>16} {:>14} {:>9} {:>12} {:>10}",
         "ranks", "tokens/s/rank", "tokens/s all", "s/step", "all-reduce", "efficiency"
     )?;
+    let rows = ddp_rows(&mut out, work, &rounds, launch, links, repeats)?;
+    if let Some(path) = json {
+        let doc = serde_json::json!({
+            "work": work,
+            "nodes": match launch { Launch::Local => None, Launch::Nodes(n) => Some(n) },
+            "intra_node_gbps": links.intra_node_gbps,
+            "inter_node_gbps": links.inter_node_gbps,
+            "parameters": base.parameters,
+            "engine": rounds[0].last().map(|r| r.engine.clone()),
+            "rows": rows,
+            "rounds": rounds,
+        });
+        write_json(path, &serde_json::to_vec_pretty(&doc)?)?;
+    }
+    Ok(())
+}
+
+/// Each world size's row of `sweep bench ddp`, printed and as JSON: the
+/// medians over the rounds, each round's figures, and the forecast.
+fn ddp_rows(
+    out: &mut dyn Write,
+    work: &crate::bench::ddp::Work,
+    rounds: &[Vec<DdpRow>],
+    launch: crate::bench::ddp::Launch,
+    links: crate::bench::ddp::Links,
+    repeats: usize,
+) -> Result<Vec<serde_json::Value>> {
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         let n = v.len();
@@ -557,6 +546,7 @@ fn ddp(
     };
     // The forecasts' compute: the base at its median step, the same compute
     // every round's row is compared with.
+    let base = &rounds[0][0];
     let mut base_median = base.clone();
     base_median.step_s = median(rounds.iter().map(|round| round[0].step_s).collect());
     let mut rows = Vec::new();
@@ -610,20 +600,7 @@ fn ddp(
         )?;
         rows.push(row);
     }
-    if let Some(path) = json {
-        let doc = serde_json::json!({
-            "work": work,
-            "nodes": match launch { Launch::Local => None, Launch::Nodes(n) => Some(n) },
-            "intra_node_gbps": links.intra_node_gbps,
-            "inter_node_gbps": links.inter_node_gbps,
-            "parameters": base.parameters,
-            "engine": rounds[0].last().map(|r| r.engine.clone()),
-            "rows": rows,
-            "rounds": rounds,
-        });
-        write_json(path, &serde_json::to_vec_pretty(&doc)?)?;
-    }
-    Ok(())
+    Ok(rows)
 }
 
 /// Where a benchmark writes (`--json FILE`, `--dir`), checked before it
@@ -632,9 +609,9 @@ fn ddp(
 fn check_outputs(cmd: &BenchCmd) -> Result<()> {
     use crate::util::outputs::{self, Output};
     match cmd {
-        BenchCmd::Train { json: Some(p), .. }
-        | BenchCmd::Ddp { json: Some(p), .. }
-        | BenchCmd::Kernels { json: Some(p), .. }
+        BenchCmd::Train(TrainBenchCli { json: Some(p), .. })
+        | BenchCmd::Ddp(DdpBenchCli { json: Some(p), .. })
+        | BenchCmd::Kernels(KernelsBenchCli { json: Some(p), .. })
             if p != Path::new("-") =>
         {
             outputs::check(&[Output::new("--json", p)], &[], outputs::Allow::default())?
