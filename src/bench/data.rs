@@ -79,58 +79,7 @@ pub fn run(a: &DataBenchArgs) -> Result<DataBench> {
         if !a.only.is_empty() && !a.only.iter().any(|o| name.contains(o.as_str())) {
             continue;
         }
-        let source = match format {
-            None => SourceSpec::Text {
-                path: a.dataset.clone(),
-                column: "text".into(),
-            },
-            Some(f) => SourceSpec::Pretokenized {
-                path: pretokenize::output_path(&a.work_dir, f),
-            },
-        };
-        let (mut load_s, mut sample_s, mut raw_s) = (f64::MAX, f64::MAX, f64::MAX);
-        for _ in 0..a.repeats.max(1) {
-            // Load: the tokenizer (every mode needs its ids) and the dataset.
-            let (stream, load) = timed(|| -> Result<SampleStream> {
-                let tok = Arc::new(TextTokenizer::load(
-                    &a.tokenizer,
-                    &SpecialTokens::default(),
-                )?);
-                SampleStream::open(&DataSpec {
-                    dataset_type: kind,
-                    seq_len: a.seq_len,
-                    source: source.clone(),
-                    tokenizer: tok,
-                    rank: 0,
-                    world_size: 1,
-                    order: DataOrder::Global,
-                    holdout: 0,
-                })
-            });
-            let mut stream = stream?;
-            let (mut inputs, mut labels) = (vec![0u32; a.seq_len], vec![0i64; a.seq_len]);
-            let (r, took) = timed(|| -> Result<()> {
-                for _ in 0..a.samples {
-                    stream.next_into(&mut inputs, &mut labels)?;
-                }
-                Ok(())
-            });
-            r?;
-            load_s = load_s.min(load.as_secs_f64());
-            sample_s = sample_s.min(took.as_secs_f64());
-            if format.is_none() {
-                // The raw tokenizer on the very documents this loader consumed.
-                raw_s = raw_s.min(raw_tokenizer_cost(a, stream.state().next_doc)?);
-            }
-        }
-        let raw = (raw_s < f64::MAX).then(|| raw_s * 1e6 / a.samples as f64);
-        rows.push(LoaderRow {
-            name,
-            load_s,
-            us_per_sample: sample_s * 1e6 / a.samples as f64,
-            raw_us_per_sample: raw,
-            python_us_per_sample: None,
-        });
+        rows.push(time_loader(a, name, kind, format)?);
     }
     let python_missing = match python_peer(a, &rows) {
         Ok(times) => {
@@ -150,6 +99,69 @@ pub fn run(a: &DataBenchArgs) -> Result<DataBench> {
         rows,
         chart,
         python_missing,
+    })
+}
+
+/// One loader timed: loading (the best of the repeats), microseconds per
+/// sample, and for the on-the-fly loaders the raw tokenizer's cost on the
+/// same documents.
+fn time_loader(
+    a: &DataBenchArgs,
+    name: &'static str,
+    kind: DatasetType,
+    format: Option<PretokenizedFormat>,
+) -> Result<LoaderRow> {
+    let source = match format {
+        None => SourceSpec::Text {
+            path: a.dataset.clone(),
+            column: "text".into(),
+        },
+        Some(f) => SourceSpec::Pretokenized {
+            path: pretokenize::output_path(&a.work_dir, f),
+        },
+    };
+    let (mut load_s, mut sample_s, mut raw_s) = (f64::MAX, f64::MAX, f64::MAX);
+    for _ in 0..a.repeats.max(1) {
+        // Load: the tokenizer (every mode needs its ids) and the dataset.
+        let (stream, load) = timed(|| -> Result<SampleStream> {
+            let tok = Arc::new(TextTokenizer::load(
+                &a.tokenizer,
+                &SpecialTokens::default(),
+            )?);
+            SampleStream::open(&DataSpec {
+                dataset_type: kind,
+                seq_len: a.seq_len,
+                source: source.clone(),
+                tokenizer: tok,
+                rank: 0,
+                world_size: 1,
+                order: DataOrder::Global,
+                holdout: 0,
+            })
+        });
+        let mut stream = stream?;
+        let (mut inputs, mut labels) = (vec![0u32; a.seq_len], vec![0i64; a.seq_len]);
+        let (r, took) = timed(|| -> Result<()> {
+            for _ in 0..a.samples {
+                stream.next_into(&mut inputs, &mut labels)?;
+            }
+            Ok(())
+        });
+        r?;
+        load_s = load_s.min(load.as_secs_f64());
+        sample_s = sample_s.min(took.as_secs_f64());
+        if format.is_none() {
+            // The raw tokenizer on the very documents this loader consumed.
+            raw_s = raw_s.min(raw_tokenizer_cost(a, stream.state().next_doc)?);
+        }
+    }
+    let raw = (raw_s < f64::MAX).then(|| raw_s * 1e6 / a.samples as f64);
+    Ok(LoaderRow {
+        name,
+        load_s,
+        us_per_sample: sample_s * 1e6 / a.samples as f64,
+        raw_us_per_sample: raw,
+        python_us_per_sample: None,
     })
 }
 
