@@ -117,10 +117,18 @@ fn print_plan(plan: &Plan) {
         1 => String::new(),
         r => format!(" ({} configurations × {r} repeats)", tot.runs / r as usize),
     };
-    println!(
-        "{} runs{repeats}, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
-        tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
-    );
+    // Node-hours are what a SLURM allocation reserves; local runs reserve
+    // nothing (their [slurm] time is no limit of theirs).
+    match m.executor {
+        Some(crate::manifest::ExecutorKind::Local) => println!(
+            "{} runs{repeats}, {} jobs, on this machine (the local executor: {} at a time)",
+            tot.runs, tot.jobs, m.local.parallel
+        ),
+        _ => println!(
+            "{} runs{repeats}, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
+            tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
+        ),
+    }
 }
 
 /// The runs as a table: id, name, block, each axis, and for the built-in

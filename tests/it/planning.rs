@@ -707,6 +707,24 @@ fn plans_estimate_memory_per_device_and_refuse_runs_that_cannot_fit() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("will not fit"));
 }
 
+/// A local study reserves no nodes: its plan says where it runs, not
+/// node-hours its [slurm] time limit would reserve on a cluster.
+#[test]
+fn a_local_study_is_planned_on_this_machine_without_node_hours() {
+    let root = project();
+    let m = root.path().join("l.toml");
+    write(
+        &m,
+        "name = \"l\"\nexecutor = \"local\"\ncommand = \"echo {{ x }}\"\n[sweep.grid]\nx = [1, 2]\n[local]\nparallel = 2\n",
+    );
+    let out = stdout(&run_ok(sweep(root.path()).arg("plan").arg(&m)));
+    assert!(
+        out.contains("2 runs, 2 jobs, on this machine (the local executor: 2 at a time)")
+            && !out.contains("node-hours"),
+        "{out}"
+    );
+}
+
 #[test]
 fn absurd_sizes_and_unknown_gpus_plan_with_a_warning_and_swept_slurm_keys_make_runs() {
     let root = project();
