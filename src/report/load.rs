@@ -582,14 +582,34 @@ fn read_run(
                 Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
             }
             logs.sort();
-            for l in logs {
-                match ingest::read_log(&l, Some(study_dir)) {
+            let mut last_line = None;
+            for l in &logs {
+                match ingest::read_log(l, Some(study_dir)) {
                     Ok(bytes) => {
                         let (points, omitted) = ingest::pattern::parse(re, &bytes);
                         run.points.extend(points);
-                        run.issues.extend(omitted.describe(&l));
+                        run.issues.extend(omitted.describe(l));
+                        let text = String::from_utf8_lossy(&bytes);
+                        if let Some(line) = text.lines().rev().find(|l| !l.trim().is_empty()) {
+                            last_line =
+                                Some((l.clone(), crate::util::text::cell(line).into_owned()));
+                        }
                     }
                     Err(why) => run.issues.push(why),
+                }
+            }
+            // A log the pattern never matched: say so, with what the log
+            // says instead (a pattern that does not fit the program's lines
+            // is the likely cause), rather than "no metrics".
+            let completed = run.status.state == crate::executor::State::Completed;
+            if let (true, true, Some((log, line))) = (run.points.is_empty(), completed, last_line) {
+                if run.issues.is_empty() {
+                    run.reason = Some(format!(
+                        "no line of {} matches [report] line_pattern `{}`; its last line: `{line}`",
+                        log.file_name()
+                            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                        crate::util::text::cell(re.as_str())
+                    ));
                 }
             }
         }

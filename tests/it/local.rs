@@ -85,6 +85,28 @@ fn a_crash_behind_a_pipe_fails_and_assignments_before_a_command_work() {
     assert!(log.lines().any(|l| l == "3 hi"), "{log}");
 }
 
+/// A log the `line_pattern` never matches: the report says so, with the
+/// log's last line, instead of "no metrics".
+#[test]
+fn a_pattern_that_matches_no_line_is_said_with_the_logs_last_line() {
+    let root = project();
+    let m = root.path().join("pat.toml");
+    write(
+        &m,
+        "name = \"pat\"\nexecutor = \"local\"\ncommand = \"echo 'iter 10: loss 4.5, time 5.3ms'\"\n\
+         [report]\nline_pattern = 'step (?P<step>\\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'\n",
+    );
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let out = stdout(&run_ok(
+        sweep(root.path()).arg("report").arg(&m).arg("--no-plots"),
+    ));
+    assert!(
+        out.contains("no line of local.out matches [report] line_pattern `step (?P<step>")
+            && out.contains("its last line: `iter 10: loss 4.5, time 5.3ms`"),
+        "{out}"
+    );
+}
+
 #[test]
 fn a_failed_stage_cancels_the_runs_that_need_it() {
     let root = project();

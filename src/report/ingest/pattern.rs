@@ -24,6 +24,11 @@ pub struct Pattern {
 }
 
 impl Pattern {
+    /// The regex as written.
+    pub fn as_str(&self) -> &str {
+        self.re.as_str()
+    }
+
     pub fn new(pattern: &str, roles: &Roles) -> Result<Pattern, String> {
         let re = crate::util::text::regex(pattern)?;
         let groups: Vec<&str> = re.capture_names().flatten().collect();
