@@ -50,6 +50,22 @@ impl Engine {
             if matches!(state.auto_escape(), AutoEscape::Custom(name) if name == SH)
                 && !value.is_safe()
             {
+                if value.kind() == minijinja::value::ValueKind::Map {
+                    // `{{ run }}` for `{{ run.name }}`: a dump of the table
+                    // would reach the program as one garbled word.
+                    let fields: Vec<String> = value
+                        .try_iter()
+                        .map(|keys| keys.map(|k| k.to_string()).collect())
+                        .unwrap_or_default();
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!(
+                            "a table of values ({}), not one value: write one of its fields, e.g. `.{}`",
+                            fields.join(", "),
+                            fields.first().map_or("name", String::as_str)
+                        ),
+                    ));
+                }
                 let s = display(value);
                 if let Some(c) = crate::util::text::forbidden_char(&s, false) {
                     return Err(Error::new(
@@ -294,6 +310,20 @@ mod tests {
         assert_eq!(run("true | cat").status.code(), Some(0));
         let o = run("SWEEP_X='a b' printenv SWEEP_X");
         assert_eq!(String::from_utf8_lossy(&o.stdout), "a b\n");
+    }
+
+    #[test]
+    fn a_table_is_no_value_of_a_script() {
+        let mut e = Engine::new();
+        e.add("x.sh", "echo {{ run }}\n").unwrap();
+        let ctx = context! { run => context! { id => "a1", name => "r" } };
+        let err = describe(&e.render("x.sh", &ctx).unwrap_err());
+        assert!(
+            err.contains("a table of values (id, name)") && err.contains("`.id`"),
+            "{err}"
+        );
+        e.add("y.sh", "echo {{ run.name }}\n").unwrap();
+        assert_eq!(e.render("y.sh", &ctx).unwrap(), "echo r\n");
     }
 
     #[test]

@@ -541,7 +541,7 @@ impl<'a> Shared<'a> {
                     .m
                     .source
                     .at_value(&path, format!("derived value `{}` {why}", d.key));
-                diag.help = Some(format!("in the run with {}", show_params(&a.params)));
+                diag.help = Some(in_the_run(&a.params));
                 Box::new(diag)
             };
             let value = self
@@ -589,7 +589,7 @@ impl<'a> Shared<'a> {
                     "command",
                     format!("the command failed to render: {}", describe(&e)),
                 );
-                d.help = Some(format!("in the run with {}", show_params(params)));
+                d.help = Some(in_the_run(params));
                 d
             })?;
         Ok(cmd.trim().to_string())
@@ -637,7 +637,7 @@ impl<'a> Shared<'a> {
         let mut d = culprit.unwrap_or_else(|| self.m.locate(key.unwrap_or("defaults")));
         d.message = format!("invalid run configuration: {}", msg.trim());
         if !params.is_empty() {
-            d.help = Some(format!("in the run with {}", show_params(params)));
+            d.help = Some(in_the_run(params));
         }
         Box::new(d)
     }
@@ -717,7 +717,7 @@ impl<'a> Shared<'a> {
                     shown.escape_debug()
                 ),
             )
-            .with_help(format!("in the run with {}", show_params(params)))
+            .with_help(in_the_run(params))
             .into())
     }
 }

@@ -30,6 +30,15 @@ pub(super) fn show_params(params: &IndexMap<String, Json>) -> String {
         .join(", ")
 }
 
+/// Which run an error is in, for its help line: its values, or every run
+/// where the study has no axes.
+pub(super) fn in_the_run(params: &IndexMap<String, Json>) -> String {
+    match params.is_empty() {
+        true => "in every run (the study has no axes)".to_string(),
+        false => format!("in the run with {}", show_params(params)),
+    }
+}
+
 pub(super) fn check_names(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(runs.len());
     for (i, r) in runs.iter().enumerate() {
