@@ -16,15 +16,6 @@ pub fn say(line: &str) {
     eprintln!("{line}");
 }
 
-/// The manifest's plan, its warnings said.
-pub fn load_plan(root: &Path, manifest: &Path, allow_oom: bool) -> Result<Plan> {
-    let plan = study::load_plan(root, manifest, allow_oom)?;
-    for w in &plan.warnings {
-        eprintln!("warning: {w}");
-    }
-    Ok(plan)
-}
-
 /// What the command line asks of `submit` and `run`.
 fn request(args: &SubmitArgs) -> Request {
     Request {
@@ -55,7 +46,7 @@ fn cell(v: &serde_json::Value) -> String {
 }
 
 pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result<ExitCode> {
-    let plan = load_plan(root, manifest, allow_oom)?;
+    let plan = study::load_plan(root, manifest, allow_oom, &mut say)?;
     study::check_packed_time(&plan, &mut say)?;
     match json {
         true => println!("{}", serde_json::to_string_pretty(&plan_json(&plan))?),
@@ -259,7 +250,7 @@ pub fn render(
     allow_oom: bool,
     replace_changed: bool,
 ) -> Result<ExitCode> {
-    let plan = load_plan(root, manifest, allow_oom)?;
+    let plan = study::load_plan(root, manifest, allow_oom, &mut say)?;
     let s = study::render(&plan, manifest, replace_changed, &mut say)?;
     println!(
         "{} runs and {} stages under {} ({} files written, {} unchanged)",
@@ -364,7 +355,7 @@ fn print_event(e: Event<'_>, dry_run: bool) {
 }
 
 pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
-    let units = study::status(root, manifest)?;
+    let units = study::status(root, manifest, &mut say)?;
     if json {
         let rows: Vec<_> = units
             .iter()
@@ -413,7 +404,7 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
 }
 
 pub fn cancel(root: &Path, manifest: &Path) -> Result<ExitCode> {
-    let cancelled = study::cancel(root, manifest)?;
+    let cancelled = study::cancel(root, manifest, &mut say)?;
     if cancelled.is_empty() {
         println!("nothing pending or running");
     } else {

@@ -135,7 +135,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
             let theirs = sides(&theirs);
             let found = pair(&now, &theirs)
                 .into_iter()
-                .map(|t| t.and_then(Found::study))
+                .map(|t| t.and_then(|t| Found::study(&theirs[t])))
                 .collect();
             Ok(Check {
                 study,

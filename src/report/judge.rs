@@ -182,15 +182,15 @@ fn sample(r: &RunLog, f: &RunFigures) -> Option<RunSample> {
     })
 }
 
-/// Each side's counterpart among `theirs`: the same identity, else the
-/// same name.
-pub fn pair<'a>(now: &[Side], theirs: &'a [Side]) -> Vec<Option<&'a Side>> {
+/// Each side's counterpart among `theirs`, by position: the same identity,
+/// else the same name.
+pub fn pair(now: &[Side], theirs: &[Side]) -> Vec<Option<usize>> {
     now.iter()
         .map(|s| {
             theirs
                 .iter()
-                .find(|t| t.id == s.id)
-                .or_else(|| theirs.iter().find(|t| t.name == s.name))
+                .position(|t| t.id == s.id)
+                .or_else(|| theirs.iter().position(|t| t.name == s.name))
         })
         .collect()
 }
@@ -470,10 +470,7 @@ pub fn compare(
     let both: Vec<(usize, usize)> = pair(&side_a, &side_b)
         .into_iter()
         .enumerate()
-        .filter_map(|(i, b)| {
-            let b = b?;
-            Some((i, side_b.iter().position(|x| std::ptr::eq(x, b))?))
-        })
+        .filter_map(|(i, b)| Some((i, b?)))
         .collect();
     if both.is_empty() {
         let names = |s: &[Side]| {

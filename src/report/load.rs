@@ -397,6 +397,18 @@ fn keep_current(found: &mut Vec<Found>, rec: &StudyRecord) -> Vec<summary::Probl
     stale
 }
 
+/// A log and its last non-empty line (cut as tables cut cells), read from
+/// its end.
+fn last_line(log: &Path) -> Option<(PathBuf, String)> {
+    let bytes = crate::util::fs::read_tail(log, 4096).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    Some((
+        log.to_path_buf(),
+        crate::util::text::cell(line).into_owned(),
+    ))
+}
+
 /// Whether a directory holds what a run writes (its metrics or a job's
 /// log): a run's directory whose record is gone.
 fn has_run_logs(dir: &Path) -> bool {
@@ -582,18 +594,12 @@ fn read_run(
                 Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
             }
             logs.sort();
-            let mut last_line = None;
             for l in &logs {
                 match ingest::read_log(l, Some(study_dir)) {
                     Ok(bytes) => {
                         let (points, omitted) = ingest::pattern::parse(re, &bytes);
                         run.points.extend(points);
                         run.issues.extend(omitted.describe(l));
-                        let text = String::from_utf8_lossy(&bytes);
-                        if let Some(line) = text.lines().rev().find(|l| !l.trim().is_empty()) {
-                            last_line =
-                                Some((l.clone(), crate::util::text::cell(line).into_owned()));
-                        }
                     }
                     Err(why) => run.issues.push(why),
                 }
@@ -602,15 +608,15 @@ fn read_run(
             // says instead (a pattern that does not fit the program's lines
             // is the likely cause), rather than "no metrics".
             let completed = run.status.state == crate::executor::State::Completed;
-            if let (true, true, Some((log, line))) = (run.points.is_empty(), completed, last_line) {
-                if run.issues.is_empty() {
-                    run.reason = Some(format!(
-                        "no line of {} matches [report] line_pattern `{}`; its last line: `{line}`",
-                        log.file_name()
-                            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-                        crate::util::text::cell(re.as_str())
-                    ));
-                }
+            let unmatched = run.points.is_empty() && completed && run.issues.is_empty();
+            if let Some((log, line)) = logs.last().filter(|_| unmatched).and_then(|l| last_line(l))
+            {
+                run.reason = Some(format!(
+                    "no line of {} matches [report] line_pattern `{}`; its last line: `{line}`",
+                    log.file_name()
+                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                    crate::util::text::cell(re.as_str())
+                ));
             }
         }
         None => {

@@ -33,15 +33,16 @@ pub struct Request {
 /// Where a command says what it does while it works.
 pub type Say<'a> = &'a mut dyn FnMut(&str);
 
-/// The manifest's plan. `allow_oom`: runs estimated not to fit their GPU
-/// are planned anyway (`--allow-oom`, and commands that only look at runs);
-/// otherwise they are an error. The plan's warnings are its own to show.
-pub fn load_plan(root: &Path, manifest: &Path, allow_oom: bool) -> Result<Plan> {
+/// The manifest's plan, its warnings said. `allow_oom`: runs estimated not
+/// to fit their GPU are planned anyway (`--allow-oom`, and commands that
+/// only look at runs); otherwise they are an error.
+pub fn load_plan(root: &Path, manifest: &Path, allow_oom: bool, say: Say) -> Result<Plan> {
     let m = Manifest::load(manifest, root)?;
-    Ok(Plan::new(
-        m,
-        &PlanOptions::new(allow_oom, RuntimeOptions::current()),
-    )?)
+    let plan = Plan::new(m, &PlanOptions::new(allow_oom, RuntimeOptions::current()))?;
+    for w in &plan.warnings {
+        say(&format!("warning: {w}"));
+    }
+    Ok(plan)
 }
 
 /// A packed study's blocks against its partition's time limit, as `sinfo`
@@ -81,9 +82,9 @@ pub fn render(
 
 /// Plans, renders and collects the current state of every unit (for the
 /// commands that look: nothing is written).
-pub fn prepare(root: &Path, manifest: &Path) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
+pub fn prepare(root: &Path, manifest: &Path, say: Say) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
     // Looking at runs never refuses them for memory.
-    let plan = load_plan(root, manifest, true)?;
+    let plan = load_plan(root, manifest, true, say)?;
     let rendered = render::render(&plan)?;
     let (units, status) = units_of(&plan, &rendered)?;
     Ok((plan, units, status))
@@ -215,10 +216,7 @@ impl Submission {
     /// Plans, renders under the lock and decides. `verb`: the command
     /// (`submit`, `run`), for a second `sweep` to name.
     pub fn new(root: &Path, req: &Request, verb: &str, say: Say) -> Result<Submission> {
-        let plan = load_plan(root, &req.manifest, req.allow_oom)?;
-        for w in &plan.warnings {
-            say(&format!("warning: {w}"));
-        }
+        let plan = load_plan(root, &req.manifest, req.allow_oom, say)?;
         let kind = req
             .executor
             .or(plan.manifest.executor)
@@ -344,8 +342,8 @@ pub struct UnitState {
 }
 
 /// Every unit of the study with its current state.
-pub fn status(root: &Path, manifest: &Path) -> Result<Vec<UnitState>> {
-    let (_plan, units, status) = prepare(root, manifest)?;
+pub fn status(root: &Path, manifest: &Path, say: Say) -> Result<Vec<UnitState>> {
+    let (_plan, units, status) = prepare(root, manifest, say)?;
     Ok(units
         .into_iter()
         .zip(status)
@@ -358,7 +356,7 @@ pub fn status(root: &Path, manifest: &Path) -> Result<Vec<UnitState>> {
 }
 
 /// Cancels every job of the study that is pending or running; their ids.
-pub fn cancel(root: &Path, manifest: &Path) -> Result<Vec<String>> {
-    let (_plan, units, status) = prepare(root, manifest)?;
+pub fn cancel(root: &Path, manifest: &Path, say: Say) -> Result<Vec<String>> {
+    let (_plan, units, status) = prepare(root, manifest, say)?;
     executor::cancel(&units, &status)
 }
