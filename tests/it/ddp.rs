@@ -506,14 +506,16 @@ fn a_rank_killed_mid_run_fails_the_job_within_a_minute() {
 }
 
 /// A two-rank run logs every rank's compute time per interval and the
-/// ranks' hosts; measured again (`sweep submit --again`, which leaves the
-/// report to `sweep report`), its log is given a straggler — rank 1's
-/// compute four times its peer's, the run's throughput halved, as a rank on
-/// a busy core makes it — before the report reads it: the report names rank
-/// 1 and its node with the figures, and `sweep check --history` names it
-/// beside the regression it causes. Nothing here depends on the machine's
-/// load (a rank on a core three busy processes share is a demonstration,
-/// not a test: docs/data-parallelism.md).
+/// ranks' hosts. Both runs' speeds are then set by the test, so the verdict
+/// rests on the edit alone and not on the machine's load: measured
+/// (`sweep submit`, which leaves the report to `sweep report`) and reported
+/// at set speeds, measured again with `--again`, and its two-rank log given
+/// a straggler — rank 1's compute four times its peer's, the run's
+/// throughput halved, as a rank on a busy core makes it — before the report
+/// reads it: the report names rank 1 and its node with the figures, and
+/// `sweep check --history` names it beside the regression it causes (a rank
+/// on a core three busy processes share is a demonstration, not a test:
+/// docs/data-parallelism.md).
 #[test]
 fn a_slow_rank_is_named_a_straggler_in_the_report_and_the_check() {
     let root = project();
@@ -523,38 +525,17 @@ fn a_slow_rank_is_named_a_straggler_in_the_report_and_the_check() {
         "training_steps = 16",
         Data::Bundled,
     );
-    run_ok(sweep(root.path()).arg("run").arg(&m));
-    run_ok(sweep(root.path()).args(["submit", "--again"]).arg(&m));
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-    let host = host.trim();
     let dir = root.path().join("results/ddp-straggler");
-    let path = dir.join("ranks-2/metrics.jsonl");
-    let log = std::fs::read_to_string(&path).unwrap();
-    let mut records: Vec<serde_json::Value> = log
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(
-        records[0]["hosts"],
-        serde_json::json!([host, host]),
-        "{log}"
-    );
-    let mut steps = 0;
-    for r in records.iter_mut().filter(|r| r.get("loss").is_some()) {
-        let times: Vec<f64> = serde_json::from_value(r["rank_compute_s"].clone()).unwrap();
-        assert!(
-            times.len() == 2 && times.iter().all(|t| t.is_finite() && *t > 0.0),
-            "{r}"
-        );
-        r["rank_compute_s"] = serde_json::json!([times[0], 4.0 * times[0]]);
-        for key in ["tokens_per_second", "global_tokens_per_second"] {
-            r[key] = (r[key].as_f64().unwrap() / 2.0).into();
-        }
-        steps += 1;
-    }
-    assert_eq!(steps, 16);
-    let text: String = records.iter().map(|r| format!("{r}\n")).collect();
-    std::fs::write(&path, text).unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim().to_string();
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    set_speeds(&dir.join("ranks-1/metrics.jsonl"), &host, 1, false);
+    set_speeds(&dir.join("ranks-2/metrics.jsonl"), &host, 2, false);
+    run_ok(sweep(root.path()).arg("report").arg(&m));
+
+    run_ok(sweep(root.path()).args(["submit", "--again"]).arg(&m));
+    set_speeds(&dir.join("ranks-1/metrics.jsonl"), &host, 1, false);
+    set_speeds(&dir.join("ranks-2/metrics.jsonl"), &host, 2, true);
 
     let out = run_ok(sweep(root.path()).arg("report").arg(&m));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -580,4 +561,47 @@ fn a_slow_rank_is_named_a_straggler_in_the_report_and_the_check() {
         text.contains("ranks-2 regressed; straggler ranks-2: rank 1 of 2 on node"),
         "{text}"
     );
+}
+
+/// Checks what the trainer logged in `path` (16 steps; for two ranks, their
+/// hosts and each one's compute time, finite, at every step) and sets every
+/// step's speed: 1000 tokens/s per rank with a 1% spread that repeats, the
+/// same at every measurement; halved, with rank 1's compute four times rank
+/// 0's, where `straggle`.
+fn set_speeds(path: &Path, host: &str, ranks: usize, straggle: bool) {
+    let log = std::fs::read_to_string(path).unwrap();
+    let mut records: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    if ranks > 1 {
+        assert_eq!(
+            records[0]["hosts"],
+            serde_json::json!(vec![host; ranks]),
+            "{log}"
+        );
+    }
+    let mut steps = 0;
+    for r in records.iter_mut().filter(|r| r.get("loss").is_some()) {
+        if ranks > 1 {
+            let times: Vec<f64> = serde_json::from_value(r["rank_compute_s"].clone()).unwrap();
+            assert!(
+                times.len() == ranks && times.iter().all(|t| t.is_finite() && *t > 0.0),
+                "{r}"
+            );
+            let compute = match straggle {
+                false => vec![0.1; ranks],
+                true => vec![0.1, 0.4],
+            };
+            r["rank_compute_s"] = serde_json::json!(compute);
+        }
+        let spread = 1.0 + 0.01 * ((steps % 3) as f64 - 1.0);
+        let speed = if straggle { 500.0 } else { 1000.0 } * spread;
+        r["tokens_per_second"] = speed.into();
+        r["global_tokens_per_second"] = (speed * ranks as f64).into();
+        steps += 1;
+    }
+    assert_eq!(steps, 16);
+    let text: String = records.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(path, text).unwrap();
 }
