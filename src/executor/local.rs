@@ -9,9 +9,10 @@
 //! the next `sweep run` continues them.
 
 use super::{ended, job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
-use crate::manifest::ExecutorKind;
+use crate::manifest::{ExecutorKind, Launcher};
+use crate::util::process::find_in_path;
 use crate::util::signals::{self, StopSignals};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
@@ -161,18 +162,25 @@ impl Executor for LocalExecutor {
                 ..Default::default()
             });
         }
-        // Every rank of a local run is a process on this machine.
-        if let Some(u) = units
+        // Every run can start here, or nothing starts: every rank of a
+        // local run is a process on this machine.
+        for u in units
             .iter()
             .zip(decisions)
-            .find(|(u, d)| **d == Decision::Submit && u.ranks > MAX_RANKS)
+            .filter(|(_, d)| **d == Decision::Submit)
             .map(|(u, _)| u)
         {
-            bail!(
-                "{} has {} ranks, and the local executor starts every rank on this machine (at most {MAX_RANKS}): submit it to SLURM (`--executor slurm`)",
-                u.name,
-                u.ranks
-            );
+            let launch = u.local.as_ref().map_err(|why| anyhow!("{why}"))?;
+            if launch.world_size > MAX_RANKS {
+                bail!(
+                    "{} has {} ranks, and the local executor starts every rank on this machine (at most {MAX_RANKS}): submit it to SLURM (`--executor slurm`)",
+                    u.name,
+                    launch.world_size
+                );
+            }
+            if launch.launcher == Launcher::Torchrun && find_in_path("torchrun").is_none() {
+                bail!("{}: `launcher = \"torchrun\"`, and there is no torchrun on PATH: install PyTorch (pip install torch) where sweep runs, or activate its environment", u.name);
+            }
         }
         let (outcomes, interrupted) = run(units, decisions, self.0, on)?;
         Ok(Submitted {
@@ -499,21 +507,25 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         .last_job()
         .map(|j| j.job_id.clone())
         .unwrap_or_default();
-    let line = crate::template::launch_line(&u.command);
-    let program = if u.ranks > 1 {
-        ranks_command(u.ranks, &line)?
-    } else {
-        let mut c = Command::new("bash");
-        c.args(["-c", &line])
-            .env("RANK", "0")
-            .env("LOCAL_RANK", "0")
-            .env("WORLD_SIZE", "1");
-        c
+    let launch = u.local.as_ref().map_err(|why| anyhow!("{why}"))?;
+    let mut program = match launch.launcher {
+        Launcher::Mpirun => mpirun(launch.tasks, &["bash", "-c", &launch.line])?,
+        Launcher::None | Launcher::Torchrun => {
+            let mut c = Command::new("bash");
+            c.args(["-c", &launch.line]);
+            c
+        }
+        Launcher::Srun => bail!("{}: srun starts ranks on a SLURM cluster, not here", u.name),
     };
+    program.envs(launch.environment("127.0.0.1", free_port()?));
     ended::clear(&u.dir)?;
     let mut cmd = recording_exit(&program, &u.dir, &job_id);
     // The job's cores are shared among its ranks.
-    let threads = (threads / u.ranks as usize).max(1);
+    let ranks = match launch.launcher {
+        Launcher::None => 1,
+        _ => launch.world_size.max(1),
+    };
+    let threads = (threads / ranks as usize).max(1);
     cmd.envs(job_env(u))
         .env("SWEEP_THREADS", threads.to_string())
         .env("RAYON_NUM_THREADS", threads.to_string())
@@ -569,17 +581,18 @@ trap : INT TERM HUP
     c
 }
 
-/// `mpirun -n N bash -c <line>`: N ranks of a data-parallel run on this
-/// machine, each learning its rank from the MPI launcher. `mpirun` stops
-/// every rank when one exits with an error or dies.
-fn ranks_command(ranks: u32, line: &str) -> Result<Command> {
-    mpirun(ranks, &["bash", "-c", line])
+/// A TCP port free on this machine now, for a run's rendezvous
+/// (`MASTER_PORT`): runs side by side each get their own.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .context("finding a free port for a run's MASTER_PORT")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// `mpirun -n N <argv>` for ranks on this machine, with the settings that let
 /// Open MPI run in containers and VMs.
 pub fn mpirun(ranks: u32, argv: &[&str]) -> Result<Command> {
-    if crate::util::process::find_in_path("mpirun").is_none() {
+    if find_in_path("mpirun").is_none() {
         bail!("{ranks} ranks on this machine are started with `mpirun`, and there is none on PATH: install Open MPI (apt-get install openmpi-bin) or MPICH");
     }
     let mut c = Command::new("mpirun");

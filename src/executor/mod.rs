@@ -15,6 +15,8 @@ mod state;
 pub use state::{State, Status};
 
 use crate::manifest::ExecutorKind;
+use crate::manifest::Launcher;
+use crate::plan::launch::Launch;
 pub use crate::plan::record::UnitKind;
 use crate::plan::record::{JobRecord, RunRecord};
 use crate::plan::render::{Rendered, RenderedDir};
@@ -41,10 +43,8 @@ pub struct Unit {
     pub slurm: crate::manifest::SlurmSpec,
     /// The block this run is packed into (`[slurm] pack`).
     pub pack: Option<u32>,
-    /// Processes the local executor starts (through `mpirun`) for a
-    /// data-parallel run of the built-in trainer; 1 otherwise (a `command`
-    /// run launches its own ranks).
-    pub ranks: u32,
+    /// How the local executor starts its processes, or why it cannot.
+    pub local: Result<Launch, String>,
 }
 
 impl Unit {
@@ -87,14 +87,17 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
     let bin = &plan.sweep_bin;
     let mut out = Vec::new();
     for (s, r) in plan.stages.iter().zip(&rendered.stages) {
+        let command = s.command(bin);
+        let line = crate::template::launch_line(&command);
+        let local = Ok(Launch::new(Launcher::None, 1, 1, &line));
         out.push(unit(
             UnitKind::Stage,
             r,
-            s.command(bin),
+            command,
             None,
             &s.slurm,
             None,
-            1,
+            local,
         ));
     }
     for (run, r) in plan.runs.iter().zip(&rendered.runs) {
@@ -105,10 +108,7 @@ pub fn units(plan: &Plan, rendered: &Rendered) -> Vec<Unit> {
             run.stage,
             &run.slurm,
             run.block.filter(|_| run.slurm.pack).map(|b| b.block),
-            match run.job {
-                crate::plan::Job::Train(_) => run.world_size(),
-                crate::plan::Job::Command(_) => 1,
-            },
+            run.launch_on(ExecutorKind::Local, bin),
         ));
     }
     out
@@ -121,7 +121,7 @@ fn unit(
     stage: Option<usize>,
     slurm: &crate::manifest::SlurmSpec,
     pack: Option<u32>,
-    ranks: u32,
+    local: Result<Launch, String>,
 ) -> Unit {
     Unit {
         kind,
@@ -134,7 +134,7 @@ fn unit(
         script: r.script.clone(),
         slurm: slurm.clone(),
         pack,
-        ranks,
+        local,
     }
 }
 
@@ -373,7 +373,7 @@ mod tests {
             script: String::new(),
             slurm: Default::default(),
             pack: None,
-            ranks: 1,
+            local: Ok(Launch::new(Launcher::None, 1, 1, "true")),
         }
     }
 

@@ -93,6 +93,41 @@ pub enum ExecutorKind {
     Slurm,
 }
 
+/// How a `command` run's processes are started (`[defaults] launcher`), and
+/// so which rank variables they see: none at all, or all six (`RANK`,
+/// `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
+/// `MASTER_PORT`). Left out: none for one rank, else the executor's own
+/// (`srun` on SLURM, `mpirun` on this machine). docs/manifest.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Launcher {
+    /// The command runs once, as written, with no rank variables: it starts
+    /// its own processes, if any.
+    None,
+    /// One process per task, started by SLURM's `srun`.
+    Srun,
+    /// One process per task, started by `mpirun`.
+    Mpirun,
+    /// PyTorch's `torchrun`, once per node, starting one process per task
+    /// on its node with its rendezvous at the first node.
+    Torchrun,
+}
+
+impl Launcher {
+    pub const NAMES: [&'static str; 4] = ["none", "srun", "mpirun", "torchrun"];
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    pub fn parse(s: &str) -> Option<Launcher> {
+        use Launcher::*;
+        [None, Srun, Mpirun, Torchrun]
+            .into_iter()
+            .find(|l| l.as_str() == s)
+    }
+}
+
 /// `[slurm]`: what every job asks of the scheduler. Axes may vary any of these
 /// keys as `slurm.<key>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@
 
 mod expand;
 pub mod identity;
+pub mod launch;
 pub mod pack;
 pub mod record;
 pub mod render;
@@ -16,7 +17,7 @@ use crate::template::shell_quote;
 pub use crate::config::PretokenizedFormat;
 use crate::config::{PlanHints, SpecialTokens, TrainConfig};
 use crate::estimate::memory::MemoryEstimate;
-use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
+use crate::manifest::{Diagnostics, ExecutorKind, Launcher, Manifest, SlurmSpec};
 use indexmap::IndexMap;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -49,6 +50,8 @@ pub struct Run {
     /// Axis values and derived values, in axis order: what distinguishes runs.
     pub params: IndexMap<String, serde_json::Value>,
     pub job: Job,
+    /// A command run's `launcher`, where the manifest sets one.
+    pub launcher: Option<Launcher>,
     pub slurm: SlurmSpec,
     /// Index into `Plan::stages` of the stage this run waits for.
     pub stage: Option<usize>,
@@ -62,6 +65,49 @@ impl Run {
     /// refuses runs where it does not fit in a u32).
     pub fn world_size(&self) -> u32 {
         u32::try_from(self.slurm.tasks()).unwrap_or(u32::MAX)
+    }
+
+    /// How the run's processes start under `executor`: the built-in
+    /// trainer's ranks by `srun` on SLURM and `mpirun` on this machine (one
+    /// rank here: no launcher); a command's by its `launcher`, else none for
+    /// one rank, else the executor's own. An error says why a launcher
+    /// cannot start the run there.
+    pub fn launcher_on(&self, executor: ExecutorKind) -> Result<Launcher, String> {
+        let several = self.world_size() > 1;
+        use ExecutorKind::{Local, Slurm};
+        let chosen = match (&self.job, self.launcher, executor) {
+            (Job::Train(_), _, Slurm) => Launcher::Srun,
+            (Job::Train(_), _, Local) if several => Launcher::Mpirun,
+            (Job::Train(_), _, Local) => Launcher::None,
+            (Job::Command(_), Some(chosen), _) => chosen,
+            (Job::Command(_), None, _) if !several => Launcher::None,
+            (Job::Command(_), None, Slurm) => Launcher::Srun,
+            (Job::Command(_), None, Local) => Launcher::Mpirun,
+        };
+        match (chosen, executor) {
+            (Launcher::Srun, Local) => Err(format!(
+                "{}: `launcher = \"srun\"` starts ranks on a SLURM cluster, not on this machine: use \"mpirun\" or \"torchrun\" here, or leave `launcher` out",
+                self.name
+            )),
+            _ => Ok(chosen),
+        }
+    }
+
+    /// What starts the run's processes under `executor`, and the line each
+    /// of them runs.
+    pub fn launch_on(
+        &self,
+        executor: ExecutorKind,
+        sweep_bin: &str,
+    ) -> Result<launch::Launch, String> {
+        let line = crate::template::launch_line(&self.command(sweep_bin));
+        let (nodes, per_node) = (self.slurm.nodes.get(), self.slurm.ntasks_per_node.get());
+        Ok(launch::Launch::new(
+            self.launcher_on(executor)?,
+            nodes,
+            per_node,
+            &line,
+        ))
     }
 
     /// Estimated peak memory per device (built-in trainer runs), against

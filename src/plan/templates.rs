@@ -1,9 +1,10 @@
 //! Job-script templates: the project's `templates/` folder when it has one,
 //! else the copies built into the binary; a manifest may name its own file.
 
+use super::launch::Launch;
 use super::record::UnitKind;
 use super::{Plan, Run, Stage};
-use crate::manifest::{Diagnostic, Diagnostics, SlurmSpec, TemplateChoice};
+use crate::manifest::{Diagnostic, Diagnostics, ExecutorKind, Launcher, SlurmSpec, TemplateChoice};
 use crate::template::{describe, Engine};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -63,7 +64,11 @@ struct ScriptContext<'a> {
     /// A run of a packed block (`[slurm] pack`): its job step takes its own
     /// size, time and first node out of the block's allocation.
     packed: bool,
+    /// The program line, as written (what a template of an earlier build
+    /// launches on every task).
     command: minijinja::Value,
+    /// What starts the run's processes, and the line each runs.
+    launch: Launch,
 }
 
 #[derive(Serialize)]
@@ -172,14 +177,10 @@ impl Templates {
             name: &run.name,
             dir: &run.dir,
         };
-        self.render(
-            plan,
-            &run.slurm,
-            UnitKind::Run,
-            info,
-            run.command(sweep_bin),
-            sweep_bin,
-        )
+        let launch = run
+            .launch_on(ExecutorKind::Slurm, sweep_bin)
+            .map_err(|why| Diagnostics::from(Diagnostic::new(&plan.manifest.path, why)))?;
+        self.render(plan, &run.slurm, UnitKind::Run, info, launch, sweep_bin)
     }
 
     pub fn stage_script(
@@ -193,14 +194,10 @@ impl Templates {
             name: &stage.name,
             dir: &stage.dir,
         };
-        self.render(
-            plan,
-            &stage.slurm,
-            UnitKind::Stage,
-            info,
-            stage.command(sweep_bin),
-            sweep_bin,
-        )
+        let line = crate::template::launch_line(&stage.command(sweep_bin));
+        let (nodes, per_node) = (stage.slurm.nodes.get(), stage.slurm.ntasks_per_node.get());
+        let launch = Launch::new(Launcher::Srun, nodes, per_node, &line);
+        self.render(plan, &stage.slurm, UnitKind::Stage, info, launch, sweep_bin)
     }
 
     fn render(
@@ -209,7 +206,7 @@ impl Templates {
         slurm: &SlurmSpec,
         kind: UnitKind,
         run: RunInfo<'_>,
-        command: String,
+        launch: Launch,
         sweep_bin: &str,
     ) -> Result<String, Diagnostics> {
         let name = Self::resolve(slurm);
@@ -230,7 +227,8 @@ impl Templates {
                 .unwrap_or_else(|| plan.manifest.name.clone()),
             slurm,
             packed: slurm.pack && kind == UnitKind::Run,
-            command: minijinja::Value::from_safe_string(crate::template::launch_line(&command)),
+            command: minijinja::Value::from_safe_string(launch.command.clone()),
+            launch,
         };
         self.engine
             .render(&name, &crate::template::context(&ctx))

@@ -11,6 +11,7 @@ mod faults;
 mod gpu;
 mod guards;
 mod history;
+mod launch;
 mod local;
 mod manifests;
 #[cfg(feature = "mpi")]

@@ -383,6 +383,7 @@ fn hostile_values_never_add_a_directive_or_a_command() {
 command = "printf '%s|' {{ msg }}"
 [defaults]
 msg = "a'b; touch pwned-command #SBATCH --wrap=id"
+launcher = "srun"
 [slurm]
 job_name = "job 'x' #SBATCH --wrap=id; $(touch pwned-name)"
 partition = "debug #SBATCH --qos=high"

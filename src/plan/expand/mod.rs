@@ -9,11 +9,11 @@ mod values;
 use super::identity::{RunIdentity, Work};
 use super::{Job, Plan, PretokenizedFormat, Run, Stage};
 use crate::config::{DeviceKind, Features, TrainConfig};
-use crate::manifest::ExecutorKind;
 use crate::manifest::{
     did_you_mean, join_key, known_fields, Design, Diagnostic, Diagnostics, Manifest, Mode,
     SlurmSpec, REPEAT,
 };
+use crate::manifest::{ExecutorKind, Launcher};
 use crate::template::{describe, Engine};
 use crate::util::hash::short_id;
 use crate::util::text::{describe_char, forbidden_char};
@@ -374,6 +374,10 @@ impl<'a> Shared<'a> {
         if let Some(cfg) = &train {
             self.ranks(&a, &mut slurm, cfg)?;
         }
+        let launcher = match train {
+            Some(_) => None,
+            None => self.launcher(&a, &slurm)?,
+        };
 
         // Identity: the resolved configuration and the shape of the job, never
         // the run's name or the manifest's cosmetic fields.
@@ -424,11 +428,51 @@ impl<'a> Shared<'a> {
             configuration,
             params: a.params,
             job,
+            launcher,
             slurm,
             stage: None,
             dir,
             block: None,
         })
+    }
+
+    /// A command run's `launcher`, where it sets one: a known name that can
+    /// start the run where it runs (a packed run is a job step, which only
+    /// `srun` places; `srun` needs SLURM).
+    fn launcher(
+        &self,
+        a: &Assembly,
+        slurm: &SlurmSpec,
+    ) -> Result<Option<Launcher>, Box<Diagnostic>> {
+        let Some(value) = a.table.get("launcher") else {
+            if slurm.tasks() == 1 && !slurm.srun_args.is_empty() {
+                let msg = "`srun_args` are given to srun, and a command run of one task has no launcher: it runs as written in its job script; set `launcher = \"srun\"` in [defaults] to start it with srun";
+                return Err(self.error_in(&a.params, Some("slurm.srun_args"), msg));
+            }
+            return Ok(None);
+        };
+        let launcher = value.as_str().and_then(Launcher::parse).ok_or_else(|| {
+            let hint = match value
+                .as_str()
+                .and_then(|s| did_you_mean(s, Launcher::NAMES))
+            {
+                Some(n) => format!(" (did you mean `{n}`?)"),
+                None => String::new(),
+            };
+            let msg = format!(
+                "`launcher = {value}` is not a launcher{hint}: use one of {}",
+                Launcher::NAMES.map(|n| format!("\"{n}\"")).join(", ")
+            );
+            self.error_in(&a.params, Some("launcher"), &msg)
+        })?;
+        let local = self.m.executor == Some(ExecutorKind::Local);
+        let why = match launcher {
+            Launcher::Srun if local => "`launcher = \"srun\"` starts ranks on a SLURM cluster, and this study runs on this machine (`executor = \"local\"`): use \"mpirun\" or \"torchrun\", or leave `launcher` out",
+            Launcher::Mpirun if slurm.pack => "a packed run (`[slurm] pack`) is a job step of its block, which `mpirun` cannot place: use \"srun\" or \"torchrun\"",
+            Launcher::None | Launcher::Mpirun if !slurm.srun_args.is_empty() => "`[slurm] srun_args` are given to srun, which this launcher does not use: remove them, or use \"srun\" or \"torchrun\"",
+            _ => return Ok(Some(launcher)),
+        };
+        Err(self.error_in(&a.params, Some("launcher"), why))
     }
 
     /// The axis values of one combination, set into copies of `[defaults]` and `[slurm]`.

@@ -14,6 +14,10 @@ pub(super) fn check_train(
     table: &toml::Table,
     features: Features,
 ) -> Result<TrainConfig, (Option<&'static str>, String)> {
+    if table.contains_key("launcher") {
+        let msg = "`launcher` is for a `command` study: sweep starts the built-in trainer's ranks itself (srun on SLURM, mpirun on this machine)";
+        return Err((Some("launcher"), msg.to_string()));
+    }
     let cfg = parse_train(table).map_err(|e| (None, e.message().to_string()))?;
     cfg.validate()
         .and_then(|()| cfg.check_build(features))
