@@ -302,12 +302,10 @@ fn peak() -> Result<()> {
     println!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
     for kernel in kernels {
         for threads in 1..=cores {
-            // candle reads the variable; the bf16 kernel runs on the current pool.
+            // candle reads the variable (as the trainer sets it); the
+            // measurement runs on a pool of `threads`.
             std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()?;
-            let p = pool.install(|| refresh(kernel, threads))?;
+            let p = refresh(kernel, threads)?;
             println!(
                 "  {:<22} {threads} thread(s): {:8.1} GFLOP/s",
                 kernel.describe(),

@@ -1,8 +1,9 @@
 //! The CPU's peak: the matrix-product throughput the trainer's own kernels
 //! reach on this machine and thread count (what MFU is measured against on a
 //! CPU): candle's f32 GEMM for `f32`, sweep's bf16 kernel for `bf16-mixed`.
-//! Measured once and cached per CPU model, kernel and thread count;
-//! `sweep bench peak` refreshes it.
+//! Measured once and cached per CPU model, kernel and thread count, with
+//! the date (`~/.cache/sweep/cpu-peak.json`); `sweep bench peak` refreshes
+//! it for every thread count.
 
 use super::ops::linear::bf16_gemm::{self, Bf16Kernel, View};
 use anyhow::Result;
@@ -31,11 +32,25 @@ impl Kernel {
     }
 }
 
+/// `cpu-peak.json`: one measured peak per CPU model, kernel and thread
+/// count. A cache in another format is measured again, never misread.
 #[derive(Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Cache {
     /// "<cpu model>/<threads>" (f32), "<cpu model>/bf16/<threads>" or
-    /// "<cpu model>/bf16-portable/<threads>" -> FLOP/s
-    peaks: BTreeMap<String, f64>,
+    /// "<cpu model>/bf16-portable/<threads>" -> its measurement
+    peaks: BTreeMap<String, Peak>,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Peak {
+    flops: f64,
+    cpu: String,
+    kernel: String,
+    threads: usize,
+    /// When it was measured (RFC 3339, UTC).
+    measured_at: String,
 }
 
 fn cache_path() -> PathBuf {
@@ -61,8 +76,17 @@ fn key(kernel: Kernel, threads: usize) -> String {
 }
 
 /// Best FLOP/s over square products of 256, 512 and 1024, three rounds each,
-/// on the current rayon/candle thread count (`RAYON_NUM_THREADS`).
-pub fn measure(kernel: Kernel) -> Result<f64> {
+/// on a pool of `threads` (candle splits its products by
+/// `RAYON_NUM_THREADS`, which the trainer sets to the same count; the pool
+/// bounds both kernels to it whatever the process's global pool is).
+pub fn measure(kernel: Kernel, threads: usize) -> Result<f64> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()?
+        .install(|| measure_here(kernel))
+}
+
+fn measure_here(kernel: Kernel) -> Result<f64> {
     let mut best = 0f64;
     for n in [256usize, 512, 1024] {
         let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
@@ -110,16 +134,23 @@ fn load() -> Cache {
 /// The cached peak for this CPU, kernel and thread count, measured on first use.
 pub fn cpu_peak(kernel: Kernel, threads: usize) -> Result<f64> {
     match load().peaks.get(&key(kernel, threads)) {
-        Some(p) => Ok(*p),
+        Some(p) => Ok(p.flops),
         None => refresh(kernel, threads),
     }
 }
 
 /// Measures again and stores the result (for `sweep bench peak`).
 pub fn refresh(kernel: Kernel, threads: usize) -> Result<f64> {
-    let p = measure(kernel)?;
+    let p = measure(kernel, threads)?;
     let mut cache = load();
-    cache.peaks.insert(key(kernel, threads), p);
+    let peak = Peak {
+        flops: p,
+        cpu: cpu_model(),
+        kernel: kernel.describe().to_string(),
+        threads,
+        measured_at: crate::util::now_rfc3339(),
+    };
+    cache.peaks.insert(key(kernel, threads), peak);
     // A cache that cannot be written only costs a measurement next time.
     let path = cache_path();
     if std::fs::create_dir_all(crate::util::fs::parent_dir(&path)).is_ok() {
