@@ -23,6 +23,13 @@ pub const GROUPED_DIR: &str = "grouped";
 /// Everything rendering writes: what a directory holds besides outputs.
 pub const RENDERED: [&str; 4] = [CONFIG_TOML, JOB_SBATCH, RUN_JSON, STAGE_JSON];
 
+/// What a job writes as it runs and ends: the built-in trainer's metrics
+/// (one JSON record per logged step), its checkpoints, and the job shell's
+/// exit status (`<job id> <$?>`, by both executors).
+pub const METRICS_JSONL: &str = "metrics.jsonl";
+pub const CHECKPOINTS_DIR: &str = "checkpoints";
+pub const EXIT_CODE: &str = "exit_code";
+
 /// What the job found of the machine it ran on, written by the job itself
 /// (`sweep fingerprint`).
 pub const ENVIRONMENT_JSON: &str = "environment.json";

@@ -11,7 +11,7 @@ use anyhow::Result;
 use std::path::Path;
 
 /// The job shell's exit status: `<job id> <$?>`.
-pub const EXIT_CODE: &str = "exit_code";
+pub use crate::layout::EXIT_CODE;
 /// The job `sweep cancel` cancelled: `<job id>`.
 pub const CANCELLED: &str = "cancelled";
 

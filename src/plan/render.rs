@@ -5,9 +5,11 @@
 use super::record::{ManifestRef, RunRecord, StudyRecord, UnitKind};
 use super::templates::Templates;
 use super::{Job, Plan};
-use crate::layout::{CONFIG_TOML, JOB_SBATCH, STUDY_JSON};
+use crate::layout::{
+    CHECKPOINTS_DIR, CONFIG_TOML, EXIT_CODE, JOB_SBATCH, METRICS_JSONL, STUDY_JSON,
+};
 use crate::manifest::{Diagnostic, Diagnostics};
-use crate::util::fs::{write_atomic, write_if_changed};
+use crate::util::fs::{read_regular, write_atomic, write_if_changed};
 use anyhow::{Context, Result};
 use rayon::prelude::*;
 use serde_json::json;
@@ -32,6 +34,11 @@ pub struct Rendered {
     pub stages: Vec<RenderedDir>,
     /// What `results/<study>` records of the manifest (`study.json`).
     pub study: StudyRecord,
+    /// Runs whose directories hold another run that failed before its
+    /// first metric ([`failed_empty`]): rendered afresh, their directories
+    /// to be moved aside before they are written
+    /// ([`move_failed_empty_aside`]).
+    pub failed_empty: Vec<String>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -62,14 +69,25 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
     let (attempt, study_attempt_id) = current_attempt(plan)?;
     let fresh = Fresh::new(plan, attempt);
     let changed = std::sync::Mutex::new(Vec::new());
+    let empty = std::sync::Mutex::new(Vec::new());
+    let pattern = log_pattern(plan);
     let runs: Vec<Result<RenderedDir, Diagnostics>> = plan
         .runs
         .par_iter()
         .map(|run| {
             let (dir, was) = render_run(plan, run, &templates, &fresh, &study_attempt_id)?;
-            if let (Some(old), OnChanged::Refuse) = (was, on_changed) {
-                let what = Changed::of(run, &old);
-                changed.lock().expect("no panic holding it").push(what);
+            match (was, on_changed) {
+                (Some(old), _) if failed_empty(&run.dir, &old, pattern.as_ref()) => {
+                    empty
+                        .lock()
+                        .expect("no panic holding it")
+                        .push(run.name.clone());
+                }
+                (Some(old), OnChanged::Refuse) => {
+                    let what = Changed::of(run, &old);
+                    changed.lock().expect("no panic holding it").push(what);
+                }
+                _ => {}
             }
             Ok(dir)
         })
@@ -96,10 +114,65 @@ pub fn render_with(plan: &Plan, on_changed: OnChanged) -> Result<Rendered, Diagn
         errors.dedup();
         return Err(Diagnostics(errors));
     }
+    let mut failed_empty = empty.into_inner().expect("no panic holding it");
+    failed_empty.sort();
     Ok(Rendered {
         runs,
         stages,
         study: StudyRecord::of(plan, attempt, study_attempt_id),
+        failed_empty,
+    })
+}
+
+/// A command study's line pattern, which says whether a log holds a metric.
+fn log_pattern(plan: &Plan) -> Option<regex::Regex> {
+    let m = &plan.manifest;
+    match m.mode {
+        crate::manifest::Mode::Command(_) => {
+            crate::util::text::regex(m.report.line_pattern.as_deref()?).ok()
+        }
+        crate::manifest::Mode::Train(_) => None,
+    }
+}
+
+/// Whether the run a directory holds (`old`) failed before its first
+/// metric: its last job exited with an error (its `exit_code`; a requeue's
+/// 99 is no end), and it left no metrics, no checkpoint and no log line its
+/// study's line pattern matches. Nothing of it is a measurement: a changed
+/// command renders the run afresh without `--replace-changed` (its directory
+/// is moved aside, kept whole, as that does).
+fn failed_empty(dir: &Path, old: &RunRecord, pattern: Option<&regex::Regex>) -> bool {
+    let Some(job) = old.jobs.last() else {
+        return false;
+    };
+    let Ok(bytes) = read_regular(&dir.join(EXIT_CODE), 4096, None) else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let mut words = text.split_whitespace();
+    let failed = words.next() == Some(job.job_id.as_str())
+        && words
+            .next()
+            .and_then(|rc| rc.parse::<i32>().ok())
+            .is_some_and(|rc| rc != 0 && rc != crate::config::REQUEUE_EXIT);
+    if !failed || dir.join(METRICS_JSONL).exists() || dir.join(CHECKPOINTS_DIR).exists() {
+        return false;
+    }
+    let Some(re) = pattern else {
+        return true;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    // A log too large to read whole is kept where it is.
+    const MAX_LOG: u64 = 64 << 20;
+    entries.flatten().all(|e| {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "out") {
+            return true;
+        }
+        read_regular(&path, MAX_LOG, None)
+            .is_ok_and(|b| !String::from_utf8_lossy(&b).lines().any(|l| re.is_match(l)))
     })
 }
 
@@ -452,6 +525,21 @@ impl Changed {
 /// run's jobs or outputs (to `results/<study>/replaced/<time>/<run>`, kept
 /// whole), so that the run starts afresh; returns where each went.
 pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
+    move_aside(plan, |_, _| true)
+}
+
+/// [`move_changed_aside`] for the runs whose directories hold another run
+/// that failed before its first metric ([`failed_empty`], judged again
+/// here: the caller holds the study's lock now).
+pub fn move_failed_empty_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
+    let pattern = log_pattern(plan);
+    move_aside(plan, |dir, old| failed_empty(dir, old, pattern.as_ref()))
+}
+
+fn move_aside(
+    plan: &Plan,
+    chosen: impl Fn(&Path, &RunRecord) -> bool,
+) -> Result<Vec<(String, PathBuf)>> {
     let mut into: Option<PathBuf> = None;
     let mut moved = Vec::new();
     for run in &plan.runs {
@@ -459,7 +547,7 @@ pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
             continue;
         };
         let same = old.id == run.id;
-        if same || (old.jobs.is_empty() && !has_outputs(&run.dir)) {
+        if same || (old.jobs.is_empty() && !has_outputs(&run.dir)) || !chosen(&run.dir, &old) {
             continue;
         }
         let into = match &into {

@@ -121,7 +121,7 @@ fn write_under_lock(
         true => render::OnChanged::Replace,
         false => render::OnChanged::Refuse,
     };
-    render::render_with(plan, on_changed)?;
+    let before = render::render_with(plan, on_changed)?;
     let lock = lock_study(plan, verb, manifest, say)?;
     if let Some(root) = again {
         start_again(root, plan, manifest, say)?;
@@ -130,6 +130,13 @@ fn write_under_lock(
         for (name, to) in render::move_changed_aside(plan)? {
             say(&format!(
                 "sweep: {name} ran something else: its directory is now {}",
+                to.display()
+            ));
+        }
+    } else if !before.failed_empty.is_empty() {
+        for (name, to) in render::move_failed_empty_aside(plan)? {
+            say(&format!(
+                "sweep: {name} failed before its first metric and now runs something else: it starts afresh (its directory is now {})",
                 to.display()
             ));
         }

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-pub const DIR: &str = "checkpoints";
+pub const DIR: &str = crate::layout::CHECKPOINTS_DIR;
 const KEEP: usize = 2;
 
 const MODEL: &str = "model.safetensors";

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-pub const METRICS_FILE: &str = "metrics.jsonl";
+pub const METRICS_FILE: &str = crate::layout::METRICS_JSONL;
 
 /// One logged step.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -1,6 +1,6 @@
 //! The local executor: parallel runs, exit codes, idempotence, dependencies, Ctrl-C.
 
-use super::support::{project, run_ok, status, stdout, sweep, wait_for, write};
+use super::support::{json_rows, project, run_err, run_ok, status, stdout, sweep, wait_for, write};
 use std::process::Command;
 
 #[test]
@@ -102,9 +102,59 @@ fn a_pattern_that_matches_no_line_is_said_with_the_logs_last_line() {
     ));
     assert!(
         out.contains("no line of local.out matches [report] line_pattern `step (?P<step>")
-            && out.contains("its last line: `iter 10: loss 4.5, time 5.3ms`"),
+            && out.contains("it has ")
+            && out.contains(
+                " lines, the program's first: `starting` · `iter 10: loss 4.5, time 5.3ms`"
+            ),
         "{out}"
     );
+}
+
+/// A run that failed before its first metric holds nothing worth keeping in
+/// place: its command fixed, it runs again without `--replace-changed` (its
+/// directory moved aside whole). One that logged a metric before failing
+/// still needs the flag.
+#[test]
+fn a_run_that_failed_before_its_first_metric_runs_again_after_a_fix() {
+    let root = project();
+    let m = root.path().join("fix.toml");
+    let study = |command: &str| {
+        format!(
+            "name = \"fix\"\nexecutor = \"local\"\ncommand = '{command}'\n\
+             [report]\nline_pattern = 'step (?P<step>\\d+): (?P<tokens_per_second>[\\d.]+) tok/s'\n"
+        )
+    };
+    write(&m, &study("echo typo; exit 127"));
+    let first = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
+    assert_eq!(first.status.code(), Some(1));
+    write(
+        &m,
+        &study("for i in 1 2 3 4 5 6 7; do echo \"step $i: 100 tok/s\"; done"),
+    );
+    let out = run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned() + &stdout(&out);
+    assert!(said.contains("failed before its first metric"), "{said}");
+    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
+    let replaced = root.path().join("results/fix/replaced");
+    let kept: Vec<_> = std::fs::read_dir(&replaced).unwrap().flatten().collect();
+    assert_eq!(kept.len(), 1);
+    let log = std::fs::read_to_string(kept[0].path().join("run/local.out")).unwrap();
+    assert!(
+        log.contains("typo"),
+        "the failed attempt is kept whole: {log}"
+    );
+
+    // Logged a metric, then failed: a measurement of sorts, kept in place.
+    write(&m, &study("echo \"step 1: 100 tok/s\"; exit 3"));
+    let failed = sweep(root.path())
+        .args(["submit", "--replace-changed"])
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    write(&m, &study("echo fixed"));
+    let err = run_err(sweep(root.path()).arg("submit").arg(&m));
+    assert!(err.contains("--replace-changed"), "{err}");
 }
 
 #[test]
