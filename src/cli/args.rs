@@ -97,6 +97,9 @@ pub enum Cmd {
         /// The run directory (its run.json says what to probe).
         #[arg(long)]
         dir: PathBuf,
+        /// As the job ends: add the host's load to its environment.json.
+        #[arg(long)]
+        end: bool,
     },
     /// Tokenize a text dataset once into padded and/or token-list Parquet files.
     #[command(

@@ -118,7 +118,11 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
             ExitCode::from(2)
         })),
         Cmd::History(h) => history_cmd(root, &h),
-        Cmd::Fingerprint { dir } => {
+        Cmd::Fingerprint { dir, end: true } => {
+            crate::executor::fingerprint::write_end(&dir)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Fingerprint { dir, end: false } => {
             let f = crate::executor::fingerprint::write(&dir)?;
             println!(
                 "sweep: environment of {} on {} ({} GPUs) in {}",

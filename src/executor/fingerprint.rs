@@ -75,6 +75,65 @@ pub struct Fingerprint {
     /// The manifest's `[environment] probes`: name -> output (`exit N:
     /// output` when it failed, `timed out` when it hung).
     pub probes: IndexMap<String, String>,
+    /// How busy the machine was as the job started, before its program ran.
+    pub load_at_start: Option<Load>,
+    /// ... and as it ended, after its program exited (`sweep fingerprint
+    /// --end`): what else ran beside the run.
+    pub load_at_end: Option<Load>,
+}
+
+/// How busy the host was without the run: what else ran beside it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Load {
+    /// `/proc/loadavg`: over 1, 5 and 15 minutes.
+    pub load_average: [f64; 3],
+    /// Cores the other processes kept busy over a quarter second
+    /// (`/proc/stat`), taken while the run's program is not running.
+    pub busy_cores: f64,
+    /// Cores of the host.
+    pub cores: usize,
+}
+
+impl Load {
+    /// Samples this host now (a quarter of a second); `None` off Linux.
+    pub fn sample() -> Option<Load> {
+        let busy = |text: &str| -> Option<(u64, u64)> {
+            let line = text.lines().find(|l| l.starts_with("cpu "))?;
+            let v: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            // user nice system idle iowait irq softirq steal: idle and
+            // iowait are not busy.
+            let total: u64 = v.iter().take(8).sum();
+            let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+            Some((total - idle, total))
+        };
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let before = busy(&stat)?;
+        // The host's cores, as the busy share is the whole host's.
+        let cores = stat
+            .lines()
+            .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+            .count();
+        std::thread::sleep(Duration::from_millis(250));
+        let after = busy(&std::fs::read_to_string("/proc/stat").ok()?)?;
+        let (work, total) = (
+            after.0.saturating_sub(before.0),
+            after.1.saturating_sub(before.1),
+        );
+        let avg = std::fs::read_to_string("/proc/loadavg").ok()?;
+        let mut avg = avg.split_whitespace().filter_map(|x| x.parse::<f64>().ok());
+        Some(Load {
+            load_average: [avg.next()?, avg.next()?, avg.next()?],
+            busy_cores: match total {
+                0 => 0.0,
+                t => cores as f64 * work as f64 / t as f64,
+            },
+            cores,
+        })
+    }
 }
 
 impl Fingerprint {
@@ -138,6 +197,8 @@ impl Fingerprint {
                 .iter()
                 .map(|(name, command)| (name.clone(), run_probe(command)))
                 .collect(),
+            load_at_start: Load::sample(),
+            load_at_end: None,
         }
     }
 
@@ -212,6 +273,19 @@ pub fn write(dir: &Path) -> Result<Fingerprint> {
     bytes.push(b'\n');
     crate::util::fs::write_atomic(&dir.join(ENVIRONMENT_JSON), &bytes)?;
     Ok(f)
+}
+
+/// Adds the host's load as the job ends to the run's `environment.json`
+/// (none where the job wrote none: nothing to add to).
+pub fn write_end(dir: &Path) -> Result<Option<Load>> {
+    let Some(mut f) = Fingerprint::load(dir)? else {
+        return Ok(None);
+    };
+    f.load_at_end = Load::sample();
+    let mut bytes = serde_json::to_vec_pretty(&f).expect("a fingerprint serialises");
+    bytes.push(b'\n');
+    crate::util::fs::write_atomic(&dir.join(ENVIRONMENT_JSON), &bytes)?;
+    Ok(f.load_at_end)
 }
 
 /// A program's output when it ran and succeeded in time; `None` otherwise

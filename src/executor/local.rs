@@ -408,6 +408,11 @@ impl Pool {
             r.state.reason = status.reason;
             r.state.cancel_requested = cancelled;
             r.state.ended_at = Some(crate::util::now_rfc3339());
+            if units[r.unit].kind == UnitKind::Run {
+                // What else ran beside it (its environment says where its
+                // record is unreadable, which the report then names).
+                let _ = super::fingerprint::write_end(dir);
+            }
             r.state.save(dir)?;
             self.done[r.unit] = Some(r.state.state);
             let o = outcome(&units[r.unit], &r.state, r.started.elapsed().as_secs_f64());

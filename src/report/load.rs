@@ -142,7 +142,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
                 (run.id, run.attempt) = (Some(r.id.clone()), rec.attempt);
             }
             run.block = r.block;
-            run.nodes = blocked_nodes(&run);
+            environment(&mut run);
             run.built = record.map(|rec| ingest::Built::of(&rec));
             run.params = r.params.clone();
             run.configuration = Some(r.configuration.clone());
@@ -286,7 +286,7 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
             run.identity = r.identity.clone();
             (run.id, run.attempt) = (Some(r.id.clone()), r.attempt);
             run.block = r.block;
-            run.nodes = blocked_nodes(&run);
+            environment(&mut run);
             run.built = Some(ingest::Built::of(r));
             run.params = r.params.clone();
             run.configuration = r.configuration.clone();
@@ -546,21 +546,25 @@ fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
     }
 }
 
-/// A run's points: metrics.jsonl, or its job logs matched by `pattern`. A
-/// file that exists but cannot be read (or leads outside `study_dir`) is an
-/// issue of the run, never an empty run.
-/// Where a run of a blocked design ran: its allocation's nodes as its job
-/// recorded them (`environment.json`), else its host; none for other runs
-/// (one file read per run saved) or a run that recorded nothing.
-fn blocked_nodes(run: &RunLog) -> Vec<String> {
-    let (Some(_), Some(dir)) = (run.block, &run.dir) else {
-        return Vec::new();
+/// What a run's `environment.json` tells the report: where it ran (its
+/// allocation's nodes, for a blocked design's note) and how busy its host
+/// was without it.
+fn environment(run: &mut RunLog) {
+    let Some(dir) = &run.dir else { return };
+    let Ok(Some(f)) = crate::executor::fingerprint::Fingerprint::load(dir) else {
+        return;
     };
-    match crate::executor::fingerprint::Fingerprint::load(dir) {
-        Ok(Some(f)) if !f.nodes.is_empty() => f.nodes,
-        Ok(Some(f)) => vec![f.host],
-        _ => Vec::new(),
+    if run.block.is_some() {
+        run.nodes = match f.nodes.is_empty() {
+            true => vec![f.host.clone()],
+            false => f.nodes.clone(),
+        };
     }
+    run.load = [f.load_at_start, f.load_at_end]
+        .into_iter()
+        .flatten()
+        .collect();
+    run.host = Some(f.host);
 }
 
 fn read_run(

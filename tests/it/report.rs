@@ -1285,3 +1285,76 @@ fn a_run_without_its_record_is_named_and_counted_missing() {
         "{err}"
     );
 }
+
+/// Three repeats at 1386, 2850 and 1417 tokens/s, each steady to ±0.2%:
+/// the configuration's mean is the mean of its runs', and its spread (std,
+/// median, p5, p95) that of all their steady points together, never the
+/// mean of each run's own narrow one.
+#[test]
+fn a_configurations_spread_is_over_all_its_runs_points() {
+    let root = project();
+    let m = root.path().join("s.toml");
+    write(
+        &m,
+        r#"name = "spread"
+executor = "local"
+command = """
+for s in 1 2 3 4 5 6; do
+  awk -v v="{{ [1386, 2850, 1417][repeat] }}" -v s="$s" 'BEGIN { printf "step %d: %.3f tokens/s\\n", s, v * (1 + (s % 2 - 0.5) / 250) }'
+done
+"""
+[sweep]
+repeats = 3
+[report]
+skip_first = 0
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let rows = json_rows(sweep(root.path()).args(["report", "--json"]).arg(&m));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    let mut points: Vec<f64> = [1386.0, 2850.0, 1417.0]
+        .iter()
+        .flat_map(|v| (1..=6).map(move |s| v * (1.0 + ((s % 2) as f64 - 0.5) / 250.0)))
+        .map(|v| (v * 1000.0_f64).round() / 1000.0)
+        .collect();
+    points.sort_by(f64::total_cmp);
+    let n = points.len() as f64;
+    let mean = points.iter().sum::<f64>() / n;
+    let std = (points.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    let close = |key: &str, want: f64| {
+        let got = r[key].as_f64().unwrap();
+        assert!(
+            (got - want).abs() < 1e-6 * want,
+            "{key}: {got} vs {want}: {r}"
+        );
+    };
+    close("tokens_per_second_mean", (1386.0 + 2850.0 + 1417.0) / 3.0);
+    close("tokens_per_second_std", std);
+    close("tokens_per_second_median", (points[8] + points[9]) / 2.0);
+    assert!(std > 600.0, "{std}");
+    let md = std::fs::read_to_string(root.path().join("results/spread/summary.md")).unwrap();
+    assert!(
+        md.contains("over every steady-state point of a row's runs together"),
+        "{md}"
+    );
+    // Repeats 2× apart are said, with the cause the environments recorded.
+    assert!(
+        md.contains("Note: the repeats of run differ by 2.06× (") && md.contains(" at 1386, "),
+        "{md}"
+    );
+    let env: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.path().join("results/spread/run-r0/environment.json")).unwrap(),
+    )
+    .unwrap();
+    for at in ["load_at_start", "load_at_end"] {
+        let cores = env[at]["cores"].as_u64().unwrap();
+        let busy = env[at]["busy_cores"].as_f64().unwrap();
+        assert!(
+            cores >= 1 && (0.0..=cores as f64 + 0.01).contains(&busy),
+            "{env}"
+        );
+        assert_eq!(env[at]["load_average"].as_array().unwrap().len(), 3);
+    }
+}

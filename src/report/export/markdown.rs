@@ -79,9 +79,12 @@ impl Exporter for Markdown {
         if let Some(note) = shown::mfu_note(s) {
             writeln!(out, "\n{note}")?;
         }
+        for h in &s.hints {
+            writeln!(out, "\nNote: {}", cell(h))?;
+        }
         writeln!(
             out,
-            "\nSpread of tokens/sec: median, standard deviation, 5th and 95th percentiles.\n"
+            "\nSpread of tokens/sec over every steady-state point of a row's runs together (warm-up left out): median, standard deviation, 5th and 95th percentiles.\n"
         )?;
         writeln!(
             out,

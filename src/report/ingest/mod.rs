@@ -327,6 +327,11 @@ pub struct RunLog {
     /// The nodes it ran on (its allocation's, as its job recorded them),
     /// where a blocked design's report says where each block ran.
     pub nodes: Vec<String>,
+    /// The host its job started on, and how busy that was without the run
+    /// as it started and ended (`environment.json`): what tells why its
+    /// repeats differ.
+    pub host: Option<String>,
+    pub load: Vec<crate::executor::fingerprint::Load>,
 }
 
 /// The sweep that rendered a run: its version and the project's commit.
@@ -375,6 +380,8 @@ impl RunLog {
             ranks: Vec::new(),
             block: None,
             nodes: Vec::new(),
+            host: None,
+            load: Vec::new(),
         }
     }
 

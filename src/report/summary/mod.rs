@@ -293,6 +293,9 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         per_run.clone()
     };
     let members = members(&table)?;
+    if table.column(c::MEMBERS).is_ok() {
+        pool_spread(&mut table, &members, &points, &per_run, &measures)?;
+    }
     let states: Vec<String> = members.iter().map(|m| state_of(m, &runs)).collect();
     table.with_column(Column::new(c::STATE.into(), states))?;
     let tps_samples: Vec<Vec<f64>> = members
@@ -324,11 +327,16 @@ pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
         .iter()
         .find(|p| p.ends_with("batch_size") && !p.contains("global"))
         .cloned();
-    let hints = repeats_hint(&rows).into_iter().collect();
     let figures = run_figures(&per_run, &runs)?;
+    let mut hints: Vec<String> = repeats_hint(&rows).into_iter().collect();
+    let tps_of: Vec<Option<f64>> = figures.iter().map(|f| f.tokens_per_second).collect();
+    hints.extend(
+        rows.iter()
+            .zip(&members)
+            .filter_map(|(row, m)| repeats_differ(&row.name, m, &tps_of, &runs)),
+    );
     let stragglers = runs.iter().flat_map(super::straggler::find).collect();
-    let tps: Vec<Option<f64>> = figures.iter().map(|f| f.tokens_per_second).collect();
-    let design = super::blocks::design(&runs, &tps);
+    let design = super::blocks::design(&runs, &tps_of);
     Ok(Summary {
         design,
         hints,
@@ -453,6 +461,61 @@ fn repeats_hint(rows: &[Row]) -> Option<String> {
          ±12.7 standard errors); 3 repeats make it ±4.3, 5 ±2.8 (`[sweep] repeats`)"
             .to_string()
     })
+}
+
+/// Repeats whose throughputs differ by more than this ratio are said.
+const REPEATS_DIFFER: f64 = 1.3;
+
+/// Where a row's repeats differ by more than 30% in tokens/s: by how much,
+/// and the likely cause as their environments recorded it — other
+/// processes on the host as a run started or ended, different hosts — or
+/// that they recorded none.
+fn repeats_differ(
+    name: &str,
+    members: &[usize],
+    tps: &[Option<f64>],
+    runs: &[RunLog],
+) -> Option<String> {
+    let measured: Vec<(usize, f64)> = members
+        .iter()
+        .filter_map(|&m| Some((m, tps.get(m).copied().flatten()?)))
+        .collect();
+    let (slow, low) = measured
+        .iter()
+        .copied()
+        .min_by(|a, b| a.1.total_cmp(&b.1))?;
+    let (fast, high) = measured
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    if !(low > 0.0 && high / low > REPEATS_DIFFER) {
+        return None;
+    }
+    let busiest = members
+        .iter()
+        .flat_map(|&m| runs[m].load.iter().map(move |l| (m, l)))
+        .max_by(|a, b| a.1.busy_cores.total_cmp(&b.1.busy_cores));
+    let mut hosts: Vec<&str> = members
+        .iter()
+        .filter_map(|&m| runs[m].host.as_deref())
+        .collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let cause = match busiest {
+        Some((m, l)) if l.busy_cores >= 0.5 => format!(
+            "other processes kept {:.1} of {} cores busy beside {} (load average {:.2}): the machine was shared",
+            l.busy_cores, l.cores, runs[m].name, l.load_average[0]
+        ),
+        _ if hosts.len() > 1 => format!("they ran on different hosts ({})", hosts.join(", ")),
+        Some(_) => "their environments record no other load on the host: look for frequency scaling, thermal throttling, or a shared file system or network".to_string(),
+        None => "their environments record no load (runs of an earlier build, or imported logs)".to_string(),
+    };
+    Some(format!(
+        "the repeats of {name} differ by {:.2}× ({} at {low:.0}, {} at {high:.0} tokens/s): {cause}",
+        high / low,
+        runs[slow].name,
+        runs[fast].name
+    ))
 }
 
 /// Where a run's steady state starts: after its skip ([`skip_of`]) and the
@@ -707,6 +770,61 @@ mod tests {
                 "w: PENDING (Priority), no metrics yet",
                 "e: FAILED (exit 3), no metrics"
             ]
+        );
+    }
+
+    /// Repeats more than 30% apart are said with the likeliest cause their
+    /// environments recorded: a busy host, else different hosts, else none.
+    #[test]
+    fn repeats_far_apart_are_said_with_their_likely_cause() {
+        use crate::executor::fingerprint::Load;
+        let run = |name: &str, host: &str, busy: f64| RunLog {
+            host: Some(host.into()),
+            load: vec![Load {
+                load_average: [busy, 0.0, 0.0],
+                busy_cores: busy,
+                cores: 2,
+            }],
+            ..RunLog::new(name, Status::new(State::Completed))
+        };
+        let tps = [Some(1386.0), Some(2850.0), Some(1417.0)];
+        let said = |runs: &[RunLog]| repeats_differ("c", &[0, 1, 2], &tps, runs);
+        let busy = said(&[
+            run("r0", "h", 1.9),
+            run("r1", "h", 0.0),
+            run("r2", "h", 0.1),
+        ])
+        .unwrap();
+        assert!(
+            busy.starts_with("the repeats of c differ by 2.06× (r0 at 1386, r1 at 2850 tokens/s): other processes kept 1.9 of 2 cores busy beside r0"),
+            "{busy}"
+        );
+        let apart = said(&[
+            run("r0", "a", 0.0),
+            run("r1", "b", 0.0),
+            run("r2", "a", 0.0),
+        ])
+        .unwrap();
+        assert!(
+            apart.ends_with("they ran on different hosts (a, b)"),
+            "{apart}"
+        );
+        let quiet = said(&[
+            run("r0", "h", 0.0),
+            run("r1", "h", 0.0),
+            run("r2", "h", 0.0),
+        ])
+        .unwrap();
+        assert!(quiet.contains("record no other load"), "{quiet}");
+        let close = [Some(1386.0), Some(1500.0), Some(1417.0)];
+        assert_eq!(
+            repeats_differ(
+                "c",
+                &[0, 1, 2],
+                &close,
+                &[run("a", "h", 2.0), run("b", "h", 0.0), run("c", "h", 0.0)]
+            ),
+            None
         );
     }
 }
