@@ -17,7 +17,7 @@ use validate::*;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
-    check_roles, group_collides, memory_unit, parse_slurm_time, Design, EnvironmentSpec,
+    check_roles, group_collides, memory_unit, parse_slurm_time, time_unit, Design, EnvironmentSpec,
     ExecutorKind, Launcher, LocalSpec, PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec,
     SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS,
     MEMORY_UNITS, REPORT_COLUMNS, STAT_SUFFIXES,
@@ -39,6 +39,10 @@ pub const MAX_PARALLEL: usize = 1024;
 /// The parameter that numbers a configuration's repeats (0, 1, …), in runs'
 /// parameters and in the templates' context.
 pub const REPEAT: &str = "repeat";
+
+/// The parameter a command run's `[report] tokens_per_step` is stored in,
+/// for the report to divide by each step's time.
+pub const TOKENS_PER_STEP: &str = "tokens_per_step";
 
 /// The names the templates' context gives values of its own (the repeat,
 /// the run's id, the study, the run in commands, the job's `[slurm]`): an

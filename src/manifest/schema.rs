@@ -478,6 +478,14 @@ pub struct ReportSpec {
     pub memory: Option<String>,
     /// The line_pattern group that is tokens per second per device.
     pub throughput: Option<String>,
+    /// The line_pattern group that is a step's time, its unit at the end
+    /// of its name (`time_ms`, `step_s`): with `tokens_per_step`, what
+    /// tokens per second are computed from.
+    pub step_time: Option<String>,
+    /// Tokens one process trains per step: an expression over the run's
+    /// values (`"batch_size * block_size"`), evaluated for each run when it
+    /// is planned.
+    pub tokens_per_step: Option<String>,
     /// Other line_pattern groups to chart (a bar per configuration, as
     /// throughput is).
     pub charts: Vec<String>,
@@ -493,6 +501,10 @@ pub struct ReportSpec {
     /// dense bf16 peak is what MFU is measured against. A run's `gpu`
     /// parameter wins.
     pub gpu: Option<String>,
+    /// Instead of `gpu`: the peak FLOP/s of one process's device (a CPU's
+    /// as `sweep bench peak` measures it, or any device's from its
+    /// datasheet). A run's `peak_flops` parameter wins.
+    pub peak_flops: Option<f64>,
 }
 
 /// The named groups a `line_pattern` may use that mean a field the report
@@ -593,6 +605,36 @@ pub struct Roles {
     pub memory: Option<String>,
     /// The group that is tokens per second per device.
     pub throughput: Option<String>,
+    /// The group that is a step's time (its unit in its name).
+    pub step_time: Option<String>,
+}
+
+impl Roles {
+    /// Whether `group` stands for a known field.
+    pub fn names(&self, group: &str) -> bool {
+        [&self.memory, &self.throughput, &self.step_time]
+            .iter()
+            .any(|r| r.as_deref() == Some(group))
+    }
+}
+
+/// Units a step-time group's name may end in, and seconds per unit.
+pub const TIME_UNITS: [(&str, f64); 6] = [
+    ("_ns", 1e-9),
+    ("_us", 1e-6),
+    ("_ms", 1e-3),
+    ("_s", 1.0),
+    ("_sec", 1.0),
+    ("_min", 60.0),
+];
+
+/// Seconds per unit of a step-time group, from the unit its name ends in.
+pub fn time_unit(group: &str) -> Option<f64> {
+    let lower = group.to_ascii_lowercase();
+    TIME_UNITS
+        .iter()
+        .find(|(suffix, _)| lower.ends_with(suffix))
+        .map(|&(_, s)| s)
 }
 
 /// Units a memory group's name may end in, and MB (2^20 bytes, as
@@ -621,7 +663,11 @@ pub fn memory_unit(group: &str) -> Option<f64> {
 /// group, or a known field, or a memory group without a unit in its name),
 /// with the role's key (`memory`, `throughput`).
 pub fn check_roles(groups: &[&str], roles: &Roles) -> Result<(), (&'static str, String)> {
-    for (key, group) in [("memory", &roles.memory), ("throughput", &roles.throughput)] {
+    for (key, group) in [
+        ("memory", &roles.memory),
+        ("throughput", &roles.throughput),
+        ("step_time", &roles.step_time),
+    ] {
         let Some(g) = group else { continue };
         if !groups.contains(&g.as_str()) {
             return Err((
@@ -650,6 +696,15 @@ pub fn check_roles(groups: &[&str], roles: &Roles) -> Result<(), (&'static str, 
             )));
         }
     }
+    if let Some(g) = &roles.step_time {
+        if time_unit(g).is_none() {
+            let units: Vec<&str> = TIME_UNITS.iter().map(|(s, _)| &s[1..]).collect();
+            return Err(("step_time", format!(
+                "the unit of `{g}` is not in its name: name the group `{g}_ms` (or end it in one of {})",
+                units.join(", ")
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -667,6 +722,7 @@ impl ReportSpec {
         Roles {
             memory: self.memory.clone(),
             throughput: self.throughput.clone(),
+            step_time: self.step_time.clone(),
         }
     }
 }
@@ -680,11 +736,14 @@ impl Default for ReportSpec {
             line_pattern: None,
             memory: None,
             throughput: None,
+            step_time: None,
+            tokens_per_step: None,
             charts: Vec::new(),
             flops_per_token: None,
             model: None,
             sequence_length: None,
             gpu: None,
+            peak_flops: None,
         }
     }
 }

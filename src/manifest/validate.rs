@@ -168,8 +168,7 @@ impl Validator<'_, '_> {
             .collect();
         let roles = r.roles();
         for g in re.capture_names().flatten() {
-            let role = roles.memory.as_deref() == Some(g) || roles.throughput.as_deref() == Some(g);
-            if KNOWN_GROUPS.contains(&g) || role {
+            if KNOWN_GROUPS.contains(&g) || roles.names(g) {
                 continue;
             }
             if let Some(why) = group_collides(g, &keys) {
@@ -182,14 +181,20 @@ impl Validator<'_, '_> {
         let foreign = [
             ("memory", r.memory.is_some()),
             ("throughput", r.throughput.is_some()),
+            ("step_time", r.step_time.is_some()),
+            ("tokens_per_step", r.tokens_per_step.is_some()),
             ("charts", !r.charts.is_empty()),
             ("flops_per_token", r.flops_per_token.is_some()),
             ("model", r.model.is_some()),
             ("sequence_length", r.sequence_length.is_some()),
             ("gpu", r.gpu.is_some()),
+            ("peak_flops", r.peak_flops.is_some()),
         ];
         for (key, set) in foreign {
-            let needs_pattern = matches!(key, "memory" | "throughput" | "charts");
+            let needs_pattern = matches!(
+                key,
+                "memory" | "throughput" | "step_time" | "tokens_per_step" | "charts"
+            );
             if set && (!command || (needs_pattern && r.line_pattern.is_none())) {
                 let why = match command {
                     false => "the built-in trainer logs its memory, throughput and FLOPs itself: it is for `command` sweeps",
@@ -208,6 +213,13 @@ impl Validator<'_, '_> {
             if let Err((key, why)) = check_roles(&groups, &r.roles()) {
                 self.at_value(&format!("report.{key}"), why);
             }
+            let timed = r.step_time.is_some() || groups.contains(&"step_time_s");
+            if r.tokens_per_step.is_some() && !timed {
+                self.at_key(
+                    "report.tokens_per_step",
+                    "`tokens_per_step` divides by a step's time, and the line_pattern has none: name its group with `[report] step_time` (e.g. `(?P<time_ms>[\\d.]+)ms` and `step_time = \"time_ms\"`)".to_string(),
+                );
+            }
             for (i, c) in r.charts.iter().enumerate() {
                 if !groups.contains(&c.as_str()) || KNOWN_GROUPS.contains(&c.as_str()) {
                     self.at_value(
@@ -223,6 +235,20 @@ impl Validator<'_, '_> {
                         ),
                     );
                 }
+            }
+        }
+        if let Some(f) = r.peak_flops {
+            if !(f.is_finite() && f > 0.0 && f <= 1e20) {
+                self.at_value(
+                    "report.peak_flops",
+                    format!("`peak_flops` must be FLOP/s above 0 and at most 1e20, not {f}"),
+                );
+            }
+            if r.gpu.is_some() {
+                self.at_key(
+                    "report.peak_flops",
+                    "give `gpu` (a device the table knows) or `peak_flops`, not both".to_string(),
+                );
             }
         }
         if let Some(f) = r.flops_per_token {

@@ -115,6 +115,67 @@ fn a_pattern_that_matches_no_line_is_said_with_the_logs_last_line() {
 /// directory moved aside whole). One that logged a metric before failing
 /// still needs the flag.
 #[test]
+fn tokens_per_second_come_from_a_logged_step_time() {
+    let root = project();
+    let m = root.path().join("nano.toml");
+    let study = |report: &str| {
+        format!(
+            "name = \"nano\"\nexecutor = \"local\"\n\
+             command = 'for i in 1 2 3 4 5 6 7 8 9 10; do echo \"iter $i: loss 4.5504, time {{{{ ms }}}}ms, mfu 0.01%\"; done'\n\
+             [defaults]\nblock_size = 64\n\
+             [[sweep.zip]]\nbatch_size = [4, 8]\nms = [5.33, 8.0]\n\
+             [report]\nbaseline = \"batch_size-4_ms-5.33\"\n\
+             line_pattern = 'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+), time (?P<time_ms>[\\d.]+)ms'\n{report}"
+        )
+    };
+    write(&m, &study(""));
+    let plan = run_ok(sweep(root.path()).arg("plan").arg(&m));
+    let said = String::from_utf8_lossy(&plan.stderr);
+    assert!(said.contains("yields no tokens/s"), "{said}");
+
+    write(
+        &m,
+        &study("step_time = \"time_ms\"\ntokens_per_step = \"batch_size * block_size\"\nflops_per_token = 1e6\npeak_flops = 1e12\n"),
+    );
+    let plan = run_ok(sweep(root.path()).arg("plan").arg(&m));
+    assert!(!String::from_utf8_lossy(&plan.stderr).contains("yields no tokens/s"));
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let rows = json_rows(sweep(root.path()).args(["report", "nano.toml", "--json", "--no-plots"]));
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (row, tokens, ms) in [(&rows[0], 4.0 * 64.0, 5.33), (&rows[1], 8.0 * 64.0, 8.0)] {
+        let want = tokens / (ms / 1e3);
+        let got = row["tokens_per_second_mean"].as_f64().unwrap();
+        assert!((got / want - 1.0).abs() < 1e-3, "{got} vs {want}: {row}");
+        let tflops = row["tflops_mean"].as_f64().unwrap();
+        assert!((tflops / (want * 1e6 / 1e12) - 1.0).abs() < 1e-3, "{row}");
+        let mfu = row["mfu_pct_mean"].as_f64().unwrap();
+        assert!(
+            (mfu / (100.0 * want * 1e6 / 1e12) - 1.0).abs() < 1e-3,
+            "{row}"
+        );
+        assert_eq!(row["tokens_per_step"].as_f64(), Some(tokens), "{row}");
+    }
+    let speedup = rows[1]["speedup"].as_f64().unwrap();
+    let want = (8.0 * 64.0 / 8.0) / (4.0 * 64.0 / 5.33);
+    assert!((speedup / want - 1.0).abs() < 1e-3, "{speedup} vs {want}");
+
+    // An expression that is no number of tokens is a plan error at the run.
+    write(
+        &m,
+        &study("step_time = \"time_ms\"\ntokens_per_step = \"batch_size - 8\"\n"),
+    );
+    let err = run_err(sweep(root.path()).arg("plan").arg(&m));
+    assert!(
+        err.contains("`tokens_per_step` = `batch_size - 8` came out as 0"),
+        "{err}"
+    );
+}
+
+/// A run that failed before its first metric holds nothing worth keeping in
+/// place: its command fixed, it runs again without `--replace-changed` (its
+/// directory moved aside whole). One that logged a metric before failing
+/// still needs the flag.
+#[test]
 fn a_run_that_failed_before_its_first_metric_runs_again_after_a_fix() {
     let root = project();
     let m = root.path().join("fix.toml");

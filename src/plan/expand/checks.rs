@@ -19,6 +19,9 @@ pub(super) fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<Strin
             out.push(w);
         }
     };
+    if let Some(why) = no_throughput(m) {
+        say(why);
+    }
     for r in runs {
         let (nodes, tasks) = (r.slurm.nodes.get(), r.slurm.tasks());
         if nodes > MANY_NODES || tasks > MANY_TASKS {
@@ -64,6 +67,29 @@ pub(super) fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<Strin
         }
     }
     out
+}
+
+/// A command study with a baseline whose line pattern yields no tokens/s:
+/// its report would have no speedups, and nothing for `sweep check`.
+fn no_throughput(m: &Manifest) -> Option<String> {
+    let (Mode::Command(_), Some(baseline), Some(pattern)) =
+        (&m.mode, &m.report.baseline, &m.report.line_pattern)
+    else {
+        return None;
+    };
+    let re = crate::util::text::regex(pattern).ok()?;
+    let groups: Vec<&str> = re.capture_names().flatten().collect();
+    let r = &m.report;
+    let timed = r.step_time.is_some() || groups.contains(&"step_time_s");
+    let tokens = groups.contains(&"tokens_per_second")
+        || r.throughput.is_some()
+        || (timed && r.tokens_per_step.is_some());
+    (!tokens).then(|| format!(
+        "[report] baseline = \"{}\", and its line_pattern yields no tokens/s: the report will have no speedups. \
+         Name a `tokens_per_second` group, say which group is tokens/s (`throughput`), or give a step's time \
+         (`step_time`) and `tokens_per_step`",
+        baseline.escape_debug()
+    ))
 }
 
 /// Runs whose estimated peak memory exceeds their GPU's are an error (before

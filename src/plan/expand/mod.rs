@@ -11,7 +11,7 @@ use super::{Job, Plan, PretokenizedFormat, Run, Stage};
 use crate::config::{DeviceKind, Features, TrainConfig};
 use crate::manifest::{
     did_you_mean, join_key, known_fields, Design, Diagnostic, Diagnostics, Manifest, Mode,
-    SlurmSpec, REPEAT,
+    SlurmSpec, REPEAT, TOKENS_PER_STEP,
 };
 use crate::manifest::{ExecutorKind, Launcher};
 use crate::template::{describe, Engine};
@@ -407,6 +407,10 @@ impl<'a> Shared<'a> {
             a.params.insert(REPEAT.into(), json!(repeat));
         }
         let name = self.checked_name(name, &a.params)?;
+        if let (None, Some(expr)) = (&train, &m.report.tokens_per_step) {
+            let tokens = self.tokens_per_step(expr, &ctx, &a.params)?;
+            a.params.insert(TOKENS_PER_STEP.into(), json!(tokens));
+        }
         let configuration = super::record::Configuration {
             id: config.id,
             name: config_name,
@@ -618,6 +622,38 @@ impl<'a> Shared<'a> {
             a.params.insert(d.key.clone(), value);
         }
         Ok(changed)
+    }
+
+    /// `[report] tokens_per_step` for one run: a number of tokens above 0
+    /// (the report divides it by each step's time). It is a value of the
+    /// run (after its identity: a report setting is no new measurement).
+    fn tokens_per_step(
+        &self,
+        expr: &str,
+        ctx: &Json,
+        params: &IndexMap<String, Json>,
+    ) -> Result<f64, Box<Diagnostic>> {
+        let fail = |why: String| {
+            let mut d = self
+                .m
+                .source
+                .at_value("report.tokens_per_step", format!("`tokens_per_step` {why}"));
+            d.help = Some(in_the_run(params));
+            Box::new(d)
+        };
+        if params.contains_key(TOKENS_PER_STEP) {
+            return Err(fail("is computed from the run's values, and the run already has a value of that name: rename the axis or derived value".into()));
+        }
+        let value = self
+            .engine
+            .eval(expr, &crate::template::context(ctx))
+            .map_err(|e| fail(format!("failed: {}", describe(&e))))?;
+        match f64::try_from(value.clone()) {
+            Ok(t) if t.is_finite() && t > 0.0 && t <= 1e15 => Ok(t),
+            _ => Err(fail(format!(
+                "= `{expr}` came out as {value}: it must be a number of tokens above 0 (at most 1e15)"
+            ))),
+        }
     }
 
     fn command(

@@ -8,7 +8,7 @@
 //! tokens per second.
 
 use super::{text_lines, Field, Omissions, Point};
-use crate::manifest::{check_roles, memory_unit, Roles};
+use crate::manifest::{check_roles, memory_unit, time_unit, Roles};
 use regex::Regex;
 
 /// A compiled `line_pattern` and what its groups mean.
@@ -21,6 +21,8 @@ pub struct Pattern {
     /// (group, MB per unit of it) for the peak memory.
     memory: Option<(String, f64)>,
     throughput: Option<String>,
+    /// (group, seconds per unit of it) for a step's time.
+    step_time: Option<(String, f64)>,
 }
 
 impl Pattern {
@@ -34,12 +36,10 @@ impl Pattern {
         let groups: Vec<&str> = re.capture_names().flatten().collect();
         check_roles(&groups, roles).map_err(|(_, why)| why)?;
         let is_known = |g: &str| crate::manifest::KNOWN_GROUPS.contains(&g);
-        let role =
-            |g: &str| roles.memory.as_deref() == Some(g) || roles.throughput.as_deref() == Some(g);
         let extras: Vec<String> = re
             .capture_names()
             .flatten()
-            .filter(|g| !is_known(g) && !role(g))
+            .filter(|g| !is_known(g) && !roles.names(g))
             .map(str::to_string)
             .collect();
         if let Some(why) = extras
@@ -56,6 +56,10 @@ impl Pattern {
                 .clone()
                 .map(|g| (g.clone(), memory_unit(&g).unwrap_or(1.0))),
             throughput: roles.throughput.clone(),
+            step_time: roles
+                .step_time
+                .clone()
+                .map(|g| (g.clone(), time_unit(&g).unwrap_or(1.0))),
         })
     }
 }
@@ -89,6 +93,9 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
         }
         if let Some(g) = &pattern.throughput {
             p.tokens_per_second = num(g);
+        }
+        if let Some((g, s)) = &pattern.step_time {
+            p.step_time_s = num(g).map(|v| v * s);
         }
         points.extend(omitted.screen(n, p));
     }
@@ -126,6 +133,7 @@ mod tests {
         let roles = Roles {
             memory: Some("mem_gib".into()),
             throughput: Some("tok_s".into()),
+            step_time: None,
         };
         let mapped = Pattern::new(re, &roles).unwrap();
         assert_eq!(mapped.extras, ["grad_norm"]);
@@ -142,6 +150,37 @@ mod tests {
         assert!(text.contains("`grad_norm` left out on 1 line(s)"), "{text}");
     }
 
+    /// nanoGPT's own line: the step's time in ms becomes seconds; a group
+    /// without a time unit is refused with the name to give it.
+    #[test]
+    fn a_step_time_group_is_read_in_the_unit_its_name_ends_in() {
+        let re = r"iter (?P<step>\d+): loss (?P<loss>[\d.]+), time (?P<time_ms>[\d.]+)ms, mfu (?P<mfu_pct>[-\d.]+)%";
+        let roles = Roles {
+            step_time: Some("time_ms".into()),
+            ..Roles::default()
+        };
+        let p = Pattern::new(re, &roles).unwrap();
+        assert!(p.extras.is_empty());
+        let (points, _) = parse(&p, b"iter 10: loss 4.5504, time 5.33ms, mfu 0.01%\n");
+        assert_eq!(points[0].step_time_s, Some(0.00533));
+        assert_eq!(points[0].mfu_pct, Some(0.01));
+        let bare = Roles {
+            step_time: Some("dt".into()),
+            ..Roles::default()
+        };
+        let err = check_roles(&["dt"], &bare).unwrap_err();
+        assert_eq!(err.0, "step_time");
+        assert!(err.1.contains("name the group `dt_ms`"), "{}", err.1);
+        for (name, s) in [
+            ("dt_us", 1e-6),
+            ("step_s", 1.0),
+            ("dt_sec", 1.0),
+            ("iter_min", 60.0),
+        ] {
+            assert_eq!(time_unit(name), Some(s), "{name}");
+        }
+    }
+
     #[test]
     fn the_manifest_knows_the_fields_the_report_knows() {
         let mut fields: Vec<&str> = Field::ALL.iter().map(|f| f.name()).collect();
@@ -155,7 +194,7 @@ mod tests {
         let err = |memory: &str| {
             let roles = Roles {
                 memory: Some(memory.into()),
-                throughput: None,
+                ..Roles::default()
             };
             let re = Regex::new(re).unwrap();
             let groups: Vec<&str> = re.capture_names().flatten().collect();
