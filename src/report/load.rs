@@ -397,16 +397,21 @@ fn keep_current(found: &mut Vec<Found>, rec: &StudyRecord) -> Vec<summary::Probl
     stale
 }
 
-/// A log and its last non-empty line (cut as tables cut cells), read from
-/// its end.
-fn last_line(log: &Path) -> Option<(PathBuf, String)> {
-    let bytes = crate::util::fs::read_tail(log, 4096).ok()?;
-    let text = String::from_utf8_lossy(&bytes);
-    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
-    Some((
-        log.to_path_buf(),
-        crate::util::text::cell(line).into_owned(),
-    ))
+/// What a log the pattern never matched holds: its lines, and the first
+/// few the program wrote (sweep's own `sweep: ` lines left out).
+fn unmatched(bytes: &[u8]) -> (usize, Vec<String>) {
+    let mut count = 0;
+    let mut first = Vec::new();
+    for (_, line, _) in ingest::text_lines(bytes) {
+        if line.trim().is_empty() {
+            continue;
+        }
+        count += 1;
+        if first.len() < 3 && !line.starts_with("sweep: ") {
+            first.push(format!("`{}`", crate::util::text::cell(&line)));
+        }
+    }
+    (count, first)
 }
 
 /// Whether a directory holds what a run writes (its metrics or a job's
@@ -598,10 +603,16 @@ fn read_run(
                 Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
             }
             logs.sort();
+            // The last log the pattern never matched: its name, lines, and
+            // the program's first ones.
+            let mut missed = None;
             for l in &logs {
                 match ingest::read_log(l, Some(study_dir)) {
                     Ok(bytes) => {
                         let (points, omitted) = ingest::pattern::parse(re, &bytes);
+                        if points.is_empty() {
+                            missed = Some((l, unmatched(&bytes)));
+                        }
                         run.points.extend(points);
                         run.issues.extend(omitted.describe(l));
                     }
@@ -612,11 +623,14 @@ fn read_run(
             // says instead (a pattern that does not fit the program's lines
             // is the likely cause), rather than "no metrics".
             let completed = run.status.state == crate::executor::State::Completed;
-            let unmatched = run.points.is_empty() && completed && run.issues.is_empty();
-            if let Some((log, line)) = logs.last().filter(|_| unmatched).and_then(|l| last_line(l))
-            {
+            let none = run.points.is_empty() && completed && run.issues.is_empty();
+            if let Some((log, (count, first))) = missed.filter(|_| none) {
+                let shown = match first.is_empty() {
+                    true => "none of them the program's".to_string(),
+                    false => format!("the program's first: {}", first.join(" · ")),
+                };
                 run.reason = Some(format!(
-                    "no line of {} matches [report] line_pattern `{}`; its last line: `{line}`",
+                    "no line of {} matches [report] line_pattern `{}`: it has {count} lines, {shown}",
                     log.file_name()
                         .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
                     crate::util::text::cell(re.as_str())

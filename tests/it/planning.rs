@@ -1227,3 +1227,59 @@ config = ["a", "b", "c", "d"]
     );
     assert!(err.contains("design = \"blocks\""), "{err}");
 }
+
+/// Planned from another directory, a study's relative dataset is read from
+/// there: the plan says the file is missing, with its absolute path, and
+/// where the manifest's project has it. A command study's axis the command
+/// never reads is said too.
+#[test]
+fn a_plan_names_missing_inputs_and_axes_no_command_reads() {
+    let proj = project();
+    let elsewhere = tempfile::tempdir().unwrap();
+    write(
+        &proj.path().join("data/corpus.parquet"),
+        "not read at plan time",
+    );
+    let m = proj.path().join("experiments/m.toml");
+    write(
+        &m,
+        "name = \"m\"\nexecutor = \"local\"\n[defaults]\ndataset = \"data/corpus.parquet\"\n\
+         tokenizer = \"data/tokenizer.json\"\n[sweep.grid]\nbatch_size = [1, 2]\n",
+    );
+    let out = run_ok(
+        std::process::Command::new(env!("CARGO_BIN_EXE_sweep"))
+            .arg("plan")
+            .arg(&m)
+            .current_dir(elsewhere.path()),
+    );
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    let there = elsewhere.path().canonicalize().unwrap();
+    let want = format!(
+        "`dataset` {} does not exist (2 run(s) read it): relative paths are read from the project root",
+        there.join("data/corpus.parquet").display()
+    );
+    assert!(said.contains(&want), "{said}");
+    let home = proj.path().canonicalize().unwrap();
+    assert!(
+        said.contains(&format!("give `-C {}`", home.display())),
+        "{said}"
+    );
+    // From the project: the dataset is there, the tokenizer is not.
+    let out = run_ok(sweep(proj.path()).arg("plan").arg(&m));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!said.contains("`dataset`"), "{said}");
+    assert!(said.contains("`tokenizer`"), "{said}");
+
+    let c = proj.path().join("c.toml");
+    write(
+        &c,
+        "name = \"c\"\ncommand = \"echo {{ lr }}\"\n[sweep.grid]\nlr = [1, 2]\nseed = [1, 2]\n",
+    );
+    let out = run_ok(sweep(proj.path()).arg("plan").arg(&c));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        said.contains("`seed` is swept, and the command never reads it")
+            && !said.contains("`lr` is swept"),
+        "{said}"
+    );
+}

@@ -11,7 +11,7 @@ pub(super) const MANY_TASKS: u64 = 200_000;
 /// What the plan accepts but should say: absurd job sizes, memory estimates
 /// that cannot be checked against an unknown GPU, and with `--allow-oom`
 /// the runs estimated not to fit. One line per distinct cause.
-pub(super) fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<String> {
+pub(super) fn warnings_of(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<String> {
     let hints = &m.hints;
     let mut out: Vec<String> = Vec::new();
     let mut say = |w: String| {
@@ -21,6 +21,9 @@ pub(super) fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<Strin
     };
     if let Some(why) = no_throughput(m) {
         say(why);
+    }
+    for w in missing_inputs(m, runs) {
+        say(w);
     }
     for r in runs {
         let (nodes, tasks) = (r.slurm.nodes.get(), r.slurm.tasks());
@@ -64,6 +67,88 @@ pub(super) fn warnings(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<Strin
                     mem.describe()
                 ));
             }
+        }
+    }
+    out
+}
+
+/// The files built-in trainer runs read that are not there (a stage's
+/// output will be): each with its absolute path and how many runs read it.
+/// A warning, not an error: a file may be made before the jobs start, or
+/// exist only where they run; but a relative path read from the wrong
+/// directory is the usual cause, and the message says where it was read
+/// from and where it is.
+fn missing_inputs(m: &Manifest, runs: &[Run]) -> Vec<String> {
+    let mut missing: indexmap::IndexMap<(&str, &std::path::Path), usize> =
+        indexmap::IndexMap::new();
+    for r in runs {
+        let Job::Train(cfg) = &r.job else { continue };
+        let made = r.stage.is_some();
+        let files = [
+            ("dataset", Some(&cfg.dataset)),
+            ("tokenizer", Some(&cfg.tokenizer)),
+            (
+                "pretokenized_path",
+                cfg.pretokenized_path
+                    .as_ref()
+                    .filter(|_| cfg.pretokenized && !made),
+            ),
+        ];
+        for (key, path) in files {
+            let Some(path) = path.filter(|p| !p.as_os_str().is_empty() && !p.exists()) else {
+                continue;
+            };
+            *missing.entry((key, path.as_path())).or_default() += 1;
+        }
+    }
+    missing
+        .into_iter()
+        .map(|((key, path), n)| {
+            let relative = path.strip_prefix(&m.root).ok();
+            let found = relative.and_then(|rel| {
+                let dir = m.path.parent()?.canonicalize().ok()?;
+                dir.ancestors().find(|d| d.join(rel).exists()).map(|d| d.to_path_buf())
+            });
+            let hint = match (relative, found) {
+                (Some(_), Some(d)) => format!(
+                    ": relative paths are read from the project root {} (the working directory, or -C), and {} has it: run sweep there or give `-C {}`",
+                    m.root.display(),
+                    d.display(),
+                    d.display()
+                ),
+                (Some(_), None) => format!(
+                    ": relative paths are read from the project root {} (the working directory, or -C)",
+                    m.root.display()
+                ),
+                (None, _) => String::new(),
+            };
+            format!("`{key}` {} does not exist ({n} run(s) read it){hint}", path.display())
+        })
+        .collect()
+}
+
+/// Axes of a command study that no template reads (the command, the run
+/// name, a derived value, `[report] tokens_per_step`): their runs run the
+/// same command, measured as if they differed.
+pub(super) fn unused_axes(m: &Manifest, engine: &crate::template::Engine) -> Vec<String> {
+    let Mode::Command(command) = &m.mode else {
+        return Vec::new();
+    };
+    let mut templates: Vec<&str> = vec![command];
+    templates.extend(m.name_template.as_deref());
+    templates.extend(m.derived.iter().map(|d| d.expr.as_str()));
+    templates.extend(m.report.tokens_per_step.as_deref());
+    let mut out = Vec::new();
+    for key in m.axes.iter().flat_map(|a| &a.keys) {
+        let top = key.split('.').next().unwrap_or(key);
+        // `[slurm]` keys shape the job; `launcher` starts it.
+        if top == "slurm" || key == "launcher" || key == REPEAT {
+            continue;
+        }
+        if !templates.iter().any(|t| engine.uses(t, top)) {
+            out.push(format!(
+                "`{key}` is swept, and the command never reads it (nor the run name, a derived value or tokens_per_step): its runs run the same command"
+            ));
         }
     }
     out

@@ -75,7 +75,8 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
     if !opts.allow_oom {
         check_memory(&m, &runs)?;
     }
-    let warnings = warnings(&m, &runs, opts.allow_oom);
+    let mut warnings = unused_axes(&m, &ctx.engine);
+    warnings.extend(warnings_of(&m, &runs, opts.allow_oom));
     check_baseline(&m, &runs)?;
     Ok(Plan {
         manifest: m,
