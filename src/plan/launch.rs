@@ -62,12 +62,14 @@ impl Launch {
                 per_node,
                 format!("export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID NODE_RANK=$SLURM_NODEID\n{command}"),
             ),
-            // Open MPI's names, else MPICH's (Hydra).
+            // Open MPI's names, else MPICH's (Hydra). MPI names no node
+            // index: the job script maps `ntasks_per_node` ranks to each
+            // node in turn, so a rank's node is its rank over that.
             Launcher::Mpirun => (
                 world_size,
                 nodes,
                 per_node,
-                format!("export RANK=${{OMPI_COMM_WORLD_RANK:-$PMI_RANK}} LOCAL_RANK=${{OMPI_COMM_WORLD_LOCAL_RANK:-$MPI_LOCALRANKID}} NODE_RANK=${{OMPI_COMM_WORLD_NODE_RANK:-0}}\n{command}"),
+                format!("export RANK=${{OMPI_COMM_WORLD_RANK:-$PMI_RANK}} LOCAL_RANK=${{OMPI_COMM_WORLD_LOCAL_RANK:-$MPI_LOCALRANKID}}\nexport NODE_RANK=$(( RANK / LOCAL_WORLD_SIZE ))\n{command}"),
             ),
             // One torchrun per node; it starts that node's processes and
             // gives them every variable, its rendezvous (a static one) at
