@@ -162,7 +162,7 @@ mod tests {
         let p = Pattern::new(re, &roles).unwrap();
         assert!(p.extras.is_empty());
         let (points, _) = parse(&p, b"iter 10: loss 4.5504, time 5.33ms, mfu 0.01%\n");
-        assert_eq!(points[0].step_time_s, Some(0.00533));
+        assert!((points[0].step_time_s.unwrap() - 0.00533).abs() < 1e-15);
         assert_eq!(points[0].mfu_pct, Some(0.01));
         let bare = Roles {
             step_time: Some("dt".into()),
