@@ -312,7 +312,11 @@ pub struct Totals {
 impl Plan {
     /// Expands a manifest into runs. Errors point into the manifest.
     pub fn new(manifest: Manifest, opts: &PlanOptions) -> Result<Plan, Diagnostics> {
-        expand::plan(manifest, opts)
+        let plan = expand::plan(manifest, opts)?;
+        // A template that does not exist or does not parse is an error of
+        // the plan, not of the first render.
+        templates::Templates::load(&plan)?;
+        Ok(plan)
     }
 
     /// The upper bound of node- and GPU-hours: every job runs to its limit

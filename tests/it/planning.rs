@@ -1283,3 +1283,22 @@ fn a_plan_names_missing_inputs_and_axes_no_command_reads() {
         "{said}"
     );
 }
+
+/// A job-script template the manifest names that is not there is an error
+/// of `sweep plan`, at the key, with the absolute path it was read from.
+#[test]
+fn a_template_that_does_not_exist_fails_the_plan() {
+    let root = project();
+    let m = root.path().join("t.toml");
+    write(
+        &m,
+        "name = \"t\"\ncommand = \"echo hi\"\n[slurm]\ntemplate = \"my/job.sbatch.j2\"\n",
+    );
+    let err = run_err(sweep(root.path()).arg("plan").arg(&m));
+    let path = root.path().canonicalize().unwrap().join("my/job.sbatch.j2");
+    assert!(
+        err.contains(&format!("cannot read template {}", path.display()))
+            && err.contains("slurm.template"),
+        "{err}"
+    );
+}
