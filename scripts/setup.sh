@@ -2,7 +2,8 @@
 # What building, testing and running sweep need beyond the Rust toolchain, installed
 # once and idempotently: Python packages for the interoperability tests (pyarrow and
 # polars read sweep's Parquet files; `tokenizers` checks our token ids; junitparser
-# reads `sweep check --junit` as CI servers do), and MPI for
+# reads `sweep check --junit` as CI servers do), PyTorch for the foreign-program
+# tests, and MPI for
 # the data-parallel tests (`--features mpi`: Open MPI, its PMIx for `srun --mpi=pmix`,
 # and libclang for the mpi crate's bindings), and headless Chromium for the report
 # page's browser tests, from Debian packages.
@@ -13,6 +14,18 @@ PY_PACKAGES=(pyarrow==18.1.0 polars==1.17.1 tokenizers==0.21.0 junitparser==3.2.
 if ! python3 -c 'import pyarrow, polars, tokenizers, junitparser' 2>/dev/null; then
     echo "setup: installing ${PY_PACKAGES[*]} from PyPI" >&2
     python3 -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
+fi
+
+# PyTorch for the foreign-program tests (tests/it/foreign.rs: a script of
+# ours run as a command sweep, torchrun included), in an environment of its
+# own kept between runs: its Linux wheel imports only with NVIDIA's library
+# wheels beside it, ~5 GB even for the CPU (a few minutes the first time).
+TORCH_VENV=.cache/torch-venv
+if ! "$TORCH_VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    echo "setup: installing torch==2.5.1 into $TORCH_VENV from PyPI (~5 GB)" >&2
+    python3 -m venv "$TORCH_VENV" ||
+        { echo "setup: python3 -m venv failed: install python3-venv" >&2; exit 1; }
+    "$TORCH_VENV/bin/python" -m pip install --quiet --disable-pip-version-check torch==2.5.1 numpy
 fi
 
 # Open MPI 4.1 and SLURM's pmix plugin share Debian's PMIx; the plugin loads

@@ -8,6 +8,7 @@ mod data;
 mod ddp;
 mod e2e;
 mod faults;
+mod foreign;
 mod gpu;
 mod guards;
 mod history;
