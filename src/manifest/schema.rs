@@ -630,11 +630,16 @@ pub const TIME_UNITS: [(&str, f64); 6] = [
 
 /// Seconds per unit of a step-time group, from the unit its name ends in.
 pub fn time_unit(group: &str) -> Option<f64> {
+    unit_of(group, &TIME_UNITS)
+}
+
+/// The factor of the unit (of `units`) a group's name ends in.
+fn unit_of(group: &str, units: &[(&str, f64)]) -> Option<f64> {
     let lower = group.to_ascii_lowercase();
-    TIME_UNITS
+    units
         .iter()
         .find(|(suffix, _)| lower.ends_with(suffix))
-        .map(|&(_, s)| s)
+        .map(|&(_, factor)| factor)
 }
 
 /// Units a memory group's name may end in, and MB (2^20 bytes, as
@@ -652,11 +657,7 @@ pub const MEMORY_UNITS: [(&str, f64); 8] = [
 
 /// MB per unit of a memory group, from the unit its name ends in.
 pub fn memory_unit(group: &str) -> Option<f64> {
-    let lower = group.to_ascii_lowercase();
-    MEMORY_UNITS
-        .iter()
-        .find(|(suffix, _)| lower.ends_with(suffix))
-        .map(|&(_, mb)| mb)
+    unit_of(group, &MEMORY_UNITS)
 }
 
 /// Why `roles` do not fit a line pattern's named `groups` (a role naming no

@@ -126,6 +126,23 @@ pub(super) fn stats(measures: &[Measure], f: impl Fn(&Measure, Stat) -> Expr) ->
         .collect()
 }
 
+/// The points of each run from its steady state on (`runs` gives where it
+/// starts, by the run's position).
+fn steady(points: &DataFrame, runs: &DataFrame) -> LazyFrame {
+    points
+        .clone()
+        .lazy()
+        .join(
+            runs.clone()
+                .lazy()
+                .select([col(c::ORDER), col(c::FIRST_STEADY)]),
+            [col(c::ORDER)],
+            [col(c::ORDER)],
+            JoinArgs::new(JoinType::Inner),
+        )
+        .filter(col(c::LOG_INDEX).gt_eq(col(c::FIRST_STEADY)))
+}
+
 /// One row per run, in run order: its statistics over the points after the
 /// first `skip_first`, its final loss and wall time, joined to its parameters.
 pub(super) fn per_run(
@@ -146,20 +163,7 @@ pub(super) fn per_run(
             .fill_null(lit(1.0))
             .alias(c::WORLD_SIZE),
     );
-    let measured = points
-        .clone()
-        .lazy()
-        .join(
-            info.clone()
-                .lazy()
-                .select([col(c::ORDER), col(c::FIRST_STEADY)]),
-            [col(c::ORDER)],
-            [col(c::ORDER)],
-            JoinArgs::new(JoinType::Inner),
-        )
-        .filter(col(c::LOG_INDEX).gt_eq(col(c::FIRST_STEADY)))
-        .group_by([col(c::ORDER)])
-        .agg(aggs);
+    let measured = steady(points, &info).group_by([col(c::ORDER)]).agg(aggs);
     let overall = points
         .clone()
         .lazy()
@@ -288,19 +292,7 @@ pub(super) fn pool_spread(
         .iter()
         .flat_map(|m| SPREAD.map(|s| stat(m, s)))
         .collect();
-    let pooled = points
-        .clone()
-        .lazy()
-        .join(
-            per_run
-                .clone()
-                .lazy()
-                .select([col(c::ORDER), col(c::FIRST_STEADY)]),
-            [col(c::ORDER)],
-            [col(c::ORDER)],
-            JoinArgs::new(JoinType::Inner),
-        )
-        .filter(col(c::LOG_INDEX).gt_eq(col(c::FIRST_STEADY)))
+    let pooled = steady(points, per_run)
         .join(
             row_of.lazy(),
             [col(c::ORDER)],
