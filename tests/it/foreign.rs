@@ -149,7 +149,7 @@ fn a_pytorch_script_sweeps_through_the_local_executor() {
         root.path(),
         "crash",
         "python {{ script }} --crash-at 3 | tee -a {{ run.dir }}/train.log",
-        "",
+        "batch_size = 2",
     );
     let omp = study(
         root.path(),
