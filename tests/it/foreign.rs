@@ -6,8 +6,8 @@
 //! pipe, a command that starts with an assignment, and two processes
 //! started by torchrun (gloo, on the CPU).
 
-use super::slurm::require_cluster;
-use super::support::{json_rows, project, repo, run_ok, skipped, status, sweep, wait_for, write};
+use super::slurm::{require_cluster, wait_until_done};
+use super::support::{json_rows, project, repo, run_ok, skipped, status, sweep, write};
 use std::path::{Path, PathBuf};
 
 /// The environment's bin directory, whose python imports torch; `None`
@@ -213,12 +213,7 @@ fn a_pytorch_script_sweeps_through_slurm_with_torchrun() {
             .args(["submit", "--executor", "slurm"])
             .arg(&m),
     );
-    let s = wait_for(300, "every job to end", || {
-        let s = status(root.path(), &m);
-        s.values()
-            .all(|(st, _)| !matches!(st.as_str(), "PENDING" | "RUNNING"))
-            .then_some(s)
-    });
+    let s = wait_until_done(root.path(), &m, 300);
     assert!(s.values().all(|(st, _)| st == "COMPLETED"), "{s:?}");
     assert_tokens_from_step_times(root.path(), &m, &bin);
 }

@@ -2,8 +2,8 @@
 //! processes (all of them), or none at all without one, on this machine and
 //! on SLURM alike.
 
-use super::slurm::require_cluster;
-use super::support::{project, run_err, run_ok, status, submit_slurm, sweep, wait_for, write};
+use super::slurm::{require_cluster, wait_until_done};
+use super::support::{project, run_err, run_ok, status, submit_slurm, sweep, write};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -152,12 +152,7 @@ fn a_slurm_command_sees_every_rank_variable_from_its_launcher_or_none() {
     for (name, extra) in cases {
         let m = study(root.path(), name, "", extra);
         submit_slurm(root.path(), &m);
-        let s = wait_for(120, "every job to end", || {
-            let s = status(root.path(), &m);
-            s.values()
-                .all(|(st, _)| !matches!(st.as_str(), "PENDING" | "RUNNING"))
-                .then_some(s)
-        });
+        let s = wait_until_done(root.path(), &m, 120);
         assert!(s.values().all(|(st, _)| st == "COMPLETED"), "{name}: {s:?}");
         let dir = root.path().join("results").join(name);
         match name {

@@ -30,7 +30,8 @@ fn jobs_named(name: &str) -> usize {
     stdout(&out).lines().count()
 }
 
-fn wait_until_done(
+/// Waits until no job of the study is pending or running; their states.
+pub fn wait_until_done(
     root: &Path,
     m: &Path,
     secs: u64,
