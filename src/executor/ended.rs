@@ -6,7 +6,8 @@
 //! never taken for the current one.
 
 use super::{State, Status};
-use crate::util::fs::{read_regular, write_atomic};
+use crate::plan::record::{exit_status, job_record};
+use crate::util::fs::write_atomic;
 use anyhow::Result;
 use std::path::Path;
 
@@ -15,24 +16,11 @@ pub use crate::layout::EXIT_CODE;
 /// The job `sweep cancel` cancelled: `<job id>`.
 pub const CANCELLED: &str = "cancelled";
 
-/// A record is a line; anything longer is not one of ours.
-const MAX_BYTES: u64 = 4096;
-
-/// The words of a record file, when it names `job_id`.
-fn words_for(dir: &Path, file: &str, job_id: &str) -> Option<Vec<String>> {
-    let bytes = read_regular(&dir.join(file), MAX_BYTES, None).ok()?;
-    let text = String::from_utf8(bytes).ok()?;
-    let words: Vec<String> = text.split_whitespace().map(str::to_string).collect();
-    (words.first()? == job_id).then_some(words)
-}
-
 /// How job `job_id` ended, from its directory alone; `None` when it left no
 /// record (it has not ended, or was killed with its shell).
 pub fn recorded(dir: &Path, job_id: &str) -> Option<Status> {
-    let cancelled = words_for(dir, CANCELLED, job_id).is_some();
-    let exited = words_for(dir, EXIT_CODE, job_id)
-        .and_then(|w| w.get(1)?.parse::<i32>().ok())
-        .map(Status::from_shell);
+    let cancelled = job_record(dir, CANCELLED, job_id).is_some();
+    let exited = exit_status(dir, job_id).map(Status::from_shell);
     let status = match exited {
         // A job that ended anyway after the cancel (or completed before it
         // took effect) keeps what it did.

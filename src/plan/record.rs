@@ -268,6 +268,26 @@ impl RunRecord {
     }
 }
 
+/// The words of a job's record file in a run directory (`exit_code`:
+/// `<job id> <$?>`, written by the job's shell under both executors;
+/// `cancelled`: `<job id>`), when it names `job_id`: a record an earlier
+/// job left is never taken for this one's.
+pub fn job_record(dir: &Path, file: &str, job_id: &str) -> Option<Vec<String>> {
+    // A record is a line; anything longer is not one of ours.
+    let bytes = crate::util::fs::read_regular(&dir.join(file), 4096, None).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let words: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    (words.first()? == job_id).then_some(words)
+}
+
+/// The exit status job `job_id`'s shell recorded (`exit_code`), if it did.
+pub fn exit_status(dir: &Path, job_id: &str) -> Option<i32> {
+    job_record(dir, crate::layout::EXIT_CODE, job_id)?
+        .get(1)?
+        .parse()
+        .ok()
+}
+
 /// A new attempt id: 128 random bits in hex, unique across every study,
 /// copy and machine for all practical purposes.
 pub fn new_attempt_id() -> String {

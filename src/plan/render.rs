@@ -5,9 +5,7 @@
 use super::record::{ManifestRef, RunRecord, StudyRecord, UnitKind};
 use super::templates::Templates;
 use super::{Job, Plan};
-use crate::layout::{
-    CHECKPOINTS_DIR, CONFIG_TOML, EXIT_CODE, JOB_SBATCH, METRICS_JSONL, STUDY_JSON,
-};
+use crate::layout::{CHECKPOINTS_DIR, CONFIG_TOML, JOB_SBATCH, METRICS_JSONL, STUDY_JSON};
 use crate::manifest::{Diagnostic, Diagnostics};
 use crate::util::fs::{read_regular, write_atomic, write_if_changed};
 use anyhow::{Context, Result};
@@ -145,16 +143,8 @@ fn failed_empty(dir: &Path, old: &RunRecord, pattern: Option<&regex::Regex>) -> 
     let Some(job) = old.jobs.last() else {
         return false;
     };
-    let Ok(bytes) = read_regular(&dir.join(EXIT_CODE), 4096, None) else {
-        return false;
-    };
-    let text = String::from_utf8_lossy(&bytes);
-    let mut words = text.split_whitespace();
-    let failed = words.next() == Some(job.job_id.as_str())
-        && words
-            .next()
-            .and_then(|rc| rc.parse::<i32>().ok())
-            .is_some_and(|rc| rc != 0 && rc != crate::config::REQUEUE_EXIT);
+    let failed = super::record::exit_status(dir, &job.job_id)
+        .is_some_and(|rc| rc != 0 && rc != crate::config::REQUEUE_EXIT);
     if !failed || dir.join(METRICS_JSONL).exists() || dir.join(CHECKPOINTS_DIR).exists() {
         return false;
     }
