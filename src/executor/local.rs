@@ -408,11 +408,6 @@ impl Pool {
             r.state.reason = status.reason;
             r.state.cancel_requested = cancelled;
             r.state.ended_at = Some(crate::util::now_rfc3339());
-            if units[r.unit].kind == UnitKind::Run {
-                // What else ran beside it (its environment says where its
-                // record is unreadable, which the report then names).
-                let _ = super::fingerprint::write_end(dir);
-            }
             r.state.save(dir)?;
             self.done[r.unit] = Some(r.state.state);
             let o = outcome(&units[r.unit], &r.state, r.started.elapsed().as_secs_f64());
@@ -524,7 +519,10 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
     };
     program.envs(launch.environment("127.0.0.1", free_port()?));
     ended::clear(&u.dir)?;
-    let mut cmd = recording_exit(&program, &u.dir, &job_id);
+    let sweep = std::env::current_exe()
+        .ok()
+        .filter(|_| u.kind == UnitKind::Run);
+    let mut cmd = recording_exit(&program, &u.dir, &job_id, sweep.as_deref());
     // The job's cores are shared among its ranks.
     let ranks = match launch.launcher {
         Launcher::None => 1,
@@ -565,16 +563,23 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
 /// The job's program under a shell that writes `<job id> <$?>` into the run
 /// directory's `exit_code` as it exits (as the SLURM job scripts do), and
 /// that outlives a stop signal until its program has ended, so that it
-/// records the program's own status.
-fn recording_exit(program: &Command, dir: &Path, job_id: &str) -> Command {
-    const SCRIPT: &str = r#"dir=$1 ref=$2; shift 2
+/// records the program's own status. With `end` (the sweep binary, for a
+/// run), the shell then adds the host's load to the run's
+/// `environment.json` (`sweep fingerprint --end`), as the job script does:
+/// in the job, beside the others, not in the loop that starts them.
+fn recording_exit(program: &Command, dir: &Path, job_id: &str, end: Option<&Path>) -> Command {
+    const SCRIPT: &str = r#"dir=$1 ref=$2 end=$3; shift 3
 trap 'rc=$?; printf "%s %s\n" "$ref" "$rc" >"$dir/.exit_code.tmp" && mv -f "$dir/.exit_code.tmp" "$dir/exit_code"' EXIT
 trap : INT TERM HUP
-"$@""#;
+"$@"
+rc=$?
+[ -z "$end" ] || "$end" fingerprint --end --dir "$dir" >/dev/null 2>&1
+exit $rc"#;
     let mut c = Command::new("bash");
     c.args(["-c", SCRIPT, "sweep-job"])
         .arg(dir)
         .arg(job_id)
+        .arg(end.unwrap_or(Path::new("")))
         .arg(program.get_program())
         .args(program.get_args());
     for (key, value) in program.get_envs() {
