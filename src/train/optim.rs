@@ -25,7 +25,7 @@ pub fn lr_at(step: usize, cfg: &TrainConfig) -> f64 {
             let span = cfg.training_steps.saturating_sub(cfg.warmup_steps).max(1) as f64;
             let progress = ((step - cfg.warmup_steps) as f64 / span).min(1.0);
             let min = lr * cfg.min_lr_ratio;
-            min + (lr - min) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+            min + (lr - min) * 0.5 * (1.0 + libm::cos(std::f64::consts::PI * progress))
         }
     }
 }

@@ -142,11 +142,10 @@ impl CustomOp3 for FlashAttention {
                         *pj = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * self.scale;
                         max = max.max(*pj);
                     }
-                    let mut sum = 0.0;
                     for pj in &mut p[..n] {
-                        *pj = (*pj - max).exp();
-                        sum += *pj;
+                        *pj = super::exp::exp(*pj - max);
                     }
+                    let sum: f32 = p[..n].iter().sum();
                     let oi = &mut o[((bi * t + i) * h + hi) * d..][..d];
                     for (j, pj) in p[..n].iter().enumerate() {
                         let vj = &v[((bi * t + j) * kv + g) * d..][..d];

@@ -25,6 +25,7 @@ pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub mod embedding;
+pub mod exp;
 pub mod grad_norm;
 pub mod linear;
 pub mod rms_norm;

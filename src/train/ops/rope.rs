@@ -44,10 +44,11 @@ impl RopeTables {
         let mut sin_v = Vec::with_capacity(max_len * half);
         for t in 0..max_len {
             for i in 0..half {
-                let freq = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
+                // libm's: the same tables on every architecture (exp.rs says why).
+                let freq = 1.0 / libm::pow(theta, 2.0 * i as f64 / head_dim as f64);
                 let a = t as f64 * freq;
-                cos_v.push(a.cos() as f32);
-                sin_v.push(a.sin() as f32);
+                cos_v.push(libm::cos(a) as f32);
+                sin_v.push(libm::sin(a) as f32);
             }
         }
         let cos32 = Tensor::from_slice(&cos_v, (max_len, half), device)?;

@@ -51,7 +51,7 @@ struct SiluMul;
 const CHUNK: usize = 8192;
 
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + super::exp::exp(-x))
 }
 
 impl CustomOp2 for SiluMul {

@@ -138,12 +138,12 @@ impl CustomOp1 for Softmax {
                 {
                     let n = self.visible((first + i) % rows, keys);
                     let max = x[..n].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
-                    let mut sum = 0.0;
+                    // The exponentials, then their sum: apart, the first
+                    // loop vectorizes (the sum's order is fixed).
                     for (y, &x) in y[..n].iter_mut().zip(&x[..n]) {
-                        *y = (x * scale - max).exp();
-                        sum += *y;
+                        *y = super::exp::exp(x * scale - max);
                     }
-                    let inv = 1.0 / sum;
+                    let inv = 1.0 / y[..n].iter().sum::<f32>();
                     y[..n].iter_mut().for_each(|v| *v *= inv);
                 }
             });
