@@ -54,6 +54,8 @@ pub struct Fingerprint {
     /// `<job id>` or `<array job>_<task>`; none outside SLURM.
     pub slurm_job: Option<String>,
     pub partition: Option<String>,
+    /// The architecture sweep was built for (`x86_64`, `aarch64`: a GH200's).
+    pub arch: String,
     pub cpu: Option<String>,
     /// The GPUs `nvidia-smi` lists on the host (none without one).
     pub gpus: Vec<Gpu>,
@@ -170,6 +172,7 @@ impl Fingerprint {
             nodes,
             slurm_job,
             partition,
+            arch: std::env::consts::ARCH.to_string(),
             cpu: crate::util::process::cpu_model(),
             gpus,
             driver,
@@ -227,6 +230,7 @@ impl Fingerprint {
             }
         };
         one("system", &Some(self.system.clone()));
+        one("arch", &(!self.arch.is_empty()).then(|| self.arch.clone()));
         one("cpu", &self.cpu);
         one("driver", &self.driver);
         one("cuda", &self.cuda);

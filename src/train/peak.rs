@@ -65,14 +65,20 @@ fn cpu_model() -> String {
     crate::util::process::cpu_model().unwrap_or_else(|| "unknown cpu".into())
 }
 
+/// The cache's key: the CPU, the architecture sweep was built for (a build
+/// for another one, run under emulation, sees the host's CPU name), the
+/// kernel and the threads.
 fn key(kernel: Kernel, threads: usize) -> String {
-    match (kernel, bf16_gemm::selected()) {
-        (Kernel::F32, _) => format!("{}/{threads}", cpu_model()),
-        (Kernel::Bf16, Bf16Kernel::Avx512Bf16) => format!("{}/bf16/{threads}", cpu_model()),
-        (Kernel::Bf16, Bf16Kernel::Portable) => {
-            format!("{}/bf16-portable/{threads}", cpu_model())
-        }
-    }
+    let kernel = match (kernel, bf16_gemm::selected()) {
+        (Kernel::F32, _) => "",
+        (Kernel::Bf16, Bf16Kernel::Avx512Bf16) => "/bf16",
+        (Kernel::Bf16, Bf16Kernel::Portable) => "/bf16-portable",
+    };
+    format!(
+        "{}/{}{kernel}/{threads}",
+        cpu_model(),
+        std::env::consts::ARCH
+    )
 }
 
 /// Best FLOP/s over square products of 256, 512 and 1024, three rounds each,

@@ -330,7 +330,8 @@ fn announce_bf16_kernel(rt: &RuntimeOptions) {
     if bf16_gemm::selected() == Bf16Kernel::Portable {
         let why = match rt.cpu_kernels {
             CpuKernels::Portable => "SWEEP_CPU_KERNELS=portable",
-            CpuKernels::Auto => "this CPU lacks AVX-512 BF16",
+            CpuKernels::Auto if cfg!(target_arch = "x86_64") => "this CPU lacks AVX-512 BF16",
+            CpuKernels::Auto => "AVX-512 BF16 is x86-64's",
         };
         eprintln!(
             "sweep train: bf16-mixed through the portable bf16 kernel ({why}): the same arithmetic \

@@ -11,11 +11,20 @@ pub fn host_name() -> String {
         .unwrap_or_default()
 }
 
-/// The CPU's model name, as `/proc/cpuinfo` gives it.
+/// The CPU's model name: `/proc/cpuinfo`'s on x86-64; on aarch64, whose
+/// `/proc/cpuinfo` has part numbers only, the name `lscpu` gives them
+/// ("Neoverse-V2", the GH200's Grace).
 pub fn cpu_model() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("model name"))?;
-    Some(line.split_once(':')?.1.trim().to_string())
+    let named = |text: &str, key: &str| {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        let name = line.split_once(':')?.1.trim();
+        (!name.is_empty() && name != "-").then(|| name.to_string())
+    };
+    named(&info, "model name").or_else(|| {
+        let out = Command::new("lscpu").env("LC_ALL", "C").output().ok()?;
+        named(&String::from_utf8_lossy(&out.stdout), "Model name")
+    })
 }
 
 /// Runs a command to completion and returns its stdout; a non-zero exit is an
