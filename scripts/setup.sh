@@ -33,8 +33,9 @@ fi
 DEB_PACKAGES=(openmpi-bin libopenmpi-dev libpmix-dev libclang-dev chromium)
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
-[ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || missing+=(libopenmpi-dev)
-compgen -G "/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so" >/dev/null || missing+=(libpmix-dev)
+multiarch=$(gcc -print-multiarch)   # x86_64-linux-gnu, aarch64-linux-gnu
+[ -e "/usr/lib/$multiarch/openmpi/include/mpi.h" ] || missing+=(libopenmpi-dev)
+compgen -G "/usr/lib/$multiarch/pmix2/lib/libpmix.so" >/dev/null || missing+=(libpmix-dev)
 compgen -G "/usr/lib/llvm-*/lib/libclang.so" >/dev/null || missing+=(libclang-dev)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then

