@@ -7,7 +7,8 @@
 #   scripts/aarch64.sh build   a release build of sweep for aarch64-unknown-linux-gnu:
 #                              target/aarch64/aarch64-unknown-linux-gnu/release/sweep
 #   scripts/aarch64.sh check   type-check every default-build target for aarch64,
-#                              tests and benchmarks included (CI runs this: scripts/test.sh)
+#                              tests and benchmarks included (CI runs this: scripts/test.sh);
+#                              with `--features cuda,nccl`, the GPU build's
 #   scripts/aarch64.sh test    build, then under qemu-aarch64: the unit tests; a
 #                              small study end to end through the local executor
 #                              (pretokenize stages, two trained runs, the report)
@@ -84,11 +85,19 @@ build() {
     log "built $BIN in $(( SECONDS - started )) s: $(du -h "$BIN" | cut -f1), $(file -b "$BIN" | cut -d, -f1-2)"
 }
 
+# `check --features cuda,nccl`: the GPU build, with this machine's CUDA
+# toolkit (its nvcc compiles candle's kernels to PTX, which is the same for
+# every host architecture) and compute capability 9.0 unless
+# CUDA_COMPUTE_CAP says otherwise.
 check() {
     toolchain
+    if [[ " $* " == *cuda* || " $* " == *nccl* || " $* " == *flash-attn* ]]; then
+        [[ -n ${CUDA_HOME:-} ]] || eval "$(scripts/cuda-toolkit.sh)"
+        export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+    fi
     local started=$SECONDS
-    cargo check --locked --all-targets --target $TARGET --target-dir $TARGET_DIR
-    log "type-checked every default-build target for $TARGET in $(( SECONDS - started )) s"
+    cargo check --locked --all-targets --target $TARGET --target-dir $TARGET_DIR "$@"
+    log "type-checked every target${*:+ ($*)} for $TARGET in $(( SECONDS - started )) s"
 }
 
 # Lets the kernel start aarch64 programs through qemu, for the study's jobs.
@@ -255,7 +264,7 @@ test_() {
 
 case ${1:-} in
     build) build ;;
-    check) check ;;
+    check) shift; check "$@" ;;
     test) test_ ;;
     -h|--help|help) usage ;;
     *) usage >&2; exit 2 ;;
