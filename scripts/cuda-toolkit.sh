@@ -13,7 +13,8 @@
 # another architecture than this machine's in a folder of its own, <dir>/<arch>/.
 # On an aarch64 machine (a GH200 node) the toolkit is the aarch64 one, nvcc
 # included. Another architecture's programs (nvcc) cannot run here, so for it
-# this prints the link path of its libraries only, for a cross build beside
+# this prints only where cargo's link of that target finds its libraries
+# (CARGO_TARGET_<ARCH>_UNKNOWN_LINUX_GNU_RUSTFLAGS), for a cross build beside
 # this machine's own toolkit (docs/gpu.md, "GH200 (aarch64)"):
 #   eval "$(scripts/cuda-toolkit.sh)"; eval "$(scripts/cuda-toolkit.sh --arch aarch64)"
 #
@@ -38,7 +39,7 @@ ARCH=$HOST_ARCH
 while [[ $# -gt 0 ]]; do
     case $1 in
         --arch) ARCH=${2:-}; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "cuda-toolkit: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -90,8 +91,9 @@ log() { echo "cuda-toolkit: $*" >&2; }
 
 print_env() {
     if [[ $ARCH != "$HOST_ARCH" ]]; then
+        # On the target's link line, not in LIBRARY_PATH: a cross GCC ignores it.
         cat <<EOF
-export LIBRARY_PATH='$TOP/lib:$TOP/lib/stubs'\${LIBRARY_PATH:+:\$LIBRARY_PATH}
+export CARGO_TARGET_${ARCH^^}_UNKNOWN_LINUX_GNU_RUSTFLAGS='-L native=$TOP/lib -L native=$TOP/lib/stubs'
 EOF
         return
     fi
