@@ -12,6 +12,9 @@
 #   scripts/local-slurm.sh kill-node NAME
 #                                  lose node NAME (N > 1): its link goes down and every
 #                                  process on it is killed; `up` brings it back
+#   scripts/local-slurm.sh cut-link NAME
+#                                  node NAME's link goes down, its processes run on
+#                                  (a dead NIC or switch port); `up` brings it back
 #
 # Everything lives under $SWEEP_SLURM_DIR (default /tmp/sweep-slurm; no spaces allowed).
 # Each node has the machine's real CPU count, 90% of its memory and two fake GPUs
@@ -48,7 +51,7 @@ COMMAND=${1:-}
 case $DIR in *[[:space:]]*) echo "local-slurm: SWEEP_SLURM_DIR must not contain spaces: '$DIR'" >&2; exit 2 ;; esac
 
 usage() {
-    echo "usage: $0 up [--nodes N] [--link-gbps G] | down | status | env | kill-node NAME" >&2
+    echo "usage: $0 up [--nodes N] [--link-gbps G] | down | status | env | kill-node NAME | cut-link NAME" >&2
     exit 2
 }
 
@@ -75,7 +78,7 @@ if [ "$COMMAND" = up ]; then
         [ "$NODES" -gt 1 ] || { echo "local-slurm: --link-gbps shapes the links between nodes: it needs --nodes 2 or more" >&2; exit 2; }
     fi
 else
-    if [ "$COMMAND" = kill-node ]; then
+    if [ "$COMMAND" = kill-node ] || [ "$COMMAND" = cut-link ]; then
         [ $# -eq 1 ] || usage
         KILL_NODE=$1
     else
@@ -465,6 +468,16 @@ smoke_test() {
         die "smoke job failed: $out"
 }
 
+# Waits (up to a minute) until no node is DOWN for want of an answer.
+wait_nodes_back() {
+    local _
+    for _ in $(seq 120); do
+        [ -z "$(sinfo -h -N -t down,no_respond -o %N 2>/dev/null)" ] && return 0
+        sleep 0.5
+    done
+    log "warning: $(sinfo -h -N -t down,no_respond -o %N | sort -u | tr '\n' ' ')still down"
+}
+
 cmd_up() {
     local recorded
     recorded=$(cat "$DIR/etc/nodes" 2>/dev/null || echo "$NODES")
@@ -472,7 +485,9 @@ cmd_up() {
         die "the cluster in $DIR is up with $recorded node(s): run '$0 down' before starting it with $NODES"
     fi
     if healthy; then
-        if multi; then shape_links; fi
+        # A link cut (cut-link) comes back; the controller hears its node
+        # again at its next ping and returns it to service (ReturnToService=2).
+        if multi; then create_network; shape_links; wait_nodes_back; fi
         log "already up ($DIR)"
         echo "export SLURM_CONF=$CONF"
         return 0
@@ -494,12 +509,16 @@ cmd_up() {
 # A node lost: its link goes down first (its peers hear nothing more, as when
 # a real node dies), then every process in it is killed, slurmd and job steps.
 cmd_kill_node() {
-    multi || die "kill-node needs a cluster of several nodes (up --nodes N)"
+    multi || die "$COMMAND needs a cluster of several nodes (up --nodes N)"
     local k
     for ((k = 1; k <= NODES; k++)); do
         [ "$KILL_NODE" = "$(node_name "$k")" ] || continue
         ip link set "$(veth_of "$k")" down
         ip -n "$(netns_of "$k")" link set eth0 down
+        if [ "$COMMAND" = cut-link ]; then
+            log "$KILL_NODE cut off: its link is down, its processes run on ('up' brings it back)"
+            return 0
+        fi
         kill_in_netns "$(netns_of "$k")"
         rm -f "$DIR/run/$(slurmd_pid_name "$k").pid"
         log "$KILL_NODE lost: its link is down and its processes are killed ('up' brings it back)"
@@ -551,6 +570,6 @@ status)
     fi
     ;;
 env) echo "export SLURM_CONF=$CONF" ;;
-kill-node) cmd_kill_node ;;
+kill-node | cut-link) cmd_kill_node ;;
 *) usage ;;
 esac

@@ -101,6 +101,12 @@ pub enum Cmd {
         #[arg(long)]
         end: bool,
     },
+    /// Start a run's launcher and stop the run when it stops making progress (what job scripts call).
+    #[command(hide = true)]
+    Watchdog(WatchdogCli),
+    /// Check that a run's nodes can meet before its ranks start (what job scripts of several nodes call).
+    #[command(hide = true, name = "launch-doctor")]
+    LaunchDoctor(LaunchDoctorCli),
     /// Tokenize a text dataset once into padded and/or token-list Parquet files.
     #[command(
         after_help = "Examples:\n  sweep pretokenize --input assets/data/quickstart.parquet --sequence-length 2048 --out data/pretok\n  sweep pretokenize --input corpus.parquet --format token-list --threads 8 --out data/pretok"
@@ -690,4 +696,55 @@ pub struct KernelsBenchCli {
     /// Also write the figures as JSON to this file (`-`: standard output, and the table to standard error).
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+/// `sweep watchdog` (docs/running.md, "When a run hangs").
+#[derive(clap::Args, Debug)]
+pub struct WatchdogCli {
+    /// The run directory.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The job, as the run's exit_code names it.
+    #[arg(long, default_value = "none")]
+    pub job: String,
+    /// `auto`, `off` or a duration ("90s", "5m").
+    #[arg(long, default_value = "auto")]
+    pub stall: String,
+    /// A duration, or `off`.
+    #[arg(long, default_value = "off")]
+    pub startup: String,
+    /// A command's progress lines (its `[report] line_pattern`); without
+    /// it, the built-in trainer's ranks report their steps.
+    #[arg(long)]
+    pub pattern: Option<String>,
+    /// Print this node's processes of the watchdog TOKEN as JSON lines (what
+    /// the watchdog runs on the job's other nodes).
+    #[arg(long, value_name = "TOKEN")]
+    pub probe: Option<String>,
+    /// The launcher and its arguments.
+    #[arg(last = true)]
+    pub argv: Vec<std::ffi::OsString>,
+}
+
+/// `sweep launch-doctor` (docs/running.md, "When a run hangs").
+#[derive(clap::Args, Debug)]
+pub struct LaunchDoctorCli {
+    /// The run directory (where a failure is recorded).
+    #[arg(long, required_unless_present = "reach")]
+    pub dir: Option<PathBuf>,
+    /// The job, as the run's exit_code names it.
+    #[arg(long, default_value = "none")]
+    pub job: String,
+    /// `[slurm] master_port`: the ports drawn from start there.
+    #[arg(long, default_value_t = 29500)]
+    pub port: u16,
+    /// The run's nodes from the allocation's first (a packed run's step).
+    #[arg(long)]
+    pub nodes: Option<usize>,
+    /// A program every node must have (the launcher).
+    #[arg(long)]
+    pub need: Vec<String>,
+    /// On each node: connect to ADDR:PORT and say whether it could.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub reach: Option<String>,
 }

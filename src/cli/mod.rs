@@ -118,6 +118,17 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
             ExitCode::from(2)
         })),
         Cmd::History(h) => history_cmd(root, &h),
+        Cmd::Watchdog(w) => watchdog_cmd(w),
+        Cmd::LaunchDoctor(d) => match (d.reach, d.dir) {
+            (Some(target), _) => Ok(crate::executor::doctor::reach(&target, &d.need)),
+            (None, dir) => crate::executor::doctor::run(crate::executor::doctor::Check {
+                dir: dir.expect("clap requires --dir without --reach"),
+                job: d.job,
+                base_port: d.port,
+                nodes: d.nodes,
+                need: d.need,
+            }),
+        },
         Cmd::Fingerprint { dir, end: true } => {
             crate::executor::fingerprint::write_end(&dir)?;
             Ok(ExitCode::SUCCESS)
@@ -158,4 +169,33 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 fn keep_freed_memory() {
     // SAFETY: setting an option is thread-safe and valid at any time.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
+fn watchdog_cmd(w: args::WatchdogCli) -> anyhow::Result<ExitCode> {
+    use crate::executor::watchdog;
+    if let Some(token) = &w.probe {
+        let procs = watchdog::probe(token);
+        for p in &procs {
+            println!("{}", serde_json::to_string(p)?);
+        }
+        watchdog::ask_for_stacks(&procs);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let startup = match w.startup.as_str() {
+        "off" => None,
+        s => Some(crate::manifest::parse_watch_duration(s)?),
+    };
+    let pattern = w
+        .pattern
+        .as_deref()
+        .map(|p| crate::util::text::regex(p).map_err(|e| anyhow::anyhow!("--pattern: {e}")))
+        .transpose()?;
+    watchdog::run(watchdog::Options {
+        dir: w.dir,
+        job: w.job,
+        stall: crate::manifest::Stall::parse(&w.stall)?,
+        startup,
+        pattern,
+        argv: w.argv,
+    })
 }

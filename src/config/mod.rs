@@ -35,6 +35,14 @@ pub const REQUEUE_EXIT: i32 = 99;
 /// other failures without reading its log.
 pub const OUT_OF_MEMORY_EXIT: i32 = 98;
 
+/// `sweep watchdog`'s exit code for "the run stopped making progress and I
+/// stopped it": the run is HUNG.
+pub const HUNG_EXIT: i32 = 97;
+
+/// The launch doctor's exit code for "the run's nodes cannot meet": the
+/// run is FAILED, its reason the node and what it could not do.
+pub const LAUNCH_EXIT: i32 = 96;
+
 /// Where the bundled default tokenizer lives, relative to the project root.
 pub const DEFAULT_TOKENIZER: &str = "assets/tokenizers/mistral-7b/tokenizer.json";
 

@@ -33,7 +33,25 @@ pub fn recorded(dir: &Path, job_id: &str) -> Option<Status> {
             .with_reason("cancelled by `sweep cancel` before it started"),
         None => return None,
     };
-    Some(status.with_job(job_id))
+    Some(explain(dir, job_id, status.with_job(job_id)))
+}
+
+/// A job the watchdog or the launch doctor ended, with their reason (and
+/// state) from its `stopped.json`; any other status as it is.
+pub fn explain(dir: &Path, job_id: &str, status: Status) -> Status {
+    use crate::config::{HUNG_EXIT, LAUNCH_EXIT};
+    let ours = matches!(status.exit_code, Some(HUNG_EXIT | LAUNCH_EXIT));
+    if !ours && status.state != State::Hung {
+        return status;
+    }
+    match super::watchdog::stopped::read(dir, job_id) {
+        Some(s) => Status {
+            state: s.state,
+            reason: Some(s.reason),
+            ..status
+        },
+        None => status,
+    }
 }
 
 /// Records that `sweep cancel` cancelled job `job_id` of the run in `dir`.

@@ -10,6 +10,7 @@
 
 use super::{ended, job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::{ExecutorKind, Launcher};
+use crate::plan::launch::Watch;
 use crate::util::process::find_in_path;
 use crate::util::signals::{self, StopSignals};
 use anyhow::{anyhow, bail, Context, Result};
@@ -384,6 +385,7 @@ impl Pool {
     fn reap(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
         for (mut r, status) in self.take_exited()? {
             let dir = &units[r.unit].dir;
+            let status = ended::explain(dir, &r.state.job_id, status);
             let cancelled = cancel_requested(dir);
             if status.exit_code == Some(REQUEUE_EXIT) && r.requeues < MAX_REQUEUES && !cancelled {
                 let again = start(
@@ -518,6 +520,9 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         Launcher::Srun => bail!("{}: srun starts ranks on a SLURM cluster, not here", u.name),
     };
     program.envs(launch.environment("127.0.0.1", free_port()?));
+    if let (Some(watch), UnitKind::Run) = (&launch.watch, u.kind) {
+        program = watched(program, watch, &u.dir, &job_id)?;
+    }
     ended::clear(&u.dir)?;
     let sweep = std::env::current_exe()
         .ok()
@@ -589,6 +594,28 @@ exit $rc"#;
         };
     }
     c
+}
+
+/// The program started by `sweep watchdog`, which stops it when the run
+/// stops making progress (as the SLURM job script does).
+fn watched(program: Command, watch: &Watch, dir: &Path, job_id: &str) -> Result<Command> {
+    let sweep = std::env::current_exe().context("finding the sweep binary for the watchdog")?;
+    let mut c = Command::new(sweep);
+    c.arg("watchdog")
+        .arg("--dir")
+        .arg(dir)
+        .args(["--job", job_id])
+        .args(watch.args())
+        .arg("--")
+        .arg(program.get_program())
+        .args(program.get_args());
+    for (key, value) in program.get_envs() {
+        match value {
+            Some(v) => c.env(key, v),
+            None => c.env_remove(key),
+        };
+    }
+    Ok(c)
 }
 
 /// A TCP port free on this machine now, for a run's rendezvous

@@ -4,6 +4,7 @@
 //! submitted again; interrupted runs are (they continue); failed runs only
 //! with `--retry-failed`.
 
+pub mod doctor;
 pub mod ended;
 pub mod fingerprint;
 pub mod local;
@@ -11,6 +12,7 @@ pub mod packed;
 mod scripts;
 pub mod slurm;
 mod state;
+pub mod watchdog;
 
 pub use state::{State, Status};
 
@@ -377,7 +379,7 @@ mod tests {
         }
     }
 
-    const ALL_STATES: [State; 12] = [
+    const ALL_STATES: [State; 13] = [
         State::Unsubmitted,
         State::Pending,
         State::Running,
@@ -388,6 +390,7 @@ mod tests {
         State::OutOfMemory,
         State::Preempted,
         State::NodeFail,
+        State::Hung,
         State::Interrupted,
         State::Unknown,
     ];
@@ -412,6 +415,7 @@ mod tests {
             (State::OutOfMemory, SkipFailed(State::OutOfMemory), Submit),
             (State::Preempted, SkipFailed(State::Preempted), Submit),
             (State::NodeFail, SkipFailed(State::NodeFail), Submit),
+            (State::Hung, SkipFailed(State::Hung), Submit),
             (State::Interrupted, Submit, Submit),
             (State::Unknown, SkipFailed(State::Unknown), Submit),
         ];

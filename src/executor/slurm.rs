@@ -20,7 +20,9 @@ use std::process::Command;
 /// block), the array waiting for every stage its runs need: split by stage,
 /// the runs without one would all run first and the others after them —
 /// the studied axis confounded with the hour.
-type ArrayKey = (Vec<String>, Option<u32>);
+/// Runs share an array when they share their header, throttle and the
+/// nodes they leave out.
+type ArrayKey = (Vec<String>, Option<u32>, Vec<String>);
 
 /// One `sbatch` call.
 #[derive(Debug, Clone, Serialize)]
@@ -63,10 +65,10 @@ impl Executor for SlurmExecutor {
         Ok(jobs
             .iter()
             .map(|(id, dir)| {
-                known
-                    .get(*id)
-                    .cloned()
-                    .unwrap_or_else(|| status_from_exit_file(dir, id))
+                match known.get(*id) {
+                    Some(s) => super::ended::explain(dir, id, s.clone()),
+                    None => status_from_exit_file(dir, id),
+                }
             })
             .collect())
     }
@@ -214,13 +216,16 @@ fn submit_arrays(
             continue;
         }
         groups
-            .entry((header(&u.script), u.slurm.array_throttle))
+            .entry((header(&u.script), u.slurm.array_throttle, left_out(u)))
             .or_default()
             .push(i);
     }
-    for ((head, throttle), members) in groups {
+    for ((head, throttle, exclude), members) in groups {
         let (dep, after_stages) = waits_for(units, &members, stage_jobs);
         let mut args = after(&dep);
+        if !exclude.is_empty() {
+            args.push(format!("--exclude={}", exclude.join(",")));
+        }
         if members.len() == 1 {
             let u = &mut units[members[0]];
             let script = u.dir.join(crate::layout::JOB_SBATCH);
@@ -263,6 +268,50 @@ fn submit_arrays(
         });
     }
     Ok(())
+}
+
+/// The nodes a run that hung leaves out when it runs again: those its
+/// watchdog named, unless the cluster (its partition) then has too few
+/// nodes left for it.
+fn left_out(u: &Unit) -> Vec<String> {
+    let Some(job) = u.record.last_job() else {
+        return Vec::new();
+    };
+    let Some(s) = super::watchdog::stopped::read(&u.dir, &job.job_id) else {
+        return Vec::new();
+    };
+    if s.state != State::Hung || s.nodes.is_empty() {
+        return Vec::new();
+    }
+    let nodes = cluster_nodes(u.slurm.partition.as_deref());
+    let left = nodes.iter().filter(|n| !s.nodes.contains(n)).count();
+    if left < u.slurm.nodes.get() as usize {
+        eprintln!(
+            "sweep: {} hung on {}; not leaving {} out: {} would leave too few nodes for it",
+            u.name,
+            s.nodes.join(", "),
+            if s.nodes.len() > 1 { "them" } else { "it" },
+            u.slurm.partition.as_deref().map_or("the cluster".to_string(), |p| format!("partition {p}")),
+        );
+        return Vec::new();
+    }
+    eprintln!("sweep: {} hung on {}: its retry leaves {} out (--exclude)", u.name, s.nodes.join(", "), s.nodes.join(", "));
+    s.nodes
+}
+
+/// The nodes SLURM lists (in `partition`), each once.
+fn cluster_nodes(partition: Option<&str>) -> Vec<String> {
+    let mut cmd = Command::new("sinfo");
+    cmd.args(["--noheader", "--Node", "--format=%N"]);
+    if let Some(p) = partition {
+        cmd.arg(format!("--partition={p}"));
+    }
+    let mut nodes: Vec<String> = output(&mut cmd)
+        .map(|o| o.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
+        .unwrap_or_default();
+    nodes.sort();
+    nodes.dedup();
+    nodes
 }
 
 /// The job ids `members` wait for (`afterok`): every stage one of them
@@ -348,7 +397,11 @@ pub(crate) fn parse_squeue(out: &str) -> HashMap<String, Status> {
         };
         let reason = parts.collect::<Vec<_>>().join(" ");
         let (code, signal) = parse_exit(exit);
-        let state = State::from_slurm(state);
+        let state = match (State::from_slurm(state), code) {
+            // The trainer's and the watchdog's exit codes say what failed.
+            (State::Failed, Some(c)) => Status::exited(c).state,
+            (state, _) => state,
+        };
         map.insert(
             id.to_string(),
             Status {

@@ -17,6 +17,11 @@ pub enum State {
     OutOfMemory,
     Preempted,
     NodeFail,
+    /// Stopped by its watchdog: it made no progress for `[watchdog] stall`
+    /// (or none at all within `startup`). The reason names the ranks and
+    /// nodes that stopped first; `stopped.json` and `watchdog.log` in the
+    /// run directory hold the evidence.
+    Hung,
     /// Stopped by an interrupt of the `sweep` that ran it (Ctrl-C, SIGTERM,
     /// SIGHUP), never started because that `sweep` ended first, or stopped
     /// after writing a checkpoint with nobody left to restart it. Not a
@@ -77,6 +82,7 @@ impl State {
             State::OutOfMemory => "OUT_OF_MEMORY",
             State::Preempted => "PREEMPTED",
             State::NodeFail => "NODE_FAIL",
+            State::Hung => "HUNG",
             State::Interrupted => "INTERRUPTED",
             State::Unknown => "UNKNOWN",
         }
@@ -120,7 +126,8 @@ impl Status {
     }
 
     /// A program that exited with `code`: the trainer's
-    /// [`crate::config::OUT_OF_MEMORY_EXIT`] is out of memory, any other
+    /// [`crate::config::OUT_OF_MEMORY_EXIT`] is out of memory, the
+    /// watchdog's [`crate::config::HUNG_EXIT`] a run it stopped, any other
     /// nonzero code a failure.
     pub fn exited(code: i32) -> Status {
         Status {
@@ -128,6 +135,7 @@ impl Status {
             ..Status::new(match code {
                 0 => State::Completed,
                 crate::config::OUT_OF_MEMORY_EXIT => State::OutOfMemory,
+                crate::config::HUNG_EXIT => State::Hung,
                 _ => State::Failed,
             })
         }
@@ -165,8 +173,11 @@ impl Status {
     /// `FAILED (exit 3)`, `CANCELLED (signal 15)`, `PENDING (Dependency)`.
     pub fn describe(&self) -> String {
         let mut s = self.state.to_string();
-        // An interrupted run says why, and how it goes on, rather than a code.
-        let interrupted = self.state == State::Interrupted && self.reason.is_some();
+        // An interrupted run says why, and how it goes on, rather than a
+        // code; so does a run its watchdog or launch doctor stopped.
+        use crate::config::{HUNG_EXIT, LAUNCH_EXIT};
+        let stopped_by_sweep = matches!(self.exit_code, Some(HUNG_EXIT | LAUNCH_EXIT));
+        let interrupted = (self.state == State::Interrupted || stopped_by_sweep) && self.reason.is_some();
         match (self.exit_code, self.signal) {
             (_, Some(sig)) if sig != 0 && self.state != State::Completed && !interrupted => {
                 s.push_str(&format!(" (signal {sig})"))

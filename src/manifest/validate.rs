@@ -476,6 +476,7 @@ impl Validator<'_, '_> {
             stages: file.stages,
             report: file.report,
             environment: file.environment,
+            watchdog: file.watchdog,
             hints,
         })
     }

@@ -3,7 +3,7 @@
 //! many nodes, and the shell line each process runs, which sets the rank
 //! variables (all of them, or none: docs/manifest.md lists them).
 
-use crate::manifest::Launcher;
+use crate::manifest::{Launcher, Stall, WatchdogSpec};
 use crate::template::shell_quote;
 use serde::Serialize;
 
@@ -41,6 +41,53 @@ pub struct Launch {
     /// The run's program line in it, as [`crate::template::launch_line`]
     /// made it.
     pub command: String,
+    /// The watchdog that starts the launcher and stops a run that stops
+    /// making progress (`sweep watchdog`), where one watches this run.
+    pub watch: Option<Watch>,
+}
+
+/// What a run's watchdog looks for: `[watchdog]` and, for a command, the
+/// `[report] line_pattern` its progress lines match (the built-in trainer
+/// reports each rank's steps in the run's `progress/`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Watch {
+    /// `auto`, `off` or `<seconds>s`.
+    pub stall: String,
+    /// `<seconds>s`, or none for "off".
+    pub startup: Option<String>,
+    pub pattern: Option<String>,
+}
+
+impl Watch {
+    /// The watchdog of a run: built-in trainer runs and command runs with a
+    /// `line_pattern`, unless both limits are off.
+    pub fn of(spec: &WatchdogSpec, job: &super::Job, pattern: Option<&str>) -> Option<Watch> {
+        let pattern = match job {
+            super::Job::Train(_) => None,
+            super::Job::Command(_) => Some(pattern?.to_string()),
+        };
+        if spec.stall == Stall::Off && spec.startup.is_none() {
+            return None;
+        }
+        Some(Watch {
+            stall: spec.stall.as_arg(),
+            startup: spec.startup.map(|s| format!("{s}s")),
+            pattern,
+        })
+    }
+
+    /// `sweep watchdog`'s arguments after `--dir <run dir>`, up to the `--`
+    /// that precedes the launcher.
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec!["--stall".to_string(), self.stall.clone()];
+        if let Some(s) = &self.startup {
+            a.extend(["--startup".to_string(), s.clone()]);
+        }
+        if let Some(p) = &self.pattern {
+            a.extend(["--pattern".to_string(), p.clone()]);
+        }
+        a
+    }
 }
 
 impl Launch {
@@ -94,7 +141,12 @@ impl Launch {
             local_world_size: per_node,
             line,
             command: command.to_string(),
+            watch: None,
         }
+    }
+
+    pub fn watched(self, watch: Option<Watch>) -> Launch {
+        Launch { watch, ..self }
     }
 
     /// The job's environment for this launch: the world's size and its

@@ -52,6 +52,8 @@ pub struct Run {
     pub job: Job,
     /// A command run's `launcher`, where the manifest sets one.
     pub launcher: Option<Launcher>,
+    /// What the watchdog of its job looks for, where one watches it.
+    pub watch: Option<launch::Watch>,
     pub slurm: SlurmSpec,
     /// Index into `Plan::stages` of the stage this run waits for.
     pub stage: Option<usize>,
@@ -102,12 +104,8 @@ impl Run {
     ) -> Result<launch::Launch, String> {
         let line = crate::template::launch_line(&self.command(sweep_bin));
         let (nodes, per_node) = (self.slurm.nodes.get(), self.slurm.ntasks_per_node.get());
-        Ok(launch::Launch::new(
-            self.launcher_on(executor)?,
-            nodes,
-            per_node,
-            &line,
-        ))
+        let launch = launch::Launch::new(self.launcher_on(executor)?, nodes, per_node, &line);
+        Ok(launch.watched(self.watch.clone()))
     }
 
     /// Estimated peak memory per device (built-in trainer runs), against

@@ -26,18 +26,7 @@ pub(crate) fn t975(df: f64) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// The median of `xs` (the mean of the middle two for an even count);
-/// none for no values. NaN sorts last, as `f64::total_cmp` orders it.
-pub fn median(xs: &[f64]) -> Option<f64> {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
-}
+pub use crate::util::median;
 
 fn mean_var(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;

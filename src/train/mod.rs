@@ -32,6 +32,7 @@ pub mod peak;
 pub mod record;
 mod run;
 mod schedule;
+mod stacks;
 mod trainer;
 
 pub use run::{init_threads, run};

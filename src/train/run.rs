@@ -19,6 +19,7 @@ use super::checkpoint;
 use super::metrics::{self, LoggedStep, Reporter};
 use super::monitor::Monitor;
 use super::record::MetricsLog;
+use crate::util::heartbeat::Heartbeat;
 use super::{device, dist, max_batch, optim, schedule, Trainer};
 use crate::config::{BatchSize, RuntimeOptions, TrainConfig, OUT_OF_MEMORY_EXIT, REQUEUE_EXIT};
 use crate::data::{DataLoader, SampleStream};
@@ -223,6 +224,9 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
     let cfg = t.cfg.clone();
     let main = t.ranks().is_main();
     let mut reporter = open_reporter(t, run_dir, first)?;
+    // Under a watchdog: this rank's progress after each step, its stacks on request.
+    let mut beat = Heartbeat::open(run_dir, t.ranks().rank);
+    super::stacks::install(run_dir, t.ranks().rank)?;
     let several = t.ranks().world_size > 1;
     if several {
         let hosts = dist::gather_hosts(&*t.comm, &t.device)?;
@@ -269,6 +273,9 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
             other => other.with_context(|| format!("step {step}"))?,
         };
         let step_time = started.elapsed().as_secs_f64();
+        if let Some(b) = beat.as_mut() {
+            b.beat(step as u64);
+        }
         elapsed += step_time;
         position = micro.last().map(|b| b.state.clone());
         reporter.count(

@@ -605,3 +605,74 @@ fn set_speeds(path: &Path, host: &str, ranks: usize, straggle: bool) {
     let text: String = records.iter().map(|r| format!("{r}\n")).collect();
     std::fs::write(path, text).unwrap();
 }
+
+/// A rank stopped mid-run (SIGSTOP: as a rank wedged in a driver or a
+/// file system looks): the other waits in the gradient sum for ever, and
+/// the run's watchdog stops the run as HUNG within its `stall`, naming the
+/// stopped rank and its host, with the running rank's threads' stacks.
+#[test]
+fn a_stopped_rank_is_hung_naming_it_and_its_host() {
+    let root = project();
+    let m = study(
+        root.path(),
+        "ddp-stop",
+        "training_steps = 100000",
+        Data::Bundled,
+    );
+    let text = std::fs::read_to_string(&m).unwrap();
+    write(
+        &m,
+        &text.replace(
+            "[local]",
+            "[[sweep.exclude]]\n\"slurm.ntasks_per_node\" = 1\n[watchdog]\nstall = \"6s\"\n[local]",
+        ),
+    );
+    let mut child = sweep(root.path()).arg("submit").arg(&m).spawn().unwrap();
+    let run = root.path().join("results/ddp-stop/ranks-2");
+    let beat = |rank: usize| {
+        let text = std::fs::read_to_string(run.join(format!("progress/rank-{rank}"))).ok()?;
+        let f: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+        Some((
+            f.first()?.parse::<u64>().ok()?,
+            f.get(1)?.parse::<u64>().ok()?,
+            f.get(2)?.clone(),
+            f.get(3)?.parse::<i32>().ok()?,
+        ))
+    };
+    let (_, _, host, pid) = wait_for(120, "rank 1 to finish three steps", || {
+        beat(1).filter(|b| b.0 >= 3)
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let stopped_at = std::time::Instant::now();
+    let exit = wait_for(60, "the watchdog to stop the run", || child.try_wait().unwrap());
+    let released = stopped_at.elapsed().as_secs_f64();
+    assert!(!exit.success(), "sweep reports the hung run");
+    let s = status(root.path(), &m);
+    assert_eq!(s["ranks-2"], ("HUNG".into(), Some(97)), "{s:?}");
+    let stopped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("stopped.json")).unwrap()).unwrap();
+    assert_eq!(stopped["ranks"], serde_json::json!([1]), "{stopped}");
+    assert_eq!(stopped["nodes"], serde_json::json!([host]), "{stopped}");
+    let reason = stopped["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("rank 1 on {host} is stopped (SIGSTOP)")),
+        "{reason}"
+    );
+    let evidence = std::fs::read_to_string(run.join("watchdog.log")).unwrap();
+    assert!(
+        evidence.contains("## Each rank's last report (2 of 2 ranks reported)")
+            && evidence.contains("## Stacks of rank 0")
+            && evidence.contains("(sweep-stacks)")
+            && evidence.contains("#0 "),
+        "each rank's report and rank 0's stacks: {evidence}"
+    );
+    let quiet = stopped["quiet_s"].as_f64().unwrap();
+    assert!((6.0..20.0).contains(&quiet), "{stopped}");
+    eprintln!(
+        "ddp-stop: HUNG after {quiet:.1} s without progress (stall 6 s); the job ended {released:.1} s after the SIGSTOP"
+    );
+}

@@ -11,6 +11,7 @@ mod faults;
 mod foreign;
 mod gpu;
 mod guards;
+mod hang;
 mod history;
 mod launch;
 mod local;

@@ -291,6 +291,7 @@ fn assert_on_both_hosts(run: &Path) {
     );
     assert_eq!(placement(run), ["node1", "node2"]);
     assert!(log.contains("parameters identical on all 2 ranks"), "{log}");
+    assert!(log.contains("launch doctor: 2 nodes reach node1 (10."), "{log}");
 }
 
 /// Submits the study `name` of [`STEPS`] steps to the cluster and waits:
@@ -534,6 +535,243 @@ fn a_node_lost_mid_run_fails_the_job_and_the_run_resumes_on_the_other() {
     eprintln!(
         "node lost: the job ended {waited} s later (NODE_FAIL); resumed after step {stopped_at}"
     );
+}
+
+/// The network namespace of node `k` (what the script created).
+fn node_netns(cluster: &Cluster, k: u32) -> String {
+    let created = std::fs::read_to_string(cluster.dir.join("run/created")).unwrap();
+    created
+        .lines()
+        .filter_map(|l| l.strip_prefix("netns "))
+        .find(|n| n.ends_with(&format!("-node{k}")))
+        .unwrap_or_else(|| panic!("no node{k} in {created}"))
+        .to_string()
+}
+
+/// The record the watchdog or the launch doctor left in a run directory.
+fn stopped(run: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run.join("stopped.json")).expect("stopped.json"))
+        .unwrap()
+}
+
+/// A two-rank run, one rank per node, whose rank on node2 is stopped
+/// (SIGSTOP) mid-run: its watchdog on node1 finds it through `srun` on
+/// node2, names rank 1 and node2, gathers rank 0's stacks, and ends the
+/// job; `--retry-failed` runs it again from its checkpoint (it cannot leave
+/// node2 out: it needs both nodes, and says so).
+#[test]
+#[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
+fn a_rank_stopped_on_another_node_is_hung_naming_it_and_its_node() {
+    let Some(cluster) = Cluster::take() else {
+        return;
+    };
+    let root = project();
+    let m = study(
+        root.path(),
+        "node-stop",
+        "training_steps = 100000\ncheckpoint_every = 5",
+        "[[sweep.exclude]]\n\"slurm.nodes\" = 1",
+        "requeue = false\n[watchdog]\nstall = \"8s\"",
+    );
+    run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
+    let run = root.path().join("results/node-stop/two-nodes");
+    let beat = wait_for(300, "rank 1 to finish six steps", || {
+        let text = std::fs::read_to_string(run.join("progress/rank-1")).ok()?;
+        let f: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+        let step: u64 = f.first()?.parse().ok()?;
+        (step >= 6).then(|| (f[2].clone(), f[3].parse::<i32>().unwrap()))
+    });
+    assert_eq!(beat.0, "node2", "rank 1 runs on node2");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(beat.1),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let stopped_at = std::time::Instant::now();
+    let s = cluster.wait_ended(root.path(), &m, 120);
+    let ended = stopped_at.elapsed().as_secs_f64();
+    assert_eq!(s["two-nodes"].0, "HUNG", "{s:?}\n{}", run_log(&run));
+    let rec = stopped(&run);
+    assert_eq!(rec["ranks"], serde_json::json!([1]), "{rec}");
+    assert_eq!(rec["nodes"], serde_json::json!(["node2"]), "{rec}");
+    let reason = rec["reason"].as_str().unwrap();
+    assert!(reason.contains("rank 1 on node2 is stopped (SIGSTOP)"), "{reason}");
+    let evidence = std::fs::read_to_string(run.join("watchdog.log")).unwrap();
+    assert!(
+        evidence.contains("## Stacks of rank 0 (node1")
+            && evidence.lines().any(|l| l.starts_with("node2") && l.contains("state T")),
+        "rank 0's stacks, node2's processes: {evidence}"
+    );
+    let quiet = rec["quiet_s"].as_f64().unwrap();
+    eprintln!("node-stop: HUNG after {quiet:.1} s without progress (stall 8 s); the job ended {ended:.1} s after the SIGSTOP");
+    // Again, from its checkpoint, on both nodes.
+    let out = run_ok(
+        cluster
+            .sweep(root.path())
+            .args(["submit", "--retry-failed"])
+            .arg(&m),
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("hung on node2; not leaving it out"),
+        "{said}"
+    );
+    wait_for(300, "the retry to resume from its checkpoint", || {
+        run_log(&run).contains("resumed from").then_some(())
+    });
+}
+
+/// A one-node run that hangs on its first node: `--retry-failed` sends it
+/// again leaving that node out (`--exclude`), and it completes on the other.
+#[test]
+#[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
+fn a_hung_run_is_retried_without_its_node() {
+    let Some(cluster) = Cluster::take() else {
+        return;
+    };
+    let root = project();
+    let m = root.path().join("retry.toml");
+    write(
+        &m,
+        r#"name = "retry"
+executor = "slurm"
+command = "echo \"step 1: 100 tokens/s on $(hostname)\"; if [ ! -e {{ run.dir }}/tried ]; then touch {{ run.dir }}/tried; sleep 600; fi; echo \"step 2: 100 tokens/s on $(hostname)\""
+[slurm]
+time = "5"
+job_name = "sweep-test-retry"
+[watchdog]
+stall = "4s"
+[report]
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
+    let s = cluster.wait_ended(root.path(), &m, 120);
+    assert_eq!(s["run"].0, "HUNG", "{s:?}");
+    let run = root.path().join("results/retry/run");
+    let node = stopped(&run)["nodes"][0].as_str().unwrap().to_string();
+    assert!(run_log(&run).contains(&format!("on {node}")), "{}", run_log(&run));
+    let out = run_ok(
+        cluster
+            .sweep(root.path())
+            .args(["submit", "--retry-failed"])
+            .arg(&m),
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("hung on {node}: its retry leaves {node} out (--exclude)")),
+        "{said}"
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    let retry = record["jobs"][1]["job_id"].as_str().unwrap().to_string();
+    let record = cluster.job(&retry);
+    assert_eq!(field(&record, "ExcNodeList"), Some(node.as_str()), "{record}");
+    let s = cluster.wait_ended(root.path(), &m, 120);
+    assert_eq!(s["run"].0, "COMPLETED", "{s:?}");
+    let other = if node == "node1" { "node2" } else { "node1" };
+    assert!(
+        run_log(&run).contains(&format!("step 2: 100 tokens/s on {other}")),
+        "{}",
+        run_log(&run)
+    );
+}
+
+/// A study of one command run on both nodes (one task each): `extra` goes
+/// into `[slurm]`.
+fn two_node_command(root: &Path, name: &str, extra: &str) -> PathBuf {
+    let m = root.join(format!("{name}.toml"));
+    write(
+        &m,
+        &format!(
+            r#"name = "{name}"
+executor = "slurm"
+command = "echo rank $RANK of $WORLD_SIZE on $(hostname) meets at $MASTER_ADDR:$MASTER_PORT"
+[slurm]
+time = "5"
+nodes = 2
+ntasks_per_node = 1
+job_name = "sweep-test-{name}"
+requeue = false
+{extra}
+"#
+        ),
+    );
+    m
+}
+
+/// node2's link goes down before the job starts (a dead NIC, a switch
+/// port): the launch doctor ends the job in under a minute, FAILED, naming
+/// node2, before any rank starts.
+#[test]
+#[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
+fn a_node_cut_off_before_launch_fails_the_launch_doctor_naming_it() {
+    let Some(cluster) = Cluster::take() else {
+        return;
+    };
+    // Whatever happens below, node2's link comes back for the next test.
+    let _restore = Restore(&cluster);
+    let root = project();
+    let m = two_node_command(root.path(), "cut", "");
+    cluster.script(&["cut-link", "node2"]);
+    let submitted = std::time::Instant::now();
+    run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
+    let run = root.path().join("results/cut/run");
+    let code = wait_for(60, "the job to end", || {
+        std::fs::read_to_string(run.join("exit_code")).ok()
+    });
+    let ended = submitted.elapsed().as_secs_f64();
+    assert!(code.trim().ends_with(" 96"), "the doctor's exit: {code}");
+    let rec = stopped(&run);
+    assert_eq!(rec["by"], "launch doctor", "{rec}");
+    assert_eq!(rec["nodes"], serde_json::json!(["node2"]), "{rec}");
+    let reason = rec["reason"].as_str().unwrap().to_string();
+    assert!(reason.starts_with("node2 "), "{reason}");
+    assert!(!run_log(&run).contains("rank 0 of"), "no rank started: {}", run_log(&run));
+    let s = cluster.states(root.path(), &m);
+    eprintln!("cut link: the job ended {ended:.1} s after submission: {reason}; status {:?}", s["run"]);
+}
+
+/// The port drawn for a job is busy on the master: the doctor passes over
+/// it to the next, and the ranks meet there; the master's address is
+/// node1's own, not a loopback one.
+#[test]
+#[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
+fn a_busy_master_port_is_passed_over() {
+    let Some(cluster) = Cluster::take() else {
+        return;
+    };
+    let root = project();
+    // Two ports to draw from (the top of the port space): the one held, and
+    // the other.
+    let m = two_node_command(root.path(), "port", "master_port = 65533");
+    let mut holder = Command::new("ip")
+        .args(["netns", "exec", &node_netns(&cluster, 1), "python3", "-c"])
+        .arg("import socket, time\nfor p in (65533,):\n    s = socket.socket(); s.bind(('0.0.0.0', p)); s.listen()\nprint('held', flush=True)\ntime.sleep(120)")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "held");
+    }
+    run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
+    let s = cluster.wait_ended(root.path(), &m, 120);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let run = root.path().join("results/port/run");
+    let log = run_log(&run);
+    assert_eq!(s["run"].0, "COMPLETED", "{s:?}\n{log}");
+    assert!(log.contains("launch doctor: 2 nodes reach node1 (10."), "{log}");
+    assert!(log.contains("on port 65534"), "{log}");
+    for rank in 0..2 {
+        assert!(log.contains(&format!("rank {rank} of 2 on node{} meets at 10.", rank + 1)), "{log}");
+    }
+    assert!(log.contains(":65534"), "{log}");
 }
 
 mod forecast {

@@ -424,6 +424,7 @@ impl<'a> Shared<'a> {
                 Job::Command(self.command(&ctx, &a.params)?)
             }
         };
+        let watch = crate::plan::launch::Watch::of(&m.watchdog, &job, m.report.line_pattern.as_deref());
         Ok(Run {
             id,
             digest: hashed.digest,
@@ -434,6 +435,7 @@ impl<'a> Shared<'a> {
             params: a.params,
             job,
             launcher,
+            watch,
             slurm,
             stage: None,
             dir,

@@ -1,0 +1,220 @@
+//! The watchdog (docs/running.md, "When a run hangs"): a run that stops
+//! making progress is HUNG, with the evidence, while the study's other runs
+//! complete; a run whose steps are slow but regular is left alone; bad
+//! `[watchdog]` values are refused at plan time. On this machine and on
+//! the one-node SLURM cluster; the two-node cases are in `nodes.rs`.
+
+use super::slurm::{require_cluster, wait_until_done};
+use super::support::{project, run_ok, status, stdout, sweep, write};
+use std::path::Path;
+
+/// A study of two command runs: `hang` prints three progress lines, each
+/// with its time, and then sleeps (on its first try only: `--retry-failed`
+/// completes it); `done` prints them and ends.
+fn hanging_study(root: &Path, name: &str, stall: &str) -> std::path::PathBuf {
+    let m = root.join(format!("{name}.toml"));
+    write(
+        &m,
+        &format!(
+            r#"name = "{name}"
+command = "for i in 1 2 3; do echo \"step $i: 100 tokens/s at $(date +%s.%N)\"; sleep 0.3; done; if [ {{{{ mode }}}} = hang ] && [ ! -e {{{{ run.dir }}}}/tried ]; then touch {{{{ run.dir }}}}/tried; sleep 600; fi"
+[sweep.grid]
+mode = ["hang", "done"]
+[local]
+parallel = 2
+[slurm]
+time = "5"
+job_name = "sweep-test-{name}-{pid}"
+[watchdog]
+stall = "{stall}"
+[report]
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+            pid = std::process::id()
+        ),
+    );
+    m
+}
+
+/// Seconds since the epoch of an RFC 3339 time.
+fn epoch(rfc3339: &str) -> f64 {
+    chrono::DateTime::parse_from_rfc3339(rfc3339)
+        .unwrap_or_else(|e| panic!("{rfc3339}: {e}"))
+        .timestamp_millis() as f64
+        / 1000.0
+}
+
+/// The time the last progress line of a run's log gives.
+fn last_progress(log: &str) -> f64 {
+    log.lines()
+        .filter_map(|l| l.split_once("tokens/s at ").map(|(_, t)| t.trim()))
+        .filter_map(|t| t.parse::<f64>().ok())
+        .last()
+        .unwrap_or_else(|| panic!("no progress line in {log}"))
+}
+
+/// What every HUNG run must show: the record, its reason naming the node,
+/// the evidence; the seconds from its last progress line to HUNG.
+fn assert_hung(run: &Path, log: &str, stall_s: f64, slack_s: f64) -> f64 {
+    let stopped: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(run.join("stopped.json")).expect("the watchdog's record"),
+    )
+    .unwrap();
+    assert_eq!(stopped["state"], "HUNG", "{stopped}");
+    assert_eq!(stopped["by"], "watchdog", "{stopped}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let nodes = stopped["nodes"].as_array().unwrap();
+    assert!(!nodes.is_empty(), "it names the nodes: {stopped}");
+    let reason = stopped["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("no progress for") && reason.contains("after the line `step 3: 100 tokens/s"),
+        "{reason}"
+    );
+    let evidence = std::fs::read_to_string(run.join("watchdog.log")).unwrap();
+    assert!(
+        evidence.contains("## The run's processes") && evidence.contains("sleep 600"),
+        "the processes, with the one that sleeps: {evidence}"
+    );
+    assert!(
+        evidence.contains("## The last lines of") && evidence.contains("step 3: 100 tokens/s"),
+        "the log's last lines: {evidence}"
+    );
+    let _ = host;
+    let hung_after = epoch(stopped["at"].as_str().unwrap()) - last_progress(log);
+    assert!(
+        hung_after >= stall_s && hung_after <= stall_s + slack_s,
+        "HUNG {hung_after:.1} s after the last progress line (stall {stall_s} s)"
+    );
+    hung_after
+}
+
+#[test]
+fn a_run_that_stops_printing_is_hung_while_the_other_completes_locally() {
+    let root = project();
+    let m = hanging_study(root.path(), "hang-local", "3s");
+    let out = sweep(root.path())
+        .arg("submit")
+        .arg(&m)
+        .args(["--executor", "local"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "a hung run fails the submit");
+    let s = status(root.path(), &m);
+    assert_eq!(s["done"].0, "COMPLETED", "{s:?}");
+    assert_eq!(s["hang"], ("HUNG".into(), Some(97)), "{s:?}");
+    let run = root.path().join("results/hang-local/hang");
+    let log = std::fs::read_to_string(run.join("local.out")).unwrap();
+    let hung_after = assert_hung(&run, &log, 3.0, 5.0);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("local.json")).unwrap()).unwrap();
+    // `ended_at` has whole seconds.
+    let released = epoch(state["ended_at"].as_str().unwrap()) - last_progress(&log);
+    eprintln!("local: HUNG {hung_after:.1} s after the last progress line, job ended {released:.1} s after it");
+    // Said where a user looks: the status table, with the reason.
+    let table = stdout(&run_ok(sweep(root.path()).arg("status").arg(&m)));
+    assert!(
+        table.contains("HUNG") && table.contains("no progress for"),
+        "{table}"
+    );
+    // --retry-failed runs it again (its second try completes).
+    run_ok(
+        sweep(root.path())
+            .args(["submit", "--retry-failed"])
+            .arg(&m)
+            .args(["--executor", "local"]),
+    );
+    assert_eq!(status(root.path(), &m)["hang"].0, "COMPLETED");
+}
+
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_run_that_stops_printing_is_hung_on_slurm_naming_its_node() {
+    require_cluster();
+    let root = project();
+    let m = hanging_study(root.path(), "hang-slurm", "4s");
+    let submitted = std::time::Instant::now();
+    run_ok(
+        sweep(root.path())
+            .arg("submit")
+            .arg(&m)
+            .args(["--executor", "slurm"]),
+    );
+    let s = wait_until_done(root.path(), &m, 120);
+    let done = submitted.elapsed().as_secs_f64();
+    assert_eq!(s["done"].0, "COMPLETED", "{s:?}");
+    assert_eq!(s["hang"].0, "HUNG", "{s:?}");
+    let run = root.path().join("results/hang-slurm/hang");
+    let log = super::support::job_logs(&run);
+    let hung_after = assert_hung(&run, &log, 4.0, 6.0);
+    let stopped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("stopped.json")).unwrap()).unwrap();
+    let node = stopped["nodes"][0].as_str().unwrap().to_string();
+    assert!(
+        log.contains(&format!("on {node} at")),
+        "the node named is the one the job ran on ({node}): {log}"
+    );
+    // The allocation's end, as SLURM says it (whole seconds, local time).
+    let job = super::support::job_id(&run);
+    let show = stdout(&run_ok(std::process::Command::new("scontrol").args(["show", "job", &job])));
+    let end = show
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("EndTime="))
+        .and_then(|t| chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S").ok())
+        .and_then(|t| t.and_local_timezone(chrono::Local).single())
+        .map(|t| t.timestamp() as f64);
+    let released = end.map(|e| e - last_progress(&log));
+    eprintln!("slurm: HUNG {hung_after:.1} s after the last progress line on {node}, allocation released {released:.1?} s after it; the study ended {done:.1} s after submission");
+}
+
+#[test]
+fn slow_but_regular_steps_are_never_hung() {
+    let root = project();
+    let m = root.path().join("slow.toml");
+    // 20-second steps with the default `auto`: ten medians are over three
+    // minutes, and the floor five.
+    write(
+        &m,
+        r#"name = "slow"
+executor = "local"
+command = "for i in 1 2 3 4; do echo \"step $i: 100 tokens/s\"; sleep 20; done"
+[report]
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
+    assert!(!root.path().join("results/slow/run/stopped.json").exists());
+}
+
+#[test]
+fn bad_watchdog_values_are_refused_at_plan_time() {
+    let root = project();
+    let m = root.path().join("bad.toml");
+    for (key, value, says) in [
+        ("stall", "0s", "is zero"),
+        ("stall", "-5m", "is negative"),
+        ("stall", "soon", "is not a duration"),
+        ("stall", "90days", "more than a month"),
+        ("stall", "500ms", "under a second"),
+        ("startup", "auto", "is not a duration"),
+        ("startup", "0m", "is zero"),
+    ] {
+        write(
+            &m,
+            &format!("name = \"bad\"\ncommand = \"true\"\n[watchdog]\n{key} = \"{value}\"\n"),
+        );
+        let out = sweep(root.path()).arg("plan").arg(&m).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{key} = {value} was accepted");
+        assert!(
+            err.contains(says) && err.contains(&format!("watchdog.{key}")) && err.contains(":4:"),
+            "{key} = {value}: {err}"
+        );
+    }
+    // A good one plans.
+    write(
+        &m,
+        "name = \"bad\"\ncommand = \"true\"\n[watchdog]\nstall = \"2h 30m\"\nstartup = \"off\"\n",
+    );
+    run_ok(sweep(root.path()).arg("plan").arg(&m));
+}
