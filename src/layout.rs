@@ -32,10 +32,9 @@ pub const EXIT_CODE: &str = "exit_code";
 
 /// What a run's watchdog reads and writes (docs/running.md, "When a run
 /// hangs"): each rank's progress (`progress/rank-<r>`, and its stacks when
-/// asked, `progress/rank-<r>.stacks`), the record of a run the watchdog or
-/// the launch doctor stopped, and the evidence it gathered.
+/// asked, `progress/rank-<r>.stacks`) and the evidence it gathered before
+/// it stopped the run (why is in the job's record in `run.json`).
 pub const PROGRESS_DIR: &str = "progress";
-pub const STOPPED_JSON: &str = "stopped.json";
 pub const WATCHDOG_LOG: &str = "watchdog.log";
 
 /// What the job found of the machine it ran on, written by the job itself

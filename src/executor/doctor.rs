@@ -13,12 +13,11 @@
 //!   one task per node (`srun`) connects within [`CONNECT_TIMEOUT`].
 //!
 //! It prints `export MASTER_ADDR=… MASTER_PORT=…` for the script; on a
-//! failure it writes `stopped.json` (FAILED, the node and what it could not
-//! do) and exits [`LAUNCH_EXIT`].
+//! failure it records in the job's entry of `run.json` the node and what it
+//! could not do, and exits [`LAUNCH_EXIT`]: the run is FAILED.
 
 use crate::config::LAUNCH_EXIT;
-use crate::executor::watchdog::stopped::{self, Stopped};
-use crate::executor::State;
+use crate::plan::record::{record_stop, Stop, StoppedBy};
 use anyhow::Result;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
@@ -84,20 +83,18 @@ pub fn run(c: Check) -> Result<ExitCode> {
         }
         Err(f) => {
             eprintln!("sweep: launch doctor: {}", f.reason);
-            stopped::write(
-                &c.dir,
-                &Stopped {
-                    job: c.job.clone(),
-                    by: "launch doctor".into(),
-                    state: State::Failed,
-                    reason: f.reason,
-                    ranks: Vec::new(),
-                    nodes: f.nodes,
-                    at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                    quiet_s: None,
-                    limit_s: None,
-                },
-            )?;
+            let stop = Stop {
+                by: StoppedBy::LaunchDoctor,
+                reason: f.reason,
+                ranks: Vec::new(),
+                nodes: f.nodes,
+                at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                quiet_s: None,
+                limit_s: None,
+            };
+            if let Err(e) = record_stop(&c.dir, &c.job, stop) {
+                eprintln!("sweep: launch doctor: could not record the failure: {e:#}");
+            }
             Ok(ExitCode::from(LAUNCH_EXIT as u8))
         }
     }
@@ -105,7 +102,11 @@ pub fn run(c: Check) -> Result<ExitCode> {
 
 fn diagnose(c: &Check) -> Result<Meeting, Failure> {
     let here = crate::util::process::host_name();
-    for tool in ["scontrol", "srun"].iter().copied().chain(c.need.iter().map(String::as_str)) {
+    for tool in ["scontrol", "srun"]
+        .iter()
+        .copied()
+        .chain(c.need.iter().map(String::as_str))
+    {
         if crate::util::process::find_in_path(tool).is_none() {
             return Err(fail(&here, format!("{here} has no `{tool}` on PATH (inside a container? without it the ranks cannot find each other)")));
         }
@@ -267,11 +268,23 @@ type Answers = Vec<(String, Result<(), String>)>;
 
 /// `srun` one task per node of `sweep launch-doctor --reach`; what each
 /// node said, and srun's last error line.
-fn ask_nodes(nodes: &[String], addr: IpAddr, port: u16, c: &Check) -> Result<(Answers, Option<String>), String> {
+fn ask_nodes(
+    nodes: &[String],
+    addr: IpAddr,
+    port: u16,
+    c: &Check,
+) -> Result<(Answers, Option<String>), String> {
     let me = std::env::current_exe().map_err(|e| format!("finding the sweep binary: {e}"))?;
     let n = nodes.len().to_string();
     let mut cmd = Command::new("srun");
-    cmd.args(["--nodes", &n, "--ntasks", &n, "--ntasks-per-node=1", "--kill-on-bad-exit=0"]);
+    cmd.args([
+        "--nodes",
+        &n,
+        "--ntasks",
+        &n,
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0",
+    ]);
     if c.nodes.is_some() {
         cmd.arg("--relative=0");
     }
@@ -320,7 +333,10 @@ fn parse_answer(line: &str) -> Option<(String, Result<(), String>)> {
     let mut parts = line.splitn(3, ' ');
     match (parts.next()?, parts.next()?) {
         ("ok", host) => Some((host.to_string(), Ok(()))),
-        ("fail", host) => Some((host.to_string(), Err(parts.next().unwrap_or("").to_string()))),
+        ("fail", host) => Some((
+            host.to_string(),
+            Err(parts.next().unwrap_or("").to_string()),
+        )),
         _ => None,
     }
 }
@@ -391,7 +407,10 @@ mod tests {
         assert_eq!(reach_answer(&open, &[]), Ok(()));
         drop(l);
         let closed = reach_answer(&open, &[]).unwrap_err();
-        assert!(closed.starts_with(&format!("could not reach {open} in 10 s")), "{closed}");
+        assert!(
+            closed.starts_with(&format!("could not reach {open} in 10 s")),
+            "{closed}"
+        );
         let missing = reach_answer(&open, &["no-such-launcher-here".into()]).unwrap_err();
         assert_eq!(missing, "has no `no-such-launcher-here` on PATH");
         assert_eq!(

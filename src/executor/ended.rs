@@ -6,7 +6,7 @@
 //! never taken for the current one.
 
 use super::{State, Status};
-use crate::plan::record::{exit_status, job_record};
+use crate::plan::record::{exit_status, job_record, StoppedBy};
 use crate::util::fs::write_atomic;
 use anyhow::Result;
 use std::path::Path;
@@ -37,16 +37,19 @@ pub fn recorded(dir: &Path, job_id: &str) -> Option<Status> {
 }
 
 /// A job the watchdog or the launch doctor ended, with their reason (and
-/// state) from its `stopped.json`; any other status as it is.
+/// state) from its record in `run.json`; any other status as it is.
 pub fn explain(dir: &Path, job_id: &str, status: Status) -> Status {
     use crate::config::{HUNG_EXIT, LAUNCH_EXIT};
     let ours = matches!(status.exit_code, Some(HUNG_EXIT | LAUNCH_EXIT));
     if !ours && status.state != State::Hung {
         return status;
     }
-    match super::watchdog::stopped::read(dir, job_id) {
+    match crate::plan::record::stop_of(dir, job_id) {
         Some(s) => Status {
-            state: s.state,
+            state: match s.by {
+                StoppedBy::Watchdog => State::Hung,
+                StoppedBy::LaunchDoctor => State::Failed,
+            },
             reason: Some(s.reason),
             ..status
         },

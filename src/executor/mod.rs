@@ -79,6 +79,7 @@ impl Unit {
             job_id,
             submitted_at: crate::util::now_rfc3339(),
             block,
+            stopped: None,
         });
         crate::util::fs::write_atomic(&path, &self.record.to_bytes())
     }

@@ -64,11 +64,9 @@ impl Executor for SlurmExecutor {
         let known = query(&ids)?;
         Ok(jobs
             .iter()
-            .map(|(id, dir)| {
-                match known.get(*id) {
-                    Some(s) => super::ended::explain(dir, id, s.clone()),
-                    None => status_from_exit_file(dir, id),
-                }
+            .map(|(id, dir)| match known.get(*id) {
+                Some(s) => super::ended::explain(dir, id, s.clone()),
+                None => status_from_exit_file(dir, id),
             })
             .collect())
     }
@@ -277,10 +275,10 @@ fn left_out(u: &Unit) -> Vec<String> {
     let Some(job) = u.record.last_job() else {
         return Vec::new();
     };
-    let Some(s) = super::watchdog::stopped::read(&u.dir, &job.job_id) else {
+    let Some(s) = job.stopped.as_ref() else {
         return Vec::new();
     };
-    if s.state != State::Hung || s.nodes.is_empty() {
+    if s.by != crate::plan::record::StoppedBy::Watchdog || s.nodes.is_empty() {
         return Vec::new();
     }
     let nodes = cluster_nodes(u.slurm.partition.as_deref());
@@ -291,12 +289,20 @@ fn left_out(u: &Unit) -> Vec<String> {
             u.name,
             s.nodes.join(", "),
             if s.nodes.len() > 1 { "them" } else { "it" },
-            u.slurm.partition.as_deref().map_or("the cluster".to_string(), |p| format!("partition {p}")),
+            u.slurm
+                .partition
+                .as_deref()
+                .map_or("the cluster".to_string(), |p| format!("partition {p}")),
         );
         return Vec::new();
     }
-    eprintln!("sweep: {} hung on {}: its retry leaves {} out (--exclude)", u.name, s.nodes.join(", "), s.nodes.join(", "));
-    s.nodes
+    eprintln!(
+        "sweep: {} hung on {}: its retry leaves {} out (--exclude)",
+        u.name,
+        s.nodes.join(", "),
+        s.nodes.join(", ")
+    );
+    s.nodes.clone()
 }
 
 /// The nodes SLURM lists (in `partition`), each once.
@@ -307,7 +313,12 @@ fn cluster_nodes(partition: Option<&str>) -> Vec<String> {
         cmd.arg(format!("--partition={p}"));
     }
     let mut nodes: Vec<String> = output(&mut cmd)
-        .map(|o| o.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
+        .map(|o| {
+            o.lines()
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect()
+        })
         .unwrap_or_default();
     nodes.sort();
     nodes.dedup();

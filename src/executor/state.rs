@@ -19,7 +19,7 @@ pub enum State {
     NodeFail,
     /// Stopped by its watchdog: it made no progress for `[watchdog] stall`
     /// (or none at all within `startup`). The reason names the ranks and
-    /// nodes that stopped first; `stopped.json` and `watchdog.log` in the
+    /// nodes that stopped first; the job's record in `run.json` and `watchdog.log` in the
     /// run directory hold the evidence.
     Hung,
     /// Stopped by an interrupt of the `sweep` that ran it (Ctrl-C, SIGTERM,
@@ -177,7 +177,8 @@ impl Status {
         // code; so does a run its watchdog or launch doctor stopped.
         use crate::config::{HUNG_EXIT, LAUNCH_EXIT};
         let stopped_by_sweep = matches!(self.exit_code, Some(HUNG_EXIT | LAUNCH_EXIT));
-        let interrupted = (self.state == State::Interrupted || stopped_by_sweep) && self.reason.is_some();
+        let interrupted =
+            (self.state == State::Interrupted || stopped_by_sweep) && self.reason.is_some();
         match (self.exit_code, self.signal) {
             (_, Some(sig)) if sig != 0 && self.state != State::Completed && !interrupted => {
                 s.push_str(&format!(" (signal {sig})"))

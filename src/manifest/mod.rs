@@ -17,10 +17,10 @@ use validate::*;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
-    check_roles, group_collides, memory_unit, parse_slurm_time, parse_watch_duration, time_unit, Design, EnvironmentSpec,
-    ExecutorKind, Launcher, LocalSpec, PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec,
-    SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS,
-    MEMORY_UNITS, REPORT_COLUMNS, STAT_SUFFIXES, Stall, WatchdogSpec,
+    check_roles, group_collides, memory_unit, parse_slurm_time, parse_watch_duration, time_unit,
+    Design, EnvironmentSpec, ExecutorKind, Launcher, LocalSpec, PretokenizeStageSpec, ReportSpec,
+    Roles, SlurmSpec, SlurmTime, StagesSpec, Stall, TemplateChoice, WatchdogSpec, DEFAULT_MAX_RUNS,
+    DEFAULT_SKIP_FIRST, KNOWN_GROUPS, MEMORY_UNITS, REPORT_COLUMNS, STAT_SUFFIXES,
 };
 pub use source::{join_key, Source};
 

@@ -474,9 +474,10 @@ impl Stall {
         Ok(match s {
             "auto" => Stall::Auto,
             "off" => Stall::Off,
-            _ => Stall::After(parse_watch_duration(s).map_err(|e| {
-                anyhow::anyhow!("{e}; or write \"auto\" or \"off\"")
-            })?),
+            _ => Stall::After(
+                parse_watch_duration(s)
+                    .map_err(|e| anyhow::anyhow!("{e}; or write \"auto\" or \"off\""))?,
+            ),
         })
     }
 }
@@ -522,7 +523,10 @@ const MAX_WATCH_SECONDS: u64 = 31 * 86400;
 pub fn parse_watch_duration(s: &str) -> Result<u64> {
     let t = s.trim();
     if t.starts_with('-') {
-        bail!("`{}` is negative: a watchdog limit is a duration such as \"90s\", \"5m\" or \"2h\"", s.escape_debug());
+        bail!(
+            "`{}` is negative: a watchdog limit is a duration such as \"90s\", \"5m\" or \"2h\"",
+            s.escape_debug()
+        );
     }
     let d = humantime::parse_duration(t).map_err(|e| {
         anyhow::anyhow!(
@@ -531,13 +535,22 @@ pub fn parse_watch_duration(s: &str) -> Result<u64> {
         )
     })?;
     if d.is_zero() {
-        bail!("`{}` is zero: a run would be stopped at once", s.escape_debug());
+        bail!(
+            "`{}` is zero: a run would be stopped at once",
+            s.escape_debug()
+        );
     }
     if d.as_secs() == 0 {
-        bail!("`{}` is under a second: the watchdog looks once a second", s.escape_debug());
+        bail!(
+            "`{}` is under a second: the watchdog looks once a second",
+            s.escape_debug()
+        );
     }
     if d.as_secs() > MAX_WATCH_SECONDS {
-        bail!("`{}` is more than a month: longer than any job runs", s.escape_debug());
+        bail!(
+            "`{}` is more than a month: longer than any job runs",
+            s.escape_debug()
+        );
     }
     Ok(d.as_secs())
 }

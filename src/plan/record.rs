@@ -19,6 +19,69 @@ pub struct JobRecord {
     /// runs this run as one of its steps (`[slurm] pack`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<u32>,
+    /// Written by the job itself when sweep's watchdog or launch doctor
+    /// ended it: why, and where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<Stop>,
+}
+
+/// How one of sweep's own job-side tools ended a job (docs/running.md,
+/// "When a run hangs"): the watchdog (the run is HUNG) or the launch doctor
+/// (FAILED before any rank started).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stop {
+    pub by: StoppedBy,
+    /// One line: what ran out or failed, which ranks on which nodes.
+    pub reason: String,
+    /// The ranks that stopped first (the watchdog's).
+    #[serde(default)]
+    pub ranks: Vec<usize>,
+    /// The nodes named: where those ranks ran, or the node that could not
+    /// take part. What `--retry-failed` leaves out on SLURM.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// When (RFC 3339, milliseconds).
+    pub at: String,
+    /// The watchdog's: seconds without progress when its limit ran out
+    /// (since the start, for `startup`), and that limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_s: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoppedBy {
+    Watchdog,
+    LaunchDoctor,
+}
+
+/// Records in the run's `run.json` that job `job_id` was stopped. The job
+/// writes it once, as it ends; `sweep` writes the record only to add a job
+/// it submits, re-reading it first, so neither loses the other's.
+pub fn record_stop(dir: &Path, job_id: &str, stop: Stop) -> Result<()> {
+    let mut record = RunRecord::read(&dir.join(RUN_JSON), None)?
+        .with_context(|| format!("{} has no run.json", dir.display()))?;
+    let job = record
+        .jobs
+        .iter_mut()
+        .rev()
+        .find(|j| j.job_id == job_id)
+        .with_context(|| format!("{}: run.json records no job {job_id}", dir.display()))?;
+    job.stopped = Some(stop);
+    crate::util::fs::write_atomic(&dir.join(RUN_JSON), &record.to_bytes())
+}
+
+/// Why job `job_id` was stopped, where its record says it was.
+pub fn stop_of(dir: &Path, job_id: &str) -> Option<Stop> {
+    let record = RunRecord::read(&dir.join(RUN_JSON), None).ok()??;
+    record
+        .jobs
+        .into_iter()
+        .rev()
+        .find(|j| j.job_id == job_id)?
+        .stopped
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

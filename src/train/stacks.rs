@@ -190,7 +190,10 @@ mod tests {
             action.sa_sigaction = capture as *const () as usize;
             action.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut action.sa_mask);
-            assert_eq!(libc::sigaction(capture_signal(), &action, std::ptr::null_mut()), 0);
+            assert_eq!(
+                libc::sigaction(capture_signal(), &action, std::ptr::null_mut()),
+                0
+            );
         }
         let text = dump();
         tx.send(()).unwrap();

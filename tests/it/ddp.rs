@@ -648,13 +648,14 @@ fn a_stopped_rank_is_hung_naming_it_and_its_host() {
     )
     .unwrap();
     let stopped_at = std::time::Instant::now();
-    let exit = wait_for(60, "the watchdog to stop the run", || child.try_wait().unwrap());
+    let exit = wait_for(60, "the watchdog to stop the run", || {
+        child.try_wait().unwrap()
+    });
     let released = stopped_at.elapsed().as_secs_f64();
     assert!(!exit.success(), "sweep reports the hung run");
     let s = status(root.path(), &m);
     assert_eq!(s["ranks-2"], ("HUNG".into(), Some(97)), "{s:?}");
-    let stopped: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("stopped.json")).unwrap()).unwrap();
+    let stopped = super::support::stop_record(&run);
     assert_eq!(stopped["ranks"], serde_json::json!([1]), "{stopped}");
     assert_eq!(stopped["nodes"], serde_json::json!([host]), "{stopped}");
     let reason = stopped["reason"].as_str().unwrap();

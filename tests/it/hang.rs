@@ -5,7 +5,7 @@
 //! the one-node SLURM cluster; the two-node cases are in `nodes.rs`.
 
 use super::slurm::{require_cluster, wait_until_done};
-use super::support::{project, run_ok, status, stdout, sweep, write};
+use super::support::{project, run_ok, status, stdout, stop_record, sweep, write};
 use std::path::Path;
 
 /// A study of two command runs: `hang` prints three progress lines, each
@@ -56,18 +56,15 @@ fn last_progress(log: &str) -> f64 {
 /// What every HUNG run must show: the record, its reason naming the node,
 /// the evidence; the seconds from its last progress line to HUNG.
 fn assert_hung(run: &Path, log: &str, stall_s: f64, slack_s: f64) -> f64 {
-    let stopped: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(run.join("stopped.json")).expect("the watchdog's record"),
-    )
-    .unwrap();
-    assert_eq!(stopped["state"], "HUNG", "{stopped}");
+    let stopped = stop_record(run);
     assert_eq!(stopped["by"], "watchdog", "{stopped}");
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let nodes = stopped["nodes"].as_array().unwrap();
     assert!(!nodes.is_empty(), "it names the nodes: {stopped}");
     let reason = stopped["reason"].as_str().unwrap();
     assert!(
-        reason.contains("no progress for") && reason.contains("after the line `step 3: 100 tokens/s"),
+        reason.contains("no progress for")
+            && reason.contains("after the line `step 3: 100 tokens/s"),
         "{reason}"
     );
     let evidence = std::fs::read_to_string(run.join("watchdog.log")).unwrap();
@@ -146,8 +143,7 @@ fn a_run_that_stops_printing_is_hung_on_slurm_naming_its_node() {
     let run = root.path().join("results/hang-slurm/hang");
     let log = super::support::job_logs(&run);
     let hung_after = assert_hung(&run, &log, 4.0, 6.0);
-    let stopped: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("stopped.json")).unwrap()).unwrap();
+    let stopped = stop_record(&run);
     let node = stopped["nodes"][0].as_str().unwrap().to_string();
     assert!(
         log.contains(&format!("on {node} at")),
@@ -155,7 +151,9 @@ fn a_run_that_stops_printing_is_hung_on_slurm_naming_its_node() {
     );
     // The allocation's end, as SLURM says it (whole seconds, local time).
     let job = super::support::job_id(&run);
-    let show = stdout(&run_ok(std::process::Command::new("scontrol").args(["show", "job", &job])));
+    let show = stdout(&run_ok(
+        std::process::Command::new("scontrol").args(["show", "job", &job]),
+    ));
     let end = show
         .split_whitespace()
         .find_map(|f| f.strip_prefix("EndTime="))
@@ -183,7 +181,11 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
     );
     run_ok(sweep(root.path()).arg("submit").arg(&m));
     assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
-    assert!(!root.path().join("results/slow/run/stopped.json").exists());
+    let run = root.path().join("results/slow/run");
+    assert!(!run.join("watchdog.log").exists());
+    assert!(!std::fs::read_to_string(run.join("run.json"))
+        .unwrap()
+        .contains("stopped"));
 }
 
 #[test]

@@ -291,7 +291,10 @@ fn assert_on_both_hosts(run: &Path) {
     );
     assert_eq!(placement(run), ["node1", "node2"]);
     assert!(log.contains("parameters identical on all 2 ranks"), "{log}");
-    assert!(log.contains("launch doctor: 2 nodes reach node1 (10."), "{log}");
+    assert!(
+        log.contains("launch doctor: 2 nodes reach node1 (10."),
+        "{log}"
+    );
 }
 
 /// Submits the study `name` of [`STEPS`] steps to the cluster and waits:
@@ -548,11 +551,7 @@ fn node_netns(cluster: &Cluster, k: u32) -> String {
         .to_string()
 }
 
-/// The record the watchdog or the launch doctor left in a run directory.
-fn stopped(run: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(run.join("stopped.json")).expect("stopped.json"))
-        .unwrap()
-}
+use super::support::stop_record as stopped;
 
 /// A two-rank run, one rank per node, whose rank on node2 is stopped
 /// (SIGSTOP) mid-run: its watchdog on node1 finds it through `srun` on
@@ -595,11 +594,16 @@ fn a_rank_stopped_on_another_node_is_hung_naming_it_and_its_node() {
     assert_eq!(rec["ranks"], serde_json::json!([1]), "{rec}");
     assert_eq!(rec["nodes"], serde_json::json!(["node2"]), "{rec}");
     let reason = rec["reason"].as_str().unwrap();
-    assert!(reason.contains("rank 1 on node2 is stopped (SIGSTOP)"), "{reason}");
+    assert!(
+        reason.contains("rank 1 on node2 is stopped (SIGSTOP)"),
+        "{reason}"
+    );
     let evidence = std::fs::read_to_string(run.join("watchdog.log")).unwrap();
     assert!(
         evidence.contains("## Stacks of rank 0 (node1")
-            && evidence.lines().any(|l| l.starts_with("node2") && l.contains("state T")),
+            && evidence
+                .lines()
+                .any(|l| l.starts_with("node2") && l.contains("state T")),
         "rank 0's stacks, node2's processes: {evidence}"
     );
     let quiet = rec["quiet_s"].as_f64().unwrap();
@@ -612,10 +616,7 @@ fn a_rank_stopped_on_another_node_is_hung_naming_it_and_its_node() {
             .arg(&m),
     );
     let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        said.contains("hung on node2; not leaving it out"),
-        "{said}"
-    );
+    assert!(said.contains("hung on node2; not leaving it out"), "{said}");
     wait_for(300, "the retry to resume from its checkpoint", || {
         run_log(&run).contains("resumed from").then_some(())
     });
@@ -650,7 +651,11 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
     assert_eq!(s["run"].0, "HUNG", "{s:?}");
     let run = root.path().join("results/retry/run");
     let node = stopped(&run)["nodes"][0].as_str().unwrap().to_string();
-    assert!(run_log(&run).contains(&format!("on {node}")), "{}", run_log(&run));
+    assert!(
+        run_log(&run).contains(&format!("on {node}")),
+        "{}",
+        run_log(&run)
+    );
     let out = run_ok(
         cluster
             .sweep(root.path())
@@ -659,14 +664,20 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
     );
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
-        said.contains(&format!("hung on {node}: its retry leaves {node} out (--exclude)")),
+        said.contains(&format!(
+            "hung on {node}: its retry leaves {node} out (--exclude)"
+        )),
         "{said}"
     );
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
     let retry = record["jobs"][1]["job_id"].as_str().unwrap().to_string();
     let record = cluster.job(&retry);
-    assert_eq!(field(&record, "ExcNodeList"), Some(node.as_str()), "{record}");
+    assert_eq!(
+        field(&record, "ExcNodeList"),
+        Some(node.as_str()),
+        "{record}"
+    );
     let s = cluster.wait_ended(root.path(), &m, 120);
     assert_eq!(s["run"].0, "COMPLETED", "{s:?}");
     let other = if node == "node1" { "node2" } else { "node1" };
@@ -723,13 +734,20 @@ fn a_node_cut_off_before_launch_fails_the_launch_doctor_naming_it() {
     let ended = submitted.elapsed().as_secs_f64();
     assert!(code.trim().ends_with(" 96"), "the doctor's exit: {code}");
     let rec = stopped(&run);
-    assert_eq!(rec["by"], "launch doctor", "{rec}");
+    assert_eq!(rec["by"], "launch_doctor", "{rec}");
     assert_eq!(rec["nodes"], serde_json::json!(["node2"]), "{rec}");
     let reason = rec["reason"].as_str().unwrap().to_string();
     assert!(reason.starts_with("node2 "), "{reason}");
-    assert!(!run_log(&run).contains("rank 0 of"), "no rank started: {}", run_log(&run));
+    assert!(
+        !run_log(&run).contains("rank 0 of"),
+        "no rank started: {}",
+        run_log(&run)
+    );
     let s = cluster.states(root.path(), &m);
-    eprintln!("cut link: the job ended {ended:.1} s after submission: {reason}; status {:?}", s["run"]);
+    eprintln!(
+        "cut link: the job ended {ended:.1} s after submission: {reason}; status {:?}",
+        s["run"]
+    );
 }
 
 /// The port drawn for a job is busy on the master: the doctor passes over
@@ -766,10 +784,19 @@ fn a_busy_master_port_is_passed_over() {
     let run = root.path().join("results/port/run");
     let log = run_log(&run);
     assert_eq!(s["run"].0, "COMPLETED", "{s:?}\n{log}");
-    assert!(log.contains("launch doctor: 2 nodes reach node1 (10."), "{log}");
+    assert!(
+        log.contains("launch doctor: 2 nodes reach node1 (10."),
+        "{log}"
+    );
     assert!(log.contains("on port 65534"), "{log}");
     for rank in 0..2 {
-        assert!(log.contains(&format!("rank {rank} of 2 on node{} meets at 10.", rank + 1)), "{log}");
+        assert!(
+            log.contains(&format!(
+                "rank {rank} of 2 on node{} meets at 10.",
+                rank + 1
+            )),
+            "{log}"
+        );
     }
     assert!(log.contains(":65534"), "{log}");
 }

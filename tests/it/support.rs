@@ -163,6 +163,16 @@ pub fn losses(run: &Path) -> Vec<(u64, f64)> {
 }
 
 /// The SLURM job id recorded in a run's run.json.
+/// Why the run's last job was stopped, as it recorded in `run.json` (the
+/// watchdog's or the launch doctor's record).
+pub fn stop_record(run: &Path) -> serde_json::Value {
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    let stop = record["jobs"].as_array().unwrap().last().unwrap()["stopped"].clone();
+    assert!(stop.is_object(), "the last job records no stop: {record}");
+    stop
+}
+
 pub fn job_id(run: &Path) -> String {
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();

@@ -153,16 +153,29 @@ fn blame(
                 list(&ranks)
             );
         } else {
-            let oldest = beats.iter().map(|b| (b.step, b.at_ms)).min().unwrap_or_default();
+            let oldest = beats
+                .iter()
+                .map(|b| (b.step, b.at_ms))
+                .min()
+                .unwrap_or_default();
             let first: Vec<&Beat> = beats.iter().filter(|b| b.step == oldest.0).collect();
             ranks = first.iter().map(|b| b.rank).collect();
             nodes = first.iter().map(|b| b.host.clone()).collect();
             who = if first.len() == beats.len() && beats.len() > 1 {
-                format!("every rank stopped after step {} (on {})", oldest.0, list_str(&nodes))
+                format!(
+                    "every rank stopped after step {} (on {})",
+                    oldest.0,
+                    list_str(&nodes)
+                )
             } else {
                 first
                     .iter()
-                    .map(|b| format!("rank {} on {} stopped first, after step {}", b.rank, b.host, b.step))
+                    .map(|b| {
+                        format!(
+                            "rank {} on {} stopped first, after step {}",
+                            b.rank, b.host, b.step
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             };
@@ -172,7 +185,10 @@ fn blame(
         nodes = procs.iter().map(|p| p.host.clone()).collect();
         who = match nodes.is_empty() {
             true => "no process of the run was found".into(),
-            false => format!("its processes on {} still run", list_str(&dedup(nodes.clone()))),
+            false => format!(
+                "its processes on {} still run",
+                list_str(&dedup(nodes.clone()))
+            ),
         };
     }
     ranks.sort_unstable();
@@ -188,7 +204,11 @@ fn dedup(mut v: Vec<String>) -> Vec<String> {
 }
 
 fn list(ranks: &[usize]) -> String {
-    ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+    ranks
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn list_str(v: &[String]) -> String {
@@ -270,7 +290,10 @@ fn probe_nodes(run_dir: &Path, token: &str, nodes: &[String]) -> Vec<Proc> {
         .stderr(Stdio::null())
         .spawn();
     let Ok(mut child) = child else {
-        eprintln!("sweep watchdog: could not start srun to look at {}", nodes.join(", "));
+        eprintln!(
+            "sweep watchdog: could not start srun to look at {}",
+            nodes.join(", ")
+        );
         return Vec::new();
     };
     let asked = Instant::now();
@@ -290,7 +313,10 @@ fn probe_nodes(run_dir: &Path, token: &str, nodes: &[String]) -> Vec<Proc> {
         .collect();
     for node in nodes {
         if !procs.iter().any(|p| &p.host == node) {
-            eprintln!("sweep watchdog: {node} showed no process of the run (or did not answer in {} s)", PROBE_TIMEOUT.as_secs());
+            eprintln!(
+                "sweep watchdog: {node} showed no process of the run (or did not answer in {} s)",
+                PROBE_TIMEOUT.as_secs()
+            );
         }
     }
     procs
@@ -334,7 +360,8 @@ pub fn probe(token: &str) -> Vec<Proc> {
         // nodes share one process table (a test cluster of namespaces)
         // shows every node's processes to every probe.
         let host = text("SLURMD_NODENAME").map_or_else(|| host.clone(), str::to_string);
-        let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+        let read =
+            |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
         let stat = read("stat");
         let state = stat
             .rsplit_once(')')
@@ -376,7 +403,13 @@ fn python_stack(p: &Proc) -> Option<String> {
     }
     let spy = crate::util::process::find_in_path("py-spy")?;
     let out = Command::new("timeout")
-        .args(["10", &spy.display().to_string(), "dump", "--pid", &p.pid.to_string()])
+        .args([
+            "10",
+            &spy.display().to_string(),
+            "dump",
+            "--pid",
+            &p.pid.to_string(),
+        ])
         .stdin(Stdio::null())
         .output()
         .ok()?;
@@ -389,7 +422,10 @@ fn python_stack(p: &Proc) -> Option<String> {
 pub fn ask_for_stacks(procs: &[Proc]) {
     let here = crate::util::process::host_name();
     let mut asked = false;
-    for p in procs.iter().filter(|p| p.host == here && is_trainer(p) && !p.stuck()) {
+    for p in procs
+        .iter()
+        .filter(|p| p.host == here && is_trainer(p) && !p.stuck())
+    {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(p.pid as i32),
             nix::sys::signal::Signal::SIGUSR2,
@@ -433,7 +469,11 @@ fn write_stacks(text: &mut String, run_dir: &Path, beats: &[Beat]) {
     for b in beats {
         let path = heartbeat::stacks_path(run_dir, b.rank);
         if let Ok(bytes) = crate::util::fs::read_regular(&path, 4 << 20, None) {
-            let _ = writeln!(text, "## Stacks of rank {} ({} pid {})", b.rank, b.host, b.pid);
+            let _ = writeln!(
+                text,
+                "## Stacks of rank {} ({} pid {})",
+                b.rank, b.host, b.pid
+            );
             text.push_str(&String::from_utf8_lossy(&bytes));
             text.push('\n');
         }
@@ -452,7 +492,11 @@ fn write_procs(text: &mut String, procs: &[Proc]) {
             rank,
             p.state,
             state_words(&p.state),
-            if p.wchan.is_empty() || p.wchan == "0" { "-" } else { &p.wchan },
+            if p.wchan.is_empty() || p.wchan == "0" {
+                "-"
+            } else {
+                &p.wchan
+            },
             p.command
         );
         if let Some(stack) = &p.stack {
@@ -506,7 +550,10 @@ mod tests {
         let beats = (vec![beat(0, 4, "node1"), beat(1, 4, "node2")], Some(2));
         let (ranks, nodes, who) = blame(&procs, Some(&beats));
         assert_eq!((ranks, nodes), (vec![1], vec!["node2".to_string()]));
-        assert!(who.contains("rank 1 on node2 is stopped (SIGSTOP)"), "{who}");
+        assert!(
+            who.contains("rank 1 on node2 is stopped (SIGSTOP)"),
+            "{who}"
+        );
     }
 
     #[test]
@@ -515,7 +562,10 @@ mod tests {
         let beats = (vec![beat(0, 9, "node1"), beat(1, 7, "node2")], Some(2));
         let (ranks, nodes, who) = blame(&procs, Some(&beats));
         assert_eq!((ranks, nodes), (vec![1], vec!["node2".to_string()]));
-        assert!(who.contains("rank 1 on node2 stopped first, after step 7"), "{who}");
+        assert!(
+            who.contains("rank 1 on node2 stopped first, after step 7"),
+            "{who}"
+        );
 
         let beats = (vec![beat(0, 0, "node1")], Some(3));
         let (ranks, _, who) = blame(&procs, Some(&beats));

@@ -5,18 +5,18 @@
 //! new step of every rank of the built-in trainer (`progress/rank-<r>`).
 //! When none comes for `[watchdog] stall` (or no first one within
 //! `startup`), it gathers the evidence ([`evidence`]), stops the launcher
-//! (SIGTERM, then SIGKILL), writes `stopped.json` and `watchdog.log`, and
-//! exits [`HUNG_EXIT`]: the run is HUNG. Otherwise it exits as the launcher
+//! (SIGTERM, then SIGKILL), records why in the job's entry of `run.json`
+//! with the evidence in `watchdog.log`, and exits [`HUNG_EXIT`]: the run is HUNG. Otherwise it exits as the launcher
 //! did. docs/running.md, "When a run hangs".
 
 mod evidence;
 mod progress;
-pub mod stopped;
 
 pub use evidence::{ask_for_stacks, probe};
 
 use crate::config::HUNG_EXIT;
 use crate::manifest::Stall;
+use crate::plan::record::{record_stop, Stop, StoppedBy};
 use crate::util::heartbeat;
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
@@ -74,7 +74,11 @@ pub fn run(o: Options) -> Result<ExitCode> {
             heartbeat::dir(&o.dir).display()
         )
     })?;
-    let token = format!("{}:{}", crate::util::process::host_name(), std::process::id());
+    let token = format!(
+        "{}:{}",
+        crate::util::process::host_name(),
+        std::process::id()
+    );
     let mut progress = Progress::new(&o.dir, o.pattern.clone());
     let forward = crate::util::signals::StopSignals::install(&FORWARDED)?;
     let mut child = Command::new(program)
@@ -148,10 +152,8 @@ fn stop(
     let quiet = p.quiet().unwrap_or(running);
     let found = evidence::gather(&o.dir, token, p, limit, quiet, running);
     eprintln!("sweep watchdog: {}", found.reason);
-    let record = stopped::Stopped {
-        job: o.job.clone(),
-        by: "watchdog".into(),
-        state: crate::executor::State::Hung,
+    let stop = Stop {
+        by: StoppedBy::Watchdog,
         reason: found.reason.clone(),
         ranks: found.ranks.clone(),
         nodes: found.nodes.clone(),
@@ -163,7 +165,10 @@ fn stop(
     if let Err(e) = crate::util::fs::write_atomic(&log, found.text.as_bytes()) {
         eprintln!("sweep watchdog: could not write {}: {e:#}", log.display());
     }
-    stopped::write(&o.dir, &record)?;
+    // The run is stopped whether or not its record can say why.
+    if let Err(e) = record_stop(&o.dir, &o.job, stop) {
+        eprintln!("sweep watchdog: could not record the stop: {e:#}");
+    }
     end(child);
     eprintln!(
         "sweep watchdog: stopped the run; evidence in {}",

@@ -274,7 +274,10 @@ mod tests {
         let mut p = Progress::new(Path::new("/nonexistent"), None);
         let t0 = Instant::now();
         p.seen(1, t0);
-        assert!(p.intervals().is_empty(), "no interval before a second record");
+        assert!(
+            p.intervals().is_empty(),
+            "no interval before a second record"
+        );
         p.seen(4, t0 + Duration::from_secs(8));
         assert_eq!(p.intervals(), vec![2.0; 4]);
         assert_eq!(p.records, 5);

@@ -424,7 +424,8 @@ impl<'a> Shared<'a> {
                 Job::Command(self.command(&ctx, &a.params)?)
             }
         };
-        let watch = crate::plan::launch::Watch::of(&m.watchdog, &job, m.report.line_pattern.as_deref());
+        let watch =
+            crate::plan::launch::Watch::of(&m.watchdog, &job, m.report.line_pattern.as_deref());
         Ok(Run {
             id,
             digest: hashed.digest,
