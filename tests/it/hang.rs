@@ -58,13 +58,13 @@ fn last_progress(log: &str) -> f64 {
 fn assert_hung(run: &Path, log: &str, stall_s: f64, slack_s: f64) -> f64 {
     let stopped = stop_record(run);
     assert_eq!(stopped["by"], "watchdog", "{stopped}");
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let nodes = stopped["nodes"].as_array().unwrap();
     assert!(!nodes.is_empty(), "it names the nodes: {stopped}");
     let reason = stopped["reason"].as_str().unwrap();
     assert!(
         reason.contains("no progress for")
-            && reason.contains("after the line `step 3: 100 tokens/s"),
+            && reason.contains("after 3 progress lines")
+            && reason.contains(&format!("on {}", nodes[0].as_str().unwrap())),
         "{reason}"
     );
     let evidence = std::fs::read_to_string(run.join("watchdog.log")).unwrap();
@@ -73,10 +73,10 @@ fn assert_hung(run: &Path, log: &str, stall_s: f64, slack_s: f64) -> f64 {
         "the processes, with the one that sleeps: {evidence}"
     );
     assert!(
-        evidence.contains("## The last lines of") && evidence.contains("step 3: 100 tokens/s"),
-        "the log's last lines: {evidence}"
+        evidence.contains("## The last progress line\nstep 3: 100 tokens/s")
+            && evidence.contains("## The last lines of"),
+        "the last progress line, the log's last lines: {evidence}"
     );
-    let _ = host;
     let hung_after = epoch(stopped["at"].as_str().unwrap()) - last_progress(log);
     assert!(
         hung_after >= stall_s && hung_after <= stall_s + slack_s,
@@ -113,6 +113,17 @@ fn a_run_that_stops_printing_is_hung_while_the_other_completes_locally() {
         table.contains("HUNG") && table.contains("no progress for"),
         "{table}"
     );
+    // Said in the report and on its page, and the watchdog's own lines are
+    // no progress lines.
+    let report = stdout(&run_ok(
+        sweep(root.path()).arg("report").arg(&m).arg("--no-plots"),
+    ));
+    assert!(
+        report.contains("| HUNG (no progress for") && !report.contains("repeats or goes back"),
+        "{report}"
+    );
+    let page = std::fs::read_to_string(root.path().join("results/hang-local/report.html")).unwrap();
+    assert!(page.contains("HUNG (no progress for"), "the page says it");
     // --retry-failed runs it again (its second try completes).
     run_ok(
         sweep(root.path())
@@ -162,6 +173,39 @@ fn a_run_that_stops_printing_is_hung_on_slurm_naming_its_node() {
         .map(|t| t.timestamp() as f64);
     let released = end.map(|e| e - last_progress(&log));
     eprintln!("slurm: HUNG {hung_after:.1} s after the last progress line on {node}, allocation released {released:.1?} s after it; the study ended {done:.1} s after submission");
+}
+
+/// A run that never prints a progress line is HUNG at its startup limit.
+#[test]
+fn a_run_that_never_reports_is_hung_at_its_startup_limit() {
+    let root = project();
+    let m = root.path().join("silent.toml");
+    write(
+        &m,
+        r#"name = "silent"
+executor = "local"
+command = "echo loading; sleep 600"
+[watchdog]
+startup = "3s"
+[report]
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    let started = std::time::Instant::now();
+    let out = sweep(root.path()).arg("submit").arg(&m).output().unwrap();
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(status(root.path(), &m)["run"], ("HUNG".into(), Some(97)));
+    let stop = stop_record(&root.path().join("results/silent/run"));
+    let reason = stop["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("no progress line after it started (startup limit 3 s)"),
+        "{reason}"
+    );
+    assert!(
+        took < 30.0,
+        "stopped at its limit, not at the program's end ({took:.0} s)"
+    );
 }
 
 #[test]

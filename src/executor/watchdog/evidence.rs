@@ -82,7 +82,7 @@ pub fn gather(
         Limit::Stall(s) => format!(
             "no progress for {:.0} s (stall limit {s} s) after {}",
             quiet.as_secs_f64(),
-            p.last_record().unwrap_or_else(|| "its first record".into())
+            p.so_far().unwrap_or_else(|| "its first record".into())
         ),
     };
     let reason = format!("{what}; {who}");
@@ -97,6 +97,9 @@ pub fn gather(
     if let Some((beats, world)) = &beats {
         write_beats(&mut text, beats, *world);
         write_stacks(&mut text, run_dir, beats);
+    }
+    if let Some(line) = p.last_line() {
+        let _ = writeln!(text, "## The last progress line\n{line}\n");
     }
     write_procs(&mut text, &procs);
     if let Some(log) = p.log() {

@@ -126,11 +126,24 @@ impl Progress {
         self.intervals.clone()
     }
 
-    /// The last record in words: "step 12", or the last matching line.
-    pub fn last_record(&self) -> Option<String> {
+    /// The progress so far in words: "step 12", "3 progress lines" (never
+    /// a line of the log itself: the job's log is where this is said, and
+    /// a quoted progress line would be read as one).
+    pub fn so_far(&self) -> Option<String> {
         match &self.source {
-            Source::Lines(l) => l.last_match.as_ref().map(|m| format!("the line `{m}`")),
+            Source::Lines(_) if self.records == 1 => Some("1 progress line".into()),
+            Source::Lines(_) => {
+                (self.records > 1).then(|| format!("{} progress lines", self.records))
+            }
             Source::Ranks { step, .. } => (*step > 0).then(|| format!("step {step}")),
+        }
+    }
+
+    /// The last line that matched the pattern.
+    pub fn last_line(&self) -> Option<&str> {
+        match &self.source {
+            Source::Lines(l) => l.last_match.as_deref(),
+            Source::Ranks { .. } => None,
         }
     }
 
