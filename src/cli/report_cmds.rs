@@ -121,7 +121,16 @@ pub(super) fn history_cmd(root: &std::path::Path, h: &HistoryCli) -> anyhow::Res
     let attempts = store.attempts(&filter)?;
     match h.json {
         true => println!("{}", serde_json::to_string_pretty(&attempts)?),
-        false => println!("{}", crate::report::history::text(&attempts)),
+        false => {
+            println!("{}", crate::report::history::text(&attempts));
+            let failures = store.failures(&filter)?;
+            if !failures.is_empty() {
+                println!(
+                    "\nruns that ended without a measurement:\n{}",
+                    crate::report::history::failures_text(&failures)
+                );
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -124,6 +124,18 @@ fn a_run_that_stops_printing_is_hung_while_the_other_completes_locally() {
     );
     let page = std::fs::read_to_string(root.path().join("results/hang-local/report.html")).unwrap();
     assert!(page.contains("HUNG (no progress for"), "the page says it");
+    // Kept in the history, with its node: a node that hangs runs shows there.
+    let history = stdout(&run_ok(sweep(root.path()).arg("history")));
+    let line = history
+        .lines()
+        .find(|l| l.contains("HUNG"))
+        .unwrap_or_else(|| panic!("{history}"));
+    assert!(
+        history.contains("runs that ended without a measurement")
+            && line.contains("hang")
+            && line.contains(stop_record(&run)["nodes"][0].as_str().unwrap()),
+        "{history}"
+    );
     // --retry-failed runs it again (its second try completes).
     run_ok(
         sweep(root.path())

@@ -67,7 +67,7 @@ fn the_history_holds_what_summary_csv_says_and_python_reads_it() {
 import csv, sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
 assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "4"
 assert db.execute("PRAGMA application_id").fetchone()[0] == 0x73776570
 cols = [r[1] for r in db.execute("PRAGMA table_info(measurements)")]
 want = ["attempt_id", "study_attempt_id", "study", "run_id", "attempt", "run",

@@ -325,31 +325,38 @@ fn probe_nodes(run_dir: &Path, token: &str, nodes: &[String]) -> Vec<Proc> {
     procs
 }
 
-/// This node's processes of the watchdog `token`'s run (every process
-/// whose environment carries it), with a stack dump where `py-spy` can
-/// take one. What `sweep watchdog --probe` prints, one JSON line each.
-pub fn probe(token: &str) -> Vec<Proc> {
+/// The processes on this machine whose environment carries the watchdog
+/// `token` (every process of its run), with their environments.
+fn carrying(token: &str) -> Vec<(u32, Vec<u8>)> {
     let needle = format!("{}={token}", heartbeat::ENV);
-    let host = crate::util::process::host_name();
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let carries = environ.split(|&b| b == 0).any(|v| v == needle.as_bytes());
+            (pid != me && carries).then_some((pid, environ))
+        })
+        .collect()
+}
+
+/// The pids of this machine's processes of the watchdog `token`'s run.
+pub fn probe_pids(token: &str) -> Vec<u32> {
+    carrying(token).into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// This node's processes of the watchdog `token`'s run (every process
+/// whose environment carries it), with a stack dump where `py-spy` can
+/// take one. What `sweep watchdog --probe` prints, one JSON line each.
+pub fn probe(token: &str) -> Vec<Proc> {
+    let host = crate::util::process::host_name();
     let mut procs = Vec::new();
-    for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-            continue;
-        };
+    for (pid, environ) in carrying(token) {
         let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
-        if !vars.iter().any(|v| *v == needle.as_bytes()) {
-            continue;
-        }
         let text = |key: &str| {
             let prefix = format!("{key}=");
             vars.iter()

@@ -5,7 +5,7 @@
 //! new step of every rank of the built-in trainer (`progress/rank-<r>`).
 //! When none comes for `[watchdog] stall` (or no first one within
 //! `startup`), it gathers the evidence ([`evidence`]), stops the launcher
-//! (SIGTERM, then SIGKILL), records why in the job's entry of `run.json`
+//! (SIGTERM, then SIGKILL, to every process of the run), records why in the job's entry of `run.json`
 //! with the evidence in `watchdog.log`, and exits [`HUNG_EXIT`]: the run is HUNG. Otherwise it exits as the launcher
 //! did. docs/running.md, "When a run hangs".
 
@@ -19,11 +19,10 @@ use crate::manifest::Stall;
 use crate::plan::record::{record_stop, Stop, StoppedBy};
 use crate::util::heartbeat;
 use anyhow::{bail, Context, Result};
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use progress::Progress;
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -80,21 +79,20 @@ pub fn run(o: Options) -> Result<ExitCode> {
         std::process::id()
     );
     let mut progress = Progress::new(&o.dir, o.pattern.clone());
-    let forward = crate::util::signals::StopSignals::install(&FORWARDED)?;
+    // The launcher stays in the job's process group, so that what stops
+    // the job (the local executor's Ctrl-C, SLURM's signals) reaches it as
+    // before; the watchdog itself outlives those signals to pass on how
+    // the launcher ended.
+    let _outlive = crate::util::signals::StopSignals::install(&OUTLIVED)?;
     let mut child = Command::new(program)
         .args(&o.argv[1..])
         .env(heartbeat::ENV, &token)
-        // Its own group: the watchdog stops the launcher and all it started.
-        .process_group(0)
         .spawn()
         .with_context(|| format!("starting {}", program.to_string_lossy()))?;
     let started = Instant::now();
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(exit_code(status));
-        }
-        if let Some(sig) = forward.take() {
-            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::try_from(sig)?);
         }
         progress.poll();
         if let Some(limit) = due(&o, &progress, started.elapsed()) {
@@ -104,10 +102,10 @@ pub fn run(o: Options) -> Result<ExitCode> {
     }
 }
 
-/// What the job's shell and the scheduler send to the job, passed on to
-/// the launcher's group: stop signals (which the trainer answers with a
-/// checkpoint) and SLURM's time-limit warning.
-const FORWARDED: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1];
+/// The signals that stop a job (and SLURM's time-limit warning), which
+/// the launcher answers (the trainer with a checkpoint) and the watchdog
+/// outlives.
+const OUTLIVED: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1];
 
 /// The limit that ran out now, if one did.
 fn due(o: &Options, p: &Progress, running: Duration) -> Option<Limit> {
@@ -169,7 +167,7 @@ fn stop(
     if let Err(e) = record_stop(&o.dir, &o.job, stop) {
         eprintln!("sweep watchdog: could not record the stop: {e:#}");
     }
-    end(child);
+    end(child, token);
     eprintln!(
         "sweep watchdog: stopped the run; evidence in {}",
         log.display()
@@ -177,20 +175,29 @@ fn stop(
     Ok(ExitCode::from(HUNG_EXIT as u8))
 }
 
-/// SIGTERM to the launcher's group, SIGKILL to what is left after
-/// [`GRACE`] (a stopped process ends only so). `srun` passes both on to the
-/// run's tasks on every node.
-fn end(child: &mut Child) {
-    let group = Pid::from_raw(child.id() as i32);
-    let _ = killpg(group, Signal::SIGTERM);
+/// SIGTERM to the run's processes on this node (the launcher and all it
+/// started, by the token they inherit: not the job's shell, which would
+/// end on it), SIGKILL to those left after [`GRACE`] (a stopped process
+/// ends only so). `srun` passes both on to the run's tasks on every node.
+fn end(child: &mut Child, token: &str) {
+    // The launcher by its pid only while it is not reaped (a pid reaped is
+    // free to be another process's).
+    let signal_all = |sig: Signal, launcher: Option<u32>| {
+        for pid in evidence::probe_pids(token).into_iter().chain(launcher) {
+            let _ = kill(Pid::from_raw(pid as i32), sig);
+        }
+    };
+    signal_all(Signal::SIGTERM, Some(child.id()));
     let asked = Instant::now();
+    let mut reaped = false;
     while asked.elapsed() < GRACE {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            break;
+        reaped = reaped || matches!(child.try_wait(), Ok(Some(_)));
+        if reaped && evidence::probe_pids(token).is_empty() {
+            return;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let _ = killpg(group, Signal::SIGKILL);
+    signal_all(Signal::SIGKILL, (!reaped).then(|| child.id()));
     let _ = child.wait();
 }
 

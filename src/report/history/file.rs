@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// The schema's version (`meta.schema_version`): a file of any other
 /// version is refused, never converted.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 /// How long a writer waits for another one (a report of thousands of runs
 /// records in well under a second).
 pub(super) const BUSY: Duration = Duration::from_secs(60);
@@ -78,6 +78,22 @@ CREATE TABLE attempts (
     PRIMARY KEY (configuration_id, system, study_attempt_id)
 ) WITHOUT ROWID;
 CREATE INDEX attempts_by_study ON attempts (study);
+CREATE TABLE failures (
+    attempt_id       TEXT NOT NULL,
+    job_id           TEXT NOT NULL,
+    study_attempt_id TEXT NOT NULL,
+    study            TEXT NOT NULL,
+    run              TEXT NOT NULL,
+    configuration_id TEXT NOT NULL,
+    configuration    TEXT NOT NULL,
+    system           TEXT NOT NULL,
+    state            TEXT NOT NULL,
+    reason           TEXT,
+    nodes            TEXT NOT NULL,
+    ran_at           TEXT NOT NULL,
+    recorded_at      TEXT NOT NULL,
+    PRIMARY KEY (attempt_id, job_id)
+) WITHOUT ROWID;
 CREATE TRIGGER measurement_in_attempt AFTER INSERT ON measurements
 BEGIN
     INSERT INTO attempts VALUES (

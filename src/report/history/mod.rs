@@ -26,8 +26,10 @@ use anyhow::Result;
 use rusqlite::{params, Connection, OpenFlags};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+mod failures;
 mod file;
 
+pub use failures::{failures, text as failures_text, Failure};
 pub use file::SCHEMA_VERSION;
 use file::*;
 
@@ -290,6 +292,12 @@ impl History {
     /// Records entries in one transaction; returns how many were new (a
     /// measurement already recorded, by its attempt id, is left as it was).
     pub fn record(&mut self, entries: &[Entry]) -> Result<usize> {
+        self.record_all(entries, &[])
+    }
+
+    /// [`History::record`], and the failures beside the measurements in the
+    /// same transaction (each once, by run measurement and job).
+    pub fn record_all(&mut self, entries: &[Entry], failures: &[Failure]) -> Result<usize> {
         let path = self.path.clone();
         let fail = |e: rusqlite::Error| match is_read_only(&e) {
             true => read_only(&path, &e),
@@ -363,6 +371,7 @@ impl History {
                     ])
                     .map_err(fail)?;
             }
+            failures::insert(&tx, failures).map_err(fail)?;
         }
         tx.commit().map_err(fail)?;
         Ok(added)
@@ -373,25 +382,7 @@ impl History {
     /// attempt (the `attempts` table the trigger keeps).
     pub fn attempts(&self, filter: &Filter) -> Result<Vec<Attempt>> {
         let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
-        // Only the filters given, so that SQLite can use an index.
-        let mut conditions: Vec<&str> = Vec::new();
-        let mut values: Vec<&str> = Vec::new();
-        for (sql, value) in [
-            ("study = ?", &filter.study),
-            ("configuration = ?", &filter.configuration),
-            ("configuration_id = ?", &filter.configuration_id),
-            ("system = ?", &filter.system),
-            ("ran_at >= ?", &filter.since),
-        ] {
-            if let Some(v) = value {
-                conditions.push(sql);
-                values.push(v);
-            }
-        }
-        let filter_sql = match conditions.is_empty() {
-            true => String::new(),
-            false => format!("WHERE {}", conditions.join(" AND ")),
-        };
+        let (filter_sql, values) = filter.sql();
         let mut stmt = self
             .conn
             .prepare(&format!(
@@ -544,6 +535,32 @@ pub struct Filter {
     pub since: Option<String>,
 }
 
+impl Filter {
+    /// The `WHERE` clause of the filters given (only those, so that SQLite
+    /// can use an index), and their values.
+    fn sql(&self) -> (String, Vec<&str>) {
+        let mut conditions: Vec<&str> = Vec::new();
+        let mut values: Vec<&str> = Vec::new();
+        for (sql, value) in [
+            ("study = ?", &self.study),
+            ("configuration = ?", &self.configuration),
+            ("configuration_id = ?", &self.configuration_id),
+            ("system = ?", &self.system),
+            ("ran_at >= ?", &self.since),
+        ] {
+            if let Some(v) = value {
+                conditions.push(sql);
+                values.push(v);
+            }
+        }
+        let sql = match conditions.is_empty() {
+            true => String::new(),
+            false => format!("WHERE {}", conditions.join(" AND ")),
+        };
+        (sql, values)
+    }
+}
+
 /// One attempt of one configuration, its runs pooled.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Attempt {
@@ -619,12 +636,13 @@ pub fn record(
 ) -> Result<(PathBuf, usize, Option<History>)> {
     let path = path_for(study_dir);
     let entries = entries(study, s);
-    if entries.is_empty() && path.symlink_metadata().is_err() {
+    let failures = failures(study, s);
+    if entries.is_empty() && failures.is_empty() && path.symlink_metadata().is_err() {
         // Nothing measured yet: no file for nothing.
         return Ok((path, 0, None));
     }
     let mut h = History::open(&path)?;
-    let added = h.record(&entries)?;
+    let added = h.record_all(&entries, &failures)?;
     Ok((path, added, Some(h)))
 }
 

@@ -230,10 +230,10 @@ fn what_is_not_sweeps_history_is_named_and_left_as_it_was() {
                 .unwrap();
                 c.pragma_update(None, "application_id", APPLICATION_ID)
                     .unwrap();
-                c.execute_batch("INSERT INTO meta VALUES ('schema_version', '3')")
+                c.execute_batch("INSERT INTO meta VALUES ('schema_version', '4')")
                     .unwrap();
             }),
-            "is not sweep's history (its schema is not sweep's version 3 (missing: attempts_by_study))",
+            "is not sweep's history (its schema is not sweep's version 4 (missing: attempts_by_study))",
         ),
     ];
     for (what, make, says) in cases {

@@ -345,6 +345,9 @@ pub struct Built {
     /// them ([`crate::plan::record::RunRecord::attempt_ids`]).
     pub attempt_id: String,
     pub study_attempt_id: String,
+    /// Why its last job was stopped, where sweep's watchdog or launch
+    /// doctor stopped it.
+    pub last_stop: Option<crate::plan::record::Stop>,
 }
 
 impl Built {
@@ -356,6 +359,7 @@ impl Built {
             created_at: r.created_at.clone(),
             attempt_id,
             study_attempt_id,
+            last_stop: r.last_job().and_then(|j| j.stopped.clone()),
         }
     }
 }
