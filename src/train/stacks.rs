@@ -13,7 +13,7 @@
 use crate::util::heartbeat;
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,7 @@ pub fn install(run_dir: &Path, rank: usize) -> Result<()> {
     Ok(())
 }
 
-fn write(path: &PathBuf) -> Result<()> {
+fn write(path: &Path) -> Result<()> {
     let text = dump();
     crate::util::fs::write_atomic(path, text.as_bytes())
 }

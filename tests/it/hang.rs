@@ -49,7 +49,7 @@ fn last_progress(log: &str) -> f64 {
     log.lines()
         .filter_map(|l| l.split_once("tokens/s at ").map(|(_, t)| t.trim()))
         .filter_map(|t| t.parse::<f64>().ok())
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("no progress line in {log}"))
 }
 

@@ -273,7 +273,7 @@ mod tests {
         let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
         write!(f, "iter 1: loss 3\nnoise\niter 2: lo").unwrap();
         assert_eq!(lines.read(), 1);
-        write!(f, "ss 2\n").unwrap();
+        writeln!(f, "ss 2").unwrap();
         assert_eq!(lines.read(), 1);
         assert_eq!(lines.last_match.as_deref(), Some("iter 2: loss 2"));
         assert_eq!(lines.read(), 0);
