@@ -180,10 +180,16 @@ mod tests {
     fn every_thread_answers_with_its_stack() {
         // A thread parked in a known function, then the dump.
         let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
         let parked = std::thread::Builder::new()
             .name("parked-here".into())
-            .spawn(move || rx.recv().ok())
+            .spawn(move || {
+                // Named and running before the dump looks for it.
+                ready_tx.send(()).unwrap();
+                rx.recv().ok()
+            })
             .unwrap();
+        ready.recv().unwrap();
         // SAFETY: as in `install`.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();

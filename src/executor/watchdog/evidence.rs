@@ -605,7 +605,13 @@ mod tests {
             .env(heartbeat::ENV, &token)
             .spawn()
             .unwrap();
-        let found = probe(&token);
+        // Its environment is the test's until it has exec'd `sleep`.
+        let asked = Instant::now();
+        let mut found = probe(&token);
+        while found.is_empty() && asked.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+            found = probe(&token);
+        }
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(found.len(), 1, "{found:?}");

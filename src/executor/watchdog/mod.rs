@@ -4,10 +4,11 @@
 //! a line of the job's log that matches the command's `line_pattern`, or a
 //! new step of every rank of the built-in trainer (`progress/rank-<r>`).
 //! When none comes for `[watchdog] stall` (or no first one within
-//! `startup`), it gathers the evidence ([`evidence`]), stops the launcher
-//! (SIGTERM, then SIGKILL, to every process of the run), records why in the job's entry of `run.json`
-//! with the evidence in `watchdog.log`, and exits [`HUNG_EXIT`]: the run is HUNG. Otherwise it exits as the launcher
-//! did. docs/running.md, "When a run hangs".
+//! `startup`), it gathers the evidence ([`evidence`]), stops the run
+//! (SIGTERM, then SIGKILL, to every process of it), records why in the
+//! job's entry of `run.json` with the evidence in `watchdog.log`, and exits
+//! [`HUNG_EXIT`]: the run is HUNG. Otherwise it exits as the launcher did.
+//! docs/running.md, "When a run hangs".
 
 mod evidence;
 mod progress;
