@@ -21,7 +21,7 @@ use crate::plan::record::{record_stop, Stop, StoppedBy};
 use anyhow::Result;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 /// How long a node has to connect to the master's port.
@@ -294,34 +294,16 @@ fn ask_nodes(
     for tool in &c.need {
         cmd.args(["--need", tool]);
     }
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting srun to check the nodes: {e}"))?;
-    let asked = Instant::now();
-    while asked.elapsed() < ANSWER_TIMEOUT {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = child.kill();
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("waiting for srun: {e}"))?;
-    let timed_out = asked.elapsed() >= ANSWER_TIMEOUT;
-    let answers = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(parse_answer)
-        .collect();
-    let srun_said = String::from_utf8_lossy(&out.stderr)
+    let out = crate::util::process::output_within(&mut cmd, ANSWER_TIMEOUT, 1 << 20)
+        .map_err(|e| format!("checking the nodes: {e:#}"))?;
+    let answers = out.text.lines().filter_map(parse_answer).collect();
+    let srun_said = out
+        .text
         .lines()
         .rev()
         .find(|l| l.contains("error"))
         .map(|l| l.trim().chars().take(200).collect());
-    let srun_said = match timed_out {
+    let srun_said = match out.timed_out {
         true => Some(format!("no answer within {} s", ANSWER_TIMEOUT.as_secs())),
         false => srun_said,
     };

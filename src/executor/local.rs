@@ -584,9 +584,14 @@ exit $rc"#;
     c.args(["-c", SCRIPT, "sweep-job"])
         .arg(dir)
         .arg(job_id)
-        .arg(end.unwrap_or(Path::new("")))
-        .arg(program.get_program())
-        .args(program.get_args());
+        .arg(end.unwrap_or(Path::new("")));
+    starting(c, program)
+}
+
+/// `c`, given `program` as its last arguments and `program`'s changes to
+/// the environment as its own: a wrapper that starts it.
+fn starting(mut c: Command, program: &Command) -> Command {
+    c.arg(program.get_program()).args(program.get_args());
     for (key, value) in program.get_envs() {
         match value {
             Some(v) => c.env(key, v),
@@ -606,16 +611,8 @@ fn watched(program: Command, watch: &Watch, dir: &Path, job_id: &str) -> Result<
         .arg(dir)
         .args(["--job", job_id])
         .args(watch.args())
-        .arg("--")
-        .arg(program.get_program())
-        .args(program.get_args());
-    for (key, value) in program.get_envs() {
-        match value {
-            Some(v) => c.env(key, v),
-            None => c.env_remove(key),
-        };
-    }
-    Ok(c)
+        .arg("--");
+    Ok(starting(c, &program))
 }
 
 /// A TCP port free on this machine now, for a run's rendezvous

@@ -457,23 +457,20 @@ fn rank_pid(run: &Path, rank: u32) -> Option<i32> {
     })
 }
 
+/// The study's two-rank run alone, training (all but) for ever; `sections`
+/// are added to the manifest.
+fn two_ranks_for_ever(root: &Path, name: &str, sections: &str) -> PathBuf {
+    let m = study(root, name, "training_steps = 100000", Data::Bundled);
+    let text = std::fs::read_to_string(&m).unwrap();
+    let only_two = format!("[[sweep.exclude]]\n\"slurm.ntasks_per_node\" = 1\n{sections}[local]");
+    write(&m, &text.replace("[local]", &only_two));
+    m
+}
+
 #[test]
 fn a_rank_killed_mid_run_fails_the_job_within_a_minute() {
     let root = project();
-    let m = study(
-        root.path(),
-        "ddp-kill",
-        "training_steps = 100000",
-        Data::Bundled,
-    );
-    let text = std::fs::read_to_string(&m).unwrap();
-    write(
-        &m,
-        &text.replace(
-            "[local]",
-            "[[sweep.exclude]]\n\"slurm.ntasks_per_node\" = 1\n[local]",
-        ),
-    );
+    let m = two_ranks_for_ever(root.path(), "ddp-kill", "");
     let mut child = sweep(root.path()).arg("submit").arg(&m).spawn().unwrap();
     let run = root.path().join("results/ddp-kill/ranks-2");
     wait_for(120, "training to start", || {
@@ -613,20 +610,7 @@ fn set_speeds(path: &Path, host: &str, ranks: usize, straggle: bool) {
 #[test]
 fn a_stopped_rank_is_hung_naming_it_and_its_host() {
     let root = project();
-    let m = study(
-        root.path(),
-        "ddp-stop",
-        "training_steps = 100000",
-        Data::Bundled,
-    );
-    let text = std::fs::read_to_string(&m).unwrap();
-    write(
-        &m,
-        &text.replace(
-            "[local]",
-            "[[sweep.exclude]]\n\"slurm.ntasks_per_node\" = 1\n[watchdog]\nstall = \"6s\"\n[local]",
-        ),
-    );
+    let m = two_ranks_for_ever(root.path(), "ddp-stop", "[watchdog]\nstall = \"6s\"\n");
     let mut child = sweep(root.path()).arg("submit").arg(&m).spawn().unwrap();
     let run = root.path().join("results/ddp-stop/ranks-2");
     let beat = |rank: usize| {

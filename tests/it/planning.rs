@@ -575,7 +575,14 @@ fn data_parallel_runs_need_their_engine_one_gpu_per_task_and_srun_to_stop_them_a
     assert_eq!(shapes, [(2, 8), (4, 16)]);
     for run in ["nodes-1", "nodes-2"] {
         let script = script(run);
-        let srun = script.lines().find(|l| l.starts_with("srun ")).unwrap();
+        // The launch line: srun, started by the run's watchdog.
+        let line = script.lines().find(|l| l.contains(" -- srun ")).unwrap();
+        let (watchdog, srun) = line.split_once(" -- ").unwrap();
+        assert!(
+            watchdog.ends_with("--stall auto --startup 1800s")
+                && watchdog.contains(" watchdog --dir \"$RUN_DIR\" --job \"$JOB_REF\""),
+            "{watchdog}"
+        );
         assert!(
             srun.starts_with("srun --kill-on-bad-exit=1 --mpi=pmix bash -c"),
             "{srun}"

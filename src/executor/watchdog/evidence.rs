@@ -14,10 +14,11 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// How long another node has to answer.
+/// How long another node has to answer, and the most it may say.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+const PROBE_BYTES: usize = 16 << 20;
 /// How long the trainer's ranks have to write their stacks.
 const STACKS_WAIT: Duration = Duration::from_secs(3);
 const LOG_LINES: usize = 30;
@@ -281,36 +282,26 @@ fn probe_nodes(run_dir: &Path, token: &str, nodes: &[String]) -> Vec<Proc> {
         return Vec::new();
     };
     let n = nodes.len().to_string();
-    let child = Command::new("srun")
-        .args(["--overlap", "--jobid", &job, "--nodes", &n, "--ntasks", &n])
+    let mut srun = Command::new("srun");
+    srun.args(["--overlap", "--jobid", &job, "--nodes", &n, "--ntasks", &n])
         .args(["--ntasks-per-node=1", "--kill-on-bad-exit=0", "--nodelist"])
         .arg(nodes.join(","))
         .arg(me)
         .args(["watchdog", "--probe", token, "--dir"])
-        .arg(run_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn();
-    let Ok(mut child) = child else {
-        eprintln!(
-            "sweep watchdog: could not start srun to look at {}",
-            nodes.join(", ")
-        );
-        return Vec::new();
-    };
-    let asked = Instant::now();
-    while asked.elapsed() < PROBE_TIMEOUT {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            break;
+        .arg(run_dir);
+    let out = match crate::util::process::output_within(&mut srun, PROBE_TIMEOUT, PROBE_BYTES) {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!(
+                "sweep watchdog: could not look at {}: {e:#}",
+                nodes.join(", ")
+            );
+            return Vec::new();
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = child.kill();
-    let Ok(out) = child.wait_with_output() else {
-        return Vec::new();
     };
-    let procs: Vec<Proc> = String::from_utf8_lossy(&out.stdout)
+    // srun's own lines (stderr) are no process: they do not parse.
+    let procs: Vec<Proc> = out
+        .text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
@@ -606,7 +597,7 @@ mod tests {
             .spawn()
             .unwrap();
         // Its environment is the test's until it has exec'd `sleep`.
-        let asked = Instant::now();
+        let asked = std::time::Instant::now();
         let mut found = probe(&token);
         while found.is_empty() && asked.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(20));
