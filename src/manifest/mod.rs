@@ -9,6 +9,7 @@ mod keys;
 mod schema;
 mod source;
 mod validate;
+mod watchdog;
 
 use keys::*;
 pub use keys::{known_fields, known_variants};
@@ -17,12 +18,13 @@ use validate::*;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
-    check_roles, group_collides, memory_unit, parse_slurm_time, parse_watch_duration, time_unit,
-    Design, EnvironmentSpec, ExecutorKind, Launcher, LocalSpec, PretokenizeStageSpec, ReportSpec,
-    Roles, SlurmSpec, SlurmTime, StagesSpec, Stall, TemplateChoice, WatchdogSpec, DEFAULT_MAX_RUNS,
-    DEFAULT_SKIP_FIRST, KNOWN_GROUPS, MEMORY_UNITS, REPORT_COLUMNS, STAT_SUFFIXES,
+    check_roles, group_collides, memory_unit, parse_slurm_time, time_unit, Design, EnvironmentSpec,
+    ExecutorKind, Launcher, LocalSpec, PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec,
+    SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS,
+    MEMORY_UNITS, REPORT_COLUMNS, STAT_SUFFIXES,
 };
 pub use source::{join_key, Source};
+pub use watchdog::{parse_watch_duration, Stall, WatchdogSpec};
 
 use crate::config::{hints, ModelOverrides, MonitorConfig, PlanHints, TrainConfig};
 use crate::template::{describe, Engine};
