@@ -13,8 +13,14 @@ pub fn host_name() -> String {
 
 /// The CPU's model name: `/proc/cpuinfo`'s on x86-64; on aarch64, whose
 /// `/proc/cpuinfo` has part numbers only, the name `lscpu` gives them
-/// ("Neoverse-V2", the GH200's Grace).
+/// ("Neoverse-V2", the GH200's Grace). Found once per process (the CPU
+/// peak's cache asks at every lookup).
 pub fn cpu_model() -> Option<String> {
+    static MODEL: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    MODEL.get_or_init(find_cpu_model).clone()
+}
+
+fn find_cpu_model() -> Option<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
     let named = |text: &str, key: &str| {
         let line = text.lines().find(|l| l.starts_with(key))?;
