@@ -4,7 +4,7 @@
 //! watchdog's or the launch doctor's, else the nodes the job ran on): a
 //! node that hangs runs again and again shows in `sweep history`.
 
-use super::{fingerprint_of, Filter, History, UNKNOWN_SYSTEM};
+use super::{fingerprint_of, ran_at, system_of, Filter, History};
 use crate::executor::State;
 use crate::report::summary::Summary;
 use anyhow::Result;
@@ -68,17 +68,11 @@ pub fn failures(study: &str, s: &Summary) -> Vec<Failure> {
                 run: r.name.clone(),
                 configuration_id: configuration.id.clone(),
                 configuration: configuration.name.clone(),
-                system: fingerprint
-                    .as_ref()
-                    .map_or_else(|| UNKNOWN_SYSTEM.to_string(), |f| f.system.clone()),
+                system: system_of(fingerprint.as_ref()),
                 state: r.status.state.to_string(),
                 reason: Some(r.status.describe()).filter(|d| d != r.status.state.as_str()),
                 nodes,
-                ran_at: fingerprint
-                    .as_ref()
-                    .map(|f| f.taken_at.clone())
-                    .filter(|t| !t.is_empty())
-                    .unwrap_or_else(|| built.created_at.clone()),
+                ran_at: ran_at(fingerprint.as_ref(), built),
                 recorded_at: now.clone(),
             })
         })

@@ -106,14 +106,8 @@ pub fn entries(study: &str, s: &Summary) -> Vec<Entry> {
                 run: r.name.clone(),
                 configuration_id: configuration.id.clone(),
                 configuration: configuration.name.clone(),
-                system: fingerprint
-                    .as_ref()
-                    .map_or_else(|| UNKNOWN_SYSTEM.to_string(), |f| f.system.clone()),
-                ran_at: fingerprint
-                    .as_ref()
-                    .map(|f| f.taken_at.clone())
-                    .filter(|t| !t.is_empty())
-                    .unwrap_or_else(|| built.created_at.clone()),
+                system: system_of(fingerprint.as_ref()),
+                ran_at: ran_at(fingerprint.as_ref(), built),
                 recorded_at: now.clone(),
                 git_commit: built.git_commit.clone(),
                 sweep_version: Some(built.sweep_version.clone()),
@@ -128,6 +122,19 @@ pub fn entries(study: &str, s: &Summary) -> Vec<Entry> {
             })
         })
         .collect()
+}
+
+/// The system a run's fingerprint names; [`UNKNOWN_SYSTEM`] without one.
+fn system_of(fingerprint: Option<&Fingerprint>) -> String {
+    fingerprint.map_or_else(|| UNKNOWN_SYSTEM.to_string(), |f| f.system.clone())
+}
+
+/// When a run's job ran: its fingerprint's time, else when it was rendered.
+fn ran_at(fingerprint: Option<&Fingerprint>, built: &super::ingest::Built) -> String {
+    fingerprint
+        .map(|f| f.taken_at.clone())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| built.created_at.clone())
 }
 
 /// A run's fingerprint, where its job wrote a readable one.
