@@ -23,6 +23,9 @@
 #                both side by side with the device, the date and the commit
 #   variants     the same steps through the composed ops, with the memory pool
 #                released at every sync, with recomputation, and through NCCL
+#   sanitizer    compute-sanitizer's memcheck, racecheck, synccheck and initcheck
+#                over `sweep bench kernels` on small shapes (sanitizer.txt):
+#                every launch of sweep's kernels (and the libraries') checked
 #   timeline     an Nsight Systems timeline of three ref-1b steps (batch 2, 8): kernel and
 #                API summaries (timeline-*.csv), where nsys can make a report
 #   quickstart   experiments/gpu-quickstart.toml, its logs and report (quickstart.tgz)
@@ -36,10 +39,10 @@ FEATURES=${FEATURES:-flash-attn}
 CAP=${CAP:-90}
 STEP_BUDGET=${STEP_BUDGET:-540}
 STEPS=("$@")
-[[ ${#STEPS[@]} -eq 0 ]] && STEPS=(first-light tests kernels train torch variants timeline quickstart)
+[[ ${#STEPS[@]} -eq 0 ]] && STEPS=(first-light tests kernels sanitizer train torch variants timeline quickstart)
 for step in "${STEPS[@]}"; do
     case $step in
-        first-light|tests|kernels|train|torch|variants|timeline|quickstart) ;;
+        first-light|tests|kernels|sanitizer|train|torch|variants|timeline|quickstart) ;;
         *) echo "gpu-check: unknown step $step (see the head of $0)" >&2; exit 2 ;;
     esac
 done
@@ -170,6 +173,20 @@ for step in "${STEPS[@]}"; do
             # sweep's own kernels, each against its CPU twin, their time and the
             # composed ops' beside them.
             run kernels.txt "$SWEEP" bench kernels --device cuda --json "$OUT/kernels.json"
+            ;;
+        sanitizer)
+            # Small shapes: under the sanitizer a launch runs 10-100x slower.
+            # NVRTC compiles with line information, so a report names the line.
+            cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -n 1 || true)
+            if [[ -z $cs ]]; then
+                echo "gpu-check: no compute-sanitizer on this machine" | tee -a "$OUT/sanitizer.txt"
+                status=1
+            else
+                for tool in memcheck racecheck synccheck initcheck; do
+                    run sanitizer.txt "$cs" --tool "$tool" --error-exitcode 9 --print-limit 20 \
+                        "$SWEEP" bench kernels --device cuda --model tiny --vocab 4096 --tokens 256 --seq-len 128 --repeats 1
+                done
+            fi
             ;;
         train)
             # The goal's cases: ref-1b and the 8B-shaped model (8 of its layers).
