@@ -8,7 +8,7 @@
 #
 # Steps, each meant as one call of a machine lent for minutes at a time (each
 # well under 10 minutes on an H100; STEP_BUDGET seconds, default 540, bound a
-# step's commands together, and what a step measured is in $OUT as soon as it
+# step's commands together, STEP:SECONDS one step's, and what a step measured is in $OUT as soon as it
 # is measured, so a step cut off still leaves its figures):
 #   first-light  the GPU, the libraries the binary needs and which file each
 #                resolves to (libraries.txt), `sweep --version`, one train step
@@ -41,7 +41,8 @@ STEP_BUDGET=${STEP_BUDGET:-540}
 STEPS=("$@")
 [[ ${#STEPS[@]} -eq 0 ]] && STEPS=(first-light tests kernels sanitizer train torch variants timeline quickstart)
 for step in "${STEPS[@]}"; do
-    case $step in
+    [[ $step =~ ^[a-z-]+(:[1-9][0-9]*)?$ ]] || { echo "gpu-check: a step is NAME or NAME:SECONDS, not $step" >&2; exit 2; }
+    case ${step%%:*} in
         first-light|tests|kernels|sanitizer|train|torch|variants|timeline|quickstart) ;;
         *) echo "gpu-check: unknown step $step (see the head of $0)" >&2; exit 2 ;;
     esac
@@ -90,7 +91,7 @@ run() {
     local log=$OUT/$1 left=$((deadline - SECONDS))
     shift
     if ((left < 15)); then
-        echo "gpu-check: skipped, the step's ${STEP_BUDGET} s are spent: $*" | tee -a "$log"
+        echo "gpu-check: skipped, the step's ${budget} s are spent: $*" | tee -a "$log"
         status=1
         return 0
     fi
@@ -99,7 +100,7 @@ run() {
     timeout --kill-after=10 "$left" "$@" 2>&1 | tee -a "$log" || code=${PIPESTATUS[0]}
     if ((code != 0)); then
         local why=""
-        ((code == 124 || code == 137)) && why=" (out of the step's ${STEP_BUDGET} s)"
+        ((code == 124 || code == 137)) && why=" (out of the step's ${budget} s)"
         echo "gpu-check: exit $code$why: $*" | tee -a "$log"
         status=1
     fi
@@ -136,7 +137,10 @@ find_nsys() {
 }
 
 for step in "${STEPS[@]}"; do
-    deadline=$((SECONDS + STEP_BUDGET))
+    budget=$STEP_BUDGET
+    [[ $step == *:* ]] && budget=${step#*:}
+    step=${step%%:*}
+    deadline=$((SECONDS + budget))
     case $step in
         first-light)
             log=first-light.txt
