@@ -169,6 +169,18 @@ pub fn run(work: &Work) -> Result<KernelReport> {
             let kernel_s = time(&case, &device, dtype, work.repeats, false)?;
             let composed_s = time(&case, &device, dtype, work.repeats, true)?;
             let tol = tolerance(&case, dtype);
+            // As each is measured: at a GPU's shapes the CPU references take
+            // minutes, and a run cut off should leave what it found.
+            eprintln!(
+                "bench kernels: {} {} {}: {:.2e} relative ({}), {:.3} ms, composed {:.3} ms",
+                case.op,
+                case.shape,
+                dtype_name(dtype),
+                max_rel_err,
+                if max_rel_err <= tol { "ok" } else { "WRONG" },
+                kernel_s * 1e3,
+                composed_s * 1e3
+            );
             rows.push(KernelRow {
                 op: case.op,
                 shape: case.shape.clone(),

@@ -279,6 +279,25 @@ fn time_case(
     let rt = crate::config::RuntimeOptions::current();
     let mut t = Trainer::with_model(cfg, model, Arc::clone(tok), threads, rt)?;
     t.sync_forward = true;
+    let device = t.device.clone();
+    let row = measure(t, case, steps, threads, gpu, vocab);
+    // The memory pool keeps what the case freed, failed or not: handed back,
+    // so that the next case's peak is its own (seen on an H100: the cases
+    // after the largest read its 40 GB).
+    crate::train::device::release_pool(&device)?;
+    row
+}
+
+/// `steps` timed steps of `t` after two warm-up steps (consumed: its memory
+/// is freed when this returns).
+fn measure(
+    mut t: Trainer,
+    case: Case,
+    steps: usize,
+    threads: usize,
+    gpu: Option<&str>,
+    vocab: usize,
+) -> Result<TrainRow> {
     let device_name = crate::train::device::name(&t.device)?;
     let peak = peak(&case, &device_name, threads, gpu)?;
     let n = case.batch * case.seq;
@@ -306,13 +325,12 @@ fn time_case(
             upd += out.phases.optimizer_s;
         }
     }
-    let (params, device) = (&t.params, &t.device);
     let cfg = &t.model_spec.cfg;
     let total = fwd + bwd + upd;
     let tokens_per_s = (n * steps) as f64 / total;
     let flops_per_token = cfg.flops_per_token(case.seq);
     Ok(TrainRow {
-        params: params.count(),
+        params: t.params.count(),
         flops_per_token,
         tokens_per_s,
         gflops: tokens_per_s * flops_per_token / 1e9,
@@ -320,7 +338,7 @@ fn time_case(
         forward_s: fwd / steps as f64,
         backward_s: bwd / steps as f64,
         optimizer_s: upd / steps as f64,
-        peak_memory_mb: memory.peak_mb(device),
+        peak_memory_mb: memory.peak_mb(&t.device),
         device_name,
         case,
     })
