@@ -106,27 +106,11 @@ run() {
     fi
 }
 
-# Every case of sweep and of PyTorch side by side, with the device, the date
-# and the commit built.
+# Every case of sweep and of PyTorch side by side, each kernel's check, the
+# tests and the sanitizer's verdicts, with the device, the date and the commit
+# built (scripts/gpu-bench-json.py).
 merge_bench() {
-    python3 - "$OUT" "$(cat target/gpu/BUILD_COMMIT 2>/dev/null || echo unknown)" <<'PY' || status=1
-import datetime, glob, json, os, sys
-out, commit = sys.argv[1], sys.argv[2]
-cases = []
-for name in ["sweep-train.json"] + sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "torch-*.json"))):
-    path = os.path.join(out, name)
-    if os.path.exists(path):
-        cases += json.load(open(path))
-devices = sorted({c["device"] for c in cases if c.get("device")})
-bench = {
-    "device": devices[0] if len(devices) == 1 else devices,
-    "date": datetime.date.today().isoformat(),
-    "commit": commit,
-    "cases": cases,
-}
-json.dump(bench, open(os.path.join(out, "bench.json"), "w"), indent=1)
-print(f"bench.json: {len(cases)} cases on {bench['device']}")
-PY
+    python3 scripts/gpu-bench-json.py "$OUT" "$(cat target/gpu/BUILD_COMMIT 2>/dev/null || echo unknown)" || status=1
 }
 
 # nsys: on the PATH, or inside an Nsight install.
@@ -172,11 +156,13 @@ for step in "${STEPS[@]}"; do
             unpack "target/gpu/it-$FEATURES-sm$CAP.xz" target/gpu/it
             # One at a time: they share the GPU.
             run tests.txt target/gpu/it --ignored gpu:: --test-threads 1
+            merge_bench
             ;;
         kernels)
             # sweep's own kernels, each against its CPU twin, their time and the
             # composed ops' beside them.
             run kernels.txt "$SWEEP" bench kernels --device cuda --json "$OUT/kernels.json"
+            merge_bench
             ;;
         sanitizer)
             # Small shapes: under the sanitizer a launch runs 10-100x slower.
@@ -187,9 +173,13 @@ for step in "${STEPS[@]}"; do
                 status=1
             else
                 for tool in memcheck racecheck synccheck initcheck; do
+                    # memcheck's run also keeps the kernels' checks at these shapes.
+                    json=()
+                    [[ $tool == memcheck ]] && json=(--json "$OUT/kernels-small.json")
                     run sanitizer.txt "$cs" --tool "$tool" --error-exitcode 9 --print-limit 20 \
-                        "$SWEEP" bench kernels --device cuda --model tiny --vocab 4096 --tokens 256 --seq-len 128 --repeats 1
+                        "$SWEEP" bench kernels --device cuda --model tiny --vocab 4096 --tokens 256 --seq-len 128 --repeats 1 "${json[@]}"
                 done
+                merge_bench
             fi
             ;;
         train)

@@ -695,7 +695,8 @@ fn plans_estimate_memory_per_device_and_refuse_runs_that_cannot_fit() {
     assert!(String::from_utf8_lossy(&allowed.stderr).contains("warning: run will not fit"));
     let runs: Value = serde_json::from_slice(&allowed.stdout).unwrap();
     assert_eq!(runs[0]["memory"]["fits"], false);
-    assert!(runs[0]["memory"]["estimate_bytes"].as_u64().unwrap() > 1_000_000_000_000);
+    // Activations of 131,072 tokens through 32 layers: about 0.5 TB.
+    assert!(runs[0]["memory"]["estimate_bytes"].as_u64().unwrap() > 400_000_000_000);
     // Nor does render or submit take it; gpu_memory_gb overrides the table.
     let render = sweep(root.path())
         .arg("render")
