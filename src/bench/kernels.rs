@@ -151,50 +151,20 @@ pub fn run(work: &Work) -> Result<KernelReport> {
     let mut rows = Vec::new();
     for case in crate::train::ops::cases::all(&shapes)? {
         for dtype in check::dtypes(&case, &device) {
-            // The reference: on the CPU the composed twin, elsewhere the CPU
-            // kernel, on the same (rounded) inputs in f32.
-            let reference_inputs: Vec<Tensor> = case
-                .inputs
-                .iter()
-                // Copies: some ops write into their inputs.
-                .map(|t| Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?.copy()?))
-                .collect::<Result<_>>()?;
-            let want = if device.is_cpu() {
-                flat_f32(&composed_here(|| (case.run)(&reference_inputs))?)?
-            } else {
-                flat_f32(&(case.run)(&reference_inputs)?)?
-            };
-            let got = flat_f32(&(case.run)(&prepare(&case, &device, dtype)?)?)?;
-            let (max_abs_err, max_rel_err) = errors(&got, &want)?;
-            let kernel_s = time(&case, &device, dtype, work.repeats, false)?;
-            let composed_s = time(&case, &device, dtype, work.repeats, true)?;
-            let tol = tolerance(&case, dtype);
+            let row = check_and_time(&case, dtype, &device, work.repeats)?;
             // As each is measured: at a GPU's shapes the CPU references take
             // minutes, and a run cut off should leave what it found.
             eprintln!(
                 "bench kernels: {} {} {}: {:.2e} relative ({}), {:.3} ms, composed {:.3} ms",
-                case.op,
-                case.shape,
-                dtype_name(dtype),
-                max_rel_err,
-                if max_rel_err <= tol { "ok" } else { "WRONG" },
-                kernel_s * 1e3,
-                composed_s * 1e3
+                row.op,
+                row.shape,
+                row.dtype,
+                row.max_rel_err,
+                if row.ok { "ok" } else { "WRONG" },
+                row.kernel_ms,
+                row.composed_ms
             );
-            rows.push(KernelRow {
-                op: case.op,
-                shape: case.shape.clone(),
-                dtype: dtype_name(dtype),
-                max_abs_err,
-                max_rel_err,
-                tolerance: tol,
-                ok: max_rel_err <= tol,
-                kernel_ms: kernel_s * 1e3,
-                composed_ms: composed_s * 1e3,
-                speedup: composed_s / kernel_s,
-                gb_per_s: (case.elements_moved * dtype.size_in_bytes()) as f64 / kernel_s / 1e9,
-                tflop_per_s: (case.flops > 0.0).then(|| case.flops / kernel_s / 1e12),
-            });
+            rows.push(row);
         }
     }
     Ok(KernelReport {
@@ -203,6 +173,42 @@ pub fn run(work: &Work) -> Result<KernelReport> {
         model: work.model.clone(),
         tokens: work.tokens,
         rows,
+    })
+}
+
+/// One case in one dtype: its error against the reference on the same
+/// (rounded) inputs — on the CPU the composed twin, elsewhere the CPU kernel,
+/// in f32 — and its time beside the composed ops'.
+fn check_and_time(case: &Case, dtype: DType, device: &Device, repeats: usize) -> Result<KernelRow> {
+    let reference_inputs: Vec<Tensor> = case
+        .inputs
+        .iter()
+        // Copies: some ops write into their inputs.
+        .map(|t| Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?.copy()?))
+        .collect::<Result<_>>()?;
+    let want = if device.is_cpu() {
+        flat_f32(&composed_here(|| (case.run)(&reference_inputs))?)?
+    } else {
+        flat_f32(&(case.run)(&reference_inputs)?)?
+    };
+    let got = flat_f32(&(case.run)(&prepare(case, device, dtype)?)?)?;
+    let (max_abs_err, max_rel_err) = errors(&got, &want)?;
+    let kernel_s = time(case, device, dtype, repeats, false)?;
+    let composed_s = time(case, device, dtype, repeats, true)?;
+    let tol = tolerance(case, dtype);
+    Ok(KernelRow {
+        op: case.op,
+        shape: case.shape.clone(),
+        dtype: dtype_name(dtype),
+        max_abs_err,
+        max_rel_err,
+        tolerance: tol,
+        ok: max_rel_err <= tol,
+        kernel_ms: kernel_s * 1e3,
+        composed_ms: composed_s * 1e3,
+        speedup: composed_s / kernel_s,
+        gb_per_s: (case.elements_moved * dtype.size_in_bytes()) as f64 / kernel_s / 1e9,
+        tflop_per_s: (case.flops > 0.0).then(|| case.flops / kernel_s / 1e12),
     })
 }
 
