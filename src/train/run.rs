@@ -227,8 +227,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
     // Under a watchdog: this rank's progress after each step, its stacks on request.
     let mut beat = Heartbeat::open(run_dir, t.ranks().rank);
     super::stacks::install(run_dir, t.ranks().rank)?;
-    let several = t.ranks().world_size > 1;
-    if several {
+    if t.ranks().world_size > 1 {
         let hosts = dist::gather_hosts(&*t.comm, &t.device)?;
         reporter.placement(first, hosts)?;
     }
@@ -245,12 +244,7 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
     for step in first..=cfg.training_steps {
         let started = Instant::now();
         let lr = optim::lr_at(step, &cfg);
-        let mut micro = Vec::with_capacity(cfg.gradient_accumulation);
-        while micro.len() < cfg.gradient_accumulation
-            && stop_early.is_none_or(|s| s.received().is_none())
-        {
-            micro.push(loader.next_batch()?);
-        }
+        let micro = micro_batches(&mut loader, cfg.gradient_accumulation, stop_early)?;
         let out = match micro.len() == cfg.gradient_accumulation {
             true => t.step(&micro, lr, &mut memory, stop_early),
             false => Err(Interrupted.into()),
@@ -291,26 +285,18 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
         reporter.events(step, monitor.observe(step, out.loss, out.grad_norm))?;
         let due = schedule.at(step);
         if due.log {
-            // Only the rank that writes the log validates.
-            let val_loss = (due.validate && main)
-                .then(|| t.validation_loss(cfg.validation_batches))
-                .transpose()?;
-            let (loss, grad_norm) = (out.loss, out.grad_norm);
-            let peak_memory_mb = memory.peak_mb(&t.device);
-            let rank_compute_s = match several {
-                true => dist::gather_scalar(&*t.comm, reporter.compute_s(), &t.device)?,
-                false => Vec::new(),
-            };
-            reporter.log(LoggedStep {
+            let logged = LoggedStep {
                 step,
-                loss,
+                loss: out.loss,
                 lr,
-                grad_norm,
+                grad_norm: out.grad_norm,
                 elapsed_s: elapsed,
-                peak_memory_mb,
-                val_loss,
-                rank_compute_s,
-            })?;
+                peak_memory_mb: 0.0,
+                val_loss: None,
+                rank_compute_s: Vec::new(),
+            };
+            // Only the rank that writes the log validates.
+            log_step(t, &mut reporter, &memory, logged, due.validate && main)?;
         }
 
         // Every rank stops at the same step, even when the signal reached
@@ -331,6 +317,39 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
         }
     }
     finish(t, elapsed)
+}
+
+/// The step's `count` micro-batches, fewer when a stop signal came first.
+fn micro_batches(
+    loader: &mut DataLoader,
+    count: usize,
+    stop_early: Option<&StopSignals>,
+) -> Result<Vec<crate::data::Batch>> {
+    let mut micro = Vec::with_capacity(count);
+    while micro.len() < count && stop_early.is_none_or(|s| s.received().is_none()) {
+        micro.push(loader.next_batch()?);
+    }
+    Ok(micro)
+}
+
+/// Logs a step with what logging adds: the validation loss where `validate`,
+/// the peak memory after it, and with several ranks each rank's compute time
+/// (gathered: every rank calls this at the same step).
+fn log_step(
+    t: &mut Trainer,
+    reporter: &mut Reporter,
+    memory: &device::PeakMemory,
+    mut logged: LoggedStep,
+    validate: bool,
+) -> Result<()> {
+    logged.val_loss = validate
+        .then(|| t.validation_loss(t.cfg.validation_batches))
+        .transpose()?;
+    logged.peak_memory_mb = memory.peak_mb(&t.device);
+    if t.ranks().world_size > 1 {
+        logged.rank_compute_s = dist::gather_scalar(&*t.comm, reporter.compute_s(), &t.device)?;
+    }
+    reporter.log(logged)
 }
 
 /// After the last step: every rank holds the same parameters (checked), and
