@@ -203,7 +203,13 @@ impl Validator<'_, '_> {
                 self.at_key(&format!("report.{key}"), format!("`{key}`: {why}"));
             }
         }
-        // An invalid pattern is reported above.
+        self.check_report_groups(r);
+        self.check_flops(r);
+    }
+
+    /// The groups `[report]` names against those of its line_pattern (an
+    /// invalid pattern is reported where it is parsed).
+    fn check_report_groups(&mut self, r: &ReportSpec) {
         if let Some(re) = r
             .line_pattern
             .as_deref()
@@ -237,6 +243,11 @@ impl Validator<'_, '_> {
                 }
             }
         }
+    }
+
+    /// What MFU and TFLOP/s of a command's runs come from: a device or a
+    /// peak, a model (with its sequence length) or FLOPs per token.
+    fn check_flops(&mut self, r: &ReportSpec) {
         if let Some(f) = r.peak_flops {
             if !(f.is_finite() && f > 0.0 && f <= 1e20) {
                 self.at_value(
