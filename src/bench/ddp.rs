@@ -191,7 +191,7 @@ pub fn run(
                 .env("MASTER_PORT", "29517");
             c
         } else {
-            crate::executor::local::mpirun(n as u32, &argv)?
+            crate::executor::mpirun::mpirun(n as u32, &argv)?
         };
         if forced {
             cmd.env("SWEEP_ENGINE_AT_ONE", "1");

@@ -8,6 +8,7 @@ pub mod doctor;
 pub mod ended;
 pub mod fingerprint;
 pub mod local;
+pub mod mpirun;
 pub mod packed;
 mod scripts;
 pub mod slurm;

@@ -1,0 +1,48 @@
+//! Ranks on this machine through Open MPI's (or MPICH's) `mpirun`: the local
+//! executor's multi-rank runs and `sweep bench ddp`.
+
+use crate::util::process::find_in_path;
+use anyhow::{bail, Result};
+use std::process::Command;
+
+/// `mpirun -n N <argv>` for ranks on this machine, with the settings that let
+/// Open MPI run in containers and VMs.
+pub fn mpirun(ranks: u32, argv: &[&str]) -> Result<Command> {
+    if find_in_path("mpirun").is_none() {
+        bail!("{ranks} ranks on this machine are started with `mpirun`, and there is none on PATH: install Open MPI (apt-get install openmpi-bin) or MPICH");
+    }
+    let mut c = Command::new("mpirun");
+    c.args(["-n", &ranks.to_string()])
+        .args(argv)
+        .env("WORLD_SIZE", ranks.to_string())
+        .env_remove("RANK")
+        .env_remove("LOCAL_RANK");
+    // Open MPI: more ranks than cores is allowed, rayon threads are not
+    // pinned to one core, root (containers, CI) may run it, a rank waiting
+    // in MPI yields its core (the thread that sums gradients during the
+    // backward pass shares the cores with the compute), and the
+    // shared-memory transport copies large messages in one step where this
+    // machine lets one process read another's memory (else through shared
+    // buffers: the single-copy mechanism fails inside many VMs and
+    // containers). A setting already in the environment wins. MPICH ignores
+    // these.
+    let unset = |key: &str| std::env::var_os(key).is_none();
+    for (key, value) in [
+        ("OMPI_MCA_mpi_yield_when_idle", "1"),
+        ("OMPI_MCA_rmaps_base_oversubscribe", "1"),
+        ("OMPI_MCA_hwloc_base_binding_policy", "none"),
+        ("OMPI_ALLOW_RUN_AS_ROOT", "1"),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"),
+    ] {
+        if unset(key) {
+            c.env(key, value);
+        }
+    }
+    // Probed (a fork) only when the environment leaves it to us.
+    const SINGLE_COPY: &str = "OMPI_MCA_btl_vader_single_copy_mechanism";
+    if unset(SINGLE_COPY) {
+        let cma = crate::util::process::cross_memory_attach();
+        c.env(SINGLE_COPY, if cma { "cma" } else { "none" });
+    }
+    Ok(c)
+}
