@@ -1,0 +1,81 @@
+use super::*;
+use crate::executor::Status;
+
+#[test]
+fn a_problem_says_the_states_reason_once_and_an_ended_run_is_not_yet_to_write() {
+    let pending = Status {
+        reason: Some("Priority".into()),
+        ..Status::new(State::Pending)
+    };
+    let waiting = RunLog {
+        reason: pending.reason.clone(),
+        ..RunLog::new("w", pending)
+    };
+    let ended = RunLog::new("e", Status::exited(3));
+    let said: Vec<String> = problems(&[waiting, ended])
+        .iter()
+        .map(Problem::describe)
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "w: PENDING (Priority), no metrics yet",
+            "e: FAILED (exit 3), no metrics"
+        ]
+    );
+}
+
+/// Repeats more than 30% apart are said with the likeliest cause their
+/// environments recorded: a busy host, else different hosts, else none.
+#[test]
+fn repeats_far_apart_are_said_with_their_likely_cause() {
+    use crate::executor::fingerprint::Load;
+    let run = |name: &str, host: &str, busy: f64| RunLog {
+        host: Some(host.into()),
+        load: vec![Load {
+            load_average: [busy, 0.0, 0.0],
+            busy_cores: busy,
+            cores: 2,
+        }],
+        ..RunLog::new(name, Status::new(State::Completed))
+    };
+    let tps = [Some(1386.0), Some(2850.0), Some(1417.0)];
+    let said = |runs: &[RunLog]| repeats_differ("c", &[0, 1, 2], &tps, runs);
+    let busy = said(&[
+        run("r0", "h", 1.9),
+        run("r1", "h", 0.0),
+        run("r2", "h", 0.1),
+    ])
+    .unwrap();
+    assert!(
+        busy.starts_with("the repeats of c differ by 2.06× (r0 at 1386, r1 at 2850 tokens/s): other processes kept 1.9 of 2 cores busy beside r0"),
+        "{busy}"
+    );
+    let apart = said(&[
+        run("r0", "a", 0.0),
+        run("r1", "b", 0.0),
+        run("r2", "a", 0.0),
+    ])
+    .unwrap();
+    assert!(
+        apart.ends_with("they ran on different hosts (a, b)"),
+        "{apart}"
+    );
+    let quiet = said(&[
+        run("r0", "h", 0.0),
+        run("r1", "h", 0.0),
+        run("r2", "h", 0.0),
+    ])
+    .unwrap();
+    assert!(quiet.contains("record no other load"), "{quiet}");
+    let close = [Some(1386.0), Some(1500.0), Some(1417.0)];
+    assert_eq!(
+        repeats_differ(
+            "c",
+            &[0, 1, 2],
+            &close,
+            &[run("a", "h", 2.0), run("b", "h", 0.0), run("c", "h", 0.0)]
+        ),
+        None
+    );
+}
