@@ -64,10 +64,11 @@ def sanitizer(out):
         tool = re.search(r"--tool (\w+)", part)
         if not tool:
             continue
+        name = tool[1] + (" (control: PyTorch, cuBLAS)" if " python3 " in part.splitlines()[0] else "")
         summary = re.search(r"^========= (?:\w+ )?SUMMARY: .*$", part, re.M)
         cut = re.search(r"^gpu-check: exit .*$", part, re.M)
         kernels = sorted(set(re.findall(r"^=========\s+at (\S+?)\+0x", part, re.M)))
-        verdicts[tool[1]] = {
+        verdicts[name] = {
             "summary": summary[0].strip("= ") if summary else (cut[0] if cut else "no summary"),
             "kernels_named": kernels,
         }

@@ -172,6 +172,14 @@ for step in "${STEPS[@]}"; do
                 echo "gpu-check: no compute-sanitizer on this machine" | tee -a "$OUT/sanitizer.txt"
                 status=1
             else
+                # The control for initcheck: a bf16 cuBLAS product read by one
+                # element-wise kernel, through PyTorch, nothing of sweep's. A
+                # report here is initcheck's own (cuBLAS's Hopper stores), and
+                # the same report under sweep's composed ops means nothing more.
+                run sanitizer.txt "$cs" --tool initcheck --print-limit 5 python3 -c 'import torch
+a = torch.randn(2, 2, 256, 32, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(2, 2, 128, 32, device="cuda", dtype=torch.bfloat16)
+print("control: cuBLAS product then scale, sum", float(((a @ b.transpose(-1, -2)) * 0.5).float().sum()))'
                 for tool in memcheck racecheck synccheck initcheck; do
                     # memcheck's run also keeps the kernels' checks at these shapes.
                     json=()
