@@ -74,6 +74,10 @@ pub struct JsonRow {
     /// The device's peak memory in GiB (PyTorch's rows count 2^30 bytes too).
     pub peak_memory_gb: Option<f64>,
     pub step_s: Option<f64>,
+    /// The step's phases, synchronised (sweep's own; PyTorch's rows have none).
+    pub forward_s: Option<f64>,
+    pub backward_s: Option<f64>,
+    pub optimizer_s: Option<f64>,
     pub params: Option<usize>,
     pub error: Option<String>,
 }
@@ -87,6 +91,9 @@ impl JsonRow {
             tflops: Some(r.gflops / 1e3),
             peak_memory_gb: Some(r.peak_memory_mb / 1024.0),
             step_s: Some(step),
+            forward_s: Some(r.forward_s),
+            backward_s: Some(r.backward_s),
+            optimizer_s: Some(r.optimizer_s),
             params: Some(r.params),
             ..JsonRow::untimed(&r.case, device, None)
         }
@@ -109,6 +116,9 @@ impl JsonRow {
             tflops: None,
             peak_memory_gb: None,
             step_s: None,
+            forward_s: None,
+            backward_s: None,
+            optimizer_s: None,
             params: None,
             error,
         }

@@ -571,6 +571,13 @@ fn bench_train_writes_its_cases_as_json_beside_pytorchs_keys() {
         ] {
             assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
         }
+        // And where the step's time went, which add up to it.
+        let phases: f64 = ["forward_s", "backward_s", "optimizer_s"]
+            .iter()
+            .map(|k| r[k].as_f64().unwrap())
+            .sum();
+        let step = r["step_s"].as_f64().unwrap();
+        assert!((phases - step).abs() <= 1e-9 * step, "{r}");
         assert!(r["error"].is_null(), "{r}");
     }
 }
