@@ -1,8 +1,8 @@
 //! A precomputed gradient hung on the graph: [`attach`] returns a scalar zero
 //! whose gradient with respect to `x` is `grad` (times whatever arrives from
-//! above). The cross-entropy uses it to drop the softmax's intermediates, the
-//! activation recomputation to start a block's backward pass from the
-//! gradient of its output.
+//! above). Tests only (built with them): the oracle's loss hangs its gradient
+//! on candle's autograd with it, and the oracle starts a block's backward
+//! pass from the gradient of its output.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use std::sync::Arc;

@@ -7,40 +7,26 @@
 //! such tensors alive for the backward pass, and their gradients on top.
 //! [`loss_and_grad`] instead computes the loss and its gradient at once, in
 //! f32, a slice of rows at a time (one kernel on CUDA, one pass on the CPU),
-//! for the block-wise passes. The autograd op [`cross_entropy`] (tests only:
-//! the oracle's loss) hangs that gradient on the graph with `attach`.
+//! for the block-wise passes. Its test-only forms (the oracle's autograd op,
+//! the composed reference) are in `reference.rs`.
 
-#[cfg(test)]
-use super::attach::attach;
 use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, fused, own_kernel, work_dtype};
+#[cfg(test)]
+mod reference;
 use crate::data::samples::IGNORE;
 use crate::train::kernels::{block_per_row, u32_of, Mem, Plan, Ty, Value, CROSS_ENTROPY};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 #[cfg(any(test, feature = "cuda"))]
 use candle_core::DType;
-#[cfg(test)]
-use candle_core::D;
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
-use std::sync::Arc;
-
 #[cfg(test)]
-/// `logits` [N, V], `labels` N values (-100: ignored). Returns a scalar.
-pub fn cross_entropy(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
-    check_labels(logits, labels)?;
-    if fused(logits) {
-        logits.contiguous()?.apply_op1(CrossEntropy {
-            labels: Arc::new(labels.to_vec()),
-            divisor: divisor as f32,
-        })
-    } else {
-        by_rows(logits, labels, divisor)
-    }
-}
+pub use reference::{by_rows, by_slices_of, composed, cross_entropy};
+use std::sync::Arc;
 
 /// One label per row of logits, each ignored or in the vocabulary.
 fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
@@ -65,21 +51,6 @@ const SLICE_ELEMENTS: usize = 1 << 26;
 /// Rows of logits the head computes at once for a vocabulary (at most `tokens`).
 pub fn head_rows(tokens: usize, vocab: usize) -> usize {
     (SLICE_ELEMENTS / vocab.max(1)).clamp(1, tokens.max(1))
-}
-
-#[cfg(test)]
-/// The loss and d loss / d logits, computed with detached candle ops on the
-/// logits' device, a slice of rows at a time, in f32 (f64 for f64 logits).
-/// The loss is a scalar of that dtype.
-pub fn by_rows(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
-    let v = logits.dim(1)?;
-    by_slices_of(logits, labels, divisor, (SLICE_ELEMENTS / v).max(1))
-}
-
-#[cfg(test)]
-fn by_slices_of(logits: &Tensor, labels: &[i64], divisor: f64, rows: usize) -> Result<Tensor> {
-    let (loss, grad) = computed_by_slices(logits, labels, divisor, rows)?;
-    loss + attach(logits, grad, work_dtype(logits))?
 }
 
 /// The loss (a scalar in f32, f64 for f64 logits) and its gradient for the
@@ -309,114 +280,6 @@ fn loss_and_grad_cuda(
     }
     cuda::execute(&dev, &plan, &operands)?;
     Ok(())
-}
-
-/// The loss composed from candle ops: the reference the tests hold the kernels to.
-#[cfg(test)]
-pub fn composed(logits: &Tensor, labels: &[i64], divisor: f64) -> Result<Tensor> {
-    let (n, _) = logits.dims2()?;
-    let keep: Vec<f32> = labels
-        .iter()
-        .map(|&l| if l == IGNORE { 0.0 } else { 1.0 })
-        .collect();
-    let idx: Vec<u32> = labels
-        .iter()
-        .map(|&l| if l == IGNORE { 0 } else { l as u32 })
-        .collect();
-    let dev = logits.device();
-    let logp = candle_nn::ops::log_softmax(logits, D::Minus1)?;
-    let picked = logp
-        .gather(&Tensor::from_vec(idx, (n, 1), dev)?, 1)?
-        .squeeze(1)?;
-    let keep = Tensor::from_vec(keep, n, dev)?.to_dtype(logits.dtype())?;
-    (picked * keep)?.sum_all()?.neg()? / divisor
-}
-
-#[cfg(test)]
-struct CrossEntropy {
-    labels: Arc<Vec<i64>>,
-    divisor: f32,
-}
-
-#[cfg(test)]
-/// log(sum(exp(row))) computed stably.
-fn log_sum_exp(row: &[f32]) -> f32 {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    max + super::exp::ln(row.iter().map(|&v| super::exp::exp(v - max)).sum::<f32>())
-}
-
-#[cfg(test)]
-impl CustomOp1 for CrossEntropy {
-    fn name(&self) -> &'static str {
-        "sweep-cross-entropy"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32s(s, l)?;
-        let (_, v) = l.shape().dims2()?;
-        // Per-row losses in parallel, summed in order: the same bits every run.
-        let rows: Vec<f64> = x
-            .par_chunks(v)
-            .zip(self.labels.par_iter())
-            .map(|(row, &l)| {
-                if l == IGNORE {
-                    0.0
-                } else {
-                    (log_sum_exp(row) - row[l as usize]) as f64
-                }
-            })
-            .collect();
-        let total: f64 = rows.iter().sum();
-        Ok((
-            CpuStorage::F32(vec![(total / self.divisor as f64) as f32]),
-            Shape::from(()),
-        ))
-    }
-
-    // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
-    #[cfg(test)]
-    fn bwd(&self, logits: &Tensor, _loss: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let g = grad.to_dtype(DType::F32)?.to_scalar::<f32>()?;
-        let op = CrossEntropyBwd {
-            labels: self.labels.clone(),
-            scale: g / self.divisor,
-        };
-        Ok(Some(logits.apply_op1_no_bwd(&op)?))
-    }
-}
-
-#[cfg(test)]
-/// d logits = scale * (softmax - onehot(label)) on kept rows, 0 elsewhere.
-struct CrossEntropyBwd {
-    labels: Arc<Vec<i64>>,
-    scale: f32,
-}
-
-#[cfg(test)]
-impl CustomOp1 for CrossEntropyBwd {
-    fn name(&self) -> &'static str {
-        "sweep-cross-entropy-bwd"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32s(s, l)?;
-        let (_, v) = l.shape().dims2()?;
-        let mut d = vec![0f32; x.len()];
-        d.par_chunks_mut(v)
-            .zip(x.par_chunks(v))
-            .zip(self.labels.par_iter())
-            .for_each(|((d, row), &l)| {
-                if l == IGNORE {
-                    return;
-                }
-                let lse = log_sum_exp(row);
-                for (d, &x) in d.iter_mut().zip(row) {
-                    *d = self.scale * super::exp::exp(x - lse);
-                }
-                d[l as usize] -= self.scale;
-            });
-        Ok((CpuStorage::F32(d), l.shape().clone()))
-    }
 }
 
 /// The loss and d logits in one op on the CPU: per row, one exponential per
