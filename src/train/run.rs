@@ -244,27 +244,19 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
     for step in first..=cfg.training_steps {
         let started = Instant::now();
         let lr = optim::lr_at(step, &cfg);
-        let micro = micro_batches(&mut loader, cfg.gradient_accumulation, stop_early)?;
-        let out = match micro.len() == cfg.gradient_accumulation {
-            true => t.step(&micro, lr, &mut memory, stop_early),
-            false => Err(Interrupted.into()),
-        };
-        let out = match out {
-            Err(e) if e.is::<Interrupted>() => {
-                let why = stop.take().unwrap_or("a stop signal");
-                let at = (step, saved);
-                return stop_mid_step(
-                    t,
-                    &cfg,
-                    run_dir,
-                    at,
-                    position.as_ref(),
-                    &monitor,
-                    elapsed,
-                    why,
-                );
-            }
-            other => other.with_context(|| format!("step {step}"))?,
+        let Some((micro, out)) = step_or_stop(t, &mut loader, (step, lr), &mut memory, stop_early)?
+        else {
+            let why = stop.take().unwrap_or("a stop signal");
+            return stop_mid_step(
+                t,
+                &cfg,
+                run_dir,
+                (step, saved),
+                position.as_ref(),
+                &monitor,
+                elapsed,
+                why,
+            );
         };
         let step_time = started.elapsed().as_secs_f64();
         if let Some(b) = beat.as_mut() {
@@ -285,18 +277,20 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
         reporter.events(step, monitor.observe(step, out.loss, out.grad_norm))?;
         let due = schedule.at(step);
         if due.log {
-            let logged = LoggedStep {
+            // Only the rank that writes the log validates.
+            let val_loss = (due.validate && main)
+                .then(|| t.validation_loss(cfg.validation_batches))
+                .transpose()?;
+            reporter.log(LoggedStep {
                 step,
                 loss: out.loss,
                 lr,
                 grad_norm: out.grad_norm,
                 elapsed_s: elapsed,
-                peak_memory_mb: 0.0,
-                val_loss: None,
-                rank_compute_s: Vec::new(),
-            };
-            // Only the rank that writes the log validates.
-            log_step(t, &mut reporter, &memory, logged, due.validate && main)?;
+                peak_memory_mb: memory.peak_mb(&t.device),
+                val_loss,
+                rank_compute_s: rank_compute_times(t, &reporter)?,
+            })?;
         }
 
         // Every rank stops at the same step, even when the signal reached
@@ -319,37 +313,41 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
     finish(t, elapsed)
 }
 
-/// The step's `count` micro-batches, fewer when a stop signal came first.
-fn micro_batches(
+/// Step `step` at learning rate `lr` over the next micro-batches, returned
+/// with its outcome; `None` where a stop signal interrupted it (between
+/// micro-batches or inside the step).
+fn step_or_stop(
+    t: &mut Trainer,
     loader: &mut DataLoader,
-    count: usize,
+    (step, lr): (usize, f64),
+    memory: &mut device::PeakMemory,
     stop_early: Option<&StopSignals>,
-) -> Result<Vec<crate::data::Batch>> {
+) -> Result<Option<(Vec<crate::data::Batch>, super::trainer::StepOutcome)>> {
+    let count = t.cfg.gradient_accumulation;
     let mut micro = Vec::with_capacity(count);
     while micro.len() < count && stop_early.is_none_or(|s| s.received().is_none()) {
         micro.push(loader.next_batch()?);
     }
-    Ok(micro)
+    if micro.len() < count {
+        return Ok(None);
+    }
+    match t.step(&micro, lr, memory, stop_early) {
+        Err(e) if e.is::<Interrupted>() => Ok(None),
+        other => Ok(Some((
+            micro,
+            other.with_context(|| format!("step {step}"))?,
+        ))),
+    }
 }
 
-/// Logs a step with what logging adds: the validation loss where `validate`,
-/// the peak memory after it, and with several ranks each rank's compute time
-/// (gathered: every rank calls this at the same step).
-fn log_step(
-    t: &mut Trainer,
-    reporter: &mut Reporter,
-    memory: &device::PeakMemory,
-    mut logged: LoggedStep,
-    validate: bool,
-) -> Result<()> {
-    logged.val_loss = validate
-        .then(|| t.validation_loss(t.cfg.validation_batches))
-        .transpose()?;
-    logged.peak_memory_mb = memory.peak_mb(&t.device);
+/// Each rank's compute time so far, gathered (every rank calls this at the
+/// same step); none with one rank.
+fn rank_compute_times(t: &Trainer, reporter: &Reporter) -> Result<Vec<f64>> {
     if t.ranks().world_size > 1 {
-        logged.rank_compute_s = dist::gather_scalar(&*t.comm, reporter.compute_s(), &t.device)?;
+        dist::gather_scalar(&*t.comm, reporter.compute_s(), &t.device)
+    } else {
+        Ok(Vec::new())
     }
-    reporter.log(logged)
 }
 
 /// After the last step: every rank holds the same parameters (checked), and
