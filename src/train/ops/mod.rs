@@ -211,21 +211,10 @@ pub(crate) fn rows_per_task(rows: usize, row_len: usize) -> usize {
 pub(crate) mod testing {
     use candle_core::{Device, Result, Tensor};
 
-    /// Deterministic pseudo-random data in [-1, 1).
+    /// Deterministic pseudo-random data in [-1, 1): the benchmark's and the
+    /// self-check's generator ([`super::check::random`]).
     pub fn rand(shape: &[usize], seed: u64) -> Tensor {
-        let n: usize = shape.iter().product();
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        super::check::random(shape, seed, 1.0).expect("a CPU tensor")
     }
 
     pub fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
