@@ -33,22 +33,12 @@ const BOS_NAMES: &[&str] = &[
 const EOS_NAMES: &[&str] = &["</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]"];
 const PAD_NAMES: &[&str] = &["<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_id|>"];
 
-/// The vocabulary size of a tokenizer file (added tokens included), read once
-/// per path per process: planning asks for every run, and a tokenizer takes
-/// ~0.1 s to parse. `None` when the file cannot be read as a tokenizer.
+/// The vocabulary size of a tokenizer file (added tokens included); `None`
+/// when the file cannot be read as a tokenizer (~0.1 s to parse).
 pub fn vocab_size_of(path: &Path) -> Option<usize> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static SIZES: OnceLock<Mutex<HashMap<std::path::PathBuf, Option<usize>>>> = OnceLock::new();
-    let sizes = SIZES.get_or_init(Default::default);
-    if let Some(known) = sizes.lock().ok()?.get(path) {
-        return *known;
-    }
-    let size = tokenizers::Tokenizer::from_file(path)
+    tokenizers::Tokenizer::from_file(path)
         .ok()
-        .map(|t| t.get_vocab_size(true));
-    sizes.lock().ok()?.insert(path.to_path_buf(), size);
-    size
+        .map(|t| t.get_vocab_size(true))
 }
 
 /// A run's model with its vocabulary, as the trainer builds it
@@ -58,11 +48,20 @@ pub fn vocab_size_of(path: &Path) -> Option<usize> {
 ///
 /// [`ModelConfig::with_vocabulary`]: crate::config::ModelConfig::with_vocabulary
 pub fn model_config(cfg: &crate::config::TrainConfig) -> Result<crate::config::ModelConfig> {
+    model_config_with(cfg, vocab_size_of)
+}
+
+/// [`model_config`] with the tokenizers' sizes from `vocab_size` (planning
+/// asks once per file, not once per run).
+pub fn model_config_with(
+    cfg: &crate::config::TrainConfig,
+    mut vocab_size: impl FnMut(&Path) -> Option<usize>,
+) -> Result<crate::config::ModelConfig> {
     let model = cfg.model_config()?;
     if model.vocab_size > 0 {
         return Ok(model);
     }
-    let tokenizer = vocab_size_of(&cfg.tokenizer)
+    let tokenizer = vocab_size(&cfg.tokenizer)
         .with_context(|| format!("reading the tokenizer {}", cfg.tokenizer.display()))?;
     model.with_vocabulary(tokenizer)
 }

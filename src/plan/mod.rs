@@ -15,7 +15,7 @@ pub use crate::manifest::REPEAT;
 use crate::template::shell_quote;
 
 pub use crate::config::PretokenizedFormat;
-use crate::config::{PlanHints, SpecialTokens, TrainConfig};
+use crate::config::{ModelConfig, PlanHints, SpecialTokens, TrainConfig};
 use crate::estimate::memory::MemoryEstimate;
 use crate::manifest::{Diagnostics, ExecutorKind, Launcher, Manifest, SlurmSpec};
 use indexmap::IndexMap;
@@ -60,6 +60,11 @@ pub struct Run {
     pub dir: PathBuf,
     /// Its block and place in a blocked design.
     pub block: Option<record::Block>,
+    /// The built-in trainer's model shape, resolved once when the run is
+    /// planned (a preset without a vocabulary of its own takes its
+    /// tokenizer's); none for commands, or where the tokenizer cannot be
+    /// read (the trainer then says why).
+    pub model: Option<ModelConfig>,
 }
 
 impl Run {
@@ -112,7 +117,7 @@ impl Run {
     /// the GPU's as the plan's hints and the device table give it.
     pub fn memory(&self, hints: &PlanHints) -> Option<Memory> {
         match &self.job {
-            Job::Train(cfg) => Memory::of(cfg, hints),
+            Job::Train(cfg) => Some(Memory::of(cfg, self.model.as_ref()?, hints)),
             Job::Command(_) => None,
         }
     }
@@ -126,14 +131,14 @@ impl Run {
             return None;
         };
         let hw = scaling::Hardware::of(cfg, hints)?;
-        let model = crate::data::tokenizer::model_config(cfg).ok()?;
+        let model = self.model.as_ref()?;
         let job = scaling::Job {
             world_size: self.world_size() as usize,
             ranks_per_node: self.slurm.ntasks_per_node.get() as usize,
             overlaps: crate::config::trainer_overlaps_allreduce(cfg.device),
             traffic: scaling::Traffic::Builtin,
         };
-        scaling::FITTED.forecast(cfg, hints, &model, hw, job)
+        scaling::FITTED.forecast(cfg, hints, model, hw, job)
     }
 
     /// Sequences per optimizer step over all ranks (built-in trainer runs).
@@ -276,16 +281,15 @@ pub struct Memory {
 }
 
 impl Memory {
-    pub fn of(cfg: &TrainConfig, hints: &PlanHints) -> Option<Memory> {
-        let model = crate::data::tokenizer::model_config(cfg).ok()?;
-        let parts = crate::estimate::memory::estimate(cfg, &model);
+    pub fn of(cfg: &TrainConfig, model: &ModelConfig, hints: &PlanHints) -> Memory {
+        let parts = crate::estimate::memory::estimate(cfg, model);
         let device_bytes = crate::estimate::memory::device_bytes(cfg, hints);
-        Some(Memory {
+        Memory {
             estimate_bytes: parts.total(),
             device_bytes,
             fits: device_bytes.map(|d| parts.total() <= d),
             parts,
-        })
+        }
     }
 
     /// "35.1 / 80 GB", or "35.1 GB" without a device size.

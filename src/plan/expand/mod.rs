@@ -66,9 +66,17 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
     check_ids(&m, &runs)?;
     super::pack::check(&m, &runs)?;
     let stages = stages(&m, &study_dir, &mut runs)?;
+    // Each tokenizer read once, whatever the number of runs that share it.
+    let mut vocab_sizes: HashMap<PathBuf, Option<usize>> = HashMap::new();
+    let mut vocab_size = |path: &std::path::Path| {
+        *vocab_sizes
+            .entry(path.to_path_buf())
+            .or_insert_with(|| crate::data::tokenizer::vocab_size_of(path))
+    };
     for run in &mut runs {
         if let Job::Train(cfg) = &mut run.job {
             cfg.absolutize(&m.root);
+            run.model = crate::data::tokenizer::model_config_with(cfg, &mut vocab_size).ok();
         }
     }
     if !opts.allow_oom {
@@ -401,6 +409,7 @@ impl<'a> Shared<'a> {
             stage: None,
             dir,
             block: None,
+            model: None,
         })
     }
 
@@ -680,4 +689,35 @@ mod tests {
     }
 
     const PINNED: [usize; 6] = [2, 3, 1, 4, 5, 0];
+
+    /// A run's model shape is resolved when it is planned: a preset without
+    /// a vocabulary takes its tokenizer's, and a tokenizer that cannot be
+    /// read leaves the run without a shape (nor a memory estimate) instead
+    /// of failing the plan.
+    #[test]
+    fn each_run_carries_its_model_with_its_tokenizers_vocabulary() {
+        use crate::config::RuntimeOptions;
+        use crate::plan::{Plan, PlanOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(crate::config::DEFAULT_TOKENIZER);
+        let text = format!(
+            "name = \"m\"\n[defaults]\nmodel = \"tiny\"\ndataset = \"d.parquet\"\n\
+             device = \"cuda\"\ngpu = \"H100\"\n[sweep.grid]\ntokenizer = [{:?}, \"missing.json\"]\n",
+            tokenizer.display().to_string()
+        );
+        let path = dir.path().join("m.toml");
+        std::fs::write(&path, text).unwrap();
+        let m = crate::manifest::Manifest::load(&path, dir.path()).unwrap();
+        let opts = PlanOptions::new(true, &RuntimeOptions::default());
+        let plan = Plan::new(m, &PlanOptions { features: crate::config::Features::ALL, ..opts })
+            .unwrap();
+        let vocab = crate::data::tokenizer::vocab_size_of(&tokenizer).unwrap();
+        let [read, missing] = &plan.runs[..] else { panic!("two runs") };
+        let model = read.model.as_ref().expect("the tokenizer's run has a shape");
+        assert_eq!((model.vocab_size, model.dim), (vocab, 128));
+        assert!(read.memory(&plan.manifest.hints).is_some());
+        assert!(missing.model.is_none());
+        assert!(missing.memory(&plan.manifest.hints).is_none());
+    }
 }
