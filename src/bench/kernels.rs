@@ -103,7 +103,7 @@ fn time(case: &Case, device: &Device, dtype: DType, repeats: usize, composed: bo
 
 /// Runs every case: on the CPU in f32 against the composed twins; on CUDA in
 /// f32 and bf16 against the CPU kernels.
-pub fn run(work: &Work) -> Result<KernelReport> {
+pub fn run(work: &Work, rt: &crate::config::RuntimeOptions) -> Result<KernelReport> {
     let mut cfg = ModelConfig::resolve(&work.model, &ModelOverrides::default())?;
     if let Some(v) = work.vocab {
         cfg.vocab_size = v;
@@ -135,8 +135,7 @@ pub fn run(work: &Work) -> Result<KernelReport> {
     let (device, name) = match work.device {
         DeviceKind::Cpu => (Device::Cpu, "cpu".to_string()),
         DeviceKind::Cuda => {
-            let d =
-                crate::train::device::cuda(0, crate::config::RuntimeOptions::current().cuda_pool)?;
+            let d = crate::train::device::cuda(0, rt.cuda_pool)?;
             let name = crate::train::device::name(&d)?;
             (d, name)
         }
@@ -280,14 +279,14 @@ mod tests {
             repeats: 1,
             vocab: None,
         };
-        let err = run(&work).unwrap_err().to_string();
+        let err = run(&work, &Default::default()).unwrap_err().to_string();
         assert!(err.contains("more than"), "{err}");
         let huge_vocab = Work {
             tokens: 8,
             vocab: Some(usize::MAX / 4),
             ..work
         };
-        assert!(run(&huge_vocab).is_err());
+        assert!(run(&huge_vocab, &Default::default()).is_err());
     }
 
     #[test]
@@ -300,7 +299,7 @@ mod tests {
             repeats: 1,
             vocab: Some(300),
         };
-        let report = run(&work)?;
+        let report = run(&work, &Default::default())?;
         assert_eq!(report.rows.len(), 19);
         for r in &report.rows {
             assert!(r.ok, "{} {}: {:e}", r.op, r.shape, r.max_rel_err);

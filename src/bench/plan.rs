@@ -42,7 +42,11 @@ pub fn manifest_text(runs: usize) -> String {
 }
 
 /// Plans and renders `runs` runs into a temporary project under `dir`.
-pub fn run(runs: usize, dir: &std::path::Path) -> Result<PlanBench> {
+pub fn run(
+    runs: usize,
+    dir: &std::path::Path,
+    opts: &crate::plan::PlanOptions,
+) -> Result<PlanBench> {
     ensure!(
         runs >= 100 && runs.is_multiple_of(100),
         "--runs must be a multiple of 100"
@@ -51,8 +55,7 @@ pub fn run(runs: usize, dir: &std::path::Path) -> Result<PlanBench> {
     let path = dir.path().join("bench.toml");
     std::fs::write(&path, manifest_text(runs))?;
     let (m, load) = timed(|| Manifest::load(&path, dir.path()));
-    let opts = crate::plan::PlanOptions::new(false, crate::config::RuntimeOptions::current());
-    let (plan, plan_t) = timed(|| Plan::new(m?, &opts));
+    let (plan, plan_t) = timed(|| Plan::new(m?, opts));
     let plan = plan?;
     ensure!(plan.runs.len() == runs, "planned {} runs", plan.runs.len());
     let (rendered, render_t) = timed(|| render::render(&plan));

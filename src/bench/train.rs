@@ -7,7 +7,7 @@
 
 use crate::config::{
     AttentionKind, BatchSize, DeviceKind, ModelConfig, ModelOverrides, Precision, Recompute,
-    TrainConfig,
+    RuntimeOptions, TrainConfig,
 };
 use crate::data::samples::IGNORE;
 use crate::data::{Batch, LoaderState, SpecialTokens, TextTokenizer};
@@ -240,13 +240,14 @@ pub fn run(
     gpu: Option<&str>,
     recompute: Recompute,
     tokenizer: &Path,
+    rt: &RuntimeOptions,
 ) -> Vec<std::result::Result<TrainRow, Box<Failed>>> {
     let tok = TextTokenizer::load(tokenizer, &SpecialTokens::default()).map(Arc::new);
     cases
         .into_iter()
         .map(|case| {
             let outcome = match &tok {
-                Ok(tok) => time_case(&case, steps, threads, (gpu, recompute), tok),
+                Ok(tok) => time_case(&case, steps, threads, (gpu, recompute), tok, rt),
                 Err(e) => Err(anyhow::anyhow!("{e:#}")),
             };
             // As each case ends: the table comes only after the last one.
@@ -268,6 +269,7 @@ fn time_case(
     threads: usize,
     (gpu, recompute): (Option<&str>, Recompute),
     tok: &Arc<TextTokenizer>,
+    rt: &RuntimeOptions,
 ) -> Result<TrainRow> {
     let case = case.clone();
     let cfg = TrainConfig {
@@ -286,7 +288,6 @@ fn time_case(
     // The case's vocabulary, whatever the tokenizer's: the ids are synthetic.
     let model = ModelConfig::resolve(&case.preset, &case.overrides)?;
     let vocab = model.vocab_size;
-    let rt = crate::config::RuntimeOptions::current();
     let mut t = Trainer::with_model(cfg, model, Arc::clone(tok), threads, rt)?;
     t.sync_forward = true;
     let device = t.device.clone();

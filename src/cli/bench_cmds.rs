@@ -15,7 +15,7 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
         BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
         BenchCmd::History { rows, dir } => history(rows, dir)?,
         BenchCmd::Peak => peak()?,
-        BenchCmd::Kernels(k) => return kernels(&k),
+        BenchCmd::Kernels(k) => return kernels(&k, rt),
         BenchCmd::MaxBatch {
             config,
             memory_limit,
@@ -30,7 +30,7 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
             threads,
             repeats,
         } => pretokenize(dataset, tokenizer, seq_len, threads, repeats, root)?,
-        BenchCmd::Plan { runs, dir } => plan(runs, dir)?,
+        BenchCmd::Plan { runs, dir } => plan(runs, dir, rt)?,
         BenchCmd::Ddp(d) => ddp(&d, root)?,
         BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?, rt)?,
     }
@@ -78,6 +78,7 @@ fn train(args: &TrainBenchCli, rt: &RuntimeOptions, root: &Path) -> Result<()> {
         gpu.as_deref(),
         recompute,
         &repository(root, crate::config::DEFAULT_TOKENIZER).join(crate::config::DEFAULT_TOKENIZER),
+        rt,
     ) {
         match outcome {
             Ok(row) => rows.push(row),
@@ -254,7 +255,7 @@ fn history(rows: usize, dir: PathBuf) -> Result<()> {
 
 /// `sweep bench peak`: matmul peak of this CPU (what CPU MFU is measured against).
 /// `sweep bench kernels`: fails when a kernel is outside its tolerance.
-fn kernels(k: &KernelsBenchCli) -> Result<ExitCode> {
+fn kernels(k: &KernelsBenchCli, rt: &RuntimeOptions) -> Result<ExitCode> {
     let gpu = k.device == DeviceKind::Cuda;
     let work = &crate::bench::kernels::Work {
         device: k.device,
@@ -274,7 +275,7 @@ fn kernels(k: &KernelsBenchCli) -> Result<ExitCode> {
         );
     }
     let mut human = human_out(json.as_deref());
-    let report = crate::bench::kernels::run(work)?;
+    let report = crate::bench::kernels::run(work, rt)?;
     write!(human, "{}", crate::bench::kernels::table(&report))?;
     if let Some(path) = json {
         write_json(&path, &serde_json::to_vec_pretty(&report)?)?;
@@ -429,9 +430,9 @@ fn pretokenize(
 }
 
 /// `sweep bench plan`: plan + render of a large sweep, phase by phase.
-fn plan(runs: usize, dir: PathBuf) -> Result<()> {
+fn plan(runs: usize, dir: PathBuf, rt: &RuntimeOptions) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
-    let b = crate::bench::plan::run(runs, &dir)?;
+    let b = crate::bench::plan::run(runs, &dir, &crate::plan::PlanOptions::new(false, rt))?;
     println!(
         "plan + render of a {}-run sweep into {} ({} threads)",
         b.runs,

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
+pub fn pretokenize(p: &PretokenizeCli, rt: &crate::config::RuntimeOptions) -> Result<ExitCode> {
     let formats = match p.format {
         FormatArg::Padded => vec![PretokenizedFormat::Padded],
         FormatArg::TokenList => vec![PretokenizedFormat::TokenList],
@@ -23,7 +23,7 @@ pub fn pretokenize(p: &PretokenizeCli) -> Result<ExitCode> {
         formats,
         out_dir: p.out.clone(),
         row_group_size: p.row_group_size,
-        threads: crate::config::RuntimeOptions::current().threads(p.threads),
+        threads: rt.threads(p.threads),
         force: p.force,
         progress: !p.quiet,
     };

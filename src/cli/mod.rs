@@ -91,33 +91,33 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
             manifest,
             json,
             allow_oom,
-        } => sweep_cmds::plan(root, &manifest, json, allow_oom),
+        } => sweep_cmds::plan(root, &manifest, json, allow_oom, rt),
         Cmd::Render {
             manifest,
             allow_oom,
             replace_changed,
-        } => sweep_cmds::render(root, &manifest, allow_oom, replace_changed),
-        Cmd::Submit(args) => sweep_cmds::submit(root, &args),
-        Cmd::Run(args) => run_cmd::run(root, &args),
-        Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json),
-        Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest),
+        } => sweep_cmds::render(root, &manifest, allow_oom, replace_changed, rt),
+        Cmd::Submit(args) => sweep_cmds::submit(root, &args, rt),
+        Cmd::Run(args) => run_cmd::run(root, &args, rt),
+        Cmd::Status { manifest, json } => sweep_cmds::status(root, &manifest, json, rt),
+        Cmd::Cancel { manifest } => sweep_cmds::cancel(root, &manifest, rt),
         Cmd::Bench(b) => {
             keep_freed_memory();
             bench_cmds::run(b, root, rt)
         }
-        Cmd::Pretokenize(p) => data_cmds::pretokenize(&p),
+        Cmd::Pretokenize(p) => data_cmds::pretokenize(&p, rt),
         Cmd::Train { config } => {
             keep_freed_memory();
             crate::train::run(&config, rt)
         }
-        Cmd::Report(r) => report_cmd(root, r),
-        Cmd::Check(c) => Ok(check_cmd(root, &c).unwrap_or_else(|e| {
+        Cmd::Report(r) => report_cmd(root, r, rt),
+        Cmd::Check(c) => Ok(check_cmd(root, &c, rt).unwrap_or_else(|e| {
             crate::util::signals::yield_to_stop();
             // 2, not 1: a CI job tells "could not check" from "regressed".
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         })),
-        Cmd::History(h) => history_cmd(root, &h),
+        Cmd::History(h) => history_cmd(root, &h, rt),
         Cmd::Watchdog(w) => watchdog_cmd(w),
         Cmd::LaunchDoctor(d) => match (d.reach, d.dir) {
             (Some(target), _) => Ok(crate::executor::doctor::reach(&target, &d.need)),
@@ -150,7 +150,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
             skip_first,
             threshold,
             no_plots,
-        } => compare_cmd(root, &a, &b, skip_first, threshold, !no_plots),
+        } => compare_cmd(root, &a, &b, skip_first, threshold, !no_plots, rt),
         Cmd::Data(d) => data_cmds::run(d),
     }
 }

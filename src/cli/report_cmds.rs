@@ -2,6 +2,10 @@
 //! `crate::report` does them, printed.
 
 use super::{CheckCli, HistoryCli, ReportCli};
+use crate::config::RuntimeOptions;
+use crate::plan::{Plan, PlanOptions};
+use crate::report::Source;
+use std::path::Path;
 use std::process::ExitCode;
 
 pub(super) fn compare_cmd(
@@ -11,12 +15,13 @@ pub(super) fn compare_cmd(
     skip_first: Option<usize>,
     threshold: f64,
     plots: bool,
+    rt: &RuntimeOptions,
 ) -> anyhow::Result<ExitCode> {
     use crate::report::compare;
     let cmp = compare::run(
         root,
-        &source_of(a),
-        &source_of(b),
+        &source_of(root, a, rt)?,
+        &source_of(root, b, rt)?,
         skip_first,
         threshold,
         plots,
@@ -30,19 +35,27 @@ pub(super) fn compare_cmd(
 }
 
 /// What a command given a study takes: a directory is a study's results,
-/// anything else its manifest.
-fn source_of(p: &std::path::Path) -> crate::report::Source {
-    match p.is_dir() {
-        true => crate::report::Source::ResultsDir(p.to_path_buf()),
-        false => crate::report::Source::Manifest(p.to_path_buf()),
-    }
+/// anything else its manifest, planned (its warnings are `sweep plan`'s to
+/// say; reporting on runs never refuses them for memory).
+fn source_of(root: &Path, p: &Path, rt: &RuntimeOptions) -> anyhow::Result<Source> {
+    Ok(match p.is_dir() {
+        true => Source::ResultsDir(p.to_path_buf()),
+        false => {
+            let m = crate::manifest::Manifest::load(p, root)?;
+            Source::Plan(Box::new(Plan::new(m, &PlanOptions::new(true, rt))?))
+        }
+    })
 }
 
-pub(super) fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<ExitCode> {
+pub(super) fn check_cmd(
+    root: &Path,
+    c: &CheckCli,
+    rt: &RuntimeOptions,
+) -> anyhow::Result<ExitCode> {
     use crate::report::check::{self, Reference};
     let opts = check::Options {
         reference: match &c.against {
-            Some(a) => Reference::Study(source_of(a)),
+            Some(a) => Reference::Study(source_of(root, a, rt)?),
             None => Reference::History { last: c.last },
         },
         threshold_pct: c.threshold,
@@ -59,7 +72,7 @@ pub(super) fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<
     let mut inputs = vec![c.target.as_path()];
     inputs.extend(c.against.as_deref());
     outputs::check(&outputs, &inputs, outputs::Allow::default())?;
-    let done = check::run(root, &source_of(&c.target), &opts)?;
+    let done = check::run(&source_of(root, &c.target, rt)?, &opts)?;
     let write = |path: &std::path::Path, bytes: &[u8]| -> anyhow::Result<()> {
         outputs::write_checked(path, bytes)?;
         eprintln!("wrote {}", path.display());
@@ -78,7 +91,11 @@ pub(super) fn check_cmd(root: &std::path::Path, c: &CheckCli) -> anyhow::Result<
     Ok(ExitCode::from(done.outcome().exit_status()))
 }
 
-pub(super) fn history_cmd(root: &std::path::Path, h: &HistoryCli) -> anyhow::Result<ExitCode> {
+pub(super) fn history_cmd(
+    root: &Path,
+    h: &HistoryCli,
+    rt: &RuntimeOptions,
+) -> anyhow::Result<ExitCode> {
     use crate::report::history::{self, Filter, History};
     if let Some(dir) = &h.import {
         if !dir.is_dir() {
@@ -87,20 +104,20 @@ pub(super) fn history_cmd(root: &std::path::Path, h: &HistoryCli) -> anyhow::Res
                 dir.display()
             );
         }
-        let (path, added) = crate::report::record_history(root, &source_of(dir))?;
+        let (path, added) = crate::report::record_history(&source_of(root, dir, rt)?)?;
         println!("{added} run(s) recorded in {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
     let (path, study) = match &h.target {
         Some(t) => {
-            let source = source_of(t);
-            let dir = crate::report::study_dir(root, &source).ok_or_else(|| {
+            let source = source_of(root, t, rt)?;
+            let dir = crate::report::study_dir(&source).ok_or_else(|| {
                 anyhow::anyhow!(
                     "{} is not a study (a manifest or a results/<study> directory)",
                     t.display()
                 )
             })?;
-            let name = crate::report::study_name(root, &source)?;
+            let name = crate::report::study_name(&source);
             (history::path_for(&dir), Some(name))
         }
         None => (root.join("results").join(history::FILE), None),
@@ -135,8 +152,12 @@ pub(super) fn history_cmd(root: &std::path::Path, h: &HistoryCli) -> anyhow::Res
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result<ExitCode> {
-    use crate::report::{self, Source};
+pub(super) fn report_cmd(
+    root: &Path,
+    r: ReportCli,
+    rt: &RuntimeOptions,
+) -> anyhow::Result<ExitCode> {
+    use crate::report;
     let source = match (&r.import, &r.target) {
         (Some(glob), _) => Source::Import {
             glob: glob.clone(),
@@ -148,7 +169,7 @@ pub(super) fn report_cmd(root: &std::path::Path, r: ReportCli) -> anyhow::Result
             pattern: r.pattern.clone(),
             name: r.name.clone(),
         },
-        (None, Some(t)) => source_of(t),
+        (None, Some(t)) => source_of(root, t, rt)?,
         (None, None) => {
             anyhow::bail!("give a manifest, a results/<study> directory, or --import GLOB")
         }

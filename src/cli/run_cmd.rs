@@ -4,7 +4,8 @@
 use super::live::{LiveView, Tracked};
 use super::sweep_cmds;
 use super::SubmitArgs;
-use crate::plan::Job;
+use crate::config::RuntimeOptions;
+use crate::plan::{Job, Plan};
 use crate::report::{self, Source};
 use crate::study::watch::{self, LivePage};
 use crate::study::Submission;
@@ -13,14 +14,14 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::ExitCode;
 
-pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
+pub fn run(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<ExitCode> {
     if args.dry_run {
-        return sweep_cmds::submit(root, args);
+        return sweep_cmds::submit(root, args, rt);
     }
-    let mut sub = sweep_cmds::submission(root, args, "run")?;
+    let mut sub = sweep_cmds::submission(root, args, rt, "run")?;
     let attempt = watch::current_attempt(&sub)?;
     let mut view = LiveView::new(tracked(&sub));
-    let mut page = LivePage::new(root, &args.manifest);
+    let mut page = LivePage::new(root, &sub.plan);
     let stopped = watch::watch(&mut sub, &mut view, &mut page)?;
     view.finish();
     if let Some(stop) = stopped {
@@ -44,7 +45,7 @@ pub fn run(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
         );
         return Ok(ExitCode::FAILURE);
     }
-    let recorded = print_report(root, &args.manifest)?;
+    let recorded = print_report(root, &sub.plan)?;
     Ok(if watch::all_done(&sub)? && recorded == ExitCode::SUCCESS {
         ExitCode::SUCCESS
     } else {
@@ -75,12 +76,9 @@ fn tracked(sub: &Submission) -> Vec<Tracked> {
 
 /// The sweep's report with its plots, and where it went; fails when its
 /// runs could not be recorded in the history.
-fn print_report(root: &Path, manifest: &Path) -> Result<ExitCode> {
-    let rep = report::run(
-        root,
-        &Source::Manifest(manifest.to_path_buf()),
-        &watch::report_options(false),
-    )?;
+fn print_report(root: &Path, plan: &Plan) -> Result<ExitCode> {
+    let source = Source::Plan(Box::new(plan.clone()));
+    let rep = report::run(root, &source, &watch::report_options(false))?;
     println!("{}", report::export::markdown_table(&rep.summary));
     for p in &rep.summary.problems {
         println!("note: {}", p.describe());

@@ -2,6 +2,7 @@
 //! as the study's verbs ([`crate::study`]) do them, printed.
 
 use super::SubmitArgs;
+use crate::config::RuntimeOptions;
 use crate::executor::{local, Event, State};
 use crate::plan::Plan;
 use crate::study::{self, Request, Submission};
@@ -45,8 +46,14 @@ fn cell(v: &serde_json::Value) -> String {
     }
 }
 
-pub fn plan(root: &Path, manifest: &Path, json: bool, allow_oom: bool) -> Result<ExitCode> {
-    let plan = study::load_plan(root, manifest, allow_oom, &mut say)?;
+pub fn plan(
+    root: &Path,
+    manifest: &Path,
+    json: bool,
+    allow_oom: bool,
+    rt: &RuntimeOptions,
+) -> Result<ExitCode> {
+    let plan = study::load_plan(root, manifest, allow_oom, rt, &mut say)?;
     study::check_packed_time(&plan, &mut say)?;
     match json {
         true => println!("{}", serde_json::to_string_pretty(&plan_json(&plan))?),
@@ -249,8 +256,9 @@ pub fn render(
     manifest: &Path,
     allow_oom: bool,
     replace_changed: bool,
+    rt: &RuntimeOptions,
 ) -> Result<ExitCode> {
-    let plan = study::load_plan(root, manifest, allow_oom, &mut say)?;
+    let plan = study::load_plan(root, manifest, allow_oom, rt, &mut say)?;
     let s = study::render(&plan, manifest, replace_changed, &mut say)?;
     println!(
         "{} runs and {} stages under {} ({} files written, {} unchanged)",
@@ -264,16 +272,21 @@ pub fn render(
 }
 
 /// A new submission of the study, its skipped units said.
-pub fn submission(root: &Path, args: &SubmitArgs, verb: &str) -> Result<Submission> {
-    let sub = Submission::new(root, &request(args), verb, &mut say)?;
+pub fn submission(
+    root: &Path,
+    args: &SubmitArgs,
+    rt: &RuntimeOptions,
+    verb: &str,
+) -> Result<Submission> {
+    let sub = Submission::new(root, &request(args), rt, verb, &mut say)?;
     for line in sub.skipped() {
         println!("{line}");
     }
     Ok(sub)
 }
 
-pub fn submit(root: &Path, args: &SubmitArgs) -> Result<ExitCode> {
-    let mut sub = submission(root, args, "submit")?;
+pub fn submit(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<ExitCode> {
+    let mut sub = submission(root, args, rt, "submit")?;
     if sub.todo() == 0 {
         println!("nothing to submit");
         return Ok(ExitCode::SUCCESS);
@@ -354,8 +367,8 @@ fn print_event(e: Event<'_>, dry_run: bool) {
     }
 }
 
-pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
-    let units = study::status(root, manifest, &mut say)?;
+pub fn status(root: &Path, manifest: &Path, json: bool, rt: &RuntimeOptions) -> Result<ExitCode> {
+    let units = study::status(root, manifest, rt, &mut say)?;
     if json {
         let rows: Vec<_> = units
             .iter()
@@ -403,8 +416,8 @@ pub fn status(root: &Path, manifest: &Path, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn cancel(root: &Path, manifest: &Path) -> Result<ExitCode> {
-    let cancelled = study::cancel(root, manifest, &mut say)?;
+pub fn cancel(root: &Path, manifest: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
+    let cancelled = study::cancel(root, manifest, rt, &mut say)?;
     if cancelled.is_empty() {
         println!("nothing pending or running");
     } else {

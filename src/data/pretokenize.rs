@@ -25,7 +25,8 @@ pub struct PretokenizeArgs {
     pub formats: Vec<PretokenizedFormat>,
     pub out_dir: PathBuf,
     pub row_group_size: usize,
-    /// Tokenizer threads (0: all cores).
+    /// Tokenizer threads, as the command line resolved them
+    /// ([`crate::config::RuntimeOptions::threads`]); 0: every core.
     pub threads: usize,
     /// Rewrite outputs even when they are current.
     pub force: bool,
@@ -230,9 +231,8 @@ fn stream(
     tok: &TextTokenizer,
     writers: Vec<PretokWriter>,
 ) -> Result<(Vec<PretokWriter>, Counts)> {
-    let threads = crate::config::RuntimeOptions::current().threads(args.threads);
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
+        .num_threads(args.threads)
         .thread_name(|i| format!("tokenize-{i}"))
         .build()?;
     let mut progress = Progress::new("pretokenize", text.docs() as u64, args.progress);

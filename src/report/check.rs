@@ -12,7 +12,6 @@ use super::summary::Summary;
 use super::Source;
 use anyhow::{bail, Result};
 use serde_json::json;
-use std::path::Path;
 
 /// Attempts of the history pooled as the reference unless told (`--last`).
 pub const DEFAULT_LAST: usize = 5;
@@ -100,7 +99,7 @@ impl Check {
     }
 }
 
-pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
+pub fn run(source: &Source, opts: &Options) -> Result<Check> {
     if !(0.0..100.0).contains(&opts.threshold_pct) {
         bail!(
             "--threshold is a percentage in [0, 100), not {}",
@@ -110,7 +109,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
     if matches!(source, Source::Import { .. }) {
         bail!("give a manifest or a results/<study> directory to check");
     }
-    let (study, summary, dir) = super::configurations(root, source, opts.skip_first)?;
+    let (study, summary, dir) = super::configurations(source, opts.skip_first)?;
     match &opts.reference {
         Reference::History { last } => {
             let dir = dir.as_ref().ok_or_else(|| {
@@ -128,7 +127,7 @@ pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Check> {
         }
         Reference::Study(other) => {
             let now = sides(&summary);
-            let (name, theirs, their_dir) = super::configurations(root, other, opts.skip_first)?;
+            let (name, theirs, their_dir) = super::configurations(other, opts.skip_first)?;
             if their_dir.is_some() && their_dir == dir {
                 bail!("--against names the study checked: give another study, or --history");
             }

@@ -14,8 +14,8 @@ use anyhow::{bail, Result};
 use polars::prelude::*;
 use std::path::Path;
 
-fn side(root: &Path, source: &Source, skip_first: Option<usize>) -> Result<(String, Summary)> {
-    let (study, runs, spec) = super::load(root, source)?;
+fn side(source: &Source, skip_first: Option<usize>) -> Result<(String, Summary)> {
+    let (study, runs, spec) = super::load(source)?;
     let opts = super::summary::Options {
         skip_first: spec.skip_first(skip_first),
         axes: spec.axes,
@@ -39,7 +39,7 @@ pub fn run(
     if !(0.0..100.0).contains(&threshold_pct) {
         bail!("--threshold is a percentage in [0, 100), not {threshold_pct}");
     }
-    if let (Some(da), Some(db)) = (super::study_dir(root, a), super::study_dir(root, b)) {
+    if let (Some(da), Some(db)) = (super::study_dir(a), super::study_dir(b)) {
         if da == db {
             bail!(
                 "A and B are the same study ({}): every ratio would be 1.00x. Compare two studies, \
@@ -50,8 +50,8 @@ pub fn run(
             );
         }
     }
-    let (name_a, sa) = side(root, a, skip_first)?;
-    let (name_b, sb) = side(root, b, skip_first)?;
+    let (name_a, sa) = side(a, skip_first)?;
+    let (name_b, sb) = side(b, skip_first)?;
     let mut cmp = compare(&name_a, &sa, &name_b, &sb, threshold_pct)?;
     // Study names from directories may be anything a file name can be.
     let dir_name = crate::util::name::sanitize(&format!("{name_a}-vs-{name_b}"));

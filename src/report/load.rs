@@ -5,7 +5,7 @@
 
 use super::{flops, ingest, page, summary};
 use crate::executor::{self, Status};
-use crate::manifest::{Manifest, Mode};
+use crate::manifest::Mode;
 use crate::plan::record::{RunRecord, StudyRecord, UnitKind};
 use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
@@ -25,8 +25,9 @@ pub enum LogFormat {
 
 /// Where the runs come from.
 pub enum Source {
-    /// A manifest: its plan names the runs and their directories.
-    Manifest(PathBuf),
+    /// A manifest's plan, made by the caller: it names the runs and their
+    /// directories.
+    Plan(Box<Plan>),
     /// `results/<study>`: every run directory in it.
     ResultsDir(PathBuf),
     /// Files matching a glob, one run each.
@@ -77,9 +78,9 @@ impl Spec {
     }
 }
 
-pub(crate) fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
+pub(crate) fn load(source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
     match source {
-        Source::Manifest(path) => load_manifest(root, path),
+        Source::Plan(plan) => load_planned(plan),
         Source::ResultsDir(dir) => load_results_dir(dir),
         Source::Import {
             glob,
@@ -111,14 +112,8 @@ pub(crate) fn load(root: &Path, source: &Source) -> Result<(String, Vec<RunLog>,
 }
 
 /// The runs a manifest plans, read from their directories.
-fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
-    let m = Manifest::load(path, root)?;
-    // Reporting on runs is no time to refuse them for memory.
-    let plan = Plan::new(
-        m,
-        &crate::plan::PlanOptions::new(true, crate::config::RuntimeOptions::current()),
-    )?;
-    let states = planned_states(&plan);
+fn load_planned(plan: &Plan) -> Result<(String, Vec<RunLog>, Spec)> {
+    let states = planned_states(plan);
     let rs = &plan.manifest.report;
     let pattern = match &plan.manifest.mode {
         Mode::Command(_) => command_pattern(rs)?,
@@ -165,7 +160,7 @@ fn load_manifest(root: &Path, path: &Path) -> Result<(String, Vec<RunLog>, Spec)
         provenance: page::Provenance {
             description: m.description.clone(),
             manifest: Some((m.path.clone(), m.source.text.clone())),
-            devices: devices(&plan),
+            devices: devices(plan),
             ..page::Provenance::default()
         },
         inputs: Vec::new(),

@@ -19,7 +19,6 @@ pub mod stats;
 pub mod straggler;
 pub mod summary;
 
-use crate::manifest::Manifest;
 use anyhow::{bail, Result};
 use load::{dir_study_name, load};
 pub use load::{LogFormat, Source};
@@ -50,7 +49,7 @@ pub struct Report {
 }
 
 pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
-    let (study, runs, spec) = load(root, source)?;
+    let (study, runs, spec) = load(source)?;
     let study_dir = spec.dir.clone();
     let sopts = summary::Options {
         skip_first: spec.skip_first(opts.skip_first),
@@ -212,32 +211,29 @@ fn check_outputs(
 
 /// The directory a study's runs live in (None for imported logs, or when it
 /// cannot be found: the loading that follows says why).
-pub fn study_dir(root: &Path, source: &Source) -> Option<PathBuf> {
+pub fn study_dir(source: &Source) -> Option<PathBuf> {
     let dir = match source {
-        Source::ResultsDir(d) => d.clone(),
-        Source::Manifest(p) => {
-            let m = crate::manifest::Manifest::load(p, root).ok()?;
-            root.join("results").join(&m.name)
-        }
+        Source::ResultsDir(d) => d,
+        Source::Plan(plan) => &plan.study_dir,
         Source::Import { .. } => return None,
     };
     dir.canonicalize().ok()
 }
 
 /// The study's name, as its report and the history call it.
-pub fn study_name(root: &Path, source: &Source) -> Result<String> {
-    Ok(match source {
-        Source::Manifest(p) => Manifest::load(p, root)?.name,
+pub fn study_name(source: &Source) -> String {
+    match source {
+        Source::Plan(plan) => plan.manifest.name.clone(),
         Source::ResultsDir(d) => dir_study_name(d),
         Source::Import { name, .. } => name.clone(),
-    })
+    }
 }
 
 /// Records a study's completed runs in its history without writing a
 /// report (`sweep history --import`, and `sweep run --again` before it
 /// moves an attempt aside); returns the file and how many runs were new.
-pub fn record_history(root: &Path, source: &Source) -> Result<(PathBuf, usize)> {
-    let (study, s, dir) = configurations(root, source, None)?;
+pub fn record_history(source: &Source) -> Result<(PathBuf, usize)> {
+    let (study, s, dir) = configurations(source, None)?;
     let dir = dir.ok_or_else(|| anyhow::anyhow!("the study has no results directory yet"))?;
     let (path, added, _) = history::record(&dir, &study, &s)?;
     Ok((path, added))
@@ -247,11 +243,10 @@ pub fn record_history(root: &Path, source: &Source) -> Result<(PathBuf, usize)> 
 /// baseline — what the history records and `sweep check` judges — with its
 /// directory where it has one.
 fn configurations(
-    root: &Path,
     source: &Source,
     skip_first: Option<usize>,
 ) -> Result<(String, summary::Summary, Option<PathBuf>)> {
-    let (study, runs, spec) = load(root, source)?;
+    let (study, runs, spec) = load(source)?;
     let opts = summary::Options {
         skip_first: spec.skip_first(skip_first),
         axes: spec.axes,

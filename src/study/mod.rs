@@ -36,9 +36,15 @@ pub type Say<'a> = &'a mut dyn FnMut(&str);
 /// The manifest's plan, its warnings said. `allow_oom`: runs estimated not
 /// to fit their GPU are planned anyway (`--allow-oom`, and commands that
 /// only look at runs); otherwise they are an error.
-pub fn load_plan(root: &Path, manifest: &Path, allow_oom: bool, say: Say) -> Result<Plan> {
+pub fn load_plan(
+    root: &Path,
+    manifest: &Path,
+    allow_oom: bool,
+    rt: &RuntimeOptions,
+    say: Say,
+) -> Result<Plan> {
     let m = Manifest::load(manifest, root)?;
-    let plan = Plan::new(m, &PlanOptions::new(allow_oom, RuntimeOptions::current()))?;
+    let plan = Plan::new(m, &PlanOptions::new(allow_oom, rt))?;
     for w in &plan.warnings {
         say(&format!("warning: {w}"));
     }
@@ -76,15 +82,20 @@ pub fn render(
     say: Say,
 ) -> Result<render::WriteSummary> {
     let (_, written, _lock) =
-        write_under_lock(plan, "render", manifest, replace_changed, None, say)?;
+        write_under_lock(plan, "render", manifest, replace_changed, false, say)?;
     Ok(written)
 }
 
 /// Plans, renders and collects the current state of every unit (for the
 /// commands that look: nothing is written).
-pub fn prepare(root: &Path, manifest: &Path, say: Say) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
+pub fn prepare(
+    root: &Path,
+    manifest: &Path,
+    rt: &RuntimeOptions,
+    say: Say,
+) -> Result<(Plan, Vec<Unit>, Vec<Status>)> {
     // Looking at runs never refuses them for memory.
-    let plan = load_plan(root, manifest, true, say)?;
+    let plan = load_plan(root, manifest, true, rt, say)?;
     let rendered = render::render(&plan)?;
     let (units, status) = units_of(&plan, &rendered)?;
     Ok((plan, units, status))
@@ -106,7 +117,7 @@ fn units_of(plan: &Plan, rendered: &render::Rendered) -> Result<(Vec<Unit>, Vec<
 ///
 /// With `replace_changed`, the directories of runs that would now run
 /// something else (they hold another run's jobs or outputs) are moved aside
-/// first, and those runs start afresh. With `again` (the project root),
+/// first, and those runs start afresh. With `again`,
 /// the study's finished attempt is recorded and moved aside, and every run
 /// starts afresh as the next one.
 fn write_under_lock(
@@ -114,17 +125,17 @@ fn write_under_lock(
     verb: &str,
     manifest: &Path,
     replace_changed: bool,
-    again: Option<&Path>,
+    again: bool,
     say: Say,
 ) -> Result<(render::Rendered, render::WriteSummary, StudyLock)> {
-    let on_changed = match replace_changed || again.is_some() {
+    let on_changed = match replace_changed || again {
         true => render::OnChanged::Replace,
         false => render::OnChanged::Refuse,
     };
     let before = render::render_with(plan, on_changed)?;
     let lock = lock_study(plan, verb, manifest, say)?;
-    if let Some(root) = again {
-        start_again(root, plan, manifest, say)?;
+    if again {
+        start_again(plan, manifest, say)?;
     }
     if replace_changed {
         for (name, to) in render::move_changed_aside(plan)? {
@@ -149,7 +160,7 @@ fn write_under_lock(
 /// `--again`: refuses while runs of the study are still going; records the
 /// finished attempt's runs in the history (nothing is moved when that
 /// fails); moves the attempt aside.
-fn start_again(root: &Path, plan: &Plan, manifest: &Path, say: Say) -> Result<()> {
+fn start_again(plan: &Plan, manifest: &Path, say: Say) -> Result<()> {
     let rendered = render::render_with(plan, render::OnChanged::Replace)?;
     let (units, status) = units_of(plan, &rendered)?;
     let going: Vec<&str> = units
@@ -167,8 +178,8 @@ fn start_again(root: &Path, plan: &Plan, manifest: &Path, say: Say) -> Result<()
         );
     }
     if plan.study_dir.is_dir() {
-        let source = crate::report::Source::Manifest(manifest.to_path_buf());
-        let (path, added) = crate::report::record_history(root, &source)?;
+        let source = crate::report::Source::Plan(Box::new(plan.clone()));
+        let (path, added) = crate::report::record_history(&source)?;
         say(&format!(
             "sweep: the finished attempt's runs are in {} ({added} recorded now)",
             path.display()
@@ -222,8 +233,14 @@ pub struct Submission {
 impl Submission {
     /// Plans, renders under the lock and decides. `verb`: the command
     /// (`submit`, `run`), for a second `sweep` to name.
-    pub fn new(root: &Path, req: &Request, verb: &str, say: Say) -> Result<Submission> {
-        let plan = load_plan(root, &req.manifest, req.allow_oom, say)?;
+    pub fn new(
+        root: &Path,
+        req: &Request,
+        rt: &RuntimeOptions,
+        verb: &str,
+        say: Say,
+    ) -> Result<Submission> {
+        let plan = load_plan(root, &req.manifest, req.allow_oom, rt, say)?;
         let kind = req
             .executor
             .or(plan.manifest.executor)
@@ -237,7 +254,7 @@ impl Submission {
             verb,
             &req.manifest,
             req.replace_changed,
-            req.again.then_some(root),
+            req.again,
             say,
         )?;
         let (units, status) = units_of(&plan, &rendered)?;
@@ -349,8 +366,13 @@ pub struct UnitState {
 }
 
 /// Every unit of the study with its current state.
-pub fn status(root: &Path, manifest: &Path, say: Say) -> Result<Vec<UnitState>> {
-    let (_plan, units, status) = prepare(root, manifest, say)?;
+pub fn status(
+    root: &Path,
+    manifest: &Path,
+    rt: &RuntimeOptions,
+    say: Say,
+) -> Result<Vec<UnitState>> {
+    let (_plan, units, status) = prepare(root, manifest, rt, say)?;
     Ok(units
         .into_iter()
         .zip(status)
@@ -363,7 +385,7 @@ pub fn status(root: &Path, manifest: &Path, say: Say) -> Result<Vec<UnitState>> 
 }
 
 /// Cancels every job of the study that is pending or running; their ids.
-pub fn cancel(root: &Path, manifest: &Path, say: Say) -> Result<Vec<String>> {
-    let (_plan, units, status) = prepare(root, manifest, say)?;
+pub fn cancel(root: &Path, manifest: &Path, rt: &RuntimeOptions, say: Say) -> Result<Vec<String>> {
+    let (_plan, units, status) = prepare(root, manifest, rt, say)?;
     executor::cancel(&units, &status)
 }

@@ -203,7 +203,8 @@ pub fn report_options(live: bool) -> report::Options {
 /// cannot be written yet (no run has metrics) is no reason to stop watching.
 pub struct LivePage {
     root: PathBuf,
-    manifest: PathBuf,
+    /// The plan followed (the manifest may change on disk meanwhile).
+    source: Source,
     last: Option<Instant>,
     pending: bool,
 }
@@ -211,10 +212,10 @@ pub struct LivePage {
 impl LivePage {
     const EVERY: Duration = Duration::from_secs(5);
 
-    pub fn new(root: &Path, manifest: &Path) -> LivePage {
+    pub fn new(root: &Path, plan: &crate::plan::Plan) -> LivePage {
         LivePage {
             root: root.to_path_buf(),
-            manifest: manifest.to_path_buf(),
+            source: Source::Plan(Box::new(plan.clone())),
             last: None,
             pending: false,
         }
@@ -231,9 +232,8 @@ impl LivePage {
         if !self.pending || self.last.is_some_and(|t| t.elapsed() < Self::EVERY) {
             return;
         }
-        let source = Source::Manifest(self.manifest.clone());
         // Errors are for the final report to show.
-        let _ = report::run(&self.root, &source, &report_options(true));
+        let _ = report::run(&self.root, &self.source, &report_options(true));
         (self.last, self.pending) = (Some(Instant::now()), false);
     }
 
@@ -241,8 +241,7 @@ impl LivePage {
     /// reloading (it is a snapshot now; `sweep report` renders it again).
     pub fn settle(&mut self) {
         if self.last.is_some() {
-            let source = Source::Manifest(self.manifest.clone());
-            let _ = report::run(&self.root, &source, &report_options(false));
+            let _ = report::run(&self.root, &self.source, &report_options(false));
         }
     }
 }
