@@ -699,8 +699,8 @@ mod tests {
         use crate::config::RuntimeOptions;
         use crate::plan::{Plan, PlanOptions};
         let dir = tempfile::tempdir().unwrap();
-        let tokenizer = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(crate::config::DEFAULT_TOKENIZER);
+        let tokenizer =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(crate::config::DEFAULT_TOKENIZER);
         let text = format!(
             "name = \"m\"\n[defaults]\nmodel = \"tiny\"\ndataset = \"d.parquet\"\n\
              device = \"cuda\"\ngpu = \"H100\"\n[sweep.grid]\ntokenizer = [{:?}, \"missing.json\"]\n",
@@ -710,11 +710,22 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let m = crate::manifest::Manifest::load(&path, dir.path()).unwrap();
         let opts = PlanOptions::new(true, &RuntimeOptions::default());
-        let plan = Plan::new(m, &PlanOptions { features: crate::config::Features::ALL, ..opts })
-            .unwrap();
+        let plan = Plan::new(
+            m,
+            &PlanOptions {
+                features: crate::config::Features::ALL,
+                ..opts
+            },
+        )
+        .unwrap();
         let vocab = crate::data::tokenizer::vocab_size_of(&tokenizer).unwrap();
-        let [read, missing] = &plan.runs[..] else { panic!("two runs") };
-        let model = read.model.as_ref().expect("the tokenizer's run has a shape");
+        let [read, missing] = &plan.runs[..] else {
+            panic!("two runs")
+        };
+        let model = read
+            .model
+            .as_ref()
+            .expect("the tokenizer's run has a shape");
         assert_eq!((model.vocab_size, model.dim), (vocab, 128));
         assert!(read.memory(&plan.manifest.hints).is_some());
         assert!(missing.model.is_none());
