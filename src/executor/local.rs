@@ -481,6 +481,23 @@ impl Pool {
     }
 }
 
+/// What names a SLURM task. A job of the local executor is none, even where
+/// sweep itself runs inside an allocation (`sbatch --ntasks=4 --wrap "sweep
+/// run --executor local …"`): there these name sweep's own task, and the
+/// trainer of a one-rank run would take itself for rank 0 of 4 and wait for
+/// the other three.
+const SLURM_TASK_VARIABLES: &[&str] = &[
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_ID",
+    "SLURM_STEPID",
+    "SLURM_STEP_NUM_TASKS",
+];
+
 fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> Result<Running> {
     // A run started before in its directory is restarted, whichever sweep
     // started it (a requeue now, or a re-run after an interrupt).
@@ -534,6 +551,9 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         _ => launch.world_size.max(1),
     };
     let threads = (threads / ranks as usize).max(1);
+    for v in SLURM_TASK_VARIABLES {
+        cmd.env_remove(v);
+    }
     cmd.envs(job_env(u))
         .env("SWEEP_THREADS", threads.to_string())
         .env("RAYON_NUM_THREADS", threads.to_string())

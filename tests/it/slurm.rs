@@ -3,7 +3,7 @@
 //! `sbatch --test-only` on every script rendered from experiments/.
 
 use super::support::{
-    job_id, project, repo, run_ok, status, stdout, submit_slurm, sweep, wait_for, write,
+    job_id, metrics, project, repo, run_ok, status, stdout, submit_slurm, sweep, wait_for, write,
 };
 use std::path::Path;
 use std::process::Command;
@@ -366,6 +366,57 @@ fn every_script_rendered_from_experiments_passes_sbatch_test_only() {
             "{}: {err}",
             s.display()
         );
+    }
+}
+
+/// A whole local study inside one allocation (`sbatch --ntasks=2 --wrap
+/// "sweep run --executor local …"`, a study on one node without a job per
+/// run): the batch step's task variables (SLURM_PROCID 0 of SLURM_NTASKS 2)
+/// are sweep's own, not its runs': each one-rank run trains as one rank.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_local_study_inside_an_allocation_trains_each_run_as_one_rank() {
+    require_cluster();
+    let root = project();
+    let m = super::train::manifest(
+        root.path(),
+        "inside",
+        "training_steps = 4\nsequence_length = 32",
+        "[sweep.grid]\nseed = [1, 2]",
+    );
+    let log = root.path().join("allocation.out");
+    let out = Command::new("sbatch")
+        .args([
+            "--wait",
+            "--ntasks=2",
+            "--time=5",
+            "--job-name=sweep-test-inside",
+        ])
+        .arg(format!("--output={}", log.display()))
+        .arg(format!("--chdir={}", root.path().display()))
+        .arg("--wrap")
+        .arg(format!(
+            "exec '{}' run '{}'",
+            env!("CARGO_BIN_EXE_sweep"),
+            m.display()
+        ))
+        .output()
+        .unwrap();
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "the allocation's sweep run: {}\n{said}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let states = status(root.path(), &m);
+    assert_eq!(states.len(), 2, "{states:?}");
+    for (run, (state, _)) in &states {
+        assert_eq!(state, "COMPLETED", "{run}: {said}");
+        let last = metrics(&root.path().join("results/inside").join(run))
+            .last()
+            .cloned()
+            .unwrap();
+        assert_eq!(last["world_size"], 1, "{run}: {last}");
     }
 }
 
