@@ -3,7 +3,6 @@
 
 use super::{CheckCli, HistoryCli, ReportCli};
 use crate::config::RuntimeOptions;
-use crate::plan::{Plan, PlanOptions};
 use crate::report::Source;
 use std::path::Path;
 use std::process::ExitCode;
@@ -40,10 +39,13 @@ pub(super) fn compare_cmd(
 fn source_of(root: &Path, p: &Path, rt: &RuntimeOptions) -> anyhow::Result<Source> {
     Ok(match p.is_dir() {
         true => Source::ResultsDir(p.to_path_buf()),
-        false => {
-            let m = crate::manifest::Manifest::load(p, root)?;
-            Source::Plan(Box::new(Plan::new(m, &PlanOptions::new(true, rt))?))
-        }
+        false => Source::Plan(Box::new(crate::study::load_plan(
+            root,
+            p,
+            true,
+            rt,
+            &mut |_| {},
+        )?)),
     })
 }
 
