@@ -247,7 +247,8 @@ impl Reporter {
             if !self.mfu_warned {
                 eprintln!(
                     "warning: step {}: MFU came out at {:.1}% (> 100%): the peak FLOPs ({:.3e}/s, {}) \
-                     is too low for this device; set `gpu` or `peak_flops` to its real peak. Training goes on.",
+                     is too low for this device; set `gpu` or `peak_flops` to its real peak \
+                     (a measured CPU peak: `sweep bench peak` measures it again). Training goes on.",
                     s.step, tp.mfu_pct, self.peak, self.peak_source
                 );
                 self.mfu_warned = true;
