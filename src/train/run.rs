@@ -19,6 +19,7 @@ use super::checkpoint;
 use super::metrics::{self, LoggedStep, Reporter};
 use super::monitor::Monitor;
 use super::record::MetricsLog;
+use super::trainer::Interrupted;
 use super::{device, dist, max_batch, optim, schedule, Trainer};
 use crate::config::{BatchSize, RuntimeOptions, TrainConfig, OUT_OF_MEMORY_EXIT, REQUEUE_EXIT};
 use crate::data::{DataLoader, SampleStream};
@@ -399,18 +400,6 @@ fn stop_mid_step(
     eprintln!("sweep train: {why} received during step {step}; {note}; exiting to be requeued");
     Ok(ExitCode::from(REQUEUE_EXIT as u8))
 }
-
-/// A stop signal arrived between the micro-batches of a step.
-#[derive(Debug)]
-pub struct Interrupted;
-
-impl std::fmt::Display for Interrupted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("stopped by a signal between micro-batches")
-    }
-}
-
-impl std::error::Error for Interrupted {}
 
 /// The model this run trains, as its checkpoints record it.
 fn model_identity(t: &Trainer) -> checkpoint::ModelIdentity {

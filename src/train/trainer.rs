@@ -169,7 +169,7 @@ impl Trainer {
     /// the same samples.
     ///
     /// With `stop`, a stop signal between two micro-batches abandons the step
-    /// (the parameters are untouched) with [`super::run::Interrupted`]; only
+    /// (the parameters are untouched) with [`Interrupted`]; only
     /// a single rank may leave a step early.
     pub fn step(
         &mut self,
@@ -292,7 +292,7 @@ fn forward_backward(
     let (mut loss, mut forward_s) = (0.0, 0.0);
     for (i, b) in micro.iter().enumerate() {
         if i > 0 && stop.is_some_and(|s| s.received().is_some()) {
-            return Err(super::run::Interrupted.into());
+            return Err(Interrupted.into());
         }
         let last = i + 1 == micro.len();
         sum.tokens(&b.inputs);
@@ -362,6 +362,18 @@ fn cuda_device(
         "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see docs/gpu.md)"
     )
 }
+
+/// A stop signal arrived between the micro-batches of a step.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stopped by a signal between micro-batches")
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 #[cfg(test)]
 mod tests {
