@@ -17,7 +17,6 @@
 pub mod accumulate;
 pub mod adamw;
 #[cfg(test)]
-#[cfg(test)]
 pub mod attach;
 pub mod attention;
 pub mod cases;
