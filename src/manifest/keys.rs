@@ -55,7 +55,7 @@ pub(super) fn values_of(key: &str) -> Option<(&'static str, Vec<String>)> {
 /// Where a TOML error's key is not a key of its table, or its value not one
 /// of its enum's: the message and a did-you-mean, from the types' own lists
 /// (never from the text of serde's message).
-pub(super) fn explain_key(source: &Source, key: &str) -> Option<(String, String)> {
+pub(super) fn explain_key(source: &ManifestText, key: &str) -> Option<(String, String)> {
     let section = source::parent_path(key).unwrap_or("");
     let word = source::last_segment(key);
     let help = |word: &str, expected: &[String]| match did_you_mean(

@@ -23,7 +23,7 @@ pub use schema::{
     SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS,
     MEMORY_UNITS, REPORT_COLUMNS, STAT_SUFFIXES,
 };
-pub use source::{join_key, Source};
+pub use source::{join_key, ManifestText};
 pub use watchdog::{parse_watch_duration, Stall, WatchdogSpec};
 
 use crate::config::{hints, ModelOverrides, MonitorConfig, PlanHints, TrainConfig};
@@ -92,7 +92,7 @@ pub struct Manifest {
     /// The project root: relative paths in the manifest resolve against it.
     pub root: PathBuf,
     pub sha256: String,
-    pub source: Source,
+    pub source: ManifestText,
     pub name: String,
     pub description: String,
     pub mode: Mode,
@@ -143,7 +143,7 @@ impl Manifest {
         text: String,
         sha256: String,
     ) -> Result<Manifest, Diagnostics> {
-        let mut source = Source::new(path, text.clone());
+        let mut source = ManifestText::new(path, text.clone());
         let doc = DeTable::parse(&text).map_err(|e| source.from_toml_error(&e, explain_key))?;
         source.index(doc.get_ref());
         let mut v = Validator {

@@ -15,18 +15,18 @@ struct Entry {
 }
 
 #[derive(Debug, Clone)]
-pub struct Source {
+pub struct ManifestText {
     pub path: PathBuf,
     pub text: String,
     line_starts: Vec<usize>,
     entries: Vec<Entry>,
 }
 
-impl Source {
-    pub fn new(path: &Path, text: String) -> Source {
+impl ManifestText {
+    pub fn new(path: &Path, text: String) -> ManifestText {
         let mut line_starts = vec![0];
         line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
-        Source {
+        ManifestText {
             path: path.to_path_buf(),
             text,
             line_starts,
@@ -82,7 +82,7 @@ impl Source {
         self.at(path, message, false)
     }
 
-    /// Like [`Source::at_key`] but pointing at the value (`sweep.grid.batch_size[1]`).
+    /// Like [`ManifestText::at_key`] but pointing at the value (`sweep.grid.batch_size[1]`).
     pub fn at_value(&self, path: &str, message: impl Into<String>) -> Diagnostic {
         self.at(path, message, true)
     }
@@ -135,7 +135,7 @@ impl Source {
     pub fn from_toml_error(
         &self,
         err: &toml::de::Error,
-        hint: impl Fn(&Source, &str) -> Option<(String, String)>,
+        hint: impl Fn(&ManifestText, &str) -> Option<(String, String)>,
     ) -> Diagnostic {
         let msg = plain_types(err.message().trim());
         let mut d = match err.span() {
@@ -360,7 +360,7 @@ mod tests {
 
     #[test]
     fn line_and_column_of_offsets() {
-        let s = Source::new(Path::new("m.toml"), "a = 1\nbé = 2\n".into());
+        let s = ManifestText::new(Path::new("m.toml"), "a = 1\nbé = 2\n".into());
         assert_eq!(s.line_col(0), (1, 1));
         assert_eq!(s.line_col(6), (2, 1));
         assert_eq!(s.line_col(10), (2, 4)); // é is two bytes, one column

@@ -7,7 +7,7 @@ use super::*;
 /// Checks one manifest's document, collecting every error before it gives
 /// up, each at its key.
 pub(super) struct Validator<'a, 'i> {
-    pub(super) source: &'a Source,
+    pub(super) source: &'a ManifestText,
     pub(super) doc: &'a DeTable<'i>,
     pub(super) errors: Vec<Diagnostic>,
     pub(super) engine: Engine,

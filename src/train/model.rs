@@ -6,7 +6,7 @@
 //! tests alone, [`super::oracle`]'s autograd.
 
 use super::ops::rope;
-use super::params::{Declare, Init, Params, Source};
+use super::params::{Declare, Init, ParamSource, Params};
 use crate::config::{AttentionKind, ModelConfig, Precision, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 /// Layer `layer`'s weight `name` of its `part` (`attention`,
 /// `feed_forward`), named as the reference's checkpoints name it.
 fn matrix(
-    src: &mut dyn Source,
+    src: &mut dyn ParamSource,
     layer: usize,
     part: &str,
     name: &str,
@@ -48,7 +48,7 @@ fn depth_std(layer: usize) -> f64 {
 }
 
 impl Attention {
-    fn new(src: &mut dyn Source, layer: usize, spec: &ModelSpec) -> Result<Self> {
+    fn new(src: &mut dyn ParamSource, layer: usize, spec: &ModelSpec) -> Result<Self> {
         let cfg = &spec.cfg;
         let (d, kv) = (cfg.dim, cfg.n_kv_heads * cfg.head_dim());
         let mut w = |n: &str, shape, init| matrix(src, layer, "attention", n, shape, init);
@@ -75,7 +75,7 @@ pub(super) struct Mlp {
 }
 
 impl Mlp {
-    fn new(src: &mut dyn Source, layer: usize, spec: &ModelSpec) -> Result<Self> {
+    fn new(src: &mut dyn ParamSource, layer: usize, spec: &ModelSpec) -> Result<Self> {
         let (d, ffn) = (spec.cfg.dim, spec.cfg.ffn_hidden());
         let mut w = |n: &str, shape, init| matrix(src, layer, "feed_forward", n, shape, init);
         Ok(Mlp {
@@ -97,7 +97,7 @@ pub(super) struct Block {
 }
 
 impl Block {
-    fn new(src: &mut dyn Source, i: usize, spec: &ModelSpec) -> Result<Self> {
+    fn new(src: &mut dyn ParamSource, i: usize, spec: &ModelSpec) -> Result<Self> {
         let d = spec.cfg.dim;
         Ok(Block {
             attention_norm: src.param(
@@ -172,7 +172,7 @@ impl Llama {
         Self::build(&mut &*params, spec)
     }
 
-    pub(super) fn build(src: &mut dyn Source, spec: &ModelSpec) -> Result<Self> {
+    pub(super) fn build(src: &mut dyn ParamSource, spec: &ModelSpec) -> Result<Self> {
         let cfg = &spec.cfg;
         let (v, d) = (cfg.vocab_size, cfg.dim);
         Ok(Llama {

@@ -232,7 +232,7 @@ mod tests {
         let inf = Tensor::new(&[f32::INFINITY], &dev)?;
         let c = super::super::ops::grad_norm::clipping(&[&a, &inf], 1.0)?;
         // The update leaves parameters, moments and the step count alone.
-        use super::super::params::{Declare, Init, Source};
+        use super::super::params::{Declare, Init, ParamSource};
         let mut declared = Declare::new(&dev)?;
         declared.param("w", &[2, 2], Init::Ones)?;
         let params = Params::init(declared, 1, &dev, DType::F32)?;

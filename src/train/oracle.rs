@@ -11,7 +11,7 @@ use super::ops::{
     attach::attach, attention, cross_entropy::cross_entropy, embedding::embedding, linear::linear,
     rms_norm::rms_norm, rope, silu_mul::silu_mul,
 };
-use super::params::{Init, Params, Source};
+use super::params::{Init, Params, ParamSource};
 use crate::config::{AttentionKind, Recompute};
 use anyhow::Result;
 use candle_core::backprop::GradStore;
@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 /// The parameters as candle variables, which autograd follows.
 struct Tracked<'a>(&'a Params);
 
-impl Source for Tracked<'_> {
+impl ParamSource for Tracked<'_> {
     fn param(&mut self, name: &str, _shape: &[usize], _init: Init) -> Result<Tensor> {
         self.0.get(name)
     }

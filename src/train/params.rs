@@ -61,7 +61,7 @@ impl Init {
 /// parameter it uses once, with its shape and initialisation (candle's
 /// `VarBuilder` pattern). [`Declare`] collects those declarations to create
 /// the parameters; [`Params`] hands out the created ones.
-pub trait Source {
+pub trait ParamSource {
     fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor>;
 }
 
@@ -80,7 +80,7 @@ impl Declare {
     }
 }
 
-impl Source for Declare {
+impl ParamSource for Declare {
     fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Tensor> {
         self.specs.push((name.to_string(), shape.to_vec(), init));
         Ok(self.placeholder.clone())
@@ -90,7 +90,7 @@ impl Source for Declare {
 /// The parameters' values, sharing their storage (an update of a parameter
 /// is seen) but detached: candle records no graph of what is computed from
 /// them.
-impl Source for &Params {
+impl ParamSource for &Params {
     fn param(&mut self, name: &str, shape: &[usize], _init: Init) -> Result<Tensor> {
         let t = self.weight(name)?.clone();
         if t.dims() != shape {

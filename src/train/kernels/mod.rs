@@ -15,31 +15,31 @@ mod offline;
 
 /// One kernel source: its module name on the device and its text.
 #[derive(Debug)]
-pub struct Source {
+pub struct KernelSource {
     pub module: &'static str,
     pub text: &'static str,
 }
 
 macro_rules! source {
     ($name:literal) => {
-        Source {
+        KernelSource {
             module: concat!("sweep_", $name),
             text: include_str!(concat!($name, ".cu")),
         }
     };
 }
 
-pub const ADAMW: Source = source!("adamw");
-pub const CROSS_ENTROPY: Source = source!("cross_entropy");
-pub const EMBEDDING: Source = source!("embedding");
-pub const GRAD_NORM: Source = source!("grad_norm");
-pub const RMS_NORM: Source = source!("rms_norm");
-pub const ROPE: Source = source!("rope");
-pub const SILU_MUL: Source = source!("silu_mul");
-pub const SOFTMAX: Source = source!("softmax");
+pub const ADAMW: KernelSource = source!("adamw");
+pub const CROSS_ENTROPY: KernelSource = source!("cross_entropy");
+pub const EMBEDDING: KernelSource = source!("embedding");
+pub const GRAD_NORM: KernelSource = source!("grad_norm");
+pub const RMS_NORM: KernelSource = source!("rms_norm");
+pub const ROPE: KernelSource = source!("rope");
+pub const SILU_MUL: KernelSource = source!("silu_mul");
+pub const SOFTMAX: KernelSource = source!("softmax");
 
 /// Every source.
-pub const SOURCES: [&Source; 8] = [
+pub const SOURCES: [&KernelSource; 8] = [
     &ADAMW,
     &CROSS_ENTROPY,
     &EMBEDDING,
@@ -55,7 +55,7 @@ pub const SOURCES: [&Source; 8] = [
 pub const COMMON: &str = include_str!("common.cuh");
 
 /// The program NVRTC compiles for a source: `common.cuh`, then the file.
-pub fn program(source: &Source) -> String {
+pub fn program(source: &KernelSource) -> String {
     format!("{COMMON}{}", source.text)
 }
 
@@ -129,7 +129,7 @@ impl Arg {
 /// bf16 entry point besides the f32 one, and its parameters in order.
 #[derive(Debug)]
 pub struct Kernel {
-    pub source: &'static Source,
+    pub source: &'static KernelSource,
     pub name: &'static str,
     pub bf16: bool,
     pub params: &'static [Param],
@@ -303,7 +303,7 @@ pub const KERNELS: &[Kernel] = &[
 ];
 
 /// The kernel of `source` called `name` (without its type suffix).
-pub fn kernel(source: &Source, name: &str) -> Option<&'static Kernel> {
+pub fn kernel(source: &KernelSource, name: &str) -> Option<&'static Kernel> {
     KERNELS
         .iter()
         .find(|k| k.source.module == source.module && k.name == name)
@@ -413,7 +413,7 @@ impl Plan {
     /// (none for an empty grid).
     pub fn launch(
         &mut self,
-        source: &Source,
+        source: &KernelSource,
         name: &str,
         own: Ty,
         grid: (u32, u32),

@@ -20,7 +20,7 @@ use candle_core::{bail, CudaStorage, DType, Layout, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::train::kernels::{self, Arg, Source, Ty};
+use crate::train::kernels::{self, Arg, KernelSource, Ty};
 
 /// The CUBIN of a source for a GPU architecture, compiled once per process
 /// (an error is kept too: it would not compile better the second time).
@@ -29,7 +29,7 @@ use crate::train::kernels::{self, Arg, Source, Ty};
 /// PTX only up to CUDA 13.0), and the NVRTC a GPU machine offers may be newer
 /// than its driver (it comes with Python packages), while a CUBIN from a
 /// newer NVRTC of the same major version loads (minor version compatibility).
-fn cubin(source: &Source, arch: (i32, i32)) -> Result<&'static [u8]> {
+fn cubin(source: &KernelSource, arch: (i32, i32)) -> Result<&'static [u8]> {
     type Cache =
         Mutex<HashMap<(&'static str, i32, i32), std::result::Result<&'static [u8], String>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
@@ -239,7 +239,12 @@ pub fn load_all(dev: &CudaDevice) -> Result<()> {
 
 /// `name_f32` or `name_bf16` of a source, loaded on the device (each source
 /// once per device), with its signature from [`kernels::KERNELS`].
-pub fn function(dev: &CudaDevice, source: &Source, name: &str, dtype: DType) -> Result<Kernel> {
+pub fn function(
+    dev: &CudaDevice,
+    source: &KernelSource,
+    name: &str,
+    dtype: DType,
+) -> Result<Kernel> {
     let ty = match dtype {
         DType::F32 => Ty::F32,
         DType::BF16 => Ty::Bf16,
