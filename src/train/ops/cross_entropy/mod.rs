@@ -69,16 +69,11 @@ fn computed_by_slices(
         .iter()
         .map(|&l| if l == IGNORE { 0 } else { l as u32 })
         .collect();
-    // Per row: 1/divisor where the label counts, 0 where it is ignored.
-    let weight: Vec<f32> = labels
+    // Per row: 1/divisor where the label counts, 0 where it is ignored (in
+    // f64 and then the work dtype: f64 logits keep 1/divisor to the last bit).
+    let weight: Vec<f64> = labels
         .iter()
-        .map(|&l| {
-            if l == IGNORE {
-                0.0
-            } else {
-                1.0 / divisor as f32
-            }
-        })
+        .map(|&l| if l == IGNORE { 0.0 } else { 1.0 / divisor })
         .collect();
     let idx = Tensor::from_vec(idx, (n, 1), dev)?;
     let weight = Tensor::from_vec(weight, (n, 1), dev)?.to_dtype(dtype)?;
