@@ -726,8 +726,8 @@ mod tests {
 
     #[test]
     fn the_fused_f32_kernels_follow_autograd() -> Result<()> {
-        // f32 on the CPU runs the fused kernels both ways; flash attention's
-        // reference forward and recomputed backward too.
+        // f32 on the CPU: the passes run the fused kernels (flash attention's
+        // reference forward and tiled backward too), the oracle candle's ops.
         for attention in [AttentionKind::Eager, AttentionKind::Flash] {
             let s = spec(DType::F32, Recompute::None, attention);
             let params = s.init_params(3)?;

@@ -1,22 +1,24 @@
-//! The autograd oracle (tests only): the model's forward pass written with
-//! candle's differentiable ops over candle variables, whose gradients
-//! candle's autograd computes. The trainer never runs it; the tests hold
-//! the explicit block-wise passes ([`super::blockwise`]) against it, in f64
-//! where the two must agree to rounding. With `recompute = "blocks"` each
-//! block is a custom op whose backward runs the block again.
+//! The autograd oracle (tests only): the model's forward pass composed from
+//! candle's differentiable ops over candle variables — each op's composed
+//! twin, never sweep's own kernels — whose gradients candle's autograd
+//! computes. The trainer never runs it; the tests hold the explicit
+//! block-wise passes ([`super::blockwise`]) against it: in f64, where the
+//! two must agree to rounding, and in f32, where the fused kernels meet it.
+//! Its gradients are the exact ones whatever the trainer does to save memory,
+//! so it knows nothing of recomputation, and attention is one function to it
+//! (eager and flash differ in how they run, not in what they compute).
 
 use super::blockwise::Seq;
 use super::model::{Attention, Block, Llama, Mlp, ModelSpec};
 use super::ops::{
-    attach::attach, attention, cross_entropy::cross_entropy, embedding::embedding, linear::linear,
-    rms_norm::rms_norm, rope, silu_mul::silu_mul,
+    attention, composed_here, embedding::embedding, linear::linear, rms_norm::rms_norm, rope,
+    silu_mul::silu_mul,
 };
-use super::params::{Init, Params, ParamSource};
-use crate::config::{AttentionKind, Recompute};
-use anyhow::Result;
+use super::params::{Init, ParamSource, Params};
+use crate::data::samples::IGNORE;
+use anyhow::{ensure, Result};
 use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, Var};
-use std::sync::{Arc, Mutex};
+use candle_core::{DType, Tensor, D};
 
 /// The parameters as candle variables, which autograd follows.
 struct Tracked<'a>(&'a Params);
@@ -27,18 +29,21 @@ impl ParamSource for Tracked<'_> {
     }
 }
 
-/// The model over variables, and the gradients its recomputed blocks make.
+/// The model over variables.
 pub struct Autograd {
     model: Llama,
-    recomputed: Option<Arc<Mutex<GradStore>>>,
 }
 
 impl Autograd {
     pub fn new(params: &Params, spec: &ModelSpec) -> Result<Autograd> {
+        // Its ops are differentiable in the tensors' own dtype alone: bf16
+        // products and tables run sweep's kernels, which autograd cannot follow.
+        ensure!(
+            matches!(spec.dtype, DType::F32 | DType::F64) && !spec.bf16_matmuls,
+            "the oracle computes in f32 or f64, without bf16 products"
+        );
         Ok(Autograd {
             model: Llama::build(&mut Tracked(params), spec)?,
-            recomputed: (spec.recompute == Recompute::Blocks)
-                .then(|| Arc::new(Mutex::new(GradStore::default()))),
         })
     }
 
@@ -51,14 +56,13 @@ impl Autograd {
             t,
             rope: &m.rope,
         };
-        let mut x = embedding(&m.embeddings, &ids.flatten_all()?)?;
-        for block in &m.blocks {
-            x = match &self.recomputed {
-                None => block.autograd_forward(&x, seq)?,
-                Some(grads) => Recomputed::forward(block, &x, seq, grads)?,
-            };
-        }
-        Ok(linear(&rms_norm(&x, &m.norm, m.eps)?, &m.output, m.bf16)?)
+        composed_here(|| {
+            let mut x = embedding(&m.embeddings, &ids.flatten_all()?)?;
+            for block in &m.blocks {
+                x = block.autograd_forward(&x, seq)?;
+            }
+            Ok(linear(&rms_norm(&x, &m.norm, m.eps)?, &m.output, false)?)
+        })
     }
 
     /// Summed cross-entropy over the labels that are not -100, divided by `divisor`.
@@ -66,16 +70,32 @@ impl Autograd {
         Ok(cross_entropy(&self.forward(ids)?, labels, divisor)?)
     }
 
-    /// The gradients of `loss` (from [`Autograd::loss`]) for every
-    /// parameter, those of recomputed blocks included.
+    /// The gradients of `loss` (from [`Autograd::loss`]) for every parameter.
     pub fn backward(&self, loss: &Tensor) -> Result<GradStore> {
-        let mut grads = loss.backward()?;
-        if let Some(recomputed) = &self.recomputed {
-            let mut r = recomputed.lock().expect("no panic while holding it");
-            grads.extend(std::mem::take(&mut *r))?;
-        }
-        Ok(grads)
+        Ok(loss.backward()?)
     }
+}
+
+/// The loss composed from candle ops: `logits` [N, V], `labels` N values
+/// (-100: ignored); the sum over the kept rows of −log softmax at the label,
+/// divided by `divisor`. The reference the loss's kernels are held to.
+pub fn cross_entropy(logits: &Tensor, labels: &[i64], divisor: f64) -> candle_core::Result<Tensor> {
+    let (n, _) = logits.dims2()?;
+    let keep: Vec<f32> = labels
+        .iter()
+        .map(|&l| if l == IGNORE { 0.0 } else { 1.0 })
+        .collect();
+    let idx: Vec<u32> = labels
+        .iter()
+        .map(|&l| if l == IGNORE { 0 } else { l as u32 })
+        .collect();
+    let dev = logits.device();
+    let logp = candle_nn::ops::log_softmax(logits, D::Minus1)?;
+    let picked = logp
+        .gather(&Tensor::from_vec(idx, (n, 1), dev)?, 1)?
+        .squeeze(1)?;
+    let keep = Tensor::from_vec(keep, n, dev)?.to_dtype(logits.dtype())?;
+    (picked * keep)?.sum_all()?.neg()? / divisor
 }
 
 impl Attention {
@@ -86,37 +106,25 @@ impl Attention {
             rope: rope_tables,
         } = seq;
         let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let q = linear(x, &self.wq, self.bf16)?.reshape((b, t, h, d))?;
-        let k = linear(x, &self.wk, self.bf16)?.reshape((b, t, kv, d))?;
-        let v = linear(x, &self.wv, self.bf16)?.reshape((b, t, kv, d))?;
-        let (qh, kh) = (
-            rope::heads_first(&q, Some(rope_tables))?,
-            rope::heads_first(&k, Some(rope_tables))?,
-        );
-        let out = match self.kind {
-            AttentionKind::Eager => {
-                let vh = rope::heads_first(&v, None)?;
-                attention::eager(&qh, &kh, &vh, true, self.bf16)?.transpose(1, 2)?
-            }
-            AttentionKind::Flash => {
-                // [B, T, H, Q], as the flash kernel takes it.
-                let (q, k) = (
-                    qh.transpose(1, 2)?.contiguous()?,
-                    kh.transpose(1, 2)?.contiguous()?,
-                );
-                attention::flash(&q, &k, &v.contiguous()?, true)?
-            }
-        };
-        let out = out.contiguous()?.reshape((b * t, h * d))?;
-        Ok(linear(&out, &self.wo, self.bf16)?)
+        let q = linear(x, &self.wq, false)?.reshape((b, t, h, d))?;
+        let k = linear(x, &self.wk, false)?.reshape((b, t, kv, d))?;
+        let v = linear(x, &self.wv, false)?.reshape((b, t, kv, d))?;
+        let out = attention::eager(
+            &rope::heads_first(&q, Some(rope_tables))?,
+            &rope::heads_first(&k, Some(rope_tables))?,
+            &rope::heads_first(&v, None)?,
+            true,
+            false,
+        )?;
+        let out = out.transpose(1, 2)?.contiguous()?.reshape((b * t, h * d))?;
+        Ok(linear(&out, &self.wo, false)?)
     }
 }
 
 impl Mlp {
     fn autograd_forward(&self, x: &Tensor) -> Result<Tensor> {
-        let b = self.bf16;
-        let gate = silu_mul(&linear(x, &self.w1, b)?, &linear(x, &self.w3, b)?)?;
-        Ok(linear(&gate, &self.w2, b)?)
+        let gate = silu_mul(&linear(x, &self.w1, false)?, &linear(x, &self.w3, false)?)?;
+        Ok(linear(&gate, &self.w2, false)?)
     }
 }
 
@@ -126,88 +134,5 @@ impl Block {
         let x = (x + self.attention.autograd_forward(&h, seq)?)?;
         let h = rms_norm(&x, &self.ffn_norm, self.eps)?;
         Ok((&x + self.mlp.autograd_forward(&h)?)?)
-    }
-}
-
-/// One block under activation recomputation, as a custom op on the block's
-/// input: its forward pass runs the block without keeping the graph (only
-/// the input stays alive, as the op's argument) and its backward pass runs
-/// the block again with the graph, from the gradient of its output.
-struct Recomputed {
-    block: Block,
-    rope: rope::RopeTables,
-    b: usize,
-    t: usize,
-    /// The output, computed before the op is applied; the op hands over a
-    /// copy of it and lets it go.
-    output: Mutex<Option<Tensor>>,
-    grads: Arc<Mutex<GradStore>>,
-}
-
-impl Recomputed {
-    fn forward(
-        block: &Block,
-        x: &Tensor,
-        seq: Seq,
-        grads: &Arc<Mutex<GradStore>>,
-    ) -> Result<Tensor> {
-        // The block's graph dies with `y`; its output lives on as data.
-        let y = block.autograd_forward(&x.detach(), seq)?.detach();
-        let op = Recomputed {
-            block: block.clone(),
-            rope: seq.rope.clone(),
-            b: seq.b,
-            t: seq.t,
-            output: Mutex::new(Some(y)),
-            grads: grads.clone(),
-        };
-        Ok(x.apply_op1_arc(Arc::new(Box::new(op)))?)
-    }
-}
-
-impl CustomOp1 for Recomputed {
-    fn name(&self) -> &'static str {
-        "sweep-recomputed-block"
-    }
-
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let y = self
-            .output
-            .lock()
-            .expect("no panic while holding it")
-            .take()
-            .ok_or_else(|| candle_core::Error::Msg("a recomputed block ran twice".into()))?;
-        let (storage, layout) = y.storage_and_layout();
-        let candle_core::Storage::Cpu(src) = &*storage else {
-            return Err(candle_core::Error::Msg("the oracle runs on the CPU".into()));
-        };
-        use candle_core::backend::{BackendDevice, BackendStorage};
-        // SAFETY: every element is written by the copy below.
-        let mut dst = unsafe { src.device().alloc_uninit(layout.shape(), src.dtype())? };
-        src.copy_strided_src(&mut dst, 0, layout)?;
-        Ok((dst, layout.shape().clone()))
-    }
-
-    fn bwd(&self, x: &Tensor, _: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let x = Var::from_tensor(&x.detach())?;
-        let y = self
-            .block
-            .autograd_forward(
-                x.as_tensor(),
-                Seq {
-                    b: self.b,
-                    t: self.t,
-                    rope: &self.rope,
-                },
-            )
-            .map_err(|e| candle_core::Error::Msg(format!("recomputing a block: {e:#}")))?;
-        let mut inner = attach(&y, dy.detach(), DType::F32)?.backward()?;
-        let dx = inner.remove(x.as_tensor());
-        // What is left are the block's parameters' gradients.
-        self.grads
-            .lock()
-            .expect("no panic while holding it")
-            .extend(inner)?;
-        Ok(dx)
     }
 }

@@ -113,7 +113,8 @@ impl CustomOp3 for FlashAttention {
         "sweep-flash-attention"
     }
 
-    /// The reference forward (f32 loops), so CPU tests exercise `bwd`.
+    /// The reference forward (f32 loops): the CPU's flash attention, which
+    /// the GPU's is checked against.
     fn cpu_fwd(
         &self,
         s1: &CpuStorage,
@@ -177,35 +178,6 @@ impl CustomOp3 for FlashAttention {
             softcap: None,
         };
         op.cuda_fwd(s1, l1, s2, l2, s3, l3)
-    }
-
-    /// candle-flash-attn has no backward: [`tiled_backward`] recomputes it
-    /// (the output is not needed: rowsum(P∘dP) over a tile's full rows
-    /// equals rowsum(dO∘O)).
-    // Autograd runs only in the tests (the oracle, [`crate::train::oracle`]).
-    #[cfg(test)]
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        _o: &Tensor,
-        d_o: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let heads_first = |x: &Tensor| x.transpose(1, 2);
-        let (dq, dk, dv) = tiled_backward(
-            &heads_first(q)?,
-            &heads_first(k)?,
-            &heads_first(v)?,
-            &heads_first(d_o)?,
-            self.causal,
-            self.tile,
-        )?;
-        Ok((
-            Some(heads_first(&dq)?),
-            Some(heads_first(&dk)?),
-            Some(heads_first(&dv)?),
-        ))
     }
 }
 
@@ -460,10 +432,18 @@ mod tests {
             let ours = q.apply_op3(&k, &v, op)?;
             let reference = autograd_reference(&q, &k, &v, causal)?;
             assert!(max_diff(&ours, &reference)? < 1e-5, "forward h={h} kv={kv}");
-            let g1 = (ours * &d_o)?.sum_all()?.backward()?;
-            let g2 = (reference * &d_o)?.sum_all()?.backward()?;
-            for (name, x) in [("dq", &q), ("dk", &k), ("dv", &v)] {
-                let diff = max_diff(g1.get(x).unwrap(), g2.get(x).unwrap())?;
+            let heads_first = |x: &Tensor| x.transpose(1, 2);
+            let (dq, dk, dv) = tiled_backward(
+                &heads_first(&q)?,
+                &heads_first(&k)?,
+                &heads_first(&v)?,
+                &heads_first(&d_o)?,
+                causal,
+                Some(tile),
+            )?;
+            let g = (reference * &d_o)?.sum_all()?.backward()?;
+            for (name, ours, x) in [("dq", dq, &q), ("dk", dk, &k), ("dv", dv, &v)] {
+                let diff = max_diff(&heads_first(&ours)?, g.get(x).unwrap())?;
                 assert!(
                     diff < 1e-5,
                     "{name}: {diff} (h={h} kv={kv} tile={tile} causal={causal})"
@@ -557,10 +537,11 @@ mod tests {
         let reference = autograd_reference(&q, &k, &v, true)?;
         assert!(max_diff(&ours, &reference)? < 1e-5);
         let d_o = rand(&[b, t, h, d], 8);
-        let g1 = (ours * &d_o)?.sum_all()?.backward()?;
-        let g2 = (reference * &d_o)?.sum_all()?.backward()?;
-        for x in [&q, &k, &v] {
-            assert!(max_diff(g1.get(x).unwrap(), g2.get(x).unwrap())? < 1e-5);
+        let heads_first = |x: &Tensor| x.transpose(1, 2);
+        let (dq, dk, dv) = eager_backward(&qh, &kh, &vh, None, &heads_first(&d_o)?, true, false)?;
+        let g = (reference * &d_o)?.sum_all()?.backward()?;
+        for (ours, x) in [(dq, &q), (dk, &k), (dv, &v)] {
+            assert!(max_diff(&heads_first(&ours)?, g.get(x).unwrap())? < 1e-5);
         }
         Ok(())
     }

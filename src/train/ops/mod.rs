@@ -16,8 +16,6 @@
 
 pub mod accumulate;
 pub mod adamw;
-#[cfg(test)]
-pub mod attach;
 pub mod attention;
 pub mod cases;
 pub mod check;

@@ -7,15 +7,13 @@
 //! such tensors alive for the backward pass, and their gradients on top.
 //! [`loss_and_grad`] instead computes the loss and its gradient at once, in
 //! f32, a slice of rows at a time (one kernel on CUDA, one pass on the CPU),
-//! for the block-wise passes. Its test-only forms (the oracle's autograd op,
-//! the composed reference) are in `reference.rs`.
+//! for the block-wise passes. The tests hold it to the loss composed from
+//! candle ops ([`crate::train::oracle::cross_entropy`]).
 
 use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, fused, own_kernel, work_dtype};
-#[cfg(test)]
-mod reference;
 use crate::data::samples::IGNORE;
 use crate::train::kernels::{block_per_row, u32_of, Mem, Plan, Ty, Value, CROSS_ENTROPY};
 #[cfg(feature = "cuda")]
@@ -24,8 +22,6 @@ use candle_core::CudaStorage;
 use candle_core::DType;
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
-#[cfg(test)]
-pub use reference::{by_rows, by_slices_of, composed, cross_entropy};
 use std::sync::Arc;
 
 /// One label per row of logits, each ignored or in the vocabulary.
@@ -45,7 +41,7 @@ fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
 
 /// Elements of f32 logits per slice of rows (256 MB): the head computes
 /// its logits a slice at a time ([`head_rows`]), so the full [tokens,
-/// vocabulary] logits never exist, and [`by_rows`] its temporaries.
+/// vocabulary] logits never exist, and [`computed_by_slices`] its temporaries.
 const SLICE_ELEMENTS: usize = 1 << 26;
 
 /// Rows of logits the head computes at once for a vocabulary (at most `tokens`).
@@ -145,12 +141,12 @@ fn kernel_labels(host: &[i64]) -> Vec<u32> {
         .collect()
 }
 
-/// The loss of [`cross_entropy`] (a scalar tensor on the logits' device,
+/// The cross-entropy (a scalar tensor on the logits' device,
 /// f32 or f64 for f64 logits: reading it is left to the caller, once per
 /// pass) and its gradient for the logits, without autograd (the block-wise
 /// backward's head). The logits are consumed: on CUDA the gradient is
 /// written over them, one kernel computing both (`kernels/cross_entropy.cu`);
-/// on the CPU in f32 one pass each way; elsewhere [`by_rows`]'s arithmetic.
+/// on the CPU in f32 one pass each way; elsewhere [`computed_by_slices`].
 pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(Tensor, Tensor)> {
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     let (labels, uploaded) = (labels.host, labels.device.as_ref());
@@ -357,6 +353,7 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
 mod tests {
     use super::*;
     use crate::train::ops::testing::{max_diff, rand};
+    use crate::train::oracle::cross_entropy;
     use candle_core::Var;
 
     /// The GPU plan under the host emulation of CUDA equals the CPU kernel:
@@ -417,17 +414,27 @@ mod tests {
         Ok(())
     }
 
+    /// The loss and its gradient by [`loss_and_grad`], and by candle's
+    /// autograd over the composed loss, in f32.
+    fn both_ways(x: &Tensor, labels: &[i64], divisor: f64) -> Result<[(Tensor, Tensor); 2]> {
+        let (loss, grad) = loss_and_grad(x.clone(), &labels.into(), divisor)?;
+        let x32 = Var::from_tensor(&x.to_dtype(DType::F32)?)?;
+        let composed = cross_entropy(&x32, labels, divisor)?;
+        let g = composed.backward()?.remove(x32.as_tensor()).unwrap();
+        let f32s = |t: Tensor| t.to_dtype(DType::F32);
+        Ok([
+            (f32s(loss)?, f32s(grad)?),
+            (composed.to_dtype(DType::F32)?, g),
+        ])
+    }
+
     #[test]
     fn fused_matches_composed_and_ignores_masked_labels() -> Result<()> {
-        let x = Var::from_tensor(&(rand(&[6, 11], 1) * 3.0)?)?;
+        let x = (rand(&[6, 11], 1) * 3.0)?;
         let labels = [3, IGNORE, 10, 0, IGNORE, 7];
-        let a = cross_entropy(&x, &labels, 4.0)?;
-        let b = composed(&x, &labels, 4.0)?;
+        let [(a, da), (b, db)] = both_ways(&x, &labels, 4.0)?;
         assert!(max_diff(&a, &b)? < 1e-5);
-        let ga = a.backward()?;
-        let gb = b.backward()?;
-        let (da, db) = (ga.get(&x).unwrap(), gb.get(&x).unwrap());
-        assert!(max_diff(da, db)? < 1e-6);
+        assert!(max_diff(&da, &db)? < 1e-6);
         // Ignored rows get no gradient.
         assert_eq!(da.get(1)?.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
         Ok(())
@@ -438,22 +445,18 @@ mod tests {
         // f64 and bf16 take the by-rows path on the CPU, as every dtype does
         // on a GPU.
         for dtype in [DType::F64, DType::BF16] {
-            let x = Var::from_tensor(&(rand(&[7, 13], 2) * 3.0)?.to_dtype(dtype)?)?;
+            let x = (rand(&[7, 13], 2) * 3.0)?.to_dtype(dtype)?;
             let labels = [3, IGNORE, 12, 0, IGNORE, 7, 5];
-            let a = cross_entropy(&x, &labels, 5.0)?;
-            let b = composed(&x.to_dtype(DType::F32)?, &labels, 5.0)?;
+            let (loss, _) = loss_and_grad(x.clone(), &labels[..].into(), 5.0)?;
             let want = if dtype == DType::F64 {
                 dtype
             } else {
                 DType::F32
             };
-            assert_eq!(a.dtype(), want);
+            assert_eq!(loss.dtype(), want);
             let tol = if dtype == DType::F64 { 1e-5 } else { 2e-2 };
-            let a32 = a.to_dtype(DType::F32)?;
-            assert!(max_diff(&a32, &b)? < tol, "{dtype:?}");
-            let (ga, gb) = (a.backward()?, b.backward()?);
-            let da = ga.get(&x).unwrap().to_dtype(DType::F32)?;
-            let db = gb.get(&x).unwrap().to_dtype(DType::F32)?;
+            let [(a, da), (b, db)] = both_ways(&x, &labels, 5.0)?;
+            assert!(max_diff(&a, &b)? < tol, "{dtype:?}");
             assert!(max_diff(&da, &db)? < tol / 10.0, "{dtype:?}");
             assert_eq!(da.get(1)?.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
         }
@@ -462,16 +465,15 @@ mod tests {
 
     #[test]
     fn slices_of_rows_that_do_not_divide_the_batch_change_nothing() -> Result<()> {
-        let x = Var::from_tensor(&(rand(&[11, 9], 3) * 4.0)?.to_dtype(DType::F64)?)?;
+        let x = (rand(&[11, 9], 3) * 4.0)?.to_dtype(DType::F64)?;
         let labels = [1, 8, IGNORE, 0, 5, 5, IGNORE, 2, 3, 7, 6];
-        let whole = by_slices_of(&x, &labels, 3.0, 11)?;
-        let d_whole = whole.backward()?.get(&x).unwrap().to_dtype(DType::F32)?;
+        let (whole, d_whole) = computed_by_slices(&x, &labels, 3.0, 11)?;
         for rows in [1, 2, 4, 10] {
-            let a = by_slices_of(&x, &labels, 3.0, rows)?;
+            let (a, da) = computed_by_slices(&x, &labels, 3.0, rows)?;
             let diff = (&a - &whole)?.abs()?.to_scalar::<f64>()?;
             assert!(diff < 1e-12, "{rows} rows");
-            let da = a.backward()?.get(&x).unwrap().to_dtype(DType::F32)?;
-            assert!(max_diff(&da, &d_whole)? < 1e-7, "{rows} rows");
+            let diff = (&da - &d_whole)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(diff < 1e-12, "{rows} rows");
         }
         Ok(())
     }
@@ -479,6 +481,6 @@ mod tests {
     #[test]
     fn labels_outside_the_vocabulary_are_an_error() {
         let x = rand(&[2, 5], 1);
-        assert!(cross_entropy(&x, &[1, 5], 1.0).is_err());
+        assert!(loss_and_grad(x, &[1, 5][..].into(), 1.0).is_err());
     }
 }
