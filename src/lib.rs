@@ -8,9 +8,11 @@
 //! charts, pages, one judge of a study against another or its history).
 //! `estimate` holds the device peaks, FLOPs and MFU, the memory estimate and
 //! the scaling forecast; `config` the run configuration they share;
-//! `layout` the names of every file sweep owns; `util` what every stage
-//! uses. `cli` parses the command line once and hands over; `bench`
-//! measures the hot paths.
+//! `layout` the names of every file sweep owns; `template` the minijinja
+//! environment of manifests and job scripts; `util` what every stage uses.
+//! `study` holds a study's verbs (plan, render under the lock, submit, run
+//! and watch, status, cancel); `cli` parses the command line once, calls
+//! them and prints what they return; `bench` measures the hot paths.
 
 pub mod bench;
 pub mod cli;
