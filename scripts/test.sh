@@ -63,8 +63,11 @@ stop_clusters() {
 trap stop_clusters EXIT
 
 # gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
+# The kernels' tests (`train::kernels`, `under_emulation`) ran above, with
+# NVRTC and cuobjdump, from this same build: they are not run twice.
 # No test asserts how fast anything ran: the suite passes on a loaded machine.
-cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu::
+cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu:: \
+    --skip train::kernels --skip under_emulation
 
 # On a CPU with AVX-512 BF16 the bf16-mixed tests above ran on that kernel: run
 # them again through the portable one, which CPUs without it use (the memory test
