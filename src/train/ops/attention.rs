@@ -94,18 +94,17 @@ pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor>
         FlashAttention {
             scale: 1.0 / (d as f32).sqrt(),
             causal,
-            tile: None,
         },
     )
 }
 
+/// Flash attention's forward: candle-flash-attn's on CUDA, a reference on
+/// the CPU. It has no backward: [`tiled_backward`] recomputes it (the output
+/// is not needed: rowsum(P∘dP) over a tile's full rows equals rowsum(dO∘O)).
 #[derive(Debug, Clone, Copy)]
 pub struct FlashAttention {
     pub scale: f32,
     pub causal: bool,
-    /// Query positions per tile of the backward ([`tiled_backward`]);
-    /// `None`: [`tile_rows`] of the shapes.
-    pub tile: Option<usize>,
 }
 
 impl CustomOp3 for FlashAttention {
@@ -427,7 +426,6 @@ mod tests {
             let op = FlashAttention {
                 scale: 1.0 / (d as f32).sqrt(),
                 causal,
-                tile: Some(tile),
             };
             let ours = q.apply_op3(&k, &v, op)?;
             let reference = autograd_reference(&q, &k, &v, causal)?;
