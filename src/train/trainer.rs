@@ -396,14 +396,15 @@ mod tests {
         ModelConfig::resolve("tiny", &o).unwrap()
     }
 
-    fn setup(dtype: DType) -> (Params, Autograd, Tensor, Vec<i64>) {
+    /// The tiny model in f64 beside its oracle, a batch and its labels.
+    fn setup() -> (Params, Autograd, Tensor, Vec<i64>) {
         let cfg = tiny(40);
         let spec = ModelSpec {
             cfg,
             attention: crate::config::AttentionKind::Eager,
             max_seq: 8,
             device: Device::Cpu,
-            dtype,
+            dtype: DType::F64,
             bf16_matmuls: false,
             recompute: crate::config::Recompute::None,
         };
@@ -425,11 +426,7 @@ mod tests {
 
     fn grads_of(params: &Params, model: &Autograd, ids: &Tensor, labels: &[i64]) -> (f64, Grads) {
         let loss = model.loss(ids, labels, 10.0).unwrap();
-        let value = loss
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
+        let value = loss.to_scalar::<f64>().unwrap();
         let mut g = Grads::default();
         g.accumulate(params, model.backward(&loss).unwrap())
             .unwrap();
@@ -439,7 +436,7 @@ mod tests {
     #[test]
     fn gradients_match_finite_differences() -> Result<()> {
         // f64 runs the composed ops, so differences are precise.
-        let (params, model, ids, labels) = setup(DType::F64);
+        let (params, model, ids, labels) = setup();
         let (_, grads) = grads_of(&params, &model, &ids, &labels);
         // Central differences: truncation error O(h^2), round-off ~1e-16 * loss / h.
         let h = 1e-4;
