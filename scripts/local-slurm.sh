@@ -424,6 +424,7 @@ start_slurmd() { # start_slurmd K
 }
 
 start_daemons() {
+    local k
     if ! daemon_alive munged; then
         rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
         setsid munged --socket="$MUNGE_SOCKET" --key-file="$DIR/munge/munge.key" \
@@ -436,14 +437,19 @@ start_daemons() {
         # A cluster that died without `down` (a rebooted or restored machine)
         # left its job records behind; with no job step of ours alive they are
         # stale, and restoring them would show old jobs as if they were new.
+        # Job ids start again from 1, so a step's PMIx directory left in a
+        # node's TmpFS (PMIx does not always remove it) would make a new step
+        # of the same id fail to launch ("File exists"): the TmpFS goes too.
         if [ -z "$(our_stepds)" ] && ! any_slurmd_alive; then
-            rm -rf "$DIR/state" "$DIR/spool"
+            rm -rf "$DIR/state" "$DIR/spool" "$DIR/tmp"
             mkdir -p "$DIR/state" "$DIR/spool" && chmod 0700 "$DIR/state" "$DIR/spool"
+            if multi; then
+                for ((k = 1; k <= NODES; k++)); do mkdir -p "$DIR/tmp/node$k"; done
+            fi
         fi
         setsid slurmctld -f "$CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1 ||
             die "slurmctld did not start; see $DIR/log/slurmctld.log"
     fi
-    local k
     for ((k = 1; k <= NODES; k++)); do slurmd_alive "$k" || start_slurmd "$k"; done
 }
 
