@@ -6,6 +6,8 @@
 #
 #   scripts/aarch64.sh build   a release build of sweep for aarch64-unknown-linux-gnu:
 #                              target/aarch64/aarch64-unknown-linux-gnu/release/sweep
+#   scripts/aarch64.sh toolchain  install the cross compilers, qemu and the Rust
+#                              target only (scripts/test.sh does it beside the build)
 #   scripts/aarch64.sh check   type-check every default-build target for aarch64,
 #                              tests and benchmarks included (CI runs this: scripts/test.sh);
 #                              with `--features cuda,nccl`, the GPU build's
@@ -264,6 +266,7 @@ test_() {
 
 case ${1:-} in
     build) build ;;
+    toolchain) toolchain ;;
     check) shift; check "$@" ;;
     test) test_ ;;
     -h|--help|help) usage ;;

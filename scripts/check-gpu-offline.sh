@@ -25,8 +25,11 @@
 #    CI; before submitting a change to how the device opens).
 #
 #   scripts/check-gpu-offline.sh [--kernels] [--flash-attn] [--link] [-- <cargo test args>]
+#   scripts/check-gpu-offline.sh --fetch
 #
 # --kernels runs only step 1 (seconds once built: for a kernel change).
+# --fetch only downloads what the checks need (NVRTC, cuobjdump and the
+# offline toolkit) and exits: scripts/test.sh runs it beside the build.
 # NVRTC and cuobjdump come from NVIDIA's PyPI wheels, pinned by sha256 (no
 # CUDA toolkit); step 2 uses the offline toolkit of scripts/cuda-toolkit.sh.
 # Exits non-zero on any failure.
@@ -34,15 +37,17 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 KERNELS_ONLY=0
+FETCH_ONLY=0
 FLASH=0
 LINK=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --kernels) KERNELS_ONLY=1; shift ;;
+        --fetch) FETCH_ONLY=1; shift ;;
         --flash-attn) FLASH=1; shift ;;
         --link) LINK=1; shift ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         *) echo "check-gpu-offline: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -71,6 +76,10 @@ export SWEEP_NVRTC=$DEST/nvidia/cu13/lib/libnvrtc.so.13
 export SWEEP_CUOBJDUMP=$DEST/nvidia/cu13/bin/cuobjdump
 export SWEEP_REQUIRE_GPU_OFFLINE=1
 [[ -f $SWEEP_NVRTC && -x $SWEEP_CUOBJDUMP ]] || { log "no NVRTC or cuobjdump in $DEST"; exit 1; }
+if [[ $FETCH_ONLY -eq 1 ]]; then
+    scripts/cuda-toolkit.sh >/dev/null
+    exit 0
+fi
 
 started=$(date +%s)
 cargo test --release --locked "$@" --lib -- train::kernels under_emulation
