@@ -17,8 +17,18 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-scripts/setup.sh
+scripts/setup.sh debian
+# What is only downloaded (PyTorch's ~5 GB environment, NVIDIA's wheels, the
+# aarch64 cross compilers) comes beside the build, which needs the cores; in a
+# process group of its own, so that it ends with this script.
+mkdir -p target
+setsid bash -c 'scripts/setup.sh python && scripts/check-gpu-offline.sh --fetch &&
+    scripts/aarch64.sh toolchain' >target/test-downloads.log 2>&1 &
+downloads=$!
+trap 'kill -- -$downloads 2>/dev/null || true' EXIT
 cargo build --release --locked --features mpi
+wait $downloads || { cat target/test-downloads.log >&2; echo "test.sh: a download failed (above)" >&2; exit 1; }
+cat target/test-downloads.log >&2
 scripts/fetch-assets.sh
 
 # The CUDA code without a GPU: every kernel compiled by NVRTC as the trainer
