@@ -76,8 +76,24 @@ trap stop_clusters EXIT
 # The kernels' tests (`train::kernels`, `under_emulation`) ran above, with
 # NVRTC and cuobjdump, from this same build: they are not run twice.
 # No test asserts how fast anything ran: the suite passes on a loaded machine.
-cargo test --release --locked --features mpi "$@" -- --include-ignored --skip gpu:: \
-    --skip train::kernels --skip under_emulation
+skip=(--skip gpu:: --skip train::kernels --skip under_emulation)
+if [ $# -gt 0 ]; then
+    cargo test --release --locked --features mpi "$@" -- --include-ignored "${skip[@]}"
+else
+    # The two-node tests take that cluster one at a time (tests/it/nodes.rs)
+    # and mostly wait on it: in a run of their own beside the others, no test
+    # thread of the main run is held waiting for the cluster's turn.
+    cargo test --release --locked --features mpi --no-run
+    cargo test --release --locked --features mpi --test it -- --include-ignored \
+        --test-threads=1 nodes:: >target/test-nodes.log 2>&1 &
+    nodes=$!
+    main=0 two=0
+    cargo test --release --locked --features mpi -- --include-ignored "${skip[@]}" --skip nodes:: || main=$?
+    wait $nodes || two=$?
+    echo "test.sh: the two-node tests, run beside the others:"
+    cat target/test-nodes.log
+    [ $main -eq 0 ] && [ $two -eq 0 ] || { echo "test.sh: tests failed (main run $main, two-node run $two)" >&2; exit 1; }
+fi
 
 # On a CPU with AVX-512 BF16 the bf16-mixed tests above ran on that kernel: run
 # them again through the portable one, which CPUs without it use (the memory test
