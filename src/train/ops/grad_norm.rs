@@ -17,19 +17,31 @@ const NORM_BLOCKS: usize = 264;
 /// [`NORM_BLOCKS`] blocks, one partial each, then one block sums the
 /// partials in order and writes the pair.
 pub fn plan(lens: &[usize], own: Ty, max_norm: f32) -> std::result::Result<Plan, String> {
+    plan_on(lens, own, max_norm, NORM_BLOCKS)
+}
+
+/// [`plan`] on a grid of `blocks` blocks per gradient (the emulation's tests
+/// run the trainer's grid once and a small one otherwise: each emulated block
+/// is 256 host threads).
+fn plan_on(
+    lens: &[usize],
+    own: Ty,
+    max_norm: f32,
+    blocks: usize,
+) -> std::result::Result<Plan, String> {
     let mut plan = Plan::default();
-    let count = lens.len() * NORM_BLOCKS;
+    let count = lens.len() * blocks;
     let partial = plan.scratch(Ty::F32, count);
     for (i, &n) in lens.iter().enumerate() {
         plan.launch(
             &GRAD_NORM,
             "sum_squares",
             own,
-            (NORM_BLOCKS as u32, 1),
+            (u32_of(blocks, "blocks of the gradient norm")?, 1),
             vec![
                 Value::Ptr(Mem::Operand(i), 0),
                 Value::U64(n as u64),
-                Value::Ptr(partial, i * NORM_BLOCKS),
+                Value::Ptr(partial, i * blocks),
             ],
         )?;
     }
@@ -239,7 +251,9 @@ mod tests {
     /// The GPU plan under the host emulation of CUDA gives the host's norm
     /// and scale: a gradient longer than the grid's threads, one shorter
     /// than a block; clipped; one infinite value (the scale NaN); f32 and
-    /// bf16.
+    /// bf16. The trainer's grid (more partials than a block has threads)
+    /// once; a grid of 3 blocks otherwise, and under ThreadSanitizer (its
+    /// races are within a block: each block writes a partial of its own).
     #[test]
     fn the_gpu_plan_equals_the_host_under_emulation() -> Result<()> {
         use crate::train::kernels::emulator::Buffer;
@@ -259,23 +273,33 @@ mod tests {
                     let mut operands: Vec<Buffer> = grads.iter().map(|g| buffer(g, own)).collect();
                     operands.push(Buffer::f32(&[0.0, 0.0]));
                     let lens: Vec<usize> = grads.iter().map(|g| g.elem_count()).collect();
-                    let Some((_, after)) = emulate(
-                        &plan(&lens, own, max_norm as f32).unwrap(),
-                        &operands,
-                        own == Ty::F32 && set == 0,
-                    ) else {
-                        return Ok(());
+                    // (blocks, under ThreadSanitizer too)
+                    let grids: &[(usize, bool)] = match own == Ty::F32 && set == 0 {
+                        true => &[(NORM_BLOCKS, false), (3, true)],
+                        false => &[(3, false)],
                     };
-                    let got = after[grads.len()].to_f32();
-                    let (norm, scale) = (want.norm()?, want.scale()?);
-                    if norm.is_finite() {
-                        assert!(
-                            ((got[0] as f64) - norm).abs() < tol * norm,
-                            "{got:?} {norm}"
-                        );
-                        assert!(((got[1] as f64) - scale).abs() < 1e-5, "{got:?} {scale}");
-                    } else {
-                        assert!(got[0].is_infinite() && got[1].is_nan(), "{got:?}");
+                    for &(blocks, race) in grids {
+                        let Some((_, after)) = emulate(
+                            &plan_on(&lens, own, max_norm as f32, blocks).unwrap(),
+                            &operands,
+                            race,
+                        ) else {
+                            return Ok(());
+                        };
+                        let got = after[grads.len()].to_f32();
+                        let (norm, scale) = (want.norm()?, want.scale()?);
+                        if norm.is_finite() {
+                            assert!(
+                                ((got[0] as f64) - norm).abs() < tol * norm,
+                                "{blocks} blocks: {got:?} {norm}"
+                            );
+                            assert!(
+                                ((got[1] as f64) - scale).abs() < 1e-5,
+                                "{blocks} blocks: {got:?} {scale}"
+                            );
+                        } else {
+                            assert!(got[0].is_infinite() && got[1].is_nan(), "{got:?}");
+                        }
                     }
                 }
             }
