@@ -3,7 +3,7 @@
 //! a thousand loss curves on one figure is not a figure).
 
 use super::timed;
-use crate::report::{self, Options, Source};
+use crate::report::{self, ReportOptions, Source};
 use anyhow::Result;
 
 pub struct ReportBench {
@@ -54,7 +54,7 @@ pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBen
         Ok(())
     });
     r?;
-    let opts = Options {
+    let opts = ReportOptions {
         live: false,
         skip_first: None,
         baseline: Some("run-00000".into()),

@@ -165,8 +165,8 @@ fn max_batch(
     steps: usize,
     max: usize,
 ) -> Result<()> {
-    use crate::train::max_batch::{parse_size, run, Options, Outcome, MB};
-    let opts = Options {
+    use crate::train::max_batch::{parse_size, run, Outcome, SearchOptions, MB};
+    let opts = SearchOptions {
         config,
         memory_limit: memory_limit.as_deref().map(parse_size).transpose()?,
         steps,

@@ -190,7 +190,7 @@ fn watchdog_cmd(w: args::WatchdogCli) -> anyhow::Result<ExitCode> {
         .as_deref()
         .map(|p| crate::util::text::regex(p).map_err(|e| anyhow::anyhow!("--pattern: {e}")))
         .transpose()?;
-    watchdog::run(watchdog::Options {
+    watchdog::run(watchdog::WatchOptions {
         dir: w.dir,
         job: w.job,
         stall: crate::manifest::Stall::parse(&w.stall)?,

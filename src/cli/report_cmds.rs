@@ -55,7 +55,7 @@ pub(super) fn check_cmd(
     rt: &RuntimeOptions,
 ) -> anyhow::Result<ExitCode> {
     use crate::report::check::{self, Reference};
-    let opts = check::Options {
+    let opts = check::CheckOptions {
         reference: match &c.against {
             Some(a) => Reference::Study(source_of(root, a, rt)?),
             None => Reference::History { last: c.last },
@@ -176,7 +176,7 @@ pub(super) fn report_cmd(
             anyhow::bail!("give a manifest, a results/<study> directory, or --import GLOB")
         }
     };
-    let opts = report::Options {
+    let opts = report::ReportOptions {
         live: false,
         skip_first: r.skip_first,
         baseline: r.baseline,

@@ -29,7 +29,7 @@ pub enum Reference {
     Study(Source),
 }
 
-pub struct Options {
+pub struct CheckOptions {
     pub reference: Reference,
     /// A significant change smaller than this (percent) is `unchanged`.
     pub threshold_pct: f64,
@@ -99,7 +99,7 @@ impl Check {
     }
 }
 
-pub fn run(source: &Source, opts: &Options) -> Result<Check> {
+pub fn run(source: &Source, opts: &CheckOptions) -> Result<Check> {
     if !(0.0..100.0).contains(&opts.threshold_pct) {
         bail!(
             "--threshold is a percentage in [0, 100), not {}",

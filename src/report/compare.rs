@@ -16,7 +16,7 @@ use std::path::Path;
 
 fn side(source: &Source, skip_first: Option<usize>) -> Result<(String, Summary)> {
     let (study, runs, spec) = super::load(source)?;
-    let opts = super::summary::Options {
+    let opts = super::summary::SummaryOptions {
         skip_first: spec.skip_first(skip_first),
         axes: spec.axes,
         baseline: None,

@@ -24,7 +24,7 @@ use load::{dir_study_name, load};
 pub use load::{LogFormat, Source};
 use std::path::{Path, PathBuf};
 
-pub struct Options {
+pub struct ReportOptions {
     pub skip_first: Option<usize>,
     pub baseline: Option<String>,
     pub group_by: Vec<String>,
@@ -48,10 +48,10 @@ pub struct Report {
     pub page: PathBuf,
 }
 
-pub fn run(root: &Path, source: &Source, opts: &Options) -> Result<Report> {
+pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report> {
     let (study, runs, spec) = load(source)?;
     let study_dir = spec.dir.clone();
-    let sopts = summary::Options {
+    let sopts = summary::SummaryOptions {
         skip_first: spec.skip_first(opts.skip_first),
         axes: spec.axes,
         baseline: opts.baseline.clone().or(spec.baseline),
@@ -247,7 +247,7 @@ fn configurations(
     skip_first: Option<usize>,
 ) -> Result<(String, summary::Summary, Option<PathBuf>)> {
     let (study, runs, spec) = load(source)?;
-    let opts = summary::Options {
+    let opts = summary::SummaryOptions {
         skip_first: spec.skip_first(skip_first),
         axes: spec.axes,
         baseline: None,

@@ -187,8 +187,8 @@ pub fn all_done(sub: &Submission) -> Result<bool> {
 
 /// The report `sweep run` writes: the manifest's settings, with plots;
 /// `live` while runs go on (the page reloads itself).
-pub fn report_options(live: bool) -> report::Options {
-    report::Options {
+pub fn report_options(live: bool) -> report::ReportOptions {
+    report::ReportOptions {
         skip_first: None,
         baseline: None,
         group_by: vec![],

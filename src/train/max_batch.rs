@@ -21,7 +21,7 @@ use std::time::Duration;
 /// The trainer's `peak_memory_mb` counts 2^20 bytes; so does this table.
 pub const MB: f64 = (1 << 20) as f64;
 
-pub struct Options {
+pub struct SearchOptions {
     /// A run's `config.toml` (what `sweep render` writes).
     pub config: PathBuf,
     /// Bytes of resident memory a trial may use (on the CPU; default 80% of
@@ -56,7 +56,7 @@ pub struct Search {
 }
 
 /// The search for a run's configuration file (`sweep bench max-batch`).
-pub fn run(opts: &Options) -> Result<Search> {
+pub fn run(opts: &SearchOptions) -> Result<Search> {
     let base = TrainConfig::load(&opts.config)?;
     search(&base, opts.memory_limit, opts.steps, opts.max)
 }

@@ -33,7 +33,7 @@ const POLL: Duration = Duration::from_millis(500);
 /// How long the stopped launcher has to end after SIGTERM before SIGKILL.
 const GRACE: Duration = Duration::from_secs(10);
 
-pub struct Options {
+pub struct WatchOptions {
     pub dir: PathBuf,
     /// The job as `exit_code` names it (`<id>` or `<array id>_<task>`).
     pub job: String,
@@ -64,7 +64,7 @@ impl Limit {
 
 /// Runs the launcher under watch; the exit code is the launcher's, or
 /// [`HUNG_EXIT`] when the watchdog stopped it.
-pub fn run(o: Options) -> Result<ExitCode> {
+pub fn run(o: WatchOptions) -> Result<ExitCode> {
     let Some(program) = o.argv.first() else {
         bail!("sweep watchdog: no launcher to start (give it after `--`)");
     };
@@ -109,7 +109,7 @@ pub fn run(o: Options) -> Result<ExitCode> {
 const OUTLIVED: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1];
 
 /// The limit that ran out now, if one did.
-fn due(o: &Options, p: &Progress, running: Duration) -> Option<Limit> {
+fn due(o: &WatchOptions, p: &Progress, running: Duration) -> Option<Limit> {
     match p.quiet() {
         None => {
             let startup = o.startup?;
@@ -140,7 +140,7 @@ pub fn stall_limit(stall: Stall, intervals: &[f64]) -> Option<u64> {
 /// The evidence first, while every process is as it hung; then the
 /// launcher stopped, and the run recorded HUNG.
 fn stop(
-    o: &Options,
+    o: &WatchOptions,
     token: &str,
     child: &mut Child,
     p: &Progress,

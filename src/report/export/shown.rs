@@ -174,7 +174,7 @@ mod tests {
     use super::*;
     use crate::executor::{State, Status};
     use crate::report::ingest::{Point, RunLog};
-    use crate::report::summary::{summarize, Options};
+    use crate::report::summary::{summarize, SummaryOptions};
 
     fn run(name: &str, precision: &str, peak_tflops: f64) -> RunLog {
         let mut r = RunLog::new(name, Status::new(State::Completed));
@@ -199,7 +199,7 @@ mod tests {
                 run("b", "bf16-mixed", 989.0),
                 run("c", "f32", 66.9),
             ],
-            &Options::default(),
+            &SummaryOptions::default(),
         )
         .unwrap();
         let note = mfu_note(&s).unwrap();
@@ -208,7 +208,7 @@ mod tests {
             "{note}"
         );
         assert!(note.contains("tokens/sec does"), "{note}");
-        let one = summarize(vec![run("a", "f32", 66.9)], &Options::default()).unwrap();
+        let one = summarize(vec![run("a", "f32", 66.9)], &SummaryOptions::default()).unwrap();
         assert_eq!(
             mfu_note(&one).as_deref(),
             Some("MFU is measured against a peak of 66.9 TFLOP/s per device.")

@@ -24,7 +24,7 @@ use polars::prelude::*;
 use speedups::*;
 
 #[derive(Debug, Clone, Default)]
-pub struct Options {
+pub struct SummaryOptions {
     /// The sweep's axes, when known (else the varying parameters are used).
     pub axes: Option<Vec<String>>,
     pub skip_first: usize,
@@ -254,7 +254,7 @@ impl Problem {
     }
 }
 
-pub fn summarize(runs: Vec<RunLog>, opts: &Options) -> Result<Summary> {
+pub fn summarize(runs: Vec<RunLog>, opts: &SummaryOptions) -> Result<Summary> {
     let measures = Measure::all(&opts.extras);
     let points = points_frame(&runs, &opts.extras)?;
     let (info, params) = runs_frame(&runs, opts.skip_first)?;

@@ -116,7 +116,7 @@ pub(super) fn add_comparisons(
     members: &[Vec<usize>],
     per_run: &DataFrame,
     runs: &[RunLog],
-    opts: &Options,
+    opts: &SummaryOptions,
     measures: &[Measure],
 ) -> Result<()> {
     let h = table.height();
