@@ -20,7 +20,7 @@ use std::time::Instant;
 
 /// What one benchmark configuration is: every rank trains this.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Work {
+pub struct DdpWork {
     pub model: String,
     pub batch: usize,
     pub seq: usize,
@@ -84,7 +84,7 @@ impl DdpRow {
 
 /// The run every rank trains: f32 on the CPU; on a GPU, bf16 with flash
 /// attention when built in, as the reference study trains.
-fn config(w: &Work) -> TrainConfig {
+fn config(w: &DdpWork) -> TrainConfig {
     let root = &w.root;
     let (precision, attention) = match w.device {
         DeviceKind::Cpu => (Precision::F32, AttentionKind::Eager),
@@ -110,7 +110,7 @@ fn config(w: &Work) -> TrainConfig {
 
 /// One rank of a benchmark (run by `mpirun`, or alone for one rank): two
 /// warm-up steps, then `steps` timed ones; rank 0 prints its row as JSON.
-pub fn rank(w: &Work, rt: &RuntimeOptions) -> Result<()> {
+pub fn rank(w: &DdpWork, rt: &RuntimeOptions) -> Result<()> {
     let threads = crate::train::init_threads(w.threads, rt);
     let mut t = Trainer::new(config(w), threads, rt)?;
     let mut stream = SampleStream::open(&t.spec)?;
@@ -160,7 +160,7 @@ pub fn rank(w: &Work, rt: &RuntimeOptions) -> Result<()> {
 /// and returns rank 0's rows; `engine_at_one` adds a run of one rank
 /// through the engine (its cost without peers).
 pub fn run(
-    w: &Work,
+    w: &DdpWork,
     world_sizes: &[usize],
     engine_at_one: bool,
     launch: Launch,
@@ -259,7 +259,7 @@ pub struct Links {
 /// given bandwidth of the link the ranks sum over; none for one rank or
 /// where that bandwidth is not given.
 pub fn forecast(
-    w: &Work,
+    w: &DdpWork,
     base: &DdpRow,
     row: &DdpRow,
     launch: Launch,
@@ -282,7 +282,7 @@ pub fn forecast(
         intra_node_gbps: links.intra_node_gbps,
         inter_node_gbps: links.inter_node_gbps,
     };
-    let job = scaling::Job {
+    let job = scaling::ParallelJob {
         world_size: row.ranks,
         ranks_per_node,
         overlaps: crate::config::trainer_overlaps_allreduce(w.device),

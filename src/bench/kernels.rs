@@ -22,7 +22,7 @@ use std::time::Instant;
 
 /// What to measure.
 #[derive(Debug, Clone)]
-pub struct Work {
+pub struct KernelWork {
     pub device: DeviceKind,
     /// A model preset, for the shapes.
     pub model: String,
@@ -103,7 +103,7 @@ fn time(case: &Case, device: &Device, dtype: DType, repeats: usize, composed: bo
 
 /// Runs every case: on the CPU in f32 against the composed twins; on CUDA in
 /// f32 and bf16 against the CPU kernels.
-pub fn run(work: &Work, rt: &crate::config::RuntimeOptions) -> Result<KernelReport> {
+pub fn run(work: &KernelWork, rt: &crate::config::RuntimeOptions) -> Result<KernelReport> {
     let mut cfg = ModelConfig::resolve(&work.model, &ModelOverrides::default())?;
     if let Some(v) = work.vocab {
         cfg.vocab_size = v;
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn sizes_no_machine_holds_are_refused_before_allocating() {
-        let work = Work {
+        let work = KernelWork {
             device: DeviceKind::Cpu,
             model: "small".into(),
             tokens: usize::MAX / 2,
@@ -281,7 +281,7 @@ mod tests {
         };
         let err = run(&work, &Default::default()).unwrap_err().to_string();
         assert!(err.contains("more than"), "{err}");
-        let huge_vocab = Work {
+        let huge_vocab = KernelWork {
             tokens: 8,
             vocab: Some(usize::MAX / 4),
             ..work
@@ -291,7 +291,7 @@ mod tests {
 
     #[test]
     fn every_cpu_kernel_matches_its_composed_twin() -> Result<()> {
-        let work = Work {
+        let work = KernelWork {
             device: DeviceKind::Cpu,
             model: "tiny".into(),
             tokens: 64,

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 #[derive(Clone)]
-pub struct Case {
+pub struct TrainCase {
     pub label: String,
     pub preset: String,
     /// Changes to the preset (vocabulary, layers).
@@ -31,7 +31,7 @@ pub struct Case {
     pub device: DeviceKind,
 }
 
-impl Case {
+impl TrainCase {
     pub fn precision(&self) -> &'static str {
         match self.precision {
             Precision::F32 => "f32",
@@ -42,7 +42,7 @@ impl Case {
 }
 
 pub struct TrainRow {
-    pub case: Case,
+    pub case: TrainCase,
     pub params: usize,
     pub flops_per_token: f64,
     pub tokens_per_s: f64,
@@ -103,7 +103,7 @@ impl JsonRow {
         JsonRow::untimed(&f.case, device, Some(format!("{:#}", f.error)))
     }
 
-    fn untimed(case: &Case, device: &str, error: Option<String>) -> JsonRow {
+    fn untimed(case: &TrainCase, device: &str, error: Option<String>) -> JsonRow {
         JsonRow {
             implementation: "sweep",
             model: case.label.clone(),
@@ -125,8 +125,15 @@ impl JsonRow {
     }
 }
 
-fn case(label: &str, preset: &str, vocab: usize, seq: usize, batch: usize, bf16: bool) -> Case {
-    Case {
+fn case(
+    label: &str,
+    preset: &str,
+    vocab: usize,
+    seq: usize,
+    batch: usize,
+    bf16: bool,
+) -> TrainCase {
+    TrainCase {
         label: label.into(),
         preset: preset.into(),
         overrides: ModelOverrides {
@@ -149,7 +156,7 @@ fn case(label: &str, preset: &str, vocab: usize, seq: usize, batch: usize, bf16:
 /// (`small`, vocab 8192, seq 256, batch 8: 82.6 MFLOP per token),
 /// in f32 and in bf16-mixed (with the CPU's bf16 kernel: AVX-512 BF16 or
 /// the portable one, `SWEEP_CPU_KERNELS`).
-pub fn default_cases() -> Vec<Case> {
+pub fn default_cases() -> Vec<TrainCase> {
     vec![
         case("tiny (quickstart shape)", "tiny", 32000, 512, 2, false),
         case("small (vocab 32000)", "small", 32000, 512, 2, false),
@@ -162,8 +169,8 @@ pub fn default_cases() -> Vec<Case> {
 /// and sequence 2048 (its DDP model), and `ref-8b`'s layer shapes with `layers` of
 /// its 32 layers (all of them need more than an 80 GB GPU holds) at batch 1
 /// and 2, in bf16 with flash attention; `ref-1b` also with eager attention.
-pub fn gpu_cases(layers: usize) -> Vec<Case> {
-    let gpu = |label: String, preset: &str, n_layers: Option<usize>, batch, attention| Case {
+pub fn gpu_cases(layers: usize) -> Vec<TrainCase> {
+    let gpu = |label: String, preset: &str, n_layers: Option<usize>, batch, attention| TrainCase {
         label,
         preset: preset.into(),
         overrides: ModelOverrides {
@@ -203,7 +210,7 @@ pub fn gpu_cases(layers: usize) -> Vec<Case> {
 /// The peak FLOP/s MFU is measured against on `device`: on the CPU the
 /// matmul peak of the kernel the case multiplies with, on a GPU the table's
 /// (a `gpu` name overrides the driver's, `device_name`).
-fn peak(c: &Case, device_name: &str, threads: usize, gpu: Option<&str>) -> Result<f64> {
+fn peak(c: &TrainCase, device_name: &str, threads: usize, gpu: Option<&str>) -> Result<f64> {
     Ok(match c.device {
         DeviceKind::Cpu => {
             let kernel = match c.precision {
@@ -224,7 +231,7 @@ fn peak(c: &Case, device_name: &str, threads: usize, gpu: Option<&str>) -> Resul
 
 /// A case that could not be timed (out of device memory, say), and why.
 pub struct Failed {
-    pub case: Case,
+    pub case: TrainCase,
     pub error: anyhow::Error,
 }
 
@@ -234,7 +241,7 @@ pub struct Failed {
 /// are synthetic). A case that fails is reported and the next one runs:
 /// one too large for the device should not hide the others.
 pub fn run(
-    cases: Vec<Case>,
+    cases: Vec<TrainCase>,
     steps: usize,
     threads: usize,
     gpu: Option<&str>,
@@ -264,7 +271,7 @@ pub fn run(
 }
 
 fn time_case(
-    case: &Case,
+    case: &TrainCase,
     steps: usize,
     threads: usize,
     (gpu, recompute): (Option<&str>, Recompute),
@@ -303,7 +310,7 @@ fn time_case(
 /// is freed when this returns).
 fn measure(
     mut t: Trainer,
-    case: Case,
+    case: TrainCase,
     steps: usize,
     threads: usize,
     gpu: Option<&str>,

@@ -257,7 +257,7 @@ fn history(rows: usize, dir: PathBuf) -> Result<()> {
 /// `sweep bench kernels`: fails when a kernel is outside its tolerance.
 fn kernels(k: &KernelsBenchCli, rt: &RuntimeOptions) -> Result<ExitCode> {
     let gpu = k.device == DeviceKind::Cuda;
-    let work = &crate::bench::kernels::Work {
+    let work = &crate::bench::kernels::KernelWork {
         device: k.device,
         model: k
             .model
@@ -462,8 +462,8 @@ fn plan(runs: usize, dir: PathBuf, rt: &RuntimeOptions) -> Result<()> {
 /// efficiency against its own base, so a drifting machine moves both alike),
 /// each beside the plan's forecast for it where the link is given.
 fn ddp(d: &DdpBenchCli, root: &Path) -> Result<()> {
-    use crate::bench::ddp::{Launch, Links, Work};
-    let work = &Work {
+    use crate::bench::ddp::{DdpWork, Launch, Links};
+    let work = &DdpWork {
         model: d.model.clone(),
         batch: d.batch,
         seq: d.seq_len,
@@ -532,7 +532,7 @@ fn ddp(d: &DdpBenchCli, root: &Path) -> Result<()> {
 /// medians over the rounds, each round's figures, and the forecast.
 fn ddp_rows(
     out: &mut dyn Write,
-    work: &crate::bench::ddp::Work,
+    work: &crate::bench::ddp::DdpWork,
     rounds: &[Vec<DdpRow>],
     launch: crate::bench::ddp::Launch,
     links: crate::bench::ddp::Links,

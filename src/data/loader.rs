@@ -1,6 +1,6 @@
 //! The four loaders: padded or padding-free, from text tokenized on the fly or
 //! from a pretokenized file. They differ only in where a document's ids come
-//! from (`Source`); sample construction is shared (`samples`).
+//! from (`Documents`); sample construction is shared (`samples`).
 //!
 //! A stream reads a range of documents in order, wraps around at its end and
 //! skips documents with no tokens. With several ranks ([`DataOrder`]):
@@ -73,7 +73,7 @@ pub fn shard(docs: usize, rank: usize, world: usize) -> Range<usize> {
 
 /// Where a cursor's documents come from, each kind with the row group it
 /// has at hand.
-enum Source {
+enum Documents {
     /// Text tokenized as it is read.
     Text {
         file: TextFile,
@@ -93,9 +93,9 @@ enum Source {
     },
 }
 
-impl Source {
-    fn text(file: TextFile, tok: Arc<TextTokenizer>) -> Source {
-        Source::Text {
+impl Documents {
+    fn text(file: TextFile, tok: Arc<TextTokenizer>) -> Documents {
+        Documents::Text {
             file,
             tok,
             chunk: None,
@@ -103,8 +103,8 @@ impl Source {
         }
     }
 
-    fn pretokenized(file: PretokFile) -> Source {
-        Source::Pretok {
+    fn pretokenized(file: PretokFile) -> Documents {
+        Documents::Pretok {
             file: Arc::new(file),
             docs: None,
             ahead: None,
@@ -118,14 +118,14 @@ type Pending = std::thread::JoinHandle<Result<(Docs, Scratch)>>;
 
 /// Reads the documents of a range in order, forever, wrapping at its end.
 struct DocCursor {
-    source: Source,
+    source: Documents,
     range: Range<usize>,
     next: usize,
     epoch: u64,
 }
 
 impl DocCursor {
-    fn new(source: Source, range: Range<usize>) -> DocCursor {
+    fn new(source: Documents, range: Range<usize>) -> DocCursor {
         DocCursor {
             source,
             next: range.start,
@@ -136,8 +136,8 @@ impl DocCursor {
 
     fn parquet(&self) -> &super::text::ParquetFile {
         match &self.source {
-            Source::Text { file, .. } => &file.file,
-            Source::Pretok { file, .. } => &file.file,
+            Documents::Text { file, .. } => &file.file,
+            Documents::Pretok { file, .. } => &file.file,
         }
     }
 
@@ -149,7 +149,7 @@ impl DocCursor {
     fn seek(&mut self, next: usize, epoch: u64) {
         self.next = next;
         self.epoch = epoch;
-        if let Source::Pretok { ahead, .. } = &mut self.source {
+        if let Documents::Pretok { ahead, .. } = &mut self.source {
             *ahead = None;
         }
     }
@@ -170,11 +170,11 @@ impl DocCursor {
     /// A text whose first few hundred bytes already give a token has one;
     /// only a text whose beginning gives none is tokenized whole.
     fn next_doc_has_tokens(&mut self, empty_len: usize) -> Result<bool> {
-        if !matches!(self.source, Source::Text { .. }) {
+        if !matches!(self.source, Documents::Text { .. }) {
             return Ok(self.next_doc()?.len() > empty_len);
         }
         let i = self.step();
-        let Source::Text {
+        let Documents::Text {
             file, tok, chunk, ..
         } = &mut self.source
         else {
@@ -203,7 +203,7 @@ impl DocCursor {
         let rg = self.parquet().row_group_of(i);
         let range = self.range.clone();
         match &mut self.source {
-            Source::Text {
+            Documents::Text {
                 file,
                 tok,
                 chunk,
@@ -216,7 +216,7 @@ impl DocCursor {
                 *tokens = tok.document_ids(c.get(i - c.first_doc)?)?;
                 Ok(tokens)
             }
-            Source::Pretok {
+            Documents::Pretok {
                 file,
                 docs,
                 ahead,
@@ -348,7 +348,7 @@ impl SampleStream {
         Ok(s)
     }
 
-    fn over(spec: &DataSpec, source: Source, range: Range<usize>) -> Result<SampleStream> {
+    fn over(spec: &DataSpec, source: Documents, range: Range<usize>) -> Result<SampleStream> {
         if spec.seq_len == 0 {
             bail!("the sequence length must be at least 1 token");
         }
@@ -482,15 +482,15 @@ impl SampleStream {
     }
 }
 
-fn open_source(spec: &DataSpec) -> Result<Source> {
+fn open_source(spec: &DataSpec) -> Result<Documents> {
     Ok(match &spec.source {
         SourceSpec::Text { path, column } => {
-            Source::text(TextFile::open(path, column)?, spec.tokenizer.clone())
+            Documents::text(TextFile::open(path, column)?, spec.tokenizer.clone())
         }
         SourceSpec::Pretokenized { path } => {
             let p = PretokFile::open(path)?;
             check_pretokenized(&p, spec)?;
-            Source::pretokenized(p)
+            Documents::pretokenized(p)
         }
     })
 }

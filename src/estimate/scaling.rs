@@ -87,7 +87,7 @@ pub struct Forecast {
 
 /// The shape of a data-parallel job and what its trainer does.
 #[derive(Debug, Clone, Copy)]
-pub struct Job {
+pub struct ParallelJob {
     pub world_size: usize,
     /// Ranks on one node (`ntasks_per_node`).
     pub ranks_per_node: usize,
@@ -220,7 +220,7 @@ impl Fitted {
         hints: &PlanHints,
         model: &ModelConfig,
         hw: Hardware,
-        job: Job,
+        job: ParallelJob,
     ) -> Option<Forecast> {
         let w = job.world_size;
         if w < 2 {
@@ -302,7 +302,7 @@ mod tests {
         overlaps: bool,
     ) -> Forecast {
         let model = ModelConfig::preset("ref-1b").unwrap();
-        let job = Job {
+        let job = ParallelJob {
             world_size,
             ranks_per_node: 4,
             overlaps,
@@ -338,7 +338,7 @@ mod tests {
         let model = ModelConfig::preset("ref-1b").unwrap();
         let none = PlanHints::default();
         let hw = Hardware::of(&b1, &none).unwrap();
-        let single = Job {
+        let single = ParallelJob {
             world_size: 1,
             ranks_per_node: 1,
             overlaps: true,
@@ -387,7 +387,7 @@ mod tests {
                 intra_node_gbps: None,
                 inter_node_gbps: Some(gbps),
             };
-            let job = Job {
+            let job = ParallelJob {
                 world_size: w,
                 ranks_per_node: 1,
                 overlaps: true,

@@ -146,7 +146,7 @@ fn unit(
 #[derive(Debug)]
 pub enum Event<'a> {
     /// A job went to the scheduler (or would have, on a dry run).
-    Submitted(&'a slurm::Submission),
+    Submitted(&'a slurm::Sbatch),
     /// On a dry run of the local executor: the program a unit would run.
     WouldRun { name: &'a str, command: &'a str },
     /// A local job started.

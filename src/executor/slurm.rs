@@ -26,7 +26,7 @@ type ArrayKey = (Vec<String>, Option<u32>, Vec<String>);
 
 /// One `sbatch` call.
 #[derive(Debug, Clone, Serialize)]
-pub struct Submission {
+pub struct Sbatch {
     /// The job id (an array's base id for arrays); empty on a dry run.
     pub job_id: String,
     pub script: PathBuf,
@@ -91,7 +91,7 @@ pub fn submit(
     units: &mut [Unit],
     decisions: &[Decision],
     dry_run: bool,
-) -> Result<Vec<Submission>> {
+) -> Result<Vec<Sbatch>> {
     let mut subs = Vec::new();
     let stage_jobs = submit_stages(units, decisions, dry_run, &mut subs)?;
     submit_blocks(study_dir, units, decisions, &stage_jobs, dry_run, &mut subs)?;
@@ -105,7 +105,7 @@ fn submit_stages(
     units: &mut [Unit],
     decisions: &[Decision],
     dry_run: bool,
-    subs: &mut Vec<Submission>,
+    subs: &mut Vec<Sbatch>,
 ) -> Result<HashMap<usize, String>> {
     let mut stage_jobs: HashMap<usize, String> = HashMap::new();
     for i in 0..units.len() {
@@ -127,7 +127,7 @@ fn submit_stages(
                     id.clone()
                 };
                 stage_jobs.insert(i, dep);
-                subs.push(Submission {
+                subs.push(Sbatch {
                     job_id: id,
                     script,
                     units: vec![units[i].name.clone()],
@@ -163,7 +163,7 @@ fn submit_blocks(
     decisions: &[Decision],
     stage_jobs: &HashMap<usize, String>,
     dry_run: bool,
-    subs: &mut Vec<Submission>,
+    subs: &mut Vec<Sbatch>,
 ) -> Result<()> {
     let mut blocks: IndexMap<u32, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
@@ -185,7 +185,7 @@ fn submit_blocks(
                 units[i].record_job_in(ExecutorKind::Slurm, id.clone(), Some(block))?;
             }
         }
-        subs.push(Submission {
+        subs.push(Sbatch {
             job_id: id,
             script,
             units: members.iter().map(|&i| units[i].name.clone()).collect(),
@@ -206,7 +206,7 @@ fn submit_arrays(
     decisions: &[Decision],
     stage_jobs: &HashMap<usize, String>,
     dry_run: bool,
-    subs: &mut Vec<Submission>,
+    subs: &mut Vec<Sbatch>,
 ) -> Result<()> {
     let mut groups: IndexMap<ArrayKey, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
@@ -231,7 +231,7 @@ fn submit_arrays(
             if !dry_run {
                 u.record_job(ExecutorKind::Slurm, id.clone())?;
             }
-            subs.push(Submission {
+            subs.push(Sbatch {
                 job_id: id,
                 script,
                 units: vec![u.name.clone()],
@@ -255,7 +255,7 @@ fn submit_arrays(
                 units[i].record_job(ExecutorKind::Slurm, format!("{id}_{k}"))?;
             }
         }
-        subs.push(Submission {
+        subs.push(Sbatch {
             job_id: id,
             script,
             units: members.iter().map(|&i| units[i].name.clone()).collect(),

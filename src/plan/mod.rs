@@ -132,7 +132,7 @@ impl Run {
         };
         let hw = scaling::Hardware::of(cfg, hints)?;
         let model = self.model.as_ref()?;
-        let job = scaling::Job {
+        let job = scaling::ParallelJob {
             world_size: self.world_size() as usize,
             ranks_per_node: self.slurm.ntasks_per_node.get() as usize,
             overlaps: crate::config::trainer_overlaps_allreduce(cfg.device),

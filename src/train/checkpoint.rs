@@ -56,7 +56,7 @@ impl ModelIdentity {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct State {
+pub struct TrainState {
     pub step: usize,
     pub optimizer_steps: u64,
     /// Rank 0's data position; in the global order, every rank's.
@@ -103,7 +103,7 @@ pub struct Resume<'a> {
     pub change: Option<String>,
 }
 
-impl State {
+impl TrainState {
     /// Checks that this checkpoint belongs to the run about to resume from
     /// it (`model`, `training_steps`, the tokenizer's `vocab`) and that
     /// every value it records is one a trainer can have written: a damaged
@@ -278,7 +278,7 @@ pub fn save_all_ranks(
     run_dir: &Path,
     params: &Params,
     opt: &AdamW,
-    mut state: State,
+    mut state: TrainState,
     comm: &dyn Collective,
     device: &Device,
 ) -> Result<PathBuf> {
@@ -316,7 +316,7 @@ pub fn save_all_ranks(
     Ok(dest)
 }
 
-pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &State) -> Result<PathBuf> {
+pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &TrainState) -> Result<PathBuf> {
     let root = run_dir.join(DIR);
     let dest = step_dir(run_dir, state.step);
     // A full disk (or any failure) names the checkpoint and the file.
@@ -447,7 +447,7 @@ pub struct Skipped {
 
 /// The newest whole checkpoint, if any, and the newer ones passed over
 /// (damaged, truncated, killed mid-write), newest first.
-pub fn latest(run_dir: &Path) -> (Option<(PathBuf, State)>, Vec<Skipped>) {
+pub fn latest(run_dir: &Path) -> (Option<(PathBuf, TrainState)>, Vec<Skipped>) {
     let mut skipped = Vec::new();
     for (_, dir) in checkpoints(&run_dir.join(DIR)).into_iter().rev() {
         match read_whole(&dir) {
@@ -460,7 +460,7 @@ pub fn latest(run_dir: &Path) -> (Option<(PathBuf, State)>, Vec<Skipped>) {
 
 /// The checkpoint at `step`, when it is whole (what the other ranks take
 /// once the first has chosen it).
-pub fn at_step(run_dir: &Path, step: usize) -> Result<(PathBuf, State)> {
+pub fn at_step(run_dir: &Path, step: usize) -> Result<(PathBuf, TrainState)> {
     let dir = step_dir(run_dir, step);
     let state =
         read_whole(&dir).map_err(|why| anyhow::anyhow!("checkpoint {}: {why}", dir.display()))?;
@@ -468,7 +468,7 @@ pub fn at_step(run_dir: &Path, step: usize) -> Result<(PathBuf, State)> {
 }
 
 /// The state of a whole checkpoint, or why it is not one.
-fn read_whole(dir: &Path) -> std::result::Result<State, String> {
+fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
     use crate::util::fs::read_regular;
     let contents_path = dir.join(CONTENTS);
     match read_regular(&contents_path, 1 << 20, None) {
@@ -513,7 +513,7 @@ fn read_whole(dir: &Path) -> std::result::Result<State, String> {
 /// Loads a checkpoint's tensors into the model and optimizer.
 pub fn restore(
     dir: &Path,
-    state: &State,
+    state: &TrainState,
     params: &Params,
     opt: &mut AdamW,
     device: &Device,
@@ -533,13 +533,13 @@ pub fn restore(
 mod tests {
     use super::*;
 
-    fn state(world_size: usize, data_order: DataOrder) -> State {
+    fn state(world_size: usize, data_order: DataOrder) -> TrainState {
         let at = |next_doc| LoaderState {
             next_doc,
             ..Default::default()
         };
         let per_rank = data_order == DataOrder::Contiguous;
-        State {
+        TrainState {
             step: 10,
             optimizer_steps: 10,
             loader: at(3),
@@ -580,14 +580,15 @@ mod tests {
     #[test]
     fn a_state_no_run_of_this_model_wrote_is_an_error() {
         let dir = Path::new(DIR);
-        let ok = State {
+        let ok = TrainState {
             model: Some(identity(4)),
             ..state(1, DataOrder::Global)
         };
         ok.check(&identity(4), 10, dir).unwrap();
-        let err =
-            |s: &State, steps: usize| s.check(&identity(4), steps, dir).unwrap_err().to_string();
-        let other = State {
+        let err = |s: &TrainState, steps: usize| {
+            s.check(&identity(4), steps, dir).unwrap_err().to_string()
+        };
+        let other = TrainState {
             model: Some(identity(2)),
             ..ok.clone()
         };
@@ -598,7 +599,7 @@ mod tests {
             "{e}"
         );
         assert!(err(&ok, 9).contains("beyond this run's 9 training steps"));
-        let wrapped = State {
+        let wrapped = TrainState {
             step: usize::MAX,
             ..ok.clone()
         };
@@ -609,12 +610,12 @@ mod tests {
         let mut huge = ok.clone();
         huge.loader.buffer = vec![0; MAX_BUFFER_TOKENS + 1];
         assert!(err(&huge, 10).contains("buffered tokens"));
-        let ahead = State {
+        let ahead = TrainState {
             optimizer_steps: 11,
             ..ok.clone()
         };
         assert!(err(&ahead, 10).contains("11 optimizer steps"));
-        let ranks = State {
+        let ranks = TrainState {
             world_size: 0,
             ..ok.clone()
         };
@@ -624,7 +625,7 @@ mod tests {
             .check(&identity(4), 10, dir)
             .unwrap();
         // A global batch that only a huge accumulation keeps is refused, not looped over.
-        let big = State {
+        let big = TrainState {
             global_batch: 1 << 40,
             ..state(2, DataOrder::Global)
         };
@@ -677,7 +678,7 @@ mod tests {
         );
         // Checkpoints from before data parallelism are one rank's, and
         // continue in either order on any world size.
-        let old: State = serde_json::from_value(serde_json::json!({
+        let old: TrainState = serde_json::from_value(serde_json::json!({
             "step": 5, "optimizer_steps": 5,
             "loader": {"epoch": 0, "next_doc": 7, "buffer": [], "samples": 5},
             "monitor": MonitorState::default(), "elapsed_s": 2.0, "sweep_version": "0.1.0"

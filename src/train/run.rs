@@ -412,7 +412,7 @@ fn model_identity(t: &Trainer) -> checkpoint::ModelIdentity {
 /// The checkpoint every rank resumes from: the newest whole one, as the
 /// first rank finds it (saying which newer ones it skipped, and why); the
 /// other ranks take the same step.
-fn resume_point(t: &Trainer, run_dir: &Path) -> Result<Option<(PathBuf, checkpoint::State)>> {
+fn resume_point(t: &Trainer, run_dir: &Path) -> Result<Option<(PathBuf, checkpoint::TrainState)>> {
     let ranks = t.ranks();
     let chosen = if ranks.is_main() {
         checkpoint::remove_partial(run_dir);
@@ -465,7 +465,7 @@ fn save_checkpoint(
     elapsed_s: f64,
 ) -> Result<PathBuf> {
     let ranks = t.ranks();
-    let state = checkpoint::State {
+    let state = checkpoint::TrainState {
         step,
         optimizer_steps: t.opt.t,
         loader: position.clone(),

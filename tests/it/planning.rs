@@ -929,7 +929,7 @@ fn reference_forecast(fitted: Fitted, batch: usize, one_node: f64, world_size: u
     use sweep::config::{
         model::ModelConfig, BatchSize, DeviceKind, PlanHints, Precision, TrainConfig,
     };
-    use sweep::estimate::scaling::{Hardware, Job, Traffic};
+    use sweep::estimate::scaling::{Hardware, ParallelJob, Traffic};
     let model = ModelConfig::preset("ref-1b").unwrap();
     let cfg = TrainConfig {
         model: "ref-1b".into(),
@@ -947,7 +947,7 @@ fn reference_forecast(fitted: Fitted, batch: usize, one_node: f64, world_size: u
     let hw = Hardware::of(&cfg, &hints).unwrap();
     let at = |world_size| {
         // PyTorch DDP: every gradient travels, in 25 MiB buckets.
-        let job = Job {
+        let job = ParallelJob {
             world_size,
             ranks_per_node: 4,
             overlaps: true,

@@ -8,7 +8,7 @@
 //! Needs only `g++` (12 or later): the tests say they are skipped without
 //! it, and fail where `SWEEP_REQUIRE_GPU_OFFLINE` is set.
 
-use super::{program, Arg, Launch, Mem, Plan, Ty, Value, KERNELS, SOURCES};
+use super::{program, Arg, Launch, LaunchPlan, Mem, Ty, Value, KERNELS, SOURCES};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -246,7 +246,7 @@ impl Emulator {
     /// returns its outputs. Outputs and scratch buffers start as NaN (every
     /// byte 0xff): an output value no launch writes shows. Each launch's
     /// arguments are first held to its kernel's signature.
-    pub fn run(&self, plan: &Plan, operands: &mut [Buffer]) -> Result<Vec<Buffer>, String> {
+    pub fn run(&self, plan: &LaunchPlan, operands: &mut [Buffer]) -> Result<Vec<Buffer>, String> {
         let mut buffers: Vec<Buffer> = operands.to_vec();
         let first_output = buffers.len();
         buffers.extend(plan.outputs.iter().map(|&(ty, n)| Buffer::poisoned(ty, n)));
@@ -399,7 +399,7 @@ mod tests {
                 want[r * d + i] = row[i] * inv * w[i];
             }
         }
-        let mut plan = Plan::default();
+        let mut plan = LaunchPlan::default();
         let y = plan.output(Ty::F32, rows * d);
         let args = vec![
             Value::Ptr(Mem::Operand(0), 0),

@@ -390,13 +390,13 @@ impl Launch {
 /// kernels, [`emulator`]) against the op's CPU twin: the grid sizes,
 /// offsets and the order of the arguments are the ones the GPU gets.
 #[derive(Debug, Clone, Default)]
-pub struct Plan {
+pub struct LaunchPlan {
     pub outputs: Vec<(Ty, usize)>,
     pub scratch: Vec<(Ty, usize)>,
     pub launches: Vec<Launch>,
 }
 
-impl Plan {
+impl LaunchPlan {
     /// Declares an output of `n` values (every one written by a launch).
     pub fn output(&mut self, ty: Ty, n: usize) -> Mem {
         self.outputs.push((ty, n));

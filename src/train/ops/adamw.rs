@@ -17,7 +17,7 @@
 
 use super::check::{random, Case, Shapes};
 use super::{own_kernel, Kernel};
-use crate::train::kernels::{grid_stride, Mem, Plan, Ty, Value, ADAMW};
+use crate::train::kernels::{grid_stride, LaunchPlan, Mem, Ty, Value, ADAMW};
 use candle_core::{CpuStorage, InplaceOp2, Layout, Result, Tensor, Var};
 use std::cell::RefCell;
 
@@ -107,8 +107,8 @@ pub fn device(
 /// written in place) and [norm, scale] (operand 4, f32) for n values, a
 /// grid-stride pass; `hyper` is lr, beta1, beta2, the bias corrections 1
 /// and 2, eps, weight decay. A NaN scale leaves everything as it is.
-pub fn plan(n: usize, own: Ty, hyper: [f32; 7]) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+pub fn plan(n: usize, own: Ty, hyper: [f32; 7]) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let mut args = vec![
         Value::Ptr(Mem::Operand(0), 0),
         Value::Ptr(Mem::Operand(1), 0),

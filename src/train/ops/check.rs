@@ -29,7 +29,7 @@ impl Shapes<'_> {
 }
 
 /// Runs an op on its inputs.
-pub type Run = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>>;
+pub type OpFn = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>>;
 
 /// An op under test: inputs made once, run by the kernel or the composed
 /// twin ([`super::composed_here`]), its outputs compared in f32.
@@ -52,7 +52,7 @@ pub struct Case {
     pub gpu_f32: bool,
     /// The inputs on the CPU in f32 (rounded to the measured dtype later).
     pub inputs: Vec<Tensor>,
-    pub run: Run,
+    pub run: OpFn,
 }
 
 impl Case {
@@ -63,7 +63,7 @@ impl Case {
         shape: String,
         elements_moved: usize,
         inputs: Vec<Tensor>,
-        run: Run,
+        run: OpFn,
     ) -> Case {
         Case {
             kernel,

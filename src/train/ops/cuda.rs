@@ -530,11 +530,15 @@ fn gpu_thread() -> bool {
         .is_none_or(|t| *t == std::thread::current().id())
 }
 
-/// Runs a plan ([`kernels::Plan`]) on candle's stream: allocates its outputs
+/// Runs a plan ([`kernels::LaunchPlan`]) on candle's stream: allocates its outputs
 /// and scratch buffers, then launches each kernel with its arguments (each
 /// launch held to its kernel's signature first); returns the outputs.
 /// Operands the plan writes are written in place.
-pub fn execute(dev: &CudaDevice, plan: &kernels::Plan, operands: &[Operand]) -> Result<Vec<Owned>> {
+pub fn execute(
+    dev: &CudaDevice,
+    plan: &kernels::LaunchPlan,
+    operands: &[Operand],
+) -> Result<Vec<Owned>> {
     use kernels::{Mem, Value};
     if !gpu_thread() {
         bail!("sweep's kernels are queued by the thread that opened the device (one stream, in that thread's order)");

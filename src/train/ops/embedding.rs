@@ -12,7 +12,7 @@
 
 use super::accumulate;
 use super::check::{random, Case, Shapes};
-use crate::train::kernels::{column_blocks, u32_of, Mem, Plan, Ty, Value, EMBEDDING};
+use crate::train::kernels::{column_blocks, u32_of, LaunchPlan, Mem, Ty, Value, EMBEDDING};
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor};
 
@@ -320,8 +320,8 @@ mod cuda_rows {
 /// rows of dy in position order for its columns and adds them into the
 /// token's row (positions below n and tokens below the buffer's rows,
 /// checked by [`add_rows`]).
-pub fn plan(n: usize, u: usize, d: usize, own: Ty) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+pub fn plan(n: usize, u: usize, d: usize, own: Ty) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let (n32, u32v, d32) = (
         u32_of(n, "tokens")?,
         u32_of(u, "distinct tokens")?,

@@ -4,7 +4,7 @@
 //! the fused AdamW ([`super::adamw`]) reads from device memory.
 
 use super::check::{random, Case, Shapes};
-use crate::train::kernels::{u32_of, Mem, Plan, Ty, Value, GRAD_NORM};
+use crate::train::kernels::{u32_of, LaunchPlan, Mem, Ty, Value, GRAD_NORM};
 use candle_core::{DType, Result, Tensor};
 
 /// Blocks per gradient of the sum of squares: two per SM of an H100, enough
@@ -16,7 +16,7 @@ const NORM_BLOCKS: usize = 264;
 /// operand after them, f32): each gradient's sum of squares by
 /// [`NORM_BLOCKS`] blocks, one partial each, then one block sums the
 /// partials in order and writes the pair.
-pub fn plan(lens: &[usize], own: Ty, max_norm: f32) -> std::result::Result<Plan, String> {
+pub fn plan(lens: &[usize], own: Ty, max_norm: f32) -> std::result::Result<LaunchPlan, String> {
     plan_on(lens, own, max_norm, NORM_BLOCKS)
 }
 
@@ -28,8 +28,8 @@ fn plan_on(
     own: Ty,
     max_norm: f32,
     blocks: usize,
-) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let count = lens.len() * blocks;
     let partial = plan.scratch(Ty::F32, count);
     for (i, &n) in lens.iter().enumerate() {

@@ -219,7 +219,7 @@ pub(crate) mod testing {
     }
 
     use crate::train::kernels::emulator::{Buffer, Emulator, Flavor};
-    use crate::train::kernels::{Plan, Ty};
+    use crate::train::kernels::{LaunchPlan, Ty};
 
     /// A CPU tensor's values as an emulator buffer of storage type `ty`
     /// (f32 data rounded to bf16 for Bf16).
@@ -248,7 +248,7 @@ pub(crate) mod testing {
     /// depend on nothing but the launch shape). Returns the outputs and the
     /// operands after; none where g++ is missing (the test is then skipped).
     pub fn emulate(
-        plan: &Plan,
+        plan: &LaunchPlan,
         operands: &[Buffer],
         race: bool,
     ) -> Option<(Vec<Buffer>, Vec<Buffer>)> {

@@ -5,7 +5,9 @@ use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, own_kernel, rows_per_task, work_dtype};
-use crate::train::kernels::{column_blocks, u32_of, warp_per_row, Mem, Plan, Ty, Value, RMS_NORM};
+use crate::train::kernels::{
+    column_blocks, u32_of, warp_per_row, LaunchPlan, Mem, Ty, Value, RMS_NORM,
+};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
@@ -209,8 +211,13 @@ fn rows_and_width(xl: &Layout, wl: &Layout) -> Result<(usize, usize)> {
 
 /// The forward on a GPU: y [rows, d] (output 0) from x [rows, d] (operand
 /// 0) and w [d] (operand 1), a warp per row.
-pub fn forward_plan(rows: usize, d: usize, own: Ty, eps: f32) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+pub fn forward_plan(
+    rows: usize,
+    d: usize,
+    own: Ty,
+    eps: f32,
+) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let y = plan.output(own, rows * d);
     let (rows32, d32) = (u32_of(rows, "rows")?, u32_of(d, "width")?);
     plan.launch(
@@ -243,8 +250,8 @@ pub fn backward_plan(
     d: usize,
     own: Ty,
     eps: f32,
-) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let out = plan.output(own, (rows + 1) * d);
     let r = plan.scratch(Ty::F32, rows);
     let slabs = DW_SLABS.min(rows).max(1);

@@ -7,7 +7,7 @@ use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, own_kernel};
-use crate::train::kernels::{grid_stride, u32_of, Mem, Plan, Ty, Value, ROPE};
+use crate::train::kernels::{grid_stride, u32_of, LaunchPlan, Mem, Ty, Value, ROPE};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor};
@@ -203,8 +203,8 @@ pub fn plan(
     own: Ty,
     forward: bool,
     rotate: bool,
-) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let n = d0 * d1 * d2 * q;
     let y = plan.output(own, n);
     let (cos, sin) = match rotate {

@@ -5,7 +5,7 @@ use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, own_kernel, work_dtype};
-use crate::train::kernels::{grid_stride, Mem, Plan, Ty, Value, SILU_MUL};
+use crate::train::kernels::{grid_stride, LaunchPlan, Mem, Ty, Value, SILU_MUL};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
@@ -149,8 +149,8 @@ impl CustomOp3 for SiluMulBwd {
 /// The forward (`backward` false: silu(a)·b of operands a and b) or the
 /// backward ([da; db] from a, b and dy) of n values on a GPU, as output 0:
 /// a grid-stride pass over the elements.
-pub fn plan(n: usize, own: Ty, backward: bool) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+pub fn plan(n: usize, own: Ty, backward: bool) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let out = plan.output(own, if backward { 2 * n } else { n });
     let mut args = vec![
         Value::Ptr(Mem::Operand(0), 0),

@@ -7,7 +7,7 @@
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, own_kernel, rows_per_task, work_dtype};
-use crate::train::kernels::{block_per_row, u32_of, Mem, Plan, Ty, Value, SOFTMAX};
+use crate::train::kernels::{block_per_row, u32_of, LaunchPlan, Mem, Ty, Value, SOFTMAX};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
@@ -238,8 +238,8 @@ pub fn forward_plan(
     own: Ty,
     (period, first, causal): (usize, usize, bool),
     scale: f32,
-) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let p = plan.output(own, rows * keys);
     let rows32 = u32_of(rows, "softmax rows")?;
     plan.launch(
@@ -267,8 +267,8 @@ pub fn backward_plan(
     keys: usize,
     own: Ty,
     scale: f32,
-) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     let ds = plan.output(own, rows * keys);
     plan.launch(
         &SOFTMAX,

@@ -15,7 +15,7 @@ use super::check::{random, Case, Shapes};
 use super::cuda;
 use super::{f32s, fused, own_kernel, work_dtype};
 use crate::data::samples::IGNORE;
-use crate::train::kernels::{block_per_row, u32_of, Mem, Plan, Ty, Value, CROSS_ENTROPY};
+use crate::train::kernels::{block_per_row, u32_of, LaunchPlan, Mem, Ty, Value, CROSS_ENTROPY};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 #[cfg(any(test, feature = "cuda"))]
@@ -228,8 +228,8 @@ impl candle_core::InplaceOp2 for LossAndGrad {
 /// gradient written over them, scaled by `scale`), labels (operand 1, u32,
 /// ignored as u32::MAX) and each row's loss into operand 2 (f32): a block
 /// per row.
-pub fn plan(n: usize, v: usize, own: Ty, scale: f32) -> std::result::Result<Plan, String> {
-    let mut plan = Plan::default();
+pub fn plan(n: usize, v: usize, own: Ty, scale: f32) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
     plan.launch(
         &CROSS_ENTROPY,
         "loss_and_grad",
