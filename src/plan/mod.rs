@@ -59,7 +59,7 @@ pub struct Run {
     pub stage: Option<usize>,
     pub dir: PathBuf,
     /// Its block and place in a blocked design.
-    pub block: Option<record::Placement>,
+    pub block: Option<record::DesignSlot>,
     /// The built-in trainer's model shape, resolved once when the run is
     /// planned (a preset without a vocabulary of its own takes its
     /// tokenizer's); none for commands, or where the tokenizer cannot be

@@ -210,7 +210,7 @@ pub struct Configuration {
 /// its block (one run of every configuration; the repeat) and its place in
 /// the block's order, both from 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Placement {
+pub struct DesignSlot {
     pub block: u32,
     pub position: u32,
 }
@@ -247,7 +247,7 @@ pub struct RunRecord {
     pub environment: Option<crate::manifest::EnvironmentSpec>,
     /// Its block and place in a blocked design (runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub block: Option<Placement>,
+    pub block: Option<DesignSlot>,
     /// This run's measurement: an id drawn at random when its directory is
     /// made afresh (its first render, `--again`, `--replace-changed`) and
     /// kept for as long as the directory lives (runs only). The history

@@ -238,7 +238,7 @@ fn slope(pts: &[(f64, f64)]) -> Option<Fit> {
 mod tests {
     use super::*;
     use crate::executor::{State, Status};
-    use crate::plan::record::{Configuration, Placement};
+    use crate::plan::record::{Configuration, DesignSlot};
 
     /// `blocks` blocks of configurations a..d, each block on its own node
     /// with a speed of its own, and `drift` percent slower per place for
@@ -253,7 +253,7 @@ mod tests {
                 let c = ((k + b) % 4) as u8;
                 let name = ((b'a' + c) as char).to_string();
                 let mut r = RunLog::new(format!("{name}-r{b}"), Status::new(State::Completed));
-                r.block = Some(Placement {
+                r.block = Some(DesignSlot {
                     block: b,
                     position: k + 1,
                 });

@@ -16,7 +16,7 @@ const KEEP: usize = 1000;
 const READ_MAX: u64 = 16 << 20;
 
 pub struct Progress {
-    source: Reporter,
+    source: Feed,
     /// Records so far.
     pub records: u64,
     /// When the last new record was seen.
@@ -25,7 +25,7 @@ pub struct Progress {
     intervals: Vec<f64>,
 }
 
-enum Reporter {
+enum Feed {
     Lines(Lines),
     Ranks {
         dir: PathBuf,
@@ -60,7 +60,7 @@ impl Progress {
                 if log.is_none() {
                     eprintln!("sweep watchdog: this job's output is not a file: its progress lines cannot be read, so only the startup limit can stop it");
                 }
-                Reporter::Lines(Lines {
+                Feed::Lines(Lines {
                     log,
                     offset,
                     partial: Vec::new(),
@@ -68,7 +68,7 @@ impl Progress {
                     last_match: None,
                 })
             }
-            None => Reporter::Ranks {
+            None => Feed::Ranks {
                 dir: run_dir.to_path_buf(),
                 world: std::env::var("WORLD_SIZE")
                     .ok()
@@ -88,8 +88,8 @@ impl Progress {
     /// Reads what came since the last look.
     pub fn poll(&mut self) {
         let new = match &mut self.source {
-            Reporter::Lines(lines) => lines.read(),
-            Reporter::Ranks { dir, world, step } => {
+            Feed::Lines(lines) => lines.read(),
+            Feed::Ranks { dir, world, step } => {
                 let beats = heartbeat::read_all(dir);
                 let slowest = slowest(&beats, *world);
                 let new = slowest.saturating_sub(*step);
@@ -131,35 +131,35 @@ impl Progress {
     /// a quoted progress line would be read as one).
     pub fn so_far(&self) -> Option<String> {
         match &self.source {
-            Reporter::Lines(_) if self.records == 1 => Some("1 progress line".into()),
-            Reporter::Lines(_) => {
+            Feed::Lines(_) if self.records == 1 => Some("1 progress line".into()),
+            Feed::Lines(_) => {
                 (self.records > 1).then(|| format!("{} progress lines", self.records))
             }
-            Reporter::Ranks { step, .. } => (*step > 0).then(|| format!("step {step}")),
+            Feed::Ranks { step, .. } => (*step > 0).then(|| format!("step {step}")),
         }
     }
 
     /// The last line that matched the pattern.
     pub fn last_line(&self) -> Option<&str> {
         match &self.source {
-            Reporter::Lines(l) => l.last_match.as_deref(),
-            Reporter::Ranks { .. } => None,
+            Feed::Lines(l) => l.last_match.as_deref(),
+            Feed::Ranks { .. } => None,
         }
     }
 
     /// The ranks' reports, for a trainer run.
     pub fn beats(&self) -> Option<(Vec<Beat>, Option<usize>)> {
         match &self.source {
-            Reporter::Ranks { dir, world, .. } => Some((heartbeat::read_all(dir), *world)),
-            Reporter::Lines(_) => None,
+            Feed::Ranks { dir, world, .. } => Some((heartbeat::read_all(dir), *world)),
+            Feed::Lines(_) => None,
         }
     }
 
     /// The job's log, where the watchdog reads it.
     pub fn log(&self) -> Option<&Path> {
         match &self.source {
-            Reporter::Lines(l) => l.log.as_deref(),
-            Reporter::Ranks { .. } => own_log_cached(),
+            Feed::Lines(l) => l.log.as_deref(),
+            Feed::Ranks { .. } => own_log_cached(),
         }
     }
 }

@@ -103,7 +103,7 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
 fn run_order<'c>(
     m: &Manifest,
     combos: &'c [Vec<usize>],
-) -> Vec<(u32, &'c Vec<usize>, Option<super::record::Placement>)> {
+) -> Vec<(u32, &'c Vec<usize>, Option<super::record::DesignSlot>)> {
     (0..m.repeats)
         .flat_map(|r| {
             let within: Vec<usize> = match m.design {
@@ -112,7 +112,7 @@ fn run_order<'c>(
             };
             let blocked = m.design == Design::Blocks;
             within.into_iter().enumerate().map(move |(k, c)| {
-                let block = blocked.then_some(super::record::Placement {
+                let block = blocked.then_some(super::record::DesignSlot {
                     block: r + 1,
                     position: k as u32 + 1,
                 });

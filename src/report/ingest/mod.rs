@@ -323,7 +323,7 @@ pub struct RunLog {
     pub ranks: Vec<jsonl::RankInterval>,
     /// Its block and place in a blocked design (`[sweep] design =
     /// "blocks"`): the runs of one block are compared with each other.
-    pub block: Option<crate::plan::record::Placement>,
+    pub block: Option<crate::plan::record::DesignSlot>,
     /// The nodes it ran on (its allocation's, as its job recorded them),
     /// where a blocked design's report says where each block ran.
     pub nodes: Vec<String>,
