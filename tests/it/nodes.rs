@@ -474,7 +474,7 @@ fn a_node_lost_mid_run_fails_the_job_and_the_run_resumes_on_the_other() {
     let mut polls = 0u32;
     while losses(&run).len() < 25 {
         polls += 1;
-        let ended = polls % 25 == 0 && {
+        let ended = polls.is_multiple_of(25) && {
             let st = &cluster.states(root.path(), &m)["two-nodes"].0;
             !st.starts_with("RUNNING") && !st.starts_with("PENDING")
         };
