@@ -24,10 +24,15 @@ pub fn mpirun(ranks: u32, argv: &[&str]) -> Result<Command> {
     // shared-memory transport copies large messages in one step where this
     // machine lets one process read another's memory (else through shared
     // buffers: the single-copy mechanism fails inside many VMs and
-    // containers). A setting already in the environment wins. MPICH ignores
-    // these.
+    // containers). Inside a SLURM allocation of several nodes (`sbatch
+    // --nodes=2 --wrap "sweep run --executor local …"`) the ranks stay on
+    // this machine: Open MPI would read the allocation and start one rank
+    // a node through srun. A setting already in the environment wins. MPICH
+    // ignores these.
     let unset = |key: &str| std::env::var_os(key).is_none();
     for (key, value) in [
+        ("OMPI_MCA_ras", "^slurm"),
+        ("OMPI_MCA_plm", "^slurm"),
         ("OMPI_MCA_mpi_yield_when_idle", "1"),
         ("OMPI_MCA_rmaps_base_oversubscribe", "1"),
         ("OMPI_MCA_hwloc_base_binding_policy", "none"),

@@ -434,6 +434,73 @@ cpus_per_task = 2
     assert_eq!(hosts, ["node1", "node2"], "runs on both nodes");
 }
 
+/// `sweep run --executor local` inside a two-node allocation: its two-rank
+/// run's ranks both train on the node sweep runs on (Open MPI's `mpirun`
+/// would otherwise place them by the allocation, one a node, and the rank on
+/// the other node could not reach the master at 127.0.0.1).
+#[test]
+#[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
+fn a_local_study_inside_a_two_node_allocation_keeps_its_ranks_on_its_node() {
+    let Some(cluster) = Cluster::take() else {
+        return;
+    };
+    let root = project();
+    let m = root.path().join("inside.toml");
+    write(
+        &m,
+        &format!(
+            r#"name = "inside"
+executor = "local"
+[defaults]
+tokenizer = "{tok}"
+dataset = "{data}"
+model = "tiny"
+architecture = {{ dim = 32, n_layers = 2 }}
+dataset_type = "padded"
+sequence_length = 32
+batch_size = 1
+training_steps = 4
+logging_frequency = 1
+threads = 1
+[slurm]
+ntasks_per_node = 2
+"#,
+            tok = repo()
+                .join("assets/tokenizers/mistral-7b/tokenizer.json")
+                .display(),
+            data = repo().join("assets/data/quickstart.parquet").display(),
+        ),
+    );
+    let log = root.path().join("allocation.out");
+    let out = cluster
+        .env(&mut Command::new("sbatch"))
+        .args(["--wait", "--nodes=2", "--ntasks-per-node=1", "--time=3"])
+        .arg(format!("--output={}", log.display()))
+        .arg(format!("--chdir={}", root.path().display()))
+        .arg("--wrap")
+        .arg(format!(
+            "exec '{}' run '{}'",
+            env!("CARGO_BIN_EXE_sweep"),
+            m.display()
+        ))
+        .output()
+        .unwrap();
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    let states = super::support::status(root.path(), &m);
+    let run = root
+        .path()
+        .join("results/inside")
+        .join(states.keys().next().unwrap());
+    assert!(
+        out.status.success() && states.values().all(|(st, _)| st == "COMPLETED"),
+        "{states:?} {}\n{said}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        run_log(&run)
+    );
+    let host = run_host(&run);
+    assert_eq!(placement(&run), [host.as_str(), host.as_str()], "{said}");
+}
+
 /// A two-node run loses a node mid-run (its link taken down, every process
 /// on it killed): SLURM ends the job within a bound instead of leaving rank
 /// 0 waiting in the gradient sum for ever; the run resumes from its last
