@@ -229,6 +229,28 @@ fn run_log(run: &Path) -> String {
     super::support::job_logs(run)
 }
 
+/// The tiny model on the bundled text, batch 1 a rank, one thread: the
+/// `[defaults]` of this file's studies.
+fn tiny_defaults() -> String {
+    format!(
+        r#"tokenizer = "{tok}"
+dataset = "{data}"
+model = "tiny"
+architecture = {{ dim = 32, n_layers = 2 }}
+dataset_type = "padded"
+sequence_length = 64
+batch_size = 1
+learning_rate = 3e-3
+warmup_steps = 2
+logging_frequency = 1
+threads = 1"#,
+        tok = repo()
+            .join("assets/tokenizers/mistral-7b/tokenizer.json")
+            .display(),
+        data = repo().join("assets/data/quickstart.parquet").display(),
+    )
+}
+
 /// A data-parallel study of the tiny model on the bundled text: `one-node`
 /// (1 node, 2 ranks) and `two-nodes` (2 nodes, 1 rank each), batch 1 per
 /// rank; `extra` goes into `[defaults]`, `slurm` into `[slurm]`, `sweep`
@@ -241,17 +263,7 @@ fn study(root: &Path, name: &str, extra: &str, sweep: &str, slurm: &str) -> Path
             r#"name = "{name}"
 executor = "slurm"
 [defaults]
-tokenizer = "{tok}"
-dataset = "{data}"
-model = "tiny"
-architecture = {{ dim = 32, n_layers = 2 }}
-dataset_type = "padded"
-sequence_length = 64
-batch_size = 1
-learning_rate = 3e-3
-warmup_steps = 2
-logging_frequency = 1
-threads = 1
+{defaults}
 {extra}
 [sweep]
 name = "{{{{ 'one-node' if slurm.nodes == 1 else 'two-nodes' }}}}"
@@ -266,10 +278,7 @@ cpus_per_task = 1
 env = {{ SWEEP_CHECK_REPLICAS = "1" }}
 {slurm}
 "#,
-            tok = repo()
-                .join("assets/tokenizers/mistral-7b/tokenizer.json")
-                .display(),
-            data = repo().join("assets/data/quickstart.parquet").display(),
+            defaults = tiny_defaults(),
         ),
     );
     m
@@ -452,40 +461,20 @@ fn a_local_study_inside_a_two_node_allocation_keeps_its_ranks_on_its_node() {
             r#"name = "inside"
 executor = "local"
 [defaults]
-tokenizer = "{tok}"
-dataset = "{data}"
-model = "tiny"
-architecture = {{ dim = 32, n_layers = 2 }}
-dataset_type = "padded"
-sequence_length = 32
-batch_size = 1
+{}
 training_steps = 4
-logging_frequency = 1
-threads = 1
 [slurm]
 ntasks_per_node = 2
 "#,
-            tok = repo()
-                .join("assets/tokenizers/mistral-7b/tokenizer.json")
-                .display(),
-            data = repo().join("assets/data/quickstart.parquet").display(),
+            tiny_defaults()
         ),
     );
-    let log = root.path().join("allocation.out");
-    let out = cluster
-        .env(&mut Command::new("sbatch"))
-        .args(["--wait", "--nodes=2", "--ntasks-per-node=1", "--time=3"])
-        .arg(format!("--output={}", log.display()))
-        .arg(format!("--chdir={}", root.path().display()))
-        .arg("--wrap")
-        .arg(format!(
-            "exec '{}' run '{}'",
-            env!("CARGO_BIN_EXE_sweep"),
-            m.display()
-        ))
-        .output()
-        .unwrap();
-    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    let (out, said) = super::support::sweep_run_in_allocation(
+        cluster.env(&mut Command::new("sbatch")),
+        root.path(),
+        &m,
+        &["--nodes=2", "--ntasks-per-node=1", "--time=3"],
+    );
     let states = super::support::status(root.path(), &m);
     let run = root
         .path()

@@ -384,25 +384,12 @@ fn a_local_study_inside_an_allocation_trains_each_run_as_one_rank() {
         "training_steps = 4\nsequence_length = 32",
         "[sweep.grid]\nseed = [1, 2]",
     );
-    let log = root.path().join("allocation.out");
-    let out = Command::new("sbatch")
-        .args([
-            "--wait",
-            "--ntasks=2",
-            "--time=5",
-            "--job-name=sweep-test-inside",
-        ])
-        .arg(format!("--output={}", log.display()))
-        .arg(format!("--chdir={}", root.path().display()))
-        .arg("--wrap")
-        .arg(format!(
-            "exec '{}' run '{}'",
-            env!("CARGO_BIN_EXE_sweep"),
-            m.display()
-        ))
-        .output()
-        .unwrap();
-    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    let (out, said) = super::support::sweep_run_in_allocation(
+        &mut Command::new("sbatch"),
+        root.path(),
+        &m,
+        &["--ntasks=2", "--time=5", "--job-name=sweep-test-inside"],
+    );
     assert!(
         out.status.success(),
         "the allocation's sweep run: {}\n{said}",

@@ -114,6 +114,32 @@ pub fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T
     }
 }
 
+/// `sweep run <manifest>` as a batch job: `sbatch --wait <args> --wrap …`
+/// (`sbatch` a command set up for its cluster) from `root`; its exit status
+/// and what the job printed.
+pub fn sweep_run_in_allocation(
+    sbatch: &mut Command,
+    root: &Path,
+    manifest: &Path,
+    args: &[&str],
+) -> (Output, String) {
+    let log = root.join("allocation.out");
+    let out = sbatch
+        .arg("--wait")
+        .args(args)
+        .arg(format!("--output={}", log.display()))
+        .arg(format!("--chdir={}", root.display()))
+        .arg("--wrap")
+        .arg(format!(
+            "exec '{}' run '{}'",
+            env!("CARGO_BIN_EXE_sweep"),
+            manifest.display()
+        ))
+        .output()
+        .unwrap();
+    (out, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
 /// `sweep status --json` as (name -> (state, exit_code)).
 pub fn status(
     root: &Path,
