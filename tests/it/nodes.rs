@@ -444,9 +444,9 @@ cpus_per_task = 2
 }
 
 /// `sweep run --executor local` inside a two-node allocation: its two-rank
-/// run's ranks both train on the node sweep runs on (Open MPI's `mpirun`
-/// would otherwise place them by the allocation, one a node, and the rank on
-/// the other node could not reach the master at 127.0.0.1).
+/// run's ranks both train on the node sweep runs on. Open MPI's `mpirun`
+/// would otherwise place them by the allocation, one a node: the run trained
+/// across both nodes while its plan, threads and record counted one.
 #[test]
 #[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
 fn a_local_study_inside_a_two_node_allocation_keeps_its_ranks_on_its_node() {
