@@ -306,7 +306,7 @@ impl SampleStream {
     /// A stream over this rank's training samples: its slice of the global
     /// sequence, or its shard's.
     pub fn open(spec: &DataSpec) -> Result<SampleStream> {
-        let source = open_source(spec)?;
+        let source = open_documents(spec)?;
         let mut s = Self::over(spec, source, 0..0)?;
         let total = s.cursor.docs();
         if spec.holdout >= total {
@@ -340,7 +340,7 @@ impl SampleStream {
 
     /// A stream over the held-out documents (the same for every rank).
     pub fn open_validation(spec: &DataSpec) -> Result<SampleStream> {
-        let source = open_source(spec)?;
+        let source = open_documents(spec)?;
         let mut s = Self::over(spec, source, 0..0)?;
         let total = s.cursor.docs();
         s.cursor.range = (total - spec.holdout.min(total))..total;
@@ -482,7 +482,7 @@ impl SampleStream {
     }
 }
 
-fn open_source(spec: &DataSpec) -> Result<Documents> {
+fn open_documents(spec: &DataSpec) -> Result<Documents> {
     Ok(match &spec.source {
         SourceSpec::Text { path, column } => {
             Documents::text(TextFile::open(path, column)?, spec.tokenizer.clone())
