@@ -2,8 +2,8 @@
 // f32 arithmetic whatever the storage (f32, or bf16 rounded to nearest even).
 // The gradient scale (clipping) is clip[1], written on the device by
 // grad_norm.cu's clip_scale; NaN (a non-finite norm) leaves everything as it is.
-// Compiled at run time by NVRTC (src/train/optim_cuda.rs); checked offline by
-// scripts/check-kernels.sh.
+// Compiled at run time by NVRTC (src/train/ops/adamw.rs launches it and holds
+// the CPU twin); checked offline by scripts/check-gpu-offline.sh.
 __device__ void step(float& p, float& m, float& v, float g, float lr, float scale, float b1, float b2,
                      float bc1, float bc2, float eps, float wd) {
     g *= scale;

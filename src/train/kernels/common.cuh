@@ -1,6 +1,6 @@
 // Shared by every kernel source of the trainer: NVRTC compiles each source
-// with this text in front of it (src/train/ops/cuda.rs), and
-// scripts/check-kernels.sh passes it to nvcc with -include. No CUDA headers:
+// with this text in front of it (src/train/ops/cuda.rs; the offline check,
+// scripts/check-gpu-offline.sh, compiles the same text). No CUDA headers:
 // NVRTC finds none on a machine without a toolkit.
 //
 // Storage is f32 or bf16 (as its raw 16 bits); arithmetic is f32 throughout,

@@ -1,5 +1,5 @@
 // The head's loss and its gradient in one kernel, in place over the logits
-// (src/train/ops/cross_entropy.rs holds the CPU twin and the launch). One
+// (src/train/ops/cross_entropy/mod.rs holds the CPU twin and the launch). One
 // block per row of V logits: the row's max and sum of exponentials in one
 // pass (online), then d logits = scale (softmax - onehot(label)) written over
 // the logits, and the row's loss lse - x[label] (0 where the label is

@@ -1,7 +1,7 @@
 // The global L2 norm of every gradient and the factor clipping scales them
 // by, on the device, so that the optimizer step needs no read of the host
-// (src/train/optim_cuda.rs launches these; src/train/optim.rs holds the CPU
-// twin). A fixed launch shape and fixed orders of addition: the same bits
+// (src/train/ops/grad_norm.rs launches these and holds the host's tensor
+// ops). A fixed launch shape and fixed orders of addition: the same bits
 // every run.
 
 // Each block's sum of squares over its grid-stride share of one gradient of
