@@ -21,6 +21,7 @@ mod nodes;
 mod page;
 mod planning;
 mod report;
+mod repository;
 mod slurm;
 mod support;
 mod train;
