@@ -24,10 +24,12 @@
 #    the device with its message, no crash (~15 minutes per set cold: not in
 #    CI; before submitting a change to how the device opens).
 #
-#   scripts/check-gpu-offline.sh [--kernels] [--flash-attn] [--link] [-- <cargo test args>]
+#   scripts/check-gpu-offline.sh [--kernels | --feature-sets] [--flash-attn] [--link] [-- <cargo test args>]
 #   scripts/check-gpu-offline.sh --fetch
 #
-# --kernels runs only step 1 (seconds once built: for a kernel change).
+# --kernels runs only step 1 (seconds once built: for a kernel change);
+# --feature-sets only steps 2 and 3 (scripts/test.sh runs it beside the
+# integration tests: minutes of compiling that needs no cluster).
 # --fetch only downloads what the checks need (NVRTC, cuobjdump and the
 # offline toolkit) and exits: scripts/test.sh runs it beside the build.
 # NVRTC and cuobjdump come from NVIDIA's PyPI wheels, pinned by sha256 (no
@@ -37,17 +39,19 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 KERNELS_ONLY=0
+SETS_ONLY=0
 FETCH_ONLY=0
 FLASH=0
 LINK=0
 while [[ $# -gt 0 ]]; do
     case $1 in
         --kernels) KERNELS_ONLY=1; shift ;;
+        --feature-sets) SETS_ONLY=1; shift ;;
         --fetch) FETCH_ONLY=1; shift ;;
         --flash-attn) FLASH=1; shift ;;
         --link) LINK=1; shift ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
         *) echo "check-gpu-offline: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -81,10 +85,12 @@ if [[ $FETCH_ONLY -eq 1 ]]; then
     exit 0
 fi
 
-started=$(date +%s)
-cargo test --release --locked "$@" --lib -- train::kernels under_emulation
-log "kernels checked in $(($(date +%s) - started)) s"
-[[ $KERNELS_ONLY -eq 1 ]] && exit 0
+if [[ $SETS_ONLY -eq 0 ]]; then
+    started=$(date +%s)
+    cargo test --release --locked "$@" --lib -- train::kernels under_emulation
+    log "kernels checked in $(($(date +%s) - started)) s"
+    [[ $KERNELS_ONLY -eq 1 ]] && exit 0
+fi
 
 # The feature sets, type-checked against the offline toolkit (candle's own
 # kernels are compiled once by nvcc, in target/gpu-check/, and kept there).

@@ -9,7 +9,8 @@
 # PyPI; NVRTC, cuobjdump and an offline CUDA toolkit from NVIDIA's PyPI wheels;
 # the aarch64 cross compilers from Debian packages),
 # checks the CUDA code without a GPU (scripts/check-gpu-offline.sh) and the
-# aarch64 build (scripts/aarch64.sh check), starts the
+# aarch64 build (scripts/aarch64.sh check; both type-checks beside the
+# integration tests, which mostly wait on jobs), starts the
 # local cluster if it is not running (and stops it again at
 # the end), and runs `cargo test --release --features mpi` with every test
 # included (the `mpi` feature adds data parallelism between CPU ranks), then
@@ -25,21 +26,32 @@ mkdir -p target
 setsid bash -c 'scripts/setup.sh python && scripts/check-gpu-offline.sh --fetch &&
     scripts/aarch64.sh toolchain' >target/test-downloads.log 2>&1 &
 downloads=$!
-trap 'kill -- -$downloads 2>/dev/null || true' EXIT
+checks=
+cleanup() {
+    kill -- -$downloads 2>/dev/null || true
+    [ -z "$checks" ] || kill -- -$checks 2>/dev/null || true
+}
+trap cleanup EXIT
 cargo build --release --locked --features mpi
 wait $downloads || { cat target/test-downloads.log >&2; echo "test.sh: a download failed (above)" >&2; exit 1; }
 cat target/test-downloads.log >&2
 scripts/fetch-assets.sh
+# Every test binary, once (the runs below only start them).
+cargo test --release --locked --features mpi --no-run
 
 # The CUDA code without a GPU: every kernel compiled by NVRTC as the trainer
-# compiles it and held to its signature, and the CUDA feature sets
-# type-checked (scripts/check-gpu-offline.sh says how).
-scripts/check-gpu-offline.sh -- --features mpi
+# compiles it and held to its signature (scripts/check-gpu-offline.sh says how).
+scripts/check-gpu-offline.sh --kernels -- --features mpi
 
-# The GH200's architecture: every default-build target type-checked for
-# aarch64 (scripts/aarch64.sh test, run before a change to the CPU kernels or
-# the dependencies, builds it and runs it under qemu).
-scripts/aarch64.sh check
+# Type-checks that need no cluster, in their own process group beside the
+# integration tests below (which mostly wait on jobs; the suite passes on a
+# loaded machine): the CUDA feature sets (check-gpu-offline.sh's step 2,
+# ~10 minutes cold), and every default-build target for aarch64, the GH200's
+# architecture (scripts/aarch64.sh test, run before a change to the CPU
+# kernels or the dependencies, builds it and runs it under qemu).
+setsid bash -c 'scripts/check-gpu-offline.sh --feature-sets && scripts/aarch64.sh check' \
+    >target/test-checks.log 2>&1 &
+checks=$!
 
 started=0
 if ! scripts/local-slurm.sh status 2>/dev/null; then
@@ -66,6 +78,7 @@ else
     echo "test.sh: no two-node cluster, its tests will say so: $SWEEP_TEST_TWO_NODES_SKIPPED" >&2
 fi
 stop_clusters() {
+    cleanup
     [ $two_started -eq 1 ] && two_nodes down
     [ $started -eq 1 ] && scripts/local-slurm.sh down
     return 0
@@ -83,7 +96,6 @@ else
     # The two-node tests take that cluster one at a time (tests/it/nodes.rs)
     # and mostly wait on it: in a run of their own beside the others, no test
     # thread of the main run is held waiting for the cluster's turn.
-    cargo test --release --locked --features mpi --no-run
     cargo test --release --locked --features mpi --test it -- --include-ignored \
         --test-threads=1 nodes:: >target/test-nodes.log 2>&1 &
     nodes=$!
@@ -101,3 +113,8 @@ fi
 if [ $# -eq 0 ] && grep -qw avx512_bf16 /proc/cpuinfo; then
     SWEEP_CPU_KERNELS=portable cargo test --release --locked --features mpi --lib bf16
 fi
+
+# The type-checks started beside the tests.
+wait $checks || { cat target/test-checks.log >&2; echo "test.sh: a type-check failed (above)" >&2; exit 1; }
+checks=
+cat target/test-checks.log >&2
