@@ -336,4 +336,41 @@ mod tests {
         let t = throughput(1000, 1.0, 1e10, 1e12);
         assert!((t.mfu_pct - 1000.0).abs() < 1e-9 && (t.tflops - 10.0).abs() < 1e-9);
     }
+
+    /// Each logged step whose MFU is above 100% gets an event (the run goes
+    /// on), the others none, and the warning is said once: on recorded step
+    /// times, so that the verdict does not depend on the machine's speed.
+    #[test]
+    fn an_event_for_each_step_above_the_peak_and_one_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = TrainConfig::default();
+        // 1e9 FLOP per token against a peak of 1e12 FLOP/s: 1000 tokens/s is 100%.
+        let log = MetricsLog::open(dir.path()).unwrap();
+        let mut r = Reporter::new(Some(log), &cfg, 1, 1e9, 1e12, "test".into());
+        for (step, seconds) in [(1, 2.0), (2, 0.5), (3, 1.0), (4, 0.25)] {
+            r.count(1000, 1000, seconds, 0.0);
+            r.log(LoggedStep {
+                step,
+                loss: 1.0,
+                lr: 1e-3,
+                grad_norm: 1.0,
+                elapsed_s: 0.0,
+                peak_memory_mb: 0.0,
+                val_loss: None,
+                rank_compute_s: Vec::new(),
+            })
+            .unwrap();
+            assert_eq!(r.mfu_warned, step >= 2, "warned from the first step above");
+        }
+        let text = std::fs::read_to_string(dir.path().join(crate::layout::METRICS_JSONL)).unwrap();
+        let events: Vec<(u64, f64)> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["event"] == "mfu_above_peak")
+            .map(|v| (v["step"].as_u64().unwrap(), v["value"].as_f64().unwrap()))
+            .collect();
+        // 50% (2 s), 200%, exactly 100% (not above), 400%.
+        assert_eq!(events, [(2, 200.0), (4, 400.0)], "{text}");
+        assert_eq!(text.lines().count(), 4 + 2, "every step logged: {text}");
+    }
 }

@@ -157,7 +157,11 @@ fn on_the_fly_and_pretokenized_data_give_identical_loss_curves() {
 
 /// Validation runs on its own schedule (here at 5, 10 and the last step,
 /// whatever the logging frequency), and an MFU above 100% (a peak set far too
-/// low) is a warning event in metrics.jsonl, not the end of the run.
+/// low) is a warning event in metrics.jsonl, not the end of the run: an
+/// event at each logged step whose recorded MFU is above 100% and at no
+/// other, and one warning in the job's log. (Whether a step comes out above
+/// 1 GFLOP/s depends on the machine's load: a step on a busy machine may not;
+/// `metrics::tests` holds the rule to recorded step times.)
 #[test]
 fn validation_keeps_its_schedule_and_mfu_above_peak_is_a_warning() {
     let root = project();
@@ -169,7 +173,8 @@ fn validation_keeps_its_schedule_and_mfu_above_peak_is_a_warning() {
     );
     run_ok(sweep(root.path()).arg("submit").arg(&m));
     let run = root.path().join("results/sched/run");
-    let steps: Vec<(u64, bool)> = metrics(&run)
+    let logged = metrics(&run);
+    let steps: Vec<(u64, bool)> = logged
         .iter()
         .map(|v| (v["step"].as_u64().unwrap(), v.get("val_loss").is_some()))
         .collect();
@@ -186,21 +191,25 @@ fn validation_keeps_its_schedule_and_mfu_above_peak_is_a_warning() {
         "logged every 4, validated every 5 and at the end"
     );
     let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    let events: Vec<serde_json::Value> = text
+    let events: Vec<(u64, f64)> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["event"] == "mfu_above_peak")
+        .map(|v| (v["step"].as_u64().unwrap(), v["value"].as_f64().unwrap()))
+        .collect();
+    let above: Vec<(u64, f64)> = logged
+        .iter()
+        .map(|v| (v["step"].as_u64().unwrap(), v["mfu_pct"].as_f64().unwrap()))
+        .filter(|&(_, mfu)| mfu > 100.0)
         .collect();
     assert_eq!(
-        events.len(),
-        steps.len(),
-        "one event per logged step: {text}"
+        events, above,
+        "an event at each step above the peak: {text}"
     );
-    assert!(events.iter().all(|e| e["value"].as_f64().unwrap() > 100.0));
     let log = std::fs::read_to_string(run.join("local.out")).unwrap();
     assert_eq!(
         log.matches("MFU came out at").count(),
-        1,
+        usize::from(!above.is_empty()),
         "warned once: {log}"
     );
 }
