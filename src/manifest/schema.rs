@@ -236,10 +236,6 @@ impl SlurmSpec {
         Ok(())
     }
 
-    pub fn gpus_total(&self) -> u64 {
-        u64::from(self.nodes.get()) * u64::from(self.gpus_per_node)
-    }
-
     /// Processes of the job: `nodes × ntasks_per_node` (no overflow in u64).
     pub fn tasks(&self) -> u64 {
         u64::from(self.nodes.get()) * u64::from(self.ntasks_per_node.get())
