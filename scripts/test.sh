@@ -27,13 +27,15 @@ setsid bash -c 'scripts/setup.sh python && scripts/check-gpu-offline.sh --fetch 
     scripts/aarch64.sh toolchain' >target/test-downloads.log 2>&1 &
 downloads=$!
 checks=
+# A group is killed only while it runs: once waited for, its id may be another's.
 cleanup() {
-    kill -- -$downloads 2>/dev/null || true
+    [ -z "$downloads" ] || kill -- -$downloads 2>/dev/null || true
     [ -z "$checks" ] || kill -- -$checks 2>/dev/null || true
 }
 trap cleanup EXIT
 cargo build --release --locked --features mpi
-wait $downloads || { cat target/test-downloads.log >&2; echo "test.sh: a download failed (above)" >&2; exit 1; }
+wait $downloads || { downloads=; cat target/test-downloads.log >&2; echo "test.sh: a download failed (above)" >&2; exit 1; }
+downloads=
 cat target/test-downloads.log >&2
 scripts/fetch-assets.sh
 # Every test binary, once (the runs below only start them).
@@ -46,7 +48,7 @@ scripts/check-gpu-offline.sh --kernels -- --features mpi
 # Type-checks that need no cluster, in their own process group beside the
 # integration tests below (which mostly wait on jobs; the suite passes on a
 # loaded machine): the CUDA feature sets (check-gpu-offline.sh's step 2,
-# ~10 minutes cold), and every default-build target for aarch64, the GH200's
+# ~13 minutes cold on 2 cores), and every default-build target for aarch64, the GH200's
 # architecture (scripts/aarch64.sh test, run before a change to the CPU
 # kernels or the dependencies, builds it and runs it under qemu).
 setsid bash -c 'scripts/check-gpu-offline.sh --feature-sets && scripts/aarch64.sh check' \
@@ -115,6 +117,6 @@ if [ $# -eq 0 ] && grep -qw avx512_bf16 /proc/cpuinfo; then
 fi
 
 # The type-checks started beside the tests.
-wait $checks || { cat target/test-checks.log >&2; echo "test.sh: a type-check failed (above)" >&2; exit 1; }
+wait $checks || { checks=; cat target/test-checks.log >&2; echo "test.sh: a type-check failed (above)" >&2; exit 1; }
 checks=
 cat target/test-checks.log >&2
