@@ -362,15 +362,22 @@ mod tests {
             .unwrap();
             assert_eq!(r.mfu_warned, step >= 2, "warned from the first step above");
         }
-        let text = std::fs::read_to_string(dir.path().join(crate::layout::METRICS_JSONL)).unwrap();
-        let events: Vec<(u64, f64)> = text
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|v| v["event"] == "mfu_above_peak")
-            .map(|v| (v["step"].as_u64().unwrap(), v["value"].as_f64().unwrap()))
+        // Read back by the log's own reader, as the report reads it.
+        let bytes = std::fs::read(dir.path().join(crate::layout::METRICS_JSONL)).unwrap();
+        let parsed = crate::train::record::parse_log(&bytes);
+        let events: Vec<(usize, f64)> = parsed
+            .records
+            .iter()
+            .filter_map(|(_, r)| match r {
+                crate::train::record::Record::Event(e) if e.event == EventKind::MfuAbovePeak => {
+                    Some((e.step, e.value))
+                }
+                _ => None,
+            })
             .collect();
         // 50% (2 s), 200%, exactly 100% (not above), 400%.
-        assert_eq!(events, [(2, 200.0), (4, 400.0)], "{text}");
-        assert_eq!(text.lines().count(), 4 + 2, "every step logged: {text}");
+        assert_eq!(events, [(2, 200.0), (4, 400.0)], "{parsed:?}");
+        assert_eq!(parsed.steps().count(), 4, "every step logged");
+        assert_eq!(parsed.records.len(), 4 + 2, "and nothing else: {parsed:?}");
     }
 }
