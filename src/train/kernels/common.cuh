@@ -22,6 +22,27 @@ __device__ __forceinline__ float load(const bf16* p, u64 i) { return bf16_to_f32
 __device__ __forceinline__ void store(float* p, u64 i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(bf16* p, u64 i, float v) { p[i] = f32_to_bf16(v); }
 
+// Sixteen bytes, the widest load or store of one thread (4 f32 or 8 bf16
+// values): a pass bound by memory bandwidth keeps more bytes in flight with
+// one of these than with 2-byte loads. Only where the address is a multiple
+// of 16 (aligned16); the kernels fall back to single values otherwise.
+struct alignas(16) Vec16 {
+    u32 w[4];
+};
+template <typename T> struct Lanes {
+    static constexpr u32 n = 16 / sizeof(T);
+};
+__device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15u) == 0; }
+__device__ __forceinline__ float lane(const Vec16& x, u32 k, const float*) { return __uint_as_float(x.w[k]); }
+__device__ __forceinline__ float lane(const Vec16& x, u32 k, const bf16*) {
+    return bf16_to_f32((bf16)(x.w[k / 2] >> (16 * (k % 2))));
+}
+__device__ __forceinline__ void set_lane(Vec16& x, u32 k, float v, const float*) { x.w[k] = __float_as_uint(v); }
+__device__ __forceinline__ void set_lane(Vec16& x, u32 k, float v, const bf16*) {
+    const u32 b = f32_to_bf16(v), shift = 16 * (k % 2);
+    x.w[k / 2] = (x.w[k / 2] & ~(0xffffu << shift)) | (b << shift);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

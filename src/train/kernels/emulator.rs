@@ -226,7 +226,9 @@ impl Emulator {
         std::fs::write(&src, source()).map_err(|e| e.to_string())?;
         let exe = dir.path().join("emulate");
         let out = std::process::Command::new(&cxx)
-            .args(["-std=c++20", "-g", "-pthread", "-w"])
+            // The kernels read bf16 and f32 arrays 16 bytes at a time (as
+            // CUDA allows): no aliasing assumptions the GPU does not make.
+            .args(["-std=c++20", "-g", "-pthread", "-w", "-fno-strict-aliasing"])
             .args(flavor.flags())
             .arg(&src)
             .arg("-o")

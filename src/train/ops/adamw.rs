@@ -338,8 +338,11 @@ mod tests {
     #[test]
     fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
         use crate::train::kernels::emulator::Buffer;
-        use crate::train::ops::testing::{buffer, emulate, max_diff, rand, tensor};
-        let n = 1000;
+        use crate::train::ops::testing::{
+            buffer, emulate, max_diff, rand, shifted, shifted_plan, tensor,
+        };
+        // Not a multiple of the 16-byte groups: the last values one each.
+        let n = 1003;
         let (p, g) = (rand(&[n], 1), (rand(&[n], 2) * 3.0)?);
         let (m0, v0) = (rand(&[n], 3), rand(&[n], 4).abs()?);
         let h = Hyper {
@@ -381,6 +384,17 @@ mod tests {
                     max_diff(&tensor(&after[2], &[n]), &m)? < tol,
                     "m {scale} {own:?}"
                 );
+                // One value further in, off the 16-byte alignment: the
+                // single-value path gives the same bits, the value in front
+                // untouched.
+                let plan_off = shifted_plan(&plan(n, own, hyper).unwrap(), 1);
+                let operands_off: Vec<Buffer> = operands.iter().map(|b| shifted(b, 1)).collect();
+                let (_, after_off) = emulate(&plan_off, &operands_off, false).unwrap();
+                for i in 0..4 {
+                    let (front, rest) = after_off[i].bytes.split_at(own.size());
+                    assert_eq!(rest, after[i].bytes, "operand {i}, {scale} {own:?}");
+                    assert!(front.iter().all(|&b| b == 0xff), "operand {i}");
+                }
                 if scale.is_nan() {
                     assert_eq!(after[0], operands[0], "a NaN scale changes nothing");
                     assert_eq!(after[2], operands[2]);

@@ -241,6 +241,29 @@ pub(crate) mod testing {
         Tensor::from_vec(b.to_f32(), shape, &Device::Cpu).unwrap()
     }
 
+    /// The same launches with every operand `by` values further in (each
+    /// operand then needs `by` values in front: [`shifted`]): a kernel with
+    /// a 16-byte path meets its data off that alignment.
+    pub fn shifted_plan(plan: &LaunchPlan, by: usize) -> LaunchPlan {
+        use crate::train::kernels::{Mem, Value};
+        let mut plan = plan.clone();
+        for launch in &mut plan.launches {
+            for arg in &mut launch.args {
+                if let Value::Ptr(Mem::Operand(i), offset) = *arg {
+                    *arg = Value::Ptr(Mem::Operand(i), offset + by);
+                }
+            }
+        }
+        plan
+    }
+
+    /// `b` with `by` values of 0xff bytes in front (see [`shifted_plan`]).
+    pub fn shifted(b: &Buffer, by: usize) -> Buffer {
+        let mut bytes = vec![0xff; by * b.ty.size()];
+        bytes.extend_from_slice(&b.bytes);
+        Buffer { ty: b.ty, bytes }
+    }
+
     /// Runs a plan on `operands` under the host emulation of CUDA, with
     /// AddressSanitizer and UndefinedBehaviorSanitizer, and where `race`,
     /// with ThreadSanitizer too (its barriers and shuffles: slow, so once
