@@ -233,8 +233,11 @@ mod tests {
     /// kernels: a length with a tail, one value, none; f32 and bf16.
     #[test]
     fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
-        use crate::train::ops::testing::{buffer, emulate, max_diff, rand, tensor};
-        for n in [1000, 1, 0] {
+        use crate::train::ops::testing::{
+            buffer, emulate, max_diff, rand, shifted, shifted_plan, tensor,
+        };
+        // 1003: the last values one each, and d b off the 16-byte alignment.
+        for n in [1000, 1003, 1, 0] {
             let (a, b, dy) = ((rand(&[n], 1) * 4.0)?, rand(&[n], 2), rand(&[n], 3));
             for (own, tol) in [(Ty::F32, 1e-6), (Ty::Bf16, 2e-2)] {
                 let seen = |t: &Tensor| tensor(&buffer(t, own), t.dims());
@@ -256,6 +259,21 @@ mod tests {
                     own == Ty::F32 && n == 1000,
                 )
                 .unwrap();
+                // The operands one value further in, off the 16-byte
+                // alignment: the single-value path gives the same bits.
+                for (backward, want) in [(false, 2), (true, 3)] {
+                    let (aligned, _) =
+                        emulate(&plan(n, own, backward).unwrap(), &operands[..want], false)
+                            .unwrap();
+                    let off: Vec<_> = operands[..want].iter().map(|b| shifted(b, 1)).collect();
+                    let (got, _) = emulate(
+                        &shifted_plan(&plan(n, own, backward).unwrap(), 1),
+                        &off,
+                        false,
+                    )
+                    .unwrap();
+                    assert_eq!(got, aligned, "{own:?} n={n} backward={backward}");
+                }
                 let (da, db) = backward(&xa, &xb, &xdy)?;
                 if n > 0 {
                     let both = tensor(&out[0], &[2 * n]);
