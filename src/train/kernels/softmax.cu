@@ -5,21 +5,64 @@
 // Rows are query positions offset + row % period (the queries of a KV head's
 // group stacked, a tile of `period` positions starting at `offset`): a causal
 // row sees keys 0..=position and gets probability 0 past them.
+
+// A row is read and written by groups of 16 bytes' worth of values (4 f32 or
+// 8 bf16): thread t takes groups t, t + blockDim.x, …, then the last
+// n % lanes values one each. A group moves with one 16-byte access where the
+// row's arrays are 16-byte aligned, value by value where not: the same
+// values reach the same threads in the same order either way, so the bits do
+// not depend on the alignment. At 2,048 keys a bf16 row is one 16-byte load
+// per thread of a 256-thread block.
+template <typename T> struct Group {
+    Vec16 w = {};
+    const bool wide;
+    __device__ Group(bool wide) : wide(wide) {}
+    __device__ void read(const T* x, u32 j) {
+        if (wide) w = ((const Vec16*)x)[j];
+    }
+    __device__ float at(const T* x, u32 j, u32 k) const {
+        return wide ? lane(w, k, x) : load(x, (u64)j * Lanes<T>::n + k);
+    }
+    __device__ void put(T* x, u32 j, u32 k, float v) {
+        if (wide) set_lane(w, k, v, x);
+        else store(x, (u64)j * Lanes<T>::n + k, v);
+    }
+    __device__ void write(T* x, u32 j) const {
+        if (wide) ((Vec16*)x)[j] = w;
+    }
+};
+
 template <typename T>
 __device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32 offset, u32 causal,
                             float scale) {
     __shared__ float scratch[32];
     __shared__ float maxes[32];
+    constexpr u32 L = Lanes<T>::n;
     const u64 row = blockIdx.x;
     const T* x = scores + row * keys;
     T* p = probs + row * keys;
     const u32 position = offset + (u32)(row % period);
     const u32 visible = causal && position < keys ? position + 1 : keys;
+    const bool wide = aligned16(x) && aligned16(p);
     float m = NEG_INF, s = 0.0f;
-    for (u32 i = threadIdx.x; i < visible; i += blockDim.x) online_add(m, s, load(x, i) * scale);
+    for (u32 j = threadIdx.x; j < visible / L; j += blockDim.x) {
+        Group<T> g(wide);
+        g.read(x, j);
+        for (u32 k = 0; k < L; ++k) online_add(m, s, g.at(x, j, k) * scale);
+    }
+    for (u32 i = visible / L * L + threadIdx.x; i < visible; i += blockDim.x) online_add(m, s, load(x, i) * scale);
     const RowStats stats = block_max_and_sum(m, s, scratch, maxes);
     const float inv = 1.0f / stats.sum;
-    for (u32 i = threadIdx.x; i < keys; i += blockDim.x) {
+    for (u32 j = threadIdx.x; j < keys / L; j += blockDim.x) {
+        Group<T> in(wide), out(wide);
+        in.read(x, j);
+        for (u32 k = 0; k < L; ++k) {
+            const u32 i = j * L + k;
+            out.put(p, j, k, i < visible ? expf(in.at(x, j, k) * scale - stats.max) * inv : 0.0f);
+        }
+        out.write(p, j);
+    }
+    for (u32 i = keys / L * L + threadIdx.x; i < keys; i += blockDim.x) {
         store(p, i, i < visible ? expf(load(x, i) * scale - stats.max) * inv : 0.0f);
     }
 }
@@ -29,14 +72,29 @@ __device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32
 template <typename T>
 __device__ void softmax_bwd(const T* probs, const T* dprobs, T* dscores, u32 keys, float scale) {
     __shared__ float scratch[32];
+    constexpr u32 L = Lanes<T>::n;
     const u64 row = blockIdx.x;
     const T* p = probs + row * keys;
     const T* dp = dprobs + row * keys;
     T* ds = dscores + row * keys;
+    const bool wide = aligned16(p) && aligned16(dp) && aligned16(ds);
     float dot = 0.0f;
-    for (u32 i = threadIdx.x; i < keys; i += blockDim.x) dot += load(p, i) * load(dp, i);
+    for (u32 j = threadIdx.x; j < keys / L; j += blockDim.x) {
+        Group<T> a(wide), b(wide);
+        a.read(p, j);
+        b.read(dp, j);
+        for (u32 k = 0; k < L; ++k) dot += a.at(p, j, k) * b.at(dp, j, k);
+    }
+    for (u32 i = keys / L * L + threadIdx.x; i < keys; i += blockDim.x) dot += load(p, i) * load(dp, i);
     dot = block_sum(dot, scratch);
-    for (u32 i = threadIdx.x; i < keys; i += blockDim.x) {
+    for (u32 j = threadIdx.x; j < keys / L; j += blockDim.x) {
+        Group<T> a(wide), b(wide), out(wide);
+        a.read(p, j);
+        b.read(dp, j);
+        for (u32 k = 0; k < L; ++k) out.put(ds, j, k, scale * a.at(p, j, k) * (b.at(dp, j, k) - dot));
+        out.write(ds, j);
+    }
+    for (u32 i = keys / L * L + threadIdx.x; i < keys; i += blockDim.x) {
         store(ds, i, scale * load(p, i) * (load(dp, i) - dot));
     }
 }

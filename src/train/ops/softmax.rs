@@ -298,12 +298,16 @@ mod tests {
     /// f32 and bf16.
     #[test]
     fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
-        use crate::train::ops::testing::{buffer, emulate, tensor};
+        use crate::train::ops::testing::{buffer, emulate, shifted, shifted_plan, tensor};
         for (r, keys, period, first, causal) in [
             (6, 300, 3, 297, true),
             (4, 40, 4, 0, true),
             (5, 1, 5, 0, false),
             (2, 513, 1, 100, false),
+            // More 16-byte groups than a block has threads, and rows that
+            // start off the 16-byte alignment every other row (bf16).
+            (3, 4112, 3, 4000, true),
+            (2, 2053, 2, 2000, true),
         ] {
             let x = (rand(&[2, r, keys], 1) * 4.0)?;
             let dp = rand(&[2, r, keys], 2);
@@ -325,6 +329,26 @@ mod tests {
                     own == Ty::F32 && r == 6,
                 )
                 .unwrap();
+                // Every operand one value further in: the same bits.
+                let off: Vec<_> = operands.iter().map(|b| shifted(b, 1)).collect();
+                let (got, _) = emulate(
+                    &shifted_plan(&backward_plan(rows, keys, own, 0.3).unwrap(), 1),
+                    &off,
+                    false,
+                )
+                .unwrap();
+                assert_eq!(got, out, "backward {r}x{keys} {own:?}, shifted");
+                let (got, _) = emulate(
+                    &shifted_plan(&plan, 1),
+                    &[shifted(&buffer(&x, own), 1)],
+                    false,
+                )
+                .unwrap();
+                assert_eq!(
+                    got[0],
+                    buffer(&p, own),
+                    "forward {r}x{keys} {own:?}, shifted"
+                );
                 let ds = backward(&seen(&want), &seen(&dp), 0.3)?;
                 let got = tensor(&out[0], &[2, r, keys]);
                 assert!(
