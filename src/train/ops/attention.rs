@@ -254,9 +254,9 @@ pub fn tiled_backward(
         let (kt, vt) = (k.narrow(2, 0, keys)?, v.narrow(2, 0, keys)?);
         let p = softmax(&qt.matmul(&kt.t()?)?, scale, len, first, causal)?;
         let ds = softmax::backward(&p, &dot.matmul(&vt.t()?)?, scale)?;
-        add_to_keys(&mut dv, &p.t()?.matmul(&dot)?, work)?;
+        add_to_keys(&mut dv, &p, &dot, (b, kv, t, d), work)?;
         drop(p);
-        add_to_keys(&mut dk, &ds.t()?.matmul(&qt)?, work)?;
+        add_to_keys(&mut dk, &ds, &qt, (b, kv, t, d), work)?;
         dq_tiles.push(ds.matmul(&kt)?.reshape((b, h, len, d))?);
     }
     dq_tiles.reverse();
@@ -275,10 +275,35 @@ pub fn tiled_backward(
     Ok((dq, total(dk)?, total(dv)?))
 }
 
-/// sum[.., :keys, :] += part ([B, KV, keys, Q]) in `work`; the first part
-/// (every key's) becomes the sum.
-fn add_to_keys(sum: &mut Option<Tensor>, part: &Tensor, work: DType) -> Result<()> {
-    let part = part.to_dtype(work)?;
+/// sum [B, KV, T, Q] [.., :keys, :] += aᵀ·b (a [B, KV, rows, keys], b [B,
+/// KV, rows, Q]) in `work`. On a GPU in f32, one batched cuBLAS product
+/// written into the sum (from zeros); elsewhere the product in the operands'
+/// dtype, cast to `work` and added, the first part (every key's) becoming
+/// the sum.
+fn add_to_keys(
+    sum: &mut Option<Tensor>,
+    a: &Tensor,
+    b: &Tensor,
+    shape: (usize, usize, usize, usize),
+    work: DType,
+) -> Result<()> {
+    // The attention backward's own check (its Softmax case) and the
+    // in-place cuBLAS products' (WeightGrad) both stand behind this path.
+    #[cfg(feature = "cuda")]
+    if work == DType::F32
+        && super::own_kernel(super::Kernel::Softmax, &[a, b])
+        && a.device().is_cuda()
+        && super::on_gpu(super::Kernel::WeightGrad)
+    {
+        if sum.is_none() {
+            *sum = Some(Tensor::zeros(shape, DType::F32, a.device())?);
+        }
+        if let Some(total) = sum {
+            return super::linear::add_batched_product(total, a, b);
+        }
+    }
+    let _ = shape; // (used on GPUs only)
+    let part = a.t()?.matmul(b)?.to_dtype(work)?;
     match sum {
         None => *sum = Some(part),
         Some(total) => {

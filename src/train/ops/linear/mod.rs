@@ -132,6 +132,17 @@ pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Res
     super::accumulate::add(buf, &product)
 }
 
+/// sum[.., :keys, :] += aᵀ · b for every matrix of the leading dimensions,
+/// with a [.., M, keys], b [.., M, d] (both contiguous, f32 or bf16) and the
+/// sum [.., T, d] (contiguous f32, T ≥ keys): on a GPU one strided-batched
+/// cuBLAS GEMM with beta = 1 written into the sum (f32 arithmetic), instead of
+/// a product tensor, its cast to f32 and an add over a strided slice.
+/// Attention's backward sums dK and dV over its tiles of queries this way.
+#[cfg(feature = "cuda")]
+pub fn add_batched_product(sum: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    sum.inplace_op3(a, b, &cuda_product::AddBatchedProduct)
+}
+
 /// c (m × n, contiguous row-major) = lhs · rhs (m × k times k × n), plus
 /// c's values where `accumulate`, by the `gemm` crate's f32 kernels (the
 /// ones candle uses) on the current rayon pool. Each operand is its first
@@ -328,7 +339,8 @@ mod tests {
 #[cfg(feature = "cuda")]
 mod cuda_product {
     use super::super::cuda;
-    use candle_core::cuda::cudarc::cublas::{result::gemm_ex, sys};
+    use candle_core::cuda::cudarc::cublas::result::{gemm_ex, gemm_strided_batched_ex};
+    use candle_core::cuda::cudarc::cublas::sys;
     use candle_core::cuda::cudarc::driver::{DevicePtr, DevicePtrMut};
     use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
 
@@ -449,6 +461,128 @@ mod cuda_product {
                 (DType::F32, DType::BF16) => gemm!(f32, half::bf16),
                 (DType::BF16, DType::BF16) => gemm!(half::bf16, half::bf16),
                 (c, ab) => bail!("a {c:?} gradient from {ab:?} operands"),
+            }
+        }
+    }
+
+    /// [`super::add_batched_product`]: sum [.., T, d] (f32), a [.., M, keys], b [.., M, d].
+    pub struct AddBatchedProduct;
+
+    /// The leading dimensions' count and the last two of a layout.
+    fn batched(l: &Layout, what: &str) -> Result<(usize, usize, usize)> {
+        let dims = l.shape().dims();
+        if dims.len() < 2 || !l.is_contiguous() {
+            bail!("{what} of a batched product: {dims:?}, contiguous, at least 2 dimensions");
+        }
+        let r = dims.len();
+        Ok((dims[..r - 2].iter().product(), dims[r - 2], dims[r - 1]))
+    }
+
+    impl InplaceOp3 for AddBatchedProduct {
+        fn name(&self) -> &'static str {
+            "sweep-add-batched-product-cublas"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            bail!("the cuBLAS batched product runs on CUDA tensors")
+        }
+
+        fn cuda_fwd(
+            &self,
+            sum: &mut CudaStorage,
+            sl: &Layout,
+            a: &CudaStorage,
+            al: &Layout,
+            b: &CudaStorage,
+            bl: &Layout,
+        ) -> Result<()> {
+            let (batch, t, d) = batched(sl, "the sum")?;
+            let (a_batch, rows, keys) = batched(al, "aᵀ")?;
+            let (b_batch, b_rows, b_d) = batched(bl, "b")?;
+            if (a_batch, b_batch, b_rows, b_d) != (batch, batch, rows, d) || keys > t {
+                bail!(
+                    "sum {:?}[.., :keys, :] += aᵀ·b with a {:?} and b {:?}",
+                    sl.shape().dims(),
+                    al.shape().dims(),
+                    bl.shape().dims()
+                );
+            }
+            if cuda::dtype(sum) != DType::F32 || cuda::dtype(a) != cuda::dtype(b) {
+                bail!("the batched product sums f32 from operands of one dtype");
+            }
+            let ab_type = cuda_type(cuda::dtype(a))?;
+            let dev = cuda::device(sum);
+            let stream = dev.cuda_stream();
+            let blas = dev.cublas_handle();
+            let (m, n, k) = (int(d, "d")?, int(keys, "keys")?, int(rows, "rows")?);
+            let count = int(batch, "matrices")?;
+            let (one, also_one) = (1.0f32, 1.0f32);
+            // Row-major sum [keys, d] (row stride d, T·d apart) is
+            // column-major sumᵀ [d, keys]: sumᵀ += bᵀ·a, with b read as
+            // column-major [d, M] (no transpose, ld d) and a as column-major
+            // [keys, M] transposed (ld keys).
+            macro_rules! gemm {
+                ($ab:ty) => {{
+                    let av = cuda::view::<$ab>(a, al)?;
+                    let bv = cuda::view::<$ab>(b, bl)?;
+                    let mut c = cuda::view_mut::<f32>(sum, sl)?;
+                    let (a_ptr, _a) = av.device_ptr(&stream);
+                    let (b_ptr, _b) = bv.device_ptr(&stream);
+                    let (c_ptr, _c) = c.device_ptr_mut(&stream);
+                    // SAFETY: b holds batch·M·d values, a batch·M·keys and the
+                    // sum batch·T·d with keys ≤ T (checked above), each
+                    // contiguous, with the types, leading dimensions and
+                    // strides passed; alpha and beta are f32 host values as
+                    // CUBLAS_COMPUTE_32F takes them.
+                    unsafe {
+                        gemm_strided_batched_ex(
+                            *blas.handle(),
+                            sys::cublasOperation_t::CUBLAS_OP_N,
+                            sys::cublasOperation_t::CUBLAS_OP_T,
+                            m,
+                            n,
+                            k,
+                            (&one as *const f32).cast(),
+                            b_ptr as *const _,
+                            ab_type,
+                            m,
+                            (rows * d) as i64,
+                            a_ptr as *const _,
+                            ab_type,
+                            n,
+                            (rows * keys) as i64,
+                            (&also_one as *const f32).cast(),
+                            c_ptr as *mut _,
+                            sys::cudaDataType::CUDA_R_32F,
+                            m,
+                            (t * d) as i64,
+                            count,
+                            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    }
+                    .map_err(|e| {
+                        cuda::typed(
+                            e,
+                            format!(
+                                "cuBLAS batched product: {batch} × [{keys}, {d}] over {rows} rows"
+                            ),
+                        )
+                    })
+                }};
+            }
+            match cuda::dtype(a) {
+                DType::F32 => gemm!(f32),
+                DType::BF16 => gemm!(half::bf16),
+                dt => bail!("the batched product takes f32 or bf16 operands, not {dt:?}"),
             }
         }
     }
