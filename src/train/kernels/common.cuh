@@ -43,6 +43,30 @@ __device__ __forceinline__ void set_lane(Vec16& x, u32 k, float v, const bf16*) 
     x.w[k / 2] = (x.w[k / 2] & ~(0xffffu << shift)) | (b << shift);
 }
 
+// Values taken by groups of 16 bytes' worth (Lanes): thread t of a loop
+// over groups takes groups t, t + stride, …; a group moves with one 16-byte
+// access where the arrays are 16-byte aligned (wide), value by value where
+// not. The same values reach the same threads in the same order either way,
+// so a sum's bits do not depend on where the arrays lie.
+template <typename T> struct Group {
+    Vec16 w = {};
+    const bool wide;
+    __device__ Group(bool wide) : wide(wide) {}
+    __device__ void read(const T* x, u64 j) {
+        if (wide) w = ((const Vec16*)x)[j];
+    }
+    __device__ float at(const T* x, u64 j, u32 k) const {
+        return wide ? lane(w, k, x) : load(x, j * Lanes<T>::n + k);
+    }
+    __device__ void put(T* x, u64 j, u32 k, float v) {
+        if (wide) set_lane(w, k, v, x);
+        else store(x, j * Lanes<T>::n + k, v);
+    }
+    __device__ void write(T* x, u64 j) const {
+        if (wide) ((Vec16*)x)[j] = w;
+    }
+};
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -6,10 +6,9 @@
 
 // Each block's sum of squares over its grid-stride share of one gradient of
 // n values, into partial[blockIdx.x] (a block with no values writes 0).
-// A thread takes groups of 16 bytes' worth of values (one 16-byte load where
-// the gradient is 16-byte aligned, single loads where not: the same values
-// in the same order either way, so the bits do not depend on where the
-// gradient lies), then the last n % lanes one each.
+// A thread takes groups of 16 bytes' worth of values (Group, common.cuh:
+// the bits do not depend on where the gradient lies), then the last
+// n % lanes values one each.
 template <typename T>
 __device__ void sum_squares(const T* g, u64 n, float* partial) {
     __shared__ float scratch[32];
@@ -18,11 +17,11 @@ __device__ void sum_squares(const T* g, u64 n, float* partial) {
     const bool wide = aligned16(g);
     float s = 0.0f;
     for (u64 j = grid_index(); j < groups; j += grid_stride()) {
-        Vec16 w = {};
-        if (wide) w = ((const Vec16*)g)[j];
+        Group<T> x(wide);
+        x.read(g, j);
         for (u32 k = 0; k < L; ++k) {
-            const float x = wide ? lane(w, k, g) : load(g, j * L + k);
-            s += x * x;
+            const float v = x.at(g, j, k);
+            s += v * v;
         }
     }
     for (u64 i = groups * L + grid_index(); i < n; i += grid_stride()) {

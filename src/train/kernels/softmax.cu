@@ -6,32 +6,9 @@
 // group stacked, a tile of `period` positions starting at `offset`): a causal
 // row sees keys 0..=position and gets probability 0 past them.
 
-// A row is read and written by groups of 16 bytes' worth of values (4 f32 or
-// 8 bf16): thread t takes groups t, t + blockDim.x, …, then the last
-// n % lanes values one each. A group moves with one 16-byte access where the
-// row's arrays are 16-byte aligned, value by value where not: the same
-// values reach the same threads in the same order either way, so the bits do
-// not depend on the alignment. At 2,048 keys a bf16 row is one 16-byte load
-// per thread of a 256-thread block.
-template <typename T> struct Group {
-    Vec16 w = {};
-    const bool wide;
-    __device__ Group(bool wide) : wide(wide) {}
-    __device__ void read(const T* x, u32 j) {
-        if (wide) w = ((const Vec16*)x)[j];
-    }
-    __device__ float at(const T* x, u32 j, u32 k) const {
-        return wide ? lane(w, k, x) : load(x, (u64)j * Lanes<T>::n + k);
-    }
-    __device__ void put(T* x, u32 j, u32 k, float v) {
-        if (wide) set_lane(w, k, v, x);
-        else store(x, (u64)j * Lanes<T>::n + k, v);
-    }
-    __device__ void write(T* x, u32 j) const {
-        if (wide) ((Vec16*)x)[j] = w;
-    }
-};
-
+// A row is read and written by groups of 16 bytes' worth of values
+// (Group, common.cuh), the last keys % lanes values one each. At 2,048 keys
+// a bf16 row is one 16-byte load per thread of a 256-thread block.
 template <typename T>
 __device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32 offset, u32 causal,
                             float scale) {
