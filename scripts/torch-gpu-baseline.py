@@ -19,6 +19,7 @@ without the token embedding, MFU against the device's dense bf16 peak.
 """
 import argparse
 import json
+import os
 import math
 import time
 
@@ -174,9 +175,12 @@ def main():
             f"  MFU {r['mfu_pct']:5.1f}%  {r['tflops']:6.1f} TFLOP/s  peak {r['peak_memory_gb']:5.1f} GiB"
         )
         torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        # After each row, not at the end: a run cut off during
+        # torch.compile (minutes on a lease) keeps eager's figures.
+        if a.json:
+            with open(a.json + ".part", "w") as f:
+                json.dump(rows, f, indent=1)
+            os.replace(a.json + ".part", a.json)
 
 
 if __name__ == "__main__":
