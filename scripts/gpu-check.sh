@@ -27,7 +27,10 @@
 #                over `sweep bench kernels` on small shapes (sanitizer.txt):
 #                every launch of sweep's kernels (and the libraries') checked
 #   timeline     an Nsight Systems timeline of three ref-1b steps (batch 2, 8): kernel and
-#                API summaries (timeline-*.csv), where nsys can make a report
+#                API summaries (timeline-*.csv), where a full Nsight Systems is
+#                installed; else each kernel's GPU time over the same steps by
+#                Nsight Compute (ncu, gpu__time_duration, caches and clocks left
+#                alone), summed by kernel name (kernel-times.csv)
 #   quickstart   experiments/gpu-quickstart.toml, its logs and report (quickstart.tgz)
 #
 # Figures and logs go to $OUT (default results/gpu-check/); the exit status
@@ -213,17 +216,50 @@ print("control: cuBLAS product then scale, sum", float(((a @ b.transpose(-1, -2)
             run variants.txt "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10
             ;;
         timeline)
+            # Nsight Compute ships an nsys of its own that records but cannot
+            # import what it recorded (no report): only a full Nsight Systems.
             nsys=$(find_nsys || true)
-            if [[ -z $nsys ]]; then
-                echo "gpu-check: no nsys on this machine (PATH, /opt/nvidia)" | tee "$OUT/timeline.txt"
-                status=1
-            else
+            [[ $nsys == */nsight-compute/* ]] && nsys=""
+            ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1 || true)
+            if [[ -n $nsys ]]; then
                 run timeline.txt "$nsys" profile --trace=cuda,osrt --sample=none --force-overwrite=true \
                     -o /tmp/sweep-timeline "$SWEEP" bench train --device cuda --only 'ref-1b bf16' --steps 3
                 for report in cuda_gpu_kern_sum cuda_api_sum cuda_gpu_mem_time_sum; do
                     run timeline.txt "$nsys" stats --force-export=true --report "$report" --format csv \
                         --output "$OUT/timeline" /tmp/sweep-timeline.nsys-rep
                 done
+            elif [[ -n $ncu ]]; then
+                # Every kernel of the run, one at a time (ncu serialises them:
+                # shares, not the step's time), from the device's opening on.
+                run timeline.txt "$ncu" --metrics gpu__time_duration.sum --print-units base --csv \
+                    --cache-control none --clock-control none --log-file "$OUT/ncu.csv" \
+                    "$SWEEP" bench train --device cuda --only 'ref-1b bf16' --steps 1
+                run timeline.txt python3 - "$OUT/ncu.csv" "$OUT/kernel-times.csv" <<'PY'
+import csv, sys
+total, launches = {}, {}
+lines = open(sys.argv[1]).read().splitlines()
+header = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
+for r in csv.DictReader(lines[header:]):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    ns = float(r["Metric Value"].replace(",", ""))
+    name = r["Kernel Name"]
+    total[name] = total.get(name, 0.0) + ns
+    launches[name] = launches.get(name, 0) + 1
+all_ns = sum(total.values()) or 1.0
+rows = sorted(total, key=total.get, reverse=True)
+with open(sys.argv[2], "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["kernel", "launches", "total_ms", "share_pct"])
+    for name in rows:
+        w.writerow([name, launches[name], round(total[name] / 1e6, 3), round(100 * total[name] / all_ns, 2)])
+print(f"{sum(launches.values())} launches, {all_ns / 1e6:.1f} ms of kernels; the largest:")
+for name in rows[:25]:
+    print(f"{100 * total[name] / all_ns:6.2f}%  {total[name] / 1e6:9.2f} ms  {launches[name]:6d}  {name[:100]}")
+PY
+            else
+                echo "gpu-check: neither Nsight Systems nor Nsight Compute on this machine" | tee -a "$OUT/timeline.txt"
+                status=1
             fi
             ;;
         quickstart)
