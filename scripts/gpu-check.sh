@@ -28,8 +28,8 @@
 #                every launch of sweep's kernels (and the libraries') checked
 #   timeline     an Nsight Systems timeline of three ref-1b steps (batch 2, 8): kernel and
 #                API summaries (timeline-*.csv), where a full Nsight Systems is
-#                installed; else each kernel's GPU time over the same steps by
-#                Nsight Compute (ncu, gpu__time_duration, caches and clocks left
+#                installed; else each kernel's GPU time over three steps (two
+#                warm-up, one timed) by Nsight Compute (ncu, gpu__time_duration, caches and clocks left
 #                alone), summed by kernel name (kernel-times.csv)
 #   quickstart   experiments/gpu-quickstart.toml, its logs and report (quickstart.tgz)
 #
