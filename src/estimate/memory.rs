@@ -227,7 +227,7 @@ mod tests {
     /// --device cuda`, 2026-11-26; docs/gpu-bench.json): the estimate within
     /// 15% of each (its fit: within 2%).
     #[test]
-    fn the_gpu_estimate_follows_the_peaks_measured_on_an_h100() {
+    fn the_gpu_estimate_follows_the_peaks_measured_on_an_h100_and_an_h200() {
         use crate::config::model::ModelOverrides;
         let runs = [
             ("ref-1b", None, 2, AttentionKind::Flash, 13_265.0),
@@ -235,6 +235,9 @@ mod tests {
             ("ref-1b", None, 8, AttentionKind::Eager, 40_305.0),
             ("ref-8b", Some(1), 1, AttentionKind::Flash, 11_825.0),
             ("ref-8b", Some(1), 2, AttentionKind::Flash, 11_857.0),
+            // On an H200 (2026-11-27): the pool's reserve is the same.
+            ("ref-8b", Some(8), 1, AttentionKind::Flash, 24_081.0),
+            ("ref-8b", Some(8), 2, AttentionKind::Flash, 25_969.0),
         ];
         for (preset, n_layers, batch, attention, peak_mib) in runs {
             let cfg = TrainConfig {
