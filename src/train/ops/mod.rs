@@ -241,29 +241,6 @@ pub(crate) mod testing {
         Tensor::from_vec(b.to_f32(), shape, &Device::Cpu).unwrap()
     }
 
-    /// The same launches with every operand `by` values further in (each
-    /// operand then needs `by` values in front: [`shifted`]): a kernel with
-    /// a 16-byte path meets its data off that alignment.
-    pub fn shifted_plan(plan: &LaunchPlan, by: usize) -> LaunchPlan {
-        use crate::train::kernels::{Mem, Value};
-        let mut plan = plan.clone();
-        for launch in &mut plan.launches {
-            for arg in &mut launch.args {
-                if let Value::Ptr(Mem::Operand(i), offset) = *arg {
-                    *arg = Value::Ptr(Mem::Operand(i), offset + by);
-                }
-            }
-        }
-        plan
-    }
-
-    /// `b` with `by` values of 0xff bytes in front (see [`shifted_plan`]).
-    pub fn shifted(b: &Buffer, by: usize) -> Buffer {
-        let mut bytes = vec![0xff; by * b.ty.size()];
-        bytes.extend_from_slice(&b.bytes);
-        Buffer { ty: b.ty, bytes }
-    }
-
     /// Runs a plan on `operands` under the host emulation of CUDA, with
     /// AddressSanitizer and UndefinedBehaviorSanitizer, and where `race`,
     /// with ThreadSanitizer too (its barriers and shuffles: slow, so once
@@ -288,5 +265,47 @@ pub(crate) mod testing {
             );
         }
         Some((out, a))
+    }
+
+    /// Runs `plan` under the emulation (AddressSanitizer and UBSan) with
+    /// every operand one value further in, off the 16-byte alignment the
+    /// kernels' wide path needs: returns the outputs and the operands after,
+    /// without the value in front, which must be untouched. Called after
+    /// [`emulate`] ran (g++ is there).
+    pub fn emulate_off_alignment(
+        plan: &LaunchPlan,
+        operands: &[Buffer],
+    ) -> (Vec<Buffer>, Vec<Buffer>) {
+        use crate::train::kernels::{Mem, Value};
+        let mut plan = plan.clone();
+        for arg in plan.launches.iter_mut().flat_map(|l| l.args.iter_mut()) {
+            if let Value::Ptr(Mem::Operand(i), offset) = *arg {
+                *arg = Value::Ptr(Mem::Operand(i), offset + 1);
+            }
+        }
+        let shifted: Vec<Buffer> = operands
+            .iter()
+            .map(|b| {
+                let mut bytes = vec![0xff; b.ty.size()];
+                bytes.extend_from_slice(&b.bytes);
+                Buffer { ty: b.ty, bytes }
+            })
+            .collect();
+        let (out, after) = emulate(&plan, &shifted, false).unwrap();
+        let after = after
+            .into_iter()
+            .map(|b| {
+                let (front, rest) = b.bytes.split_at(b.ty.size());
+                assert!(
+                    front.iter().all(|&x| x == 0xff),
+                    "the value in front was written"
+                );
+                Buffer {
+                    ty: b.ty,
+                    bytes: rest.to_vec(),
+                }
+            })
+            .collect();
+        (out, after)
     }
 }

@@ -298,7 +298,7 @@ mod tests {
     /// f32 and bf16.
     #[test]
     fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
-        use crate::train::ops::testing::{buffer, emulate, shifted, shifted_plan, tensor};
+        use crate::train::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
         for (r, keys, period, first, causal) in [
             (6, 300, 3, 297, true),
             (4, 40, 4, 0, true),
@@ -329,21 +329,11 @@ mod tests {
                     own == Ty::F32 && r == 6,
                 )
                 .unwrap();
-                // Every operand one value further in: the same bits.
-                let off: Vec<_> = operands.iter().map(|b| shifted(b, 1)).collect();
-                let (got, _) = emulate(
-                    &shifted_plan(&backward_plan(rows, keys, own, 0.3).unwrap(), 1),
-                    &off,
-                    false,
-                )
-                .unwrap();
+                // Every operand off the 16-byte alignment: the same bits.
+                let (got, _) =
+                    emulate_off_alignment(&backward_plan(rows, keys, own, 0.3).unwrap(), &operands);
                 assert_eq!(got, out, "backward {r}x{keys} {own:?}, shifted");
-                let (got, _) = emulate(
-                    &shifted_plan(&plan, 1),
-                    &[shifted(&buffer(&x, own), 1)],
-                    false,
-                )
-                .unwrap();
+                let (got, _) = emulate_off_alignment(&plan, &[buffer(&x, own)]);
                 assert_eq!(
                     got[0],
                     buffer(&p, own),
