@@ -3,7 +3,7 @@
 (docs/gpu-bench.json is a copy of one). From the files the steps wrote to a
 folder:
 
-  sweep-train.json, torch-*.json   every case of sweep and of PyTorch
+  sweep-train*.json, torch-*.json  every case of sweep and of PyTorch
   kernels.json (the model's shapes) or kernels-small.json (the sanitizer's
                                    small shapes)   each kernel against its CPU twin
   tests.txt                        the GPU integration tests, test by test
@@ -23,7 +23,8 @@ import sys
 
 def cases(out):
     found = []
-    names = ["sweep-train.json"] + sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "torch-*.json")))
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "sweep-train*.json")))
+    names += sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "torch-*.json")))
     for name in names:
         path = os.path.join(out, name)
         if os.path.exists(path):

@@ -21,6 +21,10 @@
 #   torch        scripts/torch-gpu-baseline.py on the same cases, eager and
 #                torch.compile (torch-*.json); then bench.json, every case of
 #                both side by side with the device, the date and the commit
+#   full         the whole ref-8b (8.0B parameters, 64 GB of bf16 states before
+#                activations) at batch 1 and 2, sweep beside PyTorch eager
+#                (sweep-train-full.json, torch-8b-b*.json), on a GPU with
+#                120 GB or more (an H200); skipped, and said, on a smaller one
 #   variants     the same steps through the composed ops, with the memory pool
 #                released at every sync, with recomputation, and through NCCL
 #   sanitizer    compute-sanitizer's memcheck, racecheck, synccheck and initcheck
@@ -42,11 +46,11 @@ FEATURES=${FEATURES:-flash-attn}
 CAP=${CAP:-90}
 STEP_BUDGET=${STEP_BUDGET:-540}
 STEPS=("$@")
-[[ ${#STEPS[@]} -eq 0 ]] && STEPS=(first-light tests kernels sanitizer train torch variants timeline quickstart)
+[[ ${#STEPS[@]} -eq 0 ]] && STEPS=(first-light tests kernels sanitizer train torch full variants timeline quickstart)
 for step in "${STEPS[@]}"; do
     [[ $step =~ ^[a-z-]+(:[1-9][0-9]*)?$ ]] || { echo "gpu-check: a step is NAME or NAME:SECONDS, not $step" >&2; exit 2; }
     case ${step%%:*} in
-        first-light|tests|kernels|sanitizer|train|torch|variants|timeline|quickstart) ;;
+        first-light|tests|kernels|sanitizer|train|torch|full|variants|timeline|quickstart) ;;
         *) echo "gpu-check: unknown step $step (see the head of $0)" >&2; exit 2 ;;
     esac
 done
@@ -203,6 +207,21 @@ print("control: cuBLAS product then scale, sum", float(((a @ b.transpose(-1, -2)
             run torch.txt python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json"
             run torch.txt python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 1 --json "$OUT/torch-8b-8l-b1.json"
             merge_bench
+            ;;
+        full)
+            mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1 | tr -dc 0-9)
+            if ((${mib:-0} < 120000)); then
+                echo "gpu-check: full: skipped, ref-8b needs more than this GPU's ${mib:-unknown} MiB" | tee -a "$OUT/full.txt"
+            else
+                run full.txt "$SWEEP" bench train --device cuda --layers 32 --only ref-8b --steps 3 --json "$OUT/sweep-train-full.json"
+                merge_bench
+                # Eager only: torch.compile of 32 layers takes minutes of a lease.
+                for batch in 1 2; do
+                    run full.txt python3 scripts/torch-gpu-baseline.py --model ref-8b --batch $batch --steps 5 --no-compile \
+                        --json "$OUT/torch-8b-b$batch.json"
+                done
+                merge_bench
+            fi
             ;;
         variants)
             # Through candle's composed ops instead of sweep's kernels: what
