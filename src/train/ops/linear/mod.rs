@@ -8,7 +8,7 @@
 //! - [`add_product`] (the weight's gradient `buf += dyᵀ·x`): one GEMM with
 //!   beta = 1 written into the gradient buffer, reading the transposed
 //!   operand through its strides (no transposed copy, no product tensor): the
-//!   `gemm` crate on the CPU in f32, cuBLAS (`cublasGemmEx`) on a GPU;
+//!   `gemm` crate on the CPU in f32, cuBLAS (`cublasGemmEx`, [`cublas`]) on a GPU;
 //!   elsewhere the product is added to the buffer.
 //!
 //! Allocating nothing that outlives a pass matters beyond the copies saved:
@@ -21,6 +21,7 @@ use super::{f32s_any, fused};
 use bf16_gemm::View;
 
 pub mod bf16_gemm;
+mod cublas;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp3, Layout, Result, Shape, Tensor};
 
 /// x [N, in] · wᵀ, w [out, in]; bf16 operands when `bf16`.
@@ -126,7 +127,7 @@ pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Res
         && buf.is_contiguous()
         && super::own_kernel(super::Kernel::WeightGrad, &[buf, dy, x])
     {
-        return cuda_product::add_product(buf, dy, x, bf16);
+        return cublas::add_product(buf, dy, x, bf16);
     }
     let product = matmul(&dy.t()?, x, bf16)?;
     super::accumulate::add(buf, &product)
@@ -140,7 +141,7 @@ pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Res
 /// Attention's backward sums dK and dV over its tiles of queries this way.
 #[cfg(feature = "cuda")]
 pub fn add_batched_product(sum: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
-    sum.inplace_op3(a, b, &cuda_product::AddBatchedProduct)
+    sum.inplace_op3(a, b, &cublas::AddBatchedProduct)
 }
 
 /// c (m × n, contiguous row-major) = lhs · rhs (m × k times k × n), plus
@@ -328,262 +329,5 @@ mod tests {
         let w = rand(&[65, 48], 5);
         assert!(rel(&matmul(&x, &w.t()?, true)?, &x.matmul(&w.t()?)?)? < 1e-2);
         Ok(())
-    }
-}
-
-/// buf [out, in] += dyᵀ·x on CUDA: one cuBLAS GEMM with beta = 1 written into
-/// the buffer (no product tensor, no transposed copy). With `bf16`
-/// (bf16-mixed: f32 buffers and activations) the operands go to cuBLAS in
-/// bf16 and the sum stays in f32, as autocast's products do; f32 arithmetic
-/// in every case (CUBLAS_COMPUTE_32F, no TF32).
-#[cfg(feature = "cuda")]
-mod cuda_product {
-    use super::super::cuda;
-    use candle_core::cuda::cudarc::cublas::result::{gemm_ex, gemm_strided_batched_ex};
-    use candle_core::cuda::cudarc::cublas::sys;
-    use candle_core::cuda::cudarc::driver::{DevicePtr, DevicePtrMut};
-    use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
-
-    pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
-        let operands = if bf16 { DType::BF16 } else { buf.dtype() };
-        let dy = dy.to_dtype(operands)?.contiguous()?;
-        let x = x.to_dtype(operands)?.contiguous()?;
-        buf.inplace_op3(&dy, &x, &AddProduct)
-    }
-
-    struct AddProduct;
-
-    fn cuda_type(dtype: DType) -> Result<sys::cudaDataType> {
-        Ok(match dtype {
-            DType::F32 => sys::cudaDataType::CUDA_R_32F,
-            DType::BF16 => sys::cudaDataType::CUDA_R_16BF,
-            dt => bail!("the in-place weight gradient takes f32 or bf16, not {dt:?}"),
-        })
-    }
-
-    fn int(n: usize, what: &str) -> Result<i32> {
-        i32::try_from(n).map_err(|_| {
-            candle_core::Error::Msg(format!("{what} = {n} is too large for one cuBLAS GEMM"))
-        })
-    }
-
-    impl InplaceOp3 for AddProduct {
-        fn name(&self) -> &'static str {
-            "sweep-add-product-cublas"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            bail!("the cuBLAS weight gradient runs on CUDA tensors")
-        }
-
-        fn cuda_fwd(
-            &self,
-            buf: &mut CudaStorage,
-            bl: &Layout,
-            dy: &CudaStorage,
-            dyl: &Layout,
-            x: &CudaStorage,
-            xl: &Layout,
-        ) -> Result<()> {
-            let (out, inp) = bl.shape().dims2()?;
-            let (n, dy_out) = dyl.shape().dims2()?;
-            let (xn, x_inp) = xl.shape().dims2()?;
-            if (dy_out, x_inp, xn) != (out, inp, n) {
-                bail!("a [{out}, {inp}] gradient from dy [{n}, {dy_out}] and x [{xn}, {x_inp}]");
-            }
-            let (c_type, ab_type) = (cuda_type(cuda::dtype(buf))?, cuda_type(cuda::dtype(dy))?);
-            if cuda::dtype(x) != cuda::dtype(dy) {
-                bail!("the weight gradient's operands differ in dtype");
-            }
-            let dev = cuda::device(buf);
-            let stream = dev.cuda_stream();
-            let blas = dev.cublas_handle();
-            let (m, nn, k) = (int(inp, "in")?, int(out, "out")?, int(n, "tokens")?);
-            let (one, also_one) = (1.0f32, 1.0f32);
-            // Row-major buf [out, in] is column-major bufᵀ [in, out]:
-            // bufᵀ += xᵀ·dy, with x read as column-major [in, N] (no
-            // transpose, ld in) and dy as column-major [out, N] transposed
-            // (ld out). One macro per storage type pair keeps the typed
-            // views alive while cuBLAS runs on candle's stream.
-            macro_rules! gemm {
-                ($c:ty, $ab:ty) => {{
-                    let a = cuda::view::<$ab>(x, xl)?;
-                    let b = cuda::view::<$ab>(dy, dyl)?;
-                    let mut c = cuda::view_mut::<$c>(buf, bl)?;
-                    let (a_ptr, _a) = a.device_ptr(&stream);
-                    let (b_ptr, _b) = b.device_ptr(&stream);
-                    let (c_ptr, _c) = c.device_ptr_mut(&stream);
-                    // SAFETY: a holds in·N values, b out·N and c in·out (the
-                    // shapes checked above), each contiguous, with the types
-                    // and leading dimensions passed; alpha and beta are f32
-                    // host values as CUBLAS_COMPUTE_32F takes them.
-                    unsafe {
-                        gemm_ex(
-                            *blas.handle(),
-                            sys::cublasOperation_t::CUBLAS_OP_N,
-                            sys::cublasOperation_t::CUBLAS_OP_T,
-                            m,
-                            nn,
-                            k,
-                            (&one as *const f32).cast(),
-                            a_ptr as *const _,
-                            ab_type,
-                            m,
-                            b_ptr as *const _,
-                            ab_type,
-                            nn,
-                            (&also_one as *const f32).cast(),
-                            c_ptr as *mut _,
-                            c_type,
-                            m,
-                            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                        )
-                    }
-                    .map_err(|e| {
-                        cuda::typed(
-                            e,
-                            format!("cuBLAS weight gradient [{out}, {inp}] over {n} tokens"),
-                        )
-                    })
-                }};
-            }
-            match (cuda::dtype(buf), cuda::dtype(dy)) {
-                (DType::F32, DType::F32) => gemm!(f32, f32),
-                (DType::F32, DType::BF16) => gemm!(f32, half::bf16),
-                (DType::BF16, DType::BF16) => gemm!(half::bf16, half::bf16),
-                (c, ab) => bail!("a {c:?} gradient from {ab:?} operands"),
-            }
-        }
-    }
-
-    /// [`super::add_batched_product`]: sum [.., T, d] (f32), a [.., M, keys], b [.., M, d].
-    pub struct AddBatchedProduct;
-
-    /// The leading dimensions' count and the last two of a layout.
-    fn batched(l: &Layout, what: &str) -> Result<(usize, usize, usize)> {
-        let dims = l.shape().dims();
-        if dims.len() < 2 || !l.is_contiguous() {
-            bail!("{what} of a batched product: {dims:?}, contiguous, at least 2 dimensions");
-        }
-        let r = dims.len();
-        Ok((dims[..r - 2].iter().product(), dims[r - 2], dims[r - 1]))
-    }
-
-    impl InplaceOp3 for AddBatchedProduct {
-        fn name(&self) -> &'static str {
-            "sweep-add-batched-product-cublas"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            bail!("the cuBLAS batched product runs on CUDA tensors")
-        }
-
-        fn cuda_fwd(
-            &self,
-            sum: &mut CudaStorage,
-            sl: &Layout,
-            a: &CudaStorage,
-            al: &Layout,
-            b: &CudaStorage,
-            bl: &Layout,
-        ) -> Result<()> {
-            let (batch, t, d) = batched(sl, "the sum")?;
-            let (a_batch, rows, keys) = batched(al, "aᵀ")?;
-            let (b_batch, b_rows, b_d) = batched(bl, "b")?;
-            if (a_batch, b_batch, b_rows, b_d) != (batch, batch, rows, d) || keys > t {
-                bail!(
-                    "sum {:?}[.., :keys, :] += aᵀ·b with a {:?} and b {:?}",
-                    sl.shape().dims(),
-                    al.shape().dims(),
-                    bl.shape().dims()
-                );
-            }
-            if cuda::dtype(sum) != DType::F32 || cuda::dtype(a) != cuda::dtype(b) {
-                bail!("the batched product sums f32 from operands of one dtype");
-            }
-            let ab_type = cuda_type(cuda::dtype(a))?;
-            let dev = cuda::device(sum);
-            let stream = dev.cuda_stream();
-            let blas = dev.cublas_handle();
-            let (m, n, k) = (int(d, "d")?, int(keys, "keys")?, int(rows, "rows")?);
-            let count = int(batch, "matrices")?;
-            let (one, also_one) = (1.0f32, 1.0f32);
-            // Row-major sum [keys, d] (row stride d, T·d apart) is
-            // column-major sumᵀ [d, keys]: sumᵀ += bᵀ·a, with b read as
-            // column-major [d, M] (no transpose, ld d) and a as column-major
-            // [keys, M] transposed (ld keys).
-            macro_rules! gemm {
-                ($ab:ty) => {{
-                    let av = cuda::view::<$ab>(a, al)?;
-                    let bv = cuda::view::<$ab>(b, bl)?;
-                    let mut c = cuda::view_mut::<f32>(sum, sl)?;
-                    let (a_ptr, _a) = av.device_ptr(&stream);
-                    let (b_ptr, _b) = bv.device_ptr(&stream);
-                    let (c_ptr, _c) = c.device_ptr_mut(&stream);
-                    // SAFETY: b holds batch·M·d values, a batch·M·keys and the
-                    // sum batch·T·d with keys ≤ T (checked above), each
-                    // contiguous, with the types, leading dimensions and
-                    // strides passed; alpha and beta are f32 host values as
-                    // CUBLAS_COMPUTE_32F takes them.
-                    unsafe {
-                        gemm_strided_batched_ex(
-                            *blas.handle(),
-                            sys::cublasOperation_t::CUBLAS_OP_N,
-                            sys::cublasOperation_t::CUBLAS_OP_T,
-                            m,
-                            n,
-                            k,
-                            (&one as *const f32).cast(),
-                            b_ptr as *const _,
-                            ab_type,
-                            m,
-                            (rows * d) as i64,
-                            a_ptr as *const _,
-                            ab_type,
-                            n,
-                            (rows * keys) as i64,
-                            (&also_one as *const f32).cast(),
-                            c_ptr as *mut _,
-                            sys::cudaDataType::CUDA_R_32F,
-                            m,
-                            (t * d) as i64,
-                            count,
-                            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                        )
-                    }
-                    .map_err(|e| {
-                        cuda::typed(
-                            e,
-                            format!(
-                                "cuBLAS batched product: {batch} × [{keys}, {d}] over {rows} rows"
-                            ),
-                        )
-                    })
-                }};
-            }
-            match cuda::dtype(a) {
-                DType::F32 => gemm!(f32),
-                DType::BF16 => gemm!(half::bf16),
-                dt => bail!("the batched product takes f32 or bf16 operands, not {dt:?}"),
-            }
-        }
     }
 }
