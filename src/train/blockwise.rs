@@ -507,7 +507,7 @@ impl Llama {
         let (n, _) = x.dims2()?;
         let h = rms_norm::rms_norm(&x, &self.norm, self.eps)?;
         drop(x);
-        let rows = cross_entropy::head_rows(n, self.output.dim(0)?);
+        let rows = cross_entropy::head_rows(n, self.output.dim(0)?, h.device().is_cuda());
         let labels = cross_entropy::Labels::new(labels, h.device())?;
         let mut loss = 0.0;
         for start in (0..n).step_by(rows) {
@@ -533,7 +533,7 @@ impl Llama {
         let (n, _) = x.dims2()?;
         let vocab = self.output.dim(0)?;
         let h = rms_norm::rms_norm(x, &self.norm, self.eps)?;
-        let rows = cross_entropy::head_rows(n, vocab);
+        let rows = cross_entropy::head_rows(n, vocab, h.device().is_cuda());
         let (mut loss, mut dh_parts) = (None, Vec::new());
         for start in (0..n).step_by(rows) {
             let len = rows.min(n - start);

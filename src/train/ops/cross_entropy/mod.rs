@@ -39,15 +39,11 @@ fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
     Ok(())
 }
 
-/// Elements of f32 logits per slice of rows (256 MB): the head computes
-/// its logits a slice at a time ([`head_rows`]), so the full [tokens,
-/// vocabulary] logits never exist, and [`computed_by_slices`] its temporaries.
-const SLICE_ELEMENTS: usize = 1 << 26;
+pub use crate::estimate::memory::head_rows;
 
-/// Rows of logits the head computes at once for a vocabulary (at most `tokens`).
-pub fn head_rows(tokens: usize, vocab: usize) -> usize {
-    (SLICE_ELEMENTS / vocab.max(1)).clamp(1, tokens.max(1))
-}
+/// Elements of f32 logits per slice of rows of [`computed_by_slices`]'s
+/// temporaries: the CPU head's slice (256 MB).
+const SLICE_ELEMENTS: usize = crate::estimate::memory::head_slice_values(false);
 
 /// The loss (a scalar in f32, f64 for f64 logits) and its gradient for the
 /// logits (in their dtype), a slice of `rows` rows at a time.
@@ -324,7 +320,7 @@ impl CustomOp1 for LossAndGradCpu {
 /// slice of rows of the head (as the block-wise pass computes them).
 pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let v = s.cfg.vocab_size;
-    let rows = head_rows(s.tokens(), v);
+    let rows = head_rows(s.tokens(), v, s.device.is_cuda());
     let labels: Vec<i64> = (0..rows)
         .map(|i| {
             if i % 7 == 3 {
