@@ -61,7 +61,12 @@ pub const fn head_slice_values(gpu: bool) -> usize {
 /// Rows of logits the head computes at once for a vocabulary (at most
 /// `tokens`, at least one).
 pub fn head_rows(tokens: usize, vocab: usize, gpu: bool) -> usize {
-    (head_slice_values(gpu) / vocab.max(1)).clamp(1, tokens.max(1))
+    rows_per_slice(head_slice_values(gpu), tokens, vocab)
+}
+
+/// Rows of a vocabulary's logits in a slice of `slice` values, for `tokens`.
+fn rows_per_slice(slice: usize, tokens: usize, vocab: usize) -> usize {
+    (slice / vocab.max(1)).clamp(1, tokens.max(1))
 }
 
 /// The measured constants of one execution path.
@@ -232,8 +237,12 @@ fn estimate_with_slices(cfg: &TrainConfig, model: &ModelConfig, slice: usize) ->
     let logits = if path.logit_copies > 0.0 {
         path.logit_copies * tokens * vocab * 4.0
     } else {
-        let rows = (slice / model.vocab_size.max(1)).max(1) as f64;
-        rows.min(tokens) * vocab * act_bytes
+        let tokens = cfg
+            .batch_size
+            .fixed()
+            .unwrap_or(1)
+            .saturating_mul(cfg.sequence_length);
+        rows_per_slice(slice, tokens, model.vocab_size) as f64 * vocab * act_bytes
     };
     MemoryEstimate {
         states: states as u64,
