@@ -3,6 +3,7 @@
 
 pub mod data;
 pub mod ddp;
+pub mod gemms;
 pub mod history;
 pub mod kernels;
 pub mod plan;

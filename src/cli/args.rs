@@ -332,6 +332,11 @@ pub enum BenchCmd {
         after_help = "Examples:\n  sweep bench train --threads 1\n  sweep bench train --threads 2 --steps 10\n  sweep bench train --device cuda --layers 8      (a GPU build on a GPU machine)"
     )]
     Train(TrainBenchCli),
+    /// The floor of a training step: each matrix product of the linear layers and the head timed alone, times its count.
+    #[command(
+        after_help = "Examples:\n  sweep bench gemms                                   (small, batch 2 x 256, f32 on the CPU)\n  sweep bench gemms --device cuda --model ref-1b --batch 8 --seq-len 2048   (a GPU build: bf16, cuBLAS)"
+    )]
+    Gemms(GemmsBenchCli),
     /// Data-parallel scaling of the trainer on this machine: 1 and N ranks (MPI) with the same work per rank.
     #[command(
         after_help = "Example:\n  sweep bench ddp --ranks 1,2 --threads 1      (a build with --features mpi)\n  sweep bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048   (NCCL at world size 1)"
@@ -620,6 +625,29 @@ pub struct TrainBenchCli {
     pub recompute: crate::config::Recompute,
     /// Also write every case (tokens/s, MFU, peak memory, or its error) to this JSON file
     /// (`-`: standard output, and the table to standard error).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `sweep bench gemms`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GemmsBenchCli {
+    /// `cpu` (f32, candle's and the `gemm` crate's products) or `cuda` (bf16, cuBLAS) on GPU 0.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: crate::config::DeviceKind,
+    /// The model preset whose shapes are used (default: `small` on the CPU, `ref-1b` on a GPU).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Sequences per step (default: 2 on the CPU, 8 on a GPU).
+    #[arg(long, value_parser = count(1, MAX_BATCH))]
+    pub batch: Option<usize>,
+    /// Tokens per sequence (default: 256 on the CPU, 2048 on a GPU).
+    #[arg(long, alias = "sequence-length", value_parser = count(1, MAX_SEQ))]
+    pub seq_len: Option<usize>,
+    /// Timed calls per shape (the median counts).
+    #[arg(long, default_value_t = 5, value_parser = count(1, MAX_REPEATS))]
+    pub repeats: usize,
+    /// Also write the figures as JSON to this file (`-`: standard output, and the table to standard error).
     #[arg(long)]
     pub json: Option<PathBuf>,
 }

@@ -1,6 +1,6 @@
 //! `sweep bench ...`: run a benchmark and print its figures.
 
-use super::{BenchCmd, DdpBenchCli, KernelsBenchCli, TrainBenchCli};
+use super::{BenchCmd, DdpBenchCli, GemmsBenchCli, KernelsBenchCli, TrainBenchCli};
 use crate::bench::ddp::DdpRow;
 use crate::config::{DeviceKind, RuntimeOptions};
 use anyhow::Result;
@@ -16,6 +16,7 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
         BenchCmd::History { rows, dir } => history(rows, dir)?,
         BenchCmd::Peak => peak()?,
         BenchCmd::Kernels(k) => return kernels(&k, rt),
+        BenchCmd::Gemms(g) => gemms(&g, rt)?,
         BenchCmd::MaxBatch {
             config,
             memory_limit,
@@ -294,6 +295,43 @@ fn kernels(k: &KernelsBenchCli, rt: &RuntimeOptions) -> Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sweep bench gemms`: a step's matrix products, timed alone.
+fn gemms(g: &GemmsBenchCli, rt: &RuntimeOptions) -> Result<()> {
+    let gpu = g.device == DeviceKind::Cuda;
+    if gpu && !crate::config::Features::BUILT.cuda {
+        anyhow::bail!(
+            "`--device cuda` needs a GPU build of sweep (scripts/build-gpu.sh; docs/gpu.md)"
+        );
+    }
+    let work = crate::bench::gemms::GemmWork {
+        model: g
+            .model
+            .clone()
+            .unwrap_or_else(|| if gpu { "ref-1b" } else { "small" }.into()),
+        batch: g.batch.unwrap_or(if gpu { 8 } else { 2 }),
+        seq_len: g.seq_len.unwrap_or(if gpu { 2048 } else { 256 }),
+        repeats: g.repeats,
+    };
+    let (device, name) = match g.device {
+        DeviceKind::Cpu => (candle_core::Device::Cpu, "cpu".to_string()),
+        DeviceKind::Cuda => {
+            let d = crate::train::device::cuda(0, rt.cuda_pool)?;
+            let name = crate::train::device::name(&d)?;
+            (d, name)
+        }
+    };
+    let mut human = human_out(g.json.as_deref());
+    let report = crate::bench::gemms::run(&work, &device, &name)?;
+    write!(human, "{}", crate::bench::gemms::table(&report))?;
+    if let Some(path) = &g.json {
+        write_json(path, &serde_json::to_vec_pretty(&report)?)?;
+        if path != Path::new("-") {
+            writeln!(human, "wrote {}", path.display())?;
+        }
+    }
+    Ok(())
 }
 
 fn peak() -> Result<()> {
@@ -611,6 +649,7 @@ fn check_outputs(cmd: &BenchCmd) -> Result<()> {
         BenchCmd::Train(TrainBenchCli { json: Some(p), .. })
         | BenchCmd::Ddp(DdpBenchCli { json: Some(p), .. })
         | BenchCmd::Kernels(KernelsBenchCli { json: Some(p), .. })
+        | BenchCmd::Gemms(GemmsBenchCli { json: Some(p), .. })
             if p != Path::new("-") =>
         {
             outputs::check(&[Output::new("--json", p)], &[], outputs::Allow::default())?

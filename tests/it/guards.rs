@@ -125,6 +125,10 @@ fn no_output_flag_of_any_command_replaces_what_sweep_reads_or_owns() {
             Box::new(move |p| strings(&["bench", "ddp", "--steps", "1", "--json", p])),
         ),
         (
+            "bench gemms --json",
+            Box::new(move |p| strings(&["bench", "gemms", "--repeats", "1", "--json", p])),
+        ),
+        (
             "data import-text --out",
             Box::new(move |p| strings(&["data", "import-text", "book.txt", "--out", p])),
         ),
@@ -204,7 +208,7 @@ fn no_output_flag_of_any_command_replaces_what_sweep_reads_or_owns() {
             }
         }
     }
-    assert_eq!(tried, 6 * files.len() + 5 * dirs.len());
+    assert_eq!(tried, 7 * files.len() + 5 * dirs.len());
     assert_eq!(snapshot(d), before, "something changed");
     run_ok(sweep(d).args(["history", "s.toml"]));
     run_ok(sweep(d).args(["status", "s.toml"]));
