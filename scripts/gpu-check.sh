@@ -30,7 +30,9 @@
 #   sanitizer    compute-sanitizer's memcheck, racecheck, synccheck and initcheck
 #                over `sweep bench kernels` on small shapes (sanitizer.txt):
 #                every launch of sweep's kernels (and the libraries') checked
-#   timeline     an Nsight Systems timeline of three ref-1b steps (batch 2, 8): kernel and
+#   timeline     the floor: every matrix product of a ref-1b batch-8 step timed alone
+#                (`sweep bench gemms`, gemms.json) and the same through PyTorch
+#                (gemms-torch.json); then an Nsight Systems timeline of three ref-1b steps (batch 2, 8): kernel and
 #                API summaries (timeline-*.csv), where a full Nsight Systems is
 #                installed; else each kernel's GPU time over three steps (two
 #                warm-up, one timed) by Nsight Compute (ncu, gpu__time_duration, caches and clocks left
@@ -235,6 +237,10 @@ print("control: cuBLAS product then scale, sum", float(((a @ b.transpose(-1, -2)
             run variants.txt "$SWEEP" bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048 --steps 10
             ;;
         timeline)
+            # What the step's linear layers and head would take if nothing else ran.
+            run timeline.txt "$SWEEP" bench gemms --device cuda --json "$OUT/gemms.json"
+            # The same shapes through PyTorch's cuBLAS calls.
+            run timeline.txt python3 scripts/torch-gemms.py "$OUT/gemms.json" "$OUT/gemms-torch.json"
             # Nsight Compute ships an nsys of its own that records but cannot
             # import what it recorded (no report): only a full Nsight Systems.
             nsys=$(find_nsys || true)

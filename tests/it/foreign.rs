@@ -127,6 +127,40 @@ fn assert_tokens_from_step_times(root: &Path, m: &Path, bin: &Path) {
 }
 
 #[test]
+fn a_steps_products_are_timed_beside_pytorchs_on_the_same_shapes() {
+    let Some(bin) = torch_bin() else { return };
+    let root = project();
+    let (ours, theirs) = (root.path().join("g.json"), root.path().join("t.json"));
+    run_ok(
+        sweep(root.path())
+            .args(["bench", "gemms", "--model", "tiny", "--batch", "1"])
+            .args(["--seq-len", "8", "--repeats", "1", "--json"])
+            .arg(&ours),
+    );
+    run_ok(
+        std::process::Command::new(bin.join("python"))
+            .arg(repo().join("scripts/torch-gemms.py"))
+            .args([&ours, &theirs]),
+    );
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let (ours, theirs) = (read(&ours), read(&theirs));
+    let rows = ours["rows"].as_array().unwrap();
+    // tiny: four block shapes and the head's one slice, three products each.
+    assert_eq!(rows.len(), 15, "{ours}");
+    assert_eq!(theirs["rows"].as_array().unwrap().len(), rows.len());
+    for (a, b) in rows.iter().zip(theirs["rows"].as_array().unwrap()) {
+        for key in ["part", "product", "rows", "inp", "out", "count"] {
+            assert_eq!(a[key], b[key], "{key}: {a} against {b}");
+        }
+        assert_eq!(a["ms_each"], b["sweep_ms_each"]);
+        assert!(b["ms_each"].as_f64().unwrap() > 0.0, "{b}");
+    }
+    assert_eq!(ours["floor_ms"], theirs["sweep_floor_ms"]);
+}
+
+#[test]
 fn a_pytorch_script_sweeps_through_the_local_executor() {
     let Some(bin) = torch_bin() else { return };
     let root = project();
