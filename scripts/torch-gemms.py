@@ -7,8 +7,8 @@ cuBLAS calls) stands beside PyTorch's (its cuBLAS / cuBLASLt calls).
     python3 scripts/torch-gemms.py gemms.json gemms-torch.json
 
 Per row: x·wᵀ (forward), dy·w (input gradient), sum += dyᵀ·x (weight
-gradient, in place), the median of as many timed calls as sweep made after a
-warm-up, the device synchronised around each.
+gradient, in place), the median of five timed calls after a warm-up (sweep's
+default `--repeats`), the device synchronised around each.
 """
 import json
 import sys
