@@ -11,7 +11,8 @@
 //! score products) are not here: `sweep bench kernels` times the attention
 //! backward at the model's shapes.
 
-use crate::config::{ModelConfig, ModelOverrides};
+use super::MAX_ELEMENTS;
+use crate::config::ModelConfig;
 use crate::estimate::memory::head_rows;
 use crate::train::ops::linear;
 use anyhow::{bail, Result};
@@ -162,22 +163,9 @@ pub struct GemmReport {
     pub step_tflop: f64,
 }
 
-/// The most values one operand may hold (as `sweep bench kernels`).
-const MAX_ELEMENTS: usize = 1 << 31;
-
-/// The model's shapes from a preset, the vocabulary 32000 where the preset
-/// takes its own from the tokenizer.
-fn model(name: &str) -> Result<ModelConfig> {
-    let mut cfg = ModelConfig::resolve(name, &ModelOverrides::default())?;
-    if cfg.vocab_size == 0 {
-        cfg.vocab_size = 32_000;
-    }
-    Ok(cfg)
-}
-
 /// Times every product of a step on `device` (bf16 on a GPU, f32 on the CPU).
 pub fn run(work: &GemmWork, device: &Device, device_name: &str) -> Result<GemmReport> {
-    let cfg = model(&work.model)?;
+    let cfg = super::preset_shapes(&work.model, None)?;
     let tokens = work.batch.saturating_mul(work.seq_len);
     if tokens == 0 || work.repeats == 0 {
         bail!("--batch, --seq-len and --repeats must be at least 1");
@@ -252,8 +240,7 @@ fn time(g: &StepGemm, device: &Device, dtype: DType, repeats: usize) -> Result<f
     let w = random((g.out, g.inp))?;
     let (x, dy) = (random((g.rows, g.inp))?, random((g.rows, g.out))?);
     let mut sum = Tensor::zeros((g.out, g.inp), dtype, device)?;
-    let mut times = Vec::with_capacity(repeats);
-    for i in 0..=repeats {
+    super::median_after_warmup(repeats, || {
         device.synchronize()?;
         let start = Instant::now();
         match g.product {
@@ -262,12 +249,8 @@ fn time(g: &StepGemm, device: &Device, dtype: DType, repeats: usize) -> Result<f
             Product::WeightGrad => linear::add_product(&mut sum, &dy, &x, false)?,
         }
         device.synchronize()?;
-        if i > 0 {
-            times.push(start.elapsed().as_secs_f64());
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+        Ok(start.elapsed().as_secs_f64())
+    })
 }
 
 /// The table `sweep bench gemms` prints.
@@ -330,7 +313,7 @@ mod tests {
             ("small", 2049),
         ] {
             for gpu in [false, true] {
-                let cfg = model(name).unwrap();
+                let cfg = super::super::preset_shapes(name, None).unwrap();
                 let gemms = step_gemms(&cfg, tokens, gpu);
                 let flops: f64 = gemms.iter().map(|g| g.flops() * g.count as f64).sum();
                 // The non-embedding parameters less the norms' (2 a layer, 1 final).
@@ -343,7 +326,7 @@ mod tests {
 
     #[test]
     fn shapes_are_listed_once_with_their_counts_and_the_head_by_its_slices() {
-        let cfg = model("ref-1b").unwrap();
+        let cfg = super::super::preset_shapes("ref-1b", None).unwrap();
         let gemms = step_gemms(&cfg, 16_384, true);
         // wq and wo are both 2048 × 2048, w1 and w3 both 5632 × 2048; wk and wv 512 × 2048.
         let forward: Vec<_> = gemms

@@ -10,7 +10,8 @@
 //! its cases in its own file ([`crate::train::ops::check`]); this module
 //! runs, times and tabulates them.
 
-use crate::config::{DeviceKind, ModelConfig, ModelOverrides};
+use super::MAX_ELEMENTS;
+use crate::config::DeviceKind;
 use crate::train::ops::check::{
     self, dtype_name, errors, flat_f32, prepare, tolerance, Case, Shapes,
 };
@@ -34,12 +35,6 @@ pub struct KernelWork {
     /// The vocabulary (default: the preset's, else 32000).
     pub vocab: Option<usize>,
 }
-
-/// The most values one input may hold (8 GiB of f32).
-const MAX_ELEMENTS: usize = 1 << 31;
-
-/// The vocabulary of presets that take theirs from the tokenizer.
-const DEFAULT_VOCAB: usize = 32_000;
 
 /// One kernel on one shape and dtype.
 #[derive(Debug, Clone, Serialize)]
@@ -80,8 +75,7 @@ pub struct KernelReport {
 /// The median time of `repeats` calls, after one warm-up, each on fresh
 /// inputs, waiting for the device after each.
 fn time(case: &Case, device: &Device, dtype: DType, repeats: usize, composed: bool) -> Result<f64> {
-    let mut times = Vec::with_capacity(repeats);
-    for i in 0..=repeats {
+    super::median_after_warmup(repeats, || {
         let inputs = prepare(case, device, dtype)?;
         device.synchronize()?;
         let start = Instant::now();
@@ -93,26 +87,14 @@ fn time(case: &Case, device: &Device, dtype: DType, repeats: usize, composed: bo
         device.synchronize()?;
         let elapsed = start.elapsed().as_secs_f64();
         drop(out);
-        if i > 0 {
-            times.push(elapsed);
-        }
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+        Ok(elapsed)
+    })
 }
 
 /// Runs every case: on the CPU in f32 against the composed twins; on CUDA in
 /// f32 and bf16 against the CPU kernels.
 pub fn run(work: &KernelWork, rt: &crate::config::RuntimeOptions) -> Result<KernelReport> {
-    let mut cfg = ModelConfig::resolve(&work.model, &ModelOverrides::default())?;
-    if let Some(v) = work.vocab {
-        cfg.vocab_size = v;
-    } else if cfg.vocab_size == 0 {
-        cfg.vocab_size = DEFAULT_VOCAB;
-    }
-    if cfg.vocab_size == 0 {
-        bail!("--vocab must be at least 1");
-    }
+    let cfg = super::preset_shapes(&work.model, work.vocab)?;
     // The largest inputs, [tokens, FFN width] and [vocabulary, width], are
     // held in f32 on the host: refuse sizes no machine holds (and that the
     // kernels' 32-bit counts could not index) before allocating.

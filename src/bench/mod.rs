@@ -11,7 +11,41 @@ pub mod pretokenize;
 pub mod report;
 pub mod train;
 
+use crate::config::{ModelConfig, ModelOverrides};
 use std::time::{Duration, Instant};
+
+/// The most values one operand of a benchmark may hold (8 GiB of f32):
+/// larger sizes no machine holds (and the kernels' 32-bit counts could not
+/// index) are refused before anything is allocated.
+pub const MAX_ELEMENTS: usize = 1 << 31;
+
+/// A preset's shapes for a benchmark: its vocabulary `vocab` where given,
+/// else the preset's, else 32000 (the presets that take theirs from the
+/// tokenizer).
+pub fn preset_shapes(name: &str, vocab: Option<usize>) -> anyhow::Result<ModelConfig> {
+    let mut cfg = ModelConfig::resolve(name, &ModelOverrides::default())?;
+    match vocab {
+        Some(0) => anyhow::bail!("--vocab must be at least 1"),
+        Some(v) => cfg.vocab_size = v,
+        None if cfg.vocab_size == 0 => cfg.vocab_size = 32_000,
+        None => {}
+    }
+    Ok(cfg)
+}
+
+/// The median of `repeats` timed calls after one untimed warm-up; `call`
+/// makes one call and returns the seconds it took.
+pub fn median_after_warmup(
+    repeats: usize,
+    mut call: impl FnMut() -> anyhow::Result<f64>,
+) -> anyhow::Result<f64> {
+    call()?;
+    let mut times = (0..repeats.max(1))
+        .map(|_| call())
+        .collect::<anyhow::Result<Vec<f64>>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
 
 /// Runs `f` once and returns its result with the wall time it took.
 pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
