@@ -241,11 +241,6 @@ mod on_gpu {
         .map_err(|e| cuda::typed(e, what()))
     }
 
-    /// The CPU side of a CUDA-only op.
-    fn not_on_cpu(name: &str) -> Result<()> {
-        bail!("{name} runs on CUDA tensors")
-    }
-
     struct AddProduct;
 
     impl InplaceOp3 for AddProduct {
@@ -262,7 +257,7 @@ mod on_gpu {
             _: &CpuStorage,
             _: &Layout,
         ) -> Result<()> {
-            not_on_cpu("the cuBLAS weight gradient")
+            bail!("the cuBLAS weight gradient runs on CUDA tensors")
         }
 
         fn cuda_fwd(
@@ -320,7 +315,7 @@ mod on_gpu {
             _: &CpuStorage,
             _: &Layout,
         ) -> Result<()> {
-            not_on_cpu("the cuBLAS batched product")
+            bail!("the cuBLAS batched product runs on CUDA tensors")
         }
 
         fn cuda_fwd(
