@@ -41,10 +41,6 @@ fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
 
 pub use crate::estimate::memory::head_rows;
 
-/// Elements of f32 logits per slice of rows of [`computed_by_slices`]'s
-/// temporaries: the CPU head's slice (256 MB).
-const SLICE_ELEMENTS: usize = crate::estimate::memory::head_slice_values(false);
-
 /// The loss (a scalar in f32, f64 for f64 logits) and its gradient for the
 /// logits (in their dtype), a slice of `rows` rows at a time.
 fn computed_by_slices(
@@ -160,8 +156,9 @@ pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(T
     if own_kernel(super::Kernel::CrossEntropy, &[&logits]) {
         return cuda_in_place(logits.contiguous()?, labels, uploaded, divisor);
     }
-    let v = logits.dim(1)?;
-    computed_by_slices(&logits, labels, divisor, (SLICE_ELEMENTS / v).max(1))
+    // Its f32 temporaries a CPU head's slice at a time (256 MB), on any device.
+    let (n, v) = logits.dims2()?;
+    computed_by_slices(&logits, labels, divisor, head_rows(n, v, false))
 }
 
 /// [`loss_and_grad`] on CUDA: d logits written over the logits, each row's
