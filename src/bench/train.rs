@@ -12,6 +12,7 @@ use crate::config::{
 use crate::data::samples::IGNORE;
 use crate::data::{Batch, LoaderState, SpecialTokens, TextTokenizer};
 use crate::train::device::PeakMemory;
+use crate::train::parts::PartTime;
 use crate::train::peak::Kernel;
 use crate::train::Trainer;
 use anyhow::Result;
@@ -54,6 +55,22 @@ pub struct TrainRow {
     pub peak_memory_mb: f64,
     /// The device as the driver names it (`cpu` on the CPU).
     pub device_name: String,
+    /// Where one more step's time went, op by op (`--parts`).
+    pub parts: Option<Vec<PartTime>>,
+}
+
+/// How `sweep bench train` times its cases.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Timed steps, after two warm-up steps.
+    pub steps: usize,
+    pub threads: usize,
+    /// The accelerator's name in the peak table, where the driver's differs.
+    pub gpu: Option<String>,
+    pub recompute: Recompute,
+    /// One more step after the timed ones, recorded op by op
+    /// ([`crate::train::parts`]; not in the timed figures).
+    pub parts: bool,
 }
 
 /// One case as `sweep bench train --json` writes it, in the keys of
@@ -79,6 +96,8 @@ pub struct JsonRow {
     pub backward_s: Option<f64>,
     pub optimizer_s: Option<f64>,
     pub params: Option<usize>,
+    /// With `--parts`: one more step's time by pass and op.
+    pub parts: Option<Vec<PartTime>>,
     pub error: Option<String>,
 }
 
@@ -95,6 +114,7 @@ impl JsonRow {
             backward_s: Some(r.backward_s),
             optimizer_s: Some(r.optimizer_s),
             params: Some(r.params),
+            parts: r.parts.clone(),
             ..JsonRow::untimed(&r.case, device, None)
         }
     }
@@ -120,6 +140,7 @@ impl JsonRow {
             backward_s: None,
             optimizer_s: None,
             params: None,
+            parts: None,
             error,
         }
     }
@@ -235,17 +256,12 @@ pub struct Failed {
     pub error: anyhow::Error,
 }
 
-/// Times `steps` train steps of every case after two warm-up steps. `gpu`
-/// names the accelerator for the peak-FLOPs table when the driver's name
-/// does not match it; `tokenizer` is the one the trainer holds (the ids
-/// are synthetic). A case that fails is reported and the next one runs:
-/// one too large for the device should not hide the others.
+/// Times every case as `settings` say; `tokenizer` is the one the trainer
+/// holds (the ids are synthetic). A case that fails is reported and the
+/// next one runs: one too large for the device should not hide the others.
 pub fn run(
     cases: Vec<TrainCase>,
-    steps: usize,
-    threads: usize,
-    gpu: Option<&str>,
-    recompute: Recompute,
+    settings: &Settings,
     tokenizer: &Path,
     rt: &RuntimeOptions,
 ) -> Vec<std::result::Result<TrainRow, Box<Failed>>> {
@@ -254,7 +270,7 @@ pub fn run(
         .into_iter()
         .map(|case| {
             let outcome = match &tok {
-                Ok(tok) => time_case(&case, steps, threads, (gpu, recompute), tok, rt),
+                Ok(tok) => time_case(&case, settings, tok, rt),
                 Err(e) => Err(anyhow::anyhow!("{e:#}")),
             };
             // As each case ends: the table comes only after the last one.
@@ -272,9 +288,7 @@ pub fn run(
 
 fn time_case(
     case: &TrainCase,
-    steps: usize,
-    threads: usize,
-    (gpu, recompute): (Option<&str>, Recompute),
+    settings: &Settings,
     tok: &Arc<TextTokenizer>,
     rt: &RuntimeOptions,
 ) -> Result<TrainRow> {
@@ -287,18 +301,18 @@ fn time_case(
         precision: case.precision,
         attention: case.attention,
         device: case.device,
-        recompute,
+        recompute: settings.recompute,
         seed: 1,
-        threads,
+        threads: settings.threads,
         ..Default::default()
     };
     // The case's vocabulary, whatever the tokenizer's: the ids are synthetic.
     let model = ModelConfig::resolve(&case.preset, &case.overrides)?;
     let vocab = model.vocab_size;
-    let mut t = Trainer::with_model(cfg, model, Arc::clone(tok), threads, rt)?;
+    let mut t = Trainer::with_model(cfg, model, Arc::clone(tok), settings.threads, rt)?;
     t.sync_forward = true;
     let device = t.device.clone();
-    let row = measure(t, case, steps, threads, gpu, vocab);
+    let row = measure(t, case, settings, vocab);
     // The memory pool keeps what the case freed, failed or not: handed back,
     // so that the next case's peak is its own (seen on an H100: the cases
     // after the largest read its 40 GB).
@@ -306,18 +320,18 @@ fn time_case(
     row
 }
 
-/// `steps` timed steps of `t` after two warm-up steps (consumed: its memory
-/// is freed when this returns).
-fn measure(
-    mut t: Trainer,
-    case: TrainCase,
-    steps: usize,
-    threads: usize,
-    gpu: Option<&str>,
-    vocab: usize,
-) -> Result<TrainRow> {
+/// `settings.steps` timed steps of `t` after two warm-up steps, and one
+/// recorded op by op with `settings.parts` (`t` is consumed: its memory is
+/// freed when this returns).
+fn measure(mut t: Trainer, case: TrainCase, settings: &Settings, vocab: usize) -> Result<TrainRow> {
+    let steps = settings.steps;
     let device_name = crate::train::device::name(&t.device)?;
-    let peak = peak(&case, &device_name, threads, gpu)?;
+    let peak = peak(
+        &case,
+        &device_name,
+        settings.threads,
+        settings.gpu.as_deref(),
+    )?;
     let n = case.batch * case.seq;
     let batch = Batch {
         inputs: (0..n).map(|i| ((i * 7919) % vocab) as u32).collect(),
@@ -343,6 +357,16 @@ fn measure(
             upd += out.phases.optimizer_s;
         }
     }
+    let parts = if settings.parts {
+        crate::train::parts::start(&t.device)?;
+        let step = t.step(std::slice::from_ref(&batch), 1e-4, &mut memory, None);
+        // Finished whatever the step did: the recording is this thread's.
+        let parts = crate::train::parts::finish();
+        step?;
+        Some(parts?)
+    } else {
+        None
+    };
     let cfg = &t.model_spec.cfg;
     let total = fwd + bwd + upd;
     let tokens_per_s = (n * steps) as f64 / total;
@@ -358,6 +382,7 @@ fn measure(
         optimizer_s: upd / steps as f64,
         peak_memory_mb: memory.peak_mb(&t.device),
         device_name,
+        parts,
         case,
     })
 }

@@ -611,6 +611,13 @@ pub struct TrainBenchCli {
     /// Only the cases whose "label precision" contains this (e.g. `8192`, `bf16-mixed`).
     #[arg(long)]
     pub only: Option<String>,
+    /// Only the cases of this batch size.
+    #[arg(long, value_parser = count(1, 1 << 20))]
+    pub batch: Option<usize>,
+    /// After the timed steps, one more step recorded op by op: where its time
+    /// goes (linear layers, attention, norms, ... by forward, backward and optimizer).
+    #[arg(long)]
+    pub parts: bool,
     /// `cpu`: the CPU presets; `cuda`: ref-1b and an 8B-shaped model on GPU 0.
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: crate::config::DeviceKind,

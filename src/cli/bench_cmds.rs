@@ -47,6 +47,8 @@ fn train(args: &TrainBenchCli, rt: &RuntimeOptions, root: &Path) -> Result<()> {
         threads,
         steps,
         only,
+        batch,
+        parts,
         device,
         layers,
         gpu,
@@ -69,15 +71,23 @@ fn train(args: &TrainBenchCli, rt: &RuntimeOptions, root: &Path) -> Result<()> {
         .filter(|c| {
             only.as_deref()
                 .is_none_or(|o| format!("{} {}", c.label, c.precision()).contains(o))
+                && batch.is_none_or(|b| c.batch == b)
         })
-        .collect();
+        .collect::<Vec<_>>();
+    if cases.is_empty() {
+        anyhow::bail!("no case of `sweep bench train` matches `--only` and `--batch`");
+    }
+    let settings = crate::bench::train::Settings {
+        steps,
+        threads,
+        gpu,
+        recompute,
+        parts,
+    };
     let (mut rows, mut failed) = (Vec::new(), Vec::new());
     for outcome in crate::bench::train::run(
         cases,
-        steps,
-        threads,
-        gpu.as_deref(),
-        recompute,
+        &settings,
         &repository(root, crate::config::DEFAULT_TOKENIZER).join(crate::config::DEFAULT_TOKENIZER),
         rt,
     ) {
@@ -99,6 +109,7 @@ fn train(args: &TrainBenchCli, rt: &RuntimeOptions, root: &Path) -> Result<()> {
         "train step on {on}, {steps} timed steps after 2 warm-up steps{recomputing}"
     )?;
     train_table(&mut *human, &rows, &failed)?;
+    parts_table(&mut *human, &rows)?;
     if let Some(path) = json {
         use crate::bench::train::JsonRow;
         let all: Vec<JsonRow> = rows
@@ -110,6 +121,36 @@ fn train(args: &TrainBenchCli, rt: &RuntimeOptions, root: &Path) -> Result<()> {
     }
     if rows.is_empty() && !failed.is_empty() {
         anyhow::bail!("no case could be timed");
+    }
+    Ok(())
+}
+
+/// With `--parts`: each case's recorded step by pass and op, the largest
+/// parts first, each with its share of the step.
+fn parts_table(out: &mut dyn Write, rows: &[crate::bench::train::TrainRow]) -> Result<()> {
+    for r in rows {
+        let Some(parts) = &r.parts else { continue };
+        let step: f64 = parts.iter().map(|p| p.seconds).sum();
+        writeln!(
+            out,
+            "\n{} {} b{}: one more step, {:.1} ms, by part",
+            r.case.label,
+            r.case.precision(),
+            r.case.batch,
+            step * 1e3
+        )?;
+        let mut parts = parts.clone();
+        parts.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        for p in parts {
+            writeln!(
+                out,
+                "  {:<10} {:<10} {:>10.2} ms {:>6.1}%",
+                p.pass.name(),
+                p.op.name(),
+                p.seconds * 1e3,
+                100.0 * p.seconds / step.max(f64::MIN_POSITIVE)
+            )?;
+        }
     }
     Ok(())
 }

@@ -431,6 +431,7 @@ impl Llama {
         probe: Probe<'_>,
     ) -> Result<Pass> {
         let started = std::time::Instant::now();
+        crate::train::parts::pass(crate::train::parts::Pass::Forward);
         let seq = Seq {
             b: tokens.batch,
             t: tokens.seq,
@@ -463,6 +464,7 @@ impl Llama {
             x.device().synchronize()?;
         }
         let forward_s = started.elapsed().as_secs_f64();
+        crate::train::parts::pass(crate::train::parts::Pass::Backward);
         let (loss, dh) = self.head(&x, &labels, divisor, grads)?;
         (probe.at_peak)()?;
         let (mut dx, dg) = rms_norm::backward(&x, &self.norm, self.eps, &dh)?;

@@ -28,6 +28,7 @@ pub mod optim;
 #[cfg(test)]
 mod oracle;
 pub mod params;
+pub mod parts;
 pub mod peak;
 pub mod record;
 mod run;

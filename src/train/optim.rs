@@ -100,6 +100,7 @@ impl AdamW {
     /// waits for the step's kernels only here). A non-finite norm changes
     /// nothing, the step count included (the caller stops on it).
     pub fn step(&mut self, grads: &Grads, lr: f64, clipping: &Clipping) -> Result<f64> {
+        let _part = crate::train::parts::op(crate::train::parts::Op::AdamW);
         // The scale on the host, read when a path needs it (at most once).
         let mut host_scale = match clipping {
             Clipping::Host { scale, .. } => Some(*scale),

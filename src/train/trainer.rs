@@ -208,6 +208,7 @@ impl Trainer {
         let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
         comm_s += finish_s + t1.elapsed().as_secs_f64();
         let updating = Instant::now();
+        crate::train::parts::pass(crate::train::parts::Pass::Optimizer);
         if !loss.is_finite() {
             bail!("the loss ({loss}) is not finite; try a lower learning_rate");
         }

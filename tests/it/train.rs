@@ -561,7 +561,10 @@ fn bench_train_writes_its_cases_as_json_beside_pytorchs_keys() {
     let json = root.path().join("train.json");
     run_ok(
         sweep(root.path())
-            .args(["bench", "train", "--only", "tiny", "--steps", "1", "--json"])
+            .args([
+                "bench", "train", "--only", "tiny", "--batch", "2", "--steps", "1",
+            ])
+            .args(["--parts", "--json"])
             .arg(&json),
     );
     let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
@@ -588,7 +591,40 @@ fn bench_train_writes_its_cases_as_json_beside_pytorchs_keys() {
         let step = r["step_s"].as_f64().unwrap();
         assert!((phases - step).abs() <= 1e-9 * step, "{r}");
         assert!(r["error"].is_null(), "{r}");
+        // One more step by part (`--parts`): every op of the model where it runs.
+        let parts = r["parts"].as_array().unwrap();
+        for (pass, op) in [
+            ("forward", "embedding"),
+            ("forward", "norm"),
+            ("forward", "linear"),
+            ("forward", "rope"),
+            ("forward", "attention"),
+            ("forward", "swiglu"),
+            ("backward", "linear"),
+            ("backward", "loss"),
+            ("backward", "attention"),
+            ("backward", "swiglu"),
+            ("backward", "norm"),
+            ("backward", "rope"),
+            ("backward", "embedding"),
+            ("optimizer", "clip"),
+            ("optimizer", "adamw"),
+        ] {
+            assert!(
+                parts.iter().any(|p| p["pass"] == pass
+                    && p["op"] == op
+                    && p["seconds"].as_f64().is_some_and(|s| s > 0.0)),
+                "{pass} {op} in {r}"
+            );
+        }
     }
+    // A selection that matches no case is an error, not an empty table.
+    let out = sweep(root.path())
+        .args(["bench", "train", "--only", "tiny", "--batch", "3"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no case"));
 }
 
 #[test]

@@ -30,6 +30,7 @@ pub fn eager_keeping_probabilities(
     causal: bool,
     bf16: bool,
 ) -> Result<(Tensor, Tensor)> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Attention);
     let (b, h, t, d) = q.dims4()?;
     let kv = k.dim(1)?;
     let q = q.reshape((b, kv, (h / kv) * t, d))?;
@@ -53,6 +54,7 @@ pub fn eager_backward(
     causal: bool,
     bf16: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Attention);
     let (b, h, t, d) = q.dims4()?;
     let kv = k.dim(1)?;
     let scale = 1.0 / (d as f64).sqrt();
@@ -76,6 +78,7 @@ pub fn eager_backward(
 /// fallen back after its self-check on this GPU), its twin: [`eager`]
 /// attention, heads first.
 pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Attention);
     if !super::own_kernel(super::Kernel::Flash, &[q, k, v]) {
         let heads_first = |x: &Tensor| x.transpose(1, 2)?.contiguous();
         let o = eager(
@@ -226,6 +229,7 @@ pub fn tiled_backward(
     causal: bool,
     tile: Option<usize>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Attention);
     let (b, h, t, d) = q.dims4()?;
     let kv = k.dim(1)?;
     let tile = tile.unwrap_or_else(|| tile_rows(b, h, t, q.dtype()));

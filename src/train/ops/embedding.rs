@@ -18,6 +18,7 @@ use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp2, Layout, Result
 
 /// Rows `ids` (u32, [N]) of `table` ([V, D]): [N, D].
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Embedding);
     if table.dtype() == DType::F32 || table.dtype() == DType::F64 {
         // Already exact enough: candle's own op.
         return table.index_select(ids, 0);
@@ -113,6 +114,7 @@ impl<'a> From<&'a [u32]> for Rows<'a> {
 /// reading them back from the device would wait for all the work queued
 /// before them, and the kernel's grouping is made on the host anyway.
 pub fn add_rows(buf: &mut Tensor, ids: &Rows, dy: &Tensor) -> Result<()> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Embedding);
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     let (grouped, ids) = (ids.grouped.as_ref(), ids.ids);
     let (rows, d) = buf.dims2()?;

@@ -14,6 +14,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Norm);
     if own_kernel(super::Kernel::RmsNorm, &[x, w]) {
         x.contiguous()?
             .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
@@ -31,6 +32,7 @@ pub fn composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 /// The gradients of [`rms_norm`] for x and w, given dy, without autograd:
 /// dx = r·(w∘dy) − x·r³·mean(x∘w∘dy), dw = Σ_rows dy∘x·r (r = 1/rms(x)).
 pub fn backward(x: &Tensor, w: &Tensor, eps: f64, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Norm);
     if own_kernel(super::Kernel::RmsNorm, &[x, w, dy]) {
         let rows = x.elem_count() / w.elem_count();
         // One pass gives both: rows 0..n are dx, row n is dw.

@@ -68,6 +68,7 @@ impl RopeTables {
 /// [B, T, H, Q] -> [B, H, T, Q], rotated when `tables` is given (q and k; v
 /// only moves).
 pub fn heads_first(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Rope);
     if own_kernel(super::Kernel::Rope, &[x]) {
         x.contiguous()?.apply_op1(Rope {
             tables: tables.cloned(),
@@ -81,6 +82,7 @@ pub fn heads_first(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
 /// The gradient of [`heads_first`], without autograd: dy [B, H, T, Q] back to
 /// [B, T, H, Q], rotated by −angle.
 pub fn backward(dy: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Rope);
     if own_kernel(super::Kernel::Rope, &[dy]) {
         return dy.contiguous()?.apply_op1_no_bwd(&Rope {
             tables: tables.cloned(),

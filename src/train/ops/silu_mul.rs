@@ -12,6 +12,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tenso
 use rayon::prelude::*;
 
 pub fn silu_mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::SwiGlu);
     if own_kernel(super::Kernel::SiluMul, &[a, b]) {
         a.contiguous()?.apply_op2(&b.contiguous()?, SiluMul)
     } else {
@@ -26,6 +27,7 @@ pub fn composed(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// The gradients of [`silu_mul`] for a and b, given dy, without autograd:
 /// da = dy·b·σ(a)·(1 + a·(1 − σ(a))), db = dy·a·σ(a).
 pub fn backward(a: &Tensor, b: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::SwiGlu);
     if own_kernel(super::Kernel::SiluMul, &[a, b, dy]) {
         let n = a.elem_count();
         // One pass gives both: [da; db].

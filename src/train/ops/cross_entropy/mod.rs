@@ -140,6 +140,7 @@ fn kernel_labels(host: &[i64]) -> Vec<u32> {
 /// written over them, one kernel computing both (`kernels/cross_entropy.cu`);
 /// on the CPU in f32 one pass each way; elsewhere [`computed_by_slices`].
 pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(Tensor, Tensor)> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Loss);
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     let (labels, uploaded) = (labels.host, labels.device.as_ref());
     check_labels(&logits, labels)?;

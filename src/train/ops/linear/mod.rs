@@ -31,6 +31,7 @@ pub fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> Result<Tensor> {
 
 /// a · b, batched over leading dimensions; bf16 operands when `bf16`.
 pub fn matmul(a: &Tensor, b: &Tensor, bf16: bool) -> Result<Tensor> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Linear);
     if bf16 && fused(a) && fused(b) {
         a.apply_op2(b, Bf16Matmul)
     } else if bf16 && a.dtype() == DType::F32 && !a.device().is_cpu() {
@@ -106,6 +107,7 @@ impl CustomOp2 for Bf16Matmul {
 /// buf [out, in] += dyᵀ · x, with dy [N, out] and x [N, in] (a linear
 /// layer's weight gradient); `bf16`: the product with bf16 operands.
 pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
+    let _part = crate::train::parts::op(crate::train::parts::Op::Linear);
     let (n, out) = dy.dims2()?;
     let (n2, inp) = x.dims2()?;
     if n != n2 || buf.dims() != [out, inp] {
