@@ -34,8 +34,8 @@
 #                (`sweep bench gemms`, gemms.json) and the same through PyTorch
 #                (gemms-torch.json); then an Nsight Systems timeline of three ref-1b steps (batch 2, 8): kernel and
 #                API summaries (timeline-*.csv), where a full Nsight Systems is
-#                installed; else each kernel's GPU time over three steps (two
-#                warm-up, one timed) by Nsight Compute (ncu, gpu__time_duration, caches and clocks left
+#                installed; else each kernel's GPU time in one ref-1b batch-8 step (the one
+#                `bench train --parts` records) by Nsight Compute (ncu, gpu__time_duration, caches and clocks left
 #                alone), summed by kernel name (kernel-times.csv)
 #   quickstart   experiments/gpu-quickstart.toml, its logs and report (quickstart.tgz)
 #
@@ -201,7 +201,8 @@ print("control: cuBLAS product then scale, sum", float(((a @ b.transpose(-1, -2)
             ;;
         train)
             # The goal's cases: ref-1b and the 8B-shaped model (8 of its layers).
-            run train.txt "$SWEEP" bench train --device cuda --layers 8 --steps 5 --json "$OUT/sweep-train.json"
+            # --parts: one more step of each, its time by pass and op.
+            run train.txt "$SWEEP" bench train --device cuda --layers 8 --steps 5 --parts --json "$OUT/sweep-train.json"
             merge_bench
             ;;
         torch)
@@ -254,11 +255,12 @@ print("control: cuBLAS product then scale, sum", float(((a @ b.transpose(-1, -2)
                         --output "$OUT/timeline" /tmp/sweep-timeline.nsys-rep
                 done
             elif [[ -n $ncu ]]; then
-                # Every kernel of the run, one at a time (ncu serialises them:
-                # shares, not the step's time), from the device's opening on.
+                # Every kernel of one step of ref-1b at batch 8, one at a time
+                # (ncu serialises them: shares, not the step's time): the step
+                # --parts records, which is the CUDA profiler's range.
                 run timeline.txt "$ncu" --metrics gpu__time_duration.sum --print-units base --csv \
-                    --cache-control none --clock-control none --log-file "$OUT/ncu.csv" \
-                    "$SWEEP" bench train --device cuda --only 'ref-1b bf16' --steps 1
+                    --cache-control none --clock-control none --profile-from-start off --log-file "$OUT/ncu.csv" \
+                    "$SWEEP" bench train --device cuda --only 'ref-1b bf16' --batch 8 --steps 1 --parts
                 run timeline.txt python3 - "$OUT/ncu.csv" "$OUT/kernel-times.csv" <<'PY'
 import csv, sys
 total, launches = {}, {}
