@@ -11,7 +11,8 @@
 //!   AdamW and the learning rate, what happens at which step, loss spikes
 //!   and plateaus;
 //! - [`metrics`], [`record`]: what a logged step measures, and `metrics.jsonl`;
-//! - [`checkpoint`], [`max_batch`], [`dist`], [`device`], [`peak`].
+//! - [`checkpoint`], [`max_batch`], [`dist`], [`device`], [`peak`];
+//! - [`parts`]: where a step's time goes, op by op (`sweep bench train --parts`).
 
 pub mod blockwise;
 mod checkpoint;
