@@ -260,14 +260,17 @@ fn a_killed_run_resumes_and_reproduces_the_uninterrupted_curve() {
     // it is (the report lists it), and loses nothing else.
     let log = resumed.join("metrics.jsonl");
     let mut bytes = std::fs::read(&log).unwrap();
-    let third = bytes
-        .iter()
-        .enumerate()
-        .filter(|(_, &b)| b == b'\n')
-        .nth(1)
-        .unwrap()
-        .0
-        + 1;
+    // Step 3's line by what it says, not by its place: an event (a slow
+    // step on a busy machine, say) may come before it.
+    let mut third = 0;
+    for line in bytes.split_inclusive(|&b| b == b'\n') {
+        let record: Option<serde_json::Value> = serde_json::from_slice(line).ok();
+        if record.is_some_and(|r| r["step"] == 3 && r.get("loss").is_some()) {
+            break;
+        }
+        third += line.len();
+    }
+    assert!(third < bytes.len(), "no line of step 3 in the log");
     bytes[third + 1] = 0xff;
     std::fs::write(&log, &bytes).unwrap();
     let corrupt_line: Vec<u8> = bytes[third..]
