@@ -24,17 +24,18 @@ use std::collections::BTreeMap;
 
 /// The phase of the step, as the trainer splits it (the head's forward
 /// falls in the backward phase: it runs slice by slice with its backward).
+/// Written by its [`Pass::name`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(into = "&'static str")]
 pub enum Pass {
     Forward,
     Backward,
     Optimizer,
 }
 
-/// What the time went to.
+/// What the time went to. Written by its [`Op::name`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(into = "&'static str")]
 pub enum Op {
     /// Matrix products of the linear layers and the head, their gradients.
     Linear,
@@ -42,14 +43,12 @@ pub enum Op {
     Attention,
     Norm,
     Rope,
-    #[serde(rename = "swiglu")]
     SwiGlu,
     /// The cross-entropy and its gradient.
     Loss,
     Embedding,
     /// The gradients' global norm and clip scale.
     Clip,
-    #[serde(rename = "adamw")]
     AdamW,
     /// Everything outside the ops above.
     Other,
@@ -79,6 +78,18 @@ impl Op {
             Op::AdamW => "adamw",
             Op::Other => "other",
         }
+    }
+}
+
+impl From<Pass> for &'static str {
+    fn from(p: Pass) -> &'static str {
+        p.name()
+    }
+}
+
+impl From<Op> for &'static str {
+    fn from(o: Op) -> &'static str {
+        o.name()
     }
 }
 
@@ -335,6 +346,20 @@ mod tests {
         let sum: f64 = parts.iter().map(|p| p.seconds).sum();
         assert!(sum >= 1.2e-3 && sum <= whole, "{sum} of {whole}");
         Ok(())
+    }
+
+    #[test]
+    fn parts_are_written_by_their_names() {
+        let part = PartTime {
+            pass: Pass::Optimizer,
+            op: Op::AdamW,
+            seconds: 0.5,
+        };
+        assert_eq!(
+            serde_json::to_value(&part).unwrap(),
+            serde_json::json!({"pass": "optimizer", "op": "adamw", "seconds": 0.5})
+        );
+        assert_eq!(serde_json::to_value(Op::SwiGlu).unwrap(), "swiglu");
     }
 
     #[test]
