@@ -20,7 +20,7 @@
 
 use super::grads::Grads;
 use super::model::{Attention, Block, Llama, Mlp};
-use super::ops::linear::{linear, matmul};
+use super::ops::linear::{self, linear, matmul};
 use super::ops::{attention, cross_entropy, embedding, rms_norm, rope, silu_mul};
 use crate::config::{AttentionKind, Recompute};
 use anyhow::Result;
@@ -196,6 +196,19 @@ fn linear_backward(
     Ok(matmul(dy, w, bf16)?)
 }
 
+/// [`linear_backward`] of a layer whose input feeds others too: its input's
+/// gradient is added into `sum`, theirs (one GEMM into it, no product
+/// tensor and no add of one).
+fn linear_backward_into(
+    sum: &mut Tensor,
+    (x, w, dy): (&Tensor, &Tensor, &Tensor),
+    bf16: bool,
+    grads: &mut Grads,
+) -> Result<()> {
+    grads.add_product(w, dy, x, bf16)?;
+    Ok(linear::add_input_gradient(sum, dy, w, bf16)?)
+}
+
 impl Attention {
     /// h [N, D] -> the attention's output after `wo`, [N, D], and its cache.
     fn forward_cached(&self, h: &Tensor, seq: Seq) -> Result<(Tensor, AttentionCache, Tensor)> {
@@ -302,15 +315,10 @@ impl Attention {
         let dq = rope::backward(&dqh, Some(rope_tables))?.reshape((b * t, nh * d))?;
         let dk = rope::backward(&dkh, Some(rope_tables))?.reshape((b * t, kv * d))?;
         let dv = dv.reshape((b * t, kv * d))?;
-        let mut dh = None;
-        for (w, g) in [(&self.wq, dq), (&self.wk, dk), (&self.wv, dv)] {
-            let dx = linear_backward(h, w, &g, self.bf16, grads)?;
-            dh = Some(match dh {
-                None => dx,
-                Some(sum) => (sum + dx)?,
-            });
-        }
-        Ok(dh.expect("three projections"))
+        let mut dh = linear_backward(h, &self.wq, &dq, self.bf16, grads)?;
+        linear_backward_into(&mut dh, (h, &self.wk, &dk), self.bf16, grads)?;
+        linear_backward_into(&mut dh, (h, &self.wv, &dv), self.bf16, grads)?;
+        Ok(dh)
     }
 }
 
@@ -328,9 +336,9 @@ impl Mlp {
         let dg = linear_backward(&g, &self.w2, dy, self.bf16, grads)?;
         drop(g);
         let (d_gate, d_up) = silu_mul::backward(gate, up, &dg)?;
-        let dh_gate = linear_backward(h2, &self.w1, &d_gate, self.bf16, grads)?;
-        let dh_up = linear_backward(h2, &self.w3, &d_up, self.bf16, grads)?;
-        Ok((dh_gate + dh_up)?)
+        let mut dh = linear_backward(h2, &self.w1, &d_gate, self.bf16, grads)?;
+        linear_backward_into(&mut dh, (h2, &self.w3, &d_up), self.bf16, grads)?;
+        Ok(dh)
     }
 }
 

@@ -1,7 +1,7 @@
-//! The two products sweep hands to cuBLAS itself, each with beta = 1 written
+//! The products sweep hands to cuBLAS itself, each with beta = 1 written
 //! into a sum it keeps (candle's matmul covers every other product):
-//! - a linear layer's weight gradient, buf [out, in] += dyᵀ·x
-//!   (`cublasGemmEx`);
+//! - a linear layer's weight gradient, buf [out, in] += dyᵀ·x, and its input
+//!   gradient into a sum of them, acc [N, in] += dy·w (`cublasGemmEx`);
 //! - attention's backward, sum[.., :keys, :] += aᵀ·b for every matrix of
 //!   the leading dimensions (`cublasGemmStridedBatchedEx`).
 //!
@@ -53,6 +53,28 @@ impl Gemm {
             stride_a: tokens * inp,
             stride_b: tokens * out,
             stride_c: out * inp,
+            batch: 1,
+        }
+    }
+
+    /// acc [tokens, in] += dy·w with dy [tokens, out], w [out, in], all
+    /// row-major; A is w, B is dy. Row-major acc is column-major accᵀ
+    /// [in, tokens]: += wᵀ·dyᵀ, w read as column-major [in, out] (no
+    /// transpose, ld in) and dy as column-major [out, tokens] (no transpose,
+    /// ld out).
+    pub fn input_gradient(out: usize, inp: usize, tokens: usize) -> Gemm {
+        Gemm {
+            transa: false,
+            transb: false,
+            m: inp,
+            n: tokens,
+            k: out,
+            lda: inp,
+            ldb: out,
+            ldc: inp,
+            stride_a: out * inp,
+            stride_b: tokens * out,
+            stride_c: tokens * inp,
             batch: 1,
         }
     }
@@ -109,10 +131,11 @@ impl Gemm {
 }
 
 #[cfg(feature = "cuda")]
-pub(super) use on_gpu::{add_product, AddBatchedProduct};
+pub(super) use on_gpu::{add_gradient, AddBatchedProduct};
 
 #[cfg(feature = "cuda")]
 mod on_gpu {
+    use super::super::Gradient;
     use super::Gemm;
     use crate::train::ops::cuda;
     use candle_core::cuda::cudarc::cublas::result::{gemm_ex, gemm_strided_batched_ex};
@@ -121,15 +144,22 @@ mod on_gpu {
     use candle_core::cuda::CudaDType;
     use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
 
-    /// buf [out, in] += dyᵀ·x on CUDA, in place. With `bf16` (bf16-mixed:
-    /// f32 buffers and activations) the operands go to cuBLAS in bf16 and the
-    /// sum stays in f32, as autocast's products do; f32 arithmetic in every
-    /// case (CUBLAS_COMPUTE_32F, no TF32).
-    pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
+    /// [`super::super::add_gradient`] on CUDA, in place: the weight's
+    /// gradient buf [out, in] += dyᵀ·x or the input's acc [N, in] += dy·w.
+    /// With `bf16` (bf16-mixed: f32 buffers and activations) the operands go
+    /// to cuBLAS in bf16 and the sum stays in f32, as autocast's products do;
+    /// f32 arithmetic in every case (CUBLAS_COMPUTE_32F, no TF32).
+    pub fn add_gradient(
+        which: Gradient,
+        buf: &mut Tensor,
+        dy: &Tensor,
+        other: &Tensor,
+        bf16: bool,
+    ) -> Result<()> {
         let operands = if bf16 { DType::BF16 } else { buf.dtype() };
         let dy = dy.to_dtype(operands)?.contiguous()?;
-        let x = x.to_dtype(operands)?.contiguous()?;
-        buf.inplace_op3(&dy, &x, &AddProduct)
+        let other = other.to_dtype(operands)?.contiguous()?;
+        buf.inplace_op3(&dy, &other, &AddGradient(which))
     }
 
     fn cuda_type(dtype: DType) -> Result<sys::cudaDataType> {
@@ -241,11 +271,11 @@ mod on_gpu {
         .map_err(|e| cuda::typed(e, what()))
     }
 
-    struct AddProduct;
+    struct AddGradient(Gradient);
 
-    impl InplaceOp3 for AddProduct {
+    impl InplaceOp3 for AddGradient {
         fn name(&self) -> &'static str {
-            "sweep-add-product-cublas"
+            "sweep-add-gradient-cublas"
         }
 
         fn cpu_fwd(
@@ -257,7 +287,7 @@ mod on_gpu {
             _: &CpuStorage,
             _: &Layout,
         ) -> Result<()> {
-            bail!("the cuBLAS weight gradient runs on CUDA tensors")
+            bail!("the cuBLAS gradients run on CUDA tensors")
         }
 
         fn cuda_fwd(
@@ -266,18 +296,18 @@ mod on_gpu {
             bl: &Layout,
             dy: &CudaStorage,
             dyl: &Layout,
-            x: &CudaStorage,
-            xl: &Layout,
+            other: &CudaStorage,
+            ol: &Layout,
         ) -> Result<()> {
-            let (out, inp) = bl.shape().dims2()?;
-            let (n, dy_out) = dyl.shape().dims2()?;
-            let (xn, x_inp) = xl.shape().dims2()?;
-            if (dy_out, x_inp, xn) != (out, inp, n) {
-                bail!("a [{out}, {inp}] gradient from dy [{n}, {dy_out}] and x [{xn}, {x_inp}]");
-            }
-            let g = Gemm::weight_gradient(out, inp, n);
-            let what = || format!("cuBLAS weight gradient [{out}, {inp}] over {n} tokens");
-            let (c, a, b) = ((buf, bl), (x, xl), (dy, dyl));
+            let rows = self.0.rows(bl.dims(), dyl.dims(), ol.dims())?;
+            let ((n, out), inp) = (dyl.shape().dims2()?, ol.shape().dims2()?.1);
+            // A is x or w, B is dy (see the descriptions).
+            let (g, what) = match self.0 {
+                Gradient::Weight => (Gemm::weight_gradient(out, inp, n), "weight"),
+                Gradient::Input => (Gemm::input_gradient(out, inp, n), "input"),
+            };
+            let what = || format!("cuBLAS {what} gradient [{rows}, {inp}] over {n} tokens");
+            let (c, a, b) = ((buf, bl), (other, ol), (dy, dyl));
             match (cuda::dtype(c.0), cuda::dtype(a.0)) {
                 (DType::F32, DType::F32) => run::<f32, f32>(&g, c, a, b, &what),
                 (DType::F32, DType::BF16) => run::<f32, half::bf16>(&g, c, a, b, &what),
@@ -411,6 +441,26 @@ mod tests {
             assert_eq!(g.reach(), (x.len(), dy.len(), buf.len()));
             run_host(&g, &x, &dy, &mut buf);
             assert_eq!(buf, want, "[{out}, {inp}] over {tokens} tokens");
+        }
+    }
+
+    #[test]
+    fn the_input_gradient_call_adds_dy_times_w_and_reaches_its_buffers_exactly() {
+        for (out, inp, tokens) in [(9, 13, 37), (1, 5, 3), (64, 16, 1)] {
+            let (dy, w) = (values(tokens * out, 7), values(out * inp, 8));
+            let mut acc = values(tokens * inp, 9);
+            let mut want = acc.clone();
+            for t in 0..tokens {
+                for j in 0..inp {
+                    want[t * inp + j] += (0..out)
+                        .map(|o| dy[t * out + o] * w[o * inp + j])
+                        .sum::<f64>();
+                }
+            }
+            let g = Gemm::input_gradient(out, inp, tokens);
+            assert_eq!(g.reach(), (w.len(), dy.len(), acc.len()));
+            run_host(&g, &w, &dy, &mut acc);
+            assert_eq!(acc, want, "[{tokens}, {inp}] from {out} outputs");
         }
     }
 
