@@ -21,7 +21,7 @@
 use super::grads::Grads;
 use super::model::{Attention, Block, Llama, Mlp};
 use super::ops::linear::{self, linear, matmul};
-use super::ops::{attention, cross_entropy, embedding, rms_norm, rope, silu_mul};
+use super::ops::{accumulate, attention, cross_entropy, embedding, rms_norm, rope, silu_mul};
 use crate::config::{AttentionKind, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
@@ -348,17 +348,17 @@ impl Block {
         let h = rms_norm::rms_norm(x, &self.attention_norm, self.eps)?;
         let (a, attention, attended) = self.attention.forward_cached(&h, seq)?;
         drop(h);
-        let mid = (x + a)?;
+        let mid = accumulate::sum(a, x)?;
         let h2 = rms_norm::rms_norm(&mid, &self.ffn_norm, self.eps)?;
         let gate = linear(&h2, &self.mlp.w1, self.mlp.bf16)?;
         let up = linear(&h2, &self.mlp.w3, self.mlp.bf16)?;
         drop(h2);
-        let y = (&mid
-            + linear(
-                &silu_mul::silu_mul(&gate, &up)?,
-                &self.mlp.w2,
-                self.mlp.bf16,
-            )?)?;
+        let down = linear(
+            &silu_mul::silu_mul(&gate, &up)?,
+            &self.mlp.w2,
+            self.mlp.bf16,
+        )?;
+        let y = accumulate::sum(down, &mid)?;
         let saved = Saved {
             attention,
             attended,
@@ -396,7 +396,7 @@ impl Block {
         drop((h2, gate, up));
         let (d_mid_norm, dg2) = rms_norm::backward(&mid, &self.ffn_norm, self.eps, &dh2)?;
         grads.add(&self.ffn_norm, &dg2)?;
-        let d_mid = (dy + d_mid_norm)?;
+        let d_mid = accumulate::sum(d_mid_norm, dy)?;
         drop(mid);
         let h = rms_norm::rms_norm(&x, &self.attention_norm, self.eps)?;
         let dh = self
@@ -404,7 +404,7 @@ impl Block {
             .backward(&h, attention, &attended, &d_mid, seq, grads)?;
         let (dx_norm, dg1) = rms_norm::backward(&x, &self.attention_norm, self.eps, &dh)?;
         grads.add(&self.attention_norm, &dg1)?;
-        Ok((d_mid + dx_norm)?)
+        Ok(accumulate::sum(dx_norm, &d_mid)?)
     }
 }
 

@@ -18,5 +18,6 @@ pub fn all(s: &Shapes) -> Result<Vec<Case>> {
     cases.extend(super::linear::cases(s)?);
     cases.extend(super::grad_norm::cases(s)?);
     cases.extend(super::adamw::cases(s)?);
+    cases.extend(super::accumulate::cases(s)?);
     Ok(cases)
 }

@@ -53,7 +53,7 @@ pub fn fused(t: &Tensor) -> bool {
 
 /// The kernels an op may run instead of its composed twin: sweep's own
 /// (`src/train/kernels/`, and on the CPU the fused kernels), cuBLAS's
-/// in-place weight gradient, and candle-flash-attn's forward. Each is
+/// in-place gradients and sums, and candle-flash-attn's forward. Each is
 /// checked against its twin when a CUDA device opens ([`selfcheck`]); one
 /// that fails is not used on that device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,10 +68,11 @@ pub enum Kernel {
     GradNorm,
     AdamW,
     Flash,
+    Accumulate,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::RmsNorm,
         Kernel::SiluMul,
         Kernel::Rope,
@@ -82,6 +83,7 @@ impl Kernel {
         Kernel::GradNorm,
         Kernel::AdamW,
         Kernel::Flash,
+        Kernel::Accumulate,
     ];
 
     /// Its name in messages and in the run's metrics.
@@ -97,6 +99,7 @@ impl Kernel {
             Kernel::GradNorm => "grad_norm",
             Kernel::AdamW => "adamw",
             Kernel::Flash => "flash_attention",
+            Kernel::Accumulate => "accumulate",
         }
     }
 
