@@ -9,16 +9,17 @@ use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use std::sync::Arc;
+use std::sync::mpsc;
 
 pub struct Mpi {
     ranks: Ranks,
     world: SimpleCommunicator,
     library: String,
-    /// A duplicate of `world` for the thread that sums buckets during the
-    /// backward pass, when MPI lets a second thread call it (never at the
-    /// same time as the first).
-    background: Option<Arc<Handle>>,
+    /// The thread that sums buckets during the backward pass, on a
+    /// duplicate of `world`, when MPI lets a second thread call it (never at
+    /// the same time as the first): one for the engine's life, so that MPI
+    /// sees the same two threads all run long, not a new one every step.
+    summer: Option<Summer>,
     /// Sum buckets after the backward pass even where MPI allows a thread
     /// (`SWEEP_BLOCKING_ALLREDUCE`, to compare: the sums are the same, bit
     /// for bit).
@@ -50,13 +51,14 @@ impl Mpi {
             .and_then(|v| v.split([',', '\n']).next().map(|l| l.trim().to_string()))
             .unwrap_or_else(|| "MPI".into());
         // Duplicating is collective: every rank does it here, once.
-        let background =
-            (threading >= mpi::Threading::Serialized).then(|| Arc::new(Handle(world.duplicate())));
+        let summer = (threading >= mpi::Threading::Serialized)
+            .then(|| Summer::spawn(Handle(world.duplicate())))
+            .transpose()?;
         Ok(Mpi {
             ranks,
             world,
             library,
-            background,
+            summer,
             blocking,
             _universe: universe,
         })
@@ -143,12 +145,12 @@ impl Collective for Mpi {
         if !self.overlaps() {
             return None;
         }
-        let comm = Arc::clone(self.background.as_ref()?);
-        Some(Box::new(MpiBackground::spawn(comm)))
+        let tx = self.summer.as_ref()?.tx.clone()?;
+        Some(Box::new(MpiBackground { tx, open: true }))
     }
 
     fn overlaps(&self) -> bool {
-        self.background.is_some() && !self.blocking
+        self.summer.is_some() && !self.blocking
     }
 }
 
@@ -156,51 +158,108 @@ impl Collective for Mpi {
 struct Handle(SimpleCommunicator);
 
 // SAFETY: MPI was initialised with MPI_THREAD_SERIALIZED, which lets any
-// thread use a communicator as long as no two call MPI at once: the main
-// thread makes no MPI call between starting the summing thread and joining
-// it (`Background`'s contract).
+// thread use a communicator as long as no two call MPI at once: the summing
+// thread calls MPI only between a step's first bucket and its `finish`,
+// during which the main thread makes no MPI call (`Background`'s contract),
+// and the channel orders the two threads' calls.
 unsafe impl Send for Handle {}
-unsafe impl Sync for Handle {}
 
-/// Sums buckets with blocking all-reduces, in order, on a thread of its own:
-/// the progress thread that lets them overlap the caller's computing.
-struct MpiBackground {
-    tx: Option<std::sync::mpsc::Sender<(Tensor, Tensor)>>,
-    thread: std::thread::JoinHandle<Result<()>>,
+/// What the summing thread is asked: a bucket to sum, or to answer once
+/// every bucket before is summed (with the first error since the last answer).
+enum Job {
+    Sum(Tensor, Tensor),
+    Finish(mpsc::Sender<Result<()>>),
 }
 
-impl MpiBackground {
-    fn spawn(comm: Arc<Handle>) -> MpiBackground {
-        let (tx, rx) = std::sync::mpsc::channel::<(Tensor, Tensor)>();
+/// The summing thread: blocking all-reduces, in order, on a communicator
+/// of its own — the progress thread that lets them overlap the main
+/// thread's computing.
+struct Summer {
+    tx: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Summer {
+    fn spawn(comm: Handle) -> Result<Summer> {
+        let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("sweep-allreduce".into())
             .spawn(move || {
                 let comm = comm;
-                rx.into_iter()
-                    .try_for_each(|(send, recv)| Ok(recv.inplace_op2(&send, &SumInto(&comm.0))?))
+                let mut failed = None;
+                for job in rx {
+                    match job {
+                        Job::Sum(send, recv) if failed.is_none() => {
+                            if let Err(e) = recv.inplace_op2(&send, &SumInto(&comm.0)) {
+                                failed = Some(e.into());
+                            }
+                        }
+                        Job::Sum(..) => {}
+                        Job::Finish(answer) => {
+                            let _ = answer.send(failed.take().map_or(Ok(()), Err));
+                        }
+                    }
+                }
             })
-            .expect("spawning the all-reduce thread");
-        MpiBackground {
+            .context("starting the all-reduce thread")?;
+        Ok(Summer {
             tx: Some(tx),
-            thread,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Summer {
+    /// Ends the thread before MPI is finalised (the engine's fields drop
+    /// in order, MPI's last).
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
+    }
+}
+
+/// One step's use of the summing thread.
+struct MpiBackground {
+    tx: mpsc::Sender<Job>,
+    /// Buckets may be in flight: not yet finished.
+    open: bool,
+}
+
+impl MpiBackground {
+    /// Waits until every bucket handed over is summed.
+    fn wait(&mut self) -> Result<()> {
+        self.open = false;
+        let (answer, answered) = mpsc::channel();
+        self.tx
+            .send(Job::Finish(answer))
+            .map_err(|_| anyhow::anyhow!("the all-reduce thread stopped"))?;
+        answered
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the all-reduce thread stopped"))?
     }
 }
 
 impl Background for MpiBackground {
     fn start(&mut self, send: Tensor, recv: Tensor) -> Result<()> {
         self.tx
-            .as_ref()
-            .expect("open until finish")
-            .send((send, recv))
+            .send(Job::Sum(send, recv))
             .map_err(|_| anyhow::anyhow!("the all-reduce thread stopped"))
     }
 
     fn finish(mut self: Box<Self>) -> Result<()> {
-        drop(self.tx.take());
-        self.thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("the all-reduce thread panicked"))?
+        self.wait()
+    }
+}
+
+impl Drop for MpiBackground {
+    /// A step left early (an error mid-pass) still waits for its buckets:
+    /// the main thread's next MPI call must not meet the summing thread's.
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.wait();
+        }
     }
 }
 
