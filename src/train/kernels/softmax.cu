@@ -9,6 +9,28 @@
 // A row is read and written by groups of 16 bytes' worth of values
 // (Group, common.cuh), the last keys % lanes values one each. At 2,048 keys
 // a bf16 row is one 16-byte load per thread of a 256-thread block.
+//
+// The first HELD groups of each thread stay in registers between the pass
+// that finds the row's maximum and sum and the pass that writes the
+// probabilities, so a row of up to HELD groups a thread is read from memory
+// once (a tile's scores are far larger than L2: a second read was a third of
+// the kernel's traffic). Groups wholly past a causal row's position are
+// written as zeros without being read. The arithmetic is the same either way.
+constexpr u32 HELD = 4;
+
+// Probabilities of group j of a row from its scores `in`.
+template <typename T>
+__device__ __forceinline__ void softmax_group(const Group<T>& in, const T* x, T* p, u32 j, u32 visible,
+                                              float scale, RowStats stats, float inv, bool wide) {
+    constexpr u32 L = Lanes<T>::n;
+    Group<T> out(wide);
+    for (u32 k = 0; k < L; ++k) {
+        const u32 i = j * L + k;
+        out.put(p, j, k, i < visible ? expf(in.at(x, j, k) * scale - stats.max) * inv : 0.0f);
+    }
+    out.write(p, j);
+}
+
 template <typename T>
 __device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32 offset, u32 causal,
                             float scale) {
@@ -21,25 +43,40 @@ __device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32
     const u32 position = offset + (u32)(row % period);
     const u32 visible = causal && position < keys ? position + 1 : keys;
     const bool wide = aligned16(x) && aligned16(p);
+    const u32 seen = visible / L, groups = keys / L;
+    Vec16 held[HELD];
     float m = NEG_INF, s = 0.0f;
-    for (u32 j = threadIdx.x; j < visible / L; j += blockDim.x) {
+    for (u32 r = 0; r < HELD; ++r) {
+        const u32 j = threadIdx.x + r * blockDim.x;
+        if (j < seen) {
+            Group<T> g(wide);
+            g.read(x, j);
+            held[r] = g.w;
+            for (u32 k = 0; k < L; ++k) online_add(m, s, g.at(x, j, k) * scale);
+        }
+    }
+    for (u32 j = threadIdx.x + HELD * blockDim.x; j < seen; j += blockDim.x) {
         Group<T> g(wide);
         g.read(x, j);
         for (u32 k = 0; k < L; ++k) online_add(m, s, g.at(x, j, k) * scale);
     }
-    for (u32 i = visible / L * L + threadIdx.x; i < visible; i += blockDim.x) online_add(m, s, load(x, i) * scale);
+    for (u32 i = seen * L + threadIdx.x; i < visible; i += blockDim.x) online_add(m, s, load(x, i) * scale);
     const RowStats stats = block_max_and_sum(m, s, scratch, maxes);
     const float inv = 1.0f / stats.sum;
-    for (u32 j = threadIdx.x; j < keys / L; j += blockDim.x) {
-        Group<T> in(wide), out(wide);
-        in.read(x, j);
-        for (u32 k = 0; k < L; ++k) {
-            const u32 i = j * L + k;
-            out.put(p, j, k, i < visible ? expf(in.at(x, j, k) * scale - stats.max) * inv : 0.0f);
-        }
-        out.write(p, j);
+    for (u32 r = 0; r < HELD; ++r) {
+        const u32 j = threadIdx.x + r * blockDim.x;
+        if (j >= groups) break;
+        Group<T> in(wide);
+        if (j < seen) in.w = held[r];
+        else if (j * L < visible) in.read(x, j);
+        softmax_group(in, x, p, j, visible, scale, stats, inv, wide);
     }
-    for (u32 i = keys / L * L + threadIdx.x; i < keys; i += blockDim.x) {
+    for (u32 j = threadIdx.x + HELD * blockDim.x; j < groups; j += blockDim.x) {
+        Group<T> in(wide);
+        if (j * L < visible) in.read(x, j);
+        softmax_group(in, x, p, j, visible, scale, stats, inv, wide);
+    }
+    for (u32 i = groups * L + threadIdx.x; i < keys; i += blockDim.x) {
         store(p, i, i < visible ? expf(load(x, i) * scale - stats.max) * inv : 0.0f);
     }
 }
