@@ -44,8 +44,9 @@ __device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32
     const u32 visible = causal && position < keys ? position + 1 : keys;
     const bool wide = aligned16(x) && aligned16(p);
     const u32 seen = visible / L, groups = keys / L;
-    Vec16 held[HELD];
+    Vec16 held[HELD]; // registers only where both loops over it unroll
     float m = NEG_INF, s = 0.0f;
+#pragma unroll
     for (u32 r = 0; r < HELD; ++r) {
         const u32 j = threadIdx.x + r * blockDim.x;
         if (j < seen) {
@@ -63,13 +64,15 @@ __device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32
     for (u32 i = seen * L + threadIdx.x; i < visible; i += blockDim.x) online_add(m, s, load(x, i) * scale);
     const RowStats stats = block_max_and_sum(m, s, scratch, maxes);
     const float inv = 1.0f / stats.sum;
+#pragma unroll
     for (u32 r = 0; r < HELD; ++r) {
         const u32 j = threadIdx.x + r * blockDim.x;
-        if (j >= groups) break;
-        Group<T> in(wide);
-        if (j < seen) in.w = held[r];
-        else if (j * L < visible) in.read(x, j);
-        softmax_group(in, x, p, j, visible, scale, stats, inv, wide);
+        if (j < groups) {
+            Group<T> in(wide);
+            if (j < seen) in.w = held[r];
+            else if (j * L < visible) in.read(x, j);
+            softmax_group(in, x, p, j, visible, scale, stats, inv, wide);
+        }
     }
     for (u32 j = threadIdx.x + HELD * blockDim.x; j < groups; j += blockDim.x) {
         Group<T> in(wide);
