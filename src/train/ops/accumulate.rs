@@ -48,8 +48,9 @@ pub fn add(buf: &mut Tensor, g: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// a + b as a new tensor where a is not a buffer of its own: `a` is
-/// consumed, and its storage holds the sum where [`add`] sums in place.
+/// a + b, written into a's storage where [`add`] sums in place: for an `a`
+/// the caller has just made and holds alone (a residual branch's output),
+/// which is consumed.
 pub fn sum(a: Tensor, b: &Tensor) -> Result<Tensor> {
     let mut a = a;
     add(&mut a, b)?;
