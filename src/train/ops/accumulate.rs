@@ -141,7 +141,7 @@ mod on_gpu {
         // SAFETY: both views hold the n values the call reads and writes
         // (checked above) and outlive it on their stream; alpha is an f32
         // host value, as the f32 execution type takes it.
-        let status = unsafe {
+        unsafe {
             sys::cublasAxpyEx(
                 *blas.handle(),
                 count,
@@ -155,11 +155,9 @@ mod on_gpu {
                 1,
                 sys::cudaDataType::CUDA_R_32F,
             )
-        };
-        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            bail!("cuBLAS axpy of {n} values: {status:?}");
         }
-        Ok(())
+        .result()
+        .map_err(|e| cuda::typed(e, format!("cuBLAS axpy of {n} values")))
     }
 
     impl InplaceOp2 for Axpy {
