@@ -217,8 +217,29 @@ pub(crate) mod testing {
         super::check::random(shape, seed, 1.0).expect("a CPU tensor")
     }
 
+    /// The largest |a − b| over two tensors of one shape; infinite where
+    /// one holds a NaN and the other does not (candle's max passes NaNs
+    /// over, and a kernel that leaves NaNs must not pass a test).
     pub fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
-        (a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()
+        if a.shape() != b.shape() {
+            candle_core::bail!("max_diff: shapes {:?} and {:?}", a.shape(), b.shape());
+        }
+        let values = |t: &Tensor| -> Result<Vec<f32>> {
+            t.to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()
+        };
+        let worst = values(a)?
+            .iter()
+            .zip(values(b)?)
+            .map(|(&x, y)| match (x.is_nan(), y.is_nan()) {
+                (true, true) => 0.0,
+                (false, false) if x == y => 0.0,
+                (false, false) => (x - y).abs(),
+                _ => f32::INFINITY,
+            })
+            .fold(0.0, f32::max);
+        Ok(worst)
     }
 
     use crate::train::kernels::emulator::{Buffer, Emulator, Flavor};
