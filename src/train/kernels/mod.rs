@@ -225,9 +225,9 @@ pub const KERNELS: &[Kernel] = &[
     },
     Kernel {
         source: &RMS_NORM,
-        name: "rms_norm_bwd_dx",
+        name: "rms_norm_bwd",
         bf16: true,
-        // x, w, dy, dx, r, rows, d, eps
+        // x, w, dy, dx, partial, rows, d, per, eps
         params: &[
             Ptr(Own),
             Ptr(Own),
@@ -236,15 +236,9 @@ pub const KERNELS: &[Kernel] = &[
             Ptr(PF32),
             U32,
             U32,
+            U32,
             F32,
         ],
-    },
-    Kernel {
-        source: &RMS_NORM,
-        name: "rms_norm_bwd_dw_partial",
-        bf16: true,
-        // x, dy, r, partial, rows, d, per
-        params: &[Ptr(Own), Ptr(Own), Ptr(PF32), Ptr(PF32), U32, U32, U32],
     },
     Kernel {
         source: &RMS_NORM,

@@ -239,14 +239,15 @@ pub fn forward_plan(
     Ok(plan)
 }
 
-/// Rows per slab of the dw reduction: enough slabs to fill the GPU, each
-/// long enough to amortise its partial row.
-const DW_SLABS: usize = 128;
+/// Slabs of rows of the backward: a block each, enough to fill a large GPU
+/// (132 SMs × 4 blocks) with few rows each, so that the slabs' partial dw
+/// rows (slabs × d f32, summed at the end) stay small beside x and dy.
+const SLABS: usize = 512;
 
 /// The backward on a GPU: [dx; dw] as [rows + 1, d] (output 0) from x, w
-/// and dy (operands 0, 1, 2). dx by a warp per row (which keeps each row's
-/// 1/rms), dw by slabs of rows summed per column, then the slabs summed in
-/// order (no atomics: the same bits every run).
+/// and dy (operands 0, 1, 2). One pass over slabs of rows gives dx and each
+/// slab's partial dw; a second sums the slabs' partials in order (no
+/// atomics: the same bits every run).
 pub fn backward_plan(
     rows: usize,
     d: usize,
@@ -255,45 +256,29 @@ pub fn backward_plan(
 ) -> std::result::Result<LaunchPlan, String> {
     let mut plan = LaunchPlan::default();
     let out = plan.output(own, (rows + 1) * d);
-    let r = plan.scratch(Ty::F32, rows);
-    let slabs = DW_SLABS.min(rows).max(1);
+    let slabs = SLABS.min(rows).max(1);
     let per = rows.div_ceil(slabs).max(1);
     let slabs = rows.div_ceil(per).max(1);
     let partial = plan.scratch(Ty::F32, slabs * d);
     let (rows32, d32) = (u32_of(rows, "rows")?, u32_of(d, "width")?);
     let (per32, slabs32) = (u32_of(per, "rows per slab")?, u32_of(slabs, "slabs")?);
-    let (x, w, dy) = (Mem::Operand(0), Mem::Operand(1), Mem::Operand(2));
+    // Block s reads rows s·per.. of x and dy below `rows` and writes their
+    // dx and partial[s].
     plan.launch(
         &RMS_NORM,
-        "rms_norm_bwd_dx",
+        "rms_norm_bwd",
         own,
-        warp_per_row(rows),
+        (slabs32, 1),
         vec![
-            Value::Ptr(x, 0),
-            Value::Ptr(w, 0),
-            Value::Ptr(dy, 0),
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(Mem::Operand(1), 0),
+            Value::Ptr(Mem::Operand(2), 0),
             Value::Ptr(out, 0),
-            Value::Ptr(r, 0),
-            Value::U32(rows32),
-            Value::U32(d32),
-            Value::F32(eps),
-        ],
-    )?;
-    // Block (c, s) reads rows s·per.. of x and dy below `rows`, columns
-    // below d, and writes partial[s][col].
-    plan.launch(
-        &RMS_NORM,
-        "rms_norm_bwd_dw_partial",
-        own,
-        (column_blocks(d), slabs32),
-        vec![
-            Value::Ptr(x, 0),
-            Value::Ptr(dy, 0),
-            Value::Ptr(r, 0),
             Value::Ptr(partial, 0),
             Value::U32(rows32),
             Value::U32(d32),
             Value::U32(per32),
+            Value::F32(eps),
         ],
     )?;
     plan.launch(
@@ -364,11 +349,23 @@ mod tests {
 
     /// The GPU plans, run by the host emulation of CUDA (under sanitizers),
     /// equal the CPU kernels: rows that fill no whole block of warps, rows
-    /// whose last pass is partial, one row, no rows; f32 and bf16.
+    /// whose last pass is partial and that start off the 16-byte alignment
+    /// every other row (bf16), one row, no rows, rows wider than a block
+    /// holds in registers (the rest read twice), slabs of several rows; f32
+    /// and bf16; and give the same bits with every operand off the 16-byte
+    /// alignment.
     #[test]
     fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
-        use crate::train::ops::testing::{buffer, emulate, tensor};
-        for (rows, d) in [(5, 40), (17, 300), (1, 8), (0, 16)] {
+        use crate::train::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
+        for (rows, d) in [
+            (5, 40),
+            (7, 42),
+            (17, 300),
+            (1, 8),
+            (0, 16),
+            (3, 4200),
+            (600, 24),
+        ] {
             let x = (rand(&[rows, d], 7) * 2.0)?;
             let w = (rand(&[d], 8) + 1.5)?;
             let dy = rand(&[rows, d], 9);
@@ -384,30 +381,40 @@ mod tests {
                 ) else {
                     return Ok(());
                 };
+                let (shifted, _) =
+                    emulate_off_alignment(&forward_plan(rows, d, own, 1e-5).unwrap(), &operands);
+                assert_eq!(shifted, out, "forward {rows}x{d} {own:?}, shifted");
                 let want = rms_norm(&xs, &ws, 1e-5)?;
                 let got = tensor(&out[0], &[rows, d]);
                 if rows > 0 {
                     assert!(max_diff(&got, &want)? < tol, "forward {rows}x{d} {own:?}");
                 }
                 let operands = [buffer(&x, own), buffer(&w, own), buffer(&dy, own)];
-                let (out, _) = emulate(
-                    &backward_plan(rows, d, own, 1e-5).unwrap(),
-                    &operands,
-                    own == Ty::F32 && rows == 5,
-                )
-                .unwrap();
+                let plan = backward_plan(rows, d, own, 1e-5).unwrap();
+                let race = own == Ty::F32 && (rows == 5 || rows == 600);
+                let (out, _) = emulate(&plan, &operands, race).unwrap();
+                let (shifted, _) = emulate_off_alignment(&plan, &operands);
+                assert_eq!(shifted, out, "backward {rows}x{d} {own:?}, shifted");
                 let (dx, dw) = backward(&xs, &ws, 1e-5, &dys)?;
                 let both = tensor(&out[0], &[rows + 1, d]);
-                let tol = tol * (1.0 + rows as f32).sqrt() * 4.0;
+                // Both sides round to the storage's precision; f32 sums in
+                // another order, which grows with the rows summed into dw.
+                let tol = match own {
+                    Ty::F32 => 4e-5 * (1.0 + rows as f32).sqrt(),
+                    _ => tol / 3.0,
+                };
+                let near = |got: &Tensor, want: &Tensor| -> Result<bool> {
+                    let scale = want.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+                    Ok(max_diff(got, want)? < tol * (1.0 + scale))
+                };
                 if rows > 0 {
                     assert!(
-                        max_diff(&both.narrow(0, 0, rows)?, &dx)? < tol,
+                        near(&both.narrow(0, 0, rows)?, &dx)?,
                         "dx {rows}x{d} {own:?}"
                     );
                 }
                 let got_dw = both.narrow(0, rows, 1)?.reshape(d)?;
-                let dw_tol = tol * (1.0 + dw.abs()?.max(0)?.to_scalar::<f32>()?);
-                assert!(max_diff(&got_dw, &dw)? < dw_tol, "dw {rows}x{d} {own:?}");
+                assert!(near(&got_dw, &dw)?, "dw {rows}x{d} {own:?}");
             }
         }
         Ok(())
