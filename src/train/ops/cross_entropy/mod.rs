@@ -352,12 +352,14 @@ mod tests {
 
     /// The GPU plan under the host emulation of CUDA equals the CPU kernel:
     /// ignored rows (gradient and loss 0), a vocabulary that fills no whole
-    /// pass of a block, one row; f32 and bf16.
+    /// pass of a block, one row, rows that start off the 16-byte alignment
+    /// every other row; f32 and bf16; and gives the same bits with every
+    /// operand off the 16-byte alignment.
     #[test]
     fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
         use crate::train::kernels::emulator::Buffer;
-        use crate::train::ops::testing::{buffer, emulate, tensor};
-        for (n, v) in [(6, 1000), (1, 300), (3, 5)] {
+        use crate::train::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
+        for (n, v) in [(6, 1000), (1, 300), (3, 5), (4, 3003)] {
             let logits = (rand(&[n, v], 4) * 6.0)?;
             let labels: Vec<i64> = (0..n)
                 .map(|i| {
@@ -378,13 +380,13 @@ mod tests {
                     Buffer::u32(&ids),
                     Buffer::f32(&vec![0.0; n]),
                 ];
-                let Some((_, after)) = emulate(
-                    &plan(n, v, own, 1.0 / divisor as f32).unwrap(),
-                    &operands,
-                    own == Ty::F32 && n == 6,
-                ) else {
+                let launches = plan(n, v, own, 1.0 / divisor as f32).unwrap();
+                let Some((_, after)) = emulate(&launches, &operands, own == Ty::F32 && n == 6)
+                else {
                     return Ok(());
                 };
+                let (_, shifted) = emulate_off_alignment(&launches, &operands);
+                assert_eq!(shifted, after, "{n}x{v} {own:?}, shifted");
                 let got = tensor(&after[0], &[n, v]);
                 assert!(
                     max_diff(&got, &grad)? < tol / 10.0 + 1e-6,
