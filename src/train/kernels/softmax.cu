@@ -85,7 +85,10 @@ __device__ void softmax_fwd(const T* scores, T* probs, u32 keys, u32 period, u32
 }
 
 // dS = scale * P o (dP - rowsum(P o dP)); entries past a causal row's
-// position have P = 0, so their gradient is 0 without a mask.
+// position have P = 0, so their gradient is 0 without a mask. As in the
+// forward, each thread's first HELD groups of P and dP stay in registers
+// between the row's sum and the pass that writes dS: a row of up to HELD
+// groups a thread is read once, where it was read twice.
 template <typename T>
 __device__ void softmax_bwd(const T* probs, const T* dprobs, T* dscores, u32 keys, float scale) {
     __shared__ float scratch[32];
@@ -95,23 +98,48 @@ __device__ void softmax_bwd(const T* probs, const T* dprobs, T* dscores, u32 key
     const T* dp = dprobs + row * keys;
     T* ds = dscores + row * keys;
     const bool wide = aligned16(p) && aligned16(dp) && aligned16(ds);
+    const u32 groups = keys / L;
+    Vec16 held_p[HELD], held_dp[HELD]; // registers only where both loops over them unroll
     float dot = 0.0f;
-    for (u32 j = threadIdx.x; j < keys / L; j += blockDim.x) {
+#pragma unroll
+    for (u32 r = 0; r < HELD; ++r) {
+        const u32 j = threadIdx.x + r * blockDim.x;
+        if (j < groups) {
+            Group<T> a(wide), b(wide);
+            a.read(p, j);
+            b.read(dp, j);
+            held_p[r] = a.w;
+            held_dp[r] = b.w;
+            for (u32 k = 0; k < L; ++k) dot += a.at(p, j, k) * b.at(dp, j, k);
+        }
+    }
+    for (u32 j = threadIdx.x + HELD * blockDim.x; j < groups; j += blockDim.x) {
         Group<T> a(wide), b(wide);
         a.read(p, j);
         b.read(dp, j);
         for (u32 k = 0; k < L; ++k) dot += a.at(p, j, k) * b.at(dp, j, k);
     }
-    for (u32 i = keys / L * L + threadIdx.x; i < keys; i += blockDim.x) dot += load(p, i) * load(dp, i);
+    for (u32 i = groups * L + threadIdx.x; i < keys; i += blockDim.x) dot += load(p, i) * load(dp, i);
     dot = block_sum(dot, scratch);
-    for (u32 j = threadIdx.x; j < keys / L; j += blockDim.x) {
+#pragma unroll
+    for (u32 r = 0; r < HELD; ++r) {
+        const u32 j = threadIdx.x + r * blockDim.x;
+        if (j < groups) {
+            Group<T> a(wide), b(wide), out(wide);
+            a.w = held_p[r];
+            b.w = held_dp[r];
+            for (u32 k = 0; k < L; ++k) out.put(ds, j, k, scale * a.at(p, j, k) * (b.at(dp, j, k) - dot));
+            out.write(ds, j);
+        }
+    }
+    for (u32 j = threadIdx.x + HELD * blockDim.x; j < groups; j += blockDim.x) {
         Group<T> a(wide), b(wide), out(wide);
         a.read(p, j);
         b.read(dp, j);
         for (u32 k = 0; k < L; ++k) out.put(ds, j, k, scale * a.at(p, j, k) * (b.at(dp, j, k) - dot));
         out.write(ds, j);
     }
-    for (u32 i = keys / L * L + threadIdx.x; i < keys; i += blockDim.x) {
+    for (u32 i = groups * L + threadIdx.x; i < keys; i += blockDim.x) {
         store(ds, i, scale * load(p, i) * (load(dp, i) - dot));
     }
 }
