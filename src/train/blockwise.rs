@@ -60,8 +60,10 @@ enum AttentionCache {
         v: Tensor,
         p: Tensor,
     },
-    /// Flash's layout [B, T, H, Q], in the kernel's dtype (its backward
-    /// recomputes the rest, [`attention::tiled_backward`]).
+    /// Heads first too, contiguous and in the kernel's dtype: the tiled
+    /// backward ([`attention::tiled_backward`], which recomputes the rest)
+    /// copies a tile's positions of such a tensor as one 2-D copy, where a
+    /// view of flash's layout [B, T, H, Q] took candle's strided copy.
     Flash { q: Tensor, k: Tensor, v: Tensor },
 }
 
@@ -239,12 +241,12 @@ impl Attention {
             }
             AttentionKind::Flash => {
                 let dtype = h.dtype();
-                let (q, k, v) = (
-                    self.flash_input(&qh.transpose(1, 2)?, dtype)?,
-                    self.flash_input(&kh.transpose(1, 2)?, dtype)?,
-                    self.flash_input(&v, dtype)?,
-                );
-                let out = attention::flash(&q, &k, &v, true)?.to_dtype(dtype)?;
+                let (q, k) = (self.flash_input(&qh, dtype)?, self.flash_input(&kh, dtype)?);
+                let flash_layout = |x: &Tensor| x.transpose(1, 2)?.contiguous();
+                let v = self.flash_input(&v, dtype)?;
+                let out = attention::flash(&flash_layout(&q)?, &flash_layout(&k)?, &v, true)?
+                    .to_dtype(dtype)?;
+                let v = rope::heads_first(&v, None)?;
                 (out, AttentionCache::Flash { q, k, v })
             }
         };
@@ -252,8 +254,8 @@ impl Attention {
         Ok((linear(&attended, &self.wo, self.bf16)?, cache, attended))
     }
 
-    /// The flash kernel wants [B, T, H, Q], in bf16 on a GPU: with
-    /// bf16-mixed (f32 activations) the inputs are cast for it, as autocast does.
+    /// The flash kernel wants bf16 on a GPU: with bf16-mixed (f32
+    /// activations) its inputs are cast for it, as autocast does.
     fn flash_input(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
         let x = x.contiguous()?;
         let cast = self.bf16 && dtype == DType::F32 && !x.device().is_cpu();
@@ -290,20 +292,10 @@ impl Attention {
                 (dq, dk, rope::backward(&dv, None)?)
             }
             AttentionCache::Flash { q, k, v } => {
-                // Heads first, as rope's backward takes them.
-                let d_o = d_attended
-                    .reshape((b, t, nh, d))?
-                    .transpose(1, 2)?
-                    .to_dtype(q.dtype())?;
-                let heads_first = |x: &Tensor| x.transpose(1, 2);
-                let (dq, dk, dv) = attention::tiled_backward(
-                    &heads_first(&q)?,
-                    &heads_first(&k)?,
-                    &heads_first(&v)?,
-                    &d_o,
-                    true,
-                    None,
-                )?;
+                // Heads first and contiguous, as the cache holds q, k and v.
+                let d_o = d_attended.to_dtype(q.dtype())?.reshape((b, t, nh, d))?;
+                let d_o = rope::heads_first(&d_o, None)?;
+                let (dq, dk, dv) = attention::tiled_backward(&q, &k, &v, &d_o, true, None)?;
                 let dtype = h.dtype();
                 (
                     dq.to_dtype(dtype)?,
