@@ -282,7 +282,7 @@ mod tests {
             vocab: Some(300),
         };
         let report = run(&work, &Default::default())?;
-        assert_eq!(report.rows.len(), 22);
+        assert_eq!(report.rows.len(), 23);
         for r in &report.rows {
             assert!(r.ok, "{} {}: {:e}", r.op, r.shape, r.max_rel_err);
             assert!(r.kernel_ms > 0.0 && r.composed_ms > 0.0, "{}", r.op);

@@ -294,6 +294,23 @@ pub const KERNELS: &[Kernel] = &[
         // probs, dprobs, dscores, keys, scale
         params: &[Ptr(Own), Ptr(Own), Ptr(Own), U32, F32],
     },
+    Kernel {
+        source: &SOFTMAX,
+        name: "softmax_fwd_bwd",
+        bf16: true,
+        // scores, dprobs, probs, dscores, keys, period, offset, causal, scale
+        params: &[
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(Own),
+            U32,
+            U32,
+            U32,
+            U32,
+            F32,
+        ],
+    },
 ];
 
 /// The kernel of `source` called `name` (without its type suffix).

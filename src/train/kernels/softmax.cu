@@ -144,6 +144,115 @@ __device__ void softmax_bwd(const T* probs, const T* dprobs, T* dscores, u32 key
     }
 }
 
+// The tiled attention backward's two softmax passes in one, given the
+// scores S and the probabilities' gradient dP of a tile: P (as the forward
+// writes it) and dS = scale * P o (dP - rowsum(P o dP)), reading S and dP
+// once where the two kernels read S, then P and dP, and wrote P between.
+// rowsum(P o dP) comes from the same online pass as the row's maximum and
+// sum: t = sum of exp(x - m) dP, rescaled with the sum when the maximum
+// moves, so dot = t / sum. Entries past a causal row's position are written
+// as zeros unread, in both outputs.
+__device__ __forceinline__ void online_add_dot(float& m, float& s, float& t, float x, float g) {
+    if (x > m) {
+        const float c = expf(m - x);
+        s = s * c + 1.0f;
+        t = t * c + g;
+        m = x;
+    } else {
+        const float e = expf(x - m);
+        s += e;
+        t += e * g;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void softmax_fwd_bwd_group(const Group<T>& in, const Group<T>& din, const T* x,
+                                                      const T* g, T* p, T* ds, u32 j, u32 visible,
+                                                      float scale, float max, float inv, float dot,
+                                                      bool wide) {
+    constexpr u32 L = Lanes<T>::n;
+    Group<T> out(wide), dout(wide);
+    for (u32 k = 0; k < L; ++k) {
+        const bool seen = j * L + k < visible;
+        const float pv = seen ? expf(in.at(x, j, k) * scale - max) * inv : 0.0f;
+        out.put(p, j, k, pv);
+        dout.put(ds, j, k, seen ? scale * pv * (din.at(g, j, k) - dot) : 0.0f);
+    }
+    out.write(p, j);
+    dout.write(ds, j);
+}
+
+template <typename T>
+__device__ void softmax_fwd_bwd(const T* scores, const T* dprobs, T* probs, T* dscores, u32 keys, u32 period,
+                                u32 offset, u32 causal, float scale) {
+    __shared__ float scratch[32];
+    __shared__ float maxes[32];
+    constexpr u32 L = Lanes<T>::n;
+    const u64 row = blockIdx.x;
+    const T* x = scores + row * keys;
+    const T* g = dprobs + row * keys;
+    T* p = probs + row * keys;
+    T* ds = dscores + row * keys;
+    const u32 position = offset + (u32)(row % period);
+    const u32 visible = causal && position < keys ? position + 1 : keys;
+    const bool wide = aligned16(x) && aligned16(g) && aligned16(p) && aligned16(ds);
+    const u32 seen = visible / L, groups = keys / L;
+    Vec16 held_x[HELD], held_g[HELD]; // registers only where both loops over them unroll
+    float m = NEG_INF, s = 0.0f, t = 0.0f;
+#pragma unroll
+    for (u32 r = 0; r < HELD; ++r) {
+        const u32 j = threadIdx.x + r * blockDim.x;
+        if (j < seen) {
+            Group<T> a(wide), b(wide);
+            a.read(x, j);
+            b.read(g, j);
+            held_x[r] = a.w;
+            held_g[r] = b.w;
+            for (u32 k = 0; k < L; ++k) online_add_dot(m, s, t, a.at(x, j, k) * scale, b.at(g, j, k));
+        }
+    }
+    for (u32 j = threadIdx.x + HELD * blockDim.x; j < seen; j += blockDim.x) {
+        Group<T> a(wide), b(wide);
+        a.read(x, j);
+        b.read(g, j);
+        for (u32 k = 0; k < L; ++k) online_add_dot(m, s, t, a.at(x, j, k) * scale, b.at(g, j, k));
+    }
+    for (u32 i = seen * L + threadIdx.x; i < visible; i += blockDim.x)
+        online_add_dot(m, s, t, load(x, i) * scale, load(g, i));
+    const RowStats stats = block_max_and_sum(m, s, scratch, maxes);
+    const float inv = 1.0f / stats.sum;
+    const float dot = block_sum(s == 0.0f ? 0.0f : t * expf(m - stats.max), scratch) * inv;
+#pragma unroll
+    for (u32 r = 0; r < HELD; ++r) {
+        const u32 j = threadIdx.x + r * blockDim.x;
+        if (j < groups) {
+            Group<T> a(wide), b(wide);
+            if (j < seen) {
+                a.w = held_x[r];
+                b.w = held_g[r];
+            } else if (j * L < visible) {
+                a.read(x, j);
+                b.read(g, j);
+            }
+            softmax_fwd_bwd_group(a, b, x, g, p, ds, j, visible, scale, stats.max, inv, dot, wide);
+        }
+    }
+    for (u32 j = threadIdx.x + HELD * blockDim.x; j < groups; j += blockDim.x) {
+        Group<T> a(wide), b(wide);
+        if (j * L < visible) {
+            a.read(x, j);
+            b.read(g, j);
+        }
+        softmax_fwd_bwd_group(a, b, x, g, p, ds, j, visible, scale, stats.max, inv, dot, wide);
+    }
+    for (u32 i = groups * L + threadIdx.x; i < keys; i += blockDim.x) {
+        const bool seen_i = i < visible;
+        const float pv = seen_i ? expf(load(x, i) * scale - stats.max) * inv : 0.0f;
+        store(p, i, pv);
+        store(ds, i, seen_i ? scale * pv * (load(g, i) - dot) : 0.0f);
+    }
+}
+
 extern "C" __global__ void softmax_fwd_f32(const float* scores, float* probs, u32 keys, u32 period, u32 offset,
                                            u32 causal, float scale) {
     softmax_fwd(scores, probs, keys, period, offset, causal, scale);
@@ -159,4 +268,14 @@ extern "C" __global__ void softmax_bwd_f32(const float* probs, const float* dpro
 extern "C" __global__ void softmax_bwd_bf16(const bf16* probs, const bf16* dprobs, bf16* dscores, u32 keys,
                                             float scale) {
     softmax_bwd(probs, dprobs, dscores, keys, scale);
+}
+extern "C" __global__ void softmax_fwd_bwd_f32(const float* scores, const float* dprobs, float* probs,
+                                               float* dscores, u32 keys, u32 period, u32 offset, u32 causal,
+                                               float scale) {
+    softmax_fwd_bwd(scores, dprobs, probs, dscores, keys, period, offset, causal, scale);
+}
+extern "C" __global__ void softmax_fwd_bwd_bf16(const bf16* scores, const bf16* dprobs, bf16* probs,
+                                                bf16* dscores, u32 keys, u32 period, u32 offset, u32 causal,
+                                                float scale) {
+    softmax_fwd_bwd(scores, dprobs, probs, dscores, keys, period, offset, causal, scale);
 }

@@ -255,8 +255,9 @@ pub fn tiled_backward(
         };
         let (qt, dot) = (group(q)?, group(d_o)?);
         let (kt, vt) = (k.narrow(2, 0, keys)?, v.narrow(2, 0, keys)?);
-        let p = softmax(&qt.matmul(&kt.t()?)?, scale, len, first, causal)?;
-        let ds = softmax::backward(&p, &dot.matmul(&vt.t()?)?, scale)?;
+        let (s, dp) = (qt.matmul(&kt.t()?)?, dot.matmul(&vt.t()?)?);
+        let (p, ds) = softmax::forward_backward(&s, &dp, scale, len, first, causal)?;
+        drop((s, dp));
         add_to_keys(&mut dv, &p, &dot, (b, kv, t, d), work)?;
         drop(p);
         add_to_keys(&mut dk, &ds, &qt, (b, kv, t, d), work)?;
@@ -443,7 +444,8 @@ pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
 }
 
 /// The softmax's cases for `sweep bench kernels`: attention's softmax on the last tile
-/// of queries of the backward (the one that sees every key).
+/// of queries of the backward (the one that sees every key): forward,
+/// backward, and both in one op as the tiled backward runs them.
 pub fn softmax_cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let (batch, seq, h) = (s.batch, s.seq, s.cfg.n_heads);
     let tile = tile_rows(batch, h, seq, candle_core::DType::BF16).min(seq);
@@ -451,6 +453,7 @@ pub fn softmax_cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let scores = batch * h * tile * seq;
     let scale = 1.0 / (s.cfg.head_dim() as f64).sqrt();
     let shape = format!("[{batch}, {h}, {tile}, {seq}]");
+    let shape_both = shape.clone();
     Ok(vec![
         Case::new(
             crate::train::ops::Kernel::Softmax,
@@ -477,6 +480,23 @@ pub fn softmax_cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
                 random(&[batch, h, tile, seq], 18, 1.0)?,
             ],
             Box::new(move |t| Ok(vec![softmax::backward(&t[0], &t[1], scale)?])),
+        ),
+        Case::new(
+            crate::train::ops::Kernel::Softmax,
+            "softmax forward and backward",
+            shape_both,
+            4 * scores,
+            // Scores and the probabilities' gradient: P and dS in one op,
+            // as the tiled backward runs them.
+            vec![
+                random(&[batch, h, tile, seq], 19, 8.0)?,
+                random(&[batch, h, tile, seq], 20, 1.0)?,
+            ],
+            Box::new(move |t| {
+                let (p, ds) =
+                    softmax::forward_backward(&t[0], &t[1], scale, tile, last_tile, true)?;
+                Ok(vec![p, ds])
+            }),
         ),
     ])
 }

@@ -23,18 +23,7 @@ pub fn softmax(
     first: usize,
     causal: bool,
 ) -> Result<Tensor> {
-    if period == 0 {
-        candle_core::bail!("softmax: a period of 0 query positions");
-    }
-    // Row r is position first + r % period within its [R, K] matrix (the CPU
-    // kernel) and first + (global row) % period (the CUDA one): the same
-    // only when R is a multiple of the period, as every caller's is.
-    let rows = scores.dims().iter().rev().nth(1).copied().unwrap_or(1);
-    if rows % period != 0 {
-        candle_core::bail!(
-            "softmax: {rows} rows per matrix are no whole number of periods of {period}"
-        );
-    }
+    check_period(scores, period)?;
     let op = Softmax {
         scale,
         period,
@@ -46,6 +35,22 @@ pub fn softmax(
     } else {
         op.composed(scores)
     }
+}
+
+/// Row r is position first + r % period within its [R, K] matrix (the CPU
+/// kernel) and first + (global row) % period (the CUDA ones): the same only
+/// when R is a multiple of the period, as every caller's is.
+fn check_period(scores: &Tensor, period: usize) -> Result<()> {
+    if period == 0 {
+        candle_core::bail!("softmax: a period of 0 query positions");
+    }
+    let rows = scores.dims().iter().rev().nth(1).copied().unwrap_or(1);
+    if rows % period != 0 {
+        candle_core::bail!(
+            "softmax: {rows} rows per matrix are no whole number of periods of {period}"
+        );
+    }
+    Ok(())
 }
 
 /// The gradient of the scores from the probabilities `p` of [`softmax`]
@@ -64,6 +69,44 @@ pub fn backward(p: &Tensor, dp: &Tensor, scale: f64) -> Result<Tensor> {
     let (pw, dpw) = (p.to_dtype(work)?, dp.to_dtype(work)?);
     let dot = (&pw * &dpw)?.sum_keepdim(D::Minus1)?;
     ((pw * dpw.broadcast_sub(&dot)?)? * scale)?.to_dtype(p.dtype())
+}
+
+/// [`softmax`] of `scores` and [`backward`] from its probabilities and
+/// `dp` in one op: (P, dS). On a GPU one kernel reads the scores and dP
+/// once (the two read the scores, then P and dP, and wrote P between); on
+/// the CPU its twin runs the two kernels.
+pub fn forward_backward(
+    scores: &Tensor,
+    dp: &Tensor,
+    scale: f64,
+    period: usize,
+    first: usize,
+    causal: bool,
+) -> Result<(Tensor, Tensor)> {
+    if !own_kernel(super::Kernel::Softmax, &[scores, dp]) {
+        let p = softmax(scores, scale, period, first, causal)?;
+        let ds = backward(&p, dp, scale)?;
+        return Ok((p, ds));
+    }
+    if scores.shape() != dp.shape() {
+        candle_core::bail!(
+            "softmax forward and backward: scores {:?}, dP {:?}",
+            scores.shape(),
+            dp.shape()
+        );
+    }
+    check_period(scores, period)?;
+    let op = SoftmaxFwdBwd(Softmax {
+        scale,
+        period,
+        first,
+        causal,
+    });
+    // Both at once: [P; dS].
+    let both = scores
+        .contiguous()?
+        .apply_op2_no_bwd(&dp.contiguous()?, &op)?;
+    Ok((both.get(0)?, both.get(1)?))
 }
 
 #[derive(Clone, Copy)]
@@ -223,6 +266,71 @@ impl CustomOp2 for SoftmaxBwd {
     }
 }
 
+/// (P, dS) from the scores and dP: the GPU's one pass ([`forward_backward`]).
+struct SoftmaxFwdBwd(Softmax);
+
+impl CustomOp2 for SoftmaxFwdBwd {
+    fn name(&self) -> &'static str {
+        "sweep-softmax-fwd-bwd"
+    }
+
+    /// The CPU's two kernels, one after the other (the GPU's twin).
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (p, shape) = self.0.cpu_fwd(s1, l1)?;
+        let bwd = SoftmaxBwd {
+            scale: self.0.scale as f32,
+        };
+        let (ds, _) = bwd.cpu_fwd(&p, &Layout::contiguous(&shape), s2, l2)?;
+        let (CpuStorage::F32(mut both), CpuStorage::F32(ds)) = (p, ds) else {
+            candle_core::bail!("softmax: the CPU kernels return f32");
+        };
+        both.extend_from_slice(&ds);
+        let mut dims = vec![2];
+        dims.extend_from_slice(shape.dims());
+        Ok((CpuStorage::F32(both), Shape::from(dims)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &CudaStorage,
+        sl: &Layout,
+        dp: &CudaStorage,
+        dpl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (rows, keys) = rows_and_keys(sl);
+        if dpl.shape() != sl.shape() {
+            candle_core::bail!("softmax forward and backward: S and dP differ in shape");
+        }
+        let Softmax {
+            scale,
+            period,
+            first,
+            causal,
+        } = self.0;
+        let plan = forward_backward_plan(
+            rows,
+            keys,
+            cuda::ty(s)?,
+            (period, first, causal),
+            scale as f32,
+        )
+        .map_err(candle_core::Error::Msg)?;
+        let dev = cuda::device(s);
+        let operands = [cuda::Operand::of(s, sl)?, cuda::Operand::of(dp, dpl)?];
+        let both = cuda::execute(&dev, &plan, &operands)?.remove(0);
+        let mut dims = vec![2];
+        dims.extend_from_slice(sl.shape().dims());
+        Ok((both.into_storage(dev), Shape::from(dims)))
+    }
+}
+
 /// (rows, keys) of scores [..., R, K].
 #[cfg(feature = "cuda")]
 fn rows_and_keys(l: &Layout) -> (usize, usize) {
@@ -280,6 +388,38 @@ pub fn backward_plan(
             Value::Ptr(Mem::Operand(1), 0),
             Value::Ptr(ds, 0),
             Value::U32(u32_of(keys, "softmax keys")?),
+            Value::F32(scale),
+        ],
+    )?;
+    Ok(plan)
+}
+
+/// The forward and backward in one pass on a GPU: [P; dS] (output 0, twice
+/// the scores' size) from the scores and dP (operands 0, 1), a block per row.
+pub fn forward_backward_plan(
+    rows: usize,
+    keys: usize,
+    own: Ty,
+    (period, first, causal): (usize, usize, bool),
+    scale: f32,
+) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
+    let n = rows * keys;
+    let out = plan.output(own, 2 * n);
+    plan.launch(
+        &SOFTMAX,
+        "softmax_fwd_bwd",
+        own,
+        block_per_row(u32_of(rows, "softmax rows")?),
+        vec![
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(Mem::Operand(1), 0),
+            Value::Ptr(out, 0),
+            Value::Ptr(out, n),
+            Value::U32(u32_of(keys, "softmax keys")?),
+            Value::U32(u32_of(period, "the softmax period")?),
+            Value::U32(u32_of(first, "the softmax's first position")?),
+            Value::U32(u32::from(causal)),
             Value::F32(scale),
         ],
     )?;
@@ -348,6 +488,55 @@ mod tests {
                     max_diff(&got, &ds)? < 2.0 * tol,
                     "backward {r}x{keys} {own:?}"
                 );
+            }
+        }
+        Ok(())
+    }
+
+    /// The one-pass plan under the emulation equals the two CPU kernels one
+    /// after the other, on the forward's shapes (rows longer than the
+    /// registers hold among them); masked entries are zeros in both
+    /// outputs; the same bits with every operand off the 16-byte alignment.
+    #[test]
+    fn the_one_pass_plan_equals_the_cpu_kernels_under_emulation() -> Result<()> {
+        use crate::train::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
+        for (r, keys, period, first, causal) in [
+            (6, 300, 3, 297, true),
+            (4, 40, 4, 0, true),
+            (5, 1, 5, 0, false),
+            (2, 513, 1, 100, false),
+            (3, 4112, 3, 4000, true),
+            (2, 2053, 2, 2000, true),
+            (2, 9000, 2, 8990, true),
+        ] {
+            let x = (rand(&[2, r, keys], 3) * 4.0)?;
+            let dp = rand(&[2, r, keys], 4);
+            for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 1e-2)] {
+                let seen = |t: &Tensor| tensor(&buffer(t, own), t.dims());
+                let plan =
+                    forward_backward_plan(2 * r, keys, own, (period, first, causal), 0.3).unwrap();
+                let operands = [buffer(&x, own), buffer(&dp, own)];
+                let Some((out, _)) = emulate(&plan, &operands, own == Ty::F32 && r == 6) else {
+                    return Ok(());
+                };
+                let (shifted, _) = emulate_off_alignment(&plan, &operands);
+                assert_eq!(shifted, out, "{r}x{keys} {own:?}, shifted");
+                let both = tensor(&out[0], &[2, 2, r, keys]);
+                let p = softmax(&seen(&x), 0.3, period, first, causal)?;
+                let ds = backward(&p, &seen(&dp), 0.3)?;
+                let case = format!("{r}x{keys} {own:?}");
+                assert!(max_diff(&both.get(0)?, &p)? < tol, "P {case}");
+                assert!(max_diff(&both.get(1)?, &ds)? < 2.0 * tol, "dS {case}");
+                if causal {
+                    // Row i of a matrix is position first + i % period.
+                    let values = both.flatten_all()?.to_vec1::<f32>()?;
+                    for (n, v) in values.iter().enumerate() {
+                        let (row, key) = (n / keys % r, n % keys);
+                        if key > first + row % period {
+                            assert_eq!(*v, 0.0, "{case}: masked value {n}");
+                        }
+                    }
+                }
             }
         }
         Ok(())
