@@ -432,6 +432,22 @@ mod tests {
     use crate::train::ops::testing::{max_diff, rand};
     use candle_core::Var;
 
+    /// Rows of scores for the emulation's tests: (rows a matrix, keys,
+    /// period, first position, causal).
+    const SHAPES: [(usize, usize, usize, usize, bool); 7] = [
+        (6, 300, 3, 297, true),
+        (4, 40, 4, 0, true),
+        (5, 1, 5, 0, false),
+        (2, 513, 1, 100, false),
+        // More 16-byte groups than a block has threads, and rows that
+        // start off the 16-byte alignment every other row (bf16).
+        (3, 4112, 3, 4000, true),
+        (2, 2053, 2, 2000, true),
+        // More groups than a block's threads hold between the passes
+        // (HELD, softmax.cu) in both dtypes: the rest is read twice.
+        (2, 9000, 2, 8990, true),
+    ];
+
     /// The GPU plans under the host emulation of CUDA equal the CPU
     /// kernels: causal tiles of queries (a period below the rows, a first
     /// position past 0), keys that fill no whole pass of a block, one key;
@@ -439,19 +455,7 @@ mod tests {
     #[test]
     fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
         use crate::train::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
-        for (r, keys, period, first, causal) in [
-            (6, 300, 3, 297, true),
-            (4, 40, 4, 0, true),
-            (5, 1, 5, 0, false),
-            (2, 513, 1, 100, false),
-            // More 16-byte groups than a block has threads, and rows that
-            // start off the 16-byte alignment every other row (bf16).
-            (3, 4112, 3, 4000, true),
-            (2, 2053, 2, 2000, true),
-            // More groups than a block's threads hold between the passes
-            // (HELD, softmax.cu) in both dtypes: the rest is read twice.
-            (2, 9000, 2, 8990, true),
-        ] {
+        for (r, keys, period, first, causal) in SHAPES {
             let x = (rand(&[2, r, keys], 1) * 4.0)?;
             let dp = rand(&[2, r, keys], 2);
             let rows = 2 * r;
@@ -500,15 +504,7 @@ mod tests {
     #[test]
     fn the_one_pass_plan_equals_the_cpu_kernels_under_emulation() -> Result<()> {
         use crate::train::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
-        for (r, keys, period, first, causal) in [
-            (6, 300, 3, 297, true),
-            (4, 40, 4, 0, true),
-            (5, 1, 5, 0, false),
-            (2, 513, 1, 100, false),
-            (3, 4112, 3, 4000, true),
-            (2, 2053, 2, 2000, true),
-            (2, 9000, 2, 8990, true),
-        ] {
+        for (r, keys, period, first, causal) in SHAPES {
             let x = (rand(&[2, r, keys], 3) * 4.0)?;
             let dp = rand(&[2, r, keys], 4);
             for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 1e-2)] {
