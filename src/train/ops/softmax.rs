@@ -148,25 +148,10 @@ impl Softmax {
         candle_nn::ops::softmax(&s.broadcast_add(&mask)?, D::Minus1)
     }
 
-    fn visible(&self, row: usize, keys: usize) -> usize {
-        if self.causal {
-            (self.first + row % self.period + 1).min(keys)
-        } else {
-            keys
-        }
-    }
-}
-
-impl CustomOp1 for Softmax {
-    fn name(&self) -> &'static str {
-        "sweep-softmax"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32s(s, l)?;
-        let dims = l.shape().dims();
+    /// The CPU kernel: probabilities `y` (zeros, filled here) of scores `x`
+    /// of shape `dims` [..., R, K].
+    fn cpu(&self, x: &[f32], dims: &[usize], y: &mut [f32]) {
         let (rows, keys) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-        let mut y = vec![0f32; x.len()];
         let per = rows_per_task(x.len() / keys, keys) * keys;
         let scale = self.scale as f32;
         y.par_chunks_mut(per)
@@ -190,6 +175,26 @@ impl CustomOp1 for Softmax {
                     y[..n].iter_mut().for_each(|v| *v *= inv);
                 }
             });
+    }
+
+    fn visible(&self, row: usize, keys: usize) -> usize {
+        if self.causal {
+            (self.first + row % self.period + 1).min(keys)
+        } else {
+            keys
+        }
+    }
+}
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "sweep-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32s(s, l)?;
+        let mut y = vec![0f32; x.len()];
+        self.cpu(x, l.shape().dims(), &mut y);
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
 
@@ -211,22 +216,10 @@ struct SoftmaxBwd {
     scale: f32,
 }
 
-impl CustomOp2 for SoftmaxBwd {
-    fn name(&self) -> &'static str {
-        "sweep-softmax-bwd"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (p, dp) = (f32s(s1, l1)?, f32s(s2, l2)?);
-        let dims = l1.shape().dims();
+impl SoftmaxBwd {
+    /// The CPU kernel: dS from P and dP of shape `dims` [..., R, K].
+    fn cpu(&self, p: &[f32], dp: &[f32], dims: &[usize], ds: &mut [f32]) {
         let keys = dims[dims.len() - 1];
-        let mut ds = vec![0f32; p.len()];
         let per = rows_per_task(p.len() / keys, keys) * keys;
         ds.par_chunks_mut(per)
             .zip(p.par_chunks(per).zip(dp.par_chunks(per)))
@@ -242,6 +235,24 @@ impl CustomOp2 for SoftmaxBwd {
                     }
                 }
             });
+    }
+}
+
+impl CustomOp2 for SoftmaxBwd {
+    fn name(&self) -> &'static str {
+        "sweep-softmax-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (p, dp) = (f32s(s1, l1)?, f32s(s2, l2)?);
+        let mut ds = vec![0f32; p.len()];
+        self.cpu(p, dp, l1.shape().dims(), &mut ds);
         Ok((CpuStorage::F32(ds), l1.shape().clone()))
     }
 
@@ -282,18 +293,21 @@ impl CustomOp2 for SoftmaxFwdBwd {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (p, shape) = self.0.cpu_fwd(s1, l1)?;
+        let (x, dp) = (f32s(s1, l1)?, f32s(s2, l2)?);
+        if x.len() != dp.len() {
+            candle_core::bail!("softmax forward and backward: S and dP differ in size");
+        }
+        let dims = l1.shape().dims();
+        let mut both = vec![0f32; 2 * x.len()];
+        let (p, ds) = both.split_at_mut(x.len());
+        self.0.cpu(x, dims, p);
         let bwd = SoftmaxBwd {
             scale: self.0.scale as f32,
         };
-        let (ds, _) = bwd.cpu_fwd(&p, &Layout::contiguous(&shape), s2, l2)?;
-        let (CpuStorage::F32(mut both), CpuStorage::F32(ds)) = (p, ds) else {
-            candle_core::bail!("softmax: the CPU kernels return f32");
-        };
-        both.extend_from_slice(&ds);
-        let mut dims = vec![2];
-        dims.extend_from_slice(shape.dims());
-        Ok((CpuStorage::F32(both), Shape::from(dims)))
+        bwd.cpu(p, dp, dims, ds);
+        let mut shape = vec![2];
+        shape.extend_from_slice(dims);
+        Ok((CpuStorage::F32(both), Shape::from(shape)))
     }
 
     #[cfg(feature = "cuda")]
