@@ -230,7 +230,7 @@ impl Attention {
                 let vh = rope::heads_first(&v, None)?;
                 let (o, p) =
                     attention::eager_keeping_probabilities(&qh, &kh, &vh, true, self.bf16)?;
-                let o = o.transpose(1, 2)?;
+                let o = rope::tokens_first(&o)?;
                 let cache = AttentionCache::Eager {
                     q: qh,
                     k: kh,
@@ -242,10 +242,9 @@ impl Attention {
             AttentionKind::Flash => {
                 let dtype = h.dtype();
                 let (q, k) = (self.flash_input(&qh, dtype)?, self.flash_input(&kh, dtype)?);
-                let flash_layout = |x: &Tensor| x.transpose(1, 2)?.contiguous();
                 let v = self.flash_input(&v, dtype)?;
-                let out = attention::flash(&flash_layout(&q)?, &flash_layout(&k)?, &v, true)?
-                    .to_dtype(dtype)?;
+                let (fq, fk) = (rope::tokens_first(&q)?, rope::tokens_first(&k)?);
+                let out = attention::flash(&fq, &fk, &v, true)?.to_dtype(dtype)?;
                 let v = rope::heads_first(&v, None)?;
                 (out, AttentionCache::Flash { q, k, v })
             }
@@ -283,10 +282,7 @@ impl Attention {
         // The gradients of q, k (heads first, before un-rotating) and v (as given).
         let (dqh, dkh, dv) = match cache {
             AttentionCache::Eager { q, k, v, p } => {
-                let d_o = d_attended
-                    .reshape((b, t, nh, d))?
-                    .transpose(1, 2)?
-                    .contiguous()?;
+                let d_o = rope::heads_first(&d_attended.reshape((b, t, nh, d))?, None)?;
                 let (dq, dk, dv) =
                     attention::eager_backward(&q, &k, &v, Some(&p), &d_o, true, self.bf16)?;
                 (dq, dk, rope::backward(&dv, None)?)

@@ -79,6 +79,13 @@ pub fn heads_first(x: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
     }
 }
 
+/// x [B, H, T, Q] -> [B, T, H, Q], only moved: the layout kernel of
+/// [`backward`] without tables, where candle's transposing copy is its
+/// general strided one (attention's output, flash's inputs).
+pub fn tokens_first(x: &Tensor) -> Result<Tensor> {
+    backward(x, None)
+}
+
 /// The gradient of [`heads_first`], without autograd: dy [B, H, T, Q] back to
 /// [B, T, H, Q], rotated by −angle.
 pub fn backward(dy: &Tensor, tables: Option<&RopeTables>) -> Result<Tensor> {
