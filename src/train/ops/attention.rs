@@ -453,7 +453,6 @@ pub fn softmax_cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
     let scores = batch * h * tile * seq;
     let scale = 1.0 / (s.cfg.head_dim() as f64).sqrt();
     let shape = format!("[{batch}, {h}, {tile}, {seq}]");
-    let shape_both = shape.clone();
     Ok(vec![
         Case::new(
             crate::train::ops::Kernel::Softmax,
@@ -466,7 +465,7 @@ pub fn softmax_cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
         Case::new(
             crate::train::ops::Kernel::Softmax,
             "softmax backward",
-            shape,
+            shape.clone(),
             3 * scores,
             // Probabilities (rows of a causal softmax) and their gradient.
             vec![
@@ -484,7 +483,7 @@ pub fn softmax_cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
         Case::new(
             crate::train::ops::Kernel::Softmax,
             "softmax forward and backward",
-            shape_both,
+            shape,
             4 * scores,
             // Scores and the probabilities' gradient: P and dS in one op,
             // as the tiled backward runs them.
