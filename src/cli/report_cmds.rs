@@ -3,6 +3,8 @@
 
 use super::{CheckCli, HistoryCli, ReportCli};
 use crate::config::RuntimeOptions;
+use crate::report::export::{self, Exporter};
+use crate::report::page::Html;
 use crate::report::Source;
 use std::path::Path;
 use std::process::ExitCode;
@@ -26,7 +28,7 @@ pub(super) fn compare_cmd(
         plots,
     )?;
     // The markdown lists each side's problems too.
-    println!("{}", compare::markdown(&cmp));
+    show(&cmp, &export::Markdown)?;
     for f in &cmp.files {
         println!("wrote {}", f.display());
     }
@@ -80,15 +82,15 @@ pub(super) fn check_cmd(
         eprintln!("wrote {}", path.display());
         Ok(())
     };
-    if let Some(path) = &c.junit {
-        write(path, check::junit(&done).as_bytes())?;
-    }
-    if let Some(path) = &c.html {
-        write(path, crate::report::page::check(&done).as_bytes())?;
+    let files: [(&dyn Exporter<_>, _); 2] = [(&export::JUnit, &c.junit), (&Html, &c.html)];
+    for (format, path) in files {
+        if let Some(path) = path {
+            write(path, &format.export(&done)?)?;
+        }
     }
     match c.json {
-        true => println!("{}", serde_json::to_string_pretty(&check::to_json(&done))?),
-        false => println!("{}", check::text(&done)),
+        true => show(&done, &export::Json)?,
+        false => show(&done, &export::Text)?,
     }
     Ok(ExitCode::from(done.outcome().exit_status()))
 }
@@ -186,10 +188,7 @@ pub(super) fn report_cmd(
     };
     let rep = report::run(root, &source, &opts)?;
     if r.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report::export::json_rows(&rep.summary))?
-        );
+        show(&rep.summary, &export::Json)?;
         return Ok(history_note(&rep));
     }
     println!("{}", report::export::markdown_table(&rep.summary));
@@ -240,4 +239,10 @@ pub(super) fn history_note(rep: &crate::report::Report) -> ExitCode {
         }
         _ => ExitCode::SUCCESS,
     }
+}
+
+/// A result in a format, on standard output.
+fn show<R>(r: &R, format: &dyn Exporter<R>) -> anyhow::Result<()> {
+    println!("{}", String::from_utf8_lossy(&format.export(r)?));
+    Ok(())
 }

@@ -447,7 +447,11 @@ pub struct Comparison {
     /// position check.
     pub design_a: Option<super::blocks::Design>,
     pub design_b: Option<super::blocks::Design>,
+    /// The files written, the chart and the project's commit, once written
+    /// ([`super::compare`]).
     pub files: Vec<PathBuf>,
+    pub chart: Option<super::plot::Chart>,
+    pub git_commit: Option<String>,
 }
 
 /// The comparison of two summaries, configuration by configuration (paired
@@ -532,6 +536,8 @@ pub fn compare(
         design_b: sb.design.clone(),
         rows,
         files: Vec::new(),
+        chart: None,
+        git_commit: None,
     })
 }
 

@@ -68,17 +68,20 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
     let out = opts.out.clone().unwrap_or_else(|| own.clone());
     let page = out.join(page::STUDY_PAGE);
     let inputs: Vec<&Path> = spec.inputs.iter().map(PathBuf::as_path).collect();
-    let files: Vec<PathBuf> = export::paths(&out)
-        .into_iter()
+    let table_files = export::table_files(&out);
+    let files: Vec<PathBuf> = table_files
+        .iter()
+        .map(|(_, f)| f.clone())
         .chain([page.clone()])
         .collect();
     check_outputs(source, &own, &out, &files, &inputs)?;
-    let ctx = export::TableContext {
-        study: study.clone(),
+    let tables = export::Tables {
+        summary: &s,
+        study: &study,
         skip_first: sopts.skip_first,
-        baseline: sopts.baseline.clone(),
+        baseline: sopts.baseline.as_deref(),
     };
-    let mut files = export::write_all(&s, &ctx, &out)?;
+    export::write(&tables, &table_files)?;
     let charts = if opts.plots {
         charts::render(&s, &plots, &study, &spec.charts)?
     } else {
@@ -99,18 +102,15 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
     };
     let past = past(&study, &s, &recorded, study_dir.as_deref());
     let history = recorded.map(|r| r.map(|(path, added, _)| (path, added)));
-    let html = page::study(
-        &s,
-        &charts,
-        &provenance,
-        sopts.baseline.as_deref(),
-        sopts.skip_first,
-        &out,
-        page::Live { reload: opts.live },
-        past.as_ref(),
-    );
-    crate::util::fs::write_atomic(&page, html.as_bytes())?;
-    files.push(page.clone());
+    let study_page = page::StudyPage {
+        tables,
+        charts: &charts,
+        provenance: &provenance,
+        dir: &out,
+        live: page::Live { reload: opts.live },
+        history: past.as_ref(),
+    };
+    export::write(&study_page, &[(&page::Html, page.clone())])?;
     Ok(Report {
         history,
         study,

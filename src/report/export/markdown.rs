@@ -1,11 +1,13 @@
-//! `summary.md`: the table as the reference study's README shows it. Names
-//! and values come from files and manifests: every cell is escaped, so that
-//! neither a `|` nor a line break nor a control character can break the
-//! table or reach a terminal raw.
+//! Markdown: `summary.md` (the table as the reference study's README shows
+//! it) and `comparison.md`. Names and values come from files and
+//! manifests: every cell is escaped, so that neither a `|` nor a line break
+//! nor a control character can break the table or reach a terminal raw.
 
 use super::shown::{self, number as f};
-use super::{Exporter, TableContext};
+use super::{Exporter, Tables};
 use crate::report::columns::{Metric, Stat};
+use crate::report::judge::{Comparison, Verdict, NOTHING_DIFFERS};
+use crate::report::stats::MeanCi;
 use crate::report::summary::Summary;
 use anyhow::Result;
 use std::io::Write;
@@ -40,21 +42,18 @@ pub fn table(s: &Summary) -> String {
     out
 }
 
-impl Exporter for Markdown {
-    fn file_name(&self) -> &'static str {
-        "summary.md"
-    }
-
-    fn write(&self, s: &Summary, ctx: &TableContext, out: &mut std::fs::File) -> Result<()> {
-        writeln!(out, "# {}\n", cell(&ctx.study))?;
+impl Exporter<Tables<'_>> for Markdown {
+    fn export(&self, t: &Tables<'_>) -> Result<Vec<u8>> {
+        let (s, mut out) = (t.summary, Vec::new());
+        writeln!(out, "# {}\n", cell(t.study))?;
         write!(
             out,
             "Means over every logged step except the first {} of each run and any warm-up \
              detected after them, ± the half-width of their 95% confidence interval (over a \
              configuration's repeats, or over one run's steps)",
-            ctx.skip_first
+            t.skip_first
         )?;
-        match &ctx.baseline {
+        match t.baseline {
             Some(b) => writeln!(
                 out,
                 "; speedup of tokens/sec against {} with its 95% interval, \
@@ -122,8 +121,135 @@ impl Exporter for Markdown {
                 writeln!(out, "- {}", cell(&p.describe()))?;
             }
         }
-        Ok(())
+        Ok(out)
     }
+}
+
+/// `comparison.md`: tokens/s of A and B (mean ± half-width of the 95%
+/// interval), B's speedup over A with its interval, the verdict; the notes,
+/// what differs, the blocked designs, what one side alone has, and each
+/// side's problems.
+impl Exporter<Comparison> for Markdown {
+    fn export(&self, cmp: &Comparison) -> Result<Vec<u8>> {
+        let mut out = format!(
+            "# {} vs {}\n\nTokens/sec per configuration (mean ± half-width of its 95% interval); speedup of B over A with its 95% interval, `≈` where the difference is not significant at 5% after Holm's correction for the configurations compared (an interval may leave out 1 and still be `≈`: it is each comparison's own). Verdicts of B against A at a {}% threshold: `regressed`/`improved` when significant and at least the threshold, `unchanged` when the whole interval is within it, `inconclusive` when neither.\n\n| Configuration | A: {} | B: {} | Speedup (B / A) | Verdict |\n|---|---:|---:|---:|---|\n",
+            cell(&cmp.a),
+            cell(&cmp.b),
+            cmp.threshold_pct,
+            cell(&cmp.a),
+            cell(&cmp.b)
+        );
+        for r in &cmp.rows {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} |\n",
+                cell(&r.judged.configuration),
+                with_ci(r.a_mean, &r.a),
+                with_ci(r.b_mean, &r.b),
+                shown::speedup(&r.judged.ratio, r.a_mean, r.b_mean),
+                r.judged.verdict.as_str(),
+            ));
+        }
+        let notes: Vec<String> = cmp
+            .rows
+            .iter()
+            .map(|r| &r.judged)
+            .filter(|j| j.ratio.is_some() || j.verdict == Verdict::Failed)
+            .map(|j| {
+                format!(
+                    "- {}: {}: {}\n",
+                    cell(&j.configuration),
+                    j.verdict.as_str(),
+                    cell(&j.note)
+                )
+            })
+            .collect();
+        if !notes.is_empty() {
+            out.push('\n');
+            out.push_str(&notes.concat());
+        }
+        out.push_str(&differences(cmp));
+        out.push_str(&designs(cmp));
+        for (side, only) in [(&cmp.a, &cmp.only_a), (&cmp.b, &cmp.only_b)] {
+            if !only.is_empty() {
+                let only: Vec<String> = only.iter().map(|o| cell(o)).collect();
+                out.push_str(&format!("\nOnly in {}: {}\n", cell(side), only.join(", ")));
+            }
+        }
+        for (side, problems) in [(&cmp.a, &cmp.problems_a), (&cmp.b, &cmp.problems_b)] {
+            if !problems.is_empty() {
+                out.push_str(&format!("\n## Problems in {}\n\n", cell(side)));
+                for p in problems {
+                    out.push_str(&format!("- {}\n", cell(&p.describe())));
+                }
+            }
+        }
+        Ok(out.into_bytes())
+    }
+}
+
+/// A mean with the half-width of its interval (the mean alone without one).
+fn with_ci(mean: Option<f64>, ci: &Option<MeanCi>) -> String {
+    match ci {
+        Some(ci) if (ci.high - ci.low).is_finite() => {
+            format!("{:.2} ± {:.2}", ci.mean, (ci.high - ci.low) / 2.0)
+        }
+        _ => f(mean, 2),
+    }
+}
+
+/// The differences as a table, or the sentence that says none is recorded.
+fn differences(cmp: &Comparison) -> String {
+    if cmp.differences.is_empty() {
+        return format!("\n{NOTHING_DIFFERS}\n");
+    }
+    let mut out = format!(
+        "\n## What differs\n\n| Field | A: {} | B: {} | Configurations |\n|---|---|---|---|\n",
+        cell(&cmp.a),
+        cell(&cmp.b)
+    );
+    for d in &cmp.differences {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            cell(&d.field),
+            cell(&d.a),
+            cell(&d.b),
+            cell(&d.which())
+        ));
+    }
+    out
+}
+
+/// Each blocked side: its blocks and where they ran, its position check,
+/// and what the pairing covers (within a study, not between A and B).
+fn designs(cmp: &Comparison) -> String {
+    let mut out = String::new();
+    for (side, design) in [(&cmp.a, &cmp.design_a), (&cmp.b, &cmp.design_b)] {
+        let Some(d) = design else { continue };
+        if out.is_empty() {
+            out.push_str("\n## Blocked designs\n\n");
+        }
+        let paired = match d.places.len() {
+            1 => "one block, its own speedups not paired",
+            _ => "its own speedups paired by block",
+        };
+        out.push_str(&format!(
+            "- {}: randomized blocks ({}), {paired}; {}.",
+            cell(side),
+            d.places.len(),
+            cell(&d.places_line())
+        ));
+        if let Some(line) = d.effects_line() {
+            out.push_str(&format!(" Place in the block: {}.", cell(&line)));
+        }
+        out.push('\n');
+    }
+    if !out.is_empty() {
+        out.push_str(
+            "\nB's speedups over A above compare runs of different allocations (unpaired): \
+             for a paired comparison, run both in one blocked study.\n",
+        );
+    }
+    out
 }
 
 #[cfg(test)]

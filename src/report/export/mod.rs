@@ -1,57 +1,69 @@
-//! Summary -> files. One file per format behind one trait; every file is
-//! written to a temporary name and renamed into place.
+//! Results -> bytes. Every output of `report`, `compare` and `check` is one
+//! format of one result behind one trait, [`Exporter`] (as hyperfine's
+//! exporters are): a report's [`Tables`] as markdown, CSV, Parquet and
+//! JSON; a [`Comparison`](crate::report::judge::Comparison) as markdown and
+//! CSV; a [`Check`](crate::report::check::Check) as text, JSON and JUnit;
+//! each of the three as a page ([`crate::report::page::Html`]). Where the
+//! bytes go — a study's file, a file named on the command line, the
+//! terminal — is the caller's; files are written by [`write`].
 
 mod csv;
 mod json;
+mod junit;
 mod markdown;
 mod parquet;
 pub mod shown;
+mod text;
 
-pub use json::rows as json_rows;
-pub use markdown::{cell as markdown_cell, table as markdown_table};
+pub use csv::Csv;
+pub use json::Json;
+pub use junit::JUnit;
+pub use markdown::{table as markdown_table, Markdown};
+pub use parquet::Parquet;
+pub use text::Text;
 
 use super::summary::Summary;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
-pub trait Exporter {
-    /// The file name, e.g. `summary.md`.
-    fn file_name(&self) -> &'static str;
-    fn write(&self, summary: &Summary, ctx: &TableContext, out: &mut std::fs::File) -> Result<()>;
+/// One format of results of type `R`.
+pub trait Exporter<R: ?Sized> {
+    /// `r` in this format.
+    fn export(&self, r: &R) -> Result<Vec<u8>>;
 }
 
-/// What a table needs besides the numbers.
-pub struct TableContext {
-    pub study: String,
+/// A report's tables: the summary and what the text around it names.
+pub struct Tables<'a> {
+    pub summary: &'a Summary,
+    pub study: &'a str,
     pub skip_first: usize,
-    pub baseline: Option<String>,
+    pub baseline: Option<&'a str>,
 }
 
-pub fn all() -> Vec<Box<dyn Exporter>> {
+/// A format and the file it goes to.
+pub type Output<'e, R> = (&'e dyn Exporter<R>, PathBuf);
+
+/// A report's table files in `dir`: summary.md, summary.csv and
+/// summary.parquet.
+pub fn table_files<'a>(dir: &Path) -> Vec<Output<'a, Tables<'a>>> {
     vec![
-        Box::new(markdown::Markdown),
-        Box::new(csv::Csv),
-        Box::new(parquet::Parquet),
+        (&Markdown, dir.join("summary.md")),
+        (&Csv, dir.join("summary.csv")),
+        (&Parquet, dir.join("summary.parquet")),
     ]
 }
 
-/// The files [`write_all`] writes into `dir`.
-pub fn paths(dir: &Path) -> Vec<PathBuf> {
-    all().iter().map(|e| dir.join(e.file_name())).collect()
-}
-
-pub fn write_all(summary: &Summary, ctx: &TableContext, dir: &Path) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut out = Vec::new();
-    for e in all() {
-        let path = dir.join(e.file_name());
-        let tmp = crate::util::fs::temp_beside(&path, ".summary-")?;
-        let (mut file, tmp_path) = tmp.into_parts();
-        e.write(summary, ctx, &mut file)
+/// Each output's bytes to its file: made whole first, then written under a
+/// temporary name and renamed into place (a file is never half-written).
+pub fn write<R: ?Sized>(r: &R, outputs: &[Output<'_, R>]) -> Result<()> {
+    for (format, path) in outputs {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let bytes = format
+            .export(r)
             .with_context(|| format!("writing {}", path.display()))?;
-        drop(file);
-        crate::util::fs::persist(tmp_path, &path)?;
-        out.push(path);
+        crate::util::fs::write_atomic(path, &bytes)?;
     }
-    Ok(out)
+    Ok(())
 }

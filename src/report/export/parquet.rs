@@ -1,20 +1,15 @@
 //! `summary.parquet`: the table with its types.
 
-use super::{Exporter, TableContext};
-use crate::report::summary::Summary;
+use super::{Exporter, Tables};
 use anyhow::Result;
 use polars::prelude::*;
 
 pub struct Parquet;
 
-impl Exporter for Parquet {
-    fn file_name(&self) -> &'static str {
-        "summary.parquet"
-    }
-
-    fn write(&self, s: &Summary, _: &TableContext, out: &mut std::fs::File) -> Result<()> {
-        let mut df = s.table.clone();
-        ParquetWriter::new(out).finish(&mut df)?;
-        Ok(())
+impl Exporter<Tables<'_>> for Parquet {
+    fn export(&self, t: &Tables<'_>) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        ParquetWriter::new(&mut out).finish(&mut t.summary.table.clone())?;
+        Ok(out)
     }
 }

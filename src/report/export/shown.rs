@@ -6,6 +6,7 @@
 //! left out rather than shown as a column of dashes.
 
 use crate::report::columns::Metric;
+use crate::report::stats::RatioCi;
 use crate::report::summary::{MetricStats, Row, Summary};
 
 /// One shown column: its header and each row's cell.
@@ -24,6 +25,25 @@ pub fn number(v: Option<f64>, digits: usize) -> String {
     v.filter(|v| v.is_finite())
         .map(|v| format!("{v:.digits$}"))
         .unwrap_or_else(|| "-".into())
+}
+
+/// B's speedup over A as tables, charts and pages print it: `1.07x [1.02,
+/// 1.12]`, `≈` first where it is not significant; the ratio of the means
+/// alone where there is no interval.
+pub fn speedup(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
+    match r {
+        Some(r) if r.ratio.is_finite() && r.low.is_finite() && r.high.is_finite() => format!(
+            "{}{:.2}x [{:.2}, {:.2}]",
+            if r.significant { "" } else { "≈" },
+            r.ratio,
+            r.low,
+            r.high
+        ),
+        _ => match (a, b) {
+            (Some(a), Some(b)) if a > 0.0 && (b / a).is_finite() => format!("{:.2}x", b / a),
+            _ => "-".into(),
+        },
+    }
 }
 
 /// `mean ± half-width` of a metric's 95% interval (the mean alone without one).
