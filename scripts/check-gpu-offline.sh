@@ -2,13 +2,13 @@
 # The trainer's CUDA code checked without a GPU (CI runs this on every
 # submission, from scripts/test.sh):
 #
-# 1. the kernels (src/train/kernels/*.cu): each compiled by NVRTC exactly as
+# 1. the kernels (src/train/network/kernels/*.cu): each compiled by NVRTC exactly as
 #    the trainer compiles it at run time (the same program text and options,
 #    from the Rust code), for sm_80, sm_90 and sm_100; in each CUBIN exactly
-#    the entry points of the kernels' table (src/train/kernels/mod.rs), each
+#    the entry points of the kernels' table (src/train/network/kernels/mod.rs), each
 #    with parameters of the table's sizes where a launch puts them (read by
 #    cuobjdump), no spills, no stack, registers and static shared memory
-#    within a 256-thread block's — the test `train::kernels::offline`; and
+#    within a 256-thread block's — the test `train::network::kernels::offline`; and
 #    every op's GPU plan (its launches, grids and arguments as the trainer
 #    makes them) run by a host emulation of CUDA under AddressSanitizer,
 #    UndefinedBehaviorSanitizer and ThreadSanitizer against the op's CPU
@@ -87,7 +87,7 @@ fi
 
 if [[ $SETS_ONLY -eq 0 ]]; then
     started=$(date +%s)
-    cargo test --release --locked "$@" --lib -- train::kernels under_emulation
+    cargo test --release --locked "$@" --lib -- train::network::kernels under_emulation
     log "kernels checked in $(($(date +%s) - started)) s"
     [[ $KERNELS_ONLY -eq 1 ]] && exit 0
 fi

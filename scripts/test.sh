@@ -88,10 +88,10 @@ stop_clusters() {
 trap stop_clusters EXIT
 
 # gpu:: needs a GPU and a GPU build of sweep: scripts/gpu-check.sh runs it on one.
-# The kernels' tests (`train::kernels`, `under_emulation`) ran above, with
+# The kernels' tests (`train::network::kernels`, `under_emulation`) ran above, with
 # NVRTC and cuobjdump, from this same build: they are not run twice.
 # No test asserts how fast anything ran: the suite passes on a loaded machine.
-skip=(--skip gpu:: --skip train::kernels --skip under_emulation)
+skip=(--skip gpu:: --skip train::network::kernels --skip under_emulation)
 if [ $# -gt 0 ]; then
     cargo test --release --locked --features mpi "$@" -- --include-ignored "${skip[@]}"
 else

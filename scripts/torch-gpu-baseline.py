@@ -32,7 +32,7 @@ PRESETS = {
     "ref-1b": (2048, 16, 16, 4, 5632, 131072, 500000.0),
     "ref-8b": (4096, 32, 32, 8, 14336, 131072, 500000.0),
 }
-# Dense bf16 peak FLOP/s, as sweep's table (src/train/metrics.rs).
+# Dense bf16 peak FLOP/s, as sweep's table (src/train/run/metrics.rs).
 PEAK = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12, "B200": 2250e12}
 
 

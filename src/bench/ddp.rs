@@ -12,7 +12,8 @@ use crate::config::{
     AttentionKind, DeviceKind, Features, ModelOverrides, Precision, RuntimeOptions, TrainConfig,
 };
 use crate::data::SampleStream;
-use crate::train::{device::PeakMemory, optim, Trainer};
+use crate::train::network::{device::PeakMemory, optim};
+use crate::train::Trainer;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -121,7 +122,7 @@ pub fn rank(w: &DdpWork, rt: &RuntimeOptions) -> Result<()> {
         // The step is timed from the moment every rank has its batch: a
         // rank slower to read its samples would otherwise make the others'
         // first sum of the step wait, and count as communication.
-        crate::train::dist::barrier(&*t.comm, &t.device)?;
+        crate::train::run::dist::barrier(&*t.comm, &t.device)?;
         let started = Instant::now();
         let out = t.step(&[batch], optim::lr_at(step, &t.cfg), &mut memory, None)?;
         t.device.synchronize()?;
@@ -134,10 +135,10 @@ pub fn rank(w: &DdpWork, rt: &RuntimeOptions) -> Result<()> {
     let ranks = t.ranks();
     if ranks.is_main() {
         let driver = (!t.device.is_cpu())
-            .then(|| crate::train::device::name(&t.device))
+            .then(|| crate::train::network::device::name(&t.device))
             .transpose()?;
         let (peak_flops, _) =
-            crate::train::metrics::peak_flops(&t.cfg, driver.as_deref(), t.threads)?;
+            crate::train::run::metrics::peak_flops(&t.cfg, driver.as_deref(), t.threads)?;
         let n = w.steps as f64;
         let row = DdpRow {
             ranks: ranks.world_size,

@@ -14,7 +14,7 @@
 use super::MAX_ELEMENTS;
 use crate::config::ModelConfig;
 use crate::estimate::memory::head_rows;
-use crate::train::ops::linear;
+use crate::train::network::ops::linear;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -219,7 +219,7 @@ pub fn run(work: &GemmWork, device: &Device, device_name: &str) -> Result<GemmRe
         model: work.model.clone(),
         batch: work.batch,
         seq_len: work.seq_len,
-        dtype: crate::train::ops::check::dtype_name(dtype),
+        dtype: crate::train::network::ops::check::dtype_name(dtype),
         floor_ms: rows.iter().map(|r| r.ms_total).sum(),
         gemm_tflop: rows
             .iter()

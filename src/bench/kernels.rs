@@ -7,15 +7,15 @@
 //! CPU kernel run on the same inputs (rounded to the GPU's dtype first), so a
 //! wrong CUDA kernel shows as an error here before it shows in a loss curve;
 //! a case outside its tolerance makes the command fail. Each op declares
-//! its cases in its own file ([`crate::train::ops::check`]); this module
+//! its cases in its own file ([`crate::train::network::ops::check`]); this module
 //! runs, times and tabulates them.
 
 use super::MAX_ELEMENTS;
 use crate::config::DeviceKind;
-use crate::train::ops::check::{
+use crate::train::network::ops::check::{
     self, dtype_name, errors, flat_f32, prepare, tolerance, Case, Shapes,
 };
-use crate::train::ops::composed_here;
+use crate::train::network::ops::composed_here;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -117,8 +117,8 @@ pub fn run(work: &KernelWork, rt: &crate::config::RuntimeOptions) -> Result<Kern
     let (device, name) = match work.device {
         DeviceKind::Cpu => (Device::Cpu, "cpu".to_string()),
         DeviceKind::Cuda => {
-            let d = crate::train::device::cuda(0, rt.cuda_pool)?;
-            let name = crate::train::device::name(&d)?;
+            let d = crate::train::network::device::cuda(0, rt.cuda_pool)?;
+            let name = crate::train::network::device::name(&d)?;
             (d, name)
         }
     };
@@ -130,7 +130,7 @@ pub fn run(work: &KernelWork, rt: &crate::config::RuntimeOptions) -> Result<Kern
         device: &device,
     };
     let mut rows = Vec::new();
-    for case in crate::train::ops::cases::all(&shapes)? {
+    for case in crate::train::network::ops::cases::all(&shapes)? {
         for dtype in check::dtypes(&case, &device) {
             let row = check_and_time(&case, dtype, &device, work.repeats)?;
             // As each is measured: at a GPU's shapes the CPU references take

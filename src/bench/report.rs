@@ -29,9 +29,9 @@ pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBen
                 "created_at": "2026-01-01T00:00:00Z", "params": { "batch_size": 1 + i % 4, "seed": i }, "jobs": [],
             });
             std::fs::write(d.join("run.json"), serde_json::to_vec(&record)?)?;
-            let mut log = crate::train::record::MetricsLog::open(&d)?;
+            let mut log = crate::train::run::record::MetricsLog::open(&d)?;
             for s in 1..=lines {
-                log.write(crate::train::record::StepMetrics {
+                log.write(crate::train::run::record::StepMetrics {
                     step: s,
                     loss: 10.0 / (1.0 + s as f64 / 100.0),
                     lr: 0.001,

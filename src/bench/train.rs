@@ -11,9 +11,9 @@ use crate::config::{
 };
 use crate::data::samples::IGNORE;
 use crate::data::{Batch, LoaderState, SpecialTokens, TextTokenizer};
-use crate::train::device::PeakMemory;
-use crate::train::parts::PartTime;
-use crate::train::peak::Kernel;
+use crate::train::network::device::PeakMemory;
+use crate::train::network::parts::PartTime;
+use crate::train::run::peak::Kernel;
 use crate::train::Trainer;
 use anyhow::Result;
 use std::path::Path;
@@ -69,7 +69,7 @@ pub struct Settings {
     pub gpu: Option<String>,
     pub recompute: Recompute,
     /// One more step after the timed ones, recorded op by op
-    /// ([`crate::train::parts`]; not in the timed figures).
+    /// ([`crate::train::network::parts`]; not in the timed figures).
     pub parts: bool,
 }
 
@@ -238,14 +238,14 @@ fn peak(c: &TrainCase, device_name: &str, threads: usize, gpu: Option<&str>) -> 
                 Precision::Bf16Mixed => Kernel::Bf16,
                 _ => Kernel::F32,
             };
-            crate::train::peak::refresh(kernel, threads)?
+            crate::train::run::peak::refresh(kernel, threads)?
         }
         DeviceKind::Cuda => {
             let cfg = TrainConfig {
                 gpu: gpu.map(str::to_string),
                 ..Default::default()
             };
-            crate::train::metrics::peak_flops(&cfg, Some(device_name), threads)?.0
+            crate::train::run::metrics::peak_flops(&cfg, Some(device_name), threads)?.0
         }
     })
 }
@@ -316,7 +316,7 @@ fn time_case(
     // The memory pool keeps what the case freed, failed or not: handed back,
     // so that the next case's peak is its own (seen on an H100: the cases
     // after the largest read its 40 GB).
-    crate::train::device::release_pool(&device)?;
+    crate::train::network::device::release_pool(&device)?;
     row
 }
 
@@ -325,7 +325,7 @@ fn time_case(
 /// freed when this returns).
 fn measure(mut t: Trainer, case: TrainCase, settings: &Settings, vocab: usize) -> Result<TrainRow> {
     let steps = settings.steps;
-    let device_name = crate::train::device::name(&t.device)?;
+    let device_name = crate::train::network::device::name(&t.device)?;
     let peak = peak(
         &case,
         &device_name,
@@ -358,10 +358,10 @@ fn measure(mut t: Trainer, case: TrainCase, settings: &Settings, vocab: usize) -
         }
     }
     let parts = if settings.parts {
-        crate::train::parts::start(&t.device)?;
+        crate::train::network::parts::start(&t.device)?;
         let step = t.step(std::slice::from_ref(&batch), 1e-4, &mut memory, None);
         // Finished whatever the step did: the recording is this thread's.
-        let parts = crate::train::parts::finish();
+        let parts = crate::train::network::parts::finish();
         step?;
         Some(parts?)
     } else {

@@ -207,7 +207,7 @@ fn max_batch(
     steps: usize,
     max: usize,
 ) -> Result<()> {
-    use crate::train::max_batch::{parse_size, run, Outcome, SearchOptions, MB};
+    use crate::train::run::max_batch::{parse_size, run, Outcome, SearchOptions, MB};
     let opts = SearchOptions {
         config,
         memory_limit: memory_limit.as_deref().map(parse_size).transpose()?,
@@ -358,8 +358,8 @@ fn gemms(g: &GemmsBenchCli, rt: &RuntimeOptions) -> Result<()> {
     let (device, name) = match g.device {
         DeviceKind::Cpu => (candle_core::Device::Cpu, "cpu".to_string()),
         DeviceKind::Cuda => {
-            let d = crate::train::device::cuda(0, rt.cuda_pool)?;
-            let name = crate::train::device::name(&d)?;
+            let d = crate::train::network::device::cuda(0, rt.cuda_pool)?;
+            let name = crate::train::network::device::name(&d)?;
             (d, name)
         }
     };
@@ -377,7 +377,7 @@ fn gemms(g: &GemmsBenchCli, rt: &RuntimeOptions) -> Result<()> {
 
 fn peak() -> Result<()> {
     let cores = crate::config::runtime::cores();
-    use crate::train::peak::{refresh, Kernel};
+    use crate::train::run::peak::{refresh, Kernel};
     let kernels = [Kernel::F32, Kernel::Bf16];
     println!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
     for kernel in kernels {

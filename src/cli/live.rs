@@ -62,7 +62,7 @@ impl LiveView {
         let mut lines = Vec::new();
         for (i, (run, state)) in self.runs.iter().zip(states).enumerate() {
             let point = (*state == State::Running)
-                .then(|| last_point(&run.dir.join(crate::train::record::METRICS_FILE)))
+                .then(|| last_point(&run.dir.join(crate::train::run::record::METRICS_FILE)))
                 .flatten();
             let progress = match &point {
                 Some(p) => format!(

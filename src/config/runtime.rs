@@ -28,7 +28,7 @@ pub enum CpuKernels {
 /// Which implementation the ops with CUDA kernels use on a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CudaKernels {
-    /// sweep's kernels (`src/train/kernels/`) that pass their self-check
+    /// sweep's kernels (`src/train/network/kernels/`) that pass their self-check
     /// when the device opens; the composed twin of any that does not (said
     /// on stderr and recorded in the run's metrics).
     #[default]

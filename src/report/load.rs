@@ -416,7 +416,7 @@ fn has_run_logs(dir: &Path) -> bool {
         entries.flatten().any(|e| {
             let name = e.file_name();
             let name = name.to_string_lossy();
-            name == crate::train::record::METRICS_FILE
+            name == crate::train::run::record::METRICS_FILE
                 || name == crate::layout::ENVIRONMENT_JSON
                 || name.ends_with(".out")
         })
@@ -633,7 +633,7 @@ fn read_run(
             }
         }
         None => {
-            let path = dir.join(crate::train::record::METRICS_FILE);
+            let path = dir.join(crate::train::run::record::METRICS_FILE);
             match ingest::read_log(&path, Some(study_dir)) {
                 Ok(bytes) => {
                     let log = ingest::jsonl::parse(&bytes);

@@ -2,7 +2,7 @@
 //! each gradient sum, so one slow rank (a throttled GPU, a busy node, a
 //! slow disk) slows them all while its peers' logs only show waiting. The
 //! trainer logs each rank's compute time per logging interval (the step
-//! without the collectives' waits, [`crate::train::record::StepMetrics::rank_compute_s`])
+//! without the collectives' waits, [`crate::train::run::record::StepMetrics::rank_compute_s`])
 //! and where each rank ran; this module names the rank, and its node,
 //! whose compute time stands above its peers'.
 

@@ -174,7 +174,7 @@ pub fn status_by(
 /// reader (events, lines that do not parse and a partial last line left out).
 pub fn metrics(run: &Path) -> Vec<serde_json::Value> {
     let bytes = std::fs::read(run.join("metrics.jsonl")).unwrap_or_default();
-    sweep::train::record::parse_log(&bytes)
+    sweep::train::run::record::parse_log(&bytes)
         .steps()
         .map(|m| serde_json::to_value(m).unwrap())
         .collect()
@@ -271,7 +271,7 @@ pub fn job_logs(run: &Path) -> String {
 
 /// One step record of `metrics.jsonl`, as the trainer writes it.
 pub fn step_line(step: usize, loss: f64, tokens_per_second: f64, elapsed_s: f64) -> String {
-    let m = sweep::train::record::StepMetrics {
+    let m = sweep::train::run::record::StepMetrics {
         step,
         loss,
         lr: 1e-3,
@@ -289,7 +289,7 @@ pub fn step_line(step: usize, loss: f64, tokens_per_second: f64, elapsed_s: f64)
         val_loss: None,
         rank_compute_s: Vec::new(),
     };
-    serde_json::to_string(&sweep::train::record::Record::from(m)).unwrap()
+    serde_json::to_string(&sweep::train::run::record::Record::from(m)).unwrap()
 }
 
 /// `sweep report --json` over the reference study's eight DDP logs

@@ -397,7 +397,7 @@ fn the_plans_memory_estimate_grows_with_the_trainers_peak_within_15_percent() {
     let mut report = Vec::new();
     let mut base: Option<(f64, f64)> = None;
     let mut studies = vec![("mem", r#"["f32", "bf16-mixed"]"#, None)];
-    if sweep::train::ops::linear::bf16_gemm::avx512_bf16_available() {
+    if sweep::train::network::ops::linear::bf16_gemm::avx512_bf16_available() {
         studies.push(("mem-portable", r#"["bf16-mixed"]"#, Some("portable")));
     }
     for (study, precisions, kernels) in studies {

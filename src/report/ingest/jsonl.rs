@@ -1,10 +1,10 @@
 //! Our trainer's `metrics.jsonl`, read through its one record type
-//! ([`crate::train::record`]): step records become points, events are not
+//! ([`crate::train::run::record`]): step records become points, events are not
 //! steps (a kernel's fallback is a note beside the run), lines that do not parse and implausible values are omissions. A
 //! last line without its newline is a run still writing (`torn`).
 
 use super::{Omissions, Point};
-use crate::train::record::{parse_log, EventKind, Record};
+use crate::train::run::record::{parse_log, EventKind, Record};
 use std::sync::Arc;
 
 /// One logging interval of a data-parallel run: each rank's compute
@@ -134,8 +134,8 @@ mod tests {
     /// its resumes) recorded it; a hostile detail is cut and printable.
     #[test]
     fn a_kernels_fallback_is_a_note_beside_the_run() {
-        use crate::train::ops::selfcheck::Failure;
-        use crate::train::ops::Kernel;
+        use crate::train::network::ops::selfcheck::Failure;
+        use crate::train::network::ops::Kernel;
         let dir = tempfile::tempdir().unwrap();
         let f = Failure {
             kernel: Kernel::RmsNorm,
@@ -149,10 +149,10 @@ mod tests {
             rel_err: Some(f64::INFINITY),
             ..f.clone()
         };
-        let mut log = crate::train::record::MetricsLog::open(dir.path()).unwrap();
+        let mut log = crate::train::run::record::MetricsLog::open(dir.path()).unwrap();
         for step in [1, 5] {
             for f in [&f, &nan] {
-                log.write(crate::train::record::Event {
+                log.write(crate::train::run::record::Event {
                     step,
                     event: EventKind::KernelFallback,
                     value: f.rel_err.filter(|e| e.is_finite()).unwrap_or(-1.0),
@@ -163,7 +163,8 @@ mod tests {
             }
         }
         drop(log);
-        let mut bytes = std::fs::read(dir.path().join(crate::train::record::METRICS_FILE)).unwrap();
+        let mut bytes =
+            std::fs::read(dir.path().join(crate::train::run::record::METRICS_FILE)).unwrap();
         let long = format!(
             "{{\"step\":9,\"event\":\"kernel_fallback\",\"value\":-1,\"threshold\":0.01,\"detail\":\"x\\u001b[31m{}\"}}\n",
             "y".repeat(5000)

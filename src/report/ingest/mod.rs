@@ -12,7 +12,7 @@ pub mod reference;
 
 use crate::executor::{State, Status};
 use crate::plan::record::Configuration;
-use crate::train::record::StepMetrics;
+use crate::train::run::record::StepMetrics;
 use crate::util::fs::ReadError;
 use indexmap::IndexMap;
 use std::ops::RangeInclusive;

@@ -1,0 +1,109 @@
+// A host emulation of the CUDA the trainer's kernels use, so that the same
+// `.cu` text runs on a CPU — under AddressSanitizer, UndefinedBehaviorSanitizer
+// and ThreadSanitizer — against the Rust CPU twins (src/train/network/kernels/emulator.rs
+// compiles it in front of common.cuh and the kernels, as C++20).
+//
+// A launch runs its blocks one after another; the threads of a block are
+// std::threads. `__syncthreads` is a barrier of the block's threads, a warp
+// shuffle a write to the warp's slots between two barriers of the warp; a
+// thread that returns leaves both barriers (CUDA counts only live threads).
+// `__shared__` variables are static: one per block, as blocks do not overlap.
+#include <barrier>
+#include <math.h>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+// What a thread of the running block sees.
+struct BlockState {
+    std::unique_ptr<std::barrier<>> all;
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    std::vector<float> slots; // one per thread, for shuffles
+};
+
+inline thread_local dim3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+inline thread_local BlockState* block_state = nullptr;
+
+inline void __syncthreads() { block_state->all->arrive_and_wait(); }
+
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+    const unsigned t = threadIdx.x;
+    std::barrier<>& warp = *block_state->warps[t / 32];
+    block_state->slots[t] = v;
+    warp.arrive_and_wait();
+    const float other = block_state->slots[(t & ~31u) | ((t % 32) ^ (unsigned)lane_mask)];
+    warp.arrive_and_wait();
+    return other;
+}
+
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, sizeof f);
+    return f;
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+}
+template <typename T> inline T min(T a, T b) { return b < a ? b : a; }
+template <typename T> inline T max(T a, T b) { return a < b ? b : a; }
+
+// Runs `body` as a grid of blocks of threads (x dimensions only beside the
+// grid's y: what the trainer launches). One team of threads runs every
+// block in turn: each block gets fresh barriers (a thread that returned
+// leaves them), and the team meets between blocks.
+inline void emulate_launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+    gridDim = grid;
+    blockDim = block;
+    const unsigned threads = block.x * block.y * block.z;
+    const unsigned blocks = grid.x * grid.y * grid.z;
+    std::barrier<> team_barrier(threads);
+    BlockState state;
+    auto fresh = [&] {
+        state.all = std::make_unique<std::barrier<>>(threads);
+        state.warps.clear();
+        for (unsigned w = 0; w < (threads + 31) / 32; ++w) {
+            const unsigned in_warp = std::min(32u, threads - w * 32);
+            state.warps.push_back(std::make_unique<std::barrier<>>(in_warp));
+        }
+        state.slots.assign(threads, 0.0f);
+    };
+    std::vector<std::thread> team;
+    team.reserve(threads);
+    for (unsigned t = 0; t < threads; ++t) {
+        team.emplace_back([&, t] {
+            threadIdx = dim3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+            block_state = &state;
+            for (unsigned b = 0; b < blocks; ++b) {
+                if (t == 0) fresh();
+                team_barrier.arrive_and_wait(); // the block's state is ready
+                blockIdx = dim3{b % grid.x, (b / grid.x) % grid.y, b / (grid.x * grid.y)};
+                body();
+                // A thread that returned no longer counts in this block.
+                state.warps[t / 32]->arrive_and_drop();
+                state.all->arrive_and_drop();
+                team_barrier.arrive_and_wait(); // the block is done
+            }
+        });
+    }
+    for (auto& th : team) th.join();
+}

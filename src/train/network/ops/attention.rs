@@ -1,0 +1,697 @@
+//! Attention for training.
+//!
+//! - `eager`: Q·Kᵀ, a fused causal softmax, P·V, all differentiable. Grouped
+//!   queries are stacked per KV head ([B, KV, rep·T, Q]) and multiplied with
+//!   K and V directly, without copying K/V per query head.
+//! - `FlashAttention`: the training op of the `flash-attn` feature. Its
+//!   forward is candle-flash-attn's kernel on CUDA (a reference computation on
+//!   the CPU); candle-flash-attn ships no backward, so `bwd` recomputes
+//!   attention a tile of query positions at a time ([`tiled_backward`]:
+//!   products in the inputs' dtype, causal tiles skipping the keys they do
+//!   not see). The CPU forward lets the tests check that backward against
+//!   autograd.
+
+use super::check::{random, Case, Shapes};
+use super::linear::matmul;
+use super::softmax::{self, softmax};
+use candle_core::backend::{BackendDevice, BackendStorage};
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
+
+/// q [B, H, T, Q]; k, v [B, KV, T, Q] (heads first). Returns [B, H, T, Q].
+/// `bf16`: the two products with bf16 operands (the CPU's bf16-mixed precision).
+pub fn eager(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, bf16: bool) -> Result<Tensor> {
+    Ok(eager_keeping_probabilities(q, k, v, causal, bf16)?.0)
+}
+
+/// [`eager`], and the probabilities P ([B, KV, rep·T, T]) for its backward.
+pub fn eager_keeping_probabilities(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    causal: bool,
+    bf16: bool,
+) -> Result<(Tensor, Tensor)> {
+    let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Attention);
+    let (b, h, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let q = q.reshape((b, kv, (h / kv) * t, d))?;
+    let scores = matmul(&q, &k.t()?, bf16)?;
+    let p = softmax(&scores, 1.0 / (d as f64).sqrt(), t, 0, causal)?;
+    Ok((matmul(&p, v, bf16)?.reshape((b, h, t, d))?, p))
+}
+
+/// The gradients of [`eager`] for q, k and v (heads first) from the gradient
+/// of its output, without autograd, from the forward's probabilities `p`
+/// (or, without them, recomputed from q and k as flash attention's backward
+/// does): P = softmax(Q Kᵀ·scale); dV = Pᵀ dO; dP = dO Vᵀ; dS = P∘(dP − rowsum(P∘dP))·scale;
+/// dQ = dS K; dK = dSᵀ Q. With the queries of a KV head's group stacked
+/// ([B, KV, rep·T, Q]), the products sum dK and dV over the group by themselves.
+pub fn eager_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: Option<&Tensor>,
+    d_o: &Tensor,
+    causal: bool,
+    bf16: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Attention);
+    let (b, h, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let qg = q.reshape((b, kv, (h / kv) * t, d))?;
+    let dog = d_o.reshape((b, kv, (h / kv) * t, d))?;
+    let p = match p {
+        Some(p) => p.clone(),
+        None => softmax(&matmul(&qg, &k.t()?, bf16)?, scale, t, 0, causal)?,
+    };
+    let dv = matmul(&p.t()?, &dog, bf16)?;
+    let dp = matmul(&dog, &v.t()?, bf16)?;
+    let ds = softmax::backward(&p, &dp, scale)?;
+    drop((p, dp));
+    let dq = matmul(&ds, k, bf16)?.reshape((b, h, t, d))?;
+    let dk = matmul(&ds.t()?, &qg, bf16)?;
+    Ok((dq, dk, dv))
+}
+
+/// Flash attention in its own layout: q [B, T, H, Q], k, v [B, T, KV, Q].
+/// Where its kernel is not to run ([`super::own_kernel`]: composed here, or
+/// fallen back after its self-check on this GPU), its twin: [`eager`]
+/// attention, heads first.
+pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+    let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Attention);
+    if !super::own_kernel(super::Kernel::Flash, &[q, k, v]) {
+        let heads_first = |x: &Tensor| x.transpose(1, 2)?.contiguous();
+        let o = eager(
+            &heads_first(q)?,
+            &heads_first(k)?,
+            &heads_first(v)?,
+            causal,
+            false,
+        )?;
+        return o.transpose(1, 2)?.contiguous();
+    }
+    let d = q.dim(3)?;
+    q.apply_op3(
+        k,
+        v,
+        FlashAttention {
+            scale: 1.0 / (d as f32).sqrt(),
+            causal,
+        },
+    )
+}
+
+/// Flash attention's forward: candle-flash-attn's on CUDA, a reference on
+/// the CPU. It has no backward: [`tiled_backward`] recomputes it (the output
+/// is not needed: rowsum(P∘dP) over a tile's full rows equals rowsum(dO∘O)).
+#[derive(Debug, Clone, Copy)]
+pub struct FlashAttention {
+    pub scale: f32,
+    pub causal: bool,
+}
+
+impl CustomOp3 for FlashAttention {
+    fn name(&self) -> &'static str {
+        "sweep-flash-attention"
+    }
+
+    /// The reference forward (f32 loops): the CPU's flash attention, which
+    /// the GPU's is checked against.
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        use super::f32s;
+        let (q, k, v) = (f32s(s1, l1)?, f32s(s2, l2)?, f32s(s3, l3)?);
+        let (b, t, h, d) = l1.shape().dims4()?;
+        let kv = l2.shape().dims4()?.2;
+        let rep = h / kv;
+        let mut o = vec![0f32; q.len()];
+        let mut p = vec![0f32; t];
+        for bi in 0..b {
+            for hi in 0..h {
+                let g = hi / rep;
+                for i in 0..t {
+                    let qi = &q[((bi * t + i) * h + hi) * d..][..d];
+                    let n = if self.causal { i + 1 } else { t };
+                    let mut max = f32::NEG_INFINITY;
+                    for (j, pj) in p[..n].iter_mut().enumerate() {
+                        let kj = &k[((bi * t + j) * kv + g) * d..][..d];
+                        *pj = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * self.scale;
+                        max = max.max(*pj);
+                    }
+                    for pj in &mut p[..n] {
+                        *pj = super::exp::exp(*pj - max);
+                    }
+                    let sum: f32 = p[..n].iter().sum();
+                    let oi = &mut o[((bi * t + i) * h + hi) * d..][..d];
+                    for (j, pj) in p[..n].iter().enumerate() {
+                        let vj = &v[((bi * t + j) * kv + g) * d..][..d];
+                        for (o, v) in oi.iter_mut().zip(vj) {
+                            *o += pj / sum * v;
+                        }
+                    }
+                }
+            }
+        }
+        Ok((CpuStorage::F32(o), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "flash-attn")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let op = candle_flash_attn::FlashAttn {
+            softmax_scale: self.scale,
+            alibi_slopes: None,
+            window_size_left: None,
+            window_size_right: if self.causal { Some(0) } else { None },
+            softcap: None,
+        };
+        op.cuda_fwd(s1, l1, s2, l2, s3, l3)
+    }
+}
+
+/// Bytes of one score-sized tensor of a tile of [`tiled_backward`] (scores,
+/// probabilities, their gradients and the scores' gradients are alive
+/// together: four of these at most).
+const TILE_BYTES: usize = 1 << 28;
+
+/// Query positions per tile of [`tiled_backward`] for B×H heads over T
+/// positions: about T/8 (causal tiles skip the keys past their last query:
+/// 8 tiles do ~56% of the full products' work), fewer where a tile's
+/// [B, H, tile, T] scores would pass [`TILE_BYTES`]; a multiple of 64 (the
+/// GEMMs' own tile) when at least 64.
+pub fn tile_rows(b: usize, h: usize, t: usize, dtype: DType) -> usize {
+    let per_row = [h, t, dtype.size_in_bytes()]
+        .iter()
+        .fold(b, |n, &x| n.saturating_mul(x))
+        .max(1);
+    let target = (t / 8).next_multiple_of(64).max(64);
+    let rows = (TILE_BYTES / per_row).clamp(1, target.min(t.max(1)));
+    if rows >= 64 {
+        rows / 64 * 64
+    } else {
+        rows
+    }
+}
+
+/// Attention's gradients by recomputation, a tile of `tile` query positions
+/// at a time (`None`: [`tile_rows`] of the shapes), from q [B, H, T, Q], k, v [B, KV, T, Q] and the output's
+/// gradient d_o [B, H, T, Q] (heads first; views are fine). Per tile, with
+/// the queries of each KV head's group stacked ([B, KV, rep·tile, Q]: K and
+/// V are never copied per query head) against the keys up to the tile's
+/// last position (causal) or all of them:
+/// S = Q Kᵀ; P = softmax(S·scale) (masked); dP = dO Vᵀ;
+/// dS = scale·P∘(dP − rowsum(P∘dP)); dQ = dS K; dK += dSᵀ Q; dV += Pᵀ dO.
+///
+/// The products run in the inputs' dtype (bf16 on a GPU: tensor cores), the
+/// softmax and its backward in f32 arithmetic (sweep's kernels), dK and dV
+/// summed over tiles in f32 (f64 for f64). No atomics, a fixed tile order:
+/// the same bits every run. Returns dq [B, H, T, Q], dk, dv [B, KV, T, Q] in
+/// q's dtype.
+pub fn tiled_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    d_o: &Tensor,
+    causal: bool,
+    tile: Option<usize>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Attention);
+    let (b, h, t, d) = q.dims4()?;
+    let kv = k.dim(1)?;
+    let tile = tile.unwrap_or_else(|| tile_rows(b, h, t, q.dtype()));
+    if kv == 0 || h % kv != 0 || tile == 0 {
+        candle_core::bail!(
+            "attention backward: {h} query heads over {kv} KV heads, tiles of {tile}"
+        );
+    }
+    let rep = h / kv;
+    let scale = 1.0 / (d as f64).sqrt();
+    let work = super::work_dtype(q);
+    let (k, v) = (k.contiguous()?, v.contiguous()?);
+    let (mut dk, mut dv) = (None, None);
+    let mut dq_tiles = Vec::new();
+    // Last tile first: it sees every key, so it starts the dK and dV sums.
+    let firsts: Vec<usize> = (0..t).step_by(tile).collect();
+    for &first in firsts.iter().rev() {
+        let len = tile.min(t - first);
+        let keys = if causal { first + len } else { t };
+        let group = |x: &Tensor| -> Result<Tensor> {
+            positions(x, first, len)?.reshape((b, kv, rep * len, d))
+        };
+        let (qt, dot) = (group(q)?, group(d_o)?);
+        let (kt, vt) = (k.narrow(2, 0, keys)?, v.narrow(2, 0, keys)?);
+        let (s, dp) = (qt.matmul(&kt.t()?)?, dot.matmul(&vt.t()?)?);
+        let (p, ds) = softmax::forward_backward(&s, &dp, scale, len, first, causal)?;
+        drop((s, dp));
+        add_to_keys(&mut dv, &p, &dot, (b, kv, t, d), work)?;
+        drop(p);
+        add_to_keys(&mut dk, &ds, &qt, (b, kv, t, d), work)?;
+        dq_tiles.push(ds.matmul(&kt)?.reshape((b, h, len, d))?);
+    }
+    dq_tiles.reverse();
+    let dtype = q.dtype();
+    let total = |x: Option<Tensor>| -> Result<Tensor> {
+        match x {
+            Some(x) => x.to_dtype(dtype),
+            None => Tensor::zeros((b, kv, t, d), dtype, q.device()),
+        }
+    };
+    let dq = if dq_tiles.is_empty() {
+        Tensor::zeros((b, h, t, d), dtype, q.device())?
+    } else {
+        Tensor::cat(&dq_tiles, 2)?
+    };
+    Ok((dq, total(dk)?, total(dv)?))
+}
+
+/// x [B, H, T, Q] (contiguous) at positions first..first + len, as a
+/// contiguous [B, H, len, Q]: one 2-D copy (candle's `copy2d`: B·H rows of
+/// len·Q values, T·Q apart). Through `narrow` and `contiguous` the same copy
+/// was candle's general strided one, which on an H100 moved a tile of
+/// queries at 0.35 TB/s (46 µs for ref-1b's 256 positions at batch 8: two a
+/// tile, 12 ms a step).
+fn positions(x: &Tensor, first: usize, len: usize) -> Result<Tensor> {
+    let (_, _, t, _) = x.dims4()?;
+    if first + len > t {
+        candle_core::bail!("positions {first}..{} of {t}", first + len);
+    }
+    // candle's CUDA copy2d indexes with 32 bits.
+    if !x.is_contiguous() || x.elem_count() > u32::MAX as usize {
+        return x.narrow(2, first, len)?.contiguous();
+    }
+    x.apply_op1_no_bwd(&Positions { first, len })
+}
+
+struct Positions {
+    first: usize,
+    len: usize,
+}
+
+impl Positions {
+    /// The output's shape, and the copy from a contiguous input: rows,
+    /// values a row, the input's row stride and its first value.
+    fn plan(&self, l: &Layout) -> Result<(Shape, [usize; 4])> {
+        let (b, h, t, q) = l.shape().dims4()?;
+        if !l.is_contiguous() || self.first + self.len > t {
+            candle_core::bail!("positions {}..+{} of {:?}", self.first, self.len, l.shape());
+        }
+        let copy = [
+            b * h,
+            self.len * q,
+            t * q,
+            l.start_offset() + self.first * q,
+        ];
+        Ok(((b, h, self.len, q).into(), copy))
+    }
+
+    /// The copy on either backend: every value it reads lies in the
+    /// input's contiguous range (rows·t·q values from its start).
+    fn run<S>(&self, s: &S, l: &Layout) -> Result<(S, Shape)>
+    where
+        S: BackendStorage,
+        S::Device: BackendDevice<Storage = S>,
+    {
+        let (shape, [rows, width, stride, offset]) = self.plan(l)?;
+        // SAFETY: copy2d writes every value of the output before it is read.
+        let mut out = unsafe { s.device().alloc_uninit(&shape, s.dtype())? };
+        s.copy2d(&mut out, rows, width, stride, width, offset, 0)?;
+        Ok((out, shape))
+    }
+}
+
+impl CustomOp1 for Positions {
+    fn name(&self) -> &'static str {
+        "sweep-attention-positions"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.run(s, l)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        self.run(s, l)
+    }
+}
+
+/// sum [B, KV, T, Q] [.., :keys, :] += aᵀ·b (a [B, KV, rows, keys], b [B,
+/// KV, rows, Q]) in `work`. On a GPU in f32, one batched cuBLAS product
+/// written into the sum (from zeros); elsewhere the product in the operands'
+/// dtype, cast to `work` and added, the first part (every key's) becoming
+/// the sum.
+fn add_to_keys(
+    sum: &mut Option<Tensor>,
+    a: &Tensor,
+    b: &Tensor,
+    shape: (usize, usize, usize, usize),
+    work: DType,
+) -> Result<()> {
+    // The attention backward's own check (its Softmax case) and the
+    // in-place cuBLAS products' (WeightGrad) both stand behind this path.
+    #[cfg(feature = "cuda")]
+    if work == DType::F32
+        && super::own_kernel(super::Kernel::Softmax, &[a, b])
+        && a.device().is_cuda()
+        && super::on_gpu(super::Kernel::WeightGrad)
+    {
+        if sum.is_none() {
+            *sum = Some(Tensor::zeros(shape, DType::F32, a.device())?);
+        }
+        if let Some(total) = sum {
+            return super::linear::add_batched_product(total, a, b);
+        }
+    }
+    let _ = shape; // (used on GPUs only)
+    let part = a.t()?.matmul(b)?.to_dtype(work)?;
+    match sum {
+        None => *sum = Some(part),
+        Some(total) => {
+            let keys = part.dim(2)?;
+            let added = (total.narrow(2, 0, keys)? + part)?;
+            total.slice_set(&added, 2, 0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Its cases for `sweep bench kernels`: the tiled backward of causal
+/// attention with grouped queries, and flash attention's forward where it
+/// runs (the CPU's reference forward; on a GPU candle-flash-attn's kernel,
+/// bf16 only, in builds with the `flash-attn` feature).
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (batch, seq) = (s.batch, s.seq);
+    let (h, kv, q) = (s.cfg.n_heads, s.cfg.n_kv_heads, s.cfg.head_dim());
+    let mut cases = Vec::new();
+    if s.device.is_cpu() || cfg!(feature = "flash-attn") {
+        cases.push(Case {
+            flops: 2.0 * 2.0 * (batch * h * q) as f64 * (seq * (seq + 1) / 2) as f64,
+            gpu_f32: false,
+            ..Case::new(
+                crate::train::network::ops::Kernel::Flash,
+                "flash attention forward",
+                format!("[{batch}, {seq}, {h}/{kv}, {q}]"),
+                (2 * h + 2 * kv) * s.tokens() * q,
+                vec![
+                    random(&[batch, seq, h, q], 23, 1.0)?,
+                    random(&[batch, seq, kv, q], 24, 1.0)?,
+                    random(&[batch, seq, kv, q], 25, 1.0)?,
+                ],
+                Box::new(|t| Ok(vec![flash(&t[0], &t[1], &t[2], true)?])),
+            )
+        });
+    }
+    cases.push(Case {
+        // Five products over the causal half of the scores.
+        flops: 5.0 * 2.0 * (batch * h * q) as f64 * (seq * (seq + 1) / 2) as f64,
+        chained: true,
+        ..Case::new(
+            crate::train::network::ops::Kernel::Softmax,
+            "attention backward",
+            format!("[{batch}, {h}/{kv}, {seq}, {q}]"),
+            (3 * h + 4 * kv) * s.tokens() * q,
+            vec![
+                random(&[batch, h, seq, q], 19, 1.0)?,
+                random(&[batch, kv, seq, q], 20, 1.0)?,
+                random(&[batch, kv, seq, q], 21, 1.0)?,
+                random(&[batch, h, seq, q], 22, 1.0)?,
+            ],
+            Box::new(move |t| {
+                let (dq, dk, dv) = tiled_backward(&t[0], &t[1], &t[2], &t[3], true, None)?;
+                Ok(vec![dq, dk, dv])
+            }),
+        )
+    });
+    Ok(cases)
+}
+
+/// The softmax's cases for `sweep bench kernels`: attention's softmax on the last tile
+/// of queries of the backward (the one that sees every key): forward,
+/// backward, and both in one op as the tiled backward runs them.
+pub fn softmax_cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (batch, seq, h) = (s.batch, s.seq, s.cfg.n_heads);
+    let tile = tile_rows(batch, h, seq, candle_core::DType::BF16).min(seq);
+    let last_tile = seq - tile;
+    let scores = batch * h * tile * seq;
+    let scale = 1.0 / (s.cfg.head_dim() as f64).sqrt();
+    let shape = format!("[{batch}, {h}, {tile}, {seq}]");
+    Ok(vec![
+        Case::new(
+            crate::train::network::ops::Kernel::Softmax,
+            "softmax forward",
+            shape.clone(),
+            2 * scores,
+            vec![random(&[batch, h, tile, seq], 16, 8.0)?],
+            Box::new(move |t| Ok(vec![softmax(&t[0], scale, tile, last_tile, true)?])),
+        ),
+        Case::new(
+            crate::train::network::ops::Kernel::Softmax,
+            "softmax backward",
+            shape.clone(),
+            3 * scores,
+            // Probabilities (rows of a causal softmax) and their gradient.
+            vec![
+                softmax(
+                    &random(&[batch, h, tile, seq], 17, 8.0)?,
+                    scale,
+                    tile,
+                    last_tile,
+                    true,
+                )?,
+                random(&[batch, h, tile, seq], 18, 1.0)?,
+            ],
+            Box::new(move |t| Ok(vec![softmax::backward(&t[0], &t[1], scale)?])),
+        ),
+        Case::new(
+            crate::train::network::ops::Kernel::Softmax,
+            "softmax forward and backward",
+            shape,
+            4 * scores,
+            // Scores and the probabilities' gradient: P and dS in one op,
+            // as the tiled backward runs them.
+            vec![
+                random(&[batch, h, tile, seq], 19, 8.0)?,
+                random(&[batch, h, tile, seq], 20, 1.0)?,
+            ],
+            Box::new(move |t| {
+                let (p, ds) =
+                    softmax::forward_backward(&t[0], &t[1], scale, tile, last_tile, true)?;
+                Ok(vec![p, ds])
+            }),
+        ),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::network::ops::testing::{max_diff, rand};
+    use crate::train::network::ops::{rope, softmax};
+    use candle_core::DType;
+    use candle_core::Var;
+
+    #[test]
+    fn a_tiles_positions_are_copied_as_narrow_makes_them() -> Result<()> {
+        let x = rand(&[2, 3, 11, 5], 1);
+        for dtype in [DType::F32, DType::BF16] {
+            let x = x.to_dtype(dtype)?;
+            for (first, len) in [(0, 11), (0, 4), (4, 4), (8, 3), (10, 1), (5, 0)] {
+                let want = x.narrow(2, first, len)?.contiguous()?;
+                let got = positions(&x, first, len)?;
+                assert_eq!(got.dims(), want.dims());
+                assert!(got.is_contiguous());
+                let (a, b) = (got.to_dtype(DType::F32)?, want.to_dtype(DType::F32)?);
+                assert_eq!(
+                    a.flatten_all()?.to_vec1::<f32>()?,
+                    b.flatten_all()?.to_vec1::<f32>()?,
+                    "{dtype:?} {first}+{len}"
+                );
+            }
+        }
+        // A view that starts inside its storage, and one that is not contiguous.
+        let y = rand(&[3, 3, 11, 5], 2);
+        let inner = y.narrow(0, 1, 2)?;
+        let want = inner.narrow(2, 3, 6)?.contiguous()?;
+        assert_eq!(max_diff(&positions(&inner, 3, 6)?, &want)?, 0.0);
+        let transposed = y.transpose(1, 2)?.transpose(1, 2)?.narrow(1, 0, 2)?;
+        let want = transposed.narrow(2, 3, 6)?.contiguous()?;
+        assert_eq!(max_diff(&positions(&transposed, 3, 6)?, &want)?, 0.0);
+        assert!(positions(&x, 8, 4).is_err());
+        Ok(())
+    }
+
+    /// Attention from plain differentiable candle ops, in flash layout.
+    fn autograd_reference(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
+        let (b, t, h, d) = q.dims4()?;
+        let kv = k.dim(2)?;
+        let rep = h / kv;
+        let qh = rope::composed(q, None)?; // [B, H, T, Q]
+        let expand = |x: &Tensor| -> Result<Tensor> {
+            let x = rope::composed(x, None)?; // [B, KV, T, Q]
+            x.unsqueeze(2)?
+                .expand((b, kv, rep, t, d))?
+                .reshape((b, h, t, d))
+        };
+        let (kh, vh) = (expand(k)?, expand(v)?);
+        let s = qh.matmul(&kh.t()?)?;
+        let p = crate::train::network::ops::composed_here(|| {
+            softmax::softmax(&s, 1.0 / (d as f64).sqrt(), t, 0, causal)
+        })?;
+        p.matmul(&vh)?.transpose(1, 2)
+    }
+
+    #[test]
+    fn the_tiled_backward_matches_autograd() -> Result<()> {
+        // Causal and not; GQA 4:2 and 6:1; tiles that do not divide T, one
+        // position per tile, and one tile for all.
+        for (h, kv, tile, causal) in [
+            (4, 2, 3, true),
+            (4, 2, 3, false),
+            (6, 1, 1, true),
+            (2, 2, 7, true),
+            (2, 2, 100, false),
+        ] {
+            let (b, t, d) = (2, 7, 8);
+            let q = Var::from_tensor(&rand(&[b, t, h, d], 1))?;
+            let k = Var::from_tensor(&rand(&[b, t, kv, d], 2))?;
+            let v = Var::from_tensor(&rand(&[b, t, kv, d], 3))?;
+            let d_o = rand(&[b, t, h, d], 4);
+            let op = FlashAttention {
+                scale: 1.0 / (d as f32).sqrt(),
+                causal,
+            };
+            let ours = q.apply_op3(&k, &v, op)?;
+            let reference = autograd_reference(&q, &k, &v, causal)?;
+            assert!(max_diff(&ours, &reference)? < 1e-5, "forward h={h} kv={kv}");
+            let heads_first = |x: &Tensor| x.transpose(1, 2);
+            let (dq, dk, dv) = tiled_backward(
+                &heads_first(&q)?,
+                &heads_first(&k)?,
+                &heads_first(&v)?,
+                &heads_first(&d_o)?,
+                causal,
+                Some(tile),
+            )?;
+            let g = (reference * &d_o)?.sum_all()?.backward()?;
+            for (name, ours, x) in [("dq", dq, &q), ("dk", dk, &k), ("dv", dv, &v)] {
+                let diff = max_diff(&heads_first(&ours)?, g.get(x).unwrap())?;
+                assert!(
+                    diff < 1e-5,
+                    "{name}: {diff} (h={h} kv={kv} tile={tile} causal={causal})"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_tiled_backward_equals_autograd_in_f64() -> Result<()> {
+        for (tile, causal) in [(2, true), (5, true), (4, false), (9, true)] {
+            let (b, t, h, kv, d) = (2, 9, 6, 2, 8);
+            let f64s = |x: Tensor| x.to_dtype(DType::F64);
+            let q = Var::from_tensor(&f64s((rand(&[b, h, t, d], 13) * 3.0)?)?)?;
+            let k = Var::from_tensor(&f64s(rand(&[b, kv, t, d], 14))?)?;
+            let v = Var::from_tensor(&f64s(rand(&[b, kv, t, d], 15))?)?;
+            let d_o = f64s(rand(&[b, h, t, d], 16))?;
+            let g = (eager(&q, &k, &v, causal, false)? * &d_o)?
+                .sum_all()?
+                .backward()?;
+            let (dq, dk, dv) = tiled_backward(&q, &k, &v, &d_o, causal, Some(tile))?;
+            for (name, ours, x) in [("dq", dq, &q), ("dk", dk, &k), ("dv", dv, &v)] {
+                let want = g.get(x).unwrap();
+                let diff = (&ours - want)?.abs()?.max_all()?.to_scalar::<f64>()?;
+                let size = want.abs()?.max_all()?.to_scalar::<f64>()?;
+                assert!(
+                    diff <= 1e-12 * size,
+                    "{name} tile={tile} causal={causal}: {diff} of {size}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn tiles_fit_the_budget_and_skip_masked_keys() {
+        // ref-1b at batch 8: T/8 positions per tile, a multiple of 64.
+        assert_eq!(tile_rows(8, 32, 2048, DType::BF16), 256);
+        // A larger batch: fewer positions, within TILE_BYTES per tensor.
+        let rows = tile_rows(64, 32, 2048, DType::F32);
+        assert!(
+            rows * 64 * 32 * 2048 * 4 <= TILE_BYTES && rows > 0,
+            "{rows}"
+        );
+        // Tiny shapes: at least one position, at most T.
+        assert_eq!(tile_rows(1, 1, 7, DType::F32), 7);
+        assert_eq!(tile_rows(1 << 20, 64, 1 << 16, DType::F32), 1);
+    }
+
+    #[test]
+    fn the_explicit_eager_backward_equals_autograd_in_f64() -> Result<()> {
+        for causal in [true, false] {
+            let (b, t, h, kv, d) = (2, 6, 4, 2, 8);
+            let f64s = |x: Tensor| x.to_dtype(DType::F64);
+            let q = Var::from_tensor(&f64s(rand(&[b, h, t, d], 9))?)?;
+            let k = Var::from_tensor(&f64s(rand(&[b, kv, t, d], 10))?)?;
+            let v = Var::from_tensor(&f64s(rand(&[b, kv, t, d], 11))?)?;
+            let d_o = f64s(rand(&[b, h, t, d], 12))?;
+            let g = (eager(&q, &k, &v, causal, false)? * &d_o)?
+                .sum_all()?
+                .backward()?;
+            // With the forward's probabilities, and recomputing them.
+            let (_, p) = eager_keeping_probabilities(&q, &k, &v, causal, false)?;
+            for kept in [Some(&p), None] {
+                let (dq, dk, dv) = eager_backward(&q, &k, &v, kept, &d_o, causal, false)?;
+                for (name, ours, x) in [("dq", dq, &q), ("dk", dk, &k), ("dv", dv, &v)] {
+                    let diff = (ours - g.get(x).unwrap())?
+                        .abs()?
+                        .max_all()?
+                        .to_scalar::<f64>()?;
+                    assert!(diff < 1e-13, "{name} causal={causal}: {diff}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn eager_grouped_attention_matches_the_reference() -> Result<()> {
+        let (b, t, h, kv, d) = (2, 6, 4, 2, 8);
+        let q = Var::from_tensor(&rand(&[b, t, h, d], 5))?;
+        let k = Var::from_tensor(&rand(&[b, t, kv, d], 6))?;
+        let v = Var::from_tensor(&rand(&[b, t, kv, d], 7))?;
+        let (qh, kh, vh) = (
+            rope::heads_first(&q, None)?,
+            rope::heads_first(&k, None)?,
+            rope::heads_first(&v, None)?,
+        );
+        let ours = eager(&qh, &kh, &vh, true, false)?.transpose(1, 2)?;
+        let reference = autograd_reference(&q, &k, &v, true)?;
+        assert!(max_diff(&ours, &reference)? < 1e-5);
+        let d_o = rand(&[b, t, h, d], 8);
+        let heads_first = |x: &Tensor| x.transpose(1, 2);
+        let (dq, dk, dv) = eager_backward(&qh, &kh, &vh, None, &heads_first(&d_o)?, true, false)?;
+        let g = (reference * &d_o)?.sum_all()?.backward()?;
+        for (ours, x) in [(dq, &q), (dk, &k), (dv, &v)] {
+            assert!(max_diff(&heads_first(&ours)?, g.get(x).unwrap())? < 1e-5);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,484 @@
+//! Cross-entropy summed over the labels that are not -100 and divided by
+//! `divisor` (the count of such labels in the whole optimizer step, so that
+//! gradient accumulation equals one large batch).
+//!
+//! Off the CPU's f32 path the logits are [B·T, 131072] for the reference
+//! models: gigabytes. Composing log-softmax from candle ops keeps three more
+//! such tensors alive for the backward pass, and their gradients on top.
+//! [`loss_and_grad`] instead computes the loss and its gradient at once, in
+//! f32, a slice of rows at a time (one kernel on CUDA, one pass on the CPU),
+//! for the block-wise passes. The tests hold it to the loss composed from
+//! candle ops ([`crate::train::network::oracle::cross_entropy`]).
+
+use super::check::{random, Case, Shapes};
+#[cfg(feature = "cuda")]
+use super::cuda;
+use super::{f32s, fused, own_kernel, work_dtype};
+use crate::data::samples::IGNORE;
+use crate::train::network::kernels::{
+    block_per_row, u32_of, LaunchPlan, Mem, Ty, Value, CROSS_ENTROPY,
+};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+#[cfg(any(test, feature = "cuda"))]
+use candle_core::DType;
+use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// One label per row of logits, each ignored or in the vocabulary.
+fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
+    let (n, v) = logits.dims2()?;
+    if labels.len() != n {
+        bail!("{n} rows of logits but {} labels", labels.len());
+    }
+    if let Some(bad) = labels
+        .iter()
+        .find(|&&l| l != IGNORE && (l < 0 || l as usize >= v))
+    {
+        bail!("label {bad} is outside the vocabulary of {v}");
+    }
+    Ok(())
+}
+
+pub use crate::estimate::memory::head_rows;
+
+/// The loss (a scalar in f32, f64 for f64 logits) and its gradient for the
+/// logits (in their dtype), a slice of `rows` rows at a time.
+fn computed_by_slices(
+    logits: &Tensor,
+    labels: &[i64],
+    divisor: f64,
+    rows: usize,
+) -> Result<(Tensor, Tensor)> {
+    let (n, v) = logits.dims2()?;
+    let dev = logits.device();
+    let x = logits.detach();
+    let dtype = work_dtype(&x);
+    let idx: Vec<u32> = labels
+        .iter()
+        .map(|&l| if l == IGNORE { 0 } else { l as u32 })
+        .collect();
+    // Per row: 1/divisor where the label counts, 0 where it is ignored (in
+    // f64 and then the work dtype: f64 logits keep 1/divisor to the last bit).
+    let weight: Vec<f64> = labels
+        .iter()
+        .map(|&l| if l == IGNORE { 0.0 } else { 1.0 / divisor })
+        .collect();
+    let idx = Tensor::from_vec(idx, (n, 1), dev)?;
+    let weight = Tensor::from_vec(weight, (n, 1), dev)?.to_dtype(dtype)?;
+    let grad = Tensor::zeros((n, v), x.dtype(), dev)?;
+    let mut loss = Tensor::zeros((), dtype, dev)?;
+    for start in (0..n).step_by(rows) {
+        let len = rows.min(n - start);
+        let (idx, w) = (idx.narrow(0, start, len)?, weight.narrow(0, start, len)?);
+        let xs = x.narrow(0, start, len)?.to_dtype(dtype)?;
+        let shifted = xs.broadcast_sub(&xs.max_keepdim(1)?)?;
+        let exp = shifted.exp()?;
+        let sum = exp.sum_keepdim(1)?;
+        // -log softmax at the label = log Σ exp − shifted[label].
+        let rows_loss = (sum.log()? - shifted.gather(&idx, 1)?)?;
+        loss = (loss + (rows_loss * &w)?.sum_all()?)?;
+        // (softmax − onehot(label)) · weight
+        let d = exp.broadcast_mul(&w.broadcast_div(&sum)?)?;
+        let d = d.scatter_add(&idx, &w.neg()?, 1)?;
+        grad.slice_set(&d.to_dtype(x.dtype())?, 0, start)?;
+    }
+    Ok((loss, grad))
+}
+
+/// A micro-batch's labels as [`loss_and_grad`] takes them: the host's
+/// (−100: ignored), and where the CUDA kernel takes them, the same as u32
+/// (ignored: u32::MAX) on the device, uploaded once with the token ids at
+/// the start of the pass rather than a slice at a time in the middle of it.
+#[derive(Debug, Clone)]
+pub struct Labels<'a> {
+    pub host: &'a [i64],
+    device: Option<Tensor>,
+}
+
+impl<'a> Labels<'a> {
+    /// The labels for logits on `device`: uploaded where its kernel runs.
+    pub fn new(host: &'a [i64], device: &candle_core::Device) -> Result<Labels<'a>> {
+        let upload = device.is_cuda() && super::on_gpu(super::Kernel::CrossEntropy);
+        let device = match upload {
+            true => Some(Tensor::from_vec(kernel_labels(host), host.len(), device)?),
+            false => None,
+        };
+        Ok(Labels { host, device })
+    }
+
+    /// Rows `start..start + len` of them.
+    pub fn rows(&self, start: usize, len: usize) -> Result<Labels<'a>> {
+        Ok(Labels {
+            host: &self.host[start..start + len],
+            device: self
+                .device
+                .as_ref()
+                .map(|t| t.narrow(0, start, len))
+                .transpose()?,
+        })
+    }
+}
+
+impl<'a> From<&'a [i64]> for Labels<'a> {
+    /// The host's labels alone (the kernel uploads its own copy).
+    fn from(host: &'a [i64]) -> Labels<'a> {
+        Labels { host, device: None }
+    }
+}
+
+/// Labels as the CUDA kernel reads them: u32, ignored as u32::MAX.
+fn kernel_labels(host: &[i64]) -> Vec<u32> {
+    host.iter()
+        .map(|&l| if l == IGNORE { u32::MAX } else { l as u32 })
+        .collect()
+}
+
+/// The cross-entropy (a scalar tensor on the logits' device,
+/// f32 or f64 for f64 logits: reading it is left to the caller, once per
+/// pass) and its gradient for the logits, without autograd (the block-wise
+/// backward's head). The logits are consumed: on CUDA the gradient is
+/// written over them, one kernel computing both (`kernels/cross_entropy.cu`);
+/// on the CPU in f32 one pass each way; elsewhere [`computed_by_slices`].
+pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(Tensor, Tensor)> {
+    let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Loss);
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    let (labels, uploaded) = (labels.host, labels.device.as_ref());
+    check_labels(&logits, labels)?;
+    if own_kernel(super::Kernel::CrossEntropy, &[&logits]) && fused(&logits) {
+        let (n, v) = logits.dims2()?;
+        let both = logits.contiguous()?.apply_op1_no_bwd(&LossAndGradCpu {
+            labels: Arc::new(labels.to_vec()),
+            divisor: divisor as f32,
+        })?;
+        let loss = both.narrow(0, n, 1)?.narrow(1, 0, 1)?.reshape(())?;
+        return Ok((loss, both.narrow(0, 0, n)?.reshape((n, v))?));
+    }
+    #[cfg(feature = "cuda")]
+    if own_kernel(super::Kernel::CrossEntropy, &[&logits]) {
+        return cuda_in_place(logits.contiguous()?, labels, uploaded, divisor);
+    }
+    // Its f32 temporaries a CPU head's slice at a time (256 MB), on any device.
+    let (n, v) = logits.dims2()?;
+    computed_by_slices(&logits, labels, divisor, head_rows(n, v, false))
+}
+
+/// [`loss_and_grad`] on CUDA: d logits written over the logits, each row's
+/// loss into an f32 vector summed on the device; the labels as `uploaded`
+/// holds them, else uploaded here.
+#[cfg(feature = "cuda")]
+fn cuda_in_place(
+    logits: Tensor,
+    labels: &[i64],
+    uploaded: Option<&Tensor>,
+    divisor: f64,
+) -> Result<(Tensor, Tensor)> {
+    let (n, _) = logits.dims2()?;
+    let dev = logits.device();
+    let labels = match uploaded {
+        Some(t) if t.device().same_device(dev) => t.clone(),
+        _ => Tensor::from_vec(kernel_labels(labels), n, dev)?,
+    };
+    let row_loss = Tensor::zeros(n, DType::F32, dev)?;
+    logits.inplace_op2(
+        &labels,
+        &LossAndGrad {
+            row_loss: row_loss.clone(),
+            scale: 1.0 / divisor as f32,
+        },
+    )?;
+    Ok(((row_loss.sum_all()? / divisor)?, logits))
+}
+
+/// The CUDA kernel's op: the logits (in place) and the labels (u32, ignored
+/// as u32::MAX) in, each row's loss into `row_loss`.
+#[cfg(feature = "cuda")]
+struct LossAndGrad {
+    row_loss: Tensor,
+    scale: f32,
+}
+
+#[cfg(feature = "cuda")]
+impl candle_core::InplaceOp2 for LossAndGrad {
+    fn name(&self) -> &'static str {
+        "sweep-loss-and-grad"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+        bail!("the in-place loss runs on CUDA tensors")
+    }
+
+    fn cuda_fwd(
+        &self,
+        logits: &mut CudaStorage,
+        ll: &Layout,
+        labels: &CudaStorage,
+        labl: &Layout,
+    ) -> Result<()> {
+        loss_and_grad_cuda(logits, ll, labels, labl, &self.row_loss, self.scale)
+    }
+}
+
+/// The loss and its gradient on a GPU: logits [n, v] (operand 0, the
+/// gradient written over them, scaled by `scale`), labels (operand 1, u32,
+/// ignored as u32::MAX) and each row's loss into operand 2 (f32): a block
+/// per row.
+pub fn plan(n: usize, v: usize, own: Ty, scale: f32) -> std::result::Result<LaunchPlan, String> {
+    let mut plan = LaunchPlan::default();
+    plan.launch(
+        &CROSS_ENTROPY,
+        "loss_and_grad",
+        own,
+        block_per_row(u32_of(n, "rows")?),
+        vec![
+            Value::Ptr(Mem::Operand(0), 0),
+            Value::Ptr(Mem::Operand(1), 0),
+            Value::Ptr(Mem::Operand(2), 0),
+            Value::U32(u32_of(v, "vocabulary")?),
+            Value::F32(scale),
+        ],
+    )?;
+    Ok(plan)
+}
+
+#[cfg(feature = "cuda")]
+fn loss_and_grad_cuda(
+    logits: &mut CudaStorage,
+    ll: &Layout,
+    labels: &CudaStorage,
+    labl: &Layout,
+    row_loss: &Tensor,
+    scale: f32,
+) -> Result<()> {
+    let (n, v) = ll.shape().dims2()?;
+    let plan = plan(n, v, cuda::ty(logits)?, scale).map_err(candle_core::Error::Msg)?;
+    let dev = cuda::device(logits);
+    let (losses, lossl) = row_loss.storage_and_layout();
+    // The row losses are this op's own tensor, used by nothing else until
+    // the kernel is done (one stream): written through its view.
+    let operands = [
+        cuda::Operand::of(logits, ll)?,
+        cuda::Operand::of(labels, labl)?,
+        cuda::Operand::of(cuda::on_gpu(&losses, "the row losses")?, lossl)?,
+    ];
+    if operands[1].len() != n || operands[2].len() != n {
+        bail!("{n} rows of logits but {} labels", operands[1].len());
+    }
+    cuda::execute(&dev, &plan, &operands)?;
+    Ok(())
+}
+
+/// The loss and d logits in one op on the CPU: per row, one exponential per
+/// logit (stored, then scaled by 1/Σ), where the separate forward and
+/// backward ops took three. Output [N + 1, V]: d logits, then a row whose
+/// first value is the loss (summed over rows in order, divided by `divisor`).
+struct LossAndGradCpu {
+    labels: Arc<Vec<i64>>,
+    divisor: f32,
+}
+
+impl CustomOp1 for LossAndGradCpu {
+    fn name(&self) -> &'static str {
+        "sweep-loss-and-grad"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32s(s, l)?;
+        let (n, v) = l.shape().dims2()?;
+        let scale = 1.0 / self.divisor;
+        let mut out = vec![0f32; (n + 1) * v];
+        let (d, last) = out.split_at_mut(n * v);
+        let rows: Vec<f64> = d
+            .par_chunks_mut(v)
+            .zip(x.par_chunks(v))
+            .zip(self.labels.par_iter())
+            .map(|((d, row), &label)| {
+                if label == IGNORE {
+                    return 0.0;
+                }
+                let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                // The exponentials, then their sum: apart, the first loop
+                // vectorizes (the sum's order is fixed).
+                for (d, &x) in d.iter_mut().zip(row) {
+                    *d = super::exp::exp(x - max);
+                }
+                let sum: f32 = d.iter().sum();
+                let k = scale / sum;
+                d.iter_mut().for_each(|d| *d *= k);
+                d[label as usize] -= scale;
+                (super::exp::ln(sum) + max - row[label as usize]) as f64
+            })
+            .collect();
+        let total: f64 = rows.iter().sum();
+        last[0] = (total / self.divisor as f64) as f32;
+        Ok((CpuStorage::F32(out), Shape::from((n + 1, v))))
+    }
+}
+
+/// Its case for `sweep bench kernels`: the loss and its gradient over one
+/// slice of rows of the head (as the block-wise pass computes them).
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let v = s.cfg.vocab_size;
+    let rows = head_rows(s.tokens(), v, s.device.is_cuda());
+    let labels: Vec<i64> = (0..rows)
+        .map(|i| {
+            if i % 7 == 3 {
+                IGNORE
+            } else {
+                ((i * 7919) % v) as i64
+            }
+        })
+        .collect();
+    Ok(vec![Case::new(
+        crate::train::network::ops::Kernel::CrossEntropy,
+        "loss and d logits",
+        format!("[{rows}, {v}]"),
+        2 * rows * v,
+        vec![random(&[rows, v], 13, 8.0)?],
+        Box::new(move |t| {
+            // The op consumes its logits: a copy, made before the clock starts.
+            let labels = Labels::new(&labels, t[0].device())?;
+            let (loss, d) = loss_and_grad(t[0].clone(), &labels, 1e3)?;
+            Ok(vec![loss.reshape(1)?, d])
+        }),
+    )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::network::ops::testing::{max_diff, rand};
+    use crate::train::network::oracle::cross_entropy;
+    use candle_core::Var;
+
+    /// The GPU plan under the host emulation of CUDA equals the CPU kernel:
+    /// ignored rows (gradient and loss 0), a vocabulary that fills no whole
+    /// pass of a block, one row, rows that start off the 16-byte alignment
+    /// every other row; f32 and bf16; and gives the same bits with every
+    /// operand off the 16-byte alignment.
+    #[test]
+    fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
+        use crate::train::network::kernels::emulator::Buffer;
+        use crate::train::network::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
+        for (n, v) in [(6, 1000), (1, 300), (3, 5), (4, 3003)] {
+            let logits = (rand(&[n, v], 4) * 6.0)?;
+            let labels: Vec<i64> = (0..n)
+                .map(|i| {
+                    if i % 3 == 1 {
+                        IGNORE
+                    } else {
+                        ((i * 7919) % v) as i64
+                    }
+                })
+                .collect();
+            let ids = kernel_labels(&labels);
+            let divisor = 4.0;
+            for (own, tol) in [(Ty::F32, 1e-5), (Ty::Bf16, 2e-2)] {
+                let seen = tensor(&buffer(&logits, own), &[n, v]);
+                let (loss, grad) = loss_and_grad(seen, &labels[..].into(), divisor)?;
+                let operands = [
+                    buffer(&logits, own),
+                    Buffer::u32(&ids),
+                    Buffer::f32(&vec![0.0; n]),
+                ];
+                let launches = plan(n, v, own, 1.0 / divisor as f32).unwrap();
+                let Some((_, after)) = emulate(&launches, &operands, own == Ty::F32 && n == 6)
+                else {
+                    return Ok(());
+                };
+                let (_, shifted) = emulate_off_alignment(&launches, &operands);
+                assert_eq!(shifted, after, "{n}x{v} {own:?}, shifted");
+                let got = tensor(&after[0], &[n, v]);
+                assert!(
+                    max_diff(&got, &grad)? < tol / 10.0 + 1e-6,
+                    "grad {n}x{v} {own:?}"
+                );
+                let rows = after[2].to_f32();
+                let total: f32 = rows.iter().sum::<f32>() / divisor as f32;
+                let want = loss.to_scalar::<f32>()?;
+                assert!(
+                    (total - want).abs() < tol * want.abs().max(1.0),
+                    "loss {total} {want}"
+                );
+                for (i, l) in labels.iter().enumerate() {
+                    if *l == IGNORE {
+                        assert_eq!(rows[i], 0.0);
+                        assert!(got.get(i)?.abs()?.max(0)?.to_scalar::<f32>()? == 0.0);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The loss and its gradient by [`loss_and_grad`], and by candle's
+    /// autograd over the composed loss, in f32.
+    fn both_ways(x: &Tensor, labels: &[i64], divisor: f64) -> Result<[(Tensor, Tensor); 2]> {
+        let (loss, grad) = loss_and_grad(x.clone(), &labels.into(), divisor)?;
+        let x32 = Var::from_tensor(&x.to_dtype(DType::F32)?)?;
+        let composed = cross_entropy(&x32, labels, divisor)?;
+        let g = composed.backward()?.remove(x32.as_tensor()).unwrap();
+        let f32s = |t: Tensor| t.to_dtype(DType::F32);
+        Ok([
+            (f32s(loss)?, f32s(grad)?),
+            (composed.to_dtype(DType::F32)?, g),
+        ])
+    }
+
+    #[test]
+    fn fused_matches_composed_and_ignores_masked_labels() -> Result<()> {
+        let x = (rand(&[6, 11], 1) * 3.0)?;
+        let labels = [3, IGNORE, 10, 0, IGNORE, 7];
+        let [(a, da), (b, db)] = both_ways(&x, &labels, 4.0)?;
+        assert!(max_diff(&a, &b)? < 1e-5);
+        assert!(max_diff(&da, &db)? < 1e-6);
+        // Ignored rows get no gradient.
+        assert_eq!(da.get(1)?.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn by_rows_matches_composed_in_value_and_gradient() -> Result<()> {
+        // f64 and bf16 take the by-rows path on the CPU, as every dtype does
+        // on a GPU.
+        for dtype in [DType::F64, DType::BF16] {
+            let x = (rand(&[7, 13], 2) * 3.0)?.to_dtype(dtype)?;
+            let labels = [3, IGNORE, 12, 0, IGNORE, 7, 5];
+            let (loss, _) = loss_and_grad(x.clone(), &labels[..].into(), 5.0)?;
+            let want = if dtype == DType::F64 {
+                dtype
+            } else {
+                DType::F32
+            };
+            assert_eq!(loss.dtype(), want);
+            let tol = if dtype == DType::F64 { 1e-5 } else { 2e-2 };
+            let [(a, da), (b, db)] = both_ways(&x, &labels, 5.0)?;
+            assert!(max_diff(&a, &b)? < tol, "{dtype:?}");
+            assert!(max_diff(&da, &db)? < tol / 10.0, "{dtype:?}");
+            assert_eq!(da.get(1)?.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn slices_of_rows_that_do_not_divide_the_batch_change_nothing() -> Result<()> {
+        let x = (rand(&[11, 9], 3) * 4.0)?.to_dtype(DType::F64)?;
+        let labels = [1, 8, IGNORE, 0, 5, 5, IGNORE, 2, 3, 7, 6];
+        let (whole, d_whole) = computed_by_slices(&x, &labels, 3.0, 11)?;
+        for rows in [1, 2, 4, 10] {
+            let (a, da) = computed_by_slices(&x, &labels, 3.0, rows)?;
+            let diff = (&a - &whole)?.abs()?.to_scalar::<f64>()?;
+            assert!(diff < 1e-12, "{rows} rows");
+            let diff = (&da - &d_whole)?.abs()?.max_all()?.to_scalar::<f64>()?;
+            assert!(diff < 1e-12, "{rows} rows");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn labels_outside_the_vocabulary_are_an_error() {
+        let x = rand(&[2, 5], 1);
+        assert!(loss_and_grad(x, &[1, 5][..].into(), 1.0).is_err());
+    }
+}

@@ -1,0 +1,436 @@
+//! The linear layer and the model's other matrix products.
+//!
+//! - [`matmul`] / [`linear`] (forward, and the input's gradient dy · w):
+//!   candle's GEMM in the tensors' dtype, or with `bf16` (the `bf16-mixed`
+//!   precision: f32 tensors, bf16 products) the CPU's bf16 kernel
+//!   ([`bf16_gemm`]: AVX-512 BF16 or portable, [`bf16_gemm::selected`]), and
+//!   on a GPU cuBLAS's bf16 GEMM on operands cast to bf16, as autocast does.
+//! - [`add_product`] (the weight's gradient `buf += dyᵀ·x`): one GEMM with
+//!   beta = 1 written into the gradient buffer, reading the transposed
+//!   operand through its strides (no transposed copy, no product tensor): the
+//!   `gemm` crate on the CPU in f32, cuBLAS (`cublasGemmEx`, [`cublas`]) on a GPU;
+//!   elsewhere the product is added to the buffer.
+//! - [`add_input_gradient`] (`acc += dy · w`): the same GEMM with beta = 1
+//!   for an input gradient that is a sum of several layers' (attention's
+//!   three projections, the MLP's two), instead of a product tensor and an
+//!   add of it (on an H100, candle's bf16 add of two [16384, 2048] tensors
+//!   took 156 µs, a third of the time of the product beside it).
+//!
+//! Allocating nothing that outlives a pass matters beyond the copies saved:
+//! gradients created block by block during the backward pass, between its
+//! transients, fragmented the heap (the CPU trainer's resident memory grew
+//! ~75 MB a block under recomputation).
+
+use super::check::{random, Case, Shapes};
+use super::{f32s_any, fused};
+use bf16_gemm::View;
+
+pub mod bf16_gemm;
+mod cublas;
+use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp3, Layout, Result, Shape, Tensor};
+
+/// x [N, in] · wᵀ, w [out, in]; bf16 operands when `bf16`.
+pub fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> Result<Tensor> {
+    matmul(x, &w.t()?, bf16)
+}
+
+/// a · b, batched over leading dimensions; bf16 operands when `bf16`.
+pub fn matmul(a: &Tensor, b: &Tensor, bf16: bool) -> Result<Tensor> {
+    let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Linear);
+    if bf16 && fused(a) && fused(b) {
+        a.apply_op2(b, Bf16Matmul)
+    } else if bf16 && a.dtype() == DType::F32 && !a.device().is_cpu() {
+        // The casts are differentiable: gradients come back as f32.
+        a.to_dtype(DType::BF16)?
+            .matmul(&b.to_dtype(DType::BF16)?)?
+            .to_dtype(DType::F32)
+    } else {
+        a.matmul(b)
+    }
+}
+
+struct Bf16Matmul;
+
+/// The data offset of every matrix of a (possibly batched) layout, in
+/// row-major order of the leading (batch) dimensions.
+fn matrix_offsets(l: &Layout) -> Vec<usize> {
+    let dims = l.shape().dims();
+    let lead = &dims[..dims.len() - 2];
+    (0..lead.iter().product())
+        .map(|mut b: usize| {
+            let mut off = l.start_offset();
+            for (&size, &stride) in lead.iter().zip(l.stride()).rev() {
+                off += (b % size) * stride;
+                b /= size;
+            }
+            off
+        })
+        .collect()
+}
+
+impl CustomOp2 for Bf16Matmul {
+    fn name(&self) -> &'static str {
+        "sweep-bf16-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (a, b) = (f32s_any(s1)?, f32s_any(s2)?);
+        let (da, db) = (l1.shape().dims(), l2.shape().dims());
+        let r = da.len();
+        if r < 2 || db.len() != r || da[..r - 2] != db[..r - 2] || da[r - 1] != db[r - 2] {
+            bail!("bf16 matmul: shapes {da:?} and {db:?} do not multiply");
+        }
+        let (m, k, n) = (da[r - 2], da[r - 1], db[r - 1]);
+        let (sa, sb) = (l1.stride(), l2.stride());
+        let (oa, ob) = (matrix_offsets(l1), matrix_offsets(l2));
+        let mut c = vec![0f32; oa.len() * m * n];
+        for ((&oa, &ob), c) in oa.iter().zip(&ob).zip(c.chunks_exact_mut(m * n)) {
+            let av = View {
+                data: &a[oa..],
+                rs: sa[r - 2],
+                cs: sa[r - 1],
+            };
+            let bv = View {
+                data: &b[ob..],
+                rs: sb[r - 2],
+                cs: sb[r - 1],
+            };
+            bf16_gemm::gemm(m, n, k, av, bv, c);
+        }
+        let mut dims = da.to_vec();
+        dims[r - 1] = n;
+        Ok((CpuStorage::F32(c), Shape::from(dims)))
+    }
+}
+
+/// buf [out, in] += dyᵀ · x, with dy [N, out] and x [N, in] (a linear
+/// layer's weight gradient); `bf16`: the product with bf16 operands.
+pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
+    add_gradient(Gradient::Weight, buf, dy, x, bf16)
+}
+
+/// acc [N, in] += dy [N, out] · w [out, in] (a linear layer's input
+/// gradient, added to a sum of them); `bf16`: the product with bf16 operands.
+pub fn add_input_gradient(acc: &mut Tensor, dy: &Tensor, w: &Tensor, bf16: bool) -> Result<()> {
+    add_gradient(Gradient::Input, acc, dy, w, bf16)
+}
+
+/// Which of a linear layer's gradients a GEMM adds into a buffer: the
+/// weight's, buf [out, in] += dyᵀ · x, or the input's, buf [N, in] += dy · w.
+/// `other` is x or w, [N, in] or [out, in].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Gradient {
+    Weight,
+    Input,
+}
+
+impl Gradient {
+    /// The buffer's rows, after checking the three shapes agree.
+    fn rows(self, buf: &[usize], dy: &[usize], other: &[usize]) -> Result<usize> {
+        let (&[n, out], &[a, inp]) = (dy, other) else {
+            bail!("a linear gradient from dy {dy:?} and {other:?}: matrices");
+        };
+        let (rows, agree) = match self {
+            Gradient::Weight => (out, n == a),
+            Gradient::Input => (n, out == a),
+        };
+        if !agree || buf != [rows, inp] {
+            bail!("a {buf:?} {self:?} gradient from dy {dy:?} and {other:?}");
+        }
+        Ok(rows)
+    }
+}
+
+fn add_gradient(
+    which: Gradient,
+    buf: &mut Tensor,
+    dy: &Tensor,
+    other: &Tensor,
+    bf16: bool,
+) -> Result<()> {
+    let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Linear);
+    which.rows(buf.dims(), dy.dims(), other.dims())?;
+    if !bf16
+        && super::in_place(buf, &[dy, other])
+        && super::own_kernel(super::Kernel::WeightGrad, &[dy, other])
+    {
+        return buf.inplace_op3(dy, other, &AddGradient(which));
+    }
+    #[cfg(feature = "cuda")]
+    if buf.device().is_cuda()
+        && buf.is_contiguous()
+        && super::own_kernel(super::Kernel::WeightGrad, &[buf, dy, other])
+    {
+        return cublas::add_gradient(which, buf, dy, other, bf16);
+    }
+    let product = match which {
+        Gradient::Weight => matmul(&dy.t()?, other, bf16)?,
+        Gradient::Input => matmul(dy, other, bf16)?,
+    };
+    super::accumulate::add(buf, &product)
+}
+
+/// sum[.., :keys, :] += aᵀ · b for every matrix of the leading dimensions,
+/// with a [.., M, keys], b [.., M, d] (both contiguous, f32 or bf16) and the
+/// sum [.., T, d] (contiguous f32, T ≥ keys): on a GPU one strided-batched
+/// cuBLAS GEMM with beta = 1 written into the sum (f32 arithmetic), instead of
+/// a product tensor, its cast to f32 and an add over a strided slice.
+/// Attention's backward sums dK and dV over its tiles of queries this way.
+#[cfg(feature = "cuda")]
+pub fn add_batched_product(sum: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    sum.inplace_op3(a, b, &cublas::AddBatchedProduct)
+}
+
+/// c (m × n, contiguous row-major) = lhs · rhs (m × k times k × n), plus
+/// c's values where `accumulate`, by the `gemm` crate's f32 kernels (the
+/// ones candle uses) on the current rayon pool. Each operand is its first
+/// element with its column and row strides.
+///
+/// # Safety
+/// Every element the shapes and strides reach lies inside its allocation,
+/// and c aliases neither operand.
+pub(crate) unsafe fn gemm_f32(
+    (m, n, k): (usize, usize, usize),
+    c: *mut f32,
+    accumulate: bool,
+    (lhs, lhs_cs, lhs_rs): (*const f32, usize, usize),
+    (rhs, rhs_cs, rhs_rs): (*const f32, usize, usize),
+) {
+    let s = |x: usize| x as isize;
+    // SAFETY: as the caller promises.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            s(n),
+            accumulate,
+            lhs,
+            s(lhs_cs),
+            s(lhs_rs),
+            rhs,
+            s(rhs_cs),
+            s(rhs_rs),
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(rayon::current_num_threads()),
+        )
+    }
+}
+
+/// [`add_gradient`] on the CPU in f32: one GEMM into the buffer.
+struct AddGradient(Gradient);
+
+/// One past the last element a layout reaches (0 when it is empty).
+fn end(l: &Layout) -> usize {
+    let dims = l.shape().dims();
+    if dims.contains(&0) {
+        return 0;
+    }
+    let last: usize = dims.iter().zip(l.stride()).map(|(d, s)| (d - 1) * s).sum();
+    l.start_offset() + last + 1
+}
+
+impl InplaceOp3 for AddGradient {
+    fn name(&self) -> &'static str {
+        match self.0 {
+            Gradient::Weight => "sweep-add-weight-gradient",
+            Gradient::Input => "sweep-add-input-gradient",
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let (dy, other) = (f32s_any(s2)?, f32s_any(s3)?);
+        let rows = self.0.rows(l1.dims(), l2.dims(), l3.dims())?;
+        let ((n, out), inp) = (l2.shape().dims2()?, l3.shape().dims2()?.1);
+        let CpuStorage::F32(buf) = s1 else {
+            bail!("expected f32 data")
+        };
+        // Every index below stays inside its slice: the layouts describe them.
+        if n == 0
+            || !l1.is_contiguous()
+            || end(l2) > dy.len()
+            || end(l3) > other.len()
+            || end(l1) > buf.len()
+        {
+            bail!("a layout reaches outside its data");
+        }
+        let (sd, so) = (l2.stride(), l3.stride());
+        let (dy, other) = (
+            dy[l2.start_offset()..].as_ptr(),
+            other[l3.start_offset()..].as_ptr(),
+        );
+        // Weight: lhs = dyᵀ read through dy's strides (lhs(i, p) = dy[p, i]),
+        // over the N rows; input: lhs = dy as it is, over the `out` columns.
+        // rhs is x or w through its own strides.
+        let (k, lhs) = match self.0 {
+            Gradient::Weight => (n, (dy, sd[0], sd[1])),
+            Gradient::Input => (out, (dy, sd[1], sd[0])),
+        };
+        // SAFETY: dst is the contiguous rows × in buffer (`in_place`: row
+        // stride `inp`); both operands lie inside their slices (checked
+        // above) and dst aliases neither (a separate storage, write-locked).
+        unsafe {
+            gemm_f32(
+                (rows, inp, k),
+                buf.as_mut_ptr().add(l1.start_offset()),
+                true,
+                lhs,
+                (other, so[1], so[0]),
+            )
+        };
+        Ok(())
+    }
+}
+
+/// Its cases for `sweep bench kernels`: a weight's gradient with `w2`'s
+/// shapes, in the inputs' dtype and with bf16 operands into the buffer (as
+/// bf16-mixed makes it: operands rounded on the way in).
+pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
+    let (d, f, n) = (s.cfg.dim, s.cfg.ffn_hidden(), s.tokens());
+    [
+        (Gradient::Weight, "weight gradient", false, 26),
+        (Gradient::Weight, "weight gradient, bf16 operands", true, 29),
+        (Gradient::Input, "input gradient into a sum", false, 32),
+        (
+            Gradient::Input,
+            "input gradient into a sum, bf16 operands",
+            true,
+            35,
+        ),
+    ]
+    .into_iter()
+    .map(|(which, op, bf16, seed)| {
+        // w2's shapes: the weight [d, f]; dy [n, d]; x [n, f].
+        let (buf, other, shapes) = match which {
+            Gradient::Weight => ([d, f], [n, f], format!("[{d}, {f}] over {n} rows")),
+            Gradient::Input => ([n, f], [d, f], format!("[{n}, {f}] from {d} outputs")),
+        };
+        Ok(Case {
+            flops: 2.0 * (n * d * f) as f64,
+            mixed: bf16,
+            ..Case::new(
+                crate::train::network::ops::Kernel::WeightGrad,
+                op,
+                shapes,
+                2 * (buf[0] * buf[1]) + n * d + other[0] * other[1],
+                vec![
+                    random(&buf, seed, 0.1)?,
+                    random(&[n, d], seed + 1, 1.0)?,
+                    random(&other, seed + 2, 1.0)?,
+                ],
+                Box::new(move |t| {
+                    let mut buf = t[0].clone();
+                    add_gradient(which, &mut buf, &t[1], &t[2], bf16)?;
+                    Ok(vec![buf])
+                }),
+            )
+        })
+    })
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::network::ops::testing::{max_diff, rand};
+    use candle_core::Var;
+
+    #[test]
+    fn weight_gradients_accumulate_in_place_like_their_sums() -> Result<()> {
+        let (dy, x) = (rand(&[37, 9], 1), rand(&[37, 13], 2));
+        let mut buf = rand(&[9, 13], 3);
+        let want = (&buf + dy.t()?.matmul(&x)?)?;
+        // A clone shares the storage: it sees the sum only if it is made in place.
+        let alias = buf.clone();
+        add_product(&mut buf, &dy, &x, false)?;
+        assert!(max_diff(&buf, &want)? < 1e-5);
+        assert!(max_diff(&alias, &want)? < 1e-5, "not in place");
+        // A transposed operand is read through its strides.
+        let dy_t = rand(&[9, 37], 4);
+        let want = (&buf + dy_t.matmul(&x)?)?;
+        add_product(&mut buf, &dy_t.t()?, &x, false)?;
+        assert!(max_diff(&buf, &want)? < 1e-5);
+        // Off the in-place path (f64): the same sums.
+        let mut b64 = Tensor::zeros((9, 13), DType::F64, x.device())?;
+        let (dy64, x64) = (dy.to_dtype(DType::F64)?, x.to_dtype(DType::F64)?);
+        add_product(&mut b64, &dy64, &x64, false)?;
+        let d = (&b64 - dy64.t()?.matmul(&x64)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f64>()?;
+        assert!(d < 1e-14);
+        assert!(add_product(&mut b64, &dy64, &dy64, false).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn input_gradients_add_in_place_like_their_sums() -> Result<()> {
+        let (dy, w) = (rand(&[37, 9], 5), rand(&[9, 13], 6));
+        let mut acc = rand(&[37, 13], 7);
+        let want = (&acc + dy.matmul(&w)?)?;
+        let alias = acc.clone();
+        add_input_gradient(&mut acc, &dy, &w, false)?;
+        assert!(max_diff(&acc, &want)? < 1e-5);
+        assert!(max_diff(&alias, &want)? < 1e-5, "not in place");
+        // Operands read through their strides (a transposed weight).
+        let w_t = rand(&[13, 9], 8);
+        let want = (&acc + dy.matmul(&w_t.t()?)?)?;
+        add_input_gradient(&mut acc, &dy, &w_t.t()?, false)?;
+        assert!(max_diff(&acc, &want)? < 1e-5);
+        // bf16 operands: the product of the rounded operands, added.
+        let want = (&acc + matmul(&dy, &w, true)?)?;
+        add_input_gradient(&mut acc, &dy, &w, true)?;
+        assert!(max_diff(&acc, &want)? < 1e-5);
+        // Shapes that do not multiply, or a sum of another shape: errors.
+        assert!(add_input_gradient(&mut acc, &dy, &w.t()?, false).is_err());
+        assert!(add_input_gradient(&mut acc.t()?, &dy, &w, false).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn batched_transposed_products_and_gradients_match_f32_within_bf16_rounding() -> Result<()> {
+        // The attention shapes: [B, KV, R, Q] x [B, KV, T, Q]ᵀ, and a linear layer x · wᵀ.
+        let q = Var::from_tensor(&rand(&[2, 3, 20, 16], 1))?;
+        let k = Var::from_tensor(&rand(&[2, 3, 9, 16], 2))?;
+        let ours = matmul(&q, &k.t()?, true)?;
+        let want = q.matmul(&k.t()?)?;
+        let rel = |a: &Tensor, b: &Tensor| -> Result<f32> {
+            let d = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            Ok(d / b.abs()?.max_all()?.to_scalar::<f32>()?)
+        };
+        assert!(
+            rel(&ours, &want)? < 1e-2,
+            "bf16 operands keep ~3 significant digits"
+        );
+        // The gradients as the backward pass takes them: dq = g·k, dk = gᵀ·q.
+        let g = rand(&[2, 3, 20, 9], 3);
+        let (dq, dk) = (matmul(&g, &k, true)?, matmul(&g.t()?, &q, true)?);
+        let autograd = (want * &g)?.sum_all()?.backward()?;
+        assert!(rel(&dq, autograd.get(&q).unwrap())? < 2e-2);
+        assert!(rel(&dk, autograd.get(&k).unwrap())? < 2e-2);
+        let x = rand(&[37, 48], 4);
+        let w = rand(&[65, 48], 5);
+        assert!(rel(&matmul(&x, &w.t()?, true)?, &x.matmul(&w.t()?)?)? < 1e-2);
+        Ok(())
+    }
+}

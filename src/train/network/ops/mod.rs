@@ -1,0 +1,335 @@
+//! Fused kernels with hand-written backward passes, for the ops where
+//! candle's own either drop gradients (`ops::rms_norm`, `rope`,
+//! `softmax_last_dim`) or spend most of their time allocating intermediates
+//! and launching one small kernel per arithmetic step.
+//!
+//! Each op's file holds its whole story: the CPU kernel (f32, rayon), the
+//! launch of its CUDA kernel (`src/train/network/kernels/<op>.cu`, f32 or bf16
+//! storage with f32 arithmetic; the CPU kernel is its reference), a
+//! composed twin built from candle ops, which runs on other devices and
+//! dtypes and which the tests check the kernels against, and its cases for
+//! `sweep bench kernels` ([`check`]). The ops: [`embedding`], [`rms_norm`],
+//! [`rope`], [`attention`] (with [`softmax`]), [`linear`] (with its CPU bf16
+//! GEMM), [`silu_mul`] (SwiGLU), [`cross_entropy`] (the loss), and the
+//! optimizer's [`grad_norm`] and [`adamw`]; [`accumulate`] adds into
+//! gradient buffers.
+
+pub mod accumulate;
+pub mod adamw;
+pub mod attention;
+pub mod cases;
+pub mod check;
+pub mod cross_entropy;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+pub mod embedding;
+pub mod exp;
+pub mod grad_norm;
+pub mod linear;
+pub mod rms_norm;
+pub mod rope;
+pub mod selfcheck;
+pub mod silu_mul;
+pub mod softmax;
+
+pub use crate::config::runtime::CudaKernels;
+use candle_core::{bail, CpuStorage, DType, Layout, Result, Tensor};
+
+/// The dtype an op's backward computes in off the fused path: f64 for f64
+/// tensors (the tests' oracle precision), else f32 (reductions of bf16
+/// values lose too much).
+pub(crate) fn work_dtype(t: &Tensor) -> DType {
+    if t.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Whether the fused CPU kernels apply (contiguous f32 on the CPU).
+pub fn fused(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+/// The kernels an op may run instead of its composed twin: sweep's own
+/// (`src/train/network/kernels/`, and on the CPU the fused kernels), cuBLAS's
+/// in-place gradients and sums, and candle-flash-attn's forward. Each is
+/// checked against its twin when a CUDA device opens ([`selfcheck`]); one
+/// that fails is not used on that device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    RmsNorm,
+    SiluMul,
+    Rope,
+    CrossEntropy,
+    Embedding,
+    Softmax,
+    WeightGrad,
+    GradNorm,
+    AdamW,
+    Flash,
+    Accumulate,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 11] = [
+        Kernel::RmsNorm,
+        Kernel::SiluMul,
+        Kernel::Rope,
+        Kernel::CrossEntropy,
+        Kernel::Embedding,
+        Kernel::Softmax,
+        Kernel::WeightGrad,
+        Kernel::GradNorm,
+        Kernel::AdamW,
+        Kernel::Flash,
+        Kernel::Accumulate,
+    ];
+
+    /// Its name in messages and in the run's metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::RmsNorm => "rms_norm",
+            Kernel::SiluMul => "silu_mul",
+            Kernel::Rope => "rope",
+            Kernel::CrossEntropy => "cross_entropy",
+            Kernel::Embedding => "embedding",
+            Kernel::Softmax => "softmax",
+            Kernel::WeightGrad => "weight_gradient",
+            Kernel::GradNorm => "grad_norm",
+            Kernel::AdamW => "adamw",
+            Kernel::Flash => "flash_attention",
+            Kernel::Accumulate => "accumulate",
+        }
+    }
+
+    /// Whether it is sweep's own CUDA kernel (what `SWEEP_CUDA_KERNELS`
+    /// chooses): all but candle-flash-attn's, which `attention = "flash"`
+    /// chose.
+    pub fn own(self) -> bool {
+        self != Kernel::Flash
+    }
+
+    fn bit(self) -> u32 {
+        1 << self as u32
+    }
+}
+
+/// The kernels that failed their self-check on this process's GPU (bits of
+/// [`Kernel`]): their ops take the composed twins there.
+static FALLEN_BACK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Makes `kernels` take their composed twins on GPUs from now on.
+pub(crate) fn fall_back(kernels: &[Kernel]) {
+    let bits = kernels.iter().fold(0, |b, k| b | k.bit());
+    FALLEN_BACK.fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether `kernel` runs on a GPU: chosen by `SWEEP_CUDA_KERNELS` (sweep's
+/// own) and not fallen back.
+pub fn on_gpu(kernel: Kernel) -> bool {
+    let fallen = FALLEN_BACK.load(std::sync::atomic::Ordering::Relaxed) & kernel.bit() != 0;
+    let left_out = kernel.own() && cuda_kernels() == CudaKernels::Composed;
+    !(fallen || left_out)
+}
+
+/// Whether an op runs `kernel` on these operands: the CPU's in f32, or the
+/// CUDA one when all of them are f32 or all bf16 on a GPU and [`on_gpu`]
+/// says so.
+pub fn own_kernel(kernel: Kernel, operands: &[&Tensor]) -> bool {
+    let Some(first) = operands.first() else {
+        return false;
+    };
+    if COMPOSED_HERE.with(|c| c.get()) {
+        return false;
+    }
+    if operands.iter().all(|t| fused(t)) {
+        return true;
+    }
+    let dtype = first.dtype();
+    cfg!(feature = "cuda")
+        && matches!(dtype, DType::F32 | DType::BF16)
+        && operands
+            .iter()
+            .all(|t| t.device().is_cuda() && t.dtype() == dtype)
+        && on_gpu(kernel)
+}
+
+thread_local! {
+    /// Set by [`composed_here`]: the ops called on this thread take their
+    /// composed twins, on every device.
+    static COMPOSED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the ops that have their own kernels taking their composed
+/// twins instead (on this thread): what `sweep bench kernels` compares the
+/// kernels with.
+pub fn composed_here<T>(f: impl FnOnce() -> T) -> T {
+    let before = COMPOSED_HERE.with(|c| c.replace(true));
+    let out = f();
+    COMPOSED_HERE.with(|c| c.set(before));
+    out
+}
+
+/// Which implementation the ops with CUDA kernels use: the process's
+/// option (`SWEEP_CUDA_KERNELS`), read where candle calls an op.
+pub fn cuda_kernels() -> CudaKernels {
+    crate::config::RuntimeOptions::current().cuda_kernels
+}
+
+/// Whether the in-place CPU kernels apply to a buffer and its operands.
+pub(crate) fn in_place(buf: &Tensor, operands: &[&Tensor]) -> bool {
+    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
+    f32_cpu(buf) && buf.is_contiguous() && operands.iter().all(|t| f32_cpu(t))
+}
+
+/// The contiguous f32 data of a CPU storage.
+pub(crate) fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        bail!("expected f32 data")
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => bail!("expected contiguous data"),
+    }
+}
+
+/// All the f32 data of a CPU storage (for ops that read through strides).
+pub(crate) fn f32s_any(s: &CpuStorage) -> Result<&[f32]> {
+    match s {
+        CpuStorage::F32(v) => Ok(v),
+        _ => bail!("expected f32 data"),
+    }
+}
+
+/// Rows per parallel task: enough work per task to amortise scheduling.
+pub(crate) fn rows_per_task(rows: usize, row_len: usize) -> usize {
+    (16_384 / row_len.max(1)).clamp(1, rows.max(1))
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use candle_core::{Device, Result, Tensor};
+
+    /// Deterministic pseudo-random data in [-1, 1): the benchmark's and the
+    /// self-check's generator ([`super::check::random`]).
+    pub fn rand(shape: &[usize], seed: u64) -> Tensor {
+        super::check::random(shape, seed, 1.0).expect("a CPU tensor")
+    }
+
+    /// The largest |a − b| over two tensors of one shape; infinite where
+    /// one holds a NaN and the other does not (candle's max passes NaNs
+    /// over, and a kernel that leaves NaNs must not pass a test).
+    pub fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+        if a.shape() != b.shape() {
+            candle_core::bail!("max_diff: shapes {:?} and {:?}", a.shape(), b.shape());
+        }
+        let values = |t: &Tensor| -> Result<Vec<f32>> {
+            t.to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()
+        };
+        let worst = values(a)?
+            .iter()
+            .zip(values(b)?)
+            .map(|(&x, y)| match (x.is_nan(), y.is_nan()) {
+                (true, true) => 0.0,
+                (false, false) if x == y => 0.0,
+                (false, false) => (x - y).abs(),
+                _ => f32::INFINITY,
+            })
+            .fold(0.0, f32::max);
+        Ok(worst)
+    }
+
+    use crate::train::network::kernels::emulator::{Buffer, Emulator, Flavor};
+    use crate::train::network::kernels::{LaunchPlan, Ty};
+
+    /// A CPU tensor's values as an emulator buffer of storage type `ty`
+    /// (f32 data rounded to bf16 for Bf16).
+    pub fn buffer(t: &Tensor, ty: Ty) -> Buffer {
+        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        match ty {
+            Ty::F32 => Buffer::f32(&v),
+            Ty::Bf16 => Buffer::bf16(
+                &v.iter()
+                    .map(|&x| half::bf16::from_f32(x))
+                    .collect::<Vec<_>>(),
+            ),
+            Ty::U32 => panic!("u32 data is built with Buffer::u32"),
+        }
+    }
+
+    /// A buffer's values as an f32 CPU tensor of `shape`.
+    pub fn tensor(b: &Buffer, shape: &[usize]) -> Tensor {
+        Tensor::from_vec(b.to_f32(), shape, &Device::Cpu).unwrap()
+    }
+
+    /// Runs a plan on `operands` under the host emulation of CUDA, with
+    /// AddressSanitizer and UndefinedBehaviorSanitizer, and where `race`,
+    /// with ThreadSanitizer too (its barriers and shuffles: slow, so once
+    /// per kernel), which must give the same bits (the kernels' results
+    /// depend on nothing but the launch shape). Returns the outputs and the
+    /// operands after; none where g++ is missing (the test is then skipped).
+    pub fn emulate(
+        plan: &LaunchPlan,
+        operands: &[Buffer],
+        race: bool,
+    ) -> Option<(Vec<Buffer>, Vec<Buffer>)> {
+        let address = Emulator::get(Flavor::Address)?;
+        let mut a = operands.to_vec();
+        let out = address.run(plan, &mut a).unwrap();
+        if race {
+            let thread = Emulator::get(Flavor::Thread)?;
+            let mut t = operands.to_vec();
+            let out_t = thread.run(plan, &mut t).unwrap();
+            assert!(
+                out == out_t && a == t,
+                "ThreadSanitizer's run gave other bits"
+            );
+        }
+        Some((out, a))
+    }
+
+    /// Runs `plan` under the emulation (AddressSanitizer and UBSan) with
+    /// every operand one value further in, off the 16-byte alignment the
+    /// kernels' wide path needs: returns the outputs and the operands after,
+    /// without the value in front, which must be untouched. Called after
+    /// [`emulate`] ran (g++ is there).
+    pub fn emulate_off_alignment(
+        plan: &LaunchPlan,
+        operands: &[Buffer],
+    ) -> (Vec<Buffer>, Vec<Buffer>) {
+        use crate::train::network::kernels::{Mem, Value};
+        let mut plan = plan.clone();
+        for arg in plan.launches.iter_mut().flat_map(|l| l.args.iter_mut()) {
+            if let Value::Ptr(Mem::Operand(i), offset) = *arg {
+                *arg = Value::Ptr(Mem::Operand(i), offset + 1);
+            }
+        }
+        let shifted: Vec<Buffer> = operands
+            .iter()
+            .map(|b| {
+                let mut bytes = vec![0xff; b.ty.size()];
+                bytes.extend_from_slice(&b.bytes);
+                Buffer { ty: b.ty, bytes }
+            })
+            .collect();
+        let (out, after) = emulate(&plan, &shifted, false).unwrap();
+        let after = after
+            .into_iter()
+            .map(|b| {
+                let (front, rest) = b.bytes.split_at(b.ty.size());
+                assert!(
+                    front.iter().all(|&x| x == 0xff),
+                    "the value in front was written"
+                );
+                Buffer {
+                    ty: b.ty,
+                    bytes: rest.to_vec(),
+                }
+            })
+            .collect();
+        (out, after)
+    }
+}

@@ -1,0 +1,104 @@
+//! The ranks agree on the kernels they run: a kernel whose self-check
+//! failed on any rank's GPU is left out on every rank.
+
+use super::Collective;
+use crate::train::network::ops::{self, selfcheck::Failure, Kernel};
+use anyhow::Result;
+use candle_core::{DType, Device};
+
+/// The kernels another rank left out, left out here too, so that every
+/// rank runs the same code: ranks whose kernels differ round differently,
+/// and their replicas of the parameters would drift apart. Returns them as
+/// failures of this rank (said on stderr; the main rank records them).
+pub fn on_kernels(
+    comm: &dyn Collective,
+    device: &Device,
+    failures: &[Failure],
+) -> Result<Vec<Failure>> {
+    if comm.is_single() {
+        return Ok(Vec::new());
+    }
+    let mine: Vec<f32> = Kernel::ALL
+        .iter()
+        .map(|k| failures.iter().any(|f| f.kernel == *k) as u8 as f32)
+        .collect();
+    let all = comm
+        .all_reduce_sum(&candle_core::Tensor::from_vec(
+            mine.clone(),
+            mine.len(),
+            device,
+        )?)?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()?;
+    let others: Vec<Failure> = Kernel::ALL
+        .iter()
+        .zip(all.iter().zip(&mine))
+        .filter(|(_, (all, mine))| **all > 0.0 && **mine == 0.0)
+        .map(|(&kernel, _)| Failure {
+            kernel,
+            case: "its self-check on another rank's GPU",
+            dtype: None,
+            rel_err: None,
+            tolerance: 0.0,
+            why: "failed there, so every rank runs its composed twin".into(),
+        })
+        .collect();
+    ops::fall_back(&others.iter().map(|f| f.kernel).collect::<Vec<_>>());
+    for f in &others {
+        eprintln!("sweep train: warning: {}", f.describe());
+    }
+    Ok(others)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::run::dist::{Ranks, Single};
+    use candle_core::Tensor;
+
+    /// A peer's failures become this rank's, said as the other rank's;
+    /// its own are not repeated; one rank alone exchanges nothing.
+    #[test]
+    fn every_rank_leaves_out_what_any_rank_left_out() {
+        /// Rank 0 of two, the other rank's flags given.
+        struct Peer(Vec<f32>);
+        impl Collective for Peer {
+            fn ranks(&self) -> Ranks {
+                Ranks::SINGLE
+            }
+            fn describe(&self) -> String {
+                "a peer".into()
+            }
+            fn all_reduce_sum(&self, t: &Tensor) -> anyhow::Result<Tensor> {
+                Ok((t + Tensor::new(self.0.as_slice(), t.device())?)?)
+            }
+            fn broadcast(&self, t: &Tensor, _: usize) -> anyhow::Result<Tensor> {
+                Ok(t.clone())
+            }
+            fn abort(&self, _: i32) {}
+        }
+        let mine = Failure {
+            kernel: Kernel::RmsNorm,
+            case: "rms_norm forward",
+            dtype: Some(DType::BF16),
+            rel_err: Some(0.5),
+            tolerance: 1.6e-2,
+            why: "max relative error 5.00e-1".into(),
+        };
+        let mut theirs = vec![0f32; Kernel::ALL.len()];
+        theirs[Kernel::RmsNorm as usize] = 1.0;
+        theirs[Kernel::GradNorm as usize] = 1.0;
+        let others = on_kernels(&Peer(theirs), &Device::Cpu, std::slice::from_ref(&mine)).unwrap();
+        assert_eq!(
+            others.iter().map(|f| f.kernel).collect::<Vec<_>>(),
+            [Kernel::GradNorm]
+        );
+        assert_eq!(
+            others[0].describe(),
+            "grad_norm: its self-check on another rank's GPU: failed there, so every rank runs its composed twin"
+        );
+        assert!(on_kernels(&Single, &Device::Cpu, &[mine])
+            .unwrap()
+            .is_empty());
+    }
+}

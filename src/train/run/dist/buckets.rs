@@ -1,0 +1,504 @@
+//! How a step's gradients are summed across ranks: in buckets, in the order
+//! the backward pass finishes them, during the backward pass where the
+//! engine has a thread for it ([`super::Background`]), else after it — and
+//! the token embedding's by rows ([`sum_rows`]).
+
+use super::{Background, Collective, BUCKET_BYTES};
+use crate::train::network::blockwise::Finished;
+use crate::train::network::grads::Grads;
+use anyhow::{bail, Context, Result};
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+
+/// How a step's gradients travel: consecutive tensors, in the order the
+/// backward pass finishes them, packed into buckets of at most
+/// [`BUCKET_BYTES`] (a larger tensor travels alone). A bucket also ends
+/// where the backward pass moves to the next stage (block) once it holds
+/// [`MIN_BUCKET_BYTES`]: it starts as soon as its stage is done instead of
+/// waiting for the next, and the last bucket — the one no computing is left
+/// to hide — is the last block's gradient, not several blocks'. Overlapped
+/// and blocking sums use the same buckets in the same order, so they make
+/// the same calls with the same data: the same sums, bit for bit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Buckets {
+    /// Each bucket's tensors, as positions in the order given.
+    pub groups: Vec<std::ops::Range<usize>>,
+}
+
+/// A stage's gradients smaller than this wait for the next stage's (fewer,
+/// larger calls where a block is tiny); the scaling forecast counts it.
+pub use crate::estimate::scaling::MIN_BUCKET_BYTES;
+
+impl Buckets {
+    /// `tensors`: each one's stage (when the backward pass finishes it, in
+    /// order) and bytes.
+    pub fn plan(tensors: &[(usize, usize)], bucket_bytes: usize) -> Buckets {
+        let mut groups = Vec::new();
+        let (mut start, mut size) = (0, 0);
+        for (i, &(stage, bytes)) in tensors.iter().enumerate() {
+            let full = size + bytes > bucket_bytes;
+            let stage_done = i > 0 && stage != tensors[i - 1].0 && size >= MIN_BUCKET_BYTES;
+            if i > start && (full || stage_done) {
+                groups.push(start..i);
+                (start, size) = (i, 0);
+            }
+            size += bytes;
+        }
+        if start < tensors.len() {
+            groups.push(start..tensors.len());
+        }
+        Buckets { groups }
+    }
+}
+
+/// A bucket's two f32 buffers on the host (CPU ranks): the gradients are
+/// views of one, their sum lands in the other, and the two swap every step
+/// — PyTorch DDP's gradients as bucket views, double-buffered because MPI
+/// sums into a second buffer. Nothing is packed, unpacked or allocated per
+/// step (each was a copy of every gradient byte, and fresh pages to fault
+/// in, on the cores the backward pass runs on).
+struct Pair {
+    flats: [Tensor; 2],
+    /// The buffer the gradients are views of.
+    current: usize,
+}
+
+impl Pair {
+    fn new(len: usize) -> Result<Pair> {
+        let zeros = || Tensor::zeros(len, DType::F32, &Device::Cpu);
+        Ok(Pair {
+            flats: [zeros()?, zeros()?],
+            current: 0,
+        })
+    }
+
+    /// The buffer holding the bucket's gradients (copied in where they are
+    /// not views of it: the first step, a dtype other than f32) and the one
+    /// the sums go to.
+    fn send_recv(&self, tensors: &[&Tensor]) -> Result<(Tensor, Tensor)> {
+        let send = &self.flats[self.current];
+        let mut offset = 0;
+        for t in tensors {
+            if !is_view(t, send, offset) {
+                send.slice_set(&t.flatten_all()?.to_dtype(DType::F32)?, 0, offset)?;
+            }
+            offset += t.elem_count();
+        }
+        Ok((send.clone(), self.flats[1 - self.current].clone()))
+    }
+
+    /// Once the sums are in: the gradients become views of them (copies in
+    /// their dtype where it is not f32), and the buffers swap roles.
+    fn swap(&mut self, tensors: &mut [&mut Tensor]) -> Result<()> {
+        self.current = 1 - self.current;
+        let sums = &self.flats[self.current];
+        let mut offset = 0;
+        for t in tensors.iter_mut() {
+            let n = t.elem_count();
+            **t = sums
+                .narrow(0, offset, n)?
+                .reshape(t.shape())?
+                .to_dtype(t.dtype())?;
+            offset += n;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `t` is the f32 data of `flat` from `offset` on.
+fn is_view(t: &Tensor, flat: &Tensor, offset: usize) -> bool {
+    let start = |x: &Tensor| {
+        let (storage, layout) = x.storage_and_layout();
+        match (&*storage, layout.contiguous_offsets()) {
+            (Storage::Cpu(CpuStorage::F32(v)), Some((a, _))) => Some((v.as_ptr(), a)),
+            _ => None,
+        }
+    };
+    match (start(t), start(flat)) {
+        (Some((p, a)), Some((q, b))) => p == q && a == b + offset,
+        _ => false,
+    }
+}
+
+/// Sums `tensors` over all ranks in place, concatenated into buckets of at
+/// most `bucket_bytes` (a tensor larger than that travels alone).
+pub fn all_reduce_in_buckets(
+    comm: &dyn Collective,
+    tensors: &mut [&mut Tensor],
+    bucket_bytes: usize,
+) -> Result<()> {
+    if comm.is_single() {
+        return Ok(());
+    }
+    let sizes: Vec<(usize, usize)> = tensors.iter().map(|t| (0, size_of_tensor(t))).collect();
+    for group in Buckets::plan(&sizes, bucket_bytes).groups {
+        sum_bucket(comm, &mut tensors[group])?;
+    }
+    Ok(())
+}
+
+/// Sums one bucket's tensors over all ranks in place, as one concatenated
+/// all-reduce.
+fn sum_bucket(comm: &dyn Collective, bucket: &mut [&mut Tensor]) -> Result<()> {
+    let flat = bucket
+        .iter()
+        .map(|t| t.flatten_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let flat = if flat.len() == 1 {
+        flat.into_iter().next().expect("one tensor")
+    } else {
+        Tensor::cat(&flat, 0)?
+    };
+    let summed = comm.all_reduce_sum(&flat)?;
+    let mut offset = 0;
+    for t in bucket.iter_mut() {
+        let n = t.elem_count();
+        **t = summed.narrow(0, offset, n)?.reshape(t.shape())?;
+        offset += n;
+    }
+    Ok(())
+}
+
+fn size_of_tensor(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+/// The gradients in the order the backward pass finishes them — the head,
+/// the blocks from the last, the embeddings — and their buckets: planned
+/// once per run, the same on every rank.
+///
+/// The token embedding's gradient is finished by the backward pass's last op,
+/// so nothing is left to hide its sum behind, and it is large (a vocabulary
+/// of rows: half of `small`'s bytes). Only the rows of the step's tokens can
+/// be non-zero, so it travels as those rows ([`sum_rows`]), outside the buckets.
+pub struct GradientLayout {
+    names: Vec<String>,
+    /// When each tensor is finished.
+    finished: Vec<Finished>,
+    /// Over `names` but the last when `by_rows`.
+    buckets: Buckets,
+    /// The last of `names` is the token embedding, summed by rows.
+    by_rows: bool,
+    /// Each bucket's buffers once it has been summed on the host.
+    pairs: Vec<Option<Pair>>,
+}
+
+impl GradientLayout {
+    /// The layout of `grads` over the model's stages (`Llama::stages`):
+    /// each stage's gradients in the order the model lists them.
+    pub fn new(grads: &Grads, stages: &[(Finished, Vec<&Tensor>)]) -> Result<GradientLayout> {
+        let (mut names, mut finished, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
+        for (stage, (f, weights)) in stages.iter().enumerate() {
+            for w in weights {
+                let name = grads
+                    .name_of(w)
+                    .context("a weight of the model without a gradient buffer")?;
+                let g = grads.get(name).context("a gradient buffer per name")?;
+                names.push(name.to_string());
+                finished.push(*f);
+                sizes.push((stage, size_of_tensor(g)));
+            }
+        }
+        if names.len() != grads.iter().count() {
+            bail!(
+                "{} gradients, of which the model's stages name {}",
+                grads.iter().count(),
+                names.len()
+            );
+        }
+        // The embedding's table is the whole last stage.
+        let by_rows = matches!(stages.last(), Some((Finished::Embeddings, w)) if w.len() == 1 && w[0].rank() == 2);
+        let bucketed = &sizes[..sizes.len() - by_rows as usize];
+        let buckets = Buckets::plan(bucketed, BUCKET_BYTES);
+        Ok(GradientLayout {
+            finished,
+            names,
+            pairs: buckets.groups.iter().map(|_| None).collect(),
+            buckets,
+            by_rows,
+        })
+    }
+
+    /// Bucket `i`'s send and receive buffers, its gradients in the first.
+    fn buffers(&mut self, i: usize, tensors: &[&Tensor]) -> Result<(Tensor, Tensor)> {
+        if self.pairs[i].is_none() {
+            self.pairs[i] = Some(Pair::new(tensors.iter().map(|t| t.elem_count()).sum())?);
+        }
+        self.pairs[i]
+            .as_ref()
+            .expect("made above")
+            .send_recv(tensors)
+    }
+
+    /// A step's sum: in the background where `comm` has one.
+    pub fn begin<'a>(&'a mut self, comm: &dyn Collective) -> GradientSum<'a> {
+        let ready = vec![false; self.names.len()];
+        GradientSum {
+            background: if comm.is_single() {
+                None
+            } else {
+                comm.background()
+            },
+            ready,
+            layout: self,
+            started: 0,
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// One step's sum of the gradients across ranks.
+pub struct GradientSum<'a> {
+    layout: &'a mut GradientLayout,
+    background: Option<Box<dyn Background>>,
+    ready: Vec<bool>,
+    /// Buckets handed to the background so far.
+    started: usize,
+    /// The rows of the token embedding that the step's inputs use: the
+    /// only rows its gradient can have non-zero.
+    tokens: Vec<bool>,
+}
+
+impl GradientSum<'_> {
+    /// A micro-batch's input ids (each micro-batch of the step's).
+    pub fn tokens(&mut self, ids: &[u32]) {
+        for &id in ids {
+            let id = id as usize;
+            if id >= self.tokens.len() {
+                self.tokens.resize(id + 1, false);
+            }
+            self.tokens[id] = true;
+        }
+    }
+
+    /// The backward pass of the step's last micro-batch has finished these
+    /// gradients: start summing every bucket that is now complete.
+    pub fn finished(&mut self, f: Finished, grads: &Grads) -> Result<()> {
+        let Some(bg) = self.background.as_mut() else {
+            return Ok(());
+        };
+        let l = &mut *self.layout;
+        for (ready, when) in self.ready.iter_mut().zip(&l.finished) {
+            *ready |= *when == f;
+        }
+        while let Some(group) = l.buckets.groups.get(self.started).cloned() {
+            if !self.ready[group.clone()].iter().all(|r| *r) {
+                break;
+            }
+            let tensors = l.names[group]
+                .iter()
+                .map(|n| grads.get(n).context("a gradient the layout names"))
+                .collect::<Result<Vec<_>>>()?;
+            let (send, recv) = l.buffers(self.started, &tensors)?;
+            bg.start(send, recv)?;
+            self.started += 1;
+        }
+        Ok(())
+    }
+
+    /// Every gradient summed over the ranks, in place: waits for the
+    /// background's buckets, or sums the same buckets now (the same calls on
+    /// the same buffers).
+    pub fn finish(mut self, comm: &dyn Collective, grads: &mut Grads) -> Result<()> {
+        if comm.is_single() {
+            return Ok(());
+        }
+        let l = &mut *self.layout;
+        let mut tensors = grads.ordered_mut(&l.names)?;
+        let groups = l.buckets.groups.clone();
+        let on_host = tensors.iter().all(|t| t.device().is_cpu());
+        if let Some(mut bg) = self.background.take() {
+            // Buckets not finished by a hook (none when every stage was seen).
+            for (i, group) in groups.iter().enumerate().skip(self.started) {
+                let refs: Vec<&Tensor> = tensors[group.clone()].iter().map(|t| &**t).collect();
+                let (send, recv) = l.buffers(i, &refs)?;
+                bg.start(send, recv)?;
+            }
+            bg.finish()?;
+        } else if on_host {
+            for (i, group) in groups.iter().enumerate() {
+                let refs: Vec<&Tensor> = tensors[group.clone()].iter().map(|t| &**t).collect();
+                let (send, recv) = l.buffers(i, &refs)?;
+                comm.all_reduce_into(&send, &recv)?;
+            }
+        } else {
+            for group in &groups {
+                sum_bucket(comm, &mut tensors[group.clone()])?;
+            }
+        }
+        for (group, pair) in groups.iter().zip(&mut l.pairs) {
+            if let Some(pair) = pair {
+                pair.swap(&mut tensors[group.clone()])?;
+            }
+        }
+        if l.by_rows {
+            let table = tensors.last_mut().expect("the embedding is last");
+            sum_rows(comm, table, &self.tokens)?;
+        }
+        Ok(())
+    }
+}
+
+/// Sums a table's gradient over all ranks where only the rows some rank
+/// marked in `used` can be non-zero (exactly +0.0 elsewhere, as an
+/// embedding's gradient is outside its inputs' rows): the ranks first agree
+/// on the union of their rows (a sum of marks), then sum those rows alone
+/// and write them back in place. Every other row is +0.0 on every rank, so
+/// its sum is too: the result is the full sum's, bit for bit, for a
+/// fraction of the bytes (a step of `small` at 4 × 256 tokens per rank
+/// uses ~400 of 32,000 rows).
+pub fn sum_rows(comm: &dyn Collective, table: &mut Tensor, used: &[bool]) -> Result<()> {
+    let (rows, dim) = table.dims2()?;
+    let device = table.device();
+    let mut marks = vec![0f32; rows];
+    for (m, u) in marks.iter_mut().zip(used) {
+        *m = *u as u8 as f32;
+    }
+    let marks = comm.all_reduce_sum(&Tensor::from_vec(marks, rows, device)?)?;
+    let union: Vec<u32> = marks
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()?
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| **m > 0.0)
+        .map(|(i, _)| i as u32)
+        .collect();
+    if union.is_empty() {
+        return Ok(());
+    }
+    let n = union.len();
+    let index = Tensor::from_vec(union, n, device)?;
+    let mine = table.index_select(&index, 0)?;
+    let sum = comm
+        .all_reduce_sum(&mine.flatten_all()?)?
+        .reshape((n, dim))?
+        .to_dtype(table.dtype())?;
+    let index = index.unsqueeze(1)?.broadcast_as((n, dim))?.contiguous()?;
+    table.scatter_set(&index, &sum, 0)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{AttentionKind, ModelOverrides, Recompute};
+    use crate::train::network::model::{Llama, ModelSpec};
+
+    #[test]
+    fn buckets_are_consecutive_and_a_large_tensor_travels_alone() {
+        let plan = |bytes: &[usize]| {
+            let one_stage: Vec<_> = bytes.iter().map(|b| (0, *b)).collect();
+            Buckets::plan(&one_stage, 10).groups
+        };
+        assert_eq!(
+            plan(&[4, 4, 4, 20, 1, 9, 1]),
+            [0..2, 2..3, 3..4, 4..6, 6..7]
+        );
+        assert_eq!(plan(&[]), Vec::<std::ops::Range<usize>>::new());
+        // A stage's end closes a bucket that holds the minimum, not a smaller one.
+        let m = MIN_BUCKET_BYTES;
+        let staged = [(0, m), (1, 10), (1, 10), (2, 10), (3, m), (3, 3 * m)];
+        assert_eq!(Buckets::plan(&staged, 4 * m).groups, [0..1, 1..5, 5..6]);
+    }
+
+    /// A two-layer model and its zero gradient buffers.
+    fn tiny_model() -> (Llama, Grads) {
+        let o = ModelOverrides {
+            dim: Some(16),
+            n_layers: Some(2),
+            n_heads: Some(2),
+            vocab_size: Some(40),
+            multiple_of: Some(16),
+            ..Default::default()
+        };
+        let cfg = crate::config::ModelConfig::resolve("tiny", &o).unwrap();
+        let spec = ModelSpec {
+            cfg,
+            attention: AttentionKind::Eager,
+            max_seq: 8,
+            device: candle_core::Device::Cpu,
+            dtype: DType::F32,
+            bf16_matmuls: false,
+            recompute: Recompute::None,
+        };
+        let params = spec.init_params(1).unwrap();
+        let model = Llama::new(&params, &spec).unwrap();
+        (model, Grads::buffers_for(&params).unwrap())
+    }
+
+    #[test]
+    fn gradients_go_in_the_order_the_backward_pass_finishes_them() {
+        let (model, grads) = tiny_model();
+        let layout = GradientLayout::new(&grads, &model.stages()).unwrap();
+        let first = |prefix: &str| {
+            layout
+                .names
+                .iter()
+                .position(|n| n.starts_with(prefix))
+                .unwrap()
+        };
+        assert!(first("norm.") < first("layers.1.") && first("output.") < first("layers.1."));
+        assert!(first("layers.1.") < first("layers.0."));
+        assert_eq!(layout.names.last().unwrap(), "tok_embeddings.weight");
+        assert_eq!(layout.names.len(), grads.iter().count());
+        assert_eq!(layout.finished.first(), Some(&Finished::Head));
+        assert_eq!(layout.finished[first("layers.0.")], Finished::Block(0));
+        // A model that does not name every gradient is refused.
+        let stages = model.stages();
+        let err = GradientLayout::new(&grads, &stages[..stages.len() - 1])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("name"), "{err}");
+    }
+
+    /// Step after step the sums land in the gradients (the stand-in engine
+    /// sums to four times each rank's values), which stay views of their
+    /// bucket's buffer; the embedding's sum is the full table's, though only
+    /// the rows of the step's tokens travel.
+    #[test]
+    fn sums_land_in_the_gradients_and_the_embedding_travels_by_rows() -> Result<()> {
+        let (model, mut grads) = tiny_model();
+        let mut layout = GradientLayout::new(&grads, &model.stages())?;
+        assert!(layout.by_rows);
+        let comm = crate::train::run::dist::tests::Doubled(Default::default());
+        let used = [3u32, 7, 3];
+        for step in 0..3 {
+            grads.zero()?;
+            let mut want = Vec::new();
+            for (i, t) in grads.tensors_mut().into_iter().enumerate() {
+                let (n, shape) = (t.elem_count(), t.shape().clone());
+                let mut v: Vec<f32> = (0..n).map(|j| (i * 31 + j + step) as f32 * 0.25).collect();
+                if let [rows, dim] = shape.dims() {
+                    if *rows == 40 {
+                        // The embedding: non-zero only in the rows of `used`.
+                        for (r, row) in v.chunks_mut(*dim).enumerate() {
+                            if !used.contains(&(r as u32)) {
+                                row.fill(0.0);
+                            }
+                        }
+                    }
+                }
+                let g = Tensor::from_vec(v.clone(), shape, &Device::Cpu)?;
+                crate::train::network::ops::accumulate::add(t, &g)?;
+                want.push(v.iter().map(|x| x * 4.0).collect::<Vec<f32>>());
+            }
+            let mut sum = layout.begin(&comm);
+            sum.tokens(&used);
+            sum.finish(&comm, &mut grads)?;
+            for ((name, t), want) in grads.iter().zip(&want) {
+                let got = t.flatten_all()?.to_vec1::<f32>()?;
+                assert!(got == *want, "step {step}, {name}");
+            }
+        }
+        // Every bucketed gradient is a view of its bucket's current buffer.
+        let tensors = grads.ordered_mut(&layout.names)?;
+        for (group, pair) in layout.buckets.groups.iter().zip(&layout.pairs) {
+            let pair = pair.as_ref().expect("summed on the host");
+            let mut offset = 0;
+            for t in &tensors[group.clone()] {
+                assert!(is_view(t, &pair.flats[pair.current], offset));
+                offset += t.elem_count();
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,510 @@
+//! `sweep train --config <run>/config.toml`: what every sweep run executes.
+//!
+//! Resolves `batch_size = "max"`, builds the [`Trainer`], resumes from the
+//! latest checkpoint in the run directory and trains to the last step:
+//! [`train`] is the loop, delegating the counters and the log to a
+//! [`Reporter`] and the checkpoints to [`save_checkpoint`]. SIGUSR1 (SLURM's
+//! warning before the time limit) and SIGTERM (preemption, Ctrl-C) end the
+//! current step, write a checkpoint and exit with [`REQUEUE_EXIT`] so the job
+//! script requeues the run; a device out of memory exits with
+//! [`OUT_OF_MEMORY_EXIT`].
+//!
+//! With several ranks (data parallelism, [`self::dist`]) every rank runs this
+//! same loop on its slice of each global batch (or its own shard, in the
+//! contiguous order); rank 0 alone writes metrics and checkpoints. A run
+//! resumes on another world size with the gradient accumulation that keeps
+//! its global batch.
+//!
+//! The run's parts: [`trainer`] (one rank's model, data and optimizer, and
+//! one optimizer step), [`schedule`] (what happens at which step),
+//! [`monitor`] (loss spikes and plateaus), [`metrics`] and [`record`] (what
+//! a logged step measures, and `metrics.jsonl`), [`peak`] (the CPU's peak,
+//! MFU's denominator there), [`checkpoint`], [`max_batch`], [`dist`]
+//! (ranks; the MPI and NCCL engines) and [`stacks`] (every thread's stack,
+//! for the watchdog).
+
+mod checkpoint;
+pub mod dist;
+pub mod max_batch;
+pub mod metrics;
+mod monitor;
+pub mod peak;
+pub mod record;
+mod schedule;
+mod stacks;
+mod trainer;
+
+pub use trainer::{StepOutcome, Trainer};
+
+use self::metrics::{LoggedStep, Reporter};
+use self::monitor::Monitor;
+use self::record::MetricsLog;
+use self::trainer::Interrupted;
+use crate::config::{BatchSize, RuntimeOptions, TrainConfig, OUT_OF_MEMORY_EXIT, REQUEUE_EXIT};
+use crate::data::{DataLoader, SampleStream};
+use crate::train::network::{device, optim};
+use crate::util::heartbeat::Heartbeat;
+use crate::util::signals::StopSignals;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// `sweep train`: the run's exit code says how it ended (0, [`REQUEUE_EXIT`]
+/// after a stop signal, [`OUT_OF_MEMORY_EXIT`] when the device ran out of
+/// memory); any other error is returned.
+pub fn run(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
+    match run_to_end(config, rt) {
+        Err(e) if device::is_out_of_memory(&e) => {
+            eprintln!("error: {e:#}");
+            eprintln!("sweep train: the device ran out of memory (exit {OUT_OF_MEMORY_EXIT})");
+            Ok(ExitCode::from(OUT_OF_MEMORY_EXIT as u8))
+        }
+        other => other,
+    }
+}
+
+fn run_to_end(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
+    let run_dir = crate::util::fs::parent_dir(config).to_path_buf();
+    let mut cfg = TrainConfig::load(config)?;
+    if cfg.batch_size == BatchSize::Max {
+        cfg.batch_size = BatchSize::Fixed(max_batch::resolve(&cfg, &run_dir)?);
+    }
+    let threads = init_threads(cfg.threads, rt);
+    let stop = Stop::install()?;
+    let mut t = Trainer::new(cfg, threads, rt)?;
+    let result = train(&mut t, &run_dir, &stop, rt.check_replicas);
+    if let Err(e) = &result {
+        let r = t.ranks();
+        if r.world_size > 1 {
+            // The other ranks are waiting in a collective: stop them all.
+            eprintln!(
+                "sweep train: rank {} of {} failed: {e:#}; stopping every rank",
+                r.rank, r.world_size
+            );
+            t.comm.abort(1);
+        }
+    }
+    result
+}
+
+/// The threads for the CPU kernels: the configuration, else SWEEP_THREADS or
+/// SLURM_CPUS_PER_TASK, else every core ([`RuntimeOptions::threads`]). Set
+/// before any kernel runs.
+pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
+    let n = rt.threads(configured);
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
+    n
+}
+
+/// The signals that ask a run to stop — SIGUSR1 (SLURM, before the time
+/// limit), SIGTERM (preemption, cancel), SIGINT (Ctrl-C), SIGHUP (the
+/// terminal closed) — as they arrive. A second one does not end the process:
+/// it may be writing its checkpoint.
+struct Stop(StopSignals);
+
+impl Stop {
+    fn install() -> Result<Stop> {
+        use crate::util::signals::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+        Ok(Stop(StopSignals::install(&[
+            SIGUSR1, SIGTERM, SIGINT, SIGHUP,
+        ])?))
+    }
+
+    /// The last signal received since the last call, by name.
+    fn take(&self) -> Option<&'static str> {
+        self.0.take().map(crate::util::signals::name)
+    }
+}
+
+/// Says what is being trained, where, and against what peak.
+fn announce(t: &Trainer, cfg: &TrainConfig, flops_per_token: f64, peak: f64, peak_source: &str) {
+    let ranks = t.ranks();
+    eprintln!(
+        "sweep train: {} ({} parameters, {:.1} MFLOP/token) on {} with {} threads; peak {:.1} GFLOP/s ({peak_source})",
+        cfg.model,
+        t.params.count(),
+        flops_per_token / 1e6,
+        if t.device.is_cpu() { "cpu" } else { "cuda" },
+        t.threads,
+        peak / 1e9
+    );
+    if !t.comm.is_single() {
+        eprintln!(
+            "sweep train: {} rank(s), gradients summed by {} {}; global batch {}",
+            ranks.world_size,
+            t.comm.describe(),
+            if t.comm.overlaps() {
+                "during the backward pass"
+            } else {
+                "after the backward pass"
+            },
+            ranks.world_size * cfg.batch() * cfg.gradient_accumulation
+        );
+    }
+}
+
+/// Where a rank starts: step 1, or the step after its latest checkpoint.
+struct Start {
+    /// The first step to train.
+    first: usize,
+    /// Seconds of training before it.
+    elapsed: f64,
+    /// The data stream, at the position of the step before `first`.
+    stream: SampleStream,
+    /// That position (`None` before step 1): what a stop before the first
+    /// step completes checkpoints.
+    position: Option<crate::data::LoaderState>,
+    monitor: Monitor,
+}
+
+/// Opens the data and restores the latest checkpoint, if any: parameters,
+/// optimizer, data position, the monitor's window, and the gradient
+/// accumulation that keeps the global batch on this world size (set on the
+/// trainer's configuration, which the loop reads).
+fn resume(t: &mut Trainer, run_dir: &Path) -> Result<Start> {
+    let mut start = Start {
+        first: 1,
+        elapsed: 0.0,
+        stream: SampleStream::open(&t.spec)?,
+        position: None,
+        monitor: Monitor::new(t.cfg.monitor.clone(), t.cfg.grad_clip),
+    };
+    let Some((dir, state)) = resume_point(t, run_dir)? else {
+        return Ok(start);
+    };
+    let cfg = &t.cfg;
+    state.check(&model_identity(t), cfg.training_steps, &dir)?;
+    let resume = state.resume(
+        t.ranks(),
+        cfg.data_order,
+        cfg.batch(),
+        cfg.gradient_accumulation,
+        &dir,
+    )?;
+    checkpoint::restore(&dir, &state, &t.params, &mut t.opt, &t.device)?;
+    start.stream.restore(resume.loader)?;
+    start.monitor.state = state.monitor.clone();
+    t.cfg.gradient_accumulation = resume.gradient_accumulation;
+    if t.ranks().is_main() {
+        eprintln!(
+            "sweep train: resumed from {} (step {}, global sample {}{})",
+            dir.display(),
+            state.step,
+            state.loader.samples,
+            resume.change.map(|c| format!("; {c}")).unwrap_or_default()
+        );
+    }
+    start.first = state.step + 1;
+    start.elapsed = state.elapsed_s;
+    start.position = Some(state.loader);
+    Ok(start)
+}
+
+/// The counters and the metrics log (rank 0 writes it), after saying what is
+/// trained against what peak.
+fn open_reporter(t: &Trainer, run_dir: &Path, first: usize) -> Result<Reporter> {
+    let (cfg, main) = (&t.cfg, t.ranks().is_main());
+    let driver_name = (!t.device.is_cpu())
+        .then(|| device::name(&t.device))
+        .transpose()?;
+    let (peak, peak_source) = metrics::peak_flops(cfg, driver_name.as_deref(), t.threads)?;
+    let flops_per_token = t.model_spec.cfg.flops_per_token(cfg.sequence_length);
+    if main {
+        announce(t, cfg, flops_per_token, peak, &peak_source);
+    }
+    let log = main.then(|| MetricsLog::open(run_dir)).transpose()?;
+    let mut reporter = Reporter::new(
+        log,
+        cfg,
+        t.ranks().world_size,
+        flops_per_token,
+        peak,
+        peak_source,
+    );
+    if first > 1 {
+        reporter.resume(first - 1)?;
+    }
+    reporter.fallbacks(first, &t.fallbacks)?;
+    Ok(reporter)
+}
+
+/// The training loop of one rank, from the latest checkpoint to the last step.
+fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -> Result<ExitCode> {
+    let Start {
+        first,
+        mut elapsed,
+        stream,
+        mut position,
+        mut monitor,
+    } = resume(t, run_dir)?;
+    // What the trainer trains with, resumed; the loop only reads it.
+    let cfg = t.cfg.clone();
+    let main = t.ranks().is_main();
+    let mut reporter = open_reporter(t, run_dir, first)?;
+    // Under a watchdog: this rank's progress after each step, its stacks on request.
+    let mut beat = Heartbeat::open(run_dir, t.ranks().rank);
+    self::stacks::install(run_dir, t.ranks().rank)?;
+    if t.ranks().world_size > 1 {
+        let hosts = dist::gather_hosts(&*t.comm, &t.device)?;
+        reporter.placement(first, hosts)?;
+    }
+    let mut loader = DataLoader::spawn(stream, cfg.batch(), cfg.prefetch);
+    let tokens_per_step = (cfg.batch() * cfg.sequence_length * cfg.gradient_accumulation) as u64;
+    let schedule = schedule::Schedule::new(&cfg);
+    let mut memory = device::PeakMemory::default();
+    let mut saved = first - 1;
+    // One rank stops between micro-batches at once; several ranks agree at
+    // the end of a step (a rank that left mid-step would leave the others
+    // waiting in the gradient sum).
+    let stop_early = (t.ranks().world_size == 1).then_some(&stop.0);
+
+    for step in first..=cfg.training_steps {
+        let started = Instant::now();
+        let lr = optim::lr_at(step, &cfg);
+        let Some((micro, out)) = step_or_stop(t, &mut loader, (step, lr), &mut memory, stop_early)?
+        else {
+            let why = stop.take().unwrap_or("a stop signal");
+            return stop_mid_step(
+                t,
+                &cfg,
+                run_dir,
+                (step, saved),
+                position.as_ref(),
+                &monitor,
+                elapsed,
+                why,
+            );
+        };
+        let step_time = started.elapsed().as_secs_f64();
+        if let Some(b) = beat.as_mut() {
+            b.beat(step as u64);
+        }
+        elapsed += step_time;
+        position = micro.last().map(|b| b.state.clone());
+        reporter.count(
+            tokens_per_step,
+            out.training_tokens as u64,
+            step_time,
+            out.comm_s,
+        );
+        if check_every_step {
+            t.check_replicas()
+                .with_context(|| format!("after step {step}"))?;
+        }
+        reporter.events(step, monitor.observe(step, out.loss, out.grad_norm))?;
+        let due = schedule.at(step);
+        if due.log {
+            // Only the rank that writes the log validates.
+            let val_loss = (due.validate && main)
+                .then(|| t.validation_loss(cfg.validation_batches))
+                .transpose()?;
+            reporter.log(LoggedStep {
+                step,
+                loss: out.loss,
+                lr,
+                grad_norm: out.grad_norm,
+                elapsed_s: elapsed,
+                peak_memory_mb: memory.peak_mb(&t.device),
+                val_loss,
+                rank_compute_s: rank_compute_times(t, &reporter)?,
+            })?;
+        }
+
+        // Every rank stops at the same step, even when the signal reached
+        // only some of them yet.
+        let signal = stop.take();
+        let [stopping] = dist::sum_scalars(&*t.comm, [signal.is_some() as u8 as f64], &t.device)?;
+        if due.checkpoint || stopping > 0.0 {
+            let at = position.as_ref().expect("a step read its micro-batches");
+            let dir = save_checkpoint(t, &cfg, run_dir, step, at, &monitor, elapsed)?;
+            saved = step;
+            if stopping > 0.0 {
+                if main {
+                    let why = signal.unwrap_or("a stop signal (on another rank)");
+                    eprintln!("sweep train: {why} received; checkpoint {} written at step {step}; exiting to be requeued", dir.display());
+                }
+                return Ok(ExitCode::from(REQUEUE_EXIT as u8));
+            }
+        }
+    }
+    finish(t, elapsed)
+}
+
+/// Step `step` at learning rate `lr` over the next micro-batches, returned
+/// with its outcome; `None` where a stop signal interrupted it (between
+/// micro-batches or inside the step).
+fn step_or_stop(
+    t: &mut Trainer,
+    loader: &mut DataLoader,
+    (step, lr): (usize, f64),
+    memory: &mut device::PeakMemory,
+    stop_early: Option<&StopSignals>,
+) -> Result<Option<(Vec<crate::data::Batch>, self::trainer::StepOutcome)>> {
+    let count = t.cfg.gradient_accumulation;
+    let mut micro = Vec::with_capacity(count);
+    while micro.len() < count && stop_early.is_none_or(|s| s.received().is_none()) {
+        micro.push(loader.next_batch()?);
+    }
+    if micro.len() < count {
+        return Ok(None);
+    }
+    match t.step(&micro, lr, memory, stop_early) {
+        Err(e) if e.is::<Interrupted>() => Ok(None),
+        other => Ok(Some((
+            micro,
+            other.with_context(|| format!("step {step}"))?,
+        ))),
+    }
+}
+
+/// Each rank's compute time so far, gathered (every rank calls this at the
+/// same step); none with one rank.
+fn rank_compute_times(t: &Trainer, reporter: &Reporter) -> Result<Vec<f64>> {
+    if t.ranks().world_size > 1 {
+        dist::gather_scalar(&*t.comm, reporter.compute_s(), &t.device)
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+/// After the last step: every rank holds the same parameters (checked), and
+/// the run says it is done.
+fn finish(t: &Trainer, elapsed: f64) -> Result<ExitCode> {
+    let ranks = t.ranks();
+    if ranks.world_size > 1 {
+        let digest = t.check_replicas()?;
+        if ranks.is_main() {
+            eprintln!(
+                "sweep train: parameters identical on all {} ranks (sha256 {})",
+                ranks.world_size,
+                &digest[..16]
+            );
+        }
+    }
+    if ranks.is_main() {
+        eprintln!(
+            "sweep train: done, {} steps in {elapsed:.1} s of training",
+            t.cfg.training_steps
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A stop signal between the micro-batches of a step (one rank): the step
+/// is abandoned, the last completed one checkpointed (unless it is saved
+/// already, or there is none), and the run exits to be started again.
+#[allow(clippy::too_many_arguments)]
+fn stop_mid_step(
+    t: &Trainer,
+    cfg: &TrainConfig,
+    run_dir: &Path,
+    (step, saved): (usize, usize),
+    position: Option<&crate::data::LoaderState>,
+    monitor: &Monitor,
+    elapsed: f64,
+    why: &str,
+) -> Result<ExitCode> {
+    let done = step - 1;
+    let note = match position {
+        Some(at) if done > saved => {
+            let dir = save_checkpoint(t, cfg, run_dir, done, at, monitor, elapsed)?;
+            format!("checkpoint {} written at step {done}", dir.display())
+        }
+        _ if done > 0 => format!("step {done} is checkpointed already"),
+        _ => "no step was completed".to_string(),
+    };
+    eprintln!("sweep train: {why} received during step {step}; {note}; exiting to be requeued");
+    Ok(ExitCode::from(REQUEUE_EXIT as u8))
+}
+
+/// The model this run trains, as its checkpoints record it.
+fn model_identity(t: &Trainer) -> checkpoint::ModelIdentity {
+    checkpoint::ModelIdentity {
+        preset: t.cfg.model.clone(),
+        shape: t.model_spec.cfg.clone(),
+    }
+}
+
+/// The checkpoint every rank resumes from: the newest whole one, as the
+/// first rank finds it (saying which newer ones it skipped, and why); the
+/// other ranks take the same step.
+fn resume_point(t: &Trainer, run_dir: &Path) -> Result<Option<(PathBuf, checkpoint::TrainState)>> {
+    let ranks = t.ranks();
+    let chosen = if ranks.is_main() {
+        checkpoint::remove_partial(run_dir);
+        let (found, skipped) = checkpoint::latest(run_dir);
+        for s in &skipped {
+            eprintln!(
+                "sweep train: checkpoint {} skipped: {}",
+                s.dir.display(),
+                s.why
+            );
+        }
+        match (&found, skipped.is_empty()) {
+            (Some((dir, _)), false) => eprintln!(
+                "sweep train: resuming from the newest whole checkpoint, {}",
+                dir.display()
+            ),
+            (None, false) => {
+                eprintln!("sweep train: no whole checkpoint is left; starting from step 1")
+            }
+            _ => {}
+        }
+        found
+    } else {
+        None
+    };
+    if ranks.world_size == 1 {
+        return Ok(chosen);
+    }
+    // Its step + 1 (0: none), from the first rank to all: exact in an f64
+    // for any step a run can reach.
+    let mine = chosen.as_ref().map_or(0.0, |(_, s)| s.step as f64 + 1.0);
+    let [step] = dist::sum_scalars(&*t.comm, [mine], &t.device)?;
+    match (chosen, step as usize) {
+        (Some(c), _) => Ok(Some(c)),
+        (None, 0) => Ok(None),
+        (None, s) => checkpoint::at_step(run_dir, s - 1).map(Some),
+    }
+}
+
+/// A checkpoint after `step`: parameters, optimizer state, the data position
+/// (`position`, after the step's last micro-batch; in the contiguous order every rank's) and the monitor's window;
+/// with several ranks, after checking that they hold the same parameters.
+fn save_checkpoint(
+    t: &Trainer,
+    cfg: &TrainConfig,
+    run_dir: &Path,
+    step: usize,
+    position: &crate::data::LoaderState,
+    monitor: &Monitor,
+    elapsed_s: f64,
+) -> Result<PathBuf> {
+    let ranks = t.ranks();
+    let state = checkpoint::TrainState {
+        step,
+        optimizer_steps: t.opt.t,
+        loader: position.clone(),
+        world_size: ranks.world_size,
+        other_ranks: Vec::new(),
+        data_order: cfg.data_order,
+        global_batch: ranks
+            .world_size
+            .checked_mul(cfg.batch())
+            .and_then(|b| b.checked_mul(cfg.gradient_accumulation))
+            .context("the global batch overflows")?,
+        model: Some(model_identity(t)),
+        monitor: monitor.state.clone(),
+        elapsed_s,
+        sweep_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    if ranks.world_size > 1 {
+        t.check_replicas()
+            .with_context(|| format!("checkpoint at step {step}"))?;
+    }
+    checkpoint::save_all_ranks(run_dir, &t.params, &t.opt, state, &*t.comm, &t.device)
+}

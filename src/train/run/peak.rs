@@ -1,0 +1,281 @@
+//! The CPU's peak: the matrix-product throughput the trainer's own kernels
+//! reach on this machine and thread count (what MFU is measured against on a
+//! CPU): candle's f32 GEMM for `f32`, sweep's bf16 kernel for `bf16-mixed`.
+//! Measured once and cached per CPU model, kernel and thread count, with
+//! the date (`~/.cache/sweep/cpu-peak.json`); `sweep bench peak` refreshes
+//! it for every thread count.
+//!
+//! The peak is the machine's, not the moment's: a measurement whose threads
+//! were kept off their cores by other work (a test suite, a neighbour's
+//! job) is timed by the CPU time its threads got rather than by the clock,
+//! so a busy machine does not cache a peak that a later quiet run exceeds.
+
+use crate::train::network::ops::linear::bf16_gemm::{self, Bf16Kernel, View};
+use anyhow::Result;
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Which matrix-product kernel the peak is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// candle's f32 GEMM (`precision = "f32"`).
+    F32,
+    /// bf16 operands, f32 accumulation (`precision = "bf16-mixed"`).
+    Bf16,
+}
+
+impl Kernel {
+    pub fn describe(self) -> &'static str {
+        match (self, bf16_gemm::selected()) {
+            (Kernel::F32, _) => "candle's f32 matmul",
+            (Kernel::Bf16, Bf16Kernel::Avx512Bf16) => "sweep's bf16 matmul (AVX-512 BF16)",
+            (Kernel::Bf16, Bf16Kernel::Portable) => "sweep's bf16 matmul (portable)",
+        }
+    }
+}
+
+/// `cpu-peak.json`: one measured peak per CPU model, kernel and thread
+/// count. A cache in another format is measured again, never misread.
+#[derive(Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Cache {
+    /// "<cpu model>/<threads>" (f32), "<cpu model>/bf16/<threads>" or
+    /// "<cpu model>/bf16-portable/<threads>" -> its measurement
+    peaks: BTreeMap<String, Peak>,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Peak {
+    flops: f64,
+    cpu: String,
+    kernel: String,
+    threads: usize,
+    /// The share of its threads' wall time they spent on a core (1 on a
+    /// quiet machine); below [`QUIET`] the rate is per CPU-second.
+    cpu_share: f64,
+    /// When it was measured (RFC 3339, UTC).
+    measured_at: String,
+}
+
+/// A measurement whose threads ran at least this share of its wall time
+/// had the machine to itself: timed by the clock, as the trainer is.
+const QUIET: f64 = 0.9;
+
+/// One timed round: its rate in FLOP/s and the share of the wall time its
+/// `threads` spent on a core. On a busy machine (share below [`QUIET`]) the
+/// rate is taken over the CPU time the threads got, which is what the
+/// kernel does when it has its cores.
+fn round_rate(flops: f64, wall_s: f64, cpu_s: f64, threads: usize) -> (f64, f64) {
+    let share = cpu_s / (wall_s * threads as f64).max(1e-12);
+    let seconds = if share >= QUIET || cpu_s <= 0.0 {
+        wall_s
+    } else {
+        cpu_s / threads as f64
+    };
+    (flops / seconds.max(1e-12), share)
+}
+
+/// CPU seconds the pool's threads have run so far (each thread's own
+/// clock, so the rest of the process does not count).
+fn pool_cpu_seconds(pool: &rayon::ThreadPool) -> f64 {
+    pool.broadcast(|_| {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec through a valid pointer.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        match rc {
+            0 => t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9,
+            _ => 0.0,
+        }
+    })
+    .into_iter()
+    .sum()
+}
+
+fn cache_path() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("sweep").join("cpu-peak.json")
+}
+
+fn cpu_model() -> String {
+    crate::util::process::cpu_model().unwrap_or_else(|| "unknown cpu".into())
+}
+
+/// The cache's key: the CPU, the architecture sweep was built for (a build
+/// for another one, run under emulation, sees the host's CPU name), the
+/// kernel and the threads.
+fn key(kernel: Kernel, threads: usize) -> String {
+    let kernel = match (kernel, bf16_gemm::selected()) {
+        (Kernel::F32, _) => "",
+        (Kernel::Bf16, Bf16Kernel::Avx512Bf16) => "/bf16",
+        (Kernel::Bf16, Bf16Kernel::Portable) => "/bf16-portable",
+    };
+    format!(
+        "{}/{}{kernel}/{threads}",
+        cpu_model(),
+        std::env::consts::ARCH
+    )
+}
+
+/// Best FLOP/s over square products of 256, 512 and 1024, three rounds each,
+/// on a pool of `threads` (candle splits its products by
+/// `RAYON_NUM_THREADS`, which the trainer sets to the same count; the pool
+/// bounds both kernels to it whatever the process's global pool is), with
+/// the share of its wall time the best round's threads ran.
+fn measure(kernel: Kernel, threads: usize) -> Result<(f64, f64)> {
+    let threads = threads.max(1);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    let mut best = (0f64, 0f64);
+    for n in [256usize, 512, 1024] {
+        let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+        let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+        let (av, bv) = (
+            a.flatten_all()?.to_vec1::<f32>()?,
+            b.flatten_all()?.to_vec1::<f32>()?,
+        );
+        let mut c = vec![0f32; n * n];
+        let mut product = || -> Result<()> {
+            match kernel {
+                Kernel::F32 => drop(a.matmul(&b)?),
+                Kernel::Bf16 => {
+                    let view = |d| View {
+                        data: d,
+                        rs: n,
+                        cs: 1,
+                    };
+                    bf16_gemm::gemm(n, n, n, view(&av), view(&bv), &mut c);
+                }
+            }
+            Ok(())
+        };
+        pool.install(&mut product)?; // warm up
+        let reps = (2_000_000_000 / (2 * n * n * n)).max(2);
+        for _ in 0..3 {
+            // The clock spans both readings of the threads' clocks, so no
+            // CPU time is counted that the wall time does not hold.
+            let t = Instant::now();
+            let cpu = pool_cpu_seconds(&pool);
+            pool.install(|| (0..reps).try_for_each(|_| product()))?;
+            let cpu = pool_cpu_seconds(&pool) - cpu;
+            let wall = t.elapsed().as_secs_f64();
+            let round = round_rate((2 * n * n * n * reps) as f64, wall, cpu, threads);
+            if round.0 > best.0 {
+                best = round;
+            }
+        }
+    }
+    Ok(best)
+}
+
+fn load() -> Cache {
+    std::fs::read(cache_path())
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// The cached peak for this CPU, kernel and thread count, measured on first use.
+pub fn cpu_peak(kernel: Kernel, threads: usize) -> Result<f64> {
+    match load().peaks.get(&key(kernel, threads)) {
+        Some(p) => Ok(p.flops),
+        None => refresh(kernel, threads),
+    }
+}
+
+/// Measures again and stores the result (for `sweep bench peak`).
+pub fn refresh(kernel: Kernel, threads: usize) -> Result<f64> {
+    let (p, cpu_share) = measure(kernel, threads)?;
+    if cpu_share < QUIET {
+        eprintln!(
+            "note: the peak of {} on {threads} thread(s) was measured while other work held \
+             the cores ({:.0}% of its time on a core): timed by the CPU time it got, not the clock",
+            kernel.describe(),
+            100.0 * cpu_share
+        );
+    }
+    let mut cache = load();
+    let peak = Peak {
+        flops: p,
+        cpu: cpu_model(),
+        kernel: kernel.describe().to_string(),
+        threads,
+        cpu_share,
+        measured_at: crate::util::now_rfc3339(),
+    };
+    cache.peaks.insert(key(kernel, threads), peak);
+    // A cache that cannot be written only costs a measurement next time.
+    let path = cache_path();
+    if std::fs::create_dir_all(crate::util::fs::parent_dir(&path)).is_ok() {
+        let _ = crate::util::fs::write_atomic(
+            &path,
+            &serde_json::to_vec_pretty(&cache).unwrap_or_default(),
+        );
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quiet_round_is_timed_by_the_clock() {
+        // 10 GFLOP in 1 s on 2 threads that ran 1.9 of their 2 CPU-seconds.
+        let (rate, share) = round_rate(1e10, 1.0, 1.9, 2);
+        assert_eq!(rate, 1e10);
+        assert!((share - 0.95).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_round_kept_off_its_cores_is_timed_by_the_cpu_time_it_got() {
+        // One thread sharing its core with two others: a third of the wall
+        // time on the core, so the kernel's rate is three times the clock's.
+        let (rate, share) = round_rate(1e10, 3.0, 1.0, 1);
+        assert!((rate - 1e10).abs() < 1e-3, "{rate}");
+        assert!((share - 1.0 / 3.0).abs() < 1e-12);
+        // Two threads that got one CPU-second between them in one second.
+        let (rate, _) = round_rate(1e10, 1.0, 1.0, 2);
+        assert!((rate - 2e10).abs() < 1e-3, "{rate}");
+    }
+
+    #[test]
+    fn a_clock_that_reads_nothing_falls_back_to_the_wall_time() {
+        assert_eq!(round_rate(1e10, 2.0, 0.0, 1).0, 5e9);
+    }
+
+    #[test]
+    fn the_pools_cpu_time_counts_its_threads_work_and_no_more_than_the_clock() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let t = Instant::now();
+        let before = pool_cpu_seconds(&pool);
+        let sum = pool.install(|| {
+            use rayon::prelude::*;
+            (0..50_000_000u64)
+                .into_par_iter()
+                .map(std::hint::black_box)
+                .sum::<u64>()
+        });
+        let cpu = pool_cpu_seconds(&pool) - before;
+        let wall = t.elapsed().as_secs_f64();
+        assert_eq!(sum, 50_000_000 * 49_999_999 / 2);
+        // Two threads cannot run longer than twice the clock.
+        assert!(
+            cpu > 0.0 && cpu <= 2.0 * wall + 1e-3,
+            "{cpu} s on the pool's clocks in {wall} s"
+        );
+    }
+}

@@ -1,0 +1,558 @@
+//! One rank's trainer: the model, its data and its optimizer, built from a
+//! run's configuration, and one optimizer step (forward and backward over
+//! the micro-batches, gradients summed across ranks, clipping, AdamW).
+//! The process around it — threads, signals, resuming, the step loop — is
+//! [`super::run`].
+
+use super::dist::{self, Collective, GradientLayout, GradientSum, Ranks};
+use crate::config::{BatchSize, DeviceKind, RuntimeOptions, TrainConfig};
+use crate::data::Batch;
+use crate::data::{DataSpec, SampleStream, SourceSpec, TextTokenizer};
+use crate::train::network::blockwise::{Probe, Tokens};
+use crate::train::network::grads::Grads;
+use crate::train::network::model::{Llama, ModelSpec};
+use crate::train::network::optim::AdamW;
+use crate::train::network::params::Params;
+use crate::train::network::{device, ops};
+use crate::util::signals::StopSignals;
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Everything a run needs, built from its configuration.
+pub struct Trainer {
+    pub cfg: TrainConfig,
+    pub model_spec: ModelSpec,
+    pub device: Device,
+    pub params: Params,
+    pub model: Llama,
+    pub opt: AdamW,
+    pub spec: DataSpec,
+    pub threads: usize,
+    /// The engine that sums gradients across ranks ([`dist::Single`] alone).
+    pub comm: Box<dyn Collective>,
+    /// Every parameter's gradient, in buffers kept from step to step.
+    pub grads: Grads,
+    /// The order and buckets in which gradients are summed across ranks.
+    pub layout: GradientLayout,
+    /// Wait for the device at the end of each forward pass, so that
+    /// [`Phases`] splits a step truly (`sweep bench train`); training does
+    /// not (it would idle a GPU).
+    pub sync_forward: bool,
+    /// The kernels that failed their self-check when the GPU opened, whose
+    /// ops run their composed twins ([`ops::selfcheck`]).
+    pub fallbacks: Vec<ops::selfcheck::Failure>,
+}
+
+/// Where a step's time went, in seconds. Without [`Trainer::sync_forward`]
+/// a GPU's forward work may end inside `backward_s`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// The forward passes of the step's micro-batches.
+    pub forward_s: f64,
+    /// Their backward passes, and the wait for the gradients' sums.
+    pub backward_s: f64,
+    /// Clipping and AdamW, until the gradient norm is read.
+    pub optimizer_s: f64,
+}
+
+/// What one optimizer step reports.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOutcome {
+    /// Mean loss over the step's training tokens on all ranks.
+    pub loss: f64,
+    /// Global L2 norm of the summed gradients, before clipping.
+    pub grad_norm: f64,
+    /// This rank's tokens with a training label.
+    pub training_tokens: usize,
+    /// Seconds spent summing gradients and losses across ranks.
+    pub comm_s: f64,
+    pub phases: Phases,
+}
+
+impl Trainer {
+    /// A trainer for the rank the launcher's environment names, with the
+    /// process's options (kernels, memory pool, data-parallel engine).
+    pub fn new(cfg: TrainConfig, threads: usize, rt: &RuntimeOptions) -> Result<Trainer> {
+        let tok = Arc::new(TextTokenizer::load(&cfg.tokenizer, &cfg.specials())?);
+        let model = cfg.model_config()?.with_vocabulary(tok.vocab_size())?;
+        Trainer::with_model(cfg, model, tok, threads, rt)
+    }
+
+    /// A trainer of `model_cfg`, whose vocabulary the caller resolved
+    /// (`sweep bench train` trains on synthetic ids of its own vocabulary).
+    pub fn with_model(
+        cfg: TrainConfig,
+        model_cfg: crate::config::ModelConfig,
+        tok: Arc<TextTokenizer>,
+        threads: usize,
+        rt: &RuntimeOptions,
+    ) -> Result<Trainer> {
+        if cfg.batch_size == BatchSize::Max {
+            bail!("batch_size = \"max\" must be resolved before training (sweep train does)");
+        }
+        let ranks = Ranks::from_env()?;
+        let (device, fallbacks) = match cfg.device {
+            DeviceKind::Cpu => (Device::Cpu, Vec::new()),
+            DeviceKind::Cuda => cuda_device(ranks.local_rank, rt)?,
+        };
+        let (dtype, bf16_matmuls) = crate::train::network::model::dtypes(cfg.precision, &device)?;
+        if bf16_matmuls && device.is_cpu() && ranks.is_main() {
+            announce_bf16_kernel(rt);
+        }
+        let comm = dist::connect(ranks, &device, rt)?;
+        // Every rank runs the kernels every rank passed (replicas that
+        // rounded differently would drift apart).
+        let fallbacks = match device.is_cuda() {
+            true => {
+                let others = super::dist::agree::on_kernels(&*comm, &device, &fallbacks)?;
+                fallbacks.into_iter().chain(others).collect()
+            }
+            false => fallbacks,
+        };
+        let model_spec = ModelSpec {
+            cfg: model_cfg,
+            attention: cfg.attention,
+            max_seq: cfg.sequence_length,
+            device: device.clone(),
+            dtype,
+            bf16_matmuls,
+            recompute: cfg.recompute,
+        };
+        let params = model_spec.init_params(cfg.seed)?;
+        broadcast_params(&*comm, &params)?;
+        let model = Llama::new(&params, &model_spec)?;
+        let opt = AdamW::new(&params, &cfg)?;
+        let source = match (cfg.pretokenized, &cfg.pretokenized_path) {
+            (true, Some(path)) => SourceSpec::Pretokenized { path: path.clone() },
+            (true, None) => bail!("`pretokenized = true` needs `pretokenized_path` (the planner sets it from its pretokenize stage)"),
+            (false, _) => SourceSpec::Text { path: cfg.dataset.clone(), column: cfg.text_column.clone() },
+        };
+        let spec = DataSpec {
+            dataset_type: cfg.dataset_type,
+            seq_len: cfg.sequence_length,
+            source,
+            tokenizer: tok,
+            rank: ranks.rank,
+            world_size: ranks.world_size,
+            order: cfg.data_order,
+            holdout: cfg.validation_documents,
+        };
+        let grads = Grads::buffers_for(&params)?;
+        let layout = GradientLayout::new(&grads, &model.stages())?;
+        Ok(Trainer {
+            cfg,
+            model_spec,
+            device,
+            params,
+            model,
+            opt,
+            spec,
+            threads,
+            comm,
+            grads,
+            layout,
+            sync_forward: false,
+            fallbacks,
+        })
+    }
+
+    pub fn ranks(&self) -> Ranks {
+        self.comm.ranks()
+    }
+
+    /// One optimizer step over this rank's micro-batches: forward and
+    /// backward, gradients summed over the ranks, clipping on the global
+    /// norm, AdamW. The loss is normalised by the training tokens of all
+    /// ranks together, so N ranks at batch B train like one rank at N·B on
+    /// the same samples.
+    ///
+    /// With `stop`, a stop signal between two micro-batches abandons the step
+    /// (the parameters are untouched) with [`Interrupted`]; only
+    /// a single rank may leave a step early.
+    pub fn step(
+        &mut self,
+        micro: &[Batch],
+        lr: f64,
+        memory: &mut device::PeakMemory,
+        stop: Option<&StopSignals>,
+    ) -> Result<StepOutcome> {
+        let local: usize = micro.iter().map(|b| b.training_tokens).sum();
+        let t0 = Instant::now();
+        let [global] = dist::sum_scalars(&*self.comm, [local as f64], &self.device)?;
+        let mut comm_s = t0.elapsed().as_secs_f64();
+        // The last micro-batch's backward pass hands each bucket of finished
+        // gradients to the engine's background thread, where it has one;
+        // what is left to wait for afterwards is the exposed communication.
+        let passes = Instant::now();
+        let alone = self.comm.is_single();
+        let (partial, forward_s, finish_s) =
+            device::once_more_after_release(&self.device, alone, || {
+                let mut sum = self.layout.begin(&*self.comm);
+                let (partial, forward_s) = forward_backward(
+                    &self.model,
+                    &mut self.grads,
+                    &self.device,
+                    (micro, stop, self.sync_forward),
+                    global.max(1.0),
+                    memory,
+                    &mut sum,
+                )?;
+                let t1 = Instant::now();
+                sum.finish(&*self.comm, &mut self.grads)?;
+                Ok((partial, forward_s, t1.elapsed().as_secs_f64()))
+            })?;
+        let t1 = Instant::now();
+        let grads = &mut self.grads;
+        let [loss] = dist::sum_scalars(&*self.comm, [partial], &self.device)?;
+        comm_s += finish_s + t1.elapsed().as_secs_f64();
+        let updating = Instant::now();
+        crate::train::network::parts::pass(crate::train::network::parts::Pass::Optimizer);
+        if !loss.is_finite() {
+            bail!("the loss ({loss}) is not finite; try a lower learning_rate");
+        }
+        // On a GPU the norm and the clip scale stay on the device: AdamW
+        // reads the scale there, and the host reads the norm once, after the
+        // update is queued (a non-finite norm makes the update change nothing).
+        let clipping = grads.clipping(self.cfg.grad_clip)?;
+        let grad_norm = self.opt.step(&self.grads, lr, &clipping)?;
+        if !grad_norm.is_finite() {
+            bail!("the gradient norm ({grad_norm}) is not finite (loss {loss}); try a lower learning_rate");
+        }
+        let phases = Phases {
+            forward_s,
+            backward_s: (updating - passes).as_secs_f64() - forward_s,
+            optimizer_s: updating.elapsed().as_secs_f64(),
+        };
+        Ok(StepOutcome {
+            loss,
+            grad_norm,
+            training_tokens: local,
+            comm_s,
+            phases,
+        })
+    }
+
+    /// Mean loss over `batches` batches of the held-out documents (no gradients).
+    pub fn validation_loss(&self, batches: usize) -> Result<f64> {
+        let mut stream = SampleStream::open_validation(&self.spec)?;
+        let (mut sum, mut count) = (0.0, 0usize);
+        for _ in 0..batches {
+            let b = crate::data::loader::next_batch(&mut stream, self.cfg.batch())?;
+            let ids = Tensor::from_slice(&b.inputs, (b.batch_size, b.seq_len), &self.device)?;
+            sum += self.model.loss(&ids, &b.labels, 1.0)?;
+            count += b.training_tokens;
+        }
+        Ok(sum / count.max(1) as f64)
+    }
+
+    /// Checks that every rank holds the same parameters (a digest of rank
+    /// 0's, broadcast and compared); returns the digest.
+    pub fn check_replicas(&self) -> Result<String> {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for (_, var) in self.params.iter() {
+            for x in var.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()? {
+                h.update(x.to_le_bytes());
+            }
+        }
+        let digest = format!("{:x}", h.finalize());
+        // 48 bits of it, exact in an f64, are what the ranks compare.
+        let mine = u64::from_str_radix(&digest[..12], 16).expect("hex") as f64;
+        let root = self
+            .comm
+            .broadcast(&Tensor::new(&[mine], &self.device)?, 0)?;
+        let root = root.to_vec1::<f64>()?[0];
+        let [differ] = dist::sum_scalars(&*self.comm, [(mine != root) as u8 as f64], &self.device)?;
+        if differ > 0.0 {
+            bail!(
+                "the parameters of {differ} rank(s) differ from rank 0's (this is rank {}, digest {})",
+                self.ranks().rank,
+                &digest[..12]
+            );
+        }
+        Ok(digest)
+    }
+}
+
+/// The forward and backward passes of a step's micro-batches into `grads`,
+/// telling `sum` which gradients the last one's backward pass has finished,
+/// and checking `stop` between micro-batches: the loss's share of this rank,
+/// and the seconds in forward passes.
+fn forward_backward(
+    model: &Llama,
+    grads: &mut Grads,
+    device: &Device,
+    (micro, stop, sync_forward): (&[Batch], Option<&StopSignals>, bool),
+    divisor: f64,
+    memory: &mut device::PeakMemory,
+    sum: &mut GradientSum<'_>,
+) -> Result<(f64, f64)> {
+    grads.zero()?;
+    let (mut loss, mut forward_s) = (0.0, 0.0);
+    for (i, b) in micro.iter().enumerate() {
+        if i > 0 && stop.is_some_and(|s| s.received().is_some()) {
+            return Err(Interrupted.into());
+        }
+        let last = i + 1 == micro.len();
+        sum.tokens(&b.inputs);
+        let tokens = Tokens::new(&b.inputs, b.batch_size, b.seq_len)?;
+        let probe = Probe {
+            at_peak: &mut || memory.sample(device),
+            sync_forward,
+            on_ready: &mut |f, g| if last { sum.finished(f, g) } else { Ok(()) },
+        };
+        let pass = model.forward_backward_probed(tokens, &b.labels, divisor, grads, probe)?;
+        loss += pass.loss;
+        forward_s += pass.forward_s;
+    }
+    Ok((loss, forward_s))
+}
+
+/// Every rank starts from rank 0's parameters (the same seed gives the same
+/// ones, but a broadcast makes it so whatever the device's kernels do).
+fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
+    if comm.is_single() {
+        return Ok(());
+    }
+    for (_, var) in params.iter() {
+        let flat = comm.broadcast(&var.flatten_all()?, 0)?;
+        var.set(&flat.reshape(var.shape())?)?;
+    }
+    Ok(())
+}
+
+/// Says once which CPU kernel multiplies bf16-mixed's operands, and why when
+/// it is the slower portable one.
+fn announce_bf16_kernel(rt: &RuntimeOptions) {
+    use crate::config::runtime::CpuKernels;
+    use ops::linear::bf16_gemm::{self, Bf16Kernel};
+    if bf16_gemm::selected() == Bf16Kernel::Portable {
+        let why = match rt.cpu_kernels {
+            CpuKernels::Portable => "SWEEP_CPU_KERNELS=portable",
+            CpuKernels::Auto if cfg!(target_arch = "x86_64") => "this CPU lacks AVX-512 BF16",
+            CpuKernels::Auto => "AVX-512 BF16 is x86-64's",
+        };
+        eprintln!(
+            "sweep train: bf16-mixed through the portable bf16 kernel ({why}): the same arithmetic \
+             as the AVX-512 BF16 kernel, and slower than training in f32"
+        );
+    }
+}
+
+/// GPU `local_rank`, its memory pool as the options say, once its kernels
+/// passed their self-check (those that did not: their failures).
+fn cuda_device(
+    local_rank: usize,
+    rt: &RuntimeOptions,
+) -> Result<(Device, Vec<ops::selfcheck::Failure>)> {
+    if rt.cuda_kernels == ops::CudaKernels::Composed {
+        eprintln!(
+            "sweep train: SWEEP_CUDA_KERNELS=composed: candle's composed ops instead of sweep's CUDA kernels"
+        );
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let device = device::cuda(local_rank, rt.cuda_pool)?;
+        let failures = ops::selfcheck::at_open(&device, rt.cuda_kernels)?;
+        Ok((device, failures))
+    }
+    #[cfg(not(feature = "cuda"))]
+    bail!(
+        "`device = \"cuda\"` (local rank {local_rank}) needs a build with the `cuda` feature (see docs/gpu.md)"
+    )
+}
+
+/// A stop signal arrived between the micro-batches of a step.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stopped by a signal between micro-batches")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ModelConfig, ModelOverrides, Precision};
+    use crate::data::samples::IGNORE;
+    use crate::train::network::optim;
+    use crate::train::network::oracle::Autograd;
+
+    fn tiny(vocab: usize) -> ModelConfig {
+        let o = ModelOverrides {
+            dim: Some(16),
+            n_layers: Some(2),
+            n_heads: Some(4),
+            n_kv_heads: Some(2),
+            vocab_size: Some(vocab),
+            multiple_of: Some(16),
+            ..Default::default()
+        };
+        ModelConfig::resolve("tiny", &o).unwrap()
+    }
+
+    /// The tiny model in f64 beside its oracle, a batch and its labels.
+    fn setup() -> (Params, Autograd, Tensor, Vec<i64>) {
+        let cfg = tiny(40);
+        let spec = ModelSpec {
+            cfg,
+            attention: crate::config::AttentionKind::Eager,
+            max_seq: 8,
+            device: Device::Cpu,
+            dtype: DType::F64,
+            bf16_matmuls: false,
+            recompute: crate::config::Recompute::None,
+        };
+        let params = spec.init_params(7).unwrap();
+        let model = Autograd::new(&params, &spec).unwrap();
+        let ids: Vec<u32> = (0..12).map(|i| (i * 7 + 3) % 40).collect();
+        let ids = Tensor::from_vec(ids, (2, 6), &Device::Cpu).unwrap();
+        let labels: Vec<i64> = (0..12)
+            .map(|i| {
+                if i % 5 == 4 {
+                    IGNORE
+                } else {
+                    (i * 11 + 1) % 40
+                }
+            })
+            .collect();
+        (params, model, ids, labels)
+    }
+
+    fn grads_of(params: &Params, model: &Autograd, ids: &Tensor, labels: &[i64]) -> (f64, Grads) {
+        let loss = model.loss(ids, labels, 10.0).unwrap();
+        let value = loss.to_scalar::<f64>().unwrap();
+        let mut g = Grads::default();
+        g.accumulate(params, model.backward(&loss).unwrap())
+            .unwrap();
+        (value, g)
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() -> Result<()> {
+        // f64 runs the composed ops, so differences are precise.
+        let (params, model, ids, labels) = setup();
+        let (_, grads) = grads_of(&params, &model, &ids, &labels);
+        // Central differences: truncation error O(h^2), round-off ~1e-16 * loss / h.
+        let h = 1e-4;
+        for (name, index) in [
+            ("tok_embeddings.weight", 3 * 16 + 2),
+            ("layers.0.attention.wq.weight", 17),
+            ("layers.1.attention.wk.weight", 5),
+            ("layers.0.attention.wv.weight", 40),
+            ("layers.1.attention.wo.weight", 101),
+            ("layers.0.feed_forward.w1.weight", 9),
+            ("layers.1.feed_forward.w2.weight", 77),
+            ("layers.0.feed_forward.w3.weight", 33),
+            ("layers.1.attention_norm.weight", 4),
+            ("norm.weight", 11),
+            ("output.weight", 30 * 16 + 7),
+        ] {
+            let var = params.iter().find(|(n, _)| *n == name).unwrap().1.clone();
+            let base: Vec<f64> = var.flatten_all()?.to_vec1()?;
+            let at = |delta: f64| -> Result<f64> {
+                let mut v = base.clone();
+                v[index] += delta;
+                var.set(&Tensor::from_vec(v, var.shape(), &Device::Cpu)?)?;
+                Ok(model.loss(&ids, &labels, 10.0)?.to_scalar::<f64>()?)
+            };
+            let numeric = (at(h)? - at(-h)?) / (2.0 * h);
+            at(0.0)?;
+            let analytic = grads.get(name).unwrap().flatten_all()?.to_vec1::<f64>()?[index];
+            let err = (numeric - analytic).abs();
+            assert!(
+                err < 1e-6 * analytic.abs() + 1e-10,
+                "{name}[{index}]: numeric {numeric:e} vs autograd {analytic:e}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Per-step losses of a small model on the bundled text.
+    fn losses_on_real_text(precision: Precision, steps: usize) -> Result<Vec<f64>> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cfg = TrainConfig {
+            dataset: root.join("assets/data/quickstart.parquet"),
+            tokenizer: root.join(crate::config::DEFAULT_TOKENIZER),
+            sequence_length: 64,
+            batch_size: crate::config::BatchSize::Fixed(4),
+            learning_rate: 3e-3,
+            warmup_steps: 3,
+            precision,
+            architecture: ModelOverrides {
+                dim: Some(32),
+                n_layers: Some(1),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut t = Trainer::new(cfg.clone(), 2, &RuntimeOptions::default())?;
+        let mut stream = SampleStream::open(&t.spec)?;
+        let mut losses = vec![];
+        for step in 1..=steps {
+            let b = crate::data::loader::next_batch(&mut stream, cfg.batch())?;
+            let out = t.step(
+                &[b],
+                optim::lr_at(step, &cfg),
+                &mut device::PeakMemory::default(),
+                None,
+            )?;
+            losses.push(out.loss);
+        }
+        Ok(losses)
+    }
+
+    #[test]
+    fn loss_falls_on_real_text() -> Result<()> {
+        let losses = losses_on_real_text(Precision::F32, 40)?;
+        let first: f64 = losses[..3].iter().sum::<f64>() / 3.0;
+        let last: f64 = losses[37..].iter().sum::<f64>() / 3.0;
+        assert!(first > 10.0, "starts near ln(32000) = 10.4: {first}");
+        // A random model stays near ln(32000); falling a nat in 40 steps is learning.
+        assert!(last < first - 1.0, "loss {first:.2} -> {last:.2}");
+        Ok(())
+    }
+
+    #[test]
+    fn bf16_mixed_follows_the_f32_curve() -> Result<()> {
+        // With the process's kernel: AVX-512 BF16 where the CPU has it, else
+        // the portable one (the integration tests force the portable one too).
+        let f32 = losses_on_real_text(Precision::F32, 30)?;
+        let mixed = losses_on_real_text(Precision::Bf16Mixed, 30)?;
+        // Same data, same init: only the rounding of matmul operands differs.
+        for (step, (a, b)) in f32.iter().zip(&mixed).enumerate() {
+            assert!(
+                (a - b).abs() < 0.02 * a,
+                "step {}: f32 {a:.4} vs bf16-mixed {b:.4}",
+                step + 1
+            );
+        }
+        assert!(mixed[27..].iter().sum::<f64>() / 3.0 < mixed[..3].iter().sum::<f64>() / 3.0 - 0.8);
+        Ok(())
+    }
+
+    #[test]
+    fn flops_per_token_match_the_reference_formula() {
+        // 6·N + 12·L·H·Q·T at T = 2048, N excluding the token embedding.
+        let p = |name: &str| ModelConfig::preset(name).unwrap();
+        assert_eq!(p("ref-8b").non_embedding_params(), 7_516_459_008);
+        assert_eq!(p("ref-8b").flops_per_token(2048), 48_319_979_520.0);
+        assert_eq!(p("ref-1b").non_embedding_params(), 989_923_328);
+        assert_eq!(p("ref-1b").flops_per_token(2048), 6_744_846_336.0);
+        // The reference's own figures: 7873.05 tokens/s -> 380.43 TFLOPs, 38.47% of 989e12.
+        let tflops = 7873.05 * p("ref-8b").flops_per_token(2048) / 1e12;
+        assert!((tflops - 380.43).abs() < 0.01 && (100.0 * tflops / 989.0 - 38.47).abs() < 0.01);
+        // The CPU speed-goal model (`small`, vocab 8192, seq 256): 82.6 MFLOP/token.
+        let small = ModelConfig {
+            vocab_size: 8192,
+            ..p("small")
+        };
+        assert_eq!(small.flops_per_token(256), 82_605_312.0);
+    }
+}
