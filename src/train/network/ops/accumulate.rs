@@ -13,7 +13,6 @@
 //! transients, fragmented the heap (the CPU trainer's resident memory grew
 //! ~75 MB a block under recomputation).
 
-use super::check::{random, Case, Shapes};
 use candle_core::{bail, CpuStorage, InplaceOp1, InplaceOp2, Layout, Result, Tensor};
 use rayon::prelude::*;
 
@@ -193,19 +192,6 @@ mod on_gpu {
             }
         }
     }
-}
-
-/// Its case for `sweep bench kernels`: a residual sum of the block's width.
-pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
-    let (n, d) = (s.tokens(), s.cfg.dim);
-    Ok(vec![Case::new(
-        super::Kernel::Accumulate,
-        "residual sum",
-        format!("[{n}, {d}]"),
-        3 * n * d,
-        vec![random(&[n, d], 41, 1.0)?, random(&[n, d], 42, 1.0)?],
-        Box::new(|t| Ok(vec![sum(t[0].clone(), &t[1])?])),
-    )])
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@
 //! - [`composed`]: candle ops, on every other device and dtype (f64 in the
 //!   tests); the reference the kernels are checked against.
 
-use super::check::{random, Case, Shapes};
 use super::{own_kernel, Kernel};
 use crate::train::network::kernels::{grid_stride, LaunchPlan, Mem, Ty, Value, ADAMW};
 use candle_core::{CpuStorage, InplaceOp2, Layout, Result, Tensor, Var};
@@ -122,40 +121,10 @@ pub fn plan(n: usize, own: Ty, hyper: [f32; 7]) -> std::result::Result<LaunchPla
     Ok(plan)
 }
 
-/// Its cases for `sweep bench kernels`: one update of an FFN-shaped
-/// parameter with its gradient scaled by 0.5, and one with a NaN clip scale
-/// (the step whose gradients overflowed), which leaves everything as it is.
-/// The outputs: the parameter and both moments.
-pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
-    let (d, f) = (s.cfg.dim, s.cfg.ffn_hidden());
-    [("adamw", 0.5f32), ("adamw, NaN clip scale", f32::NAN)]
-        .into_iter()
-        .enumerate()
-        .map(|(i, (op, scale))| {
-            let seed = 40 + 4 * i as u64;
-            let inputs = (0..4)
-                .map(|k| random(&[d, f], seed + k, if k == 0 { 0.1 } else { 1.0 }))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            Ok(Case {
-                // The twin's moments round in bf16 at each of its passes.
-                chained: true,
-                ..Case::new(
-                    Kernel::AdamW,
-                    op,
-                    format!("[{d}, {f}]"),
-                    7 * d * f,
-                    inputs,
-                    Box::new(move |t| Ok(update_case(t, scale)?)),
-                )
-            })
-        })
-        .collect()
-}
-
 /// One update of the case's parameter t[0] by its gradient t[1], from the
 /// moments t[2] and |t[3]|, as the optimizer makes it: the kernel where
 /// [`own_kernel`] says so, else the twin; a NaN scale skips the update.
-fn update_case(t: &[Tensor], scale: f32) -> Result<Vec<Tensor>> {
+pub(super) fn update_case(t: &[Tensor], scale: f32) -> Result<Vec<Tensor>> {
     let h = Hyper {
         lr: 1e-2,
         beta1: 0.9,

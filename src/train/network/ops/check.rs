@@ -1,8 +1,9 @@
 //! The cases `sweep bench kernels` checks and times, and that the
 //! self-check at a CUDA device's opening runs on tiny shapes
-//! ([`super::selfcheck`]): each op declares its own beside its kernels (a
-//! `cases` function in its file), on random data of a model's shapes;
-//! [`super::cases::all`] lists them in the order the table shows. The one rule that
+//! ([`super::selfcheck`]): each op's in a file of its own under
+//! [`super::cases`] (apart from the op's passes and kernels), on random data
+//! of a model's shapes; [`super::cases::all`] lists them in the order the
+//! table shows. The one rule that
 //! compares a kernel's outputs with its reference's is here too
 //! ([`errors`], [`tolerance`]).
 

@@ -11,7 +11,6 @@
 //! travels as the rows the step used (`dist::buckets::sum_rows`).
 
 use super::accumulate;
-use super::check::{random, Case, Shapes};
 use crate::train::network::kernels::{
     column_blocks, u32_of, LaunchPlan, Mem, Ty, Value, EMBEDDING,
 };
@@ -346,41 +345,6 @@ pub fn plan(n: usize, u: usize, d: usize, own: Ty) -> std::result::Result<Launch
         ],
     )?;
     Ok(plan)
-}
-
-/// Its cases for `sweep bench kernels`: a step's gradient into the table,
-/// and the same with every token one of three ids (rows added to many times).
-pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
-    let (d, v, n) = (s.cfg.dim, s.cfg.vocab_size, s.tokens());
-    let spread: Vec<u32> = (0..n).map(|i| ((i * 104_729) % v) as u32).collect();
-    let repeated: Vec<u32> = (0..n).map(|i| (i % 3.min(v)) as u32).collect();
-    [
-        ("embedding backward", spread),
-        ("embedding backward, repeated ids", repeated),
-    ]
-    .into_iter()
-    .map(|(op, ids)| {
-        let distinct = {
-            let mut s = ids.clone();
-            s.sort_unstable();
-            s.dedup();
-            s.len()
-        };
-        Ok(Case::new(
-            crate::train::network::ops::Kernel::Embedding,
-            op,
-            format!("[{n}, {d}] into [{v}, {d}]"),
-            n * d + 2 * distinct * d,
-            vec![random(&[v, d], 14, 0.1)?, random(&[n, d], 15, 1.0)?],
-            Box::new(move |t| {
-                let mut buf = t[0].clone();
-                let rows = Rows::new(&ids, buf.device())?;
-                add_rows(&mut buf, &rows, &t[1])?;
-                Ok(vec![buf])
-            }),
-        ))
-    })
-    .collect()
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! pass over each gradient and a last kernel that writes [norm, scale], which
 //! the fused AdamW ([`super::adamw`]) reads from device memory.
 
-use super::check::{random, Case, Shapes};
 use crate::train::network::kernels::{u32_of, LaunchPlan, Mem, Ty, Value, GRAD_NORM};
 use candle_core::{DType, Result, Tensor};
 
@@ -202,27 +201,6 @@ mod cuda_norm {
             Ok(())
         }
     }
-}
-
-/// Its case for `sweep bench kernels`: gradients of an embedding, a
-/// projection and a norm weight.
-pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
-    let (d, f, v) = (s.cfg.dim, s.cfg.ffn_hidden(), s.cfg.vocab_size);
-    Ok(vec![Case::new(
-        crate::train::network::ops::Kernel::GradNorm,
-        "grad norm and clip",
-        format!("[{v}, {d}] + [{f}, {d}] + [{d}]"),
-        v * d + f * d + d,
-        vec![
-            random(&[v, d], 23, 0.01)?,
-            random(&[f, d], 24, 0.1)?,
-            random(&[d], 25, 1.0)?,
-        ],
-        Box::new(|t| {
-            let clipping = clipping(&t.iter().collect::<Vec<_>>(), 1.0)?;
-            Ok(vec![clipping.as_tensor(t[0].device())?])
-        }),
-    )])
 }
 
 #[cfg(test)]

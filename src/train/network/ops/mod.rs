@@ -7,8 +7,9 @@
 //! launch of its CUDA kernel (`src/train/network/kernels/<op>.cu`, f32 or bf16
 //! storage with f32 arithmetic; the CPU kernel is its reference), a
 //! composed twin built from candle ops, which runs on other devices and
-//! dtypes and which the tests check the kernels against, and its cases for
-//! `sweep bench kernels` ([`check`]). The ops: [`embedding`], [`rms_norm`],
+//! dtypes and which the tests check the kernels against. Its cases for
+//! `sweep bench kernels` and the self-check live apart, in [`cases`] (the
+//! rule that judges them in [`check`]). The ops: [`embedding`], [`rms_norm`],
 //! [`rope`], [`attention`] (with [`softmax`]), [`linear`] (with its CPU bf16
 //! GEMM), [`silu_mul`] (SwiGLU), [`cross_entropy`] (the loss), and the
 //! optimizer's [`grad_norm`] and [`adamw`]; [`accumulate`] adds into

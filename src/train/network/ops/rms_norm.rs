@@ -1,7 +1,6 @@
 //! RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, over the last dimension.
 //! CUDA kernels: `src/train/network/kernels/rms_norm.cu`.
 
-use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, own_kernel, rows_per_task, work_dtype};
@@ -294,36 +293,6 @@ pub fn backward_plan(
         ],
     )?;
     Ok(plan)
-}
-
-/// Its cases for `sweep bench kernels`: a block's norm, forward and backward.
-pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
-    let (n, d, eps) = (s.tokens(), s.cfg.dim, s.cfg.norm_eps);
-    Ok(vec![
-        Case::new(
-            crate::train::network::ops::Kernel::RmsNorm,
-            "rms_norm forward",
-            format!("[{n}, {d}]"),
-            2 * n * d + d,
-            vec![random(&[n, d], 1, 2.0)?, (random(&[d], 2, 0.5)? + 1.0)?],
-            Box::new(move |t| Ok(vec![rms_norm(&t[0], &t[1], eps)?])),
-        ),
-        Case::new(
-            crate::train::network::ops::Kernel::RmsNorm,
-            "rms_norm backward",
-            format!("[{n}, {d}]"),
-            3 * n * d + 2 * d,
-            vec![
-                random(&[n, d], 3, 2.0)?,
-                (random(&[d], 4, 0.5)? + 1.0)?,
-                random(&[n, d], 5, 1.0)?,
-            ],
-            Box::new(move |t| {
-                let (dx, dw) = backward(&t[0], &t[1], eps, &t[2])?;
-                Ok(vec![dx, dw])
-            }),
-        ),
-    ])
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! The SwiGLU gate: silu(a) * b, in one pass each way. CUDA kernels:
 //! `src/train/network/kernels/silu_mul.cu`.
 
-use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, own_kernel, work_dtype};
@@ -192,37 +191,6 @@ fn run_cuda(
     let dev = cuda::device(a);
     let out = cuda::execute(&dev, &plan, &operands)?.remove(0);
     Ok(out.into_storage(dev))
-}
-
-/// Its cases for `sweep bench kernels`: the feed-forward's gate, forward
-/// and backward.
-pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
-    let (n, f) = (s.tokens(), s.cfg.ffn_hidden());
-    Ok(vec![
-        Case::new(
-            crate::train::network::ops::Kernel::SiluMul,
-            "swiglu forward",
-            format!("[{n}, {f}]"),
-            3 * n * f,
-            vec![random(&[n, f], 6, 4.0)?, random(&[n, f], 7, 1.0)?],
-            Box::new(|t| Ok(vec![silu_mul(&t[0], &t[1])?])),
-        ),
-        Case::new(
-            crate::train::network::ops::Kernel::SiluMul,
-            "swiglu backward",
-            format!("[{n}, {f}]"),
-            5 * n * f,
-            vec![
-                random(&[n, f], 8, 4.0)?,
-                random(&[n, f], 9, 1.0)?,
-                random(&[n, f], 10, 1.0)?,
-            ],
-            Box::new(|t| {
-                let (da, db) = backward(&t[0], &t[1], &t[2])?;
-                Ok(vec![da, db])
-            }),
-        ),
-    ])
 }
 
 #[cfg(test)]

@@ -10,7 +10,6 @@
 //! for the block-wise passes. The tests hold it to the loss composed from
 //! candle ops ([`crate::train::network::oracle::cross_entropy`]).
 
-use super::check::{random, Case, Shapes};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::{f32s, fused, own_kernel, work_dtype};
@@ -314,35 +313,6 @@ impl CustomOp1 for LossAndGradCpu {
         last[0] = (total / self.divisor as f64) as f32;
         Ok((CpuStorage::F32(out), Shape::from((n + 1, v))))
     }
-}
-
-/// Its case for `sweep bench kernels`: the loss and its gradient over one
-/// slice of rows of the head (as the block-wise pass computes them).
-pub fn cases(s: &Shapes) -> anyhow::Result<Vec<Case>> {
-    let v = s.cfg.vocab_size;
-    let rows = head_rows(s.tokens(), v, s.device.is_cuda());
-    let labels: Vec<i64> = (0..rows)
-        .map(|i| {
-            if i % 7 == 3 {
-                IGNORE
-            } else {
-                ((i * 7919) % v) as i64
-            }
-        })
-        .collect();
-    Ok(vec![Case::new(
-        crate::train::network::ops::Kernel::CrossEntropy,
-        "loss and d logits",
-        format!("[{rows}, {v}]"),
-        2 * rows * v,
-        vec![random(&[rows, v], 13, 8.0)?],
-        Box::new(move |t| {
-            // The op consumes its logits: a copy, made before the clock starts.
-            let labels = Labels::new(&labels, t[0].device())?;
-            let (loss, d) = loss_and_grad(t[0].clone(), &labels, 1e3)?;
-            Ok(vec![loss.reshape(1)?, d])
-        }),
-    )])
 }
 
 #[cfg(test)]
