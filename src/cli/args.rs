@@ -1,6 +1,10 @@
 //! The command line as typed structs (clap): every command, its flags and
 //! their ranges, parsed once.
 
+// The doc comments here are the commands' help text, where `<study>` and
+// `[local]` are the usual notation, not HTML or links.
+#![allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
+
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 

@@ -131,7 +131,7 @@ impl ManifestText {
 
     /// Turns a toml parse or deserialisation error into a diagnostic at its
     /// span. `hint` may explain the key at the span better (an unknown key
-    /// or value: see [`super::explain_key`]).
+    /// or value: see `super::explain_key`).
     pub fn from_toml_error(
         &self,
         err: &toml::de::Error,

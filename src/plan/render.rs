@@ -33,7 +33,7 @@ pub struct Rendered {
     /// What `results/<study>` records of the manifest (`study.json`).
     pub study: StudyRecord,
     /// Runs whose directories hold another run that failed before its
-    /// first metric ([`failed_empty`]): rendered afresh, their directories
+    /// first metric (`failed_empty`): rendered afresh, their directories
     /// to be moved aside before they are written
     /// ([`move_failed_empty_aside`]).
     pub failed_empty: Vec<String>,
@@ -519,7 +519,7 @@ pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
 }
 
 /// [`move_changed_aside`] for the runs whose directories hold another run
-/// that failed before its first metric ([`failed_empty`], judged again
+/// that failed before its first metric (`failed_empty`, judged again
 /// here: the caller holds the study's lock now).
 pub fn move_failed_empty_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
     let pattern = log_pattern(plan);

@@ -39,7 +39,7 @@ pub enum Source {
     },
 }
 
-/// A results directory's study: its name (it names plots/<study>: whatever
+/// A results directory's study: its name (it names `plots/<study>`: whatever
 /// the directory is called, one plain name).
 pub(crate) fn dir_study_name(dir: &Path) -> String {
     dir.canonicalize()

@@ -28,7 +28,7 @@ pub struct ReportOptions {
     pub skip_first: Option<usize>,
     pub baseline: Option<String>,
     pub group_by: Vec<String>,
-    /// Where summary.{md,csv,parquet} and report.html go (default: results/<study>).
+    /// Where summary.{md,csv,parquet} and report.html go (default: `results/<study>`).
     pub out: Option<PathBuf>,
     pub plots: bool,
     /// Runs are still going: the page reloads itself.
@@ -122,7 +122,7 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
 }
 
 /// Where a report goes: the study's own directory (a results directory
-/// given: that one, wherever it is; an imported study's: results/<name>)
+/// given: that one, wherever it is; an imported study's: `results/<name>`)
 /// and its plots. A grouping asked for on the command line writes beside
 /// the study's main report (`grouped/<keys>`), never over it.
 fn places(root: &Path, source: &Source, study: &str, group_by: &[String]) -> (PathBuf, PathBuf) {

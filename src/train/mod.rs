@@ -5,7 +5,7 @@
 //!   parameters, the forward and backward block by block, gradient buffers,
 //!   AdamW, each op's kernels (CPU and CUDA) with its composed twin, the
 //!   device and its kernels' self-check, and where a step's time goes;
-//! - [`run`]: `sweep train`, the process — threads, signals, resuming, the
+//! - [`run`](mod@run): `sweep train`, the process — threads, signals, resuming, the
 //!   step loop and exit codes — with one rank's trainer, the schedule, the
 //!   monitor, metrics and `metrics.jsonl`, checkpoints, the largest batch,
 //!   data parallelism and the stacks the watchdog gathers.

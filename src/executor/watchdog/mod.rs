@@ -4,7 +4,7 @@
 //! a line of the job's log that matches the command's `line_pattern`, or a
 //! new step of every rank of the built-in trainer (`progress/rank-<r>`).
 //! When none comes for `[watchdog] stall` (or no first one within
-//! `startup`), it gathers the evidence ([`evidence`]), stops the run
+//! `startup`), it gathers the evidence (`evidence`), stops the run
 //! (SIGTERM, then SIGKILL, to every process of it), records why in the
 //! job's entry of `run.json` with the evidence in `watchdog.log`, and exits
 //! [`HUNG_EXIT`]: the run is HUNG. Otherwise it exits as the launcher did.

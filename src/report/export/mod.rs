@@ -5,7 +5,7 @@
 //! CSV; a [`Check`](crate::report::check::Check) as text, JSON and JUnit;
 //! each of the three as a page ([`crate::report::page::Html`]). Where the
 //! bytes go — a study's file, a file named on the command line, the
-//! terminal — is the caller's; files are written by [`write`].
+//! terminal — is the caller's; files are written by [`write()`].
 
 mod csv;
 mod json;

@@ -4,7 +4,7 @@
 //! its backward is done, and hands every weight's gradient over as it is
 //! made. candle's autograd takes no part: no graph is recorded (the weights
 //! are detached from the parameters, [`super::params`]), and it is the
-//! oracle the tests compare against ([`super::oracle`]). [`Llama::loss`] is
+//! oracle the tests compare against (`oracle`). [`Llama::loss`] is
 //! the forward pass alone, for validation.
 //!
 //! A block's cache (without recomputation): its input, q, k and v after the

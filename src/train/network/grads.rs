@@ -124,7 +124,7 @@ impl Grads {
     }
 
     /// The global L2 norm over every gradient and the factor that clipping
-    /// to `max_norm` (0: none) scales them by ([`clipping`]).
+    /// to `max_norm` (0: none) scales them by (`clipping`).
     pub fn clipping(&self, max_norm: f64) -> Result<grad_norm::Clipping> {
         let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Clip);
         Ok(grad_norm::clipping(

@@ -2,7 +2,7 @@
 //!
 //! - [`model`], [`params`]: the model's structure and its parameters;
 //! - [`blockwise`]: its forward and backward, block by block (the only
-//!   passes; [`oracle`], tests only, checks them against candle's autograd);
+//!   passes; `oracle`, tests only, checks them against candle's autograd);
 //! - [`grads`], [`optim`]: gradient buffers, AdamW and the learning rate;
 //! - [`ops`]: each op's forward and backward, CPU kernel, CUDA launch and
 //!   composed twin; [`kernels`]: the CUDA sources and their table;

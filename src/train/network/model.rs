@@ -3,7 +3,7 @@
 //! feed-forward, RMSNorm, and an untied output head. One small struct per
 //! block, each declaring its parameters once, where it uses them. The
 //! passes over it are [`super::blockwise`]'s (the trainer's) and, in the
-//! tests alone, [`super::oracle`]'s autograd.
+//! tests alone, `oracle`'s autograd.
 
 use super::ops::rope;
 use super::params::{Declare, Init, ParamSource, Params};

@@ -2,8 +2,8 @@
 //!
 //! Resolves `batch_size = "max"`, builds the [`Trainer`], resumes from the
 //! latest checkpoint in the run directory and trains to the last step:
-//! [`train`] is the loop, delegating the counters and the log to a
-//! [`Reporter`] and the checkpoints to [`save_checkpoint`]. SIGUSR1 (SLURM's
+//! `train` is the loop, delegating the counters and the log to a
+//! [`Reporter`] and the checkpoints to `save_checkpoint`. SIGUSR1 (SLURM's
 //! warning before the time limit) and SIGTERM (preemption, Ctrl-C) end the
 //! current step, write a checkpoint and exit with [`REQUEUE_EXIT`] so the job
 //! script requeues the run; a device out of memory exits with
@@ -15,12 +15,12 @@
 //! resumes on another world size with the gradient accumulation that keeps
 //! its global batch.
 //!
-//! The run's parts: [`trainer`] (one rank's model, data and optimizer, and
-//! one optimizer step), [`schedule`] (what happens at which step),
-//! [`monitor`] (loss spikes and plateaus), [`metrics`] and [`record`] (what
+//! The run's parts: `trainer` (one rank's model, data and optimizer, and
+//! one optimizer step), `schedule` (what happens at which step),
+//! `monitor` (loss spikes and plateaus), [`metrics`] and [`record`] (what
 //! a logged step measures, and `metrics.jsonl`), [`peak`] (the CPU's peak,
-//! MFU's denominator there), [`checkpoint`], [`max_batch`], [`dist`]
-//! (ranks; the MPI and NCCL engines) and [`stacks`] (every thread's stack,
+//! MFU's denominator there), `checkpoint`, [`max_batch`], [`dist`]
+//! (ranks; the MPI and NCCL engines) and `stacks` (every thread's stack,
 //! for the watchdog).
 
 mod checkpoint;

@@ -42,8 +42,8 @@ impl Kernel {
 #[derive(Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Cache {
-    /// "<cpu model>/<threads>" (f32), "<cpu model>/bf16/<threads>" or
-    /// "<cpu model>/bf16-portable/<threads>" -> its measurement
+    /// `<cpu model>/<threads>` (f32), `<cpu model>/bf16/<threads>` or
+    /// `<cpu model>/bf16-portable/<threads>` -> its measurement
     peaks: BTreeMap<String, Peak>,
 }
 

@@ -37,7 +37,7 @@ pub struct Trainer {
     /// The order and buckets in which gradients are summed across ranks.
     pub layout: GradientLayout,
     /// Wait for the device at the end of each forward pass, so that
-    /// [`Phases`] splits a step truly (`sweep bench train`); training does
+    /// `Phases` splits a step truly (`sweep bench train`); training does
     /// not (it would idle a GPU).
     pub sync_forward: bool,
     /// The kernels that failed their self-check when the GPU opened, whose
@@ -169,7 +169,7 @@ impl Trainer {
     /// the same samples.
     ///
     /// With `stop`, a stop signal between two micro-batches abandons the step
-    /// (the parameters are untouched) with [`Interrupted`]; only
+    /// (the parameters are untouched) with `Interrupted`; only
     /// a single rank may leave a step early.
     pub fn step(
         &mut self,

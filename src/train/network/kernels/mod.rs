@@ -2,10 +2,10 @@
 //! data, in every build: each source, how NVRTC compiles it, and each entry
 //! point's signature. The signatures are one table that two checks hold to:
 //! every launch pushes exactly its kernel's parameters, asserted before
-//! `cuLaunchKernel` ([`crate::train::network::ops::cuda`]), and every compiled CUBIN
+//! `cuLaunchKernel` (`ops::cuda`, CUDA builds), and every compiled CUBIN
 //! has exactly these entry points with parameters of these sizes, checked
 //! without a GPU by `scripts/check-gpu-offline.sh` (the test in
-//! [`offline`]), which compiles the sources with NVRTC exactly as the
+//! `offline`), which compiles the sources with NVRTC exactly as the
 //! trainer does.
 
 #[cfg(test)]
@@ -396,9 +396,9 @@ impl Launch {
 
 /// An op's work on a GPU as data: the outputs and scratch buffers it
 /// allocates (type, values) and its launches in order. The CUDA executor
-/// ([`crate::train::network::ops::cuda::execute`]) runs it on candle's stream, and
+/// (`ops::cuda::execute`) runs it on candle's stream, and
 /// the tests run the same plan on a CPU (the host emulation of the
-/// kernels, [`emulator`]) against the op's CPU twin: the grid sizes,
+/// kernels, `emulator`) against the op's CPU twin: the grid sizes,
 /// offsets and the order of the arguments are the ones the GPU gets.
 #[derive(Debug, Clone, Default)]
 pub struct LaunchPlan {

@@ -5,7 +5,7 @@
 //!
 //! - [`host`]: the CPU kernel, f32 parameters with their moments in host
 //!   vectors, one pass.
-//! - [`device`] (CUDA, `kernels/adamw.cu`): each element of the parameter,
+//! - `device` (CUDA, `kernels/adamw.cu`): each element of the parameter,
 //!   its gradient and both moments read once and written once, the clip
 //!   scale read from device memory (no read of the host). Composed from
 //!   candle ops the same update took ~14 passes over each tensor (1.9–3.7 ms
@@ -121,8 +121,8 @@ pub fn plan(n: usize, own: Ty, hyper: [f32; 7]) -> std::result::Result<LaunchPla
     Ok(plan)
 }
 
-/// One update of the case's parameter t[0] by its gradient t[1], from the
-/// moments t[2] and |t[3]|, as the optimizer makes it: the kernel where
+/// One update of the case's parameter `t[0]` by its gradient `t[1]`, from the
+/// moments `t[2]` and `|t[3]|`, as the optimizer makes it: the kernel where
 /// [`own_kernel`] says so, else the twin; a NaN scale skips the update.
 pub(super) fn update_case(t: &[Tensor], scale: f32) -> Result<Vec<Tensor>> {
     let h = Hyper {

@@ -191,7 +191,7 @@ const TILE_BYTES: usize = 1 << 28;
 /// Query positions per tile of [`tiled_backward`] for B×H heads over T
 /// positions: about T/8 (causal tiles skip the keys past their last query:
 /// 8 tiles do ~56% of the full products' work), fewer where a tile's
-/// [B, H, tile, T] scores would pass [`TILE_BYTES`]; a multiple of 64 (the
+/// [B, H, tile, T] scores would pass `TILE_BYTES`; a multiple of 64 (the
 /// GEMMs' own tile) when at least 64.
 pub fn tile_rows(b: usize, h: usize, t: usize, dtype: DType) -> usize {
     let per_row = [h, t, dtype.size_in_bytes()]

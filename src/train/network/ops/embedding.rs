@@ -17,7 +17,7 @@ use crate::train::network::kernels::{
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor};
 
-/// Rows `ids` (u32, [N]) of `table` ([V, D]): [N, D].
+/// Rows `ids` (u32, `[N]`) of `table` (`[V, D]`): `[N, D]`.
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Embedding);
     if table.dtype() == DType::F32 || table.dtype() == DType::F64 {
@@ -76,7 +76,7 @@ impl CustomOp2 for Lookup {
 
 /// A micro-batch's token ids as [`add_rows`] takes them: the host's, and
 /// where the CUDA kernel takes them, their grouping by token
-/// ([`Grouping`]) on the device, uploaded with the ids at the start of the
+/// (`Grouping`) on the device, uploaded with the ids at the start of the
 /// pass rather than at the end of its backward.
 #[derive(Debug, Clone)]
 pub struct Rows<'a> {
@@ -319,7 +319,7 @@ mod cuda_rows {
 
 /// The grouped row sum on a GPU: the buffer [rows, d] (operand 0, added
 /// into), dy [n, d] (operand 1) and the grouping of n positions into u
-/// tokens (operand 2, u32, [`Grouping`]'s words): block (t, c) sums token t's
+/// tokens (operand 2, u32, `Grouping`'s words): block (t, c) sums token t's
 /// rows of dy in position order for its columns and adds them into the
 /// token's row (positions below n and tokens below the buffer's rows,
 /// checked by [`add_rows`]).

@@ -14,7 +14,7 @@ const NORM_BLOCKS: usize = 528;
 /// The norm and the clip scale on a GPU: gradients of `lens` values
 /// (operands 0.., each of storage type `own`) into [norm, scale] (the
 /// operand after them, f32): each gradient's sum of squares by
-/// [`NORM_BLOCKS`] blocks, one partial each, then one block sums the
+/// `NORM_BLOCKS` blocks, one partial each, then one block sums the
 /// partials in order and writes the pair.
 pub fn plan(lens: &[usize], own: Ty, max_norm: f32) -> std::result::Result<LaunchPlan, String> {
     plan_on(lens, own, max_norm, NORM_BLOCKS)

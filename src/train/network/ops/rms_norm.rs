@@ -211,7 +211,7 @@ fn rows_and_width(xl: &Layout, wl: &Layout) -> Result<(usize, usize)> {
 }
 
 /// The forward on a GPU: y [rows, d] (output 0) from x [rows, d] (operand
-/// 0) and w [d] (operand 1), a warp per row.
+/// 0) and w `[d]` (operand 1), a warp per row.
 pub fn forward_plan(
     rows: usize,
     d: usize,

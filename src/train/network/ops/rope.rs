@@ -202,7 +202,7 @@ impl CustomOp1 for Rope {
     }
 }
 
-/// [`Rope`] on a GPU: x [d0, d1, d2, q] (operand 0) to [d0, d2, d1, q]
+/// `Rope` on a GPU: x [d0, d1, d2, q] (operand 0) to [d0, d2, d1, q]
 /// (output 0), rotated with the f32 tables cos and sin [positions, q/2]
 /// (operands 1 and 2) when `rotate` (without, the kernel reads none: a
 /// one-value stand-in): a thread per 16 bytes' worth of output pairs where

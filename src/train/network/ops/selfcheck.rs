@@ -26,7 +26,7 @@ use candle_core::{DType, Device};
 pub struct Failure {
     pub kernel: Kernel,
     /// The case (`rms_norm forward`, ...) and its dtype (none: the kernel
-    /// failed on another rank's GPU, [`agree`]).
+    /// failed on another rank's GPU: the ranks' agreement, `run::dist::agree`).
     pub case: &'static str,
     pub dtype: Option<DType>,
     /// Max |kernel − twin| / max |twin|, where both ran.

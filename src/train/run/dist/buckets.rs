@@ -169,7 +169,7 @@ fn size_of_tensor(t: &Tensor) -> usize {
 /// The token embedding's gradient is finished by the backward pass's last op,
 /// so nothing is left to hide its sum behind, and it is large (a vocabulary
 /// of rows: half of `small`'s bytes). Only the rows of the step's tokens can
-/// be non-zero, so it travels as those rows ([`sum_rows`]), outside the buckets.
+/// be non-zero, so it travels as those rows (`sum_rows`), outside the buckets.
 pub struct GradientLayout {
     names: Vec<String>,
     /// When each tensor is finished.

@@ -8,7 +8,7 @@
 //! [`loss_and_grad`] instead computes the loss and its gradient at once, in
 //! f32, a slice of rows at a time (one kernel on CUDA, one pass on the CPU),
 //! for the block-wise passes. The tests hold it to the loss composed from
-//! candle ops ([`crate::train::network::oracle::cross_entropy`]).
+//! candle ops (`oracle::cross_entropy`, tests only).
 
 #[cfg(feature = "cuda")]
 use super::cuda;
@@ -139,7 +139,7 @@ fn kernel_labels(host: &[i64]) -> Vec<u32> {
 /// pass) and its gradient for the logits, without autograd (the block-wise
 /// backward's head). The logits are consumed: on CUDA the gradient is
 /// written over them, one kernel computing both (`kernels/cross_entropy.cu`);
-/// on the CPU in f32 one pass each way; elsewhere [`computed_by_slices`].
+/// on the CPU in f32 one pass each way; elsewhere `computed_by_slices`.
 pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(Tensor, Tensor)> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Loss);
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]

@@ -112,7 +112,7 @@ pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
     gemm_with(selected(), m, n, k, a, b, c)
 }
 
-/// [`gemm`] with a given kernel (the AVX-512 BF16 one needs a CPU that has it).
+/// [`gemm()`] with a given kernel (the AVX-512 BF16 one needs a CPU that has it).
 pub fn gemm_with(
     kernel: Bf16Kernel,
     m: usize,

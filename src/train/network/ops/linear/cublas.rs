@@ -79,9 +79,9 @@ impl Gemm {
         }
     }
 
-    /// sum[i, :keys, :] += a[i]ᵀ·b[i] for i < batch, with sum [batch, t, d],
+    /// `sum[i, :keys, :] += a[i]ᵀ·b[i]` for i < batch, with sum [batch, t, d],
     /// a [batch, rows, keys] and b [batch, rows, d], all row-major; A is b,
-    /// B is a. Row-major sum[i][:keys] (row stride d, t·d apart) is
+    /// B is a. Row-major `sum[i][:keys]` (row stride d, t·d apart) is
     /// column-major [d, keys]: += bᵀ·a, b read as column-major [d, rows]
     /// (no transpose, ld d) and a as column-major [keys, rows] transposed
     /// (ld keys).

@@ -8,7 +8,7 @@
 //! - [`add_product`] (the weight's gradient `buf += dyᵀ·x`): one GEMM with
 //!   beta = 1 written into the gradient buffer, reading the transposed
 //!   operand through its strides (no transposed copy, no product tensor): the
-//!   `gemm` crate on the CPU in f32, cuBLAS (`cublasGemmEx`, [`cublas`]) on a GPU;
+//!   `gemm` crate on the CPU in f32, cuBLAS (`cublasGemmEx`, `cublas`) on a GPU;
 //!   elsewhere the product is added to the buffer.
 //! - [`add_input_gradient`] (`acc += dy · w`): the same GEMM with beta = 1
 //!   for an input gradient that is a sum of several layers' (attention's
