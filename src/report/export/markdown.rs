@@ -7,7 +7,6 @@ use super::shown::{self, number as f};
 use super::{Exporter, Tables};
 use crate::report::columns::{Metric, Stat};
 use crate::report::judge::{Comparison, Verdict, NOTHING_DIFFERS};
-use crate::report::stats::MeanCi;
 use crate::report::summary::Summary;
 use anyhow::Result;
 use std::io::Write;
@@ -143,8 +142,8 @@ impl Exporter<Comparison> for Markdown {
             out.push_str(&format!(
                 "| {} | {} | {} | {} | {} |\n",
                 cell(&r.judged.configuration),
-                with_ci(r.a_mean, &r.a),
-                with_ci(r.b_mean, &r.b),
+                shown::with_mean_ci(r.a_mean, &r.a, 2),
+                shown::with_mean_ci(r.b_mean, &r.b, 2),
                 shown::speedup(&r.judged.ratio, r.a_mean, r.b_mean),
                 r.judged.verdict.as_str(),
             ));
@@ -184,16 +183,6 @@ impl Exporter<Comparison> for Markdown {
             }
         }
         Ok(out.into_bytes())
-    }
-}
-
-/// A mean with the half-width of its interval (the mean alone without one).
-fn with_ci(mean: Option<f64>, ci: &Option<MeanCi>) -> String {
-    match ci {
-        Some(ci) if (ci.high - ci.low).is_finite() => {
-            format!("{:.2} ± {:.2}", ci.mean, (ci.high - ci.low) / 2.0)
-        }
-        _ => f(mean, 2),
     }
 }
 

@@ -6,7 +6,7 @@
 //! left out rather than shown as a column of dashes.
 
 use crate::report::columns::Metric;
-use crate::report::stats::RatioCi;
+use crate::report::stats::{MeanCi, RatioCi};
 use crate::report::summary::{MetricStats, Row, Summary};
 
 /// One shown column: its header and each row's cell.
@@ -48,11 +48,26 @@ pub fn speedup(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
 
 /// `mean ± half-width` of a metric's 95% interval (the mean alone without one).
 pub fn with_interval(m: &MetricStats, digits: usize) -> String {
-    match (m.mean, m.ci95) {
+    mean_interval(m.mean, m.ci95, digits)
+}
+
+/// A comparison side's mean tokens/s: its interval's `mean ± half-width`,
+/// else `mean` alone.
+pub fn with_mean_ci(mean: Option<f64>, ci: &Option<MeanCi>, digits: usize) -> String {
+    match ci {
+        Some(c) => mean_interval(Some(c.mean), Some((c.low, c.high)), digits),
+        None => number(mean, digits),
+    }
+}
+
+/// `mean ± half-width` of the interval (low, high); the mean alone without
+/// a finite one.
+fn mean_interval(mean: Option<f64>, ci: Option<(f64, f64)>, digits: usize) -> String {
+    match (mean, ci) {
         (Some(mean), Some((lo, hi))) if mean.is_finite() && (hi - lo).is_finite() => {
             format!("{mean:.digits$} ± {:.digits$}", (hi - lo) / 2.0)
         }
-        _ => number(m.mean, digits),
+        _ => number(mean, digits),
     }
 }
 

@@ -35,11 +35,7 @@ fn comparison(cmp: &Comparison) -> String {
             let j = &r.judged;
             let mut cells = vec![Cell::text(&j.configuration)];
             for (mean, ci) in [(r.a_mean, &r.a), (r.b_mean, &r.b)] {
-                let text = match ci {
-                    Some(c) => format!("{:.2} ± {:.2}", c.mean, (c.high - c.low) / 2.0),
-                    None => shown::number(mean, 2),
-                };
-                cells.push(Cell::value(mean, &text));
+                cells.push(Cell::value(mean, &shown::with_mean_ci(mean, ci, 2)));
             }
             let text = shown::speedup(&j.ratio, r.a_mean, r.b_mean);
             cells.push(Cell::value(j.ratio.map(|s| s.ratio), &text));
