@@ -18,6 +18,8 @@ use crate::config::RuntimeOptions;
 use crate::manifest::Diagnostics;
 
 pub fn main() -> ExitCode {
+    // A fault in any command (a rank's, above all) says where on stderr.
+    crate::util::crash::install();
     let cli = Cli::parse();
     if !matches!(
         cli.command,

@@ -1,5 +1,6 @@
 //! Small helpers shared by every stage of the pipeline.
 
+pub mod crash;
 pub mod fs;
 pub mod hash;
 pub mod heartbeat;

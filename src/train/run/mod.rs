@@ -96,6 +96,8 @@ pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
+        // Room for a fault's report (util::crash) on the compute threads.
+        .start_handler(|_| crate::util::crash::roomy_signal_stack())
         .build_global();
     n
 }
