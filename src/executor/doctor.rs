@@ -18,8 +18,9 @@
 
 use crate::config::LAUNCH_EXIT;
 use crate::plan::record::{record_stop, Stop, StoppedBy};
+use crate::util::slurm;
 use anyhow::Result;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -135,69 +136,12 @@ fn diagnose(c: &Check) -> Result<Meeting, Failure> {
 fn job_nodes() -> Result<Vec<String>, String> {
     let list = std::env::var("SLURM_JOB_NODELIST")
         .map_err(|_| "SLURM_JOB_NODELIST is not set: not inside a SLURM job".to_string())?;
-    let out = Command::new("scontrol")
-        .args(["show", "hostnames", &list])
-        .output()
-        .map_err(|e| format!("scontrol show hostnames failed: {e}"))?;
-    let nodes: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    if !out.status.success() || nodes.is_empty() {
-        return Err(format!(
-            "scontrol show hostnames {list} named no node: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(nodes)
+    slurm::hostnames(&list)
 }
 
-/// The master's address, never a loopback one: its name's, else SLURM's
-/// `NodeAddr` for it.
+/// The master's address, never a loopback one.
 fn master_address(master: &str) -> Result<IpAddr, Failure> {
-    let resolved: Vec<IpAddr> = (master, 0)
-        .to_socket_addrs()
-        .map(|a| a.map(|s| s.ip()).collect())
-        .unwrap_or_default();
-    if let Some(ip) = usable(&resolved) {
-        return Ok(ip);
-    }
-    let node_addr = Command::new("scontrol")
-        .args(["show", "node", master])
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .split_whitespace()
-                .find_map(|f| f.strip_prefix("NodeAddr="))
-                .map(str::to_string)
-        });
-    let from_slurm: Vec<IpAddr> = node_addr
-        .as_deref()
-        .and_then(|a| (a, 0).to_socket_addrs().ok())
-        .map(|a| a.map(|s| s.ip()).collect())
-        .unwrap_or_default();
-    usable(&from_slurm).ok_or_else(|| {
-        let seen: Vec<String> = resolved.iter().chain(&from_slurm).map(|a| a.to_string()).collect();
-        fail(
-            master,
-            format!(
-                "{master}, the master, resolves only to {} (a loopback address, or none): the other nodes could not reach it; fix its /etc/hosts or SLURM's NodeAddr",
-                if seen.is_empty() { "nothing".to_string() } else { seen.join(", ") }
-            ),
-        )
-    })
-}
-
-/// The first IPv4 address that is not a loopback one, else such an IPv6 one.
-fn usable(addrs: &[IpAddr]) -> Option<IpAddr> {
-    let ok = |a: &&IpAddr| !a.is_loopback() && !a.is_unspecified();
-    addrs
-        .iter()
-        .filter(ok)
-        .find(|a| a.is_ipv4())
-        .or_else(|| addrs.iter().find(ok))
-        .copied()
+    slurm::node_address(master).map_err(|why| fail(master, why))
 }
 
 /// The port drawn from the job id, or the next free one after it, with a
@@ -372,15 +316,6 @@ mod tests {
         assert_ne!(other, port);
         // At the top of the port space the range shrinks instead of overflowing.
         assert!(listen(65530, 123).is_ok());
-    }
-
-    #[test]
-    fn a_loopback_address_is_never_the_masters() {
-        let lo: IpAddr = "127.0.1.1".parse().unwrap();
-        let v6lo: IpAddr = "::1".parse().unwrap();
-        let real: IpAddr = "10.1.2.3".parse().unwrap();
-        assert_eq!(usable(&[lo, v6lo]), None);
-        assert_eq!(usable(&[lo, real]), Some(real));
     }
 
     #[test]

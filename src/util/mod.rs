@@ -10,6 +10,7 @@ pub mod outputs;
 pub mod process;
 pub mod progress;
 pub mod signals;
+pub mod slurm;
 pub mod text;
 
 /// Seconds since the Unix epoch, as an RFC 3339 timestamp in UTC.

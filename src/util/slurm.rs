@@ -1,0 +1,85 @@
+//! What SLURM says about an allocation's nodes: their names and the
+//! address another node reaches each by (the launch doctor's master; where
+//! the ranks of a step meet once out of `MPI_Init`).
+
+use std::net::{IpAddr, ToSocketAddrs};
+use std::process::Command;
+
+/// The nodes of a SLURM node list (`node[1-2]`), in its order.
+pub fn hostnames(list: &str) -> Result<Vec<String>, String> {
+    let out = Command::new("scontrol")
+        .args(["show", "hostnames", list])
+        .output()
+        .map_err(|e| format!("scontrol show hostnames failed: {e}"))?;
+    let nodes: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    if !out.status.success() || nodes.is_empty() {
+        return Err(format!(
+            "scontrol show hostnames {list} named no node: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(nodes)
+}
+
+/// The address other nodes reach `node` by, never a loopback one: its
+/// name's, else SLURM's `NodeAddr` for it (a name that resolves to
+/// 127.0.1.1 on its own node, as many images write `/etc/hosts`).
+pub fn node_address(node: &str) -> Result<IpAddr, String> {
+    let resolved: Vec<IpAddr> = (node, 0)
+        .to_socket_addrs()
+        .map(|a| a.map(|s| s.ip()).collect())
+        .unwrap_or_default();
+    if let Some(ip) = usable(&resolved) {
+        return Ok(ip);
+    }
+    let node_addr = Command::new("scontrol")
+        .args(["show", "node", node])
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("NodeAddr="))
+                .map(str::to_string)
+        });
+    let from_slurm: Vec<IpAddr> = node_addr
+        .as_deref()
+        .and_then(|a| (a, 0).to_socket_addrs().ok())
+        .map(|a| a.map(|s| s.ip()).collect())
+        .unwrap_or_default();
+    usable(&from_slurm).ok_or_else(|| {
+        let seen: Vec<String> = resolved.iter().chain(&from_slurm).map(|a| a.to_string()).collect();
+        format!(
+            "{node}, the master, resolves only to {} (a loopback address, or none): the other nodes could not reach it; fix its /etc/hosts or SLURM's NodeAddr",
+            if seen.is_empty() { "nothing".to_string() } else { seen.join(", ") }
+        )
+    })
+}
+
+/// The first IPv4 address that is not a loopback one, else such an IPv6 one.
+fn usable(addrs: &[IpAddr]) -> Option<IpAddr> {
+    let ok = |a: &&IpAddr| !a.is_loopback() && !a.is_unspecified();
+    addrs
+        .iter()
+        .filter(ok)
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.iter().find(ok))
+        .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_address_is_never_the_masters() {
+        let lo: IpAddr = "127.0.1.1".parse().unwrap();
+        let v6lo: IpAddr = "::1".parse().unwrap();
+        let real: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(usable(&[lo, v6lo]), None);
+        assert_eq!(usable(&[lo, real]), Some(real));
+    }
+}
