@@ -9,6 +9,7 @@
 
 pub mod agree;
 mod buckets;
+pub mod meet;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(feature = "nccl")]

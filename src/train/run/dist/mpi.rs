@@ -45,6 +45,17 @@ impl Mpi {
                 ranks.world_size
             );
         }
+        // No rank sends before every rank is out of MPI_Init (meet.rs says why).
+        if let Some(place) = super::meet::Place::from_env()? {
+            if let Err(e) = super::meet::all_ranks(ranks, &place, super::meet::LIMIT) {
+                // The ranks that met wait in MPI: end them all.
+                eprintln!(
+                    "sweep train: rank {}: {e:#}; stopping every rank",
+                    ranks.rank
+                );
+                world.abort(1);
+            }
+        }
         let library = mpi::environment::library_version()
             .ok()
             // "Open MPI v4.1.4, package: …" / "MPICH Version: 4.0.2 …": the first part.
