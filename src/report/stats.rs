@@ -59,6 +59,16 @@ pub fn mean_ci95_of(mean: f64, var: f64, n: usize) -> Option<MeanCi> {
     })
 }
 
+/// A ratio as every table, chart and page prints it: `1.07x [1.02, 1.12]`,
+/// `≈` first where it is not significant (its interval holds 1).
+pub fn ratio_text(ratio: f64, interval: Option<(f64, f64)>, significant: bool) -> String {
+    let approx = if significant { "" } else { "≈" };
+    match interval {
+        Some((low, high)) => format!("{approx}{ratio:.2}x [{low:.2}, {high:.2}]"),
+        None => format!("{approx}{ratio:.2}x"),
+    }
+}
+
 /// mean(a) / mean(b) with its 95% interval, whether the interval leaves out
 /// 1 (a real difference at the 5% level, for this comparison alone), and
 /// the two-sided p-value of "the ratio is 1" (from the same t statistic).

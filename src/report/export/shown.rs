@@ -6,7 +6,7 @@
 //! left out rather than shown as a column of dashes.
 
 use crate::report::columns::Metric;
-use crate::report::stats::{MeanCi, RatioCi};
+use crate::report::stats::{ratio_text, MeanCi, RatioCi};
 use crate::report::summary::{MetricStats, Row, Summary};
 
 /// One shown column: its header and each row's cell.
@@ -32,13 +32,9 @@ pub fn number(v: Option<f64>, digits: usize) -> String {
 /// alone where there is no interval.
 pub fn speedup(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
     match r {
-        Some(r) if r.ratio.is_finite() && r.low.is_finite() && r.high.is_finite() => format!(
-            "{}{:.2}x [{:.2}, {:.2}]",
-            if r.significant { "" } else { "≈" },
-            r.ratio,
-            r.low,
-            r.high
-        ),
+        Some(r) if r.ratio.is_finite() && r.low.is_finite() && r.high.is_finite() => {
+            ratio_text(r.ratio, Some((r.low, r.high)), r.significant)
+        }
         _ => match (a, b) {
             (Some(a), Some(b)) if a > 0.0 && (b / a).is_finite() => format!("{:.2}x", b / a),
             _ => "-".into(),

@@ -193,16 +193,7 @@ impl Speedup {
     /// As tables and charts print it: `1.07x [1.02, 1.12]`, with `≈` when
     /// its interval holds 1.
     pub fn text(&self) -> String {
-        let interval = match self.ci95 {
-            Some((lo, hi)) => format!(" [{lo:.2}, {hi:.2}]"),
-            None => String::new(),
-        };
-        let same = if self.significant == Some(false) {
-            "≈"
-        } else {
-            ""
-        };
-        format!("{same}{:.2}x{interval}", self.ratio)
+        super::stats::ratio_text(self.ratio, self.ci95, self.significant != Some(false))
     }
 }
 
