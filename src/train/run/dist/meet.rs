@@ -60,9 +60,16 @@ impl Place {
             }
             _ => match var("SLURM_STEP_NODELIST") {
                 Some(list) => {
-                    let first = crate::util::slurm::hostnames(&list).map_err(anyhow::Error::msg)?;
-                    let addr =
-                        crate::util::slurm::node_address(&first[0]).map_err(anyhow::Error::msg)?;
+                    let first = crate::util::slurm::hostnames(&list)
+                        .and_then(|nodes| crate::util::slurm::node_address(&nodes[0]));
+                    let addr = match first {
+                        Ok(addr) => addr,
+                        Err(why) => {
+                            // Every rank sees the same and goes on alike.
+                            eprintln!("sweep train: no MASTER_ADDR and MASTER_PORT, and the step's first node is unknown ({why}): the ranks do not meet before their first MPI message");
+                            return Ok(None);
+                        }
+                    };
                     let drawn = fnv1a(launch.join("/").as_bytes()) % STEP_PORTS as u64;
                     (addr.to_string(), STEP_PORT_BASE + drawn as u16)
                 }
