@@ -134,6 +134,12 @@ fn gather(world: usize, place: &Place, limit: Duration) -> Result<()> {
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
+            // A connection reset before it was accepted, a signal: go on.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionAborted | ErrorKind::Interrupted
+                ) => {}
             Err(e) => return Err(e).context("rank 0 accepting the other ranks"),
         }
     }
