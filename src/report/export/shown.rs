@@ -36,7 +36,7 @@ pub fn speedup(r: &Option<RatioCi>, a: Option<f64>, b: Option<f64>) -> String {
             ratio_text(r.ratio, Some((r.low, r.high)), r.significant)
         }
         _ => match (a, b) {
-            (Some(a), Some(b)) if a > 0.0 && (b / a).is_finite() => format!("{:.2}x", b / a),
+            (Some(a), Some(b)) if a > 0.0 && (b / a).is_finite() => ratio_text(b / a, None, true),
             _ => "-".into(),
         },
     }
