@@ -28,15 +28,18 @@ fn temporaries() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     TEMPORARIES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Removes every temporary this process still has, and keeps any other
+/// Removes every temporary this process still has and keeps any other
 /// thread from making or renaming one from then on (for a process about to
-/// exit); returns how many it removed.
-pub fn remove_temporaries() -> usize {
+/// exit); returns how many it removed. `freeze` runs once no temporary is
+/// half made (the list is held) and before any is removed: it stops the
+/// threads that could make a removed folder again.
+pub fn remove_temporaries(freeze: impl FnOnce()) -> usize {
     let list = temporaries();
+    freeze();
     let mut removed = 0;
     for p in list.iter() {
         let gone = match std::fs::symlink_metadata(p) {
-            Ok(m) if m.is_dir() => remove_busy_dir(p),
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(p).is_ok(),
             Ok(_) => std::fs::remove_file(p).is_ok(),
             Err(_) => false,
         };
@@ -48,28 +51,17 @@ pub fn remove_temporaries() -> usize {
     removed
 }
 
-/// Removes a folder other threads may still be writing into: renamed
-/// away first (their next file, named by its old path, is not made), then
-/// removed, again while what they had open lands in it.
-fn remove_busy_dir(dir: &Path) -> bool {
-    let mut doomed = dir.as_os_str().to_owned();
-    doomed.push("-stopped");
-    let doomed = PathBuf::from(doomed);
-    let target = match std::fs::rename(dir, &doomed) {
-        Ok(()) => doomed.as_path(),
-        Err(_) => dir,
-    };
-    (0..50).any(|_| std::fs::remove_dir_all(target).is_ok() || !target.exists())
-}
-
 /// A temporary folder inside `dir` (a benchmark's synthetic project),
 /// removed when dropped, or by a stop signal.
 pub fn scratch_dir_in(dir: &Path) -> Result<tempfile::TempDir> {
+    // Made under the list's lock: a stop signal between its making and its
+    // listing would leave it behind.
+    let mut list = temporaries();
     let tmp = tempfile::Builder::new()
         .prefix(".sweep-scratch-")
         .tempdir_in(dir)
         .with_context(|| format!("creating a temporary folder in {}", dir.display()))?;
-    temporaries().push(tmp.path().to_path_buf());
+    list.push(tmp.path().to_path_buf());
     Ok(tmp)
 }
 
@@ -137,13 +129,15 @@ pub fn temp_beside_as(
 ) -> Result<tempfile::NamedTempFile> {
     use std::os::unix::fs::PermissionsExt;
     let dir = parent_dir(target);
+    // Made under the list's lock, as in [`scratch_dir_in`].
+    let mut list = temporaries();
     let tmp = tempfile::Builder::new()
         .prefix(prefix)
         .suffix(suffix)
         .permissions(std::fs::Permissions::from_mode(0o644))
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    temporaries().push(tmp.path().to_path_buf());
+    list.push(tmp.path().to_path_buf());
     Ok(tmp)
 }
 

@@ -69,12 +69,14 @@ impl StopSignals {
 
 /// For a command that writes only through temporaries renamed into place
 /// (reports, checks, pretokenizing, imports, benchmarks): from now on, the
-/// first of [`INTERRUPTS`] stops the processes it started, removes its
-/// temporaries and exits the process at once with 128 + the signal (130 for
-/// Ctrl-C, 143 for SIGTERM), whatever its threads are doing — a loop deep
-/// in a library need not look at a flag. What was renamed into place stays
-/// whole; a history transaction not yet committed is rolled back by SQLite.
+/// first of [`INTERRUPTS`] stops the processes it started, parks every
+/// other thread where it is, removes its temporaries and exits the process
+/// at once with 128 + the signal (130 for Ctrl-C, 143 for SIGTERM),
+/// whatever its threads are doing — a loop deep in a library need not look
+/// at a flag. What was renamed into place stays whole; a history
+/// transaction not yet committed is rolled back by SQLite.
 pub fn exit_on_stop() -> Result<()> {
+    install_parking()?;
     let mut signals = signal_hook::iterator::Signals::new(INTERRUPTS)
         .context("installing the stop signals' handler")?;
     std::thread::Builder::new()
@@ -83,34 +85,119 @@ pub fn exit_on_stop() -> Result<()> {
             if let Some(sig) = signals.forever().next() {
                 STOPPING.store(true, Ordering::SeqCst);
                 super::process::stop_children();
-                let removed = super::fs::remove_temporaries();
-                // The terminal may be gone (SIGHUP): a failed write is no
-                // reason not to exit.
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "sweep: stopped by {}{}",
-                    name(sig),
-                    match removed {
-                        0 => String::new(),
-                        n => format!("; {n} temporary file(s) removed"),
+                // Past this point the other threads are parked, and may hold
+                // any lock (the allocator's, stderr's): should the removal
+                // wait on one, the alarm ends the process rather than hang.
+                // SAFETY: arming the alarm; SIGALRM's default action ends the process.
+                unsafe { libc::alarm(STOP_LIMIT_S) };
+                let removed = super::fs::remove_temporaries(park_other_threads);
+                let mut line = [0u8; 128];
+                let len = {
+                    use std::io::Write;
+                    let mut w = &mut line[..];
+                    let _ = write!(w, "sweep: stopped by {}", name(sig));
+                    if removed > 0 {
+                        let _ = write!(w, "; {removed} temporary file(s) removed");
                     }
-                );
-                // SAFETY: ends the process without running destructors,
-                // which other threads may be using.
-                unsafe { libc::_exit(128 + sig) };
+                    let _ = writeln!(w);
+                    128 - w.len()
+                };
+                // SAFETY: a write of a buffer this thread owns (not through
+                // stderr's lock, which a parked thread may hold; after SIGHUP
+                // descriptor 2 is /dev/null), then the end of the process
+                // without running destructors, which parked threads hold.
+                unsafe {
+                    libc::write(2, line.as_ptr().cast(), len);
+                    libc::_exit(128 + sig)
+                };
             }
         })
         .context("starting the stop signals' thread")?;
     Ok(())
 }
 
+/// How long a stop may take to remove its temporaries before the alarm
+/// ends the process (SLURM's KillWait is 30 s by default).
+const STOP_LIMIT_S: u32 = 20;
+
+/// The real-time signal that parks a thread for good.
+fn parking_signal() -> i32 {
+    libc::SIGRTMIN() + 3
+}
+
+/// Threads parked by [`parking_signal`].
+static PARKED: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn park(_: libc::c_int) {
+    PARKED.fetch_add(1, Ordering::SeqCst);
+    loop {
+        // SAFETY: pause is async-signal-safe; every signal is blocked
+        // while this handler runs, so it never returns.
+        unsafe { libc::pause() };
+    }
+}
+
+/// Installs [`park`] for [`parking_signal`], every signal blocked while it
+/// runs (a parked thread runs no other handler).
+fn install_parking() -> Result<()> {
+    // SAFETY: a zeroed sigaction filled in here, installed for a real-time
+    // signal nothing else in sweep uses.
+    let r = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = park as *const () as usize;
+        libc::sigfillset(&mut action.sa_mask);
+        libc::sigaction(parking_signal(), &action, std::ptr::null_mut())
+    };
+    anyhow::ensure!(
+        r == 0,
+        "installing the stop's parking handler: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
+/// Stops every other thread of this process where it is, so that none
+/// makes anything again once the stop removed it (a worker's
+/// `create_dir_all` would make a removed scratch folder anew, and the
+/// process would exit leaving it). Waits up to a second for each to park:
+/// a thread that blocks the signal (a C library's own) is left running.
+fn park_other_threads() {
+    // SAFETY: plain system calls without arguments.
+    let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let mut signalled: Vec<libc::pid_t> = Vec::new();
+    loop {
+        let mut new = 0;
+        let tasks = std::fs::read_dir("/proc/self/task").into_iter().flatten();
+        for tid in tasks
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        {
+            if tid == me || signalled.contains(&tid) {
+                continue;
+            }
+            // SAFETY: a signal to a thread of this process; one that has
+            // ended since it was listed is refused (ESRCH) and not counted.
+            if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, parking_signal()) } == 0 {
+                signalled.push(tid);
+                new += 1;
+            }
+        }
+        // Every thread signalled has parked, and none started since.
+        let all = new == 0 && PARKED.load(Ordering::SeqCst) >= signalled.len();
+        if all || std::time::Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Set once [`exit_on_stop`]'s thread is stopping the process.
 static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Waits for the process's end where a stop signal is ending it: the work
-/// its removal of temporaries broke (a file that vanished) must not end the
-/// process first, with another status and a confusing error.
+/// the stop broke (a child process it stopped) must not end the process
+/// first, with another status and a confusing error.
 pub fn yield_to_stop() {
     if STOPPING.load(Ordering::SeqCst) {
         loop {
@@ -151,6 +238,43 @@ pub fn detach_from_terminal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker making a folder over and over is parked: the folder,
+    /// removed after, stays removed (without parking the worker makes it
+    /// again within microseconds). In a forked child, whose other threads
+    /// are its own.
+    #[test]
+    fn parked_threads_make_nothing_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = dir.path().join("scratch");
+        // SAFETY: fork's child runs this test's code alone and ends with
+        // _exit; its status says what it saw.
+        let status = unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                let code = (|| {
+                    install_parking().ok()?;
+                    let again = made.join("run/logs");
+                    std::thread::spawn(move || loop {
+                        let _ = std::fs::create_dir_all(&again);
+                    });
+                    while !made.exists() {
+                        std::thread::yield_now();
+                    }
+                    park_other_threads();
+                    std::fs::remove_dir_all(&made).ok()?;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    (!made.exists() && PARKED.load(Ordering::SeqCst) == 1).then_some(0)
+                })();
+                libc::_exit(code.unwrap_or(1));
+            }
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            status
+        };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
 
     #[test]
     fn a_caught_signal_is_kept_until_taken() {
