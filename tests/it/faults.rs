@@ -4,7 +4,9 @@
 //! back to the one before, a checkpoint resumes only into its own model, and
 //! every option is bounded (tried under `ulimit -v` and `timeout`).
 
-use super::support::{project, run_ok, status, stdout, sweep, wait_for, write};
+use super::support::{
+    project, run_ok, status, stdout, stop_at_work, sweep, wait_for, write, Stopped,
+};
 use super::train::manifest as train_manifest;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -272,8 +274,18 @@ fn a_stopped_pretokenize_leaves_nothing_behind() {
     ]));
     let out = d.join("pretok");
     let tok = tokenizer();
-    let child = sweep(d)
-        .args([
+    let temps = |out: &Path| -> Vec<String> {
+        std::fs::read_dir(out)
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let pretokenize = || {
+        let mut cmd = sweep(d);
+        cmd.args([
             "pretokenize",
             "--input",
             "book.parquet",
@@ -286,38 +298,23 @@ fn a_stopped_pretokenize_leaves_nothing_behind() {
             "64",
             "--tokenizer",
             &tok,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let temps = |out: &Path| -> Vec<String> {
-        std::fs::read_dir(out)
-            .map(|r| {
-                r.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        ]);
+        cmd
     };
-    wait_for(30, "pretokenize to start writing", || {
-        temps(&out)
-            .iter()
-            .any(|n| n.starts_with(".pretokenize-"))
-            .then_some(())
-    });
-    signal(&child, Signal::SIGTERM);
-    let sent = std::time::Instant::now();
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
+    let Stopped { code, took, stderr } = stop_at_work(
+        pretokenize,
+        || temps(&out).iter().any(|n| n.starts_with(".pretokenize-")),
+        || drop(std::fs::remove_dir_all(&out)),
+        Signal::SIGTERM,
+        5,
+    )
+    .unwrap_or_else(|o| panic!("pretokenize ended before it was seen at work, 5 times: {o:?}"));
     // At once (within five seconds on any load), as SLURM's KillWait expects.
     assert!(
-        o.status.code() == Some(143)
-            && err.contains("stopped by SIGTERM")
-            && sent.elapsed() < std::time::Duration::from_secs(5),
-        "{:?} after {:?}: {err}",
-        o.status,
-        sent.elapsed()
+        code == Some(143)
+            && stderr.contains("stopped by SIGTERM")
+            && took < std::time::Duration::from_secs(5),
+        "{code:?} after {took:?}: {stderr}"
     );
     assert_eq!(
         temps(&out),

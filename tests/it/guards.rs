@@ -4,11 +4,10 @@
 //! every long command stops within seconds of SIGTERM or Ctrl-C, its
 //! temporaries removed.
 
-use super::support::{project, run_ok, stdout, sweep, wait_for, write};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use super::support::{project, run_ok, stdout, stop_at_work, sweep, write, Stopped};
+use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Every file of a directory tree with its bytes' hash.
 fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, String> {
@@ -290,29 +289,6 @@ fn a_report_writes_only_into_its_own_studys_directory() {
     assert_eq!(snapshot(&d.join("results/s")), before);
 }
 
-/// Starts a command, waits until `ready` says it is at work, sends `sig`;
-/// returns its exit code, how long it took to end, and its stderr.
-fn stop_at_work(
-    mut cmd: Command,
-    ready: impl FnMut() -> Option<()>,
-    sig: Signal,
-) -> (Option<i32>, std::time::Duration, String) {
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for(120, "the command to be at work", ready);
-    let sent = std::time::Instant::now();
-    kill(Pid::from_raw(child.id() as i32), sig).unwrap();
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.code(),
-        sent.elapsed(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
 /// The temporaries (sweep's names for them) anywhere under `dir`.
 fn temporaries(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -341,14 +317,11 @@ fn temporaries(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Any file under `dir` whose name starts with `prefix`.
-fn any_named(dir: &Path, prefix: &str) -> Option<()> {
-    temporaries(dir)
-        .iter()
-        .any(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
-        })
-        .then_some(())
+fn any_named(dir: &Path, prefix: &str) -> bool {
+    temporaries(dir).iter().any(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+    })
 }
 
 /// Every long command — data import, report, a benchmark; pretokenize in
@@ -371,23 +344,25 @@ fn every_long_command_stops_at_a_signal_and_leaves_nothing_behind() {
     let limit = std::time::Duration::from_secs(5);
 
     // data import-text, Ctrl-C: 130.
-    let mut cmd = sweep(d);
-    cmd.args([
-        "data",
-        "import-text",
-        "book.txt",
-        "book.txt",
-        "book.txt",
-        "--out",
-        "big.parquet",
-        "--row-group-size",
-        "10",
-    ]);
-    let (code, took, err) = stop_at_work(cmd, || any_named(d, ".import-"), Signal::SIGINT);
-    assert_eq!(code, Some(130), "{err}");
+    let import = || {
+        let mut cmd = sweep(d);
+        cmd.args(["data", "import-text"])
+            .args(["book.txt"; 6])
+            .args(["--out", "big.parquet", "--row-group-size", "10"]);
+        cmd
+    };
+    let Stopped { code, took, stderr } = stop_at_work(
+        import,
+        || any_named(d, ".import-"),
+        || drop(std::fs::remove_file(d.join("big.parquet"))),
+        Signal::SIGINT,
+        5,
+    )
+    .unwrap_or_else(|o| panic!("import-text ended before it was seen at work, 5 times: {o:?}"));
+    assert_eq!(code, Some(130), "{stderr}");
     assert!(
-        took < limit && err.contains("stopped by SIGINT"),
-        "{took:?} {err}"
+        took < limit && stderr.contains("stopped by SIGINT"),
+        "{took:?} {stderr}"
     );
     assert!(
         temporaries(d).is_empty() && !d.join("big.parquet").exists(),
@@ -397,21 +372,30 @@ fn every_long_command_stops_at_a_signal_and_leaves_nothing_behind() {
 
     // sweep bench report: its synthetic study (a temporary folder) goes.
     std::fs::create_dir(d.join("bench")).unwrap();
-    let mut cmd = sweep(d);
-    cmd.args([
-        "bench", "report", "--runs", "100", "--lines", "2000", "--dir", "bench",
-    ]);
-    let (code, took, err) = stop_at_work(
-        cmd,
+    let bench = || {
+        let mut cmd = sweep(d);
+        cmd.args([
+            "bench", "report", "--runs", "300", "--lines", "2000", "--dir", "bench",
+        ]);
+        cmd
+    };
+    let Stopped { code, took, stderr } = stop_at_work(
+        bench,
         || any_named(&d.join("bench"), ".sweep-scratch-"),
+        || (),
         Signal::SIGTERM,
-    );
-    assert_eq!(code, Some(143), "{err}");
+        5,
+    )
+    .unwrap_or_else(|o| panic!("bench report ended before it was seen at work, 5 times: {o:?}"));
+    assert_eq!(code, Some(143), "{stderr}");
     assert!(took < limit, "{took:?}");
-    assert_eq!(
-        std::fs::read_dir(d.join("bench")).unwrap().count(),
-        0,
-        "the scratch study is removed"
+    let left: Vec<_> = std::fs::read_dir(d.join("bench"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the scratch study is removed: {left:?}; {stderr}"
     );
 
     // sweep report of a large study, stopped as it reads: its earlier
@@ -436,26 +420,37 @@ fn every_long_command_stops_at_a_signal_and_leaves_nothing_behind() {
         write(&run.join("metrics.jsonl"), &lines);
     }
     write(&study.join("summary.csv"), "the earlier report\n");
-    let mut cmd = sweep(d);
-    cmd.args(["report", "results/big", "--no-plots"]);
+    let report = || {
+        let mut cmd = sweep(d);
+        cmd.args(["report", "results/big", "--no-plots"]);
+        cmd
+    };
     let started = std::time::Instant::now();
-    let (code, took, err) = stop_at_work(
-        cmd,
-        || (started.elapsed() > std::time::Duration::from_millis(300)).then_some(()),
+    let stopped = stop_at_work(
+        report,
+        || started.elapsed() > std::time::Duration::from_millis(300),
+        || (),
         Signal::SIGTERM,
+        1,
     );
     // A fast machine may finish first: then it exits 0 and wrote its report.
     // Stopped, each output is the earlier one or a whole new one (the
     // signal may come after summary.csv was replaced, as the page or the
     // history is written): never a part of one.
     let after_stop = std::fs::read_to_string(study.join("summary.csv")).unwrap();
-    match code {
-        Some(0) => eprintln!("the report ended before the signal ({took:?})"),
-        _ => {
-            assert_eq!(code, Some(143), "{err}");
-            assert!(took < limit, "{took:?}");
+    match stopped {
+        Err(o) => {
+            assert!(o.status.success(), "{o:?}");
+            eprintln!("the report ended before the signal");
         }
-    }
+        Ok(Stopped { code, took, stderr }) => {
+            assert_eq!(code, Some(143), "{stderr}");
+            assert!(took < limit, "{took:?}");
+            if after_stop != "the earlier report\n" {
+                eprintln!("the report was stopped after it had replaced summary.csv ({took:?})");
+            }
+        }
+    };
     assert!(temporaries(d).is_empty(), "{:?}", temporaries(d));
     assert!(!stdout(&run_ok(sweep(d).args([
         "report",
@@ -469,7 +464,4 @@ fn every_long_command_stops_at_a_signal_and_leaves_nothing_behind() {
         "summary.csv after the stop is neither the earlier report nor a whole one:\n{}",
         &after_stop[..after_stop.len().min(300)]
     );
-    if code == Some(143) && after_stop == whole {
-        eprintln!("the report was stopped after it had replaced summary.csv ({took:?})");
-    }
 }

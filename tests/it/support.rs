@@ -114,6 +114,72 @@ pub fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T
     }
 }
 
+/// A command stopped at work: its exit status, how long it took to end
+/// after the signal, and what it wrote to stderr.
+pub struct Stopped {
+    pub code: Option<i32>,
+    pub took: std::time::Duration,
+    pub stderr: String,
+}
+
+/// Starts the command `start` builds and sends it `sig` as soon as
+/// `at_work` sees it at work (polled every 5 ms, up to 120 s). A command
+/// that ends before it is seen at work tested nothing (a fast machine, or
+/// the test's thread kept off the CPU by a loaded one): `undo` removes what
+/// it wrote and it starts again, up to `tries` times; `Err` then holds the
+/// last one's output. The caller decides whether that is a failure.
+pub fn stop_at_work(
+    mut start: impl FnMut() -> Command,
+    mut at_work: impl FnMut() -> bool,
+    mut undo: impl FnMut(),
+    sig: nix::sys::signal::Signal,
+    tries: usize,
+) -> Result<Stopped, Output> {
+    use std::process::Stdio;
+    let mut last = None;
+    for _ in 0..tries {
+        let mut child = start()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the command starts");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let caught = loop {
+            if at_work() {
+                break true;
+            }
+            if child.try_wait().expect("the command's status").is_some() {
+                break false;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{:?} was not at work after 120 s", child.wait_with_output());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        if !caught {
+            let o = child.wait_with_output().expect("the command's output");
+            eprintln!(
+                "the command ended ({}) before it was seen at work",
+                o.status
+            );
+            last = Some(o);
+            undo();
+            continue;
+        }
+        let sent = std::time::Instant::now();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig)
+            .expect("the signal is sent");
+        let o = child.wait_with_output().expect("the command's output");
+        return Ok(Stopped {
+            code: o.status.code(),
+            took: sent.elapsed(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        });
+    }
+    Err(last.expect("at least one try"))
+}
+
 /// `sweep run <manifest>` as a batch job: `sbatch --wait <args> --wrap …`
 /// (`sbatch` a command set up for its cluster) from `root`; its exit status
 /// and what the job printed.
