@@ -149,7 +149,9 @@ fn an_interrupted_local_sweep_continues_on_a_plain_rerun() {
 #[test]
 fn a_killed_sweep_leaves_a_truthful_status_and_the_rerun_does_the_rest() {
     let root = project();
-    let m = command_study(root.path(), "killed", 3, 1, "sleep 3");
+    // Each job long enough that `sweep status`, polled on a loaded machine,
+    // sees one running and the kill lands while it still runs.
+    let m = command_study(root.path(), "killed", 3, 1, "sleep 6");
     let mut child = start_quietly(root.path(), "run", &m);
     wait_for(30, "a running job", || {
         let s = status(root.path(), &m);
@@ -185,7 +187,7 @@ fn a_killed_sweep_leaves_a_truthful_status_and_the_rerun_does_the_rest() {
 
     // An orphan that fails records how: FAILED with its exit code, from
     // the run directory alone.
-    let m = command_study(root.path(), "orphan", 1, 1, "sleep 2; exit 3");
+    let m = command_study(root.path(), "orphan", 1, 1, "sleep 5; exit 3");
     let mut child = start_quietly(root.path(), "submit", &m);
     wait_for(30, "the job to start", || {
         (status(root.path(), &m)["x-1"].0 == "RUNNING").then_some(())
