@@ -15,6 +15,8 @@
 //! [`NAMING_LIMIT_S`]. The handler that was there before (Rust's, which
 //! names a stack overflow) runs afterwards.
 
+use super::raw_stderr::RawStderr;
+use super::signals::name;
 use std::ffi::c_void;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -121,7 +123,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
     let me = gettid();
     if let Err(reporter) = REPORTER.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
         if reporter == me {
-            let mut out = Stderr::default();
+            let mut out = RawStderr::default();
             let _ = writeln!(out, "sweep: the report faulted in turn; it ends here");
             out.flush();
             // SAFETY: the default action; returning faults again, under it.
@@ -138,7 +140,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
     SIGNAL.store(sig, Ordering::Release);
     // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
     let (address, sent) = unsafe { ((*info).si_addr() as usize, (*info).si_code <= 0) };
-    let mut out = Stderr::default();
+    let mut out = RawStderr::default();
     let _ = write!(out, "\nsweep: fatal signal {} (", name(sig));
     match sent {
         true => {
@@ -149,7 +151,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
         }
     }
     let _ = write!(out, ") in thread {} (", gettid());
-    out.thread_name();
+    thread_name(&mut out);
     let _ = writeln!(out, "); its stack (the report's own frames first):");
     out.flush();
     let mut frames = [0usize; MAX_FRAMES];
@@ -165,7 +167,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
     }
     for (i, &ip) in frames[..n].iter().enumerate() {
         let _ = write!(out, "    #{i:<2} {ip:#x}");
-        out.library(ip);
+        library(&mut out, ip);
         let _ = writeln!(out);
         out.flush();
     }
@@ -181,7 +183,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
 
 /// Each frame's function and source line, under an alarm: naming reads
 /// the binary's debug information and allocates.
-fn name_frames(frames: &[usize], out: &mut Stderr) {
+fn name_frames(frames: &[usize], out: &mut RawStderr) {
     // SAFETY: a plain handler for SIGALRM, then the alarm.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
@@ -231,7 +233,7 @@ fn name_frames(frames: &[usize], out: &mut Stderr) {
 /// Naming the frames hung: the process dies of its fault now, unnamed.
 extern "C" fn on_alarm(_: libc::c_int) {
     let sig = SIGNAL.load(Ordering::Acquire);
-    let mut out = Stderr::default();
+    let mut out = RawStderr::default();
     let _ = writeln!(
         out,
         "sweep: naming the frames took over {NAMING_LIMIT_S} s; the addresses above are the stack"
@@ -283,94 +285,41 @@ fn hand_on(sig: i32, info: *mut libc::siginfo_t, context: *mut c_void, sent: boo
     // again, now under the default action (or the previous handler's).
 }
 
-fn name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGILL => "SIGILL",
-        libc::SIGFPE => "SIGFPE",
-        _ => "a signal",
-    }
-}
-
 fn gettid() -> i32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() }
 }
 
-/// Text for stderr, gathered without allocating and written with write(2).
-struct Stderr {
-    buf: [u8; 512],
-    len: usize,
-}
-
-impl Default for Stderr {
-    fn default() -> Stderr {
-        Stderr {
-            buf: [0; 512],
-            len: 0,
+/// The calling thread's name, as the kernel keeps it.
+fn thread_name(out: &mut RawStderr) {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included.
+    let ok = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) } == 0;
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    match (ok, std::str::from_utf8(&name[..len])) {
+        (true, Ok(n)) => {
+            let _ = out.write_str(n);
+        }
+        _ => {
+            let _ = out.write_str("?");
         }
     }
 }
 
-impl Stderr {
-    fn flush(&mut self) {
-        let mut done = 0;
-        while done < self.len {
-            // SAFETY: writing initialised bytes of our own buffer.
-            let n = unsafe { libc::write(2, self.buf[done..].as_ptr().cast(), self.len - done) };
-            if n <= 0 {
-                break;
-            }
-            done += n as usize;
+/// ` in LIBRARY+0xOFFSET`, where the loader knows the address.
+fn library(out: &mut RawStderr, ip: usize) {
+    // SAFETY: dladdr fills `info` for an address; its strings belong to
+    // the loader and stay valid while the library is loaded.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(ip as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {
+            return;
         }
-        self.len = 0;
-    }
-
-    /// The calling thread's name, as the kernel keeps it.
-    fn thread_name(&mut self) {
-        let mut name = [0u8; 16];
-        // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included.
-        let ok = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) } == 0;
-        let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-        match (ok, std::str::from_utf8(&name[..len])) {
-            (true, Ok(n)) => {
-                let _ = self.write_str(n);
-            }
-            _ => {
-                let _ = self.write_str("?");
-            }
-        }
-    }
-
-    /// ` in LIBRARY+0xOFFSET`, where the loader knows the address.
-    fn library(&mut self, ip: usize) {
-        // SAFETY: dladdr fills `info` for an address; its strings belong to
-        // the loader and stay valid while the library is loaded.
-        unsafe {
-            let mut info: libc::Dl_info = std::mem::zeroed();
-            if libc::dladdr(ip as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {
-                return;
-            }
-            let path = std::ffi::CStr::from_ptr(info.dli_fname).to_bytes();
-            let file = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-            let _ = self.write_str(" in ");
-            let _ = self.write_str(std::str::from_utf8(file).unwrap_or("?"));
-            let _ = write!(self, "+{:#x}", ip.wrapping_sub(info.dli_fbase as usize));
-        }
-    }
-}
-
-impl std::fmt::Write for Stderr {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        for &b in s.as_bytes() {
-            if self.len == self.buf.len() {
-                self.flush();
-            }
-            self.buf[self.len] = b;
-            self.len += 1;
-        }
-        Ok(())
+        let path = std::ffi::CStr::from_ptr(info.dli_fname).to_bytes();
+        let file = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+        let _ = out.write_str(" in ");
+        let _ = out.write_str(std::str::from_utf8(file).unwrap_or("?"));
+        let _ = write!(out, "+{:#x}", ip.wrapping_sub(info.dli_fbase as usize));
     }
 }
 

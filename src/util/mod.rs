@@ -9,6 +9,7 @@ pub mod name;
 pub mod outputs;
 pub mod process;
 pub mod progress;
+pub mod raw_stderr;
 pub mod signals;
 pub mod slurm;
 pub mod text;

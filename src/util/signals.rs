@@ -91,25 +91,21 @@ pub fn exit_on_stop() -> Result<()> {
                 // SAFETY: arming the alarm; SIGALRM's default action ends the process.
                 unsafe { libc::alarm(STOP_LIMIT_S) };
                 let removed = super::fs::remove_temporaries(park_other_threads);
-                let mut line = [0u8; 128];
-                let len = {
-                    use std::io::Write;
-                    let mut w = &mut line[..];
-                    let _ = write!(w, "sweep: stopped by {}", name(sig));
+                let mut out = super::raw_stderr::RawStderr::default();
+                {
+                    use std::fmt::Write;
+                    let _ = write!(out, "sweep: stopped by {}", name(sig));
                     if removed > 0 {
-                        let _ = write!(w, "; {removed} temporary file(s) removed");
+                        let _ = write!(out, "; {removed} temporary file(s) removed");
                     }
-                    let _ = writeln!(w);
-                    128 - w.len()
-                };
-                // SAFETY: a write of a buffer this thread owns (not through
-                // stderr's lock, which a parked thread may hold; after SIGHUP
-                // descriptor 2 is /dev/null), then the end of the process
-                // without running destructors, which parked threads hold.
-                unsafe {
-                    libc::write(2, line.as_ptr().cast(), len);
-                    libc::_exit(128 + sig)
-                };
+                    let _ = writeln!(out);
+                }
+                // Not through stderr's lock, which a parked thread may hold
+                // (after SIGHUP descriptor 2 is /dev/null).
+                out.flush();
+                // SAFETY: ends the process without running destructors,
+                // which parked threads hold.
+                unsafe { libc::_exit(128 + sig) };
             }
         })
         .context("starting the stop signals' thread")?;
@@ -206,14 +202,20 @@ pub fn yield_to_stop() {
     }
 }
 
-/// `SIGTERM` for 15, and so on for the signals sweep handles.
+/// `SIGTERM` for 15, and so on for the signals sweep handles: those that
+/// stop it and the faults [`super::crash`] reports. Allocates nothing (a
+/// signal handler calls it).
 pub fn name(sig: i32) -> &'static str {
     match sig {
         SIGINT => "SIGINT (Ctrl-C)",
         SIGTERM => "SIGTERM",
         SIGHUP => "SIGHUP (the terminal closed)",
         SIGUSR1 => "SIGUSR1",
-        _ => "a stop signal",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        _ => "a signal",
     }
 }
 
