@@ -94,10 +94,6 @@ impl Engine {
             .add_template_owned(name.to_string(), source.to_string())
     }
 
-    pub fn has(&self, name: &str) -> bool {
-        self.env.get_template(name).is_ok()
-    }
-
     pub fn render(&self, name: &str, ctx: &Value) -> Result<String, Error> {
         self.env.get_template(name)?.render(ctx)
     }

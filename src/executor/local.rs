@@ -159,7 +159,6 @@ impl Executor for LocalExecutor {
                 }
             }
             return Ok(Submitted {
-                finished: true,
                 ..Default::default()
             });
         }
@@ -186,7 +185,6 @@ impl Executor for LocalExecutor {
         let (outcomes, interrupted) = run(units, decisions, self.0, on)?;
         Ok(Submitted {
             outcomes,
-            finished: true,
             interrupted,
         })
     }

@@ -162,9 +162,6 @@ pub enum Event<'a> {
 pub struct Submitted {
     /// The jobs that ran here, as they ended (local executor).
     pub outcomes: Vec<local::Outcome>,
-    /// Whether the jobs have finished when `submit` returns (local), or go on
-    /// in the scheduler (SLURM).
-    pub finished: bool,
     /// The stop signal (Ctrl-C, SIGTERM, SIGHUP) that ended the local jobs early.
     pub interrupted: Option<i32>,
 }
@@ -245,12 +242,6 @@ pub fn record_statuses(records: &[(&RunRecord, &std::path::Path)]) -> Result<Vec
     Ok(out)
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SubmitOptions {
-    pub retry_failed: bool,
-    pub dry_run: bool,
-}
-
 /// What a submission decided for each unit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -271,7 +262,7 @@ pub enum Decision {
 pub fn decide(
     units: &[Unit],
     status: &[Status],
-    opts: SubmitOptions,
+    retry_failed: bool,
     stage_ready: impl Fn(&Unit) -> bool,
 ) -> Vec<Decision> {
     let mut d: Vec<Decision> = units
@@ -286,7 +277,7 @@ pub fn decide(
             // Never submitted, or stopped by an interrupt (not a failure).
             st if st.is_due() => Decision::Submit,
             st if st.is_active() || st == State::Completed => Decision::Skip(st),
-            _ if opts.retry_failed => Decision::Submit,
+            _ if retry_failed => Decision::Submit,
             st => Decision::SkipFailed(st),
         })
         .collect();
@@ -426,11 +417,7 @@ mod tests {
         for (state, plain, retry) in table {
             let status = [Status::new(state)];
             for (retry_failed, want) in [(false, plain.clone()), (true, retry)] {
-                let opts = SubmitOptions {
-                    retry_failed,
-                    dry_run: false,
-                };
-                let got = decide(&units, &status, opts, |_| false);
+                let got = decide(&units, &status, retry_failed, |_| false);
                 assert_eq!(got, vec![want], "{state} retry_failed={retry_failed}");
             }
         }
@@ -446,12 +433,8 @@ mod tests {
             unit(UnitKind::Stage, "stage", None),
             unit(UnitKind::Run, "run", Some(0)),
         ];
-        let plain = SubmitOptions::default();
-        let retry = SubmitOptions {
-            retry_failed: true,
-            dry_run: false,
-        };
-        // (stage state, run state, stage output valid, options, decisions)
+        let (plain, retry) = (false, true);
+        // (stage state, run state, stage output valid, retry failed, decisions)
         let table = [
             (
                 State::Unsubmitted,
@@ -525,13 +508,13 @@ mod tests {
                 [Skip(State::Failed), Skip(State::Completed)],
             ),
         ];
-        for (stage, run, ready, opts, want) in table {
+        for (stage, run, ready, retry_failed, want) in table {
             let status = [Status::new(stage), Status::new(run)];
-            let got = decide(&units, &status, opts, |_| ready);
+            let got = decide(&units, &status, retry_failed, |_| ready);
             assert_eq!(
                 got,
                 want.to_vec(),
-                "stage {stage}, run {run}, output valid {ready}, {opts:?}"
+                "stage {stage}, run {run}, output valid {ready}, retry failed {retry_failed}"
             );
         }
     }

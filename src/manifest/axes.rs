@@ -300,7 +300,7 @@ impl Validator<'_, '_> {
                     }
                 }
             }
-            out.push(ExcludeRule { path, conditions });
+            out.push(ExcludeRule { conditions });
         }
         out
     }

@@ -11,8 +11,8 @@ mod source;
 mod validate;
 mod watchdog;
 
+pub use keys::known_fields;
 use keys::*;
-pub use keys::{known_fields, known_variants};
 use validate::*;
 
 use crate::util::text::{describe_char, forbidden_char};
@@ -21,7 +21,7 @@ pub use schema::{
     check_roles, group_collides, memory_unit, parse_slurm_time, time_unit, Design, EnvironmentSpec,
     ExecutorKind, Launcher, LocalSpec, PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec,
     SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS,
-    MEMORY_UNITS, REPORT_COLUMNS, STAT_SUFFIXES,
+    REPORT_COLUMNS, STAT_SUFFIXES,
 };
 pub use source::{join_key, ManifestText};
 pub use watchdog::{parse_watch_duration, Stall, WatchdogSpec};
@@ -75,7 +75,6 @@ pub struct Axis {
 
 #[derive(Debug, Clone)]
 pub struct ExcludeRule {
-    pub path: String,
     pub conditions: Vec<(String, Value)>,
 }
 
@@ -103,8 +102,6 @@ pub struct Manifest {
     pub exclude: Vec<ExcludeRule>,
     pub derived: Vec<Derived>,
     pub name_template: Option<String>,
-    /// The most runs the sweep may expand to.
-    pub max_runs: u64,
     /// Runs per configuration (1: no repeats).
     pub repeats: u32,
     /// Repeat k trains with `seed + k`.

@@ -324,10 +324,6 @@ impl SlurmTime {
     pub fn seconds(&self) -> u64 {
         self.seconds
     }
-
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
 }
 
 impl Serialize for SlurmTime {

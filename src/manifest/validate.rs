@@ -477,7 +477,6 @@ impl Validator<'_, '_> {
             exclude,
             derived,
             name_template: file.sweep.name,
-            max_runs,
             repeats,
             seed_per_repeat: file.sweep.seed_per_repeat,
             design: file.sweep.design.unwrap_or_default(),

@@ -70,11 +70,6 @@ impl Allocation {
         })
     }
 
-    /// Node-hours if the block runs to its time limit.
-    pub fn node_hours(&self) -> f64 {
-        f64::from(self.nodes) * self.time_s as f64 / 3600.0
-    }
-
     /// The `#SBATCH` lines of the allocation (those of [`RESOURCE_FLAGS`]).
     pub fn sbatch_lines(&self) -> Vec<String> {
         let mut lines = vec![

@@ -294,10 +294,6 @@ impl RunRecord {
         v
     }
 
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        crate::util::fs::write_if_changed(&dir.join(RUN_JSON), &self.to_bytes()).map(|_| ())
-    }
-
     pub fn last_job(&self) -> Option<&JobRecord> {
         self.jobs.last()
     }

@@ -44,15 +44,6 @@ impl Metric {
     pub fn col(self, stat: Stat) -> String {
         format!("{}_{}", self.name(), stat.name())
     }
-
-    /// The bounds of the 95% confidence interval of the mean.
-    pub fn ci_low(self) -> String {
-        format!("{}_ci95_low", self.name())
-    }
-
-    pub fn ci_high(self) -> String {
-        format!("{}_ci95_high", self.name())
-    }
 }
 
 /// What the summary gives statistics of: a metric it knows, or a field only

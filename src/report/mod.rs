@@ -36,7 +36,6 @@ pub struct ReportOptions {
 }
 
 pub struct Report {
-    pub study: String,
     /// Where its completed runs were recorded (`results/history.sqlite`)
     /// and how many were new, or why they could not be; none for imported
     /// logs and live pages.
@@ -113,7 +112,6 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
     export::write(&study_page, &[(&page::Html, page.clone())])?;
     Ok(Report {
         history,
-        study,
         summary: s,
         files,
         charts,

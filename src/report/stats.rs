@@ -268,20 +268,6 @@ pub fn holm(p: &[Option<f64>]) -> Vec<Option<f64>> {
 /// The level at which a (Holm-adjusted) p-value is a significant difference.
 pub const ALPHA: f64 = 0.05;
 
-/// A family of speedups, each sample's mean over its reference's
-/// (`None`: no comparison), as the summary (rows against the baseline) and
-/// `sweep compare` (B against A per configuration) make them: each with its
-/// own interval, and its `significant` and Holm-adjusted p-value decided
-/// over the whole family.
-pub fn speedups(pairs: &[Option<(&[f64], &[f64])>]) -> Vec<Option<(RatioCi, f64)>> {
-    holm_judged(
-        pairs
-            .iter()
-            .map(|pair| pair.and_then(|(mine, reference)| ratio_ci95(mine, reference)))
-            .collect(),
-    )
-}
-
 /// Ratios of one family judged together: each one's `significant` after
 /// Holm's correction over those present, with its adjusted p-value.
 pub fn holm_judged(ratios: Vec<Option<RatioCi>>) -> Vec<Option<(RatioCi, f64)>> {

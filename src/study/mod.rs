@@ -7,7 +7,7 @@
 pub mod watch;
 
 use crate::config::RuntimeOptions;
-use crate::executor::{self, local, Decision, Executor, State, Status, SubmitOptions, Unit};
+use crate::executor::{self, local, Decision, Executor, State, Status, Unit};
 use crate::manifest::{ExecutorKind, Manifest};
 use crate::plan::{render, Plan, PlanOptions};
 use crate::util::lock::{Acquired, StudyLock};
@@ -262,11 +262,8 @@ impl Submission {
             parallel: req.parallel.unwrap_or(plan.manifest.local.parallel).max(1),
             threads: plan.manifest.local.threads,
         };
-        let opts = SubmitOptions {
-            retry_failed: req.retry_failed,
-            dry_run: req.dry_run,
-        };
-        let decisions = executor::decide(&units, &status, opts, |u| stage_ready(&plan, u));
+        let decisions =
+            executor::decide(&units, &status, req.retry_failed, |u| stage_ready(&plan, u));
         Ok(Submission {
             plan,
             units,

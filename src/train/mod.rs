@@ -13,4 +13,4 @@
 pub mod network;
 pub mod run;
 
-pub use run::{init_threads, run, StepOutcome, Trainer};
+pub use run::{init_threads, run, Trainer};

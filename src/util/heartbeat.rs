@@ -43,7 +43,6 @@ pub fn stacks_path(run_dir: &Path, rank: usize) -> PathBuf {
 /// A rank's writer, when a watchdog watches the run.
 pub struct Heartbeat {
     file: File,
-    rank: usize,
     host: String,
 }
 
@@ -61,7 +60,6 @@ impl Heartbeat {
         let file = File::create(path(run_dir, rank)).ok()?;
         let mut h = Heartbeat {
             file,
-            rank,
             host: crate::util::process::host_name(),
         };
         h.beat(0);
@@ -81,10 +79,6 @@ impl Heartbeat {
         buf[WIDTH - 1] = b'\n';
         // A failed write is a missed beat, not a failed run.
         let _ = self.file.write_all_at(&buf, 0);
-    }
-
-    pub fn rank(&self) -> usize {
-        self.rank
     }
 }
 

@@ -6,7 +6,7 @@
 use anyhow::{bail, Context, Result};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The lock file inside a study directory.
 pub const LOCK_FILE: &str = ".lock";
@@ -15,7 +15,6 @@ pub const LOCK_FILE: &str = ".lock";
 #[derive(Debug)]
 pub struct StudyLock {
     file: Option<std::fs::File>,
-    path: PathBuf,
 }
 
 /// What acquiring did besides taking the lock.
@@ -75,7 +74,7 @@ impl StudyLock {
                     how = Acquired::AfterWaiting;
                 }
                 Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => {
-                    return Ok((StudyLock { file: None, path }, Acquired::Unsupported));
+                    return Ok((StudyLock { file: None }, Acquired::Unsupported));
                 }
                 _ => bail!("locking {}: {err}", path.display()),
             }
@@ -92,17 +91,7 @@ impl StudyLock {
         file.rewind()?;
         file.write_all(who.as_bytes())?;
         file.set_len(who.len() as u64)?;
-        Ok((
-            StudyLock {
-                file: Some(file),
-                path,
-            },
-            how,
-        ))
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok((StudyLock { file: Some(file) }, how))
     }
 
     /// Whether a lock is held (not on a file system that refuses them).

@@ -41,15 +41,6 @@ pub enum Bf16Kernel {
     Portable,
 }
 
-impl Bf16Kernel {
-    pub fn describe(self) -> &'static str {
-        match self {
-            Bf16Kernel::Avx512Bf16 => "AVX-512 BF16",
-            Bf16Kernel::Portable => "portable",
-        }
-    }
-}
-
 /// Whether this CPU has the instructions of [`Bf16Kernel::Avx512Bf16`].
 pub fn avx512_bf16_available() -> bool {
     #[cfg(target_arch = "x86_64")]
