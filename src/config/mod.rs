@@ -503,8 +503,9 @@ impl TrainConfig {
     }
 
     pub fn load(path: &Path) -> Result<TrainConfig> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading run configuration {}", path.display()))?;
+        let bytes = crate::util::fs::read_input("the run configuration", path, 16 << 20)?;
+        let text = String::from_utf8(bytes)
+            .with_context(|| format!("the run configuration {} is not UTF-8", path.display()))?;
         let cfg: TrainConfig =
             toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         cfg.validate()

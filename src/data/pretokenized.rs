@@ -203,8 +203,7 @@ impl PretokFile {
                 file.rows()
             );
         }
-        let handle =
-            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let handle = crate::util::fs::open_input("the dataset", path)?;
         let reader = SerializedFileReader::new(handle)
             .map_err(|e| anyhow!("{} is not a readable Parquet file ({e})", path.display()))?;
         let names: &[&str] = match meta.format {

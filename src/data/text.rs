@@ -21,8 +21,7 @@ pub struct ParquetFile {
 
 impl ParquetFile {
     pub fn open(path: &Path) -> Result<ParquetFile> {
-        let file =
-            File::open(path).with_context(|| format!("opening dataset {}", path.display()))?;
+        let file = crate::util::fs::open_input("the dataset", path)?;
         let meta = ArrowReaderMetadata::load(&file, Default::default())
             .map_err(|e| anyhow!("{} is not a readable Parquet file ({e})", path.display()))?;
         let mut starts = vec![0usize];

@@ -36,10 +36,14 @@ const PAD_NAMES: &[&str] = &["<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_
 /// The vocabulary size of a tokenizer file (added tokens included); `None`
 /// when the file cannot be read as a tokenizer (~0.1 s to parse).
 pub fn vocab_size_of(path: &Path) -> Option<usize> {
-    tokenizers::Tokenizer::from_file(path)
+    let bytes = crate::util::fs::read_regular(path, MAX_TOKENIZER_BYTES, None).ok()?;
+    tokenizers::Tokenizer::from_bytes(bytes)
         .ok()
         .map(|t| t.get_vocab_size(true))
 }
+
+/// The largest tokenizer.json read (the largest published ones are tens of MB).
+const MAX_TOKENIZER_BYTES: u64 = 1 << 30;
 
 /// A run's model with its vocabulary, as the trainer builds it
 /// ([`ModelConfig::with_vocabulary`]): a preset without one reads the
@@ -68,8 +72,7 @@ pub fn model_config_with(
 
 impl TextTokenizer {
     pub fn load(path: &Path, overrides: &SpecialTokens) -> Result<TextTokenizer> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("reading tokenizer {}", path.display()))?;
+        let bytes = crate::util::fs::read_input("the tokenizer", path, MAX_TOKENIZER_BYTES)?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| anyhow!("{} is not a valid tokenizer.json: {e}", path.display()))?;
         let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
@@ -228,7 +231,8 @@ impl TextTokenizer {
 
 fn read_config(path: &Path) -> Option<serde_json::Value> {
     let cfg = path.parent()?.join("tokenizer_config.json");
-    serde_json::from_slice(&std::fs::read(cfg).ok()?).ok()
+    serde_json::from_slice(&crate::util::fs::read_regular(&cfg, MAX_TOKENIZER_BYTES, None).ok()?)
+        .ok()
 }
 
 /// The first special token of a TemplateProcessing post-processor's single

@@ -97,7 +97,8 @@ impl LocalState {
     }
 
     fn load(dir: &Path) -> Option<LocalState> {
-        serde_json::from_slice(&std::fs::read(dir.join(STATE_FILE)).ok()?).ok()
+        let bytes = crate::util::fs::read_regular(&dir.join(STATE_FILE), 16 << 20, None).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 }
 

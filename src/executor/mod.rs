@@ -70,7 +70,7 @@ impl Unit {
     ) -> Result<()> {
         // Re-read: another process (a job's own requeue, a parallel submit) may have written.
         let path = self.record_file();
-        if let Ok(bytes) = std::fs::read(&path) {
+        if let Ok(bytes) = crate::util::fs::read_regular(&path, 64 << 20, None) {
             if let Ok(r) = serde_json::from_slice::<RunRecord>(&bytes) {
                 self.record = r;
             }

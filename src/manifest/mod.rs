@@ -15,6 +15,7 @@ pub use keys::known_fields;
 use keys::*;
 use validate::*;
 
+use crate::util::fs::read_regular;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use schema::{
@@ -54,6 +55,9 @@ pub const RESERVED: [&str; 5] = [REPEAT, "id", "study", "run", "slurm"];
 /// The most runs `[sweep] max_runs` may allow: beyond, planning alone would
 /// need gigabytes.
 pub const MAX_MAX_RUNS: u64 = 1_000_000;
+
+/// The largest manifest read: a million-row zip fits in a few tens of MB.
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
 /// Either the built-in trainer or any program's command line.
 #[derive(Debug, Clone)]
@@ -125,8 +129,8 @@ impl Manifest {
     /// Reads and validates a manifest. `root` is the project root (normally the
     /// working directory).
     pub fn load(path: &Path, root: &Path) -> Result<Manifest, Diagnostics> {
-        let bytes = std::fs::read(path).map_err(|e| {
-            Diagnostic::new(path, format!("cannot read the manifest: {e}"))
+        let bytes = read_regular(path, MAX_MANIFEST_BYTES, None).map_err(|e| {
+            Diagnostic::new(path, format!("cannot read the manifest: it {e}"))
                 .with_help("give the path of a TOML file, e.g. experiments/quickstart.toml")
         })?;
         let text = String::from_utf8(bytes.clone())

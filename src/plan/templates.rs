@@ -6,6 +6,7 @@ use super::record::UnitKind;
 use super::{Plan, Run, Stage};
 use crate::manifest::{Diagnostic, Diagnostics, ExecutorKind, Launcher, SlurmSpec, TemplateChoice};
 use crate::template::{describe, Engine};
+use crate::util::fs::{read_regular, ReadError};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -92,17 +93,18 @@ impl Templates {
         };
         for (_, file, text) in BUILTIN {
             let path = dir.join(file);
-            let source = match std::fs::read_to_string(&path) {
+            let source = match read_template(&path) {
                 Ok(s) => s,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => text.to_string(),
+                Err(ReadError::NotFound) => text.to_string(),
                 Err(e) => {
-                    return Err(
-                        Diagnostic::new(&path, format!("cannot read this template: {e}"))
-                            .with_help(format!(
-                                "fix or remove it: without it, the built-in {file} is used"
-                            ))
-                            .into(),
+                    return Err(Diagnostic::new(
+                        &path,
+                        format!("cannot read this template: it {e}"),
                     )
+                    .with_help(format!(
+                        "fix or remove it: without it, the built-in {file} is used"
+                    ))
+                    .into())
                 }
             };
             t.add(file, &path, &source)?;
@@ -125,9 +127,9 @@ impl Templates {
         chosen.dedup_by(|a, b| a.0 == b.0);
         for (file, key) in chosen {
             let path = crate::util::fs::absolute(&m.root, file);
-            let source = std::fs::read_to_string(&path).map_err(|e| {
+            let source = read_template(&path).map_err(|e| {
                 m.locate(key)
-                    .with_message(format!("cannot read template {}: {e}", path.display()))
+                    .with_message(format!("cannot read template {}: it {e}", path.display()))
             })?;
             t.add(&file.to_string_lossy(), &path, &source)?;
         }
@@ -237,6 +239,12 @@ impl Templates {
                 template_error(&path, &e)
             })
     }
+}
+
+/// A template's text: a regular file of at most 4 MB, in UTF-8.
+fn read_template(path: &Path) -> Result<String, ReadError> {
+    let bytes = read_regular(path, 4 << 20, None)?;
+    String::from_utf8(bytes).map_err(|_| ReadError::Io(std::io::Error::other("not UTF-8 text")))
 }
 
 /// A template error as a diagnostic at the template's file and line.

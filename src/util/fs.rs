@@ -341,6 +341,23 @@ pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Ve
     Ok(bytes)
 }
 
+/// A file a user names (a manifest, a run's configuration, a template, a
+/// tokenizer), read whole: a regular file of at most `limit` bytes, so that
+/// `/dev/zero` is refused rather than read until memory runs out, and a FIFO
+/// rather than waited on forever. The error names it: "the manifest x.toml
+/// is a FIFO, not a regular file".
+pub fn read_input(what: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
+    read_regular(path, limit, None).map_err(|e| anyhow::anyhow!("{what} {} {e}", path.display()))
+}
+
+/// A file a user names, opened for reading as [`read_input`] reads one: a
+/// regular file, opened without blocking.
+pub fn open_input(what: &str, path: &Path) -> Result<std::fs::File> {
+    open_regular(path, 0)
+        .map(|(file, _)| file)
+        .map_err(|e| anyhow::anyhow!("{what} {} {e}", path.display()))
+}
+
 /// The last `bytes` bytes of a regular file (all of it when shorter),
 /// opened without blocking, as [`read_regular`] opens files, and never
 /// through a symbolic link (what it reads goes on a page others see).

@@ -14,8 +14,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 
 /// Hands a file to `f` a megabyte at a time; returns its length.
 pub fn stream_file(path: &Path, mut f: impl FnMut(&[u8])) -> Result<u64> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut file = crate::util::fs::open_input("the file", path)?;
     let mut buf = vec![0u8; 1 << 20];
     let mut bytes = 0u64;
     loop {

@@ -217,7 +217,7 @@ fn a_run_with_a_bad_dataset_path_fails_alone_with_a_clear_error() {
         .map(|e| std::fs::read_to_string(e.path()).unwrap())
         .collect();
     assert!(
-        log.contains("error: opening dataset") && log.contains("no-such-file.parquet"),
+        log.contains("error: the dataset ") && log.contains("no-such-file.parquet does not exist"),
         "{log}"
     );
     let table = String::from_utf8_lossy(&out.stdout);

@@ -699,6 +699,83 @@ fn bounded(root: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// A device, a FIFO or a directory named where a file is read — the
+/// manifest, a run's configuration, its dataset, its tokenizer — is refused
+/// at once with what it is: never read until memory runs out (`/dev/zero`)
+/// nor waited on forever (a FIFO nobody writes).
+#[test]
+fn special_files_named_as_inputs_are_refused_not_read() {
+    let root = project();
+    let d = root.path();
+    let fifo = d.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let fifo = fifo.display().to_string();
+    let refused = |args: &[&str], why: &str| {
+        let o = bounded(d, args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    };
+    refused(
+        &["plan", "/dev/zero"],
+        "cannot read the manifest: it is a device",
+    );
+    refused(&["plan", &fifo], "cannot read the manifest: it is a FIFO");
+    refused(
+        &["train", "--config", "/dev/zero"],
+        "is a device, not a regular file",
+    );
+    refused(
+        &["train", "--config", &fifo],
+        "is a FIFO, not a regular file",
+    );
+
+    let run = train_run(d, "special", "training_steps = 2\nsequence_length = 32");
+    let cfg = run.join("config.toml");
+    let good = std::fs::read_to_string(&cfg).unwrap();
+    let config = cfg.display().to_string();
+    for (key, path, why) in [
+        (
+            "dataset = ",
+            "/dev/zero",
+            "the dataset /dev/zero is a device",
+        ),
+        ("dataset = ", fifo.as_str(), "is a FIFO, not a regular file"),
+        ("dataset = ", "/tmp", "the dataset /tmp is a directory"),
+        (
+            "tokenizer = ",
+            "/dev/zero",
+            "the tokenizer /dev/zero is a device",
+        ),
+        (
+            "tokenizer = ",
+            fifo.as_str(),
+            "is a FIFO, not a regular file",
+        ),
+    ] {
+        std::fs::write(&cfg, regex_replace(&good, key, &format!("{path:?}"))).unwrap();
+        refused(&["train", "--config", &config], why);
+    }
+
+    // Planning reads a tokenizer for its vocabulary: a special file is not
+    // read, and the plan's warning says what it is.
+    let m = train_manifest(d, "special-plan", "", "");
+    let text = std::fs::read_to_string(&m).unwrap();
+    for (path, what) in [("/dev/zero", "a device"), (fifo.as_str(), "a FIFO")] {
+        let line = format!("{path:?}");
+        std::fs::write(&m, regex_replace(&text, "tokenizer = ", &line)).unwrap();
+        let o = bounded(d, &["plan", &m.display().to_string()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{path}: {err}");
+        let warning = format!("`tokenizer` {path} is {what}, not a regular file (1 run(s)");
+        assert!(err.contains(&warning), "{path}: {err}");
+    }
+}
+
 /// Absurd values in a checkpoint's state are errors, not allocations, wraps or hangs.
 #[test]
 fn absurd_checkpoint_values_are_errors() {

@@ -434,7 +434,7 @@ fn bad_input_gets_clear_errors() {
     };
     let e = format!("{:#}", SampleStream::open(&sp).err().unwrap());
     assert!(
-        e.contains("opening dataset") && e.contains("nope.parquet"),
+        e.contains("the dataset ") && e.contains("nope.parquet does not exist"),
         "{e}"
     );
 }

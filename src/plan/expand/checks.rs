@@ -79,7 +79,8 @@ pub(super) fn warnings_of(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<St
 /// directory is the usual cause, and the message says where it was read
 /// from and where it is.
 fn missing_inputs(m: &Manifest, runs: &[Run]) -> Vec<String> {
-    let mut missing: indexmap::IndexMap<(&str, &std::path::Path), usize> =
+    // (key, path) -> (what is wrong with it, how many runs read it)
+    let mut missing: indexmap::IndexMap<(&str, &std::path::Path), (String, usize)> =
         indexmap::IndexMap::new();
     for r in runs {
         let Job::Train(cfg) = &r.job else { continue };
@@ -95,16 +96,28 @@ fn missing_inputs(m: &Manifest, runs: &[Run]) -> Vec<String> {
             ),
         ];
         for (key, path) in files {
-            let Some(path) = path.filter(|p| !p.as_os_str().is_empty() && !p.exists()) else {
+            let Some(path) = path.filter(|p| !p.as_os_str().is_empty()) else {
                 continue;
             };
-            *missing.entry((key, path.as_path())).or_default() += 1;
+            let wrong = match std::fs::metadata(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist".to_string(),
+                Ok(meta) if !meta.is_file() => format!(
+                    "is {}, not a regular file",
+                    crate::util::fs::kind_of(meta.file_type())
+                ),
+                _ => continue,
+            };
+            missing.entry((key, path.as_path())).or_insert((wrong, 0)).1 += 1;
         }
     }
     missing
         .into_iter()
-        .map(|((key, path), n)| {
-            let relative = path.strip_prefix(&m.root).ok();
+        .map(|((key, path), (wrong, n))| {
+            // Where a missing relative path might be meant to be read from.
+            let relative = path
+                .strip_prefix(&m.root)
+                .ok()
+                .filter(|_| !path.exists());
             let found = relative.and_then(|rel| {
                 let dir = m.path.parent()?.canonicalize().ok()?;
                 dir.ancestors().find(|d| d.join(rel).exists()).map(|d| d.to_path_buf())
@@ -122,7 +135,7 @@ fn missing_inputs(m: &Manifest, runs: &[Run]) -> Vec<String> {
                 ),
                 (None, _) => String::new(),
             };
-            format!("`{key}` {} does not exist ({n} run(s) read it){hint}", path.display())
+            format!("`{key}` {} {wrong} ({n} run(s) read it){hint}", path.display())
         })
         .collect()
 }

@@ -288,7 +288,7 @@ pub const SAVED_FILE: &str = "max-batch.json";
 /// later starts read the answer from `max-batch.json`.
 pub fn resolve(cfg: &TrainConfig, run_dir: &Path) -> Result<usize> {
     let path = run_dir.join(SAVED_FILE);
-    match std::fs::read(&path) {
+    match crate::util::fs::read_regular(&path, 1 << 20, None) {
         Ok(bytes) => {
             let saved: Saved = serde_json::from_slice(&bytes).with_context(|| {
                 format!(
@@ -308,8 +308,8 @@ pub fn resolve(cfg: &TrainConfig, run_dir: &Path) -> Result<usize> {
             );
             return Ok(saved.batch_size);
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        Err(crate::util::fs::ReadError::NotFound) => {}
+        Err(e) => bail!("{} {e}", path.display()),
     }
     if crate::train::run::dist::Ranks::from_env()?.world_size > 1 {
         bail!("batch_size = \"max\" is searched on one device; give data-parallel runs a number");

@@ -179,7 +179,7 @@ fn measure(kernel: Kernel, threads: usize) -> Result<(f64, f64)> {
 }
 
 fn load() -> Cache {
-    std::fs::read(cache_path())
+    crate::util::fs::read_regular(&cache_path(), 16 << 20, None)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default()

@@ -4,7 +4,8 @@
 //! search, resuming) reads its lines with [`Record::parse`] or [`parse_log`],
 //! so a step line and an event line are told apart in one place.
 
-use anyhow::{Context, Result};
+use crate::util::fs::ReadError;
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -253,17 +254,14 @@ impl MetricsLog {
     /// that does not exist counts as empty; a log that cannot be read is an
     /// error and is left as it is.
     pub fn truncate_after(&mut self, step: usize) -> Result<()> {
-        let bytes = match std::fs::read(&self.path) {
+        // A log of a gigabyte is millions of steps: more is not a log.
+        let bytes = match crate::util::fs::read_regular(&self.path, 1 << 30, None) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => {
-                return Err(e).with_context(|| {
-                    format!(
-                        "reading {} to resume after step {step} (left unchanged)",
-                        self.path.display()
-                    )
-                })
-            }
+            Err(ReadError::NotFound) => return Ok(()),
+            Err(e) => bail!(
+                "{} {e}: it cannot be read to resume after step {step} (left unchanged)",
+                self.path.display()
+            ),
         };
         let kept = kept_through(&bytes, step);
         if kept.len() == bytes.len() {
