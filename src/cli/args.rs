@@ -137,7 +137,7 @@ pub enum Cmd {
         #[arg(long, value_parser = count(0, MAX_STEPS))]
         skip_first: Option<usize>,
         /// The change (percent) that matters: smaller and within the interval is `unchanged`.
-        #[arg(long, value_name = "PCT", default_value_t = crate::report::check::DEFAULT_THRESHOLD_PCT)]
+        #[arg(long, value_name = "PCT", default_value_t = crate::report::check::DEFAULT_THRESHOLD_PCT, value_parser = percent)]
         threshold: f64,
         #[arg(long)]
         no_plots: bool,
@@ -470,11 +470,19 @@ fn count(least: u64, most: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(least..=most)
 }
 
+/// `--threshold`: a change in percent, from 0 up to (not including) 100.
+fn percent(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..100.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not in [0, 100) percent")),
+    }
+}
+
 /// A bandwidth in GB/s within the range `[plan]` accepts.
 fn gbps(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if !(0.01..=1e5).contains(&v) {
-        return Err(format!("{v} GB/s is not in [0.01, 100000]"));
+        return Err(format!("`{s}` GB/s is not in [0.01, 100000]"));
     }
     Ok(v)
 }
@@ -484,7 +492,7 @@ fn gbps(s: &str) -> Result<f64, String> {
 fn median_kb(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if !(0.2..=10_000.0).contains(&v) {
-        return Err(format!("{v} is not in [0.2, 10000] KB"));
+        return Err(format!("`{s}` KB is not in [0.2, 10000]"));
     }
     Ok(v)
 }
@@ -528,7 +536,7 @@ pub struct CheckCli {
     #[arg(long, value_name = "N", default_value_t = crate::report::check::DEFAULT_LAST, value_parser = count(1, 10_000))]
     pub last: usize,
     /// The change (percent) that matters: `regressed`/`improved` need a significant change at least this large, `unchanged` an interval within it.
-    #[arg(long, value_name = "PCT", default_value_t = crate::report::check::DEFAULT_THRESHOLD_PCT)]
+    #[arg(long, value_name = "PCT", default_value_t = crate::report::check::DEFAULT_THRESHOLD_PCT, value_parser = percent)]
     pub threshold: f64,
     /// Also write the verdicts as JUnit XML (one test case per configuration).
     #[arg(long, value_name = "FILE")]

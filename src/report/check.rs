@@ -99,12 +99,6 @@ impl Check {
 }
 
 pub fn run(source: &Source, opts: &CheckOptions) -> Result<Check> {
-    if !(0.0..100.0).contains(&opts.threshold_pct) {
-        bail!(
-            "--threshold is a percentage in [0, 100), not {}",
-            opts.threshold_pct
-        );
-    }
     if matches!(source, Source::Import { .. }) {
         bail!("give a manifest or a results/<study> directory to check");
     }

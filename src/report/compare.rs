@@ -35,9 +35,6 @@ pub fn run(
     threshold_pct: f64,
     plots: bool,
 ) -> Result<Comparison> {
-    if !(0.0..100.0).contains(&threshold_pct) {
-        bail!("--threshold is a percentage in [0, 100), not {threshold_pct}");
-    }
     if let (Some(da), Some(db)) = (super::study_dir(a), super::study_dir(b)) {
         if da == db {
             bail!(

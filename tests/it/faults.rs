@@ -898,6 +898,9 @@ fn every_option_is_bounded() {
         ("bench pretokenize --threads 0", "--threads"),
         ("report x --skip-first 99999999999", "--skip-first"),
         ("submit m.toml --parallel 0", "--parallel"),
+        ("check m.toml --threshold 1e308", "--threshold"),
+        ("check m.toml --threshold NaN", "--threshold"),
+        ("compare a b --threshold 100", "--threshold"),
     ];
     for (line, flag) in flags {
         let args: Vec<&str> = line.split_whitespace().collect();
