@@ -17,7 +17,7 @@ pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBen
     let root = crate::util::fs::scratch_dir_in(dir)?;
     let study = root.path().join("results").join("bench-report");
     let (r, setup) = timed(|| -> Result<()> {
-        std::fs::create_dir_all(&study)?;
+        crate::util::fs::make_dir(&study)?;
         for i in 0..runs {
             // Made inside the study only: once a stop signal removed the
             // scratch folder, nothing makes it again.

@@ -260,7 +260,7 @@ fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
             "--runs × --lines is {runs} × {lines}, more than {MAX_LINES} log lines (~3 GB of logs): use fewer"
         );
     }
-    std::fs::create_dir_all(&dir)?;
+    crate::util::fs::make_dir(&dir)?;
     let b = crate::bench::report::run(runs, lines, &dir)?;
     println!(
         "report over {} runs x {} log lines ({} points; writing them took {:.1} s)",
@@ -274,7 +274,7 @@ fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
 }
 
 fn history(rows: usize, dir: PathBuf) -> Result<()> {
-    std::fs::create_dir_all(&dir)?;
+    crate::util::fs::make_dir(&dir)?;
     let b = crate::bench::history::run(rows, &dir)?;
     println!(
         "history of {} measurements ({} studies; writing them took {:.1} s)",
@@ -510,7 +510,7 @@ fn pretokenize(
 
 /// `sweep bench plan`: plan + render of a large sweep, phase by phase.
 fn plan(runs: usize, dir: PathBuf, rt: &RuntimeOptions) -> Result<()> {
-    std::fs::create_dir_all(&dir)?;
+    crate::util::fs::make_dir(&dir)?;
     let b = crate::bench::plan::run(runs, &dir, &crate::plan::PlanOptions::new(false, rt))?;
     println!(
         "plan + render of a {}-run sweep into {} ({} threads)",

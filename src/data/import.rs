@@ -209,7 +209,7 @@ pub fn import_text(inputs: &[PathBuf], out: &Path, opts: &ImportOptions) -> Resu
         Field::new("source", DataType::Utf8, false),
     ]));
     let dir = crate::util::fs::parent_dir(out);
-    std::fs::create_dir_all(dir)?;
+    crate::util::fs::make_dir(dir)?;
     for stale in crate::util::fs::remove_stale_temps(dir, TEMP_PREFIX) {
         eprintln!(
             "import-text: removed {}, left behind by a run that was killed",

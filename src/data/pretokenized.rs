@@ -371,7 +371,7 @@ impl PretokWriter {
     pub fn create(target: &Path, meta: &Meta, row_group_size: usize) -> Result<PretokWriter> {
         let (format, seq_len, pad_id) = (meta.format, meta.sequence_length, meta.pad_id);
         let dir = crate::util::fs::parent_dir(target);
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        crate::util::fs::make_dir(dir)?;
         let (file, tmp, lock) = crate::util::fs::locked_temp_beside(target, TEMP_PREFIX)?;
         // Everything but the counts goes into the Arrow schema, so that
         // pyarrow's and polars' schema metadata show it ...

@@ -5,7 +5,7 @@
 use super::ended::EXIT_CODE;
 use super::packed::STARTED;
 use crate::template::Engine;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -106,7 +106,7 @@ fn write(study_dir: &Path, dir: &str, stem: &str, text: &str, dry_run: bool) -> 
     if !dry_run {
         let logs = study_dir.join(crate::layout::LOGS_DIR);
         for d in [&logs, &scripts] {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            crate::util::fs::make_dir(d)?;
         }
         crate::util::fs::write_if_changed(&path, text.as_bytes())?;
     }

@@ -558,7 +558,7 @@ fn move_aside(
 /// `…Z-2`, `…Z-3` for more in the same second): made here, so no other
 /// sweep's is reused.
 fn fresh_dir(parent: &Path) -> Result<PathBuf> {
-    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    crate::util::fs::make_dir(parent)?;
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
     for n in 1..10_000 {
         let dir = match n {
@@ -600,7 +600,7 @@ pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
         if run.dir.symlink_metadata().is_err() {
             continue;
         }
-        std::fs::create_dir_all(&into).with_context(|| format!("creating {}", into.display()))?;
+        crate::util::fs::make_dir(&into)?;
         let to = into.join(&run.name);
         if to.symlink_metadata().is_ok() {
             anyhow::bail!(
@@ -612,8 +612,7 @@ pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
         std::fs::rename(&run.dir, &to)
             .with_context(|| format!("moving {} to {}", run.dir.display(), to.display()))?;
     }
-    std::fs::create_dir_all(&plan.study_dir)
-        .with_context(|| format!("creating {}", plan.study_dir.display()))?;
+    crate::util::fs::make_dir(&plan.study_dir)?;
     let study = StudyRecord::of(plan, next, super::record::new_attempt_id());
     let bytes = serde_json::to_vec_pretty(&study).expect("a study record serialises");
     write_atomic(&plan.study_dir.join(STUDY_JSON), &bytes)?;
@@ -636,7 +635,7 @@ fn has_outputs(dir: &Path) -> bool {
 /// on a slow file system every avoidable lookup counts.
 pub fn write(rendered: &Rendered) -> Result<WriteSummary> {
     let dir = &rendered.study.dir;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    crate::util::fs::make_dir(dir)?;
     let study = serde_json::to_vec_pretty(&rendered.study).expect("a study record serialises");
     write_if_changed(&dir.join(STUDY_JSON), &study)?;
     let all: Vec<&RenderedDir> = rendered.stages.iter().chain(&rendered.runs).collect();
@@ -644,7 +643,7 @@ pub fn write(rendered: &Rendered) -> Result<WriteSummary> {
     parents.sort_unstable();
     parents.dedup();
     for p in parents {
-        std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
+        crate::util::fs::make_dir(p)?;
     }
     let counts: Vec<Result<(usize, usize)>> = all
         .par_iter()

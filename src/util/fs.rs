@@ -275,6 +275,8 @@ pub(crate) fn kind_of(t: std::fs::FileType) -> &'static str {
         "a socket"
     } else if t.is_char_device() || t.is_block_device() {
         "a device"
+    } else if t.is_file() {
+        "a file"
     } else {
         "not a regular file"
     }
@@ -307,6 +309,35 @@ pub fn open_regular(
         });
     }
     Ok((file, meta))
+}
+
+/// Makes a directory and its parents. Where something other than a directory
+/// stands in the way (`--out /dev/null`, a file named like the folder), the
+/// error says what and where, not "File exists".
+pub fn make_dir(dir: &Path) -> Result<()> {
+    let Err(e) = std::fs::create_dir_all(dir) else {
+        return Ok(());
+    };
+    let blocker = dir
+        .ancestors()
+        .find_map(|a| std::fs::metadata(a).ok().map(|m| (a, m)))
+        .filter(|(_, m)| !m.is_dir());
+    match blocker {
+        Some((at, m)) if at == dir => {
+            anyhow::bail!(
+                "{} is {}, not a directory",
+                dir.display(),
+                kind_of(m.file_type())
+            )
+        }
+        Some((at, m)) => anyhow::bail!(
+            "cannot make the directory {}: {} is {}, not a directory",
+            dir.display(),
+            at.display(),
+            kind_of(m.file_type())
+        ),
+        None => Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
 }
 
 /// The bytes of a regular file of at most `limit` bytes. The file is opened
@@ -444,6 +475,22 @@ pub(crate) mod tests {
             read_tail(&dir.path().join("none"), 10),
             Err(ReadError::NotFound)
         ));
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_made_names_what_is_in_its_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("notes");
+        std::fs::write(&file, b"x").unwrap();
+        let e = make_dir(&file.join("sub/deeper")).unwrap_err().to_string();
+        assert!(
+            e.ends_with(&format!("{} is a file, not a directory", file.display())),
+            "{e}"
+        );
+        let e = make_dir(Path::new("/dev/null")).unwrap_err().to_string();
+        assert_eq!(e, "/dev/null is a device, not a directory");
+        make_dir(&dir.path().join("a/b")).unwrap();
+        make_dir(&dir.path().join("a/b")).unwrap();
     }
 
     #[test]

@@ -351,9 +351,8 @@ pub fn write(flag: &str, path: &Path, bytes: &[u8], inputs: &[&Path]) -> anyhow:
 
 /// Writes an output already checked: atomically, making its folder.
 pub fn write_checked(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use anyhow::Context;
     let dir = super::fs::parent_dir(path);
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    super::fs::make_dir(dir)?;
     super::fs::write_atomic(path, bytes)
 }
 

@@ -58,7 +58,7 @@ pub fn table_files<'a>(dir: &Path) -> Vec<Output<'a, Tables<'a>>> {
 pub fn write<R: ?Sized>(r: &R, outputs: &[Output<'_, R>]) -> Result<()> {
     for (format, path) in outputs {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            crate::util::fs::make_dir(dir)?;
         }
         let bytes = format
             .export(r)

@@ -80,7 +80,7 @@ pub struct Chart {
 /// Writes `<dir>/<name>.png` and `<dir>/<name>.svg` (each to a temporary
 /// name first, then renamed).
 pub fn save(fig: &impl Figure, dir: &Path, name: &str) -> Result<Chart> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    crate::util::fs::make_dir(dir)?;
     let size = fig.size();
     let drawn = |e: String| anyhow!("drawing {name}: {e}");
     let svg = svg(fig).with_context(|| format!("drawing {name}"))?;

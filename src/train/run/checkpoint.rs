@@ -289,7 +289,7 @@ pub fn save_all_ranks(
     // is everyone's.
     let per_rank = state.data_order == DataOrder::Contiguous && ranks.world_size > 1;
     if !ranks.is_main() && per_rank {
-        std::fs::create_dir_all(&root)?;
+        crate::util::fs::make_dir(&root)?;
         crate::util::fs::write_atomic(&rank_file(ranks.rank), &serde_json::to_vec(&state.loader)?)?;
     }
     dist::barrier(comm, device)?;
@@ -321,7 +321,7 @@ pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &TrainState) ->
     let dest = step_dir(run_dir, state.step);
     // A full disk (or any failure) names the checkpoint and the file.
     let writing = |file: &str| format!("writing checkpoint {}: {file}", dest.display());
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    crate::util::fs::make_dir(&root)?;
     let tmp = tempfile::Builder::new()
         .prefix(TEMP_PREFIX)
         .tempdir_in(&root)

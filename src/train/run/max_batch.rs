@@ -149,7 +149,7 @@ fn trial(
     dir: &Path,
 ) -> Result<Outcome> {
     let run = dir.join(format!("bs{batch}"));
-    std::fs::create_dir_all(&run)?;
+    crate::util::fs::make_dir(&run)?;
     let mut cfg = base.clone();
     cfg.batch_size = BatchSize::Fixed(batch);
     cfg.training_steps = steps;
