@@ -43,6 +43,15 @@ pub fn load_plan(
     rt: &RuntimeOptions,
     say: Say,
 ) -> Result<Plan> {
+    if let Ok(Some(study)) = crate::plan::record::StudyRecord::load(manifest) {
+        // `sweep status results/x`: the study's results are not its manifest,
+        // but they say which manifest made them.
+        anyhow::bail!(
+            "{} holds a study's results; this command reads the study's manifest: {}",
+            manifest.display(),
+            study.manifest.path
+        );
+    }
     let m = Manifest::load(manifest, root)?;
     let plan = Plan::new(m, &PlanOptions::new(allow_oom, rt))?;
     for w in &plan.warnings {

@@ -4,7 +4,7 @@
 //! every long command stops within seconds of SIGTERM or Ctrl-C, its
 //! temporaries removed.
 
-use super::support::{project, run_ok, stdout, stop_at_work, sweep, write, Stopped};
+use super::support::{project, run_err, run_ok, stdout, stop_at_work, sweep, write, Stopped};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -211,6 +211,15 @@ fn no_output_flag_of_any_command_replaces_what_sweep_reads_or_owns() {
     assert_eq!(snapshot(d), before, "something changed");
     run_ok(sweep(d).args(["history", "s.toml"]));
     run_ok(sweep(d).args(["status", "s.toml"]));
+    // Its results are not its manifest, but they say which manifest it is.
+    for cmd in ["status", "cancel", "submit"] {
+        let err = run_err(sweep(d).args([cmd, "results/s"]));
+        let says = "results/s holds a study's results; this command reads the study's manifest: ";
+        assert!(
+            err.contains(says) && err.trim_end().ends_with("/s.toml"),
+            "{cmd}: {err}"
+        );
+    }
     // Two outputs of one command never are one file: through `..` or a link.
     std::fs::create_dir_all(d.join("out/sub")).unwrap();
     write(&d.join("out/a.xml"), "old");
