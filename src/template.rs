@@ -14,6 +14,15 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 
 const SH: &str = "sh";
 
+/// How many steps one render may take: a template is user input, and a loop
+/// of loops (`range(10000)` three deep) would otherwise run for hours. A
+/// manifest's values (a derived value, a run name, a command line) take tens
+/// of steps; a run's job script a few thousand.
+pub const VALUE_FUEL: u64 = 100_000;
+pub const SCRIPT_FUEL: u64 = 1_000_000;
+/// An array's or a block's script, one line per run (rendered once).
+pub const GROUP_SCRIPT_FUEL: u64 = 100_000_000;
+
 pub struct Engine {
     env: Environment<'static>,
 }
@@ -27,6 +36,7 @@ impl Default for Engine {
 impl Engine {
     pub fn new() -> Engine {
         let mut env = Environment::new();
+        env.set_fuel(Some(VALUE_FUEL));
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
@@ -92,6 +102,11 @@ impl Engine {
     pub fn add(&mut self, name: &str, source: &str) -> Result<(), Error> {
         self.env
             .add_template_owned(name.to_string(), source.to_string())
+    }
+
+    /// Steps one render may take ([`VALUE_FUEL`] unless set).
+    pub fn set_fuel(&mut self, steps: u64) {
+        self.env.set_fuel(Some(steps));
     }
 
     pub fn render(&self, name: &str, ctx: &Value) -> Result<String, Error> {
@@ -216,6 +231,10 @@ fn is_name(s: &str) -> bool {
 
 /// A one-line description of a minijinja error with its template and line.
 pub fn describe(err: &Error) -> String {
+    if err.kind() == ErrorKind::OutOfFuel {
+        return "the template ran past the steps one render may take: a loop too long, or one without end"
+            .to_string();
+    }
     let mut s = err
         .detail()
         .map(str::to_string)
