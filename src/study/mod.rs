@@ -10,7 +10,7 @@ use crate::config::RuntimeOptions;
 use crate::executor::{self, local, Decision, Executor, State, Status, Unit};
 use crate::manifest::{ExecutorKind, Manifest};
 use crate::plan::{render, Plan, PlanOptions};
-use crate::util::lock::{Acquired, StudyLock};
+use crate::util::lock::{Acquired, DirLock};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
@@ -136,7 +136,7 @@ fn write_under_lock(
     replace_changed: bool,
     again: bool,
     say: Say,
-) -> Result<(render::Rendered, render::WriteSummary, StudyLock)> {
+) -> Result<(render::Rendered, render::WriteSummary, DirLock)> {
     let on_changed = match replace_changed || again {
         true => render::OnChanged::Replace,
         false => render::OnChanged::Refuse,
@@ -206,9 +206,9 @@ fn start_again(plan: &Plan, manifest: &Path, say: Say) -> Result<()> {
 /// The study's lock for a command that writes it (`sweep <verb> <manifest>`):
 /// a second `sweep` writing the same study waits, saying for whom, so that no
 /// run is rendered or submitted twice at once.
-pub fn lock_study(plan: &Plan, verb: &str, manifest: &Path, say: Say) -> Result<StudyLock> {
+pub fn lock_study(plan: &Plan, verb: &str, manifest: &Path, say: Say) -> Result<DirLock> {
     let what = format!("sweep {verb} {}", manifest.display());
-    let (lock, how) = StudyLock::acquire(&plan.study_dir, &what, |holder| {
+    let (lock, how) = DirLock::study(&plan.study_dir, &what, |holder| {
         say(&format!(
             "sweep: {} is held by {}; waiting until it is done (Ctrl-C stops waiting)",
             plan.study_dir.display(),
@@ -236,7 +236,7 @@ pub struct Submission {
     pub decisions: Vec<Decision>,
     /// The study's lock, held while this process submits (on the local
     /// executor: runs) its jobs.
-    pub lock: Option<StudyLock>,
+    pub lock: Option<DirLock>,
 }
 
 impl Submission {

@@ -1,7 +1,8 @@
-//! One `sweep` at a time writes a study: an advisory lock on
-//! `results/<study>/.lock` (flock, which the kernel drops with the process
-//! that holds it, so a crash leaves no stale lock). The holder writes who it
-//! is into the file, so that a second `sweep` can say what it waits for.
+//! One `sweep` at a time writes a study, and one trainer at a time a run: an
+//! advisory lock on `results/<study>/.lock` and on `<run>/.train.lock` (flock,
+//! which the kernel drops with the process that holds it, so a crash leaves
+//! no stale lock). The holder writes who it is into the file, so that a
+//! second `sweep` can say what it waits for.
 
 use anyhow::{bail, Context, Result};
 use std::io::{Read, Seek, Write};
@@ -11,9 +12,12 @@ use std::path::Path;
 /// The lock file inside a study directory.
 pub const LOCK_FILE: &str = ".lock";
 
+/// The lock file inside a run directory: its trainer's (rank 0's).
+pub const TRAIN_LOCK_FILE: &str = ".train.lock";
+
 /// A held lock; dropping it (or the process ending) releases it.
 #[derive(Debug)]
-pub struct StudyLock {
+pub struct DirLock {
     file: Option<std::fs::File>,
 }
 
@@ -28,20 +32,46 @@ pub enum Acquired {
     Unsupported,
 }
 
-impl StudyLock {
+impl DirLock {
     /// Takes the lock of `study_dir` (created if missing) for `what` (the
     /// command, for the message a second `sweep` prints). When another
     /// process holds it, `waiting` is called once with who that is, and
     /// this waits until it is released.
-    pub fn acquire(
+    pub fn study(
         study_dir: &Path,
         what: &str,
         waiting: impl FnOnce(&str),
-    ) -> Result<(StudyLock, Acquired)> {
+    ) -> Result<(DirLock, Acquired)> {
+        DirLock::take(&study_dir.join(LOCK_FILE), what, waiting, None)
+    }
+
+    /// Takes the lock of a run directory for its trainer: two trainers of one
+    /// run (a job started by hand beside the queued one, a requeued job whose
+    /// old instance has not exited yet) would write one log and one set of
+    /// checkpoints. A holder is waited for up to `patience` (an old instance
+    /// writing its last checkpoint), then this is an error that names it.
+    pub fn run(
+        run_dir: &Path,
+        what: &str,
+        waiting: impl FnOnce(&str),
+        patience: std::time::Duration,
+    ) -> Result<(DirLock, Acquired)> {
+        DirLock::take(
+            &run_dir.join(TRAIN_LOCK_FILE),
+            what,
+            waiting,
+            Some(patience),
+        )
+    }
+
+    fn take(
+        path: &Path,
+        what: &str,
+        waiting: impl FnOnce(&str),
+        patience: Option<std::time::Duration>,
+    ) -> Result<(DirLock, Acquired)> {
         use std::os::unix::fs::OpenOptionsExt;
-        std::fs::create_dir_all(study_dir)
-            .with_context(|| format!("creating {}", study_dir.display()))?;
-        let path = study_dir.join(LOCK_FILE);
+        crate::util::fs::make_dir(crate::util::fs::parent_dir(path))?;
         let mut file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -50,11 +80,11 @@ impl StudyLock {
             .mode(0o644)
             // Never through a link, never blocking on a FIFO.
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&path)
-            .with_context(|| format!("opening the study's lock {}", path.display()))?;
+            .open(path)
+            .with_context(|| format!("opening the lock {}", path.display()))?;
         if !file.metadata()?.file_type().is_file() {
             bail!(
-                "{} is not a regular file: remove it so that sweep can lock the study",
+                "{} is not a regular file: remove it so that sweep can lock its directory",
                 path.display()
             );
         }
@@ -66,15 +96,21 @@ impl StudyLock {
             match err.raw_os_error() {
                 Some(libc::EWOULDBLOCK) => {
                     waiting(&holder_of(&file));
-                    // SAFETY: as above; blocks until the holder releases it or exits.
-                    if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
-                        let err = std::io::Error::last_os_error();
-                        bail!("waiting for the lock on {}: {err}", path.display());
-                    }
+                    wait_for(fd, patience).map_err(|e| match e {
+                        None => anyhow::anyhow!(
+                            "{} is still held after {} s, by {}",
+                            path.display(),
+                            patience.unwrap_or_default().as_secs(),
+                            holder_of(&file)
+                        ),
+                        Some(err) => {
+                            anyhow::anyhow!("waiting for the lock on {}: {err}", path.display())
+                        }
+                    })?;
                     how = Acquired::AfterWaiting;
                 }
                 Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => {
-                    return Ok((StudyLock { file: None }, Acquired::Unsupported));
+                    return Ok((DirLock { file: None }, Acquired::Unsupported));
                 }
                 _ => bail!("locking {}: {err}", path.display()),
             }
@@ -91,12 +127,40 @@ impl StudyLock {
         file.rewind()?;
         file.write_all(who.as_bytes())?;
         file.set_len(who.len() as u64)?;
-        Ok((StudyLock { file: Some(file) }, how))
+        Ok((DirLock { file: Some(file) }, how))
     }
 
     /// Whether a lock is held (not on a file system that refuses them).
     pub fn held(&self) -> bool {
         self.file.is_some()
+    }
+}
+
+/// Waits until the lock on `fd` is taken: for ever, or for `patience` (then
+/// `Err(None)`); `Err(Some(_))` where locking itself fails.
+fn wait_for(fd: i32, patience: Option<std::time::Duration>) -> Result<(), Option<std::io::Error>> {
+    let Some(patience) = patience else {
+        // SAFETY: flock on a descriptor the caller owns; blocks until the
+        // holder releases it or exits.
+        return match unsafe { libc::flock(fd, libc::LOCK_EX) } {
+            0 => Ok(()),
+            _ => Err(Some(std::io::Error::last_os_error())),
+        };
+    };
+    let until = std::time::Instant::now() + patience;
+    loop {
+        // SAFETY: as above, without blocking.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(Some(err));
+        }
+        if std::time::Instant::now() >= until {
+            return Err(None);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
 
@@ -126,7 +190,7 @@ mod tests {
     fn a_second_holder_waits_and_is_told_who_holds_it() {
         let dir = tempfile::tempdir().unwrap();
         let study = dir.path().join("s");
-        let (first, how) = StudyLock::acquire(&study, "sweep run a.toml", |_| panic!()).unwrap();
+        let (first, how) = DirLock::study(&study, "sweep run a.toml", |_| panic!()).unwrap();
         assert_eq!(how, Acquired::At);
         assert!(first.held());
         let (tx, rx) = std::sync::mpsc::channel();
@@ -135,7 +199,7 @@ mod tests {
             // flock locks belong to open files: another open of the file in
             // this process contends like another process would.
             let (lock, how) =
-                StudyLock::acquire(&s2, "sweep submit", |who| tx.send(who.to_string()).unwrap())
+                DirLock::study(&s2, "sweep submit", |who| tx.send(who.to_string()).unwrap())
                     .unwrap();
             (lock.held(), how)
         });
@@ -169,18 +233,36 @@ mod tests {
             drop(held);
         });
         let mut said = String::new();
-        let (lock, how) =
-            StudyLock::acquire(dir.path(), "x", |who| said = who.to_string()).unwrap();
+        let (lock, how) = DirLock::study(dir.path(), "x", |who| said = who.to_string()).unwrap();
         writer.join().unwrap();
         assert_eq!(said, "process 1 on h (sweep run)");
         assert!(lock.held() && how == Acquired::AfterWaiting);
     }
 
     #[test]
+    fn a_run_lock_held_past_its_patience_is_an_error_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let patience = std::time::Duration::from_millis(300);
+        let (first, _) = DirLock::run(dir.path(), "sweep train, job 7", |_| (), patience).unwrap();
+        let e = DirLock::run(dir.path(), "sweep train, job 8", |_| (), patience).unwrap_err();
+        let holder = format!("by process {} on ", std::process::id());
+        assert!(
+            e.to_string().contains("is still held after 0 s")
+                && e.to_string().contains(&holder)
+                && e.to_string().contains("(sweep train, job 7)"),
+            "{e}"
+        );
+        drop(first);
+        let (again, how) =
+            DirLock::run(dir.path(), "sweep train, job 8", |_| (), patience).unwrap();
+        assert!(again.held() && how == Acquired::At);
+    }
+
+    #[test]
     fn a_special_file_in_the_locks_place_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         crate::util::fs::tests::mkfifo(&dir.path().join(LOCK_FILE));
-        let e = StudyLock::acquire(dir.path(), "x", |_| ()).unwrap_err();
+        let e = DirLock::study(dir.path(), "x", |_| ()).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }

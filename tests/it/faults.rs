@@ -699,6 +699,57 @@ fn bounded(root: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Two trainers of one run never write its log at once: the second waits
+/// for the first (here the test, holding the run's lock as a trainer would)
+/// and then trains, each step logged once.
+#[test]
+fn a_second_trainer_of_a_run_waits_for_the_first() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let root = project();
+    let run = train_run(
+        root.path(),
+        "twice",
+        "training_steps = 4\nsequence_length = 32",
+    );
+    let mut held = std::fs::File::create(run.join(".train.lock")).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+    writeln!(held, "process 1 on elsewhere (sweep train, job 7)").unwrap();
+    let errors = root.path().join("second.err");
+    let mut second = sweep(root.path())
+        .args(["train", "--config"])
+        .arg(run.join("config.toml"))
+        .stderr(std::fs::File::create(&errors).unwrap())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(60, "the second trainer to wait", || {
+        let said = std::fs::read_to_string(&errors).unwrap_or_default();
+        said.contains(
+            "this run is being trained by process 1 on elsewhere (sweep train, job 7); waiting",
+        )
+        .then_some(())
+    });
+    assert!(second.try_wait().unwrap().is_none(), "it waits");
+    assert!(
+        !run.join("metrics.jsonl").exists(),
+        "and writes nothing meanwhile"
+    );
+    drop(held);
+    let status = second.wait().unwrap();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&errors).unwrap()
+    );
+    let steps: Vec<u64> = super::support::metrics(&run)
+        .iter()
+        .filter_map(|m| m["step"].as_u64())
+        .collect();
+    assert_eq!(steps, [1, 2, 3, 4]);
+}
+
 /// A device, a FIFO or a directory named where a file is read — the
 /// manifest, a run's configuration, its dataset, its tokenizer — is refused
 /// at once with what it is: never read until memory runs out (`/dev/zero`)

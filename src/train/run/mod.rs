@@ -7,7 +7,9 @@
 //! warning before the time limit) and SIGTERM (preemption, Ctrl-C) end the
 //! current step, write a checkpoint and exit with [`REQUEUE_EXIT`] so the job
 //! script requeues the run; a device out of memory exits with
-//! [`OUT_OF_MEMORY_EXIT`].
+//! [`OUT_OF_MEMORY_EXIT`]. Rank 0 holds the run directory's lock while it
+//! trains: a second trainer of the same run waits for it (up to
+//! [`TRAIN_LOCK_PATIENCE`]) instead of writing the same log.
 //!
 //! With several ranks (data parallelism, [`self::dist`]) every rank runs this
 //! same loop on its slice of each global batch (or its own shard, in the
@@ -64,9 +66,17 @@ pub fn run(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     }
 }
 
+/// How long a trainer waits for another of the same run to exit: a requeued
+/// job's old instance writing its last checkpoint takes seconds.
+pub const TRAIN_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
 fn run_to_end(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     let run_dir = crate::util::fs::parent_dir(config).to_path_buf();
     let mut cfg = TrainConfig::load(config)?;
+    let _lock = match dist::Ranks::from_env()?.is_main() {
+        true => Some(lock_run(&run_dir)?),
+        false => None,
+    };
     if cfg.batch_size == BatchSize::Max {
         cfg.batch_size = BatchSize::Fixed(max_batch::resolve(&cfg, &run_dir)?);
     }
@@ -86,6 +96,23 @@ fn run_to_end(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
         }
     }
     result
+}
+
+/// The run directory's lock, for as long as this trainer lives.
+fn lock_run(run_dir: &Path) -> Result<crate::util::lock::DirLock> {
+    let what = format!(
+        "sweep train, job {}",
+        std::env::var("SLURM_JOB_ID").unwrap_or("-".into())
+    );
+    let waiting = |holder: &str| {
+        eprintln!(
+            "sweep train: this run is being trained by {holder}; waiting up to {} s for it to end",
+            TRAIN_LOCK_PATIENCE.as_secs()
+        )
+    };
+    let (lock, _) = crate::util::lock::DirLock::run(run_dir, &what, waiting, TRAIN_LOCK_PATIENCE)
+        .context("two trainers of one run would write the same log and checkpoints")?;
+    Ok(lock)
 }
 
 /// The threads for the CPU kernels: the configuration, else SWEEP_THREADS or
