@@ -233,13 +233,15 @@ pub struct Problem {
 
 impl Problem {
     /// `run: state, reason`, safe to print (names and reasons come from
-    /// files) and bounded (a reason quoting a huge record is cut).
+    /// files) and bounded (a reason quoting a huge record is cut). A state
+    /// may carry its own reason (`UNKNOWN (<why run.json does not read>)`),
+    /// so it is bounded as a note, not cut as a table cell.
     pub fn describe(&self) -> String {
         use crate::util::text::{cell, note};
         format!(
             "{}: {}, {}",
             cell(&self.run),
-            cell(&self.state),
+            note(&self.state),
             note(&self.reason)
         )
     }

@@ -25,6 +25,20 @@ fn a_problem_says_the_states_reason_once_and_an_ended_run_is_not_yet_to_write() 
     );
 }
 
+/// A state that carries a long reason of its own (why a record does not
+/// read) is said whole, as a note, not cut like a table cell.
+#[test]
+fn a_states_long_reason_is_said_whole() {
+    let why =
+        "/tmp/results/s/run/run.json is not a valid run record: expected value at line 1 column 1";
+    let unknown = Status {
+        reason: Some(why.into()),
+        ..Status::new(State::Unknown)
+    };
+    let said = problems(&[RunLog::new("r", unknown)])[0].describe();
+    assert_eq!(said, format!("r: UNKNOWN ({why}), no metrics"));
+}
+
 /// Repeats more than 30% apart are said with the likeliest cause their
 /// environments recorded: a busy host, else different hosts, else none.
 #[test]
