@@ -247,15 +247,21 @@ fn devices(plan: &Plan) -> Vec<String> {
 fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     let study = dir_study_name(dir);
     let (mut found, mut broken) = run_dirs(dir)?;
-    if found.is_empty() && broken.is_empty() {
-        bail!(
-            "{} holds no run directories (run.json); give the manifest or `sweep render` first",
-            dir.display()
-        );
-    }
     // The manifest that last rendered the directory says which runs are
     // its own and how to report them.
     let record = StudyRecord::load(dir)?;
+    // Folders with logs but no record are a study's runs that lost theirs
+    // only in a study's directory: `/`, with its `/tmp` of logs, is none.
+    if found.is_empty() && (broken.is_empty() || record.is_none()) {
+        bail!(
+            "{} holds no run directories (run.json){}; give the manifest or `sweep render` first",
+            dir.display(),
+            match record {
+                Some(_) => "",
+                None => " and no study.json: it is not a study's results directory",
+            }
+        );
+    }
     let stale = match &record {
         Some(rec) => keep_current(&mut found, rec),
         None => Vec::new(),

@@ -1230,6 +1230,40 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
     );
 }
 
+/// A folder that is not a study's results (no study.json, no run.json) is
+/// refused by every command that reads results, even where one of its
+/// folders holds logs (`/` and its `/tmp`): nothing is written into it and
+/// no history is made beside it.
+#[test]
+fn a_folder_of_logs_that_is_no_study_is_refused() {
+    let root = project();
+    let d = root.path();
+    write(&d.join("home/jobs/slurm-1.out"), "step 1\n");
+    write(&d.join("home/summary.md"), "my own summary\n");
+    for args in [
+        vec!["report", "home", "--no-plots"],
+        vec!["check", "home"],
+        vec!["history", "--import", "home"],
+    ] {
+        let err = super::support::run_err(sweep(d).args(&args));
+        assert!(
+            err.contains("holds no run directories (run.json) and no study.json: it is not a study's results directory"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(d.join("home/summary.md")).unwrap(),
+        "my own summary\n"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(d.join("home"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["jobs", "summary.md"]);
+    assert!(!d.join("history.sqlite").exists() && !d.join("results").exists());
+}
+
 /// A run whose record (`run.json`) is gone does not drop out of a report
 /// of its study's directory, nor of a comparison, without a word: it is
 /// named and counted missing, and a baseline among such runs is said to be
