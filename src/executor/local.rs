@@ -11,7 +11,7 @@
 use super::{ended, job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::{ExecutorKind, Launcher};
 use crate::plan::launch::Watch;
-use crate::util::process::find_in_path;
+use crate::util::process::{alive, find_in_path, group_members, process_start, same_process};
 use crate::util::signals::{self, StopSignals};
 use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
@@ -384,6 +384,7 @@ impl Pool {
     fn reap(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
         for (mut r, status) in self.take_exited()? {
             let dir = &units[r.unit].dir;
+            stop_leftovers(r.child.id(), dir);
             let status = ended::explain(dir, &r.state.job_id, status);
             let cancelled = cancel_requested(dir);
             if status.exit_code == Some(REQUEUE_EXIT) && r.requeues < MAX_REQUEUES && !cancelled {
@@ -742,28 +743,40 @@ pub fn peek_state(dir: &Path) -> Option<State> {
     LocalState::load(dir).map(|s| s.state)
 }
 
-/// The fields of `/proc/<pid>/stat` after the command name (state first).
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
-/// Present and not a zombie.
-fn alive(pid: u32) -> bool {
-    stat_fields(pid)
-        .and_then(|f| f.first().cloned())
-        .is_some_and(|state| state != "Z" && state != "X")
-}
-
-/// When a process started, in clock ticks after boot (field 22 of its stat).
-fn process_start(pid: u32) -> Option<u64> {
-    stat_fields(pid)?.get(19)?.parse().ok()
-}
-
-/// `pid` is alive and is the process that started at `start` (when known).
-fn same_process(pid: u32, start: Option<u64>) -> bool {
-    alive(pid) && start.is_none_or(|t| process_start(pid) == Some(t))
+/// What a job left running in its process group once its shell exited (a
+/// `cmd &` nobody waited for, a worker that outlived its parent) is stopped,
+/// as SLURM stops a job's processes when its script ends: none of it may take
+/// cores from the next run, which it would slow unseen. Said in the job's log.
+fn stop_leftovers(pgid: u32, dir: &Path) {
+    let left = group_members(pgid);
+    if left.is_empty() {
+        return;
+    }
+    let group = Pid::from_raw(pgid as i32);
+    let _ = killpg(group, Signal::SIGTERM);
+    let until = Instant::now() + Duration::from_secs(2);
+    while !group_members(pgid).is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let how = match group_members(pgid).is_empty() {
+        true => "SIGTERM",
+        false => {
+            let _ = killpg(group, Signal::SIGKILL);
+            "SIGTERM, then SIGKILL 2 s later"
+        }
+    };
+    let pids: Vec<String> = left.iter().map(u32::to_string).collect();
+    let said = format!(
+        "sweep: the job ended leaving {} process(es) of its own running (pid {}); stopped them ({how}), as SLURM does at a job's end\n",
+        left.len(),
+        pids.join(", ")
+    );
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join(LOG_FILE));
+    if let Ok(mut log) = log {
+        let _ = log.write_all(said.as_bytes());
+    }
 }
 
 fn cancel_requested(dir: &Path) -> bool {

@@ -186,6 +186,46 @@ pub fn cross_memory_attach() -> bool {
     }
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (state first).
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// The live processes of process group `pgid`.
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            stat_fields(pid).is_some_and(|f| {
+                f.get(2).is_some_and(|g| *g == pgid.to_string()) && f[0] != "Z" && f[0] != "X"
+            })
+        })
+        .collect()
+}
+
+/// Present and not a zombie.
+pub fn alive(pid: u32) -> bool {
+    stat_fields(pid)
+        .and_then(|f| f.first().cloned())
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// When a process started, in clock ticks after boot (field 22 of its stat).
+pub fn process_start(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// `pid` is alive and is the process that started at `start` (when known).
+pub fn same_process(pid: u32, start: Option<u64>) -> bool {
+    alive(pid) && start.is_none_or(|t| process_start(pid) == Some(t))
+}
+
 #[cfg(test)]
 mod tests {
     use super::proc_kb;

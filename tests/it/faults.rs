@@ -699,6 +699,37 @@ fn bounded(root: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// What a local job leaves running when its shell exits (`cmd &`) is
+/// stopped, as SLURM stops a job's processes at its end, and said in the
+/// job's log: it would otherwise take cores from the runs measured after it.
+#[test]
+fn a_local_jobs_leftover_processes_are_stopped_and_said() {
+    let root = project();
+    let body = "sleep 300 & echo $! > \"$SWEEP_RUN_DIR/left.pid\"";
+    let m = command_study(root.path(), "left", 1, 1, body);
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let run = root.path().join("results/left/x-1");
+    let pid: i32 = std::fs::read_to_string(run.join("left.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+        })
+    };
+    assert!(gone(pid), "the job's `sleep 300 &` still runs");
+    let log = std::fs::read_to_string(run.join("local.out")).unwrap();
+    assert!(
+        log.contains(&format!(
+            "the job ended leaving 1 process(es) of its own running (pid {pid}); stopped them (SIGTERM)"
+        )),
+        "{log}"
+    );
+    assert_eq!(status(root.path(), &m)["x-1"].0, "COMPLETED");
+}
+
 /// Two trainers of one run never write its log at once: the second waits
 /// for the first (here the test, holding the run's lock as a trainer would)
 /// and then trains, each step logged once.
