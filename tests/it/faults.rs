@@ -5,7 +5,7 @@
 //! every option is bounded (tried under `ulimit -v` and `timeout`).
 
 use super::support::{
-    project, run_ok, status, stdout, stop_at_work, sweep, wait_for, write, Stopped,
+    mkfifo, project, run_ok, status, stdout, stop_at_work, sweep, wait_for, write, Stopped,
 };
 use super::train::manifest as train_manifest;
 use nix::sys::signal::{kill, Signal};
@@ -362,11 +362,7 @@ fn outputs_never_replace_inputs_or_special_files() {
     std::os::unix::fs::symlink(d.join("notes.txt"), d.join("link.parquet")).unwrap();
     std::os::unix::fs::symlink("/dev/null", d.join("null.parquet")).unwrap();
     let fifo = d.join("fifo.json");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    mkfifo(&fifo);
     let refused = |args: &[&str], why: &str| {
         let o = sweep(d).args(args).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
@@ -790,11 +786,7 @@ fn special_files_named_as_inputs_are_refused_not_read() {
     let root = project();
     let d = root.path();
     let fifo = d.join("fifo");
-    assert!(Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    mkfifo(&fifo);
     let fifo = fifo.display().to_string();
     let refused = |args: &[&str], why: &str| {
         let o = bounded(d, args);

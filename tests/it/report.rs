@@ -457,8 +457,7 @@ parallel = 2
     std::fs::write(log("absurd"), join(l)).unwrap();
     // A FIFO with no writer (reading it would block forever).
     std::fs::remove_file(log("fifo")).unwrap();
-    let c = std::ffi::CString::new(log("fifo").to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    super::support::mkfifo(&log("fifo"));
     // 2 GiB (sparse: nothing is written, nothing may be read).
     std::fs::OpenOptions::new()
         .write(true)
