@@ -719,7 +719,7 @@ fn a_local_jobs_leftover_processes_are_stopped_and_said() {
     let log = std::fs::read_to_string(run.join("local.out")).unwrap();
     assert!(
         log.contains(&format!(
-            "the job ended leaving 1 process(es) of its own running (pid {pid}); stopped them (SIGTERM)"
+            "the job ended leaving 1 process(es) of its own running (pid {pid}); stopped them (SIGTERM"
         )),
         "{log}"
     );
