@@ -748,11 +748,15 @@ pub fn peek_state(dir: &Path) -> Option<State> {
 /// as SLURM stops a job's processes when its script ends: none of it may take
 /// cores from the next run, which it would slow unseen. Said in the job's log.
 fn stop_leftovers(pgid: u32, dir: &Path) {
+    let group = Pid::from_raw(pgid as i32);
+    // The common case, an empty group, costs one call, not a walk of /proc.
+    if killpg(group, None).is_err() {
+        return;
+    }
     let left = group_members(pgid);
     if left.is_empty() {
         return;
     }
-    let group = Pid::from_raw(pgid as i32);
     let _ = killpg(group, Signal::SIGTERM);
     let until = Instant::now() + Duration::from_secs(2);
     while !group_members(pgid).is_empty() && Instant::now() < until {

@@ -203,7 +203,7 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| {
             stat_fields(pid).is_some_and(|f| {
-                f.get(2).is_some_and(|g| *g == pgid.to_string()) && f[0] != "Z" && f[0] != "X"
+                live(&f) && f.get(2).and_then(|g| g.parse::<u32>().ok()) == Some(pgid)
             })
         })
         .collect()
@@ -211,8 +211,13 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
 
 /// Present and not a zombie.
 pub fn alive(pid: u32) -> bool {
-    stat_fields(pid)
-        .and_then(|f| f.first().cloned())
+    stat_fields(pid).is_some_and(|f| live(&f))
+}
+
+/// A process's [`stat_fields`] say it runs: not a zombie, not dead.
+fn live(fields: &[String]) -> bool {
+    fields
+        .first()
         .is_some_and(|state| state != "Z" && state != "X")
 }
 

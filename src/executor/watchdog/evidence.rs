@@ -363,12 +363,9 @@ pub fn probe(token: &str) -> Vec<Proc> {
         let host = text("SLURMD_NODENAME").map_or_else(|| host.clone(), str::to_string);
         let read =
             |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
-        let stat = read("stat");
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .unwrap_or("?")
-            .to_string();
+        let state = crate::util::process::stat_fields(pid)
+            .and_then(|f| f.into_iter().next())
+            .unwrap_or_else(|| "?".to_string());
         let command: String = read("cmdline")
             .replace(|c: char| c == '\0' || c.is_control(), " ")
             .trim()
