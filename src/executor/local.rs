@@ -11,7 +11,7 @@
 use super::{ended, job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::{ExecutorKind, Launcher};
 use crate::plan::launch::Watch;
-use crate::util::process::{alive, find_in_path, group_members, process_start, same_process};
+use crate::util::process::{alive, find_in_path, process_start, same_process, stop_group};
 use crate::util::signals::{self, StopSignals};
 use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
@@ -748,31 +748,17 @@ pub fn peek_state(dir: &Path) -> Option<State> {
 /// as SLURM stops a job's processes when its script ends: none of it may take
 /// cores from the next run, which it would slow unseen. Said in the job's log.
 fn stop_leftovers(pgid: u32, dir: &Path) {
-    let group = Pid::from_raw(pgid as i32);
-    // The common case, an empty group, costs one call, not a walk of /proc.
-    if killpg(group, None).is_err() {
+    let Some(stopped) = stop_group(pgid) else {
         return;
-    }
-    let left = group_members(pgid);
-    if left.is_empty() {
-        return;
-    }
-    let _ = killpg(group, Signal::SIGTERM);
-    let until = Instant::now() + Duration::from_secs(2);
-    while !group_members(pgid).is_empty() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let how = match group_members(pgid).is_empty() {
-        true => "SIGTERM",
-        false => {
-            let _ = killpg(group, Signal::SIGKILL);
-            "SIGTERM, then SIGKILL 2 s later"
-        }
     };
-    let pids: Vec<String> = left.iter().map(u32::to_string).collect();
+    let how = match stopped.killed {
+        false => "SIGTERM",
+        true => "SIGTERM, then SIGKILL 2 s later",
+    };
+    let pids: Vec<String> = stopped.pids.iter().map(u32::to_string).collect();
     let said = format!(
         "sweep: the job ended leaving {} process(es) of its own running (pid {}); stopped them ({how}), as SLURM does at a job's end\n",
-        left.len(),
+        pids.len(),
         pids.join(", ")
     );
     let log = std::fs::OpenOptions::new()

@@ -209,6 +209,36 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// What [`stop_group`] stopped: the group's live processes, and whether
+/// SIGTERM was not enough.
+pub struct Stopped {
+    pub pids: Vec<u32>,
+    pub killed: bool,
+}
+
+/// Stops what lives in process group `pgid`: SIGTERM, then SIGKILL to what is
+/// left 2 s later. `None` when the group is empty — the common case, which
+/// costs one call, not a walk of /proc.
+pub fn stop_group(pgid: u32) -> Option<Stopped> {
+    use nix::sys::signal::{killpg, Signal};
+    let group = nix::unistd::Pid::from_raw(pgid as i32);
+    killpg(group, None).ok()?;
+    let pids = group_members(pgid);
+    if pids.is_empty() {
+        return None;
+    }
+    let _ = killpg(group, Signal::SIGTERM);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !group_members(pgid).is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let killed = !group_members(pgid).is_empty();
+    if killed {
+        let _ = killpg(group, Signal::SIGKILL);
+    }
+    Some(Stopped { pids, killed })
+}
+
 /// Present and not a zombie.
 pub fn alive(pid: u32) -> bool {
     stat_fields(pid).is_some_and(|f| live(&f))
