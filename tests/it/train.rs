@@ -231,6 +231,71 @@ fn last_step(run: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Writing a checkpoint and resuming from one hold the model and its AdamW
+/// moments once, not twice: a CPU run that fills its memory while it trains
+/// must not be ended by the out-of-memory killer at its checkpoint. The
+/// measure is the process's own high-water mark (`peak_memory_mb`, VmHWM):
+/// a second copy of the moments, 8 bytes a parameter, is hundreds of MB here.
+#[test]
+fn a_checkpoint_and_a_resume_hold_the_models_state_once() {
+    let root = project();
+    // Wide and shallow: ~91M parameters (the embedding and head, 32000 × 1024
+    // each), little compute.
+    let extra = "training_steps = 4\ncheckpoint_every = 2\nsequence_length = 64\n\
+                 architecture = { dim = 1024, n_layers = 2, n_heads = 8, n_kv_heads = 8 }";
+    let m = manifest(root.path(), "once", extra, "");
+    let text = std::fs::read_to_string(&m).unwrap();
+    // The manifest's own small architecture gives way to the wide one.
+    write(
+        &m,
+        &text.replace("architecture = { dim = 32, n_layers = 1 }\n", ""),
+    );
+    run_ok(sweep(root.path()).arg("render").arg(&m));
+    let run = root.path().join("results/once/run");
+    let config = run.join("config.toml");
+    let trained = run_ok(sweep(root.path()).arg("train").arg("--config").arg(&config));
+    let said = String::from_utf8_lossy(&trained.stderr).to_string();
+    let params: f64 = said
+        .split_once(" (")
+        .and_then(|(_, rest)| rest.split_once(" parameters"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no parameter count in {said}"));
+    assert!(params > 80e6, "{said}");
+    let moments_mb = 8.0 * params / 1048576.0;
+    let peaks = |run: &Path| -> Vec<f64> {
+        metrics(run)
+            .iter()
+            .map(|m| m["peak_memory_mb"].as_f64().unwrap())
+            .collect()
+    };
+    let first = peaks(&run);
+    assert_eq!(first.len(), 4, "{first:?}");
+    // The step-2 checkpoint is written before step 3.
+    let saving = first[3] - first[1];
+    assert!(
+        saving < 0.25 * moments_mb,
+        "writing the checkpoint raised the peak by {saving:.0} MB (the moments are {moments_mb:.0} MB): {first:?}"
+    );
+    let again = std::fs::read_to_string(&config).unwrap();
+    write(
+        &config,
+        &again.replace("training_steps = 4", "training_steps = 6"),
+    );
+    let resumed = run_ok(sweep(root.path()).arg("train").arg("--config").arg(&config));
+    assert!(
+        String::from_utf8_lossy(&resumed.stderr).contains("checkpoints/step-00000004 (step 4,"),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let after = peaks(&run);
+    assert_eq!(after.len(), 6, "{after:?}");
+    let restoring = after[4] - first[1];
+    assert!(
+        restoring < 0.5 * moments_mb,
+        "resuming raised the peak by {restoring:.0} MB over the first process's (the moments are {moments_mb:.0} MB): {after:?}"
+    );
+}
+
 #[test]
 fn a_killed_run_resumes_and_reproduces_the_uninterrupted_curve() {
     let root = project();

@@ -11,7 +11,6 @@ use super::params::Params;
 use crate::config::{LrSchedule, TrainConfig};
 use anyhow::{anyhow, Result};
 use candle_core::{DType, Tensor, Var};
-use std::collections::HashMap;
 
 /// The learning rate at a step (1-based): linear warmup, then constant or cosine.
 pub fn lr_at(step: usize, cfg: &TrainConfig) -> f64 {
@@ -161,48 +160,64 @@ impl AdamW {
         Ok(norm)
     }
 
-    /// The moments as tensors named `m.<param>` / `v.<param>` (for checkpoints).
-    pub fn state(&self) -> Result<HashMap<String, Tensor>> {
-        let mut out = HashMap::new();
-        for s in &self.slots {
-            let (m, v) = match &s.moments {
-                Moments::Host { m, v } => (
-                    Tensor::from_slice(m, s.var.shape(), s.var.device())?,
-                    Tensor::from_slice(v, s.var.shape(), s.var.device())?,
-                ),
-                Moments::Device { m, v } => (m.clone(), v.clone()),
+    /// Each parameter's name, shape and moments as the optimizer holds them
+    /// (for checkpoints, which write them without a copy).
+    pub fn moments(&self) -> impl Iterator<Item = (&str, &[usize], MomentsRef<'_>)> {
+        self.slots.iter().map(|s| {
+            let moments = match &s.moments {
+                Moments::Host { m, v } => MomentsRef::Host { m, v },
+                Moments::Device { m, v } => MomentsRef::Device { m, v },
             };
-            out.insert(format!("m.{}", s.name), m);
-            out.insert(format!("v.{}", s.name), v);
-        }
-        Ok(out)
+            (s.name.as_str(), s.var.dims(), moments)
+        })
     }
 
-    pub fn load_state(&mut self, t: u64, tensors: &HashMap<String, Tensor>) -> Result<()> {
+    /// Sets the optimizer's step count, then each parameter's moments by
+    /// `read(name, shape, moments)`, which fills them in place.
+    pub fn load_moments(
+        &mut self,
+        t: u64,
+        mut read: impl FnMut(&str, &[usize], MomentsMut<'_>) -> Result<()>,
+    ) -> Result<()> {
         self.t = t;
         for s in &mut self.slots {
-            let get = |k: &str| {
-                tensors
-                    .get(&format!("{k}.{}", s.name))
-                    .cloned()
-                    .ok_or_else(|| {
-                        anyhow!("the checkpoint lacks the optimizer state of `{}`", s.name)
-                    })
+            let moments = match &mut s.moments {
+                Moments::Host { m, v } => MomentsMut::Host { m, v },
+                Moments::Device { m, v } => MomentsMut::Device {
+                    m,
+                    v,
+                    dtype: s.var.dtype(),
+                },
             };
-            let (m, v) = (get("m")?, get("v")?);
-            match &mut s.moments {
-                Moments::Host { m: hm, v: hv } => {
-                    *hm = m.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
-                    *hv = v.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
-                }
-                Moments::Device { m: dm, v: dv } => {
-                    *dm = m.to_dtype(s.var.dtype())?;
-                    *dv = v.to_dtype(s.var.dtype())?;
-                }
-            }
+            read(&s.name, s.var.dims(), moments)?;
         }
         Ok(())
     }
+}
+
+/// A parameter's moments, read.
+pub enum MomentsRef<'a> {
+    /// f32 buffers of the parameter's size.
+    Host {
+        m: &'a [f32],
+        v: &'a [f32],
+    },
+    Device {
+        m: &'a Tensor,
+        v: &'a Tensor,
+    },
+}
+
+/// A parameter's moments, to be set.
+pub enum MomentsMut<'a> {
+    /// f32 buffers of the parameter's size, filled in place.
+    Host { m: &'a mut [f32], v: &'a mut [f32] },
+    /// Tensors replaced by ones of `dtype` on their device.
+    Device {
+        m: &'a mut Tensor,
+        v: &'a mut Tensor,
+        dtype: DType,
+    },
 }
 
 #[cfg(test)]

@@ -158,13 +158,18 @@ impl Params {
     }
 
     /// Replaces every parameter's value (from a checkpoint); shapes must match.
-    /// Sets every parameter from `tensors`, which must hold exactly this
-    /// model's parameters at their shapes (a checkpoint of a deeper model has
-    /// layers this one lacks: an error, never silently dropped).
-    pub fn load(&self, tensors: &std::collections::HashMap<String, Tensor>) -> Result<()> {
-        let mut foreign: Vec<&String> = tensors
-            .keys()
-            .filter(|k| !self.vars.contains_key(k.as_str()))
+    /// Sets every parameter from a checkpoint holding `names`, which must be
+    /// exactly this model's parameters (a checkpoint of a deeper model has
+    /// layers this one lacks: an error, never silently dropped); `read` gives
+    /// one tensor at a time, so that a large model is never held twice.
+    pub fn load<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+        mut read: impl FnMut(&str) -> Result<Tensor>,
+    ) -> Result<()> {
+        let mut foreign: Vec<&str> = names
+            .into_iter()
+            .filter(|k| !self.vars.contains_key(*k))
             .collect();
         if !foreign.is_empty() {
             foreign.sort();
@@ -176,9 +181,7 @@ impl Params {
             );
         }
         for (name, var) in &self.vars {
-            let t = tensors
-                .get(name)
-                .ok_or_else(|| anyhow!("the checkpoint lacks `{name}`"))?;
+            let t = read(name)?;
             if t.dims() != var.dims() {
                 anyhow::bail!(
                     "`{name}` is {:?} in the checkpoint but {:?} in the model",

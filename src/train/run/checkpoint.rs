@@ -9,14 +9,15 @@
 
 use super::dist::{self, Collective, Ranks};
 use super::monitor::MonitorState;
+use super::tensor_file::{self, Entry, TensorFile};
 use crate::config::{DataOrder, ModelConfig};
 use crate::data::LoaderState;
-use crate::train::network::optim::AdamW;
+use crate::train::network::optim::{AdamW, MomentsMut, MomentsRef};
 use crate::train::network::params::Params;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub const DIR: &str = crate::layout::CHECKPOINTS_DIR;
@@ -326,13 +327,12 @@ pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &TrainState) ->
         .prefix(TEMP_PREFIX)
         .tempdir_in(&root)
         .with_context(|| format!("creating a checkpoint in {}", root.display()))?;
-    let model: HashMap<String, candle_core::Tensor> = params
+    let model = params
         .iter()
-        .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+        .map(|(n, v)| (n.clone(), Entry::Tensor(v.as_tensor())))
         .collect();
-    candle_core::safetensors::save(&model, tmp.path().join(MODEL))
-        .with_context(|| writing(MODEL))?;
-    candle_core::safetensors::save(&opt.state()?, tmp.path().join(OPTIMIZER))
+    tensor_file::write(&tmp.path().join(MODEL), model).with_context(|| writing(MODEL))?;
+    tensor_file::write(&tmp.path().join(OPTIMIZER), optimizer_entries(opt))
         .with_context(|| writing(OPTIMIZER))?;
     std::fs::write(tmp.path().join(STATE), serde_json::to_vec_pretty(state)?)
         .with_context(|| writing(STATE))?;
@@ -510,7 +510,25 @@ fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
     serde_json::from_slice(&bytes).map_err(|e| format!("{STATE} is not a checkpoint state: {e}"))
 }
 
-/// Loads a checkpoint's tensors into the model and optimizer.
+/// The optimizer's moments as tensors named `m.<param>` and `v.<param>`.
+fn optimizer_entries(opt: &AdamW) -> Vec<(String, Entry<'_>)> {
+    let mut entries = Vec::new();
+    for (name, shape, moments) in opt.moments() {
+        let (m, v) = match moments {
+            MomentsRef::Host { m, v } => (
+                Entry::Host { values: m, shape },
+                Entry::Host { values: v, shape },
+            ),
+            MomentsRef::Device { m, v } => (Entry::Tensor(m), Entry::Tensor(v)),
+        };
+        entries.push((format!("m.{name}"), m));
+        entries.push((format!("v.{name}"), v));
+    }
+    entries
+}
+
+/// Loads a checkpoint's tensors into the model and optimizer, one tensor at
+/// a time (the optimizer's host buffers in place).
 pub fn restore(
     dir: &Path,
     state: &TrainState,
@@ -518,15 +536,31 @@ pub fn restore(
     opt: &mut AdamW,
     device: &Device,
 ) -> Result<()> {
-    let model = candle_core::safetensors::load(dir.join(MODEL), device)
-        .with_context(|| format!("reading {}", dir.join(MODEL).display()))?;
+    let resuming = || format!("resuming from {}", dir.display());
+    let model = TensorFile::open(&dir.join(MODEL))?;
     params
-        .load(&model)
-        .with_context(|| format!("resuming from {}", dir.display()))?;
-    let optim = candle_core::safetensors::load(dir.join(OPTIMIZER), device)
-        .with_context(|| format!("reading {}", dir.join(OPTIMIZER).display()))?;
-    opt.load_state(state.optimizer_steps, &optim)
-        .with_context(|| format!("resuming from {}", dir.display()))
+        .load(model.names(), |name| model.load(name, device))
+        .with_context(resuming)?;
+    let optim = TensorFile::open(&dir.join(OPTIMIZER))?;
+    opt.load_moments(state.optimizer_steps, |name, shape, moments| {
+        let (m, v) = (format!("m.{name}"), format!("v.{name}"));
+        match moments {
+            MomentsMut::Host { m: hm, v: hv } => {
+                optim.read_f32_into(&m, shape, hm)?;
+                optim.read_f32_into(&v, shape, hv)
+            }
+            MomentsMut::Device {
+                m: dm,
+                v: dv,
+                dtype,
+            } => {
+                *dm = optim.load(&m, dm.device())?.to_dtype(dtype)?;
+                *dv = optim.load(&v, dv.device())?.to_dtype(dtype)?;
+                Ok(())
+            }
+        }
+    })
+    .with_context(resuming)
 }
 
 #[cfg(test)]

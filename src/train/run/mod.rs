@@ -26,6 +26,7 @@
 //! for the watchdog).
 
 mod checkpoint;
+mod tensor_file;
 pub mod dist;
 pub mod max_batch;
 pub mod metrics;
