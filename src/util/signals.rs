@@ -83,33 +83,95 @@ pub fn exit_on_stop() -> Result<()> {
         .name("stop-signals".into())
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
-                STOPPING.store(true, Ordering::SeqCst);
-                super::process::stop_children();
-                // Past this point the other threads are parked, and may hold
-                // any lock (the allocator's, stderr's): should the removal
-                // wait on one, the alarm ends the process rather than hang.
-                // SAFETY: arming the alarm; SIGALRM's default action ends the process.
-                unsafe { libc::alarm(STOP_LIMIT_S) };
-                let removed = super::fs::remove_temporaries(park_other_threads);
-                let mut out = super::raw_stderr::RawStderr::default();
-                {
-                    use std::fmt::Write;
-                    let _ = write!(out, "sweep: stopped by {}", name(sig));
-                    if removed > 0 {
-                        let _ = write!(out, "; {removed} temporary file(s) removed");
-                    }
-                    let _ = writeln!(out);
-                }
-                // Not through stderr's lock, which a parked thread may hold
-                // (after SIGHUP descriptor 2 is /dev/null).
-                out.flush();
-                // SAFETY: ends the process without running destructors,
-                // which parked threads hold.
-                unsafe { libc::_exit(128 + sig) };
+                end_process(format!("sweep: stopped by {}", name(sig)), 128 + sig);
             }
         })
         .context("starting the stop signals' thread")?;
     Ok(())
+}
+
+/// Until dropped, the first of some signals ends the process as
+/// [`exit_on_stop`] does, with its own words and exit status: for the phase
+/// of a command before it checks its [`StopSignals`] (a trainer building its
+/// model and opening its data, which writes nothing a stop must finish and
+/// can take minutes that a stop checked between steps would wait out).
+pub struct ExitUntilDropped {
+    handle: signal_hook::iterator::Handle,
+    armed: Arc<std::sync::Mutex<bool>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ExitUntilDropped {
+    /// `said` words the ending for the signal received; `code` is the exit status.
+    pub fn install(
+        signals: &[i32],
+        code: i32,
+        said: impl Fn(i32) -> String + Send + 'static,
+    ) -> Result<ExitUntilDropped> {
+        install_parking()?;
+        let mut delivered = signal_hook::iterator::Signals::new(signals)
+            .context("installing the stop signals' handler")?;
+        let handle = delivered.handle();
+        let armed = Arc::new(std::sync::Mutex::new(true));
+        let still = Arc::clone(&armed);
+        let thread = std::thread::Builder::new()
+            .name("stop-signals".into())
+            .spawn(move || {
+                if let Some(sig) = delivered.forever().next() {
+                    // Held while the process ends: a drop waits for the end.
+                    let armed = still.lock().unwrap_or_else(|e| e.into_inner());
+                    if *armed {
+                        end_process(said(sig), code);
+                    }
+                }
+            })
+            .context("starting the stop signals' thread")?;
+        Ok(ExitUntilDropped {
+            handle,
+            armed,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for ExitUntilDropped {
+    fn drop(&mut self) {
+        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        // The thread's iterator ends and unregisters its handlers.
+        self.handle.close();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Ends the process for a stop signal: stops the processes it started,
+/// parks every other thread where it is, removes its temporaries, says
+/// `said` (and what it removed) on stderr and exits with `code`.
+fn end_process(said: String, code: i32) -> ! {
+    STOPPING.store(true, Ordering::SeqCst);
+    super::process::stop_children();
+    // Past this point the other threads are parked, and may hold
+    // any lock (the allocator's, stderr's): should the removal
+    // wait on one, the alarm ends the process rather than hang.
+    // SAFETY: arming the alarm; SIGALRM's default action ends the process.
+    unsafe { libc::alarm(STOP_LIMIT_S) };
+    let removed = super::fs::remove_temporaries(park_other_threads);
+    let mut out = super::raw_stderr::RawStderr::default();
+    {
+        use std::fmt::Write;
+        let _ = write!(out, "{said}");
+        if removed > 0 {
+            let _ = write!(out, "; {removed} temporary file(s) removed");
+        }
+        let _ = writeln!(out);
+    }
+    // Not through stderr's lock, which a parked thread may hold
+    // (after SIGHUP descriptor 2 is /dev/null).
+    out.flush();
+    // SAFETY: ends the process without running destructors,
+    // which parked threads hold.
+    unsafe { libc::_exit(code) };
 }
 
 /// How long a stop may take to remove its temporaries before the alarm

@@ -296,6 +296,56 @@ fn a_checkpoint_and_a_resume_hold_the_models_state_once() {
     );
 }
 
+/// A stop that comes while the trainer starts (builds its model, opens its
+/// data, reads its checkpoint: seconds here, minutes for a large model) ends
+/// it at once, to be requeued; it used to wait for the first step, and a
+/// `timeout`, Ctrl-C or SLURM's grace period could run out meanwhile.
+#[test]
+fn a_stop_while_the_run_starts_ends_it_before_any_step() {
+    let root = project();
+    // ~91M parameters: seconds of building before step 1 on a CPU.
+    let extra = "training_steps = 4\nsequence_length = 64\n\
+                 architecture = { dim = 1024, n_layers = 2, n_heads = 8, n_kv_heads = 8 }";
+    let m = manifest(root.path(), "starting", extra, "");
+    let text = std::fs::read_to_string(&m).unwrap();
+    write(
+        &m,
+        &text.replace("architecture = { dim = 32, n_layers = 1 }\n", ""),
+    );
+    run_ok(sweep(root.path()).arg("render").arg(&m));
+    let run = root.path().join("results/starting/run");
+    let child = sweep(root.path())
+        .arg("train")
+        .arg("--config")
+        .arg(run.join("config.toml"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The moment the trainer catches SIGTERM (bit 15 of its caught signals):
+    // it has begun starting, and the first step is seconds away.
+    let caught = |pid: u32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+        u64::from_str_radix(mask.trim(), 16).ok()
+    };
+    wait_for(60, "the trainer's stop handler", || {
+        caught(child.id()).filter(|m| m & (1 << (15 - 1)) != 0)
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(99), "to be requeued: {said}");
+    assert!(
+        said.contains("SIGTERM received while the run was starting (model, data, checkpoint); no step was begun"),
+        "{said}"
+    );
+    assert!(metrics(&run).is_empty(), "no step logged");
+}
+
 #[test]
 fn a_killed_run_resumes_and_reproduces_the_uninterrupted_curve() {
     let root = project();

@@ -26,7 +26,6 @@
 //! for the watchdog).
 
 mod checkpoint;
-mod tensor_file;
 pub mod dist;
 pub mod max_batch;
 pub mod metrics;
@@ -35,6 +34,7 @@ pub mod peak;
 pub mod record;
 mod schedule;
 mod stacks;
+mod tensor_file;
 mod trainer;
 
 pub use trainer::{StepOutcome, Trainer};
@@ -47,7 +47,7 @@ use crate::config::{BatchSize, RuntimeOptions, TrainConfig, OUT_OF_MEMORY_EXIT, 
 use crate::data::{DataLoader, SampleStream};
 use crate::train::network::{device, optim};
 use crate::util::heartbeat::Heartbeat;
-use crate::util::signals::StopSignals;
+use crate::util::signals::{ExitUntilDropped, StopSignals};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -82,9 +82,10 @@ fn run_to_end(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
         cfg.batch_size = BatchSize::Fixed(max_batch::resolve(&cfg, &run_dir)?);
     }
     let threads = init_threads(cfg.threads, rt);
+    let starting = Stop::while_starting()?;
     let stop = Stop::install()?;
     let mut t = Trainer::new(cfg, threads, rt)?;
-    let result = train(&mut t, &run_dir, &stop, rt.check_replicas);
+    let result = train(&mut t, &run_dir, (&stop, starting), rt.check_replicas);
     if let Err(e) = &result {
         let r = t.ranks();
         if r.world_size > 1 {
@@ -137,11 +138,26 @@ pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
 struct Stop(StopSignals);
 
 impl Stop {
-    fn install() -> Result<Stop> {
+    const SIGNALS: [i32; 4] = {
         use crate::util::signals::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
-        Ok(Stop(StopSignals::install(&[
-            SIGUSR1, SIGTERM, SIGINT, SIGHUP,
-        ])?))
+        [SIGUSR1, SIGTERM, SIGINT, SIGHUP]
+    };
+
+    fn install() -> Result<Stop> {
+        Ok(Stop(StopSignals::install(&Self::SIGNALS)?))
+    }
+
+    /// Until the guard is dropped, a stop ends the trainer at once: building
+    /// the model, compiling and checking kernels, opening (tokenizing) the
+    /// data and reading a checkpoint write nothing a stop must finish, and
+    /// take up to minutes that a stop checked between steps would wait out.
+    fn while_starting() -> Result<ExitUntilDropped> {
+        ExitUntilDropped::install(&Self::SIGNALS, REQUEUE_EXIT, |sig| {
+            format!(
+                "sweep train: {} received while the run was starting (model, data, checkpoint); no step was begun; exiting to be requeued",
+                crate::util::signals::name(sig)
+            )
+        })
     }
 
     /// The last signal received since the last call, by name.
@@ -234,14 +250,24 @@ fn resume(t: &mut Trainer, run_dir: &Path) -> Result<Start> {
     Ok(start)
 }
 
-/// The counters and the metrics log (rank 0 writes it), after saying what is
-/// trained against what peak.
-fn open_reporter(t: &Trainer, run_dir: &Path, first: usize) -> Result<Reporter> {
-    let (cfg, main) = (&t.cfg, t.ranks().is_main());
+/// The device's peak FLOP/s, and where the figure comes from (a CPU's is
+/// measured on first use).
+fn peak_flops(t: &Trainer) -> Result<(f64, String)> {
     let driver_name = (!t.device.is_cpu())
         .then(|| device::name(&t.device))
         .transpose()?;
-    let (peak, peak_source) = metrics::peak_flops(cfg, driver_name.as_deref(), t.threads)?;
+    metrics::peak_flops(&t.cfg, driver_name.as_deref(), t.threads)
+}
+
+/// The counters and the metrics log (rank 0 writes it), after saying what is
+/// trained against what peak.
+fn open_reporter(
+    t: &Trainer,
+    run_dir: &Path,
+    first: usize,
+    (peak, peak_source): (f64, String),
+) -> Result<Reporter> {
+    let (cfg, main) = (&t.cfg, t.ranks().is_main());
     let flops_per_token = t.model_spec.cfg.flops_per_token(cfg.sequence_length);
     if main {
         announce(t, cfg, flops_per_token, peak, &peak_source);
@@ -263,7 +289,12 @@ fn open_reporter(t: &Trainer, run_dir: &Path, first: usize) -> Result<Reporter> 
 }
 
 /// The training loop of one rank, from the latest checkpoint to the last step.
-fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -> Result<ExitCode> {
+fn train(
+    t: &mut Trainer,
+    run_dir: &Path,
+    (stop, starting): (&Stop, ExitUntilDropped),
+    check_every_step: bool,
+) -> Result<ExitCode> {
     let Start {
         first,
         mut elapsed,
@@ -271,10 +302,13 @@ fn train(t: &mut Trainer, run_dir: &Path, stop: &Stop, check_every_step: bool) -
         mut position,
         mut monitor,
     } = resume(t, run_dir)?;
+    let peak = peak_flops(t)?;
+    // From here on the trainer writes its log: a stop is taken between steps.
+    drop(starting);
     // What the trainer trains with, resumed; the loop only reads it.
     let cfg = t.cfg.clone();
     let main = t.ranks().is_main();
-    let mut reporter = open_reporter(t, run_dir, first)?;
+    let mut reporter = open_reporter(t, run_dir, first, peak)?;
     // Under a watchdog: this rank's progress after each step, its stacks on request.
     let mut beat = Heartbeat::open(run_dir, t.ranks().rank);
     self::stacks::install(run_dir, t.ranks().rank)?;
