@@ -62,8 +62,12 @@ impl View for Entry<'_> {
 
 /// Writes `entries` to `path`, one tensor's bytes at a time.
 pub fn write(path: &Path, entries: Vec<(String, Entry<'_>)>) -> Result<()> {
-    safetensors::tensor::serialize_to_file(entries, None, path)?;
-    Ok(())
+    use safetensors::SafeTensorError;
+    safetensors::tensor::serialize_to_file(entries, None, path).map_err(|e| match e {
+        // Said once: the library's wrapper repeats the system's words.
+        SafeTensorError::IoError(io) => anyhow::Error::new(io),
+        e => anyhow::anyhow!("{e}"),
+    })
 }
 
 /// A tensor file opened for reading: its table of tensors, checked against
