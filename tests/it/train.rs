@@ -231,6 +231,24 @@ fn last_step(run: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// A run of ~91M parameters (the embedding and head, 32000 × 1024 each;
+/// two layers): seconds of building before its first step on a CPU, little
+/// compute, and state worth hundreds of MB. Rendered; its directory.
+fn wide_run(root: &Path, name: &str, extra: &str) -> PathBuf {
+    let extra = format!(
+        "{extra}\narchitecture = {{ dim = 1024, n_layers = 2, n_heads = 8, n_kv_heads = 8 }}"
+    );
+    let m = manifest(root, name, &extra, "");
+    let text = std::fs::read_to_string(&m).unwrap();
+    // The manifest's own small architecture gives way to the wide one.
+    write(
+        &m,
+        &text.replace("architecture = { dim = 32, n_layers = 1 }\n", ""),
+    );
+    run_ok(sweep(root).arg("render").arg(&m));
+    root.join(format!("results/{name}/run"))
+}
+
 /// Writing a checkpoint and resuming from one hold the model and its AdamW
 /// moments once, not twice: a CPU run that fills its memory while it trains
 /// must not be ended by the out-of-memory killer at its checkpoint. The
@@ -239,19 +257,11 @@ fn last_step(run: &Path) -> u64 {
 #[test]
 fn a_checkpoint_and_a_resume_hold_the_models_state_once() {
     let root = project();
-    // Wide and shallow: ~91M parameters (the embedding and head, 32000 × 1024
-    // each), little compute.
-    let extra = "training_steps = 4\ncheckpoint_every = 2\nsequence_length = 64\n\
-                 architecture = { dim = 1024, n_layers = 2, n_heads = 8, n_kv_heads = 8 }";
-    let m = manifest(root.path(), "once", extra, "");
-    let text = std::fs::read_to_string(&m).unwrap();
-    // The manifest's own small architecture gives way to the wide one.
-    write(
-        &m,
-        &text.replace("architecture = { dim = 32, n_layers = 1 }\n", ""),
+    let run = wide_run(
+        root.path(),
+        "once",
+        "training_steps = 4\ncheckpoint_every = 2\nsequence_length = 64",
     );
-    run_ok(sweep(root.path()).arg("render").arg(&m));
-    let run = root.path().join("results/once/run");
     let config = run.join("config.toml");
     let trained = run_ok(sweep(root.path()).arg("train").arg("--config").arg(&config));
     let said = String::from_utf8_lossy(&trained.stderr).to_string();
@@ -303,17 +313,11 @@ fn a_checkpoint_and_a_resume_hold_the_models_state_once() {
 #[test]
 fn a_stop_while_the_run_starts_ends_it_before_any_step() {
     let root = project();
-    // ~91M parameters: seconds of building before step 1 on a CPU.
-    let extra = "training_steps = 4\nsequence_length = 64\n\
-                 architecture = { dim = 1024, n_layers = 2, n_heads = 8, n_kv_heads = 8 }";
-    let m = manifest(root.path(), "starting", extra, "");
-    let text = std::fs::read_to_string(&m).unwrap();
-    write(
-        &m,
-        &text.replace("architecture = { dim = 32, n_layers = 1 }\n", ""),
+    let run = wide_run(
+        root.path(),
+        "starting",
+        "training_steps = 4\nsequence_length = 64",
     );
-    run_ok(sweep(root.path()).arg("render").arg(&m));
-    let run = root.path().join("results/starting/run");
     let child = sweep(root.path())
         .arg("train")
         .arg("--config")
@@ -344,6 +348,86 @@ fn a_stop_while_the_run_starts_ends_it_before_any_step() {
         "{said}"
     );
     assert!(metrics(&run).is_empty(), "no step logged");
+}
+
+/// A stop while `batch_size = "max"` is searched ends the search's trial
+/// (a `sweep train` of its own, which would hold memory and cores on) and
+/// removes the search's folder: the trainer is starting, and says so.
+#[test]
+fn a_stop_during_the_batch_size_search_ends_its_trial() {
+    let root = project();
+    let run = wide_run(
+        root.path(),
+        "searching",
+        "training_steps = 4\nsequence_length = 64\nbatch_size = \"max\"\nmemory_limit_gb = 4",
+    );
+    let tmp = root.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let child = sweep(root.path())
+        .arg("train")
+        .arg("--config")
+        .arg(run.join("config.toml"))
+        .env("TMPDIR", &tmp)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let scratch = || {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(".sweep-scratch-")
+            })
+            .collect::<Vec<_>>()
+    };
+    // A trial has started: its configuration is written and it runs.
+    let trial = wait_for(120, "a trial of the search", || {
+        let dir = scratch().into_iter().next()?;
+        let bs = std::fs::read_dir(dir).ok()?.flatten().next()?.path();
+        bs.join("train.log").exists().then_some(bs)
+    });
+    let trials = |tree: &Path| {
+        let needle = tree.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::read(e.path().join("cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+            })
+            .count()
+    };
+    wait_for(60, "the trial's process", || {
+        (trials(&trial) > 0).then_some(())
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(99), "{said}");
+    assert!(
+        said.contains("SIGTERM received while the run was starting"),
+        "{said}"
+    );
+    assert!(
+        scratch().is_empty(),
+        "the search's folder is removed: {:?}",
+        scratch()
+    );
+    wait_for(60, "the trial's end", || {
+        (trials(&trial) == 0).then_some(())
+    });
+    assert!(
+        !run.join("max-batch.json").exists(),
+        "no search result recorded"
+    );
 }
 
 #[test]

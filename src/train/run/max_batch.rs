@@ -11,7 +11,7 @@
 use crate::config::{BatchSize, DeviceKind, TrainConfig};
 use crate::estimate::memory;
 use crate::train::run::record::{parse_log, METRICS_FILE};
-use crate::util::process::proc_kb;
+use crate::util::process::{forget_child, proc_kb, spawn_stoppable};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -160,31 +160,22 @@ fn trial(
     let config = run.join("config.toml");
     std::fs::write(&config, cfg.to_toml())?;
     let log = run.join("train.log");
-    let mut child = Command::new(exe)
-        .arg("train")
-        .arg("--config")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("starting a trial")?;
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break s;
-        }
-        if let Some(limit) = limit {
-            let rss = resident_bytes(child.id()).unwrap_or(0);
-            if rss > limit {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Ok(Outcome::OutOfMemory(format!(
-                    "{:.0} MB resident, over the {:.0} MB budget",
-                    rss as f64 / MB,
-                    limit as f64 / MB
-                )));
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    // In a process group of its own that a stop of the search stops too:
+    // a trial left running would hold the memory the next one is measured in.
+    let mut child = spawn_stoppable(
+        Command::new(exe)
+            .arg("train")
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?),
+    )
+    .context("starting a trial")?;
+    let ended = watch_trial(&mut child, limit);
+    forget_child(child.id());
+    let status = match ended? {
+        Ok(status) => status,
+        Err(over) => return Ok(over),
     };
     if !status.success() {
         let text = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
@@ -225,6 +216,32 @@ fn trial(
         tokens_per_s: timed.iter().sum::<f64>() / timed.len() as f64,
         peak_mb,
     })
+}
+
+/// Waits for a trial to end: its exit status, or the outcome of its passing
+/// the memory budget (it is killed then).
+fn watch_trial(
+    child: &mut std::process::Child,
+    limit: Option<u64>,
+) -> Result<std::result::Result<std::process::ExitStatus, Outcome>> {
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(Ok(s));
+        }
+        if let Some(limit) = limit {
+            let rss = resident_bytes(child.id()).unwrap_or(0);
+            if rss > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(Err(Outcome::OutOfMemory(format!(
+                    "{:.0} MB resident, over the {:.0} MB budget",
+                    rss as f64 / MB,
+                    limit as f64 / MB
+                ))));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A process's resident memory (VmRSS), bytes.

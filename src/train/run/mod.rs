@@ -78,11 +78,12 @@ fn run_to_end(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
         true => Some(lock_run(&run_dir)?),
         false => None,
     };
+    let starting = Stop::while_starting()?;
     if cfg.batch_size == BatchSize::Max {
+        // A stop ends the search's trial too (its process group).
         cfg.batch_size = BatchSize::Fixed(max_batch::resolve(&cfg, &run_dir)?);
     }
     let threads = init_threads(cfg.threads, rt);
-    let starting = Stop::while_starting()?;
     let stop = Stop::install()?;
     let mut t = Trainer::new(cfg, threads, rt)?;
     let result = train(&mut t, &run_dir, (&stop, starting), rt.check_replicas);
