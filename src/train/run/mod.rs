@@ -34,7 +34,6 @@ pub mod peak;
 pub mod record;
 mod schedule;
 mod stacks;
-mod tensor_file;
 mod trainer;
 
 pub use trainer::{StepOutcome, Trainer};

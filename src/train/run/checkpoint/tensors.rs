@@ -1,9 +1,13 @@
-//! A checkpoint's tensor files (safetensors), written from the buffers the
-//! trainer holds and read back one tensor at a time, in place where it can:
-//! saving or resuming a large model never holds its weights or optimizer
-//! state twice (on a CPU, whose memory the run already fills, a second copy
-//! of AdamW's moments is what the kernel's out-of-memory killer ends).
+//! A checkpoint's tensor files (safetensors), the model's and the
+//! optimizer's: written from the buffers the trainer holds and read back one
+//! tensor at a time, in place where it can, so that saving or resuming a
+//! large model never holds its weights or optimizer state twice (on a CPU,
+//! whose memory the run already fills, a second copy of AdamW's moments is
+//! what the kernel's out-of-memory killer ends).
 
+use super::{TrainState, MODEL, OPTIMIZER};
+use crate::train::network::optim::{AdamW, MomentsMut, MomentsRef};
+use crate::train::network::params::Params;
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use safetensors::tensor::{Dtype, TensorInfo, View};
@@ -68,6 +72,68 @@ pub fn write(path: &Path, entries: Vec<(String, Entry<'_>)>) -> Result<()> {
         SafeTensorError::IoError(io) => anyhow::Error::new(io),
         e => anyhow::anyhow!("{e}"),
     })
+}
+
+/// The model's parameters, by name.
+pub fn write_model(path: &Path, params: &Params) -> Result<()> {
+    let entries = params
+        .iter()
+        .map(|(n, v)| (n.clone(), Entry::Tensor(v.as_tensor())))
+        .collect();
+    write(path, entries)
+}
+
+/// The optimizer's moments, named `m.<param>` and `v.<param>`.
+pub fn write_optimizer(path: &Path, opt: &AdamW) -> Result<()> {
+    let mut entries = Vec::new();
+    for (name, shape, moments) in opt.moments() {
+        let (m, v) = match moments {
+            MomentsRef::Host { m, v } => (
+                Entry::Host { values: m, shape },
+                Entry::Host { values: v, shape },
+            ),
+            MomentsRef::Device { m, v } => (Entry::Tensor(m), Entry::Tensor(v)),
+        };
+        entries.push((format!("m.{name}"), m));
+        entries.push((format!("v.{name}"), v));
+    }
+    write(path, entries)
+}
+
+/// Loads a checkpoint's tensors into the model and optimizer, one tensor at
+/// a time (the optimizer's host buffers in place).
+pub fn restore(
+    dir: &Path,
+    state: &TrainState,
+    params: &Params,
+    opt: &mut AdamW,
+    device: &Device,
+) -> Result<()> {
+    let resuming = || format!("resuming from {}", dir.display());
+    let model = TensorFile::open(&dir.join(MODEL))?;
+    params
+        .load(model.names(), |name| model.load(name, device))
+        .with_context(resuming)?;
+    let optim = TensorFile::open(&dir.join(OPTIMIZER))?;
+    opt.load_moments(state.optimizer_steps, |name, shape, moments| {
+        let (m, v) = (format!("m.{name}"), format!("v.{name}"));
+        match moments {
+            MomentsMut::Host { m: hm, v: hv } => {
+                optim.read_f32_into(&m, shape, hm)?;
+                optim.read_f32_into(&v, shape, hv)
+            }
+            MomentsMut::Device {
+                m: dm,
+                v: dv,
+                dtype,
+            } => {
+                *dm = optim.load(&m, dm.device())?.to_dtype(dtype)?;
+                *dv = optim.load(&v, dv.device())?.to_dtype(dtype)?;
+                Ok(())
+            }
+        }
+    })
+    .with_context(resuming)
 }
 
 /// A tensor file opened for reading: its table of tensors, checked against
@@ -177,7 +243,88 @@ impl TensorFile {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{save, tests::state};
     use super::*;
+    use crate::config::DataOrder;
+
+    /// A tensor's values as f32.
+    fn values(t: &candle_core::Tensor) -> Vec<f32> {
+        let t = t.to_dtype(candle_core::DType::F32).unwrap();
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    }
+
+    /// Each parameter's moments, as f32 values.
+    fn moments_of(opt: &AdamW) -> Vec<(String, Vec<f32>, Vec<f32>)> {
+        opt.moments()
+            .map(|(name, _, m)| match m {
+                MomentsRef::Host { m, v } => (name.into(), m.to_vec(), v.to_vec()),
+                MomentsRef::Device { m, v } => (name.into(), values(m), values(v)),
+            })
+            .collect()
+    }
+
+    /// The model and the optimizer come back as they were saved, with AdamW's
+    /// moments in f32 host buffers (an f32 model on the CPU) and as tensors
+    /// (bf16 here, as on a GPU), each read a tensor at a time.
+    #[test]
+    fn a_checkpoint_restores_the_weights_and_both_kinds_of_moments() {
+        use crate::train::network::params::{Declare, Init, ParamSource};
+        for dtype in [candle_core::DType::F32, candle_core::DType::BF16] {
+            let model = |seed| {
+                let mut d = Declare::new(&Device::Cpu).unwrap();
+                d.param("a.weight", &[3, 5], Init::Normal(0.02)).unwrap();
+                d.param("b.weight", &[7], Init::Ones).unwrap();
+                Params::init(d, seed, &Device::Cpu, dtype).unwrap()
+            };
+            let cfg = crate::config::TrainConfig::default();
+            let params = model(1);
+            let mut saved = AdamW::new(&params, &cfg).unwrap();
+            let mut k = 0.0f32;
+            saved
+                .load_moments(5, |_, shape, moments| {
+                    let n: usize = shape.iter().product();
+                    let mut next = || {
+                        k += 0.25;
+                        (0..n).map(|i| k + i as f32).collect::<Vec<f32>>()
+                    };
+                    match moments {
+                        MomentsMut::Host { m, v } => {
+                            m.copy_from_slice(&next());
+                            v.copy_from_slice(&next());
+                        }
+                        MomentsMut::Device { m, v, dtype } => {
+                            let t = |x: Vec<f32>| {
+                                candle_core::Tensor::from_vec(x, shape, &Device::Cpu)?
+                                    .to_dtype(dtype)
+                            };
+                            *m = t(next())?;
+                            *v = t(next())?;
+                        }
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            let run = tempfile::tempdir().unwrap();
+            let state = TrainState {
+                optimizer_steps: 5,
+                ..state(1, DataOrder::Global)
+            };
+            let dir = save(run.path(), &params, &saved, &state).unwrap();
+
+            let other = model(2);
+            let mut fresh = AdamW::new(&other, &cfg).unwrap();
+            restore(&dir, &state, &other, &mut fresh, &Device::Cpu).unwrap();
+            assert_eq!(fresh.t, 5);
+            assert_eq!(moments_of(&fresh), moments_of(&saved), "{dtype:?}");
+            for ((n, a), (_, b)) in params.iter().zip(other.iter()) {
+                assert_eq!(
+                    values(a.as_tensor()),
+                    values(b.as_tensor()),
+                    "{n} {dtype:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn host_buffers_and_tensors_are_written_and_read_back_whole() {

@@ -9,10 +9,9 @@
 
 use super::dist::{self, Collective, Ranks};
 use super::monitor::MonitorState;
-use super::tensor_file::{self, Entry, TensorFile};
 use crate::config::{DataOrder, ModelConfig};
 use crate::data::LoaderState;
-use crate::train::network::optim::{AdamW, MomentsMut, MomentsRef};
+use crate::train::network::optim::AdamW;
 use crate::train::network::params::Params;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
@@ -20,7 +19,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+mod tensors;
+pub use tensors::restore;
+
 pub const DIR: &str = crate::layout::CHECKPOINTS_DIR;
+
 const KEEP: usize = 2;
 
 const MODEL: &str = "model.safetensors";
@@ -327,12 +330,8 @@ pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &TrainState) ->
         .prefix(TEMP_PREFIX)
         .tempdir_in(&root)
         .with_context(|| format!("creating a checkpoint in {}", root.display()))?;
-    let model = params
-        .iter()
-        .map(|(n, v)| (n.clone(), Entry::Tensor(v.as_tensor())))
-        .collect();
-    tensor_file::write(&tmp.path().join(MODEL), model).with_context(|| writing(MODEL))?;
-    tensor_file::write(&tmp.path().join(OPTIMIZER), optimizer_entries(opt))
+    tensors::write_model(&tmp.path().join(MODEL), params).with_context(|| writing(MODEL))?;
+    tensors::write_optimizer(&tmp.path().join(OPTIMIZER), opt)
         .with_context(|| writing(OPTIMIZER))?;
     std::fs::write(tmp.path().join(STATE), serde_json::to_vec_pretty(state)?)
         .with_context(|| writing(STATE))?;
@@ -510,64 +509,11 @@ fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
     serde_json::from_slice(&bytes).map_err(|e| format!("{STATE} is not a checkpoint state: {e}"))
 }
 
-/// The optimizer's moments as tensors named `m.<param>` and `v.<param>`.
-fn optimizer_entries(opt: &AdamW) -> Vec<(String, Entry<'_>)> {
-    let mut entries = Vec::new();
-    for (name, shape, moments) in opt.moments() {
-        let (m, v) = match moments {
-            MomentsRef::Host { m, v } => (
-                Entry::Host { values: m, shape },
-                Entry::Host { values: v, shape },
-            ),
-            MomentsRef::Device { m, v } => (Entry::Tensor(m), Entry::Tensor(v)),
-        };
-        entries.push((format!("m.{name}"), m));
-        entries.push((format!("v.{name}"), v));
-    }
-    entries
-}
-
-/// Loads a checkpoint's tensors into the model and optimizer, one tensor at
-/// a time (the optimizer's host buffers in place).
-pub fn restore(
-    dir: &Path,
-    state: &TrainState,
-    params: &Params,
-    opt: &mut AdamW,
-    device: &Device,
-) -> Result<()> {
-    let resuming = || format!("resuming from {}", dir.display());
-    let model = TensorFile::open(&dir.join(MODEL))?;
-    params
-        .load(model.names(), |name| model.load(name, device))
-        .with_context(resuming)?;
-    let optim = TensorFile::open(&dir.join(OPTIMIZER))?;
-    opt.load_moments(state.optimizer_steps, |name, shape, moments| {
-        let (m, v) = (format!("m.{name}"), format!("v.{name}"));
-        match moments {
-            MomentsMut::Host { m: hm, v: hv } => {
-                optim.read_f32_into(&m, shape, hm)?;
-                optim.read_f32_into(&v, shape, hv)
-            }
-            MomentsMut::Device {
-                m: dm,
-                v: dv,
-                dtype,
-            } => {
-                *dm = optim.load(&m, dm.device())?.to_dtype(dtype)?;
-                *dv = optim.load(&v, dv.device())?.to_dtype(dtype)?;
-                Ok(())
-            }
-        }
-    })
-    .with_context(resuming)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn state(world_size: usize, data_order: DataOrder) -> TrainState {
+    pub(super) fn state(world_size: usize, data_order: DataOrder) -> TrainState {
         let at = |next_doc| LoaderState {
             next_doc,
             ..Default::default()
