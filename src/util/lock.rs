@@ -124,9 +124,11 @@ impl DirLock {
         // Written in place (a new file renamed over this one would be another
         // lock), then cut to length, so that the file is never empty between
         // two holders.
-        file.rewind()?;
-        file.write_all(who.as_bytes())?;
-        file.set_len(who.len() as u64)?;
+        let written = file
+            .rewind()
+            .and_then(|()| file.write_all(who.as_bytes()))
+            .and_then(|()| file.set_len(who.len() as u64));
+        written.with_context(|| format!("writing who holds the lock {}", path.display()))?;
         Ok((DirLock { file: Some(file) }, how))
     }
 

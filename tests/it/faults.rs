@@ -647,6 +647,35 @@ fn a_full_disk_names_the_checkpoint_and_the_file() {
     assert!(left.is_empty(), "no partial checkpoint: {left:?}");
 }
 
+/// A disk already full when the trainer starts: the first thing it writes is
+/// who holds the run's lock, and the error says so, with the system's reason
+/// (it had said that two trainers of one run would write the same log).
+#[test]
+fn a_full_disk_at_the_start_names_the_lock_it_could_not_write() {
+    let root = project();
+    let run = train_run(root.path(), "full-at-start", "training_steps = 2");
+    let bin = env!("CARGO_BIN_EXE_sweep");
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; ulimit -f 0; exec {bin} -C . train --config {}",
+            run.join("config.toml").display()
+        ))
+        .current_dir(root.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "writing who holds the lock {}",
+            run.join(".train.lock").display()
+        )) && err.contains("File too large"),
+        "{err}"
+    );
+    assert!(super::support::metrics(&run).is_empty());
+}
+
 /// A checkpoint of a 4-layer model never resumes into a 2-layer configuration.
 #[test]
 fn a_checkpoint_resumes_only_into_its_own_model() {

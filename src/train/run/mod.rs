@@ -113,7 +113,7 @@ fn lock_run(run_dir: &Path) -> Result<crate::util::lock::DirLock> {
         )
     };
     let (lock, _) = crate::util::lock::DirLock::run(run_dir, &what, waiting, TRAIN_LOCK_PATIENCE)
-        .context("two trainers of one run would write the same log and checkpoints")?;
+        .context("the run's lock (held by its trainer: no second one may write the same log and checkpoints)")?;
     Ok(lock)
 }
 
