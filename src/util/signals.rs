@@ -12,6 +12,32 @@ pub use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 /// cancel and preemption too), the terminal closing.
 pub const INTERRUPTS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 
+/// `signals` less SIGHUP where the process began ignoring it (`nohup`):
+/// the user asked for a closed terminal to stop nothing, so no handler of
+/// sweep's takes it, and the jobs sweep starts inherit the ignoring. Which
+/// ones were ignored is read once, before sweep installs any handler.
+fn wanted(signals: &[i32]) -> Vec<i32> {
+    static IGNORED: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
+    let ignored = IGNORED.get_or_init(|| {
+        [SIGHUP]
+            .into_iter()
+            .filter(|&sig| {
+                // SAFETY: reads the signal's disposition into a zeroed struct.
+                unsafe {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                        && old.sa_sigaction == libc::SIG_IGN
+                }
+            })
+            .collect()
+    });
+    signals
+        .iter()
+        .copied()
+        .filter(|s| !ignored.contains(s))
+        .collect()
+}
+
 /// The last of the installed signals to arrive, until taken.
 #[derive(Debug, Clone)]
 pub struct StopSignals(Arc<AtomicUsize>);
@@ -32,7 +58,7 @@ impl StopSignals {
     fn with(signals: &[i32], second_ends: bool) -> Result<StopSignals> {
         let flag = Arc::new(AtomicUsize::new(0));
         let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        for &sig in signals {
+        for sig in wanted(signals) {
             let installed = if second_ends {
                 // Actions run in order: the default action if one came already, then the flags.
                 signal_hook::flag::register_conditional_default(sig, Arc::clone(&seen))
@@ -77,7 +103,7 @@ impl StopSignals {
 /// transaction not yet committed is rolled back by SQLite.
 pub fn exit_on_stop() -> Result<()> {
     install_parking()?;
-    let mut signals = signal_hook::iterator::Signals::new(INTERRUPTS)
+    let mut signals = signal_hook::iterator::Signals::new(wanted(&INTERRUPTS))
         .context("installing the stop signals' handler")?;
     std::thread::Builder::new()
         .name("stop-signals".into())
@@ -109,7 +135,7 @@ impl ExitUntilDropped {
         said: impl Fn(i32) -> String + Send + 'static,
     ) -> Result<ExitUntilDropped> {
         install_parking()?;
-        let mut delivered = signal_hook::iterator::Signals::new(signals)
+        let mut delivered = signal_hook::iterator::Signals::new(wanted(signals))
             .context("installing the stop signals' handler")?;
         let handle = delivered.handle();
         let armed = Arc::new(std::sync::Mutex::new(true));

@@ -73,6 +73,38 @@ fn signal(child: &std::process::Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
+/// `nohup sweep run …` (SIGHUP ignored from the start): the terminal closing
+/// stops nothing, as the user asked; sweep and its jobs keep ignoring it and
+/// the study completes (sweep had taken SIGHUP as a closed terminal and
+/// stopped every job).
+#[test]
+fn a_sweep_started_under_nohup_outlives_its_terminal() {
+    let root = project();
+    let m = command_study(root.path(), "nohup", 2, 2, "sleep 3");
+    let child = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "trap '' HUP; exec {} -C {} run {}",
+            env!("CARGO_BIN_EXE_sweep"),
+            root.path().display(),
+            m.display()
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(30, "two running jobs", || {
+        let s = status(root.path(), &m);
+        (s.values().filter(|v| v.0 == "RUNNING").count() == 2).then_some(())
+    });
+    signal(&child, Signal::SIGHUP);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(states(root.path(), &m), ["x-1=COMPLETED", "x-2=COMPLETED"]);
+    assert_eq!(executions(root.path(), "nohup").values().sum::<usize>(), 2);
+}
+
 /// Ctrl-C and a closed terminal (SIGHUP) on `sweep run`: the running jobs
 /// are stopped, nothing is a failure, the message says what to type, and a
 /// plain `sweep run` runs exactly what did not complete.
