@@ -640,6 +640,22 @@ fn a_stop_signal_between_micro_batches_checkpoints_the_last_whole_step() {
     assert_eq!(steps, [1, 2, 3]);
 }
 
+/// `sweep train` of `run` where no file may grow past `kib` KiB (bash's
+/// `ulimit -f`), SIGXFSZ ignored: a write past it fails (EFBIG) as on a
+/// full disk.
+fn train_within_file_size(root: &Path, run: &Path, kib: u64) -> std::process::Output {
+    Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; ulimit -f {kib}; exec {} -C . train --config {}",
+            env!("CARGO_BIN_EXE_sweep"),
+            run.join("config.toml").display()
+        ))
+        .current_dir(root)
+        .output()
+        .unwrap()
+}
+
 /// A disk that fills while a checkpoint is written (a file-size limit here):
 /// the error names the checkpoint and the file, and no partial checkpoint stays.
 #[test]
@@ -650,18 +666,8 @@ fn a_full_disk_names_the_checkpoint_and_the_file() {
         "full",
         "training_steps = 2\nsequence_length = 32",
     );
-    let bin = env!("CARGO_BIN_EXE_sweep");
-    // 1 MB: the metrics log fits, the model's 8 MB do not. SIGXFSZ is
-    // ignored so that the write fails (EFBIG) as on a full disk.
-    let o = Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "trap '' XFSZ; ulimit -f 2048; exec {bin} -C . train --config {}",
-            run.join("config.toml").display()
-        ))
-        .current_dir(root.path())
-        .output()
-        .unwrap();
+    // 2 MiB: the metrics log fits, the model's 8 MB do not.
+    let o = train_within_file_size(root.path(), &run, 2048);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
@@ -686,16 +692,7 @@ fn a_full_disk_names_the_checkpoint_and_the_file() {
 fn a_full_disk_at_the_start_names_the_lock_it_could_not_write() {
     let root = project();
     let run = train_run(root.path(), "full-at-start", "training_steps = 2");
-    let bin = env!("CARGO_BIN_EXE_sweep");
-    let o = Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "trap '' XFSZ; ulimit -f 0; exec {bin} -C . train --config {}",
-            run.join("config.toml").display()
-        ))
-        .current_dir(root.path())
-        .output()
-        .unwrap();
+    let o = train_within_file_size(root.path(), &run, 0);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
