@@ -14,6 +14,7 @@ use crate::config::{
 use crate::data::SampleStream;
 use crate::train::network::{device::PeakMemory, optim};
 use crate::train::Trainer;
+use crate::util::stdout::outln;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -151,7 +152,7 @@ pub fn rank(w: &DdpWork, rt: &RuntimeOptions) -> Result<()> {
             flops_per_step: t.model_spec.cfg.flops_per_token(w.seq) * (w.batch * w.seq) as f64,
             peak_flops,
         };
-        println!("{}", serde_json::to_string(&row)?);
+        outln!("{}", serde_json::to_string(&row)?);
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 use super::{BenchCmd, DdpBenchCli, GemmsBenchCli, KernelsBenchCli, TrainBenchCli};
 use crate::bench::ddp::DdpRow;
 use crate::config::{DeviceKind, RuntimeOptions};
+use crate::util::stdout::outln;
 use anyhow::Result;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -219,10 +220,13 @@ fn max_batch(
         || "until the device runs out".into(),
         |l| format!("under {:.0} MB", l as f64 / MB),
     );
-    println!("batch sizes tried ({budget}), {steps} steps each:");
-    println!(
+    outln!("batch sizes tried ({budget}), {steps} steps each:");
+    outln!(
         "{:>6} {:>12} {:>10} {:>12}  outcome",
-        "batch", "tokens/s", "peak MB", "estimate MB"
+        "batch",
+        "tokens/s",
+        "peak MB",
+        "estimate MB"
     );
     for t in &s.trials {
         let est = t
@@ -232,20 +236,22 @@ fn max_batch(
             Outcome::Trains {
                 tokens_per_s,
                 peak_mb,
-            } => println!(
+            } => outln!(
                 "{:>6} {tokens_per_s:>12.0} {peak_mb:>10.0} {est:>12}  trains",
                 t.batch
             ),
             Outcome::OutOfMemory(why) => {
-                println!(
+                outln!(
                     "{:>6} {:>12} {:>10} {est:>12}  out of memory: {why}",
-                    t.batch, "-", "-"
+                    t.batch,
+                    "-",
+                    "-"
                 )
             }
         }
     }
     match s.largest {
-        Some(b) => println!("largest batch size that trains: {b}"),
+        Some(b) => outln!("largest batch size that trains: {b}"),
         None => anyhow::bail!("not even batch size 1 trains within the budget"),
     }
     Ok(())
@@ -262,35 +268,39 @@ fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
     }
     crate::util::fs::make_dir(&dir)?;
     let b = crate::bench::report::run(runs, lines, &dir)?;
-    println!(
+    outln!(
         "report over {} runs x {} log lines ({} points; writing them took {:.1} s)",
         b.runs,
         b.lines,
         b.runs * b.lines,
         b.setup_s
     );
-    println!("  read + summarise + write tables  {:8.3} s", b.report_s);
+    outln!("  read + summarise + write tables  {:8.3} s", b.report_s);
     Ok(())
 }
 
 fn history(rows: usize, dir: PathBuf) -> Result<()> {
     crate::util::fs::make_dir(&dir)?;
     let b = crate::bench::history::run(rows, &dir)?;
-    println!(
+    outln!(
         "history of {} measurements ({} studies; writing them took {:.1} s)",
-        b.rows, b.studies, b.setup_s
+        b.rows,
+        b.studies,
+        b.setup_s
     );
-    println!(
+    outln!(
         "  sweep history <study>     {:8.3} s  ({} attempts, as a table)",
-        b.one_study_s, b.one_study_lines
+        b.one_study_s,
+        b.one_study_lines
     );
-    println!(
+    outln!(
         "  sweep check --history     {:8.3} s  (20 configurations' last 5 attempts)",
         b.check_s
     );
-    println!(
+    outln!(
         "  sweep history (all)       {:8.3} s  ({} attempts)",
-        b.everything_s, b.everything_lines
+        b.everything_s,
+        b.everything_lines
     );
     Ok(())
 }
@@ -379,14 +389,14 @@ fn peak() -> Result<()> {
     let cores = crate::config::runtime::cores();
     use crate::train::run::peak::{refresh, Kernel};
     let kernels = [Kernel::F32, Kernel::Bf16];
-    println!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
+    outln!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
     for kernel in kernels {
         for threads in 1..=cores {
             // candle reads the variable (as the trainer sets it); the
             // measurement runs on a pool of `threads`.
             std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
             let p = refresh(kernel, threads)?;
-            println!(
+            outln!(
                 "  {:<22} {threads} thread(s): {:8.1} GFLOP/s",
                 kernel.describe(),
                 p / 1e9
@@ -412,16 +422,22 @@ fn data(a: super::DataBenchCli, root: &Path) -> Result<()> {
         scripts: scripts_dir(root),
     };
     let b = crate::bench::data::run(&args)?;
-    println!(
+    outln!(
         "data loading: {} samples of seq {} from {} (one consumer thread, no prefetch; best of {})",
         a.samples,
         a.seq_len,
         args.dataset.display(),
         a.repeats
     );
-    println!(
+    outln!(
         "{:<26} {:>10} {:>14} {:>16} {:>8} {:>14} {:>10}",
-        "loader", "load (s)", "us/sample", "raw tokenizer", "ratio", "python peer", "speedup"
+        "loader",
+        "load (s)",
+        "us/sample",
+        "raw tokenizer",
+        "ratio",
+        "python peer",
+        "speedup"
     );
     for r in &b.rows {
         let (raw, ratio) = match r.raw_us_per_sample {
@@ -435,15 +451,21 @@ fn data(a: super::DataBenchCli, root: &Path) -> Result<()> {
             Some(p) => (format!("{p:.1} us"), format!("{:.0}x", p / r.us_per_sample)),
             None => ("-".into(), "-".into()),
         };
-        println!(
+        outln!(
             "{:<26} {:>10.3} {:>14.2} {:>16} {:>8} {:>14} {:>10}",
-            r.name, r.load_s, r.us_per_sample, raw, ratio, python, speedup
+            r.name,
+            r.load_s,
+            r.us_per_sample,
+            raw,
+            ratio,
+            python,
+            speedup
         );
     }
     if let Some(why) = &b.python_missing {
-        println!("python peer (scripts/python-loaders.py) not run: {why}");
+        outln!("python peer (scripts/python-loaders.py) not run: {why}");
     }
-    println!(
+    outln!(
         "chart: {}",
         b.chart
             .iter()
@@ -477,7 +499,7 @@ fn pretokenize(
         repeats,
         &rss_inputs,
     )?;
-    println!(
+    outln!(
         "pretokenize {:.1} MB of text ({} documents, {} tokens) from {} on {} threads; best of {repeats}",
         b.mb,
         b.docs,
@@ -485,12 +507,12 @@ fn pretokenize(
         dataset.display(),
         b.threads
     );
-    println!(
+    outln!(
         "  raw encode_batch (texts in memory)  {:8.2} MB/s",
         b.raw_mb_s
     );
     for (name, mb_s) in &b.ours {
-        println!(
+        outln!(
             "  sweep pretokenize --format {:<10} {:6.2} MB/s  ({:.0}% of raw)",
             name,
             mb_s,
@@ -498,7 +520,7 @@ fn pretokenize(
         );
     }
     for (input, mb, rss) in &b.rss {
-        println!(
+        outln!(
             "  peak RSS {:8.0} MB on {} ({:.0} MB of Parquet)",
             rss,
             input.display(),
@@ -512,27 +534,27 @@ fn pretokenize(
 fn plan(runs: usize, dir: PathBuf, rt: &RuntimeOptions) -> Result<()> {
     crate::util::fs::make_dir(&dir)?;
     let b = crate::bench::plan::run(runs, &dir, &crate::plan::PlanOptions::new(false, rt))?;
-    println!(
+    outln!(
         "plan + render of a {}-run sweep into {} ({} threads)",
         b.runs,
         dir.display(),
         rayon::current_num_threads()
     );
-    println!("  load + validate manifest  {:8.3} s", b.load_s);
-    println!("  expand into runs          {:8.3} s", b.plan_s);
-    println!("  render in memory          {:8.3} s", b.render_s);
-    println!(
+    outln!("  load + validate manifest  {:8.3} s", b.load_s);
+    outln!("  expand into runs          {:8.3} s", b.plan_s);
+    outln!("  render in memory          {:8.3} s", b.render_s);
+    outln!(
         "  write run directories     {:8.3} s  ({} files; CPU {:.2} s user, {:.2} s kernel)",
         b.write_s,
         3 * b.runs,
         b.write_user_s,
         b.write_kernel_s
     );
-    println!(
+    outln!(
         "  total plan + render       {:8.3} s",
         b.load_s + b.plan_s + b.render_s + b.write_s
     );
-    println!("  re-render (all unchanged) {:8.3} s", b.rerender_s);
+    outln!("  re-render (all unchanged) {:8.3} s", b.rerender_s);
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 use super::{DataCmd, DumpCli, FormatArg, ImportTextCli, PretokenizeCli, VerifyCli};
 use crate::config::PretokenizedFormat;
 use crate::data::{import, pretokenize, verify, DataSpec, SampleStream, SourceSpec, TextTokenizer};
+use crate::util::stdout::outln;
 use anyhow::Result;
 use std::io::Write;
 use std::process::ExitCode;
@@ -35,14 +36,14 @@ pub fn pretokenize(p: &PretokenizeCli, rt: &crate::config::RuntimeOptions) -> Re
         );
     }
     for (path, kept) in &r.outputs {
-        println!(
+        outln!(
             "{} {}",
             if *kept { "kept   " } else { "wrote  " },
             path.display()
         );
     }
     if r.documents > 0 {
-        println!(
+        outln!(
             "{} documents, {} tokens, {:.1} MB of text in {:.1} s on {} threads: {:.0} docs/s, {:.2} MB/s, {:.0}k tokens/s",
             r.documents,
             r.tokens,
@@ -78,7 +79,7 @@ fn import_text(a: ImportTextCli) -> Result<ExitCode> {
     for f in &r.latin1 {
         eprintln!("note: {f} is not UTF-8; read it as Latin-1");
     }
-    println!(
+    outln!(
         "{} files -> {} documents ({:.1} MB, mean {:.1} KB) in {}",
         r.files,
         r.documents,
@@ -152,7 +153,7 @@ fn verify_file(a: VerifyCli) -> Result<ExitCode> {
         seed: a.seed,
     };
     let r = verify::verify(&args)?;
-    println!("{}", verify::describe(&r, &a.pretokenized));
+    outln!("{}", verify::describe(&r, &a.pretokenized));
     if r.mismatch.is_some() {
         return Ok(ExitCode::FAILURE);
     }

@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use crate::config::RuntimeOptions;
 use crate::manifest::Diagnostics;
+use crate::util::stdout::outln;
 
 pub fn main() -> ExitCode {
     // A fault in any command (a rank's, above all) says where on stderr.
@@ -27,7 +28,7 @@ pub fn main() -> ExitCode {
     ) {
         // A closed pipe (`sweep plan … | head -1`) ends the program quietly,
         // as it ends any Unix filter: Rust ignores SIGPIPE, which turns the
-        // closed pipe into a panic at the next `println!`. Training processes
+        // closed pipe into a panic at the next `outln!`. Training processes
         // keep ignoring it (their sockets and MPI's report their own errors).
         // SAFETY: restoring a signal's default disposition at start-up,
         // before any thread is spawned.
@@ -122,7 +123,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
         Cmd::History(h) => history_cmd(root, &h, rt),
         Cmd::Watchdog(w) => watchdog_cmd(w),
         Cmd::LaunchDoctor(d) => match (d.reach, d.dir) {
-            (Some(target), _) => Ok(crate::executor::doctor::reach(&target, &d.need)),
+            (Some(target), _) => crate::executor::doctor::reach(&target, &d.need),
             (None, dir) => crate::executor::doctor::run(crate::executor::doctor::Check {
                 dir: dir.expect("clap requires --dir without --reach"),
                 job: d.job,
@@ -137,7 +138,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
         }
         Cmd::Fingerprint { dir, end: false } => {
             let f = crate::executor::fingerprint::write(&dir)?;
-            println!(
+            outln!(
                 "sweep: environment of {} on {} ({} GPUs) in {}",
                 f.system,
                 f.host,
@@ -178,7 +179,7 @@ fn watchdog_cmd(w: args::WatchdogCli) -> anyhow::Result<ExitCode> {
     if let Some(token) = &w.probe {
         let procs = watchdog::probe(token);
         for p in &procs {
-            println!("{}", serde_json::to_string(p)?);
+            outln!("{}", serde_json::to_string(p)?);
         }
         watchdog::ask_for_stacks(&procs);
         return Ok(ExitCode::SUCCESS);

@@ -6,6 +6,7 @@ use crate::config::RuntimeOptions;
 use crate::report::export::{self, Exporter};
 use crate::report::page::Html;
 use crate::report::Source;
+use crate::util::stdout::outln;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -30,7 +31,7 @@ pub(super) fn compare_cmd(
     // The markdown lists each side's problems too.
     show(&cmp, &export::Markdown)?;
     for f in &cmp.files {
-        println!("wrote {}", f.display());
+        outln!("wrote {}", f.display());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -109,7 +110,7 @@ pub(super) fn history_cmd(
             );
         }
         let (path, added) = crate::report::record_history(&source_of(root, dir, rt)?)?;
-        println!("{added} run(s) recorded in {}", path.display());
+        outln!("{added} run(s) recorded in {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
     let (path, study) = match &h.target {
@@ -141,12 +142,12 @@ pub(super) fn history_cmd(
     };
     let attempts = store.attempts(&filter)?;
     match h.json {
-        true => println!("{}", serde_json::to_string_pretty(&attempts)?),
+        true => outln!("{}", serde_json::to_string_pretty(&attempts)?),
         false => {
-            println!("{}", crate::report::history::text(&attempts));
+            outln!("{}", crate::report::history::text(&attempts));
             let failures = store.failures(&filter)?;
             if !failures.is_empty() {
-                println!(
+                outln!(
                     "\nruns that ended without a measurement:\n{}",
                     crate::report::history::failures_text(&failures)
                 );
@@ -191,23 +192,23 @@ pub(super) fn report_cmd(
         show(&rep.summary, &export::Json)?;
         return Ok(history_note(&rep));
     }
-    println!("{}", report::export::markdown_table(&rep.summary));
+    outln!("{}", report::export::markdown_table(&rep.summary));
     for p in &rep.summary.problems {
-        println!("note: {}", p.describe());
+        outln!("note: {}", p.describe());
     }
     for st in &rep.summary.stragglers {
-        println!("straggler: {}", st.describe());
+        outln!("straggler: {}", st.describe());
     }
     if let (Some(d), Some(pairing)) = (&rep.summary.design, rep.summary.pairing()) {
-        println!("{pairing}; where each block ran: {}", d.places_line());
+        outln!("{pairing}; where each block ran: {}", d.places_line());
         if let Some(line) = d.effects_line() {
-            println!("place in block: {line}");
+            outln!("place in block: {line}");
         }
     }
     for h in &rep.summary.hints {
-        println!("hint: {h}");
+        outln!("hint: {h}");
     }
-    println!(
+    outln!(
         "wrote {}",
         rep.files
             .iter()
@@ -220,7 +221,7 @@ pub(super) fn report_cmd(
             .parent()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
-        println!("{} charts (PNG and SVG) in {dir}", rep.charts.len());
+        outln!("{} charts (PNG and SVG) in {dir}", rep.charts.len());
     }
     Ok(history_note(&rep))
 }
@@ -243,6 +244,6 @@ pub(super) fn history_note(rep: &crate::report::Report) -> ExitCode {
 
 /// A result in a format, on standard output.
 fn show<R>(r: &R, format: &dyn Exporter<R>) -> anyhow::Result<()> {
-    println!("{}", String::from_utf8_lossy(&format.export(r)?));
+    outln!("{}", String::from_utf8_lossy(&format.export(r)?));
     Ok(())
 }

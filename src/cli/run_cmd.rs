@@ -9,6 +9,7 @@ use crate::plan::{Job, Plan};
 use crate::report::{self, Source};
 use crate::study::watch::{self, LivePage};
 use crate::study::Submission;
+use crate::util::stdout::outln;
 use anyhow::Result;
 use std::collections::HashMap;
 use std::path::Path;
@@ -79,12 +80,12 @@ fn tracked(sub: &Submission) -> Vec<Tracked> {
 fn print_report(root: &Path, plan: &Plan) -> Result<ExitCode> {
     let source = Source::Plan(Box::new(plan.clone()));
     let rep = report::run(root, &source, &watch::report_options(false))?;
-    println!("{}", report::export::markdown_table(&rep.summary));
+    outln!("{}", report::export::markdown_table(&rep.summary));
     for p in &rep.summary.problems {
-        println!("note: {}", p.describe());
+        outln!("note: {}", p.describe());
     }
     for h in &rep.summary.hints {
-        println!("hint: {h}");
+        outln!("hint: {h}");
     }
     let files: Vec<String> = rep
         .files
@@ -92,10 +93,10 @@ fn print_report(root: &Path, plan: &Plan) -> Result<ExitCode> {
         .filter(|p| **p != rep.page)
         .map(|p| p.display().to_string())
         .collect();
-    println!("tables: {}", files.join(", "));
+    outln!("tables: {}", files.join(", "));
     if let Some(dir) = rep.charts.first().and_then(|c| c.files[0].parent()) {
-        println!("charts: {} (PNG and SVG)", dir.display());
+        outln!("charts: {} (PNG and SVG)", dir.display());
     }
-    println!("the report, one page: {}", rep.page.display());
+    outln!("the report, one page: {}", rep.page.display());
     Ok(super::report_cmds::history_note(&rep))
 }

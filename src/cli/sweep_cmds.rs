@@ -6,6 +6,7 @@ use crate::config::RuntimeOptions;
 use crate::executor::{local, Event, State};
 use crate::plan::Plan;
 use crate::study::{self, Request, Submission};
+use crate::util::stdout::outln;
 use anyhow::Result;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use serde_json::json;
@@ -56,8 +57,8 @@ pub fn plan(
     let plan = study::load_plan(root, manifest, allow_oom, rt, &mut say)?;
     study::check_packed_time(&plan, &mut say)?;
     match json {
-        true => println!("{}", serde_json::to_string_pretty(&plan_json(&plan))?),
-        false => print_plan(&plan),
+        true => outln!("{}", serde_json::to_string_pretty(&plan_json(&plan))?),
+        false => print_plan(&plan)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -87,18 +88,18 @@ fn plan_json(plan: &Plan) -> Vec<serde_json::Value> {
 }
 
 /// `sweep plan`: the runs as a table, the stages, the totals.
-fn print_plan(plan: &Plan) {
+fn print_plan(plan: &Plan) -> Result<()> {
     let m = &plan.manifest;
     let blocked = m.design == crate::manifest::Design::Blocks;
-    println!("{}: {}", m.name, m.description.trim());
-    println!("{}", runs_table(plan, blocked));
+    outln!("{}: {}", m.name, m.description.trim());
+    outln!("{}", runs_table(plan, blocked));
     for s in &plan.stages {
         let users = plan
             .runs
             .iter()
             .filter(|r| r.stage.is_some_and(|i| plan.stages[i].id == s.id))
             .count();
-        println!(
+        outln!(
             "stage {} ({}): {} -> {} [{} runs depend on it]",
             s.name,
             s.format.as_str(),
@@ -108,7 +109,7 @@ fn print_plan(plan: &Plan) {
         );
     }
     if blocked {
-        print_blocks(plan);
+        print_blocks(plan)?;
     }
     let tot = plan.totals();
     let repeats = match m.repeats {
@@ -118,15 +119,16 @@ fn print_plan(plan: &Plan) {
     // Node-hours are what a SLURM allocation reserves; local runs reserve
     // nothing (their [slurm] time is no limit of theirs).
     match m.executor {
-        Some(crate::manifest::ExecutorKind::Local) => println!(
+        Some(crate::manifest::ExecutorKind::Local) => outln!(
             "{} runs{repeats}, {} jobs, on this machine (the local executor: {} at a time)",
             tot.runs, tot.jobs, m.local.parallel
         ),
-        _ => println!(
+        _ => outln!(
             "{} runs{repeats}, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
             tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
         ),
     }
+    Ok(())
 }
 
 /// The runs as a table: id, name, block, each axis, and for the built-in
@@ -210,10 +212,10 @@ fn runs_table(plan: &Plan, blocked: bool) -> Table {
 }
 
 /// Each randomized block's order, and what packing saves the queue.
-fn print_blocks(plan: &Plan) {
+fn print_blocks(plan: &Plan) -> Result<()> {
     let m = &plan.manifest;
     // Each block's order, by configuration: what the seed drew.
-    println!(
+    outln!(
             "randomized blocks (order_seed = {}): each block runs every configuration once, in its own order",
             m.order_seed
         );
@@ -231,17 +233,17 @@ fn print_blocks(plan: &Plan) {
             ),
             false => String::new(),
         };
-        println!("  block {}: {}{size}", b.block, names.join(" → "));
+        outln!("  block {}: {}{size}", b.block, names.join(" → "));
     }
     // What packing saves the queue, and costs in reserved time.
     let (per_run, packed) = crate::plan::pack::costs(plan);
     let this = |yes: bool| if yes { "  ← this manifest" } else { "" };
-    println!("on SLURM (each job waits in the queue and pays its start on its own):");
+    outln!("on SLURM (each job waits in the queue and pays its start on its own):");
     for (what, c, yes) in [
         ("a job per run:              ", per_run, !m.slurm.pack),
         ("packed blocks (pack = true):", packed, m.slurm.pack),
     ] {
-        println!(
+        outln!(
             "  {what} {:>5} jobs from {:>5} sbatch submissions, at most {:.1} node-hours{}",
             c.load.jobs,
             c.submissions,
@@ -249,6 +251,7 @@ fn print_blocks(plan: &Plan) {
             this(yes)
         );
     }
+    Ok(())
 }
 
 pub fn render(
@@ -260,7 +263,7 @@ pub fn render(
 ) -> Result<ExitCode> {
     let plan = study::load_plan(root, manifest, allow_oom, rt, &mut say)?;
     let s = study::render(&plan, manifest, replace_changed, &mut say)?;
-    println!(
+    outln!(
         "{} runs and {} stages under {} ({} files written, {} unchanged)",
         plan.runs.len(),
         plan.stages.len(),
@@ -280,7 +283,7 @@ pub fn submission(
 ) -> Result<Submission> {
     let sub = Submission::new(root, &request(args), rt, verb, &mut say)?;
     for line in sub.skipped() {
-        println!("{line}");
+        outln!("{line}");
     }
     Ok(sub)
 }
@@ -288,16 +291,24 @@ pub fn submission(
 pub fn submit(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<ExitCode> {
     let mut sub = submission(root, args, rt, "submit")?;
     if sub.todo() == 0 {
-        println!("nothing to submit");
+        outln!("nothing to submit");
         return Ok(ExitCode::SUCCESS);
     }
+    // Submitting goes on where a line cannot be printed; the first such
+    // error is the command's once it is done.
+    let mut printed = Ok(());
     let done = sub.executor.submit(
         &sub.plan.study_dir,
         &mut sub.units,
         &sub.decisions,
         args.dry_run,
-        &mut |e| print_event(e, args.dry_run),
+        &mut |e| {
+            if printed.is_ok() {
+                printed = print_event(e, args.dry_run);
+            }
+        },
     )?;
+    printed?;
     if let Some(sig) = done.interrupted {
         eprintln!(
             "{}",
@@ -313,7 +324,7 @@ pub fn submit(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<Exi
         .iter()
         .filter(|o| o.status.state != State::Completed)
         .count();
-    println!(
+    outln!(
         "{} jobs finished, {} failed or cancelled; logs in each run directory's {}",
         done.outcomes.len(),
         failed,
@@ -327,7 +338,7 @@ pub fn submit(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<Exi
 }
 
 /// One line per submitted job, or per local job as it starts and ends.
-fn print_event(e: Event<'_>, dry_run: bool) {
+fn print_event(e: Event<'_>, dry_run: bool) -> Result<()> {
     match e {
         Event::Submitted(job) => {
             let what = match (job.block, job.array) {
@@ -347,15 +358,15 @@ fn print_event(e: Event<'_>, dry_run: bool) {
                 } else {
                     ""
                 };
-                println!(
+                outln!(
                     "would submit {what}{after}: {}{written}",
                     job.script.display()
                 );
             } else {
-                println!("submitted job {}: {what}{after}", job.job_id);
+                outln!("submitted job {}: {what}{after}", job.job_id);
             }
         }
-        Event::WouldRun { name, command } => println!("would run {name}: {command}"),
+        Event::WouldRun { name, command } => outln!("would run {name}: {command}"),
         Event::Started(o) => eprintln!("started   {}", o.name),
         Event::Ended(o) => {
             eprintln!("{:<9} {} ({:.1} s)", o.status.describe(), o.name, o.seconds);
@@ -365,6 +376,7 @@ fn print_event(e: Event<'_>, dry_run: bool) {
         }
         Event::Tick => {}
     }
+    Ok(())
 }
 
 pub fn status(root: &Path, manifest: &Path, json: bool, rt: &RuntimeOptions) -> Result<ExitCode> {
@@ -381,7 +393,7 @@ pub fn status(root: &Path, manifest: &Path, json: bool, rt: &RuntimeOptions) -> 
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = table(vec![
@@ -404,8 +416,8 @@ pub fn status(root: &Path, manifest: &Path, json: bool, rt: &RuntimeOptions) -> 
         ]);
         *counts.entry(x.status.state.as_str()).or_default() += 1;
     }
-    println!("{t}");
-    println!(
+    outln!("{t}");
+    outln!(
         "{}",
         counts
             .iter()
@@ -419,9 +431,9 @@ pub fn status(root: &Path, manifest: &Path, json: bool, rt: &RuntimeOptions) -> 
 pub fn cancel(root: &Path, manifest: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     let cancelled = study::cancel(root, manifest, rt, &mut say)?;
     if cancelled.is_empty() {
-        println!("nothing pending or running");
+        outln!("nothing pending or running");
     } else {
-        println!(
+        outln!(
             "cancelled {} jobs: {}",
             cancelled.len(),
             cancelled.join(", ")

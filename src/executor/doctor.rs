@@ -19,6 +19,7 @@
 use crate::config::LAUNCH_EXIT;
 use crate::plan::record::{record_stop, Stop, StoppedBy};
 use crate::util::slurm;
+use crate::util::stdout::outln;
 use anyhow::Result;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -71,7 +72,7 @@ pub fn run(c: Check) -> Result<ExitCode> {
     let started = Instant::now();
     match diagnose(&c) {
         Ok(m) => {
-            println!("export MASTER_ADDR={} MASTER_PORT={}", m.addr, m.port);
+            outln!("export MASTER_ADDR={} MASTER_PORT={}", m.addr, m.port);
             eprintln!(
                 "sweep: launch doctor: {} nodes reach {} ({}) on port {} ({:.1} s)",
                 m.nodes,
@@ -269,14 +270,14 @@ fn parse_answer(line: &str) -> Option<(String, Result<(), String>)> {
 
 /// On each node (`--reach`): the tools it needs, then one connection to the
 /// master's port; one answer line.
-pub fn reach(target: &str, need: &[String]) -> ExitCode {
+pub fn reach(target: &str, need: &[String]) -> anyhow::Result<ExitCode> {
     let host = crate::util::process::host_name();
     let answer = reach_answer(target, need);
     match answer {
-        Ok(()) => println!("ok {host}"),
-        Err(why) => println!("fail {host} {why}"),
+        Ok(()) => outln!("ok {host}"),
+        Err(why) => outln!("fail {host} {why}"),
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 fn reach_answer(target: &str, need: &[String]) -> Result<(), String> {

@@ -12,6 +12,7 @@ pub mod progress;
 pub mod raw_stderr;
 pub mod signals;
 pub mod slurm;
+pub mod stdout;
 pub mod text;
 
 /// Seconds since the Unix epoch, as an RFC 3339 timestamp in UTC.

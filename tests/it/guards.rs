@@ -55,6 +55,40 @@ fn studied() -> tempfile::TempDir {
     root
 }
 
+/// Standard output on a full disk (`> file` there; `/dev/full` here): every
+/// command that prints fails with an error that says so, never a panic.
+#[test]
+fn a_full_standard_output_is_an_error_not_a_panic() {
+    let root = studied();
+    let d = root.path();
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    for args in [
+        &["plan", "s.toml"][..],
+        &["plan", "--json", "s.toml"],
+        &["status", "s.toml"],
+        &["report", "results/s"],
+        &["report", "results/s", "--json"],
+        &["history", "s.toml"],
+        &["check", "results/s"],
+        &["run", "s.toml"],
+    ] {
+        let o = sweep(d).args(args).stdout(full()).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            matches!(o.status.code(), Some(1 | 2))
+                && err.contains("writing to standard output: No space left on device")
+                && !err.contains("panicked"),
+            "{args:?}: {:?} {err}",
+            o.status
+        );
+    }
+}
+
 /// Every output flag of every command, pointed at each file sweep reads or
 /// owns (directly, through `..`, through a link): refused, naming what it
 /// is, and nothing changes; `sweep history` and `sweep status` work after.
