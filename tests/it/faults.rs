@@ -10,6 +10,7 @@ use super::support::{
 use super::train::manifest as train_manifest;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -120,7 +121,18 @@ fn an_interrupted_local_sweep_continues_on_a_plain_rerun() {
             2,
             "test -e \"$SWEEP_RUN_DIR/again\" || { touch \"$SWEEP_RUN_DIR/again\"; sleep 60; }",
         );
-        let child = sweep(root.path())
+        let mut cmd = sweep(root.path());
+        // SIGHUP as a terminal gives it, whatever this test inherited (a
+        // suite started under `nohup` ignores it, and so would sweep).
+        // SAFETY: `signal` is async-signal-safe, as pre_exec asks.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::signal::signal(Signal::SIGHUP, nix::sys::signal::SigHandler::SigDfl)
+                    .map(drop)
+                    .map_err(std::io::Error::from)
+            })
+        };
+        let child = cmd
             .arg("run")
             .arg(&m)
             .stdout(Stdio::null())
