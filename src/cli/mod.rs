@@ -18,10 +18,31 @@ use crate::config::RuntimeOptions;
 use crate::manifest::Diagnostics;
 use crate::util::stdout::outln;
 
+/// What clap has to say instead of a command: its help or version on
+/// standard output (exit 0), a usage error on standard error (exit 2). clap's
+/// own `exit` ignores a write that fails; here `sweep --help > /dev/full` is
+/// an error like any command's output that cannot be written, and a pipe
+/// closed early (`sweep --help | head -1`) ends it quietly.
+fn said_by_clap(e: &clap::Error) -> ExitCode {
+    use std::io::Write;
+    let code = ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+    let written = e.print().and_then(|()| std::io::stdout().flush());
+    match written {
+        Err(w) if !e.use_stderr() && w.kind() != std::io::ErrorKind::BrokenPipe => {
+            let _ = writeln!(std::io::stderr(), "error: writing to standard output: {w}");
+            ExitCode::FAILURE
+        }
+        _ => code,
+    }
+}
+
 pub fn main() -> ExitCode {
     // A fault in any command (a rank's, above all) says where on stderr.
     crate::util::crash::install();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return said_by_clap(&e),
+    };
     if !matches!(
         cli.command,
         Cmd::Train { .. } | Cmd::Bench(BenchCmd::DdpRank { .. })

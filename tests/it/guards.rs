@@ -76,6 +76,10 @@ fn a_full_standard_output_is_an_error_not_a_panic() {
         &["history", "s.toml"],
         &["check", "results/s"],
         &["run", "s.toml"],
+        // clap's own output: help and version.
+        &["--help"],
+        &["plan", "--help"],
+        &["--version"],
     ] {
         let o = sweep(d).args(args).stdout(full()).output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
