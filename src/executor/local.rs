@@ -725,7 +725,7 @@ pub fn status(dir: &Path, job_id: &str) -> Status {
                 to_status(&s)
             } else {
                 Status::new(State::Interrupted).with_reason(
-                    "killed with the sweep that ran it, before it recorded an exit status; `sweep run` runs it again",
+                    "ended with the sweep that ran it (stopped, killed or failed) before it recorded an exit status; `sweep run` runs it again",
                 )
             }
         }),
