@@ -415,7 +415,7 @@ pub enum BenchCmd {
 pub struct ReportCli {
     /// A manifest, or a results/<study> directory.
     pub target: Option<PathBuf>,
-    /// Where summary.{md,csv,parquet} go (default: results/<study>).
+    /// Where summary.{md,csv,parquet}, report.html and the charts (DIR/plots) go (default: results/<study>, charts in plots/<study>).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Log points skipped at the start of every run (default: the manifest's, else 5).

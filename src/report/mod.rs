@@ -28,7 +28,9 @@ pub struct ReportOptions {
     pub skip_first: Option<usize>,
     pub baseline: Option<String>,
     pub group_by: Vec<String>,
-    /// Where summary.{md,csv,parquet} and report.html go (default: `results/<study>`).
+    /// Where summary.{md,csv,parquet}, report.html and the charts (in
+    /// `plots/` inside it) go (default: `results/<study>`, charts in
+    /// `plots/<study>`).
     pub out: Option<PathBuf>,
     pub plots: bool,
     /// Runs are still going: the page reloads itself.
@@ -65,6 +67,20 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
     s.problems.extend(spec.stale);
     let (own, plots) = places(root, source, &study, &opts.group_by);
     let out = opts.out.clone().unwrap_or_else(|| own.clone());
+    // Written elsewhere (`--out`), the whole report goes there, charts too:
+    // a study that cannot be written (a colleague's, a read-only snapshot)
+    // is reported into a folder of one's own.
+    let plots = match &opts.out {
+        Some(out) => out.join(PLOTS_DIR),
+        None => plots,
+    };
+    let mut writes = vec![(out.as_path(), opts.out.is_some())];
+    if opts.plots {
+        writes.push((plots.as_path(), opts.out.is_some()));
+    }
+    for (dir, asked) in writes {
+        writable(dir, asked)?;
+    }
     let page = out.join(page::STUDY_PAGE);
     let inputs: Vec<&Path> = spec.inputs.iter().map(PathBuf::as_path).collect();
     let table_files = export::table_files(&out);
@@ -117,6 +133,40 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
         charts,
         page,
     })
+}
+
+/// The folder of a report's charts under `--out`.
+pub const PLOTS_DIR: &str = "plots";
+
+/// Whether a report's folder (or, not made yet, the folder it would be made
+/// in) may be written, checked before anything is: a read-only study is
+/// said as such, with the way round it, not as the first temporary file
+/// that could not be made. `asked`: the folder is `--out`'s.
+fn writable(dir: &Path, asked: bool) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(existing) = dir.ancestors().find(|d| d.exists()) else {
+        return Ok(());
+    };
+    let Ok(c) = std::ffi::CString::new(existing.as_os_str().as_bytes()) else {
+        return Ok(());
+    };
+    // SAFETY: access(2) on a NUL-terminated path; it reads nothing else.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0 {
+        return Ok(());
+    }
+    let why = std::io::Error::last_os_error();
+    if asked {
+        bail!(
+            "--out {}: {} cannot be written: {why}",
+            dir.display(),
+            existing.display()
+        );
+    }
+    bail!(
+        "{} cannot be written: {why}. Its report can go elsewhere: `--out DIR` writes the tables, \
+         the page and the charts (DIR/{PLOTS_DIR}) there",
+        existing.display()
+    )
 }
 
 /// Where a report goes: the study's own directory (a results directory

@@ -537,6 +537,29 @@ fn a_read_only_history_is_read_as_it_is() {
         !err.contains("move it") && !err.contains("not a readable"),
         "{err}"
     );
+    // Its report: the study that cannot be written is said as such, with
+    // the way round it, before anything is written; `--out` writes the whole
+    // report elsewhere, charts included (the run fails only on the history).
+    let err = run_err(as_reader(root.path(), &bin).args(["report", m]));
+    assert!(
+        err.contains("cannot be written") && err.contains("`--out DIR`"),
+        "{err}"
+    );
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(elsewhere.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let report = as_reader(root.path(), &bin)
+        .args(["report", m, "--out"])
+        .arg(elsewhere.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&report.stderr);
+    assert!(
+        report.status.code() == Some(1) && err.contains("not recorded in the history"),
+        "{err}"
+    );
+    for f in ["summary.md", "report.html", "plots/throughput.svg"] {
+        assert!(elsewhere.path().join(f).is_file(), "{f}: {err}");
+    }
     assert_eq!(std::fs::read(&db).unwrap(), before);
     for p in &read_only {
         let mode = std::fs::metadata(p).unwrap().permissions().mode();
