@@ -58,6 +58,22 @@ pub fn run(
 /// Writes the comparison's table (markdown, CSV), chart and page.
 fn write(root: &Path, dir_name: &str, cmp: &mut Comparison, plots: bool) -> Result<()> {
     let out = root.join("results").join("compare").join(dir_name);
+    let plots_dir = root.join("plots").join("compare").join(dir_name);
+    // Said before anything is written (a read-only project: a colleague's,
+    // a snapshot), with the way round it.
+    for dir in [Some(&out), plots.then_some(&plots_dir)]
+        .into_iter()
+        .flatten()
+    {
+        if let Err((existing, why)) = crate::util::fs::writable(dir) {
+            bail!(
+                "{} cannot be written: {why}. Comparisons are written into the project's results/ \
+                 and plots/: run it from a project you may write, `sweep -C DIR compare A B` \
+                 (A and B as absolute paths)",
+                existing.display()
+            );
+        }
+    }
     let outputs: [Output<Comparison>; 3] = [
         (&Markdown, out.join("comparison.md")),
         (&Csv, out.join("comparison.csv")),
@@ -83,11 +99,7 @@ fn write(root: &Path, dir_name: &str, cmp: &mut Comparison, plots: bool) -> Resu
     cmp.files.extend(tables.iter().map(|(_, f)| f.clone()));
     if plots {
         let fig = chart(cmp);
-        let c = save(
-            &fig,
-            &root.join("plots").join("compare").join(dir_name),
-            "comparison",
-        )?;
+        let c = save(&fig, &plots_dir, "comparison")?;
         cmp.files.extend(c.files.iter().cloned());
         cmp.chart = Some(c);
     }

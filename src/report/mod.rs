@@ -138,23 +138,13 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
 /// The folder of a report's charts under `--out`.
 pub const PLOTS_DIR: &str = "plots";
 
-/// Whether a report's folder (or, not made yet, the folder it would be made
-/// in) may be written, checked before anything is: a read-only study is
-/// said as such, with the way round it, not as the first temporary file
-/// that could not be made. `asked`: the folder is `--out`'s.
+/// Whether a report's folder may be written, checked before anything is: a
+/// read-only study is said as such, with the way round it, not as the first
+/// temporary file that could not be made. `asked`: the folder is `--out`'s.
 fn writable(dir: &Path, asked: bool) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let Some(existing) = dir.ancestors().find(|d| d.exists()) else {
+    let Err((existing, why)) = crate::util::fs::writable(dir) else {
         return Ok(());
     };
-    let Ok(c) = std::ffi::CString::new(existing.as_os_str().as_bytes()) else {
-        return Ok(());
-    };
-    // SAFETY: access(2) on a NUL-terminated path; it reads nothing else.
-    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0 {
-        return Ok(());
-    }
-    let why = std::io::Error::last_os_error();
     if asked {
         bail!(
             "--out {}: {} cannot be written: {why}",

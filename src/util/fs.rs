@@ -311,6 +311,24 @@ pub fn open_regular(
     Ok((file, meta))
 }
 
+/// Whether `dir` may be written, or where it does not exist yet the folder
+/// it would be made in (access(2): a read-only file system, or no write
+/// permission for this user): else that folder and why not.
+pub fn writable(dir: &Path) -> std::result::Result<(), (PathBuf, std::io::Error)> {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(existing) = dir.ancestors().find(|d| d.exists()) else {
+        return Ok(());
+    };
+    let Ok(c) = std::ffi::CString::new(existing.as_os_str().as_bytes()) else {
+        return Ok(());
+    };
+    // SAFETY: access(2) on a NUL-terminated path; it reads nothing else.
+    match unsafe { libc::access(c.as_ptr(), libc::W_OK) } {
+        0 => Ok(()),
+        _ => Err((existing.to_path_buf(), std::io::Error::last_os_error())),
+    }
+}
+
 /// Makes a directory and its parents. Where something other than a directory
 /// stands in the way (`--out /dev/null`, a file named like the folder), the
 /// error says what and where, not "File exists".

@@ -499,6 +499,12 @@ fn a_read_only_history_is_read_as_it_is() {
     std::fs::copy(env!("CARGO_BIN_EXE_sweep"), &bin).unwrap();
     let db = root.path().join("results/history.sqlite");
     let before = std::fs::read(&db).unwrap();
+    let kept = Command::new("cp")
+        .args(["-r", "results/scaled", "results/scaled-before"])
+        .current_dir(root.path())
+        .status()
+        .unwrap();
+    assert!(kept.success());
     // Readable by all, writable by none but its owner (root: not `nobody`).
     let walk = Command::new("chmod")
         .args(["-R", "a+rX,go-w"])
@@ -560,6 +566,15 @@ fn a_read_only_history_is_read_as_it_is() {
     for f in ["summary.md", "report.html", "plots/throughput.svg"] {
         assert!(elsewhere.path().join(f).is_file(), "{f}: {err}");
     }
+    let err = run_err(as_reader(root.path(), &bin).args([
+        "compare",
+        "results/scaled-before",
+        "results/scaled",
+    ]));
+    assert!(
+        err.contains("cannot be written") && err.contains("`sweep -C DIR compare A B`"),
+        "{err}"
+    );
     assert_eq!(std::fs::read(&db).unwrap(), before);
     for p in &read_only {
         let mode = std::fs::metadata(p).unwrap().permissions().mode();
