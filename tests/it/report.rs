@@ -675,6 +675,19 @@ fn a_pattern_reads_imported_logs_without_naming_its_format() {
         })
         .collect();
     write(&logs.join("a.log"), &text);
+    // A progress bar's log (tqdm's in a SLURM job): every update redrawn
+    // with a carriage return, the epoch's updates one line of the file.
+    let bar: String = (1..=8)
+        .map(|s| {
+            format!(
+                "\rit {s} loss {:.2} speed {}",
+                9.0 - s as f64 * 0.5,
+                200 * s
+            )
+        })
+        .chain(["\n".to_string()])
+        .collect();
+    write(&logs.join("b.log"), &bar);
     let glob = format!("{}/*.log", logs.display());
     let pattern = r"it (?P<step>\d+) loss (?P<loss>[\d.]+) speed (?P<tokens_per_second>\d+)";
     let rows = json_rows(
@@ -689,10 +702,13 @@ fn a_pattern_reads_imported_logs_without_naming_its_format() {
                 "--no-plots",
             ]),
     );
-    // Points 3..8: mean of 300..800.
+    // Points 3..8: mean of 300..800, and of 600..1600.
     assert_eq!(
-        rows[0]["tokens_per_second_mean"].as_f64(),
-        Some(550.0),
+        (
+            rows[0]["tokens_per_second_mean"].as_f64(),
+            rows[1]["tokens_per_second_mean"].as_f64()
+        ),
+        (Some(550.0), Some(1100.0)),
         "{rows:?}"
     );
     let refused = sweep(root.path())

@@ -408,19 +408,51 @@ pub fn read_log(path: &Path, within: Option<&Path>) -> Result<Vec<u8>, String> {
     })
 }
 
-/// The lines of a text log as text: a line with bytes that are not UTF-8 is
-/// decoded with replacement characters, and flagged so that a reader that
-/// would use it can leave it out and say so.
+/// The lines of a text log as text, each with its line number: a line with
+/// bytes that are not UTF-8 is decoded with replacement characters, and
+/// flagged so that a reader that would use it can leave it out and say so.
+/// A carriage return ends a line too: a progress bar (tqdm's, Lightning's)
+/// redraws itself with `\r`, so that a whole epoch of updates — each with
+/// its step and figures — is one line of the file; each update is a line
+/// here, numbered as the file's line it is on.
 pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow<'_, str>, bool)> {
-    bytes.split(|&b| b == b'\n').enumerate().map(|(i, line)| {
-        let valid = std::str::from_utf8(line).is_ok();
-        (i + 1, String::from_utf8_lossy(line), valid)
-    })
+    bytes
+        .split(|&b| b == b'\n')
+        .enumerate()
+        .flat_map(|(i, line)| {
+            line.split(|&b| b == b'\r').map(move |part| {
+                let valid = std::str::from_utf8(part).is_ok();
+                (i + 1, String::from_utf8_lossy(part), valid)
+            })
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_progress_bars_redraws_are_lines_of_their_own() {
+        let log = b"start\r\nit 1 loss=3.5\rit 2 loss=3.4\rit 3 loss=3.3\nbad \xff\rit 4\n";
+        let lines: Vec<(usize, String, bool)> = text_lines(log)
+            .map(|(n, l, valid)| (n, l.into_owned(), valid))
+            .collect();
+        let want = [
+            (1, "start", true),
+            (1, "", true),
+            (2, "it 1 loss=3.5", true),
+            (2, "it 2 loss=3.4", true),
+            (2, "it 3 loss=3.3", true),
+            (3, "bad \u{fffd}", false),
+            (3, "it 4", true),
+            (4, "", true),
+        ];
+        let want: Vec<(usize, String, bool)> = want
+            .iter()
+            .map(|&(n, l, v)| (n, l.to_string(), v))
+            .collect();
+        assert_eq!(lines, want);
+    }
 
     #[test]
     fn implausible_values_are_cleared_and_counted_per_field() {
