@@ -667,7 +667,8 @@ fn outcome(u: &Unit, s: &LocalState, seconds: f64) -> Outcome {
     }
 }
 
-/// The last non-empty line of a log (of its last 4 KiB), cut to 300 characters.
+/// The last non-empty line of a log (of its last 4 KiB; a progress bar's
+/// redrawn update is a line), cut to 300 characters.
 fn last_line(path: &Path) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open(path).ok()?;
@@ -676,7 +677,11 @@ fn last_line(path: &Path) -> Option<String> {
     let mut tail = Vec::new();
     f.read_to_end(&mut tail).ok()?;
     let tail = String::from_utf8_lossy(&tail);
-    let line = tail.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+    let line = tail
+        .split(['\n', '\r'])
+        .rev()
+        .find(|l| !l.trim().is_empty())?
+        .trim();
     Some(line.chars().take(300).collect())
 }
 

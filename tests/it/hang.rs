@@ -244,6 +244,40 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
         .contains("stopped"));
 }
 
+/// A program whose progress is a progress bar (tqdm's in a job's log): each
+/// update redrawn with a carriage return, no newline until the end. Each
+/// update is progress: the run completes under limits far shorter than it,
+/// and its report reads every update.
+#[test]
+fn a_progress_bar_redrawn_in_place_is_progress() {
+    let root = project();
+    let m = root.path().join("bar.toml");
+    write(
+        &m,
+        r#"name = "bar"
+executor = "local"
+command = "for i in 1 2 3 4 5 6 7 8; do printf '\\rstep %d: %d tokens/s' $i $((100 * i)); sleep 1; done; echo"
+[watchdog]
+startup = "4s"
+stall = "4s"
+[report]
+skip_first = 0
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
+    let run = root.path().join("results/bar/run");
+    assert!(!run.join("watchdog.log").exists());
+    let report = run_ok(sweep(root.path()).args(["report", "bar.toml", "--json", "--no-plots"]));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&report)).unwrap();
+    assert_eq!(
+        rows[0]["tokens_per_second_mean"].as_f64(),
+        Some(450.0),
+        "{rows}"
+    );
+}
+
 #[test]
 fn bad_watchdog_values_are_refused_at_plan_time() {
     let root = project();

@@ -5,7 +5,7 @@
 //! run has progressed when its slowest rank has.
 
 use crate::util::heartbeat::{self, Beat};
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -175,7 +175,11 @@ fn slowest(beats: &[Beat], world: Option<usize>) -> u64 {
 }
 
 impl Lines {
-    /// Matching lines among those ended since the last look.
+    /// Matching lines among those ended since the last look. A carriage
+    /// return ends a line too: a progress bar (tqdm's, Lightning's) redraws
+    /// each update with `\r` and ends the file's line only at an epoch's
+    /// end, so that waiting for `\n` would see no progress for an epoch and
+    /// call a run that trains hung.
     fn read(&mut self) -> u64 {
         let Some(log) = &self.log else { return 0 };
         let Ok(mut f) = std::fs::File::open(log) else {
@@ -190,26 +194,24 @@ impl Lines {
         if len == self.offset || f.seek(SeekFrom::Start(self.offset)).is_err() {
             return 0;
         }
-        let mut reader = BufReader::new(f.take(READ_MAX));
+        let mut reader = f.take(READ_MAX);
+        let mut chunk = vec![0u8; 64 << 10];
         let mut n = 0;
         let mut line = std::mem::take(&mut self.partial);
         loop {
-            match reader.read_until(b'\n', &mut line) {
+            let got = match reader.read(&mut chunk) {
                 Ok(0) | Err(_) => break,
-                Ok(read) => {
-                    self.offset += read as u64;
-                    if line.last() != Some(&b'\n') {
-                        break;
-                    }
-                    let text = String::from_utf8_lossy(&line);
-                    let text = text.trim_end();
-                    if self.pattern.is_match(text) {
-                        n += 1;
-                        self.last_match = Some(text.chars().take(300).collect());
-                    }
-                    line.clear();
-                }
+                Ok(got) => got,
+            };
+            self.offset += got as u64;
+            let mut rest = &chunk[..got];
+            while let Some(end) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+                line.extend_from_slice(&rest[..end]);
+                n += u64::from(self.matched(&line));
+                line.clear();
+                rest = &rest[end + 1..];
             }
+            line.extend_from_slice(rest);
         }
         // A line that long is no progress line: its start is dropped.
         if line.len() > 1 << 20 {
@@ -217,6 +219,17 @@ impl Lines {
         }
         self.partial = line;
         n
+    }
+
+    /// Whether an ended line is a progress line (kept as the last one).
+    fn matched(&mut self, line: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(line);
+        let text = text.trim_end();
+        let hit = !text.is_empty() && self.pattern.is_match(text);
+        if hit {
+            self.last_match = Some(text.chars().take(300).collect());
+        }
+        hit
     }
 }
 
@@ -280,6 +293,15 @@ mod tests {
         // Truncated and written again: read from the start.
         std::fs::write(&log, "iter 3\n").unwrap();
         assert_eq!(lines.read(), 1);
+        // A progress bar: each update redrawn with a carriage return, the
+        // file's line ended only at the epoch's end.
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        write!(f, "\riter 4: 1%\riter 5: 2%\rit").unwrap();
+        assert_eq!(lines.read(), 2);
+        assert_eq!(lines.last_match.as_deref(), Some("iter 5: 2%"));
+        write!(f, "er 6: 3%\r\n").unwrap();
+        assert_eq!(lines.read(), 1);
+        assert_eq!(lines.last_match.as_deref(), Some("iter 6: 3%"));
     }
 
     #[test]
