@@ -300,9 +300,17 @@ pub fn decide(
     d
 }
 
-/// The environment every job gets besides the manifest's variables.
+/// The environment every local job gets besides the manifest's variables
+/// (which come last and win), as the job script's prologue exports it.
 pub fn job_env(unit: &Unit) -> Vec<(String, String)> {
     let mut env = vec![("SWEEP_RUN_DIR".to_string(), unit.dir.display().to_string())];
+    // Python block-buffers what it prints into a file (a job's log): a
+    // script's progress lines would reach the log 8 KB at a time, minutes
+    // apart for slow steps, and the watchdog would call the run hung between
+    // two bursts. Unbuffered, unless the environment already says.
+    if std::env::var_os("PYTHONUNBUFFERED").is_none() {
+        env.push(("PYTHONUNBUFFERED".to_string(), "1".to_string()));
+    }
     env.extend(unit.slurm.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
 }

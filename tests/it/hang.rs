@@ -278,6 +278,37 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
     );
 }
 
+/// A Python script that prints its progress without flushing (Python
+/// buffers a file 8 KB at a time): its lines reach the log as they are
+/// printed, so the run is not hung between two buffers' worth.
+#[test]
+fn a_python_scripts_unflushed_prints_are_progress() {
+    let root = project();
+    let m = root.path().join("py.toml");
+    write(
+        &m,
+        r#"name = "py"
+executor = "local"
+command = "python3 -c 'import time\nfor i in range(1, 9):\n    print(f\"step {i}: {100 * i} tokens/s\")\n    time.sleep(1)'"
+[watchdog]
+startup = "4s"
+stall = "4s"
+[report]
+skip_first = 0
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    // As a login shell starts it (this suite's own environment may set it).
+    run_ok(
+        sweep(root.path())
+            .env_remove("PYTHONUNBUFFERED")
+            .arg("submit")
+            .arg(&m),
+    );
+    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
+    assert!(!root.path().join("results/py/run/watchdog.log").exists());
+}
+
 #[test]
 fn bad_watchdog_values_are_refused_at_plan_time() {
     let root = project();
