@@ -4,6 +4,8 @@
 
 use crate::executor::State;
 use crate::report::ingest::jsonl::last_point;
+use crate::report::ingest::pattern::{self, Pattern};
+use crate::report::ingest::Point;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -15,6 +17,20 @@ pub struct Tracked {
     pub dir: PathBuf,
     /// Training steps, when the run uses the built-in trainer.
     pub steps: Option<usize>,
+    /// How a command's log says its progress (`[report] line_pattern`):
+    /// read from its log, where the trainer's is read from `metrics.jsonl`.
+    pub pattern: Option<std::sync::Arc<Pattern>>,
+}
+
+impl Tracked {
+    /// Its latest point, and whether the point's step is the run's own.
+    fn latest(&self) -> Option<(Point, bool)> {
+        match &self.pattern {
+            Some(p) => pattern::last_point(p, &self.dir).map(|x| (x, p.has_step())),
+            None => last_point(&self.dir.join(crate::train::run::record::METRICS_FILE))
+                .map(|x| (x, true)),
+        }
+    }
 }
 
 pub struct LiveView {
@@ -61,14 +77,19 @@ impl LiveView {
         );
         let mut lines = Vec::new();
         for (i, (run, state)) in self.runs.iter().zip(states).enumerate() {
-            let point = (*state == State::Running)
-                .then(|| last_point(&run.dir.join(crate::train::run::record::METRICS_FILE)))
-                .flatten();
-            let progress = match &point {
-                Some(p) => format!(
-                    "step {}{} | loss {} | {} tokens/s",
-                    p.step,
-                    run.steps.map(|s| format!("/{s}")).unwrap_or_default(),
+            let latest = (*state == State::Running).then(|| run.latest()).flatten();
+            let point = latest.as_ref().map(|(p, _)| p);
+            let progress = match latest.as_ref() {
+                Some((p, stepped)) => format!(
+                    "{}loss {} | {} tokens/s",
+                    match stepped {
+                        true => format!(
+                            "step {}{} | ",
+                            p.step,
+                            run.steps.map(|s| format!("/{s}")).unwrap_or_default()
+                        ),
+                        false => String::new(),
+                    },
                     p.loss
                         .map(|l| format!("{l:.4}"))
                         .unwrap_or_else(|| "-".into()),
@@ -90,7 +111,7 @@ impl LiveView {
                         b.set_prefix(run.name.clone());
                         b
                     });
-                    bar.set_position(point.as_ref().map_or(0, |p| p.step as u64));
+                    bar.set_position(point.map_or(0, |p| p.step as u64));
                     bar.set_message(progress);
                 }
                 (Some(_), false) => {

@@ -174,7 +174,9 @@ fn load_planned(plan: &Plan) -> Result<(String, Vec<RunLog>, Spec)> {
 
 /// How a command study's logs are read: its `[report] line_pattern` with
 /// its roles (none: `metrics.jsonl`, for programs that write sweep's own).
-fn command_pattern(rs: &crate::manifest::ReportSpec) -> Result<Option<ingest::pattern::Pattern>> {
+pub(super) fn command_pattern(
+    rs: &crate::manifest::ReportSpec,
+) -> Result<Option<ingest::pattern::Pattern>> {
     rs.line_pattern
         .as_deref()
         .map(|p| ingest::pattern::Pattern::new(p, &rs.roles()).map_err(anyhow::Error::msg))

@@ -247,6 +247,16 @@ fn check_outputs(
     Ok(())
 }
 
+/// How a command study's running jobs say their progress in their logs
+/// (its `[report] line_pattern`), for the live view; none for the trainer's
+/// studies, which write `metrics.jsonl`.
+pub fn progress_pattern(plan: &crate::plan::Plan) -> Option<ingest::pattern::Pattern> {
+    match &plan.manifest.mode {
+        crate::manifest::Mode::Command(_) => load::command_pattern(&plan.manifest.report).ok()?,
+        crate::manifest::Mode::Train(_) => None,
+    }
+}
+
 /// The directory a study's runs live in (None for imported logs, or when it
 /// cannot be found: the loading that follows says why).
 pub fn study_dir(source: &Source) -> Option<PathBuf> {

@@ -235,8 +235,15 @@ command = "for i in 1 2 3 4; do echo \"step $i: 100 tokens/s\"; sleep 20; done"
 line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
 "#,
     );
-    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let out = run_ok(sweep(root.path()).arg("run").arg(&m));
     assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
+    // The live view (a block every 15 s in a log) reads a command's
+    // progress from its log by its pattern.
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("  run: step ") && said.contains("| loss - | 100 tokens/s"),
+        "{said}"
+    );
     let run = root.path().join("results/slow/run");
     assert!(!run.join("watchdog.log").exists());
     assert!(!std::fs::read_to_string(run.join("run.json"))

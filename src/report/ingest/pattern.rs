@@ -31,6 +31,11 @@ impl Pattern {
         self.re.as_str()
     }
 
+    /// Whether its lines say their step (else steps are counted).
+    pub fn has_step(&self) -> bool {
+        self.re.capture_names().flatten().any(|g| g == "step")
+    }
+
     pub fn new(pattern: &str, roles: &Roles) -> Result<Pattern, String> {
         let re = crate::util::text::regex(pattern)?;
         let groups: Vec<&str> = re.capture_names().flatten().collect();
@@ -102,9 +107,63 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
     (points, omitted)
 }
 
+/// The last point of a running command's log (the newest `*.out` in its
+/// directory, its last 64 KiB: a progress bar's updates are lines), for the
+/// live view; `None` before its first matching line.
+pub fn last_point(pattern: &Pattern, dir: &std::path::Path) -> Option<Point> {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 64 << 10;
+    let log = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
+        .filter_map(|e| Some((e.metadata().ok()?, e.path())))
+        .filter(|(m, _)| m.is_file())
+        .max_by_key(|(m, _)| m.modified().ok())?
+        .1;
+    let mut f = std::fs::File::open(log).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
+    let mut tail = Vec::new();
+    f.take(TAIL).read_to_end(&mut tail).ok()?;
+    // The tail's first line may be cut: it is left out.
+    let start = match len > TAIL {
+        true => tail
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+            .map_or(tail.len(), |i| i + 1),
+        false => 0,
+    };
+    parse(pattern, &tail[start..]).0.pop()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_commands_last_point_is_read_from_its_newest_log() {
+        let d = tempfile::tempdir().unwrap();
+        let re = pattern(r"it (?P<step>\d+): (?P<tokens_per_second>[\d.]+) tok/s");
+        assert!(re.has_step() && !pattern(r"(?P<loss>[\d.]+)").has_step());
+        assert_eq!(last_point(&re, d.path()), None, "no log yet");
+        let old = d.path().join("old.out");
+        std::fs::write(&old, "it 99: 1 tok/s\n").unwrap();
+        let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .and_then(|f| f.set_modified(an_hour_ago))
+            .unwrap();
+        let long = "x".repeat(70 << 10);
+        std::fs::write(
+            d.path().join("job-7.out"),
+            format!("{long}\rit 1: 10 tok/s\rit 2: 12.5 tok/s\rnoise"),
+        )
+        .unwrap();
+        let p = last_point(&re, d.path()).unwrap();
+        assert_eq!((p.step, p.tokens_per_second), (2.0, Some(12.5)));
+    }
 
     fn pattern(re: &str) -> Pattern {
         Pattern::new(re, &Roles::default()).unwrap()
