@@ -375,6 +375,8 @@ SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=3600
+# Small, as some sites keep it: a study's larger arrays go out split (the tests see it).
+MaxArraySize=8
 KillWait=5
 MailProg=/bin/true
 $gres_types

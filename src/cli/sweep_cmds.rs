@@ -348,9 +348,10 @@ fn print_event(e: Event<'_>, dry_run: bool) -> Result<()> {
             };
             // A dry run's stage jobs have no id yet: their stages' names.
             let after = match (dry_run, job.after_stages.is_empty()) {
-                (_, true) => String::new(),
+                (true, true) => String::new(),
                 (true, false) => format!(" after {}", job.after_stages.join(", ")),
-                (false, false) => format!(" after job {}", job.depends_on.join(",")),
+                (false, _) if job.depends_on.is_empty() => String::new(),
+                (false, _) => format!(" after job {}", job.depends_on.join(",")),
             };
             if dry_run {
                 let written = if job.array || job.block.is_some() {

@@ -34,7 +34,9 @@ pub struct Sbatch {
     pub array: bool,
     /// The block it runs, packed (`[slurm] pack`).
     pub block: Option<u32>,
-    /// The job ids it waits for (`afterok`).
+    /// The job ids it waits for: its stages' (`afterok`), and the array
+    /// before it where a throttled group larger than the cluster's
+    /// MaxArraySize goes out as several (`afterany`).
     pub depends_on: Vec<String>,
     /// The stages whose jobs those are, by name (what a dry run, without
     /// ids, can say).
@@ -150,9 +152,23 @@ fn submit_stages(
 
 /// `--dependency=afterok:…` for the jobs `dep` names, if any.
 fn after(dep: &[String]) -> Vec<String> {
-    match dep.is_empty() {
+    after_and(dep, None)
+}
+
+/// `--dependency` for the jobs `dep` names (`afterok`) and, where given, a
+/// job to wait for however it ends (`afterany`): one option, as sbatch
+/// keeps only the last `--dependency` it is given.
+fn after_and(dep: &[String], any: Option<&str>) -> Vec<String> {
+    let mut parts = Vec::new();
+    if !dep.is_empty() {
+        parts.push(format!("afterok:{}", dep.join(":")));
+    }
+    if let Some(job) = any {
+        parts.push(format!("afterany:{job}"));
+    }
+    match parts.is_empty() {
         true => Vec::new(),
-        false => vec![format!("--dependency=afterok:{}", dep.join(":"))],
+        false => vec![format!("--dependency={}", parts.join(","))],
     }
 }
 
@@ -218,54 +234,104 @@ fn submit_arrays(
             .or_default()
             .push(i);
     }
+    // An array's task indices run below the cluster's MaxArraySize: a larger
+    // group goes out as several arrays, each after the one before where a
+    // throttle holds (`%N` is per array: chained, N stays the most at once).
+    let max = match dry_run || groups.values().all(|m| m.len() < 2) {
+        true => crate::util::slurm::DEFAULT_MAX_ARRAY_SIZE,
+        false => crate::util::slurm::max_array_size(),
+    };
     for ((head, throttle, exclude), members) in groups {
-        let (dep, after_stages) = waits_for(units, &members, stage_jobs);
-        let mut args = after(&dep);
-        if !exclude.is_empty() {
-            args.push(format!("--exclude={}", exclude.join(",")));
+        let mut previous: Option<String> = None;
+        for chunk in members.chunks(max) {
+            let chained = previous.as_deref().filter(|_| throttle.is_some());
+            let job = ArrayJob {
+                head: &head,
+                throttle,
+                exclude: &exclude,
+                after: chained,
+            };
+            let id = submit_array(study_dir, units, chunk, job, stage_jobs, dry_run, subs)?;
+            previous = Some(id);
         }
-        if members.len() == 1 {
-            let u = &mut units[members[0]];
-            let script = u.dir.join(crate::layout::JOB_SBATCH);
-            let id = sbatch(&args, &script, dry_run)?;
-            if !dry_run {
-                u.record_job(ExecutorKind::Slurm, id.clone())?;
-            }
-            subs.push(Sbatch {
-                job_id: id,
-                script,
-                units: vec![u.name.clone()],
-                array: false,
-                block: None,
-                after_stages: after_stages.clone(),
-                depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
-            });
-            continue;
-        }
-        let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
-        let script = super::scripts::array(study_dir, &head, &dirs, dry_run)?;
-        let mut range = format!("--array=0-{}", members.len() - 1);
-        if let Some(t) = throttle {
-            range.push_str(&format!("%{t}"));
-        }
-        args.push(range);
-        let id = sbatch(&args, &script, dry_run)?;
-        if !dry_run {
-            for (k, &i) in members.iter().enumerate() {
-                units[i].record_job(ExecutorKind::Slurm, format!("{id}_{k}"))?;
-            }
-        }
-        subs.push(Sbatch {
-            job_id: id,
-            script,
-            units: members.iter().map(|&i| units[i].name.clone()).collect(),
-            array: true,
-            block: None,
-            after_stages,
-            depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
-        });
     }
     Ok(())
+}
+
+/// What one array of a group shares: its `#SBATCH` header, throttle and
+/// nodes left out, and the array before it to wait for, if any.
+struct ArrayJob<'a> {
+    head: &'a [String],
+    throttle: Option<u32>,
+    exclude: &'a [String],
+    after: Option<&'a str>,
+}
+
+/// One array of the runs `members` (a run alone: its own job), after the
+/// stages they need and, where given, after the array before it.
+fn submit_array(
+    study_dir: &Path,
+    units: &mut [Unit],
+    members: &[usize],
+    job: ArrayJob<'_>,
+    stage_jobs: &HashMap<usize, String>,
+    dry_run: bool,
+    subs: &mut Vec<Sbatch>,
+) -> Result<String> {
+    let (dep, after_stages) = waits_for(units, members, stage_jobs);
+    let mut args = after_and(&dep, job.after);
+    if !job.exclude.is_empty() {
+        args.push(format!("--exclude={}", job.exclude.join(",")));
+    }
+    if members.len() == 1 {
+        let u = &mut units[members[0]];
+        let script = u.dir.join(crate::layout::JOB_SBATCH);
+        let id = sbatch(&args, &script, dry_run)?;
+        if !dry_run {
+            u.record_job(ExecutorKind::Slurm, id.clone())?;
+        }
+        subs.push(Sbatch {
+            job_id: id.clone(),
+            script,
+            units: vec![u.name.clone()],
+            array: false,
+            block: None,
+            after_stages,
+            depends_on: waited(dep, job.after, dry_run),
+        });
+        return Ok(id);
+    }
+    let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
+    let script = super::scripts::array(study_dir, job.head, &dirs, dry_run)?;
+    let mut range = format!("--array=0-{}", members.len() - 1);
+    if let Some(t) = job.throttle {
+        range.push_str(&format!("%{t}"));
+    }
+    args.push(range);
+    let id = sbatch(&args, &script, dry_run)?;
+    if !dry_run {
+        for (k, &i) in members.iter().enumerate() {
+            units[i].record_job(ExecutorKind::Slurm, format!("{id}_{k}"))?;
+        }
+    }
+    subs.push(Sbatch {
+        job_id: id.clone(),
+        script,
+        units: members.iter().map(|&i| units[i].name.clone()).collect(),
+        array: true,
+        block: None,
+        after_stages,
+        depends_on: waited(dep, job.after, dry_run),
+    });
+    Ok(id)
+}
+
+/// The jobs a submitted job waits for, as submitted (none on a dry run).
+fn waited(dep: Vec<String>, after: Option<&str>, dry_run: bool) -> Vec<String> {
+    match dry_run {
+        true => Vec::new(),
+        false => dep.into_iter().chain(after.map(str::to_string)).collect(),
+    }
 }
 
 /// The nodes a run that hung leaves out when it runs again: those its

@@ -1,9 +1,36 @@
-//! What SLURM says about an allocation's nodes: their names and the
+//! What SLURM says about an allocation's nodes — their names and the
 //! address another node reaches each by (the launch doctor's master; where
-//! the ranks of a step meet once out of `MPI_Init`).
+//! the ranks of a step meet once out of `MPI_Init`) — and about the
+//! cluster's limits (how large a job array may be).
 
 use std::net::{IpAddr, ToSocketAddrs};
 use std::process::Command;
+
+/// SLURM's own default MaxArraySize: an array's indices run below it.
+pub const DEFAULT_MAX_ARRAY_SIZE: usize = 1001;
+
+/// The most tasks one job array may have on this cluster (its
+/// `MaxArraySize`; SLURM's default where `scontrol show config` cannot say).
+pub fn max_array_size() -> usize {
+    Command::new("scontrol")
+        .args(["show", "config"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| parse_max_array_size(&String::from_utf8_lossy(&o.stdout)))
+        .unwrap_or(DEFAULT_MAX_ARRAY_SIZE)
+}
+
+/// `MaxArraySize = N` of `scontrol show config`'s output, where N > 0.
+fn parse_max_array_size(config: &str) -> Option<usize> {
+    config.lines().find_map(|l| {
+        let (key, value) = l.split_once('=')?;
+        (key.trim() == "MaxArraySize")
+            .then(|| value.trim().parse().ok())
+            .flatten()
+            .filter(|&n: &usize| n > 0)
+    })
+}
 
 /// The nodes of a SLURM node list (`node[1-2]`), in its order.
 pub fn hostnames(list: &str) -> Result<Vec<String>, String> {
@@ -81,5 +108,13 @@ mod tests {
         let real: IpAddr = "10.1.2.3".parse().unwrap();
         assert_eq!(usable(&[lo, v6lo]), None);
         assert_eq!(usable(&[lo, real]), Some(real));
+    }
+
+    #[test]
+    fn max_array_size_is_read_from_the_clusters_config() {
+        let config = "Configuration data as of 2026-11-29T00:00:00\nMaxArraySize            = 5\nMaxJobCount             = 10000\n";
+        assert_eq!(parse_max_array_size(config), Some(5));
+        assert_eq!(parse_max_array_size("MaxArraySize = 0\n"), None);
+        assert_eq!(parse_max_array_size("MaxJobCount = 10\n"), None);
     }
 }

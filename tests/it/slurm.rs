@@ -94,6 +94,42 @@ fn an_array_with_a_failing_task_and_three_submissions_without_duplicates() {
     wait_until_done(root.path(), &m, 60);
 }
 
+/// More runs than the cluster's MaxArraySize (the test cluster's is 8, as
+/// scripts/local-slurm.sh writes it): several arrays, each after the one
+/// before it where a throttle holds, and every run once.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_group_larger_than_max_array_size_goes_out_as_several_arrays() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    let name = format!("sweep-test-big-{}", std::process::id());
+    write(&m, &format!("name = \"big\"\ncommand = \"echo run {{{{ x }}}}\"\n[sweep.grid]\nx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\narray_throttle = 3\n"));
+    let out = submit_slurm(root.path(), &m);
+    let first = out
+        .lines()
+        .find(|l| l.contains("array of 8 runs"))
+        .unwrap_or_else(|| panic!("{out}"));
+    let id = first
+        .trim_start_matches("submitted job ")
+        .split(':')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        out.contains(&format!("array of 2 runs after job {id}")),
+        "{out}"
+    );
+    assert_eq!(jobs_named(&name), 10, "ten array tasks");
+    let s = wait_until_done(root.path(), &m, 90);
+    assert!(
+        s.values()
+            .all(|(st, code)| st == "COMPLETED" && *code == Some(0)),
+        "{s:?}"
+    );
+    assert_eq!(s.len(), 10);
+}
+
 #[test]
 #[ignore = "needs the local SLURM cluster"]
 fn runs_wait_for_their_stage_and_are_cancelled_when_it_fails() {
