@@ -251,32 +251,47 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
         .contains("stopped"));
 }
 
-/// A program whose progress is a progress bar (tqdm's in a job's log): each
-/// update redrawn with a carriage return, no newline until the end. Each
-/// update is progress: the run completes under limits far shorter than it,
-/// and its report reads every update.
-#[test]
-fn a_progress_bar_redrawn_in_place_is_progress() {
+/// A study of one command run under watchdog limits far shorter than it
+/// (4 s; it prints a progress line a second for 8 s), submitted from an
+/// environment without PYTHONUNBUFFERED (as a login shell's; this suite's
+/// may set it): it completes, never stopped, and its report reads every
+/// line (tokens/s 100, 200, ... 800: a mean of 450).
+fn completes_under_short_limits(name: &str, command: &str) {
     let root = project();
-    let m = root.path().join("bar.toml");
+    let m = root.path().join(format!("{name}.toml"));
     write(
         &m,
-        r#"name = "bar"
+        &format!(
+            r#"name = "{name}"
 executor = "local"
-command = "for i in 1 2 3 4 5 6 7 8; do printf '\\rstep %d: %d tokens/s' $i $((100 * i)); sleep 1; done; echo"
+command = "{command}"
 [watchdog]
 startup = "4s"
 stall = "4s"
 [report]
 skip_first = 0
 line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
-"#,
+"#
+        ),
     );
-    run_ok(sweep(root.path()).arg("submit").arg(&m));
-    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
-    let run = root.path().join("results/bar/run");
-    assert!(!run.join("watchdog.log").exists());
-    let report = run_ok(sweep(root.path()).args(["report", "bar.toml", "--json", "--no-plots"]));
+    let submit = sweep(root.path())
+        .env_remove("PYTHONUNBUFFERED")
+        .arg("submit")
+        .arg(&m)
+        .output()
+        .unwrap();
+    assert_eq!(
+        status(root.path(), &m)["run"].0,
+        "COMPLETED",
+        "{}",
+        String::from_utf8_lossy(&submit.stderr)
+    );
+    assert!(!root
+        .path()
+        .join(format!("results/{name}/run/watchdog.log"))
+        .exists());
+    let report =
+        run_ok(sweep(root.path()).args(["report", m.to_str().unwrap(), "--json", "--no-plots"]));
     let rows: serde_json::Value = serde_json::from_str(&stdout(&report)).unwrap();
     assert_eq!(
         rows[0]["tokens_per_second_mean"].as_f64(),
@@ -285,35 +300,24 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
     );
 }
 
+/// A progress bar (tqdm's in a job's log): each update redrawn with a
+/// carriage return, no newline until the end. Each update is progress.
+#[test]
+fn a_progress_bar_redrawn_in_place_is_progress() {
+    completes_under_short_limits(
+        "bar",
+        r"for i in 1 2 3 4 5 6 7 8; do printf '\\rstep %d: %d tokens/s' $i $((100 * i)); sleep 1; done; echo",
+    );
+}
+
 /// A Python script that prints its progress without flushing (Python
-/// buffers a file 8 KB at a time): its lines reach the log as they are
-/// printed, so the run is not hung between two buffers' worth.
+/// buffers a file 8 KB at a time): its lines reach the log as printed.
 #[test]
 fn a_python_scripts_unflushed_prints_are_progress() {
-    let root = project();
-    let m = root.path().join("py.toml");
-    write(
-        &m,
-        r#"name = "py"
-executor = "local"
-command = "python3 -c 'import time\nfor i in range(1, 9):\n    print(f\"step {i}: {100 * i} tokens/s\")\n    time.sleep(1)'"
-[watchdog]
-startup = "4s"
-stall = "4s"
-[report]
-skip_first = 0
-line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
-"#,
+    completes_under_short_limits(
+        "py",
+        r#"python3 -c 'import time\nfor i in range(1, 9):\n    print(f\"step {i}: {100 * i} tokens/s\")\n    time.sleep(1)'"#,
     );
-    // As a login shell starts it (this suite's own environment may set it).
-    run_ok(
-        sweep(root.path())
-            .env_remove("PYTHONUNBUFFERED")
-            .arg("submit")
-            .arg(&m),
-    );
-    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
-    assert!(!root.path().join("results/py/run/watchdog.log").exists());
 }
 
 #[test]
