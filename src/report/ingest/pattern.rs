@@ -111,8 +111,7 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
 /// directory, its last 64 KiB: a progress bar's updates are lines), for the
 /// live view; `None` before its first matching line.
 pub fn last_point(pattern: &Pattern, dir: &std::path::Path) -> Option<Point> {
-    use std::io::{Read, Seek, SeekFrom};
-    const TAIL: u64 = 64 << 10;
+    const TAIL: usize = 64 << 10;
     let log = std::fs::read_dir(dir)
         .ok()?
         .flatten()
@@ -121,20 +120,18 @@ pub fn last_point(pattern: &Pattern, dir: &std::path::Path) -> Option<Point> {
         .filter(|(m, _)| m.is_file())
         .max_by_key(|(m, _)| m.modified().ok())?
         .1;
-    let mut f = std::fs::File::open(log).ok()?;
-    let len = f.metadata().ok()?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
-    let mut tail = Vec::new();
-    f.take(TAIL).read_to_end(&mut tail).ok()?;
-    // The tail's first line may be cut: it is left out.
-    let start = match len > TAIL {
-        true => tail
-            .iter()
-            .position(|&b| b == b'\n' || b == b'\r')
-            .map_or(tail.len(), |i| i + 1),
-        false => 0,
+    // One byte more than the tail says whether the tail was cut; a cut
+    // first line is left out.
+    let read = crate::util::fs::read_tail(&log, TAIL as u64 + 1).ok()?;
+    let tail = match read.len() > TAIL {
+        true => {
+            let tail = &read[1..];
+            let first = tail.iter().position(|&b| b == b'\n' || b == b'\r');
+            &tail[first.map_or(tail.len(), |i| i + 1)..]
+        }
+        false => &read[..],
     };
-    parse(pattern, &tail[start..]).0.pop()
+    parse(pattern, tail).0.pop()
 }
 
 #[cfg(test)]
