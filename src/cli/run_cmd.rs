@@ -57,32 +57,28 @@ pub fn run(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<ExitCo
 /// Every unit as the live view follows it (training runs with their step
 /// count, command runs with the pattern their log is read by).
 fn tracked(sub: &Submission) -> Vec<Tracked> {
-    let steps: HashMap<&Path, usize> = sub
+    let jobs: HashMap<&Path, &Job> = sub
         .plan
         .runs
         .iter()
-        .filter_map(|r| match &r.job {
-            Job::Train(c) => Some((r.dir.as_path(), c.training_steps)),
-            _ => None,
-        })
+        .map(|r| (r.dir.as_path(), &r.job))
         .collect();
     let pattern = report::progress_pattern(&sub.plan).map(std::sync::Arc::new);
-    let commands: std::collections::HashSet<&Path> = sub
-        .plan
-        .runs
-        .iter()
-        .filter(|r| matches!(r.job, Job::Command(_)))
-        .map(|r| r.dir.as_path())
-        .collect();
     sub.units
         .iter()
-        .map(|u| Tracked {
-            name: u.name.clone(),
-            dir: u.dir.clone(),
-            steps: steps.get(u.dir.as_path()).copied(),
-            pattern: pattern
-                .clone()
-                .filter(|_| commands.contains(u.dir.as_path())),
+        .map(|u| {
+            let job = jobs.get(u.dir.as_path());
+            Tracked {
+                name: u.name.clone(),
+                dir: u.dir.clone(),
+                steps: match job {
+                    Some(Job::Train(c)) => Some(c.training_steps),
+                    _ => None,
+                },
+                pattern: pattern
+                    .clone()
+                    .filter(|_| matches!(job, Some(Job::Command(_)))),
+            }
         })
         .collect()
 }
