@@ -60,40 +60,37 @@ impl Engine {
             if matches!(state.auto_escape(), AutoEscape::Custom(name) if name == SH)
                 && !value.is_safe()
             {
-                if value.kind() == minijinja::value::ValueKind::Map {
-                    // `{{ run }}` for `{{ run.name }}`: a dump of the table
-                    // would reach the program as one garbled word.
-                    let fields: Vec<String> = value
-                        .try_iter()
-                        .map(|keys| keys.map(|k| k.to_string()).collect())
-                        .unwrap_or_default();
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        format!(
-                            "a table of values ({}), not one value: write one of its fields, e.g. `.{}`",
-                            fields.join(", "),
-                            fields.first().map_or("name", String::as_str)
-                        ),
-                    ));
-                }
-                let s = display(value);
-                if let Some(c) = crate::util::text::forbidden_char(&s, false) {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        format!(
-                            "the value `{}` contains {}: a job script takes one-line values only",
-                            s.escape_debug(),
-                            crate::util::text::describe_char(c)
-                        ),
-                    ));
-                }
-                out.write_str(&shell_quote(&s)).map_err(Error::from)
+                out.write_str(&shell_quote(&shell_text(value)?))
+                    .map_err(Error::from)
             } else {
                 minijinja::escape_formatter(out, state, value)
             }
         });
         env.add_filter("shquote", |v: Value| {
             Value::from_safe_string(shell_quote(&display(&v)))
+        });
+        // A value written inside quotes in a command line (see
+        // `add_command`): escaped for those quotes, so that it stays the
+        // text between them whatever it holds.
+        env.add_filter(IN_SINGLE_QUOTES, |v: Value| -> Result<Value, Error> {
+            if v.is_safe() {
+                return Ok(v);
+            }
+            let s = shell_text(&v)?.replace('\'', r"'\''");
+            Ok(Value::from_safe_string(s))
+        });
+        env.add_filter(IN_DOUBLE_QUOTES, |v: Value| -> Result<Value, Error> {
+            if v.is_safe() {
+                return Ok(v);
+            }
+            let mut s = String::new();
+            for c in shell_text(&v)?.chars() {
+                if matches!(c, '\\' | '"' | '$' | '`') {
+                    s.push('\\');
+                }
+                s.push(c);
+            }
+            Ok(Value::from_safe_string(s))
         });
         Engine { env }
     }
@@ -102,6 +99,16 @@ impl Engine {
     pub fn add(&mut self, name: &str, source: &str) -> Result<(), Error> {
         self.env
             .add_template_owned(name.to_string(), source.to_string())
+    }
+
+    /// Adds a command line: like [`Engine::add`], but a value written inside
+    /// quotes (`--data "{{ dataset }}"`, `--tag '{{ tag }}'`) is escaped for
+    /// those quotes rather than quoted again, so it reaches the program as
+    /// the text between them. Researchers quote out of habit; a second pair
+    /// of quotes would work for a plain value and split or keep its quotes
+    /// the day a value holds a space.
+    pub fn add_command(&mut self, name: &str, source: &str) -> Result<(), Error> {
+        self.add(name, &escape_for_quotes(source))
     }
 
     /// Steps one render may take ([`VALUE_FUEL`] unless set).
@@ -171,6 +178,140 @@ pub fn context<T: serde::Serialize>(value: &T) -> Value {
 
 fn is_template(src: &str) -> bool {
     src.contains("{{") || src.contains("{%")
+}
+
+/// A value as the text a script may hold: one value (not a table), on one
+/// line.
+fn shell_text(value: &Value) -> Result<String, Error> {
+    if value.kind() == minijinja::value::ValueKind::Map {
+        // `{{ run }}` for `{{ run.name }}`: a dump of the table would reach
+        // the program as one garbled word.
+        let fields: Vec<String> = value
+            .try_iter()
+            .map(|keys| keys.map(|k| k.to_string()).collect())
+            .unwrap_or_default();
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "a table of values ({}), not one value: write one of its fields, e.g. `.{}`",
+                fields.join(", "),
+                fields.first().map_or("name", String::as_str)
+            ),
+        ));
+    }
+    let s = display(value);
+    if let Some(c) = crate::util::text::forbidden_char(&s, false) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "the value `{}` contains {}: a job script takes one-line values only",
+                s.escape_debug(),
+                crate::util::text::describe_char(c)
+            ),
+        ));
+    }
+    Ok(s)
+}
+
+const IN_SINGLE_QUOTES: &str = "in_single_quotes";
+const IN_DOUBLE_QUOTES: &str = "in_double_quotes";
+
+/// Rewrites each `{{ expr }}` that stands inside shell quotes in a command
+/// template to `{{ (expr)|in_single_quotes }}` or `|in_double_quotes`. The
+/// quotes are followed through the template's text as bash reads it
+/// (backslashes, comments); tags and `{% %}` blocks are passed over, so a
+/// quote opened in one branch of an `if` is not seen. Lines are kept, so
+/// errors keep their line numbers.
+fn escape_for_quotes(src: &str) -> String {
+    #[derive(PartialEq)]
+    enum Quote {
+        None,
+        Single,
+        Double,
+    }
+    let mut out = String::with_capacity(src.len());
+    let mut quote = Quote::None;
+    // Whether a `#` here would start a comment (bash: at a word's start).
+    let mut word_start = true;
+    let mut rest = src;
+    while let Some(c) = rest.chars().next() {
+        if let Some(tag) = ["{{", "{%", "{#"].iter().find(|t| rest.starts_with(**t)) {
+            let close = match *tag {
+                "{{" => "}}",
+                "{%" => "%}",
+                _ => "#}",
+            };
+            let Some(end) = tag_end(rest, close) else {
+                out.push_str(rest); // unclosed: minijinja says where
+                break;
+            };
+            let whole = &rest[..end + 2];
+            let filter = match quote {
+                Quote::Single => Some(IN_SINGLE_QUOTES),
+                Quote::Double => Some(IN_DOUBLE_QUOTES),
+                Quote::None => None,
+            };
+            match filter {
+                Some(filter) if *tag == "{{" => {
+                    let inner = &whole[2..whole.len() - 2];
+                    let (open, inner) = match inner.strip_prefix(['-', '+']) {
+                        Some(x) => (&inner[..1], x),
+                        None => ("", inner),
+                    };
+                    let (inner, shut) = match inner.strip_suffix(['-', '+']) {
+                        Some(x) => (x, &inner[inner.len() - 1..]),
+                        None => (inner, ""),
+                    };
+                    out.push_str(&format!("{{{{{open} ({inner})|{filter} {shut}}}}}"));
+                }
+                _ => out.push_str(whole),
+            }
+            rest = &rest[whole.len()..];
+            word_start = false;
+            continue;
+        }
+        let mut len = c.len_utf8();
+        match quote {
+            Quote::None => match c {
+                '\\' => len += rest[1..].chars().next().map_or(0, char::len_utf8),
+                '\'' => quote = Quote::Single,
+                '"' => quote = Quote::Double,
+                '#' if word_start => len = rest.find('\n').unwrap_or(rest.len()),
+                _ => {}
+            },
+            Quote::Single if c == '\'' => quote = Quote::None,
+            Quote::Double => match c {
+                '\\' => len += rest[1..].chars().next().map_or(0, char::len_utf8),
+                '"' => quote = Quote::None,
+                _ => {}
+            },
+            Quote::Single => {}
+        }
+        word_start = quote == Quote::None && (c.is_whitespace() || ";&|()".contains(c));
+        out.push_str(&rest[..len]);
+        rest = &rest[len..];
+    }
+    out
+}
+
+/// Where `close` ends the tag that `rest` starts with, past any string
+/// literal inside the tag.
+fn tag_end(rest: &str, close: &str) -> Option<usize> {
+    let mut in_string: Option<char> = None;
+    let mut chars = rest.char_indices().skip(2);
+    while let Some((i, c)) = chars.next() {
+        match in_string {
+            Some(_) if c == '\\' => {
+                chars.next();
+            }
+            Some(q) if c == q => in_string = None,
+            Some(_) => {}
+            None if c == '\'' || c == '"' => in_string = Some(c),
+            None if rest[i..].starts_with(close) => return Some(i),
+            None => {}
+        }
+    }
+    None
 }
 
 fn display(v: &Value) -> String {
@@ -339,6 +480,51 @@ mod tests {
         );
         e.add("y.sh", "echo {{ run.name }}\n").unwrap();
         assert_eq!(e.render("y.sh", &ctx).unwrap(), "echo r\n");
+    }
+
+    #[test]
+    fn a_value_inside_quotes_is_the_text_between_them() {
+        let mut e = Engine::new();
+        let values = [
+            "plain",
+            "a b",
+            "it's",
+            "say \"hi\"",
+            "$HOME",
+            "`id`",
+            "$(id)",
+            "back\\slash",
+            "!x",
+            "",
+        ];
+        let command = concat!(
+            "# don't: a comment's apostrophe opens nothing\n",
+            "printf '%s|' {{ v }} '{{ v }}' \"{{ v }}\" --x='{{ v }}' \"--y={{- v -}}\" ",
+            "'pre {{ v }} post' \"{{ 'lit\"' }}{{ v }}\" \\'{{ v }}\\' {% if true %}\"{{ v|upper }}\"{% endif %}"
+        );
+        e.add_command("command", command).unwrap();
+        for v in values {
+            let line = e.render("command", &context! { v => v }).unwrap();
+            let out = std::process::Command::new("bash")
+                .args(["-c", &line])
+                .env_remove("HOME")
+                .output()
+                .unwrap();
+            let upper = v.to_uppercase();
+            // `\'{{ v }}\'`: a quote character, the value as a word, a quote.
+            let want = format!("{v}|{v}|{v}|--x={v}|--y={v}|pre {v} post|lit\"{v}|'{v}'|{upper}|");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{v:?}: {line}");
+        }
+        // Outside quotes a value is still one shell word, and every form
+        // refuses a line break.
+        let line = e.render("command", &context! { v => "a b" }).unwrap();
+        assert!(line.contains("printf '%s|' 'a b' 'a b'"), "{line}");
+        let err = e.render("command", &context! { v => "a\nb" }).unwrap_err();
+        assert!(describe(&err).contains("one-line values only"));
+        // Lines are kept, so an error names the line the manifest has.
+        e.add_command("bad", "echo ok\necho '{{ v.x.y }}'").unwrap();
+        let err = e.render("bad", &context! { v => 1 }).unwrap_err();
+        assert_eq!(err.line(), Some(2), "{err:?}");
     }
 
     #[test]

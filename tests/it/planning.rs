@@ -369,7 +369,8 @@ fn any_command_values_reach_the_program_as_single_words() {
 }
 
 /// Values with quotes, `$(...)`, `;`, `#SBATCH` and unbalanced shell syntax
-/// in every field that reaches a job script: the script has exactly the
+/// in every field that reaches a job script (the command's, bare and inside
+/// either quotes): the script has exactly the
 /// directives the manifest asks for, each setup entry is one command, and
 /// running the script (with an `srun` that runs its command) executes
 /// exactly what the manifest says, nothing more.
@@ -380,9 +381,9 @@ fn hostile_values_never_add_a_directive_or_a_command() {
     write(
         &m,
         r##"name = "h"
-command = "printf '%s|' {{ msg }}"
+command = "printf '%s|' {{ msg }} '{{ msg }}' \"{{ msg }}\""
 [defaults]
-msg = "a'b; touch pwned-command #SBATCH --wrap=id"
+msg = "a'b\"; touch pwned-command $(touch pwned-dollar) #SBATCH --wrap=id"
 launcher = "srun"
 [slurm]
 job_name = "job 'x' #SBATCH --wrap=id; $(touch pwned-name)"
@@ -469,8 +470,12 @@ srun_args = ["--label", "; touch pwned-srun"]
     );
     assert_eq!(
         stdout(&out).lines().last(),
-        Some("a'b; touch pwned-command #SBATCH --wrap=id|"),
-        "the value reaches the program as one word"
+        Some(
+            "a'b\"; touch pwned-command $(touch pwned-dollar) #SBATCH --wrap=id|"
+                .repeat(3)
+                .as_str()
+        ),
+        "the value reaches the program as one word, quoted in the manifest or not"
     );
     let trace = std::fs::read_to_string(dir.join("trace")).unwrap();
     assert_eq!(

@@ -262,7 +262,7 @@ impl<'a> Shared<'a> {
         let mut engine = Engine::new();
         if let Mode::Command(cmd) = &m.mode {
             engine
-                .add("command", cmd)
+                .add_command("command", cmd)
                 .map_err(|e| m.source.at_value("command", describe(&e)))?;
         }
         let slurm_table = match Value::try_from(&m.slurm) {
