@@ -64,6 +64,54 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     )
 }
 
+/// A line of a log without the terminal's escape sequences in it: colours
+/// and styles (`ESC [ 1;36 m`), cursor moves, titles and links (`ESC ] …
+/// BEL`). A logger made to colour its output (`FORCE_COLOR`, rich's
+/// highlighting of every number) writes them between a line's words and
+/// figures, where a pattern written for the plain text would not match.
+pub fn without_escapes(s: Cow<'_, str>) -> Cow<'_, str> {
+    if !s.contains('\x1b') {
+        return s;
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\x1b' {
+            out.push(c);
+            continue;
+        }
+        match chars.next_if(|c| (' '..='~').contains(c)) {
+            // Control sequence: parameters and intermediates, then one
+            // final character; it ends early at anything else.
+            Some('[') => {
+                while let Some(c) = chars.next_if(|c| (' '..='~').contains(c)) {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            // Operating-system command: up to BEL or ESC \.
+            Some(']') => {
+                while let Some(c) = chars.next() {
+                    if c == '\x07' {
+                        break;
+                    }
+                    if c == '\x1b' {
+                        chars.next_if_eq(&'\\');
+                        break;
+                    }
+                }
+            }
+            // A character set (`ESC ( B`); else a two-character escape.
+            Some('(' | ')') => {
+                chars.next_if(|c| (' '..='~').contains(c));
+            }
+            _ => {}
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// The most characters of one value a table cell or a quoted value in a
 /// sentence shows (the full value is in the JSON, CSV and Parquet outputs):
 /// one huge name must not pad every row of a table to its width.
@@ -116,6 +164,24 @@ mod tests {
         );
         assert_eq!(cut("ééé\n", 2), "éé… (2 more characters)");
         assert_eq!(cut("a\nb", 3), "a\\nb");
+    }
+
+    #[test]
+    fn a_coloured_log_line_reads_as_its_plain_text() {
+        let plain = |s: &str| without_escapes(Cow::Borrowed(s)).into_owned();
+        // rich's logging handler: time dimmed, level coloured, each number
+        // highlighted; a link (OSC 8) and a character set (`ESC ( B`).
+        let line = "\x1b[2m12:00:01\x1b[0m \x1b[34mINFO\x1b[0m Step: \x1b[1;36m5\x1b[0m | Loss: \x1b[1;36m3.25\x1b[0m \x1b]8;;file:///x\x1b\\x\x1b]8;;\x07\x1b(B";
+        assert_eq!(plain(line), "12:00:01 INFO Step: 5 | Loss: 3.25 x");
+        assert!(matches!(
+            without_escapes(Cow::Borrowed("as is")),
+            Cow::Borrowed(_)
+        ));
+        // Cut short, or not an escape at all: nothing else is lost.
+        assert_eq!(plain("a\x1b[1;3"), "a");
+        assert_eq!(plain("a\x1b[1;3\nb"), "a\nb");
+        assert_eq!(plain("\x1b]unended"), "");
+        assert_eq!(plain("é\x1bé"), "éé");
     }
 
     #[test]

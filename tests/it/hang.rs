@@ -310,6 +310,17 @@ fn a_progress_bar_redrawn_in_place_is_progress() {
     );
 }
 
+/// A logger made to colour its lines (rich's handler under `FORCE_COLOR`
+/// highlights every number): the pattern, written for the plain text, still
+/// matches each line, for the watchdog and the report alike.
+#[test]
+fn a_coloured_log_is_progress_and_read_as_its_plain_text() {
+    completes_under_short_limits(
+        "colour",
+        r"for i in 1 2 3 4 5 6 7 8; do printf '\\033[2mINFO\\033[0m step \\033[1;36m%d\\033[0m: \\033[1;36m%d\\033[0m tokens/s\\n' $i $((100 * i)); sleep 1; done",
+    );
+}
+
 /// A Python script that prints its progress without flushing (Python
 /// buffers a file 8 KB at a time): its lines reach the log as printed.
 #[test]

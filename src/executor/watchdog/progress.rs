@@ -223,7 +223,7 @@ impl Lines {
 
     /// Whether an ended line is a progress line (kept as the last one).
     fn matched(&mut self, line: &[u8]) -> bool {
-        let text = String::from_utf8_lossy(line);
+        let text = crate::util::text::without_escapes(String::from_utf8_lossy(line));
         let text = text.trim_end();
         let hit = !text.is_empty() && self.pattern.is_match(text);
         if hit {

@@ -422,7 +422,8 @@ pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow
         .flat_map(|(i, line)| {
             line.split(|&b| b == b'\r').map(move |part| {
                 let valid = std::str::from_utf8(part).is_ok();
-                (i + 1, String::from_utf8_lossy(part), valid)
+                let text = crate::util::text::without_escapes(String::from_utf8_lossy(part));
+                (i + 1, text, valid)
             })
         })
 }
@@ -433,7 +434,7 @@ mod tests {
 
     #[test]
     fn a_progress_bars_redraws_are_lines_of_their_own() {
-        let log = b"start\r\nit 1 loss=3.5\rit 2 loss=3.4\rit 3 loss=3.3\nbad \xff\rit 4\n";
+        let log = b"start\r\nit 1 loss=3.5\rit 2 loss=3.4\rit 3 loss=3.3\nbad \xff\rit \x1b[1;36m4\x1b[0m\n";
         let lines: Vec<(usize, String, bool)> = text_lines(log)
             .map(|(n, l, valid)| (n, l.into_owned(), valid))
             .collect();
@@ -444,7 +445,7 @@ mod tests {
             (2, "it 2 loss=3.4", true),
             (2, "it 3 loss=3.3", true),
             (3, "bad \u{fffd}", false),
-            (3, "it 4", true),
+            (3, "it 4", true), // its colour left out
             (4, "", true),
         ];
         let want: Vec<(usize, String, bool)> = want
