@@ -433,11 +433,24 @@ fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<String> {
             .arg(script),
     )
     .with_context(|| format!("submitting {}", script.display()))?;
-    let id = out.trim().split(';').next().unwrap_or("").to_string();
-    if id.is_empty() || !id.chars().all(|c| c.is_ascii_digit()) {
-        bail!("sbatch printed `{}` instead of a job id", out.trim());
+    match parse_job_id(&out) {
+        Some(id) => Ok(id.to_string()),
+        None => bail!("sbatch printed `{}` instead of a job id", out.trim()),
     }
-    Ok(id)
+}
+
+/// The job id in what `sbatch --parsable` printed: `<id>` or, on a cluster
+/// of a federation, `<id>;<cluster>`, on its last line. Some sites' sbatch
+/// (a wrapper, a submit plugin) prints notices before it on standard
+/// output, or drops `--parsable` (`Submitted batch job <id>`): the job is
+/// queued all the same, and its id must not be lost.
+fn parse_job_id(out: &str) -> Option<&str> {
+    let last = out.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    let id = match last.strip_prefix("Submitted batch job ") {
+        Some(rest) => rest.split(' ').next()?,
+        None => last.split(';').next()?,
+    };
+    (!id.is_empty() && id.chars().all(|c| c.is_ascii_digit())).then_some(id)
 }
 
 /// Every state SLURM still knows for these jobs: one `squeue` for all of the
@@ -611,6 +624,19 @@ mod tests {
         assert_eq!(parse_exit("15"), (Some(0), Some(15)));
         assert_eq!(parse_exit("3:0"), (Some(3), None));
         assert_eq!(parse_exit("0:15"), (Some(0), Some(15)));
+    }
+
+    #[test]
+    fn a_job_id_is_read_past_a_sites_notices() {
+        assert_eq!(parse_job_id("1234\n"), Some("1234"));
+        assert_eq!(parse_job_id("1234;daint\n"), Some("1234"));
+        let notices = "NOTE: jobs on this partition are charged 2x\n\n  88 \n";
+        assert_eq!(parse_job_id(notices), Some("88"));
+        let plain = "Submitted batch job 5 on cluster daint\n";
+        assert_eq!(parse_job_id(plain), Some("5"));
+        for bad in ["", "\n", "Submitted batch job \n", "5 ;x", "12\nerror\n"] {
+            assert_eq!(parse_job_id(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -130,6 +130,54 @@ fn a_group_larger_than_max_array_size_goes_out_as_several_arrays() {
     assert_eq!(s.len(), 10);
 }
 
+/// A site's `sbatch` that prints a notice before the job id (a wrapper, a
+/// submit plugin): the job is queued, so its id is read past the notice and
+/// recorded, and submitting again sends nothing.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_sites_notice_before_the_job_id_loses_no_job() {
+    require_cluster();
+    let root = project();
+    let bin = root.path().join("site-bin");
+    std::fs::create_dir(&bin).unwrap();
+    let real = stdout(&run_ok(
+        Command::new("sh").args(["-c", "command -v sbatch"]),
+    ));
+    let wrapper = bin.join("sbatch");
+    write(
+        &wrapper,
+        &format!(
+            "#!/bin/sh\necho 'NOTE: this partition is charged at 2x'\nexec {} \"$@\"\n",
+            real.trim()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let m = root.path().join("m.toml");
+    let name = format!("sweep-test-notice-{}", std::process::id());
+    write(&m, &format!("name = \"notice\"\ncommand = \"echo run {{{{ x }}}}\"\n[sweep.grid]\nx = [1, 2]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\n"));
+    let submit = || {
+        stdout(&run_ok(sweep(root.path()).env("PATH", &path).args([
+            "submit",
+            m.to_str().unwrap(),
+            "--executor",
+            "slurm",
+        ])))
+    };
+    let first = submit();
+    assert!(first.contains("array of 2 runs"), "{first}");
+    let s = wait_until_done(root.path(), &m, 60);
+    assert!(
+        s.values()
+            .all(|(st, code)| st == "COMPLETED" && *code == Some(0)),
+        "{s:?}"
+    );
+    let again = submit();
+    assert!(!again.contains("submitted job"), "{again}");
+    assert_eq!(jobs_named(&name), 2, "each run once");
+}
+
 #[test]
 #[ignore = "needs the local SLURM cluster"]
 fn runs_wait_for_their_stage_and_are_cancelled_when_it_fails() {
