@@ -130,12 +130,49 @@ fn submit(
 /// pending or running. Returns the signal that stopped the watching, if one did.
 fn poll(sub: &Submission, view: &mut dyn Follow, page: &mut LivePage) -> Result<Option<Stopped>> {
     let stop = StopSignals::install_interactive(&signals::INTERRUPTS)?;
+    // Checked often, waited on rarely: a signal is answered at once.
+    let wait = |d: Duration| -> Option<Stopped> {
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            if let Some(sig) = stop.received() {
+                if sig == signals::SIGHUP {
+                    signals::detach_from_terminal();
+                }
+                return Some(Stopped::Watching(sig));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    };
     let mut before: Vec<State> = Vec::new();
+    let mut failing: Option<(Instant, u32)> = None;
     loop {
-        let states: Vec<State> = executor::statuses(&sub.units)?
-            .iter()
-            .map(|s| s.state)
-            .collect();
+        let statuses = match executor::statuses(&sub.units) {
+            Ok(statuses) => statuses,
+            Err(e) => {
+                let (since, failures) = failing.get_or_insert((Instant::now(), 0));
+                *failures += 1;
+                let Some(again) = retry_after(*failures, since.elapsed()) else {
+                    return Err(e.context(format!(
+                        "the scheduler could not be asked for {} min ({failures} tries); the jobs go on: `sweep run` again follows them",
+                        since.elapsed().as_secs() / 60
+                    )));
+                };
+                view.line(&format!(
+                    "sweep: asking the scheduler failed ({}); asking again in {} s",
+                    crate::util::text::note(&e.root_cause().to_string()),
+                    again.as_secs()
+                ));
+                match wait(again) {
+                    Some(stopped) => return Ok(Some(stopped)),
+                    None => continue,
+                }
+            }
+        };
+        if failing.take().is_some() {
+            view.line("sweep: the scheduler answers again");
+        }
+        let states: Vec<State> = statuses.iter().map(|s| s.state).collect();
         view.states(&states);
         if states != before {
             page.changed();
@@ -146,17 +183,21 @@ fn poll(sub: &Submission, view: &mut dyn Follow, page: &mut LivePage) -> Result<
         if states.iter().all(|s| !s.is_active()) {
             return Ok(None);
         }
-        // Checked often, waited on rarely: a signal is answered at once.
-        for _ in 0..20 {
-            if let Some(sig) = stop.received() {
-                if sig == signals::SIGHUP {
-                    signals::detach_from_terminal();
-                }
-                return Ok(Some(Stopped::Watching(sig)));
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        if let Some(stopped) = wait(Duration::from_secs(2)) {
+            return Ok(Some(stopped));
         }
     }
+}
+
+/// How long to wait before asking the scheduler again after `failures`
+/// failed queries in a row, failing for `failing_for`; `None` once it has
+/// failed for ten minutes. A busy `slurmctld` times out (`slurm_load_jobs
+/// error: Socket timed out`) now and then on a large cluster: a sweep
+/// followed overnight must not end at the first time out, nor ask a
+/// struggling controller every two seconds.
+fn retry_after(failures: u32, failing_for: Duration) -> Option<Duration> {
+    const GIVE_UP: Duration = Duration::from_secs(600);
+    (failing_for < GIVE_UP).then(|| Duration::from_secs((2u64 << failures.min(5)).min(60)))
 }
 
 /// Takes the study's lock again (if submitting let it go) for the report,
@@ -243,5 +284,24 @@ impl LivePage {
         if self.last.is_some() {
             let _ = report::run(&self.root, &self.source, &report_options(false));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_scheduler_is_asked_less_often_then_given_up_on() {
+        let waits: Vec<u64> = (1..=8)
+            .map(|n| retry_after(n, Duration::from_secs(60)).unwrap().as_secs())
+            .collect();
+        assert_eq!(waits, [4, 8, 16, 32, 60, 60, 60, 60]);
+        assert_eq!(
+            retry_after(u32::MAX, Duration::ZERO),
+            Some(Duration::from_secs(60))
+        );
+        assert!(retry_after(3, Duration::from_secs(599)).is_some());
+        assert_eq!(retry_after(3, Duration::from_secs(600)), None);
     }
 }

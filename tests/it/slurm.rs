@@ -299,6 +299,66 @@ fn cancel_records_jobs_that_never_started() {
     }
 }
 
+/// A busy controller times out (`slurm_load_jobs error: Socket timed out`)
+/// while `sweep run` follows its jobs: it says so, asks again a little later,
+/// and follows the jobs to their end and the report.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_scheduler_that_times_out_for_a_while_is_asked_again() {
+    require_cluster();
+    let root = project();
+    let bin = root.path().join("site-bin");
+    std::fs::create_dir(&bin).unwrap();
+    let real = stdout(&run_ok(
+        Command::new("sh").args(["-c", "command -v squeue"]),
+    ));
+    let running = root.path().join("running");
+    let failed = root.path().join("failed");
+    // Once the job runs, the next two queries fail as a busy slurmctld's do.
+    let wrapper = bin.join("squeue");
+    write(
+        &wrapper,
+        &format!(
+            "#!/bin/sh\nif [ -e {r} ] && [ $(cat {f} 2>/dev/null | wc -l) -lt 2 ]; then\n  echo x >> {f}\n  echo 'squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation' >&2\n  exit 1\nfi\nexec {real} \"$@\"\n",
+            r = running.display(),
+            f = failed.display(),
+            real = real.trim()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let m = root.path().join("m.toml");
+    write(
+        &m,
+        &format!(
+            "name = \"busy\"\ncommand = \"touch {} && sleep 10\"\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-busy\"\n",
+            running.display()
+        ),
+    );
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = sweep(root.path())
+        .env("PATH", &path)
+        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(&failed).unwrap().lines().count(),
+        2,
+        "{text}"
+    );
+    assert!(
+        text.contains("sweep: asking the scheduler failed (")
+            && text.contains("Socket timed out")
+            && text.contains("asking again in 4 s")
+            && text.contains("the scheduler answers again")
+            && text.contains("the report, one page"),
+        "{text}"
+    );
+    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
+}
+
 /// Ctrl-C on `sweep run` on SLURM stops the watching, not the jobs; `sweep
 /// run` again follows the jobs still going until they end, then reports.
 #[test]
