@@ -724,6 +724,55 @@ fn a_pattern_reads_imported_logs_without_naming_its_format() {
     );
 }
 
+/// torchtitan's metrics line, as a SLURM job logs it: each field in its own
+/// colour, tokens/s grouped in thousands (`tps: 16,000`), the rank's prefix.
+/// A pattern written for the plain text reads every step.
+#[test]
+fn a_torchtitan_log_is_read_through_its_colours_and_thousands() {
+    let root = project();
+    let log = root.path().join("logs/titan.log");
+    let text: String = (1..=8)
+        .map(|s| {
+            format!(
+                "[rank0]:[titan] 2026-11-29 12:00:{s:02},123 - root - INFO - \x1b[31mstep: {s:2}  \x1b[32mloss: {:7.4}  \x1b[33mmemory: 31.52GiB(39.88%)  \x1b[34mtps: {}  \x1b[36mtflops: 1,316.23  \x1b[35mmfu: 31.97%\x1b[39m\n",
+                9.0 - s as f64 * 0.5,
+                match s {
+                    1 => "980".to_string(),
+                    s => format!("1{},000", s + 10),
+                }
+            )
+        })
+        .collect();
+    write(&log, &text);
+    let pattern = r"step:\s+(?P<step>\d+)\s+loss:\s+(?P<loss>[\d.]+)\s+memory:\s+\S+\s+tps: (?P<tokens_per_second>[\d,]+)\s+tflops: (?P<tflops>[\d,.]+)\s+mfu: (?P<mfu_pct>[\d.]+)%";
+    let rows = json_rows(
+        sweep(root.path())
+            .args([
+                "report",
+                "--import",
+                log.to_str().unwrap(),
+                "--pattern",
+                pattern,
+            ])
+            .args([
+                "--name",
+                "titan",
+                "--skip-first",
+                "2",
+                "--json",
+                "--no-plots",
+            ]),
+    );
+    // Steps 3..8: 113,000 .. 118,000 tokens/s.
+    assert_eq!(
+        rows[0]["tokens_per_second_mean"].as_f64(),
+        Some(115_500.0),
+        "{rows:?}"
+    );
+    assert_eq!(rows[0]["tflops_mean"].as_f64(), Some(1316.23), "{rows:?}");
+    assert_eq!(rows[0]["mfu_pct_mean"].as_f64(), Some(31.97), "{rows:?}");
+}
+
 /// A report of a manifest reads each planned run as `render` recorded it:
 /// a run added to the manifest since is unsubmitted, not yet rendered, and
 /// a directory that holds a run of an earlier version of the manifest is a

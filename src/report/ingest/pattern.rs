@@ -81,10 +81,7 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
             omitted.bad_line(n, "a matching line with bytes that are not UTF-8");
             continue;
         }
-        let num = |k: &str| {
-            c.name(k)
-                .map(|m| m.as_str().trim().parse::<f64>().unwrap_or(f64::NAN))
-        };
+        let num = |k: &str| c.name(k).map(|m| number(m.as_str()));
         let mut p = Point {
             step: num("step").unwrap_or(points.len() as f64 + 1.0),
             extra: pattern.extras.iter().map(|g| num(g)).collect(),
@@ -105,6 +102,41 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
         points.extend(omitted.screen(n, p));
     }
     (points, omitted)
+}
+
+/// A figure as a program printed it: `6543.2`, `1e-4`, or grouped in
+/// thousands (`6,543`: Python's `{:,}`, torchtitan's tokens/s); NaN (left
+/// out, and counted) for anything else. A comma is read only between groups
+/// of three digits, so `3,25` (a decimal comma) is never read as 325.
+fn number(text: &str) -> f64 {
+    let text = text.trim();
+    if let Ok(v) = text.parse::<f64>() {
+        return v;
+    }
+    let (int, frac) = text
+        .split_once('.')
+        .map_or((text, None), |(i, f)| (i, Some(f)));
+    let (sign, int) = match int.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", int),
+    };
+    let mut groups = int.split(',');
+    let first = groups.next().unwrap_or_default();
+    let digits = |g: &str| g.bytes().all(|b| b.is_ascii_digit());
+    let grouped = (1..=3).contains(&first.len())
+        && digits(first)
+        && int.contains(',')
+        && groups.all(|g| g.len() == 3 && digits(g))
+        && frac.is_none_or(|f| !f.is_empty() && digits(f));
+    if !grouped {
+        return f64::NAN;
+    }
+    let plain = format!(
+        "{sign}{}{}",
+        int.replace(',', ""),
+        frac.map_or(String::new(), |f| format!(".{f}"))
+    );
+    plain.parse().unwrap_or(f64::NAN)
 }
 
 /// The last point of a running command's log (the newest `*.out` in its
@@ -272,6 +304,24 @@ mod tests {
             err("mem")
         );
         assert_eq!(memory_unit("Mem_GB"), Some(1e9 / 1048576.0));
+    }
+
+    #[test]
+    fn figures_grouped_in_thousands_are_read_and_decimal_commas_are_not() {
+        for (text, want) in [
+            ("6,543", 6543.0),
+            (" 1,234,567.5 ", 1234567.5),
+            ("-1,000", -1000.0),
+            ("12.5", 12.5),
+            ("1e-4", 1e-4),
+        ] {
+            assert_eq!(number(text), want, "{text}");
+        }
+        for bad in [
+            "3,25", "1,2345", ",123", "1,,234", "12,34.5", "1,234.", "x,123", "",
+        ] {
+            assert!(number(bad).is_nan(), "{bad}");
+        }
     }
 
     #[test]
