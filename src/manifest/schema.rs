@@ -163,8 +163,12 @@ pub struct SlurmSpec {
     /// `auto` (single- or multi-node by `nodes`), `single-node`, `multi-node`,
     /// or a template file path.
     pub template: TemplateChoice,
-    /// Seconds before the time limit at which SLURM sends SIGUSR1 (checkpoint, requeue).
-    pub signal_grace: u32,
+    /// Seconds before the time limit at which SLURM sends SIGUSR1 to the
+    /// run's processes. Unset: [`SIGNAL_GRACE`] for the built-in trainer
+    /// (it checkpoints and requeues), none for a `command`, whose program
+    /// SIGUSR1 kills unless it handles it (Lightning's auto-requeue does:
+    /// such a study sets it).
+    pub signal_grace: Option<u32>,
     pub requeue: bool,
     pub master_port: u16,
     /// A blocked design's blocks each as one job (`[slurm] pack`): one
@@ -194,13 +198,17 @@ impl Default for SlurmSpec {
             srun_args: Vec::new(),
             array_throttle: None,
             template: TemplateChoice::Auto,
-            signal_grace: 120,
+            signal_grace: None,
             requeue: true,
             master_port: 29500,
             pack: false,
         }
     }
 }
+
+/// The trainer's warning before its time limit (`slurm.signal_grace`): time
+/// to write a checkpoint and requeue.
+pub const SIGNAL_GRACE: u32 = 120;
 
 impl SlurmSpec {
     /// Every count of the section within what a cluster has: the key at
@@ -222,7 +230,12 @@ impl SlurmSpec {
                 1,
                 100_000,
             ),
-            ("signal_grace", self.signal_grace.into(), 0, 86_400),
+            (
+                "signal_grace",
+                self.signal_grace.unwrap_or(0).into(),
+                0,
+                86_400,
+            ),
             ("master_port", self.master_port.into(), 1, 65_535),
         ];
         for (key, v, least, most) in counts {

@@ -368,6 +368,46 @@ fn any_command_values_reach_the_program_as_single_words() {
     assert_eq!(exit.trim(), "42 0");
 }
 
+/// SIGUSR1 before the time limit asks the built-in trainer to checkpoint and
+/// requeue; it kills a program that does not handle it (Python's default),
+/// minutes before its limit, as FAILED (exit 138). So a `command` run gets
+/// it only where the manifest asks (`signal_grace`: Lightning's
+/// auto-requeue handles it); both are requeued after a node failure.
+#[test]
+fn only_runs_that_handle_it_are_warned_before_their_time_limit() {
+    let root = project();
+    let signal = |manifest: &str, run: &str| -> Vec<String> {
+        let m = root.path().join("m.toml");
+        write(&m, manifest);
+        run_ok(sweep(root.path()).arg("render").arg(&m));
+        let name = manifest.split('"').nth(1).unwrap();
+        let script = root.path().join(format!("results/{name}/{run}/job.sbatch"));
+        std::fs::read_to_string(script)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("#SBATCH --signal") || l.starts_with("#SBATCH --requeue"))
+            .map(str::to_string)
+            .collect()
+    };
+    let trainer = "name = \"t\"\n[defaults]\ndataset = \"d.parquet\"\n";
+    assert_eq!(
+        signal(trainer, "run"),
+        ["#SBATCH --requeue", "#SBATCH --signal=USR1@120"]
+    );
+    let command = "name = \"c\"\ncommand = \"python3 train.py\"\n[defaults]\nlauncher = \"srun\"\n";
+    assert_eq!(signal(command, "run"), ["#SBATCH --requeue"]);
+    let asks = format!("{command}[slurm]\nsignal_grace = 90\n");
+    assert_eq!(
+        signal(&asks, "run"),
+        ["#SBATCH --requeue", "#SBATCH --signal=USR1@90"]
+    );
+    let trainer_later = format!("{trainer}[slurm]\nsignal_grace = 300\n");
+    assert_eq!(
+        signal(&trainer_later, "run"),
+        ["#SBATCH --requeue", "#SBATCH --signal=USR1@300"]
+    );
+}
+
 /// Values with quotes, `$(...)`, `;`, `#SBATCH` and unbalanced shell syntax
 /// in every field that reaches a job script (the command's, bare and inside
 /// either quotes): the script has exactly the
@@ -434,7 +474,6 @@ srun_args = ["--label", "; touch pwned-srun"]
             "--partition",
             "--constraint",
             "--requeue",
-            "--signal",
             "--comment",
             "--exclusive"
         ],

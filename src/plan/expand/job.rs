@@ -4,7 +4,9 @@
 use super::values::*;
 use super::{Assembly, Shared};
 use crate::config::{DeviceKind, TrainConfig};
-use crate::manifest::{did_you_mean, Diagnostic, ExecutorKind, Launcher, Mode, SlurmSpec};
+use crate::manifest::{
+    did_you_mean, Diagnostic, ExecutorKind, Launcher, Mode, SlurmSpec, SIGNAL_GRACE,
+};
 use crate::plan::identity::{RunIdentity, Work};
 use serde_json::{json, Value as Json};
 use toml::Value;
@@ -100,9 +102,12 @@ impl Shared<'_> {
 
     /// The run's `[slurm]`.
     pub(super) fn slurm(&self, a: &Assembly) -> Result<SlurmSpec, Box<Diagnostic>> {
-        let spec: SlurmSpec = Value::Table(a.slurm.clone())
+        let mut spec: SlurmSpec = Value::Table(a.slurm.clone())
             .try_into()
             .map_err(|e: toml::de::Error| self.error_in(&a.params, Some("slurm"), e.message()))?;
+        if !matches!(self.m.mode, Mode::Command(_)) {
+            spec.signal_grace.get_or_insert(SIGNAL_GRACE);
+        }
         spec.check()
             .map_err(|(key, msg)| self.error_in(&a.params, Some(&format!("slurm.{key}")), &msg))?;
         Ok(spec)
