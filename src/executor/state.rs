@@ -183,7 +183,9 @@ impl Status {
             (_, Some(sig)) if sig != 0 && self.state != State::Completed && !interrupted => {
                 s.push_str(&format!(" (signal {sig})"))
             }
-            (Some(code), _) if code != 0 && !interrupted => s.push_str(&format!(" (exit {code})")),
+            (Some(code), _) if code != 0 && !interrupted => {
+                s.push_str(&format!(" (exit {code}{})", killed_by(code)))
+            }
             _ => {
                 if let Some(r) = self
                     .reason
@@ -198,9 +200,29 @@ impl Status {
     }
 }
 
+/// The signal a shell's exit status 128 + N says killed its program
+/// (`: SIGKILL` for 137, the kernel's out-of-memory killer's), else nothing.
+fn killed_by(code: i32) -> String {
+    (129..=128 + 64)
+        .contains(&code)
+        .then(|| nix::sys::signal::Signal::try_from(code - 128).ok())
+        .flatten()
+        .map_or(String::new(), |sig| format!(": {}", sig.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exit_status_over_128_names_its_signal() {
+        let failed = |code| Status::exited(code).describe();
+        assert_eq!(failed(138), "FAILED (exit 138: SIGUSR1)");
+        assert_eq!(failed(137), "FAILED (exit 137: SIGKILL)");
+        assert_eq!(failed(3), "FAILED (exit 3)");
+        assert_eq!(failed(128), "FAILED (exit 128)");
+        assert_eq!(failed(255), "FAILED (exit 255)");
+    }
 
     #[test]
     fn slurm_names_map() {
