@@ -4,7 +4,7 @@
 //! with them.
 
 use super::{flops, ingest, page, summary};
-use crate::executor::{self, Status};
+use crate::executor::{self, State, Status};
 use crate::manifest::Mode;
 use crate::plan::record::{RunRecord, StudyRecord, UnitKind};
 use crate::plan::Plan;
@@ -664,6 +664,13 @@ fn read_run(
                 Err(why) => run.issues.push(why),
             }
         }
+    }
+    let stopped = !matches!(
+        run.status.state,
+        State::Completed | State::Running | State::Pending
+    );
+    if stopped {
+        run.log_tail = ingest::LogTail::read(dir, run.status.job_id.as_deref());
     }
     if run.points.is_empty() && run.reason.is_none() && run.issues.is_empty() {
         run.reason = Some(match run.status.state.is_active() {

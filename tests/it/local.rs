@@ -47,6 +47,36 @@ fn local_runs_record_exit_codes_and_resubmit_only_what_failed() {
     );
 }
 
+/// A run that fails says, in the report's notes, what its program said
+/// last: on SLURM the state's reason is only `NonZeroExitCode`.
+#[test]
+fn a_failed_runs_note_quotes_the_end_of_its_log() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(
+        &m,
+        "name = \"f\"\nexecutor = \"local\"\ncommand = \"python3 -c 'import no_such_module'\"\n",
+    );
+    let out = sweep(root.path()).arg("run").arg(&m).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains("note: run: FAILED (exit 1), ")
+            && text.contains(
+                "; local.out ends: ModuleNotFoundError: No module named 'no_such_module'\n"
+            ),
+        "{text}"
+    );
+    let md = std::fs::read_to_string(root.path().join("results/f/summary.md")).unwrap();
+    assert!(md.contains("local.out ends: ModuleNotFoundError"), "{md}");
+    let page = std::fs::read_to_string(root.path().join("results/f/report.html")).unwrap();
+    assert!(
+        page.contains("The last lines of local.out")
+            && page.contains("No module named &#39;no_such_module&#39;"),
+        "the page shows the log's last lines"
+    );
+}
+
 /// A program that fails before a pipe fails its run (the history would
 /// otherwise record a crash as a measurement), and a command that sets
 /// variables before its program runs it (`exec` takes no assignments).

@@ -332,6 +332,65 @@ pub struct RunLog {
     /// repeats differ.
     pub host: Option<String>,
     pub load: Vec<crate::executor::fingerprint::Load>,
+    /// The end of its log, where it stopped without completing: what the
+    /// program (or its job script) said last.
+    pub log_tail: Option<LogTail>,
+}
+
+/// The last lines of a run's log.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LogTail {
+    /// The log's file name.
+    pub name: String,
+    /// Its last lines: at most 12, from its last 4 KiB, without terminal
+    /// colours, a progress bar's updates each a line.
+    pub last: String,
+}
+
+impl LogTail {
+    /// The last lines of the log of `job`, the attempt whose end is
+    /// reported: `local.out` for a local job, `<name>-<job>.out` for a SLURM
+    /// job (or array task); else the log written last.
+    pub fn read(dir: &Path, job: Option<&str>) -> Option<LogTail> {
+        let logs: Vec<(std::path::PathBuf, std::time::SystemTime)> = std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
+            .collect();
+        let named = |p: &Path, job: &str| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            match job.starts_with("local-") {
+                true => name == crate::executor::local::LOG_FILE,
+                false => name.ends_with(&format!("-{job}.out")),
+            }
+        };
+        let path = job
+            .and_then(|j| logs.iter().find(|(p, _)| named(p, j)))
+            .or_else(|| logs.iter().max_by_key(|(_, t)| *t))
+            .map(|(p, _)| p.clone())?;
+        let bytes = crate::util::fs::read_tail(&path, 4096).ok()?;
+        let mut lines: Vec<String> = text_lines(&bytes).map(|(_, l, _)| l.into_owned()).collect();
+        while lines.last().is_some_and(|l| l.trim().is_empty()) {
+            lines.pop();
+        }
+        Some(LogTail {
+            name: path.file_name()?.to_string_lossy().into_owned(),
+            last: lines[lines.len().saturating_sub(12)..].join("\n"),
+        })
+    }
+
+    /// Its last line with any text in it: what a note quotes.
+    pub fn last_line(&self) -> Option<&str> {
+        self.last
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+    }
 }
 
 /// The sweep that rendered a run: its version and the project's commit.
@@ -386,6 +445,7 @@ impl RunLog {
             nodes: Vec::new(),
             host: None,
             load: Vec::new(),
+            log_tail: None,
         }
     }
 
@@ -431,6 +491,39 @@ pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_shown_is_the_one_of_the_attempt_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // An earlier attempt's log, written last, and the reported job's.
+        let failed = "attempt of 12_3\n\x1b[31mfailed here\x1b[0m\n\n";
+        std::fs::write(d.join("sweep-r-12_3.out"), failed).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(d.join("sweep-r-9.out"), "an earlier attempt\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(d.join("local.out"), "local attempt\n").unwrap();
+        let tail = LogTail::read(d, Some("12_3")).unwrap();
+        assert_eq!(
+            (tail.name.as_str(), tail.last.as_str()),
+            ("sweep-r-12_3.out", "attempt of 12_3\nfailed here")
+        );
+        assert_eq!(tail.last_line(), Some("failed here"));
+        assert_eq!(
+            LogTail::read(d, Some("local-77-0")).unwrap().name,
+            "local.out"
+        );
+        // An unknown job: the log written last.
+        assert_eq!(LogTail::read(d, Some("4")).unwrap().name, "local.out");
+        // Twelve lines at the most; an empty log has no last line.
+        let many: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(d.join("local.out"), many).unwrap();
+        let tail = LogTail::read(d, None).unwrap();
+        assert_eq!(tail.last.lines().count(), 12);
+        assert_eq!(tail.last_line(), Some("line 20"));
+        std::fs::write(d.join("local.out"), "").unwrap();
+        assert_eq!(LogTail::read(d, Some("local-1")).unwrap().last_line(), None);
+    }
 
     #[test]
     fn a_progress_bars_redraws_are_lines_of_their_own() {

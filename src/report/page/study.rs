@@ -7,7 +7,7 @@ use super::{figures, provenance, render, Cell, Html, Live, Provenance};
 use crate::executor::State;
 use crate::report::check::Check;
 use crate::report::export::{shown, Exporter, Tables};
-use crate::report::ingest::RunLog;
+use crate::report::ingest::{LogTail, RunLog};
 use crate::report::plot::Chart;
 use crate::report::summary::Row;
 use anyhow::Result;
@@ -107,12 +107,6 @@ struct FileLink {
 }
 
 #[derive(Serialize)]
-struct LogTail {
-    name: String,
-    last: String,
-}
-
-#[derive(Serialize)]
 struct RunShown {
     name: String,
     state: String,
@@ -154,25 +148,13 @@ fn configuration(row: &Row, runs: &[RunLog], page_dir: &Path) -> serde_json::Val
                         .collect()
                 })
                 .unwrap_or_default();
-            let failed = !matches!(
-                run.status.state,
-                State::Completed | State::Running | State::Pending
-            );
-            let log = match failed {
-                true => run
-                    .dir
-                    .as_deref()
-                    .and_then(|dir| log_tail(dir, run.status.job_id.as_deref()))
-                    .map(|(name, last)| LogTail { name, last }),
-                false => None,
-            };
             RunShown {
                 name: run.name.clone(),
                 state: run.status.describe(),
                 class: if ok { "state-ok" } else { "state-bad" },
                 notes: run.reason.iter().chain(&run.issues).cloned().collect(),
                 files,
-                log,
+                log: run.log_tail.clone(),
             }
         })
         .collect();
@@ -181,38 +163,6 @@ fn configuration(row: &Row, runs: &[RunLog], page_dir: &Path) -> serde_json::Val
         "params": row.params.iter().collect::<Vec<_>>(),
         "runs": runs,
     })
-}
-
-/// The last lines of the log of `job`, the attempt whose end is reported:
-/// `local.out` for a local job, `<name>-<job>.out` for a SLURM job (or
-/// array task); else the log written last.
-fn log_tail(dir: &Path, job: Option<&str>) -> Option<(String, String)> {
-    let logs: Vec<(PathBuf, std::time::SystemTime)> = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
-        .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
-        .collect();
-    let named = |p: &Path, job: &str| {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        match job.starts_with("local-") {
-            true => name == crate::executor::local::LOG_FILE,
-            false => name.ends_with(&format!("-{job}.out")),
-        }
-    };
-    let path = job
-        .and_then(|j| logs.iter().find(|(p, _)| named(p, j)))
-        .or_else(|| logs.iter().max_by_key(|(_, t)| *t))
-        .map(|(p, _)| p.clone())?;
-    let bytes = crate::util::fs::read_tail(&path, 4096).ok()?;
-    let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().collect();
-    let last = lines[lines.len().saturating_sub(12)..].join("\n");
-    let name = path.file_name()?.to_string_lossy().into_owned();
-    Some((name, last))
 }
 
 /// A link to a file of a run's directory, relative to the page.
@@ -244,25 +194,5 @@ mod tests {
     #[test]
     fn file_links_are_percent_encoded() {
         assert_eq!(percent_encode("a b/é"), "a%20b%2F%C3%A9");
-    }
-
-    #[test]
-    fn the_log_shown_is_the_one_of_the_attempt_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        // An earlier attempt's log, written last, and the reported job's.
-        std::fs::write(d.join("sweep-r-12_3.out"), "attempt of 12_3\nfailed here\n").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        std::fs::write(d.join("sweep-r-9.out"), "an earlier attempt\n").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        std::fs::write(d.join("local.out"), "local attempt\n").unwrap();
-        let (name, tail) = log_tail(d, Some("12_3")).unwrap();
-        assert_eq!(
-            (name.as_str(), tail.as_str()),
-            ("sweep-r-12_3.out", "attempt of 12_3\nfailed here")
-        );
-        assert_eq!(log_tail(d, Some("local-77-0")).unwrap().0, "local.out");
-        // An unknown job: the log written last.
-        assert_eq!(log_tail(d, Some("4")).unwrap().0, "local.out");
     }
 }

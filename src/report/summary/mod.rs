@@ -691,6 +691,15 @@ fn problems(runs: &[RunLog]) -> Vec<Problem> {
             // The state's own reason is said with the state already
             // (`PENDING (Priority)`).
             let said = r.status.describe();
+            // What the program said last, for a run that stopped short: the
+            // reason a scheduler's state (`NonZeroExitCode`) does not give.
+            let log_end = r.log_tail.as_ref().and_then(|t| {
+                Some(format!(
+                    "{} ends: {}",
+                    t.name,
+                    crate::util::text::note(t.last_line()?)
+                ))
+            });
             let known: Vec<&str> = r
                 .reason
                 .iter()
@@ -700,6 +709,7 @@ fn problems(runs: &[RunLog]) -> Vec<Problem> {
                 .chain(&r.issues)
                 .map(String::as_str)
                 .chain(torn)
+                .chain(log_end.as_deref())
                 .collect();
             let reason = match (known.is_empty(), r.points.is_empty()) {
                 (false, _) => known.join("; "),
