@@ -267,7 +267,8 @@ impl Omissions {
         if let Some((count, line, step, prev)) = self.backward {
             out.push(format!(
                 "{name}: the step number repeats or goes back on {count} line(s) (line {line}: step {step} after step {prev}): \
-                 the log holds more than one attempt or restart, and all of its steps are averaged together"
+                 the log holds more than one attempt or restart, or several processes print each step (every rank of a \
+                 `launcher` run: print from rank 0 only), and all of its lines are averaged together"
             ));
         }
         for (field, (count, first, value)) in &self.values {
@@ -586,7 +587,7 @@ mod tests {
         assert!(
             text.contains(
                 "the step number repeats or goes back on 2 line(s) (line 10: step 4 after step 5)"
-            ),
+            ) && text.contains("several processes print each step"),
             "{text}"
         );
         assert!(
