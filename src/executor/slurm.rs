@@ -426,17 +426,49 @@ fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<String> {
     if dry_run {
         return Ok(String::new());
     }
-    let out = output(
+    let out = match output(
         Command::new("sbatch")
             .arg("--parsable")
             .args(args)
             .arg(script),
-    )
-    .with_context(|| format!("submitting {}", script.display()))?;
+    ) {
+        Ok(out) => out,
+        // A controller that timed out answering may have queued the job all
+        // the same (`Socket timed out on send/recv operation`): a job SLURM
+        // holds for this script is recorded, not sent a second time.
+        Err(e) => match queued_for(script) {
+            Some(id) => {
+                eprintln!(
+                    "sweep: sbatch failed ({}), but SLURM holds job {id} of {}: recorded",
+                    crate::util::text::note(&e.root_cause().to_string()),
+                    script.display()
+                );
+                return Ok(id);
+            }
+            None => return Err(e).with_context(|| format!("submitting {}", script.display())),
+        },
+    };
     match parse_job_id(&out) {
         Some(id) => Ok(id.to_string()),
         None => bail!("sbatch printed `{}` instead of a job id", out.trim()),
     }
+}
+
+/// The newest job (an array's own id) SLURM holds of the user's whose batch
+/// script is `script`, if squeue answers.
+fn queued_for(script: &Path) -> Option<String> {
+    let out = output(Command::new("squeue").args(["--me", "--noheader", "--format=%F|%o"])).ok()?;
+    let script = std::fs::canonicalize(script).ok()?;
+    parse_queued_for(&out, &script)
+}
+
+fn parse_queued_for(out: &str, script: &Path) -> Option<String> {
+    out.lines()
+        .filter_map(|l| l.trim().split_once('|'))
+        .filter(|(_, path)| std::fs::canonicalize(path).is_ok_and(|p| p == script))
+        .filter_map(|(id, _)| id.parse::<u64>().ok())
+        .max()
+        .map(|id| id.to_string())
 }
 
 /// The job id in what `sbatch --parsable` printed: `<id>` or, on a cluster
@@ -637,6 +669,22 @@ mod tests {
         for bad in ["", "\n", "Submitted batch job \n", "5 ;x", "12\nerror\n"] {
             assert_eq!(parse_job_id(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_job_queued_by_a_failed_sbatch_is_found_by_its_script() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a.sbatch"), d.path().join("b.sbatch"));
+        std::fs::write(&a, "").unwrap();
+        std::fs::write(&b, "").unwrap();
+        let out = format!(
+            "7|{a}\n12|{b}\n9|{a}\n13|(null)\nx|{a}\n",
+            a = a.display(),
+            b = b.display()
+        );
+        assert_eq!(parse_queued_for(&out, &a), Some("9".into()));
+        assert_eq!(parse_queued_for(&out, &b), Some("12".into()));
+        assert_eq!(parse_queued_for("", &a), None);
     }
 
     #[test]

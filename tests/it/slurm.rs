@@ -299,6 +299,63 @@ fn cancel_records_jobs_that_never_started() {
     }
 }
 
+/// `sbatch` that fails after the controller queued the job (it timed out
+/// answering): the job SLURM holds is found by its script and recorded, so
+/// submitting again does not run it twice.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_job_queued_by_an_sbatch_that_failed_is_recorded_not_sent_again() {
+    require_cluster();
+    let root = project();
+    let bin = root.path().join("site-bin");
+    std::fs::create_dir(&bin).unwrap();
+    let real = stdout(&run_ok(
+        Command::new("sh").args(["-c", "command -v sbatch"]),
+    ));
+    let wrapper = bin.join("sbatch");
+    write(
+        &wrapper,
+        &format!(
+            "#!/bin/sh\n{} \"$@\" > /dev/null || exit 1\necho 'sbatch: error: Batch job submission failed: Socket timed out on send/recv operation' >&2\nexit 1\n",
+            real.trim()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let m = root.path().join("m.toml");
+    let name = format!("sweep-test-timedout-{}", std::process::id());
+    write(&m, &format!("name = \"timedout\"\ncommand = \"sleep 2\"\n[sweep.grid]\nx = [1, 2]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\n"));
+    let submit = || {
+        sweep(root.path())
+            .env("PATH", &path)
+            .args(["submit", m.to_str().unwrap(), "--executor", "slurm"])
+            .output()
+            .unwrap()
+    };
+    let first = submit();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{err}");
+    assert!(
+        err.contains("sbatch failed (")
+            && err.contains("Socket timed out")
+            && err.contains("but SLURM holds job"),
+        "{err}"
+    );
+    let again = submit();
+    assert!(
+        again.status.success() && !stdout(&again).contains("submitted job"),
+        "{again:?}"
+    );
+    assert_eq!(jobs_named(&name), 2, "each run once");
+    let s = wait_until_done(root.path(), &m, 60);
+    assert!(
+        s.values()
+            .all(|(st, code)| st == "COMPLETED" && *code == Some(0)),
+        "{s:?}"
+    );
+}
+
 /// A busy controller times out (`slurm_load_jobs error: Socket timed out`)
 /// while `sweep run` follows its jobs: it says so, asks again a little later,
 /// and follows the jobs to their end and the report.
