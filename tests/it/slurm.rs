@@ -130,6 +130,25 @@ fn a_group_larger_than_max_array_size_goes_out_as_several_arrays() {
     assert_eq!(s.len(), 10);
 }
 
+/// A site's own `tool` (a wrapper around SLURM's, as clusters have) first on
+/// a PATH: `body` is its shell script, `REAL` in it the path of SLURM's.
+/// Returns that PATH.
+fn site_tool(root: &Path, tool: &str, body: &str) -> String {
+    let bin = root.join("site-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let real = stdout(&run_ok(
+        Command::new("sh").args(["-c", &format!("command -v {tool}")]),
+    ));
+    let wrapper = bin.join(tool);
+    write(
+        &wrapper,
+        &format!("#!/bin/sh\n{}", body.replace("REAL", real.trim())),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!("{}:{}", bin.display(), std::env::var("PATH").unwrap())
+}
+
 /// A site's `sbatch` that prints a notice before the job id (a wrapper, a
 /// submit plugin): the job is queued, so its id is read past the notice and
 /// recorded, and submitting again sends nothing.
@@ -138,22 +157,11 @@ fn a_group_larger_than_max_array_size_goes_out_as_several_arrays() {
 fn a_sites_notice_before_the_job_id_loses_no_job() {
     require_cluster();
     let root = project();
-    let bin = root.path().join("site-bin");
-    std::fs::create_dir(&bin).unwrap();
-    let real = stdout(&run_ok(
-        Command::new("sh").args(["-c", "command -v sbatch"]),
-    ));
-    let wrapper = bin.join("sbatch");
-    write(
-        &wrapper,
-        &format!(
-            "#!/bin/sh\necho 'NOTE: this partition is charged at 2x'\nexec {} \"$@\"\n",
-            real.trim()
-        ),
+    let path = site_tool(
+        root.path(),
+        "sbatch",
+        "echo 'NOTE: this partition is charged at 2x'\nexec REAL \"$@\"\n",
     );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     let m = root.path().join("m.toml");
     let name = format!("sweep-test-notice-{}", std::process::id());
     write(&m, &format!("name = \"notice\"\ncommand = \"echo run {{{{ x }}}}\"\n[sweep.grid]\nx = [1, 2]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\n"));
@@ -307,22 +315,11 @@ fn cancel_records_jobs_that_never_started() {
 fn a_job_queued_by_an_sbatch_that_failed_is_recorded_not_sent_again() {
     require_cluster();
     let root = project();
-    let bin = root.path().join("site-bin");
-    std::fs::create_dir(&bin).unwrap();
-    let real = stdout(&run_ok(
-        Command::new("sh").args(["-c", "command -v sbatch"]),
-    ));
-    let wrapper = bin.join("sbatch");
-    write(
-        &wrapper,
-        &format!(
-            "#!/bin/sh\n{} \"$@\" > /dev/null || exit 1\necho 'sbatch: error: Batch job submission failed: Socket timed out on send/recv operation' >&2\nexit 1\n",
-            real.trim()
-        ),
+    let path = site_tool(
+        root.path(),
+        "sbatch",
+        "REAL \"$@\" > /dev/null || exit 1\necho 'sbatch: error: Batch job submission failed: Socket timed out on send/recv operation' >&2\nexit 1\n",
     );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     let m = root.path().join("m.toml");
     let name = format!("sweep-test-timedout-{}", std::process::id());
     write(&m, &format!("name = \"timedout\"\ncommand = \"sleep 2\"\n[sweep.grid]\nx = [1, 2]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\n"));
@@ -364,26 +361,18 @@ fn a_job_queued_by_an_sbatch_that_failed_is_recorded_not_sent_again() {
 fn a_scheduler_that_times_out_for_a_while_is_asked_again() {
     require_cluster();
     let root = project();
-    let bin = root.path().join("site-bin");
-    std::fs::create_dir(&bin).unwrap();
-    let real = stdout(&run_ok(
-        Command::new("sh").args(["-c", "command -v squeue"]),
-    ));
     let running = root.path().join("running");
     let failed = root.path().join("failed");
     // Once the job runs, the next two queries fail as a busy slurmctld's do.
-    let wrapper = bin.join("squeue");
-    write(
-        &wrapper,
+    let path = site_tool(
+        root.path(),
+        "squeue",
         &format!(
-            "#!/bin/sh\nif [ -e {r} ] && [ $(cat {f} 2>/dev/null | wc -l) -lt 2 ]; then\n  echo x >> {f}\n  echo 'squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation' >&2\n  exit 1\nfi\nexec {real} \"$@\"\n",
+            "if [ -e {r} ] && [ $(cat {f} 2>/dev/null | wc -l) -lt 2 ]; then\n  echo x >> {f}\n  echo 'squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation' >&2\n  exit 1\nfi\nexec REAL \"$@\"\n",
             r = running.display(),
             f = failed.display(),
-            real = real.trim()
         ),
     );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
     let m = root.path().join("m.toml");
     write(
         &m,
@@ -392,7 +381,6 @@ fn a_scheduler_that_times_out_for_a_while_is_asked_again() {
             running.display()
         ),
     );
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     let out = sweep(root.path())
         .env("PATH", &path)
         .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
