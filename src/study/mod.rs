@@ -214,6 +214,19 @@ pub fn lock_study(plan: &Plan, verb: &str, manifest: &Path, say: Say) -> Result<
             plan.study_dir.display(),
             holder
         ))
+    })
+    .map_err(|e| {
+        // A colleague's study, a read-only snapshot: say what reads it.
+        let io = e.root_cause().downcast_ref::<std::io::Error>();
+        match io.and_then(std::io::Error::raw_os_error) {
+            Some(libc::EROFS | libc::EACCES | libc::EPERM) => anyhow::anyhow!(
+                "{} cannot be written ({}): `sweep {verb}` writes the study's scripts and records there. \
+                 A study one cannot write is still read by `sweep status`, `sweep report --out DIR` and `sweep check`",
+                plan.study_dir.display(),
+                e.root_cause()
+            ),
+            _ => e,
+        }
     })?;
     if how == Acquired::Unsupported {
         say(&format!(

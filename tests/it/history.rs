@@ -575,6 +575,16 @@ fn a_read_only_history_is_read_as_it_is() {
         err.contains("cannot be written") && err.contains("`sweep -C DIR compare A B`"),
         "{err}"
     );
+    // Rendering or running it: what reads a study one cannot write.
+    for verb in ["render", "run"] {
+        let err = run_err(as_reader(root.path(), &bin).args([verb, m]));
+        assert!(
+            err.contains("cannot be written (Permission denied")
+                && err.contains(&format!("`sweep {verb}` writes the study's scripts"))
+                && err.contains("`sweep report --out DIR`"),
+            "{err}"
+        );
+    }
     assert_eq!(std::fs::read(&db).unwrap(), before);
     for p in &read_only {
         let mode = std::fs::metadata(p).unwrap().permissions().mode();
@@ -613,6 +623,13 @@ fn a_read_only_history_is_read_as_it_is() {
                 probe.status.success() && stdout(&probe).contains("tps-2000"),
                 "{}",
                 String::from_utf8_lossy(&probe.stderr)
+            );
+            let render = ro(&["render", m]);
+            let err = String::from_utf8_lossy(&render.stderr);
+            assert!(
+                !render.status.success()
+                    && err.contains("cannot be written (Read-only file system"),
+                "{err}"
             );
             let import = ro(&["history", "--import", "results/scaled"]);
             let err = String::from_utf8_lossy(&import.stderr);
