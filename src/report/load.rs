@@ -588,58 +588,7 @@ fn read_run(
         ..RunLog::new(name, status)
     };
     match pattern {
-        Some(re) => {
-            let mut logs: Vec<PathBuf> = Vec::new();
-            match std::fs::read_dir(dir) {
-                Ok(entries) => {
-                    for e in entries {
-                        match e {
-                            Ok(e) if e.path().extension().is_some_and(|x| x == "out") => {
-                                logs.push(e.path())
-                            }
-                            Ok(_) => {}
-                            Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
-                        }
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
-            }
-            logs.sort();
-            // The last log the pattern never matched: its name, lines, and
-            // the program's first ones.
-            let mut missed = None;
-            for l in &logs {
-                match ingest::read_log(l, Some(study_dir)) {
-                    Ok(bytes) => {
-                        let (points, omitted) = ingest::pattern::parse(re, &bytes);
-                        if points.is_empty() {
-                            missed = Some((l, unmatched(&bytes)));
-                        }
-                        run.points.extend(points);
-                        run.issues.extend(omitted.describe(l));
-                    }
-                    Err(why) => run.issues.push(why),
-                }
-            }
-            // A log the pattern never matched: say so, with what the log
-            // says instead (a pattern that does not fit the program's lines
-            // is the likely cause), rather than "no metrics".
-            let completed = run.status.state == crate::executor::State::Completed;
-            let none = run.points.is_empty() && completed && run.issues.is_empty();
-            if let Some((log, (count, first))) = missed.filter(|_| none) {
-                let shown = match first.is_empty() {
-                    true => "none of them the program's".to_string(),
-                    false => format!("the program's first: {}", first.join(" · ")),
-                };
-                run.reason = Some(format!(
-                    "no line of {} matches [report] line_pattern `{}`: it has {count} lines, {shown}",
-                    log.file_name()
-                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
-                    crate::util::text::cell(re.as_str())
-                ));
-            }
-        }
+        Some(re) => read_pattern_logs(&mut run, dir, study_dir, re),
         None => {
             let path = dir.join(crate::train::run::record::METRICS_FILE);
             match ingest::read_log(&path, Some(study_dir)) {
@@ -679,4 +628,66 @@ fn read_run(
         });
     }
     run
+}
+
+/// A command run's points: each `*.out` log of its directory read with the
+/// pattern. Where a completed run's log never matched, the reason says what
+/// the log says instead (a pattern that does not fit the program's lines is
+/// the likely cause) rather than "no metrics".
+fn read_pattern_logs(
+    run: &mut RunLog,
+    dir: &Path,
+    study_dir: &Path,
+    re: &ingest::pattern::Pattern,
+) {
+    let mut logs: Vec<PathBuf> = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for e in entries {
+                match e {
+                    Ok(e) if e.path().extension().is_some_and(|x| x == "out") => {
+                        logs.push(e.path())
+                    }
+                    Ok(_) => {}
+                    Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
+    }
+    logs.sort();
+    // The last log the pattern never matched: its name, lines, and
+    // the program's first ones.
+    let mut missed = None;
+    for l in &logs {
+        match ingest::read_log(l, Some(study_dir)) {
+            Ok(bytes) => {
+                let (points, omitted) = ingest::pattern::parse(re, &bytes);
+                if points.is_empty() {
+                    missed = Some((l, unmatched(&bytes)));
+                }
+                run.points.extend(points);
+                run.issues.extend(omitted.describe(l));
+            }
+            Err(why) => run.issues.push(why),
+        }
+    }
+    // A log the pattern never matched: say so, with what the log
+    // says instead (a pattern that does not fit the program's lines
+    // is the likely cause), rather than "no metrics".
+    let completed = run.status.state == crate::executor::State::Completed;
+    let none = run.points.is_empty() && completed && run.issues.is_empty();
+    if let Some((log, (count, first))) = missed.filter(|_| none) {
+        let shown = match first.is_empty() {
+            true => "none of them the program's".to_string(),
+            false => format!("the program's first: {}", first.join(" · ")),
+        };
+        run.reason = Some(format!(
+            "no line of {} matches [report] line_pattern `{}`: it has {count} lines, {shown}",
+            log.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            crate::util::text::cell(re.as_str())
+        ));
+    }
 }
