@@ -260,7 +260,7 @@ fn peak_flops(t: &Trainer) -> Result<(f64, String)> {
 }
 
 /// The counters and the metrics log (rank 0 writes it), after saying what is
-/// trained against what peak.
+/// trained against what peak; with several ranks, where each runs.
 fn open_reporter(
     t: &Trainer,
     run_dir: &Path,
@@ -285,7 +285,28 @@ fn open_reporter(
         reporter.resume(first - 1)?;
     }
     reporter.fallbacks(first, &t.fallbacks)?;
+    if t.ranks().world_size > 1 {
+        let hosts = dist::gather_hosts(&*t.comm, &t.device)?;
+        reporter.placement(first, hosts)?;
+    }
     Ok(reporter)
+}
+
+/// Under a watchdog: this rank's progress after each step, its stacks on
+/// request.
+fn watched(t: &Trainer, run_dir: &Path) -> Result<Option<Heartbeat>> {
+    let beat = Heartbeat::open(run_dir, t.ranks().rank);
+    self::stacks::install(run_dir, t.ranks().rank)?;
+    Ok(beat)
+}
+
+/// Whether every rank stops after this step, and the signal that reached
+/// this one: they all stop at the same step, even when a signal reached only
+/// some of them yet.
+fn agree_to_stop(t: &Trainer, stop: &Stop) -> Result<(bool, Option<&'static str>)> {
+    let signal = stop.take();
+    let [stopping] = dist::sum_scalars(&*t.comm, [signal.is_some() as u8 as f64], &t.device)?;
+    Ok((stopping > 0.0, signal))
 }
 
 /// The training loop of one rank, from the latest checkpoint to the last step.
@@ -308,14 +329,8 @@ fn train(
     // What the trainer trains with, resumed; the loop only reads it.
     let cfg = t.cfg.clone();
     let main = t.ranks().is_main();
+    let mut beat = watched(t, run_dir)?;
     let mut reporter = open_reporter(t, run_dir, first, peak)?;
-    // Under a watchdog: this rank's progress after each step, its stacks on request.
-    let mut beat = Heartbeat::open(run_dir, t.ranks().rank);
-    self::stacks::install(run_dir, t.ranks().rank)?;
-    if t.ranks().world_size > 1 {
-        let hosts = dist::gather_hosts(&*t.comm, &t.device)?;
-        reporter.placement(first, hosts)?;
-    }
     let mut loader = DataLoader::spawn(stream, cfg.batch(), cfg.prefetch);
     let tokens_per_step = (cfg.batch() * cfg.sequence_length * cfg.gradient_accumulation) as u64;
     let schedule = schedule::Schedule::new(&cfg);
@@ -378,15 +393,12 @@ fn train(
             })?;
         }
 
-        // Every rank stops at the same step, even when the signal reached
-        // only some of them yet.
-        let signal = stop.take();
-        let [stopping] = dist::sum_scalars(&*t.comm, [signal.is_some() as u8 as f64], &t.device)?;
-        if due.checkpoint || stopping > 0.0 {
+        let (stopping, signal) = agree_to_stop(t, stop)?;
+        if due.checkpoint || stopping {
             let at = position.as_ref().expect("a step read its micro-batches");
             let dir = save_checkpoint(t, &cfg, run_dir, step, at, &monitor, elapsed)?;
             saved = step;
-            if stopping > 0.0 {
+            if stopping {
                 if main {
                     let why = signal.unwrap_or("a stop signal (on another rank)");
                     eprintln!("sweep train: {why} received; checkpoint {} written at step {step}; exiting to be requeued", dir.display());
