@@ -116,10 +116,7 @@ fn number(text: &str) -> f64 {
     let (int, frac) = text
         .split_once('.')
         .map_or((text, None), |(i, f)| (i, Some(f)));
-    let (sign, int) = match int.strip_prefix('-') {
-        Some(rest) => ("-", rest),
-        None => ("", int),
-    };
+    let int = int.strip_prefix('-').unwrap_or(int);
     let mut groups = int.split(',');
     let first = groups.next().unwrap_or_default();
     let digits = |g: &str| g.bytes().all(|b| b.is_ascii_digit());
@@ -128,15 +125,10 @@ fn number(text: &str) -> f64 {
         && int.contains(',')
         && groups.all(|g| g.len() == 3 && digits(g))
         && frac.is_none_or(|f| !f.is_empty() && digits(f));
-    if !grouped {
-        return f64::NAN;
+    match grouped {
+        true => text.replace(',', "").parse().unwrap_or(f64::NAN),
+        false => f64::NAN,
     }
-    let plain = format!(
-        "{sign}{}{}",
-        int.replace(',', ""),
-        frac.map_or(String::new(), |f| format!(".{f}"))
-    );
-    plain.parse().unwrap_or(f64::NAN)
 }
 
 /// The last point of a running command's log (the newest `*.out` in its
