@@ -338,6 +338,21 @@ pub struct RunLog {
     pub log_tail: Option<LogTail>,
 }
 
+/// A run directory's job logs (`*.out`, regular files), each with when it
+/// was last written.
+fn job_logs(dir: &Path) -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
+        .filter_map(|e| Some((e.metadata().ok()?, e.path())))
+        .filter(|(m, _)| m.is_file())
+        .filter_map(|(m, p)| Some((p, m.modified().ok()?)))
+        .collect()
+}
+
 /// The last lines of a run's log.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LogTail {
@@ -353,12 +368,7 @@ impl LogTail {
     /// reported: `local.out` for a local job, `<name>-<job>.out` for a SLURM
     /// job (or array task); else the log written last.
     pub fn read(dir: &Path, job: Option<&str>) -> Option<LogTail> {
-        let logs: Vec<(std::path::PathBuf, std::time::SystemTime)> = std::fs::read_dir(dir)
-            .ok()?
-            .flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
-            .filter_map(|e| Some((e.path(), e.metadata().ok()?.modified().ok()?)))
-            .collect();
+        let logs = job_logs(dir);
         let named = |p: &Path, job: &str| {
             let name = p
                 .file_name()

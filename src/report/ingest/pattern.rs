@@ -136,14 +136,9 @@ fn number(text: &str) -> f64 {
 /// live view; `None` before its first matching line.
 pub fn last_point(pattern: &Pattern, dir: &std::path::Path) -> Option<Point> {
     const TAIL: usize = 64 << 10;
-    let log = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
-        .filter_map(|e| Some((e.metadata().ok()?, e.path())))
-        .filter(|(m, _)| m.is_file())
-        .max_by_key(|(m, _)| m.modified().ok())?
-        .1;
+    let (log, _) = super::job_logs(dir)
+        .into_iter()
+        .max_by_key(|(_, written)| *written)?;
     // One byte more than the tail says whether the tail was cut; a cut
     // first line is left out.
     let read = crate::util::fs::read_tail(&log, TAIL as u64 + 1).ok()?;
