@@ -437,10 +437,17 @@ fn short_runs(runs: &[RunLog], skip_first: usize) -> Vec<Problem> {
             run: r.name.clone(),
             state: r.status.describe(),
             reason: format!(
-                "it logged {} points, not more than the {skip_first} the report skips as warm-up: \
-                 its figures use every point after the first (log more steps, or lower \
-                 `[report] skip_first` / --skip-first)",
-                r.points.len()
+                "it logged {}, not more than the {skip_first} the report skips as warm-up: \
+                 its figures use {} (log more steps, or lower `[report] skip_first` / \
+                 --skip-first)",
+                match r.points.len() {
+                    1 => "1 point".to_string(),
+                    n => format!("{n} points"),
+                },
+                match skip_of(r, skip_first) {
+                    0 => "that point",
+                    _ => "every point after the first",
+                }
             ),
         })
         .collect()

@@ -93,3 +93,36 @@ fn repeats_far_apart_are_said_with_their_likely_cause() {
         None
     );
 }
+
+/// A log too short for the warm-up skip says what its figures use: the one
+/// point it has, or every point after the first.
+#[test]
+fn a_short_log_says_which_of_its_points_the_figures_use() {
+    let run = |n: usize| RunLog {
+        points: (0..n)
+            .map(|i| crate::report::ingest::Point {
+                step: i as f64,
+                tokens_per_second: Some(100.0),
+                ..Default::default()
+            })
+            .collect(),
+        ..RunLog::new(format!("r{n}"), Status::new(State::Completed))
+    };
+    let said: Vec<String> = short_runs(&[run(1), run(3), run(6)], 5)
+        .iter()
+        .map(|p| p.reason.clone())
+        .collect();
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(
+        said[0].starts_with("it logged 1 point, not more than the 5")
+            && said[0].contains("use that point"),
+        "{}",
+        said[0]
+    );
+    assert!(
+        said[1].starts_with("it logged 3 points,")
+            && said[1].contains("use every point after the first"),
+        "{}",
+        said[1]
+    );
+}
