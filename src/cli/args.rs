@@ -74,7 +74,7 @@ pub enum Cmd {
     Run(SubmitArgs),
     /// Submit the sweep's jobs (skipping what is completed, pending or running).
     #[command(
-        after_help = "Examples:\n  sweep submit experiments/quickstart.toml --executor local\n  sweep submit experiments/pretokenization.toml --executor slurm\n  sweep submit experiments/pretokenization.toml --retry-failed"
+        after_help = "Examples:\n  sweep submit experiments/quickstart.toml --executor local\n  sweep submit experiments/pretokenization.toml --executor slurm\n  sweep submit experiments/pretokenization.toml --retry-failed\n\nExit 75: SLURM took no more of your jobs for now (a MaxSubmitJobs limit); the runs not submitted go out with `sweep submit` again later, or as jobs end with `sweep run`."
     )]
     Submit(SubmitArgs),
     /// Show the state of every run of a sweep.

@@ -309,6 +309,10 @@ pub fn submit(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<Exi
         },
     )?;
     printed?;
+    if let Some(held) = &done.held {
+        eprintln!("{}", held_note(&sub, held, &args.manifest));
+        return Ok(ExitCode::from(HELD_EXIT));
+    }
     if let Some(sig) = done.interrupted {
         eprintln!(
             "{}",
@@ -335,6 +339,28 @@ pub fn submit(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<Exi
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `sweep submit`'s exit status where SLURM held runs back: EX_TEMPFAIL,
+/// "try again later".
+const HELD_EXIT: u8 = 75;
+
+/// What SLURM held back, and the two ways to send it.
+fn held_note(sub: &study::Submission, held: &crate::executor::Held, manifest: &Path) -> String {
+    let names: Vec<&str> = held
+        .units
+        .iter()
+        .map(|&i| sub.units[i].name.as_str())
+        .collect();
+    let shown = names.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+    let more = if names.len() > 3 { ", …" } else { "" };
+    format!(
+        "sweep: SLURM takes no more of your jobs for now ({}): {} run(s) not submitted ({shown}{more}). \
+         `sweep run {m}` submits them as jobs end and follows the study; or `sweep submit {m}` again once jobs have ended",
+        held.reason,
+        names.len(),
+        m = manifest.display()
+    )
 }
 
 /// One line per submitted job, or per local job as it starts and ends.

@@ -159,9 +159,7 @@ impl Executor for LocalExecutor {
                     });
                 }
             }
-            return Ok(Submitted {
-                ..Default::default()
-            });
+            return Ok(Submitted::default());
         }
         // Every run can start here, or nothing starts: every rank of a
         // local run is a process on this machine.
@@ -187,6 +185,7 @@ impl Executor for LocalExecutor {
         Ok(Submitted {
             outcomes,
             interrupted,
+            held: None,
         })
     }
 

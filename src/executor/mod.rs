@@ -164,6 +164,19 @@ pub struct Submitted {
     pub outcomes: Vec<local::Outcome>,
     /// The stop signal (Ctrl-C, SIGTERM, SIGHUP) that ended the local jobs early.
     pub interrupted: Option<i32>,
+    /// The units SLURM would not take yet, if it refused some.
+    pub held: Option<Held>,
+}
+
+/// Units held back: SLURM refused more jobs for a limit on the jobs one may
+/// have queued at once (a QOS's or an account's `MaxSubmitJobs`; each task
+/// of an array counts). They stay unsubmitted until jobs have ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    /// The limit SLURM named (`QOSMaxSubmitJobPerUserLimit`).
+    pub reason: String,
+    /// The units not submitted, by index.
+    pub units: Vec<usize>,
 }
 
 /// An executor: where jobs run. `submit` sends (SLURM) or runs (local) the
@@ -281,14 +294,7 @@ pub fn decide(
             st => Decision::SkipFailed(st),
         })
         .collect();
-    // A run whose stage failed (and is not retried) cannot run.
-    for i in 0..units.len() {
-        if let Some(s) = units[i].stage {
-            if d[i] == Decision::Submit && matches!(d[s], Decision::SkipFailed(_)) {
-                d[i] = Decision::Blocked;
-            }
-        }
-    }
+    block_runs_of_failed_stages(units, &mut d);
     // A stage is only worth running for runs that will run.
     for s in (0..units.len()).filter(|&i| units[i].kind == UnitKind::Stage) {
         let needed =
@@ -297,6 +303,35 @@ pub fn decide(
             d[s] = Decision::Skip(status[s].state);
         }
     }
+    d
+}
+
+/// A run whose stage failed (and is not retried) cannot run.
+fn block_runs_of_failed_stages(units: &[Unit], d: &mut [Decision]) {
+    for i in 0..units.len() {
+        if let Some(s) = units[i].stage {
+            if d[i] == Decision::Submit && matches!(d[s], Decision::SkipFailed(_)) {
+                d[i] = Decision::Blocked;
+            }
+        }
+    }
+}
+
+/// What to do once jobs have ended and SLURM may take what it held back:
+/// the held units are submitted (a run whose stage has failed since is
+/// blocked); every other unit is left as it is now, ended or going.
+pub fn decide_held(units: &[Unit], status: &[Status], held: &Held) -> Vec<Decision> {
+    let mut d: Vec<Decision> = status
+        .iter()
+        .map(|s| match s.state {
+            st if st.is_active() || st.is_due() || st == State::Completed => Decision::Skip(st),
+            st => Decision::SkipFailed(st),
+        })
+        .collect();
+    for &i in &held.units {
+        d[i] = Decision::Submit;
+    }
+    block_runs_of_failed_stages(units, &mut d);
     d
 }
 
@@ -429,6 +464,62 @@ mod tests {
                 assert_eq!(got, vec![want], "{state} retry_failed={retry_failed}");
             }
         }
+    }
+
+    /// Once jobs have ended, only what SLURM held back goes out: a run that
+    /// failed meanwhile is not retried, one whose stage failed is blocked,
+    /// one whose stage is cached, going or held too goes.
+    #[test]
+    fn only_the_held_units_go_out_when_room_frees() {
+        use Decision::*;
+        let units = [
+            unit(UnitKind::Stage, "stage", None),
+            unit(UnitKind::Run, "a", Some(0)),
+            unit(UnitKind::Run, "b", Some(0)),
+            unit(UnitKind::Run, "c", None),
+            unit(UnitKind::Run, "d", None),
+        ];
+        let held = Held {
+            reason: "QOSMaxSubmitJobPerUserLimit".into(),
+            units: vec![2, 4],
+        };
+        let at = |stage: State| {
+            let states = [
+                stage,
+                State::Running,
+                State::Unsubmitted,
+                State::Failed,
+                State::Unsubmitted,
+            ];
+            let status: Vec<Status> = states.into_iter().map(Status::new).collect();
+            decide_held(&units, &status, &held)
+        };
+        for stage in [State::Running, State::Completed, State::Unsubmitted] {
+            assert_eq!(
+                at(stage),
+                [
+                    Skip(stage),
+                    Skip(State::Running),
+                    Submit,
+                    SkipFailed(State::Failed),
+                    Submit
+                ],
+                "stage {stage}"
+            );
+        }
+        assert_eq!(at(State::Failed)[2], Blocked);
+        let both = Held {
+            units: vec![0, 2],
+            ..held.clone()
+        };
+        let status: Vec<Status> = [State::Unsubmitted; 5]
+            .into_iter()
+            .map(Status::new)
+            .collect();
+        assert_eq!(
+            decide_held(&units, &status, &both)[..3],
+            [Submit, Skip(State::Unsubmitted), Submit]
+        );
     }
 
     /// A stage and the run that waits for it: a valid cached output is never

@@ -4,7 +4,7 @@
 //! runs need, and one `squeue` call for the state of
 //! the whole sweep.
 
-use super::{Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
+use super::{Decision, Event, Executor, Held, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::ExecutorKind;
 use crate::util::process::output;
 use anyhow::{bail, Context, Result};
@@ -55,10 +55,11 @@ impl Executor for SlurmExecutor {
         dry_run: bool,
         on: &mut dyn FnMut(Event<'_>),
     ) -> Result<Submitted> {
-        for job in submit(study_dir, units, decisions, dry_run)? {
-            on(Event::Submitted(&job));
-        }
-        Ok(Submitted::default())
+        let held = submit(study_dir, units, decisions, dry_run, on)?;
+        Ok(Submitted {
+            held,
+            ..Submitted::default()
+        })
     }
 
     fn statuses(&self, jobs: &[(&str, &Path)]) -> Result<Vec<Status>> {
@@ -87,18 +88,54 @@ impl Executor for SlurmExecutor {
 }
 
 /// Submits what `decisions` says, stages first; records every job id in its
-/// unit's record as soon as sbatch returns it.
+/// unit's record, and says so (`on`), as soon as sbatch returns it. Where
+/// SLURM refuses more jobs for a limit on the jobs one may have queued at
+/// once, the rest is held back, said in what it returns.
 pub fn submit(
     study_dir: &Path,
     units: &mut [Unit],
     decisions: &[Decision],
     dry_run: bool,
-) -> Result<Vec<Sbatch>> {
-    let mut subs = Vec::new();
-    let stage_jobs = submit_stages(units, decisions, dry_run, &mut subs)?;
-    submit_blocks(study_dir, units, decisions, &stage_jobs, dry_run, &mut subs)?;
-    submit_arrays(study_dir, units, decisions, &stage_jobs, dry_run, &mut subs)?;
-    Ok(subs)
+    on: &mut dyn FnMut(Event<'_>),
+) -> Result<Option<Held>> {
+    let mut s = Sending {
+        study_dir,
+        dry_run,
+        on,
+        sent: vec![false; units.len()],
+        limit: None,
+    };
+    let stage_jobs = submit_stages(units, decisions, &mut s)?;
+    submit_blocks(units, decisions, &stage_jobs, &mut s)?;
+    submit_arrays(units, decisions, &stage_jobs, &mut s)?;
+    Ok(s.limit.map(|reason| Held {
+        reason,
+        units: (0..units.len())
+            .filter(|&i| decisions[i] == Decision::Submit && !s.sent[i])
+            .collect(),
+    }))
+}
+
+/// One submission as it goes: what went out, and the limit that stopped it.
+struct Sending<'a> {
+    study_dir: &'a Path,
+    dry_run: bool,
+    on: &'a mut dyn FnMut(Event<'_>),
+    /// By unit: submitted by this call.
+    sent: Vec<bool>,
+    /// The submit limit SLURM named once it refused a job: nothing more is
+    /// sent.
+    limit: Option<String>,
+}
+
+impl Sending<'_> {
+    /// `job` went out with the units `members`: said at once.
+    fn sent(&mut self, job: &Sbatch, members: &[usize]) {
+        for &i in members {
+            self.sent[i] = true;
+        }
+        (self.on)(Event::Submitted(job));
+    }
 }
 
 /// The stages due; returns every stage's job that runs may wait for:
@@ -106,8 +143,7 @@ pub fn submit(
 fn submit_stages(
     units: &mut [Unit],
     decisions: &[Decision],
-    dry_run: bool,
-    subs: &mut Vec<Sbatch>,
+    s: &mut Sending<'_>,
 ) -> Result<HashMap<usize, String>> {
     let mut stage_jobs: HashMap<usize, String> = HashMap::new();
     for i in 0..units.len() {
@@ -115,21 +151,27 @@ fn submit_stages(
             continue;
         }
         match &decisions[i] {
-            Decision::Submit => {
+            Decision::Submit if s.limit.is_none() => {
                 let script = units[i].dir.join(crate::layout::JOB_SBATCH);
-                let id = sbatch(&[], &script, dry_run)?;
-                if !dry_run {
+                let id = match sbatch(&[], &script, s.dry_run)? {
+                    Answer::Queued(id) => id,
+                    Answer::Full(limit) => {
+                        s.limit = Some(limit);
+                        continue;
+                    }
+                };
+                if !s.dry_run {
                     units[i].record_job(ExecutorKind::Slurm, id.clone())?;
                 }
                 // A dry run has no id: the stage's name keeps its runs apart
                 // from another stage's, as its id would.
-                let dep = if dry_run {
+                let dep = if s.dry_run {
                     units[i].name.clone()
                 } else {
                     id.clone()
                 };
                 stage_jobs.insert(i, dep);
-                subs.push(Sbatch {
+                let job = Sbatch {
                     job_id: id,
                     script,
                     units: vec![units[i].name.clone()],
@@ -137,9 +179,10 @@ fn submit_stages(
                     block: None,
                     depends_on: vec![],
                     after_stages: vec![],
-                });
+                };
+                s.sent(&job, &[i]);
             }
-            Decision::Skip(s) if s.is_active() => {
+            Decision::Skip(st) if st.is_active() => {
                 if let Some(j) = units[i].record.last_job() {
                     stage_jobs.insert(i, j.job_id.clone());
                 }
@@ -174,12 +217,10 @@ fn after_and(dep: &[String], any: Option<&str>) -> Vec<String> {
 
 /// Packed runs, block by block, each block one job.
 fn submit_blocks(
-    study_dir: &Path,
     units: &mut [Unit],
     decisions: &[Decision],
     stage_jobs: &HashMap<usize, String>,
-    dry_run: bool,
-    subs: &mut Vec<Sbatch>,
+    s: &mut Sending<'_>,
 ) -> Result<()> {
     let mut blocks: IndexMap<u32, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
@@ -188,28 +229,38 @@ fn submit_blocks(
         }
     }
     for (block, members) in blocks {
+        if s.limit.is_some() {
+            break;
+        }
         let (dep, after_stages) = waits_for(units, &members, stage_jobs);
         let allocation =
             crate::plan::pack::Allocation::of(members.iter().map(|&i| &units[i].slurm))
                 .expect("a block has runs");
         let head = crate::plan::pack::block_header(&header(&units[members[0]].script), &allocation);
         let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
-        let script = super::scripts::block(study_dir, block, &head, &dirs, dry_run)?;
-        let id = sbatch(&after(&dep), &script, dry_run)?;
-        if !dry_run {
+        let script = super::scripts::block(s.study_dir, block, &head, &dirs, s.dry_run)?;
+        let id = match sbatch(&after(&dep), &script, s.dry_run)? {
+            Answer::Queued(id) => id,
+            Answer::Full(limit) => {
+                s.limit = Some(limit);
+                break;
+            }
+        };
+        if !s.dry_run {
             for &i in &members {
                 units[i].record_job_in(ExecutorKind::Slurm, id.clone(), Some(block))?;
             }
         }
-        subs.push(Sbatch {
+        let job = Sbatch {
             job_id: id,
             script,
             units: members.iter().map(|&i| units[i].name.clone()).collect(),
             array: false,
             block: Some(block),
             after_stages,
-            depends_on: dep.into_iter().filter(|_| !dry_run).collect(),
-        });
+            depends_on: dep.into_iter().filter(|_| !s.dry_run).collect(),
+        };
+        s.sent(&job, &members);
     }
     Ok(())
 }
@@ -217,12 +268,10 @@ fn submit_blocks(
 /// The other runs: those that share their #SBATCH header and throttle as
 /// one array, a run alone as its own job.
 fn submit_arrays(
-    study_dir: &Path,
     units: &mut [Unit],
     decisions: &[Decision],
     stage_jobs: &HashMap<usize, String>,
-    dry_run: bool,
-    subs: &mut Vec<Sbatch>,
+    s: &mut Sending<'_>,
 ) -> Result<()> {
     let mut groups: IndexMap<ArrayKey, Vec<usize>> = IndexMap::new();
     for (i, u) in units.iter().enumerate() {
@@ -237,22 +286,35 @@ fn submit_arrays(
     // An array's task indices run below the cluster's MaxArraySize: a larger
     // group goes out as several arrays, each after the one before where a
     // throttle holds (`%N` is per array: chained, N stays the most at once).
-    let max = match dry_run || groups.values().all(|m| m.len() < 2) {
+    let max = match s.dry_run || groups.values().all(|m| m.len() < 2) {
         true => crate::util::slurm::DEFAULT_MAX_ARRAY_SIZE,
         false => crate::util::slurm::max_array_size(),
     };
     for ((head, throttle, exclude), members) in groups {
         let mut previous: Option<String> = None;
-        for chunk in members.chunks(max) {
-            let chained = previous.as_deref().filter(|_| throttle.is_some());
+        let mut arrays: std::collections::VecDeque<&[usize]> = members.chunks(max).collect();
+        while let Some(chunk) = arrays.pop_front() {
+            if s.limit.is_some() {
+                return Ok(());
+            }
             let job = ArrayJob {
                 head: &head,
                 throttle,
                 exclude: &exclude,
-                after: chained,
+                after: previous.as_deref().filter(|_| throttle.is_some()),
             };
-            let id = submit_array(study_dir, units, chunk, job, stage_jobs, dry_run, subs)?;
-            previous = Some(id);
+            match submit_array(units, chunk, job, stage_jobs, s)? {
+                Answer::Queued(id) => previous = Some(id),
+                // Each task counts as a job against the limit: the first
+                // half may fit where the whole does not (the plan's order
+                // kept: the second half goes after it, or is held).
+                Answer::Full(_) if chunk.len() > 1 => {
+                    let (first, second) = chunk.split_at(chunk.len().div_ceil(2));
+                    arrays.push_front(second);
+                    arrays.push_front(first);
+                }
+                Answer::Full(limit) => s.limit = Some(limit),
+            }
         }
     }
     Ok(())
@@ -270,60 +332,54 @@ struct ArrayJob<'a> {
 /// One array of the runs `members` (a run alone: its own job), after the
 /// stages they need and, where given, after the array before it.
 fn submit_array(
-    study_dir: &Path,
     units: &mut [Unit],
     members: &[usize],
     job: ArrayJob<'_>,
     stage_jobs: &HashMap<usize, String>,
-    dry_run: bool,
-    subs: &mut Vec<Sbatch>,
-) -> Result<String> {
+    s: &mut Sending<'_>,
+) -> Result<Answer> {
     let (dep, after_stages) = waits_for(units, members, stage_jobs);
     let mut args = after_and(&dep, job.after);
     if !job.exclude.is_empty() {
         args.push(format!("--exclude={}", job.exclude.join(",")));
     }
-    if members.len() == 1 {
-        let u = &mut units[members[0]];
-        let script = u.dir.join(crate::layout::JOB_SBATCH);
-        let id = sbatch(&args, &script, dry_run)?;
-        if !dry_run {
-            u.record_job(ExecutorKind::Slurm, id.clone())?;
+    let (script, array) = match members {
+        [one] => (units[*one].dir.join(crate::layout::JOB_SBATCH), false),
+        _ => {
+            let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
+            let script = super::scripts::array(s.study_dir, job.head, &dirs, s.dry_run)?;
+            let mut range = format!("--array=0-{}", members.len() - 1);
+            if let Some(t) = job.throttle {
+                range.push_str(&format!("%{t}"));
+            }
+            args.push(range);
+            (script, true)
         }
-        subs.push(Sbatch {
-            job_id: id.clone(),
-            script,
-            units: vec![u.name.clone()],
-            array: false,
-            block: None,
-            after_stages,
-            depends_on: waited(dep, job.after, dry_run),
-        });
-        return Ok(id);
-    }
-    let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
-    let script = super::scripts::array(study_dir, job.head, &dirs, dry_run)?;
-    let mut range = format!("--array=0-{}", members.len() - 1);
-    if let Some(t) = job.throttle {
-        range.push_str(&format!("%{t}"));
-    }
-    args.push(range);
-    let id = sbatch(&args, &script, dry_run)?;
-    if !dry_run {
+    };
+    let id = match sbatch(&args, &script, s.dry_run)? {
+        Answer::Queued(id) => id,
+        full => return Ok(full),
+    };
+    if !s.dry_run {
         for (k, &i) in members.iter().enumerate() {
-            units[i].record_job(ExecutorKind::Slurm, format!("{id}_{k}"))?;
+            let task = match array {
+                true => format!("{id}_{k}"),
+                false => id.clone(),
+            };
+            units[i].record_job(ExecutorKind::Slurm, task)?;
         }
     }
-    subs.push(Sbatch {
+    let sent = Sbatch {
         job_id: id.clone(),
         script,
         units: members.iter().map(|&i| units[i].name.clone()).collect(),
-        array: true,
+        array,
         block: None,
         after_stages,
-        depends_on: waited(dep, job.after, dry_run),
-    });
-    Ok(id)
+        depends_on: waited(dep, job.after, s.dry_run),
+    };
+    s.sent(&sent, members);
+    Ok(Answer::Queued(id))
 }
 
 /// The jobs a submitted job waits for, as submitted (none on a dry run).
@@ -422,9 +478,17 @@ fn header(script: &str) -> Vec<String> {
         .collect()
 }
 
-fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<String> {
+/// What `sbatch` answered: the job's id, or a refusal for a limit on the
+/// jobs one may have queued at once, which waiting for jobs to end lifts.
+enum Answer {
+    Queued(String),
+    /// The limit SLURM named (`QOSMaxSubmitJobPerUserLimit`).
+    Full(String),
+}
+
+fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
     if dry_run {
-        return Ok(String::new());
+        return Ok(Answer::Queued(String::new()));
     }
     let out = match output(
         Command::new("sbatch")
@@ -433,25 +497,44 @@ fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<String> {
             .arg(script),
     ) {
         Ok(out) => out,
-        // A controller that timed out answering may have queued the job all
-        // the same (`Socket timed out on send/recv operation`): a job SLURM
-        // holds for this script is recorded, not sent a second time.
-        Err(e) => match queued_for(script) {
-            Some(id) => {
-                eprintln!(
-                    "sweep: sbatch failed ({}), but SLURM holds job {id} of {}: recorded",
-                    crate::util::text::note(&e.root_cause().to_string()),
-                    script.display()
-                );
-                return Ok(id);
+        Err(e) => {
+            let why = e.root_cause().to_string();
+            if let Some(limit) = submit_limit(&why) {
+                return Ok(Answer::Full(limit.to_string()));
             }
-            None => return Err(e).with_context(|| format!("submitting {}", script.display())),
-        },
+            // A controller that timed out answering may have queued the job
+            // all the same (`Socket timed out on send/recv operation`): a job
+            // SLURM holds for this script is recorded, not sent a second time.
+            return match queued_for(script) {
+                Some(id) => {
+                    eprintln!(
+                        "sweep: sbatch failed ({}), but SLURM holds job {id} of {}: recorded",
+                        crate::util::text::note(&why),
+                        script.display()
+                    );
+                    Ok(Answer::Queued(id))
+                }
+                None => Err(e).with_context(|| format!("submitting {}", script.display())),
+            };
+        }
     };
     match parse_job_id(&out) {
-        Some(id) => Ok(id.to_string()),
+        Some(id) => Ok(Answer::Queued(id.to_string())),
         None => bail!("sbatch printed `{}` instead of a job id", out.trim()),
     }
+}
+
+/// The limit SLURM names where it refuses a job because of the jobs one
+/// has queued already (`QOSMaxSubmitJobPerUserLimit`,
+/// `QOSMaxSubmitJobPerAccountLimit`, `AssocMaxSubmitJobLimit`,
+/// `AssocGrpSubmitJobsLimit`, `QOSGrpSubmitJobsLimit`). The policy line
+/// after it ("Job violates accounting/QOS policy (job submit limit, user's
+/// size and/or time limits)") is the same for limits no wait lifts (a time
+/// over the QOS's), so the name decides.
+fn submit_limit(stderr: &str) -> Option<&str> {
+    stderr
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|w| w.contains("SubmitJob") && w.ends_with("Limit"))
 }
 
 /// The newest job (an array's own id) SLURM holds of the user's whose batch
@@ -685,6 +768,32 @@ mod tests {
         assert_eq!(parse_queued_for(&out, &a), Some("9".into()));
         assert_eq!(parse_queued_for(&out, &b), Some("12".into()));
         assert_eq!(parse_queued_for("", &a), None);
+    }
+
+    #[test]
+    fn a_submit_limit_is_told_from_limits_no_wait_lifts() {
+        let policy = "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)";
+        for limit in [
+            "QOSMaxSubmitJobPerUserLimit",
+            "QOSMaxSubmitJobPerAccountLimit",
+            "AssocMaxSubmitJobLimit",
+            "AssocGrpSubmitJobsLimit",
+            "QOSGrpSubmitJobsLimit",
+        ] {
+            let err = format!("\"sbatch\" \"--parsable\" \"a.sbatch\" failed (exit status: 1): sbatch: error: {limit}\n{policy}");
+            assert_eq!(submit_limit(&err), Some(limit));
+        }
+        // A time over the QOS's, a bad partition: no wait lifts them.
+        assert_eq!(
+            submit_limit(&format!(
+                "sbatch: error: QOSMaxWallDurationPerJobLimit\n{policy}"
+            )),
+            None
+        );
+        assert_eq!(
+            submit_limit("sbatch: error: invalid partition specified: gpu"),
+            None
+        );
     }
 
     #[test]

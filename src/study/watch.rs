@@ -29,8 +29,9 @@ pub fn current_attempt(sub: &Submission) -> Result<(u32, Option<String>)> {
 pub enum Stopped {
     /// A stop signal ended the local jobs (INTERRUPTED now).
     LocalJobs(i32, Vec<crate::executor::local::Outcome>),
-    /// A stop signal ended the watching; the jobs go on without it.
-    Watching(i32),
+    /// A stop signal ended the watching; the jobs go on without it. With
+    /// the count of runs SLURM held back, not submitted yet.
+    Watching(i32, usize),
 }
 
 impl Stopped {
@@ -40,8 +41,13 @@ impl Stopped {
             Stopped::LocalJobs(sig, outcomes) => {
                 super::interrupted_note(*sig, outcomes, "run", manifest)
             }
-            Stopped::Watching(sig) => format!(
+            Stopped::Watching(sig, 0) => format!(
                 "sweep: {} stopped the watching; the jobs go on (`sweep status {m}`, `sweep cancel {m}`), and `sweep run {m}` again follows them until they end, then reports",
+                crate::util::signals::name(*sig),
+                m = manifest.display()
+            ),
+            Stopped::Watching(sig, held) => format!(
+                "sweep: {} stopped the watching; the jobs go on (`sweep status {m}`, `sweep cancel {m}`), and {held} run(s) SLURM held back are not submitted: `sweep run {m}` again submits them as jobs end, follows them, then reports",
                 crate::util::signals::name(*sig),
                 m = manifest.display()
             ),
@@ -57,19 +63,93 @@ pub fn watch(
     view: &mut dyn Follow,
     page: &mut LivePage,
 ) -> Result<Option<Stopped>> {
+    let mut held = None;
     if sub.todo() > 0 {
         let done = submit(sub, view, page)?;
         if let Some(sig) = done.interrupted {
             return Ok(Some(Stopped::LocalJobs(sig, done.outcomes)));
         }
+        held = done.held.map(|h| {
+            view.line(&held_line(&h));
+            Waiting::new(h)
+        });
     }
     // Submitting SLURM jobs is over: another sweep may submit this study
     // while their jobs run (for hours). Local runs have ended here: the
-    // lock is kept until the report is written.
-    if sub.kind == crate::manifest::ExecutorKind::Slurm {
+    // lock is kept until the report is written; and while SLURM holds
+    // runs back, this sweep is still submitting them.
+    if sub.kind == crate::manifest::ExecutorKind::Slurm && held.is_none() {
         sub.lock = None;
     }
-    poll(sub, view, page)
+    poll(sub, view, page, held)
+}
+
+/// What is said of runs SLURM held back.
+fn held_line(held: &executor::Held) -> String {
+    format!(
+        "sweep: SLURM takes no more of your jobs for now ({}): {} run(s) wait, and go out as jobs end",
+        held.reason,
+        held.units.len()
+    )
+}
+
+/// Runs SLURM held back, and when to offer them again: once one of the
+/// study's jobs has ended since the last offer (its place in the queue is
+/// free), else every few minutes (the user's other jobs end too).
+struct Waiting {
+    held: executor::Held,
+    offered: Instant,
+    /// The study's units that had ended at the first look after the offer.
+    ended: Option<usize>,
+}
+
+impl Waiting {
+    const AGAIN: Duration = Duration::from_secs(300);
+
+    fn new(held: executor::Held) -> Waiting {
+        Waiting {
+            held,
+            offered: Instant::now(),
+            ended: None,
+        }
+    }
+
+    /// Whether to offer the runs again, `ended` units having ended now.
+    fn due(&mut self, ended: usize) -> bool {
+        ended > *self.ended.get_or_insert(ended) || self.offered.elapsed() >= Self::AGAIN
+    }
+}
+
+/// Offers SLURM the runs it held back (a run whose stage has failed since
+/// is left out, and said); returns what it holds back still.
+fn offer_held(
+    sub: &mut Submission,
+    held: &executor::Held,
+    statuses: &[executor::Status],
+    view: &mut dyn Follow,
+) -> Result<Option<executor::Held>> {
+    let decisions = executor::decide_held(&sub.units, statuses, held);
+    for (u, d) in sub.units.iter().zip(&decisions) {
+        if *d == executor::Decision::Blocked {
+            view.line(&format!("skip {} (its stage failed)", u.name));
+        }
+    }
+    let done = sub.executor.submit(
+        &sub.plan.study_dir,
+        &mut sub.units,
+        &decisions,
+        false,
+        &mut |e| {
+            if let Event::Submitted(job) = e {
+                view.line(&submitted_line(job));
+            }
+        },
+    )?;
+    Ok(done.held)
+}
+
+fn submitted_line(job: &executor::slurm::Sbatch) -> String {
+    format!("submitted job {} ({} units)", job.job_id, job.units.len())
 }
 
 /// Submits (SLURM) or runs (local) the due units, following them in the view.
@@ -100,11 +180,7 @@ fn submit(
         &sub.decisions,
         false,
         &mut |e| match e {
-            Event::Submitted(job) => view.line(&format!(
-                "submitted job {} ({} units)",
-                job.job_id,
-                job.units.len()
-            )),
+            Event::Submitted(job) => view.line(&submitted_line(job)),
             Event::Ended(o) => {
                 view.line(&format!(
                     "{:<9} {} ({:.1} s)",
@@ -127,18 +203,25 @@ fn submit(
 }
 
 /// Polls the whole sweep (one scheduler query per round) until nothing is
-/// pending or running. Returns the signal that stopped the watching, if one did.
-fn poll(sub: &Submission, view: &mut dyn Follow, page: &mut LivePage) -> Result<Option<Stopped>> {
+/// pending or running, offering SLURM what it `held` back as jobs end.
+/// Returns the signal that stopped the watching, if one did.
+fn poll(
+    sub: &mut Submission,
+    view: &mut dyn Follow,
+    page: &mut LivePage,
+    mut held: Option<Waiting>,
+) -> Result<Option<Stopped>> {
     let stop = StopSignals::install_interactive(&signals::INTERRUPTS)?;
-    // Checked often, waited on rarely: a signal is answered at once.
-    let wait = |d: Duration| -> Option<Stopped> {
+    // Checked often, waited on rarely: a signal is answered at once (the
+    // signal returned).
+    let wait = |d: Duration| -> Option<i32> {
         let end = Instant::now() + d;
         while Instant::now() < end {
             if let Some(sig) = stop.received() {
                 if sig == signals::SIGHUP {
                     signals::detach_from_terminal();
                 }
-                return Some(Stopped::Watching(sig));
+                return Some(sig);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -164,7 +247,7 @@ fn poll(sub: &Submission, view: &mut dyn Follow, page: &mut LivePage) -> Result<
                     again.as_secs()
                 ));
                 match wait(again) {
-                    Some(stopped) => return Ok(Some(stopped)),
+                    Some(sig) => return Ok(Some(Stopped::Watching(sig, waiting(&held)))),
                     None => continue,
                 }
             }
@@ -180,13 +263,35 @@ fn poll(sub: &Submission, view: &mut dyn Follow, page: &mut LivePage) -> Result<
         } else {
             page.tick();
         }
-        if states.iter().all(|s| !s.is_active()) {
+        let ended = states
+            .iter()
+            .filter(|s| !s.is_active() && !s.is_due())
+            .count();
+        if let Some(w) = held.take_if(|w| w.due(ended)) {
+            let before = w.held.units.len();
+            held = offer_held(sub, &w.held, &statuses, view)?.map(Waiting::new);
+            match &held {
+                None => {
+                    view.line("sweep: every run is submitted");
+                    sub.lock = None;
+                }
+                Some(w) if w.held.units.len() != before => view.line(&held_line(&w.held)),
+                Some(_) => {}
+            }
+            continue;
+        }
+        if held.is_none() && states.iter().all(|s| !s.is_active()) {
             return Ok(None);
         }
-        if let Some(stopped) = wait(Duration::from_secs(2)) {
-            return Ok(Some(stopped));
+        if let Some(sig) = wait(Duration::from_secs(2)) {
+            return Ok(Some(Stopped::Watching(sig, waiting(&held))));
         }
     }
+}
+
+/// The runs held back, not submitted yet.
+fn waiting(held: &Option<Waiting>) -> usize {
+    held.as_ref().map_or(0, |w| w.held.units.len())
 }
 
 /// How long to wait before asking the scheduler again after `failures`

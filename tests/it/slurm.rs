@@ -404,6 +404,69 @@ fn a_scheduler_that_times_out_for_a_while_is_asked_again() {
     assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
 }
 
+/// A site whose QOS takes at most four queued jobs of yours
+/// (`MaxSubmitJobs`: each array task counts; sbatch's real refusal): what
+/// SLURM took is printed and recorded, the rest held back (`submit` exits
+/// 75); `sweep run` offers it again as jobs end, and every run runs once.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn runs_a_submit_limit_holds_back_go_out_as_jobs_end() {
+    require_cluster();
+    let root = project();
+    let name = format!("sweep-test-qos-{}", std::process::id());
+    // The limit counts this test's jobs only (the suite submits others).
+    let path = site_tool(
+        root.path(),
+        "sbatch",
+        &format!(
+            "queued=$(squeue --me -h -r -n {name} | wc -l)\nwant=1\nfor a in \"$@\"; do case \"$a\" in --array=*) r=${{a#--array=}}; r=${{r%%%*}}; want=$(( ${{r#*-}} - ${{r%-*}} + 1 ));; esac; done\nif [ $((queued + want)) -gt 4 ]; then\n  echo 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2\n  echo \"sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)\" >&2\n  exit 1\nfi\nexec REAL \"$@\"\n"
+        ),
+    );
+    let m = root.path().join("m.toml");
+    // Two headers (two time limits): two arrays of three runs.
+    write(&m, &format!("name = \"qos\"\ncommand = \"sleep 2; echo ran {{{{ x }}}} >> $SWEEP_RUN_DIR/count\"\n[sweep.grid]\nx = [1, 2, 3]\n\"slurm.time\" = [\"5\", \"6\"]\n[slurm]\njob_name = \"{name}\"\n"));
+    let sweep_with = |verb: &str| {
+        let out = sweep(root.path())
+            .env("PATH", &path)
+            .args([verb, m.to_str().unwrap(), "--executor", "slurm"])
+            .output()
+            .unwrap();
+        let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), text)
+    };
+    let (code, text) = sweep_with("submit");
+    assert_eq!(code, Some(75), "{text}");
+    // The first array fits; of the second, the first part that fits.
+    assert!(
+        text.contains("array of 3 runs")
+            && text.contains("(QOSMaxSubmitJobPerUserLimit): 2 run(s) not submitted")
+            && text.contains("`sweep run "),
+        "{text}"
+    );
+    assert_eq!(text.matches("submitted job ").count(), 2, "{text}");
+    assert_eq!(jobs_named(&name), 4);
+    let (code, text) = sweep_with("run");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("2 run(s) wait, and go out as jobs end")
+            && text.contains("sweep: every run is submitted"),
+        "{text}"
+    );
+    assert_eq!(jobs_named(&name), 6, "each run once");
+    let s = status(root.path(), &m);
+    assert_eq!(s.len(), 6);
+    for (run, (state, _)) in s {
+        assert_eq!(state, "COMPLETED", "{run}");
+        let count = root.path().join("results/qos").join(&run).join("count");
+        let x = &run[2..3];
+        assert_eq!(
+            std::fs::read_to_string(count).unwrap(),
+            format!("ran {x}\n"),
+            "{run}"
+        );
+    }
+}
+
 /// Ctrl-C on `sweep run` on SLURM stops the watching, not the jobs; `sweep
 /// run` again follows the jobs still going until they end, then reports.
 #[test]
