@@ -200,7 +200,11 @@ fn after(dep: &[String]) -> Vec<String> {
 
 /// `--dependency` for the jobs `dep` names (`afterok`) and, where given, a
 /// job to wait for however it ends (`afterany`): one option, as sbatch
-/// keeps only the last `--dependency` it is given.
+/// keeps only the last `--dependency` it is given. A job waiting for a stage
+/// that fails is cancelled by SLURM (`--kill-on-invalid-dep=yes`): without
+/// it, on a cluster that does not set `kill_invalid_depend` (SLURM's
+/// default), it would stay PENDING (DependencyNeverSatisfied) for ever, and
+/// `sweep run` with it.
 fn after_and(dep: &[String], any: Option<&str>) -> Vec<String> {
     let mut parts = Vec::new();
     if !dep.is_empty() {
@@ -209,10 +213,14 @@ fn after_and(dep: &[String], any: Option<&str>) -> Vec<String> {
     if let Some(job) = any {
         parts.push(format!("afterany:{job}"));
     }
-    match parts.is_empty() {
-        true => Vec::new(),
-        false => vec![format!("--dependency={}", parts.join(","))],
+    let mut args = Vec::new();
+    if !parts.is_empty() {
+        args.push(format!("--dependency={}", parts.join(",")));
     }
+    if !dep.is_empty() {
+        args.push("--kill-on-invalid-dep=yes".to_string());
+    }
+    args
 }
 
 /// Packed runs, block by block, each block one job.

@@ -186,16 +186,46 @@ fn a_sites_notice_before_the_job_id_loses_no_job() {
     assert_eq!(jobs_named(&name), 2, "each run once");
 }
 
+/// Runs wait for their stage; when it fails they are cancelled, and `sweep
+/// run` ends — on a site that does not set `kill_invalid_depend` too
+/// (SLURM's default: a job whose dependency can never be satisfied stays
+/// PENDING for ever). The site's sbatch asks for that default first;
+/// sweep's own option, after it, must win.
 #[test]
 #[ignore = "needs the local SLURM cluster"]
 fn runs_wait_for_their_stage_and_are_cancelled_when_it_fails() {
     require_cluster();
     let root = project();
+    let path = site_tool(
+        root.path(),
+        "sbatch",
+        "exec REAL --kill-on-invalid-dep=no \"$@\"\n",
+    );
     let m = root.path().join("m.toml");
     write(&m, "name = \"dep\"\n[defaults]\ndataset = \"missing.parquet\"\npretokenized = true\n[sweep.grid]\nbatch_size = [1, 2]\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-dep\"\n");
-    let out = submit_slurm(root.path(), &m);
-    assert!(out.contains("array of 2 runs after job"), "{out}");
-    let s = wait_until_done(root.path(), &m, 60);
+    let out = Command::new("timeout")
+        .arg("120")
+        .arg(env!("CARGO_BIN_EXE_sweep"))
+        .arg("-C")
+        .arg(root.path())
+        .arg("run")
+        .arg(&m)
+        .args(["--executor", "slurm"])
+        .env("PATH", &path)
+        .current_dir(root.path())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("submitted job ") && text.contains("(2 units)"),
+        "{text}"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the runs failed; sweep run ended: {text}"
+    );
+    let s = status(root.path(), &m);
     let stage = s
         .iter()
         .find(|(k, _)| k.starts_with("pretokenize-"))
