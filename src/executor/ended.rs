@@ -36,6 +36,14 @@ pub fn recorded(dir: &Path, job_id: &str) -> Option<Status> {
     Some(explain(dir, job_id, status.with_job(job_id)))
 }
 
+/// Whether `sweep cancel` cancelled a job of the run in `dir` at or after
+/// `since`.
+pub fn cancelled_since(dir: &Path, since: std::time::SystemTime) -> bool {
+    std::fs::metadata(dir.join(CANCELLED))
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t >= since)
+}
+
 /// A job the watchdog or the launch doctor ended, with their reason (and
 /// state) from its record in `run.json`; any other status as it is.
 pub fn explain(dir: &Path, job_id: &str, status: Status) -> Status {

@@ -74,16 +74,21 @@ impl Executor for SlurmExecutor {
             .collect())
     }
 
-    /// Cancels the jobs and records each cancel in its run directory: SLURM
-    /// soon forgets a job that never started, and then only the record says
-    /// how it ended.
+    /// Records each cancel in its run directory, then cancels the jobs:
+    /// SLURM soon forgets a job that never started, and then only the
+    /// record says how it ended. Recorded first, so that a `sweep run`
+    /// holding runs back sees the cancel before the jobs' end makes room
+    /// for them; taken back where `scancel` fails.
     fn cancel(&self, jobs: &[(&str, &Path)]) -> Result<()> {
         let ids: Vec<String> = jobs.iter().map(|(id, _)| id.to_string()).collect();
-        cancel(&ids)?;
         for (id, dir) in jobs {
             super::ended::mark_cancelled(dir, id)?;
         }
-        Ok(())
+        cancel(&ids).inspect_err(|_| {
+            for (_, dir) in jobs {
+                let _ = std::fs::remove_file(dir.join(super::ended::CANCELLED));
+            }
+        })
     }
 }
 

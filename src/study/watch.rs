@@ -63,6 +63,7 @@ pub fn watch(
     view: &mut dyn Follow,
     page: &mut LivePage,
 ) -> Result<Option<Stopped>> {
+    let began = std::time::SystemTime::now();
     let mut held = None;
     if sub.todo() > 0 {
         let done = submit(sub, view, page)?;
@@ -71,7 +72,7 @@ pub fn watch(
         }
         held = done.held.map(|h| {
             view.line(&held_line(&h));
-            Waiting::new(h)
+            Waiting::new(h, began)
         });
     }
     // Submitting SLURM jobs is over: another sweep may submit this study
@@ -101,22 +102,34 @@ struct Waiting {
     offered: Instant,
     /// The study's units that had ended at the first look after the offer.
     ended: Option<usize>,
+    /// When this sweep began submitting.
+    began: std::time::SystemTime,
 }
 
 impl Waiting {
     const AGAIN: Duration = Duration::from_secs(300);
 
-    fn new(held: executor::Held) -> Waiting {
+    fn new(held: executor::Held, began: std::time::SystemTime) -> Waiting {
         Waiting {
             held,
             offered: Instant::now(),
             ended: None,
+            began,
         }
     }
 
     /// Whether to offer the runs again, `ended` units having ended now.
     fn due(&mut self, ended: usize) -> bool {
         ended > *self.ended.get_or_insert(ended) || self.offered.elapsed() >= Self::AGAIN
+    }
+
+    /// Whether `sweep cancel` cancelled the study's jobs since this sweep
+    /// began: what it holds back is then never sent (its jobs ending would
+    /// otherwise make room for them).
+    fn cancelled(&self, units: &[executor::Unit]) -> bool {
+        units
+            .iter()
+            .any(|u| executor::ended::cancelled_since(&u.dir, self.began))
     }
 }
 
@@ -267,9 +280,16 @@ fn poll(
             .iter()
             .filter(|s| !s.is_active() && !s.is_due())
             .count();
+        if let Some(w) = held.take_if(|w| w.cancelled(&sub.units)) {
+            view.line(&format!(
+                "sweep: `sweep cancel` cancelled the study's jobs: the {} run(s) SLURM held back are not submitted",
+                w.held.units.len()
+            ));
+            sub.lock = None;
+        }
         if let Some(w) = held.take_if(|w| w.due(ended)) {
             let before = w.held.units.len();
-            held = offer_held(sub, &w.held, &statuses, view)?.map(Waiting::new);
+            held = offer_held(sub, &w.held, &statuses, view)?.map(|h| Waiting::new(h, w.began));
             match &held {
                 None => {
                     view.line("sweep: every run is submitted");

@@ -434,24 +434,30 @@ fn a_scheduler_that_times_out_for_a_while_is_asked_again() {
     assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
 }
 
-/// A site whose QOS takes at most four queued jobs of yours
-/// (`MaxSubmitJobs`: each array task counts; sbatch's real refusal): what
-/// SLURM took is printed and recorded, the rest held back (`submit` exits
-/// 75); `sweep run` offers it again as jobs end, and every run runs once.
+/// A site's sbatch whose QOS takes at most `limit` queued jobs of the
+/// user's (`MaxSubmitJobs`: each array task counts), refusing as SLURM does;
+/// it counts the jobs named `name` only (the suite submits others). Returns
+/// the PATH with it first.
+fn qos_sbatch(root: &Path, name: &str, limit: usize) -> String {
+    site_tool(
+        root,
+        "sbatch",
+        &format!(
+            "queued=$(squeue --me -h -r -n {name} | wc -l)\nwant=1\nfor a in \"$@\"; do case \"$a\" in --array=*) r=${{a#--array=}}; r=${{r%%%*}}; want=$(( ${{r#*-}} - ${{r%-*}} + 1 ));; esac; done\nif [ $((queued + want)) -gt {limit} ]; then\n  echo 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2\n  echo \"sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)\" >&2\n  exit 1\nfi\nexec REAL \"$@\"\n"
+        ),
+    )
+}
+
+/// A site whose QOS takes at most four queued jobs of yours: what SLURM
+/// took is printed and recorded, the rest held back (`submit` exits 75);
+/// `sweep run` offers it again as jobs end, and every run runs once.
 #[test]
 #[ignore = "needs the local SLURM cluster"]
 fn runs_a_submit_limit_holds_back_go_out_as_jobs_end() {
     require_cluster();
     let root = project();
     let name = format!("sweep-test-qos-{}", std::process::id());
-    // The limit counts this test's jobs only (the suite submits others).
-    let path = site_tool(
-        root.path(),
-        "sbatch",
-        &format!(
-            "queued=$(squeue --me -h -r -n {name} | wc -l)\nwant=1\nfor a in \"$@\"; do case \"$a\" in --array=*) r=${{a#--array=}}; r=${{r%%%*}}; want=$(( ${{r#*-}} - ${{r%-*}} + 1 ));; esac; done\nif [ $((queued + want)) -gt 4 ]; then\n  echo 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2\n  echo \"sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)\" >&2\n  exit 1\nfi\nexec REAL \"$@\"\n"
-        ),
-    );
+    let path = qos_sbatch(root.path(), &name, 4);
     let m = root.path().join("m.toml");
     // Two headers (two time limits): two arrays of three runs.
     write(&m, &format!("name = \"qos\"\ncommand = \"sleep 2; echo ran {{{{ x }}}} >> $SWEEP_RUN_DIR/count\"\n[sweep.grid]\nx = [1, 2, 3]\n\"slurm.time\" = [\"5\", \"6\"]\n[slurm]\njob_name = \"{name}\"\n"));
@@ -495,6 +501,51 @@ fn runs_a_submit_limit_holds_back_go_out_as_jobs_end() {
             "{run}"
         );
     }
+}
+
+/// `sweep cancel` while a `sweep run` holds runs back for a submit limit:
+/// the cancelled jobs' end makes room, and the runs held back must not go
+/// out then.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_cancel_stops_what_a_submit_limit_held_back() {
+    require_cluster();
+    let root = project();
+    let name = format!("sweep-test-qos-cancel-{}", std::process::id());
+    let path = qos_sbatch(root.path(), &name, 2);
+    let m = root.path().join("m.toml");
+    write(&m, &format!("name = \"qosc\"\ncommand = \"echo {{{{ x }}}}; sleep 60\"\n[sweep.grid]\nx = [1, 2, 3, 4, 5, 6]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\n"));
+    let log = root.path().join("run.log");
+    let mut run = sweep(root.path())
+        .env("PATH", &path)
+        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(root.path().join("run.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let said = || {
+        std::fs::read_to_string(&log).unwrap()
+            + &std::fs::read_to_string(root.path().join("run.err")).unwrap()
+    };
+    wait_for(60, "the runs held back", || {
+        said().contains("4 run(s) wait").then_some(())
+    });
+    run_ok(sweep(root.path()).env("PATH", &path).arg("cancel").arg(&m));
+    let code = wait_for(60, "sweep run to end", || run.try_wait().unwrap());
+    let text = said();
+    assert_eq!(code.code(), Some(1), "{text}");
+    assert!(
+        text.contains("`sweep cancel` cancelled the study's jobs: the 4 run(s) SLURM held back are not submitted"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("submitted job ").count(),
+        1,
+        "nothing sent after the cancel: {text}"
+    );
+    let s = status(root.path(), &m);
+    let count = |state: &str| s.values().filter(|(st, _)| st == state).count();
+    assert_eq!((count("CANCELLED"), count("UNSUBMITTED")), (2, 4), "{s:?}");
 }
 
 /// Ctrl-C on `sweep run` on SLURM stops the watching, not the jobs; `sweep
