@@ -242,7 +242,19 @@ fn poll(
     };
     let mut before: Vec<State> = Vec::new();
     let mut failing: Option<(Instant, u32)> = None;
+    let (began, mut asked) = (Instant::now(), None::<Instant>);
     loop {
+        // Between two questions to the scheduler, the view is redrawn (the
+        // running runs' progress, from their logs) with the states known.
+        if asked.is_some_and(|t| t.elapsed() < ask_every(sub.kind, began.elapsed())) {
+            view.states(&before);
+            page.tick();
+            if let Some(sig) = wait(Duration::from_secs(2)) {
+                return Ok(Some(Stopped::Watching(sig, waiting(&held))));
+            }
+            continue;
+        }
+        asked = Some(Instant::now());
         let statuses = match executor::statuses(&sub.units) {
             Ok(statuses) => statuses,
             Err(e) => {
@@ -254,6 +266,7 @@ fn poll(
                         since.elapsed().as_secs() / 60
                     )));
                 };
+                asked = None;
                 view.line(&format!(
                     "sweep: asking the scheduler failed ({}); asking again in {} s",
                     crate::util::text::note(&e.root_cause().to_string()),
@@ -290,6 +303,7 @@ fn poll(
         if let Some(w) = held.take_if(|w| w.due(ended)) {
             let before = w.held.units.len();
             held = offer_held(sub, &w.held, &statuses, view)?.map(|h| Waiting::new(h, w.began));
+            asked = None;
             match &held {
                 None => {
                     view.line("sweep: every run is submitted");
@@ -306,6 +320,23 @@ fn poll(
         if let Some(sig) = wait(Duration::from_secs(2)) {
             return Ok(Some(Stopped::Watching(sig, waiting(&held))));
         }
+    }
+}
+
+/// How often the scheduler is asked for the study's jobs, `watched_for`
+/// into the watching. Local jobs' states are files: every 2 s. SLURM's are
+/// a `squeue` (and an `sacct` for the jobs it forgot) that a production
+/// controller answers for every user: every 5 s for the first two minutes,
+/// so that a run failing at its start shows at once, then every 30 s —
+/// sites ask that jobs be polled once a minute or less, not every few
+/// seconds for the hours a study runs.
+fn ask_every(kind: crate::manifest::ExecutorKind, watched_for: Duration) -> Duration {
+    match kind {
+        crate::manifest::ExecutorKind::Local => Duration::from_secs(2),
+        crate::manifest::ExecutorKind::Slurm if watched_for < Duration::from_secs(120) => {
+            Duration::from_secs(5)
+        }
+        crate::manifest::ExecutorKind::Slurm => Duration::from_secs(30),
     }
 }
 
@@ -428,5 +459,21 @@ mod tests {
         );
         assert!(retry_after(3, Duration::from_secs(599)).is_some());
         assert_eq!(retry_after(3, Duration::from_secs(600)), None);
+    }
+
+    #[test]
+    fn slurm_is_asked_every_5_s_for_two_minutes_then_every_30() {
+        use crate::manifest::ExecutorKind::{Local, Slurm};
+        let every = |kind, s| ask_every(kind, Duration::from_secs(s)).as_secs();
+        assert_eq!(
+            [
+                every(Slurm, 0),
+                every(Slurm, 119),
+                every(Slurm, 120),
+                every(Slurm, 86_400)
+            ],
+            [5, 5, 30, 30]
+        );
+        assert_eq!([every(Local, 0), every(Local, 86_400)], [2, 2]);
     }
 }
