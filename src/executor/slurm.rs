@@ -637,7 +637,14 @@ pub(crate) fn parse_squeue(out: &str) -> HashMap<String, Status> {
 
 /// `sacct` knows jobs long after squeue forgets them, where accounting runs;
 /// without slurmdbd it fails, and the exit-code files are the fallback.
+/// Asked about a thousand jobs at a time: the ids of a large study's jobs,
+/// as one argument, would pass the kernel's limit on one (128 KiB; `Argument
+/// list too long`) and every state would go unasked.
 fn sacct(ids: &[&str]) -> HashMap<String, Status> {
+    ids.chunks(1000).flat_map(sacct_some).collect()
+}
+
+fn sacct_some(ids: &[&str]) -> HashMap<String, Status> {
     let out = Command::new("sacct")
         .args([
             "-X",
