@@ -486,6 +486,7 @@ pub fn read_log(path: &Path, within: Option<&Path>) -> Result<Vec<u8>, String> {
 /// redraws itself with `\r`, so that a whole epoch of updates — each with
 /// its step and figures — is one line of the file; each update is a line
 /// here, numbered as the file's line it is on.
+/// A line longer than [`MAX_LINE`] is read by its first `MAX_LINE` bytes.
 pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow<'_, str>, bool)> {
     bytes
         .split(|&b| b == b'\n')
@@ -493,15 +494,39 @@ pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow
         .flat_map(|(i, line)| {
             line.split(|&b| b == b'\r').map(move |part| {
                 let valid = std::str::from_utf8(part).is_ok();
-                let text = crate::util::text::without_escapes(String::from_utf8_lossy(part));
+                let head = &part[..part.len().min(MAX_LINE)];
+                let text = crate::util::text::without_escapes(String::from_utf8_lossy(head));
                 (i + 1, text, valid)
             })
         })
 }
 
+/// The most of one line read as text. A progress line is a few hundred
+/// bytes; a longer one (a dumped tensor, binary output) is read by its start,
+/// so that a log of one huge line does not take several times its size in
+/// memory (each byte that is not UTF-8 becomes a 3-byte replacement
+/// character).
+pub const MAX_LINE: usize = 64 << 10;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_line_is_read_by_its_start() {
+        let mut log = b"step 1\n".to_vec();
+        log.extend(std::iter::repeat_n(0xff, 3 * MAX_LINE));
+        log.extend(b"\nstep 2\n");
+        let lines: Vec<(usize, String, bool)> = text_lines(&log)
+            .map(|(n, l, v)| (n, l.into_owned(), v))
+            .collect();
+        assert_eq!(lines[0], (1, "step 1".to_string(), true));
+        assert_eq!(
+            (lines[1].0, lines[1].1.chars().count(), lines[1].2),
+            (2, MAX_LINE, false)
+        );
+        assert_eq!(lines[2], (3, "step 2".to_string(), true));
+    }
 
     #[test]
     fn the_log_shown_is_the_one_of_the_attempt_reported() {
