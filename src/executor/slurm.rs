@@ -303,8 +303,12 @@ fn submit_arrays(
         true => crate::util::slurm::DEFAULT_MAX_ARRAY_SIZE,
         false => crate::util::slurm::max_array_size(),
     };
-    for ((head, throttle, exclude), members) in groups {
-        let mut previous: Option<String> = None;
+    let going = throttled_going(units, decisions, &groups);
+    for (key, members) in groups {
+        // A throttled group whose earlier array still runs (submitted
+        // before, or held back by a submit limit till now) waits for it.
+        let mut previous: Option<String> = going.get(&key).cloned();
+        let (head, throttle, exclude) = key;
         let mut arrays: std::collections::VecDeque<&[usize]> = members.chunks(max).collect();
         while let Some(chunk) = arrays.pop_front() {
             if s.limit.is_some() {
@@ -331,6 +335,37 @@ fn submit_arrays(
         }
     }
     Ok(())
+}
+
+/// The newest job still pending or running of each throttled group in
+/// `groups` (its array's own id): `%N` bounds one array's tasks at once, so
+/// a group's next array waits for it, or the group would run twice N.
+fn throttled_going(
+    units: &[Unit],
+    decisions: &[Decision],
+    groups: &IndexMap<ArrayKey, Vec<usize>>,
+) -> HashMap<ArrayKey, String> {
+    let mut going: HashMap<ArrayKey, (u64, String)> = HashMap::new();
+    for (u, d) in units.iter().zip(decisions) {
+        let active = matches!(d, Decision::Skip(st) if st.is_active());
+        if u.kind != UnitKind::Run
+            || u.pack.is_some()
+            || u.slurm.array_throttle.is_none()
+            || !active
+        {
+            continue;
+        }
+        let key = (header(&u.script), u.slurm.array_throttle, left_out(u));
+        let Some(job) = u.record.last_job().filter(|_| groups.contains_key(&key)) else {
+            continue;
+        };
+        let base = job.job_id.split('_').next().unwrap_or_default();
+        let Ok(n) = base.parse::<u64>() else { continue };
+        if going.get(&key).is_none_or(|(newest, _)| n > *newest) {
+            going.insert(key, (n, base.to_string()));
+        }
+    }
+    going.into_iter().map(|(k, (_, id))| (k, id)).collect()
 }
 
 /// What one array of a group shares: its `#SBATCH` header, throttle and

@@ -503,6 +503,48 @@ fn runs_a_submit_limit_holds_back_go_out_as_jobs_end() {
     }
 }
 
+/// `array_throttle = 1` holds across the arrays a submit limit splits a
+/// group into, and across the held runs sent later: never two runs at once.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_throttle_holds_across_the_arrays_a_submit_limit_makes() {
+    require_cluster();
+    let root = project();
+    let name = format!("sweep-test-qos-throttle-{}", std::process::id());
+    let path = qos_sbatch(root.path(), &name, 4);
+    let m = root.path().join("m.toml");
+    write(&m, &format!("name = \"qost\"\ncommand = \"date +%s.%N > $SWEEP_RUN_DIR/start; echo {{{{ x }}}}; sleep 1; date +%s.%N > $SWEEP_RUN_DIR/end\"\n[sweep.grid]\nx = [1, 2, 3, 4, 5, 6]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\narray_throttle = 1\n"));
+    let out = sweep(root.path())
+        .env("PATH", &path)
+        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("run(s) wait"), "{text}");
+    let dir = root.path().join("results/qost");
+    let read = |run: &str, what: &str| -> f64 {
+        std::fs::read_to_string(dir.join(run).join(what))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let mut spans: Vec<(f64, f64, String)> = (1..=6)
+        .map(|x| format!("x-{x}"))
+        .map(|r| (read(&r, "start"), read(&r, "end"), r))
+        .collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for w in spans.windows(2) {
+        assert!(
+            w[1].0 >= w[0].1,
+            "{} started before {} ended: {spans:?}\n{text}",
+            w[1].2,
+            w[0].2
+        );
+    }
+}
+
 /// `sweep cancel` while a `sweep run` holds runs back for a submit limit:
 /// the cancelled jobs' end makes room, and the runs held back must not go
 /// out then.
