@@ -477,7 +477,7 @@ fn left_out(u: &Unit) -> Vec<String> {
 
 /// The nodes SLURM lists (in `partition`), each once.
 fn cluster_nodes(partition: Option<&str>) -> Vec<String> {
-    let mut cmd = Command::new("sinfo");
+    let mut cmd = crate::util::slurm::query("sinfo");
     cmd.args(["--noheader", "--Node", "--format=%N"]);
     if let Some(p) = partition {
         cmd.arg(format!("--partition={p}"));
@@ -538,12 +538,13 @@ fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
     if dry_run {
         return Ok(Answer::Queued(String::new()));
     }
-    let out = match output(
-        Command::new("sbatch")
-            .arg("--parsable")
-            .args(args)
-            .arg(script),
-    ) {
+    let mut cmd = Command::new("sbatch");
+    let text = std::fs::read_to_string(script).unwrap_or_default();
+    for name in overriding_env(&text, |n| std::env::var_os(n).is_some()) {
+        say_left_out(name);
+        cmd.env_remove(name);
+    }
+    let out = match output(cmd.arg("--parsable").args(args).arg(script)) {
         Ok(out) => out,
         Err(e) => {
             let why = e.root_cause().to_string();
@@ -572,6 +573,78 @@ fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
     }
 }
 
+/// The `SBATCH_*` variables of sweep's environment that would override an
+/// option the script's `#SBATCH` lines set: sbatch takes its input
+/// variables over the script's lines, so an `SBATCH_PARTITION` or
+/// `SBATCH_TIMELIMIT` in a login shell's profile would run a study elsewhere
+/// than its manifest (and its records) say, an `SBATCH_OUTPUT` or
+/// `SBATCH_ERROR` put a job's log where sweep never reads it. A variable for
+/// an option the script leaves unset (a default `SBATCH_ACCOUNT`) applies.
+/// `set`: whether a variable is set.
+fn overriding_env(script: &str, set: impl Fn(&str) -> bool) -> Vec<&'static str> {
+    let mut names = Vec::new();
+    for line in script.lines() {
+        let Some(option) = line.strip_prefix("#SBATCH").map(str::trim) else {
+            continue;
+        };
+        let option = option.split(['=', ' ']).next().unwrap_or_default();
+        let long = match option {
+            "-A" => "--account",
+            "-C" => "--constraint",
+            "-G" => "--gpus",
+            "-J" => "--job-name",
+            "-o" => "--output",
+            "-e" => "--error",
+            "-p" => "--partition",
+            "-q" => "--qos",
+            "-t" => "--time",
+            long => long,
+        };
+        names.extend_from_slice(match long {
+            "--account" => &["SBATCH_ACCOUNT"][..],
+            "--constraint" => &["SBATCH_CONSTRAINT"],
+            "--exclusive" => &["SBATCH_EXCLUSIVE"],
+            "--gpus" => &["SBATCH_GPUS"],
+            "--gpus-per-node" => &["SBATCH_GPUS_PER_NODE"],
+            "--gres" => &["SBATCH_GRES"],
+            "--job-name" => &["SBATCH_JOB_NAME"],
+            "--mem" => &[
+                "SBATCH_MEM_PER_NODE",
+                "SBATCH_MEM_PER_CPU",
+                "SBATCH_MEM_PER_GPU",
+            ],
+            "--requeue" | "--no-requeue" => &["SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"],
+            "--open-mode" => &["SBATCH_OPEN_MODE"],
+            // The job's one log holds both streams.
+            "--output" => &["SBATCH_OUTPUT", "SBATCH_ERROR"],
+            "--error" => &["SBATCH_ERROR"],
+            "--partition" => &["SBATCH_PARTITION"],
+            "--qos" => &["SBATCH_QOS"],
+            "--reservation" => &["SBATCH_RESERVATION"],
+            "--signal" => &["SBATCH_SIGNAL"],
+            "--time" => &["SBATCH_TIMELIMIT"],
+            _ => &[],
+        });
+    }
+    names.sort_unstable();
+    names.dedup();
+    names.retain(|n| set(n));
+    names
+}
+
+/// Says once per process that `name` is left out of sbatch's environment.
+fn say_left_out(name: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if !said.iter().any(|s| s == name) {
+        said.push(name.to_string());
+        eprintln!(
+            "sweep: {name}={} in your environment is left out of sbatch's: the study's job script sets that option, and the manifest's value is what its runs record",
+            std::env::var(name).unwrap_or_default()
+        );
+    }
+}
+
 /// The limit SLURM names where it refuses a job because of the jobs one
 /// has queued already (`QOSMaxSubmitJobPerUserLimit`,
 /// `QOSMaxSubmitJobPerAccountLimit`, `AssocMaxSubmitJobLimit`,
@@ -588,7 +661,9 @@ fn submit_limit(stderr: &str) -> Option<&str> {
 /// The newest job (an array's own id) SLURM holds of the user's whose batch
 /// script is `script`, if squeue answers.
 fn queued_for(script: &Path) -> Option<String> {
-    let out = output(Command::new("squeue").args(["--me", "--noheader", "--format=%F|%o"])).ok()?;
+    let out =
+        output(crate::util::slurm::query("squeue").args(["--me", "--noheader", "--format=%F|%o"]))
+            .ok()?;
     let script = std::fs::canonicalize(script).ok()?;
     parse_queued_for(&out, &script)
 }
@@ -619,7 +694,7 @@ fn parse_job_id(out: &str) -> Option<&str> {
 /// Every state SLURM still knows for these jobs: one `squeue` for all of the
 /// user's jobs, then one `sacct` (when accounting runs) for those it forgot.
 pub fn query(ids: &[&str]) -> Result<HashMap<String, Status>> {
-    let out = output(Command::new("squeue").args([
+    let out = output(crate::util::slurm::query("squeue").args([
         "--me",
         "--noheader",
         "--states=all",
@@ -680,7 +755,7 @@ fn sacct(ids: &[&str]) -> HashMap<String, Status> {
 }
 
 fn sacct_some(ids: &[&str]) -> HashMap<String, Status> {
-    let out = Command::new("sacct")
+    let out = crate::util::slurm::query("sacct")
         .args([
             "-X",
             "-P",
@@ -751,7 +826,7 @@ pub fn status_from_exit_file(dir: &Path, job_id: &str) -> Status {
 /// cluster's default where `partition` is `None`) and its limit in seconds
 /// (`None`: unlimited). `Ok(None)` where the cluster has no such partition.
 pub fn partition_limit(partition: Option<&str>) -> Result<Option<(String, Option<u64>)>> {
-    let out = output(Command::new("sinfo").args(["--noheader", "--format=%P %l"]))
+    let out = output(crate::util::slurm::query("sinfo").args(["--noheader", "--format=%P %l"]))
         .context("asking SLURM for its partitions' time limits (sinfo)")?;
     Ok(parse_partition_limit(&out, partition))
 }
@@ -780,7 +855,8 @@ pub fn cancel(ids: &[String]) -> Result<()> {
     let mut ids = ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
-    output(Command::new("scancel").args(&ids)).context("cancelling the sweep's jobs")?;
+    output(crate::util::slurm::query("scancel").args(&ids))
+        .context("cancelling the sweep's jobs")?;
     Ok(())
 }
 
@@ -848,6 +924,30 @@ mod tests {
         assert_eq!(
             submit_limit("sbatch: error: invalid partition specified: gpu"),
             None
+        );
+    }
+
+    #[test]
+    fn sbatch_variables_that_override_the_scripts_options_are_found() {
+        let script = "#!/bin/bash\n#SBATCH --partition=gpu\n#SBATCH -t 10\n#SBATCH --output=/r/%x-%j.out\n#SBATCH --mem 64G\n#SBATCH --requeue\n# SBATCH --qos=x\necho '#SBATCH --account=a'\n";
+        let set = [
+            "SBATCH_PARTITION",
+            "SBATCH_TIMELIMIT",
+            "SBATCH_ERROR",
+            "SBATCH_NO_REQUEUE",
+            "SBATCH_MEM_PER_CPU",
+            "SBATCH_ACCOUNT",
+            "SBATCH_QOS",
+        ];
+        assert_eq!(
+            overriding_env(script, |n| set.contains(&n)),
+            [
+                "SBATCH_ERROR",
+                "SBATCH_MEM_PER_CPU",
+                "SBATCH_NO_REQUEUE",
+                "SBATCH_PARTITION",
+                "SBATCH_TIMELIMIT"
+            ]
         );
     }
 

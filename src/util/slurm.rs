@@ -1,10 +1,28 @@
 //! What SLURM says about an allocation's nodes — their names and the
 //! address another node reaches each by (the launch doctor's master; where
 //! the ranks of a step meet once out of `MPI_Init`) — and about the
-//! cluster's limits (how large a job array may be).
+//! cluster's limits (how large a job array may be); its queries without
+//! the user's own defaults for them.
 
 use std::net::{IpAddr, ToSocketAddrs};
 use std::process::Command;
+
+/// A SLURM command (`squeue`, `sinfo`, `sacct`, `scancel`) without the
+/// user's own defaults for it: an `SQUEUE_PARTITION`, `SQUEUE_ACCOUNT` or
+/// `SINFO_PARTITION` in a login profile filters what it lists (a study's jobs
+/// in another partition would read as gone, their runs as ended), an
+/// `SCANCEL_PARTITION` what it cancels, `SCANCEL_INTERACTIVE` asks about
+/// each job.
+pub fn query(tool: &str) -> Command {
+    let prefix = format!("{}_", tool.to_ascii_uppercase());
+    let mut cmd = Command::new(tool);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| n.starts_with(&prefix)) {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
 
 /// SLURM's own default MaxArraySize: an array's indices run below it.
 pub const DEFAULT_MAX_ARRAY_SIZE: usize = 1001;

@@ -503,6 +503,64 @@ fn runs_a_submit_limit_holds_back_go_out_as_jobs_end() {
     }
 }
 
+/// A login profile's SLURM defaults (`SBATCH_PARTITION`, `SBATCH_TIMELIMIT`,
+/// `SBATCH_OUTPUT`, `SBATCH_ERROR`; `SQUEUE_PARTITION`) neither move a run
+/// away from its manifest's partition, time limit and log, nor hide its job
+/// from sweep; a default the manifest does not set still applies.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_login_profiles_slurm_defaults_change_no_run() {
+    require_cluster();
+    let root = project();
+    let name = format!("sweep-test-profile-{}", std::process::id());
+    let m = root.path().join("m.toml");
+    write(&m, &format!("name = \"profile\"\ncommand = \"echo step 1 tps {{{{ x }}}}; echo step 2 tps {{{{ x }}}} >&2\"\n[sweep.grid]\nx = [100, 200]\n[slurm]\npartition = \"debug\"\ntime = \"5\"\njob_name = \"{name}\"\n[report]\nskip_first = 0\nline_pattern = 'step (?P<step>\\d+) tps (?P<tokens_per_second>\\d+)'\n"));
+    let elsewhere = root.path().join("elsewhere");
+    let out = sweep(root.path())
+        .env("SBATCH_PARTITION", "short")
+        .env("SBATCH_TIMELIMIT", "7")
+        .env("SBATCH_OUTPUT", elsewhere.join("%j.out"))
+        .env("SBATCH_ERROR", elsewhere.join("%j.err"))
+        .env("SBATCH_EXCLUSIVE", "user")
+        .env("SQUEUE_PARTITION", "normal")
+        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("sweep: SBATCH_PARTITION=short in your environment is left out of sbatch's")
+            && !text.contains("SBATCH_EXCLUSIVE"),
+        "{text}"
+    );
+    assert!(!elsewhere.exists(), "{text}");
+    let rec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.path().join("results/profile/x-100/run.json")).unwrap(),
+    )
+    .unwrap();
+    let job = rec["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    let shown = stdout(&run_ok(
+        Command::new("squeue").args(["-h", "-t", "all", "-j", &job, "-o", "%P %l"]),
+    ));
+    assert_eq!(shown.trim(), "debug 5:00", "{text}");
+    // Both streams in the run's log: both points read.
+    let summary = std::fs::read_to_string(root.path().join("results/profile/summary.csv")).unwrap();
+    assert!(
+        summary.contains("x-200") && summary.contains("200"),
+        "{summary}"
+    );
+    let log = std::fs::read_dir(root.path().join("results/profile/x-200"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().ends_with(".out"))
+        .expect("the job's log in its run directory");
+    let log = std::fs::read_to_string(log.path()).unwrap();
+    assert!(
+        log.contains("step 1 tps 200") && log.contains("step 2 tps 200"),
+        "{log}"
+    );
+}
+
 /// `array_throttle = 1` holds across the arrays a submit limit splits a
 /// group into, and across the held runs sent later: never two runs at once.
 #[test]
