@@ -724,7 +724,13 @@ pub(crate) fn parse_squeue(out: &str) -> HashMap<String, Status> {
             continue;
         };
         let reason = parts.collect::<Vec<_>>().join(" ");
-        let (code, signal) = parse_exit(exit);
+        // A job SLURM could not launch never ran: the code it carries
+        // (`0:53`) is neither its exit status nor a signal; the reason says
+        // what happened.
+        let (code, signal) = match reason.as_str() {
+            "JobLaunchFailure" => (None, None),
+            _ => parse_exit(exit),
+        };
         let state = match (State::from_slurm(state), code) {
             // The trainer's and the watchdog's exit codes say what failed.
             (State::Failed, Some(c)) => Status::exited(c).state,
@@ -953,10 +959,11 @@ mod tests {
 
     #[test]
     fn squeue_lines_parse() {
-        let out = "5_0       RUNNING     0      None\n4   FAILED   768   NonZeroExitCode\n7_[1-5%1]  PENDING  0  JobArrayTaskLimit\n";
+        let out = "5_0       RUNNING     0      None\n4   FAILED   768   NonZeroExitCode\n7_[1-5%1]  PENDING  0  JobArrayTaskLimit\n9  FAILED  4021  JobLaunchFailure\n";
         let m = parse_squeue(out);
         assert_eq!(m["5_0"].state, State::Running);
         assert_eq!(m["4"].describe(), "FAILED (exit 3)");
+        assert_eq!(m["9"].describe(), "FAILED (JobLaunchFailure)");
         assert_eq!(m["7_[1-5%1]"].reason.as_deref(), Some("JobArrayTaskLimit"));
     }
 

@@ -400,6 +400,23 @@ fn keep_current(found: &mut Vec<Found>, rec: &StudyRecord) -> Vec<summary::Probl
     stale
 }
 
+/// Why a SLURM job that failed left no log in its run directory, where it
+/// did not: SLURM opens the log on the node before the script runs, so a
+/// node that cannot write there fails the job at its launch
+/// (`JobLaunchFailure`) with nothing written to say why.
+fn no_log(run: &RunLog) -> Option<String> {
+    let job = run.status.job_id.as_deref()?;
+    let failed = matches!(run.status.state, State::Failed | State::Unknown);
+    if !failed || run.log_tail.is_some() || job.starts_with("local-") || job == "none" {
+        return None;
+    }
+    Some(format!(
+        "its job {job} left no log in the run directory: SLURM could not start it there — a \
+         directory the compute nodes do not see (a login node's /tmp or local disk), a full or \
+         read-only file system, or a node that failed (`scontrol show job {job}`, `sacct -j {job}`)"
+    ))
+}
+
 /// What a log the pattern never matched holds: its lines, and the first
 /// few the program wrote (sweep's own `sweep: ` lines left out).
 fn unmatched(bytes: &[u8]) -> (usize, Vec<String>) {
@@ -620,6 +637,9 @@ fn read_run(
     );
     if stopped {
         run.log_tail = ingest::LogTail::read(dir, run.status.job_id.as_deref());
+        if let Some(why) = no_log(&run) {
+            run.issues.push(why);
+        }
     }
     if run.points.is_empty() && run.reason.is_none() && run.issues.is_empty() {
         run.reason = Some(match run.status.state.is_active() {

@@ -561,6 +561,39 @@ fn a_login_profiles_slurm_defaults_change_no_run() {
     );
 }
 
+/// A job whose log cannot be opened on its node (as where the compute
+/// nodes do not see the run directory: a login node's /tmp) fails at its
+/// launch with nothing written: the report says what that means, not
+/// `signal 53`. The site's sbatch makes the log's path a directory before
+/// the job may start.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_job_slurm_could_not_launch_is_explained() {
+    require_cluster();
+    let root = project();
+    let study = root.path().join("results/nolog/run");
+    let path = site_tool(
+        root.path(),
+        "sbatch",
+        &format!("id=$(REAL --hold \"$@\") || exit 1\njob=${{id%%;*}}\nmkdir -p {}/sweep-test-nolog-$job.out\nscontrol release $job\necho $id\n", study.display()),
+    );
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"nolog\"\ncommand = \"echo step 1 tps 100\"\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-nolog\"\n");
+    let out = sweep(root.path())
+        .env("PATH", &path)
+        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("note: run: FAILED (JobLaunchFailure), its job ")
+            && text.contains("left no log in the run directory: SLURM could not start it there")
+            && !text.contains("signal 53"),
+        "{text}"
+    );
+}
+
 /// `array_throttle = 1` holds across the arrays a submit limit splits a
 /// group into, and across the held runs sent later: never two runs at once.
 #[test]
