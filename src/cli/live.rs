@@ -40,6 +40,8 @@ pub struct LiveView {
     multi: Option<MultiProgress>,
     header: Option<ProgressBar>,
     bars: HashMap<usize, ProgressBar>,
+    /// Why the pending runs wait, as the scheduler says (`Priority ×3`).
+    waiting: String,
 }
 
 impl LiveView {
@@ -60,14 +62,19 @@ impl LiveView {
             multi,
             header,
             bars: HashMap::new(),
+            waiting: String::new(),
         }
     }
 
     /// `states[i]` is the state of run i (same order as given to `new`).
     pub fn update(&mut self, states: &[State]) {
         let count = |f: &dyn Fn(State) -> bool| states.iter().filter(|s| f(**s)).count();
+        let waiting = match self.waiting.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", self.waiting),
+        };
         let summary = format!(
-            "{} pending, {} running, {} done, {} failed or cancelled ({:.0} s)",
+            "{} pending{waiting}, {} running, {} done, {} failed or cancelled ({:.0} s)",
             // Interrupted runs are due again, like those never submitted.
             count(&|s| s == State::Pending || s.is_due()),
             count(&|s| s == State::Running),
@@ -163,5 +170,9 @@ impl crate::study::watch::Follow for LiveView {
 
     fn line(&mut self, line: &str) {
         self.log(line);
+    }
+
+    fn waiting(&mut self, why: &str) {
+        self.waiting = why.to_string();
     }
 }

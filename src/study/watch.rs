@@ -17,6 +17,8 @@ pub trait Follow {
     fn states(&mut self, states: &[State]);
     /// A line about a job (submitted, ended).
     fn line(&mut self, line: &str);
+    /// Why the pending runs wait (`Priority ×3, JobHeldAdmin`), or nothing.
+    fn waiting(&mut self, _why: &str) {}
 }
 
 /// The study's attempt (count and id) as its `study.json` says now.
@@ -243,6 +245,7 @@ fn poll(
     let mut before: Vec<State> = Vec::new();
     let mut failing: Option<(Instant, u32)> = None;
     let (began, mut asked) = (Instant::now(), None::<Instant>);
+    let mut said_held = std::collections::HashSet::new();
     loop {
         // Between two questions to the scheduler, the view is redrawn (the
         // running runs' progress, from their logs) with the states known.
@@ -282,6 +285,14 @@ fn poll(
             view.line("sweep: the scheduler answers again");
         }
         let states: Vec<State> = statuses.iter().map(|s| s.state).collect();
+        view.waiting(&waiting_for(&statuses));
+        for (job, why) in held_jobs(&statuses) {
+            if said_held.insert(job.clone()) {
+                view.line(&format!(
+                    "sweep: job {job} is held ({why}): it starts only once released (`scontrol release {job}`, or by an administrator)"
+                ));
+            }
+        }
         view.states(&states);
         if states != before {
             page.changed();
@@ -338,6 +349,44 @@ fn ask_every(kind: crate::manifest::ExecutorKind, watched_for: Duration) -> Dura
         }
         crate::manifest::ExecutorKind::Slurm => Duration::from_secs(30),
     }
+}
+
+/// Why the pending runs wait, by the scheduler's reasons, most common
+/// first: `Priority ×3, Resources`.
+fn waiting_for(statuses: &[executor::Status]) -> String {
+    let mut reasons: Vec<(&str, usize)> = Vec::new();
+    for s in statuses.iter().filter(|s| s.state == State::Pending) {
+        let Some(why) = s.reason.as_deref() else {
+            continue;
+        };
+        match reasons.iter_mut().find(|(r, _)| *r == why) {
+            Some((_, n)) => *n += 1,
+            None => reasons.push((why, 1)),
+        }
+    }
+    reasons.sort_by(|a, b| b.1.cmp(&a.1));
+    reasons
+        .iter()
+        .map(|(r, n)| match n {
+            1 => r.to_string(),
+            n => format!("{r} ×{n}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Pending jobs that never start by themselves (held by the user, an
+/// administrator, or SLURM after a launch failed), with the reason.
+fn held_jobs(statuses: &[executor::Status]) -> Vec<(String, String)> {
+    statuses
+        .iter()
+        .filter(|s| s.state == State::Pending)
+        .filter_map(|s| {
+            let why = s.reason.as_deref()?;
+            let held = why.starts_with("JobHeld") || why.contains("requeued held");
+            Some((s.job_id.clone()?, why.to_string())).filter(|_| held)
+        })
+        .collect()
 }
 
 /// The runs held back, not submitted yet.
@@ -459,6 +508,35 @@ mod tests {
         );
         assert!(retry_after(3, Duration::from_secs(599)).is_some());
         assert_eq!(retry_after(3, Duration::from_secs(600)), None);
+    }
+
+    #[test]
+    fn pending_runs_say_why_they_wait_and_held_jobs_are_named() {
+        let pending = |job: &str, why: Option<&str>| executor::Status {
+            reason: why.map(str::to_string),
+            job_id: Some(job.into()),
+            ..executor::Status::new(State::Pending)
+        };
+        let statuses = [
+            pending("1_0", Some("Priority")),
+            pending("1_1", Some("JobHeldAdmin")),
+            pending("1_2", Some("Priority")),
+            pending("2", Some("launch failed requeued held")),
+            pending("3", None),
+            executor::Status::new(State::Running),
+        ];
+        assert_eq!(
+            waiting_for(&statuses),
+            "Priority ×2, JobHeldAdmin, launch failed requeued held"
+        );
+        assert_eq!(
+            held_jobs(&statuses),
+            [
+                ("1_1".to_string(), "JobHeldAdmin".to_string()),
+                ("2".to_string(), "launch failed requeued held".to_string())
+            ]
+        );
+        assert_eq!(waiting_for(&statuses[4..]), "");
     }
 
     #[test]

@@ -594,6 +594,40 @@ fn a_job_slurm_could_not_launch_is_explained() {
     );
 }
 
+/// A job held (by its user, an administrator, or SLURM after a launch
+/// failed) never starts by itself: `sweep run` names it and how it goes
+/// on, and follows it once released.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_held_job_is_named_and_followed_once_released() {
+    require_cluster();
+    let root = project();
+    let path = site_tool(root.path(), "sbatch", "exec REAL --hold \"$@\"\n");
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"held\"\ncommand = \"echo step 1 tps 100\"\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-held\"\n");
+    let (out, err) = (root.path().join("run.out"), root.path().join("run.err"));
+    let mut run = sweep(root.path())
+        .env("PATH", &path)
+        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let said = || std::fs::read_to_string(&out).unwrap() + &std::fs::read_to_string(&err).unwrap();
+    let job = wait_for(60, "the held job named", || {
+        let text = said();
+        let at = text.find("sweep: job ")?;
+        let rest = &text[at + "sweep: job ".len()..];
+        rest.contains(" is held (JobHeldUser): it starts only once released (`scontrol release ")
+            .then(|| rest.split(' ').next().unwrap().to_string())
+    });
+    assert!(said().contains("1 pending (JobHeldUser)"), "{}", said());
+    run_ok(Command::new("scontrol").args(["release", &job]));
+    let code = wait_for(60, "sweep run to end", || run.try_wait().unwrap());
+    assert!(code.success(), "{}", said());
+    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
+}
+
 /// `array_throttle = 1` holds across the arrays a submit limit splits a
 /// group into, and across the held runs sent later: never two runs at once.
 #[test]
