@@ -135,6 +135,57 @@ impl Waiting {
     }
 }
 
+/// Says why the pending runs wait, and names (once) each job held.
+fn say_waiting(
+    view: &mut dyn Follow,
+    statuses: &[executor::Status],
+    said: &mut std::collections::HashSet<String>,
+) {
+    view.waiting(&waiting_for(statuses));
+    for (job, why) in held_jobs(statuses) {
+        if said.insert(job.clone()) {
+            view.line(&format!(
+                "sweep: job {job} is held ({why}): it starts only once released (`scontrol release {job}`, or by an administrator)"
+            ));
+        }
+    }
+}
+
+/// The runs SLURM `held` back, given the study's states now: dropped if
+/// `sweep cancel` cancelled the study meanwhile; offered again once due.
+/// Returns whether they were offered.
+fn offered_held(
+    sub: &mut Submission,
+    held: &mut Option<Waiting>,
+    statuses: &[executor::Status],
+    view: &mut dyn Follow,
+) -> Result<bool> {
+    if let Some(w) = held.take_if(|w| w.cancelled(&sub.units)) {
+        view.line(&format!(
+            "sweep: `sweep cancel` cancelled the study's jobs: the {} run(s) SLURM held back are not submitted",
+            w.held.units.len()
+        ));
+        sub.lock = None;
+    }
+    let ended = statuses
+        .iter()
+        .filter(|s| !s.state.is_active() && !s.state.is_due())
+        .count();
+    let Some(w) = held.take_if(|w| w.due(ended)) else {
+        return Ok(false);
+    };
+    *held = offer_held(sub, &w.held, statuses, view)?.map(|h| Waiting::new(h, w.began));
+    match held {
+        None => {
+            view.line("sweep: every run is submitted");
+            sub.lock = None;
+        }
+        Some(now) if now.held.units.len() != w.held.units.len() => view.line(&held_line(&now.held)),
+        Some(_) => {}
+    }
+    Ok(true)
+}
+
 /// Offers SLURM the runs it held back (a run whose stage has failed since
 /// is left out, and said); returns what it holds back still.
 fn offer_held(
@@ -285,14 +336,7 @@ fn poll(
             view.line("sweep: the scheduler answers again");
         }
         let states: Vec<State> = statuses.iter().map(|s| s.state).collect();
-        view.waiting(&waiting_for(&statuses));
-        for (job, why) in held_jobs(&statuses) {
-            if said_held.insert(job.clone()) {
-                view.line(&format!(
-                    "sweep: job {job} is held ({why}): it starts only once released (`scontrol release {job}`, or by an administrator)"
-                ));
-            }
-        }
+        say_waiting(view, &statuses, &mut said_held);
         view.states(&states);
         if states != before {
             page.changed();
@@ -300,29 +344,9 @@ fn poll(
         } else {
             page.tick();
         }
-        let ended = states
-            .iter()
-            .filter(|s| !s.is_active() && !s.is_due())
-            .count();
-        if let Some(w) = held.take_if(|w| w.cancelled(&sub.units)) {
-            view.line(&format!(
-                "sweep: `sweep cancel` cancelled the study's jobs: the {} run(s) SLURM held back are not submitted",
-                w.held.units.len()
-            ));
-            sub.lock = None;
-        }
-        if let Some(w) = held.take_if(|w| w.due(ended)) {
-            let before = w.held.units.len();
-            held = offer_held(sub, &w.held, &statuses, view)?.map(|h| Waiting::new(h, w.began));
+        if offered_held(sub, &mut held, &statuses, view)? {
+            // What went out is asked about at once.
             asked = None;
-            match &held {
-                None => {
-                    view.line("sweep: every run is submitted");
-                    sub.lock = None;
-                }
-                Some(w) if w.held.units.len() != before => view.line(&held_line(&w.held)),
-                Some(_) => {}
-            }
             continue;
         }
         if held.is_none() && states.iter().all(|s| !s.is_active()) {
