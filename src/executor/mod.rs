@@ -10,6 +10,7 @@ pub mod fingerprint;
 pub mod local;
 pub mod mpirun;
 pub mod packed;
+mod sbatch;
 mod scripts;
 pub mod slurm;
 mod state;

@@ -1,0 +1,258 @@
+//! One `sbatch` call: the environment it gets (a login profile's `SBATCH_*`
+//! for options the script sets left out), and what it answered — the job's
+//! id (past a site's notices), a refusal for a submit limit, or a job SLURM
+//! queued though sbatch failed.
+
+use crate::util::process::output;
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::process::Command;
+
+/// What `sbatch` answered: the job's id, or a refusal for a limit on the
+/// jobs one may have queued at once, which waiting for jobs to end lifts.
+pub enum Answer {
+    Queued(String),
+    /// The limit SLURM named (`QOSMaxSubmitJobPerUserLimit`).
+    Full(String),
+}
+
+pub fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
+    if dry_run {
+        return Ok(Answer::Queued(String::new()));
+    }
+    let mut cmd = Command::new("sbatch");
+    let text = std::fs::read_to_string(script).unwrap_or_default();
+    for name in overriding_env(&text, |n| std::env::var_os(n).is_some()) {
+        say_left_out(name);
+        cmd.env_remove(name);
+    }
+    let out = match output(cmd.arg("--parsable").args(args).arg(script)) {
+        Ok(out) => out,
+        Err(e) => {
+            let why = e.root_cause().to_string();
+            if let Some(limit) = submit_limit(&why) {
+                return Ok(Answer::Full(limit.to_string()));
+            }
+            // A controller that timed out answering may have queued the job
+            // all the same (`Socket timed out on send/recv operation`): a job
+            // SLURM holds for this script is recorded, not sent a second time.
+            return match queued_for(script) {
+                Some(id) => {
+                    eprintln!(
+                        "sweep: sbatch failed ({}), but SLURM holds job {id} of {}: recorded",
+                        crate::util::text::note(&why),
+                        script.display()
+                    );
+                    Ok(Answer::Queued(id))
+                }
+                None => Err(e).with_context(|| format!("submitting {}", script.display())),
+            };
+        }
+    };
+    match parse_job_id(&out) {
+        Some(id) => Ok(Answer::Queued(id.to_string())),
+        None => bail!("sbatch printed `{}` instead of a job id", out.trim()),
+    }
+}
+
+/// The `SBATCH_*` variables of sweep's environment that would override an
+/// option the script's `#SBATCH` lines set: sbatch takes its input
+/// variables over the script's lines, so an `SBATCH_PARTITION` or
+/// `SBATCH_TIMELIMIT` in a login shell's profile would run a study elsewhere
+/// than its manifest (and its records) say, an `SBATCH_OUTPUT` or
+/// `SBATCH_ERROR` put a job's log where sweep never reads it. A variable for
+/// an option the script leaves unset (a default `SBATCH_ACCOUNT`) applies.
+/// `set`: whether a variable is set.
+fn overriding_env(script: &str, set: impl Fn(&str) -> bool) -> Vec<&'static str> {
+    let mut names = Vec::new();
+    for line in script.lines() {
+        let Some(option) = line.strip_prefix("#SBATCH").map(str::trim) else {
+            continue;
+        };
+        let option = option.split(['=', ' ']).next().unwrap_or_default();
+        let long = match option {
+            "-A" => "--account",
+            "-C" => "--constraint",
+            "-G" => "--gpus",
+            "-J" => "--job-name",
+            "-o" => "--output",
+            "-e" => "--error",
+            "-p" => "--partition",
+            "-q" => "--qos",
+            "-t" => "--time",
+            long => long,
+        };
+        names.extend_from_slice(match long {
+            "--account" => &["SBATCH_ACCOUNT"][..],
+            "--constraint" => &["SBATCH_CONSTRAINT"],
+            "--exclusive" => &["SBATCH_EXCLUSIVE"],
+            "--gpus" => &["SBATCH_GPUS"],
+            "--gpus-per-node" => &["SBATCH_GPUS_PER_NODE"],
+            "--gres" => &["SBATCH_GRES"],
+            "--job-name" => &["SBATCH_JOB_NAME"],
+            "--mem" => &[
+                "SBATCH_MEM_PER_NODE",
+                "SBATCH_MEM_PER_CPU",
+                "SBATCH_MEM_PER_GPU",
+            ],
+            "--requeue" | "--no-requeue" => &["SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"],
+            "--open-mode" => &["SBATCH_OPEN_MODE"],
+            // The job's one log holds both streams.
+            "--output" => &["SBATCH_OUTPUT", "SBATCH_ERROR"],
+            "--error" => &["SBATCH_ERROR"],
+            "--partition" => &["SBATCH_PARTITION"],
+            "--qos" => &["SBATCH_QOS"],
+            "--reservation" => &["SBATCH_RESERVATION"],
+            "--signal" => &["SBATCH_SIGNAL"],
+            "--time" => &["SBATCH_TIMELIMIT"],
+            _ => &[],
+        });
+    }
+    names.sort_unstable();
+    names.dedup();
+    names.retain(|n| set(n));
+    names
+}
+
+/// Says once per process that `name` is left out of sbatch's environment.
+fn say_left_out(name: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if !said.iter().any(|s| s == name) {
+        said.push(name.to_string());
+        eprintln!(
+            "sweep: {name}={} in your environment is left out of sbatch's: the study's job script sets that option, and the manifest's value is what its runs record",
+            std::env::var(name).unwrap_or_default()
+        );
+    }
+}
+
+/// The limit SLURM names where it refuses a job because of the jobs one
+/// has queued already (`QOSMaxSubmitJobPerUserLimit`,
+/// `QOSMaxSubmitJobPerAccountLimit`, `AssocMaxSubmitJobLimit`,
+/// `AssocGrpSubmitJobsLimit`, `QOSGrpSubmitJobsLimit`). The policy line
+/// after it ("Job violates accounting/QOS policy (job submit limit, user's
+/// size and/or time limits)") is the same for limits no wait lifts (a time
+/// over the QOS's), so the name decides.
+fn submit_limit(stderr: &str) -> Option<&str> {
+    stderr
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|w| w.contains("SubmitJob") && w.ends_with("Limit"))
+}
+
+/// The newest job (an array's own id) SLURM holds of the user's whose batch
+/// script is `script`, if squeue answers.
+fn queued_for(script: &Path) -> Option<String> {
+    let out =
+        output(crate::util::slurm::query("squeue").args(["--me", "--noheader", "--format=%F|%o"]))
+            .ok()?;
+    let script = std::fs::canonicalize(script).ok()?;
+    parse_queued_for(&out, &script)
+}
+
+fn parse_queued_for(out: &str, script: &Path) -> Option<String> {
+    out.lines()
+        .filter_map(|l| l.trim().split_once('|'))
+        .filter(|(_, path)| std::fs::canonicalize(path).is_ok_and(|p| p == script))
+        .filter_map(|(id, _)| id.parse::<u64>().ok())
+        .max()
+        .map(|id| id.to_string())
+}
+
+/// The job id in what `sbatch --parsable` printed: `<id>` or, on a cluster
+/// of a federation, `<id>;<cluster>`, on its last line. Some sites' sbatch
+/// (a wrapper, a submit plugin) prints notices before it on standard
+/// output, or drops `--parsable` (`Submitted batch job <id>`): the job is
+/// queued all the same, and its id must not be lost.
+fn parse_job_id(out: &str) -> Option<&str> {
+    let last = out.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
+    let id = match last.strip_prefix("Submitted batch job ") {
+        Some(rest) => rest.split(' ').next()?,
+        None => last.split(';').next()?,
+    };
+    (!id.is_empty() && id.chars().all(|c| c.is_ascii_digit())).then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_id_is_read_past_a_sites_notices() {
+        assert_eq!(parse_job_id("1234\n"), Some("1234"));
+        assert_eq!(parse_job_id("1234;daint\n"), Some("1234"));
+        let notices = "NOTE: jobs on this partition are charged 2x\n\n  88 \n";
+        assert_eq!(parse_job_id(notices), Some("88"));
+        let plain = "Submitted batch job 5 on cluster daint\n";
+        assert_eq!(parse_job_id(plain), Some("5"));
+        for bad in ["", "\n", "Submitted batch job \n", "5 ;x", "12\nerror\n"] {
+            assert_eq!(parse_job_id(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_job_queued_by_a_failed_sbatch_is_found_by_its_script() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a.sbatch"), d.path().join("b.sbatch"));
+        std::fs::write(&a, "").unwrap();
+        std::fs::write(&b, "").unwrap();
+        let out = format!(
+            "7|{a}\n12|{b}\n9|{a}\n13|(null)\nx|{a}\n",
+            a = a.display(),
+            b = b.display()
+        );
+        assert_eq!(parse_queued_for(&out, &a), Some("9".into()));
+        assert_eq!(parse_queued_for(&out, &b), Some("12".into()));
+        assert_eq!(parse_queued_for("", &a), None);
+    }
+
+    #[test]
+    fn a_submit_limit_is_told_from_limits_no_wait_lifts() {
+        let policy = "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)";
+        for limit in [
+            "QOSMaxSubmitJobPerUserLimit",
+            "QOSMaxSubmitJobPerAccountLimit",
+            "AssocMaxSubmitJobLimit",
+            "AssocGrpSubmitJobsLimit",
+            "QOSGrpSubmitJobsLimit",
+        ] {
+            let err = format!("\"sbatch\" \"--parsable\" \"a.sbatch\" failed (exit status: 1): sbatch: error: {limit}\n{policy}");
+            assert_eq!(submit_limit(&err), Some(limit));
+        }
+        // A time over the QOS's, a bad partition: no wait lifts them.
+        assert_eq!(
+            submit_limit(&format!(
+                "sbatch: error: QOSMaxWallDurationPerJobLimit\n{policy}"
+            )),
+            None
+        );
+        assert_eq!(
+            submit_limit("sbatch: error: invalid partition specified: gpu"),
+            None
+        );
+    }
+
+    #[test]
+    fn sbatch_variables_that_override_the_scripts_options_are_found() {
+        let script = "#!/bin/bash\n#SBATCH --partition=gpu\n#SBATCH -t 10\n#SBATCH --output=/r/%x-%j.out\n#SBATCH --mem 64G\n#SBATCH --requeue\n# SBATCH --qos=x\necho '#SBATCH --account=a'\n";
+        let set = [
+            "SBATCH_PARTITION",
+            "SBATCH_TIMELIMIT",
+            "SBATCH_ERROR",
+            "SBATCH_NO_REQUEUE",
+            "SBATCH_MEM_PER_CPU",
+            "SBATCH_ACCOUNT",
+            "SBATCH_QOS",
+        ];
+        assert_eq!(
+            overriding_env(script, |n| set.contains(&n)),
+            [
+                "SBATCH_ERROR",
+                "SBATCH_MEM_PER_CPU",
+                "SBATCH_NO_REQUEUE",
+                "SBATCH_PARTITION",
+                "SBATCH_TIMELIMIT"
+            ]
+        );
+    }
+}
