@@ -369,7 +369,8 @@ JobCompLoc=$DIR/log/jobcomp.log
 MpiDefault=none
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0
-DependencyParameters=kill_invalid_depend
+# No DependencyParameters=kill_invalid_depend: SLURM's default, as many sites
+# keep it (a job whose dependency failed stays PENDING unless it asks otherwise).
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
