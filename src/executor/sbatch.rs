@@ -26,6 +26,16 @@ pub fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
         say_left_out(name);
         cmd.env_remove(name);
     }
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    let outer = allocation_env(&names);
+    if !outer.is_empty() {
+        say_inside(&std::env::var("SLURM_JOB_ID").unwrap_or_default());
+    }
+    for name in outer {
+        cmd.env_remove(name);
+    }
     let out = match output(cmd.arg("--parsable").args(args).arg(script)) {
         Ok(out) => out,
         Err(e) => {
@@ -114,6 +124,41 @@ fn overriding_env(script: &str, set: impl Fn(&str) -> bool) -> Vec<&'static str>
     names
 }
 
+/// The variables of the SLURM allocation sweep runs in (`salloc`, an
+/// interactive `srun --pty bash`, a job), which sbatch would pass on to every
+/// job's environment (`--export=ALL`): they describe that allocation, not the
+/// job's, and an `srun` in the job reads them — `SLURM_MEM_PER_CPU` beside
+/// the job's own `SLURM_MEM_PER_NODE` is `srun: fatal: … mutually
+/// exclusive`, an `SRUN_CPUS_PER_TASK` gives each run the allocation's
+/// cores. Outside an allocation (no `SLURM_JOB_ID`), none; the user's own
+/// settings (`SLURM_CONF`, `SLURM_CLUSTERS`, `SLURM_TIME_FORMAT`) are kept.
+fn allocation_env(names: &[String]) -> Vec<&str> {
+    const KEPT: [&str; 4] = [
+        "SLURM_CONF",
+        "SLURM_CLUSTERS",
+        "SLURM_TIME_FORMAT",
+        "SLURM_DEBUG_FLAGS",
+    ];
+    if !names.iter().any(|n| n == "SLURM_JOB_ID") {
+        return Vec::new();
+    }
+    names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| (n.starts_with("SLURM_") || n.starts_with("SRUN_")) && !KEPT.contains(n))
+        .collect()
+}
+
+/// Says once per process that sbatch is run inside SLURM job `job`.
+fn say_inside(job: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "sweep: submitting from inside SLURM job {job}: its SLURM_* and SRUN_* variables are left out of the jobs' environment (they describe that allocation, and srun in each job would read them)"
+        )
+    });
+}
+
 /// Says once per process that `name` is left out of sbatch's environment.
 fn say_left_out(name: &str) {
     static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -176,6 +221,27 @@ fn parse_job_id(out: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_allocations_variables_are_left_out_inside_one_only() {
+        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let inside = names(&[
+            "SLURM_JOB_ID",
+            "SLURM_MEM_PER_CPU",
+            "SRUN_CPUS_PER_TASK",
+            "SLURM_CONF",
+            "SLURM_CLUSTERS",
+            "SBATCH_ACCOUNT",
+            "PATH",
+            "OMPI_MCA_btl",
+        ]);
+        assert_eq!(
+            allocation_env(&inside),
+            ["SLURM_JOB_ID", "SLURM_MEM_PER_CPU", "SRUN_CPUS_PER_TASK"]
+        );
+        let outside = names(&["SLURM_CONF", "SLURM_MEM_PER_CPU", "PATH"]);
+        assert!(allocation_env(&outside).is_empty());
+    }
 
     #[test]
     fn a_job_id_is_read_past_a_sites_notices() {

@@ -628,6 +628,35 @@ fn a_held_job_is_named_and_followed_once_released() {
     assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED");
 }
 
+/// `sweep run` typed inside an allocation (`salloc --mem-per-cpu=…`, an
+/// interactive `srun --pty bash`): its variables are the environment sweep
+/// submits from, and must not reach the jobs, whose `srun` would read them
+/// (`srun: fatal: SLURM_MEM_PER_CPU, SLURM_MEM_PER_GPU, and
+/// SLURM_MEM_PER_NODE are mutually exclusive`).
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_study_submitted_from_inside_an_allocation_runs() {
+    require_cluster();
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(&m, "name = \"alloc\"\ncommand = \"echo step 1 tps 100\"\n[defaults]\nlauncher = \"srun\"\n[slurm]\ntime = \"5\"\nmem = \"500M\"\ncpus_per_task = 1\njob_name = \"sweep-test-alloc\"\n");
+    // What `salloc -n1 --mem-per-cpu=100 --cpus-per-task=2` exports.
+    let out = sweep(root.path())
+        .env("SLURM_JOB_ID", "999999")
+        .env("SLURM_MEM_PER_CPU", "100")
+        .env("SRUN_CPUS_PER_TASK", "2")
+        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("sweep: submitting from inside SLURM job 999999: its SLURM_* and SRUN_* variables are left out"),
+        "{text}"
+    );
+    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED", "{text}");
+}
+
 /// `array_throttle = 1` holds across the arrays a submit limit splits a
 /// group into, and across the held runs sent later: never two runs at once.
 #[test]
