@@ -388,7 +388,7 @@ fn waiting_for(statuses: &[executor::Status]) -> String {
             None => reasons.push((why, 1)),
         }
     }
-    reasons.sort_by(|a, b| b.1.cmp(&a.1));
+    reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
     reasons
         .iter()
         .map(|(r, n)| match n {
