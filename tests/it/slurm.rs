@@ -130,6 +130,19 @@ fn a_group_larger_than_max_array_size_goes_out_as_several_arrays() {
     assert_eq!(s.len(), 10);
 }
 
+/// `sweep <verb> <manifest> --executor slurm` as `cmd` is set up (a site's
+/// PATH, a login profile's variables): how it exited, and all it printed.
+fn sweep_slurm(cmd: &mut Command, verb: &str, m: &Path) -> (std::process::Output, String) {
+    let out = cmd
+        .arg(verb)
+        .arg(m)
+        .args(["--executor", "slurm"])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    (out, text)
+}
+
 /// A site's own `tool` (a wrapper around SLURM's, as clusters have) first on
 /// a PATH: `body` is its shell script, `REAL` in it the path of SLURM's.
 /// Returns that PATH.
@@ -411,12 +424,7 @@ fn a_scheduler_that_times_out_for_a_while_is_asked_again() {
             running.display()
         ),
     );
-    let out = sweep(root.path())
-        .env("PATH", &path)
-        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
-        .output()
-        .unwrap();
-    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    let (out, text) = sweep_slurm(sweep(root.path()).env("PATH", &path), "run", &m);
     assert!(out.status.success(), "{text}");
     assert_eq!(
         std::fs::read_to_string(&failed).unwrap().lines().count(),
@@ -462,12 +470,7 @@ fn runs_a_submit_limit_holds_back_go_out_as_jobs_end() {
     // Two headers (two time limits): two arrays of three runs.
     write(&m, &format!("name = \"qos\"\ncommand = \"sleep 2; echo ran {{{{ x }}}} >> $SWEEP_RUN_DIR/count\"\n[sweep.grid]\nx = [1, 2, 3]\n\"slurm.time\" = [\"5\", \"6\"]\n[slurm]\njob_name = \"{name}\"\n"));
     let sweep_with = |verb: &str| {
-        let out = sweep(root.path())
-            .env("PATH", &path)
-            .args([verb, m.to_str().unwrap(), "--executor", "slurm"])
-            .output()
-            .unwrap();
-        let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+        let (out, text) = sweep_slurm(sweep(root.path()).env("PATH", &path), verb, &m);
         (out.status.code(), text)
     };
     let (code, text) = sweep_with("submit");
@@ -516,17 +519,17 @@ fn a_login_profiles_slurm_defaults_change_no_run() {
     let m = root.path().join("m.toml");
     write(&m, &format!("name = \"profile\"\ncommand = \"echo step 1 tps {{{{ x }}}}; echo step 2 tps {{{{ x }}}} >&2\"\n[sweep.grid]\nx = [100, 200]\n[slurm]\npartition = \"debug\"\ntime = \"5\"\njob_name = \"{name}\"\n[report]\nskip_first = 0\nline_pattern = 'step (?P<step>\\d+) tps (?P<tokens_per_second>\\d+)'\n"));
     let elsewhere = root.path().join("elsewhere");
-    let out = sweep(root.path())
-        .env("SBATCH_PARTITION", "short")
-        .env("SBATCH_TIMELIMIT", "7")
-        .env("SBATCH_OUTPUT", elsewhere.join("%j.out"))
-        .env("SBATCH_ERROR", elsewhere.join("%j.err"))
-        .env("SBATCH_EXCLUSIVE", "user")
-        .env("SQUEUE_PARTITION", "normal")
-        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
-        .output()
-        .unwrap();
-    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    let (out, text) = sweep_slurm(
+        sweep(root.path())
+            .env("SBATCH_PARTITION", "short")
+            .env("SBATCH_TIMELIMIT", "7")
+            .env("SBATCH_OUTPUT", elsewhere.join("%j.out"))
+            .env("SBATCH_ERROR", elsewhere.join("%j.err"))
+            .env("SBATCH_EXCLUSIVE", "user")
+            .env("SQUEUE_PARTITION", "normal"),
+        "run",
+        &m,
+    );
     assert!(out.status.success(), "{text}");
     assert!(
         text.contains("sweep: SBATCH_PARTITION=short in your environment is left out of sbatch's")
@@ -579,12 +582,7 @@ fn a_job_slurm_could_not_launch_is_explained() {
     );
     let m = root.path().join("m.toml");
     write(&m, "name = \"nolog\"\ncommand = \"echo step 1 tps 100\"\n[slurm]\ntime = \"5\"\njob_name = \"sweep-test-nolog\"\n");
-    let out = sweep(root.path())
-        .env("PATH", &path)
-        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
-        .output()
-        .unwrap();
-    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    let (out, text) = sweep_slurm(sweep(root.path()).env("PATH", &path), "run", &m);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
         text.contains("note: run: FAILED (JobLaunchFailure), its job ")
@@ -641,14 +639,14 @@ fn a_study_submitted_from_inside_an_allocation_runs() {
     let m = root.path().join("m.toml");
     write(&m, "name = \"alloc\"\ncommand = \"echo step 1 tps 100\"\n[defaults]\nlauncher = \"srun\"\n[slurm]\ntime = \"5\"\nmem = \"500M\"\ncpus_per_task = 1\njob_name = \"sweep-test-alloc\"\n");
     // What `salloc -n1 --mem-per-cpu=100 --cpus-per-task=2` exports.
-    let out = sweep(root.path())
-        .env("SLURM_JOB_ID", "999999")
-        .env("SLURM_MEM_PER_CPU", "100")
-        .env("SRUN_CPUS_PER_TASK", "2")
-        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
-        .output()
-        .unwrap();
-    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    let (out, text) = sweep_slurm(
+        sweep(root.path())
+            .env("SLURM_JOB_ID", "999999")
+            .env("SLURM_MEM_PER_CPU", "100")
+            .env("SRUN_CPUS_PER_TASK", "2"),
+        "run",
+        &m,
+    );
     assert!(out.status.success(), "{text}");
     assert!(
         text.contains("sweep: submitting from inside SLURM job 999999: its SLURM_* and SRUN_* variables are left out"),
@@ -668,12 +666,7 @@ fn a_throttle_holds_across_the_arrays_a_submit_limit_makes() {
     let path = qos_sbatch(root.path(), &name, 4);
     let m = root.path().join("m.toml");
     write(&m, &format!("name = \"qost\"\ncommand = \"date +%s.%N > $SWEEP_RUN_DIR/start; echo {{{{ x }}}}; sleep 1; date +%s.%N > $SWEEP_RUN_DIR/end\"\n[sweep.grid]\nx = [1, 2, 3, 4, 5, 6]\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\narray_throttle = 1\n"));
-    let out = sweep(root.path())
-        .env("PATH", &path)
-        .args(["run", m.to_str().unwrap(), "--executor", "slurm"])
-        .output()
-        .unwrap();
-    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    let (out, text) = sweep_slurm(sweep(root.path()).env("PATH", &path), "run", &m);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("run(s) wait"), "{text}");
     let dir = root.path().join("results/qost");
