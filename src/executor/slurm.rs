@@ -134,6 +134,18 @@ struct Sending<'a> {
 }
 
 impl Sending<'_> {
+    /// The job id sbatch answered, or `None` where SLURM refused the job
+    /// for its submit limit: then nothing more is sent.
+    fn queued(&mut self, answer: Answer) -> Option<String> {
+        match answer {
+            Answer::Queued(id) => Some(id),
+            Answer::Full(limit) => {
+                self.limit = Some(limit);
+                None
+            }
+        }
+    }
+
     /// `job` went out with the units `members`: said at once.
     fn sent(&mut self, job: &Sbatch, members: &[usize]) {
         for &i in members {
@@ -158,12 +170,8 @@ fn submit_stages(
         match &decisions[i] {
             Decision::Submit if s.limit.is_none() => {
                 let script = units[i].dir.join(crate::layout::JOB_SBATCH);
-                let id = match sbatch(&[], &script, s.dry_run)? {
-                    Answer::Queued(id) => id,
-                    Answer::Full(limit) => {
-                        s.limit = Some(limit);
-                        continue;
-                    }
+                let Some(id) = s.queued(sbatch(&[], &script, s.dry_run)?) else {
+                    continue;
                 };
                 if !s.dry_run {
                     units[i].record_job(ExecutorKind::Slurm, id.clone())?;
@@ -252,12 +260,8 @@ fn submit_blocks(
         let head = crate::plan::pack::block_header(&header(&units[members[0]].script), &allocation);
         let dirs: Vec<PathBuf> = members.iter().map(|&i| units[i].dir.clone()).collect();
         let script = super::scripts::block(s.study_dir, block, &head, &dirs, s.dry_run)?;
-        let id = match sbatch(&after(&dep), &script, s.dry_run)? {
-            Answer::Queued(id) => id,
-            Answer::Full(limit) => {
-                s.limit = Some(limit);
-                break;
-            }
+        let Some(id) = s.queued(sbatch(&after(&dep), &script, s.dry_run)?) else {
+            break;
         };
         if !s.dry_run {
             for &i in &members {
@@ -330,7 +334,8 @@ fn submit_arrays(
                     arrays.push_front(second);
                     arrays.push_front(first);
                 }
-                Answer::Full(limit) => s.limit = Some(limit),
+                // One run refused: nothing more is sent.
+                refused => _ = s.queued(refused),
             }
         }
     }
