@@ -23,7 +23,12 @@ pub fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
     let mut cmd = Command::new("sbatch");
     let text = std::fs::read_to_string(script).unwrap_or_default();
     for name in overriding_env(&text, |n| std::env::var_os(n).is_some()) {
-        say_left_out(name);
+        say_once(name, || {
+            format!(
+                "sweep: {name}={} in your environment is left out of sbatch's: the study's job script sets that option, and the manifest's value is what its runs record",
+                std::env::var(name).unwrap_or_default()
+            )
+        });
         cmd.env_remove(name);
     }
     let names: Vec<String> = std::env::vars_os()
@@ -31,7 +36,12 @@ pub fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
         .collect();
     let outer = allocation_env(&names);
     if !outer.is_empty() {
-        say_inside(&std::env::var("SLURM_JOB_ID").unwrap_or_default());
+        say_once("SLURM_JOB_ID", || {
+            format!(
+                "sweep: submitting from inside SLURM job {}: its SLURM_* and SRUN_* variables are left out of the jobs' environment (they describe that allocation, and srun in each job would read them)",
+                std::env::var("SLURM_JOB_ID").unwrap_or_default()
+            )
+        });
     }
     for name in outer {
         cmd.env_remove(name);
@@ -149,26 +159,13 @@ fn allocation_env(names: &[String]) -> Vec<&str> {
         .collect()
 }
 
-/// Says once per process that sbatch is run inside SLURM job `job`.
-fn say_inside(job: &str) {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| {
-        eprintln!(
-            "sweep: submitting from inside SLURM job {job}: its SLURM_* and SRUN_* variables are left out of the jobs' environment (they describe that allocation, and srun in each job would read them)"
-        )
-    });
-}
-
-/// Says once per process that `name` is left out of sbatch's environment.
-fn say_left_out(name: &str) {
+/// Says `line` on standard error once per process for each `what`.
+fn say_once(what: &str, line: impl FnOnce() -> String) {
     static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
-    if !said.iter().any(|s| s == name) {
-        said.push(name.to_string());
-        eprintln!(
-            "sweep: {name}={} in your environment is left out of sbatch's: the study's job script sets that option, and the manifest's value is what its runs record",
-            std::env::var(name).unwrap_or_default()
-        );
+    if !said.iter().any(|s| s == what) {
+        said.push(what.to_string());
+        eprintln!("{}", line());
     }
 }
 
