@@ -51,11 +51,14 @@ python_part() {
     # own kept between runs: its Linux wheel imports only with NVIDIA's library
     # wheels beside it, ~5 GB even for the CPU (a few minutes the first time).
     TORCH_VENV=.cache/torch-venv
-    if ! "$TORCH_VENV/bin/python" -c 'import torch' 2>/dev/null; then
-        echo "setup: installing torch==2.5.1 into $TORCH_VENV from PyPI (~5 GB)" >&2
-        python3 -m venv "$TORCH_VENV" ||
+    # Hugging Face's Trainer (transformers, accelerate, tqdm) beside it: the
+    # most common training loop of others, logged by a progress bar.
+    TORCH_PACKAGES=(torch==2.5.1 numpy transformers==4.46.3 accelerate==1.1.1 tqdm==4.67.1)
+    if ! "$TORCH_VENV/bin/python" -c 'import torch, transformers, accelerate' 2>/dev/null; then
+        echo "setup: installing ${TORCH_PACKAGES[*]} into $TORCH_VENV from PyPI (~5 GB)" >&2
+        [ -x "$TORCH_VENV/bin/python" ] || python3 -m venv "$TORCH_VENV" ||
             { echo "setup: python3 -m venv failed: install python3-venv" >&2; exit 1; }
-        "$TORCH_VENV/bin/python" -m pip install --quiet --disable-pip-version-check torch==2.5.1 numpy
+        "$TORCH_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${TORCH_PACKAGES[@]}"
     fi
 }
 

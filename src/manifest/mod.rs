@@ -22,7 +22,7 @@ pub use schema::{
     check_roles, group_collides, memory_unit, parse_slurm_time, time_unit, Design, EnvironmentSpec,
     ExecutorKind, Launcher, LocalSpec, PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec,
     SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS,
-    REPORT_COLUMNS, SIGNAL_GRACE, STAT_SUFFIXES,
+    REPORT_COLUMNS, SIGNAL_GRACE, STAT_SUFFIXES, TIME_UNITS,
 };
 pub use source::{join_key, ManifestText};
 pub use watchdog::{parse_watch_duration, Stall, WatchdogSpec};

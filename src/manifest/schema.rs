@@ -667,10 +667,12 @@ pub fn memory_unit(group: &str) -> Option<f64> {
     unit_of(group, &MEMORY_UNITS)
 }
 
-/// Why `roles` do not fit a line pattern's named `groups` (a role naming no
-/// group, or a known field, or a memory group without a unit in its name),
-/// with the role's key (`memory`, `throughput`).
-pub fn check_roles(groups: &[&str], roles: &Roles) -> Result<(), (&'static str, String)> {
+/// Why `roles` do not fit a line pattern's named groups (a role naming no
+/// group, or a known field, a memory group without a unit in its name, a
+/// step-time group without a unit in its name or in what it matches), with
+/// the role's key (`memory`, `throughput`).
+pub fn check_roles(re: &regex::Regex, roles: &Roles) -> Result<(), (&'static str, String)> {
+    let groups: Vec<&str> = re.capture_names().flatten().collect();
     for (key, group) in [
         ("memory", &roles.memory),
         ("throughput", &roles.throughput),
@@ -705,15 +707,49 @@ pub fn check_roles(groups: &[&str], roles: &Roles) -> Result<(), (&'static str, 
         }
     }
     if let Some(g) = &roles.step_time {
-        if time_unit(g).is_none() {
+        if time_unit(g).is_none() && matches_a_bare_figure(re.as_str(), g) {
             let units: Vec<&str> = TIME_UNITS.iter().map(|(s, _)| &s[1..]).collect();
             return Err(("step_time", format!(
-                "the unit of `{g}` is not in its name: name the group `{g}_ms` (or end it in one of {})",
+                "the unit of `{g}` is neither in its name nor in what it matches: name the group `{g}_ms` \
+                 (or end it in one of {}), or take the unit into the group, as in `(?P<{g}>[\\d.]+(?:it/s|s/it))` \
+                 for a progress bar's `4.98it/s` or `1.23s/it`",
                 units.join(", ")
             )));
         }
     }
     Ok(())
+}
+
+/// Whether the named group `name` of `pattern` can match a figure alone
+/// (`5`, `5.33`): then what it matches says no unit.
+fn matches_a_bare_figure(pattern: &str, name: &str) -> bool {
+    use regex_syntax::ast::{self, Ast, GroupKind, Span, Visitor};
+    struct Find<'a>(&'a str, Option<Span>);
+    impl Visitor for Find<'_> {
+        type Output = Option<Span>;
+        type Err = ();
+        fn finish(self) -> Result<Option<Span>, ()> {
+            Ok(self.1)
+        }
+        fn visit_pre(&mut self, a: &Ast) -> Result<(), ()> {
+            if let Ast::Group(g) = a {
+                if matches!(&g.kind, GroupKind::CaptureName { name, .. } if name.name == self.0) {
+                    self.1 = Some(*g.ast.span());
+                }
+            }
+            Ok(())
+        }
+    }
+    let Some(span) = ast::parse::Parser::new()
+        .parse(pattern)
+        .ok()
+        .and_then(|a| ast::visit(&a, Find(name, None)).ok().flatten())
+    else {
+        return false;
+    };
+    let inner = &pattern[span.start.offset..span.end.offset];
+    regex::Regex::new(&format!("^(?:{inner})$"))
+        .is_ok_and(|alone| ["5", "5.33"].iter().any(|f| alone.is_match(f)))
 }
 
 fn is_known(group: &str) -> bool {

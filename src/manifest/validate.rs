@@ -216,7 +216,7 @@ impl Validator<'_, '_> {
             .and_then(|p| crate::util::text::regex(p).ok())
         {
             let groups: Vec<&str> = re.capture_names().flatten().collect();
-            if let Err((key, why)) = check_roles(&groups, &r.roles()) {
+            if let Err((key, why)) = check_roles(&re, &r.roles()) {
                 self.at_value(&format!("report.{key}"), why);
             }
             let timed = r.step_time.is_some() || groups.contains(&"step_time_s");

@@ -4,28 +4,35 @@
 //! environment `scripts/setup.sh` makes (`.cache/torch-venv`). Through the
 //! local executor and SLURM: tokens/s from its step time, a crash behind a
 //! pipe, a command that starts with an assignment, and two processes
-//! started by torchrun (gloo, on the CPU).
+//! started by torchrun (gloo, on the CPU); and Hugging Face's Trainer, read
+//! by its progress bar.
 
 use super::slurm::{require_cluster, wait_until_done};
-use super::support::{json_rows, project, repo, run_ok, skipped, status, sweep, write};
+use super::support::{json_rows, project, repo, run_ok, skipped, status, stdout, sweep, write};
 use std::path::{Path, PathBuf};
 
 /// The environment's bin directory, whose python imports torch; `None`
 /// (skipped) where it is missing.
 fn torch_bin() -> Option<PathBuf> {
+    python_with("torch")
+}
+
+/// The environment's bin directory, whose python imports `modules`; `None`
+/// (skipped) where it is missing.
+fn python_with(modules: &str) -> Option<PathBuf> {
     let bin = std::env::var_os("SWEEP_TEST_TORCH_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo().join(".cache/torch-venv"))
         .join("bin");
     let ok = std::process::Command::new(bin.join("python"))
-        .args(["-c", "import torch"])
+        .args(["-c", &format!("import {modules}")])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
         skipped(
             "torch",
             &format!(
-                "no python with torch at {} (scripts/setup.sh makes it)",
+                "no python with {modules} at {} (scripts/setup.sh makes it)",
                 bin.display()
             ),
         );
@@ -250,4 +257,102 @@ fn a_pytorch_script_sweeps_through_slurm_with_torchrun() {
     let s = wait_until_done(root.path(), &m, 300);
     assert!(s.values().all(|(st, _)| st == "COMPLETED"), "{s:?}");
     assert_tokens_from_step_times(root.path(), &m, &bin);
+}
+
+/// Hugging Face's Trainer (tests/fixtures/hf-train.py), swept by what it
+/// logs anyway: its tqdm bar's pace (`4.98it/s`, `1.23s/it`) is a step's
+/// time, so tokens/s come from the tokens of a step, and its `{'loss': …}`
+/// lines, which say no step, are the loss of the step the bar drew last.
+/// The bar redrawn after each of them, and closed at the end with its
+/// overall rate, adds no point and no problem.
+#[test]
+fn a_hugging_face_trainer_sweeps_by_its_progress_bar() {
+    let Some(bin) = python_with("torch, transformers, accelerate") else {
+        return;
+    };
+    let root = project();
+    let m = root.path().join("hf.toml");
+    write(
+        &m,
+        &format!(
+            r#"name = "hf"
+executor = "local"
+# Every step drawn (tqdm draws at most ten a second otherwise).
+command = '''TQDM_MININTERVAL=0 python {{{{ script }}}} --batch-size {{{{ batch_size }}}} --block-size {{{{ block_size }}}} --output-dir {{{{ run.dir }}}}/hf'''
+[defaults]
+script = "{script}"
+block_size = 64
+[sweep.grid]
+batch_size = [2, 4]
+[report]
+skip_first = 2
+line_pattern = '''(?P<step>\d+)/\d+ \[[^\]]*, *(?P<pace>[\d.]+(?:it/s|s/it))\]|\{{'loss': (?P<loss>[\d.]+)'''
+step_time = "pace"
+tokens_per_step = "batch_size * block_size"
+"#,
+            script = repo().join("tests/fixtures/hf-train.py").display(),
+        ),
+    );
+    run_ok(sweep_in(root.path(), &bin).arg("run").arg(&m));
+    let text = stdout(&run_ok(
+        sweep_in(root.path(), &bin)
+            .args(["report", "--no-plots"])
+            .arg(&m),
+    ));
+    assert!(!text.contains("note:"), "{text}");
+    let rows = json_rows(
+        sweep_in(root.path(), &bin)
+            .args(["report", "--json", "--no-plots"])
+            .arg(&m),
+    );
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
+        let name = row["run"].as_str().unwrap();
+        let log =
+            std::fs::read_to_string(root.path().join("results/hf").join(name).join("local.out"))
+                .unwrap();
+        // (figure, its unit) after each `after`, up to `until`.
+        let figures = |after: &str, until: char| -> Vec<(f64, String)> {
+            log.split(['\r', '\n'])
+                .filter_map(|l| l.split_once(after))
+                .filter_map(|(_, rest)| {
+                    let figure = rest.split(until).next()?;
+                    let end = figure
+                        .find(|c: char| c.is_alphabetic())
+                        .unwrap_or(figure.len());
+                    Some((
+                        figure[..end].trim().parse().ok()?,
+                        figure[end..].to_string(),
+                    ))
+                })
+                .collect()
+        };
+        let tokens = row["tokens_per_step"].as_f64().unwrap();
+        let rates: Vec<f64> = figures(", ", ']')
+            .into_iter()
+            .map(|(v, unit)| match unit.as_str() {
+                "it/s" => tokens * v,
+                "s/it" => tokens / v,
+                other => panic!("{other}"),
+            })
+            .collect();
+        let losses: Vec<f64> = figures("{'loss': ", ',')
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect();
+        assert_eq!(losses.len(), 40 / 5, "{log}");
+        let within = |v: f64, of: &[f64]| {
+            of.iter().any(|&x| x <= v * (1.0 + 1e-9)) && of.iter().any(|&x| x >= v * (1.0 - 1e-9))
+        };
+        let got = row["tokens_per_second_mean"].as_f64().unwrap();
+        assert!(
+            within(got, &rates),
+            "{name}: {got} against the bar's {rates:?}"
+        );
+        assert_eq!(row["final_loss"].as_f64(), losses.last().copied(), "{row}");
+        assert!(
+            row["points"].as_u64().unwrap() >= 30,
+            "one point per step the bar drew, less the first 2: {row}"
+        );
+    }
 }

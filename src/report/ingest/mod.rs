@@ -44,6 +44,37 @@ pub struct Point {
     pub extra: Vec<Option<f64>>,
 }
 
+impl Point {
+    /// Takes `other`'s figures into this point where it has none, if no
+    /// figure of `other` differs from one this point has; whether it did.
+    pub fn absorb(&mut self, other: &Point) -> bool {
+        fn take(mine: &mut Option<f64>, theirs: Option<f64>) -> bool {
+            match (*mine, theirs) {
+                (Some(a), Some(b)) => a == b,
+                (None, b) => {
+                    *mine = b;
+                    true
+                }
+                (Some(_), None) => true,
+            }
+        }
+        let mut merged = self.clone();
+        let mut theirs = other.clone();
+        let fields = Field::ALL
+            .iter()
+            .all(|f| take(f.slot(&mut merged), *f.slot(&mut theirs)));
+        let extras = merged
+            .extra
+            .iter_mut()
+            .zip(&other.extra)
+            .all(|(m, t)| take(m, *t));
+        if fields && extras {
+            *self = merged;
+        }
+        fields && extras
+    }
+}
+
 /// The largest magnitude a foreign field may log: beyond it, only a corrupt
 /// log (or a unit no table can show) writes numbers.
 pub const MAX_EXTRA: f64 = 1e15;
@@ -219,8 +250,14 @@ impl Omissions {
             b.0 += 1;
         }
         self.last_step = Some(p.step);
+        self.screen_figures(line, &mut p);
+        Some(p)
+    }
+
+    /// Clears (and counts) each value of `p` a run cannot log.
+    pub fn screen_figures(&mut self, line: usize, p: &mut Point) {
         for f in Field::ALL {
-            let slot = f.slot(&mut p);
+            let slot = f.slot(p);
             if let Some(v) = *slot {
                 if !f.plausible().contains(&v) {
                     *slot = None;
@@ -235,7 +272,6 @@ impl Omissions {
                 self.implausible(&name, line, v);
             }
         }
-        Some(p)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -8,7 +8,7 @@
 //! tokens per second.
 
 use super::{text_lines, Field, Omissions, Point};
-use crate::manifest::{check_roles, memory_unit, time_unit, Roles};
+use crate::manifest::{check_roles, memory_unit, time_unit, Roles, TIME_UNITS};
 use regex::Regex;
 
 /// A compiled `line_pattern` and what its groups mean.
@@ -21,8 +21,9 @@ pub struct Pattern {
     /// (group, MB per unit of it) for the peak memory.
     memory: Option<(String, f64)>,
     throughput: Option<String>,
-    /// (group, seconds per unit of it) for a step's time.
-    step_time: Option<(String, f64)>,
+    /// (group, seconds per unit of it) for a step's time; no unit: each
+    /// figure says its own (`5.33ms`, `4.98it/s`).
+    step_time: Option<(String, Option<f64>)>,
 }
 
 impl Pattern {
@@ -38,8 +39,7 @@ impl Pattern {
 
     pub fn new(pattern: &str, roles: &Roles) -> Result<Pattern, String> {
         let re = crate::util::text::regex(pattern)?;
-        let groups: Vec<&str> = re.capture_names().flatten().collect();
-        check_roles(&groups, roles).map_err(|(_, why)| why)?;
+        check_roles(&re, roles).map_err(|(_, why)| why)?;
         let is_known = |g: &str| crate::manifest::KNOWN_GROUPS.contains(&g);
         let extras: Vec<String> = re
             .capture_names()
@@ -61,18 +61,25 @@ impl Pattern {
                 .clone()
                 .map(|g| (g.clone(), memory_unit(&g).unwrap_or(1.0))),
             throughput: roles.throughput.clone(),
-            step_time: roles
-                .step_time
-                .clone()
-                .map(|g| (g.clone(), time_unit(&g).unwrap_or(1.0))),
+            step_time: roles.step_time.clone().map(|g| (g.clone(), time_unit(&g))),
         })
     }
 }
 
 /// The points of a log's bytes, and what was left out of them.
+///
+/// Where the pattern has a `step` group, a line that shows the step of the
+/// line before it again adds the figures that step lacks (a progress bar
+/// redrawn after a message); one whose figures differ is a repeat, kept and
+/// said, unless it is the log's last (a progress bar closed shows its last
+/// step once more, with its overall rate). A line that says no step (an
+/// alternative of the pattern: Hugging Face's `{'loss': …}` beside its
+/// progress bar) belongs to the last step said.
 pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
-    let mut points = Vec::new();
+    let mut points: Vec<Point> = Vec::new();
     let mut omitted = Omissions::with_extras(&pattern.extras);
+    let has_step = pattern.has_step();
+    let mut again: Option<(usize, Point)> = None;
     for (n, line, valid) in text_lines(bytes) {
         let Some(c) = pattern.re.captures(&line) else {
             continue;
@@ -81,27 +88,82 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
             omitted.bad_line(n, "a matching line with bytes that are not UTF-8");
             continue;
         }
-        let num = |k: &str| c.name(k).map(|m| number(m.as_str()));
-        let mut p = Point {
-            step: num("step").unwrap_or(points.len() as f64 + 1.0),
-            extra: pattern.extras.iter().map(|g| num(g)).collect(),
-            ..Point::default()
-        };
-        for f in Field::ALL {
-            *f.slot(&mut p) = num(f.name());
+        if let Some((m, p)) = again.take() {
+            points.extend(omitted.screen(m, p));
         }
-        if let Some((g, mb)) = &pattern.memory {
-            p.peak_memory_mb = num(g).map(|v| v * mb);
-        }
-        if let Some(g) = &pattern.throughput {
-            p.tokens_per_second = num(g);
-        }
-        if let Some((g, s)) = &pattern.step_time {
-            p.step_time_s = num(g).map(|v| v * s);
+        let mut p = figures(pattern, &c);
+        let said = c.name("step").map(|m| number(m.as_str()));
+        let count = points.len() as f64 + 1.0;
+        match (said, points.last_mut()) {
+            (None, _) if !has_step => p.step = count,
+            (None, None) => {
+                omitted.bad_line(n, "a line before the first that says its step");
+                continue;
+            }
+            (None, Some(last)) => {
+                omitted.screen_figures(n, &mut p);
+                if !last.absorb(&p) {
+                    p.step = last.step;
+                    points.push(p);
+                }
+                continue;
+            }
+            (Some(step), Some(last)) if step == last.step => {
+                omitted.screen_figures(n, &mut p);
+                if !last.absorb(&p) {
+                    p.step = step;
+                    again = Some((n, p));
+                }
+                continue;
+            }
+            (Some(step), _) => p.step = step,
         }
         points.extend(omitted.screen(n, p));
     }
     (points, omitted)
+}
+
+/// The figures of one matching line (its step left to [`parse`]).
+fn figures(pattern: &Pattern, c: &regex::Captures) -> Point {
+    let num = |k: &str| c.name(k).map(|m| number(m.as_str()));
+    let mut p = Point {
+        extra: pattern.extras.iter().map(|g| num(g)).collect(),
+        ..Point::default()
+    };
+    for f in Field::ALL {
+        *f.slot(&mut p) = num(f.name());
+    }
+    if let Some((g, mb)) = &pattern.memory {
+        p.peak_memory_mb = num(g).map(|v| v * mb);
+    }
+    if let Some(g) = &pattern.throughput {
+        p.tokens_per_second = num(g);
+    }
+    if let Some((g, unit)) = &pattern.step_time {
+        p.step_time_s = c.name(g).map(|m| match unit {
+            Some(s) => number(m.as_str()) * s,
+            None => seconds_per_step(m.as_str()),
+        });
+    }
+    p
+}
+
+/// Seconds per step from a figure that says its unit: `5.33ms`, `2.1 s`, and
+/// a progress bar's pace, tqdm's `4.98it/s` (steps per second) or
+/// `1.23s/it`; NaN (left out, and counted) for another unit.
+fn seconds_per_step(text: &str) -> f64 {
+    let text = text.trim();
+    let figure = text.trim_end_matches(|c: char| c.is_alphabetic() || c == '/' || c == ' ');
+    let v = number(figure);
+    match text[figure.len()..].trim() {
+        "it/s" => 1.0 / v,
+        "s/it" => v,
+        "µs" => v * 1e-6,
+        unit => TIME_UNITS
+            .iter()
+            .find(|(suffix, _)| &suffix[1..] == unit)
+            .map_or(f64::NAN, |&(_, s)| v * s),
+    }
 }
 
 /// A figure as a program printed it: `6543.2`, `1e-4`, or grouped in
@@ -243,7 +305,7 @@ mod tests {
             step_time: Some("dt".into()),
             ..Roles::default()
         };
-        let err = check_roles(&["dt"], &bare).unwrap_err();
+        let err = check_roles(&Regex::new(r"(?P<dt>[\d.]+)").unwrap(), &bare).unwrap_err();
         assert_eq!(err.0, "step_time");
         assert!(err.1.contains("name the group `dt_ms`"), "{}", err.1);
         for (name, s) in [
@@ -271,9 +333,7 @@ mod tests {
                 memory: Some(memory.into()),
                 ..Roles::default()
             };
-            let re = Regex::new(re).unwrap();
-            let groups: Vec<&str> = re.capture_names().flatten().collect();
-            check_roles(&groups, &roles).unwrap_err().1
+            check_roles(&Regex::new(re).unwrap(), &roles).unwrap_err().1
         };
         assert!(
             err("memory").contains("names no group"),
@@ -322,6 +382,122 @@ mod tests {
         assert!(
             text.contains("`tokens_per_second` left out on 1 line(s)"),
             "{text}"
+        );
+    }
+
+    /// Hugging Face's Trainer, as its log reads under SLURM (recorded from
+    /// transformers 4.46): a tqdm bar redrawn with `\r` says the step and the
+    /// pace, its `{'loss': …}` lines say no step, the bar is drawn again
+    /// after each, and closed with its overall rate.
+    #[test]
+    fn a_progress_bars_pace_and_the_lines_beside_it_make_one_point_per_step() {
+        let roles = Roles {
+            step_time: Some("pace".into()),
+            ..Roles::default()
+        };
+        let re = r"(?P<step>\d+)/\d+ \[[^\]]*, *(?P<pace>[\d.]+(?:it/s|s/it))\]|\{'loss': (?P<loss>[\d.]+)";
+        let p = Pattern::new(re, &roles).unwrap();
+        let bar = |n: u32, pace: &str| {
+            format!(
+                " {}%|███▌  | {n}/40 [00:0{}<00:30, {pace}]",
+                n * 100 / 40,
+                n / 10
+            )
+        };
+        let log = [
+            "max_steps is given, it will override any value given in num_train_epochs\n".to_string(),
+            format!("\r{}", bar(0, "?it/s")),
+            format!("\r{}", bar(4, "1.25s/it")),
+            "\r                         \r{'loss': 6.2059, 'grad_norm': 0.58, 'learning_rate': 4.4e-05, 'epoch': 0.0}\n".into(),
+            format!("\r{}", bar(4, "1.25s/it")),
+            format!("\r{}", bar(5, " 1.02it/s")),
+            "\r                         \r{'loss': 6.2016, 'grad_norm': 0.58, 'learning_rate': 3.8e-05, 'epoch': 0.0}\n".into(),
+            "\r                         \r{'loss': 6.2000, 'grad_norm': 0.58, 'learning_rate': 3.7e-05, 'epoch': 0.0}\n".into(),
+            format!("\r{}", bar(40, "2.00it/s")),
+            "\r{'train_runtime': 21.6, 'train_samples_per_second': 7.4, 'train_loss': 6.19, 'epoch': 0.02}\n".into(),
+            format!("\r{}", bar(40, "2.00it/s")),
+            format!("\r{}\n", bar(40, "1.85it/s")),
+        ]
+        .concat();
+        let (points, omitted) = parse(&p, log.as_bytes());
+        let got: Vec<(f64, Option<f64>, Option<f64>)> = points
+            .iter()
+            .map(|p| (p.step, p.step_time_s, p.loss))
+            .collect();
+        let pace = |s: f64| Some(s);
+        assert_eq!(
+            got,
+            [
+                (4.0, pace(1.25), Some(6.2059)),
+                (5.0, pace(1.0 / 1.02), Some(6.2016)),
+                (5.0, None, Some(6.2)),
+                (40.0, pace(0.5), None),
+            ]
+        );
+        assert!(
+            omitted.is_empty(),
+            "{:?}",
+            omitted.describe(std::path::Path::new("f"))
+        );
+
+        // The same step again with other figures, anywhere but at the end,
+        // is a repeat: kept, and said.
+        let (points, omitted) = parse(
+            &p,
+            format!(
+                "{}\n{}\n{}\n",
+                bar(7, "1.85it/s"),
+                bar(7, "1.5it/s"),
+                bar(8, "1.5it/s")
+            )
+            .as_bytes(),
+        );
+        assert_eq!(
+            points.iter().map(|p| p.step).collect::<Vec<_>>(),
+            [7.0, 7.0, 8.0]
+        );
+        let said = omitted.describe(std::path::Path::new("f")).join("\n");
+        assert!(said.contains("repeats or goes back on 1 line(s)"), "{said}");
+
+        // A line that says no step before any that does has no step to join.
+        let (points, omitted) = parse(&p, b"{'loss': 6.1}\n");
+        assert!(points.is_empty());
+        let said = omitted.describe(std::path::Path::new("f")).join("\n");
+        assert!(
+            said.contains("line 1: a line before the first that says its step"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn a_step_time_figure_may_say_its_unit() {
+        for (text, want) in [
+            ("4.98it/s", 1.0 / 4.98),
+            (" 1.23s/it", 1.23),
+            ("5.33ms", 0.00533),
+            ("2.1 s", 2.1),
+            ("750us", 750e-6),
+            ("750µs", 750e-6),
+            ("1e-3s", 1e-3),
+            ("2min", 120.0),
+        ] {
+            assert!((seconds_per_step(text) - want).abs() < 1e-12, "{text}");
+        }
+        for text in ["5", "5.33 parsecs", "?it/s", "1.2kit/s"] {
+            assert!(seconds_per_step(text).is_nan(), "{text}");
+        }
+        let roles = Roles {
+            step_time: Some("pace".into()),
+            ..Roles::default()
+        };
+        let check = |re: &str| check_roles(&Regex::new(re).unwrap(), &roles);
+        assert!(check(r"(?P<pace>[\d.]+(?:it/s|s/it))").is_ok());
+        assert!(check(r"took (?P<pace>\d+(?:\.\d+)?\s*(?:ms|s))").is_ok());
+        let err = check(r"(?P<pace>[\d.]+)(?:it/s|s/it)").unwrap_err();
+        assert!(err.1.contains("take the unit into the group"), "{}", err.1);
+        assert!(
+            check(r"(?P<pace>[\d.]+(?:it/s)?)").is_err(),
+            "a unit that may be left out"
         );
     }
 }
