@@ -119,13 +119,14 @@ fn load_planned(plan: &Plan) -> Result<(String, Vec<RunLog>, Spec)> {
         Mode::Command(_) => command_pattern(rs)?,
         Mode::Train(_) => None,
     };
+    let figures = Figures::of(matches!(plan.manifest.mode, Mode::Command(_)), &pattern);
     let runs = plan
         .runs
         .par_iter()
         .zip(states)
         .map(|(r, (st, record))| {
             let mut run = match &record {
-                Some(_) => read_run(&r.name, &r.dir, &plan.study_dir, st, pattern.as_ref()),
+                Some(_) => read_run(&r.name, &r.dir, &plan.study_dir, st, figures),
                 // Whatever the directory holds is not this run's.
                 None => RunLog {
                     reason: st.reason.clone(),
@@ -281,11 +282,12 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
         Some(rs) => command_pattern(rs)?,
         None => None,
     };
+    let figures = Figures::of(command.is_some(), &pattern);
     let mut runs: Vec<RunLog> = found
         .par_iter()
         .zip(states)
         .map(|((r, d), st)| {
-            let mut run = read_run(&r.name, d, dir, st, pattern.as_ref());
+            let mut run = read_run(&r.name, d, dir, st, figures);
             run.identity = r.identity.clone();
             (run.id, run.attempt) = (Some(r.id.clone()), r.attempt);
             run.block = r.block;
@@ -592,21 +594,37 @@ fn environment(run: &mut RunLog) {
     run.host = Some(f.host);
 }
 
-fn read_run(
-    name: &str,
-    dir: &Path,
-    study_dir: &Path,
-    status: Status,
-    pattern: Option<&ingest::pattern::Pattern>,
-) -> RunLog {
+/// Where a run's figures are read from.
+#[derive(Debug, Clone, Copy)]
+enum Figures<'a> {
+    /// `metrics.jsonl`: the built-in trainer's.
+    Metrics,
+    /// The run's logs, by a command study's line pattern.
+    Pattern(&'a ingest::pattern::Pattern),
+    /// A command study without a line pattern: a `metrics.jsonl` it wrote
+    /// itself, if any.
+    Unread,
+}
+
+impl<'a> Figures<'a> {
+    fn of(command: bool, pattern: &'a Option<ingest::pattern::Pattern>) -> Figures<'a> {
+        match (command, pattern) {
+            (_, Some(p)) => Figures::Pattern(p),
+            (true, None) => Figures::Unread,
+            (false, None) => Figures::Metrics,
+        }
+    }
+}
+
+fn read_run(name: &str, dir: &Path, study_dir: &Path, status: Status, figures: Figures) -> RunLog {
     let mut run = RunLog {
         reason: status.reason.clone(),
         dir: Some(dir.to_path_buf()),
         ..RunLog::new(name, status)
     };
-    match pattern {
-        Some(re) => read_pattern_logs(&mut run, dir, study_dir, re),
-        None => {
+    match figures {
+        Figures::Pattern(re) => read_pattern_logs(&mut run, dir, study_dir, re),
+        Figures::Metrics | Figures::Unread => {
             let path = dir.join(crate::train::run::record::METRICS_FILE);
             match ingest::read_log(&path, Some(study_dir)) {
                 Ok(bytes) => {
@@ -619,9 +637,10 @@ fn read_run(
                 }
                 Err(_) if !path.exists() && path.symlink_metadata().is_err() => {
                     if run.reason.is_none() {
-                        run.reason = Some(match run.status.state.is_active() {
-                            true => "no metrics.jsonl yet".into(),
-                            false => {
+                        run.reason = Some(match (figures, run.status.state.is_active()) {
+                            (Figures::Unread, _) => "no figures: the study's `[report] line_pattern` is not set, so nothing reads the command's log (docs/report.md)".into(),
+                            (_, true) => "no metrics.jsonl yet".into(),
+                            (_, false) => {
                                 "no metrics.jsonl: the run wrote none (its log says why)".into()
                             }
                         });

@@ -141,6 +141,38 @@ fn a_pattern_that_matches_no_line_is_said_with_the_logs_first_lines() {
     );
 }
 
+/// A command study without a `line_pattern` has nothing that reads its
+/// log: `sweep plan` says so, and the report's rows say why they are empty
+/// (not "the run wrote no metrics.jsonl", a file only the trainer writes).
+#[test]
+fn a_command_without_a_line_pattern_is_said_at_plan_and_in_the_report() {
+    let root = project();
+    let m = root.path().join("bare.toml");
+    write(
+        &m,
+        "name = \"bare\"\nexecutor = \"local\"\ncommand = \"echo 'step {{ n }}: 1000 tokens/s'\"\n\
+         [sweep.grid]\nn = [1, 2]\n",
+    );
+    let plan = run_ok(sweep(root.path()).arg("plan").arg(&m));
+    let said = String::from_utf8_lossy(&plan.stderr);
+    assert!(
+        said.contains(
+            "warning: `[report] line_pattern` is not set: nothing reads the command's log"
+        ),
+        "{said}"
+    );
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let out = stdout(&run_ok(
+        sweep(root.path()).arg("report").arg(&m).arg("--no-plots"),
+    ));
+    assert!(
+        out.contains(
+            "note: n-1: COMPLETED, no figures: the study's `[report] line_pattern` is not set"
+        ) && !out.contains("metrics.jsonl"),
+        "{out}"
+    );
+}
+
 /// A program that logs as nanoGPT does (a step's time in ms, its own MFU):
 /// tokens/s are `tokens_per_step / step time`, to 0.1% of the hand
 /// computation, with speedups against the baseline, TFLOP/s from

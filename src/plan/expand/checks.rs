@@ -167,12 +167,22 @@ pub(super) fn unused_axes(m: &Manifest, engine: &crate::template::Engine) -> Vec
     out
 }
 
-/// A command study with a baseline whose line pattern yields no tokens/s:
-/// its report would have no speedups, and nothing for `sweep check`.
+/// A command study without a line pattern (its report would have no
+/// figures, and the watchdog nothing to watch), or with a baseline whose
+/// line pattern yields no tokens/s (no speedups, nothing for `sweep check`).
 fn no_throughput(m: &Manifest) -> Option<String> {
-    let (Mode::Command(_), Some(baseline), Some(pattern)) =
-        (&m.mode, &m.report.baseline, &m.report.line_pattern)
-    else {
+    let Mode::Command(_) = &m.mode else {
+        return None;
+    };
+    let Some(pattern) = &m.report.line_pattern else {
+        return Some(
+            "`[report] line_pattern` is not set: nothing reads the command's log, so the report will have no \
+             figures (tokens/s, loss) and the watchdog cannot tell a run that stopped making progress. Give the \
+             regex of its progress lines (docs/report.md)"
+                .into(),
+        );
+    };
+    let Some(baseline) = &m.report.baseline else {
         return None;
     };
     let re = crate::util::text::regex(pattern).ok()?;
