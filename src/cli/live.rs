@@ -20,13 +20,21 @@ pub struct Tracked {
     /// How a command's log says its progress (`[report] line_pattern`):
     /// read from its log, where the trainer's is read from `metrics.jsonl`.
     pub pattern: Option<std::sync::Arc<Pattern>>,
+    /// Tokens a step of a command run trains (`[report] tokens_per_step`):
+    /// its tokens/s from a logged step time, as the report computes them.
+    pub tokens_per_step: Option<f64>,
 }
 
 impl Tracked {
     /// Its latest point, and whether the point's step is the run's own.
     fn latest(&self) -> Option<(Point, bool)> {
         match &self.pattern {
-            Some(p) => pattern::last_point(p, &self.dir).map(|x| (x, p.has_step())),
+            Some(p) => pattern::last_point(p, &self.dir).map(|mut x| {
+                if let Some(tokens) = self.tokens_per_step {
+                    crate::report::flops::tokens_from_step_time(&mut x, tokens);
+                }
+                (x, p.has_step())
+            }),
             None => last_point(&self.dir.join(crate::train::run::record::METRICS_FILE))
                 .map(|x| (x, true)),
         }
@@ -174,5 +182,39 @@ impl crate::study::watch::Follow for LiveView {
 
     fn waiting(&mut self, why: &str) {
         self.waiting = why.to_string();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command that logs a step's time (nanoGPT's `time 8.00ms`) shows
+    /// tokens/s in the live view as in its report.
+    #[test]
+    fn a_commands_tokens_per_second_come_from_its_step_time() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("job-1.out"),
+            "iter 3: loss 4.5, time 8.00ms\n",
+        )
+        .unwrap();
+        let roles = crate::manifest::Roles {
+            step_time: Some("time_ms".into()),
+            ..Default::default()
+        };
+        let re = r"iter (?P<step>\d+): loss (?P<loss>[\d.]+), time (?P<time_ms>[\d.]+)ms";
+        let run = Tracked {
+            name: "run".into(),
+            dir: d.path().to_path_buf(),
+            steps: None,
+            pattern: Some(std::sync::Arc::new(Pattern::new(re, &roles).unwrap())),
+            tokens_per_step: Some(256.0),
+        };
+        let (p, stepped) = run.latest().unwrap();
+        assert_eq!(
+            (p.step, p.tokens_per_second, stepped),
+            (3.0, Some(32_000.0), true)
+        );
     }
 }

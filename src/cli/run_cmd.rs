@@ -57,17 +57,14 @@ pub fn run(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<ExitCo
 /// Every unit as the live view follows it (training runs with their step
 /// count, command runs with the pattern their log is read by).
 fn tracked(sub: &Submission) -> Vec<Tracked> {
-    let jobs: HashMap<&Path, &Job> = sub
-        .plan
-        .runs
-        .iter()
-        .map(|r| (r.dir.as_path(), &r.job))
-        .collect();
+    let runs: HashMap<&Path, &crate::plan::Run> =
+        sub.plan.runs.iter().map(|r| (r.dir.as_path(), r)).collect();
     let pattern = report::progress_pattern(&sub.plan).map(std::sync::Arc::new);
     sub.units
         .iter()
         .map(|u| {
-            let job = jobs.get(u.dir.as_path());
+            let run = runs.get(u.dir.as_path());
+            let job = run.map(|r| &r.job);
             Tracked {
                 name: u.name.clone(),
                 dir: u.dir.clone(),
@@ -78,6 +75,7 @@ fn tracked(sub: &Submission) -> Vec<Tracked> {
                 pattern: pattern
                     .clone()
                     .filter(|_| matches!(job, Some(Job::Command(_)))),
+                tokens_per_step: run.and_then(|r| report::flops::tokens_per_step(&r.params)),
             }
         })
         .collect()

@@ -48,13 +48,25 @@ pub fn derive(run: &mut RunLog, spec: &ReportSpec) {
 /// tokens/s = the run's `tokens_per_step` / the step's time, at each point
 /// that logs a time and no tokens/s.
 fn tokens_from_step_times(run: &mut RunLog) {
-    let Some(tokens) = run.params.get(TOKENS_PER_STEP).and_then(number_of) else {
+    let Some(tokens) = tokens_per_step(&run.params) else {
         return;
     };
     for p in &mut run.points {
-        if let (None, Some(t)) = (p.tokens_per_second, p.step_time_s) {
-            p.tokens_per_second = (t > 0.0).then(|| tokens / t);
-        }
+        tokens_from_step_time(p, tokens);
+    }
+}
+
+/// A run's `tokens_per_step` parameter (a command study's, from `[report]
+/// tokens_per_step`).
+pub fn tokens_per_step(params: &indexmap::IndexMap<String, Value>) -> Option<f64> {
+    params.get(TOKENS_PER_STEP).and_then(number_of)
+}
+
+/// tokens/s = `tokens` / the step's time, where `p` logs a time and no
+/// tokens/s.
+pub fn tokens_from_step_time(p: &mut super::ingest::Point, tokens: f64) {
+    if let (None, Some(t)) = (p.tokens_per_second, p.step_time_s) {
+        p.tokens_per_second = (t > 0.0).then(|| tokens / t);
     }
 }
 
