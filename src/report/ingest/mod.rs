@@ -45,33 +45,34 @@ pub struct Point {
 }
 
 impl Point {
-    /// Takes `other`'s figures into this point where it has none, if no
-    /// figure of `other` differs from one this point has; whether it did.
-    pub fn absorb(&mut self, other: &Point) -> bool {
-        fn take(mine: &mut Option<f64>, theirs: Option<f64>) -> bool {
-            match (*mine, theirs) {
-                (Some(a), Some(b)) => a == b,
-                (None, b) => {
-                    *mine = b;
-                    true
-                }
-                (Some(_), None) => true,
-            }
-        }
-        let mut merged = self.clone();
+    /// Calls `each` with every figure of this point, and `other`'s beside it.
+    fn beside(&mut self, other: &Point, mut each: impl FnMut(&mut Option<f64>, Option<f64>)) {
         let mut theirs = other.clone();
-        let fields = Field::ALL
-            .iter()
-            .all(|f| take(f.slot(&mut merged), *f.slot(&mut theirs)));
-        let extras = merged
-            .extra
-            .iter_mut()
-            .zip(&other.extra)
-            .all(|(m, t)| take(m, *t));
-        if fields && extras {
-            *self = merged;
+        for f in Field::ALL {
+            each(f.slot(self), *f.slot(&mut theirs));
         }
-        fields && extras
+        for (mine, theirs) in self.extra.iter_mut().zip(&other.extra) {
+            each(mine, *theirs);
+        }
+    }
+
+    /// Whether no figure of `other` differs from one this point has.
+    pub fn agrees(&self, other: &Point) -> bool {
+        let mut agree = true;
+        self.clone().beside(other, |mine, theirs| {
+            agree &= mine.zip(theirs).is_none_or(|(a, b)| a == b)
+        });
+        agree
+    }
+
+    /// Takes `other`'s figures where this point has none.
+    pub fn fill(&mut self, other: &Point) {
+        self.beside(other, |mine, theirs| *mine = mine.or(theirs));
+    }
+
+    /// Takes every figure `other` has, over this point's.
+    pub fn overlay(&mut self, other: &Point) {
+        self.beside(other, |mine, theirs| *mine = theirs.or(*mine));
     }
 }
 

@@ -68,18 +68,20 @@ impl Pattern {
 
 /// The points of a log's bytes, and what was left out of them.
 ///
-/// Where the pattern has a `step` group, a line that shows the step of the
-/// line before it again adds the figures that step lacks (a progress bar
-/// redrawn after a message); one whose figures differ is a repeat, kept and
-/// said, unless it is the log's last (a progress bar closed shows its last
-/// step once more, with its overall rate). A line that says no step (an
-/// alternative of the pattern: Hugging Face's `{'loss': …}` beside its
-/// progress bar) belongs to the last step said.
+/// Where the pattern has a `step` group, lines in a row that say the same
+/// step are that step drawn again (a progress bar redrawn after a message,
+/// or with the step's loss once it is known): one point, the newer figures
+/// over the older — but the log's last line only adds what the step lacks
+/// (a progress bar closed shows its last step once more, with its overall
+/// rate). A line that says no step (an alternative of the pattern: Hugging
+/// Face's `{'loss': …}` beside its progress bar) belongs to the last step
+/// said, or is a point of its own at that step where its figures differ.
 pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
     let mut points: Vec<Point> = Vec::new();
     let mut omitted = Omissions::with_extras(&pattern.extras);
     let has_step = pattern.has_step();
-    let mut again: Option<(usize, Point)> = None;
+    // The last step drawn again, applied once another line follows.
+    let mut again: Option<Point> = None;
     for (n, line, valid) in text_lines(bytes) {
         let Some(c) = pattern.re.captures(&line) else {
             continue;
@@ -88,8 +90,8 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
             omitted.bad_line(n, "a matching line with bytes that are not UTF-8");
             continue;
         }
-        if let Some((m, p)) = again.take() {
-            points.extend(omitted.screen(m, p));
+        if let (Some(p), Some(last)) = (again.take(), points.last_mut()) {
+            last.overlay(&p);
         }
         let mut p = figures(pattern, &c);
         let said = c.name("step").map(|m| number(m.as_str()));
@@ -102,23 +104,24 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
             }
             (None, Some(last)) => {
                 omitted.screen_figures(n, &mut p);
-                if !last.absorb(&p) {
-                    p.step = last.step;
-                    points.push(p);
+                p.step = last.step;
+                match last.agrees(&p) {
+                    true => last.fill(&p),
+                    false => points.push(p),
                 }
                 continue;
             }
             (Some(step), Some(last)) if step == last.step => {
                 omitted.screen_figures(n, &mut p);
-                if !last.absorb(&p) {
-                    p.step = step;
-                    again = Some((n, p));
-                }
+                again = Some(p);
                 continue;
             }
             (Some(step), _) => p.step = step,
         }
         points.extend(omitted.screen(n, p));
+    }
+    if let (Some(p), Some(last)) = (again, points.last_mut()) {
+        last.fill(&p);
     }
     (points, omitted)
 }
@@ -440,21 +443,20 @@ mod tests {
             omitted.describe(std::path::Path::new("f"))
         );
 
-        // The same step again with other figures, anywhere but at the end,
-        // is a repeat: kept, and said.
+        // A step that goes back is still a repeat: kept, and said.
         let (points, omitted) = parse(
             &p,
             format!(
                 "{}\n{}\n{}\n",
                 bar(7, "1.85it/s"),
-                bar(7, "1.5it/s"),
-                bar(8, "1.5it/s")
+                bar(8, "1.5it/s"),
+                bar(7, "1.5it/s")
             )
             .as_bytes(),
         );
         assert_eq!(
             points.iter().map(|p| p.step).collect::<Vec<_>>(),
-            [7.0, 7.0, 8.0]
+            [7.0, 8.0, 7.0]
         );
         let said = omitted.describe(std::path::Path::new("f")).join("\n");
         assert!(said.contains("repeats or goes back on 1 line(s)"), "{said}");
@@ -467,6 +469,45 @@ mod tests {
             said.contains("line 1: a line before the first that says its step"),
             "{said}"
         );
+    }
+
+    /// PyTorch Lightning's bar (recorded from lightning 2.4): each step is
+    /// drawn twice, first with the loss of the step before, then with its
+    /// own; the newer drawing is the step's (but for the log's last line,
+    /// which only adds what its step lacks: a bar's close, at its overall rate).
+    #[test]
+    fn a_step_drawn_twice_is_one_point_with_its_newer_figures() {
+        let roles = Roles {
+            step_time: Some("pace".into()),
+            ..Roles::default()
+        };
+        let re = r"Epoch \d+: +\d+%\|[^|]*\| (?P<step>\d+)/\d+ \[[^,]*, *(?P<pace>[\d.]+(?:it/s|s/it))(?:, train_loss=(?P<loss>[\d.]+))?";
+        let p = Pattern::new(re, &roles).unwrap();
+        let log = "\rEpoch 0:   0%|          | 0/20 [00:00<?, ?it/s] \
+                   \rEpoch 0:   5%|▌         | 1/20 [00:00<00:02,  8.90it/s]\
+                   \rEpoch 0:   5%|▌         | 1/20 [00:00<00:02,  8.88it/s, train_loss=0.968]\
+                   \rEpoch 0:  10%|█         | 2/20 [00:00<00:01, 11.35it/s, train_loss=0.968]\
+                   \rEpoch 0:  10%|█         | 2/20 [00:00<00:01, 11.33it/s, train_loss=1.110]\
+                   \rEpoch 0:  15%|█▌        | 3/20 [00:00<00:01, 12.50it/s, train_loss=1.110]\
+                   \rEpoch 0:  15%|█▌        | 3/20 [00:00<00:01, 12.49it/s, train_loss=1.050]";
+        let (points, omitted) = parse(&p, log.as_bytes());
+        let got: Vec<(f64, f64, Option<f64>)> = points
+            .iter()
+            .map(|p| (p.step, 1.0 / p.step_time_s.unwrap(), p.loss))
+            .collect();
+        let want = [
+            (1.0, 8.88, Some(0.968)),
+            (2.0, 11.33, Some(1.11)),
+            (3.0, 12.50, Some(1.11)),
+        ];
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                g.0 == w.0 && (g.1 - w.1).abs() < 1e-9 && g.2 == w.2,
+                "{got:?}"
+            );
+        }
+        assert_eq!(got.len(), 3);
+        assert!(omitted.is_empty());
     }
 
     #[test]
