@@ -638,7 +638,7 @@ fn read_run(name: &str, dir: &Path, study_dir: &Path, status: Status, figures: F
                 Err(_) if !path.exists() && path.symlink_metadata().is_err() => {
                     if run.reason.is_none() {
                         run.reason = Some(match (figures, run.status.state.is_active()) {
-                            (Figures::Unread, _) => "no figures: the study's `[report] line_pattern` is not set, so nothing reads the command's log (docs/report.md)".into(),
+                            (Figures::Unread, _) => "no metrics.jsonl, and no `[report] line_pattern` to read the command's log by (docs/report.md)".into(),
                             (_, true) => "no metrics.jsonl yet".into(),
                             (_, false) => {
                                 "no metrics.jsonl: the run wrote none (its log says why)".into()

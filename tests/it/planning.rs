@@ -784,7 +784,8 @@ fn absurd_sizes_and_unknown_gpus_plan_with_a_warning_and_swept_slurm_keys_make_r
     let m = root.path().join("w.toml");
     write(
         &m,
-        "name = \"w\"\ncommand = \"echo\"\n[slurm]\nnodes = 1000000000\n\
+        "name = \"w\"\ncommand = \"echo\"\n[report]\nline_pattern = 'step (?P<step>\\d+)'\n\
+         [slurm]\nnodes = 1000000000\n\
          [sweep.grid]\n\"slurm.partition\" = [\"a\", \"b\"]\n\"slurm.time\" = [\"00:05:00\", \"1-00:00:00\"]\n",
     );
     let out = run_ok(sweep(root.path()).arg("plan").arg(&m).arg("--json"));
@@ -844,7 +845,8 @@ fn a_closed_pipe_ends_sweep_quietly() {
     write(
         &m,
         &format!(
-            "name = \"p\"\ncommand = \"echo {{{{ x }}}}\"\n[sweep.grid]\nx = [{}]\n",
+            "name = \"p\"\ncommand = \"echo {{{{ x }}}}\"\n[sweep.grid]\nx = [{}]\n\
+             [report]\nline_pattern = 'step (?P<step>\\d+)'\n",
             xs.join(", ")
         ),
     );

@@ -152,7 +152,9 @@ baseline = "ok"
     ));
     assert!(text.contains("note: failed: FAILED (exit 3)"), "{text}");
     assert!(
-        text.contains("note: silent: COMPLETED, no metrics.jsonl: the run wrote none"),
+        text.contains(
+            "note: silent: COMPLETED, no metrics.jsonl, and no `[report] line_pattern` to read"
+        ),
         "{text}"
     );
     let md = std::fs::read_to_string(root.path().join("results/r/summary.md")).unwrap();

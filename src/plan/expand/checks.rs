@@ -176,9 +176,9 @@ fn no_throughput(m: &Manifest) -> Option<String> {
     };
     let Some(pattern) = &m.report.line_pattern else {
         return Some(
-            "`[report] line_pattern` is not set: nothing reads the command's log, so the report will have no \
-             figures (tokens/s, loss) and the watchdog cannot tell a run that stopped making progress. Give the \
-             regex of its progress lines (docs/report.md)"
+            "`[report] line_pattern` is not set: nothing reads the command's log, so its runs have figures \
+             (tokens/s, loss) only where the command writes `metrics.jsonl` in its run directory, and the watchdog \
+             cannot tell a run that stopped making progress. Give the regex of its progress lines (docs/report.md)"
                 .into(),
         );
     };
