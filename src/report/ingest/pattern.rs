@@ -11,19 +11,24 @@ use super::{text_lines, Field, Omissions, Point};
 use crate::manifest::{check_roles, memory_unit, time_unit, Roles, TIME_UNITS};
 use regex::Regex;
 
-/// A compiled `line_pattern` and what its groups mean.
+/// A compiled `line_pattern` and what its groups mean, each group by its
+/// index (a lookup by name hashes the name, on every line).
 #[derive(Debug, Clone)]
 pub struct Pattern {
     re: Regex,
     /// Named groups that are no [`Field`] (nor a role): `Point::extra`, in
     /// the order they appear in the pattern.
     pub extras: Vec<String>,
+    extra_groups: Vec<usize>,
+    step: Option<usize>,
+    /// The known fields the pattern names.
+    fields: Vec<(Field, usize)>,
     /// (group, MB per unit of it) for the peak memory.
-    memory: Option<(String, f64)>,
-    throughput: Option<String>,
+    memory: Option<(usize, f64)>,
+    throughput: Option<usize>,
     /// (group, seconds per unit of it) for a step's time; no unit: each
     /// figure says its own (`5.33ms`, `4.98it/s`).
-    step_time: Option<(String, Option<f64>)>,
+    step_time: Option<(usize, Option<f64>)>,
 }
 
 impl Pattern {
@@ -34,7 +39,7 @@ impl Pattern {
 
     /// Whether its lines say their step (else steps are counted).
     pub fn has_step(&self) -> bool {
-        self.re.capture_names().flatten().any(|g| g == "step")
+        self.step.is_some()
     }
 
     pub fn new(pattern: &str, roles: &Roles) -> Result<Pattern, String> {
@@ -53,15 +58,24 @@ impl Pattern {
         {
             return Err(why);
         }
+        let group = |name: &str| re.capture_names().position(|g| g == Some(name));
+        // `check_roles` found every role's group.
+        let role = |name: &String| group(name).expect("a group of the pattern");
         Ok(Pattern {
-            re,
-            extras,
+            extra_groups: extras.iter().filter_map(|g| group(g)).collect(),
+            step: group("step"),
+            fields: Field::ALL
+                .iter()
+                .filter_map(|&f| Some((f, group(f.name())?)))
+                .collect(),
             memory: roles
                 .memory
-                .clone()
-                .map(|g| (g.clone(), memory_unit(&g).unwrap_or(1.0))),
-            throughput: roles.throughput.clone(),
-            step_time: roles.step_time.clone().map(|g| (g.clone(), time_unit(&g))),
+                .as_ref()
+                .map(|g| (role(g), memory_unit(g).unwrap_or(1.0))),
+            throughput: roles.throughput.as_ref().map(role),
+            step_time: roles.step_time.as_ref().map(|g| (role(g), time_unit(g))),
+            extras,
+            re,
         })
     }
 }
@@ -94,7 +108,10 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
             last.overlay(&p);
         }
         let mut p = figures(pattern, &c);
-        let said = c.name("step").map(|m| number(m.as_str()));
+        let said = pattern
+            .step
+            .and_then(|g| c.get(g))
+            .map(|m| number(m.as_str()));
         let count = points.len() as f64 + 1.0;
         match (said, points.last_mut()) {
             (None, _) if !has_step => p.step = count,
@@ -128,22 +145,22 @@ pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
 
 /// The figures of one matching line (its step left to [`parse`]).
 fn figures(pattern: &Pattern, c: &regex::Captures) -> Point {
-    let num = |k: &str| c.name(k).map(|m| number(m.as_str()));
+    let num = |group: usize| c.get(group).map(|m| number(m.as_str()));
     let mut p = Point {
-        extra: pattern.extras.iter().map(|g| num(g)).collect(),
+        extra: pattern.extra_groups.iter().map(|&g| num(g)).collect(),
         ..Point::default()
     };
-    for f in Field::ALL {
-        *f.slot(&mut p) = num(f.name());
+    for &(f, g) in &pattern.fields {
+        *f.slot(&mut p) = num(g);
     }
-    if let Some((g, mb)) = &pattern.memory {
+    if let Some((g, mb)) = pattern.memory {
         p.peak_memory_mb = num(g).map(|v| v * mb);
     }
-    if let Some(g) = &pattern.throughput {
+    if let Some(g) = pattern.throughput {
         p.tokens_per_second = num(g);
     }
-    if let Some((g, unit)) = &pattern.step_time {
-        p.step_time_s = c.name(g).map(|m| match unit {
+    if let Some((g, unit)) = pattern.step_time {
+        p.step_time_s = c.get(g).map(|m| match unit {
             Some(s) => number(m.as_str()) * s,
             None => seconds_per_step(m.as_str()),
         });
