@@ -4,6 +4,7 @@
 
 mod axes;
 mod diagnostic;
+mod groups;
 mod isolate;
 mod keys;
 mod schema;
@@ -18,11 +19,14 @@ use validate::*;
 use crate::util::fs::read_regular;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
+pub use groups::{
+    check_roles, group_collides, memory_unit, time_unit, Roles, KNOWN_GROUPS, REPORT_COLUMNS,
+    STAT_SUFFIXES, TIME_UNITS,
+};
 pub use schema::{
-    check_roles, group_collides, memory_unit, parse_slurm_time, time_unit, Design, EnvironmentSpec,
-    ExecutorKind, Launcher, LocalSpec, PretokenizeStageSpec, ReportSpec, Roles, SlurmSpec,
-    SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, KNOWN_GROUPS,
-    REPORT_COLUMNS, SIGNAL_GRACE, STAT_SUFFIXES, TIME_UNITS,
+    parse_slurm_time, Design, EnvironmentSpec, ExecutorKind, Launcher, LocalSpec,
+    PretokenizeStageSpec, ReportSpec, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice,
+    DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, SIGNAL_GRACE,
 };
 pub use source::{join_key, ManifestText};
 pub use watchdog::{parse_watch_duration, Stall, WatchdogSpec};

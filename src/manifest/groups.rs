@@ -1,0 +1,246 @@
+//! A line pattern's named groups: those that mean a field the report knows,
+//! the columns no other group may make, and what the roles of `[report]`
+//! (`memory`, `throughput`, `step_time`) make of the groups they name, with
+//! the units a group's name (or figure) says.
+
+/// The named groups a `line_pattern` may use that mean a field the report
+/// knows (the keys of `metrics.jsonl`); every other group is a field of its
+/// own. The report's `Field` list is checked equal to it by a test.
+pub const KNOWN_GROUPS: [&str; 12] = [
+    "step",
+    "loss",
+    "tokens_per_second",
+    "training_tokens_pct",
+    "mfu_pct",
+    "tflops",
+    "step_time_s",
+    "elapsed_s",
+    "global_tokens_per_second",
+    "world_size",
+    "batch_size",
+    "peak_memory_mb",
+];
+
+/// The report's own columns besides the known fields' and their
+/// statistics' (`report::columns` checks in a test that these are all of
+/// them): no foreign group may make one of them.
+pub const REPORT_COLUMNS: [&str; 27] = [
+    "run",
+    "log_index",
+    "order",
+    "state",
+    "runs",
+    "points",
+    "final_loss",
+    "wall_time_s",
+    "last_step",
+    "speedup",
+    "speedup_ci95_low",
+    "speedup_ci95_high",
+    "speedup_p_value",
+    "speedup_p_value_holm",
+    "significant",
+    "repeats",
+    "warmup_points",
+    "scaling_efficiency_pct",
+    "forecast_efficiency_pct",
+    "mfu_peak_tflops",
+    "trained_batch_size",
+    "members",
+    "first_steady",
+    "configuration",
+    "configuration_name",
+    "_job_run_s",
+    "_forecast_vs_one_device",
+];
+
+/// The suffixes of a measure's statistic columns: a group `mem_gb` makes
+/// `mem_gb_mean`, ..., `mem_gb_ci95_high`.
+pub const STAT_SUFFIXES: [&str; 7] = [
+    "_mean",
+    "_median",
+    "_std",
+    "_p5",
+    "_p95",
+    "_ci95_low",
+    "_ci95_high",
+];
+
+/// Why a foreign group of a line pattern cannot have columns of its own:
+/// one it would make (`<group>`, `<group>_mean`, ...) is one the report
+/// makes already, or an axis's (`axes`: their keys). Its statistics would
+/// be lost, or the report fail once every job ran.
+pub fn group_collides(group: &str, axes: &[&str]) -> Option<String> {
+    let made = std::iter::once(group.to_string())
+        .chain(STAT_SUFFIXES.iter().map(|s| format!("{group}{s}")));
+    for col in made {
+        let known = KNOWN_GROUPS
+            .iter()
+            .any(|k| STAT_SUFFIXES.iter().any(|s| format!("{k}{s}") == col));
+        if REPORT_COLUMNS.contains(&col.as_str()) || known {
+            return Some(format!(
+                "the group `{group}` would make a column `{col}`, which the report makes itself: name the group otherwise"
+            ));
+        }
+        if let Some(a) = axes
+            .iter()
+            .find(|a| **a == col || a.rsplit('.').next() == Some(col.as_str()))
+        {
+            return Some(format!(
+                "the group `{group}` would make a column `{col}`, the axis `{a}`'s: name the group otherwise"
+            ));
+        }
+    }
+    None
+}
+
+/// Which foreign groups stand for known fields.
+#[derive(Debug, Clone, Default)]
+pub struct Roles {
+    /// The group that is the peak memory per device.
+    pub memory: Option<String>,
+    /// The group that is tokens per second per device.
+    pub throughput: Option<String>,
+    /// The group that is a step's time (its unit in its name).
+    pub step_time: Option<String>,
+}
+
+impl Roles {
+    /// Whether `group` stands for a known field.
+    pub fn names(&self, group: &str) -> bool {
+        [&self.memory, &self.throughput, &self.step_time]
+            .iter()
+            .any(|r| r.as_deref() == Some(group))
+    }
+}
+
+/// Units a step-time group's name may end in, and seconds per unit.
+pub const TIME_UNITS: [(&str, f64); 6] = [
+    ("_ns", 1e-9),
+    ("_us", 1e-6),
+    ("_ms", 1e-3),
+    ("_s", 1.0),
+    ("_sec", 1.0),
+    ("_min", 60.0),
+];
+
+/// Seconds per unit of a step-time group, from the unit its name ends in.
+pub fn time_unit(group: &str) -> Option<f64> {
+    unit_of(group, &TIME_UNITS)
+}
+
+/// The factor of the unit (of `units`) a group's name ends in.
+fn unit_of(group: &str, units: &[(&str, f64)]) -> Option<f64> {
+    let lower = group.to_ascii_lowercase();
+    units
+        .iter()
+        .find(|(suffix, _)| lower.ends_with(suffix))
+        .map(|&(_, factor)| factor)
+}
+
+/// Units a memory group's name may end in, and MB (2^20 bytes, as
+/// `peak_memory_mb`) per unit: SI prefixes decimal, IEC binary.
+pub const MEMORY_UNITS: [(&str, f64); 8] = [
+    ("_bytes", 1.0 / 1048576.0),
+    ("_kb", 1e3 / 1048576.0),
+    ("_kib", 1.0 / 1024.0),
+    ("_mb", 1e6 / 1048576.0),
+    ("_mib", 1.0),
+    ("_gb", 1e9 / 1048576.0),
+    ("_gib", 1024.0),
+    ("_tb", 1e12 / 1048576.0),
+];
+
+/// MB per unit of a memory group, from the unit its name ends in.
+pub fn memory_unit(group: &str) -> Option<f64> {
+    unit_of(group, &MEMORY_UNITS)
+}
+
+/// Why `roles` do not fit a line pattern's named groups (a role naming no
+/// group, or a known field, a memory group without a unit in its name, a
+/// step-time group without a unit in its name or in what it matches), with
+/// the role's key (`memory`, `throughput`).
+pub fn check_roles(re: &regex::Regex, roles: &Roles) -> Result<(), (&'static str, String)> {
+    let groups: Vec<&str> = re.capture_names().flatten().collect();
+    for (key, group) in [
+        ("memory", &roles.memory),
+        ("throughput", &roles.throughput),
+        ("step_time", &roles.step_time),
+    ] {
+        let Some(g) = group else { continue };
+        if !groups.contains(&g.as_str()) {
+            return Err((
+                key,
+                format!(
+                    "`{key} = \"{g}\"` names no group of the line_pattern (its groups: {})",
+                    groups.join(", ")
+                ),
+            ));
+        }
+        if is_known(g) {
+            return Err((
+                key,
+                format!(
+                "`{g}` already is a field the report knows: `{key}` names a group of another name"
+            ),
+            ));
+        }
+    }
+    if let Some(g) = &roles.memory {
+        if memory_unit(g).is_none() {
+            let units: Vec<&str> = MEMORY_UNITS.iter().map(|(s, _)| &s[1..]).collect();
+            return Err(("memory", format!(
+                "the unit of `{g}` is not in its name: name the group `{g}_gb` (or end it in one of {})",
+                units.join(", ")
+            )));
+        }
+    }
+    if let Some(g) = &roles.step_time {
+        if time_unit(g).is_none() && matches_a_bare_figure(re.as_str(), g) {
+            let units: Vec<&str> = TIME_UNITS.iter().map(|(s, _)| &s[1..]).collect();
+            return Err(("step_time", format!(
+                "the unit of `{g}` is neither in its name nor in what it matches: name the group `{g}_ms` \
+                 (or end it in one of {}), or take the unit into the group, as in `(?P<{g}>[\\d.]+(?:it/s|s/it))` \
+                 for a progress bar's `4.98it/s` or `1.23s/it`",
+                units.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the named group `name` of `pattern` can match a figure alone
+/// (`5`, `5.33`): then what it matches says no unit.
+fn matches_a_bare_figure(pattern: &str, name: &str) -> bool {
+    use regex_syntax::ast::{self, Ast, GroupKind, Span, Visitor};
+    struct Find<'a>(&'a str, Option<Span>);
+    impl Visitor for Find<'_> {
+        type Output = Option<Span>;
+        type Err = ();
+        fn finish(self) -> Result<Option<Span>, ()> {
+            Ok(self.1)
+        }
+        fn visit_pre(&mut self, a: &Ast) -> Result<(), ()> {
+            if let Ast::Group(g) = a {
+                if matches!(&g.kind, GroupKind::CaptureName { name, .. } if name.name == self.0) {
+                    self.1 = Some(*g.ast.span());
+                }
+            }
+            Ok(())
+        }
+    }
+    let Some(span) = ast::parse::Parser::new()
+        .parse(pattern)
+        .ok()
+        .and_then(|a| ast::visit(&a, Find(name, None)).ok().flatten())
+    else {
+        return false;
+    };
+    let inner = &pattern[span.start.offset..span.end.offset];
+    regex::Regex::new(&format!("^(?:{inner})$"))
+        .is_ok_and(|alone| ["5", "5.33"].iter().any(|f| alone.is_match(f)))
+}
+
+fn is_known(group: &str) -> bool {
+    KNOWN_GROUPS.contains(&group)
+}
