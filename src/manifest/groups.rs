@@ -101,7 +101,8 @@ pub struct Roles {
     pub memory: Option<String>,
     /// The group that is tokens per second per device.
     pub throughput: Option<String>,
-    /// The group that is a step's time (its unit in its name).
+    /// The group that is a step's time (its unit in its name, or in each
+    /// figure it matches).
     pub step_time: Option<String>,
 }
 

@@ -487,8 +487,8 @@ pub struct ReportSpec {
     /// The line_pattern group that is tokens per second per device.
     pub throughput: Option<String>,
     /// The line_pattern group that is a step's time, its unit at the end
-    /// of its name (`time_ms`, `step_s`): with `tokens_per_step`, what
-    /// tokens per second are computed from.
+    /// of its name (`time_ms`, `step_s`) or in each figure (`4.98it/s`):
+    /// with `tokens_per_step`, what tokens per second are computed from.
     pub step_time: Option<String>,
     /// Tokens one process trains per step: an expression over the run's
     /// values (`"batch_size * block_size"`), evaluated for each run when it
