@@ -125,9 +125,29 @@ pub const TIME_UNITS: [(&str, f64); 6] = [
     ("_min", 60.0),
 ];
 
-/// Seconds per unit of a step-time group, from the unit its name ends in.
-pub fn time_unit(group: &str) -> Option<f64> {
-    unit_of(group, &TIME_UNITS)
+/// Rates a step-time group's name may end in (steps per unit of time), and
+/// seconds per unit: a figure `v` is a step of `seconds / v`.
+pub const RATE_UNITS: [(&str, f64); 3] = [("_per_s", 1.0), ("_per_sec", 1.0), ("_per_min", 60.0)];
+
+/// How a step-time group's figures become seconds per step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StepUnit {
+    /// Seconds per unit of the figure: the name ends in a time (`time_ms`).
+    Time(f64),
+    /// Steps per this many seconds: the name ends in a rate (`it_per_s`,
+    /// Hugging Face's `train_steps_per_second`).
+    Rate(f64),
+    /// Each figure says its own unit (`5.33ms`, `4.98it/s`).
+    InFigure,
+}
+
+/// The unit of a step-time group, from the end of its name (a rate first:
+/// `it_per_s` also ends in `_s`).
+pub fn step_unit(group: &str) -> StepUnit {
+    match unit_of(group, &RATE_UNITS) {
+        Some(s) => StepUnit::Rate(s),
+        None => unit_of(group, &TIME_UNITS).map_or(StepUnit::InFigure, StepUnit::Time),
+    }
 }
 
 /// The factor of the unit (of `units`) a group's name ends in.
@@ -197,12 +217,12 @@ pub fn check_roles(re: &regex::Regex, roles: &Roles) -> Result<(), (&'static str
         }
     }
     if let Some(g) = &roles.step_time {
-        if time_unit(g).is_none() && matches_a_bare_figure(re.as_str(), g) {
+        if step_unit(g) == StepUnit::InFigure && matches_a_bare_figure(re.as_str(), g) {
             let units: Vec<&str> = TIME_UNITS.iter().map(|(s, _)| &s[1..]).collect();
             return Err(("step_time", format!(
                 "the unit of `{g}` is neither in its name nor in what it matches: name the group `{g}_ms` \
-                 (or end it in one of {}), or take the unit into the group, as in `(?P<{g}>[\\d.]+(?:it/s|s/it))` \
-                 for a progress bar's `4.98it/s` or `1.23s/it`",
+                 (or end it in one of {}; a rate, steps per second: `{g}_per_s`), or take the unit into the group, \
+                 as in `(?P<{g}>[\\d.]+(?:it/s|s/it))` for a progress bar's `4.98it/s` or `1.23s/it`",
                 units.join(", ")
             )));
         }

@@ -20,8 +20,8 @@ use crate::util::fs::read_regular;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use groups::{
-    check_roles, group_collides, memory_unit, time_unit, Roles, KNOWN_GROUPS, REPORT_COLUMNS,
-    STAT_SUFFIXES, TIME_UNITS,
+    check_roles, group_collides, memory_unit, step_unit, Roles, StepUnit, KNOWN_GROUPS,
+    REPORT_COLUMNS, STAT_SUFFIXES, TIME_UNITS,
 };
 pub use schema::{
     parse_slurm_time, Design, EnvironmentSpec, ExecutorKind, Launcher, LocalSpec,

@@ -8,7 +8,7 @@
 //! tokens per second.
 
 use super::{text_lines, Field, Omissions, Point};
-use crate::manifest::{check_roles, memory_unit, time_unit, Roles, TIME_UNITS};
+use crate::manifest::{check_roles, memory_unit, step_unit, Roles, StepUnit, TIME_UNITS};
 use regex::Regex;
 
 /// A compiled `line_pattern` and what its groups mean, each group by its
@@ -26,9 +26,8 @@ pub struct Pattern {
     /// (group, MB per unit of it) for the peak memory.
     memory: Option<(usize, f64)>,
     throughput: Option<usize>,
-    /// (group, seconds per unit of it) for a step's time; no unit: each
-    /// figure says its own (`5.33ms`, `4.98it/s`).
-    step_time: Option<(usize, Option<f64>)>,
+    /// The group of a step's time, and how its figures become seconds.
+    step_time: Option<(usize, StepUnit)>,
 }
 
 impl Pattern {
@@ -73,7 +72,7 @@ impl Pattern {
                 .as_ref()
                 .map(|g| (role(g), memory_unit(g).unwrap_or(1.0))),
             throughput: roles.throughput.as_ref().map(role),
-            step_time: roles.step_time.as_ref().map(|g| (role(g), time_unit(g))),
+            step_time: roles.step_time.as_ref().map(|g| (role(g), step_unit(g))),
             extras,
             re,
         })
@@ -161,8 +160,9 @@ fn figures(pattern: &Pattern, c: &regex::Captures) -> Point {
     }
     if let Some((g, unit)) = pattern.step_time {
         p.step_time_s = c.get(g).map(|m| match unit {
-            Some(s) => number(m.as_str()) * s,
-            None => seconds_per_step(m.as_str()),
+            StepUnit::Time(s) => number(m.as_str()) * s,
+            StepUnit::Rate(s) => s / number(m.as_str()),
+            StepUnit::InFigure => seconds_per_step(m.as_str()),
         });
     }
     p
@@ -334,8 +334,26 @@ mod tests {
             ("dt_sec", 1.0),
             ("iter_min", 60.0),
         ] {
-            assert_eq!(time_unit(name), Some(s), "{name}");
+            assert_eq!(step_unit(name), StepUnit::Time(s), "{name}");
         }
+        // A rate is no time: `it_per_s` also ends in `_s`. Hugging Face's
+        // summary line says the steps per second of the whole run.
+        assert_eq!(step_unit("it_per_s"), StepUnit::Rate(1.0));
+        assert_eq!(step_unit("steps_per_min"), StepUnit::Rate(60.0));
+        let roles = Roles {
+            step_time: Some("train_steps_per_s".into()),
+            ..Roles::default()
+        };
+        let p = Pattern::new(
+            r"'train_steps_per_second': (?P<train_steps_per_s>[\d.]+)",
+            &roles,
+        )
+        .unwrap();
+        let (points, _) = parse(
+            &p,
+            b"{'train_runtime': 21.6, 'train_steps_per_second': 1.85, 'epoch': 0.02}\n",
+        );
+        assert!((points[0].step_time_s.unwrap() - 1.0 / 1.85).abs() < 1e-12);
     }
 
     #[test]
