@@ -19,7 +19,7 @@ pub(super) fn warnings_of(m: &Manifest, runs: &[Run], allow_oom: bool) -> Vec<St
             out.push(w);
         }
     };
-    if let Some(why) = no_throughput(m) {
+    if let Some(why) = missing_figures(m) {
         say(why);
     }
     for w in missing_inputs(m, runs) {
@@ -170,7 +170,7 @@ pub(super) fn unused_axes(m: &Manifest, engine: &crate::template::Engine) -> Vec
 /// A command study without a line pattern (its report would have no
 /// figures, and the watchdog nothing to watch), or with a baseline whose
 /// line pattern yields no tokens/s (no speedups, nothing for `sweep check`).
-fn no_throughput(m: &Manifest) -> Option<String> {
+fn missing_figures(m: &Manifest) -> Option<String> {
     let Mode::Command(_) = &m.mode else {
         return None;
     };
