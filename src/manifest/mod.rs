@@ -7,6 +7,7 @@ mod diagnostic;
 mod groups;
 mod isolate;
 mod keys;
+mod report;
 mod schema;
 mod source;
 mod validate;
@@ -23,10 +24,11 @@ pub use groups::{
     check_roles, group_collides, memory_unit, step_unit, Roles, StepUnit, KNOWN_GROUPS,
     REPORT_COLUMNS, STAT_SUFFIXES, TIME_UNITS,
 };
+pub use report::{Fault, ReportSpec, DEFAULT_SKIP_FIRST, MAX_TOKENS_PER_STEP};
 pub use schema::{
     parse_slurm_time, Design, EnvironmentSpec, ExecutorKind, Launcher, LocalSpec,
-    PretokenizeStageSpec, ReportSpec, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice,
-    DEFAULT_MAX_RUNS, DEFAULT_SKIP_FIRST, SIGNAL_GRACE,
+    PretokenizeStageSpec, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS,
+    SIGNAL_GRACE,
 };
 pub use source::{join_key, ManifestText};
 pub use watchdog::{parse_watch_duration, Stall, WatchdogSpec};

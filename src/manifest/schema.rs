@@ -1,7 +1,7 @@
 //! The manifest's sections as serde types. Unknown keys are rejected
 //! everywhere; every field except the study `name` has a default.
 
-use super::groups::Roles;
+use super::report::ReportSpec;
 use anyhow::{bail, Result};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -464,89 +464,6 @@ impl Default for PretokenizeStageSpec {
             partition: None,
             mem: None,
             template: TemplateChoice::Pretokenize,
-        }
-    }
-}
-
-/// `[report]`: how `sweep report` summarises the sweep.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ReportSpec {
-    /// The run name that speedups are measured against.
-    pub baseline: Option<String>,
-    /// Log points skipped at the start of every run (warm-up).
-    pub skip_first: usize,
-    /// Axes to group runs by; all axes when empty.
-    pub group_by: Vec<String>,
-    /// For any-command sweeps: a regex with named groups (step, loss,
-    /// tokens_per_second, mfu_pct, tflops, ...) that matches the program's log lines.
-    pub line_pattern: Option<String>,
-    /// The line_pattern group that is the peak memory per device, its unit
-    /// at the end of its name (`mem_gb`, `mem_gib`, `mem_mb`, `mem_bytes`).
-    pub memory: Option<String>,
-    /// The line_pattern group that is tokens per second per device.
-    pub throughput: Option<String>,
-    /// The line_pattern group that is a step's time, its unit at the end
-    /// of its name (`time_ms`, `step_s`) or in each figure (`4.98it/s`):
-    /// with `tokens_per_step`, what tokens per second are computed from.
-    pub step_time: Option<String>,
-    /// Tokens one process trains per step: an expression over the run's
-    /// values (`"batch_size * block_size"`), evaluated for each run when it
-    /// is planned.
-    pub tokens_per_step: Option<String>,
-    /// Other line_pattern groups to chart (a bar per configuration, as
-    /// throughput is).
-    pub charts: Vec<String>,
-    /// For any-command sweeps whose program logs no FLOPs: training FLOPs
-    /// per token, so that the report computes TFLOP/s (and, with `gpu`, MFU)
-    /// from tokens/s. A run's parameter of the same name wins.
-    pub flops_per_token: Option<f64>,
-    /// Instead of `flops_per_token`: a built-in model preset and the
-    /// sequence length the program trains (runs' parameters win).
-    pub model: Option<String>,
-    pub sequence_length: Option<usize>,
-    /// The device the program trains on (a name the device table knows): its
-    /// dense bf16 peak is what MFU is measured against. A run's `gpu`
-    /// parameter wins.
-    pub gpu: Option<String>,
-    /// Instead of `gpu`: the peak FLOP/s of one process's device (a CPU's
-    /// as `sweep bench peak` measures it, or any device's from its
-    /// datasheet). A run's `peak_flops` parameter wins.
-    pub peak_flops: Option<f64>,
-}
-
-/// Log points a report skips at the start of every run unless told otherwise
-/// (warm-up: compilation, caches, the allocator).
-pub const DEFAULT_SKIP_FIRST: usize = 5;
-
-impl ReportSpec {
-    /// Which groups of the line_pattern stand for known fields.
-    pub fn roles(&self) -> Roles {
-        Roles {
-            memory: self.memory.clone(),
-            throughput: self.throughput.clone(),
-            step_time: self.step_time.clone(),
-        }
-    }
-}
-
-impl Default for ReportSpec {
-    fn default() -> Self {
-        ReportSpec {
-            baseline: None,
-            skip_first: DEFAULT_SKIP_FIRST,
-            group_by: Vec::new(),
-            line_pattern: None,
-            memory: None,
-            throughput: None,
-            step_time: None,
-            tokens_per_step: None,
-            charts: Vec::new(),
-            flops_per_token: None,
-            model: None,
-            sequence_length: None,
-            gpu: None,
-            peak_flops: None,
         }
     }
 }

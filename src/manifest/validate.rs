@@ -153,27 +153,27 @@ impl Validator<'_, '_> {
     }
 
     /// Each foreign group of the line pattern makes columns of its own: none
-    /// may be the report's or an axis's ([`group_collides`]).
+    /// may be the report's or an axis's.
     pub(super) fn check_pattern_groups(&mut self, r: &ReportSpec, axes: &[Axis]) {
-        let Some(re) = r
-            .line_pattern
-            .as_deref()
-            .and_then(|p| crate::util::text::regex(p).ok())
-        else {
-            return;
-        };
         let keys: Vec<&str> = axes
             .iter()
             .flat_map(|a| a.keys.iter().map(String::as_str))
             .collect();
-        let roles = r.roles();
-        for g in re.capture_names().flatten() {
-            if KNOWN_GROUPS.contains(&g) || roles.names(g) {
-                continue;
-            }
-            if let Some(why) = group_collides(g, &keys) {
-                self.at_value("report.line_pattern", why);
-            }
+        self.report_faults(r.collisions(&keys));
+    }
+
+    /// `[report]`'s faults, each at its key or value.
+    fn report_faults(&mut self, faults: Vec<report::Fault>) {
+        for f in faults {
+            let path = format!("report.{}", f.key);
+            let d = match f.at_value {
+                true => self.source.at_value(&path, f.why),
+                false => self.source.at_key(&path, f.why),
+            };
+            self.err(match f.help {
+                Some(h) => d.with_help(h),
+                None => d,
+            });
         }
     }
 
@@ -203,114 +203,7 @@ impl Validator<'_, '_> {
                 self.at_key(&format!("report.{key}"), format!("`{key}`: {why}"));
             }
         }
-        self.check_report_groups(r);
-        self.check_flops(r);
-    }
-
-    /// The groups `[report]` names against those of its line_pattern (an
-    /// invalid pattern is reported where it is parsed).
-    fn check_report_groups(&mut self, r: &ReportSpec) {
-        if let Some(re) = r
-            .line_pattern
-            .as_deref()
-            .and_then(|p| crate::util::text::regex(p).ok())
-        {
-            let groups: Vec<&str> = re.capture_names().flatten().collect();
-            if let Err((key, why)) = check_roles(&re, &r.roles()) {
-                self.at_value(&format!("report.{key}"), why);
-            }
-            let timed = r.step_time.is_some() || groups.contains(&"step_time_s");
-            if r.tokens_per_step.is_some() && !timed {
-                self.at_key(
-                    "report.tokens_per_step",
-                    "`tokens_per_step` divides by a step's time, and the line_pattern has none: name its group with `[report] step_time` (e.g. `(?P<time_ms>[\\d.]+)ms` and `step_time = \"time_ms\"`)".to_string(),
-                );
-            }
-            for (i, c) in r.charts.iter().enumerate() {
-                if !groups.contains(&c.as_str()) || KNOWN_GROUPS.contains(&c.as_str()) {
-                    self.at_value(
-                        &format!("report.charts[{i}]"),
-                        format!(
-                            "`{c}` is no other group of the line_pattern (those it can chart: {})",
-                            groups
-                                .iter()
-                                .filter(|g| !KNOWN_GROUPS.contains(g))
-                                .copied()
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    );
-                }
-            }
-        }
-    }
-
-    /// What MFU and TFLOP/s of a command's runs come from: a device or a
-    /// peak, a model (with its sequence length) or FLOPs per token.
-    fn check_flops(&mut self, r: &ReportSpec) {
-        if let Some(f) = r.peak_flops {
-            if !(f.is_finite() && f > 0.0 && f <= 1e20) {
-                self.at_value(
-                    "report.peak_flops",
-                    format!("`peak_flops` must be FLOP/s above 0 and at most 1e20, not {f}"),
-                );
-            }
-            if r.gpu.is_some() {
-                self.at_key(
-                    "report.peak_flops",
-                    "give `gpu` (a device the table knows) or `peak_flops`, not both".to_string(),
-                );
-            }
-        }
-        if let Some(f) = r.flops_per_token {
-            if !(f.is_finite() && f > 0.0 && f <= 1e18) {
-                self.at_value(
-                    "report.flops_per_token",
-                    format!("`flops_per_token` must be a number of FLOPs above 0 and at most 1e18, not {f}"),
-                );
-            }
-            if r.model.is_some() {
-                self.at_key(
-                    "report.model",
-                    "give `flops_per_token` or `model`, not both",
-                );
-            }
-        }
-        if let Some(m) = &r.model {
-            if crate::config::ModelConfig::preset(m).is_none() {
-                self.at_value_help(
-                    "report.model",
-                    format!("unknown model preset `{m}`"),
-                    format!("the presets are {}", crate::config::PRESETS.join(", ")),
-                );
-            }
-            if r.sequence_length.is_none() {
-                self.at_key(
-                    "report.model",
-                    "`model` needs `sequence_length`: its FLOPs per token depend on it",
-                );
-            }
-        }
-        if let Some(t) = r.sequence_length {
-            if !(1..=crate::config::MAX_SEQUENCE_LENGTH).contains(&t) {
-                self.at_value(
-                    "report.sequence_length",
-                    format!(
-                        "`sequence_length` must be a whole number in 1..={}, not {t}",
-                        crate::config::MAX_SEQUENCE_LENGTH
-                    ),
-                );
-            }
-        }
-        if let Some(g) = &r.gpu {
-            if crate::estimate::devices::lookup(g).is_none() {
-                self.at_value_help(
-                    "report.gpu",
-                    format!("the device table does not know `{g}`: MFU needs its peak"),
-                    format!("known devices: {}", crate::estimate::devices::known()),
-                );
-            }
-        }
+        self.report_faults(r.faults());
     }
 
     /// `max_runs` and `repeats`, or None (with the error) where they are out

@@ -11,7 +11,7 @@ use super::{Job, Plan, PretokenizedFormat, Run, Stage};
 use crate::config::{DeviceKind, Features, TrainConfig};
 use crate::manifest::{
     did_you_mean, join_key, known_fields, Design, Diagnostic, Diagnostics, Manifest, Mode,
-    SlurmSpec, REPEAT, TOKENS_PER_STEP,
+    SlurmSpec, MAX_TOKENS_PER_STEP, REPEAT, TOKENS_PER_STEP,
 };
 use crate::template::{describe, Engine};
 use crate::util::hash::short_id;
@@ -511,9 +511,9 @@ impl<'a> Shared<'a> {
             .eval(expr, &crate::template::context(ctx))
             .map_err(|e| fail(format!("failed: {}", describe(&e))))?;
         match f64::try_from(value.clone()) {
-            Ok(t) if t.is_finite() && t > 0.0 && t <= 1e15 => Ok(t),
+            Ok(t) if t.is_finite() && t > 0.0 && t <= MAX_TOKENS_PER_STEP => Ok(t),
             _ => Err(fail(format!(
-                "= `{expr}` came out as {value}: it must be a number of tokens above 0 (at most 1e15)"
+                "= `{expr}` came out as {value}: it must be a number of tokens above 0 (at most {MAX_TOKENS_PER_STEP:e})"
             ))),
         }
     }

@@ -1,0 +1,274 @@
+//! `[report]`: how a study's runs are summarised and, for a `command`
+//! study, how its program's log is read and its FLOPs found — the settings
+//! and the one place their rules are written (the manifest's checks and
+//! `sweep report --import`'s flags both ask [`ReportSpec::faults`]).
+
+use super::groups::{check_roles, group_collides, Roles, KNOWN_GROUPS};
+use serde::{Deserialize, Serialize};
+
+/// `[report]`: how `sweep report` summarises the sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReportSpec {
+    /// The run name that speedups are measured against.
+    pub baseline: Option<String>,
+    /// Log points skipped at the start of every run (warm-up).
+    pub skip_first: usize,
+    /// Axes to group runs by; all axes when empty.
+    pub group_by: Vec<String>,
+    /// For any-command sweeps: a regex with named groups (step, loss,
+    /// tokens_per_second, mfu_pct, tflops, ...) that matches the program's log lines.
+    pub line_pattern: Option<String>,
+    /// The line_pattern group that is the peak memory per device, its unit
+    /// at the end of its name (`mem_gb`, `mem_gib`, `mem_mb`, `mem_bytes`).
+    pub memory: Option<String>,
+    /// The line_pattern group that is tokens per second per device.
+    pub throughput: Option<String>,
+    /// The line_pattern group that is a step's time, its unit at the end
+    /// of its name (`time_ms`, `step_s`) or in each figure (`4.98it/s`):
+    /// with `tokens_per_step`, what tokens per second are computed from.
+    pub step_time: Option<String>,
+    /// Tokens one process trains per step: an expression over the run's
+    /// values (`"batch_size * block_size"`), evaluated for each run when it
+    /// is planned.
+    pub tokens_per_step: Option<String>,
+    /// Other line_pattern groups to chart (a bar per configuration, as
+    /// throughput is).
+    pub charts: Vec<String>,
+    /// For any-command sweeps whose program logs no FLOPs: training FLOPs
+    /// per token, so that the report computes TFLOP/s (and, with `gpu`, MFU)
+    /// from tokens/s. A run's parameter of the same name wins.
+    pub flops_per_token: Option<f64>,
+    /// Instead of `flops_per_token`: a built-in model preset and the
+    /// sequence length the program trains (runs' parameters win).
+    pub model: Option<String>,
+    pub sequence_length: Option<usize>,
+    /// The device the program trains on (a name the device table knows): its
+    /// dense bf16 peak is what MFU is measured against. A run's `gpu`
+    /// parameter wins.
+    pub gpu: Option<String>,
+    /// Instead of `gpu`: the peak FLOP/s of one process's device (a CPU's
+    /// as `sweep bench peak` measures it, or any device's from its
+    /// datasheet). A run's `peak_flops` parameter wins.
+    pub peak_flops: Option<f64>,
+}
+
+/// Log points a report skips at the start of every run unless told otherwise
+/// (warm-up: compilation, caches, the allocator).
+pub const DEFAULT_SKIP_FIRST: usize = 5;
+
+impl ReportSpec {
+    /// Which groups of the line_pattern stand for known fields.
+    pub fn roles(&self) -> Roles {
+        Roles {
+            memory: self.memory.clone(),
+            throughput: self.throughput.clone(),
+            step_time: self.step_time.clone(),
+        }
+    }
+}
+
+impl Default for ReportSpec {
+    fn default() -> Self {
+        ReportSpec {
+            baseline: None,
+            skip_first: DEFAULT_SKIP_FIRST,
+            group_by: Vec::new(),
+            line_pattern: None,
+            memory: None,
+            throughput: None,
+            step_time: None,
+            tokens_per_step: None,
+            charts: Vec::new(),
+            flops_per_token: None,
+            model: None,
+            sequence_length: None,
+            gpu: None,
+            peak_flops: None,
+        }
+    }
+}
+
+/// A `[report]` setting that cannot be: its key (`step_time`, `charts[1]`),
+/// whether its value (rather than the key being there) is at fault, why,
+/// and what to do where that is not plain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    pub key: String,
+    pub at_value: bool,
+    pub why: String,
+    pub help: Option<String>,
+}
+
+impl Fault {
+    fn value(key: impl Into<String>, why: impl Into<String>) -> Self {
+        Fault {
+            key: key.into(),
+            at_value: true,
+            why: why.into(),
+            help: None,
+        }
+    }
+
+    fn key(key: impl Into<String>, why: impl Into<String>) -> Self {
+        Fault {
+            at_value: false,
+            ..Fault::value(key, why)
+        }
+    }
+
+    fn help(self, help: impl Into<String>) -> Self {
+        Fault {
+            help: Some(help.into()),
+            ..self
+        }
+    }
+}
+
+impl ReportSpec {
+    /// What is wrong with the settings that read a program's log and find
+    /// its FLOPs: the groups they name against the line_pattern's (an
+    /// invalid pattern is said where it is parsed), and what TFLOP/s and
+    /// MFU would come from.
+    pub fn faults(&self) -> Vec<Fault> {
+        let mut out = self.group_faults();
+        out.extend(self.flops_faults());
+        out
+    }
+
+    /// Each group of the line_pattern that stands for no known field makes
+    /// columns of its own: none may be the report's or one of `axes`
+    /// ([`group_collides`]).
+    pub fn collisions(&self, axes: &[&str]) -> Vec<Fault> {
+        let Some(re) = self.pattern() else {
+            return Vec::new();
+        };
+        let roles = self.roles();
+        re.capture_names()
+            .flatten()
+            .filter(|g| !KNOWN_GROUPS.contains(g) && !roles.names(g))
+            .filter_map(|g| group_collides(g, axes))
+            .map(|why| Fault::value("line_pattern", why))
+            .collect()
+    }
+
+    fn pattern(&self) -> Option<regex::Regex> {
+        self.line_pattern
+            .as_deref()
+            .and_then(|p| crate::util::text::regex(p).ok())
+    }
+
+    fn group_faults(&self) -> Vec<Fault> {
+        let Some(re) = self.pattern() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let groups: Vec<&str> = re.capture_names().flatten().collect();
+        if let Err((key, why)) = check_roles(&re, &self.roles()) {
+            out.push(Fault::value(key, why));
+        }
+        let timed = self.step_time.is_some() || groups.contains(&"step_time_s");
+        if self.tokens_per_step.is_some() && !timed {
+            out.push(Fault::key(
+                "tokens_per_step",
+                "`tokens_per_step` divides by a step's time, and the line_pattern has none: name its group with `[report] step_time` (e.g. `(?P<time_ms>[\\d.]+)ms` and `step_time = \"time_ms\"`)",
+            ));
+        }
+        for (i, c) in self.charts.iter().enumerate() {
+            if !groups.contains(&c.as_str()) || KNOWN_GROUPS.contains(&c.as_str()) {
+                let others: Vec<&str> = groups
+                    .iter()
+                    .filter(|g| !KNOWN_GROUPS.contains(g))
+                    .copied()
+                    .collect();
+                out.push(Fault::value(
+                    format!("charts[{i}]"),
+                    format!(
+                        "`{c}` is no other group of the line_pattern (those it can chart: {})",
+                        others.join(", ")
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
+    fn flops_faults(&self) -> Vec<Fault> {
+        let mut out = Vec::new();
+        if let Some(f) = self.peak_flops {
+            if !(f.is_finite() && f > 0.0 && f <= MAX_PEAK_FLOPS) {
+                out.push(Fault::value(
+                    "peak_flops",
+                    format!("`peak_flops` must be FLOP/s above 0 and at most {MAX_PEAK_FLOPS:e}, not {f}"),
+                ));
+            }
+            if self.gpu.is_some() {
+                out.push(Fault::key(
+                    "peak_flops",
+                    "give `gpu` (a device the table knows) or `peak_flops`, not both",
+                ));
+            }
+        }
+        if let Some(f) = self.flops_per_token {
+            if !(f.is_finite() && f > 0.0 && f <= MAX_FLOPS_PER_TOKEN) {
+                out.push(Fault::value(
+                    "flops_per_token",
+                    format!("`flops_per_token` must be a number of FLOPs above 0 and at most {MAX_FLOPS_PER_TOKEN:e}, not {f}"),
+                ));
+            }
+            if self.model.is_some() {
+                out.push(Fault::key(
+                    "model",
+                    "give `flops_per_token` or `model`, not both",
+                ));
+            }
+        }
+        if let Some(m) = &self.model {
+            if crate::config::ModelConfig::preset(m).is_none() {
+                out.push(
+                    Fault::value("model", format!("unknown model preset `{m}`")).help(format!(
+                        "the presets are {}",
+                        crate::config::PRESETS.join(", ")
+                    )),
+                );
+            }
+            if self.sequence_length.is_none() {
+                out.push(Fault::key(
+                    "model",
+                    "`model` needs `sequence_length`: its FLOPs per token depend on it",
+                ));
+            }
+        }
+        if let Some(t) = self.sequence_length {
+            let most = crate::config::MAX_SEQUENCE_LENGTH;
+            if !(1..=most).contains(&t) {
+                out.push(Fault::value(
+                    "sequence_length",
+                    format!("`sequence_length` must be a whole number in 1..={most}, not {t}"),
+                ));
+            }
+        }
+        if let Some(g) = &self.gpu {
+            if crate::estimate::devices::lookup(g).is_none() {
+                out.push(
+                    Fault::value(
+                        "gpu",
+                        format!("the device table does not know `{g}`: MFU needs its peak"),
+                    )
+                    .help(format!(
+                        "known devices: {}",
+                        crate::estimate::devices::known()
+                    )),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// The largest `peak_flops` taken (FLOP/s of one process's device).
+pub const MAX_PEAK_FLOPS: f64 = 1e20;
+/// The largest `flops_per_token` taken.
+pub const MAX_FLOPS_PER_TOKEN: f64 = 1e18;
+/// The most tokens one process may train per step (`tokens_per_step`).
+pub const MAX_TOKENS_PER_STEP: f64 = 1e15;
