@@ -61,7 +61,19 @@ pub fn lookup(name: &str) -> Option<&'static Accelerator> {
     let name = name.to_ascii_uppercase();
     ACCELERATORS
         .iter()
-        .find(|a| a.matches.iter().all(|m| name.contains(m)))
+        .find(|a| a.matches.iter().all(|m| says(&name, m)))
+}
+
+/// Whether `name` says `part` as a word of its own, or one a letter or a
+/// sign ends (`40GB`, `A100-SXM4`): not inside a longer model number, so
+/// that a typo (`H1000`) names no device rather than the H100's peak.
+fn says(name: &str, part: &str) -> bool {
+    name.match_indices(part).any(|(i, _)| {
+        let before = name[..i].chars().next_back();
+        let after = name[i + part.len()..].chars().next();
+        !before.is_some_and(|c| c.is_ascii_alphanumeric())
+            && !after.is_some_and(|c| c.is_ascii_digit())
+    })
 }
 
 /// The names of the table's rows, for error messages.
@@ -86,5 +98,13 @@ mod tests {
         assert_eq!(lookup("NVIDIA A100-SXM4-80GB").unwrap().memory_gb, 80.0);
         assert_eq!(lookup("A100").unwrap().peak_flops, 312e12);
         assert!(lookup("TPU v5").is_none());
+        assert_eq!(lookup("NVIDIA A10").unwrap().peak_flops, 125e12);
+        assert_eq!(lookup("NVIDIA A100-PCIE-40GB").unwrap().memory_gb, 40.0);
+        assert_eq!(lookup("NVIDIA GH200 480GB").unwrap().memory_gb, 96.0);
+        assert_eq!(lookup("AMD Instinct MI300X").unwrap().memory_gb, 192.0);
+        // A longer model number is another device, not the one it begins with.
+        for typo in ["H1000", "A1000", "XH100", "GH2000"] {
+            assert!(lookup(typo).is_none(), "{typo}");
+        }
     }
 }
