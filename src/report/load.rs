@@ -5,7 +5,7 @@
 
 use super::{flops, ingest, page, summary};
 use crate::executor::{self, State, Status};
-use crate::manifest::Mode;
+use crate::manifest::{Mode, ReportSpec};
 use crate::plan::record::{RunRecord, StudyRecord, UnitKind};
 use crate::plan::Plan;
 use anyhow::{bail, Context, Result};
@@ -34,7 +34,9 @@ pub enum Source {
     Import {
         glob: String,
         format: LogFormat,
-        pattern: Option<String>,
+        /// `--pattern` and what its groups mean, as a command study's
+        /// `[report]` says it.
+        report: ReportSpec,
         name: String,
     },
 }
@@ -85,30 +87,58 @@ pub(crate) fn load(source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
         Source::Import {
             glob,
             format,
-            pattern,
+            report,
             name,
-        } => {
-            crate::util::name::check(name).map_err(|why| anyhow::anyhow!("--name: {why}"))?;
-            let pattern = match pattern {
-                Some(p) => Some(
-                    ingest::pattern::Pattern::new(p, &crate::manifest::Roles::default()).map_err(
-                        |e| anyhow::anyhow!("--pattern is not a valid regular expression: {e}"),
-                    )?,
-                ),
-                None => None,
-            };
-            let (runs, inputs) = load_import(glob, *format, pattern.as_ref())?;
-            Ok((
-                name.clone(),
-                runs,
-                Spec {
-                    inputs,
-                    extras: pattern.map(|p| p.extras).unwrap_or_default(),
-                    ..Spec::default()
-                },
-            ))
+        } => load_imported(glob, *format, report, name),
+    }
+}
+
+/// Log files a user names, read as `report` says (`--pattern` and the
+/// flags of `[report]`'s keys): one run each.
+fn load_imported(
+    glob: &str,
+    format: LogFormat,
+    report: &ReportSpec,
+    name: &str,
+) -> Result<(String, Vec<RunLog>, Spec)> {
+    crate::util::name::check(name).map_err(|why| anyhow::anyhow!("--name: {why}"))?;
+    if let Some(f) = report
+        .faults()
+        .into_iter()
+        .chain(report.collisions(&[]))
+        .next()
+    {
+        let flag = match f.key.split('[').next() {
+            Some("line_pattern") => "pattern".to_string(),
+            Some(key) => key.replace('_', "-"),
+            None => f.key.clone(),
+        };
+        match f.help {
+            Some(help) => bail!("--{flag}: {} ({help})", f.why),
+            None => bail!("--{flag}: {}", f.why),
         }
     }
+    let pattern = command_pattern(report)
+        .map_err(|e| anyhow::anyhow!("--pattern is not a valid regular expression: {e}"))?;
+    let (mut runs, inputs) = load_import(glob, format, pattern.as_ref())?;
+    let tokens = report
+        .tokens_per_step
+        .as_deref()
+        .and_then(|t| t.parse::<f64>().ok());
+    for run in &mut runs {
+        if let Some(t) = tokens {
+            run.params
+                .insert(crate::manifest::TOKENS_PER_STEP.into(), t.into());
+        }
+        flops::derive(run, report);
+    }
+    let spec = Spec {
+        inputs,
+        extras: pattern.map(|p| p.extras).unwrap_or_default(),
+        charts: report.charts.clone(),
+        ..Spec::default()
+    };
+    Ok((name.to_string(), runs, spec))
 }
 
 /// The runs a manifest plans, read from their directories.

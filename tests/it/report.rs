@@ -775,6 +775,82 @@ fn a_torchtitan_log_is_read_through_its_colours_and_thousands() {
     assert_eq!(rows[0]["mfu_pct_mean"].as_f64(), Some(31.97), "{rows:?}");
 }
 
+/// A log imported from a program that says only its step's time (nanoGPT's
+/// `iter 10: loss 4.55, time 80.00ms`) gets tokens/s from the flags that are
+/// a command study's `[report]` keys, and TFLOP/s and MFU from its FLOPs per
+/// token and peak; a flag that cannot be is refused by its name.
+#[test]
+fn an_imported_log_of_step_times_gets_tokens_per_second_and_mfu_from_flags() {
+    let root = project();
+    let log = root.path().join("logs/nano.log");
+    let text: String = (0..=20)
+        .map(|s| {
+            format!(
+                "iter {s}: loss {:.4}, time {}ms, mfu -100.00%\n",
+                9.0 - s as f64 * 0.1,
+                if s % 2 == 0 { "80.00" } else { "80.0" }
+            )
+        })
+        .collect();
+    write(&log, &text);
+    let pattern = r"iter (?P<step>\d+): loss (?P<loss>[\d.]+), time (?P<time_ms>[\d.]+)ms";
+    let import = |extra: &[&str]| {
+        let mut c = sweep(root.path());
+        c.args([
+            "report",
+            "--import",
+            log.to_str().unwrap(),
+            "--pattern",
+            pattern,
+        ])
+        .args(["--name", "nano", "--json", "--no-plots"])
+        .args(extra);
+        c
+    };
+    let rows = json_rows(&mut import(&[
+        "--step-time",
+        "time_ms",
+        "--tokens-per-step",
+        "8192",
+        "--flops-per-token",
+        "6e9",
+        "--peak-flops",
+        "1e15",
+    ]));
+    let near = |key: &str, want: f64| {
+        let got = rows[0][key].as_f64().unwrap_or(f64::NAN);
+        assert!(
+            (got - want).abs() <= 1e-9 * want,
+            "{key}: {got} against {want}: {rows:?}"
+        );
+    };
+    // 8192 tokens in 80 ms; × 6e9 FLOPs per token; ÷ 1e15 FLOP/s.
+    near("tokens_per_second_mean", 102_400.0);
+    near("tflops_mean", 614.4);
+    near("mfu_pct_mean", 61.44);
+    near("final_loss", 7.0);
+    // Without the flags the same log has a loss and no speed.
+    let bare = json_rows(&mut import(&[]));
+    assert!(bare[0]["tokens_per_second_mean"].is_null(), "{bare:?}");
+    for (flags, said) in [
+        (&["--tokens-per-step", "8192"][..], "--tokens-per-step: "),
+        (&["--step-time", "loss"][..], "--step-time: "),
+        (
+            &["--gpu", "H1000"][..],
+            "--gpu: the device table does not know `H1000`",
+        ),
+        (
+            &["--peak-flops", "1e15", "--gpu", "H100"][..],
+            "--peak-flops: ",
+        ),
+        (&["--model", "ref-1b"][..], "--model: "),
+        (&["--charts", "step"][..], "--charts: "),
+    ] {
+        let err = run_err(&mut import(flags));
+        assert!(err.contains(said), "{flags:?}: {err}");
+    }
+}
+
 /// A report of a manifest reads each planned run as `render` recorded it:
 /// a run added to the manifest since is unsubmitted, not yet rendered, and
 /// a directory that holds a run of an earlier version of the manifest is a

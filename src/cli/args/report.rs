@@ -39,6 +39,82 @@ pub struct ReportCli {
     /// Skip the charts.
     #[arg(long)]
     pub no_plots: bool,
+    #[command(flatten)]
+    pub read: ImportReadCli,
+}
+
+/// What an imported log's figures mean beyond its pattern's groups: the
+/// `[report]` keys of a `command` study, as flags (docs/report.md).
+#[derive(clap::Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Imported logs: the [report] keys of a command study")]
+pub struct ImportReadCli {
+    /// The --pattern group that is tokens per second per device.
+    #[arg(long, value_name = "GROUP", requires = "pattern")]
+    pub throughput: Option<String>,
+    /// The --pattern group that is the peak memory per device, its unit at the end of its name (mem_gb, mem_gib, mem_mb, mem_bytes).
+    #[arg(long, value_name = "GROUP", requires = "pattern")]
+    pub memory: Option<String>,
+    /// The --pattern group that is a step's time: its unit at the end of its name (time_ms, step_s, it_per_s) or in each figure (5.33ms, tqdm's 3.98it/s).
+    #[arg(long, value_name = "GROUP", requires = "pattern")]
+    pub step_time: Option<String>,
+    /// Tokens one process trains per step (micro-batch × sequence length × gradient-accumulation steps): tokens/s = this ÷ each step's time.
+    #[arg(long, value_name = "TOKENS", requires = "pattern", value_parser = tokens_per_step)]
+    pub tokens_per_step: Option<f64>,
+    /// Other --pattern groups to chart (comma-separated).
+    #[arg(
+        long,
+        value_name = "GROUP",
+        value_delimiter = ',',
+        requires = "pattern"
+    )]
+    pub charts: Vec<String>,
+    /// Training FLOPs per token: TFLOP/s from tokens/s.
+    #[arg(long, value_name = "FLOPS", requires = "import")]
+    pub flops_per_token: Option<f64>,
+    /// Instead of --flops-per-token: a built-in model preset the program trained, with --sequence-length.
+    #[arg(long, value_name = "PRESET", requires = "import")]
+    pub model: Option<String>,
+    /// The sequence length the program trained, for --model.
+    #[arg(long, value_name = "TOKENS", requires = "model", value_parser = count(1, MAX_SEQ))]
+    pub sequence_length: Option<usize>,
+    /// The device the program trained on (a name the device table knows): MFU against its dense bf16 peak.
+    #[arg(long, value_name = "DEVICE", requires = "import")]
+    pub gpu: Option<String>,
+    /// Instead of --gpu: the peak FLOP/s of one process's device (a CPU's as `sweep bench peak` measures it).
+    #[arg(long, value_name = "FLOP/S", requires = "import")]
+    pub peak_flops: Option<f64>,
+}
+
+impl ImportReadCli {
+    /// The `[report]` settings these flags stand for, around `pattern`.
+    pub fn spec(&self, pattern: Option<String>) -> crate::manifest::ReportSpec {
+        crate::manifest::ReportSpec {
+            line_pattern: pattern,
+            throughput: self.throughput.clone(),
+            memory: self.memory.clone(),
+            step_time: self.step_time.clone(),
+            tokens_per_step: self.tokens_per_step.map(|t| t.to_string()),
+            charts: self.charts.clone(),
+            flops_per_token: self.flops_per_token,
+            model: self.model.clone(),
+            sequence_length: self.sequence_length,
+            gpu: self.gpu.clone(),
+            peak_flops: self.peak_flops,
+            ..crate::manifest::ReportSpec::default()
+        }
+    }
+}
+
+/// `--tokens-per-step`: a number of tokens above 0, as `[report]
+/// tokens_per_step` may come out.
+fn tokens_per_step(s: &str) -> Result<f64, String> {
+    let most = crate::manifest::MAX_TOKENS_PER_STEP;
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 && t <= most => Ok(t),
+        _ => Err(format!(
+            "`{s}` is not a number of tokens above 0 (at most {most:e})"
+        )),
+    }
 }
 
 #[derive(clap::Args, Debug, Clone)]
