@@ -10,36 +10,35 @@ use super::ingest::RunLog;
 use crate::manifest::{ReportSpec, TOKENS_PER_STEP};
 use serde_json::Value;
 
-/// What a run's FLOPs are computed from.
+/// What a run's FLOPs and MFU are computed from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Basis {
-    flops_per_token: f64,
+    /// The model's training FLOPs per token, when they are known.
+    flops_per_token: Option<f64>,
     /// The device's peak FLOP/s, when it is known.
     peak_flops: Option<f64>,
 }
 
-/// Fills each point's missing TFLOP/s and MFU from its tokens/s, where the
-/// manifest or the run's parameters say how; a parameter that names no
-/// preset or device is an issue of the run.
+/// Fills each point's missing TFLOP/s (from its tokens/s) and MFU (from its
+/// TFLOP/s, its own or so computed), where the manifest or the run's
+/// parameters say how; a parameter that names no preset or device is an
+/// issue of the run.
 pub fn derive(run: &mut RunLog, spec: &ReportSpec) {
     tokens_from_step_times(run);
     let basis = match basis(run, spec) {
-        Ok(Some(b)) => b,
-        Ok(None) => return,
+        Ok(b) => b,
         Err(why) => {
             run.issues.push(why);
             return;
         }
     };
     for p in &mut run.points {
-        let Some(tps) = p.tokens_per_second else {
-            continue;
-        };
-        // A log's own figures win.
-        let tflops = *p
-            .tflops
-            .get_or_insert(crate::estimate::flops(tps, basis.flops_per_token, None).0);
-        if let (None, Some(peak)) = (p.mfu_pct, basis.peak_flops) {
+        // A log's own figures win: Megatron's, for one, logs TFLOP/s per
+        // GPU and no MFU.
+        if let (None, Some(tps), Some(f)) = (p.tflops, p.tokens_per_second, basis.flops_per_token) {
+            p.tflops = Some(crate::estimate::flops(tps, f, None).0);
+        }
+        if let (None, Some(tflops), Some(peak)) = (p.mfu_pct, p.tflops, basis.peak_flops) {
             p.mfu_pct = Some(crate::estimate::mfu_pct(tflops * 1e12, peak));
         }
     }
@@ -70,7 +69,7 @@ pub fn tokens_from_step_time(p: &mut super::ingest::Point, tokens: f64) {
     }
 }
 
-fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Option<Basis>, String> {
+fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Basis, String> {
     let param = |key: &str| run.params.get(key).filter(|v| !v.is_null());
     let number = |key: &str, fallback: Option<f64>| -> Result<Option<f64>, String> {
         match param(key) {
@@ -102,9 +101,7 @@ fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Option<Basis>, String> {
             }
         },
     };
-    let Some(flops_per_token) = flops_per_token.filter(|f| f.is_finite() && *f > 0.0) else {
-        return Ok(None);
-    };
+    let flops_per_token = flops_per_token.filter(|f| f.is_finite() && *f > 0.0);
     let peak_flops = match (
         number("peak_flops", spec.peak_flops)?,
         text("gpu", &spec.gpu),
@@ -118,10 +115,10 @@ fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Option<Basis>, String> {
                 .peak_flops,
         ),
     };
-    Ok(Some(Basis {
+    Ok(Basis {
         flops_per_token,
         peak_flops,
-    }))
+    })
 }
 
 /// A parameter's number, written as a number or as text.
@@ -226,5 +223,22 @@ mod tests {
         let mut r = run(&[("peak_flops", Value::from(-1))]);
         derive(&mut r, &spec);
         assert!(r.issues[0].contains("no peak"), "{:?}", r.issues);
+    }
+
+    /// Megatron logs TFLOP/s per GPU and no MFU: its device's peak alone
+    /// gives MFU from the log's own figure, with no FLOPs per token.
+    #[test]
+    fn a_logs_own_tflops_and_a_device_give_mfu() {
+        let mut r = run(&[]);
+        r.points[0].tflops = Some(402.1);
+        let spec = ReportSpec {
+            gpu: Some("H100".into()),
+            ..ReportSpec::default()
+        };
+        derive(&mut r, &spec);
+        let p = &r.points[0];
+        assert_eq!(p.tflops, Some(402.1), "the log's figure stays");
+        assert!((p.mfu_pct.unwrap() - 100.0 * 402.1e12 / 989e12).abs() < 1e-9);
+        assert!(r.issues.is_empty(), "{:?}", r.issues);
     }
 }

@@ -851,6 +851,62 @@ fn an_imported_log_of_step_times_gets_tokens_per_second_and_mfu_from_flags() {
     }
 }
 
+/// Megatron-LM's log line, read by the pattern docs/report.md gives for it:
+/// tokens/s from its step time, MFU from its own TFLOP/s and the device
+/// alone, its loss in Megatron's `9.876543E+00`.
+#[test]
+fn a_megatron_log_gets_mfu_from_its_own_tflops_and_the_device() {
+    let root = project();
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/report.md"))
+            .unwrap();
+    let pattern = docs
+        .lines()
+        .find_map(|l| l.strip_prefix("line_pattern = 'iteration"))
+        .map(|rest| format!("iteration{}", rest.trim_end_matches('\'')))
+        .expect("docs/report.md gives Megatron's pattern");
+    let log = root.path().join("logs/megatron.out");
+    let text: String = (1..=12)
+        .map(|i| {
+            format!(
+                " [2026-11-29 12:00:{i:02}] iteration {i:8}/    1000 | consumed samples: {:12} | elapsed time per iteration (ms): 500.0 | throughput per GPU (TFLOP/s/GPU): 400.0 | learning rate: 1.500000E-04 | global batch size:    64 | lm loss: {:.6E} | loss scale: 1.0 | grad norm: 3.210 | number of skipped iterations:   0 | number of nan iterations:   0 |\n",
+                i * 64,
+                10.0 - i as f64 * 0.25
+            )
+        })
+        .collect();
+    write(&log, &text);
+    let rows = json_rows(
+        sweep(root.path())
+            .args([
+                "report",
+                "--import",
+                log.to_str().unwrap(),
+                "--pattern",
+                &pattern,
+            ])
+            .args([
+                "--step-time",
+                "iter_ms",
+                "--tokens-per-step",
+                "16384",
+                "--gpu",
+                "H100",
+            ])
+            .args(["--name", "megatron", "--json", "--no-plots"]),
+    );
+    let r = &rows[0];
+    assert_eq!(
+        r["tokens_per_second_mean"].as_f64(),
+        Some(16384.0 / 0.5),
+        "{r}"
+    );
+    assert_eq!(r["tflops_mean"].as_f64(), Some(400.0), "{r}");
+    let mfu = r["mfu_pct_mean"].as_f64().expect("an MFU");
+    assert!((mfu - 100.0 * 400e12 / 989e12).abs() < 1e-9, "{r}");
+    assert_eq!(r["final_loss"].as_f64(), Some(7.0), "{r}");
+}
+
 /// A report of a manifest reads each planned run as `render` recorded it:
 /// a run added to the manifest since is unsubmitted, not yet rendered, and
 /// a directory that holds a run of an earlier version of the manifest is a
