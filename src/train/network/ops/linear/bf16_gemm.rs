@@ -22,6 +22,7 @@
 
 use crate::config::runtime::CpuKernels;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 const MR: usize = 14;
@@ -103,6 +104,14 @@ pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
     gemm_with(selected(), m, n, k, a, b, c)
 }
 
+/// [`gemm()`] into memory that may hold anything (a new matrix's): C is
+/// written once, by the product, never zeroed first. Zeroing the products
+/// and the packed operands ([`Packed`]), which their writes cover anyway,
+/// cost the CPU train step in bf16-mixed 3–7% (`sweep bench train`).
+pub fn gemm_uninit(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [MaybeUninit<f32>]) {
+    gemm_into(selected(), m, n, k, a, b, c)
+}
+
 /// [`gemm()`] with a given kernel (the AVX-512 BF16 one needs a CPU that has it).
 pub fn gemm_with(
     kernel: Bf16Kernel,
@@ -113,12 +122,29 @@ pub fn gemm_with(
     b: View,
     c: &mut [f32],
 ) {
+    // SAFETY: `MaybeUninit<f32>` has f32's layout, and `gemm_into` only
+    // writes values (and reads those it wrote).
+    let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
+    gemm_into(kernel, m, n, k, a, b, c)
+}
+
+/// C = A · B into memory that may hold anything: every element of C is
+/// written, and read (to add to it) only after it was.
+fn gemm_into(
+    kernel: Bf16Kernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: View,
+    b: View,
+    c: &mut [MaybeUninit<f32>],
+) {
     assert_eq!(c.len(), m * n);
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        c.fill(0.0);
+        c.fill(MaybeUninit::new(0.0));
         return;
     }
     match kernel {
@@ -129,7 +155,14 @@ pub fn gemm_with(
             );
             gemm_avx512(m, n, k, a, b, c)
         }
-        Bf16Kernel::Portable => gemm_portable(m, n, k, a, b, c),
+        Bf16Kernel::Portable => {
+            // The `gemm` crate is not promised to leave an overwritten C
+            // unread: give it zeros.
+            c.fill(MaybeUninit::new(0.0));
+            // SAFETY: every element was just written.
+            let c = unsafe { &mut *(c as *mut [MaybeUninit<f32>] as *mut [f32]) };
+            gemm_portable(m, n, k, a, b, c)
+        }
     }
 }
 
@@ -170,7 +203,7 @@ fn gemm_portable(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) 
     }
 }
 
-fn gemm_avx512(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
+fn gemm_avx512(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [MaybeUninit<f32>]) {
     // Each operand is converted and packed exactly once; every block of C
     // then reads the panels it needs.
     let ap = Packed::new(a, k, m, MR, true);
@@ -200,6 +233,8 @@ fn gemm_avx512(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [f32]) {
 
 /// An operand as bf16 pairs along k: for every block of KC k values, panels
 /// of `width` lanes (MR rows of A, NR columns of B), zeros beyond the edges.
+/// Its memory is written once, by the packing, never zeroed first (see
+/// [`gemm_uninit`]).
 struct Packed {
     data: Vec<u32>,
     k: usize,
@@ -210,9 +245,44 @@ struct Packed {
 impl Packed {
     /// `x`: the operand's other dimension (m for A, n for B).
     fn new(v: View, k: usize, x: usize, width: usize, k_is_col: bool) -> Packed {
+        let len = Packed::len(k, x, width);
+        let mut data = Vec::with_capacity(len);
+        Packed::write(
+            v,
+            k,
+            x,
+            width,
+            k_is_col,
+            &mut data.spare_capacity_mut()[..len],
+        );
+        // SAFETY: `write` wrote every element.
+        unsafe { data.set_len(len) };
+        Packed {
+            data,
+            k,
+            panels: x.div_ceil(width),
+            width,
+        }
+    }
+
+    fn len(k: usize, x: usize, width: usize) -> usize {
+        k.div_ceil(2) * x.div_ceil(width) * width
+    }
+
+    /// The packed operand into `out` ([`Packed::len`] of it), every
+    /// element written: its blocks and panels tile it, and `pack_panel`
+    /// writes every lane of its panel.
+    fn write(
+        v: View,
+        k: usize,
+        x: usize,
+        width: usize,
+        k_is_col: bool,
+        out: &mut [MaybeUninit<u32>],
+    ) {
         let panels = x.div_ceil(width);
-        let mut data = vec![0u32; k.div_ceil(2) * panels * width];
-        data.par_chunks_mut(KC / 2 * panels * width)
+        assert_eq!(out.len(), Packed::len(k, x, width));
+        out.par_chunks_mut(KC / 2 * panels * width)
             .enumerate()
             .for_each(|(kb, block)| {
                 let (k0, kc) = (kb * KC, KC.min(k - kb * KC));
@@ -224,12 +294,6 @@ impl Packed {
                         pack_panel(v, k0, kc, p * width, valid, width, out, k_is_col);
                     });
             });
-        Packed {
-            data,
-            k,
-            panels,
-            width,
-        }
     }
 
     /// Pairs in k block `kb`.
@@ -245,7 +309,8 @@ impl Packed {
 }
 
 /// One panel: `width` lanes per pair (x = the non-k dimension, `valid` of them
-/// real), pairs along k. `k_is_col`: the view is A (k runs along its
+/// real), pairs along k, every lane of `out` written (zeros beyond `valid`
+/// and past an odd k). `k_is_col`: the view is A (k runs along its
 /// columns), else B (k runs along its rows).
 #[allow(clippy::too_many_arguments)]
 fn pack_panel(
@@ -255,9 +320,10 @@ fn pack_panel(
     x0: usize,
     valid: usize,
     width: usize,
-    out: &mut [u32],
+    out: &mut [MaybeUninit<u32>],
     k_is_col: bool,
 ) {
+    assert!(out.len() >= kc.div_ceil(2) * width);
     let kp = kc.div_ceil(2);
     let (k_stride, x_stride) = if k_is_col { (v.cs, v.rs) } else { (v.rs, v.cs) };
     let base = if k_is_col {
@@ -275,21 +341,22 @@ fn pack_panel(
         if k_stride == 1 && kc.is_multiple_of(16) {
             // SAFETY: as above.
             unsafe { simd::pairs_along_rows(&v.data[base..], x_stride, valid, kp, width, out) };
-            out.chunks_exact_mut(width)
-                .for_each(|lane| lane[valid..].fill(0));
+            out[..kp * width]
+                .chunks_exact_mut(width)
+                .for_each(|lane| lane[valid..].fill(MaybeUninit::new(0)));
             return;
         }
     }
     for p in 0..kp {
         for x in 0..width {
-            out[p * width + x] = if x >= valid {
+            out[p * width + x] = MaybeUninit::new(if x >= valid {
                 0
             } else {
                 let at = |k: usize| v.data[base + k * k_stride + x * x_stride];
                 let lo = at(2 * p);
                 let hi = if 2 * p + 1 < kc { at(2 * p + 1) } else { 0.0 };
                 bf16(lo) | (bf16(hi) << 16)
-            };
+            });
         }
     }
 }
@@ -297,6 +364,7 @@ fn pack_panel(
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     /// Pairs of two consecutive k rows, x contiguous: for every 16 x, convert
     /// both rows and interleave them into (row 2p, row 2p+1) lanes. The first
@@ -308,7 +376,7 @@ mod simd {
         kp: usize,
         valid: usize,
         width: usize,
-        out: &mut [u32],
+        out: &mut [MaybeUninit<u32>],
     ) {
         // Lane i of the result takes element i of the low row then element i of the high row.
         let idx = _mm512_set_epi16(
@@ -346,7 +414,7 @@ mod simd {
         valid: usize,
         kp: usize,
         width: usize,
-        out: &mut [u32],
+        out: &mut [MaybeUninit<u32>],
     ) {
         let mut tmp = [0u32; 8];
         for x in 0..valid {
@@ -356,7 +424,7 @@ mod simd {
                     std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(row.add(2 * p))));
                 _mm256_storeu_si256(tmp.as_mut_ptr() as *mut _, v);
                 for (q, t) in tmp.iter().enumerate() {
-                    *out.get_unchecked_mut((p + q) * width + x) = *t;
+                    out.get_unchecked_mut((p + q) * width + x).write(*t);
                 }
             }
         }
@@ -370,7 +438,7 @@ fn tile(
     ap: &[u32],
     bp: &[u32],
     kp: usize,
-    c: &mut [f32],
+    c: &mut [MaybeUninit<f32>],
     ldc: usize,
     mr: usize,
     nr: usize,
@@ -382,7 +450,17 @@ fn tile(
             assert!(c.len() >= (MR - 1) * ldc + NR);
             // SAFETY: `gemm_with` asserted AVX-512 F and BF16; the panels hold kp·MR
             // and kp·NR lanes; C holds MR rows of NR at stride ldc (asserted).
-            unsafe { kernel(ap.as_ptr(), bp.as_ptr(), kp, c.as_mut_ptr(), ldc, first) };
+            // C is read (to add to) only after the first k block wrote it.
+            unsafe {
+                kernel(
+                    ap.as_ptr(),
+                    bp.as_ptr(),
+                    kp,
+                    c.as_mut_ptr().cast(),
+                    ldc,
+                    first,
+                )
+            };
             return;
         }
         // An edge tile: through a full-size buffer.
@@ -391,10 +469,12 @@ fn tile(
         unsafe { kernel(ap.as_ptr(), bp.as_ptr(), kp, acc.as_mut_ptr(), NR, true) };
         for i in 0..mr {
             let (row, sum) = (&mut c[i * ldc..i * ldc + nr], &acc[i * NR..i * NR + nr]);
-            if first {
-                row.copy_from_slice(sum);
-            } else {
-                row.iter_mut().zip(sum).for_each(|(d, s)| *d += s);
+            for (d, s) in row.iter_mut().zip(sum) {
+                match first {
+                    true => *d = MaybeUninit::new(*s),
+                    // SAFETY: the first k block wrote it.
+                    false => *d = MaybeUninit::new(unsafe { d.assume_init() } + s),
+                }
             }
         }
     }
@@ -526,13 +606,54 @@ mod tests {
                         cs: 1,
                     }
                 };
-                let mut c = vec![0f32; m * n];
+                // NaN where the product must write: C is never read first.
+                let mut c = vec![f32::NAN; m * n];
                 gemm_with(kernel, m, n, k, av, bv, &mut c);
                 let want = reference(m, n, k, av, bv);
                 for (x, y) in c.iter().zip(&want) {
                     assert!(
                         (*x as f64 - y).abs() <= 1e-4 * (1.0 + y.abs()),
                         "{kernel:?} {m}x{n}x{k} t={a_t},{b_t}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Packing writes every element of its buffer (its memory is never
+    /// zeroed): packed over a sentinel, it equals packed over zeros, on
+    /// each path — rows or columns contiguous, neither, odd k, edge panels.
+    #[test]
+    fn packing_writes_every_element() {
+        if !avx512_bf16_available() {
+            eprintln!("skipped: packing is the AVX-512 BF16 kernel's, and this CPU lacks it");
+            return;
+        }
+        let data = data(2 * 601 * 600, 3);
+        for (k, x, width) in [(513, 33, NR), (256, 15, MR), (7, 1, MR), (600, 40, NR)] {
+            for (rs, cs) in [(k, 1), (1, x), (2 * k, 2)] {
+                for k_is_col in [true, false] {
+                    let v = View {
+                        data: &data,
+                        rs,
+                        cs,
+                    };
+                    let packed = |fill: u32| {
+                        let mut out = vec![MaybeUninit::new(fill); Packed::len(k, x, width)];
+                        Packed::write(v, k, x, width, k_is_col, &mut out);
+                        // SAFETY: filled before `write`.
+                        out.iter()
+                            .map(|e| unsafe { e.assume_init() })
+                            .collect::<Vec<u32>>()
+                    };
+                    let (over_sentinel, over_zeros) = (packed(u32::MAX), packed(0));
+                    let unwritten = over_sentinel
+                        .iter()
+                        .zip(&over_zeros)
+                        .position(|(a, b)| a != b);
+                    assert_eq!(
+                        unwritten, None,
+                        "an element left unwritten: k {k} x {x} width {width} strides {rs},{cs} k_is_col {k_is_col}"
                     );
                 }
             }

@@ -88,8 +88,10 @@ impl CustomOp2 for Bf16Matmul {
         let (m, k, n) = (da[r - 2], da[r - 1], db[r - 1]);
         let (sa, sb) = (l1.stride(), l2.stride());
         let (oa, ob) = (matrix_offsets(l1), matrix_offsets(l2));
-        let mut c = vec![0f32; oa.len() * m * n];
-        for ((&oa, &ob), c) in oa.iter().zip(&ob).zip(c.chunks_exact_mut(m * n)) {
+        let len = oa.len() * m * n;
+        let mut c = Vec::with_capacity(len);
+        let matrices = c.spare_capacity_mut()[..len].chunks_mut((m * n).max(1));
+        for ((&oa, &ob), c) in oa.iter().zip(&ob).zip(matrices) {
             let av = View {
                 data: &a[oa..],
                 rs: sa[r - 2],
@@ -100,8 +102,11 @@ impl CustomOp2 for Bf16Matmul {
                 rs: sb[r - 2],
                 cs: sb[r - 1],
             };
-            bf16_gemm::gemm(m, n, k, av, bv, c);
+            bf16_gemm::gemm_uninit(m, n, k, av, bv, c);
         }
+        // SAFETY: `gemm_uninit` wrote each matrix of C whole (none when it
+        // is empty).
+        unsafe { c.set_len(len) };
         let mut dims = da.to_vec();
         dims[r - 1] = n;
         Ok((CpuStorage::F32(c), Shape::from(dims)))
