@@ -171,7 +171,7 @@ pub(super) fn report_cmd(
                 (None, Some(_)) => crate::report::LogFormat::Pattern,
                 (None, None) => crate::report::LogFormat::Reference,
             },
-            report: r.read.spec(r.pattern.clone()),
+            report: Box::new(r.read.spec(r.pattern.clone())),
             name: r.name.clone(),
         },
         (None, Some(t)) => source_of(root, t, rt)?,

@@ -36,7 +36,7 @@ pub enum Source {
         format: LogFormat,
         /// `--pattern` and what its groups mean, as a command study's
         /// `[report]` says it.
-        report: ReportSpec,
+        report: Box<ReportSpec>,
         name: String,
     },
 }
