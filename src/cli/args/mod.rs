@@ -127,7 +127,7 @@ pub enum Cmd {
     Data(DataCmd),
     /// Tables and charts of a sweep's runs (or of imported logs).
     #[command(
-        after_help = "Examples:\n  sweep report experiments/quickstart.toml\n  sweep report results/quickstart --group-by dataset_type,pretokenized --json\n  sweep report --import 'tests/fixtures/reference-torch-logs/lsai_*.out' --log-format reference --name reference"
+        after_help = "Examples:\n  sweep report experiments/quickstart.toml\n  sweep report results/quickstart --group-by dataset_type,pretokenized --json\n  sweep report --import 'tests/fixtures/reference-torch-logs/lsai_*.out' --log-format reference --name reference\n  sweep report --import 'logs/nanogpt-*.log' --name nanogpt --pattern 'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+), time (?P<time_ms>[\\d.]+)ms' --step-time time_ms --tokens-per-step 491520 --flops-per-token 8.55e8 --gpu A100"
     )]
     Report(ReportCli),
     /// Two studies configuration by configuration: tokens/s with 95% intervals, B's speedup over A, a verdict.
