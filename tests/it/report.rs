@@ -597,6 +597,23 @@ fn one_log(root: &Path, name: &str, text: &str) -> String {
     format!("{}/*.jsonl", logs.display())
 }
 
+/// The flags that say how imported logs are read are refused without
+/// `--import`: a study's runs are read as its manifest says, and a
+/// `--pattern` given beside it would otherwise be dropped in silence.
+#[test]
+fn flags_for_imported_logs_need_import() {
+    let root = project();
+    for flags in [
+        &["--pattern", "step (?P<step>\\d+)"][..],
+        &["--name", "other"],
+        &["--log-format", "jsonl"],
+        &["--gpu", "H100"],
+    ] {
+        let err = run_err(sweep(root.path()).args(["report", "results/s"]).args(flags));
+        assert!(err.contains("--import"), "{flags:?}: {err}");
+    }
+}
+
 /// `--name` becomes a directory under results/ and plots/: a path there is
 /// refused before anything is written.
 #[test]

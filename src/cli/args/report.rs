@@ -25,13 +25,13 @@ pub struct ReportCli {
     #[arg(long, value_name = "GLOB")]
     pub import: Option<String>,
     /// How the imported logs are written (default: `pattern` with --pattern, else `reference`).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, requires = "import")]
     pub log_format: Option<crate::report::LogFormat>,
     /// A regex with named groups (step, loss, tokens_per_second, mfu_pct, tflops, ...) that matches the imported logs' lines (implies --log-format pattern).
-    #[arg(long)]
+    #[arg(long, requires = "import")]
     pub pattern: Option<String>,
     /// With --import: the study name (results/<name>, plots/<name>).
-    #[arg(long, default_value = "imported", value_parser = study_name)]
+    #[arg(long, default_value = "imported", value_parser = study_name, requires = "import")]
     pub name: String,
     /// Print the table as JSON.
     #[arg(long)]
