@@ -108,10 +108,10 @@ fn load_imported(
         .chain(report.collisions(&[]))
         .next()
     {
-        let flag = match f.key.split('[').next() {
-            Some("line_pattern") => "pattern".to_string(),
-            Some(key) => key.replace('_', "-"),
-            None => f.key.clone(),
+        // `charts[1]` is `--charts`; the line pattern is `--pattern`.
+        let flag = match f.key.split('[').next().unwrap_or_default() {
+            "line_pattern" => "pattern".to_string(),
+            key => key.replace('_', "-"),
         };
         match f.help {
             Some(help) => bail!("--{flag}: {} ({help})", f.why),
