@@ -37,6 +37,13 @@ pub const EXIT_CODE: &str = "exit_code";
 pub const PROGRESS_DIR: &str = "progress";
 pub const WATCHDOG_LOG: &str = "watchdog.log";
 
+/// Whether a file of a run directory is one of its jobs' logs: every
+/// `*.out` — a SLURM job's `<job name>-<job id>.out` (its `--output`, or an
+/// array task's or a packed run's own), the local executor's `local.out`.
+pub fn is_job_log(path: &std::path::Path) -> bool {
+    path.extension().is_some_and(|x| x == "out")
+}
+
 /// What the job found of the machine it ran on, written by the job itself
 /// (`sweep fingerprint`).
 pub const ENVIRONMENT_JSON: &str = "environment.json";

@@ -158,7 +158,7 @@ fn failed_empty(dir: &Path, old: &RunRecord, pattern: Option<&regex::Regex>) -> 
     const MAX_LOG: u64 = 64 << 20;
     entries.flatten().all(|e| {
         let path = e.path();
-        if path.extension().is_none_or(|x| x != "out") {
+        if !crate::layout::is_job_log(&path) {
             return true;
         }
         read_regular(&path, MAX_LOG, None)

@@ -709,23 +709,8 @@ fn read_pattern_logs(
     study_dir: &Path,
     re: &ingest::pattern::Pattern,
 ) {
-    let mut logs: Vec<PathBuf> = Vec::new();
-    match std::fs::read_dir(dir) {
-        Ok(entries) => {
-            for e in entries {
-                match e {
-                    Ok(e) if e.path().extension().is_some_and(|x| x == "out") => {
-                        logs.push(e.path())
-                    }
-                    Ok(_) => {}
-                    Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => run.issues.push(format!("listing {}: {e}", dir.display())),
-    }
-    logs.sort();
+    let (logs, faults) = ingest::list_job_logs(dir);
+    run.issues.extend(faults);
     // The last log the pattern never matched: its name, lines, and
     // the program's first ones.
     let mut missed = None;

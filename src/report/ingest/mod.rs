@@ -16,7 +16,7 @@ use crate::train::run::record::StepMetrics;
 use crate::util::fs::ReadError;
 use indexmap::IndexMap;
 use std::ops::RangeInclusive;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The largest log file read (a metrics file of a million steps is ~300 MB).
 pub const MAX_LOG_BYTES: u64 = 1 << 30;
@@ -331,7 +331,7 @@ pub struct RunLog {
     /// none; each is a configuration of its own).
     pub configuration: Option<Configuration>,
     /// The run's directory, when it has one (imported logs: none).
-    pub dir: Option<std::path::PathBuf>,
+    pub dir: Option<PathBuf>,
     /// COMPLETED, RUNNING, FAILED (exit 3), ... as the executor or the log says.
     pub status: Status,
     /// Why the run has no (or incomplete) results, when that is known.
@@ -375,18 +375,39 @@ pub struct RunLog {
     pub log_tail: Option<LogTail>,
 }
 
-/// A run directory's job logs (`*.out`, regular files), each with when it
-/// was last written.
-fn job_logs(dir: &Path) -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "out"))
-        .filter_map(|e| Some((e.metadata().ok()?, e.path())))
-        .filter(|(m, _)| m.is_file())
-        .filter_map(|(m, p)| Some((p, m.modified().ok()?)))
+/// A run directory's job logs ([`crate::layout::is_job_log`]), sorted by
+/// name, and what kept it from being listed (a directory not made yet has
+/// none).
+pub(crate) fn list_job_logs(dir: &Path) -> (Vec<PathBuf>, Vec<String>) {
+    let (mut logs, mut faults) = (Vec::new(), Vec::new());
+    let listing = |e: std::io::Error| format!("listing {}: {e}", dir.display());
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for e in entries {
+                match e {
+                    Ok(e) if crate::layout::is_job_log(&e.path()) => logs.push(e.path()),
+                    Ok(_) => {}
+                    Err(e) => faults.push(listing(e)),
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => faults.push(listing(e)),
+    }
+    logs.sort();
+    (logs, faults)
+}
+
+/// Those of a run directory's job logs that are regular files, each with
+/// when it was last written.
+fn job_logs(dir: &Path) -> Vec<(PathBuf, std::time::SystemTime)> {
+    list_job_logs(dir)
+        .0
+        .into_iter()
+        .filter_map(|p| {
+            let m = p.symlink_metadata().ok().filter(|m| m.is_file())?;
+            Some((p, m.modified().ok()?))
+        })
         .collect()
 }
 
