@@ -70,11 +70,43 @@ pub fn model_config_with(
     model.with_vocabulary(tokenizer)
 }
 
+/// Switches off a tokenizer.json's own truncation and padding, saying so:
+/// sweep cuts and pads samples itself ([`crate::data::samples`]), from each
+/// document's whole ids. Left on, a `truncation` saved with the file (a
+/// fine-tuning pipeline's `max_length`) cut every document to that length,
+/// in silence — a padding-free stream of 8-token documents from a
+/// `max_length` of 8 — and a `padding` padded only the batches that
+/// pretokenizing encodes, so its files differed from on-the-fly
+/// tokenization. transformers' tokenizers, too, use neither unless a call
+/// asks for it.
+fn drop_own_shaping(inner: &mut tokenizers::Tokenizer, path: &Path) {
+    let mut dropped = Vec::new();
+    if let Some(t) = inner.get_truncation() {
+        dropped.push(format!("truncation (max_length {})", t.max_length));
+    }
+    if inner.get_padding().is_some() {
+        dropped.push("padding".to_string());
+    }
+    if dropped.is_empty() {
+        return;
+    }
+    // Neither call can fail with None (the tokenizers crate checks only a
+    // truncation's stride against its length).
+    let _ = inner.with_truncation(None);
+    inner.with_padding(None);
+    eprintln!(
+        "sweep: {} sets its own {}: not used — sweep cuts and pads samples itself, from whole documents",
+        path.display(),
+        dropped.join(" and ")
+    );
+}
+
 impl TextTokenizer {
     pub fn load(path: &Path, overrides: &SpecialTokens) -> Result<TextTokenizer> {
         let bytes = crate::util::fs::read_input("the tokenizer", path, MAX_TOKENIZER_BYTES)?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| anyhow!("{} is not a valid tokenizer.json: {e}", path.display()))?;
+        drop_own_shaping(&mut inner, path);
         let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
         let config = read_config(path);
         let name = match path.file_name().and_then(|f| f.to_str()) {
@@ -296,6 +328,38 @@ pub(crate) mod tests {
         assert!(
             e.contains("`bos_token = \"<nope>\"` is not in the vocabulary"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_tokenizers_own_truncation_and_padding_are_not_used() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(crate::config::DEFAULT_TOKENIZER);
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        json["truncation"] = serde_json::json!({
+            "direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0
+        });
+        json["padding"] = serde_json::json!({
+            "strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": null,
+            "pad_id": 0, "pad_type_id": 0, "pad_token": "<unk>"
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let shaped = dir.path().join("tokenizer.json");
+        std::fs::write(&shaped, serde_json::to_vec(&json).unwrap()).unwrap();
+        let t = TextTokenizer::load(&shaped, &SpecialTokens::default()).unwrap();
+        let plain = mistral();
+        let (long, short) = (
+            "Hello world! This sentence has more than four tokens.",
+            "Hi",
+        );
+        let whole = plain.document_ids(long).unwrap();
+        assert!(whole.len() > 8);
+        // Not cut at 4 (the file's truncation), alone or in a batch, and a
+        // short document beside a long one is not padded to its length.
+        assert_eq!(t.document_ids(long).unwrap(), whole);
+        assert_eq!(
+            t.documents_ids(&[long, short]).unwrap(),
+            vec![whole, plain.document_ids(short).unwrap()]
         );
     }
 }
