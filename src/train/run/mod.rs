@@ -119,12 +119,23 @@ fn lock_run(run_dir: &Path) -> Result<crate::util::lock::DirLock> {
 
 /// The threads for the CPU kernels: the configuration, else SWEEP_THREADS or
 /// SLURM_CPUS_PER_TASK, else every core ([`RuntimeOptions::threads`]). Set
-/// before any kernel runs.
+/// before any kernel runs, from the thread that trains.
+///
+/// That thread is one of the pool's `n` (as OpenMP's main thread is one of
+/// its team): its kernels' parallel loops start on it, where a pool of its
+/// own would be handed each loop and wake the caller at its end — on one
+/// thread, two context switches per op and the op on another core's cache:
+/// the bf16-mixed step 6–9% slower (`sweep bench train --threads 1`,
+/// docs/performance.md). No other thread of a trainer gives the pool work
+/// (the data loader tokenizes one document at a time, with the tokenizer's
+/// own padding off; the all-reduce thread calls MPI), so a trainer that
+/// waits on one of them cannot leave a loop unserved.
 pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
     let n = rt.threads(configured);
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
+        .use_current_thread()
         // Room for a fault's report (util::crash) on the compute threads.
         .start_handler(|_| crate::util::crash::roomy_signal_stack())
         .build_global();
