@@ -86,45 +86,35 @@ pub fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
 fn overriding_env(script: &str, set: impl Fn(&str) -> bool) -> Vec<&'static str> {
     let mut names = Vec::new();
     for line in script.lines() {
-        let Some(option) = line.strip_prefix("#SBATCH").map(str::trim) else {
+        let Some(option) = line
+            .strip_prefix("#SBATCH")
+            .and_then(crate::util::slurm::sbatch_option)
+        else {
             continue;
         };
-        let option = option.split(['=', ' ']).next().unwrap_or_default();
-        let long = match option {
-            "-A" => "--account",
-            "-C" => "--constraint",
-            "-G" => "--gpus",
-            "-J" => "--job-name",
-            "-o" => "--output",
-            "-e" => "--error",
-            "-p" => "--partition",
-            "-q" => "--qos",
-            "-t" => "--time",
-            long => long,
-        };
-        names.extend_from_slice(match long {
-            "--account" => &["SBATCH_ACCOUNT"][..],
-            "--constraint" => &["SBATCH_CONSTRAINT"],
-            "--exclusive" => &["SBATCH_EXCLUSIVE"],
-            "--gpus" => &["SBATCH_GPUS"],
-            "--gpus-per-node" => &["SBATCH_GPUS_PER_NODE"],
-            "--gres" => &["SBATCH_GRES"],
-            "--job-name" => &["SBATCH_JOB_NAME"],
-            "--mem" => &[
+        names.extend_from_slice(match option {
+            "account" => &["SBATCH_ACCOUNT"][..],
+            "constraint" => &["SBATCH_CONSTRAINT"],
+            "exclusive" => &["SBATCH_EXCLUSIVE"],
+            "gpus" => &["SBATCH_GPUS"],
+            "gpus-per-node" => &["SBATCH_GPUS_PER_NODE"],
+            "gres" => &["SBATCH_GRES"],
+            "job-name" => &["SBATCH_JOB_NAME"],
+            "mem" => &[
                 "SBATCH_MEM_PER_NODE",
                 "SBATCH_MEM_PER_CPU",
                 "SBATCH_MEM_PER_GPU",
             ],
-            "--requeue" | "--no-requeue" => &["SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"],
-            "--open-mode" => &["SBATCH_OPEN_MODE"],
+            "requeue" | "no-requeue" => &["SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"],
+            "open-mode" => &["SBATCH_OPEN_MODE"],
             // The job's one log holds both streams.
-            "--output" => &["SBATCH_OUTPUT", "SBATCH_ERROR"],
-            "--error" => &["SBATCH_ERROR"],
-            "--partition" => &["SBATCH_PARTITION"],
-            "--qos" => &["SBATCH_QOS"],
-            "--reservation" => &["SBATCH_RESERVATION"],
-            "--signal" => &["SBATCH_SIGNAL"],
-            "--time" => &["SBATCH_TIMELIMIT"],
+            "output" => &["SBATCH_OUTPUT", "SBATCH_ERROR"],
+            "error" => &["SBATCH_ERROR"],
+            "partition" => &["SBATCH_PARTITION"],
+            "qos" => &["SBATCH_QOS"],
+            "reservation" => &["SBATCH_RESERVATION"],
+            "signal" => &["SBATCH_SIGNAL"],
+            "time" => &["SBATCH_TIMELIMIT"],
             _ => &[],
         });
     }

@@ -211,10 +211,122 @@ impl Default for SlurmSpec {
 /// to write a checkpoint and requeue.
 pub const SIGNAL_GRACE: u32 = 120;
 
+/// An sbatch option sweep's job scripts set (`templates/_header.sbatch.j2`,
+/// and the arrays and blocks `sweep submit` writes): its long name, the
+/// `[slurm]` key that sets it, and whether a study's `[slurm]` has it
+/// written. A later `#SBATCH` line of the same option wins over
+/// sweep's, so an `extra_sbatch` entry naming one would undo it unseen: a
+/// time limit other than the plan's, a log outside the run's directory
+/// (which the report, the live view and the watchdog read), a stderr apart
+/// from it, an array or dependency of its own.
+struct SweepOption {
+    name: &'static str,
+    key: Option<&'static str>,
+    written: fn(&SlurmSpec) -> bool,
+}
+
+const fn always(_: &SlurmSpec) -> bool {
+    true
+}
+
+const SWEEP_SBATCH: [SweepOption; 21] = {
+    const fn o(
+        name: &'static str,
+        key: Option<&'static str>,
+        written: fn(&SlurmSpec) -> bool,
+    ) -> SweepOption {
+        SweepOption { name, key, written }
+    }
+    [
+        o("job-name", Some("job_name"), always),
+        o("output", None, always),
+        // Never written, and so never to be: `--output` holds stderr too.
+        o("error", None, always),
+        o("open-mode", None, always),
+        o("time", Some("time"), always),
+        o("nodes", Some("nodes"), always),
+        o("ntasks-per-node", Some("ntasks_per_node"), always),
+        o("ntasks", Some("ntasks_per_node"), always),
+        o("requeue", Some("requeue"), always),
+        o("no-requeue", Some("requeue"), always),
+        o("array", None, always),
+        o("dependency", None, always),
+        o("gpus-per-node", Some("gpus_per_node"), |s| {
+            s.gpus_per_node > 0
+        }),
+        o("cpus-per-task", Some("cpus_per_task"), |s| {
+            s.cpus_per_task.is_some()
+        }),
+        o("mem", Some("mem"), |s| s.mem.is_some()),
+        o("account", Some("account"), |s| s.account.is_some()),
+        o("partition", Some("partition"), |s| s.partition.is_some()),
+        o("qos", Some("qos"), |s| s.qos.is_some()),
+        o("constraint", Some("constraint"), |s| s.constraint.is_some()),
+        o("environment", Some("environment"), |s| {
+            s.environment.is_some()
+        }),
+        // Written with `--requeue`; the built-in trainer's runs have a
+        // grace by default.
+        o("signal", Some("signal_grace"), |s| {
+            s.requeue && s.signal_grace.is_some()
+        }),
+    ]
+};
+
+/// Why an `extra_sbatch` entry cannot be written as `#SBATCH <entry>` in
+/// a job of `spec`, and what to write instead: it is no option, or one
+/// sweep's scripts set there ([`SweepOption`], named as
+/// [`crate::util::slurm::sbatch_option`] reads it).
+pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String)> {
+    let Some(name) = crate::util::slurm::sbatch_option(line) else {
+        return match line.trim_start().starts_with('-') {
+            // A one-letter option sweep does not set, or a lone `-`.
+            true => None,
+            false => Some((
+                format!("`{line}` is not an sbatch option"),
+                "each entry is written as `#SBATCH <entry>`: give options such as `--exclusive` or `--gres=gpu:4`".into(),
+            )),
+        };
+    };
+    // sbatch takes an option's unambiguous start for it (`--part=debug`):
+    // a name that is no option of its own is read as the one it begins.
+    let whole =
+        SWEEP_SBATCH.iter().any(|o| o.name == name) || crate::util::slurm::is_long_option(name);
+    let mut set = SWEEP_SBATCH
+        .iter()
+        .filter(|o| (o.written)(spec))
+        .filter(|o| o.name == name || (!whole && o.name.starts_with(name)));
+    let (option, key) = set.next().map(|o| (o.name, o.key))?;
+    let sets = match (option == name, set.next()) {
+        (true, _) => format!("sets `--{option}`"),
+        (false, None) => format!("abbreviates `--{option}`"),
+        (false, Some(other)) => format!("abbreviates `--{option}` or `--{}`", other.name),
+    };
+    let help = match (key, option) {
+        (Some(key), _) => format!("set `{key}` in [slurm] (or sweep `slurm.{key}`) instead"),
+        (None, "error") => "leave it out: a job's stderr stays in its one log (`--output`), whose end the report quotes when a run fails".into(),
+        (None, _) => "sweep writes it itself: leave it out".into(),
+    };
+    Some((
+        format!(
+            "`{line}` {sets}, which sweep's job scripts already set (a later `#SBATCH` line would override theirs)"
+        ),
+        help,
+    ))
+}
+
 impl SlurmSpec {
-    /// Every count of the section within what a cluster has: the key at
-    /// fault and why, else nothing.
+    /// Every count of the section within what a cluster has, and every
+    /// `extra_sbatch` entry an option sweep leaves to it: the key at fault
+    /// and why, else nothing.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if let Some((why, help)) = self
+            .extra_sbatch
+            .iter()
+            .find_map(|l| sbatch_line_fault(l, self))
+        {
+            return Err(("extra_sbatch", format!("{why}: {help}")));
+        }
         // Nodes and tasks have checks of their own: their product must fit a
         // job, and beyond any cluster's size they plan with a warning.
         let counts: [(&'static str, u64, u64, u64); 5] = [
@@ -471,6 +583,81 @@ impl Default for PretokenizeStageSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extra_sbatch_may_not_set_what_the_job_scripts_set() {
+        let plain = SlurmSpec::default();
+        let fault = |line: &str, spec: &SlurmSpec| sbatch_line_fault(line, spec).map(|f| f.0);
+        let named = |line: &str, spec: &SlurmSpec, option: &str| {
+            let why = fault(line, spec).unwrap_or_default();
+            assert!(why.contains(&format!("sets `--{option}`")), "{line}: {why}");
+        };
+        // Always written: by full name (with `=` or a space) or short form.
+        named("--output=/scratch/%j.out", &plain, "output");
+        named("  --time 02:00:00", &plain, "time");
+        named("-t02:00:00", &plain, "time");
+        named("-o log", &plain, "output");
+        named("--error=err.log", &plain, "error");
+        named("-n 8", &plain, "ntasks");
+        named("--array=0-9", &plain, "array");
+        named("--no-requeue", &plain, "no-requeue");
+        // sbatch's abbreviations of them, but not options of their own.
+        // (`--outp` and `--part` as sbatch 22.05 reads them on the local
+        // cluster, after the whole name; `--ntask` it refuses as ambiguous.)
+        let why = fault("--outp=/scratch/%j.out", &plain).unwrap();
+        assert!(why.contains("abbreviates `--output`"), "{why}");
+        let why = fault("--ntask=4", &plain).unwrap();
+        assert!(why.contains("`--ntasks-per-node` or `--ntasks`"), "{why}");
+        // Others, only where [slurm] has sweep write them.
+        for line in [
+            "--partition=debug",
+            "-p debug",
+            "--gpus-per-node=4",
+            "--signal=USR2@60",
+        ] {
+            assert_eq!(fault(line, &plain), None, "{line}");
+        }
+        let set = SlurmSpec {
+            partition: Some("normal".into()),
+            gpus_per_node: 4,
+            signal_grace: Some(120),
+            ..SlurmSpec::default()
+        };
+        named("-p debug", &set, "partition");
+        named("--gpus-per-node=2", &set, "gpus-per-node");
+        named("--signal=USR2@60", &set, "signal");
+        let why = fault("--part=debug", &set).unwrap();
+        assert!(why.contains("abbreviates `--partition`"), "{why}");
+        assert_eq!(fault("--gpus=2", &set), None, "an option of its own");
+        let (_, help) = sbatch_line_fault("--partition=debug", &set).unwrap();
+        assert!(help.contains("set `partition` in [slurm]"), "{help}");
+        // Options sweep leaves alone, and names that merely begin alike.
+        for line in [
+            "--exclusive",
+            "--gres=gpu:4",
+            "--gpus=4",
+            "--mem-per-cpu=4G",
+            "--time-min=10",
+            "-G 4",
+            "--comment='#SBATCH -o x'",
+        ] {
+            assert_eq!(fault(line, &set), None, "{line}");
+        }
+        assert!(fault("exclusive", &plain)
+            .unwrap()
+            .contains("is not an sbatch option"));
+        // One rule for [slurm] and for every run's (an axis's) [slurm].
+        let swept = SlurmSpec {
+            extra_sbatch: vec!["--exclusive".into(), "-J mine".into()],
+            ..SlurmSpec::default()
+        };
+        let (key, why) = swept.check().unwrap_err();
+        assert_eq!(key, "extra_sbatch");
+        assert!(
+            why.contains("sets `--job-name`") && why.contains("set `job_name`"),
+            "{why}"
+        );
+    }
 
     #[test]
     fn slurm_times() {

@@ -302,12 +302,8 @@ impl Validator<'_, '_> {
         self.check_report(&file.report, file.command.is_some());
         self.check_environment(&file.environment);
         for (i, line) in file.slurm.extra_sbatch.iter().enumerate() {
-            if !line.trim_start().starts_with('-') {
-                self.at_value_help(
-                    &format!("slurm.extra_sbatch[{i}]"),
-                    format!("`{line}` is not an sbatch option"),
-                    "each entry is written as `#SBATCH <entry>`: give options such as `--exclusive` or `--gres=gpu:4`",
-                );
+            if let Some((why, help)) = super::schema::sbatch_line_fault(line, &file.slurm) {
+                self.at_value_help(&format!("slurm.extra_sbatch[{i}]"), why, help);
             }
         }
         for (k, _) in &file.slurm.env {

@@ -24,6 +24,53 @@ pub fn query(tool: &str) -> Command {
     cmd
 }
 
+/// sbatch's one-letter options and the long ones they stand for.
+const SHORT_OPTIONS: [(char, &str); 14] = [
+    ('A', "account"),
+    ('a', "array"),
+    ('C', "constraint"),
+    ('c', "cpus-per-task"),
+    ('d', "dependency"),
+    ('e', "error"),
+    ('G', "gpus"),
+    ('J', "job-name"),
+    ('N', "nodes"),
+    ('n', "ntasks"),
+    ('o', "output"),
+    ('p', "partition"),
+    ('q', "qos"),
+    ('t', "time"),
+];
+
+/// Whether `name` is the whole name of one of sbatch's long options that
+/// [`SHORT_OPTIONS`] knows, rather than the start of a longer one
+/// (`gpus` against `gpus-per-node`).
+pub fn is_long_option(name: &str) -> bool {
+    SHORT_OPTIONS.iter().any(|(_, long)| *long == name)
+}
+
+/// The long name of the sbatch option an `#SBATCH` line's text (after
+/// `#SBATCH`) starts with, however it is written: `--time=10`, `--time 10`,
+/// `-t 10` and `-t10` are all `time`. `None` for text that is no option,
+/// or a one-letter option not among [`SHORT_OPTIONS`]. A long name is as
+/// written: sbatch's reading of an abbreviation (`--part`) is the caller's.
+pub fn sbatch_option(text: &str) -> Option<&str> {
+    let rest = text.trim_start().strip_prefix('-')?;
+    match rest.strip_prefix('-') {
+        Some(long) => long
+            .split(['=', ' ', '\t'])
+            .next()
+            .filter(|n| !n.is_empty()),
+        None => {
+            let letter = rest.chars().next()?;
+            SHORT_OPTIONS
+                .iter()
+                .find(|(c, _)| *c == letter)
+                .map(|(_, long)| *long)
+        }
+    }
+}
+
 /// SLURM's own default MaxArraySize: an array's indices run below it.
 pub const DEFAULT_MAX_ARRAY_SIZE: usize = 1001;
 
