@@ -4,7 +4,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::ProjectionMask;
 use std::fs::File;
 use std::ops::Range;
@@ -21,8 +23,12 @@ pub struct ParquetFile {
 
 impl ParquetFile {
     pub fn open(path: &Path) -> Result<ParquetFile> {
+        Self::open_with(path, ArrowReaderOptions::new())
+    }
+
+    fn open_with(path: &Path, options: ArrowReaderOptions) -> Result<ParquetFile> {
         let file = crate::util::fs::open_input("the dataset", path)?;
-        let meta = ArrowReaderMetadata::load(&file, Default::default())
+        let meta = ArrowReaderMetadata::load(&file, options)
             .map_err(|e| anyhow!("{} is not a readable Parquet file ({e})", path.display()))?;
         let mut starts = vec![0usize];
         for rg in meta.metadata().row_groups() {
@@ -194,7 +200,14 @@ pub struct TextFile {
 
 impl TextFile {
     pub fn open(path: &Path, column: &str) -> Result<TextFile> {
-        let file = ParquetFile::open(path)?;
+        let mut file = ParquetFile::open(path)?;
+        if let Some(DataType::Dictionary(..)) = file.column_type(column) {
+            // A dictionary (pandas' category, polars' Categorical) is only
+            // the file's Arrow schema's hint: Parquet stores the column as
+            // its texts, and read without the hint it is plain text.
+            let plain = ArrowReaderOptions::new().with_skip_arrow_metadata(true);
+            file = ParquetFile::open_with(path, plain)?;
+        }
         match file.column_type(column) {
             None => return Err(file.missing(column)),
             Some(
@@ -202,7 +215,8 @@ impl TextFile {
                 | DataType::LargeUtf8
                 | DataType::Utf8View
                 | DataType::Binary
-                | DataType::LargeBinary,
+                | DataType::LargeBinary
+                | DataType::BinaryView,
             ) => {}
             Some(other) => bail!(
                 "column `{column}` of {} holds {other}, not text",

@@ -237,6 +237,57 @@ print("OK", len(texts))
     assert!(python(&script).starts_with("OK 466"));
 }
 
+/// A text column is read as the same documents whichever Arrow type pyarrow
+/// or polars wrote it as: offsets of 32 or 64 bits, bytes, or a dictionary
+/// (pandas' category, polars' Categorical; refused before as "not text").
+#[test]
+#[ignore = "needs pyarrow and polars: scripts/setup.sh (scripts/test.sh runs it)"]
+fn every_text_type_pyarrow_and_polars_write_reads_as_the_same_documents() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let data = repo().join("assets/data/quickstart.parquet");
+    let kinds = python(&format!(
+        r#"
+import pyarrow as pa, pyarrow.parquet as pq, polars as pl
+texts = pq.read_table({data:?})["text"].to_pylist()[:40] + [None]
+out = {d:?}
+for name, col in [
+    ("string", pa.array(texts, pa.string())),
+    ("large_string", pa.array(texts, pa.large_string())),
+    ("binary", pa.array([t and t.encode() for t in texts], pa.binary())),
+    ("large_binary", pa.array([t and t.encode() for t in texts], pa.large_binary())),
+    ("dictionary", pa.array(texts).dictionary_encode()),
+]:
+    pq.write_table(pa.table({{"text": col}}), f"{{out}}/{{name}}.parquet", row_group_size=16)
+pl.DataFrame({{"text": texts}}, schema={{"text": pl.Categorical}}).write_parquet(f"{{out}}/categorical.parquet")
+for name in ["dictionary", "categorical"]:
+    assert pa.types.is_dictionary(pq.read_schema(f"{{out}}/{{name}}.parquet").field("text").type)
+print("string large_string binary large_binary dictionary categorical")
+"#,
+        data = data.display().to_string(),
+        d = d.display().to_string(),
+    ));
+    let read = |kind: &str| {
+        dump(
+            &repo(),
+            &d.join(format!("{kind}.parquet")),
+            // One sample a document, the null one included.
+            "padded",
+            false,
+            64,
+            41,
+        )
+    };
+    let plain = read("string");
+    assert!(!plain.is_empty());
+    for kind in kinds.split_whitespace().skip(1) {
+        assert!(
+            read(kind) == plain,
+            "{kind} reads as other documents than string"
+        );
+    }
+}
+
 /// The reference study's own defects, written into our files with pyarrow:
 /// `verify` must catch left padding and truncated token lists.
 #[test]
