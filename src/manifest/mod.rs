@@ -7,6 +7,7 @@ mod diagnostic;
 mod groups;
 mod isolate;
 mod keys;
+mod owned_options;
 mod report;
 mod schema;
 mod source;
@@ -24,6 +25,7 @@ pub use groups::{
     check_roles, group_collides, memory_unit, step_unit, Roles, StepUnit, KNOWN_GROUPS,
     REPORT_COLUMNS, STAT_SUFFIXES, TIME_UNITS,
 };
+pub use owned_options::check as check_owned_options;
 pub use report::{Fault, ReportSpec, DEFAULT_SKIP_FIRST, MAX_TOKENS_PER_STEP};
 pub use schema::{
     parse_slurm_time, Design, EnvironmentSpec, ExecutorKind, Launcher, LocalSpec,

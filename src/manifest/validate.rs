@@ -302,8 +302,13 @@ impl Validator<'_, '_> {
         self.check_report(&file.report, file.command.is_some());
         self.check_environment(&file.environment);
         for (i, line) in file.slurm.extra_sbatch.iter().enumerate() {
-            if let Some((why, help)) = super::schema::sbatch_line_fault(line, &file.slurm) {
+            if let Some((why, help)) = super::owned_options::sbatch_line_fault(line, &file.slurm) {
                 self.at_value_help(&format!("slurm.extra_sbatch[{i}]"), why, help);
+            }
+        }
+        for (i, arg) in file.slurm.srun_args.iter().enumerate() {
+            if let Some((why, help)) = super::owned_options::srun_arg_fault(arg, &file.slurm) {
+                self.at_value_help(&format!("slurm.srun_args[{i}]"), why, help);
             }
         }
         for (k, _) in &file.slurm.env {

@@ -109,6 +109,7 @@ impl Shared<'_> {
             spec.signal_grace.get_or_insert(SIGNAL_GRACE);
         }
         spec.check()
+            .and_then(|()| crate::manifest::check_owned_options(&spec))
             .map_err(|(key, msg)| self.error_in(&a.params, Some(&format!("slurm.{key}")), &msg))?;
         Ok(spec)
     }

@@ -1,0 +1,303 @@
+//! The sbatch and srun options sweep's job scripts set themselves, which a
+//! study's `[slurm] extra_sbatch` and `srun_args` may not set again: the
+//! later of two lines or arguments wins, so such an entry would undo
+//! sweep's unseen. One rule for `[slurm]` and for every run's (an axis's).
+
+use super::schema::SlurmSpec;
+use crate::util::slurm::{is_long_option, sbatch_option};
+
+/// An option sweep's job scripts give sbatch or srun: its long name, the
+/// `[slurm]` key that sets it, and whether a study's `[slurm]` has it
+/// written.
+struct SweepOption {
+    name: &'static str,
+    key: Option<&'static str>,
+    written: fn(&SlurmSpec) -> bool,
+}
+
+const fn always(_: &SlurmSpec) -> bool {
+    true
+}
+
+const fn o(
+    name: &'static str,
+    key: Option<&'static str>,
+    written: fn(&SlurmSpec) -> bool,
+) -> SweepOption {
+    SweepOption { name, key, written }
+}
+
+/// What `templates/_header.sbatch.j2` (and the arrays and blocks `sweep
+/// submit` writes) set. A later `#SBATCH` line of the same option wins over
+/// sweep's, so an `extra_sbatch` entry naming one would undo it unseen: a
+/// time limit other than the plan's, a log outside the run's directory
+/// (which the report, the live view and the watchdog read), a stderr apart
+/// from it, an array or dependency of its own.
+const SWEEP_SBATCH: [SweepOption; 21] = [
+    o("job-name", Some("job_name"), always),
+    o("output", None, always),
+    // Never written, and so never to be: `--output` holds stderr too.
+    o("error", None, always),
+    o("open-mode", None, always),
+    o("time", Some("time"), always),
+    o("nodes", Some("nodes"), always),
+    o("ntasks-per-node", Some("ntasks_per_node"), always),
+    o("ntasks", Some("ntasks_per_node"), always),
+    o("requeue", Some("requeue"), always),
+    o("no-requeue", Some("requeue"), always),
+    o("array", None, always),
+    o("dependency", None, always),
+    o("gpus-per-node", Some("gpus_per_node"), |s| {
+        s.gpus_per_node > 0
+    }),
+    o("cpus-per-task", Some("cpus_per_task"), |s| {
+        s.cpus_per_task.is_some()
+    }),
+    o("mem", Some("mem"), |s| s.mem.is_some()),
+    o("account", Some("account"), |s| s.account.is_some()),
+    o("partition", Some("partition"), |s| s.partition.is_some()),
+    o("qos", Some("qos"), |s| s.qos.is_some()),
+    o("constraint", Some("constraint"), |s| s.constraint.is_some()),
+    o("environment", Some("environment"), |s| {
+        s.environment.is_some()
+    }),
+    // Written with `--requeue`; the built-in trainer's runs have a
+    // grace by default.
+    o("signal", Some("signal_grace"), |s| {
+        s.requeue && s.signal_grace.is_some()
+    }),
+];
+
+/// What the launch line of `templates/_launch.sh.j2` gives srun, before a
+/// study's `srun_args`: the run's ranks (which the report divides by and the
+/// data's slices follow), and for a packed run its place in the block's
+/// allocation and its time limit. Its output sweep never sets, and no more
+/// may `srun_args`: the run's lines stay in its job log, which the report,
+/// the live view and the watchdog read.
+const SWEEP_SRUN: [SweepOption; 9] = [
+    o("nodes", Some("nodes"), always),
+    o("ntasks", Some("ntasks_per_node"), always),
+    o("ntasks-per-node", Some("ntasks_per_node"), always),
+    o("output", None, always),
+    o("error", None, always),
+    o("time", Some("time"), |s| s.pack),
+    o("relative", None, |s| s.pack),
+    o("gpus-per-node", Some("gpus_per_node"), |s| {
+        s.pack && s.gpus_per_node > 0
+    }),
+    o("cpus-per-task", Some("cpus_per_task"), |s| {
+        s.pack && s.cpus_per_task.is_some()
+    }),
+];
+
+/// The option of `table` written in `spec`'s jobs that `text` (an option
+/// as written, `--time=10`, `-t 10`, `--tim=10`) sets, and how it says it.
+fn owned<'t>(
+    text: &str,
+    table: &'t [SweepOption],
+    spec: &SlurmSpec,
+) -> Option<(&'t SweepOption, String)> {
+    let name = sbatch_option(text)?;
+    // sbatch and srun take an option's unambiguous start for it
+    // (`--part=debug`): a name that is no option of its own is read as the
+    // one it begins.
+    let whole = table.iter().any(|o| o.name == name) || is_long_option(name);
+    let mut set = table
+        .iter()
+        .filter(|o| (o.written)(spec))
+        .filter(|o| o.name == name || (!whole && o.name.starts_with(name)));
+    let option = set.next()?;
+    let sets = match (option.name == name, set.next()) {
+        (true, _) => format!("sets `--{}`", option.name),
+        (false, None) => format!("abbreviates `--{}`", option.name),
+        (false, Some(other)) => {
+            format!("abbreviates `--{}` or `--{}`", option.name, other.name)
+        }
+    };
+    Some((option, sets))
+}
+
+/// What to do instead of setting `option`.
+fn instead(option: &SweepOption) -> String {
+    match (option.key, option.name) {
+        (Some(key), _) => format!("set `{key}` in [slurm] (or sweep `slurm.{key}`) instead"),
+        (None, "output" | "error") => "leave it out: a run's lines, stderr too, stay in its job log, which the report, the live view and the watchdog read (and whose end the report quotes when a run fails)".into(),
+        (None, _) => "sweep writes it itself: leave it out".into(),
+    }
+}
+
+/// Why an `extra_sbatch` entry cannot be written as `#SBATCH <entry>` in
+/// a job of `spec`, and what to write instead: it is no option, or one
+/// sweep's scripts set there ([`SWEEP_SBATCH`]).
+pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String)> {
+    if !line.trim_start().starts_with('-') {
+        return Some((
+            format!("`{line}` is not an sbatch option"),
+            "each entry is written as `#SBATCH <entry>`: give options such as `--exclusive` or `--gres=gpu:4`".into(),
+        ));
+    }
+    let (option, sets) = owned(line, &SWEEP_SBATCH, spec)?;
+    Some((
+        format!("`{line}` {sets}, which sweep's job scripts already set (a later `#SBATCH` line would override theirs)"),
+        instead(option),
+    ))
+}
+
+/// Why a `srun_args` entry cannot be given to the run's srun in a job of
+/// `spec`, and what to do instead: it sets what sweep's launch line sets,
+/// or moves the run's output ([`SWEEP_SRUN`]).
+pub fn srun_arg_fault(arg: &str, spec: &SlurmSpec) -> Option<(String, String)> {
+    let (option, sets) = owned(arg, &SWEEP_SRUN, spec)?;
+    Some((
+        format!("`{arg}` {sets}, which sweep gives the run's srun itself (the later argument would override it)"),
+        instead(option),
+    ))
+}
+
+/// Every `extra_sbatch` and `srun_args` entry of a run's `[slurm]` left to
+/// it: the key at fault and why, else nothing.
+pub fn check(spec: &SlurmSpec) -> Result<(), (&'static str, String)> {
+    let sbatch = spec
+        .extra_sbatch
+        .iter()
+        .find_map(|l| sbatch_line_fault(l, spec))
+        .map(|f| ("extra_sbatch", f));
+    let srun = || {
+        spec.srun_args
+            .iter()
+            .find_map(|a| srun_arg_fault(a, spec))
+            .map(|f| ("srun_args", f))
+    };
+    match sbatch.or_else(srun) {
+        Some((key, (why, help))) => Err((key, format!("{why}: {help}"))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_sbatch_may_not_set_what_the_job_scripts_set() {
+        let plain = SlurmSpec::default();
+        let fault = |line: &str, spec: &SlurmSpec| sbatch_line_fault(line, spec).map(|f| f.0);
+        let named = |line: &str, spec: &SlurmSpec, option: &str| {
+            let why = fault(line, spec).unwrap_or_default();
+            assert!(why.contains(&format!("sets `--{option}`")), "{line}: {why}");
+        };
+        // Always written: by full name (with `=` or a space) or short form.
+        named("--output=/scratch/%j.out", &plain, "output");
+        named("  --time 02:00:00", &plain, "time");
+        named("-t02:00:00", &plain, "time");
+        named("-o log", &plain, "output");
+        named("--error=err.log", &plain, "error");
+        named("-n 8", &plain, "ntasks");
+        named("--array=0-9", &plain, "array");
+        named("--no-requeue", &plain, "no-requeue");
+        // sbatch's abbreviations of them, but not options of their own.
+        // (`--outp` and `--part` as sbatch 22.05 reads them on the local
+        // cluster, after the whole name; `--ntask` it refuses as ambiguous.)
+        let why = fault("--outp=/scratch/%j.out", &plain).unwrap();
+        assert!(why.contains("abbreviates `--output`"), "{why}");
+        let why = fault("--ntask=4", &plain).unwrap();
+        assert!(why.contains("`--ntasks-per-node` or `--ntasks`"), "{why}");
+        // Others, only where [slurm] has sweep write them.
+        for line in [
+            "--partition=debug",
+            "-p debug",
+            "--gpus-per-node=4",
+            "--signal=USR2@60",
+        ] {
+            assert_eq!(fault(line, &plain), None, "{line}");
+        }
+        let set = SlurmSpec {
+            partition: Some("normal".into()),
+            gpus_per_node: 4,
+            signal_grace: Some(120),
+            ..SlurmSpec::default()
+        };
+        named("-p debug", &set, "partition");
+        named("--gpus-per-node=2", &set, "gpus-per-node");
+        named("--signal=USR2@60", &set, "signal");
+        let why = fault("--part=debug", &set).unwrap();
+        assert!(why.contains("abbreviates `--partition`"), "{why}");
+        assert_eq!(fault("--gpus=2", &set), None, "an option of its own");
+        let (_, help) = sbatch_line_fault("--partition=debug", &set).unwrap();
+        assert!(help.contains("set `partition` in [slurm]"), "{help}");
+        // Options sweep leaves alone, and names that merely begin alike.
+        for line in [
+            "--exclusive",
+            "--gres=gpu:4",
+            "--gpus=4",
+            "--mem-per-cpu=4G",
+            "--time-min=10",
+            "-G 4",
+            "--comment='#SBATCH -o x'",
+        ] {
+            assert_eq!(fault(line, &set), None, "{line}");
+        }
+        assert!(fault("exclusive", &plain)
+            .unwrap()
+            .contains("is not an sbatch option"));
+        // One rule for [slurm] and for every run's (an axis's) [slurm].
+        let swept = SlurmSpec {
+            extra_sbatch: vec!["--exclusive".into(), "-J mine".into()],
+            ..SlurmSpec::default()
+        };
+        let (key, why) = check(&swept).unwrap_err();
+        assert_eq!(key, "extra_sbatch");
+        assert!(
+            why.contains("sets `--job-name`") && why.contains("set `job_name`"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn srun_args_may_not_set_the_runs_ranks_or_move_its_output() {
+        let plain = SlurmSpec::default();
+        let fault = |arg: &str, spec: &SlurmSpec| srun_arg_fault(arg, spec).map(|f| f.0);
+        for (arg, option) in [
+            ("--ntasks=8", "sets `--ntasks`"),
+            ("-n8", "sets `--ntasks`"),
+            ("-N 2", "sets `--nodes`"),
+            ("--output=/scratch/%t.out", "sets `--output`"),
+            ("-o", "sets `--output`"),
+            ("--err=e.log", "abbreviates `--error`"),
+        ] {
+            let why = fault(arg, &plain).unwrap_or_default();
+            assert!(why.contains(option), "{arg}: {why}");
+        }
+        // A run's own srun options, and what only a packed run's line sets.
+        for arg in [
+            "--label",
+            "--mpi=pmi2",
+            "--cpu-bind=cores",
+            "--kill-on-bad-exit=0",
+            "--gpus-per-task=1",
+            "--time=10",
+            "--relative=1",
+            "--exclusive",
+        ] {
+            assert_eq!(fault(arg, &plain), None, "{arg}");
+        }
+        let packed = SlurmSpec {
+            pack: true,
+            gpus_per_node: 4,
+            ..SlurmSpec::default()
+        };
+        let why = fault("--time=10", &packed).unwrap();
+        assert!(why.contains("sets `--time`"), "{why}");
+        let (_, help) = srun_arg_fault("--gpus-per-node=1", &packed).unwrap();
+        assert!(help.contains("set `gpus_per_node` in [slurm]"), "{help}");
+        let (_, help) = srun_arg_fault("--output=x", &plain).unwrap();
+        assert!(help.contains("stay in its job log"), "{help}");
+        let spec = SlurmSpec {
+            srun_args: vec!["--label".into(), "--ntasks-per-node=2".into()],
+            ..SlurmSpec::default()
+        };
+        let (key, why) = check(&spec).unwrap_err();
+        assert_eq!(key, "srun_args");
+        assert!(why.contains("set `ntasks_per_node`"), "{why}");
+    }
+}
