@@ -25,7 +25,7 @@ pub use groups::{
     check_roles, group_collides, memory_unit, step_unit, Roles, StepUnit, KNOWN_GROUPS,
     REPORT_COLUMNS, STAT_SUFFIXES, TIME_UNITS,
 };
-pub use owned_options::check as check_owned_options;
+pub use owned_options::{check as check_owned_options, RANK_VARIABLES};
 pub use report::{Fault, ReportSpec, DEFAULT_SKIP_FIRST, MAX_TOKENS_PER_STEP};
 pub use schema::{
     parse_slurm_time, Design, EnvironmentSpec, ExecutorKind, Launcher, LocalSpec,

@@ -1,7 +1,9 @@
-//! The sbatch and srun options sweep's job scripts set themselves, which a
-//! study's `[slurm] extra_sbatch` and `srun_args` may not set again: the
-//! later of two lines or arguments wins, so such an entry would undo
-//! sweep's unseen. One rule for `[slurm]` and for every run's (an axis's).
+//! The sbatch and srun options and the variables sweep's job scripts set
+//! themselves, which a study's `[slurm] extra_sbatch`, `srun_args` and `env`
+//! may not set again: the later of two lines or arguments wins, so such an
+//! entry would undo sweep's unseen (and a variable the launcher sets after
+//! it never reaches the program). One rule for `[slurm]` and for every
+//! run's (an axis's).
 
 use super::schema::SlurmSpec;
 use crate::util::slurm::{is_long_option, sbatch_option};
@@ -154,8 +156,55 @@ pub fn srun_arg_fault(arg: &str, spec: &SlurmSpec) -> Option<(String, String)> {
     ))
 }
 
+/// The variables a launcher gives every process it starts; a run without
+/// a launcher sees none of them, whatever the environment it was started
+/// from held (`plan::launch` sets and unsets them).
+pub const RANK_VARIABLES: [&str; 7] = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+];
+
+/// The job script's own variables (`templates/_prologue.sh.j2`): the run's
+/// directory, where its log, exit status and records go, and the job it
+/// runs as. Exported after them, a study's value would send those
+/// elsewhere: the run would end with no status sweep can find.
+const SCRIPT_VARIABLES: [&str; 3] = ["RUN_DIR", "JOB_REF", "SWEEP_RUN_DIR"];
+
+/// Why `[slurm] env` may not set `name`, and what to do instead.
+pub fn env_fault(name: &str) -> Option<(String, String)> {
+    if SCRIPT_VARIABLES.contains(&name) {
+        return Some((
+            format!("`{name}` is a variable of sweep's job script (the run's directory and job, where its log, exit status and records go): set here, it would send them elsewhere"),
+            match name {
+                "SWEEP_RUN_DIR" => "leave it out: sweep sets it to the run's directory",
+                _ => "name your variable otherwise; a program finds its run's directory in `SWEEP_RUN_DIR`",
+            }
+            .into(),
+        ));
+    }
+    if !RANK_VARIABLES.contains(&name) {
+        return None;
+    }
+    let help = match name {
+        "MASTER_PORT" => "set `master_port` in [slurm] instead",
+        "WORLD_SIZE" | "LOCAL_WORLD_SIZE" => "set `nodes` and `ntasks_per_node` in [slurm] instead",
+        _ => "leave it out: docs/manifest.md, \"The variables a command sees\", says what each process gets",
+    };
+    Some((
+        format!("`{name}` is set by the run's launcher for each process it starts (and unset without one): this value would never reach the program"),
+        help.into(),
+    ))
+}
+
 /// Every `extra_sbatch` and `srun_args` entry of a run's `[slurm]` left to
-/// it: the key at fault and why, else nothing.
+/// it (an axis may change what its `[slurm]` writes; `env` is no axis, and
+/// [`env_fault`] is asked of the manifest's): the key at fault and why,
+/// else nothing.
 pub fn check(spec: &SlurmSpec) -> Result<(), (&'static str, String)> {
     let sbatch = spec
         .extra_sbatch
@@ -299,5 +348,35 @@ mod tests {
         let (key, why) = check(&spec).unwrap_err();
         assert_eq!(key, "srun_args");
         assert!(why.contains("set `ntasks_per_node`"), "{why}");
+    }
+
+    #[test]
+    fn env_may_not_set_the_scripts_variables_or_the_launchers() {
+        for name in SCRIPT_VARIABLES {
+            let (why, help) = env_fault(name).unwrap();
+            assert!(why.contains("variable of sweep's job script"), "{why}");
+            assert!(
+                help.contains("SWEEP_RUN_DIR") || help.contains("sweep sets it"),
+                "{help}"
+            );
+        }
+        for name in RANK_VARIABLES {
+            let (why, _) = env_fault(name).unwrap();
+            assert!(why.contains("never reach the program"), "{why}");
+        }
+        let (_, help) = env_fault("MASTER_PORT").unwrap();
+        assert!(help.contains("`master_port`"), "{help}");
+        // A program's own, sweep's knobs, and names that merely begin alike.
+        for name in [
+            "OMP_NUM_THREADS",
+            "PYTHONUNBUFFERED",
+            "NCCL_DEBUG",
+            "SWEEP_CPU_KERNELS",
+            "RUN_DIRS",
+            "RANKS",
+            "run_dir",
+        ] {
+            assert_eq!(env_fault(name), None, "{name}");
+        }
     }
 }

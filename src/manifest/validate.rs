@@ -317,6 +317,9 @@ impl Validator<'_, '_> {
                     &join_key("slurm.env", k),
                     format!("`{k}` is not a valid environment variable name"),
                 );
+            } else if let Some((why, help)) = super::owned_options::env_fault(k) {
+                let d = self.source.at_key(&join_key("slurm.env", k), why);
+                self.err(d.with_help(help));
             }
         }
     }

@@ -3,22 +3,10 @@
 //! many nodes, and the shell line each process runs, which sets the rank
 //! variables (all of them, or none: docs/manifest.md lists them).
 
+use crate::manifest::RANK_VARIABLES;
 use crate::manifest::{Launcher, Stall, WatchdogSpec};
 use crate::template::shell_quote;
 use serde::Serialize;
-
-/// The variables a launcher gives every process it starts; a run without
-/// a launcher sees none of them, whatever the environment it was started
-/// from held.
-pub const RANK_VARIABLES: [&str; 7] = [
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NODE_RANK",
-];
 
 /// One run's launch: what the job script (or the local executor) starts.
 /// `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` come
