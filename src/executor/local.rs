@@ -553,10 +553,12 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
     for v in SLURM_TASK_VARIABLES {
         cmd.env_remove(v);
     }
-    cmd.envs(job_env(u))
-        .env("SWEEP_THREADS", threads.to_string())
+    // The run's share of the cores, unless `[slurm] env` says otherwise:
+    // its variables come after, as a job script exports them on SLURM.
+    cmd.env("SWEEP_THREADS", threads.to_string())
         .env("RAYON_NUM_THREADS", threads.to_string())
         .env("OMP_NUM_THREADS", threads.to_string())
+        .envs(job_env(u))
         .env("SWEEP_RESTART_COUNT", restarts.to_string())
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)

@@ -169,19 +169,20 @@ pub const RANK_VARIABLES: [&str; 7] = [
     "NODE_RANK",
 ];
 
-/// The job script's own variables (`templates/_prologue.sh.j2`): the run's
-/// directory, where its log, exit status and records go, and the job it
-/// runs as. Exported after them, a study's value would send those
-/// elsewhere: the run would end with no status sweep can find.
-const SCRIPT_VARIABLES: [&str; 3] = ["RUN_DIR", "JOB_REF", "SWEEP_RUN_DIR"];
+/// The job's own variables (`templates/_prologue.sh.j2`, the local
+/// executor's): the run's directory, where its log, exit status and records
+/// go, the job it runs as, and the local executor's count of its restarts.
+/// Exported after them, a study's value would send those elsewhere: the
+/// run would end with no status sweep can find.
+const SCRIPT_VARIABLES: [&str; 4] = ["RUN_DIR", "JOB_REF", "SWEEP_RUN_DIR", "SWEEP_RESTART_COUNT"];
 
 /// Why `[slurm] env` may not set `name`, and what to do instead.
 pub fn env_fault(name: &str) -> Option<(String, String)> {
     if SCRIPT_VARIABLES.contains(&name) {
         return Some((
-            format!("`{name}` is a variable of sweep's job script (the run's directory and job, where its log, exit status and records go): set here, it would send them elsewhere"),
+            format!("`{name}` is a variable of sweep's job script (the run's directory, job and restarts, by which its log, exit status and records are found): set here, it would send them elsewhere"),
             match name {
-                "SWEEP_RUN_DIR" => "leave it out: sweep sets it to the run's directory",
+                "SWEEP_RUN_DIR" | "SWEEP_RESTART_COUNT" => "leave it out: sweep sets it for each run",
                 _ => "name your variable otherwise; a program finds its run's directory in `SWEEP_RUN_DIR`",
             }
             .into(),

@@ -115,6 +115,24 @@ fn a_crash_behind_a_pipe_fails_and_assignments_before_a_command_work() {
     assert!(log.lines().any(|l| l == "3 hi"), "{log}");
 }
 
+/// `[slurm] env` comes last on this machine as in a job script: a thread
+/// count it sets reaches the program over the run's share of `[local]
+/// threads` (before, the share won in silence).
+#[test]
+fn the_manifests_env_wins_over_the_runs_share_of_the_cores() {
+    let root = project();
+    let m = root.path().join("env.toml");
+    write(
+        &m,
+        "name = \"env\"\nexecutor = \"local\"\n\
+         command = \"echo threads $OMP_NUM_THREADS $RAYON_NUM_THREADS $SWEEP_THREADS\"\n\
+         [local]\nthreads = 1\n[slurm]\nenv = { OMP_NUM_THREADS = \"3\" }\n",
+    );
+    run_ok(sweep(root.path()).arg("submit").arg(&m));
+    let log = std::fs::read_to_string(root.path().join("results/env/run/local.out")).unwrap();
+    assert!(log.lines().any(|l| l == "threads 3 1 1"), "{log}");
+}
+
 /// A log the `line_pattern` never matches: the report says so, with how
 /// many lines the log has and the program's first ones, instead of "no
 /// metrics".
