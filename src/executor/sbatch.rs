@@ -31,6 +31,16 @@ pub fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
         });
         cmd.env_remove(name);
     }
+    // sbatch would wait for each job to end (`--wait`), or make each of
+    // sweep's single jobs an array: sweep decides both for its study.
+    for name in ["SBATCH_WAIT", "SBATCH_ARRAY_INX"] {
+        if std::env::var_os(name).is_some() {
+            say_once(name, || {
+                format!("sweep: {name} in your environment is left out of sbatch's: sweep submits each job once, as the plan says, and does not wait for it (`sweep run` follows a study's jobs)")
+            });
+            cmd.env_remove(name);
+        }
+    }
     let names: Vec<String> = std::env::vars_os()
         .filter_map(|(k, _)| k.into_string().ok())
         .collect();

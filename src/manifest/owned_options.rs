@@ -70,6 +70,16 @@ const SWEEP_SBATCH: [SweepOption; 21] = [
     }),
 ];
 
+/// Options that change what sbatch itself does, not the job: with one,
+/// `sweep submit` would wait for each job to end in turn, or get no job.
+const SBATCH_ACTIONS: [(&str, &str); 5] = [
+    ("wait", "makes sbatch wait for the job to end: `sweep submit` would wait for each job in turn (`sweep run` submits a study and follows its jobs)"),
+    ("test-only", "makes sbatch only say when the job would start: no job is queued"),
+    ("help", "makes sbatch print its help: no job is queued"),
+    ("usage", "makes sbatch print its usage: no job is queued"),
+    ("version", "makes sbatch print its version: no job is queued"),
+];
+
 /// What the launch line of `templates/_launch.sh.j2` gives srun, before a
 /// study's `srun_args`: the run's ranks (which the report divides by and the
 /// data's slices follow), and for a packed run its place in the block's
@@ -136,6 +146,18 @@ pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String
         return Some((
             format!("`{line}` is not an sbatch option"),
             "each entry is written as `#SBATCH <entry>`: give options such as `--exclusive` or `--gres=gpu:4`".into(),
+        ));
+    }
+    let action = sbatch_option(line).and_then(|name| {
+        let whole = is_long_option(name) || SBATCH_ACTIONS.iter().any(|(o, _)| *o == name);
+        SBATCH_ACTIONS
+            .iter()
+            .find(|(o, _)| *o == name || (!whole && o.starts_with(name)))
+    });
+    if let Some((option, does)) = action {
+        return Some((
+            format!("`{line}` (`--{option}`) {does}"),
+            "leave it out: it is sbatch's option, not the job's".into(),
         ));
     }
     let (option, sets) = owned(line, &SWEEP_SBATCH, spec)?;
@@ -290,6 +312,19 @@ mod tests {
         assert!(fault("exclusive", &plain)
             .unwrap()
             .contains("is not an sbatch option"));
+        // What would keep `sweep submit` waiting, or queue nothing.
+        for (line, does) in [
+            ("--wait", "wait for the job to end"),
+            ("-W", "wait for the job to end"),
+            ("--test-only", "no job is queued"),
+            ("--test", "no job is queued"),
+            ("--usage", "no job is queued"),
+            ("-V", "no job is queued"),
+        ] {
+            let why = fault(line, &plain).unwrap_or_default();
+            assert!(why.contains(does), "{line}: {why}");
+        }
+        assert_eq!(fault("--wait-all-nodes=1", &plain), None);
         // One rule for [slurm] and for every run's (an axis's) [slurm].
         let swept = SlurmSpec {
             extra_sbatch: vec!["--exclusive".into(), "-J mine".into()],

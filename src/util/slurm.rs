@@ -25,7 +25,7 @@ pub fn query(tool: &str) -> Command {
 }
 
 /// sbatch's one-letter options and the long ones they stand for.
-const SHORT_OPTIONS: [(char, &str); 14] = [
+const SHORT_OPTIONS: [(char, &str); 17] = [
     ('A', "account"),
     ('a', "array"),
     ('C', "constraint"),
@@ -33,6 +33,7 @@ const SHORT_OPTIONS: [(char, &str); 14] = [
     ('d', "dependency"),
     ('e', "error"),
     ('G', "gpus"),
+    ('h', "help"),
     ('J', "job-name"),
     ('N', "nodes"),
     ('n', "ntasks"),
@@ -40,6 +41,8 @@ const SHORT_OPTIONS: [(char, &str); 14] = [
     ('p', "partition"),
     ('q', "qos"),
     ('t', "time"),
+    ('V', "version"),
+    ('W', "wait"),
 ];
 
 /// Whether `name` is the whole name of one of sbatch's long options that

@@ -564,6 +564,57 @@ fn a_login_profiles_slurm_defaults_change_no_run() {
     );
 }
 
+/// A login profile's `SBATCH_WAIT` and `SBATCH_ARRAY_INX` neither keep
+/// `sweep submit` waiting for each job to end (sbatch's `--wait`) nor make a
+/// single run's job an array: sweep leaves them out of sbatch's environment,
+/// and says so.
+#[test]
+#[ignore = "needs the local SLURM cluster"]
+fn a_profiles_sbatch_wait_and_array_leave_the_submit_as_planned() {
+    require_cluster();
+    let root = project();
+    let name = format!("sweep-test-wait-{}", std::process::id());
+    let m = root.path().join("m.toml");
+    write(&m, &format!("name = \"wait\"\ncommand = \"while [ ! -e go ]; do sleep 0.2; done; echo step 1 tps 5\"\n[slurm]\ntime = \"5\"\njob_name = \"{name}\"\n[report]\nskip_first = 0\nline_pattern = 'step (?P<step>\\d+) tps (?P<tokens_per_second>\\d+)'\n"));
+    let mut submit = sweep(root.path())
+        .env("SBATCH_WAIT", "1")
+        .env("SBATCH_ARRAY_INX", "0-2")
+        .args(["submit", "--executor", "slurm"])
+        .arg(&m)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its job waits for `go`: a submit that waited for it would never end.
+    wait_for(120, "sweep submit to return while its job waits", || {
+        submit.try_wait().unwrap()
+    });
+    let out = submit.wait_with_output().unwrap();
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    for v in ["SBATCH_WAIT", "SBATCH_ARRAY_INX"] {
+        assert!(
+            text.contains(&format!(
+                "sweep: {v} in your environment is left out of sbatch's"
+            )),
+            "{text}"
+        );
+    }
+    let rec: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.path().join("results/wait/run/run.json")).unwrap(),
+    )
+    .unwrap();
+    let job = rec["jobs"][0]["job_id"].as_str().unwrap().to_string();
+    let shown = stdout(&run_ok(
+        Command::new("squeue").args(["-h", "-t", "all", "-j", &job, "-o", "%i"]),
+    ));
+    assert_eq!(shown.trim(), job, "one job, not an array: {text}");
+    std::fs::write(root.path().join("go"), "").unwrap();
+    let (out, text) = sweep_slurm(&mut sweep(root.path()), "run", &m);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(status(root.path(), &m)["run"].0, "COMPLETED", "{text}");
+}
+
 /// A job whose log cannot be opened on its node (as where the compute
 /// nodes do not see the run directory: a login node's /tmp) fails at its
 /// launch with nothing written: the report says what that means, not
