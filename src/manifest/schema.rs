@@ -211,10 +211,39 @@ impl Default for SlurmSpec {
 /// to write a checkpoint and requeue.
 pub const SIGNAL_GRACE: u32 = 120;
 
+/// The longest job name whose log, `<job name>-<job id>_<task>.out`, a
+/// file system's 255-byte names still hold.
+const MAX_JOB_NAME: usize = 200;
+
+/// Why SLURM could not start a job of this name: its log is the run
+/// directory's `%x-%j.out`, and a `/` in the name (`%x`) names a directory
+/// that is not there, a name past [`MAX_JOB_NAME`] a file no file system
+/// holds: every job would fail to launch, with no log to say why.
+fn job_name_fault(name: &str) -> Option<String> {
+    if name.trim().is_empty() {
+        return Some("`job_name` is empty: leave it out for the study's name".into());
+    }
+    let why = if name.contains('/') {
+        "holds `/`".to_string()
+    } else if name.len() > MAX_JOB_NAME {
+        format!("is {} bytes long, over {MAX_JOB_NAME}", name.len())
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the job name `{}` {why}: each job's log is `<job name>-<job id>.out` in its run's directory, which SLURM could not open, and every job would fail to launch",
+        crate::util::text::note(name)
+    ))
+}
+
 impl SlurmSpec {
-    /// Every count of the section within what a cluster has: the key at
-    /// fault and why, else nothing.
+    /// Every count of the section within what a cluster has, and a job
+    /// name its log can be named after: the key at fault and why, else
+    /// nothing.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if let Some(why) = self.job_name.as_deref().and_then(job_name_fault) {
+            return Err(("job_name", why));
+        }
         // Nodes and tasks have checks of their own: their product must fit a
         // job, and beyond any cluster's size they plan with a warning.
         let counts: [(&'static str, u64, u64, u64); 5] = [
@@ -471,6 +500,29 @@ impl Default for PretokenizeStageSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_name_must_be_able_to_name_its_log() {
+        let named = |name: &str| {
+            SlurmSpec {
+                job_name: Some(name.into()),
+                ..SlurmSpec::default()
+            }
+            .check()
+        };
+        let (key, why) = named("llama/7b").unwrap_err();
+        assert_eq!(key, "job_name");
+        assert!(
+            why.contains("holds `/`") && why.contains("fail to launch"),
+            "{why}"
+        );
+        assert!(named(&"x".repeat(201)).unwrap_err().1.contains("201 bytes"));
+        assert!(named(" ").unwrap_err().1.contains("is empty"));
+        // SLURM names their logs as they are (tried on the local cluster).
+        for ok in ["a b", "a%j", "it's", "llama-7b_bs32", &"x".repeat(200)] {
+            assert_eq!(named(ok), Ok(()), "{ok}");
+        }
+    }
 
     #[test]
     fn slurm_times() {
