@@ -102,6 +102,21 @@ const SWEEP_SRUN: [SweepOption; 9] = [
     }),
 ];
 
+/// Whether sbatch or srun read the option written as `name` as `option`:
+/// its very name, or — they take an option's unambiguous start for it
+/// (`--part=debug`) — its start, where `name` is no option of its own.
+fn reads_as(name: &str, option: &str) -> bool {
+    let whole = || {
+        is_long_option(name)
+            || SWEEP_SBATCH
+                .iter()
+                .chain(&SWEEP_SRUN)
+                .any(|o| o.name == name)
+            || SBATCH_ACTIONS.iter().any(|(o, _)| *o == name)
+    };
+    option == name || (option.starts_with(name) && !whole())
+}
+
 /// The option of `table` written in `spec`'s jobs that `text` (an option
 /// as written, `--time=10`, `-t 10`, `--tim=10`) sets, and how it says it.
 fn owned<'t>(
@@ -110,14 +125,9 @@ fn owned<'t>(
     spec: &SlurmSpec,
 ) -> Option<(&'t SweepOption, String)> {
     let name = sbatch_option(text)?;
-    // sbatch and srun take an option's unambiguous start for it
-    // (`--part=debug`): a name that is no option of its own is read as the
-    // one it begins.
-    let whole = table.iter().any(|o| o.name == name) || is_long_option(name);
     let mut set = table
         .iter()
-        .filter(|o| (o.written)(spec))
-        .filter(|o| o.name == name || (!whole && o.name.starts_with(name)));
+        .filter(|o| (o.written)(spec) && reads_as(name, o.name));
     let option = set.next()?;
     let sets = match (option.name == name, set.next()) {
         (true, _) => format!("sets `--{}`", option.name),
@@ -148,12 +158,8 @@ pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String
             "each entry is written as `#SBATCH <entry>`: give options such as `--exclusive` or `--gres=gpu:4`".into(),
         ));
     }
-    let action = sbatch_option(line).and_then(|name| {
-        let whole = is_long_option(name) || SBATCH_ACTIONS.iter().any(|(o, _)| *o == name);
-        SBATCH_ACTIONS
-            .iter()
-            .find(|(o, _)| *o == name || (!whole && o.starts_with(name)))
-    });
+    let action =
+        sbatch_option(line).and_then(|name| SBATCH_ACTIONS.iter().find(|(o, _)| reads_as(name, o)));
     if let Some((option, does)) = action {
         return Some((
             format!("`{line}` (`--{option}`) {does}"),
