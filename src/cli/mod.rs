@@ -80,13 +80,15 @@ pub fn main() -> ExitCode {
     };
     // Commands that write only through temporaries stop at once on Ctrl-C
     // or SIGTERM, their temporaries removed; the rest (run, submit, train,
-    // cancel) stop their jobs or checkpoint first, each its own way.
+    // cancel, and the watchdog, which waits for its launcher to end) stop
+    // their jobs or checkpoint first, each its own way.
     let stops_at_once = !matches!(
         cli.command,
         Cmd::Run(_)
             | Cmd::Submit(_)
             | Cmd::Train { .. }
             | Cmd::Cancel { .. }
+            | Cmd::Watchdog(_)
             | Cmd::Bench(BenchCmd::DdpRank { .. })
     );
     if stops_at_once {

@@ -101,7 +101,9 @@ pub fn read_all(run_dir: &Path) -> Vec<Beat> {
             let name = e.file_name().into_string().ok()?;
             let rank = name.strip_prefix("rank-")?.parse().ok()?;
             let mut buf = [0u8; WIDTH];
-            let n = File::open(e.path()).ok()?.read_at(&mut buf, 0).ok()?;
+            // A FIFO or device put there is never opened to block or read.
+            let (file, _) = crate::util::fs::open_regular(&e.path(), libc::O_NOFOLLOW).ok()?;
+            let n = file.read_at(&mut buf, 0).ok()?;
             parse(rank, std::str::from_utf8(&buf[..n]).ok()?)
         })
         .collect();
@@ -120,11 +122,28 @@ fn parse(rank: usize, line: &str) -> Option<Beat> {
     })
 }
 
-/// Removes an earlier job's reports before the run starts again.
+/// Removes an earlier job's reports before the run starts again: the
+/// files a rank writes (`rank-<r>`, `rank-<r>.stacks`), then the folder
+/// if that left it empty. Nothing else in it is touched.
 pub fn clear(run_dir: &Path) -> std::io::Result<()> {
-    match std::fs::remove_dir_all(dir(run_dir)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+    let entries = match std::fs::read_dir(dir(run_dir)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        r => r?,
+    };
+    for e in entries {
+        let e = e?;
+        let name = e.file_name();
+        let rank = name.to_str().and_then(|n| n.strip_prefix("rank-"));
+        let ours = rank.is_some_and(|r| r.trim_end_matches(".stacks").parse::<usize>().is_ok());
+        if ours && e.file_type()?.is_file() {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    match std::fs::remove_dir(dir(run_dir)) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        // What is left there is not ours to remove.
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Ok(()),
+        r => r,
     }
 }
 
@@ -148,7 +167,22 @@ mod tests {
         assert_eq!((beats[1].rank, beats[1].step), (1, 13));
         assert_eq!(beats[1].pid, std::process::id());
         clear(d.path()).unwrap();
+        let left = |d: &Path| -> Vec<_> {
+            std::fs::read_dir(dir(d))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect()
+        };
+        assert_eq!(left(d.path()), ["rank-x"], "no rank's: not its own");
+        std::fs::remove_file(dir(d.path()).join("rank-x")).unwrap();
         clear(d.path()).unwrap();
+        assert!(!dir(d.path()).exists(), "empty, so removed");
         assert!(read_all(d.path()).is_empty());
+        // What it did not write stays, and so does the folder holding it.
+        Heartbeat::create(d.path(), 0).unwrap();
+        std::fs::write(dir(d.path()).join("notes"), "mine").unwrap();
+        std::fs::write(dir(d.path()).join("rank-0.stacks"), "stacks").unwrap();
+        clear(d.path()).unwrap();
+        assert_eq!(left(d.path()), ["notes"]);
     }
 }

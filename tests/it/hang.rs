@@ -363,3 +363,183 @@ fn bad_watchdog_values_are_refused_at_plan_time() {
     );
     run_ok(sweep(root.path()).arg("plan").arg(&m));
 }
+
+/// A watched command run (a `line_pattern`) that checkpoints on SIGTERM:
+/// its handler says it began, takes `seconds`, and exits 99; its next
+/// start finds the checkpoint and completes at once.
+fn checkpointing_study(root: &Path, name: &str, seconds: u32) -> std::path::PathBuf {
+    let m = root.join(format!("{name}.toml"));
+    write(
+        &m,
+        &format!(
+            r#"name = "{name}"
+executor = "local"
+command = '''
+if [ -e "$SWEEP_RUN_DIR/ckpt" ]; then echo "step 1: 100 tokens/s"; exit 0; fi
+trap 'touch "$SWEEP_RUN_DIR/got-term"; sleep {seconds}; echo saved > "$SWEEP_RUN_DIR/ckpt"; exit 99' TERM
+for i in $(seq 1 3000); do echo "step $i: 100 tokens/s"; sleep 0.1; done
+'''
+[report]
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#
+        ),
+    );
+    m
+}
+
+/// The run's state and reason, from `sweep status --json`.
+fn run_state(root: &Path, m: &Path) -> (String, String) {
+    let rows = super::support::json_rows(sweep(root).arg("status").arg(m).arg("--json"));
+    let r = &rows[0];
+    (
+        r["state"].as_str().unwrap_or_default().to_string(),
+        r["reason"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// `sweep run` started in the background, once its run has printed progress.
+fn running_sweep(root: &Path, m: &Path, run: &Path) -> std::process::Child {
+    let child = sweep(root)
+        .arg("run")
+        .arg(m)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    super::support::wait_for(60, "a progress line", || {
+        let log = std::fs::read_to_string(run.join("local.out")).unwrap_or_default();
+        log.contains("step 2:").then_some(())
+    });
+    child
+}
+
+/// Whether any process is left in the run's job (its process group), a
+/// zombie not yet reaped aside.
+fn job_left(run: &Path) -> bool {
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("local.json")).unwrap()).unwrap();
+    let group = state["pid"].as_i64().unwrap().to_string();
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid pgrp …: after the comm's closing parenthesis.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+        fields.len() > 2 && fields[0] != "Z" && fields[2] == group
+    })
+}
+
+/// SIGTERM to `sweep run` (as SLURM stops it): the watchdog outlives it
+/// with the run it watches, and passes on how it ended: the checkpoint's
+/// exit 99, "checkpoint written", nothing left running. (The watchdog died
+/// of the signal: the run was recorded stopped while its checkpoint was
+/// still being written.)
+#[test]
+fn a_stopped_sweep_records_its_watched_runs_checkpoint() {
+    let root = project();
+    let m = checkpointing_study(root.path(), "ckpt-term", 2);
+    let run = root.path().join("results/ckpt-term/run");
+    let child = running_sweep(root.path(), &m, &run);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let (state, reason) = run_state(root.path(), &m);
+    assert_eq!(state, "INTERRUPTED", "{reason}");
+    assert!(reason.contains("checkpoint written"), "{reason}");
+    assert!(run.join("ckpt").exists(), "the handler ran to its end");
+    assert!(!job_left(&run), "nothing of the job runs on");
+    // The next run continues from the checkpoint and completes.
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    assert_eq!(run_state(root.path(), &m).0, "COMPLETED");
+}
+
+/// Ctrl-C twice: the second ends `sweep run` at once, and the run whose
+/// handler is still checkpointing is RUNNING (not INTERRUPTED while it
+/// runs), then ends with its checkpoint recorded, which the next `sweep
+/// run` continues.
+#[test]
+fn ctrl_c_twice_leaves_a_watched_run_running_until_it_checkpointed() {
+    let root = project();
+    let m = checkpointing_study(root.path(), "ckpt-int", 6);
+    let run = root.path().join("results/ckpt-int/run");
+    let child = running_sweep(root.path(), &m, &run);
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    super::support::wait_for(30, "the run's handler", || {
+        run.join("got-term").exists().then_some(())
+    });
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let (state, reason) = run_state(root.path(), &m);
+    assert_eq!(state, "RUNNING", "its handler is still at work: {reason}");
+    let ended = super::support::wait_for(60, "the run's end", || {
+        let s = run_state(root.path(), &m);
+        (s.0 != "RUNNING").then_some(s)
+    });
+    assert_eq!(ended.0, "INTERRUPTED", "{}", ended.1);
+    assert!(ended.1.contains("checkpoint written"), "{}", ended.1);
+    assert!(!job_left(&run));
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    assert_eq!(run_state(root.path(), &m).0, "COMPLETED");
+    let log = std::fs::read_to_string(run.join("local.out")).unwrap();
+    assert_eq!(log.matches("sweep: local job for run").count(), 2, "{log}");
+}
+
+/// `sweep watchdog --dir` naming a folder that is no run's (a typo): it
+/// refuses, and leaves what the folder holds as it was (it removed the
+/// folder's `progress/` first).
+#[test]
+fn the_watchdog_touches_nothing_in_a_folder_that_is_no_runs() {
+    let root = project();
+    let mine = root.path().join("mine");
+    std::fs::create_dir_all(mine.join("progress")).unwrap();
+    write(&mine.join("progress/rank-0"), "my notes");
+    let out = sweep(root.path())
+        .args(["watchdog", "--dir"])
+        .arg(&mine)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is no run directory"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(mine.join("progress/rank-0")).unwrap(),
+        "my notes"
+    );
+}
+
+/// A run whose log is replaced by a FIFO while it runs: the watchdog and
+/// the executor never open it (the watchdog blocked on it for ever, and
+/// the job with it), and the run ends as its program did.
+#[test]
+fn a_log_replaced_by_a_fifo_hangs_nothing() {
+    let root = project();
+    let m = root.path().join("fifo.toml");
+    write(
+        &m,
+        r#"name = "fifo"
+executor = "local"
+command = '''echo "step 1: 100 tokens/s"; sleep 1; rm "$SWEEP_RUN_DIR/local.out"; mkfifo "$SWEEP_RUN_DIR/local.out"; echo "step 2: 100 tokens/s"; sleep 2; exit 3'''
+[report]
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    let mut child = sweep(root.path())
+        .arg("submit")
+        .arg(&m)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ended = super::support::wait_for(60, "the submit's end", || child.try_wait().unwrap());
+    assert_eq!(ended.code(), Some(1));
+    assert_eq!(status(root.path(), &m)["run"], ("FAILED".into(), Some(3)));
+}

@@ -68,6 +68,17 @@ pub fn run(o: WatchOptions) -> Result<ExitCode> {
     let Some(program) = o.argv.first() else {
         bail!("sweep watchdog: no launcher to start (give it after `--`)");
     };
+    // It writes into the directory (progress/, watchdog.log, run.json):
+    // only into a run's, never into one a mistyped `--dir` names.
+    match crate::plan::record::RunRecord::read(&o.dir.join(crate::layout::RUN_JSON), None) {
+        Ok(Some(_)) => {}
+        Ok(None) => bail!(
+            "sweep watchdog: {} is no run directory (it has no {}): give the run's own, as its job script does",
+            o.dir.display(),
+            crate::layout::RUN_JSON
+        ),
+        Err(e) => bail!("sweep watchdog: {} is no run directory: {e:#}", o.dir.display()),
+    }
     heartbeat::clear(&o.dir).with_context(|| {
         format!(
             "clearing the last job's progress in {}",
@@ -80,24 +91,29 @@ pub fn run(o: WatchOptions) -> Result<ExitCode> {
         std::process::id()
     );
     let mut progress = Progress::new(&o.dir, o.pattern.clone());
-    // The launcher stays in the job's process group, so that what stops
-    // the job (the local executor's Ctrl-C, SLURM's signals) reaches it as
-    // before; the watchdog itself outlives those signals to pass on how
-    // the launcher ended.
-    let _outlive = crate::util::signals::StopSignals::install(&OUTLIVED)?;
+    // The watchdog outlives the signals that stop a job, to pass on how
+    // its launcher ended (a checkpoint's exit 99, above all).
+    let stop = crate::util::signals::StopSignals::install(&OUTLIVED)?;
     let mut child = Command::new(program)
         .args(&o.argv[1..])
         .env(heartbeat::ENV, &token)
         .spawn()
         .with_context(|| format!("starting {}", program.to_string_lossy()))?;
     let started = Instant::now();
+    let mut stopping = false;
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(exit_code(status));
         }
+        if let Some(sig) = stop.take() {
+            pass_on(&child, sig);
+            // A run that stops (checkpointing, say) makes no progress: it is
+            // waited for, never called hung.
+            stopping = true;
+        }
         progress.poll();
-        if let Some(limit) = due(&o, &progress, started.elapsed()) {
-            return stop(&o, &token, &mut child, &progress, limit, started.elapsed());
+        if let Some(limit) = due(&o, &progress, started.elapsed()).filter(|_| !stopping) {
+            return stop_hung(&o, &token, &mut child, &progress, limit, started.elapsed());
         }
         std::thread::sleep(POLL);
     }
@@ -107,6 +123,24 @@ pub fn run(o: WatchOptions) -> Result<ExitCode> {
 /// the launcher answers (the trainer with a checkpoint) and the watchdog
 /// outlives.
 const OUTLIVED: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1];
+
+/// A stop signal the watchdog received, passed on to a launcher that did
+/// not receive it too. The launcher starts in the watchdog's process group,
+/// and what stops a job signals that group (the local executor, a
+/// terminal's Ctrl-C) or every process of the job (SLURM): it has the
+/// signal already, and a second one would reach a program's handler twice
+/// (a checkpoint begun again) or make srun abort its step. A launcher that
+/// left the group (`setsid`) gets it from the watchdog.
+fn pass_on(child: &Child, sig: i32) {
+    let launcher = Pid::from_raw(child.id() as i32);
+    let apart =
+        nix::unistd::getpgid(Some(launcher)).is_ok_and(|group| group != nix::unistd::getpgrp());
+    if apart {
+        if let Ok(sig) = Signal::try_from(sig) {
+            let _ = kill(launcher, sig);
+        }
+    }
+}
 
 /// The limit that ran out now, if one did.
 fn due(o: &WatchOptions, p: &Progress, running: Duration) -> Option<Limit> {
@@ -139,7 +173,7 @@ pub fn stall_limit(stall: Stall, intervals: &[f64]) -> Option<u64> {
 
 /// The evidence first, while every process is as it hung; then the
 /// launcher stopped, and the run recorded HUNG.
-fn stop(
+fn stop_hung(
     o: &WatchOptions,
     token: &str,
     child: &mut Child,

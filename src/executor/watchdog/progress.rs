@@ -182,10 +182,12 @@ impl Lines {
     /// call a run that trains hung.
     fn read(&mut self) -> u64 {
         let Some(log) = &self.log else { return 0 };
-        let Ok(mut f) = std::fs::File::open(log) else {
+        // Whatever replaced the log (a FIFO would block the read for ever)
+        // is not opened: a file only.
+        let Ok((mut f, meta)) = crate::util::fs::open_regular(log, 0) else {
             return 0;
         };
-        let len = f.metadata().map_or(0, |m| m.len());
+        let len = meta.len();
         if len < self.offset {
             // Truncated: read it again from its start.
             self.offset = 0;
