@@ -6,6 +6,7 @@ pub mod ddp;
 pub mod gemms;
 pub mod history;
 pub mod kernels;
+pub mod local;
 pub mod plan;
 pub mod pretokenize;
 pub mod report;

@@ -33,6 +33,12 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
             repeats,
         } => pretokenize(dataset, tokenizer, seq_len, threads, repeats, root)?,
         BenchCmd::Plan { runs, dir } => plan(runs, dir, rt)?,
+        BenchCmd::Local {
+            runs,
+            parallel,
+            seconds,
+            dir,
+        } => local(runs, parallel, seconds, &dir)?,
         BenchCmd::Ddp(d) => ddp(&d, root)?,
         BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?, rt)?,
     }
@@ -558,6 +564,25 @@ fn plan(runs: usize, dir: PathBuf, rt: &RuntimeOptions) -> Result<()> {
     Ok(())
 }
 
+/// `sweep bench local`: many short runs through the local executor.
+fn local(runs: usize, parallel: usize, seconds: f64, dir: &Path) -> Result<()> {
+    crate::util::fs::make_dir(dir)?;
+    let b = crate::bench::local::run(runs, parallel, seconds, dir)?;
+    outln!(
+        "{} command runs of {} s, {} at a time, through the local executor (`sweep submit`)",
+        b.runs,
+        b.seconds,
+        b.parallel
+    );
+    outln!("  total        {:8.2} s", b.total_s);
+    outln!(
+        "  runs' floor  {:8.2} s  (⌈runs / parallel⌉ × seconds)",
+        b.floor_s
+    );
+    outln!("  overhead     {:8.2} s", b.total_s - b.floor_s);
+    Ok(())
+}
+
 /// `sweep bench ddp`: weak scaling from the first world size to the others,
 /// over `repeats` rounds of every world size in turn (medians; each round's
 /// efficiency against its own base, so a drifting machine moves both alike),
@@ -719,7 +744,8 @@ fn check_outputs(cmd: &BenchCmd) -> Result<()> {
         }
         BenchCmd::Report { dir, .. }
         | BenchCmd::History { dir, .. }
-        | BenchCmd::Plan { dir, .. } => outputs::check_dir("--dir", dir)?,
+        | BenchCmd::Plan { dir, .. }
+        | BenchCmd::Local { dir, .. } => outputs::check_dir("--dir", dir)?,
         _ => {}
     }
     Ok(())

@@ -153,9 +153,11 @@ impl LiveView {
 
     /// A message above the live view (or a plain line in a log).
     pub fn log(&self, msg: &str) {
+        // What it says may quote a job's log or a host's name.
+        let msg = crate::util::text::printable(msg);
         match &self.multi {
             Some(m) => {
-                let _ = m.println(msg);
+                let _ = m.println(&*msg);
             }
             None => eprintln!("{msg}"),
         }
@@ -181,7 +183,7 @@ impl crate::study::watch::Follow for LiveView {
     }
 
     fn waiting(&mut self, why: &str) {
-        self.waiting = why.to_string();
+        self.waiting = crate::util::text::note(why).into_owned();
     }
 }
 

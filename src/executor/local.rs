@@ -177,8 +177,15 @@ impl Executor for LocalExecutor {
                     launch.world_size
                 );
             }
-            if launch.launcher == Launcher::Torchrun && find_in_path("torchrun").is_none() {
-                bail!("{}: `launcher = \"torchrun\"`, and there is no torchrun on PATH: install PyTorch (pip install torch) where sweep runs, or activate its environment", u.name);
+            // Every run's launcher is found before the first starts: a study
+            // that sweeps `launcher` fails before it began, not halfway.
+            let (tool, install) = match launch.launcher {
+                Launcher::Torchrun => ("torchrun", "install PyTorch (pip install torch) where sweep runs, or activate its environment"),
+                Launcher::Mpirun => ("mpirun", "install Open MPI (apt-get install openmpi-bin) or MPICH"),
+                Launcher::None | Launcher::Srun => continue,
+            };
+            if find_in_path(tool).is_none() {
+                bail!("{}: `launcher = \"{tool}\"`, and there is no {tool} on PATH: {install}; no run was started", u.name);
             }
         }
         let (outcomes, interrupted) = run(units, decisions, self.0, on)?;
@@ -218,15 +225,21 @@ pub fn run(
             if sig == signals::SIGHUP {
                 signals::detach_from_terminal();
             }
-            pool.stop_all(units, sig, on)?;
+            pool.stop_all(units, &format!("stopped by {}", signals::name(sig)), on)?;
             return Ok((pool.outcomes, Some(sig)));
         }
         if last_tick.elapsed() >= Duration::from_secs(1) {
             on(Event::Tick);
             last_tick = Instant::now();
         }
-        pool.start_ready(units, on)?;
-        pool.reap(units, on)?;
+        if let Err(e) = pool
+            .start_ready(units, on)
+            .and_then(|()| pool.reap(units, on))
+        {
+            // The jobs already started are stopped, never left unfollowed.
+            pool.stop_all(units, "stopped by an error of sweep's", on)?;
+            return Err(e);
+        }
         if pool.queue.is_empty() && pool.running.is_empty() {
             return Ok((pool.outcomes, None));
         }
@@ -438,12 +451,11 @@ impl Pool {
     /// the grace period. What was stopped, or had not started yet, is
     /// INTERRUPTED: the next `sweep run` runs it again (a trainer that wrote
     /// its checkpoint continues from it).
-    fn stop_all(&mut self, units: &[Unit], sig: i32, on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
+    fn stop_all(&mut self, units: &[Unit], why: &str, on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
         for r in self.running.iter() {
             let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGTERM);
         }
         let deadline = Instant::now() + GRACE;
-        let why = format!("stopped by {}", signals::name(sig));
         while !self.running.is_empty() {
             for (mut r, status) in self.take_exited()? {
                 r.state.state = match status.state {
@@ -514,12 +526,6 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         u.id,
         crate::util::now_rfc3339()
     )?;
-    // What it runs on, before it runs (a SLURM job's prologue does the same).
-    if u.kind == UnitKind::Run {
-        if let Err(e) = super::fingerprint::write(&u.dir) {
-            writeln!(log, "sweep: no environment fingerprint: {e:#}")?;
-        }
-    }
     let job_id = u
         .record
         .last_job()
@@ -589,23 +595,25 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
 /// The job's program under a shell that writes `<job id> <$?>` into the run
 /// directory's `exit_code` as it exits (as the SLURM job scripts do), and
 /// that outlives a stop signal until its program has ended, so that it
-/// records the program's own status. With `end` (the sweep binary, for a
-/// run), the shell then adds the host's load to the run's
-/// `environment.json` (`sweep fingerprint --end`), as the job script does:
-/// in the job, beside the others, not in the loop that starts them.
-fn recording_exit(program: &Command, dir: &Path, job_id: &str, end: Option<&Path>) -> Command {
-    const SCRIPT: &str = r#"dir=$1 ref=$2 end=$3; shift 3
+/// records the program's own status. With `sweep` (the sweep binary, for a
+/// run), the shell records what the run runs on first (`sweep fingerprint`,
+/// into its `environment.json`) and adds the host's load as it ends
+/// (`--end`), as the job script does: in the job, beside the others, not in
+/// the loop that starts them (its load sample takes a quarter second).
+fn recording_exit(program: &Command, dir: &Path, job_id: &str, sweep: Option<&Path>) -> Command {
+    const SCRIPT: &str = r#"dir=$1 ref=$2 sweep=$3; shift 3
 trap 'rc=$?; printf "%s %s\n" "$ref" "$rc" >"$dir/.exit_code.tmp" && mv -f "$dir/.exit_code.tmp" "$dir/exit_code"' EXIT
 trap : INT TERM HUP
+[ -z "$sweep" ] || "$sweep" fingerprint --dir "$dir" >/dev/null || echo "sweep: no environment fingerprint (why above)"
 "$@"
 rc=$?
-[ -z "$end" ] || "$end" fingerprint --end --dir "$dir" >/dev/null 2>&1
+[ -z "$sweep" ] || "$sweep" fingerprint --end --dir "$dir" >/dev/null 2>&1
 exit $rc"#;
     let mut c = Command::new("bash");
     c.args(["-c", SCRIPT, "sweep-job"])
         .arg(dir)
         .arg(job_id)
-        .arg(end.unwrap_or(Path::new("")));
+        .arg(sweep.unwrap_or(Path::new("")));
     starting(c, program)
 }
 
@@ -669,21 +677,18 @@ fn outcome(u: &Unit, s: &LocalState, seconds: f64) -> Outcome {
 }
 
 /// The last non-empty line of a log (of its last 4 KiB; a progress bar's
-/// redrawn update is a line), cut to 300 characters.
+/// redrawn update is a line), cut to 300 characters, its terminal escapes
+/// and control characters made harmless: it is printed on the terminal.
 fn last_line(path: &Path) -> Option<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).ok()?;
-    let len = f.metadata().ok()?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
-    let mut tail = Vec::new();
-    f.read_to_end(&mut tail).ok()?;
+    let tail = crate::util::fs::read_tail(path, 4096).ok()?;
     let tail = String::from_utf8_lossy(&tail);
     let line = tail
         .split(['\n', '\r'])
         .rev()
         .find(|l| !l.trim().is_empty())?
         .trim();
-    Some(line.chars().take(300).collect())
+    let line = crate::util::text::without_escapes(line.into());
+    Some(crate::util::text::cut(&line, 300).into_owned())
 }
 
 fn to_status(s: &LocalState) -> Status {

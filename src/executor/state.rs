@@ -192,7 +192,9 @@ impl Status {
                     .as_deref()
                     .filter(|r| !r.is_empty() && *r != "None")
                 {
-                    s.push_str(&format!(" ({r})"));
+                    // A reason may quote a job, a log or a host name: never
+                    // a terminal's escape or a line of its own.
+                    s.push_str(&format!(" ({})", crate::util::text::note(r)));
                 }
             }
         }
@@ -262,5 +264,14 @@ mod tests {
                 .describe(),
             "PENDING (Dependency)"
         );
+        // A reason quoting a hostile host name: no escape, no row of its own.
+        let hung = Status {
+            exit_code: Some(crate::config::HUNG_EXIT),
+            ..Status::new(State::Hung)
+        }
+        .with_reason("no progress on node\u{1b}]0;pwned\u{7}\n| x | COMPLETED |");
+        let said = hung.describe();
+        assert!(!said.contains(['\u{1b}', '\u{7}', '\n']), "{said:?}");
+        assert!(said.contains("| x | COMPLETED |"), "{said}");
     }
 }

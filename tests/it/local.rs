@@ -414,3 +414,62 @@ fn minus_c_runs_a_study_from_another_directory() {
         "wrote outside the project"
     );
 }
+
+/// `launcher` swept over `none` and `mpirun` where there is no mpirun:
+/// refused before any run starts (the `none` run started, and was left
+/// running when the `mpirun` one could not).
+#[test]
+fn every_runs_launcher_is_found_before_the_first_starts() {
+    let root = project();
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in ["bash", "touch", "sleep", "mv", "printf", "env"] {
+        let real = which(tool);
+        std::os::unix::fs::symlink(real, bin.join(tool)).unwrap();
+    }
+    let m = root.path().join("m.toml");
+    write(
+        &m,
+        "name = \"l\"\nexecutor = \"local\"\ncommand = 'touch \"$SWEEP_RUN_DIR/started\"; sleep 30'\n[sweep.grid]\nlauncher = [\"none\", \"mpirun\"]\n[local]\nparallel = 2\n",
+    );
+    let err = run_err(sweep(root.path()).env("PATH", &bin).arg("submit").arg(&m));
+    assert!(
+        err.contains("there is no mpirun on PATH") && err.contains("no run was started"),
+        "{err}"
+    );
+    for run in ["launcher-none", "launcher-mpirun"] {
+        let dir = root.path().join("results/l").join(run);
+        assert!(!dir.join("started").exists(), "{run} started");
+    }
+}
+
+/// Where `tool` is on this machine's PATH.
+fn which(tool: &str) -> std::path::PathBuf {
+    std::env::var("PATH")
+        .unwrap()
+        .split(':')
+        .map(|d| std::path::Path::new(d).join(tool))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("no {tool} on PATH"))
+}
+
+/// A failed run's last line, quoted under it, with a terminal's escapes in
+/// it (a title, a cleared screen, a clipboard write): they reach the
+/// terminal as nothing, or as text, never as escapes.
+#[test]
+fn what_a_job_prints_reaches_the_terminal_harmless() {
+    let root = project();
+    let m = root.path().join("m.toml");
+    write(
+        &m,
+        "name = \"esc\"\nexecutor = \"local\"\ncommand = '''printf '\\033]0;pwned\\007\\033[2J\\033]52;c;ZXZpbA==\\007oops\\001\\n'; exit 3'''\n",
+    );
+    let out = sweep(root.path()).arg("run").arg(&m).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("FAILED (exit 3)") && said.contains("oops"),
+        "{said}"
+    );
+    assert!(!said.contains(['\u{1b}', '\u{7}', '\u{1}']), "{said:?}");
+}

@@ -97,6 +97,20 @@ pub enum BenchCmd {
     /// Matmul throughput on this CPU, f32 (candle) and bf16 (sweep's kernel): what CPU MFU is measured against.
     #[command(after_help = "Example:\n  sweep bench peak")]
     Peak,
+    /// The local executor with many short runs: a study of N command runs of S seconds, P at a time, timed whole beside the floor its runs set.
+    #[command(after_help = "Example:\n  sweep bench local --runs 200 --parallel 32 --seconds 1")]
+    Local {
+        #[arg(long, default_value_t = 200, value_parser = count(1, 10_000))]
+        runs: usize,
+        #[arg(long, default_value_t = 32, value_parser = count(1, 1024))]
+        parallel: usize,
+        /// Each run's time (it sleeps).
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Where the temporary project is written.
+        #[arg(long, default_value = "results")]
+        dir: PathBuf,
+    },
     /// Plan + render of a large sweep, phase by phase.
     #[command(after_help = "Example:\n  sweep bench plan --runs 10000")]
     Plan {
