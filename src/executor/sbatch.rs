@@ -95,14 +95,14 @@ pub fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
 /// `set`: whether a variable is set.
 fn overriding_env(script: &str, set: impl Fn(&str) -> bool) -> Vec<&'static str> {
     let mut names = Vec::new();
-    for line in script.lines() {
-        let Some(option) = line
-            .strip_prefix("#SBATCH")
-            .and_then(crate::util::slurm::sbatch_option)
-        else {
-            continue;
-        };
-        names.extend_from_slice(match option {
+    let options = script
+        .lines()
+        .filter_map(|line| line.strip_prefix("#SBATCH"))
+        .flat_map(|rest| {
+            crate::util::slurm::options(crate::util::slurm::Tool::Sbatch, rest).unwrap_or_default()
+        });
+    for option in options {
+        names.extend_from_slice(match option.as_str() {
             "account" => &["SBATCH_ACCOUNT"][..],
             "constraint" => &["SBATCH_CONSTRAINT"],
             "exclusive" => &["SBATCH_EXCLUSIVE"],

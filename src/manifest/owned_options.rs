@@ -6,7 +6,7 @@
 //! run's (an axis's).
 
 use super::schema::SlurmSpec;
-use crate::util::slurm::{is_long_option, sbatch_option};
+use crate::util::slurm::{is_long_option, options, Tool};
 
 /// An option sweep's job scripts give sbatch or srun: its long name, the
 /// `[slurm]` key that sets it, and whether a study's `[slurm]` has it
@@ -102,12 +102,12 @@ const SWEEP_SRUN: [SweepOption; 9] = [
     }),
 ];
 
-/// Whether sbatch or srun read the option written as `name` as `option`:
-/// its very name, or — they take an option's unambiguous start for it
-/// (`--part=debug`) — its start, where `name` is no option of its own.
-fn reads_as(name: &str, option: &str) -> bool {
+/// Whether `tool` reads the option written as `name` as `option`: its
+/// very name, or — sbatch and srun take an option's unambiguous start for
+/// it (`--part=debug`) — its start, where `name` is no option of its own.
+fn reads_as(tool: Tool, name: &str, option: &str) -> bool {
     let whole = || {
-        is_long_option(name)
+        is_long_option(tool, name)
             || SWEEP_SBATCH
                 .iter()
                 .chain(&SWEEP_SRUN)
@@ -117,26 +117,29 @@ fn reads_as(name: &str, option: &str) -> bool {
     option == name || (option.starts_with(name) && !whole())
 }
 
-/// The option of `table` written in `spec`'s jobs that `text` (an option
-/// as written, `--time=10`, `-t 10`, `--tim=10`) sets, and how it says it.
+/// The first option of `table` written in `spec`'s jobs that one of
+/// `names` (the options of an entry, as written: `time`, `tim`) sets, and
+/// how it says it.
 fn owned<'t>(
-    text: &str,
+    tool: Tool,
+    names: &[String],
     table: &'t [SweepOption],
     spec: &SlurmSpec,
 ) -> Option<(&'t SweepOption, String)> {
-    let name = sbatch_option(text)?;
-    let mut set = table
-        .iter()
-        .filter(|o| (o.written)(spec) && reads_as(name, o.name));
-    let option = set.next()?;
-    let sets = match (option.name == name, set.next()) {
-        (true, _) => format!("sets `--{}`", option.name),
-        (false, None) => format!("abbreviates `--{}`", option.name),
-        (false, Some(other)) => {
-            format!("abbreviates `--{}` or `--{}`", option.name, other.name)
-        }
-    };
-    Some((option, sets))
+    names.iter().find_map(|name| {
+        let mut set = table
+            .iter()
+            .filter(|o| (o.written)(spec) && reads_as(tool, name, o.name));
+        let option = set.next()?;
+        let sets = match (option.name == name, set.next()) {
+            (true, _) => format!("sets `--{}`", option.name),
+            (false, None) => format!("abbreviates `--{}`", option.name),
+            (false, Some(other)) => {
+                format!("abbreviates `--{}` or `--{}`", option.name, other.name)
+            }
+        };
+        Some((option, sets))
+    })
 }
 
 /// What to do instead of setting `option`.
@@ -158,15 +161,28 @@ pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String
             "each entry is written as `#SBATCH <entry>`: give options such as `--exclusive` or `--gres=gpu:4`".into(),
         ));
     }
-    let action =
-        sbatch_option(line).and_then(|name| SBATCH_ACTIONS.iter().find(|(o, _)| reads_as(name, o)));
+    // Every option of the line, as sbatch reads it: `-vo x` sets the output.
+    let names = match options(Tool::Sbatch, line) {
+        Ok(names) => names,
+        Err(why) => {
+            return Some((
+                why,
+                "give sbatch's options as `man sbatch` spells them".into(),
+            ))
+        }
+    };
+    let action = names.iter().find_map(|name| {
+        SBATCH_ACTIONS
+            .iter()
+            .find(|(o, _)| reads_as(Tool::Sbatch, name, o))
+    });
     if let Some((option, does)) = action {
         return Some((
             format!("`{line}` (`--{option}`) {does}"),
             "leave it out: it is sbatch's option, not the job's".into(),
         ));
     }
-    let (option, sets) = owned(line, &SWEEP_SBATCH, spec)?;
+    let (option, sets) = owned(Tool::Sbatch, &names, &SWEEP_SBATCH, spec)?;
     Some((
         format!("`{line}` {sets}, which sweep's job scripts already set (a later `#SBATCH` line would override theirs)"),
         instead(option),
@@ -177,7 +193,11 @@ pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String
 /// `spec`, and what to do instead: it sets what sweep's launch line sets,
 /// or moves the run's output ([`SWEEP_SRUN`]).
 pub fn srun_arg_fault(arg: &str, spec: &SlurmSpec) -> Option<(String, String)> {
-    let (option, sets) = owned(arg, &SWEEP_SRUN, spec)?;
+    let names = match options(Tool::Srun, arg) {
+        Ok(names) => names,
+        Err(why) => return Some((why, "give srun's options as `man srun` spells them".into())),
+    };
+    let (option, sets) = owned(Tool::Srun, &names, &SWEEP_SRUN, spec)?;
     Some((
         format!("`{arg}` {sets}, which sweep gives the run's srun itself (the later argument would override it)"),
         instead(option),
@@ -331,6 +351,28 @@ mod tests {
             assert!(why.contains(does), "{line}: {why}");
         }
         assert_eq!(fault("--wait-all-nodes=1", &plain), None);
+        // Every option of an entry, as sbatch reads a line: clusters of
+        // one-letter options, several options, values glued on or apart.
+        for (line, option) in [
+            ("-vo /elsewhere/%j.out", "sets `--output`"),
+            ("--exclusive --time=00:05:00", "sets `--time`"),
+            ("--comment=x --array=0-3", "sets `--array`"),
+            ("--comment x -t 5", "sets `--time`"),
+            ("-vW", "wait for the job to end"),
+            ("--exclusive -Qt5", "sets `--time`"),
+        ] {
+            let why = fault(line, &plain).unwrap_or_default();
+            assert!(why.contains(option), "{line}: {why}");
+        }
+        for line in [
+            "--comment='-t 5 -o x'",
+            "--nice -5",
+            "--mem-per-cpu 4G --exclusive",
+        ] {
+            assert_eq!(fault(line, &plain), None, "{line}");
+        }
+        let why = fault("-Y", &plain).unwrap();
+        assert!(why.contains("no option of sbatch"), "{why}");
         // One rule for [slurm] and for every run's (an axis's) [slurm].
         let swept = SlurmSpec {
             extra_sbatch: vec!["--exclusive".into(), "-J mine".into()],
@@ -355,6 +397,9 @@ mod tests {
             ("--output=/scratch/%t.out", "sets `--output`"),
             ("-o", "sets `--output`"),
             ("--err=e.log", "abbreviates `--error`"),
+            ("-lN2", "sets `--nodes`"),
+            ("-lo/elsewhere/%t.out", "sets `--output`"),
+            ("--label --ntasks 4", "sets `--ntasks`"),
         ] {
             let why = fault(arg, &plain).unwrap_or_default();
             assert!(why.contains(option), "{arg}: {why}");

@@ -24,53 +24,215 @@ pub fn query(tool: &str) -> Command {
     cmd
 }
 
-/// sbatch's one-letter options and the long ones they stand for.
-const SHORT_OPTIONS: [(char, &str); 17] = [
-    ('A', "account"),
-    ('a', "array"),
-    ('C', "constraint"),
-    ('c', "cpus-per-task"),
-    ('d', "dependency"),
-    ('e', "error"),
-    ('G', "gpus"),
-    ('h', "help"),
-    ('J', "job-name"),
-    ('N', "nodes"),
-    ('n', "ntasks"),
-    ('o', "output"),
-    ('p', "partition"),
-    ('q', "qos"),
-    ('t', "time"),
-    ('V', "version"),
-    ('W', "wait"),
-];
-
-/// Whether `name` is the whole name of one of sbatch's long options that
-/// [`SHORT_OPTIONS`] knows, rather than the start of a longer one
-/// (`gpus` against `gpus-per-node`).
-pub fn is_long_option(name: &str) -> bool {
-    SHORT_OPTIONS.iter().any(|(_, long)| *long == name)
+/// The program that reads an option: an `#SBATCH` line's, or an argument of
+/// the run's `srun`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tool {
+    Sbatch,
+    Srun,
 }
 
-/// The long name of the sbatch option an `#SBATCH` line's text (after
-/// `#SBATCH`) starts with, however it is written: `--time=10`, `--time 10`,
-/// `-t 10` and `-t10` are all `time`. `None` for text that is no option,
-/// or a one-letter option not among [`SHORT_OPTIONS`]. A long name is as
-/// written: sbatch's reading of an abbreviation (`--part`) is the caller's.
-pub fn sbatch_option(text: &str) -> Option<&str> {
-    let rest = text.trim_start().strip_prefix('-')?;
-    match rest.strip_prefix('-') {
-        Some(long) => long
-            .split(['=', ' ', '\t'])
-            .next()
-            .filter(|n| !n.is_empty()),
-        None => {
-            let letter = rest.chars().next()?;
-            SHORT_OPTIONS
-                .iter()
-                .find(|(c, _)| *c == letter)
-                .map(|(_, long)| *long)
+/// Whether an option takes a value: in the next word or glued on
+/// (`Required`: `-t 10`, `-t10`, `--time 10`), or only glued on (`Optional`:
+/// `-K1`, `--exclusive=user`), or none (`No`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Takes {
+    Required,
+    Optional,
+    No,
+}
+
+use Takes::{No, Optional, Required};
+
+/// sbatch's one-letter options (22.05's `man sbatch`): the long ones they
+/// stand for and whether they take a value.
+const SBATCH_SHORT: [(char, &str, Takes); 34] = [
+    ('A', "account", Required),
+    ('a', "array", Required),
+    ('B', "extra-node-info", Required),
+    ('b', "begin", Required),
+    ('C', "constraint", Required),
+    ('c', "cpus-per-task", Required),
+    ('D', "chdir", Required),
+    ('d', "dependency", Required),
+    ('e', "error", Required),
+    ('F', "nodefile", Required),
+    ('G', "gpus", Required),
+    ('H', "hold", No),
+    ('h', "help", No),
+    ('i', "input", Required),
+    ('J', "job-name", Required),
+    ('k', "no-kill", Optional),
+    ('L', "licenses", Required),
+    ('M', "clusters", Required),
+    ('m', "distribution", Required),
+    ('N', "nodes", Required),
+    ('n', "ntasks", Required),
+    ('O', "overcommit", No),
+    ('o', "output", Required),
+    ('p', "partition", Required),
+    ('Q', "quiet", No),
+    ('q', "qos", Required),
+    ('S', "core-spec", Required),
+    ('s', "oversubscribe", No),
+    ('t', "time", Required),
+    ('V', "version", No),
+    ('v', "verbose", No),
+    ('W', "wait", No),
+    ('w', "nodelist", Required),
+    ('x', "exclude", Required),
+];
+
+/// srun's one-letter options (22.05's `man srun`).
+const SRUN_SHORT: [(char, &str, Takes); 41] = [
+    ('A', "account", Required),
+    ('B', "extra-node-info", Required),
+    ('b', "begin", Required),
+    ('C', "constraint", Required),
+    ('c', "cpus-per-task", Required),
+    ('D', "chdir", Required),
+    ('d', "dependency", Required),
+    ('E', "preserve-env", No),
+    ('e', "error", Required),
+    ('G', "gpus", Required),
+    ('H', "hold", No),
+    ('h', "help", No),
+    ('I', "immediate", Optional),
+    ('i', "input", Required),
+    ('J', "job-name", Required),
+    ('K', "kill-on-bad-exit", Optional),
+    ('k', "no-kill", Optional),
+    ('L', "licenses", Required),
+    ('l', "label", No),
+    ('M', "clusters", Required),
+    ('m', "distribution", Required),
+    ('N', "nodes", Required),
+    ('n', "ntasks", Required),
+    ('O', "overcommit", No),
+    ('o', "output", Required),
+    ('p', "partition", Required),
+    ('Q', "quiet", No),
+    ('q', "qos", Required),
+    ('r', "relative", Required),
+    ('S', "core-spec", Required),
+    ('s', "oversubscribe", No),
+    ('T', "threads", Required),
+    ('t', "time", Required),
+    ('u', "unbuffered", No),
+    ('V', "version", No),
+    ('v', "verbose", No),
+    ('W', "wait", Required),
+    ('w', "nodelist", Required),
+    ('X', "disable-status", No),
+    ('x', "exclude", Required),
+    ('Z', "no-allocate", No),
+];
+
+/// Long options that take no value of their own in the next word (none,
+/// or one only after `=`), beyond the one-letter ones' long names: a word
+/// after one is the next option or the program.
+const LONG_WITHOUT_VALUE: [&str; 19] = [
+    "contiguous",
+    "exclusive",
+    "exact",
+    "get-user-env",
+    "ignore-pmi",
+    "multi-prog",
+    "no-requeue",
+    "overlap",
+    "parsable",
+    "pty",
+    "reboot",
+    "requeue",
+    "send-libs",
+    "spread-job",
+    "test-only",
+    "usage",
+    "use-min-nodes",
+    "whole",
+    "x11",
+];
+
+fn short_options(tool: Tool) -> &'static [(char, &'static str, Takes)] {
+    match tool {
+        Tool::Sbatch => &SBATCH_SHORT,
+        Tool::Srun => &SRUN_SHORT,
+    }
+}
+
+/// Whether `name` is the whole name of one of `tool`'s long options that
+/// its one-letter options stand for, rather than the start of a longer one
+/// (`gpus` against `gpus-per-node`).
+pub fn is_long_option(tool: Tool, name: &str) -> bool {
+    short_options(tool).iter().any(|(_, long, _)| *long == name)
+}
+
+/// The long name of every option `text` gives `tool`, read as sbatch reads
+/// an `#SBATCH` line and srun its arguments (getopt): shell words, each an
+/// option with its value glued on or in the next word (`--time=10`,
+/// `--time 10`, `-t 10`, `-t10`), or a cluster of one-letter options whose
+/// last may take the rest as its value (`-vo /x` and `-lN2` set `output`
+/// and `nodes`). A long name is as written: the reading of an abbreviation
+/// (`--part`) is the caller's. Words that are no option (a value, the
+/// program) are passed over. `Err`: text that is no shell words (an open
+/// quote), or a one-letter option `tool` does not have.
+pub fn options(tool: Tool, text: &str) -> Result<Vec<String>, String> {
+    let words = shlex::split(text)
+        .ok_or_else(|| format!("`{text}` cannot be read as words (an open quote)"))?;
+    let mut names = Vec::new();
+    let mut words = words.iter().peekable();
+    while let Some(word) = words.next() {
+        let value_next = if let Some(long) = word.strip_prefix("--") {
+            let (name, glued) = match long.split_once('=') {
+                Some((n, _)) => (n, true),
+                None => (long, false),
+            };
+            if name.is_empty() {
+                break; // `--`: what follows is the program's
+            }
+            names.push(name.to_string());
+            let flag = LONG_WITHOUT_VALUE.contains(&name)
+                || short_options(tool)
+                    .iter()
+                    .any(|(_, l, t)| *l == name && *t != Required);
+            !glued && !flag
+        } else if let Some(cluster) = word
+            .strip_prefix('-')
+            .filter(|c| c.starts_with(|c: char| c.is_ascii_alphabetic()))
+        {
+            let mut value_next = false;
+            for (at, letter) in cluster.char_indices() {
+                let Some((_, long, takes)) =
+                    short_options(tool).iter().find(|(c, ..)| *c == letter)
+                else {
+                    return Err(format!(
+                        "`-{letter}` (in `{word}`) is no option of {}",
+                        name(tool)
+                    ));
+                };
+                names.push(long.to_string());
+                if *takes != No {
+                    // The rest of the word is its value.
+                    value_next = *takes == Required && at + 1 == cluster.len();
+                    break;
+                }
+            }
+            value_next
+        } else {
+            false
+        };
+        // A value that looks like an option is read as one: never a miss.
+        if value_next && words.peek().is_some_and(|w| !w.starts_with('-')) {
+            words.next();
         }
+    }
+    Ok(names)
+}
+
+fn name(tool: Tool) -> &'static str {
+    match tool {
+        Tool::Sbatch => "sbatch",
+        Tool::Srun => "srun",
     }
 }
 
@@ -168,6 +330,44 @@ fn usable(addrs: &[IpAddr]) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_option_of_an_entry_is_read_as_getopt_reads_it() {
+        let read = |tool, text| options(tool, text).unwrap();
+        assert_eq!(
+            read(Tool::Sbatch, "-vo /x/%j.out --time=5"),
+            ["verbose", "output", "time"]
+        );
+        assert_eq!(
+            read(Tool::Sbatch, "--comment x -t5 -J y"),
+            ["comment", "time", "job-name"]
+        );
+        // `-W` waits in sbatch, takes seconds in srun (`-W5 -l`: no label lost).
+        assert_eq!(read(Tool::Sbatch, "-vW"), ["verbose", "wait"]);
+        assert_eq!(read(Tool::Srun, "-W 5 -l"), ["wait", "label"]);
+        assert_eq!(
+            read(Tool::Srun, "-lN2 -lo/x"),
+            ["label", "nodes", "label", "output"]
+        );
+        // An optional value only glued on: the next word is an option again.
+        assert_eq!(read(Tool::Srun, "-K -n4"), ["kill-on-bad-exit", "ntasks"]);
+        assert_eq!(
+            read(Tool::Sbatch, "--exclusive --array=1"),
+            ["exclusive", "array"]
+        );
+        // Quoted values, negative numbers and `--` are no options.
+        assert_eq!(
+            read(Tool::Sbatch, "--comment='-t 5' --nice -5"),
+            ["comment", "nice"]
+        );
+        assert_eq!(read(Tool::Srun, "--label -- -n 4"), ["label"]);
+        assert!(options(Tool::Srun, "-Y")
+            .unwrap_err()
+            .contains("no option of srun"));
+        assert!(options(Tool::Sbatch, "--comment='x")
+            .unwrap_err()
+            .contains("open quote"));
+    }
 
     #[test]
     fn a_loopback_address_is_never_the_masters() {
