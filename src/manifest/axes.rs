@@ -322,7 +322,17 @@ impl Validator<'_, '_> {
                 );
                 continue;
             };
-            if RESERVED.contains(&key.as_str()) {
+            if let Some(field) = key.strip_prefix("slurm.") {
+                // Planned before derived values are: shown, and never applied.
+                self.at_key_help(
+                    &path,
+                    format!("a derived value cannot set [slurm]'s `{field}`: the job's [slurm] is settled before derived values are computed"),
+                    format!("write `{field}` in [slurm], or sweep it as an axis `\"slurm.{field}\" = [...]`; a derived value may read `slurm.{field}`"),
+                );
+                continue;
+            }
+            let head = key.split('.').next().unwrap_or_default();
+            if RESERVED.contains(&head) {
                 self.at_key(
                     &path,
                     format!(
