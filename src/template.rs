@@ -79,6 +79,15 @@ impl Engine {
             let s = shell_text(&v)?.replace('\'', r"'\''");
             Ok(Value::from_safe_string(s))
         });
+        env.add_filter(IN_BACKQUOTES, |v: Value| -> Result<Value, Error> {
+            if v.is_safe() {
+                return Ok(v);
+            }
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "a value inside backquotes (`…{{ x }}…`) cannot be quoted safely: bash reads backslashes and backquotes there twice; write the substitution as $( … ), where the value is one word",
+            ))
+        });
         env.add_filter(IN_DOUBLE_QUOTES, |v: Value| -> Result<Value, Error> {
             if v.is_safe() {
                 return Ok(v);
@@ -215,22 +224,31 @@ fn shell_text(value: &Value) -> Result<String, Error> {
 
 const IN_SINGLE_QUOTES: &str = "in_single_quotes";
 const IN_DOUBLE_QUOTES: &str = "in_double_quotes";
+const IN_BACKQUOTES: &str = "in_backquotes";
+
+/// Where bash is in a command line: the contexts open at a point, the
+/// innermost last. A command substitution starts afresh inside double
+/// quotes (`"$(printf '%s' {{ v }})"` reads the value bare, as a word).
+#[derive(Clone, Copy, PartialEq)]
+enum Context {
+    Single,
+    Double,
+    /// `$( … )` (and `$(( … ))`), with the parentheses open inside it.
+    Substitution(usize),
+    Backquotes,
+}
 
 /// Rewrites each `{{ expr }}` that stands inside shell quotes in a command
-/// template to `{{ (expr)|in_single_quotes }}` or `|in_double_quotes`. The
-/// quotes are followed through the template's text as bash reads it
-/// (backslashes, comments); tags and `{% %}` blocks are passed over, so a
-/// quote opened in one branch of an `if` is not seen. Lines are kept, so
-/// errors keep their line numbers.
+/// template to `{{ (expr)|in_single_quotes }}` or `|in_double_quotes`, and
+/// one inside backquotes to `|in_backquotes`, which refuses it (bash reads
+/// backslashes and backquotes there twice: no quoting holds). Quotes, `$(
+/// … )` and backquotes are followed through the template's text as bash
+/// reads it (backslashes, comments); tags and `{% %}` blocks are passed
+/// over, so a quote opened in one branch of an `if` is not seen. Lines are
+/// kept, so errors keep their line numbers.
 fn escape_for_quotes(src: &str) -> String {
-    #[derive(PartialEq)]
-    enum Quote {
-        None,
-        Single,
-        Double,
-    }
     let mut out = String::with_capacity(src.len());
-    let mut quote = Quote::None;
+    let mut open: Vec<Context> = Vec::new();
     // Whether a `#` here would start a comment (bash: at a word's start).
     let mut word_start = true;
     let mut rest = src;
@@ -246,10 +264,11 @@ fn escape_for_quotes(src: &str) -> String {
                 break;
             };
             let whole = &rest[..end + 2];
-            let filter = match quote {
-                Quote::Single => Some(IN_SINGLE_QUOTES),
-                Quote::Double => Some(IN_DOUBLE_QUOTES),
-                Quote::None => None,
+            let filter = match open.last() {
+                Some(Context::Single) => Some(IN_SINGLE_QUOTES),
+                Some(Context::Double) => Some(IN_DOUBLE_QUOTES),
+                Some(Context::Backquotes) => Some(IN_BACKQUOTES),
+                Some(Context::Substitution(_)) | None => None,
             };
             match filter {
                 Some(filter) if *tag == "{{" => {
@@ -271,23 +290,36 @@ fn escape_for_quotes(src: &str) -> String {
             continue;
         }
         let mut len = c.len_utf8();
-        match quote {
-            Quote::None => match c {
-                '\\' => len += rest[1..].chars().next().map_or(0, char::len_utf8),
-                '\'' => quote = Quote::Single,
-                '"' => quote = Quote::Double,
-                '#' if word_start => len = rest.find('\n').unwrap_or(rest.len()),
-                _ => {}
-            },
-            Quote::Single if c == '\'' => quote = Quote::None,
-            Quote::Double => match c {
-                '\\' => len += rest[1..].chars().next().map_or(0, char::len_utf8),
-                '"' => quote = Quote::None,
-                _ => {}
-            },
-            Quote::Single => {}
+        let escaped = || rest[1..].chars().next().map_or(0, char::len_utf8);
+        match (open.last().copied(), c) {
+            (Some(Context::Single), '\'') => drop(open.pop()),
+            (Some(Context::Single), _) => {}
+            (_, '\\') => len += escaped(),
+            (Some(Context::Double), '"') => drop(open.pop()),
+            (_, '$') if rest[1..].starts_with('(') => {
+                open.push(Context::Substitution(0));
+                len += 1;
+            }
+            (Some(Context::Backquotes), '`') => drop(open.pop()),
+            (_, '`') => open.push(Context::Backquotes),
+            (Some(Context::Double), _) => {}
+            (_, '\'') => open.push(Context::Single),
+            (_, '"') => open.push(Context::Double),
+            (_, '#') if word_start => len = rest.find('\n').unwrap_or(rest.len()),
+            (Some(Context::Substitution(n)), '(') => {
+                open.pop();
+                open.push(Context::Substitution(n + 1));
+            }
+            (Some(Context::Substitution(n)), ')') => {
+                open.pop();
+                if n > 0 {
+                    open.push(Context::Substitution(n - 1));
+                }
+            }
+            _ => {}
         }
-        word_start = quote == Quote::None && (c.is_whitespace() || ";&|()".contains(c));
+        let quoted = matches!(open.last(), Some(Context::Single | Context::Double));
+        word_start = !quoted && (c.is_whitespace() || ";&|()`".contains(c));
         out.push_str(&rest[..len]);
         rest = &rest[len..];
     }
@@ -348,17 +380,106 @@ pub fn launch_line(command: &str) -> String {
     if compound {
         return format!("set -o pipefail\n{command}");
     }
-    let first = command.split_whitespace().next().unwrap_or_default();
-    let assigns = first.split_once('=').is_some_and(|(name, _)| is_name(name));
-    const BUILTINS: [&str; 16] = [
-        "cd", "source", ".", "export", "set", "unset", "ulimit", "umask", "eval", "exit", "return",
-        "trap", "alias", "declare", "local", "readonly",
-    ];
-    match (assigns, BUILTINS.contains(&first) || first.is_empty()) {
-        (true, _) => format!("exec env {command}"),
-        (false, true) => command.to_string(),
-        (false, false) => format!("exec {command}"),
+    // The words as bash reads them: assignments, then the program.
+    let words = shlex::split(command).unwrap_or_default();
+    let is_assignment = |w: &&String| w.split_once('=').is_some_and(|(name, _)| is_name(name));
+    let assigns = words.iter().take_while(is_assignment).count();
+    match words.get(assigns) {
+        None => command.to_string(),
+        Some(program) if is_builtin(program) => command.to_string(),
+        Some(_) if assigns > 0 => format!("exec env {command}"),
+        Some(_) => format!("exec {command}"),
     }
+}
+
+/// Whether bash runs `word` itself, as a builtin or a reserved word
+/// (`compgen -b`, `compgen -k` of bash 5.2): `exec` cannot start it, and a
+/// line that begins with one (`exec python3 …`, `command python3 …`,
+/// `time …`) runs as written.
+fn is_builtin(word: &str) -> bool {
+    const BASH: [&str; 80] = [
+        ".",
+        ":",
+        "[",
+        "alias",
+        "bg",
+        "bind",
+        "break",
+        "builtin",
+        "caller",
+        "cd",
+        "command",
+        "compgen",
+        "complete",
+        "compopt",
+        "continue",
+        "declare",
+        "dirs",
+        "disown",
+        "echo",
+        "enable",
+        "eval",
+        "exec",
+        "exit",
+        "export",
+        "false",
+        "fc",
+        "fg",
+        "getopts",
+        "hash",
+        "help",
+        "history",
+        "jobs",
+        "kill",
+        "let",
+        "local",
+        "logout",
+        "mapfile",
+        "popd",
+        "printf",
+        "pushd",
+        "pwd",
+        "read",
+        "readarray",
+        "readonly",
+        "return",
+        "set",
+        "shift",
+        "shopt",
+        "source",
+        "suspend",
+        "test",
+        "times",
+        "trap",
+        "true",
+        "type",
+        "typeset",
+        "ulimit",
+        "umask",
+        "unalias",
+        "unset",
+        "wait",
+        "if",
+        "then",
+        "else",
+        "elif",
+        "fi",
+        "case",
+        "esac",
+        "for",
+        "select",
+        "while",
+        "until",
+        "do",
+        "done",
+        "function",
+        "time",
+        "{",
+        "!",
+        "[[",
+        "coproc",
+    ];
+    BASH.contains(&word)
 }
 
 /// Whether `s` is a shell variable's name.
@@ -446,7 +567,16 @@ mod tests {
             "exec env OMP_NUM_THREADS=4 A='x y' python3 train.py"
         );
         assert_eq!(launch_line("source env.sh"), "source env.sh");
-        assert_eq!(launch_line("x=1+1"), "exec env x=1+1");
+        // Builtins a user puts first run as written (`exec exec …` and
+        // `exec command …` fail with 127).
+        for written in ["exec python3 -V", "command python3 -V"] {
+            assert_eq!(launch_line(written), written);
+        }
+        assert_eq!(launch_line("x=1+1"), "x=1+1");
+        assert_eq!(
+            launch_line("A=1 exec python3 x.py"),
+            "A=1 exec python3 x.py"
+        );
         assert_eq!(launch_line("1=a prog"), "exec 1=a prog");
         for compound in ["echo a; exit 3", "a && b", "x | y", "a\nb"] {
             assert_eq!(
@@ -464,6 +594,8 @@ mod tests {
         };
         assert_eq!(run("(exit 3) | cat").status.code(), Some(3));
         assert_eq!(run("true | cat").status.code(), Some(0));
+        assert_eq!(run("exec sh -c 'exit 7'").status.code(), Some(7));
+        assert_eq!(run("command sh -c 'exit 7'").status.code(), Some(7));
         let o = run("SWEEP_X='a b' printenv SWEEP_X");
         assert_eq!(String::from_utf8_lossy(&o.stdout), "a b\n");
     }
@@ -495,12 +627,17 @@ mod tests {
             "$(id)",
             "back\\slash",
             "!x",
+            "x;echo injected",
+            "*",
             "",
         ];
         let command = concat!(
             "# don't: a comment's apostrophe opens nothing\n",
             "printf '%s|' {{ v }} '{{ v }}' \"{{ v }}\" --x='{{ v }}' \"--y={{- v -}}\" ",
-            "'pre {{ v }} post' \"{{ 'lit\"' }}{{ v }}\" \\'{{ v }}\\' {% if true %}\"{{ v|upper }}\"{% endif %}"
+            "'pre {{ v }} post' \"{{ 'lit\"' }}{{ v }}\" \\'{{ v }}\\' {% if true %}\"{{ v|upper }}\"{% endif %} ",
+            // A substitution starts afresh, inside double quotes too.
+            "\"$(printf '%s' {{ v }})\" \"$(printf '%s' \"{{ v }}\")\" ",
+            "\"$(printf '%s' \"$(printf '%s' '{{ v }}')\")\" \"$( (printf '%s' {{ v }}) )\""
         );
         e.add_command("command", command).unwrap();
         for v in values {
@@ -512,7 +649,9 @@ mod tests {
                 .unwrap();
             let upper = v.to_uppercase();
             // `\'{{ v }}\'`: a quote character, the value as a word, a quote.
-            let want = format!("{v}|{v}|{v}|--x={v}|--y={v}|pre {v} post|lit\"{v}|'{v}'|{upper}|");
+            let want = format!(
+                "{v}|{v}|{v}|--x={v}|--y={v}|pre {v} post|lit\"{v}|'{v}'|{upper}|{v}|{v}|{v}|{v}|"
+            );
             assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{v:?}: {line}");
         }
         // Outside quotes a value is still one shell word, and every form
@@ -521,6 +660,14 @@ mod tests {
         assert!(line.contains("printf '%s|' 'a b' 'a b'"), "{line}");
         let err = e.render("command", &context! { v => "a\nb" }).unwrap_err();
         assert!(describe(&err).contains("one-line values only"));
+        // Inside backquotes no quoting holds: refused, with what to write.
+        e.add_command("old", "echo \"`printf %s {{ v }}`\"")
+            .unwrap();
+        let err = describe(&e.render("old", &context! { v => "x" }).unwrap_err());
+        assert!(
+            err.contains("inside backquotes") && err.contains("$( … )"),
+            "{err}"
+        );
         // Lines are kept, so an error names the line the manifest has.
         e.add_command("bad", "echo ok\necho '{{ v.x.y }}'").unwrap();
         let err = e.render("bad", &context! { v => 1 }).unwrap_err();
