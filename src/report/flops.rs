@@ -6,7 +6,7 @@
 //! overridable by a run parameter of the same name. A log's own figures
 //! always win.
 
-use super::ingest::RunLog;
+use super::ingest::{Field, RunLog};
 use crate::manifest::{ReportSpec, TOKENS_PER_STEP};
 use serde_json::Value;
 
@@ -19,39 +19,72 @@ struct Basis {
     peak_flops: Option<f64>,
 }
 
-/// Fills each point's missing TFLOP/s (from its tokens/s) and MFU (from its
-/// TFLOP/s, its own or so computed), where the manifest or the run's
-/// parameters say how; a parameter that names no preset or device is an
-/// issue of the run.
+/// Fills each point's missing tokens/s (from its step time), TFLOP/s (from
+/// its tokens/s) and MFU (from its TFLOP/s, its own or so computed), where
+/// the manifest or the run's parameters say how; a parameter that names no
+/// preset or device is an issue of the run. A figure so derived is held to
+/// the bounds of a logged one ([`Field::plausible`]): one outside (from a
+/// step time of `1e-300ms`) is left out and said, never recorded.
 pub fn derive(run: &mut RunLog, spec: &ReportSpec) {
-    tokens_from_step_times(run);
-    let basis = match basis(run, spec) {
-        Ok(b) => b,
-        Err(why) => {
-            run.issues.push(why);
-            return;
-        }
-    };
-    for p in &mut run.points {
-        // A log's own figures win: Megatron's, for one, logs TFLOP/s per
-        // GPU and no MFU.
-        if let (None, Some(tps), Some(f)) = (p.tflops, p.tokens_per_second, basis.flops_per_token) {
-            p.tflops = Some(crate::estimate::flops(tps, f, None).0);
-        }
-        if let (None, Some(tflops), Some(peak)) = (p.mfu_pct, p.tflops, basis.peak_flops) {
-            p.mfu_pct = Some(crate::estimate::mfu_pct(tflops * 1e12, peak));
+    let mut out = LeftOut::default();
+    if let Some(tokens) = tokens_per_step(&run.params) {
+        for p in &mut run.points {
+            out.note(Field::TokensPerSecond, tokens_from_step_time(p, tokens));
         }
     }
+    match basis(run, spec) {
+        Err(why) => run.issues.push(why),
+        Ok(basis) => {
+            for p in &mut run.points {
+                // A log's own figures win: Megatron's, for one, logs TFLOP/s
+                // per GPU and no MFU.
+                if let (None, Some(tps), Some(f)) =
+                    (p.tflops, p.tokens_per_second, basis.flops_per_token)
+                {
+                    p.tflops = out.keep(Field::Tflops, crate::estimate::flops(tps, f, None).0);
+                }
+                if let (None, Some(tflops), Some(peak)) = (p.mfu_pct, p.tflops, basis.peak_flops) {
+                    p.mfu_pct =
+                        out.keep(Field::MfuPct, crate::estimate::mfu_pct(tflops * 1e12, peak));
+                }
+            }
+        }
+    }
+    run.issues.extend(out.describe());
 }
 
-/// tokens/s = the run's `tokens_per_step` / the step's time, at each point
-/// that logs a time and no tokens/s.
-fn tokens_from_step_times(run: &mut RunLog) {
-    let Some(tokens) = tokens_per_step(&run.params) else {
-        return;
-    };
-    for p in &mut run.points {
-        tokens_from_step_time(p, tokens);
+/// The derived figures left out, by field: how many, and the first.
+#[derive(Default)]
+struct LeftOut(Vec<(Field, usize, f64)>);
+
+impl LeftOut {
+    /// `v`, where a run could log it; else `None`, counted.
+    fn keep(&mut self, field: Field, v: f64) -> Option<f64> {
+        if field.plausible().contains(&v) {
+            return Some(v);
+        }
+        self.note(field, Some(v));
+        None
+    }
+
+    fn note(&mut self, field: Field, left_out: Option<f64>) {
+        let Some(v) = left_out else { return };
+        match self.0.iter_mut().find(|(f, ..)| *f == field) {
+            Some((_, n, _)) => *n += 1,
+            None => self.0.push((field, 1, v)),
+        }
+    }
+
+    fn describe(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .map(|(field, n, v)| {
+                format!(
+                    "`{}` computed from its log left out on {n} point(s), not a value a run can have (first: {v:e}; a step time or rate the log got wrong)",
+                    field.name()
+                )
+            })
+            .collect()
     }
 }
 
@@ -62,10 +95,19 @@ pub fn tokens_per_step(params: &indexmap::IndexMap<String, Value>) -> Option<f64
 }
 
 /// tokens/s = `tokens` / the step's time, where `p` logs a time and no
-/// tokens/s.
-pub fn tokens_from_step_time(p: &mut super::ingest::Point, tokens: f64) {
-    if let (None, Some(t)) = (p.tokens_per_second, p.step_time_s) {
-        p.tokens_per_second = (t > 0.0).then(|| tokens / t);
+/// tokens/s, and the figure is one a run can have ([`Field::plausible`]);
+/// returns the figure left out, if one was.
+pub fn tokens_from_step_time(p: &mut super::ingest::Point, tokens: f64) -> Option<f64> {
+    let (None, Some(t)) = (p.tokens_per_second, p.step_time_s) else {
+        return None;
+    };
+    let tps = tokens / t;
+    match t > 0.0 && Field::TokensPerSecond.plausible().contains(&tps) {
+        true => {
+            p.tokens_per_second = Some(tps);
+            None
+        }
+        false => (t > 0.0).then_some(tps),
     }
 }
 
@@ -223,6 +265,36 @@ mod tests {
         let mut r = run(&[("peak_flops", Value::from(-1))]);
         derive(&mut r, &spec);
         assert!(r.issues[0].contains("no peak"), "{:?}", r.issues);
+    }
+
+    /// A derived figure is held to a logged one's bounds: a step time of
+    /// 1e-300 ms, a pace of 1e300 it/s, FLOPs per token past any model.
+    #[test]
+    fn a_derived_figure_no_run_can_have_is_left_out_and_said() {
+        let mut r = run(&[(TOKENS_PER_STEP, Value::from(8192))]);
+        r.points[0].tokens_per_second = None;
+        r.points[0].step_time_s = Some(1e-303);
+        r.points.push(Point {
+            step: 2.0,
+            step_time_s: Some(0.5),
+            ..Point::default()
+        });
+        let spec = ReportSpec {
+            flops_per_token: Some(1e300),
+            peak_flops: Some(1e15),
+            ..ReportSpec::default()
+        };
+        derive(&mut r, &spec);
+        assert_eq!(r.points[0].tokens_per_second, None);
+        assert_eq!(r.points[1].tokens_per_second, Some(16384.0));
+        assert_eq!((r.points[1].tflops, r.points[1].mfu_pct), (None, None));
+        let said = r.issues.join("\n");
+        assert!(
+            said.contains("`tokens_per_second` computed from its log left out on 1 point(s)")
+                && said.contains("first: 8.192e306")
+                && said.contains("`tflops` computed from its log left out on 1 point(s)"),
+            "{said}"
+        );
     }
 
     /// Megatron logs TFLOP/s per GPU and no MFU: its device's peak alone
