@@ -88,6 +88,24 @@ impl Engine {
                 "a value inside backquotes (`…{{ x }}…`) cannot be quoted safely: bash reads backslashes and backquotes there twice; write the substitution as $( … ), where the value is one word",
             ))
         });
+        // A here-document's body: bash expands `$`, backquotes and
+        // backslashes there (not quotes); under a quoted delimiter nothing.
+        env.add_filter(IN_HEREDOC, |v: Value| -> Result<Value, Error> {
+            if v.is_safe() {
+                return Ok(v);
+            }
+            let mut s = String::new();
+            for c in shell_text(&v)?.chars() {
+                if matches!(c, '\\' | '$' | '`') {
+                    s.push('\\');
+                }
+                s.push(c);
+            }
+            Ok(Value::from_safe_string(s))
+        });
+        env.add_filter(IN_HEREDOC_AS_WRITTEN, |v: Value| -> Result<Value, Error> {
+            Ok(Value::from_safe_string(shell_text(&v)?))
+        });
         env.add_filter(IN_DOUBLE_QUOTES, |v: Value| -> Result<Value, Error> {
             if v.is_safe() {
                 return Ok(v);
@@ -225,6 +243,8 @@ fn shell_text(value: &Value) -> Result<String, Error> {
 const IN_SINGLE_QUOTES: &str = "in_single_quotes";
 const IN_DOUBLE_QUOTES: &str = "in_double_quotes";
 const IN_BACKQUOTES: &str = "in_backquotes";
+const IN_HEREDOC: &str = "in_heredoc";
+const IN_HEREDOC_AS_WRITTEN: &str = "in_heredoc_as_written";
 
 /// Where bash is in a command line: the contexts open at a point, the
 /// innermost last. A command substitution starts afresh inside double
@@ -241,50 +261,29 @@ enum Context {
 /// Rewrites each `{{ expr }}` that stands inside shell quotes in a command
 /// template to `{{ (expr)|in_single_quotes }}` or `|in_double_quotes`, and
 /// one inside backquotes to `|in_backquotes`, which refuses it (bash reads
-/// backslashes and backquotes there twice: no quoting holds). Quotes, `$(
-/// … )` and backquotes are followed through the template's text as bash
+/// backslashes and backquotes there twice: no quoting holds), and one in a
+/// here-document's body to the filter for it. Quotes, `$( … )`, backquotes
+/// and here-documents are followed through the template's text as bash
 /// reads it (backslashes, comments); tags and `{% %}` blocks are passed
 /// over, so a quote opened in one branch of an `if` is not seen. Lines are
 /// kept, so errors keep their line numbers.
 fn escape_for_quotes(src: &str) -> String {
     let mut out = String::with_capacity(src.len());
     let mut open: Vec<Context> = Vec::new();
+    // Here-documents begun on this line, their bodies due after it.
+    let mut heredocs: Vec<Heredoc> = Vec::new();
     // Whether a `#` here would start a comment (bash: at a word's start).
     let mut word_start = true;
     let mut rest = src;
     while let Some(c) = rest.chars().next() {
-        if let Some(tag) = ["{{", "{%", "{#"].iter().find(|t| rest.starts_with(**t)) {
-            let close = match *tag {
-                "{{" => "}}",
-                "{%" => "%}",
-                _ => "#}",
-            };
-            let Some(end) = tag_end(rest, close) else {
-                out.push_str(rest); // unclosed: minijinja says where
-                break;
-            };
-            let whole = &rest[..end + 2];
+        if let Some((whole, tag)) = tag_at(rest) {
             let filter = match open.last() {
                 Some(Context::Single) => Some(IN_SINGLE_QUOTES),
                 Some(Context::Double) => Some(IN_DOUBLE_QUOTES),
                 Some(Context::Backquotes) => Some(IN_BACKQUOTES),
                 Some(Context::Substitution(_)) | None => None,
             };
-            match filter {
-                Some(filter) if *tag == "{{" => {
-                    let inner = &whole[2..whole.len() - 2];
-                    let (open, inner) = match inner.strip_prefix(['-', '+']) {
-                        Some(x) => (&inner[..1], x),
-                        None => ("", inner),
-                    };
-                    let (inner, shut) = match inner.strip_suffix(['-', '+']) {
-                        Some(x) => (x, &inner[inner.len() - 1..]),
-                        None => (inner, ""),
-                    };
-                    out.push_str(&format!("{{{{{open} ({inner})|{filter} {shut}}}}}"));
-                }
-                _ => out.push_str(whole),
-            }
+            out.push_str(&filtered(whole, tag, filter));
             rest = &rest[whole.len()..];
             word_start = false;
             continue;
@@ -306,6 +305,18 @@ fn escape_for_quotes(src: &str) -> String {
             (_, '\'') => open.push(Context::Single),
             (_, '"') => open.push(Context::Double),
             (_, '#') if word_start => len = rest.find('\n').unwrap_or(rest.len()),
+            (_, '<') if rest.starts_with("<<") && !rest.starts_with("<<<") => {
+                if let Some((h, taken)) = Heredoc::begun(&rest[2..]) {
+                    heredocs.push(h);
+                    len = 2 + taken;
+                }
+            }
+            (_, '\n') if !heredocs.is_empty() => {
+                out.push('\n');
+                rest = heredoc_bodies(&rest[1..], std::mem::take(&mut heredocs), &mut out);
+                word_start = true;
+                continue;
+            }
             (Some(Context::Substitution(n)), '(') => {
                 open.pop();
                 open.push(Context::Substitution(n + 1));
@@ -324,6 +335,122 @@ fn escape_for_quotes(src: &str) -> String {
         rest = &rest[len..];
     }
     out
+}
+
+/// The minijinja tag `rest` starts with, whole, and its opening (`{{`,
+/// `{%`, `{#`); `None` where it starts with none, or one left unclosed
+/// (minijinja says where).
+fn tag_at(rest: &str) -> Option<(&str, &'static str)> {
+    let tag = ["{{", "{%", "{#"]
+        .into_iter()
+        .find(|t| rest.starts_with(t))?;
+    let close = match tag {
+        "{{" => "}}",
+        "{%" => "%}",
+        _ => "#}",
+    };
+    let end = tag_end(rest, close)?;
+    Some((&rest[..end + 2], tag))
+}
+
+/// A `{{ expr }}` tag as `{{ (expr)|filter }}`; any other tag as it is.
+fn filtered(whole: &str, tag: &str, filter: Option<&str>) -> String {
+    let Some(filter) = filter.filter(|_| tag == "{{") else {
+        return whole.to_string();
+    };
+    let inner = &whole[2..whole.len() - 2];
+    let (open, inner) = match inner.strip_prefix(['-', '+']) {
+        Some(x) => (&inner[..1], x),
+        None => ("", inner),
+    };
+    let (inner, shut) = match inner.strip_suffix(['-', '+']) {
+        Some(x) => (x, &inner[inner.len() - 1..]),
+        None => (inner, ""),
+    };
+    format!("{{{{{open} ({inner})|{filter} {shut}}}}}")
+}
+
+/// A here-document (`<<EOF`, `<<-'EOF'`): its body's lines run to the one
+/// that is its delimiter. Where the delimiter is quoted the body is taken
+/// as written; else bash expands `$`, backquotes and backslashes in it.
+struct Heredoc {
+    delimiter: String,
+    literal: bool,
+    /// `<<-`: leading tabs are no part of a line.
+    tabs: bool,
+}
+
+impl Heredoc {
+    /// The here-document whose `<<` precedes `rest`, and how much of
+    /// `rest` its operator and delimiter take.
+    fn begun(rest: &str) -> Option<(Heredoc, usize)> {
+        let tabs = rest.starts_with('-');
+        let after = &rest[usize::from(tabs)..];
+        let word = after.trim_start_matches([' ', '\t']);
+        let end = word
+            .find(|c: char| c.is_whitespace() || ";&|<>()".contains(c))
+            .unwrap_or(word.len());
+        let written = &word[..end];
+        let delimiter: String = written.chars().filter(|c| !"'\"\\".contains(*c)).collect();
+        if delimiter.is_empty() || written.contains("{{") {
+            return None;
+        }
+        let taken = rest.len() - word.len() + end;
+        let literal = written.len() != delimiter.len();
+        Some((
+            Heredoc {
+                delimiter,
+                literal,
+                tabs,
+            },
+            taken,
+        ))
+    }
+}
+
+/// The bodies of `heredocs`, in order, from `rest` (the line after their
+/// operators) into `out`, each `{{ }}` in them escaped for the body; what
+/// follows the last.
+fn heredoc_bodies<'a>(mut rest: &'a str, heredocs: Vec<Heredoc>, out: &mut String) -> &'a str {
+    for h in heredocs {
+        while !rest.is_empty() {
+            let line_end = rest.find('\n').map_or(rest.len(), |i| i + 1);
+            let line = &rest[..line_end];
+            rest = &rest[line_end..];
+            let bare = line.trim_end_matches('\n');
+            let bare = if h.tabs {
+                bare.trim_start_matches('\t')
+            } else {
+                bare
+            };
+            if bare == h.delimiter {
+                out.push_str(line);
+                break;
+            }
+            let filter = if h.literal {
+                IN_HEREDOC_AS_WRITTEN
+            } else {
+                IN_HEREDOC
+            };
+            let mut text = line;
+            while let Some(at) = text.find('{') {
+                out.push_str(&text[..at]);
+                text = &text[at..];
+                match tag_at(text) {
+                    Some((whole, tag)) => {
+                        out.push_str(&filtered(whole, tag, Some(filter)));
+                        text = &text[whole.len()..];
+                    }
+                    None => {
+                        out.push('{');
+                        text = &text[1..];
+                    }
+                }
+            }
+            out.push_str(text);
+        }
+    }
+    rest
 }
 
 /// Where `close` ends the tag that `rest` starts with, past any string
@@ -660,6 +787,23 @@ mod tests {
         assert!(line.contains("printf '%s|' 'a b' 'a b'"), "{line}");
         let err = e.render("command", &context! { v => "a\nb" }).unwrap_err();
         assert!(describe(&err).contains("one-line values only"));
+        // A here-document's body is no shell word: the value as its text,
+        // expanded by nothing (`$(…)` there ran).
+        e.add_command(
+            "here",
+            "cat <<EOF\n[{{ v }}]\nEOF\ncat <<-'END'; cat <<X\n\t({{ v }})\n\tEND\n<{{ v }}>\nX\necho '{{ v }}'",
+        )
+        .unwrap();
+        for v in values {
+            let line = e.render("here", &context! { v => v }).unwrap();
+            let out = std::process::Command::new("bash")
+                .args(["-c", &line])
+                .env_remove("HOME")
+                .output()
+                .unwrap();
+            let want = format!("[{v}]\n({v})\n<{v}>\n{v}\n");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), want, "{v:?}: {line}");
+        }
         // Inside backquotes no quoting holds: refused, with what to write.
         e.add_command("old", "echo \"`printf %s {{ v }}`\"")
             .unwrap();
