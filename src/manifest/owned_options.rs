@@ -6,7 +6,7 @@
 //! run's (an axis's).
 
 use super::schema::SlurmSpec;
-use crate::util::slurm::{is_long_option, options, Tool};
+use crate::util::slurm::{first_operand, is_long_option, options, Tool};
 
 /// An option sweep's job scripts give sbatch or srun: its long name, the
 /// `[slurm]` key that sets it, and whether a study's `[slurm]` has it
@@ -204,6 +204,22 @@ pub fn srun_arg_fault(arg: &str, spec: &SlurmSpec) -> Option<(String, String)> {
     ))
 }
 
+/// The first `srun_args` entry where srun's options end (each entry is
+/// one argument): srun would run it, and what follows, as the program
+/// instead of the run's command. Its index, why, and what to do.
+pub fn srun_program_fault(args: &[String]) -> Option<(usize, String, String)> {
+    let at = first_operand(Tool::Srun, args)?;
+    let why = match args[at].as_str() {
+        "--" => "`--` ends srun's options: srun would run what follows as the program, not the run's command".to_string(),
+        word => format!("`{word}` is no srun option nor an option's value: srun would run it as the program, not the run's command"),
+    };
+    Some((
+        at,
+        why,
+        "give options only (`--mpi=pmi2`); a program to wrap the run's goes in `command`".into(),
+    ))
+}
+
 /// The variables a launcher gives every process it starts; a run without
 /// a launcher sees none of them, whatever the environment it was started
 /// from held (`plan::launch` sets and unsets them).
@@ -264,6 +280,7 @@ pub fn check(spec: &SlurmSpec) -> Result<(), (&'static str, String)> {
         spec.srun_args
             .iter()
             .find_map(|a| srun_arg_fault(a, spec))
+            .or_else(|| srun_program_fault(&spec.srun_args).map(|(_, why, help)| (why, help)))
             .map(|f| ("srun_args", f))
     };
     match sbatch.or_else(srun) {

@@ -311,6 +311,11 @@ impl Validator<'_, '_> {
                 self.at_value_help(&format!("slurm.srun_args[{i}]"), why, help);
             }
         }
+        if let Some((i, why, help)) =
+            super::owned_options::srun_program_fault(&file.slurm.srun_args)
+        {
+            self.at_value_help(&format!("slurm.srun_args[{i}]"), why, help);
+        }
         for (k, _) in &file.slurm.env {
             if !is_env_name(k) {
                 self.at_key(

@@ -173,22 +173,43 @@ pub fn is_long_option(tool: Tool, name: &str) -> bool {
 /// `--time 10`, `-t 10`, `-t10`), or a cluster of one-letter options whose
 /// last may take the rest as its value (`-vo /x` and `-lN2` set `output`
 /// and `nodes`). A long name is as written: the reading of an abbreviation
-/// (`--part`) is the caller's. Words that are no option (a value, the
-/// program) are passed over. `Err`: text that is no shell words (an open
-/// quote), or a one-letter option `tool` does not have.
+/// (`--part`) is the caller's. The options end at the first word that is
+/// none (getopt would stop there too, or take it for the program). `Err`:
+/// text that is no shell words (an open quote), or a one-letter option
+/// `tool` does not have.
 pub fn options(tool: Tool, text: &str) -> Result<Vec<String>, String> {
     let words = shlex::split(text)
         .ok_or_else(|| format!("`{text}` cannot be read as words (an open quote)"))?;
+    read(tool, &words).map(|r| r.names)
+}
+
+/// The index of the first of `words` (arguments as the program gets
+/// them) that `tool` takes for no option nor an option's value: where its
+/// options end (srun runs it as its program), or `--`.
+pub fn first_operand(tool: Tool, words: &[String]) -> Option<usize> {
+    read(tool, words).ok()?.operand
+}
+
+struct Read {
+    names: Vec<String>,
+    operand: Option<usize>,
+}
+
+fn read(tool: Tool, words: &[String]) -> Result<Read, String> {
     let mut names = Vec::new();
-    let mut words = words.iter().peekable();
-    while let Some(word) = words.next() {
+    let mut words = words.iter().enumerate().peekable();
+    while let Some((i, word)) = words.next() {
         let value_next = if let Some(long) = word.strip_prefix("--") {
             let (name, glued) = match long.split_once('=') {
                 Some((n, _)) => (n, true),
                 None => (long, false),
             };
             if name.is_empty() {
-                break; // `--`: what follows is the program's
+                // `--`: what follows is the program's.
+                return Ok(Read {
+                    names,
+                    operand: Some(i),
+                });
             }
             names.push(name.to_string());
             let flag = LONG_WITHOUT_VALUE.contains(&name)
@@ -218,15 +239,23 @@ pub fn options(tool: Tool, text: &str) -> Result<Vec<String>, String> {
                 }
             }
             value_next
+        } else if word.starts_with('-') && word.len() > 1 {
+            false // a negative number: an option's value
         } else {
-            false
+            return Ok(Read {
+                names,
+                operand: Some(i),
+            });
         };
         // A value that looks like an option is read as one: never a miss.
-        if value_next && words.peek().is_some_and(|w| !w.starts_with('-')) {
+        if value_next && words.peek().is_some_and(|(_, w)| !w.starts_with('-')) {
             words.next();
         }
     }
-    Ok(names)
+    Ok(Read {
+        names,
+        operand: None,
+    })
 }
 
 fn name(tool: Tool) -> &'static str {
@@ -361,6 +390,20 @@ mod tests {
             ["comment", "nice"]
         );
         assert_eq!(read(Tool::Srun, "--label -- -n 4"), ["label"]);
+        // Where the options end: srun would run that word as its program.
+        let words = |ws: &[&str]| ws.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            first_operand(Tool::Srun, &words(&["--mpi", "pmi2", "-l"])),
+            None
+        );
+        assert_eq!(
+            first_operand(Tool::Srun, &words(&["-l", "hostname"])),
+            Some(1)
+        );
+        assert_eq!(
+            first_operand(Tool::Srun, &words(&["--label", "--", "-n4"])),
+            Some(1)
+        );
         assert!(options(Tool::Srun, "-Y")
             .unwrap_err()
             .contains("no option of srun"));
