@@ -40,13 +40,15 @@ pub fn run(
     std::fs::write(&manifest, manifest_text(runs, parallel, seconds))?;
     let sweep = std::env::current_exe().context("finding the sweep binary")?;
     let start = Instant::now();
-    let out = std::process::Command::new(sweep)
-        .arg("-C")
-        .arg(project.path())
-        .args(["submit", "bench-local.toml", "--executor", "local"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .context("starting sweep submit")?;
+    // A stop signal to the benchmark stops the submit, and its runs, too.
+    let out = crate::util::process::output_stoppable(
+        std::process::Command::new(sweep)
+            .arg("-C")
+            .arg(project.path())
+            .args(["submit", "bench-local.toml", "--executor", "local"])
+            .stdin(std::process::Stdio::null()),
+    )
+    .context("starting sweep submit")?;
     let total_s = start.elapsed().as_secs_f64();
     ensure!(
         out.status.success(),
