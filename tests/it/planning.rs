@@ -438,7 +438,7 @@ setup = [
     "echo 'quoted; $(touch pwned-setup)' >> \"$SWEEP_RUN_DIR/trace\"",
     "echo \"env=$HOSTILE\" >> \"$SWEEP_RUN_DIR/trace\"",
 ]
-srun_args = ["--label", "; touch pwned-srun"]
+srun_args = ["--label", "--comment=; touch pwned-srun"]
 "##,
     );
     run_ok(sweep(root.path()).arg("render").arg(&m));
@@ -519,7 +519,7 @@ srun_args = ["--label", "; touch pwned-srun"]
     let trace = std::fs::read_to_string(dir.join("trace")).unwrap();
     assert_eq!(
         trace,
-        "setup-1\nquoted; $(touch pwned-setup)\nenv=$(touch pwned-env)'\"; id\nsrun arg: --label\nsrun arg: ; touch pwned-srun\n"
+        "setup-1\nquoted; $(touch pwned-setup)\nenv=$(touch pwned-env)'\"; id\nsrun arg: --label\nsrun arg: --comment=; touch pwned-srun\n"
     );
     let pwned: Vec<_> = walk(root.path())
         .into_iter()
