@@ -106,29 +106,39 @@ pub fn parse(bytes: &[u8]) -> Parsed {
 
 /// The latest point of a metrics file, reading only its tail (for live views).
 pub fn last_point(path: &std::path::Path) -> Option<Point> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).ok()?;
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
-    let len = f.metadata().ok()?.len();
-    f.seek(SeekFrom::Start(len.saturating_sub(8192))).ok()?;
-    let mut tail = Vec::new();
-    f.take(8192).read_to_end(&mut tail).ok()?;
-    // The first line of the tail may be cut; parse drops what does not read.
-    let start = if len > 8192 {
-        tail.iter()
-            .position(|&b| b == b'\n')
-            .map_or(tail.len(), |i| i + 1)
-    } else {
-        0
+    const TAIL: usize = 8192;
+    // Opened as a file only (a FIFO put there would block the live view);
+    // one byte more than the tail says whether its first line was cut.
+    let read = crate::util::fs::read_tail(path, TAIL as u64 + 1).ok()?;
+    let tail = match read.len() > TAIL {
+        true => {
+            let tail = &read[1..];
+            &tail[tail
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(tail.len(), |i| i + 1)..]
+        }
+        false => &read[..],
     };
-    parse(&tail[start..]).points.pop()
+    parse(tail).points.pop()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The live view's read of a run's metrics: a FIFO in the file's place
+    /// is not opened to block it (it blocked until a writer came).
+    #[test]
+    fn the_last_point_of_a_fifo_is_none_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("metrics.jsonl");
+        crate::util::fs::tests::mkfifo(&path);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(last_point(&path).is_none()));
+        let answered = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(answered, Ok(true), "it blocked on the FIFO");
+    }
 
     /// A kernel that fell back is a note, once however often the run (and
     /// its resumes) recorded it; a hostile detail is cut and printable.
