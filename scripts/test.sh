@@ -109,9 +109,12 @@ else
     [ $main -eq 0 ] && [ $two -eq 0 ] || { echo "test.sh: tests failed (main run $main, two-node run $two)" >&2; exit 1; }
 fi
 
-# On a CPU with AVX-512 BF16 the bf16-mixed tests above ran on that kernel: run
-# them again through the portable one, which CPUs without it use (the memory test
-# above already covers both).
+# On a CPU with AMX or AVX-512 BF16 the bf16-mixed tests above ran on its best
+# kernel: run them again through each slower one it has, which other CPUs use
+# (the memory test above already covers them).
+if [ $# -eq 0 ] && grep -qw amx_bf16 /proc/cpuinfo; then
+    SWEEP_CPU_KERNELS=avx512-bf16 cargo test --release --locked --features mpi --lib bf16
+fi
 if [ $# -eq 0 ] && grep -qw avx512_bf16 /proc/cpuinfo; then
     SWEEP_CPU_KERNELS=portable cargo test --release --locked --features mpi --lib bf16
 fi

@@ -234,11 +234,12 @@ pub fn gpu_cases(layers: usize) -> Vec<TrainCase> {
 fn peak(c: &TrainCase, device_name: &str, threads: usize, gpu: Option<&str>) -> Result<f64> {
     Ok(match c.device {
         DeviceKind::Cpu => {
-            let kernel = match c.precision {
-                Precision::Bf16Mixed => Kernel::Bf16,
-                _ => Kernel::F32,
-            };
-            crate::train::run::peak::refresh(kernel, threads)?
+            let bf16 = c.precision == Precision::Bf16Mixed;
+            let mut best = 0f64;
+            for kernel in Kernel::for_precision(bf16) {
+                best = best.max(crate::train::run::peak::refresh(kernel, threads)?);
+            }
+            best
         }
         DeviceKind::Cuda => {
             let cfg = TrainConfig {

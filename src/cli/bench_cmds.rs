@@ -393,8 +393,13 @@ fn gemms(g: &GemmsBenchCli, rt: &RuntimeOptions) -> Result<()> {
 
 fn peak() -> Result<()> {
     let cores = crate::config::runtime::cores();
+    use crate::train::network::ops::linear::bf16_gemm::Bf16Kernel;
     use crate::train::run::peak::{refresh, Kernel};
-    let kernels = [Kernel::F32, Kernel::Bf16];
+    let bf16 = Bf16Kernel::ALL.into_iter().filter(|k| k.available());
+    let kernels: Vec<Kernel> = [Kernel::F32]
+        .into_iter()
+        .chain(bf16.map(Kernel::Bf16))
+        .collect();
     outln!("matmul peak (best of 256/512/1024 square products), cached for MFU:");
     for kernel in kernels {
         for threads in 1..=cores {
@@ -403,7 +408,7 @@ fn peak() -> Result<()> {
             std::env::set_var("RAYON_NUM_THREADS", threads.to_string());
             let p = refresh(kernel, threads)?;
             outln!(
-                "  {:<22} {threads} thread(s): {:8.1} GFLOP/s",
+                "  {:<32} {threads} thread(s): {:8.1} GFLOP/s",
                 kernel.describe(),
                 p / 1e9
             );

@@ -142,7 +142,7 @@ pub enum Precision {
     /// bf16 parameters, gradients and optimizer state (GPUs; the reference study).
     Bf16,
     /// f32 weights and optimizer, matrix products with bf16 operands and f32
-    /// accumulation (the CPU's autocast: AVX-512 BF16 where the CPU has it, else a portable kernel).
+    /// accumulation (the CPU's autocast: AMX or AVX-512 BF16 where the CPU has it, else a portable kernel).
     Bf16Mixed,
 }
 

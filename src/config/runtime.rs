@@ -17,9 +17,13 @@ use std::sync::OnceLock;
 /// Which CPU kernel multiplies bf16-mixed's operands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuKernels {
-    /// The best the CPU has (AVX-512 BF16 where present).
+    /// The best the CPU has (AMX, else AVX-512 BF16, where present).
     #[default]
     Auto,
+    /// AMX where the CPU has it (as `auto`: the fastest).
+    Amx,
+    /// AVX-512 BF16 where the CPU has it, not AMX (to compare them).
+    Avx512Bf16,
     /// The portable kernel, whatever the CPU has (what CPUs without AVX-512
     /// BF16 run: to test it, or to compare).
     Portable,
@@ -90,8 +94,8 @@ pub struct Variable {
 pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "SWEEP_CPU_KERNELS",
-        values: "`auto`, `portable`",
-        what: "the CPU's bf16 matrix kernel: the best the CPU has, or the portable one",
+        values: "`auto`, `amx`, `avx512-bf16`, `portable`",
+        what: "the CPU's bf16 matrix kernel: the best the CPU has, or the named one where the CPU has it (else the best it has below that)",
     },
     Variable {
         name: "SWEEP_CUDA_KERNELS",
@@ -186,8 +190,15 @@ impl RuntimeOptions {
                 .map(|n| n.min(super::MAX_THREADS)),
         };
         Ok(RuntimeOptions {
-            cpu_kernels: [CpuKernels::Auto, CpuKernels::Portable]
-                [choice("SWEEP_CPU_KERNELS", &["auto", "portable"])?],
+            cpu_kernels: [
+                CpuKernels::Auto,
+                CpuKernels::Amx,
+                CpuKernels::Avx512Bf16,
+                CpuKernels::Portable,
+            ][choice(
+                "SWEEP_CPU_KERNELS",
+                &["auto", "amx", "avx512-bf16", "portable"],
+            )?],
             cuda_kernels: [CudaKernels::Auto, CudaKernels::Own, CudaKernels::Composed]
                 [choice("SWEEP_CUDA_KERNELS", &["auto", "own", "composed"])?],
             cuda_pool: [CudaPool::Keep, CudaPool::Release]
@@ -293,7 +304,11 @@ mod tests {
     #[test]
     fn a_bad_value_names_the_variable_and_what_it_takes() {
         for (name, value, takes) in [
-            ("SWEEP_CPU_KERNELS", "avx9", "`auto`, `portable`"),
+            (
+                "SWEEP_CPU_KERNELS",
+                "avx9",
+                "`auto`, `amx`, `avx512-bf16`, `portable`",
+            ),
             ("SWEEP_CUDA_KERNELS", "Own", "`own`, `composed`"),
             ("SWEEP_CUDA_POOL", "release\n", "`keep`, `release`"),
             ("SWEEP_CHECK_REPLICAS", "2", "`0`, `1`"),

@@ -98,6 +98,16 @@ pub fn parse(bytes: &[u8]) -> Parsed {
                     out.notes.push(note);
                 }
             }
+            Record::Event(e) if e.event == EventKind::F32Products => {
+                let note = format!(
+                    "bf16-mixed multiplied in f32: this CPU's bf16 kernel reached {:.0} GFLOP/s, its f32 GEMM {:.0}",
+                    e.value / 1e9,
+                    e.threshold / 1e9
+                );
+                if !out.notes.contains(&note) {
+                    out.notes.push(note);
+                }
+            }
             Record::Event(_) => {}
         }
     }

@@ -2,7 +2,6 @@
 //! table of peak FLOPs per device, the counters between two log lines, and
 //! the process's peak memory. The log itself is [`super::record`].
 
-use super::peak::Kernel;
 use super::record::{Event, EventKind, MetricsLog, Placement, StepMetrics};
 use crate::config::{Precision, TrainConfig};
 use anyhow::{bail, Result};
@@ -31,16 +30,16 @@ pub fn peak_flops(
             ),
         };
     }
-    let kernel = match cfg.precision {
-        Precision::Bf16Mixed => Kernel::Bf16,
-        _ => Kernel::F32,
-    };
-    let p = super::peak::cpu_peak(kernel, threads)?;
+    let (p, kernel) = super::peak::precision_peak(cfg.precision == Precision::Bf16Mixed, threads)?;
     Ok((
         p,
         format!(
-            "the measured peak of {} on {threads} CPU threads",
-            kernel.describe()
+            "the measured peak of {} on {threads} CPU threads (the best this CPU has for {})",
+            kernel.describe(),
+            match cfg.precision {
+                Precision::Bf16Mixed => "bf16-mixed",
+                _ => "f32",
+            }
         ),
     ))
 }
@@ -201,6 +200,21 @@ impl Reporter {
             })?;
         }
         Ok(())
+    }
+
+    /// Records that this bf16-mixed run multiplies in f32 (the bf16
+    /// kernel's and the f32 GEMM's peaks), from `step`.
+    pub fn f32_products(&mut self, step: usize, peaks: Option<(f64, f64)>) -> Result<()> {
+        let (Some(log), Some((bf16, f32))) = (&mut self.log, peaks) else {
+            return Ok(());
+        };
+        log.write(Event {
+            step,
+            event: EventKind::F32Products,
+            value: bf16,
+            threshold: f32,
+            detail: None,
+        })
     }
 
     /// The ranks' hosts from `step` on (written by the main rank).

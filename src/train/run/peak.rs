@@ -1,15 +1,19 @@
 //! The CPU's peak: the matrix-product throughput the trainer's own kernels
 //! reach on this machine and thread count (what MFU is measured against on a
-//! CPU): candle's f32 GEMM for `f32`, sweep's bf16 kernel for `bf16-mixed`.
+//! CPU): candle's f32 GEMM for `f32`; for `bf16-mixed` the best of the bf16
+//! kernels this CPU has (AMX, AVX-512 BF16, portable) and of the f32 GEMM,
+//! which a bf16-mixed run uses where it is the faster ([`f32_is_faster`]).
 //! Measured once and cached per CPU model, kernel and thread count, with
 //! the date (`~/.cache/sweep/cpu-peak.json`); `sweep bench peak` refreshes
-//! it for every thread count.
+//! it for every thread count. No datasheet figure is used: a VM's cores and
+//! clocks are not the datasheet's.
 //!
 //! The peak is the machine's, not the moment's: a measurement whose threads
 //! were kept off their cores by other work (a test suite, a neighbour's
 //! job) is timed by the CPU time its threads got rather than by the clock,
 //! so a busy machine does not cache a peak that a later quiet run exceeds.
 
+use crate::config::runtime::CpuKernels;
 use crate::train::network::ops::linear::bf16_gemm::{self, Bf16Kernel, View};
 use anyhow::Result;
 use candle_core::{Device, Tensor};
@@ -18,22 +22,48 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Which matrix-product kernel the peak is for.
+/// Which matrix-product kernel a peak is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     /// candle's f32 GEMM (`precision = "f32"`).
     F32,
     /// bf16 operands, f32 accumulation (`precision = "bf16-mixed"`).
-    Bf16,
+    Bf16(Bf16Kernel),
 }
 
 impl Kernel {
-    pub fn describe(self) -> &'static str {
-        match (self, bf16_gemm::selected()) {
-            (Kernel::F32, _) => "candle's f32 matmul",
-            (Kernel::Bf16, Bf16Kernel::Avx512Bf16) => "sweep's bf16 matmul (AVX-512 BF16)",
-            (Kernel::Bf16, Bf16Kernel::Portable) => "sweep's bf16 matmul (portable)",
+    pub fn describe(self) -> String {
+        match self {
+            Kernel::F32 => "candle's f32 matmul".into(),
+            Kernel::Bf16(k) => format!("sweep's bf16 matmul ({})", k.name()),
         }
+    }
+
+    /// Its part of the cache's key.
+    fn key(self) -> &'static str {
+        match self {
+            Kernel::F32 => "",
+            Kernel::Bf16(Bf16Kernel::Amx) => "/bf16-amx",
+            Kernel::Bf16(Bf16Kernel::Avx512Bf16) => "/bf16",
+            Kernel::Bf16(Bf16Kernel::Portable) => "/bf16-portable",
+        }
+    }
+
+    /// The kernels a run of this precision may multiply with, whose best
+    /// is its peak: for bf16-mixed, the bf16 kernel in use and those this
+    /// CPU has that are faster, and the f32 GEMM.
+    pub fn for_precision(bf16: bool) -> Vec<Kernel> {
+        if !bf16 {
+            return vec![Kernel::F32];
+        }
+        let used = bf16_gemm::selected();
+        let faster = Bf16Kernel::ALL.iter().take_while(|k| **k != used);
+        faster
+            .filter(|k| k.available())
+            .chain([&used])
+            .map(|k| Kernel::Bf16(*k))
+            .chain([Kernel::F32])
+            .collect()
     }
 }
 
@@ -42,8 +72,7 @@ impl Kernel {
 #[derive(Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Cache {
-    /// `<cpu model>/<threads>` (f32), `<cpu model>/bf16/<threads>` or
-    /// `<cpu model>/bf16-portable/<threads>` -> its measurement
+    /// `<cpu model>/<arch>[/bf16[-amx|-portable]]/<threads>` -> its measurement
     peaks: BTreeMap<String, Peak>,
 }
 
@@ -114,15 +143,11 @@ fn cpu_model() -> String {
 /// for another one, run under emulation, sees the host's CPU name), the
 /// kernel and the threads.
 fn key(kernel: Kernel, threads: usize) -> String {
-    let kernel = match (kernel, bf16_gemm::selected()) {
-        (Kernel::F32, _) => "",
-        (Kernel::Bf16, Bf16Kernel::Avx512Bf16) => "/bf16",
-        (Kernel::Bf16, Bf16Kernel::Portable) => "/bf16-portable",
-    };
     format!(
-        "{}/{}{kernel}/{threads}",
+        "{}/{}{}/{threads}",
         cpu_model(),
-        std::env::consts::ARCH
+        std::env::consts::ARCH,
+        kernel.key()
     )
 }
 
@@ -148,13 +173,13 @@ fn measure(kernel: Kernel, threads: usize) -> Result<(f64, f64)> {
         let mut product = || -> Result<()> {
             match kernel {
                 Kernel::F32 => drop(a.matmul(&b)?),
-                Kernel::Bf16 => {
+                Kernel::Bf16(k) => {
                     let view = |d| View {
                         data: d,
                         rs: n,
                         cs: 1,
                     };
-                    bf16_gemm::gemm(n, n, n, view(&av), view(&bv), &mut c);
+                    bf16_gemm::gemm_with(k, n, n, n, view(&av), view(&bv), &mut c);
                 }
             }
             Ok(())
@@ -193,6 +218,42 @@ pub fn cpu_peak(kernel: Kernel, threads: usize) -> Result<f64> {
     }
 }
 
+/// The peak a run of this precision is measured against: the best of
+/// [`Kernel::for_precision`]'s, and which kernel gave it.
+pub fn precision_peak(bf16: bool, threads: usize) -> Result<(f64, Kernel)> {
+    let mut best = (0.0, Kernel::F32);
+    for k in Kernel::for_precision(bf16) {
+        best = best_of(best, (cpu_peak(k, threads)?, k));
+    }
+    Ok(best)
+}
+
+fn best_of(a: (f64, Kernel), b: (f64, Kernel)) -> (f64, Kernel) {
+    if b.0 > a.0 {
+        b
+    } else {
+        a
+    }
+}
+
+/// For a bf16-mixed run left to choose its kernel (`SWEEP_CPU_KERNELS=auto`):
+/// the bf16 kernel's and the f32 GEMM's peaks where the f32 GEMM is the
+/// faster on this CPU and thread count (the run then multiplies in f32).
+pub fn f32_is_faster(asked: CpuKernels, threads: usize) -> Result<Option<(f64, f64)>> {
+    if !f32_products(asked, 0.0, 1.0) {
+        return Ok(None);
+    }
+    let bf16 = cpu_peak(Kernel::Bf16(bf16_gemm::selected()), threads)?;
+    let f32 = cpu_peak(Kernel::F32, threads)?;
+    Ok(f32_products(asked, bf16, f32).then_some((bf16, f32)))
+}
+
+/// Whether a bf16-mixed run multiplies in f32: left to choose, and the
+/// f32 GEMM's peak above the bf16 kernel's.
+fn f32_products(asked: CpuKernels, bf16: f64, f32: f64) -> bool {
+    asked == CpuKernels::Auto && f32 > bf16
+}
+
 /// Measures again and stores the result (for `sweep bench peak`).
 pub fn refresh(kernel: Kernel, threads: usize) -> Result<f64> {
     let (p, cpu_share) = measure(kernel, threads)?;
@@ -228,6 +289,35 @@ pub fn refresh(kernel: Kernel, threads: usize) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The best of a precision's kernels, whichever it is (planted peaks).
+    #[test]
+    fn the_peak_is_the_best_kernels() {
+        let amx = (900e9, Kernel::Bf16(Bf16Kernel::Amx));
+        let f32 = (100e9, Kernel::F32);
+        let portable = (60e9, Kernel::Bf16(Bf16Kernel::Portable));
+        assert_eq!(best_of(best_of(portable, amx), f32), amx);
+        assert_eq!(best_of(portable, f32), f32, "f32 beats a slow bf16 kernel");
+        assert_eq!(Kernel::for_precision(false), [Kernel::F32]);
+        let bf16 = Kernel::for_precision(true);
+        assert_eq!(bf16.last(), Some(&Kernel::F32));
+        assert!(bf16.contains(&Kernel::Bf16(bf16_gemm::selected())));
+        assert_eq!(
+            Kernel::Bf16(Bf16Kernel::Amx).describe(),
+            "sweep's bf16 matmul (AMX)"
+        );
+    }
+
+    /// f32 products where the bf16 kernel is slower (an AVX-512 BF16
+    /// Xeon's 97 GFLOP/s against candle's 165), never where a kernel was
+    /// named.
+    #[test]
+    fn bf16_mixed_multiplies_in_f32_only_where_that_is_faster_and_unasked() {
+        assert!(f32_products(CpuKernels::Auto, 97e9, 165e9));
+        assert!(!f32_products(CpuKernels::Auto, 929e9, 165e9));
+        assert!(!f32_products(CpuKernels::Avx512Bf16, 97e9, 165e9));
+        assert!(!f32_products(CpuKernels::Portable, 60e9, 165e9));
+    }
 
     #[test]
     fn a_quiet_round_is_timed_by_the_clock() {

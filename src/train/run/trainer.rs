@@ -43,6 +43,9 @@ pub struct Trainer {
     /// The kernels that failed their self-check when the GPU opened, whose
     /// ops run their composed twins ([`ops::selfcheck`]).
     pub fallbacks: Vec<ops::selfcheck::Failure>,
+    /// A bf16-mixed run on a CPU whose bf16 kernel is slower than its f32
+    /// GEMM multiplies in f32: the two peaks (FLOP/s), bf16's first.
+    pub f32_products: Option<(f64, f64)>,
 }
 
 /// Where a step's time went, in seconds. Without [`Trainer::sync_forward`]
@@ -97,9 +100,17 @@ impl Trainer {
             DeviceKind::Cpu => (Device::Cpu, Vec::new()),
             DeviceKind::Cuda => cuda_device(ranks.local_rank, rt)?,
         };
-        let (dtype, bf16_matmuls) = crate::train::network::model::dtypes(cfg.precision, &device)?;
-        if bf16_matmuls && device.is_cpu() && ranks.is_main() {
-            announce_bf16_kernel(rt);
+        let (dtype, mut bf16_matmuls) =
+            crate::train::network::model::dtypes(cfg.precision, &device)?;
+        // bf16-mixed is never slower than f32: where this CPU's bf16 kernel
+        // is, the products are f32's (said, and recorded in the run's log).
+        let mut f32_products = None;
+        if bf16_matmuls && device.is_cpu() {
+            f32_products = super::peak::f32_is_faster(rt.cpu_kernels, threads)?;
+            bf16_matmuls = f32_products.is_none();
+            if ranks.is_main() {
+                announce_bf16_kernel(rt, f32_products);
+            }
         }
         let comm = dist::connect(ranks, &device, rt)?;
         // Every rank runs the kernels every rank passed (replicas that
@@ -155,6 +166,7 @@ impl Trainer {
             layout,
             sync_forward: false,
             fallbacks,
+            f32_products,
         })
     }
 
@@ -323,20 +335,35 @@ fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
     Ok(())
 }
 
-/// Says once which CPU kernel multiplies bf16-mixed's operands, and why when
-/// it is the slower portable one.
-fn announce_bf16_kernel(rt: &RuntimeOptions) {
+/// Says once which CPU kernel multiplies bf16-mixed's operands, and why
+/// when it is not the fastest kind: the portable one, or f32's.
+fn announce_bf16_kernel(rt: &RuntimeOptions, f32_products: Option<(f64, f64)>) {
     use crate::config::runtime::CpuKernels;
     use ops::linear::bf16_gemm::{self, Bf16Kernel};
-    if bf16_gemm::selected() == Bf16Kernel::Portable {
+    let kernel = bf16_gemm::selected();
+    if let Some((bf16, f32)) = f32_products {
+        eprintln!(
+            "sweep train: bf16-mixed multiplies in f32 here: this CPU's bf16 kernel ({}) reaches {:.0} GFLOP/s, its f32 GEMM {:.0} (`SWEEP_CPU_KERNELS={}` keeps bf16 products)",
+            kernel.name(),
+            bf16 / 1e9,
+            f32 / 1e9,
+            match kernel {
+                Bf16Kernel::Amx => "amx",
+                Bf16Kernel::Avx512Bf16 => "avx512-bf16",
+                Bf16Kernel::Portable => "portable",
+            }
+        );
+        return;
+    }
+    if kernel == Bf16Kernel::Portable {
         let why = match rt.cpu_kernels {
             CpuKernels::Portable => "SWEEP_CPU_KERNELS=portable",
-            CpuKernels::Auto if cfg!(target_arch = "x86_64") => "this CPU lacks AVX-512 BF16",
-            CpuKernels::Auto => "AVX-512 BF16 is x86-64's",
+            _ if cfg!(target_arch = "x86_64") => "this CPU lacks AVX-512 BF16",
+            _ => "AMX and AVX-512 BF16 are x86-64's",
         };
         eprintln!(
             "sweep train: bf16-mixed through the portable bf16 kernel ({why}): the same arithmetic \
-             as the AVX-512 BF16 kernel, and slower than training in f32"
+             as the AMX and AVX-512 BF16 kernels, and slower than training in f32"
         );
     }
 }
