@@ -25,6 +25,7 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "x86_64")]
 mod amx;
 
 const MR: usize = 14;
