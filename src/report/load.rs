@@ -711,18 +711,26 @@ fn read_pattern_logs(
 ) {
     let (logs, faults) = ingest::list_job_logs(dir);
     run.issues.extend(faults);
-    // The last log the pattern never matched: its name, lines, and
-    // the program's first ones.
+    // The figures are the current attempt's alone: its job's log, from its
+    // last start (earlier attempts' logs and lines are kept, not read).
     let mut missed = None;
-    for l in &logs {
+    let log = ingest::attempt_log(&logs, run.status.job_id.as_deref());
+    if let Some(l) = &log {
         match ingest::read_log(l, Some(study_dir)) {
             Ok(bytes) => {
-                let (points, omitted) = ingest::pattern::parse(re, &bytes);
+                let (attempt, earlier) = ingest::this_attempt(&bytes);
+                let (points, omitted) = ingest::pattern::parse(re, attempt);
                 if points.is_empty() {
-                    missed = Some((l, unmatched(&bytes)));
+                    missed = Some((l, unmatched(attempt)));
                 }
                 run.points.extend(points);
                 run.issues.extend(omitted.describe(l));
+                let others = logs.len() - 1 + earlier;
+                if others > 0 && !run.points.is_empty() {
+                    run.issues.push(format!(
+                        "figures from its last attempt only: {others} earlier attempt(s) kept in its log(s), not read"
+                    ));
+                }
             }
             Err(why) => run.issues.push(why),
         }

@@ -1145,3 +1145,51 @@ fn every_option_is_bounded() {
         "{err}"
     );
 }
+
+/// A command run stopped at step 10 of 25 by Ctrl-C, then run again: its
+/// figures are its second attempt's 25 points alone (100 tokens/s), in the
+/// report and the history (the report had averaged 35 points, the first
+/// attempt's 1000 tokens/s among them), and the first attempt's lines are
+/// kept in its log.
+#[test]
+fn a_rerun_after_an_interrupt_never_mixes_its_attempts() {
+    let root = project();
+    let m = root.path().join("again.toml");
+    write(
+        &m,
+        r#"name = "again"
+executor = "local"
+command = '''
+first=0; [ -e "$SWEEP_RUN_DIR/tried" ] || { touch "$SWEEP_RUN_DIR/tried"; first=1; }
+for i in $(seq 1 25); do
+  echo "step $i: $((first ? 1000 : 100)) tokens/s"
+  if [ $first = 1 ] && [ $i = 10 ]; then sleep 600; fi
+done
+'''
+[report]
+skip_first = 0
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+"#,
+    );
+    let child = start_quietly(root.path(), "run", &m);
+    let log = root.path().join("results/again/run/local.out");
+    wait_for(60, "step 10", || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("step 10:")
+            .then_some(())
+    });
+    signal(&child, Signal::SIGINT);
+    let _ = child.wait_with_output();
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    let rows = super::support::json_rows(
+        sweep(root.path()).args(["report", m.to_str().unwrap(), "--json", "--no-plots"]),
+    );
+    assert_eq!(rows[0]["points"].as_u64(), Some(25), "{rows:?}");
+    assert_eq!(rows[0]["tokens_per_second_mean"].as_f64(), Some(100.0));
+    let history = super::support::json_rows(sweep(root.path()).args(["history", "--json"]));
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(history[0]["tokens_per_second"].as_f64(), Some(100.0), "{history:?}");
+    let kept = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(kept.matches("step 10:").count(), 2, "both attempts kept: {kept}");
+}

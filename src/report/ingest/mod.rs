@@ -411,6 +411,60 @@ fn job_logs(dir: &Path) -> Vec<(PathBuf, std::time::SystemTime)> {
         .collect()
 }
 
+/// Of a run directory's job logs, the one the attempt of `job` writes:
+/// `local.out` for a local job, `<name>-<job>.out` for a SLURM job (or
+/// array task); else the log written last.
+pub(crate) fn attempt_log(logs: &[PathBuf], job: Option<&str>) -> Option<PathBuf> {
+    let name = |p: &Path| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let named = |p: &Path, job: &str| match job.starts_with("local-") {
+        true => name(p) == crate::executor::local::LOG_FILE,
+        false => name(p).ends_with(&format!("-{job}.out")),
+    };
+    let written = |p: &Path| {
+        let m = p.symlink_metadata().ok().filter(|m| m.is_file())?;
+        m.modified().ok()
+    };
+    job.and_then(|j| logs.iter().find(|p| named(p, j)))
+        .or_else(|| logs.iter().filter(|p| written(p).is_some()).max_by_key(|p| written(p)))
+        .cloned()
+}
+
+/// The line a job's shell writes as each start of a run begins (the local
+/// executor's, and the SLURM job scripts' prologue, a requeue's too): `sweep:
+/// local job for <name> (<id>) started at …, restart N`, `sweep: run <name>
+/// (<id>) job … at …, restart N`.
+fn is_start_line(line: &[u8]) -> bool {
+    static START: std::sync::OnceLock<regex::bytes::Regex> = std::sync::OnceLock::new();
+    START
+        .get_or_init(|| {
+            regex::bytes::Regex::new(r"^sweep: (?:local job for|run) \S+ \([0-9a-f]+\) .*, restart \d+\r?$")
+                .expect("a valid pattern")
+        })
+        .is_match(line)
+}
+
+/// The part of a job log its run's last start wrote (what follows its last
+/// start line), and how many earlier starts it holds: a run started again
+/// (after an interrupt, a HUNG retry, a requeue) appends to its log, and
+/// no figure may average two attempts. A log with no start line is all one.
+pub fn this_attempt(log: &[u8]) -> (&[u8], usize) {
+    let mut starts = 0usize;
+    let mut from = 0;
+    let mut at = 0;
+    for line in log.split_inclusive(|&b| b == b'\n') {
+        at += line.len();
+        if is_start_line(line.strip_suffix(b"\n").unwrap_or(line)) {
+            starts += 1;
+            from = at;
+        }
+    }
+    (&log[from..], starts.saturating_sub(1))
+}
+
 /// The last lines of a run's log.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LogTail {
@@ -426,21 +480,7 @@ impl LogTail {
     /// reported: `local.out` for a local job, `<name>-<job>.out` for a SLURM
     /// job (or array task); else the log written last.
     pub fn read(dir: &Path, job: Option<&str>) -> Option<LogTail> {
-        let logs = job_logs(dir);
-        let named = |p: &Path, job: &str| {
-            let name = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            match job.starts_with("local-") {
-                true => name == crate::executor::local::LOG_FILE,
-                false => name.ends_with(&format!("-{job}.out")),
-            }
-        };
-        let path = job
-            .and_then(|j| logs.iter().find(|(p, _)| named(p, j)))
-            .or_else(|| logs.iter().max_by_key(|(_, t)| *t))
-            .map(|(p, _)| p.clone())?;
+        let path = attempt_log(&list_job_logs(dir).0, job)?;
         let bytes = crate::util::fs::read_tail(&path, 4096).ok()?;
         let mut lines: Vec<String> = text_lines(&bytes).map(|(_, l, _)| l.into_owned()).collect();
         while lines.last().is_some_and(|l| l.trim().is_empty()) {
@@ -569,6 +609,26 @@ pub const MAX_LINE: usize = 64 << 10;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run started again appends to its log: only what its last start
+    /// wrote is this attempt's (a requeue's start line is the SLURM
+    /// prologue's, a re-run's the local executor's).
+    #[test]
+    fn only_the_last_start_of_a_log_is_this_attempt() {
+        let log = b"sweep: local job for x-1 (0a1b2c3d) started at 2026-12-06T10:00:00Z, restart 0
+step 1
+step 2
+sweep: local job for x-1 (0a1b2c3d) started at 2026-12-06T10:05:00Z, restart 1
+step 1
+";
+        assert_eq!(this_attempt(log), (&b"step 1\n"[..], 1));
+        let slurm = b"sweep: run big (ff00aa11) job 41 on node1 at 2026-12-06T10:00:00+00:00, restart 0\nit 1\nsweep: run big (ff00aa11) job 41 on node2 at 2026-12-06T11:00:00+00:00, restart 1\r\nit 7\n";
+        assert_eq!(this_attempt(slurm), (&b"it 7\n"[..], 1));
+        // No start line (an imported log), or a program's line that only
+        // looks alike: all one attempt.
+        let plain = b"step 1\nsweep: run it again, restart 2\nstep 2\n";
+        assert_eq!(this_attempt(plain), (&plain[..], 0));
+    }
 
     #[test]
     fn a_huge_line_is_read_by_its_start() {

@@ -232,7 +232,8 @@ pub fn last_point(pattern: &Pattern, dir: &std::path::Path) -> Option<Point> {
         }
         false => &read[..],
     };
-    parse(pattern, tail).0.pop()
+    // Never an earlier attempt's step: only what the last start wrote.
+    parse(pattern, super::this_attempt(tail).0).0.pop()
 }
 
 #[cfg(test)]
