@@ -131,8 +131,9 @@ fn print_plan(plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-/// The runs as a table: id, name, block, each axis, and for the built-in
-/// trainer the ranks, global batch, memory and scaling forecast.
+/// The runs as a table: id, name, block, each axis, the ranks (the
+/// processes a command's launcher starts), and for the built-in trainer the
+/// global batch, memory and scaling forecast.
 fn runs_table(plan: &Plan, blocked: bool) -> Table {
     let m = &plan.manifest;
     let keys: Vec<String> = m
@@ -154,7 +155,7 @@ fn runs_table(plan: &Plan, blocked: bool) -> Table {
     let mut shape = if trains {
         vec!["ranks", "global batch", "memory / device"]
     } else {
-        vec![]
+        vec!["ranks"]
     };
     if forecasts {
         shape.push("scaling forecast");
@@ -177,6 +178,14 @@ fn runs_table(plan: &Plan, blocked: bool) -> Table {
             keys.iter()
                 .map(|k| r.params.get(k).map(cell).unwrap_or_default()),
         );
+        if let crate::plan::Job::Command(_) = &r.job {
+            // `launcher = "none"` starts the command once, whatever the tasks.
+            let ranks = match r.launcher {
+                Some(crate::manifest::Launcher::None) => 1,
+                _ => r.world_size(),
+            };
+            row.push(ranks.to_string());
+        }
         if let crate::plan::Job::Train(cfg) = &r.job {
             // `batch_size = "max"` is found when the job starts; its memory
             // is the least it needs (batch 1).

@@ -1356,3 +1356,33 @@ fn a_template_that_does_not_exist_fails_the_plan() {
         "{err}"
     );
 }
+
+/// `sweep plan` shows a command study's ranks, as the README says: the
+/// processes its launcher starts (one for `none`, whatever the tasks).
+#[test]
+fn plan_shows_a_command_studys_ranks() {
+    let root = project();
+    let m = root.path().join("ranks.toml");
+    write(
+        &m,
+        "name = \"ranks\"\ncommand = \"python3 train.py\"\n[sweep.grid]\nlauncher = [\"torchrun\", \"none\"]\n\"slurm.nodes\" = [1, 2]\n[slurm]\nntasks_per_node = 4\n[report]\nline_pattern = 'step (?P<step>\\d+)'\n",
+    );
+    let table = stdout(&run_ok(sweep(root.path()).arg("plan").arg(&m)));
+    let ranks = |run: &str| {
+        let row = table
+            .lines()
+            .find(|l| l.contains(run))
+            .unwrap_or_else(|| panic!("{table}"));
+        row.split('┆')
+            .last()
+            .unwrap()
+            .trim()
+            .trim_end_matches('│')
+            .trim()
+            .to_string()
+    };
+    assert!(table.contains("ranks"), "{table}");
+    assert_eq!(ranks("torchrun_nodes-2"), "8", "{table}");
+    assert_eq!(ranks("torchrun_nodes-1"), "4", "{table}");
+    assert_eq!(ranks("none_nodes-2"), "1", "{table}");
+}
