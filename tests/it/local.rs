@@ -437,7 +437,7 @@ fn every_runs_launcher_is_found_before_the_first_starts() {
         err.contains("there is no mpirun on PATH") && err.contains("no run was started"),
         "{err}"
     );
-    for run in ["launcher-none", "launcher-mpirun"] {
+    for run in ["none", "mpirun"] {
         let dir = root.path().join("results/l").join(run);
         assert!(!dir.join("started").exists(), "{run} started");
     }
