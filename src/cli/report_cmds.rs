@@ -110,7 +110,7 @@ pub(super) fn history_cmd(
             );
         }
         let (path, added) = crate::report::record_history(&source_of(root, dir, rt)?)?;
-        outln!("{added} run(s) recorded in {}", path.display());
+        outln!("{added} in {}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
     let (path, study) = match &h.target {
@@ -230,8 +230,8 @@ pub(super) fn report_cmd(
 /// not be: then the command fails, its report files written all the same.
 pub(super) fn history_note(rep: &crate::report::Report) -> ExitCode {
     match &rep.history {
-        Some(Ok((path, added))) if *added > 0 => {
-            eprintln!("history: {added} run(s) recorded in {}", path.display());
+        Some(Ok((path, added))) if *added != crate::report::history::Recorded::default() => {
+            eprintln!("history: {added} in {}", path.display());
             ExitCode::SUCCESS
         }
         Some(Err(why)) => {

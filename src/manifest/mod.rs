@@ -26,7 +26,10 @@ pub use groups::{
     REPORT_COLUMNS, STAT_SUFFIXES, TIME_UNITS,
 };
 pub use owned_options::{check as check_owned_options, RANK_VARIABLES};
-pub use report::{Fault, ReportSpec, DEFAULT_SKIP_FIRST, MAX_TOKENS_PER_STEP};
+pub use report::{
+    Fault, PerRun, ReportSpec, DEFAULT_SKIP_FIRST, MAX_FLOPS_PER_TOKEN, MAX_PEAK_FLOPS,
+    MAX_TOKENS_PER_STEP,
+};
 pub use schema::{
     parse_slurm_time, Design, EnvironmentSpec, ExecutorKind, Launcher, LocalSpec,
     PretokenizeStageSpec, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS,

@@ -28,17 +28,19 @@ pub struct ReportSpec {
     /// of its name (`time_ms`, `step_s`) or in each figure (`4.98it/s`):
     /// with `tokens_per_step`, what tokens per second are computed from.
     pub step_time: Option<String>,
-    /// Tokens one process trains per step: an expression over the run's
-    /// values (`"batch_size * block_size"`), evaluated for each run when it
-    /// is planned.
-    pub tokens_per_step: Option<String>,
+    /// Tokens one process trains per step: a number, or an expression over
+    /// the run's values (`"batch_size * block_size"`), evaluated for each
+    /// run when it is planned.
+    pub tokens_per_step: Option<PerRun>,
     /// Other line_pattern groups to chart (a bar per configuration, as
     /// throughput is).
     pub charts: Vec<String>,
     /// For any-command sweeps whose program logs no FLOPs: training FLOPs
     /// per token, so that the report computes TFLOP/s (and, with `gpu`, MFU)
-    /// from tokens/s. A run's parameter of the same name wins.
-    pub flops_per_token: Option<f64>,
+    /// from tokens/s; a number, or an expression over the run's values
+    /// evaluated per run (`"6 * 124e6 + 12 * 12 * 768 * block_size"`). A
+    /// run's parameter of the same name wins.
+    pub flops_per_token: Option<PerRun>,
     /// Instead of `flops_per_token`: a built-in model preset and the
     /// sequence length the program trains (runs' parameters win).
     pub model: Option<String>,
@@ -49,8 +51,70 @@ pub struct ReportSpec {
     pub gpu: Option<String>,
     /// Instead of `gpu`: the peak FLOP/s of one process's device (a CPU's
     /// as `sweep bench peak` measures it, or any device's from its
-    /// datasheet). A run's `peak_flops` parameter wins.
-    pub peak_flops: Option<f64>,
+    /// datasheet); a number, or an expression over the run's values. A
+    /// run's `peak_flops` parameter wins.
+    pub peak_flops: Option<PerRun>,
+}
+
+/// A `[report]` figure of each run: a number, or an expression over the
+/// run's values that planning evaluates for every run into its parameter of
+/// the key's name (after its id: a report setting is no new measurement).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PerRun {
+    Number(f64),
+    Expr(String),
+}
+
+impl PerRun {
+    /// The number, where it is one.
+    pub fn number(&self) -> Option<f64> {
+        match self {
+            PerRun::Number(n) => Some(*n),
+            PerRun::Expr(_) => None,
+        }
+    }
+
+    /// The expression, where it is one.
+    pub fn expr(&self) -> Option<&str> {
+        match self {
+            PerRun::Expr(e) => Some(e),
+            PerRun::Number(_) => None,
+        }
+    }
+}
+
+impl Serialize for PerRun {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PerRun::Number(n) => s.serialize_f64(*n),
+            PerRun::Expr(e) => s.serialize_str(e),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PerRun {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PerRun, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = PerRun;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number, or an expression over the run's values (a string)")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<PerRun, E> {
+                Ok(PerRun::Number(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<PerRun, E> {
+                Ok(PerRun::Number(v as f64))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<PerRun, E> {
+                Ok(PerRun::Number(v as f64))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<PerRun, E> {
+                Ok(PerRun::Expr(v.to_string()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// Log points a report skips at the start of every run unless told otherwise
@@ -58,6 +122,28 @@ pub struct ReportSpec {
 pub const DEFAULT_SKIP_FIRST: usize = 5;
 
 impl ReportSpec {
+    /// The figures each run is given (a command study's): the keys and
+    /// what they are, in the order they are computed.
+    pub fn per_run(&self) -> Vec<(&'static str, &PerRun)> {
+        [
+            (super::TOKENS_PER_STEP, &self.tokens_per_step),
+            ("flops_per_token", &self.flops_per_token),
+            ("peak_flops", &self.peak_flops),
+        ]
+        .into_iter()
+        .filter_map(|(key, f)| Some((key, f.as_ref()?)))
+        .collect()
+    }
+
+    /// What a per-run figure counts and the most it may be.
+    pub fn bounds(key: &str) -> (&'static str, f64) {
+        match key {
+            "flops_per_token" => ("FLOPs", MAX_FLOPS_PER_TOKEN),
+            "peak_flops" => ("FLOP/s", MAX_PEAK_FLOPS),
+            _ => ("tokens", MAX_TOKENS_PER_STEP),
+        }
+    }
+
     /// Which groups of the line_pattern stand for known fields.
     pub fn roles(&self) -> Roles {
         Roles {
@@ -168,6 +254,14 @@ impl ReportSpec {
             out.push(Fault::value(key, why));
         }
         let timed = self.step_time.is_some() || groups.contains(&"step_time_s");
+        if let Some(t) = self.tokens_per_step.as_ref().and_then(PerRun::number) {
+            if !(t.is_finite() && t > 0.0 && t <= MAX_TOKENS_PER_STEP) {
+                out.push(Fault::value(
+                    "tokens_per_step",
+                    format!("`tokens_per_step` must be a number of tokens above 0 and at most {MAX_TOKENS_PER_STEP:e}, not {t}"),
+                ));
+            }
+        }
         if self.tokens_per_step.is_some() && !timed {
             out.push(Fault::key(
                 "tokens_per_step",
@@ -195,13 +289,15 @@ impl ReportSpec {
 
     fn flops_faults(&self) -> Vec<Fault> {
         let mut out = Vec::new();
-        if let Some(f) = self.peak_flops {
+        if let Some(f) = self.peak_flops.as_ref().and_then(PerRun::number) {
             if !(f.is_finite() && f > 0.0 && f <= MAX_PEAK_FLOPS) {
                 out.push(Fault::value(
                     "peak_flops",
                     format!("`peak_flops` must be FLOP/s above 0 and at most {MAX_PEAK_FLOPS:e}, not {f}"),
                 ));
             }
+        }
+        if self.peak_flops.is_some() {
             if self.gpu.is_some() {
                 out.push(Fault::key(
                     "peak_flops",
@@ -209,13 +305,15 @@ impl ReportSpec {
                 ));
             }
         }
-        if let Some(f) = self.flops_per_token {
+        if let Some(f) = self.flops_per_token.as_ref().and_then(PerRun::number) {
             if !(f.is_finite() && f > 0.0 && f <= MAX_FLOPS_PER_TOKEN) {
                 out.push(Fault::value(
                     "flops_per_token",
                     format!("`flops_per_token` must be a number of FLOPs above 0 and at most {MAX_FLOPS_PER_TOKEN:e}, not {f}"),
                 ));
             }
+        }
+        if self.flops_per_token.is_some() {
             if self.model.is_some() {
                 out.push(Fault::key(
                     "model",

@@ -126,7 +126,8 @@ fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Basis, String> {
         Some(v) => Some(v.to_string()),
         None => fallback.clone(),
     };
-    let flops_per_token = match number("flops_per_token", spec.flops_per_token)? {
+    let spec_number = |f: &Option<crate::manifest::PerRun>| f.as_ref().and_then(|f| f.number());
+    let flops_per_token = match number("flops_per_token", spec_number(&spec.flops_per_token))? {
         Some(f) => Some(f),
         None => match text("model", &spec.model) {
             None => None,
@@ -145,7 +146,7 @@ fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Basis, String> {
     };
     let flops_per_token = flops_per_token.filter(|f| f.is_finite() && *f > 0.0);
     let peak_flops = match (
-        number("peak_flops", spec.peak_flops)?,
+        number("peak_flops", spec_number(&spec.peak_flops))?,
         text("gpu", &spec.gpu),
     ) {
         (Some(p), _) if p.is_finite() && p > 0.0 => Some(p),
@@ -196,7 +197,7 @@ mod tests {
     #[test]
     fn flops_come_from_the_manifest_or_the_runs_own_parameters() {
         let spec = ReportSpec {
-            flops_per_token: Some(6e9),
+            flops_per_token: Some(crate::manifest::PerRun::Number(6e9)),
             gpu: Some("H100".into()),
             ..ReportSpec::default()
         };
@@ -246,8 +247,8 @@ mod tests {
             ..Point::default()
         });
         let spec = ReportSpec {
-            flops_per_token: Some(1e6),
-            peak_flops: Some(2e12),
+            flops_per_token: Some(crate::manifest::PerRun::Number(1e6)),
+            peak_flops: Some(crate::manifest::PerRun::Number(2e12)),
             ..ReportSpec::default()
         };
         derive(&mut r, &spec);
@@ -280,8 +281,8 @@ mod tests {
             ..Point::default()
         });
         let spec = ReportSpec {
-            flops_per_token: Some(1e300),
-            peak_flops: Some(1e15),
+            flops_per_token: Some(crate::manifest::PerRun::Number(1e300)),
+            peak_flops: Some(crate::manifest::PerRun::Number(1e15)),
             ..ReportSpec::default()
         };
         derive(&mut r, &spec);

@@ -121,10 +121,7 @@ fn load_imported(
     let pattern = command_pattern(report)
         .map_err(|e| anyhow::anyhow!("--pattern is not a valid regular expression: {e}"))?;
     let (mut runs, inputs) = load_import(glob, format, pattern.as_ref())?;
-    let tokens = report
-        .tokens_per_step
-        .as_deref()
-        .and_then(|t| t.parse::<f64>().ok());
+    let tokens = report.tokens_per_step.as_ref().and_then(|t| t.number());
     for run in &mut runs {
         if let Some(t) = tokens {
             run.params

@@ -41,7 +41,7 @@ pub struct Report {
     /// Where its completed runs were recorded (`results/history.sqlite`)
     /// and how many were new, or why they could not be; none for imported
     /// logs and live pages.
-    pub history: Option<Result<(PathBuf, usize), String>>,
+    pub history: Option<Result<(PathBuf, history::Recorded), String>>,
     pub summary: summary::Summary,
     pub files: Vec<PathBuf>,
     pub charts: Vec<plot::Chart>,
@@ -182,7 +182,7 @@ fn places(root: &Path, source: &Source, study: &str, group_by: &[String]) -> (Pa
 /// What recording a report into the history did: (its file, measurements
 /// added, the history open) or why it could not; none where nothing is
 /// recorded (imported logs, a live page).
-type Recorded = Option<Result<(PathBuf, usize, Option<history::History>), String>>;
+type Recorded = Option<Result<(PathBuf, history::Recorded, Option<history::History>), String>>;
 
 /// Each configuration's past where the history has one, and how the latest
 /// attempt compares (as `sweep check --history`), for the page: from the
@@ -280,7 +280,7 @@ pub fn study_name(source: &Source) -> String {
 /// Records a study's completed runs in its history without writing a
 /// report (`sweep history --import`, and `sweep run --again` before it
 /// moves an attempt aside); returns the file and how many runs were new.
-pub fn record_history(source: &Source) -> Result<(PathBuf, usize)> {
+pub fn record_history(source: &Source) -> Result<(PathBuf, history::Recorded)> {
     let (study, s, dir) = configurations(source, None)?;
     let dir = dir.ok_or_else(|| anyhow::anyhow!("the study has no results directory yet"))?;
     let (path, added, _) = history::record(&dir, &study, &s)?;

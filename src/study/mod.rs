@@ -190,8 +190,9 @@ fn start_again(plan: &Plan, manifest: &Path, say: Say) -> Result<()> {
         let source = crate::report::Source::Plan(Box::new(plan.clone()));
         let (path, added) = crate::report::record_history(&source)?;
         say(&format!(
-            "sweep: the finished attempt's runs are in {} ({added} recorded now)",
-            path.display()
+            "sweep: the finished attempt's runs are in {} ({} recorded now)",
+            path.display(),
+            added.new
         ));
     }
     let (attempt, into) = render::start_next_attempt(plan)?;

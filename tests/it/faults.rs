@@ -1182,14 +1182,25 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
     signal(&child, Signal::SIGINT);
     let _ = child.wait_with_output();
     run_ok(sweep(root.path()).arg("run").arg(&m));
-    let rows = super::support::json_rows(
-        sweep(root.path()).args(["report", m.to_str().unwrap(), "--json", "--no-plots"]),
-    );
+    let rows = super::support::json_rows(sweep(root.path()).args([
+        "report",
+        m.to_str().unwrap(),
+        "--json",
+        "--no-plots",
+    ]));
     assert_eq!(rows[0]["points"].as_u64(), Some(25), "{rows:?}");
     assert_eq!(rows[0]["tokens_per_second_mean"].as_f64(), Some(100.0));
     let history = super::support::json_rows(sweep(root.path()).args(["history", "--json"]));
     assert_eq!(history.len(), 1, "{history:?}");
-    assert_eq!(history[0]["tokens_per_second"].as_f64(), Some(100.0), "{history:?}");
+    assert_eq!(
+        history[0]["tokens_per_second"].as_f64(),
+        Some(100.0),
+        "{history:?}"
+    );
     let kept = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(kept.matches("step 10:").count(), 2, "both attempts kept: {kept}");
+    assert_eq!(
+        kept.matches("step 10:").count(),
+        2,
+        "both attempts kept: {kept}"
+    );
 }

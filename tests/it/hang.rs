@@ -146,9 +146,12 @@ fn a_run_that_stops_printing_is_hung_while_the_other_completes_locally() {
     assert_eq!(status(root.path(), &m)["hang"].0, "COMPLETED");
     // Its figures are the retry's three lines (the first a warm-up), not
     // both attempts' six.
-    let rows = super::support::json_rows(
-        sweep(root.path()).args(["report", m.to_str().unwrap(), "--json", "--no-plots"]),
-    );
+    let rows = super::support::json_rows(sweep(root.path()).args([
+        "report",
+        m.to_str().unwrap(),
+        "--json",
+        "--no-plots",
+    ]));
     let hang = rows.iter().find(|r| r["run"] == "hang").unwrap();
     assert_eq!(hang["points"].as_u64(), Some(2), "{hang}");
 }

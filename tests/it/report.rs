@@ -1607,3 +1607,74 @@ line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
         assert_eq!(env[at]["load_average"].as_array().unwrap().len(), 3);
     }
 }
+
+/// MFU per configuration across a sequence-length axis: `[report]
+/// flops_per_token` as an expression over the run's values (attention's
+/// FLOPs grow with the sequence), evaluated per run, the runs' ids the
+/// same as without it, and a study rendered before the key runs nothing
+/// again once it is added.
+#[test]
+fn flops_per_token_as_an_expression_gives_each_configuration_its_mfu() {
+    let root = project();
+    let m = root.path().join("mfu.toml");
+    let study = |report: &str| {
+        format!(
+            r#"name = "mfu"
+executor = "local"
+command = 'for i in 1 2 3 4; do echo "step $i: {{{{ seq * 10 }}}} tokens/s"; done'
+[sweep.grid]
+seq = [128, 1024]
+[report]
+skip_first = 0
+line_pattern = 'step (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tokens/s'
+{report}"#
+        )
+    };
+    let ids = |m: &Path| -> Vec<(String, String)> {
+        json_rows(sweep(root.path()).arg("plan").arg(m).arg("--json"))
+            .iter()
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap().into(),
+                    r["id"].as_str().unwrap().into(),
+                )
+            })
+            .collect()
+    };
+    write(&m, &study(""));
+    let before = ids(&m);
+    run_ok(sweep(root.path()).arg("run").arg(&m));
+    write(
+        &m,
+        &study("flops_per_token = \"6 * 2130240 + 12 * 2 * 128 * seq\"\npeak_flops = 1e12\n"),
+    );
+    assert_eq!(ids(&m), before, "a report setting changes no run");
+    let again = stdout(&run_ok(sweep(root.path()).arg("submit").arg(&m)));
+    assert!(again.contains("nothing to submit"), "{again}");
+    let rows =
+        json_rows(sweep(root.path()).args(["report", m.to_str().unwrap(), "--json", "--no-plots"]));
+    for (name, seq) in [("seq-128", 128.0), ("seq-1024", 1024.0)] {
+        let row = rows.iter().find(|r| r["run"] == name).unwrap();
+        let flops = 6.0 * 2_130_240.0 + 12.0 * 2.0 * 128.0 * seq;
+        let mfu = 100.0 * (seq * 10.0) * flops / 1e12;
+        let got = row["mfu_pct_mean"].as_f64().unwrap();
+        assert!((got - mfu).abs() < 1e-9 * mfu, "{name}: {got} vs {mfu}");
+        // And the history, whose attempts were recorded without it.
+        let history = json_rows(sweep(root.path()).args(["history", "--json"]));
+        let past = history.iter().find(|a| a["configuration"] == name).unwrap();
+        let got = past["mfu_pct"].as_f64().unwrap_or_default();
+        assert!(
+            (got - mfu).abs() < 1e-9 * mfu,
+            "{name} in the history: {past}"
+        );
+        assert_eq!(past["runs"].as_u64(), Some(1), "no attempt added: {past}");
+    }
+    // A figure an expression cannot give is refused at plan time, at the key.
+    write(&m, &study("flops_per_token = \"seq - 1024\"\n"));
+    let err = run_err(sweep(root.path()).arg("plan").arg(&m));
+    assert!(
+        err.contains("`flops_per_token` = `seq - 1024` came out as 0")
+            && err.contains("report.flops_per_token"),
+        "{err}"
+    );
+}

@@ -93,13 +93,13 @@ impl ImportReadCli {
             throughput: self.throughput.clone(),
             memory: self.memory.clone(),
             step_time: self.step_time.clone(),
-            tokens_per_step: self.tokens_per_step.map(|t| t.to_string()),
+            tokens_per_step: self.tokens_per_step.map(crate::manifest::PerRun::Number),
             charts: self.charts.clone(),
-            flops_per_token: self.flops_per_token,
+            flops_per_token: self.flops_per_token.map(crate::manifest::PerRun::Number),
             model: self.model.clone(),
             sequence_length: self.sequence_length,
             gpu: self.gpu.clone(),
-            peak_flops: self.peak_flops,
+            peak_flops: self.peak_flops.map(crate::manifest::PerRun::Number),
             ..crate::manifest::ReportSpec::default()
         }
     }

@@ -150,7 +150,7 @@ pub(super) fn unused_axes(m: &Manifest, engine: &crate::template::Engine) -> Vec
     let mut templates: Vec<&str> = vec![command];
     templates.extend(m.name_template.as_deref());
     templates.extend(m.derived.iter().map(|d| d.expr.as_str()));
-    templates.extend(m.report.tokens_per_step.as_deref());
+    templates.extend(m.report.tokens_per_step.as_ref().and_then(|t| t.expr()));
     let mut out = Vec::new();
     for key in m.axes.iter().flat_map(|a| &a.keys) {
         let top = key.split('.').next().unwrap_or(key);

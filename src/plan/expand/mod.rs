@@ -11,7 +11,7 @@ use super::{Job, Plan, PretokenizedFormat, Run, Stage};
 use crate::config::{DeviceKind, Features, TrainConfig};
 use crate::manifest::{
     did_you_mean, join_key, known_fields, Design, Diagnostic, Diagnostics, Manifest, Mode,
-    SlurmSpec, MAX_TOKENS_PER_STEP, REPEAT, TOKENS_PER_STEP,
+    SlurmSpec, REPEAT,
 };
 use crate::template::{describe, Engine};
 use crate::util::hash::short_id;
@@ -376,9 +376,12 @@ impl<'a> Shared<'a> {
             a.params.insert(REPEAT.into(), json!(repeat));
         }
         let name = self.checked_name(name, &a.params)?;
-        if let (None, Some(expr)) = (&train, &m.report.tokens_per_step) {
-            let tokens = self.tokens_per_step(expr, &ctx, &a.params)?;
-            a.params.insert(TOKENS_PER_STEP.into(), json!(tokens));
+        if train.is_none() {
+            // After the id: a report setting is no new measurement.
+            for (key, figure) in m.report.per_run() {
+                let value = self.per_run_figure(key, figure, &ctx, &a.params)?;
+                a.params.insert(key.into(), json!(value));
+            }
         }
         let configuration = super::record::Configuration {
             id: config.id,
@@ -486,12 +489,13 @@ impl<'a> Shared<'a> {
         Ok(changed)
     }
 
-    /// `[report] tokens_per_step` for one run: a number of tokens above 0
-    /// (the report divides it by each step's time). It is a value of the
-    /// run (after its identity: a report setting is no new measurement).
-    fn tokens_per_step(
+    /// A `[report]` figure for one run ([`crate::manifest::PerRun`]): its
+    /// number, or its expression evaluated over the run's values, within
+    /// the key's bounds.
+    fn per_run_figure(
         &self,
-        expr: &str,
+        key: &str,
+        figure: &crate::manifest::PerRun,
         ctx: &Json,
         params: &IndexMap<String, Json>,
     ) -> Result<f64, Box<Diagnostic>> {
@@ -499,21 +503,27 @@ impl<'a> Shared<'a> {
             let mut d = self
                 .m
                 .source
-                .at_value("report.tokens_per_step", format!("`tokens_per_step` {why}"));
+                .at_value(&format!("report.{key}"), format!("`{key}` {why}"));
             d.help = Some(in_the_run(params));
             Box::new(d)
         };
-        if params.contains_key(TOKENS_PER_STEP) {
+        if params.contains_key(key) {
             return Err(fail("is computed from the run's values, and the run already has a value of that name: rename the axis or derived value".into()));
         }
-        let value = self
-            .engine
-            .eval(expr, &crate::template::context(ctx))
-            .map_err(|e| fail(format!("failed: {}", describe(&e))))?;
+        let (what, most) = crate::manifest::ReportSpec::bounds(key);
+        let (value, written) = match figure {
+            crate::manifest::PerRun::Number(n) => (minijinja::Value::from(*n), n.to_string()),
+            crate::manifest::PerRun::Expr(expr) => (
+                self.engine
+                    .eval(expr, &crate::template::context(ctx))
+                    .map_err(|e| fail(format!("failed: {}", describe(&e))))?,
+                expr.clone(),
+            ),
+        };
         match f64::try_from(value.clone()) {
-            Ok(t) if t.is_finite() && t > 0.0 && t <= MAX_TOKENS_PER_STEP => Ok(t),
+            Ok(t) if t.is_finite() && t > 0.0 && t <= most => Ok(t),
             _ => Err(fail(format!(
-                "= `{expr}` came out as {value}: it must be a number of tokens above 0 (at most {MAX_TOKENS_PER_STEP:e})"
+                "= `{written}` came out as {value}: it must be a number of {what} above 0 (at most {most:e})"
             ))),
         }
     }

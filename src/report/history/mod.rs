@@ -23,7 +23,7 @@ use super::summary::Summary;
 use crate::executor::fingerprint::Fingerprint;
 use crate::executor::State;
 use anyhow::Result;
-use rusqlite::{params, Connection, OpenFlags};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 mod failures;
@@ -82,6 +82,107 @@ pub fn path_for(study_dir: &Path) -> PathBuf {
         .canonicalize()
         .unwrap_or_else(|_| study_dir.to_path_buf());
     crate::util::fs::parent_dir(&dir).join(FILE)
+}
+
+/// What recording did: measurements new to the history, and those already
+/// in it whose derived figures were recomputed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    pub new: usize,
+    pub recomputed: usize,
+}
+
+impl std::fmt::Display for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{} run(s) recorded", self.new)?;
+        if self.recomputed > 0 {
+            write!(
+                f,
+                ", {} recorded before recomputed (what the report derives from their points changed)",
+                self.recomputed
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Recomputes the derived figures of the measurement `e` stands for,
+/// already in the history, where its points are `e`'s and its figures
+/// differ; its attempt's sums follow. Whether it changed.
+fn rederive(tx: &rusqlite::Transaction, e: &Entry) -> rusqlite::Result<bool> {
+    type Stored = (i64, f64, Option<f64>, Option<f64>, Option<f64>, Option<f64>);
+    let stored: Option<Stored> = tx
+        .query_row(
+            "SELECT points, tokens_per_second_mean, tokens_per_second_std, mfu_pct_mean,
+                    tflops_mean, step_time_s_mean
+             FROM measurements WHERE attempt_id = ?1",
+            params![e.attempt_id],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((points, tps, tps_std, mfu, tflops, step)) = stored else {
+        return Ok(false);
+    };
+    let same = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => (a - b).abs() <= 1e-12 * a.abs().max(b.abs()),
+        (a, b) => a.is_none() && b.is_none(),
+    };
+    let unchanged = same(Some(tps), Some(e.tokens_per_second_mean))
+        && same(tps_std, e.tokens_per_second_std)
+        && same(mfu, e.mfu_pct_mean)
+        && same(tflops, e.tflops_mean)
+        && same(step, e.step_time_s_mean);
+    // Other points: another reading of the log, not another rule.
+    if points != e.points as i64 || unchanged {
+        return Ok(false);
+    }
+    tx.execute(
+        "UPDATE measurements SET tokens_per_second_mean = ?2, tokens_per_second_std = ?3,
+                mfu_pct_mean = ?4, tflops_mean = ?5, step_time_s_mean = ?6
+         WHERE attempt_id = ?1",
+        params![
+            e.attempt_id,
+            e.tokens_per_second_mean,
+            e.tokens_per_second_std,
+            e.mfu_pct_mean,
+            e.tflops_mean,
+            e.step_time_s_mean
+        ],
+    )?;
+    let (new_tps, new_mfu, new_tflops) = (e.tokens_per_second_mean, e.mfu_pct_mean, e.tflops_mean);
+    tx.execute(
+        "UPDATE attempts SET
+            tps_sum = tps_sum - ?4 + ?5,
+            tps_sum_sq = tps_sum_sq - ?4 * ?4 + ?5 * ?5,
+            one_std = CASE WHEN runs = 1 THEN ?6 ELSE one_std END,
+            mfu_sum = mfu_sum - IFNULL(?7, 0) + IFNULL(?8, 0),
+            mfu_n = mfu_n - (?7 IS NOT NULL) + (?8 IS NOT NULL),
+            tflops_sum = tflops_sum - IFNULL(?9, 0) + IFNULL(?10, 0),
+            tflops_n = tflops_n - (?9 IS NOT NULL) + (?10 IS NOT NULL)
+         WHERE configuration_id = ?1 AND system = ?2 AND study_attempt_id = ?3",
+        params![
+            e.configuration_id,
+            e.system,
+            e.study_attempt_id,
+            tps,
+            new_tps,
+            e.tokens_per_second_std,
+            mfu,
+            new_mfu,
+            tflops,
+            new_tflops
+        ],
+    )?;
+    Ok(true)
 }
 
 /// The completed runs of a summary as history entries (runs without a
@@ -296,15 +397,20 @@ impl History {
         &self.path
     }
 
-    /// Records entries in one transaction; returns how many were new (a
-    /// measurement already recorded, by its attempt id, is left as it was).
-    pub fn record(&mut self, entries: &[Entry]) -> Result<usize> {
+    /// Records entries in one transaction; returns how many were new and
+    /// how many were recomputed ([`History::record_all`]).
+    pub fn record(&mut self, entries: &[Entry]) -> Result<Recorded> {
         self.record_all(entries, &[])
     }
 
     /// [`History::record`], and the failures beside the measurements in the
-    /// same transaction (each once, by run measurement and job).
-    pub fn record_all(&mut self, entries: &[Entry], failures: &[Failure]) -> Result<usize> {
+    /// same transaction (each once, by run measurement and job). A
+    /// measurement already recorded (by its attempt id) keeps what was
+    /// measured: where its points are the same and only what the report
+    /// derives from them differs (tokens/s from step times, TFLOP/s, MFU:
+    /// `[report]` FLOPs set after a first report), those are recomputed, its
+    /// attempt's sums with them.
+    pub fn record_all(&mut self, entries: &[Entry], failures: &[Failure]) -> Result<Recorded> {
         let path = self.path.clone();
         let fail = |e: rusqlite::Error| match is_read_only(&e) {
             true => read_only(&path, &e),
@@ -314,7 +420,7 @@ impl History {
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(fail)?;
-        let mut added = 0;
+        let mut added = Recorded::default();
         {
             let mut fingerprints: std::collections::HashMap<String, i64> = Default::default();
             let mut store_fp = tx
@@ -352,7 +458,7 @@ impl History {
                         }
                     }
                 };
-                added += insert
+                let new = insert
                     .execute(params![
                         e.attempt_id,
                         e.study_attempt_id,
@@ -377,6 +483,10 @@ impl History {
                         fingerprint,
                     ])
                     .map_err(fail)?;
+                added.new += new;
+                if new == 0 && rederive(&tx, e).map_err(fail)? {
+                    added.recomputed += 1;
+                }
             }
             failures::insert(&tx, failures).map_err(fail)?;
         }
@@ -640,17 +750,17 @@ pub fn record(
     study_dir: &Path,
     study: &str,
     s: &Summary,
-) -> Result<(PathBuf, usize, Option<History>)> {
+) -> Result<(PathBuf, Recorded, Option<History>)> {
     let path = path_for(study_dir);
     let entries = entries(study, s);
     let failures = failures(study, s);
     if entries.is_empty() && failures.is_empty() && path.symlink_metadata().is_err() {
         // Nothing measured yet: no file for nothing.
-        return Ok((path, 0, None));
+        return Ok((path, Recorded::default(), None));
     }
     let mut h = History::open(&path)?;
-    let added = h.record_all(&entries, &failures)?;
-    Ok((path, added, Some(h)))
+    let recorded = h.record_all(&entries, &failures)?;
+    Ok((path, recorded, Some(h)))
 }
 
 #[cfg(test)]

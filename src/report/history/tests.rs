@@ -36,14 +36,59 @@ fn now(study_attempts: &[&str], runs: &[&str]) -> Now {
     }
 }
 
+/// MFU set after a first report: the measurements already recorded get
+/// it (their attempt's mean too), their measured tokens/s kept; a reading
+/// of other points is another reading, left as it was.
+#[test]
+fn figures_derived_anew_reach_the_measurements_already_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = History::open(&dir.path().join(FILE)).unwrap();
+    let first = [entry("s", 1, "r0", 100.0), entry("s", 1, "r1", 110.0)];
+    h.record(&first).unwrap();
+    let with_mfu: Vec<Entry> = first
+        .iter()
+        .map(|e| Entry {
+            mfu_pct_mean: Some(e.tokens_per_second_mean / 10.0),
+            tflops_mean: Some(1.5),
+            ..e.clone()
+        })
+        .collect();
+    let recorded = h.record(&with_mfu).unwrap();
+    assert_eq!(
+        recorded,
+        Recorded {
+            new: 0,
+            recomputed: 2
+        }
+    );
+    assert!(recorded
+        .to_string()
+        .contains("2 recorded before recomputed"));
+    let a = &h.attempts(&Filter::default()).unwrap()[0];
+    assert_eq!((a.runs, a.tokens_per_second), (2, 105.0));
+    assert_eq!((a.mfu_pct, a.tflops), (Some(10.5), Some(1.5)));
+    // Once is enough; other points are another reading.
+    assert_eq!(h.record(&with_mfu).unwrap(), Recorded::default());
+    let other = Entry {
+        points: 7,
+        mfu_pct_mean: Some(99.0),
+        ..with_mfu[0].clone()
+    };
+    assert_eq!(h.record(&[other]).unwrap(), Recorded::default());
+    assert_eq!(
+        h.attempts(&Filter::default()).unwrap()[0].mfu_pct,
+        Some(10.5)
+    );
+}
+
 #[test]
 fn a_measurement_is_recorded_once_and_never_its_own_reference() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(FILE);
     let mut h = History::open(&path).unwrap();
     let first = [entry("s", 1, "r0", 100.0), entry("s", 1, "r1", 110.0)];
-    assert_eq!(h.record(&first).unwrap(), 2);
-    assert_eq!(h.record(&first).unwrap(), 0);
+    assert_eq!(h.record(&first).unwrap().new, 2);
+    assert_eq!(h.record(&first).unwrap(), Recorded::default());
     // The same measurements under another study's name (a copied or
     // renamed study reported): nothing new.
     let copied: Vec<Entry> = first
@@ -53,7 +98,7 @@ fn a_measurement_is_recorded_once_and_never_its_own_reference() {
             ..e.clone()
         })
         .collect();
-    assert_eq!(h.record(&copied).unwrap(), 0);
+    assert_eq!(h.record(&copied).unwrap(), Recorded::default());
     // The same study name, attempt count and run ids measured afresh
     // (the study moved away and run again): new measurements.
     let afresh = Entry {
@@ -62,7 +107,7 @@ fn a_measurement_is_recorded_once_and_never_its_own_reference() {
         ran_at: "2026-11-02T12:00:00Z".into(),
         ..entry("s", 1, "r0", 90.0)
     };
-    assert_eq!(h.record(std::slice::from_ref(&afresh)).unwrap(), 1);
+    assert_eq!(h.record(std::slice::from_ref(&afresh)).unwrap().new, 1);
     h.record(&[entry("s", 3, "r0", 95.0)]).unwrap();
     let all = h.attempts(&Filter::default()).unwrap();
     assert_eq!(
@@ -151,7 +196,7 @@ fn histories_opened_at_once_all_record() {
             })
             .collect();
         for t in threads {
-            assert_eq!(t.join().unwrap().unwrap(), 1);
+            assert_eq!(t.join().unwrap().unwrap().new, 1);
         }
         let h = History::open_existing(&path).unwrap().unwrap();
         assert_eq!(h.attempts(&Filter::default()).unwrap().len(), 6);

@@ -429,7 +429,11 @@ pub(crate) fn attempt_log(logs: &[PathBuf], job: Option<&str>) -> Option<PathBuf
         m.modified().ok()
     };
     job.and_then(|j| logs.iter().find(|p| named(p, j)))
-        .or_else(|| logs.iter().filter(|p| written(p).is_some()).max_by_key(|p| written(p)))
+        .or_else(|| {
+            logs.iter()
+                .filter(|p| written(p).is_some())
+                .max_by_key(|p| written(p))
+        })
         .cloned()
 }
 
@@ -441,8 +445,10 @@ fn is_start_line(line: &[u8]) -> bool {
     static START: std::sync::OnceLock<regex::bytes::Regex> = std::sync::OnceLock::new();
     START
         .get_or_init(|| {
-            regex::bytes::Regex::new(r"^sweep: (?:local job for|run) \S+ \([0-9a-f]+\) .*, restart \d+\r?$")
-                .expect("a valid pattern")
+            regex::bytes::Regex::new(
+                r"^sweep: (?:local job for|run) \S+ \([0-9a-f]+\) .*, restart \d+\r?$",
+            )
+            .expect("a valid pattern")
         })
         .is_match(line)
 }
