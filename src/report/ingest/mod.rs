@@ -461,7 +461,9 @@ pub fn this_attempt(log: &[u8]) -> (&[u8], usize) {
     let mut starts = 0usize;
     let mut from = 0;
     let mut at = 0;
-    for line in log.split_inclusive(|&b| b == b'\n') {
+    // A carriage return ends a line too: a progress bar killed mid-line
+    // leaves none, and the next start follows its last update.
+    for line in log.split_inclusive(|&b| b == b'\n' || b == b'\r') {
         at += line.len();
         if is_start_line(line.strip_suffix(b"\n").unwrap_or(line)) {
             starts += 1;
@@ -628,8 +630,11 @@ sweep: local job for x-1 (0a1b2c3d) started at 2026-12-06T10:05:00Z, restart 1
 step 1
 ";
         assert_eq!(this_attempt(log), (&b"step 1\n"[..], 1));
-        let slurm = b"sweep: run big (ff00aa11) job 41 on node1 at 2026-12-06T10:00:00+00:00, restart 0\nit 1\nsweep: run big (ff00aa11) job 41 on node2 at 2026-12-06T11:00:00+00:00, restart 1\r\nit 7\n";
+        let slurm = b"sweep: run big (ff00aa11) job 41 on node1 at 2026-12-06T10:00:00+00:00, restart 0\nit 1\nsweep: run big (ff00aa11) job 41 on node2 at 2026-12-06T11:00:00+00:00, restart 1\nit 7\n";
         assert_eq!(this_attempt(slurm), (&b"it 7\n"[..], 1));
+        // After a progress bar killed mid-line.
+        let bar = b"sweep: run big (ff00aa11) job 4 on n at t, restart 0\n3/10 [\rsweep: run big (ff00aa11) job 4 on n at t, restart 1\n1/10 [\r";
+        assert_eq!(this_attempt(bar), (&b"1/10 [\r"[..], 1));
         // No start line (an imported log), or a program's line that only
         // looks alike: all one attempt.
         let plain = b"step 1\nsweep: run it again, restart 2\nstep 2\n";

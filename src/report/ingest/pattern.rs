@@ -233,7 +233,14 @@ pub fn last_point(pattern: &Pattern, dir: &std::path::Path) -> Option<Point> {
         false => &read[..],
     };
     // Never an earlier attempt's step: only what the last start wrote.
-    parse(pattern, super::this_attempt(tail).0).0.pop()
+    let mut points = parse(pattern, super::this_attempt(tail).0).0;
+    let mut last = points.pop()?;
+    // A loss logged on its own lines (Hugging Face's `{'loss': …}` every
+    // `logging_steps`, between progress-bar updates): the latest one.
+    if last.loss.is_none() {
+        last.loss = points.iter().rev().find_map(|p| p.loss);
+    }
+    Some(last)
 }
 
 #[cfg(test)]
@@ -262,6 +269,30 @@ mod tests {
         .unwrap();
         let p = last_point(&re, d.path()).unwrap();
         assert_eq!((p.step, p.tokens_per_second), (2.0, Some(12.5)));
+        // A loss on lines of its own between progress updates (Hugging
+        // Face's): the latest, not `-` until the next one; none from an
+        // earlier attempt.
+        let hf = pattern(r"(?P<step>\d+)/\d+ \[|\{'loss': (?P<loss>[\d.]+)");
+        std::fs::write(
+            d.path().join("job-7.out"),
+            "sweep: run r (0abc) job 7 on n at t, restart 0\n{'loss': 9.0}\n3/10 [\r\
+             sweep: run r (0abc) job 7 on n at t, restart 1\n1/10 [\r2/10 [\r{'loss': 4.5}\n3/10 [\r4/10 [\r",
+        )
+        .unwrap();
+        let p = last_point(&hf, d.path()).unwrap();
+        assert_eq!((p.step, p.loss), (4.0, Some(4.5)));
+        std::fs::write(
+            d.path().join("job-7.out"),
+            "sweep: run r (0abc) job 7 on n at t, restart 0\n3/10 [\r{'loss': 9.0}\n4/10 [\r\
+             sweep: run r (0abc) job 7 on n at t, restart 1\n1/10 [\r",
+        )
+        .unwrap();
+        let p = last_point(&hf, d.path()).unwrap();
+        assert_eq!(
+            (p.step, p.loss),
+            (1.0, None),
+            "the killed attempt's loss is not this one's"
+        );
     }
 
     fn pattern(re: &str) -> Pattern {
