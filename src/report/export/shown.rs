@@ -23,8 +23,19 @@ pub struct Cell {
 
 pub fn number(v: Option<f64>, digits: usize) -> String {
     v.filter(|v| v.is_finite())
-        .map(|v| format!("{v:.digits$}"))
+        .map(|v| format!("{v:.prec$}", prec = decimals(v, digits)))
         .unwrap_or_else(|| "-".into())
+}
+
+/// `digits` decimals, or more for a value below 1 in size: enough for
+/// three significant figures (a CPU's 0.0123 TFLOPs, not `0.01`; never
+/// `0.00` for what is not zero).
+pub fn decimals(v: f64, digits: usize) -> usize {
+    let a = v.abs();
+    match a > 0.0 && a < 1.0 {
+        true => digits.max((-a.log10()).ceil() as usize + 2).min(9),
+        false => digits,
+    }
 }
 
 /// B's speedup over A as tables, charts and pages print it: `1.07x [1.02,
@@ -61,6 +72,7 @@ pub fn with_mean_ci(mean: Option<f64>, ci: &Option<MeanCi>, digits: usize) -> St
 fn mean_interval(mean: Option<f64>, ci: Option<(f64, f64)>, digits: usize) -> String {
     match (mean, ci) {
         (Some(mean), Some((lo, hi))) if mean.is_finite() && (hi - lo).is_finite() => {
+            let digits = decimals(mean, digits);
             format!("{mean:.digits$} ± {:.digits$}", (hi - lo) / 2.0)
         }
         _ => number(mean, digits),
@@ -156,13 +168,15 @@ pub fn columns(s: &Summary) -> Vec<Shown> {
 /// bf16 row's peak is another than an f32 row's): MFU then does not compare
 /// across rows, tokens/s does. One sentence, or none without MFU.
 pub fn mfu_note(s: &Summary) -> Option<String> {
-    // Peaks to 0.1 TFLOP/s, with the rows that use each.
+    // Peaks to three significant figures (at least 0.1 TFLOP/s above 1),
+    // with the rows that use each.
     let mut peaks: Vec<(f64, Vec<&Row>)> = Vec::new();
     for r in &s.rows {
         let Some(p) = r.mfu_peak_tflops() else {
             continue;
         };
-        let p = (p * 10.0).round() / 10.0;
+        let scale = 10f64.powi(decimals(p, 1) as i32);
+        let p = (p * scale).round() / scale;
         match peaks.iter_mut().find(|(q, _)| *q == p) {
             Some((_, rows)) => rows.push(r),
             None => peaks.push((p, vec![r])),
@@ -171,12 +185,13 @@ pub fn mfu_note(s: &Summary) -> Option<String> {
     match peaks.as_slice() {
         [] => None,
         [(p, _)] => Some(format!(
-            "MFU is measured against a peak of {p:.1} TFLOP/s per device."
+            "MFU is measured against a peak of {} TFLOP/s per device.",
+            number(Some(*p), 1)
         )),
         _ => {
             let each: Vec<String> = peaks
                 .iter()
-                .map(|(p, rows)| format!("{p:.1} TFLOP/s ({})", which(rows)))
+                .map(|(p, rows)| format!("{} TFLOP/s ({})", number(Some(*p), 1), which(rows)))
                 .collect();
             Some(format!(
                 "MFU is measured against each row's own peak (its device and precision): {}. \
@@ -203,6 +218,24 @@ fn which(rows: &[&Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CPU study's figures below 1 keep three significant figures: no
+    /// `0.00 ± 0.00` TFLOPs, no peak of `0.2` for 0.15.
+    #[test]
+    fn small_figures_keep_their_significant_digits() {
+        assert_eq!(number(Some(0.0123), 2), "0.0123");
+        assert_eq!(number(Some(0.15), 1), "0.150");
+        assert_eq!(number(Some(6544.4), 2), "6544.40");
+        assert_eq!(number(Some(0.0), 2), "0.00");
+        assert_eq!(
+            mean_interval(Some(0.0042), Some((0.0040, 0.0044)), 2),
+            "0.00420 ± 0.00020"
+        );
+        assert_eq!(
+            mean_interval(Some(395.67), Some((-197.64, 988.98)), 2),
+            "395.67 ± 593.31"
+        );
+    }
     use crate::executor::{State, Status};
     use crate::report::ingest::{Point, RunLog};
     use crate::report::summary::{summarize, SummaryOptions};

@@ -2,7 +2,7 @@
 //! value labels, and category names written under the bars on several lines
 //! so that long configuration names never overlap.
 
-use super::{caption_size, color, fmt_value, legend, DrawResult, Figure, FONT};
+use super::{axis_labels, caption_size, color, fmt_value, legend, DrawResult, Figure, FONT};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -72,7 +72,7 @@ fn frame<'a, DB: DrawingBackend>(
         .disable_x_mesh()
         .disable_x_axis()
         .y_desc(y_label)
-        .y_label_formatter(&|v| fmt_value(*v))
+        .y_label_formatter(&axis_labels(0.0, y_max))
         .axis_desc_style((FONT, 18))
         .label_style((FONT, 15))
         .draw()?;
@@ -163,6 +163,7 @@ impl Bars {
     fn draw_horizontal<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult<DB> {
         let n = self.categories.len();
         let max = self.top();
+        let x_max = if max > 0.0 { max * 1.18 } else { 1.0 };
         let longest = self
             .categories
             .iter()
@@ -174,13 +175,13 @@ impl Bars {
             .margin(16)
             .x_label_area_size(50)
             .y_label_area_size((longest * 8 + 20).min(520))
-            .build_cartesian_2d(0.0..if max > 0.0 { max * 1.18 } else { 1.0 }, 0.0..n as f64)?;
+            .build_cartesian_2d(0.0..x_max, 0.0..n as f64)?;
         chart
             .configure_mesh()
             .disable_y_mesh()
             .disable_y_axis()
             .x_desc(&self.y_label)
-            .x_label_formatter(&|v| fmt_value(*v))
+            .x_label_formatter(&axis_labels(0.0, x_max))
             .axis_desc_style((FONT, 18))
             .label_style((FONT, 14))
             .draw()?;

@@ -1,7 +1,7 @@
 //! Line charts: one line per series (loss against step or time, throughput
 //! over time, scaling curves).
 
-use super::{caption_size, color, fmt_value, legend, DrawResult, Figure, FONT};
+use super::{axis_labels, caption_size, color, legend, DrawResult, Figure, FONT};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -116,8 +116,8 @@ impl Figure for Lines {
             .configure_mesh()
             .x_desc(&self.x_label)
             .y_desc(&self.y_label)
-            .x_label_formatter(&|v| fmt_value(*v))
-            .y_label_formatter(&|v| fmt_value(*v))
+            .x_label_formatter(&axis_labels(x0, x1))
+            .y_label_formatter(&axis_labels(y0, y1))
             .axis_desc_style((FONT, 18))
             .label_style((FONT, 15))
             .light_line_style(BLACK.mix(0.05))

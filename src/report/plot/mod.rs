@@ -192,9 +192,48 @@ pub fn fmt_value(v: f64) -> String {
     }
 }
 
+/// An axis's tick labels over `lo..hi`: as [`fmt_value`], with at least
+/// the decimals that tell ticks a tenth of the span apart (a loss axis from
+/// 10.18 to 10.26 reads 10.18, 10.20, … rather than 10.2 five times).
+pub fn axis_labels(lo: f64, hi: f64) -> impl Fn(&f64) -> String {
+    // The tick step a chart draws: the first 1, 2 or 5 × 10^k at or above
+    // a tenth of the span.
+    let step = (hi - lo).abs() / 10.0;
+    let decimals = match step.is_finite() && step > 0.0 && step < 1.0 {
+        true => {
+            let k = step.log10().floor();
+            let nice = [1.0, 2.0, 5.0, 10.0]
+                .into_iter()
+                .find(|m| m * 10f64.powf(k) >= step * (1.0 - 1e-9))
+                .unwrap_or(10.0)
+                * 10f64.powf(k);
+            ((-nice.log10() - 1e-9).ceil().max(0.0) as usize).min(6)
+        }
+        false => 0,
+    };
+    move |v: &f64| {
+        let plain = fmt_value(*v);
+        let shown = plain.split('.').nth(1).map_or(0, str::len);
+        match decimals > shown && !plain.contains('e') {
+            true => format!("{v:.decimals$}"),
+            false => plain,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_a_tenth_of_the_span_apart_read_apart() {
+        let label = axis_labels(10.18, 10.26);
+        let ticks: Vec<String> = [10.18, 10.2, 10.22].iter().map(&label).collect();
+        assert_eq!(ticks, ["10.18", "10.20", "10.22"]);
+        assert_eq!(axis_labels(0.0, 8000.0)(&2000.0), "2000");
+        assert_eq!(axis_labels(0.0, 1e6)(&250000.0), "250,000");
+        assert_eq!(axis_labels(0.1, 0.2)(&0.15), "0.15");
+    }
 
     #[test]
     fn numbers_read_well() {
