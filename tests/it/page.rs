@@ -476,6 +476,17 @@ skip_first = 2
             .contains("<img src=x onerror=alert(1)>"),
         "{lead}"
     );
+    // The notes the terminal prints beside the table are on the page too.
+    let notes = b.eval(
+        "Array.from(document.querySelectorAll('p.hint')).map(p => p.textContent).join(' | ')",
+    );
+    assert!(
+        notes
+            .as_str()
+            .unwrap()
+            .contains("Note: rows of 2 repeats have wide 95% intervals"),
+        "{notes}"
+    );
     // The failing configuration's runs show their last log lines.
     let text = b.eval("document.getElementById('configurations').textContent");
     assert!(

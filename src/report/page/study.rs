@@ -89,6 +89,7 @@ fn study(page: &StudyPage<'_>) -> String {
             "headers": headers,
             "rows": rows,
             "mfu_note": shown::mfu_note(s),
+            "hints": s.hints,
             "charts": figures(&charts),
             "history": history.filter(|c| !c.trends.is_empty()).map(history_section),
             "configurations": s.rows.iter().map(|row| configuration(row, &s.runs, dir)).collect::<Vec<_>>(),

@@ -491,24 +491,48 @@ fn repeats_differ(
     if !(low > 0.0 && high / low > REPEATS_DIFFER) {
         return None;
     }
-    let busiest = members
-        .iter()
-        .flat_map(|&m| runs[m].load.iter().map(move |l| (m, l)))
-        .max_by(|a, b| a.1.busy_cores.total_cmp(&b.1.busy_cores));
     let mut hosts: Vec<&str> = members
         .iter()
         .filter_map(|&m| runs[m].host.as_deref())
         .collect();
     hosts.sort_unstable();
     hosts.dedup();
-    let cause = match busiest {
-        Some((m, l)) if l.busy_cores >= 0.5 => format!(
-            "other processes kept {:.1} of {} cores busy beside {} (load average {:.2}): the machine was shared",
-            l.busy_cores, l.cores, runs[m].name, l.load_average[0]
-        ),
+    // Each measured repeat's other load, the most its samples show.
+    let loads: Vec<(usize, f64, usize)> = measured
+        .iter()
+        .filter_map(|&(m, _)| {
+            let cores = runs[m].load.first()?.cores;
+            Some((m, other_load(&runs[m].load)?, cores))
+        })
+        .collect();
+    let busy = |m: usize| loads.iter().find(|l| l.0 == m).map(|l| l.1);
+    let cause = match (busy(slow), busy(fast)) {
+        _ if loads.len() == measured.len()
+            && loads.iter().all(|l| l.1 >= BUSY_CORES) =>
+        {
+            let (lo, hi) = loads.iter().fold((f64::MAX, 0f64), |(lo, hi), l| (lo.min(l.1), hi.max(l.1)));
+            format!(
+                "the machine was busy throughout: other processes kept {lo:.1}–{hi:.1} of {} cores busy beside every repeat",
+                loads[0].2
+            )
+        }
+        (Some(s), f) if s >= BUSY_CORES && f.is_none_or(|f| f < s) => {
+            let cores = loads.iter().find(|l| l.0 == slow).map_or(0, |l| l.2);
+            let beside_fast = f.map_or_else(String::new, |f| format!(", {f:.1} beside {}", runs[fast].name));
+            match s <= cores as f64 {
+                true => format!(
+                    "other processes kept {s:.1} of {cores} cores busy beside {}{beside_fast}: the machine was shared",
+                    runs[slow].name
+                ),
+                false => format!(
+                    "the host was overloaded beside {} (a load average {s:.1} above its {cores} cores){beside_fast}: the machine was shared",
+                    runs[slow].name
+                ),
+            }
+        }
         _ if hosts.len() > 1 => format!("they ran on different hosts ({})", hosts.join(", ")),
-        Some(_) => "their environments record no other load on the host: look for frequency scaling, thermal throttling, or a shared file system or network".to_string(),
-        None => "their environments record no load (runs of an earlier build, or imported logs)".to_string(),
+        _ if !loads.is_empty() => "their environments record no other load that explains it (the slower ran no busier): look for frequency scaling, thermal throttling, or a shared file system or network".to_string(),
+        _ => "their environments record no load (runs of an earlier build, or imported logs)".to_string(),
     };
     Some(format!(
         "the repeats of {name} differ by {:.2}× ({} at {low:.0}, {} at {high:.0} tokens/s): {cause}",
@@ -516,6 +540,19 @@ fn repeats_differ(
         runs[slow].name,
         runs[fast].name
     ))
+}
+
+/// Cores other processes kept busy that a repeat's load says, at least.
+const BUSY_CORES: f64 = 0.5;
+
+/// The most other load a run's samples show: the cores busy while its
+/// program did not run, and the load average beyond the host's cores (a
+/// host at load 161 on 2 cores was busy whatever a quarter second saw).
+fn other_load(samples: &[crate::executor::fingerprint::Load]) -> Option<f64> {
+    samples
+        .iter()
+        .map(|l| l.busy_cores.max(l.load_average[0] - l.cores as f64))
+        .max_by(f64::total_cmp)
 }
 
 /// Where a run's steady state starts: after its skip ([`skip_of`]) and the

@@ -82,6 +82,36 @@ fn repeats_far_apart_are_said_with_their_likely_cause() {
     ])
     .unwrap();
     assert!(quiet.contains("record no other load"), "{quiet}");
+    // Busy beside every repeat: said so, not pinned on the fastest one.
+    let throughout = said(&[
+        run("r0", "h", 2.0),
+        run("r1", "h", 2.0),
+        run("r2", "h", 1.9),
+    ])
+    .unwrap();
+    assert!(
+        throughout.ends_with("the machine was busy throughout: other processes kept 1.9–2.0 of 2 cores busy beside every repeat"),
+        "{throughout}"
+    );
+    // Only the fast one busy: no cause pinned on it.
+    let fast_busy = said(&[
+        run("r0", "h", 0.0),
+        run("r1", "h", 1.9),
+        run("r2", "h", 0.0),
+    ])
+    .unwrap();
+    assert!(
+        fast_busy.contains("the slower ran no busier"),
+        "{fast_busy}"
+    );
+    // A load average far above the cores, whatever a quarter second saw.
+    let mut loaded = run("r0", "h", 0.0);
+    loaded.load[0].load_average[0] = 161.0;
+    let shared = said(&[loaded, run("r1", "h", 0.0), run("r2", "h", 0.0)]).unwrap();
+    assert!(
+        shared.contains("overloaded beside r0 (a load average 159.0 above its 2 cores)"),
+        "{shared}"
+    );
     let close = [Some(1386.0), Some(1500.0), Some(1417.0)];
     assert_eq!(
         repeats_differ(
