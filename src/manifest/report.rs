@@ -297,13 +297,11 @@ impl ReportSpec {
                 ));
             }
         }
-        if self.peak_flops.is_some() {
-            if self.gpu.is_some() {
-                out.push(Fault::key(
-                    "peak_flops",
-                    "give `gpu` (a device the table knows) or `peak_flops`, not both",
-                ));
-            }
+        if self.peak_flops.is_some() && self.gpu.is_some() {
+            out.push(Fault::key(
+                "peak_flops",
+                "give `gpu` (a device the table knows) or `peak_flops`, not both",
+            ));
         }
         if let Some(f) = self.flops_per_token.as_ref().and_then(PerRun::number) {
             if !(f.is_finite() && f > 0.0 && f <= MAX_FLOPS_PER_TOKEN) {
@@ -313,13 +311,11 @@ impl ReportSpec {
                 ));
             }
         }
-        if self.flops_per_token.is_some() {
-            if self.model.is_some() {
-                out.push(Fault::key(
-                    "model",
-                    "give `flops_per_token` or `model`, not both",
-                ));
-            }
+        if self.flops_per_token.is_some() && self.model.is_some() {
+            out.push(Fault::key(
+                "model",
+                "give `flops_per_token` or `model`, not both",
+            ));
         }
         if let Some(m) = &self.model {
             if crate::config::ModelConfig::preset(m).is_none() {

@@ -1374,7 +1374,7 @@ fn plan_shows_a_command_studys_ranks() {
             .find(|l| l.contains(run))
             .unwrap_or_else(|| panic!("{table}"));
         row.split('┆')
-            .last()
+            .next_back()
             .unwrap()
             .trim()
             .trim_end_matches('│')
