@@ -359,6 +359,11 @@ fn table_matches_csv(
                         } else {
                             2
                         };
+                        // Three significant figures below 1 (as summary.md).
+                        let digits = match b.abs() {
+                            a if a > 0.0 && a < 1.0 => digits.max((-a.log10()).ceil() as usize + 2),
+                            _ => digits,
+                        };
                         let shown = format!("{b:.digits$}");
                         assert!(
                             text.starts_with(&shown),
