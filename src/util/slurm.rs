@@ -44,88 +44,62 @@ enum Takes {
 
 use Takes::{No, Optional, Required};
 
-/// sbatch's one-letter options (22.05's `man sbatch`): the long ones they
-/// stand for and whether they take a value.
-const SBATCH_SHORT: [(char, &str, Takes); 34] = [
-    ('A', "account", Required),
-    ('a', "array", Required),
-    ('B', "extra-node-info", Required),
-    ('b', "begin", Required),
-    ('C', "constraint", Required),
-    ('c', "cpus-per-task", Required),
-    ('D', "chdir", Required),
-    ('d', "dependency", Required),
-    ('e', "error", Required),
-    ('F', "nodefile", Required),
-    ('G', "gpus", Required),
-    ('H', "hold", No),
-    ('h', "help", No),
-    ('i', "input", Required),
-    ('J', "job-name", Required),
-    ('k', "no-kill", Optional),
-    ('L', "licenses", Required),
-    ('M', "clusters", Required),
-    ('m', "distribution", Required),
-    ('N', "nodes", Required),
-    ('n', "ntasks", Required),
-    ('O', "overcommit", No),
-    ('o', "output", Required),
-    ('p', "partition", Required),
-    ('Q', "quiet", No),
-    ('q', "qos", Required),
-    ('S', "core-spec", Required),
-    ('s', "oversubscribe", No),
-    ('t', "time", Required),
-    ('V', "version", No),
-    ('v', "verbose", No),
-    ('W', "wait", No),
-    ('w', "nodelist", Required),
-    ('x', "exclude", Required),
-];
+/// Which program has a one-letter option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Of {
+    Both,
+    Sbatch,
+    Srun,
+}
 
-/// srun's one-letter options (22.05's `man srun`).
-const SRUN_SHORT: [(char, &str, Takes); 41] = [
-    ('A', "account", Required),
-    ('B', "extra-node-info", Required),
-    ('b', "begin", Required),
-    ('C', "constraint", Required),
-    ('c', "cpus-per-task", Required),
-    ('D', "chdir", Required),
-    ('d', "dependency", Required),
-    ('E', "preserve-env", No),
-    ('e', "error", Required),
-    ('G', "gpus", Required),
-    ('H', "hold", No),
-    ('h', "help", No),
-    ('I', "immediate", Optional),
-    ('i', "input", Required),
-    ('J', "job-name", Required),
-    ('K', "kill-on-bad-exit", Optional),
-    ('k', "no-kill", Optional),
-    ('L', "licenses", Required),
-    ('l', "label", No),
-    ('M', "clusters", Required),
-    ('m', "distribution", Required),
-    ('N', "nodes", Required),
-    ('n', "ntasks", Required),
-    ('O', "overcommit", No),
-    ('o', "output", Required),
-    ('p', "partition", Required),
-    ('Q', "quiet", No),
-    ('q', "qos", Required),
-    ('r', "relative", Required),
-    ('S', "core-spec", Required),
-    ('s', "oversubscribe", No),
-    ('T', "threads", Required),
-    ('t', "time", Required),
-    ('u', "unbuffered", No),
-    ('V', "version", No),
-    ('v', "verbose", No),
-    ('W', "wait", Required),
-    ('w', "nodelist", Required),
-    ('X', "disable-status", No),
-    ('x', "exclude", Required),
-    ('Z', "no-allocate", No),
+/// sbatch's and srun's one-letter options (22.05's `man sbatch`, `man
+/// srun`): the long ones they stand for, whether they take a value, and
+/// whose they are (`-W` is both's, and means another thing in each).
+const SHORT: [(char, &str, Takes, Of); 44] = [
+    ('A', "account", Required, Of::Both),
+    ('B', "extra-node-info", Required, Of::Both),
+    ('b', "begin", Required, Of::Both),
+    ('C', "constraint", Required, Of::Both),
+    ('c', "cpus-per-task", Required, Of::Both),
+    ('D', "chdir", Required, Of::Both),
+    ('d', "dependency", Required, Of::Both),
+    ('e', "error", Required, Of::Both),
+    ('G', "gpus", Required, Of::Both),
+    ('H', "hold", No, Of::Both),
+    ('h', "help", No, Of::Both),
+    ('i', "input", Required, Of::Both),
+    ('J', "job-name", Required, Of::Both),
+    ('k', "no-kill", Optional, Of::Both),
+    ('L', "licenses", Required, Of::Both),
+    ('M', "clusters", Required, Of::Both),
+    ('m', "distribution", Required, Of::Both),
+    ('N', "nodes", Required, Of::Both),
+    ('n', "ntasks", Required, Of::Both),
+    ('O', "overcommit", No, Of::Both),
+    ('o', "output", Required, Of::Both),
+    ('p', "partition", Required, Of::Both),
+    ('Q', "quiet", No, Of::Both),
+    ('q', "qos", Required, Of::Both),
+    ('S', "core-spec", Required, Of::Both),
+    ('s', "oversubscribe", No, Of::Both),
+    ('t', "time", Required, Of::Both),
+    ('V', "version", No, Of::Both),
+    ('v', "verbose", No, Of::Both),
+    ('w', "nodelist", Required, Of::Both),
+    ('x', "exclude", Required, Of::Both),
+    ('a', "array", Required, Of::Sbatch),
+    ('F', "nodefile", Required, Of::Sbatch),
+    ('W', "wait", No, Of::Sbatch),
+    ('E', "preserve-env", No, Of::Srun),
+    ('I', "immediate", Optional, Of::Srun),
+    ('K', "kill-on-bad-exit", Optional, Of::Srun),
+    ('l', "label", No, Of::Srun),
+    ('r', "relative", Required, Of::Srun),
+    ('T', "threads", Required, Of::Srun),
+    ('u', "unbuffered", No, Of::Srun),
+    ('W', "wait", Required, Of::Srun),
+    ('X', "disable-status", No, Of::Srun),
+    ('Z', "no-allocate", No, Of::Srun),
 ];
 
 /// Long options that take no value of their own in the next word (none,
@@ -153,18 +127,22 @@ const LONG_WITHOUT_VALUE: [&str; 19] = [
     "x11",
 ];
 
-fn short_options(tool: Tool) -> &'static [(char, &'static str, Takes)] {
-    match tool {
-        Tool::Sbatch => &SBATCH_SHORT,
-        Tool::Srun => &SRUN_SHORT,
-    }
+/// `tool`'s one-letter options: each letter, its long name and what it takes.
+fn short_options(tool: Tool) -> impl Iterator<Item = (char, &'static str, Takes)> {
+    SHORT.into_iter().filter_map(move |(c, long, takes, of)| {
+        let its = matches!(
+            (of, tool),
+            (Of::Both, _) | (Of::Sbatch, Tool::Sbatch) | (Of::Srun, Tool::Srun)
+        );
+        its.then_some((c, long, takes))
+    })
 }
 
 /// Whether `name` is the whole name of one of `tool`'s long options that
 /// its one-letter options stand for, rather than the start of a longer one
 /// (`gpus` against `gpus-per-node`).
 pub fn is_long_option(tool: Tool, name: &str) -> bool {
-    short_options(tool).iter().any(|(_, long, _)| *long == name)
+    short_options(tool).any(|(_, long, _)| long == name)
 }
 
 /// The long name of every option `text` gives `tool`, read as sbatch reads
@@ -213,9 +191,7 @@ fn read(tool: Tool, words: &[String]) -> Result<Read, String> {
             }
             names.push(name.to_string());
             let flag = LONG_WITHOUT_VALUE.contains(&name)
-                || short_options(tool)
-                    .iter()
-                    .any(|(_, l, t)| *l == name && *t != Required);
+                || short_options(tool).any(|(_, l, t)| l == name && t != Required);
             !glued && !flag
         } else if let Some(cluster) = word
             .strip_prefix('-')
@@ -223,8 +199,7 @@ fn read(tool: Tool, words: &[String]) -> Result<Read, String> {
         {
             let mut value_next = false;
             for (at, letter) in cluster.char_indices() {
-                let Some((_, long, takes)) =
-                    short_options(tool).iter().find(|(c, ..)| *c == letter)
+                let Some((_, long, takes)) = short_options(tool).find(|(c, ..)| *c == letter)
                 else {
                     return Err(format!(
                         "`-{letter}` (in `{word}`) is no option of {}",
@@ -232,9 +207,9 @@ fn read(tool: Tool, words: &[String]) -> Result<Read, String> {
                     ));
                 };
                 names.push(long.to_string());
-                if *takes != No {
+                if takes != No {
                     // The rest of the word is its value.
-                    value_next = *takes == Required && at + 1 == cluster.len();
+                    value_next = takes == Required && at + 1 == cluster.len();
                     break;
                 }
             }
