@@ -351,10 +351,16 @@ mod tests {
                 };
                 let got = tensor(&after[0], &[n]);
                 assert!(max_diff(&got, &want)? < tol, "{scale} {own:?}");
+                // Every state it keeps: the parameter (above), m and v.
                 let m = Tensor::new(m.as_slice(), &Device::Cpu)?;
                 assert!(
                     max_diff(&tensor(&after[2], &[n]), &m)? < tol,
                     "m {scale} {own:?}"
+                );
+                let v = Tensor::new(v.as_slice(), &Device::Cpu)?;
+                assert!(
+                    max_diff(&tensor(&after[3], &[n]), &v)? < tol,
+                    "v {scale} {own:?}"
                 );
                 // Off the 16-byte alignment: the single-value path gives
                 // the same bits.
@@ -409,6 +415,11 @@ mod tests {
         let m_want = m64.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
         for (a, b) in m.iter().zip(&m_want) {
             assert!((a - b).abs() < 1e-6, "m: {a} vs {b}");
+        }
+        let v_want = v64.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        assert!(v.iter().any(|x| *x > 0.0), "the kernel left v at zero");
+        for (a, b) in v.iter().zip(&v_want) {
+            assert!((a - b).abs() < 1e-6 * b.abs().max(1e-3), "v: {a} vs {b}");
         }
         Ok(())
     }
