@@ -12,7 +12,8 @@
 # is measured, so a step cut off still leaves its figures):
 #   first-light  the GPU, the libraries the binary needs and which file each
 #                resolves to (libraries.txt), `sweep --version`, one train step
-#                of a one-layer 8B-shaped model
+#                of a one-layer 8B-shaped model, and the device-open self-check
+#                at its shapes: failures and seconds (selfcheck.txt)
 #   tests        the GPU integration tests (tests/it/gpu.rs), one at a time
 #   kernels      `sweep bench kernels --device cuda`: every kernel against its
 #                CPU twin (a wrong kernel fails here), timed beside the
@@ -160,6 +161,9 @@ for step in "${STEPS[@]}"; do
             # One step of a small model: the device opens, the kernels
             # compile with NVRTC and a step runs.
             run $log "$SWEEP" bench train --device cuda --layers 1 --only 'ref-8b (1 layers)' --steps 1 --json "$OUT/first-step.json"
+            # The device-open self-check at ref-8b's shapes: its failures and time.
+            grep -h 'kernel self-check' "$OUT/$log" >"$OUT/selfcheck.txt" || echo "no self-check line" >"$OUT/selfcheck.txt"
+            cat "$OUT/selfcheck.txt"
             ;;
         tests)
             unpack "target/gpu/it-$FEATURES-sm$CAP.xz" target/gpu/it

@@ -160,6 +160,7 @@ mod tests {
         let f = Failure {
             kernel: Kernel::RmsNorm,
             case: "rms_norm forward",
+            shape: None,
             dtype: Some(candle_core::DType::BF16),
             rel_err: Some(0.5),
             tolerance: 1.6e-2,

@@ -41,15 +41,112 @@ pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
         )
     })?;
     if let Device::Cuda(d) = &device {
+        let stream = d.cuda_stream();
+        let context = stream.context();
+        // Before anything is allocated or compiled for the device.
+        let cc = context.compute_capability().map_err(|e| {
+            anyhow::anyhow!("reading CUDA device {ordinal}'s compute capability: {e:?}")
+        })?;
+        fit(driver_cuda(), nvrtc_cuda(), cc, built_for()).map_err(anyhow::Error::msg)?;
         // SAFETY: one stream, one thread (above): nothing to synchronise
         // between streams.
-        unsafe { d.cuda_stream().context().disable_event_tracking() };
+        unsafe { context.disable_event_tracking() };
     }
     crate::train::network::ops::cuda::claim_gpu_thread();
     if pool == CudaPool::Keep {
         keep_freed_memory(&device)?;
     }
     Ok(device)
+}
+
+/// The CUDA version the driver supports (`cuDriverGetVersion`), where it
+/// says.
+#[cfg(feature = "cuda")]
+fn driver_cuda() -> Option<(i32, i32)> {
+    use candle_core::cuda::cudarc::driver::sys;
+    let mut v = 0;
+    // SAFETY: writes one int; the driver is loaded (the device is open).
+    let ok = unsafe { sys::cuDriverGetVersion(&mut v) } == sys::CUresult::CUDA_SUCCESS;
+    ok.then_some((v / 1000, v % 1000 / 10))
+}
+
+/// The CUDA version of the NVRTC that compiles sweep's kernels (linked
+/// with the binary), where it says.
+#[cfg(feature = "cuda")]
+fn nvrtc_cuda() -> Option<(i32, i32)> {
+    use candle_core::cuda::cudarc::nvrtc::sys;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints.
+    let ok =
+        unsafe { sys::nvrtcVersion(&mut major, &mut minor) } == sys::nvrtcResult::NVRTC_SUCCESS;
+    ok.then_some((major, minor))
+}
+
+/// The architecture this build's flash-attention kernels were compiled
+/// for (`scripts/build-gpu.sh --cap`, as `CUDA_COMPUTE_CAP`): `(9, 0)` for
+/// 90. None without them (sweep's own kernels are compiled for the device
+/// it opens).
+pub fn built_for() -> Option<(i32, i32)> {
+    if !cfg!(feature = "flash-attn") {
+        return None;
+    }
+    let cap: i32 = option_env!("CUDA_COMPUTE_CAP")?.trim().parse().ok()?;
+    Some((cap / 10, cap % 10))
+}
+
+/// Whether a GPU of compute capability `device`, a driver for CUDA
+/// `driver`, NVRTC `nvrtc` (compiling sweep's kernels to the device's
+/// machine code) and flash-attention kernels `built` for one architecture
+/// work together: the driver must be of NVRTC's CUDA major version or newer
+/// (it loads their code), and machine code runs on its own major
+/// architecture at its minor or a later one. Else one message naming all
+/// three and what to do. Unknown versions are taken to fit.
+pub fn fit(
+    driver: Option<(i32, i32)>,
+    nvrtc: Option<(i32, i32)>,
+    device: (i32, i32),
+    built: Option<(i32, i32)>,
+) -> std::result::Result<(), String> {
+    let mut wrong = Vec::new();
+    let mut fixes = Vec::new();
+    if let (Some(d), Some(n)) = (driver, nvrtc) {
+        if d.0 < n.0 {
+            wrong.push(format!(
+                "its driver supports CUDA {}.{} and this build compiles its kernels with CUDA {}.{}'s NVRTC",
+                d.0, d.1, n.0, n.1
+            ));
+            fixes.push(format!(
+                "a driver for CUDA {}.x or later, or this build made with a CUDA {}.x toolkit",
+                n.0, d.0
+            ));
+        }
+    }
+    if let Some(b) = built {
+        if b.0 != device.0 || b.1 > device.1 {
+            wrong.push(format!(
+                "its flash-attention kernels are for sm_{}{} and the GPU is sm_{}{}",
+                b.0, b.1, device.0, device.1
+            ));
+            fixes.push(format!(
+                "scripts/build-gpu.sh --cap {}{}",
+                device.0, device.1
+            ));
+        }
+    }
+    if wrong.is_empty() {
+        return Ok(());
+    }
+    let seen = |v: Option<(i32, i32)>| v.map_or("unknown".to_string(), |(a, b)| format!("{a}.{b}"));
+    Err(format!(
+        "this GPU (compute capability {}.{}, driver for CUDA {}) and this build (NVRTC {}, flash attention for {}) do not work together: {}; use {}",
+        device.0,
+        device.1,
+        seen(driver),
+        seen(nvrtc),
+        built.map_or("no architecture: not built in".to_string(), |(a, b)| format!("sm_{a}{b}")),
+        wrong.join("; "),
+        fixes.join(", and ")
+    ))
 }
 
 /// A build without the `cuda` feature: candle's error.
@@ -271,6 +368,44 @@ impl PeakMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A driver too old for the build's NVRTC, a GPU of another
+    /// architecture than the flash kernels': one message naming all three
+    /// and the fix; a newer driver or minor architecture fits.
+    #[test]
+    fn a_gpu_driver_and_build_that_do_not_fit_are_said_at_once() {
+        let h100 = (9, 0);
+        assert_eq!(
+            fit(Some((13, 0)), Some((13, 0)), h100, Some((9, 0))),
+            Ok(())
+        );
+        assert_eq!(fit(Some((13, 1)), Some((12, 8)), h100, None), Ok(()));
+        assert_eq!(
+            fit(None, None, (8, 6), Some((8, 0))),
+            Ok(()),
+            "sm_80 code runs on 8.6"
+        );
+        let old = fit(Some((12, 4)), Some((13, 0)), h100, Some((9, 0))).unwrap_err();
+        assert!(
+            old.contains("driver supports CUDA 12.4 and this build compiles its kernels with CUDA 13.0's NVRTC")
+                && old.contains("a driver for CUDA 13.x or later"),
+            "{old}"
+        );
+        let b200 = fit(Some((13, 0)), Some((13, 0)), (10, 0), Some((9, 0))).unwrap_err();
+        assert!(
+            b200.contains("compute capability 10.0")
+                && b200.contains("kernels are for sm_90 and the GPU is sm_100")
+                && b200.contains("scripts/build-gpu.sh --cap 100"),
+            "{b200}"
+        );
+        let both = fit(Some((12, 4)), Some((13, 0)), (8, 0), Some((9, 0))).unwrap_err();
+        assert!(
+            both.contains("driver for CUDA 12.4")
+                && both.contains("NVRTC 13.0")
+                && both.contains("sm_90"),
+            "{both}"
+        );
+    }
     use std::cell::Cell;
 
     #[test]

@@ -98,7 +98,7 @@ impl Trainer {
         let ranks = Ranks::from_env()?;
         let (device, fallbacks) = match cfg.device {
             DeviceKind::Cpu => (Device::Cpu, Vec::new()),
-            DeviceKind::Cuda => cuda_device(ranks.local_rank, rt)?,
+            DeviceKind::Cuda => cuda_device(ranks.local_rank, rt, &model_cfg, cfg.sequence_length)?,
         };
         let (dtype, mut bf16_matmuls) =
             crate::train::network::model::dtypes(cfg.precision, &device)?;
@@ -370,9 +370,12 @@ fn announce_bf16_kernel(rt: &RuntimeOptions, f32_products: Option<(f64, f64)>) {
 
 /// GPU `local_rank`, its memory pool as the options say, once its kernels
 /// passed their self-check (those that did not: their failures).
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn cuda_device(
     local_rank: usize,
     rt: &RuntimeOptions,
+    model: &crate::config::ModelConfig,
+    seq: usize,
 ) -> Result<(Device, Vec<ops::selfcheck::Failure>)> {
     if rt.cuda_kernels == ops::CudaKernels::Composed {
         eprintln!(
@@ -382,7 +385,7 @@ fn cuda_device(
     #[cfg(feature = "cuda")]
     {
         let device = device::cuda(local_rank, rt.cuda_pool)?;
-        let failures = ops::selfcheck::at_open(&device, rt.cuda_kernels)?;
+        let failures = ops::selfcheck::at_open(&device, rt.cuda_kernels, model, seq)?;
         Ok((device, failures))
     }
     #[cfg(not(feature = "cuda"))]

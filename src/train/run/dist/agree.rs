@@ -37,6 +37,7 @@ pub fn on_kernels(
         .map(|(&kernel, _)| Failure {
             kernel,
             case: "its self-check on another rank's GPU",
+            shape: None,
             dtype: None,
             rel_err: None,
             tolerance: 0.0,
@@ -80,6 +81,7 @@ mod tests {
         let mine = Failure {
             kernel: Kernel::RmsNorm,
             case: "rms_norm forward",
+            shape: None,
             dtype: Some(DType::BF16),
             rel_err: Some(0.5),
             tolerance: 1.6e-2,

@@ -19,11 +19,17 @@ use anyhow::Result;
 
 /// Every op's cases, in the table's order.
 pub fn all(s: &Shapes) -> Result<Vec<Case>> {
+    all_with(s, s)
+}
+
+/// [`all`], the loss's at `loss`'s shapes (its vocabulary is a width, where
+/// the tables' rows of `s` may be fewer).
+pub fn all_with(s: &Shapes, loss: &Shapes) -> Result<Vec<Case>> {
     let mut cases = Vec::new();
     cases.extend(rms_norm::cases(s)?);
     cases.extend(silu_mul::cases(s)?);
     cases.extend(rope::cases(s)?);
-    cases.extend(cross_entropy::cases(s)?);
+    cases.extend(cross_entropy::cases(loss)?);
     cases.extend(embedding::cases(s)?);
     cases.extend(attention::softmax_cases(s)?);
     cases.extend(attention::cases(s)?);
