@@ -90,34 +90,12 @@ impl Engine {
         });
         // A here-document's body: bash expands `$`, backquotes and
         // backslashes there (not quotes); under a quoted delimiter nothing.
-        env.add_filter(IN_HEREDOC, |v: Value| -> Result<Value, Error> {
-            if v.is_safe() {
-                return Ok(v);
-            }
-            let mut s = String::new();
-            for c in shell_text(&v)?.chars() {
-                if matches!(c, '\\' | '$' | '`') {
-                    s.push('\\');
-                }
-                s.push(c);
-            }
-            Ok(Value::from_safe_string(s))
-        });
+        env.add_filter(IN_HEREDOC, |v: Value| backslashed(v, &['\\', '$', '`']));
         env.add_filter(IN_HEREDOC_AS_WRITTEN, |v: Value| -> Result<Value, Error> {
             Ok(Value::from_safe_string(shell_text(&v)?))
         });
-        env.add_filter(IN_DOUBLE_QUOTES, |v: Value| -> Result<Value, Error> {
-            if v.is_safe() {
-                return Ok(v);
-            }
-            let mut s = String::new();
-            for c in shell_text(&v)?.chars() {
-                if matches!(c, '\\' | '"' | '$' | '`') {
-                    s.push('\\');
-                }
-                s.push(c);
-            }
-            Ok(Value::from_safe_string(s))
+        env.add_filter(IN_DOUBLE_QUOTES, |v: Value| {
+            backslashed(v, &['\\', '"', '$', '`'])
         });
         Engine { env }
     }
@@ -238,6 +216,23 @@ fn shell_text(value: &Value) -> Result<String, Error> {
         ));
     }
     Ok(s)
+}
+
+/// `v` with a backslash before each of the characters `special` (those
+/// bash reads inside double quotes, or a here-document), where it is not
+/// safe already.
+fn backslashed(v: Value, special: &[char]) -> Result<Value, Error> {
+    if v.is_safe() {
+        return Ok(v);
+    }
+    let mut s = String::new();
+    for c in shell_text(&v)?.chars() {
+        if special.contains(&c) {
+            s.push('\\');
+        }
+        s.push(c);
+    }
+    Ok(Value::from_safe_string(s))
 }
 
 const IN_SINGLE_QUOTES: &str = "in_single_quotes";

@@ -98,17 +98,15 @@ pub fn tokens_per_step(params: &indexmap::IndexMap<String, Value>) -> Option<f64
 /// tokens/s, and the figure is one a run can have ([`Field::plausible`]);
 /// returns the figure left out, if one was.
 pub fn tokens_from_step_time(p: &mut super::ingest::Point, tokens: f64) -> Option<f64> {
-    let (None, Some(t)) = (p.tokens_per_second, p.step_time_s) else {
+    let (None, Some(t)) = (p.tokens_per_second, p.step_time_s.filter(|t| *t > 0.0)) else {
         return None;
     };
     let tps = tokens / t;
-    match t > 0.0 && Field::TokensPerSecond.plausible().contains(&tps) {
-        true => {
-            p.tokens_per_second = Some(tps);
-            None
-        }
-        false => (t > 0.0).then_some(tps),
+    if !Field::TokensPerSecond.plausible().contains(&tps) {
+        return Some(tps);
     }
+    p.tokens_per_second = Some(tps);
+    None
 }
 
 fn basis(run: &RunLog, spec: &ReportSpec) -> Result<Basis, String> {

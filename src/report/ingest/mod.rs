@@ -398,19 +398,6 @@ pub(crate) fn list_job_logs(dir: &Path) -> (Vec<PathBuf>, Vec<String>) {
     (logs, faults)
 }
 
-/// Those of a run directory's job logs that are regular files, each with
-/// when it was last written.
-fn job_logs(dir: &Path) -> Vec<(PathBuf, std::time::SystemTime)> {
-    list_job_logs(dir)
-        .0
-        .into_iter()
-        .filter_map(|p| {
-            let m = p.symlink_metadata().ok().filter(|m| m.is_file())?;
-            Some((p, m.modified().ok()?))
-        })
-        .collect()
-}
-
 /// Of a run directory's job logs, the one the attempt of `job` writes:
 /// `local.out` for a local job, `<name>-<job>.out` for a SLURM job (or
 /// array task); else the log written last.
@@ -424,15 +411,20 @@ pub(crate) fn attempt_log(logs: &[PathBuf], job: Option<&str>) -> Option<PathBuf
         true => name(p) == crate::executor::local::LOG_FILE,
         false => name(p).ends_with(&format!("-{job}.out")),
     };
+    // Else the newest regular file among them.
     let written = |p: &Path| {
-        let m = p.symlink_metadata().ok().filter(|m| m.is_file())?;
-        m.modified().ok()
+        p.symlink_metadata()
+            .ok()
+            .filter(|m| m.is_file())?
+            .modified()
+            .ok()
     };
     job.and_then(|j| logs.iter().find(|p| named(p, j)))
         .or_else(|| {
             logs.iter()
-                .filter(|p| written(p).is_some())
-                .max_by_key(|p| written(p))
+                .filter_map(|p| Some((written(p)?, p)))
+                .max()
+                .map(|(_, p)| p)
         })
         .cloned()
 }

@@ -218,9 +218,7 @@ fn number(text: &str) -> f64 {
 /// live view; `None` before its first matching line.
 pub fn last_point(pattern: &Pattern, dir: &std::path::Path) -> Option<Point> {
     const TAIL: usize = 64 << 10;
-    let (log, _) = super::job_logs(dir)
-        .into_iter()
-        .max_by_key(|(_, written)| *written)?;
+    let log = super::attempt_log(&super::list_job_logs(dir).0, None)?;
     // One byte more than the tail says whether the tail was cut; a cut
     // first line is left out.
     let read = crate::util::fs::read_tail(&log, TAIL as u64 + 1).ok()?;

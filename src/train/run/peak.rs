@@ -240,18 +240,24 @@ fn best_of(a: (f64, Kernel), b: (f64, Kernel)) -> (f64, Kernel) {
 /// the bf16 kernel's and the f32 GEMM's peaks where the f32 GEMM is the
 /// faster on this CPU and thread count (the run then multiplies in f32).
 pub fn f32_is_faster(asked: CpuKernels, threads: usize) -> Result<Option<(f64, f64)>> {
-    if !f32_products(asked, 0.0, 1.0) {
-        return Ok(None);
-    }
-    let bf16 = cpu_peak(Kernel::Bf16(bf16_gemm::selected()), threads)?;
-    let f32 = cpu_peak(Kernel::F32, threads)?;
-    Ok(f32_products(asked, bf16, f32).then_some((bf16, f32)))
+    f32_products(asked, || {
+        let bf16 = cpu_peak(Kernel::Bf16(bf16_gemm::selected()), threads)?;
+        Ok((bf16, cpu_peak(Kernel::F32, threads)?))
+    })
 }
 
-/// Whether a bf16-mixed run multiplies in f32: left to choose, and the
-/// f32 GEMM's peak above the bf16 kernel's.
-fn f32_products(asked: CpuKernels, bf16: f64, f32: f64) -> bool {
-    asked == CpuKernels::Auto && f32 > bf16
+/// Whether a bf16-mixed run multiplies in f32, given how its peaks
+/// (bf16's, f32's) are had: only where it was left to choose (else nothing
+/// is measured), and the f32 GEMM is the faster.
+fn f32_products(
+    asked: CpuKernels,
+    peaks: impl FnOnce() -> Result<(f64, f64)>,
+) -> Result<Option<(f64, f64)>> {
+    if asked != CpuKernels::Auto {
+        return Ok(None);
+    }
+    let (bf16, f32) = peaks()?;
+    Ok((f32 > bf16).then_some((bf16, f32)))
 }
 
 /// Measures again and stores the result (for `sweep bench peak`).
@@ -313,10 +319,22 @@ mod tests {
     /// named.
     #[test]
     fn bf16_mixed_multiplies_in_f32_only_where_that_is_faster_and_unasked() {
-        assert!(f32_products(CpuKernels::Auto, 97e9, 165e9));
-        assert!(!f32_products(CpuKernels::Auto, 929e9, 165e9));
-        assert!(!f32_products(CpuKernels::Avx512Bf16, 97e9, 165e9));
-        assert!(!f32_products(CpuKernels::Portable, 60e9, 165e9));
+        let planted = |bf16, f32| move || Ok((bf16, f32));
+        let auto = CpuKernels::Auto;
+        assert_eq!(
+            f32_products(auto, planted(97e9, 165e9)).unwrap(),
+            Some((97e9, 165e9))
+        );
+        assert_eq!(f32_products(auto, planted(929e9, 165e9)).unwrap(), None);
+        let unmeasured = || -> Result<(f64, f64)> { panic!("a named kernel measures nothing") };
+        assert_eq!(
+            f32_products(CpuKernels::Avx512Bf16, unmeasured).unwrap(),
+            None
+        );
+        assert_eq!(
+            f32_products(CpuKernels::Portable, unmeasured).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! step: every kernel an op may use there (sweep's own, cuBLAS's in-place
 //! weight gradient, candle-flash-attn's forward) against its composed twin
 //! on the same device, in bf16 and f32, on tiny shapes (every tail and
-//! partial block) and at the run's own ([`run_shapes`]: its widths, head
+//! partial block) and at the run's own ([`run_cases`]: its widths, head
 //! dimension and vocabulary, few tokens; a fault that shows only there — a
 //! grid past 65,535 blocks, flash attention's head-dimension template, an
 //! odd width's alignment — is caught before the run takes the kernel).
@@ -98,20 +98,15 @@ pub fn cases(device: &Device) -> Result<Vec<Case>> {
 pub const RUN_TOKENS: usize = 128;
 pub const RUN_TABLE_ROWS: usize = 8_192;
 
-/// A run's model as the self-check takes it: its widths, heads, head
-/// dimension and vocabulary, one layer.
-pub fn run_shapes(run: &ModelConfig) -> ModelConfig {
-    ModelConfig {
+/// Every case at a run's shapes: its widths, heads, head dimension and
+/// vocabulary, one layer, on one sequence of up to [`RUN_TOKENS`] of its
+/// `seq` tokens; the loss over the whole vocabulary (a width), the tables'
+/// rows capped at [`RUN_TABLE_ROWS`].
+pub fn run_cases(device: &Device, run: &ModelConfig, seq: usize) -> Result<Vec<Case>> {
+    let cfg = ModelConfig {
         n_layers: 1,
         ..run.clone()
-    }
-}
-
-/// Every case at a run's shapes ([`run_shapes`]), on one sequence of up
-/// to [`RUN_TOKENS`] of its `seq` tokens: the loss over the whole
-/// vocabulary (a width), the tables' rows capped at [`RUN_TABLE_ROWS`].
-pub fn run_cases(device: &Device, run: &ModelConfig, seq: usize) -> Result<Vec<Case>> {
-    let cfg = run_shapes(run);
+    };
     let tables = ModelConfig {
         vocab_size: cfg.vocab_size.min(RUN_TABLE_ROWS),
         ..cfg.clone()
