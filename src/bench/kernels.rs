@@ -19,7 +19,6 @@ use crate::train::network::ops::composed_here;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
-use std::time::Instant;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -70,25 +69,6 @@ pub struct KernelReport {
     pub model: String,
     pub tokens: usize,
     pub rows: Vec<KernelRow>,
-}
-
-/// The median time of `repeats` calls, after one warm-up, each on fresh
-/// inputs, waiting for the device after each.
-fn time(case: &Case, device: &Device, dtype: DType, repeats: usize, composed: bool) -> Result<f64> {
-    super::median_after_warmup(repeats, || {
-        let inputs = prepare(case, device, dtype)?;
-        device.synchronize()?;
-        let start = Instant::now();
-        let out = if composed {
-            composed_here(|| (case.run)(&inputs))?
-        } else {
-            (case.run)(&inputs)?
-        };
-        device.synchronize()?;
-        let elapsed = start.elapsed().as_secs_f64();
-        drop(out);
-        Ok(elapsed)
-    })
 }
 
 /// Runs every case: on the CPU in f32 against the composed twins; on CUDA in
@@ -174,8 +154,8 @@ fn check_and_time(case: &Case, dtype: DType, device: &Device, repeats: usize) ->
     };
     let got = flat_f32(&(case.run)(&prepare(case, device, dtype)?)?)?;
     let (max_abs_err, max_rel_err) = errors(&got, &want)?;
-    let kernel_s = time(case, device, dtype, repeats, false)?;
-    let composed_s = time(case, device, dtype, repeats, true)?;
+    let kernel_s = check::time(case, device, dtype, repeats, false)?;
+    let composed_s = check::time(case, device, dtype, repeats, true)?;
     let tol = tolerance(case, dtype);
     Ok(KernelRow {
         op: case.op,

@@ -389,6 +389,10 @@ pub struct TrainConfig {
     pub attention: AttentionKind,
     pub recompute: Recompute,
     pub device: DeviceKind,
+    /// Which CUDA kernels the run takes (`SWEEP_CUDA_KERNELS`'s values),
+    /// to compare them as an axis; unset: the process's variable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<runtime::CudaKernels>,
 
     // --- optimisation
     pub batch_size: BatchSize,
@@ -449,6 +453,7 @@ impl Default for TrainConfig {
             attention: AttentionKind::Eager,
             recompute: Recompute::None,
             device: DeviceKind::Cpu,
+            kernels: None,
             batch_size: BatchSize::Fixed(1),
             gradient_accumulation: 1,
             training_steps: 1000,

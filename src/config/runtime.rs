@@ -29,12 +29,15 @@ pub enum CpuKernels {
     Portable,
 }
 
-/// Which implementation the ops with CUDA kernels use on a GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which implementation the ops with CUDA kernels use on a GPU: the
+/// process's `SWEEP_CUDA_KERNELS`, or a run's `kernels` (a study's axis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum CudaKernels {
     /// sweep's kernels (`src/train/network/kernels/`) that pass their self-check
-    /// when the device opens; the composed twin of any that does not (said
-    /// on stderr and recorded in the run's metrics).
+    /// when the device opens and are faster than their composed twins at
+    /// the run's shapes; the twin of any other (said on stderr and recorded
+    /// in the run's metrics).
     #[default]
     Auto,
     /// sweep's kernels, all of them: a kernel that fails its self-check
@@ -43,6 +46,19 @@ pub enum CudaKernels {
     /// The composed twins, from candle's kernels: to measure the difference,
     /// or to rule a kernel out when a GPU run goes wrong.
     Composed,
+}
+
+impl CudaKernels {
+    pub const ALL: [CudaKernels; 3] = [CudaKernels::Auto, CudaKernels::Own, CudaKernels::Composed];
+
+    /// Its name in the variable, the manifest and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            CudaKernels::Auto => "auto",
+            CudaKernels::Own => "own",
+            CudaKernels::Composed => "composed",
+        }
+    }
 }
 
 /// What the CUDA memory pool does with the memory the trainer frees.
@@ -100,7 +116,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "SWEEP_CUDA_KERNELS",
         values: "`auto`, `own`, `composed`",
-        what: "sweep's CUDA kernels that pass their self-check when the device opens (the composed twin of any that fails), all of them (a failure stops the run), or candle's composed ops in their place",
+        what: "sweep's CUDA kernels that pass their self-check when the device opens and are faster than their composed twins at the run's shapes (the twin of any other), all of them (a failure stops the run), or candle's composed ops in their place; a run's `kernels` key overrides it",
     },
     Variable {
         name: "SWEEP_CUDA_POOL",
@@ -199,8 +215,10 @@ impl RuntimeOptions {
                 "SWEEP_CPU_KERNELS",
                 &["auto", "amx", "avx512-bf16", "portable"],
             )?],
-            cuda_kernels: [CudaKernels::Auto, CudaKernels::Own, CudaKernels::Composed]
-                [choice("SWEEP_CUDA_KERNELS", &["auto", "own", "composed"])?],
+            cuda_kernels: CudaKernels::ALL[choice(
+                "SWEEP_CUDA_KERNELS",
+                &CudaKernels::ALL.map(CudaKernels::name),
+            )?],
             cuda_pool: [CudaPool::Keep, CudaPool::Release]
                 [choice("SWEEP_CUDA_POOL", &["keep", "release"])?],
             check_replicas: flag("SWEEP_CHECK_REPLICAS")?,

@@ -228,6 +228,12 @@ impl TrainConfig {
                 "`attention = \"flash\"` runs on CUDA devices only: set `device = \"cuda\"` (with a build that has the `flash-attn` feature) or use `attention = \"eager\"` on the CPU".into(),
             );
         }
+        if let (Some(k), DeviceKind::Cpu) = (self.kernels, self.device) {
+            return err(
+                "kernels",
+                format!("`kernels = \"{}\"` chooses among CUDA kernels: set `device = \"cuda\"`, or leave `kernels` out on the CPU", k.name()),
+            );
+        }
         if self.precision == Precision::Bf16 && self.device == DeviceKind::Cpu {
             return err(
                 "precision",

@@ -45,6 +45,7 @@ pub(super) fn values_of(key: &str) -> Option<(&'static str, Vec<String>)> {
             "defaults.precision" => known_variants::<Precision>(),
             "defaults.attention" => known_variants::<AttentionKind>(),
             "defaults.recompute" => known_variants::<Recompute>(),
+            "defaults.kernels" => known_variants::<crate::config::runtime::CudaKernels>(),
             "defaults.device" => known_variants::<DeviceKind>(),
             "defaults.lr_schedule" => known_variants::<LrSchedule>(),
             _ => return None,

@@ -1,6 +1,6 @@
 //! Our trainer's `metrics.jsonl`, read through its one record type
 //! ([`crate::train::run::record`]): step records become points, events are not
-//! steps (a kernel's fallback is a note beside the run), lines that do not parse and implausible values are omissions. A
+//! steps (a kernel's fallback or its timing is a note beside the run), lines that do not parse and implausible values are omissions. A
 //! last line without its newline is a run still writing (`torn`).
 
 use super::{Omissions, Point};
@@ -54,6 +54,8 @@ pub fn parse(bytes: &[u8]) -> Parsed {
         out.omitted.bad_line(*line, why.clone());
     }
     let mut hosts: Option<Arc<[String]>> = None;
+    // Kernel times by kernel: a resumed run's latest.
+    let mut timings: Vec<(String, f64, f64)> = Vec::new();
     for (line, r) in &log.records {
         match r {
             Record::Step(m) => {
@@ -108,10 +110,49 @@ pub fn parse(bytes: &[u8]) -> Parsed {
                     out.notes.push(note);
                 }
             }
+            Record::Event(e) if e.event == EventKind::KernelTiming => {
+                let sane = |s: f64| (0.0..=MAX_COMPUTE_S).contains(&s);
+                if !(sane(e.value) && sane(e.threshold)) {
+                    out.omitted.bad_line(
+                        *line,
+                        String::from("a kernel's time negative, not finite or over a week"),
+                    );
+                    continue;
+                }
+                let kernel =
+                    crate::util::text::note(e.detail.as_deref().unwrap_or("a kernel")).into_owned();
+                timings.retain(|t| t.0 != kernel);
+                timings.push((kernel, e.value, e.threshold));
+            }
             Record::Event(_) => {}
         }
     }
+    if !timings.is_empty() {
+        out.notes.push(timings_note(&timings));
+    }
     out
+}
+
+/// One note of the kernels timed when the GPU opened: which path each ran.
+fn timings_note(timings: &[(String, f64, f64)]) -> String {
+    let said = |twin: bool| -> Vec<String> {
+        timings
+            .iter()
+            .filter(|t| (t.2 < t.1) == twin)
+            .map(|(k, own, twin)| format!("{k} ({:.3} ms, its twin {:.3})", own * 1e3, twin * 1e3))
+            .collect()
+    };
+    let (own, twins) = (said(false), said(true));
+    let mut note =
+        "kernels timed against their composed twins at the run's shapes when the GPU opened"
+            .to_string();
+    if !own.is_empty() {
+        note += &format!("; sweep's ran: {}", own.join(", "));
+    }
+    if !twins.is_empty() {
+        note += &format!("; the twins ran, being faster: {}", twins.join(", "));
+    }
+    note
 }
 
 /// The latest point of a metrics file, reading only its tail (for live views).
@@ -204,6 +245,51 @@ mod tests {
         );
         assert!(parsed.notes[1].chars().count() < 600, "{}", parsed.notes[1]);
         assert!(!parsed.notes[1].contains('\u{1b}'), "{}", parsed.notes[1]);
+    }
+
+    /// The kernels' times at the GPU's opening, as the trainer writes
+    /// them: one note saying which path each ran, a resumed run's latest
+    /// times; a time no run can have is an omission, not a note.
+    #[test]
+    fn the_kernels_times_are_one_note() {
+        use crate::train::network::ops::{selfcheck::Timing, Kernel};
+        let dir = tempfile::tempdir().unwrap();
+        let log = crate::train::run::record::MetricsLog::open(dir.path()).unwrap();
+        let cfg = crate::config::TrainConfig::default();
+        let mut reporter =
+            crate::train::run::metrics::Reporter::new(Some(log), &cfg, 1, 1.0, 1.0, String::new());
+        let t = |kernel, own_s, composed_s| Timing {
+            kernel,
+            own_s,
+            composed_s,
+        };
+        reporter
+            .kernel_timings(
+                0,
+                &[
+                    t(Kernel::RmsNorm, 1e-3, 3e-3),
+                    t(Kernel::Softmax, 2e-3, 1e-3),
+                ],
+            )
+            .unwrap();
+        reporter
+            .kernel_timings(7, &[t(Kernel::RmsNorm, 1e-3, 2e-3)])
+            .unwrap();
+        drop(reporter);
+        let mut bytes =
+            std::fs::read(dir.path().join(crate::train::run::record::METRICS_FILE)).unwrap();
+        bytes.extend_from_slice(
+            b"{\"step\":9,\"event\":\"kernel_timing\",\"value\":-1,\"threshold\":1e308,\"detail\":\"rope\"}\n",
+        );
+        let parsed = parse(&bytes);
+        assert_eq!(
+            parsed.notes,
+            ["kernels timed against their composed twins at the run's shapes when the GPU opened; \
+              sweep's ran: rms_norm (1.000 ms, its twin 2.000); \
+              the twins ran, being faster: softmax (2.000 ms, its twin 1.000)"]
+        );
+        let omitted = parsed.omitted.describe(std::path::Path::new("m"));
+        assert!(omitted.join(" ").contains("a kernel's time"), "{omitted:?}");
     }
 
     #[test]

@@ -202,6 +202,27 @@ impl Reporter {
         Ok(())
     }
 
+    /// Records each kernel's time against its twin's, from `step`.
+    pub fn kernel_timings(
+        &mut self,
+        step: usize,
+        timings: &[crate::train::network::ops::selfcheck::Timing],
+    ) -> Result<()> {
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        for t in timings {
+            log.write(Event {
+                step,
+                event: EventKind::KernelTiming,
+                value: t.own_s,
+                threshold: t.composed_s,
+                detail: Some(t.kernel.name().into()),
+            })?;
+        }
+        Ok(())
+    }
+
     /// Records that this bf16-mixed run multiplies in f32 (the bf16
     /// kernel's and the f32 GEMM's peaks), from `step`.
     pub fn f32_products(&mut self, step: usize, peaks: Option<(f64, f64)>) -> Result<()> {

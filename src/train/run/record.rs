@@ -91,6 +91,10 @@ pub enum EventKind {
     /// their composed twins (`value`: its relative error against the twin,
     /// −1 where it failed to run or wrote a NaN; `threshold`: the tolerance).
     KernelFallback,
+    /// A kernel timed against its composed twin at the run's shapes when
+    /// the GPU opened (`value`: its seconds; `threshold`: the twin's, summed
+    /// over the ranks); the faster ran.
+    KernelTiming,
     /// A bf16-mixed run on a CPU whose bf16 kernel is slower than its f32
     /// GEMM multiplied in f32 (`value`: the bf16 kernel's peak FLOP/s;
     /// `threshold`: the f32 GEMM's).
@@ -105,6 +109,7 @@ impl EventKind {
             EventKind::Plateau => "plateau",
             EventKind::MfuAbovePeak => "MFU above 100% of the peak",
             EventKind::KernelFallback => "a kernel failed its self-check: its composed twin ran",
+            EventKind::KernelTiming => "a kernel timed against its composed twin: the faster ran",
             EventKind::F32Products => {
                 "bf16-mixed multiplied in f32: the bf16 kernel is slower here"
             }

@@ -43,6 +43,9 @@ pub struct Trainer {
     /// The kernels that failed their self-check when the GPU opened, whose
     /// ops run their composed twins ([`ops::selfcheck`]).
     pub fallbacks: Vec<ops::selfcheck::Failure>,
+    /// The other kernels' times against their twins' at the run's shapes
+    /// (summed over the ranks), which chose their paths.
+    pub kernel_timings: Vec<ops::selfcheck::Timing>,
     /// A bf16-mixed run on a CPU whose bf16 kernel is slower than its f32
     /// GEMM multiplies in f32: the two peaks (FLOP/s), bf16's first.
     pub f32_products: Option<(f64, f64)>,
@@ -96,9 +99,9 @@ impl Trainer {
             bail!("batch_size = \"max\" must be resolved before training (sweep train does)");
         }
         let ranks = Ranks::from_env()?;
-        let (device, fallbacks) = match cfg.device {
-            DeviceKind::Cpu => (Device::Cpu, Vec::new()),
-            DeviceKind::Cuda => cuda_device(ranks.local_rank, rt, &model_cfg, cfg.sequence_length)?,
+        let (device, opened) = match cfg.device {
+            DeviceKind::Cpu => (Device::Cpu, Default::default()),
+            DeviceKind::Cuda => cuda_device(ranks.local_rank, rt, &model_cfg, &cfg)?,
         };
         let (dtype, mut bf16_matmuls) =
             crate::train::network::model::dtypes(cfg.precision, &device)?;
@@ -115,13 +118,16 @@ impl Trainer {
         let comm = dist::connect(ranks, &device, rt)?;
         // Every rank runs the kernels every rank passed (replicas that
         // rounded differently would drift apart).
-        let fallbacks = match device.is_cuda() {
-            true => {
-                let others = super::dist::agree::on_kernels(&*comm, &device, &fallbacks)?;
-                fallbacks.into_iter().chain(others).collect()
-            }
-            false => fallbacks,
-        };
+        let ops::selfcheck::Opened {
+            mut failures,
+            timings,
+        } = opened;
+        let mut kernel_timings = Vec::new();
+        if device.is_cuda() {
+            failures.extend(super::dist::agree::on_kernels(&*comm, &device, &failures)?);
+            kernel_timings = super::dist::agree::on_timings(&*comm, &device, &timings, &failures)?;
+            ops::selfcheck::take_faster(&kernel_timings);
+        }
         let model_spec = ModelSpec {
             cfg: model_cfg,
             attention: cfg.attention,
@@ -165,7 +171,8 @@ impl Trainer {
             grads,
             layout,
             sync_forward: false,
-            fallbacks,
+            fallbacks: failures,
+            kernel_timings,
             f32_products,
         })
     }
@@ -375,18 +382,28 @@ fn cuda_device(
     local_rank: usize,
     rt: &RuntimeOptions,
     model: &crate::config::ModelConfig,
-    seq: usize,
-) -> Result<(Device, Vec<ops::selfcheck::Failure>)> {
-    if rt.cuda_kernels == ops::CudaKernels::Composed {
-        eprintln!(
-            "sweep train: SWEEP_CUDA_KERNELS=composed: candle's composed ops instead of sweep's CUDA kernels"
-        );
+    cfg: &TrainConfig,
+) -> Result<(Device, ops::selfcheck::Opened)> {
+    let policy = match cfg.kernels {
+        Some(k) => {
+            ops::set_run_kernels(k);
+            k
+        }
+        None => rt.cuda_kernels,
+    };
+    if policy == ops::CudaKernels::Composed {
+        eprintln!("sweep train: kernels = composed: candle's composed ops instead of sweep's CUDA kernels");
     }
     #[cfg(feature = "cuda")]
     {
         let device = device::cuda(local_rank, rt.cuda_pool)?;
-        let failures = ops::selfcheck::at_open(&device, rt.cuda_kernels, model, seq)?;
-        Ok((device, failures))
+        // The kernels see activations in the parameters' dtype.
+        let dtype = match cfg.precision {
+            crate::config::Precision::Bf16 => DType::BF16,
+            _ => DType::F32,
+        };
+        let opened = ops::selfcheck::at_open(&device, policy, model, cfg.sequence_length, dtype)?;
+        Ok((device, opened))
     }
     #[cfg(not(feature = "cuda"))]
     bail!(

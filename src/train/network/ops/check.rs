@@ -124,6 +124,37 @@ pub fn prepare(case: &Case, device: &Device, dtype: DType) -> Result<Vec<Tensor>
         .collect()
 }
 
+/// The median time of `repeats` calls of a case, by its kernel or its
+/// composed twin, after one warm-up, each on fresh inputs, waiting for the
+/// device after each.
+pub fn time(
+    case: &Case,
+    device: &Device,
+    dtype: DType,
+    repeats: usize,
+    composed: bool,
+) -> Result<f64> {
+    let once = || -> Result<f64> {
+        let inputs = prepare(case, device, dtype)?;
+        device.synchronize()?;
+        let start = std::time::Instant::now();
+        let out = match composed {
+            true => super::composed_here(|| (case.run)(&inputs))?,
+            false => (case.run)(&inputs)?,
+        };
+        device.synchronize()?;
+        let elapsed = start.elapsed().as_secs_f64();
+        drop(out);
+        Ok(elapsed)
+    };
+    once()?;
+    let mut times = (0..repeats.max(1))
+        .map(|_| once())
+        .collect::<Result<Vec<f64>>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
 /// Every output's values in f32 on the host, one after another.
 pub fn flat_f32(outputs: &[Tensor]) -> Result<Vec<f32>> {
     let mut all = Vec::new();

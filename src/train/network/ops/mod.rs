@@ -172,10 +172,23 @@ pub fn composed_here<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Which implementation the ops with CUDA kernels use: the process's
-/// option (`SWEEP_CUDA_KERNELS`), read where candle calls an op.
+/// A run's `kernels`, where it set one: over the process's option.
+static RUN_KERNELS: std::sync::OnceLock<CudaKernels> = std::sync::OnceLock::new();
+
+/// Makes a run's `kernels` the choice of this process (once: a process
+/// trains one run).
+pub(crate) fn set_run_kernels(k: CudaKernels) {
+    let _ = RUN_KERNELS.set(k);
+}
+
+/// Which implementation the ops with CUDA kernels use: the run's `kernels`,
+/// else the process's option (`SWEEP_CUDA_KERNELS`), read where candle
+/// calls an op.
 pub fn cuda_kernels() -> CudaKernels {
-    crate::config::RuntimeOptions::current().cuda_kernels
+    RUN_KERNELS
+        .get()
+        .copied()
+        .unwrap_or_else(|| crate::config::RuntimeOptions::current().cuda_kernels)
 }
 
 /// Whether the in-place CPU kernels apply to a buffer and its operands.

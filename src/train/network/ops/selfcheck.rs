@@ -92,17 +92,24 @@ pub fn cases(device: &Device) -> Result<Vec<Case>> {
     })
 }
 
-/// The most tokens a case at a run's shapes takes, and the most rows of a
-/// table (the embedding's, the gradient norm's: rows, not widths): the
-/// check's cost bounded (docs/gpu.md gives it at ref-8b's shapes).
+/// The most tokens a case at a run's shapes takes when checked, and when
+/// timed, and the most rows of a table (the embedding's, the gradient
+/// norm's: rows, not widths): the check's cost bounded (docs/gpu.md gives
+/// it at ref-8b's shapes).
 pub const RUN_TOKENS: usize = 128;
+pub const TIMED_TOKENS: usize = 2048;
 pub const RUN_TABLE_ROWS: usize = 8_192;
 
 /// Every case at a run's shapes: its widths, heads, head dimension and
-/// vocabulary, one layer, on one sequence of up to [`RUN_TOKENS`] of its
+/// vocabulary, one layer, on one sequence of up to `most_tokens` of its
 /// `seq` tokens; the loss over the whole vocabulary (a width), the tables'
 /// rows capped at [`RUN_TABLE_ROWS`].
-pub fn run_cases(device: &Device, run: &ModelConfig, seq: usize) -> Result<Vec<Case>> {
+pub fn run_cases(
+    device: &Device,
+    run: &ModelConfig,
+    seq: usize,
+    most_tokens: usize,
+) -> Result<Vec<Case>> {
     let cfg = ModelConfig {
         n_layers: 1,
         ..run.clone()
@@ -114,7 +121,7 @@ pub fn run_cases(device: &Device, run: &ModelConfig, seq: usize) -> Result<Vec<C
     let shapes = |cfg| Shapes {
         cfg,
         batch: 1,
-        seq: seq.clamp(1, RUN_TOKENS),
+        seq: seq.clamp(1, most_tokens),
         device,
     };
     crate::train::network::ops::cases::all_with(&shapes(&tables), &shapes(&cfg))
@@ -207,20 +214,145 @@ pub fn decide(policy: CudaKernels, failures: &[Failure]) -> Result<Vec<Kernel>> 
     Ok(kernels)
 }
 
+/// A kernel's time and its composed twin's at a run's shapes in the run's
+/// dtype: each case's median of [`REPEATS`] after a warm-up, summed over
+/// the kernel's cases, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    pub kernel: Kernel,
+    pub own_s: f64,
+    pub composed_s: f64,
+}
+
+pub const REPEATS: usize = 3;
+
+impl Timing {
+    /// Whether the run takes the twin: only where it is faster, so that a
+    /// kernel written without a GPU never makes a run slower.
+    pub fn twin_is_faster(&self) -> bool {
+        self.composed_s < self.own_s
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "{}: {} ({:.3} ms, its composed twin {:.3} ms)",
+            self.kernel.name(),
+            if self.twin_is_faster() {
+                "composed"
+            } else {
+                "own"
+            },
+            self.own_s * 1e3,
+            self.composed_s * 1e3
+        )
+    }
+}
+
+/// The kernels whose composed twins were faster.
+pub fn slower(timings: &[Timing]) -> Vec<Kernel> {
+    timings
+        .iter()
+        .filter(|t| t.twin_is_faster())
+        .map(|t| t.kernel)
+        .collect()
+}
+
+/// How long a case takes in a dtype by its kernel (`false`) or its twin
+/// (`true`): [`check::time`] on the device; planted in the tests.
+pub type Clock<'a> = &'a dyn Fn(&Case, DType, bool) -> Result<f64>;
+
+/// Times each of sweep's kernels in `cases` but those `left_out` against
+/// its twin, in `dtype`. A kernel one of whose cases cannot run while timed
+/// (out of memory at the run's tokens) is left untimed: it keeps its path.
+pub fn time(cases: &[Case], dtype: DType, left_out: &[Kernel], clock: Clock) -> Vec<Timing> {
+    let mut timings: Vec<Timing> = Vec::new();
+    let mut untimed: Vec<Kernel> = Vec::new();
+    for case in cases {
+        let k = case.kernel;
+        if !k.own() || left_out.contains(&k) || untimed.contains(&k) {
+            continue;
+        }
+        match clock(case, dtype, false).and_then(|own| Ok((own, clock(case, dtype, true)?))) {
+            Ok((own_s, composed_s)) => match timings.iter_mut().find(|t| t.kernel == k) {
+                Some(t) => {
+                    t.own_s += own_s;
+                    t.composed_s += composed_s;
+                }
+                None => timings.push(Timing {
+                    kernel: k,
+                    own_s,
+                    composed_s,
+                }),
+            },
+            Err(e) => {
+                eprintln!(
+                    "sweep train: note: {} not timed at {} ({e:#}): it keeps its path",
+                    k.name(),
+                    case.shape
+                );
+                untimed.push(k);
+            }
+        }
+    }
+    timings.retain(|t| !untimed.contains(&t.kernel));
+    timings
+}
+
+/// What a device's opening found: the kernels that failed their check, and
+/// under `SWEEP_CUDA_KERNELS=auto` each other kernel's time against its
+/// twin's (the ranks agree on both before the slower paths are left out).
+#[derive(Debug, Default)]
+pub struct Opened {
+    pub failures: Vec<Failure>,
+    pub timings: Vec<Timing>,
+}
+
 /// The self-check of a device just opened: compiles every module, checks
-/// every kernel this process may use there, and makes those that fail take
-/// their composed twins (said on stderr). The failures, for the run's
-/// metrics; an error under `SWEEP_CUDA_KERNELS=own` when there are some.
+/// every kernel this process may use there, makes those that fail take
+/// their composed twins (said on stderr), and under `auto` times the others
+/// at the run's shapes in `dtype`. An error under `SWEEP_CUDA_KERNELS=own`
+/// when some fail.
 pub fn at_open(
     device: &Device,
     policy: CudaKernels,
     run_model: &ModelConfig,
     seq: usize,
-) -> Result<Vec<Failure>> {
+    dtype: DType,
+) -> Result<Opened> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
         super::cuda::load_all(d)?;
     }
+    let timed = match policy {
+        CudaKernels::Auto => run_cases(device, run_model, seq, TIMED_TOKENS)?,
+        _ => Vec::new(),
+    };
+    let clock = |c: &Case, dtype, composed| check::time(c, device, dtype, REPEATS, composed);
+    let opened = check_and_time(
+        [
+            cases(device)?,
+            run_cases(device, run_model, seq, RUN_TOKENS)?,
+        ],
+        timed,
+        device,
+        policy,
+        dtype,
+        &clock,
+    )?;
+    let failed: Vec<Kernel> = opened.failures.iter().map(|f| f.kernel).collect();
+    super::fall_back(&failed);
+    Ok(opened)
+}
+
+/// [`at_open`]'s work on cases made: the checks and the times.
+fn check_and_time(
+    checked: [Vec<Case>; 2],
+    timed: Vec<Case>,
+    device: &Device,
+    policy: CudaKernels,
+    dtype: DType,
+    clock: Clock,
+) -> Result<Opened> {
     let here = |cases: Vec<Case>| -> Vec<Case> {
         cases
             .into_iter()
@@ -228,15 +360,16 @@ pub fn at_open(
             .collect()
     };
     let started = std::time::Instant::now();
-    let mut failures = run(&here(cases(device)?), device);
-    failures.extend(run(&here(run_cases(device, run_model, seq)?), device));
+    let failures: Vec<Failure> = checked
+        .into_iter()
+        .flat_map(|cases| run(&here(cases), device))
+        .collect();
     eprintln!(
         "sweep train: kernel self-check at the tiny shapes and the run's own: {} failure(s) in {:.1} s",
         failures.len(),
         started.elapsed().as_secs_f64()
     );
     let kernels = decide(policy, &failures)?;
-    super::fall_back(&kernels);
     for f in &failures {
         eprintln!(
             "sweep train: warning: kernel self-check failed: {}; {} runs its composed twin on this GPU",
@@ -244,7 +377,25 @@ pub fn at_open(
             f.kernel.name()
         );
     }
-    Ok(failures)
+    let timed: Vec<Case> = here(timed)
+        .into_iter()
+        .filter(|c| check::dtypes(c, device).contains(&dtype))
+        .collect();
+    let timings = time(&timed, dtype, &kernels, clock);
+    Ok(Opened { failures, timings })
+}
+
+/// Makes the kernels whose twins were faster take them (the ranks' summed
+/// times), each said on stderr.
+pub fn take_faster(timings: &[Timing]) {
+    let twins = slower(timings);
+    super::fall_back(&twins);
+    for t in timings.iter().filter(|t| t.twin_is_faster()) {
+        eprintln!(
+            "sweep train: note: timed at the run's shapes, {}: its composed twin runs on this GPU",
+            t.describe()
+        );
+    }
 }
 
 #[cfg(test)]
@@ -371,7 +522,7 @@ mod tests {
     #[test]
     fn faults_only_at_the_runs_shapes_are_caught_at_them() {
         let model = a_run();
-        let at_run = run_cases(&Device::Cpu, &model, 4096).unwrap();
+        let at_run = run_cases(&Device::Cpu, &model, 4096, RUN_TOKENS).unwrap();
         let shape = |op: &str| {
             at_run
                 .iter()
@@ -403,7 +554,10 @@ mod tests {
             &Device::Cpu
         )));
         let caught = run(
-            &planted(run_cases(&Device::Cpu, &model, 4096).unwrap(), wider),
+            &planted(
+                run_cases(&Device::Cpu, &model, 4096, RUN_TOKENS).unwrap(),
+                wider,
+            ),
             &Device::Cpu,
         );
         assert!(rms(&caught), "{caught:#?}");
@@ -426,7 +580,10 @@ mod tests {
         )
         .is_empty());
         let flash = run(
-            &planted(run_cases(&Device::Cpu, &model, 4096).unwrap(), head_128),
+            &planted(
+                run_cases(&Device::Cpu, &model, 4096, RUN_TOKENS).unwrap(),
+                head_128,
+            ),
             &Device::Cpu,
         );
         assert_eq!(flash.len(), 1, "{flash:#?}");
@@ -450,7 +607,7 @@ mod tests {
     fn the_check_at_ref_8b_shapes_costs_seconds() {
         let model = ModelConfig::preset("ref-8b").unwrap();
         let made = std::time::Instant::now();
-        let cases = run_cases(&Device::Cpu, &model, 4096).unwrap();
+        let cases = run_cases(&Device::Cpu, &model, 4096, RUN_TOKENS).unwrap();
         let made_here = made.elapsed().as_secs_f64();
         let inputs: usize = cases
             .iter()
@@ -502,5 +659,97 @@ mod tests {
         assert!(e.contains("2 of the kernels failed"), "{e}");
         assert!(e.contains("softmax: attention backward in bf16"), "{e}");
         assert!(e.contains("unset SWEEP_CUDA_KERNELS"), "{e}");
+    }
+
+    /// The choice at a device's opening, on planted times: the slower path
+    /// is never chosen (a tie keeps the kernel), and a kernel that is wrong
+    /// is never timed nor chosen, however fast its planted time; the times
+    /// sum over a kernel's cases; a kernel that cannot be timed keeps its
+    /// path; `own` and `composed` time nothing.
+    #[test]
+    fn the_faster_correct_path_is_chosen() {
+        let wrong = |k: Kernel, _: &[Tensor], out: Vec<Tensor>| -> Result<Vec<Tensor>> {
+            match k {
+                Kernel::RmsNorm => Ok(out
+                    .into_iter()
+                    .map(|o| o * 1.5)
+                    .collect::<candle_core::Result<_>>()?),
+                _ => Ok(out),
+            }
+        };
+        let made = || planted(cases(&Device::Cpu).unwrap(), wrong);
+        let clock = |c: &Case, _: DType, twin: bool| -> Result<f64> {
+            Ok(match (c.kernel, twin) {
+                (Kernel::RmsNorm, false) => 1e-6,
+                (Kernel::Softmax, false) => 2e-3,
+                (Kernel::Softmax, true) => 1e-3,
+                (Kernel::Rope, _) => 1e-3,
+                (Kernel::SiluMul, false) => bail!("out of memory"),
+                (_, false) => 1e-3,
+                (_, true) => 2e-3,
+            })
+        };
+        let opened = check_and_time(
+            [made(), Vec::new()],
+            made(),
+            &Device::Cpu,
+            CudaKernels::Auto,
+            DType::F32,
+            &clock,
+        )
+        .unwrap();
+        let failed: Vec<Kernel> = opened.failures.iter().map(|f| f.kernel).collect();
+        assert!(failed.iter().all(|k| *k == Kernel::RmsNorm) && !failed.is_empty());
+        let timed: Vec<Kernel> = opened.timings.iter().map(|t| t.kernel).collect();
+        assert!(
+            !timed.contains(&Kernel::RmsNorm),
+            "a wrong kernel is not timed"
+        );
+        assert!(!timed.contains(&Kernel::SiluMul), "untimed keeps its path");
+        assert!(!timed.contains(&Kernel::Flash), "not sweep's");
+        assert!(timed.contains(&Kernel::Rope) && timed.contains(&Kernel::AdamW));
+        assert_eq!(slower(&opened.timings), [Kernel::Softmax]);
+        let softmax = opened
+            .timings
+            .iter()
+            .find(|t| t.kernel == Kernel::Softmax)
+            .unwrap();
+        let cases = cases(&Device::Cpu)
+            .unwrap()
+            .iter()
+            .filter(|c| c.kernel == Kernel::Softmax)
+            .count() as f64;
+        assert!((softmax.own_s - 2e-3 * cases).abs() < 1e-12, "{softmax:?}");
+        assert!(
+            softmax.describe().starts_with("softmax: composed ("),
+            "{}",
+            softmax.describe()
+        );
+        for policy in [CudaKernels::Composed, CudaKernels::Own] {
+            let forced = check_and_time(
+                [Vec::new(), Vec::new()],
+                Vec::new(),
+                &Device::Cpu,
+                policy,
+                DType::F32,
+                &clock,
+            )
+            .unwrap();
+            assert!(forced.timings.is_empty());
+        }
+    }
+
+    /// The real clock on the CPU: every kernel of sweep's own is timed, in
+    /// seconds that are times (no speed asserted).
+    #[test]
+    fn every_own_kernel_is_timed_on_the_cpu() {
+        let clock = |c: &Case, dtype, twin| check::time(c, &Device::Cpu, dtype, 1, twin);
+        let timings = time(&cases(&Device::Cpu).unwrap(), DType::F32, &[], &clock);
+        let timed: Vec<Kernel> = timings.iter().map(|t| t.kernel).collect();
+        let own: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.own()).collect();
+        assert_eq!(timed, own);
+        assert!(timings
+            .iter()
+            .all(|t| t.own_s > 0.0 && t.composed_s > 0.0 && t.own_s.is_finite()));
     }
 }

@@ -1,8 +1,10 @@
 //! The ranks agree on the kernels they run: a kernel whose self-check
-//! failed on any rank's GPU is left out on every rank.
+//! failed on any rank's GPU is left out on every rank, and a kernel's path
+//! is chosen by the ranks' summed times.
 
 use super::Collective;
-use crate::train::network::ops::{self, selfcheck::Failure, Kernel};
+use crate::train::network::ops::selfcheck::{Failure, Timing};
+use crate::train::network::ops::{self, Kernel};
 use anyhow::Result;
 use candle_core::{DType, Device};
 
@@ -49,6 +51,42 @@ pub fn on_kernels(
         eprintln!("sweep train: warning: {}", f.describe());
     }
     Ok(others)
+}
+
+/// Every rank's times of the kernels, summed over the ranks, for the kernels every rank timed and none left out:
+/// the same times on every rank, so every rank makes the same choice.
+pub fn on_timings(
+    comm: &dyn Collective,
+    device: &Device,
+    timings: &[Timing],
+    left_out: &[Failure],
+) -> Result<Vec<Timing>> {
+    if comm.is_single() {
+        return Ok(timings.to_vec());
+    }
+    let n = Kernel::ALL.len();
+    // Per kernel: timed here (1), its seconds, its twin's.
+    let mut mine = vec![0f32; 3 * n];
+    for t in timings {
+        let i = t.kernel as usize;
+        mine[i] = 1.0;
+        mine[n + i] = t.own_s as f32;
+        mine[2 * n + i] = t.composed_s as f32;
+    }
+    let all = comm
+        .all_reduce_sum(&candle_core::Tensor::from_vec(mine, 3 * n, device)?)?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()?;
+    let ranks = comm.ranks().world_size as f32;
+    Ok(Kernel::ALL
+        .iter()
+        .filter(|k| all[**k as usize] == ranks && !left_out.iter().any(|f| f.kernel == **k))
+        .map(|&kernel| Timing {
+            kernel,
+            own_s: all[n + kernel as usize] as f64,
+            composed_s: all[2 * n + kernel as usize] as f64,
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -102,5 +140,68 @@ mod tests {
         assert!(on_kernels(&Single, &Device::Cpu, &[mine])
             .unwrap()
             .is_empty());
+    }
+
+    /// The ranks' times summed; a kernel another rank did not time (it
+    /// failed there), or that failed, is not chosen by time.
+    #[test]
+    fn every_rank_chooses_by_the_summed_times() {
+        struct Peer(Vec<f32>);
+        impl Collective for Peer {
+            fn ranks(&self) -> Ranks {
+                Ranks {
+                    rank: 0,
+                    world_size: 2,
+                    local_rank: 0,
+                }
+            }
+            fn describe(&self) -> String {
+                "a peer".into()
+            }
+            fn all_reduce_sum(&self, t: &Tensor) -> anyhow::Result<Tensor> {
+                Ok((t + Tensor::new(self.0.as_slice(), t.device())?)?)
+            }
+            fn broadcast(&self, t: &Tensor, _: usize) -> anyhow::Result<Tensor> {
+                Ok(t.clone())
+            }
+            fn abort(&self, _: i32) {}
+        }
+        let t = |kernel, own_s, composed_s| Timing {
+            kernel,
+            own_s,
+            composed_s,
+        };
+        let mine = [
+            t(Kernel::Softmax, 1.0, 2.0),
+            t(Kernel::Rope, 1.0, 1.0),
+            t(Kernel::AdamW, 1.0, 3.0),
+        ];
+        let n = Kernel::ALL.len();
+        let mut theirs = vec![0f32; 3 * n];
+        // The peer timed softmax (its twin much faster there) and rope.
+        for (k, own, twin) in [(Kernel::Softmax, 1.0, 0.5), (Kernel::Rope, 1.0, 1.0)] {
+            theirs[k as usize] = 1.0;
+            theirs[n + k as usize] = own;
+            theirs[2 * n + k as usize] = twin;
+        }
+        let agreed = on_timings(&Peer(theirs), &Device::Cpu, &mine, &[]).unwrap();
+        assert_eq!(
+            agreed,
+            [t(Kernel::Rope, 2.0, 2.0), t(Kernel::Softmax, 2.0, 2.5)]
+        );
+        let rope_failed = Failure {
+            kernel: Kernel::Rope,
+            case: "rope",
+            shape: None,
+            dtype: None,
+            rel_err: None,
+            tolerance: 0.0,
+            why: String::new(),
+        };
+        let mut theirs = vec![0f32; 3 * n];
+        theirs[Kernel::Rope as usize] = 1.0;
+        let agreed = on_timings(&Peer(theirs), &Device::Cpu, &mine, &[rope_failed]).unwrap();
+        assert!(agreed.is_empty(), "{agreed:?}");
+        assert_eq!(on_timings(&Single, &Device::Cpu, &mine, &[]).unwrap(), mine);
     }
 }
