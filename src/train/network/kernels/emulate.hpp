@@ -7,7 +7,10 @@
 // std::threads. `__syncthreads` is a barrier of the block's threads, a warp
 // shuffle a write to the warp's slots between two barriers of the warp; a
 // thread that returns leaves both barriers (CUDA counts only live threads).
-// `__shared__` variables are static: one per block, as blocks do not overlap.
+// `__shared__` variables are static, one per block as blocks do not overlap,
+// in a section of their own that is poisoned (every byte 0xff, a NaN) as each
+// block starts: a read of a slot no thread of the block wrote shows, as on a
+// GPU, where shared memory holds whatever an earlier block left there.
 #include <barrier>
 #include <math.h>
 #include <cstdint>
@@ -20,7 +23,15 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__ static __attribute__((section("emu_shared")))
+
+extern "C" char __start_emu_shared[] __attribute__((weak));
+extern "C" char __stop_emu_shared[] __attribute__((weak));
+// Byte by byte through a volatile pointer: no memset for the sanitizers to
+// check against the redzones between the variables.
+__attribute__((no_sanitize("address", "thread"))) inline void poison_shared() {
+    for (volatile char* p = __start_emu_shared; p < __stop_emu_shared; ++p) *p = (char)0xff;
+}
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -86,6 +97,7 @@ inline void emulate_launch(dim3 grid, dim3 block, const std::function<void()>& b
             state.warps.push_back(std::make_unique<std::barrier<>>(in_warp));
         }
         state.slots.assign(threads, 0.0f);
+        poison_shared();
     };
     std::vector<std::thread> team;
     team.reserve(threads);

@@ -311,7 +311,7 @@ mod tests {
     fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
         use crate::train::network::kernels::emulator::Buffer;
         use crate::train::network::ops::testing::{
-            buffer, emulate, emulate_off_alignment, max_diff, rand, tensor,
+            assert_rounded, buffer, emulate, emulate_off_alignment, max_diff, rand, tensor,
         };
         // Not a multiple of the 16-byte groups: the last values one each.
         let n = 1003;
@@ -351,6 +351,7 @@ mod tests {
                 };
                 let got = tensor(&after[0], &[n]);
                 assert!(max_diff(&got, &want)? < tol, "{scale} {own:?}");
+                assert_rounded(&after[0], &want, 1e-5, 0.0);
                 // Every state it keeps: the parameter (above), m and v.
                 let m = Tensor::new(m.as_slice(), &Device::Cpu)?;
                 assert!(
@@ -362,6 +363,8 @@ mod tests {
                     max_diff(&tensor(&after[3], &[n]), &v)? < tol,
                     "v {scale} {own:?}"
                 );
+                assert_rounded(&after[2], &m, 1e-5, 0.0);
+                assert_rounded(&after[3], &v, 1e-5, 0.0);
                 // Off the 16-byte alignment: the single-value path gives
                 // the same bits.
                 let (_, after_off) =

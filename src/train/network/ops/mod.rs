@@ -259,6 +259,40 @@ pub(crate) mod testing {
     use crate::train::network::kernels::emulator::{Buffer, Emulator, Flavor};
     use crate::train::network::kernels::{LaunchPlan, Ty};
 
+    /// A kernel's bf16 stores against its twin's f32 values `want`: each the
+    /// value rounded to nearest even, bit for bit, but where the value lies
+    /// within `rel` (relative) or `abs` of a tie between two bf16 values,
+    /// which the kernel's own f32 arithmetic (another order of additions)
+    /// may round the other way (`abs` for outputs that cancel). A store that truncates differs on about half the
+    /// values, and passes any tolerance (one bf16 step, 2^-8 relative).
+    /// f32 buffers pass (their tolerance is the caller's).
+    pub fn assert_rounded(got: &Buffer, want: &Tensor, rel: f32, abs: f32) {
+        if got.ty != Ty::Bf16 {
+            return;
+        }
+        let want: Vec<f32> = want.flatten_all().unwrap().to_vec1().unwrap();
+        let got: Vec<half::bf16> = got
+            .bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+            .collect();
+        assert_eq!(got.len(), want.len(), "values stored");
+        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+            let r = half::bf16::from_f32(w);
+            if g.to_bits() == r.to_bits() || (g.is_nan() && w.is_nan()) {
+                continue;
+            }
+            let neighbours = g.to_bits().abs_diff(r.to_bits()) == 1;
+            let tie = (g.to_f32() + r.to_f32()) / 2.0;
+            assert!(
+                neighbours && (w - tie).abs() <= rel * w.abs() + abs,
+                "value {i}: stored {g} ({:#06x}), its twin's {w:e} rounds to {r} ({:#06x})",
+                g.to_bits(),
+                r.to_bits()
+            );
+        }
+    }
+
     /// A CPU tensor's values as an emulator buffer of storage type `ty`
     /// (f32 data rounded to bf16 for Bf16).
     pub fn buffer(t: &Tensor, ty: Ty) -> Buffer {

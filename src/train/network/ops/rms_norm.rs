@@ -325,7 +325,9 @@ mod tests {
     /// alignment.
     #[test]
     fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
-        use crate::train::network::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
+        use crate::train::network::ops::testing::{
+            assert_rounded, buffer, emulate, emulate_off_alignment, tensor,
+        };
         for (rows, d) in [
             (5, 40),
             (7, 42),
@@ -358,6 +360,7 @@ mod tests {
                 if rows > 0 {
                     assert!(max_diff(&got, &want)? < tol, "forward {rows}x{d} {own:?}");
                 }
+                assert_rounded(&out[0], &want, 1e-5, 0.0);
                 let operands = [buffer(&x, own), buffer(&w, own), buffer(&dy, own)];
                 let plan = backward_plan(rows, d, own, 1e-5).unwrap();
                 let race = own == Ty::F32 && (rows == 5 || rows == 600);

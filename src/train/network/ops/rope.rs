@@ -303,7 +303,9 @@ mod tests {
 
     fn emulated_against_the_cpu(q: usize) -> Result<()> {
         use crate::train::network::kernels::emulator::Buffer;
-        use crate::train::network::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
+        use crate::train::network::ops::testing::{
+            assert_rounded, buffer, emulate, emulate_off_alignment, tensor,
+        };
         let (b, t, h) = (2, 7, 3);
         let r = RopeTables::new(10_000.0, q, 16, &Device::Cpu, DType::F32)?;
         let (cos, sin) = (Buffer::f32(&r.cos_v), Buffer::f32(&r.sin_v));
@@ -330,6 +332,7 @@ mod tests {
                     let got = tensor(&out[0], want.dims());
                     let case = format!("q {q} forward {forward} rotate {rotate} {own:?}");
                     assert!(max_diff(&got, &want)? < tol, "{case}");
+                    assert_rounded(&out[0], &want, 1e-5, 0.0);
                     let (shifted, _) = emulate_off_alignment(&launches, &operands);
                     assert_eq!(shifted, out, "{case}, shifted");
                 }

@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
         use crate::train::network::ops::testing::{
-            buffer, emulate, emulate_off_alignment, max_diff, rand, tensor,
+            assert_rounded, buffer, emulate, emulate_off_alignment, max_diff, rand, tensor,
         };
         // 1003: the last values one each, and d b off the 16-byte alignment.
         for n in [1000, 1003, 1, 0] {
@@ -222,6 +222,7 @@ mod tests {
                 if n > 0 {
                     assert!(max_diff(&tensor(&out[0], &[n]), &silu_mul(&xa, &xb)?)? < tol);
                 }
+                assert_rounded(&out[0], &silu_mul(&xa, &xb)?, 1e-5, 0.0);
                 let operands = [buffer(&a, own), buffer(&b, own), buffer(&dy, own)];
                 let (out, _) = emulate(
                     &plan(n, own, true).unwrap(),
@@ -240,6 +241,7 @@ mod tests {
                     assert_eq!(got, aligned, "{own:?} n={n} backward={backward}");
                 }
                 let (da, db) = backward(&xa, &xb, &xdy)?;
+                assert_rounded(&out[0], &Tensor::cat(&[&da, &db], 0)?, 1e-5, 0.0);
                 if n > 0 {
                     let both = tensor(&out[0], &[2 * n]);
                     assert!(

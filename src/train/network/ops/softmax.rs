@@ -468,7 +468,9 @@ mod tests {
     /// f32 and bf16.
     #[test]
     fn the_gpu_plans_equal_the_cpu_kernels_under_emulation() -> Result<()> {
-        use crate::train::network::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
+        use crate::train::network::ops::testing::{
+            assert_rounded, buffer, emulate, emulate_off_alignment, tensor,
+        };
         for (r, keys, period, first, causal) in SHAPES {
             let x = (rand(&[2, r, keys], 1) * 4.0)?;
             let dp = rand(&[2, r, keys], 2);
@@ -483,6 +485,7 @@ mod tests {
                 let want = softmax(&seen(&x), 0.3, period, first, causal)?;
                 let p = tensor(&out[0], &[2, r, keys]);
                 assert!(max_diff(&p, &want)? < tol, "forward {r}x{keys} {own:?}");
+                assert_rounded(&out[0], &want, 1e-5, 0.0);
                 let operands = [buffer(&want, own), buffer(&dp, own)];
                 let (out, _) = emulate(
                     &backward_plan(rows, keys, own, 0.3).unwrap(),
@@ -506,6 +509,8 @@ mod tests {
                     max_diff(&got, &ds)? < 2.0 * tol,
                     "backward {r}x{keys} {own:?}"
                 );
+                // dS = P (dP − Σ P dP) cancels: its error is absolute.
+                assert_rounded(&out[0], &ds, 1e-5, 1e-6);
             }
         }
         Ok(())

@@ -330,7 +330,9 @@ mod tests {
     #[test]
     fn the_gpu_plan_equals_the_cpu_kernel_under_emulation() -> Result<()> {
         use crate::train::network::kernels::emulator::Buffer;
-        use crate::train::network::ops::testing::{buffer, emulate, emulate_off_alignment, tensor};
+        use crate::train::network::ops::testing::{
+            assert_rounded, buffer, emulate, emulate_off_alignment, tensor,
+        };
         for (n, v) in [(6, 1000), (1, 300), (3, 5), (4, 3003)] {
             let logits = (rand(&[n, v], 4) * 6.0)?;
             let labels: Vec<i64> = (0..n)
@@ -364,6 +366,8 @@ mod tests {
                     max_diff(&got, &grad)? < tol / 10.0 + 1e-6,
                     "grad {n}x{v} {own:?}"
                 );
+                // softmax − one-hot cancels at the label: an absolute error.
+                assert_rounded(&after[0], &grad, 1e-5, 1e-7);
                 let rows = after[2].to_f32();
                 let total: f32 = rows.iter().sum::<f32>() / divisor as f32;
                 let want = loss.to_scalar::<f32>()?;
