@@ -48,6 +48,8 @@ pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBen
                     peak_memory_mb: 800.0,
                     val_loss: None,
                     rank_compute_s: Vec::new(),
+                    watts: None,
+                    joules_per_token: None,
                 })?;
             }
         }

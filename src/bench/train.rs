@@ -53,6 +53,9 @@ pub struct TrainRow {
     pub backward_s: f64,
     pub optimizer_s: f64,
     pub peak_memory_mb: f64,
+    /// The device's average power over the timed steps, where it has an
+    /// energy counter ([`crate::train::run::energy`]).
+    pub watts: Option<f64>,
     /// The device as the driver names it (`cpu` on the CPU).
     pub device_name: String,
     /// Where one more step's time went, op by op (`--parts`).
@@ -90,6 +93,9 @@ pub struct JsonRow {
     pub tflops: Option<f64>,
     /// The device's peak memory in GiB (PyTorch's rows count 2^30 bytes too).
     pub peak_memory_gb: Option<f64>,
+    /// Average watts over the timed steps and those over tokens per second.
+    pub watts: Option<f64>,
+    pub joules_per_token: Option<f64>,
     pub step_s: Option<f64>,
     /// The step's phases, synchronised (sweep's own; PyTorch's rows have none).
     pub forward_s: Option<f64>,
@@ -109,6 +115,8 @@ impl JsonRow {
             mfu_pct: Some(crate::estimate::mfu_pct(r.gflops, r.peak_gflops)),
             tflops: Some(r.gflops / 1e3),
             peak_memory_gb: Some(r.peak_memory_mb / 1024.0),
+            watts: r.watts,
+            joules_per_token: r.watts.map(|w| w / r.tokens_per_s),
             step_s: Some(step),
             forward_s: Some(r.forward_s),
             backward_s: Some(r.backward_s),
@@ -135,6 +143,8 @@ impl JsonRow {
             mfu_pct: None,
             tflops: None,
             peak_memory_gb: None,
+            watts: None,
+            joules_per_token: None,
             step_s: None,
             forward_s: None,
             backward_s: None,
@@ -349,7 +359,11 @@ fn measure(mut t: Trainer, case: TrainCase, settings: &Settings, vocab: usize) -
     };
     let mut memory = PeakMemory::default();
     let (mut fwd, mut bwd, mut upd) = (0.0, 0.0, 0.0);
+    let mut meter = None;
     for step in 0..steps + 2 {
+        if step == 2 {
+            meter = crate::train::run::energy::open(&t.device);
+        }
         let out = t.step(std::slice::from_ref(&batch), 1e-4, &mut memory, None)?;
         if step >= 2 {
             // The first two steps warm up allocations and caches.
@@ -358,6 +372,7 @@ fn measure(mut t: Trainer, case: TrainCase, settings: &Settings, vocab: usize) -
             upd += out.phases.optimizer_s;
         }
     }
+    let watts = meter.as_mut().and_then(|m| m.watts());
     let parts = if settings.parts {
         crate::train::network::parts::start(&t.device)?;
         let step = t.step(std::slice::from_ref(&batch), 1e-4, &mut memory, None);
@@ -382,6 +397,7 @@ fn measure(mut t: Trainer, case: TrainCase, settings: &Settings, vocab: usize) -
         backward_s: bwd / steps as f64,
         optimizer_s: upd / steps as f64,
         peak_memory_mb: memory.peak_mb(&t.device),
+        watts,
         device_name,
         parts,
         case,

@@ -6,7 +6,7 @@
 /// The named groups a `line_pattern` may use that mean a field the report
 /// knows (the keys of `metrics.jsonl`); every other group is a field of its
 /// own. The report's `Field` list is checked equal to it by a test.
-pub const KNOWN_GROUPS: [&str; 12] = [
+pub const KNOWN_GROUPS: [&str; 14] = [
     "step",
     "loss",
     "tokens_per_second",
@@ -19,6 +19,8 @@ pub const KNOWN_GROUPS: [&str; 12] = [
     "world_size",
     "batch_size",
     "peak_memory_mb",
+    "watts",
+    "joules_per_token",
 ];
 
 /// The report's own columns besides the known fields' and their

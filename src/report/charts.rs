@@ -43,6 +43,12 @@ pub fn render(s: &Summary, dir: &Path, study: &str, extras: &[String]) -> Result
             "Peak memory per device",
             "MB",
         ),
+        (
+            "energy",
+            Metric::JoulesPerToken,
+            "Energy per token per device",
+            "joules per token",
+        ),
     ];
     // Each bar chart: its file, title and unit, and each row's statistics.
     let mut bars: Vec<(String, String, String, Vec<MetricStats>)> = known

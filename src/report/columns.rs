@@ -13,15 +13,20 @@ pub enum Metric {
     TrainingTokensPct,
     /// Peak memory per device: the most any logged step had reached.
     PeakMemoryMb,
+    /// Energy per token and power, of a device.
+    JoulesPerToken,
+    Watts,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 5] = [
+    pub const ALL: [Metric; 7] = [
         Metric::TokensPerSecond,
         Metric::MfuPct,
         Metric::Tflops,
         Metric::TrainingTokensPct,
         Metric::PeakMemoryMb,
+        Metric::JoulesPerToken,
+        Metric::Watts,
     ];
 
     /// The field of a log point it is read from.
@@ -32,6 +37,8 @@ impl Metric {
             Metric::Tflops => Field::Tflops,
             Metric::TrainingTokensPct => Field::TrainingTokensPct,
             Metric::PeakMemoryMb => Field::PeakMemoryMb,
+            Metric::JoulesPerToken => Field::JoulesPerToken,
+            Metric::Watts => Field::Watts,
         }
     }
 

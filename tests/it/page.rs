@@ -320,6 +320,8 @@ fn table_matches_csv(
         ("TFLOPs", "tflops_mean"),
         ("Training tokens %", "training_tokens_pct_mean"),
         ("Peak memory (MB)", "peak_memory_mb_mean"),
+        ("Joules/token", "joules_per_token_mean"),
+        ("Watts", "watts_mean"),
         ("Final loss", "final_loss"),
         ("Wall time (s)", "wall_time_s"),
         ("Speedup", "speedup"),
@@ -354,8 +356,10 @@ fn table_matches_csv(
                             3
                         } else if column == "wall_time_s" {
                             1
-                        } else if column == "peak_memory_mb_mean" {
+                        } else if column == "peak_memory_mb_mean" || column == "watts_mean" {
                             0
+                        } else if column == "joules_per_token_mean" {
+                            4
                         } else {
                             2
                         };

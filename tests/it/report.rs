@@ -971,24 +971,24 @@ skip_first = 0
     }
 }
 
-/// Peak memory is a column (mean and interval), in the markdown table and a
-/// chart, for the built-in trainer's logs and any program whose log lines
-/// name it; a command run whose log has no clock gets its wall time from
-/// its executor.
+/// Peak memory, watts and joules per token are columns (mean and
+/// interval), in the markdown table and a chart, for the built-in trainer's
+/// logs and any program whose log lines name them; a command run whose log
+/// has no clock gets its wall time from its executor.
 #[test]
-fn peak_memory_and_wall_time_reach_the_tables_and_charts() {
+fn peak_memory_energy_and_wall_time_reach_the_tables_and_charts() {
     let (root, m) = (project(), Path::new("m.toml"));
     write(
         &root.path().join(m),
         r#"name = "mem"
 executor = "local"
-command = """for s in 1 2 3 4; do echo "step $s tps {{ tps }} mem {{ mem }}"; done; sleep 1"""
+command = """for s in 1 2 3 4; do echo "step $s tps {{ tps }} mem {{ mem }} w 350 j {{ 350 / tps }}"; done; sleep 1"""
 [sweep.grid]
 tps = [100, 200]
 mem = [512, 2048]
 [report]
 skip_first = 0
-line_pattern = 'step (?P<step>\d+) tps (?P<tokens_per_second>[0-9.]+) mem (?P<peak_memory_mb>[0-9.]+)'
+line_pattern = 'step (?P<step>\d+) tps (?P<tokens_per_second>[0-9.]+) mem (?P<peak_memory_mb>[0-9.]+) w (?P<watts>[0-9.]+) j (?P<joules_per_token>[0-9.]+)'
 "#,
     );
     run_ok(sweep(root.path()).arg("run").arg(m));
@@ -998,6 +998,13 @@ line_pattern = 'step (?P<step>\d+) tps (?P<tokens_per_second>[0-9.]+) mem (?P<pe
         let mem = r["mem"].as_f64().unwrap();
         assert_eq!(r["peak_memory_mb_mean"].as_f64(), Some(mem), "{r}");
         assert!(r.get("peak_memory_mb_ci95_low").is_some(), "{r}");
+        let tps = r["tps"].as_f64().unwrap();
+        assert_eq!(r["watts_mean"].as_f64(), Some(350.0), "{r}");
+        assert_eq!(
+            r["joules_per_token_mean"].as_f64(),
+            Some(350.0 / tps),
+            "{r}"
+        );
         let wall = r["wall_time_s"].as_f64().unwrap_or(0.0);
         assert!(
             (1.0..60.0).contains(&wall),
@@ -1009,9 +1016,12 @@ line_pattern = 'step (?P<step>\d+) tps (?P<tokens_per_second>[0-9.]+) mem (?P<pe
         md.contains("Peak memory (MB)") && md.contains("2048"),
         "{md}"
     );
+    assert!(md.contains("Joules/token") && md.contains("1.7500"), "{md}");
     assert!(root.path().join("plots/mem/peak-memory.png").exists());
+    assert!(root.path().join("plots/mem/energy.png").exists());
     let page = std::fs::read_to_string(root.path().join("results/mem/report.html")).unwrap();
     assert!(page.contains("Peak memory (MB)"));
+    assert!(page.contains("Joules/token") && page.contains("Watts"));
 }
 
 /// `sweep report results/<study>` reads the manifest's settings from the
@@ -1201,7 +1211,14 @@ line_pattern = 'it (?P<step>\d+): (?P<tokens_per_second>[0-9.]+) tok/s'
         .lines()
         .find(|l| l.starts_with("| Configuration |"))
         .unwrap();
-    for hidden in ["MFU %", "TFLOPs", "Training tokens %", "Peak memory"] {
+    for hidden in [
+        "MFU %",
+        "TFLOPs",
+        "Training tokens %",
+        "Peak memory",
+        "Joules/token",
+        "Watts",
+    ] {
         assert!(!header.contains(hidden), "{header}");
     }
     assert!(header.contains("Tokens/sec"), "{header}");

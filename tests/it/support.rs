@@ -361,6 +361,8 @@ pub fn step_line(step: usize, loss: f64, tokens_per_second: f64, elapsed_s: f64)
         peak_memory_mb: 100.0,
         val_loss: None,
         rank_compute_s: Vec::new(),
+        watts: None,
+        joules_per_token: None,
     };
     serde_json::to_string(&sweep::train::run::record::Record::from(m)).unwrap()
 }

@@ -110,6 +110,8 @@ pub fn columns(s: &Summary) -> Vec<Shown> {
         (Metric::Tflops, "TFLOPs", 2),
         (Metric::TrainingTokensPct, "Training tokens %", 2),
         (Metric::PeakMemoryMb, "Peak memory (MB)", 0),
+        (Metric::JoulesPerToken, "Joules/token", 4),
+        (Metric::Watts, "Watts", 0),
     ] {
         if any(&|r| r.metric(metric).mean.is_some()) {
             match metric {

@@ -39,6 +39,10 @@ pub struct Point {
     pub batch_size: Option<f64>,
     /// The most memory one device held so far, MB (2^20 bytes).
     pub peak_memory_mb: Option<f64>,
+    /// A device's average power over the interval, and those watts over its
+    /// tokens per second (where the run measured them: [`crate::train::run::energy`]).
+    pub watts: Option<f64>,
+    pub joules_per_token: Option<f64>,
     /// Fields of a foreign log that no [`Field`] is (a `line_pattern`'s other
     /// named groups), in the order its pattern names them.
     pub extra: Vec<Option<f64>>,
@@ -96,10 +100,12 @@ pub enum Field {
     WorldSize,
     BatchSize,
     PeakMemoryMb,
+    Watts,
+    JoulesPerToken,
 }
 
 impl Field {
-    pub const ALL: [Field; 11] = [
+    pub const ALL: [Field; 13] = [
         Field::Loss,
         Field::TokensPerSecond,
         Field::TrainingTokensPct,
@@ -111,6 +117,8 @@ impl Field {
         Field::WorldSize,
         Field::BatchSize,
         Field::PeakMemoryMb,
+        Field::Watts,
+        Field::JoulesPerToken,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -126,6 +134,8 @@ impl Field {
             Field::WorldSize => "world_size",
             Field::BatchSize => "batch_size",
             Field::PeakMemoryMb => "peak_memory_mb",
+            Field::Watts => "watts",
+            Field::JoulesPerToken => "joules_per_token",
         }
     }
 
@@ -142,6 +152,8 @@ impl Field {
             Field::WorldSize => p.world_size,
             Field::BatchSize => p.batch_size,
             Field::PeakMemoryMb => p.peak_memory_mb,
+            Field::Watts => p.watts,
+            Field::JoulesPerToken => p.joules_per_token,
         }
     }
 
@@ -158,6 +170,8 @@ impl Field {
             Field::WorldSize => &mut p.world_size,
             Field::BatchSize => &mut p.batch_size,
             Field::PeakMemoryMb => &mut p.peak_memory_mb,
+            Field::Watts => &mut p.watts,
+            Field::JoulesPerToken => &mut p.joules_per_token,
         }
     }
 
@@ -177,6 +191,8 @@ impl Field {
             Field::BatchSize => 0.0..=1e9,
             // An exabyte.
             Field::PeakMemoryMb => 0.0..=1e12,
+            // A megawatt a device; a megajoule a token.
+            Field::Watts | Field::JoulesPerToken => 0.0..=1e6,
         }
     }
 }
@@ -198,6 +214,8 @@ impl From<&StepMetrics> for Point {
             batch_size: Some(m.batch_size as f64).filter(|&b| b > 0.0),
             // 0: a device whose memory the trainer cannot read.
             peak_memory_mb: Some(m.peak_memory_mb).filter(|&mb| mb > 0.0),
+            watts: m.watts,
+            joules_per_token: m.joules_per_token,
             extra: Vec::new(),
         }
     }

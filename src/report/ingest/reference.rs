@@ -144,6 +144,8 @@ pub fn parse(name: &str, bytes: &[u8], file: &std::path::Path) -> RunLog {
             world_size: None,
             batch_size: None,
             peak_memory_mb: None,
+            watts: None,
+            joules_per_token: None,
             extra: Vec::new(),
         };
         run.points.extend(omitted.screen(n, point));

@@ -122,6 +122,7 @@ pub struct Reporter {
     peak: f64,
     peak_source: String,
     mfu_warned: bool,
+    meter: Option<super::energy::Meter>,
 }
 
 /// What a log line says besides the interval's throughput.
@@ -157,7 +158,14 @@ impl Reporter {
             peak,
             peak_source,
             mfu_warned: false,
+            meter: None,
         }
+    }
+
+    /// Measures the device's power from now on (the main rank's GPU).
+    pub fn with_meter(mut self, meter: Option<super::energy::Meter>) -> Reporter {
+        self.meter = meter;
+        self
     }
 
     /// After a resume from a checkpoint of `step`: the log continues from it.
@@ -278,6 +286,7 @@ impl Reporter {
             return Ok(());
         };
         let tp = throughput(i.tokens, i.seconds, self.flops_per_token, self.peak);
+        let watts = self.meter.as_mut().and_then(|m| m.watts());
         if tp.mfu_pct > 100.0 {
             if !self.mfu_warned {
                 eprintln!(
@@ -314,13 +323,17 @@ impl Reporter {
             peak_memory_mb: s.peak_memory_mb,
             val_loss: s.val_loss,
             rank_compute_s: s.rank_compute_s,
+            joules_per_token: watts
+                .filter(|_| tp.tokens_per_second > 0.0)
+                .map(|w| w / tp.tokens_per_second),
+            watts,
         };
         let global = match self.world_size {
             1 => String::new(),
             _ => format!(" per device, {:.0} global", m.global_tokens_per_second),
         };
         eprintln!(
-            "step {}/{} | loss {:.4} | lr {:.2e} | grad norm {:.3} | {:.0} tokens/s{global} | MFU {:.2}% | {:.3} s/step{}",
+            "step {}/{} | loss {:.4} | lr {:.2e} | grad norm {:.3} | {:.0} tokens/s{global} | MFU {:.2}% | {:.3} s/step{}{}",
             m.step,
             self.training_steps,
             m.loss,
@@ -329,7 +342,8 @@ impl Reporter {
             m.tokens_per_second,
             m.mfu_pct,
             m.step_time_s,
-            m.val_loss.map(|v| format!(" | val loss {v:.4}")).unwrap_or_default()
+            m.val_loss.map(|v| format!(" | val loss {v:.4}")).unwrap_or_default(),
+            m.watts.map(|w| format!(" | {w:.0} W")).unwrap_or_default()
         );
         log.write(m)
     }

@@ -27,6 +27,7 @@
 
 mod checkpoint;
 pub mod dist;
+pub mod energy;
 pub mod max_batch;
 pub mod metrics;
 mod monitor;
@@ -291,7 +292,8 @@ fn open_reporter(
         flops_per_token,
         peak,
         peak_source,
-    );
+    )
+    .with_meter(main.then(|| energy::open(&t.device)).flatten());
     if first > 1 {
         reporter.resume(first - 1)?;
     }

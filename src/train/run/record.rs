@@ -39,6 +39,12 @@ pub struct StepMetrics {
     pub peak_memory_mb: f64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub val_loss: Option<f64>,
+    /// The main rank's GPU over the interval: its average watts, and those
+    /// over its tokens per second ([`super::energy`]; absent without a meter).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub watts: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub joules_per_token: Option<f64>,
     /// Data parallelism: each rank's seconds per step outside the gradient
     /// sum's waits (forward, backward, optimizer, its data) over the
     /// interval, by rank; what tells a straggler from its peers.
@@ -340,6 +346,8 @@ mod tests {
             peak_memory_mb: 100.0,
             val_loss: None,
             rank_compute_s: Vec::new(),
+            watts: None,
+            joules_per_token: None,
         }
     }
 
