@@ -3,19 +3,13 @@
 //! from (`Documents`); sample construction is shared (`samples`).
 //!
 //! A stream reads a range of documents in order, wraps around at its end and
-//! skips documents with no tokens. With several ranks ([`DataOrder`]):
-//! - global (the default): every rank reads the one sample sequence of the
-//!   whole dataset and keeps its slice of each micro-batch (rank r of W at
-//!   batch B: samples r·B … r·B+B−1 of every W·B), building the others' only
-//!   as far as the sequence needs (padding-free windows, empty documents),
-//!   never copying them. The samples of a step are the same whatever the
-//!   world size, and so is the position after it: one [`LoaderState`] for all
-//!   ranks, from which any world size resumes.
-//! - contiguous: each rank reads its own range of documents ([`shard`]), as
-//!   the reference study does, and has a position of its own.
-//!
-//! A background thread keeps `prefetch` batches ready, as contiguous integer
-//! buffers.
+//! skips empty documents. With several ranks ([`DataOrder`]): `global` (the
+//! default) has every rank follow the one sample sequence and keep its slice
+//! of each micro-batch, so a step's samples and the position after it are
+//! the same at any world size (one [`LoaderState`], resumable anywhere);
+//! `contiguous` gives each rank its own range of documents ([`shard`]), as
+//! the reference study does. A background thread keeps `prefetch` batches
+//! ready, as contiguous integer buffers.
 
 use super::pretokenized::{Docs, PretokFile, Scratch};
 use super::samples::{self, TokenBuffer};

@@ -1,23 +1,11 @@
 //! How much memory one device needs to train a run with the built-in
-//! trainer, estimated at plan time from the configuration alone.
-//!
-//! The parts, each counted from what the trainer keeps:
-//! - **states**: parameters, their gradient buffers and AdamW's two
-//!   moments, by precision (`bf16`: 2 bytes each; `f32` and `bf16-mixed`: 4).
-//! - **activations**: what the block-wise forward pass caches for the
-//!   backward pass, per token and layer (see `train::blockwise`; eager
-//!   attention's probabilities are sequence² per head, flash attention
-//!   keeps none), every block's at once after the forward pass. With
-//!   `recompute = "blocks"`, each block's input plus one block's worth.
-//! - **logits**: [tokens, vocabulary] in f32 and its gradient; with a 131k
-//!   vocabulary the largest single item at large batch.
-//! - **fixed**: what the process holds whatever the batch (the CUDA context
-//!   and library workspaces; on the CPU the binary, the tokenizer and the
-//!   thread pools), plus transients of the optimizer step.
-//!
-//! The per-part factors come from measurement (`peak_memory_mb` of real runs:
-//! the tests check the estimate against the CPU trainer; the GPU factors from
-//! runs on an H100, see docs/memory.md).
+//! trainer, estimated at plan time from the configuration alone, in parts
+//! counted from what the trainer keeps: states (parameters, gradients,
+//! AdamW's moments, by precision), activations (the block-wise forward's
+//! caches, every block's at once; one block's under recomputation), the
+//! logits and their gradient, and what the process holds whatever the
+//! batch. The factors come from measured `peak_memory_mb` (the tests check
+//! the CPU's; the GPU's from an H100): docs/memory.md.
 
 use crate::config::model::ModelConfig;
 use crate::config::{AttentionKind, DeviceKind, Precision, Recompute, TrainConfig};

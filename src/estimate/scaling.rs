@@ -1,40 +1,13 @@
 //! The scaling forecast of a data-parallel run: how long summing the
 //! gradients takes against how long the step computes, before anything is
-//! queued.
-//!
-//! - **Compute**: the step's FLOPs on one device (`flops_per_token` × its
-//!   tokens) at the expected MFU (`expected_mfu_pct`, default 40%).
-//! - **All-reduce**: a ring over the W ranks moves 2(W−1)/W of the gradient
-//!   bytes through each device's slowest link (within a node while W fits in
-//!   one, the network otherwise; the device table's bandwidths, overridable),
-//!   and pays a hop's latency 2(W−1) times per call. Which bytes travel is
-//!   the trainer's ([`Traffic`]): PyTorch DDP sends every gradient in 25 MiB
-//!   buckets; sweep's trainer sends the token embedding's gradient by the
-//!   rows a step used, after the backward pass.
-//! - **Overlap**: a trainer that sums buckets during the backward pass hides
-//!   the bandwidth time behind the backward's device work — two thirds of the
-//!   step's FLOPs, at no slower than the MFU of a step bound by its kernels
-//!   ([`Fitted::kernel_mfu`]): a slower step waits on its host, and that wait hides
-//!   nothing (the reference's batch-1 runs at 5% MFU expose nearly all their
-//!   communication). What the window cannot hide is exposed, and never less
-//!   than the last bucket (ready only when the backward ends); the embedding's
-//!   rows and the latencies are never hidden. sweep's trainer finishes the
-//!   head's gradient first and each block's after it, each part's share of
-//!   the backward's work later: the link sends each part once it is ready,
-//!   so a model whose bytes sit in its head (a small model with a large
-//!   vocabulary) hides little.
-//! - **Efficiency** = compute ÷ (compute + exposed communication): per-device
-//!   throughput against one device alone.
-//!
-//! Left out: stragglers and jitter between ranks, the network's contention
-//! with other jobs, NCCL's tree algorithms and in-network reduction (SHARP),
-//! hierarchical rings that use NVLink within each node, the data loader, and
-//! a per-rank batch so small that the host bounds the step (set
-//! `expected_mfu_pct` to what one node measured). Its two constants
-//! ([`FITTED`]) were fitted to the reference study's eight PyTorch DDP logs
-//! (4-16 GH200s), which it then matches within 5 points; fitted on all but
-//! one log, it forecasts the one left out within the bound
-//! `tests/it/planning.rs` checks (docs/data-parallelism.md shows each).
+//! queued. Compute is the step's FLOPs at the expected MFU; the all-reduce
+//! a ring over the slowest link, with a hop's latency per call; the
+//! backward pass hides what it can of the bandwidth time (never the last
+//! bucket, the embedding's rows or the latencies); efficiency is compute
+//! over compute plus what stays exposed. Which bytes travel is the
+//! trainer's ([`Traffic`]). The two constants ([`FITTED`]) were fitted to
+//! the reference study's PyTorch DDP logs: docs/data-parallelism.md gives
+//! the model, what it leaves out, and its errors.
 
 use crate::config::model::ModelConfig;
 use crate::config::{DeviceKind, PlanHints, Precision, TrainConfig};

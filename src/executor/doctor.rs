@@ -1,20 +1,13 @@
 //! The launch doctor (`sweep launch-doctor`): in the job script of a run
 //! on several nodes, before any rank starts, it makes sure the ranks can
 //! meet, and says where they cannot within a minute instead of a job that
-//! hangs until its time limit:
-//! - the tools the script calls (`scontrol`, `srun`, the launcher) exist;
-//! - the master is the allocation's first node, by an address that is not
-//!   a loopback one (a name that resolves to 127.0.1.1 on its own node, as
-//!   many images write `/etc/hosts`, is replaced by SLURM's `NodeAddr`);
-//! - the port is drawn from the job id in a range above `[slurm]
-//!   master_port` and checked free on the master (two jobs sharing a node
-//!   draw different ports; a busy one is passed over);
-//! - every node reaches the master's port: the doctor listens on it, and
-//!   one task per node (`srun`) connects within [`CONNECT_TIMEOUT`].
-//!
-//! It prints `export MASTER_ADDR=… MASTER_PORT=…` for the script; on a
-//! failure it records in the job's entry of `run.json` the node and what it
-//! could not do, and exits [`LAUNCH_EXIT`]: the run is FAILED.
+//! hangs until its time limit: the tools the script calls exist; the master
+//! is the allocation's first node by an address that is not a loopback one
+//! (else SLURM's `NodeAddr`); the port, drawn from the job id above
+//! `[slurm] master_port`, is free there; and one task per node reaches it
+//! within [`CONNECT_TIMEOUT`]. It prints `export MASTER_ADDR=… MASTER_PORT=…`
+//! for the script; on a failure it records the node and what failed in
+//! `run.json` and exits [`LAUNCH_EXIT`] (docs/slurm.md).
 
 use crate::config::LAUNCH_EXIT;
 use crate::plan::record::{record_stop, Stop, StoppedBy};

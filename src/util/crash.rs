@@ -1,19 +1,11 @@
-//! A process that dies of a fault says where first. On SIGSEGV, SIGBUS,
+//! A process that dies of a fault says where first: on SIGSEGV, SIGBUS,
 //! SIGILL or SIGFPE, `sweep` writes the signal, the faulting address, the
-//! thread and its stack (each frame's address and library, then its name)
-//! to stderr — the job's log, for a rank — and then dies of the same
-//! signal, as it would have (the same exit status, a core where the
-//! machine keeps one). On a cluster nobody keeps a rank's core file; a
-//! rank that dies without a word (`srun: error: node1: task 0:
-//! Segmentation fault`) leaves nothing to go on. Rust prints nothing on a
-//! fault outside a stack overflow.
-//!
-//! The handler allocates nothing until every frame's address is written
-//! (a fault inside the allocator may have left it broken); naming the
-//! frames then reads debug information, which allocates, under an alarm:
-//! should it hang, the process still dies of its signal within
-//! [`NAMING_LIMIT_S`]. The handler that was there before (Rust's, which
-//! names a stack overflow) runs afterwards.
+//! thread and its stack to stderr (a rank's job log: nobody keeps a rank's
+//! core file, and Rust prints nothing), then dies of the same signal, as
+//! it would have. The handler allocates nothing until every frame's
+//! address is written (the fault may be in the allocator); naming the
+//! frames, which allocates, runs under an alarm ([`NAMING_LIMIT_S`]). The
+//! handler that was there before (Rust's, for a stack overflow) runs after.
 
 use super::raw_stderr::RawStderr;
 use super::signals::name;

@@ -1,21 +1,13 @@
 //! The performance history: `results/history.sqlite`, one SQLite file per
-//! project (rusqlite's bundled SQLite, write-ahead log, no server). Every
-//! report of a study records its completed runs' measurements in one
-//! transaction, each once: a measurement is keyed by the run's attempt id
-//! (`run.json`'s `attempt_id`, drawn when the run's directory is made), so a
-//! study reported again, moved, copied or renamed adds nothing, and a study
-//! run afresh (after `rm -rf` or `mv`) is recorded anew. A report killed while
-//! recording leaves the history as it was, and reports recording at once
-//! wait for each other (SQLite's lock) instead of losing a row. `sweep
-//! history` reads it back per configuration and attempt; `sweep check
-//! --history` takes its references from it.
-//!
-//! Sweep records only into a file it created: its application id (SQLite's
-//! `PRAGMA application_id`) and its schema, exactly. Anything else — another
-//! program's database, an earlier sweep's schema — is refused before SQLite
-//! touches it, and left byte for byte as it was. Reading never writes: a
-//! read-only file or folder is read as it is. The schema is a contract
-//! (docs/report.md, "The history").
+//! project. Every report records its completed runs' measurements in one
+//! transaction, each once, keyed by the run's attempt id: a study reported
+//! again, moved or copied adds nothing; one run afresh is recorded anew; a
+//! killed report leaves the history as it was, and concurrent reports wait
+//! for SQLite's lock. `sweep history` reads it back; `sweep check --history`
+//! takes references from it. Sweep writes only into a file with its own
+//! application id and exact schema (a contract: docs/report.md, "The
+//! history"): anything else is refused and left byte for byte; reading
+//! never writes.
 
 use super::ingest::RunLog;
 use super::stats::{mean_ci95_of, MeanCi};

@@ -1,22 +1,14 @@
 //! The model's forward and backward written out, one block at a time (the
 //! shape of llm.c's): the forward keeps a planned cache per block, the
-//! backward walks the blocks in reverse, drops each block's cache as soon as
-//! its backward is done, and hands every weight's gradient over as it is
-//! made. candle's autograd takes no part: no graph is recorded (the weights
-//! are detached from the parameters, [`super::params`]), and it is the
-//! oracle the tests compare against (`oracle`). [`Llama::loss`] is
-//! the forward pass alone, for validation.
-//!
-//! A block's cache (without recomputation): its input, q, k and v after the
-//! rotary embedding (with eager attention, its probabilities too), the
-//! attention output before `wo`, the residual after attention, and the `w1`
-//! and `w3` products. The norms' outputs and the
-//! SwiGLU product are recomputed. With `recompute = "blocks"` the cache is
-//! the input alone and the block runs forward again in the backward pass.
-//!
-//! Each op's explicit backward lives beside its forward in [`super::ops`] or
-//! [`super::ops::attention`]: the fused CPU kernels where they apply, composed
-//! candle ops (in f32, f64 for f64) elsewhere.
+//! backward walks the blocks in reverse, drops each block's cache once its
+//! backward is done, and hands every weight's gradient over as it is made.
+//! candle's autograd takes no part (the weights are detached, [`super::params`]):
+//! it is the oracle the tests compare against. [`Llama::loss`] is the
+//! forward alone, for validation. A block's cache: its input, q, k and v
+//! after RoPE (eager attention's probabilities too), the attention output,
+//! the residual and the `w1`/`w3` products; the norms and SwiGLU are
+//! recomputed, and with `recompute = "blocks"` the whole block. Each op's
+//! backward lives beside its forward in [`super::ops`].
 
 use super::grads::Grads;
 use super::model::{Attention, Block, Llama, Mlp};

@@ -1,22 +1,13 @@
 //! Where a step's time goes, op by op (`sweep bench train --parts`).
 //!
-//! The ops mark themselves ([`op`]: a guard held while the op queues its
-//! work) and the step its phases ([`pass`]). While a recording is on (one
-//! step of a benchmark, [`start`] to [`finish`]) every change of (pass, op)
-//! stamps the time: on a GPU an event on the device's one stream, so that
-//! the time from one stamp to the next is the device's time for the kernels
-//! queued between them, idle gaps included; on the CPU, whose ops run as
-//! they are called, the clock. The time from a stamp to the next belongs to
-//! the first one's part, so the parts add up to the step; what runs outside
-//! every op (residual sums, casts, copies) is `other`. Off, the default, a
-//! mark is one read of a thread-local.
-//!
-//! On a GPU the recording is also the CUDA profiler's range
-//! (`cuProfilerStart` to `cuProfilerStop`): `ncu --profile-from-start off`
-//! profiles the recorded step's kernels alone.
-//!
-//! A thread-local, not an argument: the passes keep the model's signatures,
-//! and a step runs on one thread (a GPU's is claimed by `ops::cuda`).
+//! The ops mark themselves ([`op`]) and the step its phases ([`pass`]);
+//! while a recording is on ([`start`] to [`finish`]) every change of (pass,
+//! op) stamps the time — on a GPU an event on the device's one stream (the
+//! device's time between stamps, idle gaps included; also the CUDA
+//! profiler's range, for `ncu --profile-from-start off`), on the CPU the
+//! clock — so the parts add up to the step, and what runs outside every op
+//! is `other`. Off, a mark is one read of a thread-local: a thread-local,
+//! so the passes keep the model's signatures (a step runs on one thread).
 
 use candle_core::{Device, Result};
 use std::cell::RefCell;

@@ -1,29 +1,16 @@
 //! `sweep train --config <run>/config.toml`: what every sweep run executes.
 //!
 //! Resolves `batch_size = "max"`, builds the [`Trainer`], resumes from the
-//! latest checkpoint in the run directory and trains to the last step:
-//! `train` is the loop, delegating the counters and the log to a
-//! [`Reporter`] and the checkpoints to `save_checkpoint`. SIGUSR1 (SLURM's
-//! warning before the time limit) and SIGTERM (preemption, Ctrl-C) end the
-//! current step, write a checkpoint and exit with [`REQUEUE_EXIT`] so the job
-//! script requeues the run; a device out of memory exits with
-//! [`OUT_OF_MEMORY_EXIT`]. Rank 0 holds the run directory's lock while it
-//! trains: a second trainer of the same run waits for it (up to
-//! [`TRAIN_LOCK_PATIENCE`]) instead of writing the same log.
-//!
-//! With several ranks (data parallelism, [`self::dist`]) every rank runs this
-//! same loop on its slice of each global batch (or its own shard, in the
-//! contiguous order); rank 0 alone writes metrics and checkpoints. A run
-//! resumes on another world size with the gradient accumulation that keeps
-//! its global batch.
-//!
-//! The run's parts: `trainer` (one rank's model, data and optimizer, and
-//! one optimizer step), `schedule` (what happens at which step),
-//! `monitor` (loss spikes and plateaus), [`metrics`] and [`record`] (what
-//! a logged step measures, and `metrics.jsonl`), [`peak`] (the CPU's peak,
-//! MFU's denominator there), `checkpoint`, [`max_batch`], [`dist`]
-//! (ranks; the MPI and NCCL engines) and `stacks` (every thread's stack,
-//! for the watchdog).
+//! latest checkpoint and trains to the last step, delegating the log to a
+//! [`Reporter`] and the checkpoints to `save_checkpoint`. A stop signal
+//! (SIGUSR1 before the time limit, SIGTERM, Ctrl-C) ends the step, writes a
+//! checkpoint and exits with [`REQUEUE_EXIT`]; a device out of memory exits
+//! with [`OUT_OF_MEMORY_EXIT`]. Rank 0 holds the run directory's lock (a
+//! second trainer waits up to [`TRAIN_LOCK_PATIENCE`]) and alone writes
+//! metrics and checkpoints; every rank runs this loop on its slice of each
+//! global batch ([`dist`]). Beside it: `trainer` (one step), `schedule`,
+//! `monitor`, [`metrics`] and [`record`] (the log), [`energy`], [`peak`],
+//! `checkpoint`, [`max_batch`] and `stacks` (for the watchdog).
 
 mod checkpoint;
 pub mod dist;

@@ -1,19 +1,11 @@
 //! One AdamW update of one parameter: param −= lr · (m̂ / (√v̂ + eps) + wd ·
-//! param), with the moments m and v updated in the same pass and the
-//! gradient scaled by the clip scale first ([`super::grad_norm`]). The
-//! optimizer around it (state, groups, checkpoints) is [`crate::train::network::optim`].
-//!
-//! - [`host`]: the CPU kernel, f32 parameters with their moments in host
-//!   vectors, one pass.
-//! - `device` (CUDA, `kernels/adamw.cu`): each element of the parameter,
-//!   its gradient and both moments read once and written once, the clip
-//!   scale read from device memory (no read of the host). Composed from
-//!   candle ops the same update took ~14 passes over each tensor (1.9–3.7 ms
-//!   each for ref-8b's 537M-value embedding on an H100): 13–23% of an
-//!   8B-shaped step. Arithmetic in f32 whatever the storage (f32 or bf16,
-//!   rounded to nearest even).
-//! - [`composed`]: candle ops, on every other device and dtype (f64 in the
-//!   tests); the reference the kernels are checked against.
+//! param), the moments updated in the same pass and the gradient scaled by
+//! the clip scale first ([`super::grad_norm`]); the optimizer around it is
+//! [`crate::train::network::optim`]. [`host`] is the CPU kernel (one pass);
+//! `device` (`kernels/adamw.cu`) reads and writes each element once, the
+//! clip scale from device memory, in f32 arithmetic whatever the storage
+//! (composed, the update took ~14 passes: 13–23% of an 8B-shaped step on an
+//! H100); [`composed`] is the reference on every other device and dtype.
 
 use super::{own_kernel, Kernel};
 use crate::train::network::kernels::{grid_stride, LaunchPlan, Mem, Ty, Value, ADAMW};

@@ -1,19 +1,15 @@
 //! Fused kernels with hand-written backward passes, for the ops where
-//! candle's own either drop gradients (`ops::rms_norm`, `rope`,
-//! `softmax_last_dim`) or spend most of their time allocating intermediates
-//! and launching one small kernel per arithmetic step.
+//! candle's own drop gradients or spend most of their time allocating
+//! intermediates and launching one small kernel per arithmetic step.
 //!
 //! Each op's file holds its whole story: the CPU kernel (f32, rayon), the
-//! launch of its CUDA kernel (`src/train/network/kernels/<op>.cu`, f32 or bf16
-//! storage with f32 arithmetic; the CPU kernel is its reference), a
-//! composed twin built from candle ops, which runs on other devices and
-//! dtypes and which the tests check the kernels against. Its cases for
-//! `sweep bench kernels` and the self-check live apart, in [`cases`] (the
-//! rule that judges them in [`check`]). The ops: [`embedding`], [`rms_norm`],
-//! [`rope`], [`attention`] (with [`softmax`]), [`linear`] (with its CPU bf16
-//! GEMM), [`silu_mul`] (SwiGLU), [`cross_entropy`] (the loss), and the
-//! optimizer's [`grad_norm`] and [`adamw`]; [`accumulate`] adds into
-//! gradient buffers.
+//! launch of its CUDA kernel (`src/train/network/kernels/<op>.cu`, with the
+//! CPU kernel as its reference) and a composed twin from candle ops, which
+//! runs on other devices and dtypes and which the tests check the kernels
+//! against. Their cases for `sweep bench kernels` and the self-check live in
+//! [`cases`], the rule that judges them in [`check`]. The ops: [`embedding`],
+//! [`rms_norm`], [`rope`], [`attention`] (with [`softmax`]), [`linear`],
+//! [`silu_mul`], [`cross_entropy`], [`grad_norm`], [`adamw`], [`accumulate`].
 
 pub mod accumulate;
 pub mod adamw;

@@ -1,23 +1,13 @@
 //! The self-check a CUDA device gets when it opens, before the run's first
-//! step: every kernel an op may use there (sweep's own, cuBLAS's in-place
-//! weight gradient, candle-flash-attn's forward) against its composed twin
-//! on the same device, in bf16 and f32, on tiny shapes (every tail and
-//! partial block) and at the run's own ([`run_cases`]: its widths, head
-//! dimension and vocabulary, few tokens; a fault that shows only there — a
-//! grid past 65,535 blocks, flash attention's head-dimension template, an
-//! odd width's alignment — is caught before the run takes the kernel).
-//! Each case synchronises after its launches, so a launch's error is its
-//! own. A kernel that fails it — outputs outside
-//! [`check::tolerance`], a NaN, or an error from its launch or from the
-//! synchronisation after it (candle-flash-attn does not check its launches:
-//! a failed one leaves its output uninitialised) — is not used on that
-//! device: its ops take their composed twins, which `sweep train` says on
-//! stderr and records in the run's metrics, and the report shows beside the
-//! run. `SWEEP_CUDA_KERNELS=own` makes such a failure stop the run instead;
-//! `composed` leaves sweep's kernels out, so only flash attention is checked.
-//!
-//! The same code runs on the CPU in the tests, where the own kernels are
-//! the fused CPU ones.
+//! step: every kernel an op may use there against its composed twin on the
+//! same device, on tiny shapes (every tail and partial block) and at the
+//! run's own ([`run_cases`]), each case synchronised so a launch's error is
+//! its own. A kernel outside [`check::tolerance`], that wrote a NaN or
+//! failed to run takes its composed twin on that device (said, recorded in
+//! the run's metrics, shown in the report); under `auto` every other one is
+//! then timed against its twin at the run's shapes and the faster runs, so
+//! a kernel written without a GPU never makes a run slower. The same code
+//! runs on the CPU in the tests. docs/gpu.md, "the self-check".
 
 use super::check::{self, dtype_name, errors, flat_f32, prepare, tolerance, Case, Shapes};
 use super::{composed_here, Kernel};

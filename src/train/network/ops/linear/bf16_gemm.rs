@@ -1,24 +1,13 @@
 //! A bf16 matrix product for the CPU, as PyTorch's CPU autocast does it:
 //! operands rounded to bf16, products accumulated in f32. Three kernels
 //! give the same arithmetic (a product of two bf16 values is exact in f32):
-//!
-//! - [`Bf16Kernel::Amx`]: Intel AMX's tiles ([`amx`]), where the CPU has
-//!   them (Sapphire Rapids and later): 3-7x the AVX-512 BF16 kernel.
-//! - [`Bf16Kernel::Avx512Bf16`]: AVX-512 BF16's `vdpbf16ps` (two
-//!   multiply-adds per 32-bit lane: twice the f32 FMA rate). Packed GEMM in
-//!   the manner of Goto/BLIS, except that each operand is packed once, whole:
-//!   B into panels of NR columns, A into panels of MR rows, per block of KC k
-//!   values, as bf16 pairs along k (the low half of each 32-bit lane holds
-//!   the even k); a 14 x 32 micro-kernel keeps its 28 accumulators in
-//!   registers. Packing reads any strides, so transposed views cost nothing.
-//!   Row blocks of C run in parallel on the current rayon pool.
-//! - [`Bf16Kernel::Portable`], on every other x86-64 (and any) CPU: per block
-//!   of k, both operands rounded to bf16 values held in f32, multiplied and
-//!   accumulated by the `gemm` crate's f32 kernels (the ones candle uses).
-//!   Slower than f32 by the rounding passes.
-//!
-//! The kernel is picked once per process: the fastest the CPU has, unless
-//! `SWEEP_CPU_KERNELS` names one (the tests force each where the CPU has it).
+//! [`Bf16Kernel::Amx`] (Intel AMX's tiles, [`amx`]), [`Bf16Kernel::Avx512Bf16`]
+//! (`vdpbf16ps` in a packed GEMM in the manner of Goto/BLIS: each operand
+//! packed once as bf16 pairs along k, a 14 x 32 micro-kernel, row blocks of
+//! C in parallel) and [`Bf16Kernel::Portable`] (operands rounded to bf16
+//! values in f32, multiplied by the `gemm` crate). The fastest the CPU has
+//! is picked once per process, unless `SWEEP_CPU_KERNELS` names one (the
+//! tests force each where the CPU has it); docs/performance.md measures them.
 
 use crate::config::runtime::CpuKernels;
 use rayon::prelude::*;

@@ -1,25 +1,12 @@
-//! The linear layer and the model's other matrix products.
-//!
-//! - [`matmul`] / [`linear`] (forward, and the input's gradient dy · w):
-//!   candle's GEMM in the tensors' dtype, or with `bf16` (the `bf16-mixed`
-//!   precision: f32 tensors, bf16 products) the CPU's bf16 kernel
-//!   ([`bf16_gemm`]: AVX-512 BF16 or portable, [`bf16_gemm::selected`]), and
-//!   on a GPU cuBLAS's bf16 GEMM on operands cast to bf16, as autocast does.
-//! - [`add_product`] (the weight's gradient `buf += dyᵀ·x`): one GEMM with
-//!   beta = 1 written into the gradient buffer, reading the transposed
-//!   operand through its strides (no transposed copy, no product tensor): the
-//!   `gemm` crate on the CPU in f32, cuBLAS (`cublasGemmEx`, `cublas`) on a GPU;
-//!   elsewhere the product is added to the buffer.
-//! - [`add_input_gradient`] (`acc += dy · w`): the same GEMM with beta = 1
-//!   for an input gradient that is a sum of several layers' (attention's
-//!   three projections, the MLP's two), instead of a product tensor and an
-//!   add of it (on an H100, candle's bf16 add of two [16384, 2048] tensors
-//!   took 156 µs, a third of the time of the product beside it).
-//!
-//! Allocating nothing that outlives a pass matters beyond the copies saved:
-//! gradients created block by block during the backward pass, between its
-//! transients, fragmented the heap (the CPU trainer's resident memory grew
-//! ~75 MB a block under recomputation).
+//! The linear layer and the model's other matrix products: [`matmul`] /
+//! [`linear`] in the tensors' dtype, or with bf16 products (`bf16-mixed`:
+//! the CPU's [`bf16_gemm`], cuBLAS's bf16 GEMM on a GPU, as autocast does);
+//! [`add_product`] (`buf += dyᵀ·x`) and [`add_input_gradient`] (`acc += dy·w`)
+//! as one GEMM with beta = 1 into the buffer, reading transposed operands
+//! through their strides. Why in place: no product tensor and add (on an
+//! H100 the add took a third of the product's time), and no gradients made
+//! between a backward pass's transients, which fragmented the CPU heap
+//! (docs/trainer.md).
 
 use super::{f32s_any, fused};
 use bf16_gemm::View;
