@@ -7,7 +7,7 @@ use super::ConfigError;
 use serde::{Deserialize, Serialize};
 
 /// The hint keys, which manifests before `[plan]` wrote in `[defaults]`
-/// (still accepted there, with a note).
+/// (refused there now, with the fix: move it to `[plan]`).
 pub const KEYS: [&str; 4] = [
     "gpu_memory_gb",
     "expected_mfu_pct",
