@@ -39,6 +39,12 @@
 #                `bench train --parts` records) by Nsight Compute (ncu, gpu__time_duration, caches and clocks left
 #                alone), summed by kernel name (kernel-times.csv)
 #   quickstart   experiments/gpu-quickstart.toml, its logs and report (quickstart.tgz)
+#   goals        docs/performance.md's GPU goals in one call: sweep beside PyTorch
+#                eager and torch.compile on ref-1b at batch 8 and the 8B-shaped
+#                model (8 layers) at batch 2, and on a GPU of 120 GB or more the
+#                whole ref-8b at batch 1 and 2 beside eager; sweep's rows carry
+#                watts and joules per token, goals.txt the kernels the device's
+#                opening timed and chose; then bench.json
 #
 # Figures and logs go to $OUT (default results/gpu-check/); the exit status
 # says whether any command failed.
@@ -53,7 +59,7 @@ STEPS=("$@")
 for step in "${STEPS[@]}"; do
     [[ $step =~ ^[a-z-]+(:[1-9][0-9]*)?$ ]] || { echo "gpu-check: a step is NAME or NAME:SECONDS, not $step" >&2; exit 2; }
     case ${step%%:*} in
-        first-light|tests|kernels|sanitizer|train|torch|full|variants|timeline|quickstart) ;;
+        first-light|tests|kernels|sanitizer|train|torch|full|variants|timeline|quickstart|goals) ;;
         *) echo "gpu-check: unknown step $step (see the head of $0)" >&2; exit 2 ;;
     esac
 done
@@ -292,6 +298,23 @@ PY
                 echo "gpu-check: neither Nsight Systems nor Nsight Compute on this machine" | tee -a "$OUT/timeline.txt"
                 status=1
             fi
+            ;;
+        goals)
+            run goals.txt "$SWEEP" bench train --device cuda --only 'ref-1b bf16' --batch 8 --steps 5 \
+                --json "$OUT/sweep-train-ref-1b.json"
+            run goals.txt "$SWEEP" bench train --device cuda --layers 8 --only 'ref-8b (8 layers)' --batch 2 --steps 5 \
+                --json "$OUT/sweep-train-8b-8l.json"
+            run goals.txt python3 scripts/torch-gpu-baseline.py --model ref-1b --batch 8 --json "$OUT/torch-ref-1b.json"
+            run goals.txt python3 scripts/torch-gpu-baseline.py --model ref-8b --layers 8 --batch 2 --json "$OUT/torch-8b-8l.json"
+            mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1 | tr -dc 0-9)
+            if ((${mib:-0} >= 120000)); then
+                run goals.txt "$SWEEP" bench train --device cuda --layers 32 --only ref-8b --steps 3 --json "$OUT/sweep-train-full.json"
+                for batch in 1 2; do
+                    run goals.txt python3 scripts/torch-gpu-baseline.py --model ref-8b --batch $batch --steps 5 --no-compile \
+                        --json "$OUT/torch-8b-b$batch.json"
+                done
+            fi
+            merge_bench
             ;;
         quickstart)
             run quickstart.txt "$SWEEP" run experiments/gpu-quickstart.toml

@@ -322,6 +322,10 @@ fn time_case(
     let vocab = model.vocab_size;
     let mut t = Trainer::with_model(cfg, model, Arc::clone(tok), settings.threads, rt)?;
     t.sync_forward = true;
+    // What the device's opening timed (the process keeps its choices).
+    for k in &t.kernel_timings {
+        eprintln!("bench train: {} b{}: {}", case.label, case.batch, k.describe());
+    }
     let device = t.device.clone();
     let row = measure(t, case, settings, vocab);
     // The memory pool keeps what the case freed, failed or not: handed back,

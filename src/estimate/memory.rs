@@ -31,13 +31,9 @@ impl MemoryEstimate {
     }
 }
 
-/// Logit values the output head computes at once, a slice of rows at a
-/// time, so that the [tokens, vocabulary] logits never exist: 2^26 on the
-/// CPU (256 MB in f32), 2^28 on a GPU (512 MB in bf16). On a GPU each
-/// slice's rows are summed into the head's [vocabulary, dim] weight gradient
-/// by one GEMM that reads and writes that whole sum: at 2^26 values (512 rows
-/// of a 131k vocabulary) moving it costs about as much as the product, at
-/// 2^28 (2,048 rows) about a fifth.
+/// Logit values the output head computes at once, so that the [tokens,
+/// vocabulary] logits never exist. Larger on a GPU, where each slice's GEMM
+/// into the head's weight gradient moves that whole gradient (docs/memory.md).
 pub const fn head_slice_values(gpu: bool) -> usize {
     if gpu {
         1 << 28
@@ -80,19 +76,9 @@ struct Path {
     norm_copies: f64,
 }
 
-/// The CPU's fused f32 kernels under the block-wise passes (their caches:
-/// x, q, k, v, the attention output, the mid residual and the two FFN
-/// products per layer, 4·D + 2·KV + 2·F, and eager attention's
-/// probabilities, H·T). Fitted (least squares) to 24 runs of `tiny` and
-/// `small` at vocab 32000 (f32 and bf16-mixed, recompute none and blocks,
-/// batch 2, 8, 16 of 256 tokens; 2026-11-24, an Intel Xeon with AVX-512 and
-/// no BF16, so bf16-mixed through the portable kernel): the process's peak
-/// resident memory within −8% … +12% of the estimate (the test checks 15%
-/// on 8 of them, with both bf16 kernels where the CPU has both). Since the
-/// passes record no autograd graph (the model's weights are detached), what
-/// is counted is about what is kept (factor 1.05; it was 2.35 while every
-/// cached tensor held its inputs alive through the graph), and recomputing
-/// blocks saves what it should. bf16-mixed keeps bf16 copies of the weights.
+/// The CPU's fused f32 kernels under the block-wise passes: x, q, k, v, the
+/// attention output, the mid residual and the two FFN products per layer
+/// (and eager attention's probabilities). Fitted to 24 CPU runs (docs/memory.md).
 const FUSED: Path = Path {
     per_d: 4.0,
     per_kv: 2.0,
@@ -106,19 +92,11 @@ const FUSED: Path = Path {
     norm_copies: 0.0,
 };
 
-/// The GPU's block-wise passes with sweep's CUDA kernels: the same caches
-/// as the CPU's fused path (4·D + 2·KV + 2·F per token and layer, and eager
-/// attention's bf16 probabilities, H·T), the loss computed in slices (no
-/// [tokens, vocabulary] tensor: one slice, the loss kernel writing d logits
-/// over it), the CUDA context and cuBLAS's workspace in `fixed`, and a
-/// transient of 2 bytes per value of the largest gradient. Fitted (least
-/// squares, `fixed` set) to five bf16 runs on an H100 (2026-11-26, `sweep
-/// bench train --device cuda`: ref-1b at batch 2 and 8 with flash attention
-/// and at batch 8 with eager attention, ref-8b's shapes with one layer at
-/// batch 1 and 2, sequence 2048; slices of 2^26 values then, which `fixed`
-/// held: 0.6 GB with them): the peak reserve within −1.5% … +1.9% of the
-/// estimate. Recomputation and bf16-mixed are not measured on a GPU yet;
-/// they count as on the CPU.
+/// The GPU's block-wise passes with sweep's CUDA kernels: the CPU's caches,
+/// the loss in slices, the CUDA context and cuBLAS's workspace in `fixed`,
+/// a transient of the largest gradient for its norm. Fitted to five bf16
+/// runs on an H100 (docs/memory.md); recomputation and bf16-mixed count as
+/// on the CPU until measured.
 const BLOCKWISE_GPU: Path = Path {
     per_d: 4.0,
     per_kv: 2.0,
@@ -132,13 +110,9 @@ const BLOCKWISE_GPU: Path = Path {
     norm_copies: 2.0,
 };
 
-/// Composed candle ops (the CPU in bf16): RMSNorm, RoPE
-/// and SwiGLU each keep several intermediates. From four bf16 runs on an
-/// H100 (ref-8b's layer shapes with 4 and 8 layers at batch 1 and 2 of 2048
-/// tokens: 435 KB per token per layer, ~4.7 f32 copies of the logits);
-/// `fixed` is the CUDA context and cuBLAS's workspace. Measured under
-/// candle's autograd, before the block-wise passes, on a GPU: for the CPU in
-/// bf16 an overestimate, until runs there refit it.
+/// Composed candle ops (the CPU in bf16), whose RMSNorm, RoPE and SwiGLU
+/// keep several intermediates: measured on an H100 under autograd, an
+/// overestimate for the CPU until runs there refit it (docs/memory.md).
 const COMPOSED: Path = Path {
     per_d: 30.0,
     per_kv: 14.0,
