@@ -324,7 +324,12 @@ fn time_case(
     t.sync_forward = true;
     // What the device's opening timed (the process keeps its choices).
     for k in &t.kernel_timings {
-        eprintln!("bench train: {} b{}: {}", case.label, case.batch, k.describe());
+        eprintln!(
+            "bench train: {} b{}: {}",
+            case.label,
+            case.batch,
+            k.describe()
+        );
     }
     let device = t.device.clone();
     let row = measure(t, case, settings, vocab);

@@ -55,7 +55,7 @@ pub fn parse(bytes: &[u8]) -> Parsed {
     }
     let mut hosts: Option<Arc<[String]>> = None;
     // Kernel times by kernel: a resumed run's latest.
-    let mut timings: Vec<(String, f64, f64)> = Vec::new();
+    let mut timings: Vec<(&str, f64, f64)> = Vec::new();
     for (line, r) in &log.records {
         match r {
             Record::Step(m) => {
@@ -111,18 +111,22 @@ pub fn parse(bytes: &[u8]) -> Parsed {
                 }
             }
             Record::Event(e) if e.event == EventKind::KernelTiming => {
+                use crate::train::network::ops::Kernel;
                 let sane = |s: f64| (0.0..=MAX_COMPUTE_S).contains(&s);
-                if !(sane(e.value) && sane(e.threshold)) {
-                    out.omitted.bad_line(
+                // One of sweep's kernels by name: a note of bounded length.
+                let kernel = Kernel::ALL
+                    .into_iter()
+                    .find(|k| Some(k.name()) == e.detail.as_deref());
+                match kernel {
+                    Some(k) if sane(e.value) && sane(e.threshold) => {
+                        timings.retain(|t| t.0 != k.name());
+                        timings.push((k.name(), e.value, e.threshold));
+                    }
+                    _ => out.omitted.bad_line(
                         *line,
-                        String::from("a kernel's time negative, not finite or over a week"),
-                    );
-                    continue;
+                        String::from("a kernel timing of no kernel sweep has, or a time negative, not finite or over a week"),
+                    ),
                 }
-                let kernel =
-                    crate::util::text::note(e.detail.as_deref().unwrap_or("a kernel")).into_owned();
-                timings.retain(|t| t.0 != kernel);
-                timings.push((kernel, e.value, e.threshold));
             }
             Record::Event(_) => {}
         }
@@ -134,7 +138,7 @@ pub fn parse(bytes: &[u8]) -> Parsed {
 }
 
 /// One note of the kernels timed when the GPU opened: which path each ran.
-fn timings_note(timings: &[(String, f64, f64)]) -> String {
+fn timings_note(timings: &[(&str, f64, f64)]) -> String {
     let said = |twin: bool| -> Vec<String> {
         timings
             .iter()
@@ -279,7 +283,8 @@ mod tests {
         let mut bytes =
             std::fs::read(dir.path().join(crate::train::run::record::METRICS_FILE)).unwrap();
         bytes.extend_from_slice(
-            b"{\"step\":9,\"event\":\"kernel_timing\",\"value\":-1,\"threshold\":1e308,\"detail\":\"rope\"}\n",
+            b"{\"step\":9,\"event\":\"kernel_timing\",\"value\":-1,\"threshold\":1e308,\"detail\":\"rope\"}\n\
+              {\"step\":9,\"event\":\"kernel_timing\",\"value\":1,\"threshold\":2,\"detail\":\"x\\u001b[31m\"}\n",
         );
         let parsed = parse(&bytes);
         assert_eq!(
@@ -288,8 +293,11 @@ mod tests {
               sweep's ran: rms_norm (1.000 ms, its twin 2.000); \
               the twins ran, being faster: softmax (2.000 ms, its twin 1.000)"]
         );
-        let omitted = parsed.omitted.describe(std::path::Path::new("m"));
-        assert!(omitted.join(" ").contains("a kernel's time"), "{omitted:?}");
+        let omitted = parsed.omitted.describe(std::path::Path::new("m")).join(" ");
+        assert!(
+            omitted.contains("no kernel sweep has") && omitted.contains("2 line"),
+            "{omitted}"
+        );
     }
 
     #[test]
