@@ -163,17 +163,21 @@ impl LiveView {
         }
     }
 
-    pub fn finish(self) {
+    pub fn finish(&mut self) {
         for b in self.bars.values() {
             b.finish_and_clear();
         }
-        if let Some(h) = self.header {
+        if let Some(h) = &self.header {
             h.finish_and_clear();
         }
     }
 }
 
 impl crate::study::watch::Follow for LiveView {
+    fn done(&mut self) {
+        self.finish();
+    }
+
     fn states(&mut self, states: &[State]) {
         self.update(states);
     }

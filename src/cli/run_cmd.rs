@@ -5,9 +5,9 @@ use super::live::{LiveView, Tracked};
 use super::sweep_cmds;
 use super::SubmitArgs;
 use crate::config::RuntimeOptions;
-use crate::plan::{Job, Plan};
-use crate::report::{self, Source};
-use crate::study::watch::{self, LivePage};
+use crate::plan::Job;
+use crate::report;
+use crate::study::watch::{self, Ran};
 use crate::study::Submission;
 use crate::util::stdout::outln;
 use anyhow::Result;
@@ -20,38 +20,40 @@ pub fn run(root: &Path, args: &SubmitArgs, rt: &RuntimeOptions) -> Result<ExitCo
         return sweep_cmds::submit(root, args, rt);
     }
     let mut sub = sweep_cmds::submission(root, args, rt, "run")?;
-    let attempt = watch::current_attempt(&sub)?;
     let mut view = LiveView::new(tracked(&sub));
-    let mut page = LivePage::new(root, &sub.plan);
-    let stopped = watch::watch(&mut sub, &mut view, &mut page)?;
-    view.finish();
-    if let Some(stop) = stopped {
-        page.settle();
-        eprintln!("{}", stop.note(&args.manifest));
-        return Ok(ExitCode::from(130));
+    match watch::run(
+        root,
+        &mut sub,
+        &mut view,
+        &args.manifest,
+        &mut sweep_cmds::say,
+    )? {
+        Ran::Stopped(stop) => {
+            eprintln!("{}", stop.note(&args.manifest));
+            Ok(ExitCode::from(130))
+        }
+        Ran::Superseded { followed, now } => {
+            eprintln!(
+                "sweep: another sweep began attempt {now} of the study (`sweep run --again`) once this \
+                 one's runs had ended: the attempt followed here was recorded in the history and kept \
+                 in {}; `sweep history {m}` shows it, and `sweep run {m}` follows the new one",
+                sub.plan
+                    .study_dir
+                    .join(crate::layout::ATTEMPTS_DIR)
+                    .join(followed.to_string())
+                    .display(),
+                m = args.manifest.display()
+            );
+            Ok(ExitCode::FAILURE)
+        }
+        Ran::Reported { report, all_done } => {
+            let recorded = print_report(&report)?;
+            Ok(match all_done && recorded == ExitCode::SUCCESS {
+                true => ExitCode::SUCCESS,
+                false => ExitCode::FAILURE,
+            })
+        }
     }
-    if let Some(now) =
-        watch::hold_for_report(&mut sub, &attempt, &args.manifest, &mut sweep_cmds::say)?
-    {
-        eprintln!(
-            "sweep: another sweep began attempt {now} of the study (`sweep run --again`) once this \
-             one's runs had ended: the attempt followed here was recorded in the history and kept \
-             in {}; `sweep history {m}` shows it, and `sweep run {m}` follows the new one",
-            sub.plan
-                .study_dir
-                .join(crate::layout::ATTEMPTS_DIR)
-                .join(attempt.0.to_string())
-                .display(),
-            m = args.manifest.display()
-        );
-        return Ok(ExitCode::FAILURE);
-    }
-    let recorded = print_report(root, &sub.plan)?;
-    Ok(if watch::all_done(&sub)? && recorded == ExitCode::SUCCESS {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
 }
 
 /// Every unit as the live view follows it (training runs with their step
@@ -81,11 +83,9 @@ fn tracked(sub: &Submission) -> Vec<Tracked> {
         .collect()
 }
 
-/// The sweep's report with its plots, and where it went; fails when its
-/// runs could not be recorded in the history.
-fn print_report(root: &Path, plan: &Plan) -> Result<ExitCode> {
-    let source = Source::Plan(Box::new(plan.clone()));
-    let rep = report::run(root, &source, &watch::report_options(false))?;
+/// The sweep's report and where it went; fails when its runs could not be
+/// recorded in the history.
+fn print_report(rep: &report::Report) -> Result<ExitCode> {
     outln!("{}", report::export::markdown_table(&rep.summary));
     for p in &rep.summary.problems {
         outln!("note: {}", p.describe());
@@ -104,5 +104,5 @@ fn print_report(root: &Path, plan: &Plan) -> Result<ExitCode> {
         outln!("charts: {} (PNG and SVG)", dir.display());
     }
     outln!("the report, one page: {}", rep.page.display());
-    Ok(super::report_cmds::history_note(&rep))
+    Ok(super::report_cmds::history_note(rep))
 }

@@ -1,7 +1,7 @@
-//! Following a study's jobs until nothing is pending or running (`sweep
-//! run`): submitting what is due, polling the scheduler, rewriting the
-//! live page as runs end; what it sees goes to a [`Follow`] (the
-//! terminal's live view).
+//! `sweep run` ([`run`]): following a study's jobs until nothing is pending
+//! or running — submitting what is due, polling the scheduler, rewriting
+//! the live page as runs end; what it sees goes to a [`Follow`] (the
+//! terminal's live view) — then reporting it.
 
 use super::Submission;
 use crate::executor::{self, local, Event, State, UnitKind};
@@ -19,12 +19,60 @@ pub trait Follow {
     fn line(&mut self, line: &str);
     /// Why the pending runs wait (`Priority ×3, JobHeldAdmin`), or nothing.
     fn waiting(&mut self, _why: &str) {}
+    /// Watching ended: what comes next is said plainly.
+    fn done(&mut self) {}
 }
 
 /// The study's attempt (count and id) as its `study.json` says now.
-pub fn current_attempt(sub: &Submission) -> Result<(u32, Option<String>)> {
+fn current_attempt(sub: &Submission) -> Result<(u32, Option<String>)> {
     let record = crate::plan::record::StudyRecord::load(&sub.plan.study_dir)?;
     Ok(record.map_or((1, None), |r| (r.attempt, r.attempt_id)))
+}
+
+/// How `sweep run` ended.
+pub enum Ran {
+    /// A stop signal ended it before the sweep did.
+    Stopped(Stopped),
+    /// Another sweep began attempt `now` once the runs of attempt
+    /// `followed` had ended: that attempt is recorded, not reported here.
+    Superseded { followed: u32, now: u32 },
+    /// Every run ended and the study was reported; `all_done`: every run
+    /// completed.
+    Reported {
+        report: Box<report::Report>,
+        all_done: bool,
+    },
+}
+
+/// `sweep run`: submits what is due, follows the sweep (`view`) until
+/// nothing is pending or running, then reports it.
+pub fn run(
+    root: &Path,
+    sub: &mut Submission,
+    view: &mut dyn Follow,
+    manifest: &Path,
+    say: super::Say,
+) -> Result<Ran> {
+    let attempt = current_attempt(sub)?;
+    let mut page = LivePage::new(root, &sub.plan);
+    let stopped = watch(sub, view, &mut page);
+    view.done();
+    if let Some(stop) = stopped? {
+        page.settle();
+        return Ok(Ran::Stopped(stop));
+    }
+    if let Some(now) = hold_for_report(sub, &attempt, manifest, say)? {
+        return Ok(Ran::Superseded {
+            followed: attempt.0,
+            now,
+        });
+    }
+    let source = report::Source::Plan(Box::new(sub.plan.clone()));
+    let report = report::run(root, &source, &report_options(false))?;
+    Ok(Ran::Reported {
+        report: Box::new(report),
+        all_done: all_done(sub)?,
+    })
 }
 
 /// Why watching ended before the sweep did.
@@ -60,7 +108,7 @@ impl Stopped {
 /// Submits the due units, then follows everything pending or running — what
 /// this submitted, and jobs an earlier `sweep` left going — until nothing
 /// is. Returns why it stopped early, if it did.
-pub fn watch(
+fn watch(
     sub: &mut Submission,
     view: &mut dyn Follow,
     page: &mut LivePage,
@@ -434,7 +482,7 @@ fn retry_after(failures: u32, failing_for: Duration) -> Option<Duration> {
 /// began the next one while the lock was free (SLURM jobs, once they had
 /// all ended) has recorded and kept it. Returns the attempt begun since,
 /// if one was.
-pub fn hold_for_report(
+fn hold_for_report(
     sub: &mut Submission,
     followed: &(u32, Option<String>),
     manifest: &Path,
@@ -448,7 +496,7 @@ pub fn hold_for_report(
 }
 
 /// Whether every run of the study completed (stages aside).
-pub fn all_done(sub: &Submission) -> Result<bool> {
+fn all_done(sub: &Submission) -> Result<bool> {
     Ok(executor::statuses(&sub.units)?
         .iter()
         .zip(&sub.units)
