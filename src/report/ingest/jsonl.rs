@@ -267,18 +267,13 @@ mod tests {
             own_s,
             composed_s,
         };
-        reporter
-            .kernel_timings(
-                0,
-                &[
-                    t(Kernel::RmsNorm, 1e-3, 3e-3),
-                    t(Kernel::Softmax, 2e-3, 1e-3),
-                ],
-            )
-            .unwrap();
-        reporter
-            .kernel_timings(7, &[t(Kernel::RmsNorm, 1e-3, 2e-3)])
-            .unwrap();
+        let first = [
+            t(Kernel::RmsNorm, 1e-3, 3e-3),
+            t(Kernel::Softmax, 2e-3, 1e-3),
+        ];
+        reporter.device_opened(0, &[], &first).unwrap();
+        let again = [t(Kernel::RmsNorm, 1e-3, 2e-3)];
+        reporter.device_opened(7, &[], &again).unwrap();
         drop(reporter);
         let mut bytes =
             std::fs::read(dir.path().join(crate::train::run::record::METRICS_FILE)).unwrap();

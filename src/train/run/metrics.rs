@@ -188,45 +188,34 @@ impl Reporter {
         self.interval.compute_s()
     }
 
-    /// Records the kernels that fell back on this rank's GPU, from `step`
-    /// (the main rank's: the others said so on stderr).
-    pub fn fallbacks(
+    /// Records what the GPU's opening found, from `step`: the kernels that
+    /// fell back (the main rank's; the others said so on stderr) and each
+    /// other kernel's time against its twin's.
+    pub fn device_opened(
         &mut self,
         step: usize,
         failures: &[crate::train::network::ops::selfcheck::Failure],
-    ) -> Result<()> {
-        let Some(log) = &mut self.log else {
-            return Ok(());
-        };
-        for f in failures {
-            log.write(Event {
-                step,
-                event: EventKind::KernelFallback,
-                value: f.rel_err.filter(|e| e.is_finite()).unwrap_or(-1.0),
-                threshold: f.tolerance,
-                detail: Some(f.describe()),
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Records each kernel's time against its twin's, from `step`.
-    pub fn kernel_timings(
-        &mut self,
-        step: usize,
         timings: &[crate::train::network::ops::selfcheck::Timing],
     ) -> Result<()> {
         let Some(log) = &mut self.log else {
             return Ok(());
         };
-        for t in timings {
-            log.write(Event {
-                step,
-                event: EventKind::KernelTiming,
-                value: t.own_s,
-                threshold: t.composed_s,
-                detail: Some(t.kernel.name().into()),
-            })?;
+        let fell_back = failures.iter().map(|f| Event {
+            step,
+            event: EventKind::KernelFallback,
+            value: f.rel_err.filter(|e| e.is_finite()).unwrap_or(-1.0),
+            threshold: f.tolerance,
+            detail: Some(f.describe()),
+        });
+        let timed = timings.iter().map(|t| Event {
+            step,
+            event: EventKind::KernelTiming,
+            value: t.own_s,
+            threshold: t.composed_s,
+            detail: Some(t.kernel.name().into()),
+        });
+        for e in fell_back.chain(timed) {
+            log.write(e)?;
         }
         Ok(())
     }

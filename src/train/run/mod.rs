@@ -284,8 +284,7 @@ fn open_reporter(
     if first > 1 {
         reporter.resume(first - 1)?;
     }
-    reporter.fallbacks(first, &t.fallbacks)?;
-    reporter.kernel_timings(first, &t.kernel_timings)?;
+    reporter.device_opened(first, &t.fallbacks, &t.kernel_timings)?;
     reporter.f32_products(first, t.f32_products)?;
     if t.ranks().world_size > 1 {
         let hosts = dist::gather_hosts(&*t.comm, &t.device)?;

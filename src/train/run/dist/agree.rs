@@ -92,30 +92,20 @@ pub fn on_timings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::run::dist::{Ranks, Single};
+    use crate::train::run::dist::Single;
     use candle_core::Tensor;
+
+    /// Rank 0 of two, whose sums add the other rank's values given.
+    fn peer(theirs: Vec<f32>) -> crate::train::run::dist::tests::Peer {
+        crate::train::run::dist::tests::Peer::new(move |t| {
+            t + Tensor::new(theirs.as_slice(), t.device())?
+        })
+    }
 
     /// A peer's failures become this rank's, said as the other rank's;
     /// its own are not repeated; one rank alone exchanges nothing.
     #[test]
     fn every_rank_leaves_out_what_any_rank_left_out() {
-        /// Rank 0 of two, the other rank's flags given.
-        struct Peer(Vec<f32>);
-        impl Collective for Peer {
-            fn ranks(&self) -> Ranks {
-                Ranks::SINGLE
-            }
-            fn describe(&self) -> String {
-                "a peer".into()
-            }
-            fn all_reduce_sum(&self, t: &Tensor) -> anyhow::Result<Tensor> {
-                Ok((t + Tensor::new(self.0.as_slice(), t.device())?)?)
-            }
-            fn broadcast(&self, t: &Tensor, _: usize) -> anyhow::Result<Tensor> {
-                Ok(t.clone())
-            }
-            fn abort(&self, _: i32) {}
-        }
         let mine = Failure {
             kernel: Kernel::RmsNorm,
             case: "rms_norm forward",
@@ -128,7 +118,7 @@ mod tests {
         let mut theirs = vec![0f32; Kernel::ALL.len()];
         theirs[Kernel::RmsNorm as usize] = 1.0;
         theirs[Kernel::GradNorm as usize] = 1.0;
-        let others = on_kernels(&Peer(theirs), &Device::Cpu, std::slice::from_ref(&mine)).unwrap();
+        let others = on_kernels(&peer(theirs), &Device::Cpu, std::slice::from_ref(&mine)).unwrap();
         assert_eq!(
             others.iter().map(|f| f.kernel).collect::<Vec<_>>(),
             [Kernel::GradNorm]
@@ -146,26 +136,6 @@ mod tests {
     /// failed there), or that failed, is not chosen by time.
     #[test]
     fn every_rank_chooses_by_the_summed_times() {
-        struct Peer(Vec<f32>);
-        impl Collective for Peer {
-            fn ranks(&self) -> Ranks {
-                Ranks {
-                    rank: 0,
-                    world_size: 2,
-                    local_rank: 0,
-                }
-            }
-            fn describe(&self) -> String {
-                "a peer".into()
-            }
-            fn all_reduce_sum(&self, t: &Tensor) -> anyhow::Result<Tensor> {
-                Ok((t + Tensor::new(self.0.as_slice(), t.device())?)?)
-            }
-            fn broadcast(&self, t: &Tensor, _: usize) -> anyhow::Result<Tensor> {
-                Ok(t.clone())
-            }
-            fn abort(&self, _: i32) {}
-        }
         let t = |kernel, own_s, composed_s| Timing {
             kernel,
             own_s,
@@ -184,7 +154,7 @@ mod tests {
             theirs[n + k as usize] = own;
             theirs[2 * n + k as usize] = twin;
         }
-        let agreed = on_timings(&Peer(theirs), &Device::Cpu, &mine, &[]).unwrap();
+        let agreed = on_timings(&peer(theirs), &Device::Cpu, &mine, &[]).unwrap();
         assert_eq!(
             agreed,
             [t(Kernel::Rope, 2.0, 2.0), t(Kernel::Softmax, 2.0, 2.5)]
@@ -200,7 +170,7 @@ mod tests {
         };
         let mut theirs = vec![0f32; 3 * n];
         theirs[Kernel::Rope as usize] = 1.0;
-        let agreed = on_timings(&Peer(theirs), &Device::Cpu, &mine, &[rope_failed]).unwrap();
+        let agreed = on_timings(&peer(theirs), &Device::Cpu, &mine, &[rope_failed]).unwrap();
         assert!(agreed.is_empty(), "{agreed:?}");
         assert_eq!(on_timings(&Single, &Device::Cpu, &mine, &[]).unwrap(), mine);
     }

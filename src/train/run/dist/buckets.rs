@@ -459,7 +459,7 @@ mod tests {
         let (model, mut grads) = tiny_model();
         let mut layout = GradientLayout::new(&grads, &model.stages())?;
         assert!(layout.by_rows);
-        let comm = crate::train::run::dist::tests::Doubled(Default::default());
+        let comm = crate::train::run::dist::tests::Peer::doubled();
         let used = [3u32, 7, 3];
         for step in 0..3 {
             grads.zero()?;

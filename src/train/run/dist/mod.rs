@@ -295,11 +295,28 @@ mod tests {
         }
     }
 
-    /// A stand-in engine for the bucketing alone: its "sum" is four times
-    /// the input, and it counts its calls.
-    pub(super) struct Doubled(pub(super) std::cell::Cell<usize>);
+    /// A stand-in engine, rank 0 of two: its "sum" of a tensor is `sum` of
+    /// it (the other rank's share planted), and it counts its calls.
+    pub(super) struct Peer {
+        pub(super) sum: Box<dyn Fn(&Tensor) -> candle_core::Result<Tensor>>,
+        pub(super) calls: std::cell::Cell<usize>,
+    }
 
-    impl Collective for Doubled {
+    impl Peer {
+        pub(super) fn new(sum: impl Fn(&Tensor) -> candle_core::Result<Tensor> + 'static) -> Peer {
+            Peer {
+                sum: Box::new(sum),
+                calls: Default::default(),
+            }
+        }
+
+        /// For the bucketing alone: four times the input.
+        pub(super) fn doubled() -> Peer {
+            Peer::new(|t| t * 4.0)
+        }
+    }
+
+    impl Collective for Peer {
         fn ranks(&self) -> Ranks {
             Ranks {
                 rank: 0,
@@ -308,12 +325,12 @@ mod tests {
             }
         }
         fn describe(&self) -> String {
-            "test".into()
+            "a peer".into()
         }
         fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
             assert_eq!(t.rank(), 1);
-            self.0.set(self.0.get() + 1);
-            Ok((t * 4.0)?)
+            self.calls.set(self.calls.get() + 1);
+            Ok((self.sum)(t)?)
         }
         fn broadcast(&self, t: &Tensor, _root: usize) -> Result<Tensor> {
             Ok(t.clone())
@@ -335,11 +352,11 @@ mod tests {
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
         let mut ts = originals.clone();
-        let comm = Doubled(Default::default());
+        let comm = Peer::doubled();
         // 90 bytes: [3,4]+[5] = 68 bytes fit, [2,2,2] (32 more) starts a new
         // bucket, [100] (400 bytes) travels alone.
         all_reduce_in_buckets(&comm, &mut ts.iter_mut().collect::<Vec<_>>(), 90)?;
-        assert_eq!(comm.0.get(), 3);
+        assert_eq!(comm.calls.get(), 3);
         for (a, b) in ts.iter().zip(&originals) {
             assert_eq!(a.dims(), b.dims());
             let want = (b * 4.0)?.flatten_all()?.to_vec1::<f32>()?;
