@@ -7,7 +7,7 @@
 //! `[slurm] master_port`, is free there; and one task per node reaches it
 //! within [`CONNECT_TIMEOUT`]. It prints `export MASTER_ADDR=… MASTER_PORT=…`
 //! for the script; on a failure it records the node and what failed in
-//! `run.json` and exits [`LAUNCH_EXIT`] (docs/slurm.md).
+//! `run.json` and exits [`LAUNCH_EXIT`] (docs/running.md).
 
 use crate::config::LAUNCH_EXIT;
 use crate::plan::record::{record_stop, Stop, StoppedBy};
