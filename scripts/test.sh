@@ -15,10 +15,24 @@
 # the end), and runs `cargo test --release --features mpi` with every test
 # included (the `mpi` feature adds data parallelism between CPU ranks), then
 # the bf16 tests through the portable kernel where the CPU has AVX-512 BF16.
+# At its end, however it ends, it says how long each phase took.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# Each phase's seconds, said when the script ends (however it ends): where
+# CI's time goes.
+phases=()
+began=$SECONDS
+phase() {
+    phases+=("$(printf '%5d s  %s' $((SECONDS - began)) "$1")")
+    began=$SECONDS
+}
+say_phases() {
+    [ ${#phases[@]} -eq 0 ] || printf 'test.sh: %s\n' "${phases[@]}" "$(printf '%5d s  in all' $SECONDS)" >&2
+}
+
 scripts/setup.sh debian
+phase "Debian packages"
 # What is only downloaded (PyTorch's ~5 GB environment, NVIDIA's wheels, the
 # aarch64 cross compilers) comes beside the build, which needs the cores; in a
 # process group of its own, so that it ends with this script.
@@ -31,19 +45,25 @@ checks=
 cleanup() {
     [ -z "$downloads" ] || kill -- -$downloads 2>/dev/null || true
     [ -z "$checks" ] || kill -- -$checks 2>/dev/null || true
+    say_phases
 }
 trap cleanup EXIT
 cargo build --release --locked --features mpi
+phase "release build"
 wait $downloads || { downloads=; cat target/test-downloads.log >&2; echo "test.sh: a download failed (above)" >&2; exit 1; }
 downloads=
 cat target/test-downloads.log >&2
+phase "downloads, after the build"
 scripts/fetch-assets.sh
+phase "assets"
 # Every test binary, once (the runs below only start them).
 cargo test --release --locked --features mpi --no-run
+phase "test binaries"
 
 # The CUDA code without a GPU: every kernel compiled by NVRTC as the trainer
 # compiles it and held to its signature (scripts/check-gpu-offline.sh says how).
 scripts/check-gpu-offline.sh --kernels -- --features mpi
+phase "kernels offline (NVRTC, emulation)"
 
 # Type-checks that need no cluster, in their own process group beside the
 # integration tests below (which mostly wait on jobs; the suite passes on a
@@ -61,6 +81,7 @@ if ! scripts/local-slurm.sh status 2>/dev/null; then
     started=1
 fi
 eval "$(scripts/local-slurm.sh env)"
+phase "local SLURM up"
 
 # The two-node cluster (tests/it/nodes.rs): each node a network namespace of
 # its own (root only), beside the one-node cluster, with its own directory and
@@ -104,6 +125,7 @@ else
     main=0 two=0
     cargo test --release --locked --features mpi -- --include-ignored "${skip[@]}" --skip nodes:: || main=$?
     wait $nodes || two=$?
+    phase "tests, and the two-node tests beside them"
     echo "test.sh: the two-node tests, run beside the others:"
     cat target/test-nodes.log
     [ $main -eq 0 ] && [ $two -eq 0 ] || { echo "test.sh: tests failed (main run $main, two-node run $two)" >&2; exit 1; }
@@ -118,8 +140,10 @@ fi
 if [ $# -eq 0 ] && grep -qw avx512_bf16 /proc/cpuinfo; then
     SWEEP_CPU_KERNELS=portable cargo test --release --locked --features mpi --lib bf16
 fi
+phase "bf16 tests through the slower kernels"
 
 # The type-checks started beside the tests.
 wait $checks || { checks=; cat target/test-checks.log >&2; echo "test.sh: a type-check failed (above)" >&2; exit 1; }
 checks=
+phase "type-checks, after the tests"
 cat target/test-checks.log >&2
