@@ -297,8 +297,10 @@ mod tests {
 
     /// A stand-in engine, rank 0 of two: its "sum" of a tensor is `sum` of
     /// it (the other rank's share planted), and it counts its calls.
+    type Sum = Box<dyn Fn(&Tensor) -> candle_core::Result<Tensor>>;
+
     pub(super) struct Peer {
-        pub(super) sum: Box<dyn Fn(&Tensor) -> candle_core::Result<Tensor>>,
+        pub(super) sum: Sum,
         pub(super) calls: std::cell::Cell<usize>,
     }
 
