@@ -373,7 +373,15 @@ fn check_and_time(
         .into_iter()
         .filter(|c| check::dtypes(c, device).contains(&dtype))
         .collect();
+    let started = std::time::Instant::now();
     let timings = time(&timed, dtype, &kernels, clock);
+    if !timings.is_empty() {
+        eprintln!(
+            "sweep train: {} kernels timed against their composed twins at the run's shapes in {:.1} s",
+            timings.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(Opened { failures, timings })
 }
 
