@@ -167,8 +167,10 @@ for step in "${STEPS[@]}"; do
             # One step of a small model: the device opens, the kernels
             # compile with NVRTC and a step runs.
             run $log "$SWEEP" bench train --device cuda --layers 1 --only 'ref-8b (1 layers)' --steps 1 --json "$OUT/first-step.json"
-            # The device-open self-check at ref-8b's shapes: its failures and time.
-            grep -h 'kernel self-check' "$OUT/$log" >"$OUT/selfcheck.txt" || echo "no self-check line" >"$OUT/selfcheck.txt"
+            # The device-open self-check at ref-8b's shapes: its failures, the
+            # kernels' times against their twins, and what each cost.
+            grep -h -e 'kernel self-check' -e 'timed against their composed twins' -e 'composed twin runs on this GPU' \
+                "$OUT/$log" >"$OUT/selfcheck.txt" || echo "no self-check line" >"$OUT/selfcheck.txt"
             cat "$OUT/selfcheck.txt"
             ;;
         tests)
