@@ -240,7 +240,7 @@ fn time(g: &StepGemm, device: &Device, dtype: DType, repeats: usize) -> Result<f
     let w = random((g.out, g.inp))?;
     let (x, dy) = (random((g.rows, g.inp))?, random((g.rows, g.out))?);
     let mut sum = Tensor::zeros((g.out, g.inp), dtype, device)?;
-    super::median_after_warmup(repeats, || {
+    crate::train::network::ops::check::median_after_warmup(repeats, || {
         device.synchronize()?;
         let start = Instant::now();
         match g.product {

@@ -34,20 +34,6 @@ pub fn preset_shapes(name: &str, vocab: Option<usize>) -> anyhow::Result<ModelCo
     Ok(cfg)
 }
 
-/// The median of `repeats` timed calls after one untimed warm-up; `call`
-/// makes one call and returns the seconds it took.
-pub fn median_after_warmup(
-    repeats: usize,
-    mut call: impl FnMut() -> anyhow::Result<f64>,
-) -> anyhow::Result<f64> {
-    call()?;
-    let mut times = (0..repeats.max(1))
-        .map(|_| call())
-        .collect::<anyhow::Result<Vec<f64>>>()?;
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
-}
-
 /// Runs `f` once and returns its result with the wall time it took.
 pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let t = Instant::now();

@@ -124,6 +124,17 @@ pub fn prepare(case: &Case, device: &Device, dtype: DType) -> Result<Vec<Tensor>
         .collect()
 }
 
+/// The median of `repeats` timed calls after one untimed warm-up; `call`
+/// makes one call and returns the seconds it took.
+pub fn median_after_warmup(repeats: usize, mut call: impl FnMut() -> Result<f64>) -> Result<f64> {
+    call()?;
+    let mut times = (0..repeats.max(1))
+        .map(|_| call())
+        .collect::<Result<Vec<f64>>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
 /// The median time of `repeats` calls of a case, by its kernel or its
 /// composed twin, after one warm-up, each on fresh inputs, waiting for the
 /// device after each.
@@ -134,7 +145,7 @@ pub fn time(
     repeats: usize,
     composed: bool,
 ) -> Result<f64> {
-    let once = || -> Result<f64> {
+    median_after_warmup(repeats, || {
         let inputs = prepare(case, device, dtype)?;
         device.synchronize()?;
         let start = std::time::Instant::now();
@@ -146,13 +157,7 @@ pub fn time(
         let elapsed = start.elapsed().as_secs_f64();
         drop(out);
         Ok(elapsed)
-    };
-    once()?;
-    let mut times = (0..repeats.max(1))
-        .map(|_| once())
-        .collect::<Result<Vec<f64>>>()?;
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    })
 }
 
 /// Every output's values in f32 on the host, one after another.
