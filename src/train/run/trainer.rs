@@ -398,10 +398,7 @@ fn cuda_device(
     {
         let device = device::cuda(local_rank, rt.cuda_pool)?;
         // The kernels see activations in the parameters' dtype.
-        let dtype = match cfg.precision {
-            crate::config::Precision::Bf16 => DType::BF16,
-            _ => DType::F32,
-        };
+        let (dtype, _) = crate::train::network::model::dtypes(cfg.precision, &device)?;
         let opened = ops::selfcheck::at_open(&device, policy, model, cfg.sequence_length, dtype)?;
         Ok((device, opened))
     }

@@ -259,9 +259,10 @@ pub(crate) mod testing {
     /// value rounded to nearest even, bit for bit, but where the value lies
     /// within `rel` (relative) or `abs` of a tie between two bf16 values,
     /// which the kernel's own f32 arithmetic (another order of additions)
-    /// may round the other way (`abs` for outputs that cancel). A store that truncates differs on about half the
-    /// values, and passes any tolerance (one bf16 step, 2^-8 relative).
-    /// f32 buffers pass (their tolerance is the caller's).
+    /// may round the other way (`abs` for outputs that cancel). A store that
+    /// truncates differs on about half the values, and passes any tolerance
+    /// (one bf16 step, 2^-8 relative). f32 buffers pass (their tolerance is
+    /// the caller's).
     pub fn assert_rounded(got: &Buffer, want: &Tensor, rel: f32, abs: f32) {
         if got.ty != Ty::Bf16 {
             return;
