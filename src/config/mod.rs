@@ -339,6 +339,10 @@ impl Features {
     };
 }
 
+fn is_zero(z: &u8) -> bool {
+    *z == 0
+}
+
 /// Special-token overrides (token strings) from the manifest or the command
 /// line; by default a tokenizer's own are used. A manifest spells them
 /// `bos_token`, `eos_token` and `pad_token` among the data keys
@@ -396,6 +400,11 @@ pub struct TrainConfig {
 
     // --- optimisation
     pub batch_size: BatchSize,
+    /// ZeRO stage over the data-parallel ranks: 0 every rank holds the whole
+    /// optimizer state, 1 each rank its shard of AdamW's moments, 2 also only
+    /// its shard of the summed gradients (docs/data-parallelism.md).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub zero: u8,
     pub gradient_accumulation: usize,
     pub training_steps: usize,
     pub learning_rate: f64,
@@ -455,6 +464,7 @@ impl Default for TrainConfig {
             device: DeviceKind::Cpu,
             kernels: None,
             batch_size: BatchSize::Fixed(1),
+            zero: 0,
             gradient_accumulation: 1,
             training_steps: 1000,
             learning_rate: 5e-5,

@@ -76,7 +76,8 @@ impl TrainConfig {
         let err = |key: &'static str, msg: String| Err(ConfigError::new(key, msg));
         // Every count, bounded where it is read: (key, value, least, most, what 0 means).
         #[rustfmt::skip]
-        let counts: [(&'static str, usize, usize, usize, &str); 16] = [
+        let counts: [(&'static str, usize, usize, usize, &str); 17] = [
+            ("zero", self.zero as usize, 0, 2, " (0: off, 1: optimizer states sharded, 2: gradients too)"),
             ("sequence_length", self.sequence_length, 1, MAX_SEQUENCE_LENGTH, ""),
             ("batch_size", self.batch_size.fixed().unwrap_or(1), 1, MAX_BATCH_SIZE, ""),
             ("gradient_accumulation", self.gradient_accumulation, 1, MAX_GRADIENT_ACCUMULATION, ""),

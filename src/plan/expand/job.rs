@@ -125,6 +125,14 @@ impl Shared<'_> {
         cfg: &TrainConfig,
     ) -> Result<(), Box<Diagnostic>> {
         let tasks = slurm.tasks();
+        if tasks <= 1 && cfg.zero > 0 {
+            let msg = format!(
+                "`zero = {}` shards the optimizer over the data-parallel ranks, and this run has one: \
+                 give it several (`slurm.nodes` × `slurm.ntasks_per_node`), or `zero = 0`",
+                cfg.zero
+            );
+            return Err(self.error_in(&a.params, Some("zero"), &msg));
+        }
         if tasks <= 1 {
             return Ok(());
         }

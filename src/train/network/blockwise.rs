@@ -114,7 +114,7 @@ pub struct Probe<'a> {
     /// Called as the backward pass finishes parameters' gradients (for this
     /// pass): the gradients may be summed across ranks from then on while
     /// the rest of the backward runs.
-    pub on_ready: &'a mut dyn FnMut(Finished, &Grads) -> Result<()>,
+    pub on_ready: &'a mut dyn FnMut(Finished, &mut Grads) -> Result<()>,
 }
 
 /// Which parameters' gradients a backward pass has just finished, in the

@@ -20,6 +20,9 @@ pub struct Grads {
     by_name: BTreeMap<String, Tensor>,
     /// The parameter behind each weight tensor, for the block-wise pass.
     names: HashMap<candle_core::TensorId, String>,
+    /// Buffers dropped once their sums were scattered (ZeRO-2), made
+    /// again, zero, when a pass next adds to them: each one's zeros.
+    released: BTreeMap<String, (candle_core::Shape, candle_core::DType, candle_core::Device)>,
 }
 
 impl Grads {
@@ -36,6 +39,14 @@ impl Grads {
         Ok(g)
     }
 
+    /// Gradients given by name (ZeRO's blocks of the sums, by piece).
+    pub fn of(named: impl Iterator<Item = (String, Tensor)>) -> Grads {
+        Grads {
+            by_name: named.collect(),
+            ..Default::default()
+        }
+    }
+
     /// Every buffer back to zero, in place where it can be: a new step.
     pub fn zero(&mut self) -> Result<()> {
         for t in self.by_name.values_mut() {
@@ -49,7 +60,28 @@ impl Grads {
             .names
             .get(&weight.id())
             .ok_or_else(|| anyhow!("a gradient for a tensor that is no parameter"))?;
+        if let Some((shape, dtype, device)) = self.released.remove(name) {
+            let zeros = Tensor::zeros(shape, dtype, &device)?;
+            self.by_name.insert(name.clone(), zeros);
+        }
         Ok(self.by_name.get_mut(name).expect("a buffer per name"))
+    }
+
+    /// Drops the buffer of `name` until a pass next adds to it (ZeRO-2,
+    /// once its sum is scattered: only the shard's sums stay).
+    pub fn release(&mut self, name: &str) {
+        if let Some(t) = self.by_name.remove(name) {
+            let like = (t.shape().clone(), t.dtype(), t.device().clone());
+            self.released.insert(name.to_string(), like);
+        }
+    }
+
+    /// The bytes the buffers held now take.
+    pub fn bytes(&self) -> usize {
+        self.by_name
+            .values()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
     }
 
     /// The buffer of `weight` += g.

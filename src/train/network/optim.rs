@@ -60,9 +60,15 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(params: &Params, cfg: &TrainConfig) -> Result<AdamW> {
-        let slots = params
-            .iter()
-            .map(|(name, var)| {
+        let slots = params.iter().map(|(name, var)| (name.clone(), var.clone(), var.rank() >= 2));
+        AdamW::over(slots, cfg)
+    }
+
+    /// AdamW over named variables, each with weight decay or not (ZeRO's
+    /// pieces of parameters, which are 1-D whatever their parameter was).
+    pub fn over(vars: impl Iterator<Item = (String, Var, bool)>, cfg: &TrainConfig) -> Result<AdamW> {
+        let slots = vars
+            .map(|(name, var, decay)| {
                 let host = var.device().is_cpu() && var.dtype() == DType::F32;
                 let moments = if host {
                     Moments::Host {
@@ -76,9 +82,9 @@ impl AdamW {
                     }
                 };
                 Ok(Slot {
-                    name: name.clone(),
-                    var: var.clone(),
-                    decay: var.rank() >= 2,
+                    name,
+                    var,
+                    decay,
                     moments,
                 })
             })
@@ -91,6 +97,23 @@ impl AdamW {
             eps: cfg.eps,
             weight_decay: cfg.weight_decay,
         })
+    }
+
+    /// Each variable the optimizer updates, by name, in its order.
+    pub fn vars(&self) -> impl Iterator<Item = (&str, &Var)> {
+        self.slots.iter().map(|s| (s.name.as_str(), &s.var))
+    }
+
+    /// The bytes the two moments take.
+    pub fn moment_bytes(&self) -> usize {
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        self.slots
+            .iter()
+            .map(|s| match &s.moments {
+                Moments::Host { m, v } => 4 * (m.len() + v.len()),
+                Moments::Device { m, v } => bytes(m) + bytes(v),
+            })
+            .sum()
     }
 
     /// One update with learning rate `lr`, gradients scaled by the clip

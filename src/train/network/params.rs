@@ -142,6 +142,12 @@ impl Params {
             .ok_or_else(|| anyhow!("no parameter `{name}`"))
     }
 
+    pub fn var(&self, name: &str) -> Result<&Var> {
+        self.vars
+            .get(name)
+            .ok_or_else(|| anyhow!("no parameter `{name}`"))
+    }
+
     pub fn get(&self, name: &str) -> Result<Tensor> {
         self.vars
             .get(name)

@@ -230,7 +230,10 @@ fn resume(t: &mut Trainer, run_dir: &Path) -> Result<Start> {
         cfg.gradient_accumulation,
         &dir,
     )?;
-    checkpoint::restore(&dir, &state, &t.params, &mut t.opt, &t.device)?;
+    checkpoint::restore(&dir, &state, &t.params, t.opt.adamw_mut(), &t.device)?;
+    if let trainer::Optimizer::Sharded(z) = &mut t.opt {
+        z.refresh(&t.params)?;
+    }
     start.stream.restore(resume.loader)?;
     start.monitor.state = state.monitor.clone();
     t.cfg.gradient_accumulation = resume.gradient_accumulation;
@@ -463,6 +466,12 @@ fn finish(t: &Trainer, elapsed: f64) -> Result<ExitCode> {
         }
     }
     if ranks.is_main() {
+        let b = t.state_bytes()?;
+        eprintln!(
+            "sweep train: rank 0 keeps {} B of parameters, {} B of gradient buffers, {} B of gradient sums, \
+             {} B of master values and {} B of moments (zero = {})",
+            b.params, b.grads, b.grad_sums, b.master, b.moments, t.cfg.zero
+        );
         eprintln!(
             "sweep train: done, {} steps in {elapsed:.1} s of training",
             t.cfg.training_steps
@@ -564,7 +573,7 @@ fn save_checkpoint(
     let ranks = t.ranks();
     let state = checkpoint::TrainState {
         step,
-        optimizer_steps: t.opt.t,
+        optimizer_steps: t.opt.adamw().t,
         loader: position.clone(),
         world_size: ranks.world_size,
         other_ranks: Vec::new(),
@@ -578,10 +587,14 @@ fn save_checkpoint(
         monitor: monitor.state.clone(),
         elapsed_s,
         sweep_version: env!("CARGO_PKG_VERSION").into(),
+        // Set by the save, which knows who wrote what.
+        optimizer_shards: 0,
     };
     if ranks.world_size > 1 {
         t.check_replicas()
             .with_context(|| format!("checkpoint at step {step}"))?;
     }
-    checkpoint::save_all_ranks(run_dir, &t.params, &t.opt, state, &*t.comm, &t.device)
+    let sharded = matches!(t.opt, trainer::Optimizer::Sharded(_));
+    let opt = (t.opt.adamw(), sharded);
+    checkpoint::save_all_ranks(run_dir, &t.params, opt, state, &*t.comm, &t.device)
 }

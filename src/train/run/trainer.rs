@@ -4,7 +4,7 @@
 //! The process around it — threads, signals, resuming, the step loop — is
 //! [`super::run`].
 
-use super::dist::{self, Collective, GradientLayout, GradientSum, Ranks};
+use super::dist::{self, Collective, GradientLayout, GradientSum, Ranks, Sharded};
 use crate::config::{BatchSize, DeviceKind, RuntimeOptions, TrainConfig};
 use crate::data::Batch;
 use crate::data::{DataSpec, SampleStream, SourceSpec, TextTokenizer};
@@ -27,7 +27,7 @@ pub struct Trainer {
     pub device: Device,
     pub params: Params,
     pub model: Llama,
-    pub opt: AdamW,
+    pub opt: Optimizer,
     pub spec: DataSpec,
     pub threads: usize,
     /// The engine that sums gradients across ranks ([`dist::Single`] alone).
@@ -49,6 +49,46 @@ pub struct Trainer {
     /// A bf16-mixed run on a CPU whose bf16 kernel is slower than its f32
     /// GEMM multiplies in f32: the two peaks (FLOP/s), bf16's first.
     pub f32_products: Option<(f64, f64)>,
+}
+
+/// AdamW over the whole model on every rank, or over this rank's share of
+/// it (`zero` ≥ 1).
+pub enum Optimizer {
+    Replicated(AdamW),
+    Sharded(Sharded),
+}
+
+impl Optimizer {
+    /// The AdamW that updates: its step count, and the moments checkpoints keep.
+    pub fn adamw(&self) -> &AdamW {
+        match self {
+            Optimizer::Replicated(opt) => opt,
+            Optimizer::Sharded(z) => &z.opt,
+        }
+    }
+
+    pub fn adamw_mut(&mut self) -> &mut AdamW {
+        match self {
+            Optimizer::Replicated(opt) => opt,
+            Optimizer::Sharded(z) => &mut z.opt,
+        }
+    }
+}
+
+/// The bytes one rank keeps from step to step (the trainer's own
+/// accounting of its buffers, not the process's resident memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateBytes {
+    /// The whole model's parameters (every rank computes with all of them).
+    pub params: usize,
+    /// The gradient buffers held now (ZeRO-2 drops them once summed).
+    pub grads: usize,
+    /// The buffers the sums travel in and land in.
+    pub grad_sums: usize,
+    /// ZeRO's pieces of the parameters (their master values; none without it).
+    pub master: usize,
+    /// AdamW's two moments.
+    pub moments: usize,
 }
 
 /// Where a step's time went, in seconds. Without [`Trainer::sync_forward`]
@@ -140,7 +180,6 @@ impl Trainer {
         let params = model_spec.init_params(cfg.seed)?;
         broadcast_params(&*comm, &params)?;
         let model = Llama::new(&params, &model_spec)?;
-        let opt = AdamW::new(&params, &cfg)?;
         let source = match (cfg.pretokenized, &cfg.pretokenized_path) {
             (true, Some(path)) => SourceSpec::Pretokenized { path: path.clone() },
             (true, None) => bail!("`pretokenized = true` needs `pretokenized_path` (the planner sets it from its pretokenize stage)"),
@@ -157,7 +196,15 @@ impl Trainer {
             holdout: cfg.validation_documents,
         };
         let grads = Grads::buffers_for(&params)?;
-        let layout = GradientLayout::new(&grads, &model.stages())?;
+        let mut layout = GradientLayout::new(&grads, &model.stages())?;
+        let opt = match cfg.zero {
+            0 => Optimizer::Replicated(AdamW::new(&params, &cfg)?),
+            stage => {
+                layout.shard(stage, ranks.world_size, &grads)?;
+                let share = (ranks.rank, ranks.world_size);
+                Optimizer::Sharded(Sharded::new(&layout, &params, &cfg, share)?)
+            }
+        };
         Ok(Trainer {
             cfg,
             model_spec,
@@ -179,6 +226,25 @@ impl Trainer {
 
     pub fn ranks(&self) -> Ranks {
         self.comm.ranks()
+    }
+
+    /// What this rank keeps from step to step, by kind.
+    pub fn state_bytes(&self) -> Result<StateBytes> {
+        let mut params = 0;
+        for (_, v) in self.params.iter() {
+            params += v.elem_count() * v.dtype().size_in_bytes();
+        }
+        let (master, moments) = match &self.opt {
+            Optimizer::Replicated(opt) => (0, opt.moment_bytes()),
+            Optimizer::Sharded(z) => z.bytes(),
+        };
+        Ok(StateBytes {
+            params,
+            grads: self.grads.bytes(),
+            grad_sums: self.layout.sum_bytes(),
+            master,
+            moments,
+        })
     }
 
     /// One optimizer step over this rank's micro-batches: forward and
@@ -216,7 +282,7 @@ impl Trainer {
                     (micro, stop, self.sync_forward),
                     global.max(1.0),
                     memory,
-                    &mut sum,
+                    (&mut sum, &*self.comm),
                 )?;
                 let t1 = Instant::now();
                 sum.finish(&*self.comm, &mut self.grads)?;
@@ -231,11 +297,19 @@ impl Trainer {
         if !loss.is_finite() {
             bail!("the loss ({loss}) is not finite; try a lower learning_rate");
         }
-        // On a GPU the norm and the clip scale stay on the device: AdamW
-        // reads the scale there, and the host reads the norm once, after the
-        // update is queued (a non-finite norm makes the update change nothing).
-        let clipping = grads.clipping(self.cfg.grad_clip)?;
-        let grad_norm = self.opt.step(&self.grads, lr, &clipping)?;
+        let grad_norm = match &mut self.opt {
+            Optimizer::Replicated(opt) => {
+                // On a GPU the norm and the clip scale stay on the device: AdamW
+                // reads the scale there, and the host reads the norm once, after
+                // the update is queued (a non-finite norm changes nothing).
+                let clipping = grads.clipping(self.cfg.grad_clip)?;
+                opt.step(grads, lr, &clipping)?
+            }
+            Optimizer::Sharded(z) => {
+                let clip = (lr, self.cfg.grad_clip);
+                z.step(&self.layout, &self.params, clip, &*self.comm)?
+            }
+        };
         if !grad_norm.is_finite() {
             bail!("the gradient norm ({grad_norm}) is not finite (loss {loss}); try a lower learning_rate");
         }
@@ -306,7 +380,7 @@ fn forward_backward(
     (micro, stop, sync_forward): (&[Batch], Option<&StopSignals>, bool),
     divisor: f64,
     memory: &mut device::PeakMemory,
-    sum: &mut GradientSum<'_>,
+    (sum, comm): (&mut GradientSum<'_>, &dyn Collective),
 ) -> Result<(f64, f64)> {
     grads.zero()?;
     let (mut loss, mut forward_s) = (0.0, 0.0);
@@ -320,7 +394,7 @@ fn forward_backward(
         let probe = Probe {
             at_peak: &mut || memory.sample(device),
             sync_forward,
-            on_ready: &mut |f, g| if last { sum.finished(f, g) } else { Ok(()) },
+            on_ready: &mut |f, g| if last { sum.finished(f, g, comm) } else { Ok(()) },
         };
         let pass = model.forward_backward_probed(tokens, &b.labels, divisor, grads, probe)?;
         loss += pass.loss;
@@ -520,6 +594,23 @@ mod tests {
 
     /// Per-step losses of a small model on the bundled text.
     fn losses_on_real_text(precision: Precision, steps: usize) -> Result<Vec<f64>> {
+        losses_sharded(precision, steps, 0)
+    }
+
+    /// ZeRO on one rank: one block holds everything, and the curve is the
+    /// replicated one's (the norm summed in another order: not bit for bit).
+    #[test]
+    fn zero_on_one_rank_follows_the_replicated_curve() -> Result<()> {
+        let plain = losses_on_real_text(Precision::F32, 8)?;
+        for zero in [1, 2] {
+            for (step, (a, b)) in plain.iter().zip(losses_sharded(Precision::F32, 8, zero)?).enumerate() {
+                assert!((a - b).abs() <= 1e-6 * a, "zero {zero}, step {}: {a} vs {b}", step + 1);
+            }
+        }
+        Ok(())
+    }
+
+    fn losses_sharded(precision: Precision, steps: usize, zero: u8) -> Result<Vec<f64>> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let cfg = TrainConfig {
             dataset: root.join("assets/data/quickstart.parquet"),
@@ -529,6 +620,7 @@ mod tests {
             learning_rate: 3e-3,
             warmup_steps: 3,
             precision,
+            zero,
             architecture: ModelOverrides {
                 dim: Some(32),
                 n_layers: Some(1),

@@ -73,7 +73,8 @@ pub enum Clipping {
 }
 
 impl Clipping {
-    fn from_norm(norm: f64, max_norm: f64) -> Clipping {
+    /// The clipping of a norm computed elsewhere (ZeRO's, from every rank's block).
+    pub fn from_norm(norm: f64, max_norm: f64) -> Clipping {
         let scale = if !norm.is_finite() {
             f64::NAN
         } else if max_norm > 0.0 && norm > max_norm {

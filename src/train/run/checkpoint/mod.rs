@@ -28,6 +28,12 @@ const KEEP: usize = 2;
 
 const MODEL: &str = "model.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
+/// Rank r's moments, in a checkpoint of a ZeRO run: `optimizer-rank-<r>.safetensors`.
+const SHARD_PREFIX: &str = "optimizer-rank-";
+
+fn shard_file(rank: usize) -> String {
+    format!("{SHARD_PREFIX}{rank}.safetensors")
+}
 const STATE: &str = "state.json";
 /// The table of contents, written last: its presence and agreement with the
 /// files make a checkpoint whole.
@@ -86,7 +92,25 @@ pub struct TrainState {
     pub monitor: MonitorState,
     /// Seconds of training before this checkpoint (the metrics' elapsed_s continues from it).
     pub elapsed_s: f64,
+    /// ZeRO: the moments are in one file per rank, this many
+    /// ([`shard_file`]); 0: in one file.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub optimizer_shards: usize,
     pub sweep_version: String,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl TrainState {
+    /// The files a checkpoint of this state holds the moments in.
+    fn optimizer_files(&self) -> Vec<String> {
+        match self.optimizer_shards {
+            0 => vec![OPTIMIZER.to_string()],
+            n => (0..n).map(shard_file).collect(),
+        }
+    }
 }
 
 fn one() -> usize {
@@ -275,13 +299,15 @@ fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
 
 /// Writes a checkpoint of every rank's state: in the contiguous order ranks
 /// other than 0 leave their data position beside the checkpoints and rank 0
-/// gathers them into its `state.json`; rank 0 writes the model and optimizer
-/// (identical on every rank). Every rank returns once the checkpoint is complete, so a rank that
-/// exits afterwards (to be requeued) cannot leave it half-written.
+/// gathers them into its `state.json`; rank 0 writes the model (identical on
+/// every rank) and the optimizer's moments, or, when `sharded` (ZeRO), every
+/// rank its own share of them, which rank 0 moves in. Every rank returns once
+/// the checkpoint is complete, so a rank that exits afterwards (to be
+/// requeued) cannot leave it half-written.
 pub fn save_all_ranks(
     run_dir: &Path,
     params: &Params,
-    opt: &AdamW,
+    (opt, sharded): (&AdamW, bool),
     mut state: TrainState,
     comm: &dyn Collective,
     device: &Device,
@@ -289,17 +315,25 @@ pub fn save_all_ranks(
     let ranks = comm.ranks();
     let root = run_dir.join(DIR);
     let rank_file = |r: usize| root.join(format!(".rank-{r}-step-{:08}.json", state.step));
+    let shard_path = |r: usize| root.join(format!(".rank-{r}-step-{:08}.safetensors", state.step));
     // In the global order every rank stands at the same position: rank 0's
     // is everyone's.
     let per_rank = state.data_order == DataOrder::Contiguous && ranks.world_size > 1;
-    if !ranks.is_main() && per_rank {
+    if !ranks.is_main() && (per_rank || sharded) {
         crate::util::fs::make_dir(&root)?;
-        crate::util::fs::write_atomic(&rank_file(ranks.rank), &serde_json::to_vec(&state.loader)?)?;
+        if per_rank {
+            crate::util::fs::write_atomic(&rank_file(ranks.rank), &serde_json::to_vec(&state.loader)?)?;
+        }
+        if sharded {
+            tensors::write_optimizer(&shard_path(ranks.rank), opt)
+                .with_context(|| format!("writing rank {}'s share of the optimizer's moments", ranks.rank))?;
+        }
     }
     dist::barrier(comm, device)?;
     let dest = step_dir(run_dir, state.step);
     if ranks.is_main() {
         state.world_size = ranks.world_size;
+        state.optimizer_shards = if sharded { ranks.world_size } else { 0 };
         let others = if per_rank { 1..ranks.world_size } else { 0..0 };
         state.other_ranks = others
             .clone()
@@ -311,7 +345,11 @@ pub fn save_all_ranks(
                 Ok(serde_json::from_slice(&bytes)?)
             })
             .collect::<Result<_>>()?;
-        save(run_dir, params, opt, &state)?;
+        let moments = match sharded {
+            false => Moments::Whole(opt),
+            true => Moments::Shards(opt, (1..ranks.world_size).map(shard_path).collect()),
+        };
+        save_with(run_dir, params, moments, &state)?;
         for r in others {
             let _ = std::fs::remove_file(rank_file(r));
         }
@@ -320,7 +358,19 @@ pub fn save_all_ranks(
     Ok(dest)
 }
 
+/// Where a checkpoint's moments come from: rank 0's optimizer, whole, or
+/// its share and the files of ranks 1, 2, … (ZeRO).
+enum Moments<'a> {
+    Whole(&'a AdamW),
+    Shards(&'a AdamW, Vec<PathBuf>),
+}
+
+#[cfg(test)]
 pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &TrainState) -> Result<PathBuf> {
+    save_with(run_dir, params, Moments::Whole(opt), state)
+}
+
+fn save_with(run_dir: &Path, params: &Params, moments: Moments<'_>, state: &TrainState) -> Result<PathBuf> {
     let root = run_dir.join(DIR);
     let dest = step_dir(run_dir, state.step);
     // A full disk (or any failure) names the checkpoint and the file.
@@ -331,13 +381,25 @@ pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &TrainState) ->
         .tempdir_in(&root)
         .with_context(|| format!("creating a checkpoint in {}", root.display()))?;
     tensors::write_model(&tmp.path().join(MODEL), params).with_context(|| writing(MODEL))?;
-    tensors::write_optimizer(&tmp.path().join(OPTIMIZER), opt)
-        .with_context(|| writing(OPTIMIZER))?;
+    let optimizer = state.optimizer_files();
+    match moments {
+        Moments::Whole(opt) => tensors::write_optimizer(&tmp.path().join(OPTIMIZER), opt)
+            .with_context(|| writing(OPTIMIZER))?,
+        Moments::Shards(opt, others) => {
+            tensors::write_optimizer(&tmp.path().join(&optimizer[0]), opt)
+                .with_context(|| writing(&optimizer[0]))?;
+            for (from, name) in others.iter().zip(&optimizer[1..]) {
+                std::fs::rename(from, tmp.path().join(name))
+                    .with_context(|| format!("moving {} into {}", from.display(), writing(name)))?;
+            }
+        }
+    }
     std::fs::write(tmp.path().join(STATE), serde_json::to_vec_pretty(state)?)
         .with_context(|| writing(STATE))?;
     // The table of contents last: it vouches for the files above.
-    let contents =
-        Contents::of(tmp.path(), &[MODEL, OPTIMIZER, STATE]).with_context(|| writing(CONTENTS))?;
+    let mut files = vec![MODEL, STATE];
+    files.extend(optimizer.iter().map(String::as_str));
+    let contents = Contents::of(tmp.path(), &files).with_context(|| writing(CONTENTS))?;
     std::fs::write(
         tmp.path().join(CONTENTS),
         serde_json::to_vec_pretty(&contents)?,
@@ -363,10 +425,13 @@ pub fn remove_partial(run_dir: &Path) {
         .flatten()
         .flatten()
     {
-        if e.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
-            && e.file_type().is_ok_and(|t| t.is_dir())
-        {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is = |dir: bool| e.file_type().is_ok_and(|t| t.is_dir() == dir && !t.is_symlink());
+        if name.starts_with(TEMP_PREFIX) && is(true) {
             let _ = std::fs::remove_dir_all(e.path());
+        } else if name.starts_with(".rank-") && is(false) {
+            // A rank's share written for a checkpoint that never finished.
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
@@ -469,32 +534,9 @@ pub fn at_step(run_dir: &Path, step: usize) -> Result<(PathBuf, TrainState)> {
 /// The state of a whole checkpoint, or why it is not one.
 fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
     use crate::util::fs::read_regular;
-    let contents_path = dir.join(CONTENTS);
-    match read_regular(&contents_path, 1 << 20, None) {
-        Ok(bytes) => {
-            let contents: Contents = serde_json::from_slice(&bytes)
-                .map_err(|e| format!("its {CONTENTS} is damaged ({e})"))?;
-            for f in [MODEL, OPTIMIZER, STATE] {
-                let want = contents
-                    .files
-                    .get(f)
-                    .ok_or_else(|| format!("its {CONTENTS} does not list {f}"))?;
-                let path = dir.join(f);
-                let size = std::fs::metadata(&path)
-                    .map_err(|e| format!("{f}: {e}"))?
-                    .len();
-                if size != want.bytes {
-                    return Err(format!(
-                        "{f} is {size} bytes, and {CONTENTS} says it was written with {} (truncated?)",
-                        want.bytes
-                    ));
-                }
-                let got = FileEntry::of(&path).map_err(|e| format!("{e:#}"))?;
-                if got != *want {
-                    return Err(format!("{f} does not hash to what {CONTENTS} recorded (damaged since it was written)"));
-                }
-            }
-        }
+    let contents: Contents = match read_regular(&dir.join(CONTENTS), 1 << 20, None) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("its {CONTENTS} is damaged ({e})"))?,
         // Written last: without it the checkpoint was never finished (or
         // an earlier build wrote it), and nothing vouches for its files.
         Err(crate::util::fs::ReadError::NotFound) => {
@@ -503,10 +545,46 @@ fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
             ))
         }
         Err(e) => return Err(format!("{CONTENTS} {e}")),
+    };
+    for f in [MODEL, STATE] {
+        if !contents.files.contains_key(f) {
+            return Err(format!("its {CONTENTS} does not list {f}"));
+        }
+    }
+    for (f, want) in &contents.files {
+        let shard = f
+            .strip_prefix(SHARD_PREFIX)
+            .and_then(|r| r.strip_suffix(".safetensors"))
+            .is_some_and(|r| r.parse::<usize>().is_ok());
+        if !shard && ![MODEL, STATE, OPTIMIZER].contains(&f.as_str()) {
+            return Err(format!("its {CONTENTS} lists {f:?}, which no checkpoint holds"));
+        }
+        let path = dir.join(f);
+        let size = std::fs::metadata(&path)
+            .map_err(|e| format!("{f}: {e}"))?
+            .len();
+        if size != want.bytes {
+            return Err(format!(
+                "{f} is {size} bytes, and {CONTENTS} says it was written with {} (truncated?)",
+                want.bytes
+            ));
+        }
+        let got = FileEntry::of(&path).map_err(|e| format!("{e:#}"))?;
+        if got != *want {
+            return Err(format!("{f} does not hash to what {CONTENTS} recorded (damaged since it was written)"));
+        }
     }
     let path = dir.join(STATE);
     let bytes = read_regular(&path, MAX_STATE_BYTES, None).map_err(|e| format!("{STATE} {e}"))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{STATE} is not a checkpoint state: {e}"))
+    let state: TrainState = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{STATE} is not a checkpoint state: {e}"))?;
+    if state.optimizer_shards > MAX_WORLD_SIZE {
+        return Err(format!("{STATE} says {} ranks share the optimizer: the checkpoint is damaged", state.optimizer_shards));
+    }
+    match state.optimizer_files().into_iter().find(|f| !contents.files.contains_key(f)) {
+        Some(f) => Err(format!("its {CONTENTS} does not list {f}")),
+        None => Ok(state),
+    }
 }
 
 #[cfg(test)]
@@ -534,6 +612,7 @@ mod tests {
             monitor: Default::default(),
             elapsed_s: 1.0,
             sweep_version: "0".into(),
+            optimizer_shards: 0,
         }
     }
 

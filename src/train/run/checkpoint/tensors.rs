@@ -5,7 +5,7 @@
 //! whose memory the run already fills, a second copy of AdamW's moments is
 //! what the kernel's out-of-memory killer ends).
 
-use super::{TrainState, MODEL, OPTIMIZER};
+use super::{TrainState, MODEL};
 use crate::train::network::optim::{AdamW, MomentsMut, MomentsRef};
 use crate::train::network::params::Params;
 use anyhow::{bail, ensure, Context, Result};
@@ -101,7 +101,9 @@ pub fn write_optimizer(path: &Path, opt: &AdamW) -> Result<()> {
 }
 
 /// Loads a checkpoint's tensors into the model and optimizer, one tensor at
-/// a time (the optimizer's host buffers in place).
+/// a time (the optimizer's host buffers in place). The moments are read by
+/// range from wherever the checkpoint holds them — one file, or one per rank
+/// of a ZeRO run — so a checkpoint resumes on any world size and any `zero`.
 pub fn restore(
     dir: &Path,
     state: &TrainState,
@@ -114,26 +116,99 @@ pub fn restore(
     params
         .load(model.names(), |name| model.load(name, device))
         .with_context(resuming)?;
-    let optim = TensorFile::open(&dir.join(OPTIMIZER))?;
-    opt.load_moments(state.optimizer_steps, |name, shape, moments| {
-        let (m, v) = (format!("m.{name}"), format!("v.{name}"));
-        match moments {
-            MomentsMut::Host { m: hm, v: hv } => {
-                optim.read_f32_into(&m, shape, hm)?;
-                optim.read_f32_into(&v, shape, hv)
+    let files = state
+        .optimizer_files()
+        .iter()
+        .map(|f| TensorFile::open(&dir.join(f)))
+        .collect::<Result<Vec<_>>>()?;
+    read_moments(&files, state.optimizer_steps, opt).with_context(resuming)
+}
+
+/// Sets `opt`'s step count to `t` and each of its variables' moments from
+/// `files`, by the ranges its variables name.
+fn read_moments(files: &[TensorFile], t: u64, opt: &mut AdamW) -> Result<()> {
+    let moments = Pieces::index(files)?;
+    opt.load_moments(t, |slot, shape, into| {
+        let (param, range) = piece_of(slot, shape.iter().product())?;
+        match into {
+            MomentsMut::Host { m, v } => {
+                moments.read('m', param, &range, m)?;
+                moments.read('v', param, &range, v)
             }
-            MomentsMut::Device {
-                m: dm,
-                v: dv,
-                dtype,
-            } => {
-                *dm = optim.load(&m, dm.device())?.to_dtype(dtype)?;
-                *dv = optim.load(&v, dv.device())?.to_dtype(dtype)?;
+            MomentsMut::Device { m, v, dtype } => {
+                for (kind, t) in [('m', m), ('v', v)] {
+                    let mut values = vec![0f32; range.len()];
+                    moments.read(kind, param, &range, &mut values)?;
+                    *t = Tensor::from_vec(values, shape, t.device())?.to_dtype(dtype)?;
+                }
                 Ok(())
             }
         }
     })
-    .with_context(resuming)
+}
+
+/// The parameter and its element range an optimizer slot or a checkpoint
+/// entry names: `name` (the whole of its `len` elements) or ZeRO's piece
+/// `name[a..b]`.
+fn piece_of(slot: &str, len: usize) -> Result<(&str, std::ops::Range<usize>)> {
+    let Some(inner) = slot.strip_suffix(']') else {
+        return Ok((slot, 0..len));
+    };
+    let parsed = inner.rsplit_once('[').and_then(|(name, range)| {
+        let (a, b) = range.split_once("..")?;
+        Some((name, a.parse().ok()?..b.parse().ok()?))
+    });
+    match parsed {
+        Some((name, r)) if r.start <= r.end && r.len() == len => Ok((name, r)),
+        _ => bail!("`{slot}` ({len} values) names no part of a parameter"),
+    }
+}
+
+/// Where each parameter's moments lie in a checkpoint's optimizer files: by
+/// moment (`m`, `v`) and parameter, the entries holding its ranges.
+struct Pieces<'a> {
+    by_param: BTreeMap<(char, &'a str), Vec<(std::ops::Range<usize>, &'a TensorFile, &'a str)>>,
+}
+
+impl<'a> Pieces<'a> {
+    fn index(files: &'a [TensorFile]) -> Result<Pieces<'a>> {
+        let mut by_param: BTreeMap<_, Vec<_>> = BTreeMap::new();
+        for file in files {
+            for (entry, info) in &file.tensors {
+                let kind = match entry.split_at_checked(2) {
+                    Some(("m.", _)) => 'm',
+                    Some(("v.", _)) => 'v',
+                    _ => continue,
+                };
+                let (param, range) = piece_of(&entry[2..], info.shape.iter().product())
+                    .with_context(|| format!("{}", file.path.display()))?;
+                by_param.entry((kind, param)).or_default().push((range, file, entry.as_str()));
+            }
+        }
+        by_param.values_mut().for_each(|v| v.sort_by_key(|(r, ..)| r.start));
+        Ok(Pieces { by_param })
+    }
+
+    /// Moment `kind`'s values of `param` over `range`, into `into`: every
+    /// value from exactly one entry, or an error.
+    fn read(&self, kind: char, param: &str, range: &std::ops::Range<usize>, into: &mut [f32]) -> Result<()> {
+        let mut next = range.start;
+        for (r, file, entry) in self.by_param.get(&(kind, param)).into_iter().flatten() {
+            if r.end <= next || next == range.end {
+                continue;
+            }
+            ensure!(r.start <= next, "the checkpoint lacks {kind}.{param}[{next}..{}]", r.start);
+            let end = r.end.min(range.end);
+            file.read_f32_range(entry, next - r.start, &mut into[next - range.start..end - range.start])?;
+            next = end;
+        }
+        ensure!(
+            next == range.end && into.len() == range.len(),
+            "the checkpoint lacks {kind}.{param}[{next}..{}]: is it from another model?",
+            range.end
+        );
+        Ok(())
+    }
 }
 
 /// A tensor file opened for reading: its table of tensors, checked against
@@ -212,22 +287,25 @@ impl TensorFile {
             .with_context(|| format!("reading {}", self.path.display()))
     }
 
-    /// Reads f32 tensor `name`, of `shape`, into `into`.
-    pub fn read_f32_into(&self, name: &str, shape: &[usize], into: &mut [f32]) -> Result<()> {
+    /// Values `from`.. of tensor `name` (f32 or bf16) as f32, into `into`.
+    fn read_f32_range(&self, name: &str, from: usize, into: &mut [f32]) -> Result<()> {
         let info = self.info(name)?;
-        if info.dtype != Dtype::F32 || info.shape != shape {
-            bail!(
-                "{}: `{name}` is {:?} {:?}, not F32 {shape:?}",
-                self.path.display(),
-                info.dtype,
-                info.shape
-            );
+        let len: usize = info.shape.iter().product();
+        ensure!(from + into.len() <= len, "{}: `{name}` has {len} values", self.path.display());
+        let at = |size: usize| self.data_start + (info.data_offsets.0 + from * size) as u64;
+        let reading = || format!("reading {}", self.path.display());
+        match info.dtype {
+            Dtype::F32 => self.file.read_exact_at(bytemuck::cast_slice_mut(into), at(4)).with_context(reading),
+            Dtype::BF16 => {
+                let mut raw = vec![0u16; into.len()];
+                self.file.read_exact_at(bytemuck::cast_slice_mut(&mut raw), at(2)).with_context(reading)?;
+                for (x, b) in into.iter_mut().zip(raw) {
+                    *x = half::bf16::from_bits(b).to_f32();
+                }
+                Ok(())
+            }
+            other => bail!("{}: `{name}` is {other:?}, not F32 or BF16", self.path.display()),
         }
-        ensure!(
-            into.len() == shape.iter().product::<usize>(),
-            "`{name}`: buffer size"
-        );
-        self.read_at(info, bytemuck::cast_slice_mut(into))
     }
 
     /// Tensor `name` on `device`.
@@ -246,6 +324,57 @@ mod tests {
     use super::super::{save, tests::state};
     use super::*;
     use crate::config::DataOrder;
+
+    /// Moments written by three ZeRO ranks are read back by a plain run and
+    /// by each rank of two: every value from the rank that held it.
+    #[test]
+    fn sharded_moments_resume_on_another_world_size_and_unsharded() -> Result<()> {
+        use crate::train::run::dist::{GradientLayout, Sharded};
+        let (model, grads, params) = crate::train::run::dist::buckets::tests::tiny_model();
+        let layout = GradientLayout::new(&grads, &model.stages())?;
+        let cfg = crate::config::TrainConfig::default();
+        // Each value's moments say where they belong.
+        let planted = |param: &str, i: usize| (param.len() * 1000 + i) as f32;
+        let fill = |slot: &str, into: MomentsMut<'_>| -> Result<()> {
+            let MomentsMut::Host { m, v } = into else { bail!("host moments") };
+            let (param, range) = piece_of(slot, m.len())?;
+            for (k, i) in range.enumerate() {
+                (m[k], v[k]) = (planted(param, i), -planted(param, i));
+            }
+            Ok(())
+        };
+        let dir = tempfile::tempdir()?;
+        let mut paths = Vec::new();
+        for rank in 0..3 {
+            let mut z = Sharded::new(&layout, &params, &cfg, (rank, 3))?;
+            z.opt.load_moments(7, |slot, _, into| fill(slot, into))?;
+            paths.push(dir.path().join(format!("rank-{rank}")));
+            write_optimizer(paths.last().unwrap(), &z.opt)?;
+        }
+        let files = paths.iter().map(|p| TensorFile::open(p)).collect::<Result<Vec<_>>>()?;
+        let check = |opt: &AdamW| {
+            for (slot, _, moments) in opt.moments() {
+                let MomentsRef::Host { m, v } = moments else { panic!("host moments") };
+                let (param, range) = piece_of(slot, m.len()).unwrap();
+                for (k, i) in range.enumerate() {
+                    assert_eq!((m[k], v[k]), (planted(param, i), -planted(param, i)), "{slot}");
+                }
+            }
+        };
+        let mut plain = AdamW::new(&params, &cfg)?;
+        read_moments(&files, 7, &mut plain)?;
+        assert_eq!(plain.t, 7);
+        check(&plain);
+        for rank in 0..2 {
+            let mut z = Sharded::new(&layout, &params, &cfg, (rank, 2))?;
+            read_moments(&files, 7, &mut z.opt)?;
+            check(&z.opt);
+        }
+        // A missing rank's file leaves values no file holds: an error.
+        let err = read_moments(&files[..2], 7, &mut plain).unwrap_err();
+        assert!(format!("{err:#}").contains("the checkpoint lacks"), "{err:#}");
+        Ok(())
+    }
 
     /// A tensor's values as f32.
     fn values(t: &candle_core::Tensor) -> Vec<f32> {
@@ -363,12 +492,17 @@ mod tests {
         let f = TensorFile::open(&path).unwrap();
         assert_eq!(f.names().collect::<Vec<_>>(), ["ids", "m.w"]);
         let mut back = vec![0f32; 12];
-        f.read_f32_into("m.w", &[3, 4], &mut back).unwrap();
+        f.read_f32_range("m.w", 0, &mut back).unwrap();
         assert_eq!(back, values);
+        let mut tail = vec![0f32; 5];
+        f.read_f32_range("m.w", 7, &mut tail).unwrap();
+        assert_eq!(tail, values[7..]);
         let ids = f.load("ids", &Device::Cpu).unwrap();
         assert_eq!(ids.to_vec2::<u32>().unwrap(), [[0, 1, 2], [3, 4, 5]]);
-        let wrong = f.read_f32_into("m.w", &[4, 3], &mut back).unwrap_err();
-        assert!(wrong.to_string().contains("not F32 [4, 3]"), "{wrong}");
+        let past = f.read_f32_range("m.w", 8, &mut tail).unwrap_err();
+        assert!(past.to_string().contains("has 12 values"), "{past}");
+        let wrong = f.read_f32_range("ids", 0, &mut tail).unwrap_err();
+        assert!(wrong.to_string().contains("not F32 or BF16"), "{wrong}");
         assert!(f
             .load("v.w", &Device::Cpu)
             .unwrap_err()

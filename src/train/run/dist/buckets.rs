@@ -3,7 +3,7 @@
 //! engine has a thread for it ([`super::Background`]), else after it — and
 //! the token embedding's by rows ([`sum_rows`]).
 
-use super::{Background, Collective, BUCKET_BYTES};
+use super::{Background, Collective, Reduce, BUCKET_BYTES};
 use crate::train::network::blockwise::Finished;
 use crate::train::network::grads::Grads;
 use anyhow::{bail, Context, Result};
@@ -71,6 +71,15 @@ impl Pair {
         })
     }
 
+    /// ZeRO-1's: the gradients are views of the padded bucket, and `block`
+    /// (this rank's block of their sum) receives the reduce-scatter.
+    fn scattered(padded: usize, block: &Tensor) -> Result<Pair> {
+        Ok(Pair {
+            flats: [Tensor::zeros(padded, DType::F32, &Device::Cpu)?, block.clone()],
+            current: 0,
+        })
+    }
+
     /// The buffer holding the bucket's gradients (copied in where they are
     /// not views of it: the first step, a dtype other than f32) and the one
     /// the sums go to.
@@ -88,8 +97,11 @@ impl Pair {
 
     /// Once the sums are in: the gradients become views of them (copies in
     /// their dtype where it is not f32), and the buffers swap roles.
-    fn swap(&mut self, tensors: &mut [&mut Tensor]) -> Result<()> {
-        self.current = 1 - self.current;
+    fn swap(&mut self, tensors: &mut [&mut Tensor], how: Reduce) -> Result<()> {
+        // A scatter's gradients stay views of the bucket they were sent from.
+        if how == Reduce::All {
+            self.current = 1 - self.current;
+        }
         let sums = &self.flats[self.current];
         let mut offset = 0;
         for t in tensors.iter_mut() {
@@ -180,6 +192,28 @@ pub struct GradientLayout {
     by_rows: bool,
     /// Each bucket's buffers once it has been summed on the host.
     pairs: Vec<Option<Pair>>,
+    /// ZeRO: each rank keeps its block of every sum.
+    shards: Option<Shards>,
+}
+
+/// ZeRO's side of the layout: every bucket, and the embedding's table, is
+/// reduce-scattered — summed, each rank receiving its block of the sum, the
+/// bucket padded with zeros to a multiple of the world size — instead of
+/// all-reduced.
+pub struct Shards {
+    /// 1: the ranks keep their gradient buffers from step to step (the
+    /// buckets' views); 2: each buffer is dropped once its sum is scattered.
+    pub stage: u8,
+    /// Each group's elements: the buckets', then the embedding table's.
+    pub lens: Vec<usize>,
+    /// This rank's block of each group's sum, [`block_len`] long (zero past
+    /// the group's end): f32 on the host, the gradients' dtype on a GPU.
+    pub sums: Vec<Tensor>,
+}
+
+/// A rank's block of a group of `len` values over `world` ranks.
+pub fn block_len(len: usize, world: usize) -> usize {
+    len.div_ceil(world.max(1))
 }
 
 impl GradientLayout {
@@ -215,13 +249,129 @@ impl GradientLayout {
             pairs: buckets.groups.iter().map(|_| None).collect(),
             buckets,
             by_rows,
+            shards: None,
         })
     }
 
+    /// The groups of gradients summed together, by parameter name: the
+    /// buckets, then the embedding's table where it travels by rows.
+    pub fn groups(&self) -> Vec<&[String]> {
+        let mut groups: Vec<&[String]> = self
+            .buckets
+            .groups
+            .iter()
+            .map(|g| &self.names[g.clone()])
+            .collect();
+        if self.by_rows {
+            groups.push(&self.names[self.names.len() - 1..]);
+        }
+        groups
+    }
+
+    /// Sums by ZeRO `stage` (1 or 2) from now on: this rank's blocks of the
+    /// sums in [`GradientLayout::shards`].
+    pub fn shard(&mut self, stage: u8, world: usize, grads: &Grads) -> Result<()> {
+        let (mut lens, mut sums) = (Vec::new(), Vec::new());
+        for group in self.groups() {
+            let first = grads.get(&group[0]).context("a gradient per name")?;
+            let len: usize = group
+                .iter()
+                .map(|n| grads.get(n).map_or(0, |g| g.elem_count()))
+                .sum();
+            let dtype = if first.device().is_cpu() { DType::F32 } else { first.dtype() };
+            sums.push(Tensor::zeros(block_len(len, world), dtype, first.device())?);
+            lens.push(len);
+        }
+        self.shards = Some(Shards { stage, lens, sums });
+        self.pairs.iter_mut().for_each(|p| *p = None);
+        Ok(())
+    }
+
+    pub fn shards(&self) -> Option<&Shards> {
+        self.shards.as_ref()
+    }
+
+    /// The bytes of the gradients' sums this rank keeps from step to step:
+    /// the buckets' buffers (two per bucket when all-reduced, the padded
+    /// bucket when scattered) and the blocks of the sums.
+    pub fn sum_bytes(&self) -> usize {
+        let pairs: usize = self
+            .pairs
+            .iter()
+            .flatten()
+            .flat_map(|p| &p.flats)
+            .map(size_of_tensor)
+            .sum();
+        let blocks: usize = self.shards.iter().flat_map(|s| &s.sums).map(size_of_tensor).sum();
+        // A scatter's pair holds its block too: counted once.
+        pairs + blocks - if self.shards.is_some() { self.pairs.iter().flatten().map(|p| size_of_tensor(&p.flats[1])).sum() } else { 0 }
+    }
+
+    fn reduce(&self) -> Reduce {
+        match self.shards {
+            Some(_) => Reduce::Scatter,
+            None => Reduce::All,
+        }
+    }
+
+    /// Starts bucket `i`'s sum on `bg`, or sums it now where there is none.
+    fn send_bucket(
+        &mut self,
+        i: usize,
+        grads: &mut Grads,
+        comm: &dyn Collective,
+        bg: Option<&mut Box<dyn Background>>,
+    ) -> Result<()> {
+        let group = self.buckets.groups[i].clone();
+        let names = self.names[group].to_vec();
+        let names = names.as_slice();
+        let tensors = names
+            .iter()
+            .map(|n| grads.get(n).context("a gradient the layout names"))
+            .collect::<Result<Vec<_>>>()?;
+        let on_host = tensors.iter().all(|t| t.device().is_cpu());
+        let how = self.reduce();
+        let stage = self.shards.as_ref().map_or(0, |s| s.stage);
+        if !on_host {
+            // A GPU's buckets: concatenated, summed, and the sums written back
+            // (all-reduce) or kept as this rank's block (scatter).
+            let mut tensors = grads.ordered_mut(names)?;
+            match &self.shards {
+                None => sum_bucket(comm, &mut tensors)?,
+                Some(sh) => {
+                    let refs: Vec<&Tensor> = tensors.iter().map(|t| &**t).collect();
+                    let padded = sh.sums[i].elem_count() * comm.ranks().world_size;
+                    comm.reduce_scatter_into(&packed(&refs, padded, refs[0].dtype())?, &sh.sums[i])?;
+                }
+            }
+        } else {
+            let (send, recv) = if stage == 2 {
+                let sums = &self.shards.as_ref().expect("stage 2 shards").sums[i];
+                let padded = sums.elem_count() * comm.ranks().world_size;
+                (packed(&tensors, padded, DType::F32)?, sums.clone())
+            } else {
+                self.buffers(i, &tensors, comm.ranks().world_size)?
+            };
+            match bg {
+                Some(bg) => bg.start(send, recv, how)?,
+                None if how == Reduce::All => comm.all_reduce_into(&send, &recv)?,
+                None => comm.reduce_scatter_into(&send, &recv)?,
+            }
+        }
+        if stage == 2 {
+            names.iter().for_each(|n| grads.release(n));
+        }
+        Ok(())
+    }
+
     /// Bucket `i`'s send and receive buffers, its gradients in the first.
-    fn buffers(&mut self, i: usize, tensors: &[&Tensor]) -> Result<(Tensor, Tensor)> {
+    fn buffers(&mut self, i: usize, tensors: &[&Tensor], world: usize) -> Result<(Tensor, Tensor)> {
         if self.pairs[i].is_none() {
-            self.pairs[i] = Some(Pair::new(tensors.iter().map(|t| t.elem_count()).sum())?);
+            let len = tensors.iter().map(|t| t.elem_count()).sum();
+            self.pairs[i] = Some(match &self.shards {
+                None => Pair::new(len)?,
+                Some(sh) => Pair::scattered(block_len(len, world) * world, &sh.sums[i])?,
+            });
         }
         self.pairs[i]
             .as_ref()
@@ -244,6 +394,18 @@ impl GradientLayout {
             tokens: Vec::new(),
         }
     }
+}
+
+/// `tensors` one after another in a zero buffer of `padded` values.
+fn packed(tensors: &[&Tensor], padded: usize, dtype: DType) -> Result<Tensor> {
+    let device = tensors.first().map_or(Device::Cpu, |t| t.device().clone());
+    let flat = Tensor::zeros(padded, dtype, &device)?;
+    let mut offset = 0;
+    for t in tensors {
+        flat.slice_set(&t.flatten_all()?.to_dtype(dtype)?, 0, offset)?;
+        offset += t.elem_count();
+    }
+    Ok(flat)
 }
 
 /// One step's sum of the gradients across ranks.
@@ -272,7 +434,7 @@ impl GradientSum<'_> {
 
     /// The backward pass of the step's last micro-batch has finished these
     /// gradients: start summing every bucket that is now complete.
-    pub fn finished(&mut self, f: Finished, grads: &Grads) -> Result<()> {
+    pub fn finished(&mut self, f: Finished, grads: &mut Grads, comm: &dyn Collective) -> Result<()> {
         let Some(bg) = self.background.as_mut() else {
             return Ok(());
         };
@@ -281,58 +443,54 @@ impl GradientSum<'_> {
             *ready |= *when == f;
         }
         while let Some(group) = l.buckets.groups.get(self.started).cloned() {
-            if !self.ready[group.clone()].iter().all(|r| *r) {
+            if !self.ready[group].iter().all(|r| *r) {
                 break;
             }
-            let tensors = l.names[group]
-                .iter()
-                .map(|n| grads.get(n).context("a gradient the layout names"))
-                .collect::<Result<Vec<_>>>()?;
-            let (send, recv) = l.buffers(self.started, &tensors)?;
-            bg.start(send, recv)?;
+            l.send_bucket(self.started, grads, comm, Some(bg))?;
             self.started += 1;
         }
         Ok(())
     }
 
-    /// Every gradient summed over the ranks, in place: waits for the
+    /// Every gradient summed over the ranks, in place (or, under ZeRO, this
+    /// rank's blocks of the sums in the layout's [`Shards`]): waits for the
     /// background's buckets, or sums the same buckets now (the same calls on
     /// the same buffers).
     pub fn finish(mut self, comm: &dyn Collective, grads: &mut Grads) -> Result<()> {
-        if comm.is_single() {
+        if comm.is_single() && self.layout.shards.is_none() {
             return Ok(());
         }
         let l = &mut *self.layout;
-        let mut tensors = grads.ordered_mut(&l.names)?;
-        let groups = l.buckets.groups.clone();
-        let on_host = tensors.iter().all(|t| t.device().is_cpu());
-        if let Some(mut bg) = self.background.take() {
-            // Buckets not finished by a hook (none when every stage was seen).
-            for (i, group) in groups.iter().enumerate().skip(self.started) {
-                let refs: Vec<&Tensor> = tensors[group.clone()].iter().map(|t| &**t).collect();
-                let (send, recv) = l.buffers(i, &refs)?;
-                bg.start(send, recv)?;
-            }
-            bg.finish()?;
-        } else if on_host {
-            for (i, group) in groups.iter().enumerate() {
-                let refs: Vec<&Tensor> = tensors[group.clone()].iter().map(|t| &**t).collect();
-                let (send, recv) = l.buffers(i, &refs)?;
-                comm.all_reduce_into(&send, &recv)?;
-            }
-        } else {
-            for group in &groups {
-                sum_bucket(comm, &mut tensors[group.clone()])?;
-            }
+        let mut bg = self.background.take();
+        // Buckets not started by a hook (all of them without a background).
+        for i in self.started..l.buckets.groups.len() {
+            l.send_bucket(i, grads, comm, bg.as_mut())?;
         }
-        for (group, pair) in groups.iter().zip(&mut l.pairs) {
+        if let Some(bg) = bg {
+            bg.finish()?;
+        }
+        let how = l.reduce();
+        for (group, pair) in l.buckets.groups.iter().zip(&mut l.pairs) {
             if let Some(pair) = pair {
-                pair.swap(&mut tensors[group.clone()])?;
+                pair.swap(&mut grads.ordered_mut(&l.names[group.clone()])?, how)?;
             }
         }
         if l.by_rows {
-            let table = tensors.last_mut().expect("the embedding is last");
-            sum_rows(comm, table, &self.tokens)?;
+            let name = l.names.last().expect("the embedding is last");
+            let mut table = grads.ordered_mut(std::slice::from_ref(name))?;
+            sum_rows(comm, table[0], &self.tokens)?;
+            if let Some(sh) = &l.shards {
+                // This rank's block of the (whole, summed) table.
+                let sums = sh.sums.last().expect("the table's block");
+                let (n, len) = (sums.elem_count(), table[0].elem_count());
+                let start = (comm.ranks().rank * n).min(len);
+                let mine = table[0].flatten_all()?.narrow(0, start, (len - start).min(n))?;
+                sums.zero_set()?;
+                sums.slice_set(&mine.to_dtype(sums.dtype())?, 0, 0)?;
+                if sh.stage == 2 {
+                    grads.release(name);
+                }
+            }
         }
         Ok(())
     }
@@ -378,7 +536,7 @@ pub fn sum_rows(comm: &dyn Collective, table: &mut Tensor, used: &[bool]) -> Res
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::{AttentionKind, ModelOverrides, Recompute};
     use crate::train::network::model::{Llama, ModelSpec};
@@ -401,7 +559,7 @@ mod tests {
     }
 
     /// A two-layer model and its zero gradient buffers.
-    fn tiny_model() -> (Llama, Grads) {
+    pub(crate) fn tiny_model() -> (Llama, Grads, crate::train::network::params::Params) {
         let o = ModelOverrides {
             dim: Some(16),
             n_layers: Some(2),
@@ -422,12 +580,13 @@ mod tests {
         };
         let params = spec.init_params(1).unwrap();
         let model = Llama::new(&params, &spec).unwrap();
-        (model, Grads::buffers_for(&params).unwrap())
+        let grads = Grads::buffers_for(&params).unwrap();
+        (model, grads, params)
     }
 
     #[test]
     fn gradients_go_in_the_order_the_backward_pass_finishes_them() {
-        let (model, grads) = tiny_model();
+        let (model, grads, _) = tiny_model();
         let layout = GradientLayout::new(&grads, &model.stages()).unwrap();
         let first = |prefix: &str| {
             layout
@@ -456,7 +615,7 @@ mod tests {
     /// the rows of the step's tokens travel.
     #[test]
     fn sums_land_in_the_gradients_and_the_embedding_travels_by_rows() -> Result<()> {
-        let (model, mut grads) = tiny_model();
+        let (model, mut grads, _) = tiny_model();
         let mut layout = GradientLayout::new(&grads, &model.stages())?;
         assert!(layout.by_rows);
         let comm = crate::train::run::dist::tests::Peer::doubled();

@@ -8,16 +8,18 @@
 //! executor); this module only reads who it is and connects.
 
 pub mod agree;
-mod buckets;
+pub(crate) mod buckets;
 pub mod meet;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(feature = "nccl")]
 mod nccl;
+pub mod shard;
 
 use crate::config::RuntimeOptions;
 use anyhow::{bail, Result};
 pub use buckets::{all_reduce_in_buckets, GradientLayout, GradientSum};
+pub use shard::Sharded;
 use candle_core::{DType, Device, Tensor};
 
 /// Where this process stands among the ranks of its job.
@@ -107,6 +109,21 @@ pub trait Collective {
     fn all_reduce_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
         Ok(recv.slice_set(&self.all_reduce_sum(send)?, 0, 0)?)
     }
+    /// This rank's block of the sum over all ranks of `send` (1-D, the world
+    /// size × `recv`'s length), written into `recv` (ZeRO's reduce-scatter).
+    fn reduce_scatter_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        let n = recv.elem_count();
+        let sum = self.all_reduce_sum(send)?;
+        Ok(recv.slice_set(&sum.narrow(0, self.ranks().rank * n, n)?, 0, 0)?)
+    }
+    /// Every rank's `send` (1-D, as long on every rank), by rank, written
+    /// into `recv` (the world size × as long; ZeRO's all-gather).
+    fn all_gather_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        let n = send.elem_count();
+        let slots = recv.zeros_like()?;
+        slots.slice_set(send, 0, self.ranks().rank * n)?;
+        Ok(recv.slice_set(&self.all_reduce_sum(&slots)?, 0, 0)?)
+    }
     /// Rank `root`'s copy of a 1-D tensor, on every rank.
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
     /// Stops every rank of the job after an error on this one.
@@ -176,11 +193,19 @@ pub fn connect(ranks: Ranks, device: &Device, rt: &RuntimeOptions) -> Result<Box
 /// PyTorch sends them.
 pub const BUCKET_BYTES: usize = crate::estimate::scaling::BUCKET_BYTES;
 
+/// How a bucket is summed: whole on every rank (all-reduce), or each rank
+/// receiving its block of the sum (reduce-scatter, ZeRO).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    All,
+    Scatter,
+}
+
 /// Sums f32 buckets over all ranks on a thread of its own.
 pub trait Background {
     /// Starts summing the next bucket, `send`, into `recv` (after every
     /// bucket handed over before); neither is touched until [`Background::finish`].
-    fn start(&mut self, send: Tensor, recv: Tensor) -> Result<()>;
+    fn start(&mut self, send: Tensor, recv: Tensor, how: Reduce) -> Result<()>;
     /// Returns once every bucket started is summed.
     fn finish(self: Box<Self>) -> Result<()>;
 }
@@ -252,7 +277,7 @@ pub fn gather_hosts(comm: &dyn Collective, device: &Device) -> Result<Vec<String
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn ranks(vars: &[(&str, &str)]) -> Result<Ranks> {

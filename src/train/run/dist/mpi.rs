@@ -2,7 +2,7 @@
 //! ranks come from the launcher (`srun --mpi=pmix`, `mpirun`); MPI's own
 //! numbering must agree with what the environment said.
 
-use super::{Background, Collective, Ranks};
+use super::{Background, Collective, Ranks, Reduce};
 use anyhow::{bail, Context, Result};
 use candle_core::{CpuStorage, DType, Layout, Tensor};
 use mpi::collective::SystemOperation;
@@ -135,7 +135,15 @@ impl Collective for Mpi {
         if !f32_cpu(send) || !f32_cpu(recv) {
             return Ok(recv.slice_set(&self.all_reduce_sum(send)?, 0, 0)?);
         }
-        Ok(recv.inplace_op2(send, &SumInto(&self.world))?)
+        Ok(recv.inplace_op2(send, &Collect(&self.world, Kind::Sum))?)
+    }
+
+    fn reduce_scatter_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        Ok(recv.inplace_op2(&f32_host(send)?, &Collect(&self.world, Kind::Scatter))?)
+    }
+
+    fn all_gather_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        Ok(recv.inplace_op2(&f32_host(send)?, &Collect(&self.world, Kind::Gather))?)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
@@ -178,7 +186,7 @@ unsafe impl Send for Handle {}
 /// What the summing thread is asked: a bucket to sum, or to answer once
 /// every bucket before is summed (with the first error since the last answer).
 enum Job {
-    Sum(Tensor, Tensor),
+    Sum(Tensor, Tensor, Reduce),
     Finish(mpsc::Sender<Result<()>>),
 }
 
@@ -200,8 +208,12 @@ impl Summer {
                 let mut failed = None;
                 for job in rx {
                     match job {
-                        Job::Sum(send, recv) if failed.is_none() => {
-                            if let Err(e) = recv.inplace_op2(&send, &SumInto(&comm.0)) {
+                        Job::Sum(send, recv, how) if failed.is_none() => {
+                            let kind = match how {
+                                Reduce::All => Kind::Sum,
+                                Reduce::Scatter => Kind::Scatter,
+                            };
+                            if let Err(e) = recv.inplace_op2(&send, &Collect(&comm.0, kind)) {
                                 failed = Some(e.into());
                             }
                         }
@@ -253,9 +265,9 @@ impl MpiBackground {
 }
 
 impl Background for MpiBackground {
-    fn start(&mut self, send: Tensor, recv: Tensor) -> Result<()> {
+    fn start(&mut self, send: Tensor, recv: Tensor, how: Reduce) -> Result<()> {
         self.tx
-            .send(Job::Sum(send, recv))
+            .send(Job::Sum(send, recv, how))
             .map_err(|_| anyhow::anyhow!("the all-reduce thread stopped"))
     }
 
@@ -274,13 +286,33 @@ impl Drop for MpiBackground {
     }
 }
 
-/// MPI's sum of the f32 data of the second tensor into the first's storage,
-/// as an in-place op: candle holds the destination's write lock meanwhile.
-struct SumInto<'a>(&'a SimpleCommunicator);
+/// `t` as an f32 tensor on the host (the f32 collectives' operand).
+fn f32_host(t: &Tensor) -> Result<Tensor> {
+    if !t.device().is_cpu() || t.rank() != 1 {
+        bail!("MPI collectives take 1-D CPU tensors");
+    }
+    Ok(t.to_dtype(DType::F32)?)
+}
 
-impl candle_core::InplaceOp2 for SumInto<'_> {
+/// What [`Collect`] does with the second tensor's data.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// The sum over the ranks (as long as the first).
+    Sum,
+    /// This rank's block of the sum (world size × the first's length).
+    Scatter,
+    /// Every rank's, by rank (the first is world size × as long).
+    Gather,
+}
+
+/// An MPI collective from the f32 data of the second tensor into the
+/// first's storage, as an in-place op: candle holds the destination's write
+/// lock meanwhile.
+struct Collect<'a>(&'a SimpleCommunicator, Kind);
+
+impl candle_core::InplaceOp2 for Collect<'_> {
     fn name(&self) -> &'static str {
-        "mpi-all-reduce-into"
+        "mpi-collective-into"
     }
 
     fn cpu_fwd(
@@ -298,11 +330,21 @@ impl candle_core::InplaceOp2 for SumInto<'_> {
         else {
             candle_core::bail!("MPI sums contiguous buffers")
         };
-        if b - a != d - c {
-            candle_core::bail!("summing {} values into {}", d - c, b - a)
+        let (recv, send) = (&mut recv[a..b], &send[c..d]);
+        let world = self.0.size() as usize;
+        let fits = match self.1 {
+            Kind::Sum => send.len() == recv.len(),
+            Kind::Scatter => send.len() == recv.len() * world,
+            Kind::Gather => recv.len() == send.len() * world,
+        };
+        if !fits {
+            candle_core::bail!("an MPI collective of {} values into {} at world size {world}", send.len(), recv.len())
         }
-        self.0
-            .all_reduce_into(&send[c..d], &mut recv[a..b], SystemOperation::sum());
+        match self.1 {
+            Kind::Sum => self.0.all_reduce_into(send, recv, SystemOperation::sum()),
+            Kind::Scatter => self.0.reduce_scatter_block_into(send, recv, SystemOperation::sum()),
+            Kind::Gather => self.0.all_gather_into(send, recv),
+        }
         Ok(())
     }
 }
