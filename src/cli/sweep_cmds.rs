@@ -111,6 +111,7 @@ fn print_plan(plan: &Plan) -> Result<()> {
     if blocked {
         print_blocks(plan)?;
     }
+    print_zero_fits(plan)?;
     let tot = plan.totals();
     let repeats = match m.repeats {
         1 => String::new(),
@@ -127,6 +128,67 @@ fn print_plan(plan: &Plan) -> Result<()> {
             "{} runs{repeats}, {} jobs; at most {:.1} node-hours and {:.1} GPU-hours (every job to its time limit)",
             tot.runs, tot.jobs, tot.node_hours, tot.gpu_hours
         ),
+    }
+    Ok(())
+}
+
+/// Where a study shards the optimizer (`zero` set on some run): for each
+/// model, world size and GPU, the largest batch per device that fits at
+/// each `zero` value, with the estimate's states per rank.
+fn print_zero_fits(plan: &Plan) -> Result<()> {
+    let hints = &plan.manifest.hints;
+    let sharded =
+        |r: &&crate::plan::Run| matches!(&r.job, crate::plan::Job::Train(c) if c.zero > 0);
+    if !plan.runs.iter().any(|r| sharded(&r)) {
+        return Ok(());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &plan.runs {
+        let crate::plan::Job::Train(cfg) = &r.job else {
+            continue;
+        };
+        let (Some(fits), Some(mem)) = (r.largest_batch_by_zero(hints), r.memory(hints)) else {
+            continue;
+        };
+        // The manifest's spelling ("bf16-mixed").
+        let precision = serde_json::to_value(cfg.precision)?
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let key = (
+            cfg.model.clone(),
+            r.world_size(),
+            mem.device_bytes,
+            precision.clone(),
+            cfg.sequence_length,
+        );
+        if !seen.insert(key) {
+            continue;
+        }
+        let each: Vec<String> = fits
+            .iter()
+            .enumerate()
+            .map(|(z, b)| match b {
+                Some(b) => format!("zero {z}: batch ≤ {b}"),
+                None => format!("zero {z}: does not fit"),
+            })
+            .collect();
+        let gb = |b: u64| b as f64 / 1e9;
+        let k = mem.states;
+        outln!(
+            "{} ({}, sequence {}) on {} ranks of {:.0} GB: {} [per rank at zero = {}: parameters {:.1} GB, gradients {:.1}, master {:.1}, moments {:.1}]",
+            cfg.model,
+            precision,
+            cfg.sequence_length,
+            r.world_size(),
+            gb(mem.device_bytes.unwrap_or(0)),
+            each.join(" · "),
+            cfg.zero,
+            gb(k.parameters),
+            gb(k.gradients),
+            gb(k.master),
+            gb(k.moments),
+        );
     }
     Ok(())
 }

@@ -14,7 +14,10 @@ use serde::Serialize;
 /// Bytes, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct MemoryEstimate {
+    /// Parameters, gradients and the optimizer's state (`by_kind`) and the
+    /// copies some paths keep besides.
     pub states: u64,
+    pub by_kind: States,
     pub activations: u64,
     pub logits: u64,
     pub fixed: u64,
@@ -29,6 +32,18 @@ impl MemoryEstimate {
             .saturating_add(self.logits)
             .saturating_add(self.fixed)
     }
+}
+
+/// One rank's states by kind: what `zero` shares out.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct States {
+    pub parameters: u64,
+    /// The gradient buffers and, under ZeRO, this rank's blocks of their sums.
+    pub gradients: u64,
+    /// ZeRO's copy of this rank's share of the parameters.
+    pub master: u64,
+    /// AdamW's two moments.
+    pub moments: u64,
 }
 
 /// Logit values the output head computes at once, so that the [tokens,
@@ -144,11 +159,63 @@ pub fn device_bytes(cfg: &TrainConfig, hints: &crate::config::PlanHints) -> Opti
 /// The peak memory of one device (one rank) training `cfg` on `model`; a
 /// `batch_size = "max"` counts as 1 (the least it must fit).
 pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> MemoryEstimate {
-    estimate_with_slices(
-        cfg,
-        model,
-        head_slice_values(cfg.device == DeviceKind::Cuda),
-    )
+    estimate_on(cfg, model, 1)
+}
+
+/// [`estimate`] for one of `world_size` data-parallel ranks (what `zero`
+/// shares out depends on it).
+pub fn estimate_on(cfg: &TrainConfig, model: &ModelConfig, world_size: usize) -> MemoryEstimate {
+    let slices = head_slice_values(cfg.device == DeviceKind::Cuda);
+    let mut e = estimate_with_slices(cfg, model, slices);
+    let k = states_by_kind(cfg, model, world_size);
+    e.states = (e.states as f64 - 4.0 * replicated_share(cfg, model)) as u64
+        + k.parameters
+        + k.gradients
+        + k.master
+        + k.moments;
+    e.by_kind = k;
+    e
+}
+
+/// Bytes of one copy of the parameters.
+fn replicated_share(cfg: &TrainConfig, model: &ModelConfig) -> f64 {
+    let param_bytes = if cfg.precision == Precision::Bf16 {
+        2.0
+    } else {
+        4.0
+    };
+    model.total_params() as f64 * param_bytes
+}
+
+/// One rank's parameters, gradients, master values and moments. ZeRO-1
+/// keeps 1/N of the moments, a 1/N copy of the parameters (the master
+/// values it updates) and a 1/N block of the summed gradients; ZeRO-2 also
+/// drops each gradient buffer once its sum is scattered, so that at the
+/// backward's peak only the embedding table's gradient (summed last, by
+/// rows) and a bucket in flight remain — unless micro-batches accumulate,
+/// which keep every buffer until the last.
+fn states_by_kind(cfg: &TrainConfig, model: &ModelConfig, world_size: usize) -> States {
+    let one = replicated_share(cfg, model);
+    let share = one / world_size.max(1) as f64;
+    let (gradients, master, moments) = match cfg.zero {
+        0 => (one, 0.0, 2.0 * one),
+        z => {
+            let kept = if z == 2 && cfg.gradient_accumulation == 1 {
+                let table =
+                    (model.vocab_size * model.dim) as f64 * one / model.total_params() as f64;
+                (table + 2.0 * super::scaling::BUCKET_BYTES as f64).min(one)
+            } else {
+                one
+            };
+            (kept + share, share, 2.0 * share)
+        }
+    };
+    States {
+        parameters: one as u64,
+        gradients: gradients as u64,
+        master: master as u64,
+        moments: moments as u64,
+    }
 }
 
 /// [`estimate`] for a head computing `slice` logit values at once (the
@@ -208,6 +275,7 @@ fn estimate_with_slices(cfg: &TrainConfig, model: &ModelConfig, slice: usize) ->
     };
     MemoryEstimate {
         states: states as u64,
+        by_kind: states_by_kind(cfg, model, 1),
         activations: activations as u64,
         logits: logits as u64,
         fixed: (path.fixed_bytes + transients) as u64,

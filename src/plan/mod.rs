@@ -117,7 +117,12 @@ impl Run {
     /// the GPU's as the plan's hints and the device table give it.
     pub fn memory(&self, hints: &PlanHints) -> Option<Memory> {
         match &self.job {
-            Job::Train(cfg) => Some(Memory::of(cfg, self.model.as_ref()?, hints)),
+            Job::Train(cfg) => Some(Memory::of(
+                cfg,
+                self.model.as_ref()?,
+                hints,
+                self.world_size() as usize,
+            )),
             Job::Command(_) => None,
         }
     }
@@ -139,6 +144,39 @@ impl Run {
             traffic: scaling::Traffic::Builtin,
         };
         scaling::FITTED.forecast(cfg, hints, model, hw, job)
+    }
+
+    /// The largest batch per device that fits its GPU at `zero` = 0, 1 and
+    /// 2 (None: not even batch 1), for a data-parallel built-in trainer run
+    /// on a GPU of known size.
+    pub fn largest_batch_by_zero(&self, hints: &PlanHints) -> Option<[Option<usize>; 3]> {
+        let (Job::Train(cfg), Some(model)) = (&self.job, &self.model) else {
+            return None;
+        };
+        let device = crate::estimate::memory::device_bytes(cfg, hints)?;
+        let world = self.world_size() as usize;
+        if world < 2 {
+            return None;
+        }
+        let fits = |zero: u8, batch: usize| {
+            let mut c = cfg.clone();
+            (c.zero, c.batch_size) = (zero, crate::config::BatchSize::Fixed(batch));
+            crate::estimate::memory::estimate_on(&c, model, world).total() <= device
+        };
+        Some(std::array::from_fn(|z| {
+            let z = z as u8;
+            // The estimate grows with the batch: the last that fits, by halving.
+            let (mut lo, mut hi) = (0, crate::config::MAX_BATCH_SIZE + 1);
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                if fits(z, mid) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            (lo > 0).then_some(lo)
+        }))
     }
 
     /// Sequences per optimizer step over all ranks (built-in trainer runs).
@@ -276,18 +314,26 @@ pub struct Memory {
     pub estimate_bytes: u64,
     pub device_bytes: Option<u64>,
     pub fits: Option<bool>,
+    /// Per rank: parameters, gradients, master values, moments.
+    pub states: crate::estimate::memory::States,
     #[serde(skip)]
     pub parts: MemoryEstimate,
 }
 
 impl Memory {
-    pub fn of(cfg: &TrainConfig, model: &ModelConfig, hints: &PlanHints) -> Memory {
-        let parts = crate::estimate::memory::estimate(cfg, model);
+    pub fn of(
+        cfg: &TrainConfig,
+        model: &ModelConfig,
+        hints: &PlanHints,
+        world_size: usize,
+    ) -> Memory {
+        let parts = crate::estimate::memory::estimate_on(cfg, model, world_size);
         let device_bytes = crate::estimate::memory::device_bytes(cfg, hints);
         Memory {
             estimate_bytes: parts.total(),
             device_bytes,
             fits: device_bytes.map(|d| parts.total() <= d),
+            states: parts.by_kind,
             parts,
         }
     }

@@ -25,3 +25,5 @@ mod repository;
 mod slurm;
 mod support;
 mod train;
+#[cfg(feature = "mpi")]
+mod zero;

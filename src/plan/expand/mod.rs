@@ -334,7 +334,21 @@ impl<'a> Shared<'a> {
             Mode::Command(_) => None,
         };
         let mut ctx = match &train {
-            Some(cfg) => serde_json::to_value(cfg).expect("config serialises"),
+            Some(cfg) => {
+                let mut v = serde_json::to_value(cfg).expect("config serialises");
+                // Keys a config leaves out at their default (so that run ids
+                // stay as they were) are still there to name runs by.
+                let left_out = [
+                    ("zero", json!(cfg.zero)),
+                    ("data_order", json!(cfg.data_order)),
+                ];
+                if let Some(fields) = v.as_object_mut() {
+                    for (key, value) in left_out {
+                        fields.entry(key).or_insert(value);
+                    }
+                }
+                v
+            }
             None => to_json(&Value::Table(a.table.clone())),
         };
         ctx["slurm"] = serde_json::to_value(&slurm).expect("slurm serialises");

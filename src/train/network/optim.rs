@@ -60,13 +60,18 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(params: &Params, cfg: &TrainConfig) -> Result<AdamW> {
-        let slots = params.iter().map(|(name, var)| (name.clone(), var.clone(), var.rank() >= 2));
+        let slots = params
+            .iter()
+            .map(|(name, var)| (name.clone(), var.clone(), var.rank() >= 2));
         AdamW::over(slots, cfg)
     }
 
     /// AdamW over named variables, each with weight decay or not (ZeRO's
     /// pieces of parameters, which are 1-D whatever their parameter was).
-    pub fn over(vars: impl Iterator<Item = (String, Var, bool)>, cfg: &TrainConfig) -> Result<AdamW> {
+    pub fn over(
+        vars: impl Iterator<Item = (String, Var, bool)>,
+        cfg: &TrainConfig,
+    ) -> Result<AdamW> {
         let slots = vars
             .map(|(name, var, decay)| {
                 let host = var.device().is_cpu() && var.dtype() == DType::F32;

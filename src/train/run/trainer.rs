@@ -394,7 +394,13 @@ fn forward_backward(
         let probe = Probe {
             at_peak: &mut || memory.sample(device),
             sync_forward,
-            on_ready: &mut |f, g| if last { sum.finished(f, g, comm) } else { Ok(()) },
+            on_ready: &mut |f, g| {
+                if last {
+                    sum.finished(f, g, comm)
+                } else {
+                    Ok(())
+                }
+            },
         };
         let pass = model.forward_backward_probed(tokens, &b.labels, divisor, grads, probe)?;
         loss += pass.loss;
@@ -603,8 +609,16 @@ mod tests {
     fn zero_on_one_rank_follows_the_replicated_curve() -> Result<()> {
         let plain = losses_on_real_text(Precision::F32, 8)?;
         for zero in [1, 2] {
-            for (step, (a, b)) in plain.iter().zip(losses_sharded(Precision::F32, 8, zero)?).enumerate() {
-                assert!((a - b).abs() <= 1e-6 * a, "zero {zero}, step {}: {a} vs {b}", step + 1);
+            for (step, (a, b)) in plain
+                .iter()
+                .zip(losses_sharded(Precision::F32, 8, zero)?)
+                .enumerate()
+            {
+                assert!(
+                    (a - b).abs() <= 1e-6 * a,
+                    "zero {zero}, step {}: {a} vs {b}",
+                    step + 1
+                );
             }
         }
         Ok(())

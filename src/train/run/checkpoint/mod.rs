@@ -322,11 +322,18 @@ pub fn save_all_ranks(
     if !ranks.is_main() && (per_rank || sharded) {
         crate::util::fs::make_dir(&root)?;
         if per_rank {
-            crate::util::fs::write_atomic(&rank_file(ranks.rank), &serde_json::to_vec(&state.loader)?)?;
+            crate::util::fs::write_atomic(
+                &rank_file(ranks.rank),
+                &serde_json::to_vec(&state.loader)?,
+            )?;
         }
         if sharded {
-            tensors::write_optimizer(&shard_path(ranks.rank), opt)
-                .with_context(|| format!("writing rank {}'s share of the optimizer's moments", ranks.rank))?;
+            tensors::write_optimizer(&shard_path(ranks.rank), opt).with_context(|| {
+                format!(
+                    "writing rank {}'s share of the optimizer's moments",
+                    ranks.rank
+                )
+            })?;
         }
     }
     dist::barrier(comm, device)?;
@@ -370,7 +377,12 @@ pub fn save(run_dir: &Path, params: &Params, opt: &AdamW, state: &TrainState) ->
     save_with(run_dir, params, Moments::Whole(opt), state)
 }
 
-fn save_with(run_dir: &Path, params: &Params, moments: Moments<'_>, state: &TrainState) -> Result<PathBuf> {
+fn save_with(
+    run_dir: &Path,
+    params: &Params,
+    moments: Moments<'_>,
+    state: &TrainState,
+) -> Result<PathBuf> {
     let root = run_dir.join(DIR);
     let dest = step_dir(run_dir, state.step);
     // A full disk (or any failure) names the checkpoint and the file.
@@ -426,7 +438,10 @@ pub fn remove_partial(run_dir: &Path) {
         .flatten()
     {
         let name = e.file_name().to_string_lossy().into_owned();
-        let is = |dir: bool| e.file_type().is_ok_and(|t| t.is_dir() == dir && !t.is_symlink());
+        let is = |dir: bool| {
+            e.file_type()
+                .is_ok_and(|t| t.is_dir() == dir && !t.is_symlink())
+        };
         if name.starts_with(TEMP_PREFIX) && is(true) {
             let _ = std::fs::remove_dir_all(e.path());
         } else if name.starts_with(".rank-") && is(false) {
@@ -557,7 +572,9 @@ fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
             .and_then(|r| r.strip_suffix(".safetensors"))
             .is_some_and(|r| r.parse::<usize>().is_ok());
         if !shard && ![MODEL, STATE, OPTIMIZER].contains(&f.as_str()) {
-            return Err(format!("its {CONTENTS} lists {f:?}, which no checkpoint holds"));
+            return Err(format!(
+                "its {CONTENTS} lists {f:?}, which no checkpoint holds"
+            ));
         }
         let path = dir.join(f);
         let size = std::fs::metadata(&path)
@@ -571,7 +588,9 @@ fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
         }
         let got = FileEntry::of(&path).map_err(|e| format!("{e:#}"))?;
         if got != *want {
-            return Err(format!("{f} does not hash to what {CONTENTS} recorded (damaged since it was written)"));
+            return Err(format!(
+                "{f} does not hash to what {CONTENTS} recorded (damaged since it was written)"
+            ));
         }
     }
     let path = dir.join(STATE);
@@ -579,9 +598,16 @@ fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
     let state: TrainState = serde_json::from_slice(&bytes)
         .map_err(|e| format!("{STATE} is not a checkpoint state: {e}"))?;
     if state.optimizer_shards > MAX_WORLD_SIZE {
-        return Err(format!("{STATE} says {} ranks share the optimizer: the checkpoint is damaged", state.optimizer_shards));
+        return Err(format!(
+            "{STATE} says {} ranks share the optimizer: the checkpoint is damaged",
+            state.optimizer_shards
+        ));
     }
-    match state.optimizer_files().into_iter().find(|f| !contents.files.contains_key(f)) {
+    match state
+        .optimizer_files()
+        .into_iter()
+        .find(|f| !contents.files.contains_key(f))
+    {
         Some(f) => Err(format!("its {CONTENTS} does not list {f}")),
         None => Ok(state),
     }

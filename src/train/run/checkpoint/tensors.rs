@@ -167,8 +167,11 @@ fn piece_of(slot: &str, len: usize) -> Result<(&str, std::ops::Range<usize>)> {
 /// Where each parameter's moments lie in a checkpoint's optimizer files: by
 /// moment (`m`, `v`) and parameter, the entries holding its ranges.
 struct Pieces<'a> {
-    by_param: BTreeMap<(char, &'a str), Vec<(std::ops::Range<usize>, &'a TensorFile, &'a str)>>,
+    by_param: BTreeMap<(char, &'a str), Vec<Held<'a>>>,
 }
+
+/// A range of a parameter's moment, and the file and entry holding it.
+type Held<'a> = (std::ops::Range<usize>, &'a TensorFile, &'a str);
 
 impl<'a> Pieces<'a> {
     fn index(files: &'a [TensorFile]) -> Result<Pieces<'a>> {
@@ -182,24 +185,43 @@ impl<'a> Pieces<'a> {
                 };
                 let (param, range) = piece_of(&entry[2..], info.shape.iter().product())
                     .with_context(|| format!("{}", file.path.display()))?;
-                by_param.entry((kind, param)).or_default().push((range, file, entry.as_str()));
+                by_param
+                    .entry((kind, param))
+                    .or_default()
+                    .push((range, file, entry.as_str()));
             }
         }
-        by_param.values_mut().for_each(|v| v.sort_by_key(|(r, ..)| r.start));
+        by_param
+            .values_mut()
+            .for_each(|v| v.sort_by_key(|(r, ..)| r.start));
         Ok(Pieces { by_param })
     }
 
     /// Moment `kind`'s values of `param` over `range`, into `into`: every
     /// value from exactly one entry, or an error.
-    fn read(&self, kind: char, param: &str, range: &std::ops::Range<usize>, into: &mut [f32]) -> Result<()> {
+    fn read(
+        &self,
+        kind: char,
+        param: &str,
+        range: &std::ops::Range<usize>,
+        into: &mut [f32],
+    ) -> Result<()> {
         let mut next = range.start;
         for (r, file, entry) in self.by_param.get(&(kind, param)).into_iter().flatten() {
             if r.end <= next || next == range.end {
                 continue;
             }
-            ensure!(r.start <= next, "the checkpoint lacks {kind}.{param}[{next}..{}]", r.start);
+            ensure!(
+                r.start <= next,
+                "the checkpoint lacks {kind}.{param}[{next}..{}]",
+                r.start
+            );
             let end = r.end.min(range.end);
-            file.read_f32_range(entry, next - r.start, &mut into[next - range.start..end - range.start])?;
+            file.read_f32_range(
+                entry,
+                next - r.start,
+                &mut into[next - range.start..end - range.start],
+            )?;
             next = end;
         }
         ensure!(
@@ -291,20 +313,32 @@ impl TensorFile {
     fn read_f32_range(&self, name: &str, from: usize, into: &mut [f32]) -> Result<()> {
         let info = self.info(name)?;
         let len: usize = info.shape.iter().product();
-        ensure!(from + into.len() <= len, "{}: `{name}` has {len} values", self.path.display());
+        ensure!(
+            from + into.len() <= len,
+            "{}: `{name}` has {len} values",
+            self.path.display()
+        );
         let at = |size: usize| self.data_start + (info.data_offsets.0 + from * size) as u64;
         let reading = || format!("reading {}", self.path.display());
         match info.dtype {
-            Dtype::F32 => self.file.read_exact_at(bytemuck::cast_slice_mut(into), at(4)).with_context(reading),
+            Dtype::F32 => self
+                .file
+                .read_exact_at(bytemuck::cast_slice_mut(into), at(4))
+                .with_context(reading),
             Dtype::BF16 => {
                 let mut raw = vec![0u16; into.len()];
-                self.file.read_exact_at(bytemuck::cast_slice_mut(&mut raw), at(2)).with_context(reading)?;
+                self.file
+                    .read_exact_at(bytemuck::cast_slice_mut(&mut raw), at(2))
+                    .with_context(reading)?;
                 for (x, b) in into.iter_mut().zip(raw) {
                     *x = half::bf16::from_bits(b).to_f32();
                 }
                 Ok(())
             }
-            other => bail!("{}: `{name}` is {other:?}, not F32 or BF16", self.path.display()),
+            other => bail!(
+                "{}: `{name}` is {other:?}, not F32 or BF16",
+                self.path.display()
+            ),
         }
     }
 
@@ -336,7 +370,9 @@ mod tests {
         // Each value's moments say where they belong.
         let planted = |param: &str, i: usize| (param.len() * 1000 + i) as f32;
         let fill = |slot: &str, into: MomentsMut<'_>| -> Result<()> {
-            let MomentsMut::Host { m, v } = into else { bail!("host moments") };
+            let MomentsMut::Host { m, v } = into else {
+                bail!("host moments")
+            };
             let (param, range) = piece_of(slot, m.len())?;
             for (k, i) in range.enumerate() {
                 (m[k], v[k]) = (planted(param, i), -planted(param, i));
@@ -351,13 +387,22 @@ mod tests {
             paths.push(dir.path().join(format!("rank-{rank}")));
             write_optimizer(paths.last().unwrap(), &z.opt)?;
         }
-        let files = paths.iter().map(|p| TensorFile::open(p)).collect::<Result<Vec<_>>>()?;
+        let files = paths
+            .iter()
+            .map(|p| TensorFile::open(p))
+            .collect::<Result<Vec<_>>>()?;
         let check = |opt: &AdamW| {
             for (slot, _, moments) in opt.moments() {
-                let MomentsRef::Host { m, v } = moments else { panic!("host moments") };
+                let MomentsRef::Host { m, v } = moments else {
+                    panic!("host moments")
+                };
                 let (param, range) = piece_of(slot, m.len()).unwrap();
                 for (k, i) in range.enumerate() {
-                    assert_eq!((m[k], v[k]), (planted(param, i), -planted(param, i)), "{slot}");
+                    assert_eq!(
+                        (m[k], v[k]),
+                        (planted(param, i), -planted(param, i)),
+                        "{slot}"
+                    );
                 }
             }
         };
@@ -372,7 +417,10 @@ mod tests {
         }
         // A missing rank's file leaves values no file holds: an error.
         let err = read_moments(&files[..2], 7, &mut plain).unwrap_err();
-        assert!(format!("{err:#}").contains("the checkpoint lacks"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("the checkpoint lacks"),
+            "{err:#}"
+        );
         Ok(())
     }
 

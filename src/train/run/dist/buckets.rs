@@ -75,7 +75,10 @@ impl Pair {
     /// (this rank's block of their sum) receives the reduce-scatter.
     fn scattered(padded: usize, block: &Tensor) -> Result<Pair> {
         Ok(Pair {
-            flats: [Tensor::zeros(padded, DType::F32, &Device::Cpu)?, block.clone()],
+            flats: [
+                Tensor::zeros(padded, DType::F32, &Device::Cpu)?,
+                block.clone(),
+            ],
             current: 0,
         })
     }
@@ -278,7 +281,11 @@ impl GradientLayout {
                 .iter()
                 .map(|n| grads.get(n).map_or(0, |g| g.elem_count()))
                 .sum();
-            let dtype = if first.device().is_cpu() { DType::F32 } else { first.dtype() };
+            let dtype = if first.device().is_cpu() {
+                DType::F32
+            } else {
+                first.dtype()
+            };
             sums.push(Tensor::zeros(block_len(len, world), dtype, first.device())?);
             lens.push(len);
         }
@@ -291,20 +298,20 @@ impl GradientLayout {
         self.shards.as_ref()
     }
 
-    /// The bytes of the gradients' sums this rank keeps from step to step:
-    /// the buckets' buffers (two per bucket when all-reduced, the padded
-    /// bucket when scattered) and the blocks of the sums.
+    /// The bytes the sums need beside the gradient buffers, kept from step
+    /// to step: each all-reduced bucket's second buffer (the gradients are
+    /// views of the first), or under ZeRO this rank's blocks (a scattered
+    /// bucket is the gradients' own buffer).
     pub fn sum_bytes(&self) -> usize {
-        let pairs: usize = self
-            .pairs
-            .iter()
-            .flatten()
-            .flat_map(|p| &p.flats)
-            .map(size_of_tensor)
-            .sum();
-        let blocks: usize = self.shards.iter().flat_map(|s| &s.sums).map(size_of_tensor).sum();
-        // A scatter's pair holds its block too: counted once.
-        pairs + blocks - if self.shards.is_some() { self.pairs.iter().flatten().map(|p| size_of_tensor(&p.flats[1])).sum() } else { 0 }
+        match &self.shards {
+            Some(sh) => sh.sums.iter().map(size_of_tensor).sum(),
+            None => self
+                .pairs
+                .iter()
+                .flatten()
+                .map(|p| size_of_tensor(&p.flats[0]))
+                .sum(),
+        }
     }
 
     fn reduce(&self) -> Reduce {
@@ -341,7 +348,10 @@ impl GradientLayout {
                 Some(sh) => {
                     let refs: Vec<&Tensor> = tensors.iter().map(|t| &**t).collect();
                     let padded = sh.sums[i].elem_count() * comm.ranks().world_size;
-                    comm.reduce_scatter_into(&packed(&refs, padded, refs[0].dtype())?, &sh.sums[i])?;
+                    comm.reduce_scatter_into(
+                        &packed(&refs, padded, refs[0].dtype())?,
+                        &sh.sums[i],
+                    )?;
                 }
             }
         } else {
@@ -434,7 +444,12 @@ impl GradientSum<'_> {
 
     /// The backward pass of the step's last micro-batch has finished these
     /// gradients: start summing every bucket that is now complete.
-    pub fn finished(&mut self, f: Finished, grads: &mut Grads, comm: &dyn Collective) -> Result<()> {
+    pub fn finished(
+        &mut self,
+        f: Finished,
+        grads: &mut Grads,
+        comm: &dyn Collective,
+    ) -> Result<()> {
         let Some(bg) = self.background.as_mut() else {
             return Ok(());
         };
@@ -484,7 +499,9 @@ impl GradientSum<'_> {
                 let sums = sh.sums.last().expect("the table's block");
                 let (n, len) = (sums.elem_count(), table[0].elem_count());
                 let start = (comm.ranks().rank * n).min(len);
-                let mine = table[0].flatten_all()?.narrow(0, start, (len - start).min(n))?;
+                let mine = table[0]
+                    .flatten_all()?
+                    .narrow(0, start, (len - start).min(n))?;
                 sums.zero_set()?;
                 sums.slice_set(&mine.to_dtype(sums.dtype())?, 0, 0)?;
                 if sh.stage == 2 {

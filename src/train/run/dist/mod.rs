@@ -19,8 +19,8 @@ pub mod shard;
 use crate::config::RuntimeOptions;
 use anyhow::{bail, Result};
 pub use buckets::{all_reduce_in_buckets, GradientLayout, GradientSum};
-pub use shard::Sharded;
 use candle_core::{DType, Device, Tensor};
+pub use shard::Sharded;
 
 /// Where this process stands among the ranks of its job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -338,11 +338,17 @@ impl candle_core::InplaceOp2 for Collect<'_> {
             Kind::Gather => recv.len() == send.len() * world,
         };
         if !fits {
-            candle_core::bail!("an MPI collective of {} values into {} at world size {world}", send.len(), recv.len())
+            candle_core::bail!(
+                "an MPI collective of {} values into {} at world size {world}",
+                send.len(),
+                recv.len()
+            )
         }
         match self.1 {
             Kind::Sum => self.0.all_reduce_into(send, recv, SystemOperation::sum()),
-            Kind::Scatter => self.0.reduce_scatter_block_into(send, recv, SystemOperation::sum()),
+            Kind::Scatter => self
+                .0
+                .reduce_scatter_block_into(send, recv, SystemOperation::sum()),
             Kind::Gather => self.0.all_gather_into(send, recv),
         }
         Ok(())

@@ -47,6 +47,10 @@ impl Nccl {
 enum Op {
     AllReduceSum,
     Broadcast(i32),
+    /// This rank's block of the sum (1/world of the input).
+    ReduceScatterSum(usize),
+    /// Every rank's input, by rank (world × the input).
+    AllGather(usize),
 }
 
 struct Collect<'a> {
@@ -61,20 +65,35 @@ impl Collect<'_> {
         &self,
         s: &CudaStorage,
         l: &Layout,
-    ) -> candle_core::Result<CudaStorage> {
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
         let Some((start, end)) = l.contiguous_offsets() else {
             candle_core::bail!("NCCL collectives take contiguous tensors")
         };
         let src = s.as_cuda_slice::<T>()?.slice(start..end);
         let dev = s.device.clone();
+        let n = end - start;
+        let out = match self.op {
+            Op::ReduceScatterSum(world) if n % world != 0 => {
+                candle_core::bail!("a reduce-scatter of {n} values over {world} ranks")
+            }
+            Op::ReduceScatterSum(world) => n / world,
+            Op::AllGather(world) => n * world,
+            Op::AllReduceSum | Op::Broadcast(_) => n,
+        };
         // SAFETY: every element is written by the collective before it is read.
-        let mut dst = unsafe { dev.alloc::<T>(end - start)? };
+        let mut dst = unsafe { dev.alloc::<T>(out)? };
         let done = match self.op {
             Op::AllReduceSum => self.comm.all_reduce(&src, &mut dst, &ReduceOp::Sum),
             Op::Broadcast(root) => self.comm.broadcast(Some(&src), &mut dst, root),
+            Op::ReduceScatterSum(_) => self.comm.reduce_scatter(&src, &mut dst, &ReduceOp::Sum),
+            Op::AllGather(_) => self.comm.all_gather(&src, &mut dst),
         };
         done.map_err(|e| candle_core::Error::Msg(format!("NCCL: {e:?}")))?;
-        Ok(CudaStorage::wrap_cuda_slice(dst, dev))
+        let shape = match self.op {
+            Op::AllReduceSum | Op::Broadcast(_) => l.shape().clone(),
+            Op::ReduceScatterSum(_) | Op::AllGather(_) => Shape::from(out),
+        };
+        Ok((CudaStorage::wrap_cuda_slice(dst, dev), shape))
     }
 }
 
@@ -88,13 +107,12 @@ impl CustomOp1 for Collect<'_> {
     }
 
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
-        let out = match s.dtype() {
-            DType::F32 => self.run::<f32>(s, l)?,
-            DType::BF16 => self.run::<half::bf16>(s, l)?,
-            DType::F64 => self.run::<f64>(s, l)?,
+        match s.dtype() {
+            DType::F32 => self.run::<f32>(s, l),
+            DType::BF16 => self.run::<half::bf16>(s, l),
+            DType::F64 => self.run::<f64>(s, l),
             dt => candle_core::bail!("NCCL collectives here take f32, bf16 or f64, not {dt:?}"),
-        };
-        Ok((out, l.shape().clone()))
+        }
     }
 }
 
@@ -113,6 +131,22 @@ impl Collective for Nccl {
             op: Op::AllReduceSum,
         };
         Ok(t.apply_op1_no_bwd(&op)?)
+    }
+
+    fn reduce_scatter_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        let op = Collect {
+            comm: &self.comm,
+            op: Op::ReduceScatterSum(self.ranks.world_size),
+        };
+        Ok(recv.slice_set(&send.apply_op1_no_bwd(&op)?, 0, 0)?)
+    }
+
+    fn all_gather_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
+        let op = Collect {
+            comm: &self.comm,
+            op: Op::AllGather(self.ranks.world_size),
+        };
+        Ok(recv.slice_set(&send.apply_op1_no_bwd(&op)?, 0, 0)?)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {

@@ -61,7 +61,11 @@ impl Sharded {
                 if a < b {
                     let p = params.get(name)?;
                     let values = p.flatten_all()?.narrow(0, a - offset, b - a)?;
-                    vars.push((format!("{name}[{}..{}]", a - offset, b - offset), Var::from_tensor(&values)?, p.rank() >= 2));
+                    vars.push((
+                        format!("{name}[{}..{}]", a - offset, b - offset),
+                        Var::from_tensor(&values)?,
+                        p.rank() >= 2,
+                    ));
                     pieces.push(Piece {
                         group: g,
                         param: name.clone(),
@@ -74,7 +78,11 @@ impl Sharded {
             groups.push(sizes);
         }
         let opt = AdamW::over(vars.into_iter(), cfg)?;
-        Ok(Sharded { groups, pieces, opt })
+        Ok(Sharded {
+            groups,
+            pieces,
+            opt,
+        })
     }
 
     /// The pieces' values from the parameters again (after a resume set them).
@@ -98,14 +106,25 @@ impl Sharded {
         comm: &dyn Collective,
     ) -> Result<f64> {
         let sums = &layout.shards().context("a sharded layout")?.sums;
-        let grads = Grads::of(self.pieces.iter().zip(self.opt.vars()).map(|(p, (name, _))| {
-            (name.to_string(), sums[p.group].narrow(0, p.at, p.range.len()).expect("within the block"))
-        }));
+        let grads = Grads::of(
+            self.pieces
+                .iter()
+                .zip(self.opt.vars())
+                .map(|(p, (name, _))| {
+                    (
+                        name.to_string(),
+                        sums[p.group]
+                            .narrow(0, p.at, p.range.len())
+                            .expect("within the block"),
+                    )
+                }),
+        );
         let blocks: Vec<&Tensor> = grads.iter().map(|(_, g)| g).collect();
-        let mine = grad_norm::clipping(&blocks, 0.0)?.norm()?;
         let device = sums.first().context("a group of gradients")?.device();
-        let [squares] = sum_scalars(comm, [mine * mine], device)?;
-        let norm = self.opt.step(&grads, lr, &Clipping::from_norm(squares.sqrt(), max_norm))?;
+        let [squares] = sum_scalars(comm, [squares(&blocks)?], device)?;
+        let norm = self
+            .opt
+            .step(&grads, lr, &Clipping::from_norm(squares.sqrt(), max_norm))?;
         if norm.is_finite() {
             self.gather(params, comm)?;
         }
@@ -148,6 +167,24 @@ impl Sharded {
     }
 }
 
+/// The sum of the squares of `blocks`: in f64 on the host (a block is one
+/// long run of values, which a sum in f32 rounds far more than the
+/// replicated norm's, row by row), by the norm's own kernel on a GPU.
+fn squares(blocks: &[&Tensor]) -> Result<f64> {
+    if blocks.iter().all(|b| b.device().is_cpu()) {
+        let mut sum = 0.0;
+        for b in blocks {
+            sum += b
+                .to_dtype(candle_core::DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+        return Ok(sum);
+    }
+    Ok(grad_norm::clipping(blocks, 0.0)?.norm()?.powi(2))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,11 +207,19 @@ mod tests {
             for rank in 0..world {
                 let z = Sharded::new(&layout, &params, &cfg, (rank, world))?;
                 for (piece, (name, var)) in z.pieces.iter().zip(z.opt.vars()) {
-                    assert_eq!(name, format!("{}[{}..{}]", piece.param, piece.range.start, piece.range.end));
+                    assert_eq!(
+                        name,
+                        format!(
+                            "{}[{}..{}]",
+                            piece.param, piece.range.start, piece.range.end
+                        )
+                    );
                     let whole = params.get(&piece.param)?.flatten_all()?;
                     let want = whole.narrow(0, piece.range.start, piece.range.len())?;
                     assert_eq!(var.to_vec1::<f32>()?, want.to_vec1::<f32>()?);
-                    seen.get_mut(&piece.param).unwrap()[piece.range.clone()].iter_mut().for_each(|c| *c += 1);
+                    seen.get_mut(&piece.param).unwrap()[piece.range.clone()]
+                        .iter_mut()
+                        .for_each(|c| *c += 1);
                     split |= piece.range.len() < whole.elem_count();
                 }
             }
@@ -183,10 +228,13 @@ mod tests {
             }
             uneven |= layout.groups().iter().any(|g| {
                 let len: usize = g.iter().map(|n| params.get(n).unwrap().elem_count()).sum();
-                len % world != 0
+                !len.is_multiple_of(world)
             });
         }
-        assert!(split && uneven, "the model exercises split parameters and padded groups");
+        assert!(
+            split && uneven,
+            "the model exercises split parameters and padded groups"
+        );
         Ok(())
     }
 }
