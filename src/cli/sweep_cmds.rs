@@ -147,7 +147,7 @@ fn print_zero_fits(plan: &Plan) -> Result<()> {
         let crate::plan::Job::Train(cfg) = &r.job else {
             continue;
         };
-        let (Some(fits), Some(mem)) = (r.largest_batch_by_zero(hints), r.memory(hints)) else {
+        let (Some(fits), Some(mem)) = (r.fits_by_zero(hints), r.memory(hints)) else {
             continue;
         };
         // The manifest's spelling ("bf16-mixed").
@@ -155,40 +155,29 @@ fn print_zero_fits(plan: &Plan) -> Result<()> {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let key = (
-            cfg.model.clone(),
-            r.world_size(),
-            mem.device_bytes,
-            precision.clone(),
-            cfg.sequence_length,
-        );
+        let device = mem.device_bytes.unwrap_or(0);
+        let key = (cfg.model.clone(), r.world_size(), device, precision.clone(), cfg.sequence_length);
         if !seen.insert(key) {
             continue;
         }
-        let each: Vec<String> = fits
-            .iter()
-            .enumerate()
-            .map(|(z, b)| match b {
-                Some(b) => format!("zero {z}: batch ≤ {b}"),
-                None => format!("zero {z}: does not fit"),
-            })
-            .collect();
         let gb = |b: u64| b as f64 / 1e9;
-        let k = mem.states;
         outln!(
-            "{} ({}, sequence {}) on {} ranks of {:.0} GB: {} [per rank at zero = {}: parameters {:.1} GB, gradients {:.1}, master {:.1}, moments {:.1}]",
+            "{} ({precision}, sequence {}) on {} ranks of {:.0} GB, per rank: parameters + gradients + master values + moments (GB), largest batch",
             cfg.model,
-            precision,
             cfg.sequence_length,
             r.world_size(),
-            gb(mem.device_bytes.unwrap_or(0)),
-            each.join(" · "),
-            cfg.zero,
-            gb(k.parameters),
-            gb(k.gradients),
-            gb(k.master),
-            gb(k.moments),
+            gb(device),
         );
+        for (z, (batch, k)) in fits.iter().enumerate() {
+            let batch = batch.map_or("does not fit".into(), |b| format!("batch ≤ {b}"));
+            outln!(
+                "  zero {z}: {:.1} + {:.1} + {:.1} + {:.1}: {batch}",
+                gb(k.parameters),
+                gb(k.gradients),
+                gb(k.master),
+                gb(k.moments)
+            );
+        }
     }
     Ok(())
 }

@@ -48,7 +48,8 @@ const BACKWARD_SHARE: f64 = 2.0 / 3.0;
 /// One run's forecast, per optimizer step and device.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Forecast {
-    /// The whole all-reduce of the gradients, hidden or not.
+    /// The whole all-reduce of the gradients (under ZeRO their
+    /// reduce-scatter and the parameters' all-gather), hidden or not.
     pub allreduce_s: f64,
     /// The forward and backward passes at the expected MFU.
     pub compute_s: f64,
@@ -218,10 +219,22 @@ impl Fitted {
         } else {
             hw.inter_node_gbps
         }?;
-        let ring = 2.0 * (w - 1) as f64 / w as f64;
+        // A ring all-reduce is a reduce-scatter and an all-gather, each
+        // moving (w − 1)/w of the bytes. ZeRO (`zero` ≥ 1) sums the buckets
+        // by the reduce-scatter alone during the backward pass and gathers
+        // every updated parameter — the embedding's table whole — after the
+        // optimizer, where nothing hides it: the same bytes for the buckets,
+        // the gather exposed.
+        let half = (w - 1) as f64 / w as f64;
+        let ring = if cfg.zero > 0 { half } else { 2.0 * half };
         let seconds = |bytes: f64| ring * bytes / (gbps * 1e9);
+        let gather_s = match cfg.zero {
+            0 => 0.0,
+            _ => half * element * model.total_params() as f64 / (gbps * 1e9),
+        };
         let (bucketed_s, after_s) = (seconds(v.bucketed), seconds(v.after));
-        let latency_s = 2.0 * (w - 1) as f64 * v.calls * self.hop_latency_s;
+        let calls = v.calls * if cfg.zero > 0 { 2.0 } else { 1.0 };
+        let latency_s = 2.0 * (w - 1) as f64 * calls * self.hop_latency_s;
         let exposed_bucketed_s = if job.overlaps {
             let window = BACKWARD_SHARE * flops / (hw.peak_flops * mfu.max(self.kernel_mfu));
             // The link sends each part once it is ready and the parts before
@@ -239,9 +252,9 @@ impl Fitted {
         } else {
             bucketed_s
         };
-        let exposed_s = exposed_bucketed_s + after_s + latency_s;
+        let exposed_s = exposed_bucketed_s + after_s + latency_s + gather_s;
         Some(Forecast {
-            allreduce_s: bucketed_s + after_s + latency_s,
+            allreduce_s: bucketed_s + after_s + latency_s + gather_s,
             compute_s,
             exposed_s,
             efficiency_pct: 100.0 * compute_s / (compute_s + exposed_s),
@@ -335,6 +348,31 @@ mod tests {
         assert!((f.compute_s - compute).abs() < 1e-12);
         assert_eq!(f.exposed_s, f.allreduce_s, "nothing hidden without overlap");
         assert!((f.efficiency_pct - 100.0 * compute / (compute + want)).abs() < 1e-9);
+    }
+
+    /// ZeRO moves the buckets by half a ring (the reduce-scatter) and every
+    /// parameter by the other half after the step (the all-gather, exposed).
+    #[test]
+    fn zero_scatters_the_gradients_and_gathers_every_parameter_after_the_step() {
+        let model = ModelConfig::preset("ref-1b").unwrap();
+        let plain = at(&cfg(1), 16, false);
+        let sharded = at(&TrainConfig { zero: 1, ..cfg(1) }, 16, false);
+        let bytes = 2.0 * model.total_params() as f64;
+        let hops = 2.0 * 30.0 * (bytes / (25u64 << 20) as f64).ceil() * 16e-6;
+        let want = 15.0 / 16.0 * bytes / 25e9 * 2.0 + hops;
+        assert!((sharded.allreduce_s - want).abs() < 1e-12, "{sharded:?}");
+        assert_eq!(sharded.exposed_s, sharded.allreduce_s);
+        // With overlap, the gather is left exposed: never less than plain's.
+        let (plain, sharded) = (at(&cfg(8), 4, true), at(&TrainConfig { zero: 2, ..cfg(8) }, 4, true));
+        assert!(sharded.exposed_s > plain.exposed_s, "{plain:?} {sharded:?}");
+        assert!(sharded.exposed_s >= 3.0 / 4.0 * bytes / (hw_gbps(&cfg(8), 4) * 1e9));
+        assert!(plain.allreduce_s > 0.0);
+    }
+
+    /// The link a forecast of `cfg` on `w` ranks (4 a node) uses, in GB/s.
+    fn hw_gbps(cfg: &TrainConfig, w: usize) -> f64 {
+        let hw = Hardware::of(cfg, &PlanHints::default()).unwrap();
+        if w <= 4 { hw.intra_node_gbps } else { hw.inter_node_gbps }.unwrap()
     }
 
     /// sweep's trainer: the embedding by the rows a step can use, after the

@@ -146,10 +146,13 @@ impl Run {
         scaling::FITTED.forecast(cfg, hints, model, hw, job)
     }
 
-    /// The largest batch per device that fits its GPU at `zero` = 0, 1 and
-    /// 2 (None: not even batch 1), for a data-parallel built-in trainer run
-    /// on a GPU of known size.
-    pub fn largest_batch_by_zero(&self, hints: &PlanHints) -> Option<[Option<usize>; 3]> {
+    /// At `zero` = 0, 1 and 2: the largest batch per device that fits its
+    /// GPU (None: not even batch 1) and the states per rank, for a
+    /// data-parallel built-in trainer run on a GPU of known size.
+    pub fn fits_by_zero(
+        &self,
+        hints: &PlanHints,
+    ) -> Option<[(Option<usize>, crate::estimate::memory::States); 3]> {
         let (Job::Train(cfg), Some(model)) = (&self.job, &self.model) else {
             return None;
         };
@@ -158,11 +161,12 @@ impl Run {
         if world < 2 {
             return None;
         }
-        let fits = |zero: u8, batch: usize| {
+        let at = |zero: u8, batch: usize| {
             let mut c = cfg.clone();
             (c.zero, c.batch_size) = (zero, crate::config::BatchSize::Fixed(batch));
-            crate::estimate::memory::estimate_on(&c, model, world).total() <= device
+            crate::estimate::memory::estimate_on(&c, model, world)
         };
+        let fits = |zero: u8, batch: usize| at(zero, batch).total() <= device;
         Some(std::array::from_fn(|z| {
             let z = z as u8;
             // The estimate grows with the batch: the last that fits, by halving.
@@ -175,7 +179,7 @@ impl Run {
                     hi = mid;
                 }
             }
-            (lo > 0).then_some(lo)
+            ((lo > 0).then_some(lo), at(z, 1).by_kind)
         }))
     }
 
