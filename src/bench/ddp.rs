@@ -31,6 +31,9 @@ pub struct DdpWork {
     pub device: DeviceKind,
     /// The project root: the bundled data and tokenizer are under it.
     pub root: PathBuf,
+    /// The ZeRO stage the ranks train at.
+    #[serde(default)]
+    pub zero: u8,
 }
 
 /// Rank 0's figures at one world size.
@@ -47,6 +50,9 @@ pub struct DdpRow {
     /// Whether the ranks went through the engine (one rank alone does not,
     /// unless `--engine-at-one`).
     pub through_engine: bool,
+    /// The ZeRO stage (its all-gather counts in `comm_s`).
+    #[serde(default)]
+    pub zero: u8,
     /// FLOPs of one rank's step, and the peak its MFU is measured against
     /// (the trainer's: the measured CPU peak, or the GPU's table entry).
     pub flops_per_step: f64,
@@ -77,9 +83,10 @@ impl DdpRow {
     /// How the row is labelled: its world size, and whether one rank went
     /// through the engine.
     pub fn label(&self) -> String {
-        match (self.ranks, self.through_engine) {
-            (1, true) => "1 (engine)".into(),
-            (n, _) => n.to_string(),
+        match (self.ranks, self.through_engine, self.zero) {
+            (1, true, _) => "1 (engine)".into(),
+            (n, _, 0) => n.to_string(),
+            (n, _, z) => format!("{n} zero {z}"),
         }
     }
 }
@@ -106,6 +113,7 @@ fn config(w: &DdpWork) -> TrainConfig {
         learning_rate: 1e-4,
         warmup_steps: 1,
         threads: w.threads,
+        zero: w.zero,
         ..Default::default()
     }
 }
@@ -149,6 +157,7 @@ pub fn rank(w: &DdpWork, rt: &RuntimeOptions) -> Result<()> {
             comm_s: comm_s / n,
             engine: t.comm.describe(),
             through_engine: !t.comm.is_single(),
+            zero: w.zero,
             flops_per_step: t.model_spec.cfg.flops_per_token(w.seq) * (w.batch * w.seq) as f64,
             peak_flops,
         };
@@ -270,6 +279,7 @@ pub fn forecast(
     use crate::estimate::scaling;
     let ranks_per_node = launch.ranks_per_node(row.ranks);
     let mut cfg = config(w);
+    cfg.zero = row.zero;
     cfg.peak_flops = Some(base.peak_flops);
     let hints = crate::config::PlanHints {
         expected_mfu_pct: Some(crate::estimate::mfu_pct(

@@ -602,6 +602,7 @@ fn ddp(d: &DdpBenchCli, root: &Path) -> Result<()> {
         threads: d.threads,
         device: d.device,
         root: repository(root, crate::config::DEFAULT_TOKENIZER),
+        zero: 0,
     };
     let launch = d.nodes.map_or(Launch::Local, Launch::Nodes);
     let links = Links {
@@ -614,9 +615,20 @@ fn ddp(d: &DdpBenchCli, root: &Path) -> Result<()> {
         d.repeats as usize,
         d.json.as_deref(),
     );
-    let rounds = (0..repeats)
-        .map(|_| crate::bench::ddp::run(work, ranks, engine_at_one, launch))
-        .collect::<Result<Vec<_>>>()?;
+    // Each round: every world size plain, then sharded at each stage asked.
+    let sharded: Vec<usize> = ranks.iter().copied().filter(|&n| n > 1).collect();
+    let round = || -> Result<Vec<DdpRow>> {
+        let mut rows = crate::bench::ddp::run(work, ranks, engine_at_one, launch)?;
+        for &zero in &d.zero {
+            let w = DdpWork {
+                zero,
+                ..work.clone()
+            };
+            rows.extend(crate::bench::ddp::run(&w, &sharded, false, launch)?);
+        }
+        Ok(rows)
+    };
+    let rounds = (0..repeats).map(|_| round()).collect::<Result<Vec<_>>>()?;
     let Some(base) = rounds.first().and_then(|r| r.first()) else {
         return Ok(());
     };

@@ -156,7 +156,13 @@ fn print_zero_fits(plan: &Plan) -> Result<()> {
             .unwrap_or_default()
             .to_string();
         let device = mem.device_bytes.unwrap_or(0);
-        let key = (cfg.model.clone(), r.world_size(), device, precision.clone(), cfg.sequence_length);
+        let key = (
+            cfg.model.clone(),
+            r.world_size(),
+            device,
+            precision.clone(),
+            cfg.sequence_length,
+        );
         if !seen.insert(key) {
             continue;
         }

@@ -318,18 +318,38 @@ mod tests {
         };
         let one = 4.0 * model.total_params() as f64;
         let plain = estimate_on(&cfg(0, 1), &model, 4);
-        assert_eq!(plain, estimate(&cfg(0, 1), &model), "zero 0: the world size changes nothing");
+        assert_eq!(
+            plain,
+            estimate(&cfg(0, 1), &model),
+            "zero 0: the world size changes nothing"
+        );
         let (k0, k1) = (plain.by_kind, estimate_on(&cfg(1, 1), &model, 4).by_kind);
         assert_eq!(k0.moments as f64, 2.0 * one);
-        assert_eq!((k1.moments as f64, k1.master as f64), (one / 2.0, one / 4.0));
-        assert_eq!((k1.gradients as f64, k1.parameters as f64), (one + one / 4.0, one));
+        assert_eq!(
+            (k1.moments as f64, k1.master as f64),
+            (one / 2.0, one / 4.0)
+        );
+        assert_eq!(
+            (k1.gradients as f64, k1.parameters as f64),
+            (one + one / 4.0, one)
+        );
         let k2 = estimate_on(&cfg(2, 1), &model, 4).by_kind;
         let table = 4.0 * (model.vocab_size * model.dim) as f64;
-        assert_eq!(k2.gradients as f64, (table + 2.0 * (25 << 20) as f64 + one / 4.0).floor());
-        assert_eq!(estimate_on(&cfg(2, 2), &model, 4).by_kind.gradients, k1.gradients);
+        assert_eq!(
+            k2.gradients as f64,
+            (table + 2.0 * (25 << 20) as f64 + one / 4.0).floor()
+        );
+        assert_eq!(
+            estimate_on(&cfg(2, 2), &model, 4).by_kind.gradients,
+            k1.gradients
+        );
         // 16 bytes a parameter whole; 8 + 8/N (+ a table) sharded.
         let states = |z, w| estimate_on(&cfg(z, 1), &model, w).states as f64;
-        assert!(states(0, 4) > 4.0 * one - 1.0 && states(1, 8) < states(1, 4) && states(2, 4) < states(1, 4));
+        assert!(
+            states(0, 4) > 4.0 * one - 1.0
+                && states(1, 8) < states(1, 4)
+                && states(2, 4) < states(1, 4)
+        );
     }
 
     /// How far the estimate of a bf16 run on a GPU (sequence 2048) lies from

@@ -362,8 +362,13 @@ mod tests {
         let want = 15.0 / 16.0 * bytes / 25e9 * 2.0 + hops;
         assert!((sharded.allreduce_s - want).abs() < 1e-12, "{sharded:?}");
         assert_eq!(sharded.exposed_s, sharded.allreduce_s);
+        // The same bytes as the all-reduce; twice its calls.
+        assert!((sharded.allreduce_s - plain.allreduce_s - hops / 2.0).abs() < 1e-12);
         // With overlap, the gather is left exposed: never less than plain's.
-        let (plain, sharded) = (at(&cfg(8), 4, true), at(&TrainConfig { zero: 2, ..cfg(8) }, 4, true));
+        let (plain, sharded) = (
+            at(&cfg(8), 4, true),
+            at(&TrainConfig { zero: 2, ..cfg(8) }, 4, true),
+        );
         assert!(sharded.exposed_s > plain.exposed_s, "{plain:?} {sharded:?}");
         assert!(sharded.exposed_s >= 3.0 / 4.0 * bytes / (hw_gbps(&cfg(8), 4) * 1e9));
         assert!(plain.allreduce_s > 0.0);
@@ -372,7 +377,12 @@ mod tests {
     /// The link a forecast of `cfg` on `w` ranks (4 a node) uses, in GB/s.
     fn hw_gbps(cfg: &TrainConfig, w: usize) -> f64 {
         let hw = Hardware::of(cfg, &PlanHints::default()).unwrap();
-        if w <= 4 { hw.intra_node_gbps } else { hw.inter_node_gbps }.unwrap()
+        if w <= 4 {
+            hw.intra_node_gbps
+        } else {
+            hw.inter_node_gbps
+        }
+        .unwrap()
     }
 
     /// sweep's trainer: the embedding by the rows a step can use, after the

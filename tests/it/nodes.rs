@@ -366,6 +366,57 @@ fn one_rank_per_node_over_tcp_trains_like_two_ranks_on_one_node() {
     );
 }
 
+/// ZeRO across hosts: one rank per node, the optimizer sharded (`zero = 1`
+/// and `2`, reduce-scatter and all-gather over TCP), on plain data
+/// parallelism's curve over the same link.
+#[test]
+#[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
+fn sharded_optimizer_across_two_hosts_follows_the_plain_curve() {
+    let Some(cluster) = Cluster::take() else {
+        return;
+    };
+    let root = project();
+    let name = "zero-two-hosts";
+    let m = root.path().join(format!("{name}.toml"));
+    write(
+        &m,
+        &format!(
+            r#"name = "{name}"
+executor = "slurm"
+[defaults]
+{defaults}
+training_steps = {STEPS}
+grad_clip = 0.05
+[sweep]
+name = "zero{{{{ zero }}}}"
+[sweep.grid]
+zero = [0, 1, 2]
+[slurm]
+time = "10"
+job_name = "sweep-test-{name}"
+nodes = 2
+ntasks_per_node = 1
+cpus_per_task = 1
+"#,
+            defaults = tiny_defaults(),
+        ),
+    );
+    run_ok(cluster.sweep(root.path()).arg("submit").arg(&m));
+    let s = cluster.wait_ended(root.path(), &m, 300);
+    let dir = root.path().join("results").join(name);
+    assert!(
+        s.values().all(|(st, _)| st == "COMPLETED"),
+        "{s:?}\n{}",
+        run_log(&dir.join("zero2"))
+    );
+    for sharded in ["zero1", "zero2"] {
+        super::ddp::assert_curves_agree(&dir, ["zero0", sharded], STEPS, |_| false);
+        assert_eq!(placement(&dir.join(sharded)), ["node1", "node2"]);
+        let log = run_log(&dir.join(sharded));
+        assert!(log.contains("parameters identical on all 2 ranks"), "{log}");
+    }
+}
+
 #[test]
 #[ignore = "needs the two-node SLURM cluster (scripts/test.sh starts it)"]
 fn a_packed_block_runs_a_two_node_run_beside_a_one_node_run() {

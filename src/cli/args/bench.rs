@@ -40,7 +40,7 @@ pub enum BenchCmd {
     Gemms(GemmsBenchCli),
     /// Data-parallel scaling of the trainer on this machine: 1 and N ranks (MPI) with the same work per rank.
     #[command(
-        after_help = "Example:\n  sweep bench ddp --ranks 1,2 --threads 1      (a build with --features mpi)\n  sweep bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048   (NCCL at world size 1)"
+        after_help = "Example:\n  sweep bench ddp --ranks 1,2 --threads 1      (a build with --features mpi)\n  sweep bench ddp --ranks 1,2 --zero 1,2      (sharded optimizer beside plain)\n  sweep bench ddp --device cuda --ranks 1 --engine-at-one --model ref-1b --batch 8 --seq-len 2048   (NCCL at world size 1)"
     )]
     Ddp(DdpBenchCli),
     /// The largest batch size a run's configuration trains at: real steps at
@@ -224,6 +224,9 @@ pub struct DdpBenchCli {
     /// Also run one rank through the engine (MPI or NCCL) to see its cost without peers.
     #[arg(long)]
     pub engine_at_one: bool,
+    /// Also run the world sizes above one at these ZeRO stages (1, 2), beside `zero = 0`.
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub zero: Vec<u8>,
     /// Rounds of every world size in turn; the medians count (a shared
     /// machine's noise moves one run by several percent).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]

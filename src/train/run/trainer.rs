@@ -297,13 +297,13 @@ impl Trainer {
         if !loss.is_finite() {
             bail!("the loss ({loss}) is not finite; try a lower learning_rate");
         }
-        let grad_norm = match &mut self.opt {
+        let (grad_norm, gather_s) = match &mut self.opt {
             Optimizer::Replicated(opt) => {
                 // On a GPU the norm and the clip scale stay on the device: AdamW
                 // reads the scale there, and the host reads the norm once, after
                 // the update is queued (a non-finite norm changes nothing).
                 let clipping = grads.clipping(self.cfg.grad_clip)?;
-                opt.step(grads, lr, &clipping)?
+                (opt.step(grads, lr, &clipping)?, 0.0)
             }
             Optimizer::Sharded(z) => {
                 let clip = (lr, self.cfg.grad_clip);
@@ -313,6 +313,7 @@ impl Trainer {
         if !grad_norm.is_finite() {
             bail!("the gradient norm ({grad_norm}) is not finite (loss {loss}); try a lower learning_rate");
         }
+        comm_s += gather_s;
         let phases = Phases {
             forward_s,
             backward_s: (updating - passes).as_secs_f64() - forward_s,

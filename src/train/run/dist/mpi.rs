@@ -30,6 +30,20 @@ pub struct Mpi {
 
 impl Mpi {
     pub fn init(ranks: Ranks, blocking: bool) -> Result<Mpi> {
+        // ZeRO's reduce-scatter: Open MPI 4.1 picks a reduce to one rank and a
+        // scatter for a few ranks, which sends each bucket whole; recursive
+        // halving sends half, as the forecast assumes (docs/performance.md:
+        // 63% of a step exposed at 0.5 Gbit/s, 50% with it). Read at
+        // MPI_Init, before which this process's other threads read no
+        // environment; a setting already there wins.
+        for (key, value) in [
+            ("OMPI_MCA_coll_tuned_use_dynamic_rules", "1"),
+            ("OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm", "3"),
+        ] {
+            if std::env::var_os(key).is_none() {
+                std::env::set_var(key, value);
+            }
+        }
         // The main thread calls MPI, and during the backward pass a thread
         // of its own that sums gradient buckets ([`Mpi::background`]), never
         // both at once: serialized.

@@ -97,38 +97,36 @@ impl Sharded {
     /// One update from this rank's blocks of the summed gradients in
     /// `layout`: the global norm from every rank's blocks, AdamW on the
     /// pieces, the updated blocks all-gathered into `params`. Returns the
-    /// norm (not finite: nothing changed).
+    /// norm (not finite: nothing changed) and the seconds spent in the
+    /// norm's sum and the all-gather.
     pub fn step(
         &mut self,
         layout: &GradientLayout,
         params: &Params,
         (lr, max_norm): (f64, f64),
         comm: &dyn Collective,
-    ) -> Result<f64> {
+    ) -> Result<(f64, f64)> {
         let sums = &layout.shards().context("a sharded layout")?.sums;
-        let grads = Grads::of(
-            self.pieces
-                .iter()
-                .zip(self.opt.vars())
-                .map(|(p, (name, _))| {
-                    (
-                        name.to_string(),
-                        sums[p.group]
-                            .narrow(0, p.at, p.range.len())
-                            .expect("within the block"),
-                    )
-                }),
-        );
+        let mut blocks = Vec::with_capacity(self.pieces.len());
+        for (p, (name, _)) in self.pieces.iter().zip(self.opt.vars()) {
+            let block = sums[p.group].narrow(0, p.at, p.range.len())?;
+            blocks.push((name.to_string(), block));
+        }
+        let grads = Grads::of(blocks.into_iter());
         let blocks: Vec<&Tensor> = grads.iter().map(|(_, g)| g).collect();
         let device = sums.first().context("a group of gradients")?.device();
-        let [squares] = sum_scalars(comm, [squares(&blocks)?], device)?;
-        let norm = self
-            .opt
-            .step(&grads, lr, &Clipping::from_norm(squares.sqrt(), max_norm))?;
+        let mine = squares(&blocks)?;
+        let summing = std::time::Instant::now();
+        let [squares] = sum_scalars(comm, [mine], device)?;
+        let mut comm_s = summing.elapsed().as_secs_f64();
+        let clipping = Clipping::from_norm(squares.sqrt(), max_norm);
+        let norm = self.opt.step(&grads, lr, &clipping)?;
         if norm.is_finite() {
+            let gathering = std::time::Instant::now();
             self.gather(params, comm)?;
+            comm_s += gathering.elapsed().as_secs_f64();
         }
-        Ok(norm)
+        Ok((norm, comm_s))
     }
 
     /// Every rank's updated blocks into every rank's parameters, a group at
