@@ -259,3 +259,45 @@ fn a_killed_sharded_run_resumes_on_two_plain_ranks_on_its_curve() {
         );
     }
 }
+
+/// `sweep bench ddp --zero` runs the sharded stages beside plain, each row
+/// labelled and in the JSON with its stage.
+#[test]
+fn bench_ddp_runs_the_stages_asked_beside_plain() {
+    let root = project();
+    let json = root.path().join("ddp.json");
+    let args = [
+        "bench",
+        "ddp",
+        "--ranks",
+        "1,2",
+        "--zero",
+        "1,2",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--batch",
+        "1",
+        "--seq-len",
+        "32",
+    ];
+    let out = run_ok(sweep(root.path()).args(args).arg("--json").arg(&json));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    for label in ["2 zero 1", "2 zero 2"] {
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with(label)),
+            "{text}"
+        );
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let zeros: Vec<(u64, u64)> = doc["rounds"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["ranks"].as_u64().unwrap(), r["zero"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(zeros, [(1, 0), (2, 0), (2, 1), (2, 2)]);
+    let err = super::support::run_err(sweep(root.path()).args(["bench", "ddp", "--zero", "3"]));
+    assert!(err.contains("--zero"), "{err}");
+}
