@@ -186,6 +186,46 @@ fn one_rank_through_nccl_trains_exactly_like_no_engine() {
     );
 }
 
+/// ZeRO through NCCL at world size 1 (`zero` set in the run's config by
+/// hand: the plan refuses it on one rank): the reduce-scatter and the
+/// all-gather over one rank and AdamW on one block change no bit (without
+/// clipping, whose norm the blocks sum in another order).
+#[test]
+#[ignore = "needs an NVIDIA GPU and a GPU build (scripts/build-gpu.sh --tests)"]
+fn zero_through_nccl_at_one_rank_trains_exactly_like_plain() {
+    let root = project();
+    let m = manifest(
+        root.path(),
+        "zero1",
+        "training_steps = 10\nsequence_length = 64\ndevice = \"cuda\"\nprecision = \"bf16\"\ngrad_clip = 0.0",
+        "",
+    );
+    run_ok(sweep(root.path()).arg("render").arg(&m));
+    let run = root.path().join("results/zero1/run");
+    let config = run.join("config.toml");
+    let plain = std::fs::read_to_string(&config).unwrap();
+    let mut curves = Vec::new();
+    for zero in [0, 1, 2] {
+        let _ = std::fs::remove_file(run.join("metrics.jsonl"));
+        let _ = std::fs::remove_dir_all(run.join("checkpoints"));
+        std::fs::write(&config, format!("zero = {zero}\n{plain}")).unwrap();
+        let out = run_ok(
+            sweep(root.path())
+                .args(["train", "--config"])
+                .arg(&config)
+                .env("SWEEP_ENGINE_AT_ONE", "1")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", "29533"),
+        );
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(log.contains(&format!("(zero = {zero})")), "{log}");
+        curves.push(losses(&run));
+    }
+    assert_eq!(curves[0].len(), 10);
+    assert_eq!(curves[0], curves[1], "zero = 1 changed the training");
+    assert_eq!(curves[0], curves[2], "zero = 2 changed the training");
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU and a GPU build (scripts/build-gpu.sh --tests)"]
 fn every_cuda_kernel_matches_its_cpu_twin() {

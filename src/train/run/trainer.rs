@@ -601,31 +601,37 @@ mod tests {
 
     /// Per-step losses of a small model on the bundled text.
     fn losses_on_real_text(precision: Precision, steps: usize) -> Result<Vec<f64>> {
-        losses_sharded(precision, steps, 0)
+        losses_sharded(precision, steps, 0, 1.0)
     }
 
     /// ZeRO on one rank: one block holds everything, and the curve is the
-    /// replicated one's (the norm summed in another order: not bit for bit).
+    /// replicated one's — bit for bit without clipping; with it, the norm
+    /// is summed in another order.
     #[test]
     fn zero_on_one_rank_follows_the_replicated_curve() -> Result<()> {
         let plain = losses_on_real_text(Precision::F32, 8)?;
+        let unclipped = losses_sharded(Precision::F32, 8, 0, 0.0)?;
         for zero in [1, 2] {
-            for (step, (a, b)) in plain
-                .iter()
-                .zip(losses_sharded(Precision::F32, 8, zero)?)
-                .enumerate()
-            {
+            let sharded = losses_sharded(Precision::F32, 8, zero, 1.0)?;
+            for (step, (a, b)) in plain.iter().zip(sharded).enumerate() {
+                let step = step + 1;
                 assert!(
                     (a - b).abs() <= 1e-6 * a,
-                    "zero {zero}, step {}: {a} vs {b}",
-                    step + 1
+                    "zero {zero}, step {step}: {a} vs {b}"
                 );
             }
+            let exact = losses_sharded(Precision::F32, 8, zero, 0.0)?;
+            assert_eq!(unclipped, exact, "zero {zero}");
         }
         Ok(())
     }
 
-    fn losses_sharded(precision: Precision, steps: usize, zero: u8) -> Result<Vec<f64>> {
+    fn losses_sharded(
+        precision: Precision,
+        steps: usize,
+        zero: u8,
+        grad_clip: f64,
+    ) -> Result<Vec<f64>> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let cfg = TrainConfig {
             dataset: root.join("assets/data/quickstart.parquet"),
@@ -636,6 +642,7 @@ mod tests {
             warmup_steps: 3,
             precision,
             zero,
+            grad_clip,
             architecture: ModelOverrides {
                 dim: Some(32),
                 n_layers: Some(1),

@@ -360,9 +360,10 @@ mod tests {
     use crate::config::DataOrder;
 
     /// Moments written by three ZeRO ranks are read back by a plain run and
-    /// by each rank of two: every value from the rank that held it.
+    /// by each rank of two, and a plain run's by each of three ranks: every
+    /// value from the file that held it.
     #[test]
-    fn sharded_moments_resume_on_another_world_size_and_unsharded() -> Result<()> {
+    fn moments_resume_across_world_sizes_and_zero_values() -> Result<()> {
         use crate::train::run::dist::{GradientLayout, Sharded};
         let (model, grads, params) = crate::train::run::dist::buckets::tests::tiny_model();
         let layout = GradientLayout::new(&grads, &model.stages())?;
@@ -415,6 +416,19 @@ mod tests {
             read_moments(&files, 7, &mut z.opt)?;
             check(&z.opt);
         }
+        // And back: the plain optimizer's one file, read by each of three ranks.
+        let whole = dir.path().join("plain");
+        write_optimizer(&whole, &plain)?;
+        let files = [TensorFile::open(&whole)?];
+        for rank in 0..3 {
+            let mut z = Sharded::new(&layout, &params, &cfg, (rank, 3))?;
+            read_moments(&files, 7, &mut z.opt)?;
+            check(&z.opt);
+        }
+        let files = paths
+            .iter()
+            .map(|p| TensorFile::open(p))
+            .collect::<Result<Vec<_>>>()?;
         // A missing rank's file leaves values no file holds: an error.
         let err = read_moments(&files[..2], 7, &mut plain).unwrap_err();
         assert!(
