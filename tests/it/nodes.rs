@@ -7,7 +7,9 @@
 //!
 //! The tests take turns ([`TURN`]): one of them takes a node away.
 
-use super::support::{losses, metrics, project, repo, run_ok, skipped, sweep, wait_for, write};
+use super::support::{
+    losses, metrics, project, repo, run_ok, skipped, sweep, tiny_defaults, wait_for, write,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -227,28 +229,6 @@ fn placement(run: &Path) -> Vec<String> {
 
 fn run_log(run: &Path) -> String {
     super::support::job_logs(run)
-}
-
-/// The tiny model on the bundled text, batch 1 a rank, one thread: the
-/// `[defaults]` of this file's studies.
-fn tiny_defaults() -> String {
-    format!(
-        r#"tokenizer = "{tok}"
-dataset = "{data}"
-model = "tiny"
-architecture = {{ dim = 32, n_layers = 2 }}
-dataset_type = "padded"
-sequence_length = 64
-batch_size = 1
-learning_rate = 3e-3
-warmup_steps = 2
-logging_frequency = 1
-threads = 1"#,
-        tok = repo()
-            .join("assets/tokenizers/mistral-7b/tokenizer.json")
-            .display(),
-        data = repo().join("assets/data/quickstart.parquet").display(),
-    )
 }
 
 /// A data-parallel study of the tiny model on the bundled text: `one-node`

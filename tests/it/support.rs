@@ -388,3 +388,25 @@ pub fn reference_ddp_report(root: &Path) -> Vec<serde_json::Value> {
     assert_eq!(rows.len(), 8);
     rows
 }
+
+/// The tiny model on the bundled text, batch 1 a rank, one thread: the
+/// `[defaults]` of the data-parallel studies.
+pub fn tiny_defaults() -> String {
+    format!(
+        r#"tokenizer = "{tok}"
+dataset = "{data}"
+model = "tiny"
+architecture = {{ dim = 32, n_layers = 2 }}
+dataset_type = "padded"
+sequence_length = 64
+batch_size = 1
+learning_rate = 3e-3
+warmup_steps = 2
+logging_frequency = 1
+threads = 1"#,
+        tok = repo()
+            .join("assets/tokenizers/mistral-7b/tokenizer.json")
+            .display(),
+        data = repo().join("assets/data/quickstart.parquet").display(),
+    )
+}

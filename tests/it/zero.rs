@@ -4,7 +4,9 @@
 //! checkpoint resumed on another world size without sharding. Built with
 //! the `mpi` feature, which `scripts/test.sh` turns on.
 
-use super::support::{losses, metrics, project, repo, run_ok, status, sweep, wait_for, write};
+use super::support::{
+    losses, metrics, project, run_ok, status, sweep, tiny_defaults, wait_for, write,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,17 +22,7 @@ fn study(root: &Path, name: &str, ranks: &[u32], zeros: &[u8], extra: &str) -> P
             r#"name = "{name}"
 executor = "local"
 [defaults]
-tokenizer = "{tok}"
-dataset = "{data}"
-model = "tiny"
-architecture = {{ dim = 32, n_layers = 2 }}
-dataset_type = "padded"
-sequence_length = 64
-batch_size = 1
-learning_rate = 3e-3
-warmup_steps = 2
-logging_frequency = 1
-threads = 1
+{defaults}
 {extra}
 [sweep]
 name = "w{{{{ slurm.ntasks_per_node }}}}-z{{{{ zero }}}}"
@@ -44,10 +36,7 @@ threads = 2
 time = "10"
 cpus_per_task = 1
 "#,
-            tok = repo()
-                .join("assets/tokenizers/mistral-7b/tokenizer.json")
-                .display(),
-            data = repo().join("assets/data/quickstart.parquet").display(),
+            defaults = tiny_defaults(),
         ),
     );
     m
