@@ -391,6 +391,7 @@ pub fn reference_ddp_report(root: &Path) -> Vec<serde_json::Value> {
 
 /// The tiny model on the bundled text, batch 1 a rank, one thread: the
 /// `[defaults]` of the data-parallel studies.
+#[cfg(feature = "mpi")]
 pub fn tiny_defaults() -> String {
     format!(
         r#"tokenizer = "{tok}"
