@@ -334,21 +334,7 @@ impl<'a> Shared<'a> {
             Mode::Command(_) => None,
         };
         let mut ctx = match &train {
-            Some(cfg) => {
-                let mut v = serde_json::to_value(cfg).expect("config serialises");
-                // Keys a config leaves out at their default (so that run ids
-                // stay as they were) are still there to name runs by.
-                let left_out = [
-                    ("zero", json!(cfg.zero)),
-                    ("data_order", json!(cfg.data_order)),
-                ];
-                if let Some(fields) = v.as_object_mut() {
-                    for (key, value) in left_out {
-                        fields.entry(key).or_insert(value);
-                    }
-                }
-                v
-            }
+            Some(cfg) => config_context(cfg),
             None => to_json(&Value::Table(a.table.clone())),
         };
         ctx["slurm"] = serde_json::to_value(&slurm).expect("slurm serialises");
@@ -688,6 +674,23 @@ impl<'a> Shared<'a> {
     }
 }
 
+/// A trainer configuration as names and derived values see it: every key,
+/// those a config leaves out at their default (so that run ids stay as they
+/// were) included.
+fn config_context(cfg: &TrainConfig) -> Json {
+    let mut v = serde_json::to_value(cfg).expect("config serialises");
+    let left_out = [
+        ("zero", json!(cfg.zero)),
+        ("data_order", json!(cfg.data_order)),
+    ];
+    if let Some(fields) = v.as_object_mut() {
+        for (key, value) in left_out {
+            fields.entry(key).or_insert(value);
+        }
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::block_order;
@@ -713,6 +716,22 @@ mod tests {
     }
 
     const PINNED: [usize; 6] = [2, 3, 1, 4, 5, 0];
+
+    /// Keys a run's config leaves out at their default still name runs.
+    #[test]
+    fn keys_left_out_at_their_default_name_runs() {
+        let cfg = crate::config::TrainConfig::default();
+        let ctx = super::config_context(&cfg);
+        assert_eq!(
+            (ctx["zero"].clone(), ctx["data_order"].clone()),
+            (0.into(), "global".into())
+        );
+        let written = toml::to_string(&cfg).unwrap();
+        assert!(
+            !written.contains("zero") && !written.contains("data_order"),
+            "{written}"
+        );
+    }
 
     /// A run's model shape is resolved when it is planned: a preset without
     /// a vocabulary takes its tokenizer's, and a tokenizer that cannot be
