@@ -166,15 +166,7 @@ pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> MemoryEstimate {
 /// shares out depends on it).
 pub fn estimate_on(cfg: &TrainConfig, model: &ModelConfig, world_size: usize) -> MemoryEstimate {
     let slices = head_slice_values(cfg.device == DeviceKind::Cuda);
-    let mut e = estimate_with_slices(cfg, model, slices);
-    let k = states_by_kind(cfg, model, world_size);
-    e.states = (e.states as f64 - 4.0 * replicated_share(cfg, model)) as u64
-        + k.parameters
-        + k.gradients
-        + k.master
-        + k.moments;
-    e.by_kind = k;
-    e
+    estimate_with_slices(cfg, model, slices, world_size)
 }
 
 /// Bytes of one copy of the parameters.
@@ -220,7 +212,12 @@ fn states_by_kind(cfg: &TrainConfig, model: &ModelConfig, world_size: usize) -> 
 
 /// [`estimate`] for a head computing `slice` logit values at once (the
 /// tests hold the estimate to peaks measured with an earlier slice).
-fn estimate_with_slices(cfg: &TrainConfig, model: &ModelConfig, slice: usize) -> MemoryEstimate {
+fn estimate_with_slices(
+    cfg: &TrainConfig,
+    model: &ModelConfig,
+    slice: usize,
+    world_size: usize,
+) -> MemoryEstimate {
     let fused = cfg.device == DeviceKind::Cpu && cfg.precision != Precision::Bf16;
     let path = match cfg.device {
         DeviceKind::Cuda => &BLOCKWISE_GPU,
@@ -228,19 +225,23 @@ fn estimate_with_slices(cfg: &TrainConfig, model: &ModelConfig, slice: usize) ->
         DeviceKind::Cpu => &COMPOSED,
     };
     let p = model.total_params() as f64;
-    let (param_bytes, act_bytes) = match cfg.precision {
-        Precision::Bf16 => (2.0, 2.0),
-        Precision::F32 | Precision::Bf16Mixed => (4.0, 4.0),
+    let act_bytes = if cfg.precision == Precision::Bf16 {
+        2.0
+    } else {
+        4.0
     };
-    // Parameters, their gradient buffers, two moments; on the composed path
-    // bf16-mixed keeps bf16 weights for its products, and accumulation
-    // makes a new sum of the gradients (the fused path adds in place).
-    let mut states = 4.0 * p * param_bytes;
+    // Parameters, their gradient buffers, two moments (as `zero` shares
+    // them out); on the composed path bf16-mixed keeps bf16 weights for its
+    // products, and accumulation makes a new sum of the gradients (the
+    // fused path adds in place).
+    let by_kind = states_by_kind(cfg, model, world_size);
+    let mut states =
+        (by_kind.parameters + by_kind.gradients + by_kind.master + by_kind.moments) as f64;
     if path.bf16_copies && cfg.precision == Precision::Bf16Mixed {
         states += 2.0 * p;
     }
     if !fused && cfg.gradient_accumulation > 1 {
-        states += p * param_bytes;
+        states += replicated_share(cfg, model);
     }
     // The optimizer's transients: copies of the largest gradient (the
     // embedding's or the output head's) for the gradient norm.
@@ -275,7 +276,7 @@ fn estimate_with_slices(cfg: &TrainConfig, model: &ModelConfig, slice: usize) ->
     };
     MemoryEstimate {
         states: states as u64,
-        by_kind: states_by_kind(cfg, model, 1),
+        by_kind,
         activations: activations as u64,
         logits: logits as u64,
         fixed: (path.fixed_bytes + transients) as u64,
@@ -380,7 +381,7 @@ mod tests {
         };
         let model = ModelConfig::resolve(preset, &overrides).unwrap();
         let estimated = match slice_values {
-            Some(values) => estimate_with_slices(&cfg, &model, values),
+            Some(values) => estimate_with_slices(&cfg, &model, values, 1),
             None => estimate(&cfg, &model),
         };
         estimated.total() as f64 / (peak_mib * 1024.0 * 1024.0) - 1.0

@@ -466,7 +466,7 @@ fn finish(t: &Trainer, elapsed: f64) -> Result<ExitCode> {
         }
     }
     if ranks.is_main() {
-        let b = t.state_bytes()?;
+        let b = t.state_bytes();
         eprintln!(
             "sweep train: rank 0 keeps {} B of parameters, {} B of gradient buffers, {} B of gradient sums, \
              {} B of master values and {} B of moments (zero = {})",

@@ -229,22 +229,22 @@ impl Trainer {
     }
 
     /// What this rank keeps from step to step, by kind.
-    pub fn state_bytes(&self) -> Result<StateBytes> {
-        let mut params = 0;
-        for (_, v) in self.params.iter() {
-            params += v.elem_count() * v.dtype().size_in_bytes();
-        }
+    pub fn state_bytes(&self) -> StateBytes {
         let (master, moments) = match &self.opt {
             Optimizer::Replicated(opt) => (0, opt.moment_bytes()),
             Optimizer::Sharded(z) => z.bytes(),
         };
-        Ok(StateBytes {
-            params,
+        StateBytes {
+            params: self
+                .params
+                .iter()
+                .map(|(_, v)| v.elem_count() * v.dtype().size_in_bytes())
+                .sum(),
             grads: self.grads.bytes(),
             grad_sums: self.layout.sum_bytes(),
             master,
             moments,
-        })
+        }
     }
 
     /// One optimizer step over this rank's micro-batches: forward and

@@ -30,14 +30,14 @@ const MODEL: &str = "model.safetensors";
 const OPTIMIZER: &str = "optimizer.safetensors";
 /// Rank r's moments, in a checkpoint of a ZeRO run: `optimizer-rank-<r>.safetensors`.
 const SHARD_PREFIX: &str = "optimizer-rank-";
-
-fn shard_file(rank: usize) -> String {
-    format!("{SHARD_PREFIX}{rank}.safetensors")
-}
 const STATE: &str = "state.json";
 /// The table of contents, written last: its presence and agreement with the
 /// files make a checkpoint whole.
 const CONTENTS: &str = "checkpoint.json";
+
+fn shard_file(rank: usize) -> String {
+    format!("{SHARD_PREFIX}{rank}.safetensors")
+}
 
 /// The largest `state.json` read: its loader buffer holds at most the rest
 /// of one document ([`MAX_BUFFER_TOKENS`]).
@@ -569,8 +569,8 @@ fn read_whole(dir: &Path) -> std::result::Result<TrainState, String> {
     for (f, want) in &contents.files {
         let shard = f
             .strip_prefix(SHARD_PREFIX)
-            .and_then(|r| r.strip_suffix(".safetensors"))
-            .is_some_and(|r| r.parse::<usize>().is_ok());
+            .and_then(|r| r.split_once('.')?.0.parse().ok())
+            .is_some_and(|r| shard_file(r) == *f);
         if !shard && ![MODEL, STATE, OPTIMIZER].contains(&f.as_str()) {
             return Err(format!(
                 "its {CONTENTS} lists {f:?}, which no checkpoint holds"

@@ -207,8 +207,6 @@ pub struct Shards {
     /// 1: the ranks keep their gradient buffers from step to step (the
     /// buckets' views); 2: each buffer is dropped once its sum is scattered.
     pub stage: u8,
-    /// Each group's elements: the buckets', then the embedding table's.
-    pub lens: Vec<usize>,
     /// This rank's block of each group's sum, [`block_len`] long (zero past
     /// the group's end): f32 on the host, the gradients' dtype on a GPU.
     pub sums: Vec<Tensor>,
@@ -274,7 +272,7 @@ impl GradientLayout {
     /// Sums by ZeRO `stage` (1 or 2) from now on: this rank's blocks of the
     /// sums in [`GradientLayout::shards`].
     pub fn shard(&mut self, stage: u8, world: usize, grads: &Grads) -> Result<()> {
-        let (mut lens, mut sums) = (Vec::new(), Vec::new());
+        let mut sums = Vec::new();
         for group in self.groups() {
             let first = grads.get(&group[0]).context("a gradient per name")?;
             let len: usize = group
@@ -287,9 +285,8 @@ impl GradientLayout {
                 first.dtype()
             };
             sums.push(Tensor::zeros(block_len(len, world), dtype, first.device())?);
-            lens.push(len);
         }
-        self.shards = Some(Shards { stage, lens, sums });
+        self.shards = Some(Shards { stage, sums });
         self.pairs.iter_mut().for_each(|p| *p = None);
         Ok(())
     }
