@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Python peer of `sweep bench data`: pretokenized loaders written the way a
+"""The Python peer of `sweep-bench data`: pretokenized loaders written the way a
 PyTorch study's dataset classes usually are (and the reference study's were):
 the Parquet table read into memory with pyarrow, then one document at a time as
 Python lists, building the same samples as sweep (right-padded rows; a token
@@ -9,7 +9,7 @@ buffer with one BOS per document boundary and labels -100 at BOS).
         --token-list token-list.parquet --seq-len 2048 --samples 1000 --bos 1
 
 Prints one JSON object: microseconds per sample for each loader given. `sweep
-bench data` runs it beside its own loaders on the same files.
+data` runs it beside its own loaders on the same files.
 """
 import argparse
 import json

@@ -85,3 +85,18 @@ pub const HISTORY_SQLITE: &str = "history.sqlite";
 /// SQLite's application id of a sweep history (the bytes "swep"), set when
 /// sweep creates the file: a file without it is not sweep's to write.
 pub const HISTORY_APPLICATION_ID: i32 = 0x7377_6570;
+
+/// Where the repository's own files are (its scripts, the bundled tokenizer
+/// and data): the project root when it holds `probe`, else the checkout this
+/// binary was built in (`target/release/sweep` → the checkout), else the
+/// project root (whose missing file the caller's error then names).
+pub fn repository(root: &std::path::Path, probe: &str) -> std::path::PathBuf {
+    let beside_build = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()));
+    [Some(root.to_path_buf()), beside_build]
+        .into_iter()
+        .flatten()
+        .find(|d| d.join(probe).is_file())
+        .unwrap_or_else(|| root.to_path_buf())
+}

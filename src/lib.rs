@@ -12,7 +12,8 @@
 //! environment of manifests and job scripts; `util` what every stage uses.
 //! `study` holds a study's verbs (plan, render under the lock, submit, run
 //! and watch, status, cancel); `cli` parses the command line once, calls
-//! them and prints what they return; `bench` measures the hot paths.
+//! them and prints what they return; `bench` measures the trainer (the
+//! `sweep-bench` binary, `bench/`, sweep's own tooling).
 
 pub mod bench;
 pub mod cli;

@@ -1,19 +1,14 @@
-//! `sweep bench ...`: the benchmarks of the hot paths. Each prints a table of
-//! figures; none is a test (speed goals are checked here, not in `cargo test`).
+//! `sweep bench ...`: the benchmarks of the trainer a user runs. Each prints
+//! a table of figures; none is a test (speed goals are checked here, not in
+//! `cargo test`). Those that time sweep's own tooling (plan, report, history,
+//! data, pretokenize, local) are the `sweep-bench` binary's (`bench/`).
 
-pub mod data;
 pub mod ddp;
 pub mod gemms;
-pub mod history;
 pub mod kernels;
-pub mod local;
-pub mod plan;
-pub mod pretokenize;
-pub mod report;
 pub mod train;
 
 use crate::config::{ModelConfig, ModelOverrides};
-use std::time::{Duration, Instant};
 
 /// The most values one operand of a benchmark may hold (8 GiB of f32):
 /// larger sizes no machine holds (and the kernels' 32-bit counts could not
@@ -32,23 +27,4 @@ pub fn preset_shapes(name: &str, vocab: Option<usize>) -> anyhow::Result<ModelCo
         None => {}
     }
     Ok(cfg)
-}
-
-/// Runs `f` once and returns its result with the wall time it took.
-pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
-    let t = Instant::now();
-    let v = f();
-    (v, t.elapsed())
-}
-
-/// CPU time of this process so far: (user, kernel) seconds.
-pub fn cpu_times() -> (f64, f64) {
-    use nix::sys::resource::{getrusage, UsageWho};
-    match getrusage(UsageWho::RUSAGE_SELF) {
-        Ok(u) => {
-            let s = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6;
-            (s(u.user_time()), s(u.system_time()))
-        }
-        Err(_) => (0.0, 0.0),
-    }
 }

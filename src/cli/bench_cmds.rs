@@ -13,8 +13,6 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
     check_outputs(&cmd)?;
     match cmd {
         BenchCmd::Train(t) => train(&t, rt, root)?,
-        BenchCmd::Report { runs, lines, dir } => report(runs, lines, dir)?,
-        BenchCmd::History { rows, dir } => history(rows, dir)?,
         BenchCmd::Peak => peak()?,
         BenchCmd::Kernels(k) => return kernels(&k, rt),
         BenchCmd::Gemms(g) => gemms(&g, rt)?,
@@ -24,21 +22,6 @@ pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> 
             steps,
             max,
         } => max_batch(config, memory_limit, steps, max)?,
-        BenchCmd::Data(a) => data(a, root)?,
-        BenchCmd::Pretokenize {
-            dataset,
-            tokenizer,
-            seq_len,
-            threads,
-            repeats,
-        } => pretokenize(dataset, tokenizer, seq_len, threads, repeats, root)?,
-        BenchCmd::Plan { runs, dir } => plan(runs, dir, rt)?,
-        BenchCmd::Local {
-            runs,
-            parallel,
-            seconds,
-            dir,
-        } => local(runs, parallel, seconds, &dir)?,
         BenchCmd::Ddp(d) => ddp(&d, root)?,
         BenchCmd::DdpRank { work } => crate::bench::ddp::rank(&serde_json::from_str(&work)?, rt)?,
     }
@@ -95,7 +78,8 @@ fn train(args: &TrainBenchCli, rt: &RuntimeOptions, root: &Path) -> Result<()> {
     for outcome in crate::bench::train::run(
         cases,
         &settings,
-        &repository(root, crate::config::DEFAULT_TOKENIZER).join(crate::config::DEFAULT_TOKENIZER),
+        &crate::layout::repository(root, crate::config::DEFAULT_TOKENIZER)
+            .join(crate::config::DEFAULT_TOKENIZER),
         rt,
     ) {
         match outcome {
@@ -263,54 +247,6 @@ fn max_batch(
     Ok(())
 }
 
-/// `sweep bench report`: summarising a large synthetic sweep.
-fn report(runs: usize, lines: usize, dir: PathBuf) -> Result<()> {
-    // Each line is ~300 bytes on disk: 10 million of them are 3 GB.
-    const MAX_LINES: usize = 10_000_000;
-    if runs.saturating_mul(lines) > MAX_LINES {
-        anyhow::bail!(
-            "--runs × --lines is {runs} × {lines}, more than {MAX_LINES} log lines (~3 GB of logs): use fewer"
-        );
-    }
-    crate::util::fs::make_dir(&dir)?;
-    let b = crate::bench::report::run(runs, lines, &dir)?;
-    outln!(
-        "report over {} runs x {} log lines ({} points; writing them took {:.1} s)",
-        b.runs,
-        b.lines,
-        b.runs * b.lines,
-        b.setup_s
-    );
-    outln!("  read + summarise + write tables  {:8.3} s", b.report_s);
-    Ok(())
-}
-
-fn history(rows: usize, dir: PathBuf) -> Result<()> {
-    crate::util::fs::make_dir(&dir)?;
-    let b = crate::bench::history::run(rows, &dir)?;
-    outln!(
-        "history of {} measurements ({} studies; writing them took {:.1} s)",
-        b.rows,
-        b.studies,
-        b.setup_s
-    );
-    outln!(
-        "  sweep history <study>     {:8.3} s  ({} attempts, as a table)",
-        b.one_study_s,
-        b.one_study_lines
-    );
-    outln!(
-        "  sweep check --history     {:8.3} s  (20 configurations' last 5 attempts)",
-        b.check_s
-    );
-    outln!(
-        "  sweep history (all)       {:8.3} s  ({} attempts)",
-        b.everything_s,
-        b.everything_lines
-    );
-    Ok(())
-}
-
 /// `sweep bench peak`: matmul peak of this CPU (what CPU MFU is measured against).
 /// `sweep bench kernels`: fails when a kernel is outside its tolerance.
 fn kernels(k: &KernelsBenchCli, rt: &RuntimeOptions) -> Result<ExitCode> {
@@ -417,177 +353,6 @@ fn peak() -> Result<()> {
     Ok(())
 }
 
-/// `sweep bench data`: the four loaders against the raw tokenizer.
-fn data(a: super::DataBenchCli, root: &Path) -> Result<()> {
-    let args = crate::bench::data::DataBenchArgs {
-        dataset: a
-            .dataset
-            .unwrap_or_else(|| crate::bench::data::default_dataset(root)),
-        tokenizer: a.tokenizer,
-        seq_len: a.seq_len,
-        samples: a.samples,
-        work_dir: root.join("results/bench/data"),
-        plots: root.join("plots/bench"),
-        only: a.only,
-        repeats: a.repeats,
-        scripts: scripts_dir(root),
-    };
-    let b = crate::bench::data::run(&args)?;
-    outln!(
-        "data loading: {} samples of seq {} from {} (one consumer thread, no prefetch; best of {})",
-        a.samples,
-        a.seq_len,
-        args.dataset.display(),
-        a.repeats
-    );
-    outln!(
-        "{:<26} {:>10} {:>14} {:>16} {:>8} {:>14} {:>10}",
-        "loader",
-        "load (s)",
-        "us/sample",
-        "raw tokenizer",
-        "ratio",
-        "python peer",
-        "speedup"
-    );
-    for r in &b.rows {
-        let (raw, ratio) = match r.raw_us_per_sample {
-            Some(raw) => (
-                format!("{raw:.1} us"),
-                format!("{:.3}", r.us_per_sample / raw),
-            ),
-            None => ("-".into(), "-".into()),
-        };
-        let (python, speedup) = match r.python_us_per_sample {
-            Some(p) => (format!("{p:.1} us"), format!("{:.0}x", p / r.us_per_sample)),
-            None => ("-".into(), "-".into()),
-        };
-        outln!(
-            "{:<26} {:>10.3} {:>14.2} {:>16} {:>8} {:>14} {:>10}",
-            r.name,
-            r.load_s,
-            r.us_per_sample,
-            raw,
-            ratio,
-            python,
-            speedup
-        );
-    }
-    if let Some(why) = &b.python_missing {
-        outln!("python peer (scripts/python-loaders.py) not run: {why}");
-    }
-    outln!(
-        "chart: {}",
-        b.chart
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Ok(())
-}
-
-/// `sweep bench pretokenize`: pretokenization throughput and peak memory.
-fn pretokenize(
-    dataset: Option<PathBuf>,
-    tokenizer: PathBuf,
-    seq_len: usize,
-    threads: usize,
-    repeats: usize,
-    root: &Path,
-) -> Result<()> {
-    let dataset = dataset.unwrap_or_else(|| crate::bench::data::default_dataset(root));
-    let five = root.join("assets/data/corpus-5x.parquet");
-    let rss_inputs: Vec<_> = [dataset.clone(), five]
-        .into_iter()
-        .filter(|p| p.exists())
-        .collect();
-    let b = crate::bench::pretokenize::run(
-        &dataset,
-        &tokenizer,
-        seq_len,
-        threads,
-        repeats,
-        &rss_inputs,
-    )?;
-    outln!(
-        "pretokenize {:.1} MB of text ({} documents, {} tokens) from {} on {} threads; best of {repeats}",
-        b.mb,
-        b.docs,
-        b.tokens,
-        dataset.display(),
-        b.threads
-    );
-    outln!(
-        "  raw encode_batch (texts in memory)  {:8.2} MB/s",
-        b.raw_mb_s
-    );
-    for (name, mb_s) in &b.ours {
-        outln!(
-            "  sweep pretokenize --format {:<10} {:6.2} MB/s  ({:.0}% of raw)",
-            name,
-            mb_s,
-            100.0 * mb_s / b.raw_mb_s
-        );
-    }
-    for (input, mb, rss) in &b.rss {
-        outln!(
-            "  peak RSS {:8.0} MB on {} ({:.0} MB of Parquet)",
-            rss,
-            input.display(),
-            mb
-        );
-    }
-    Ok(())
-}
-
-/// `sweep bench plan`: plan + render of a large sweep, phase by phase.
-fn plan(runs: usize, dir: PathBuf, rt: &RuntimeOptions) -> Result<()> {
-    crate::util::fs::make_dir(&dir)?;
-    let b = crate::bench::plan::run(runs, &dir, &crate::plan::PlanOptions::new(false, rt))?;
-    outln!(
-        "plan + render of a {}-run sweep into {} ({} threads)",
-        b.runs,
-        dir.display(),
-        rayon::current_num_threads()
-    );
-    outln!("  load + validate manifest  {:8.3} s", b.load_s);
-    outln!("  expand into runs          {:8.3} s", b.plan_s);
-    outln!("  render in memory          {:8.3} s", b.render_s);
-    outln!(
-        "  write run directories     {:8.3} s  ({} files; CPU {:.2} s user, {:.2} s kernel)",
-        b.write_s,
-        3 * b.runs,
-        b.write_user_s,
-        b.write_kernel_s
-    );
-    outln!(
-        "  total plan + render       {:8.3} s",
-        b.load_s + b.plan_s + b.render_s + b.write_s
-    );
-    outln!("  re-render (all unchanged) {:8.3} s", b.rerender_s);
-    Ok(())
-}
-
-/// `sweep bench local`: many short runs through the local executor.
-fn local(runs: usize, parallel: usize, seconds: f64, dir: &Path) -> Result<()> {
-    crate::util::fs::make_dir(dir)?;
-    let b = crate::bench::local::run(runs, parallel, seconds, dir)?;
-    outln!(
-        "{} command runs of {} s, {} at a time, through the local executor (`sweep submit`)",
-        b.runs,
-        b.seconds,
-        b.parallel
-    );
-    outln!("  total        {:8.2} s", b.total_s);
-    outln!(
-        "  runs' floor  {:8.2} s  (⌈runs / parallel⌉ × seconds)",
-        b.floor_s
-    );
-    outln!("  overhead     {:8.2} s", b.total_s - b.floor_s);
-    Ok(())
-}
-
 /// `sweep bench ddp`: weak scaling from the first world size to the others,
 /// over `repeats` rounds of every world size in turn (medians; each round's
 /// efficiency against its own base, so a drifting machine moves both alike),
@@ -601,7 +366,7 @@ fn ddp(d: &DdpBenchCli, root: &Path) -> Result<()> {
         steps: d.steps,
         threads: d.threads,
         device: d.device,
-        root: repository(root, crate::config::DEFAULT_TOKENIZER),
+        root: crate::layout::repository(root, crate::config::DEFAULT_TOKENIZER),
         zero: 0,
     };
     let launch = d.nodes.map_or(Launch::Local, Launch::Nodes);
@@ -759,10 +524,6 @@ fn check_outputs(cmd: &BenchCmd) -> Result<()> {
         {
             outputs::check(&[Output::new("--json", p)], &[], outputs::Allow::default())?
         }
-        BenchCmd::Report { dir, .. }
-        | BenchCmd::History { dir, .. }
-        | BenchCmd::Plan { dir, .. }
-        | BenchCmd::Local { dir, .. } => outputs::check_dir("--dir", dir)?,
         _ => {}
     }
     Ok(())
@@ -787,24 +548,4 @@ fn write_json(path: &Path, bytes: &[u8]) -> Result<()> {
         return Ok(out.flush()?);
     }
     crate::util::outputs::write("--json", path, bytes, &[])
-}
-
-/// The repository's `scripts/`.
-fn scripts_dir(root: &Path) -> std::path::PathBuf {
-    repository(root, "scripts/python-loaders.py").join("scripts")
-}
-
-/// Where the repository's own files are (its scripts, the bundled tokenizer
-/// and data): the project root when it holds `probe`, else the checkout this
-/// binary was built in (`target/release/sweep` → the checkout), else the
-/// project root (whose missing file the caller's error then names).
-fn repository(root: &Path, probe: &str) -> std::path::PathBuf {
-    let beside_build = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()));
-    [Some(root.to_path_buf()), beside_build]
-        .into_iter()
-        .flatten()
-        .find(|d| d.join(probe).is_file())
-        .unwrap_or_else(|| root.to_path_buf())
 }

@@ -23,7 +23,7 @@ use crate::util::stdout::outln;
 /// own `exit` ignores a write that fails; here `sweep --help > /dev/full` is
 /// an error like any command's output that cannot be written, and a pipe
 /// closed early (`sweep --help | head -1`) ends it quietly.
-fn said_by_clap(e: &clap::Error) -> ExitCode {
+pub fn said_by_clap(e: &clap::Error) -> ExitCode {
     use std::io::Write;
     let code = ExitCode::from(e.exit_code().clamp(0, 255) as u8);
     let written = e.print().and_then(|()| std::io::stdout().flush());

@@ -5,6 +5,7 @@
 use anyhow::{Context, Result};
 
 /// `println!` for commands: the line, or an error returned from the caller.
+#[macro_export]
 macro_rules! outln {
     () => {
         $crate::util::stdout::write(format_args!("\n"))?
@@ -13,7 +14,7 @@ macro_rules! outln {
         $crate::util::stdout::write(format_args!("{}\n", format_args!($($arg)*)))?
     };
 }
-pub(crate) use outln;
+pub use crate::outln;
 
 /// Writes `args` on standard output.
 pub fn write(args: std::fmt::Arguments<'_>) -> Result<()> {

@@ -339,21 +339,14 @@ pq.write_table(pa.table({{"tokens": pa.array(toks, pa.list_(pa.int32()))}}).repl
     );
 }
 
-/// `sweep bench data` runs its Python peer on the same pretokenized files
+/// `sweep-bench data` runs its Python peer on the same pretokenized files
 /// and prints both (the figures themselves are the benchmark's business).
 #[test]
 fn the_data_benchmark_runs_its_python_peer_beside_the_loaders() {
     let root = super::support::project();
     let out = stdout(&run_ok(
-        sweep(root.path())
-            .args([
-                "bench",
-                "data",
-                "--loader",
-                "pretokenized",
-                "--samples",
-                "20",
-            ])
+        super::support::sweep_bench(root.path())
+            .args(["data", "--loader", "pretokenized", "--samples", "20"])
             .args(["--repeats", "1", "--seq-len", "256", "--dataset"])
             .arg(repo().join("assets/data/quickstart.parquet"))
             .args(["--tokenizer"])

@@ -749,7 +749,11 @@ fn a_checkpoint_resumes_only_into_its_own_model() {
 
 /// Runs `sweep <args>` under a 4 GB address-space limit and a 60 s timeout.
 fn bounded(root: &Path, args: &[&str]) -> std::process::Output {
-    let bin = env!("CARGO_BIN_EXE_sweep");
+    // `sweep-bench` for the benchmarks of sweep's own tooling.
+    let (bin, args) = match args {
+        ["sweep-bench", rest @ ..] => (env!("CARGO_BIN_EXE_sweep-bench").to_string(), rest),
+        _ => (format!("{} -C .", env!("CARGO_BIN_EXE_sweep")), args),
+    };
     let quoted: Vec<String> = args
         .iter()
         .map(|a| shlex::try_quote(a).unwrap().into_owned())
@@ -757,7 +761,7 @@ fn bounded(root: &Path, args: &[&str]) -> std::process::Output {
     Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "ulimit -v 4000000; exec timeout 60 {bin} -C . {}",
+            "ulimit -v 4000000; exec timeout 60 {bin} {}",
             quoted.join(" ")
         ))
         .current_dir(root)
@@ -1027,19 +1031,20 @@ fn every_option_is_bounded() {
         ),
         ("bench train --threads 100000", "--threads"),
         ("bench train --steps 0", "--steps"),
-        ("bench plan --runs 10000000000", "--runs"),
-        ("bench report --runs 0", "--runs"),
-        ("bench report --lines 100000000", "--lines"),
+        ("sweep-bench plan --runs 10000000000", "--runs"),
+        ("sweep-bench report --runs 0", "--runs"),
+        ("sweep-bench report --lines 100000000", "--lines"),
+        ("sweep-bench history --rows 9999", "--rows"),
         ("bench ddp --ranks 0", "--ranks"),
         ("bench ddp --ranks 1,100000", "--ranks"),
         ("bench ddp --nodes 0", "--nodes"),
         ("bench ddp --inter-node-gbps 1e-300", "--inter-node-gbps"),
         ("bench ddp --intra-node-gbps NaN", "--intra-node-gbps"),
         ("bench max-batch --config c.toml --max 0", "--max"),
-        ("bench data --samples 0", "--samples"),
+        ("sweep-bench data --samples 0", "--samples"),
         ("bench kernels --repeats 0", "--repeats"),
         ("bench kernels --tokens 1099511627776", "--tokens"),
-        ("bench pretokenize --threads 0", "--threads"),
+        ("sweep-bench pretokenize --threads 0", "--threads"),
         ("report x --skip-first 99999999999", "--skip-first"),
         ("submit m.toml --parallel 0", "--parallel"),
         ("check m.toml --threshold 1e308", "--threshold"),
@@ -1059,7 +1064,14 @@ fn every_option_is_bounded() {
     // A product of flags: checked before anything is written.
     let o = bounded(
         d,
-        &["bench", "report", "--runs", "100000", "--lines", "1000000"],
+        &[
+            "sweep-bench",
+            "report",
+            "--runs",
+            "100000",
+            "--lines",
+            "1000000",
+        ],
     );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

@@ -4,7 +4,9 @@
 //! every long command stops within seconds of SIGTERM or Ctrl-C, its
 //! temporaries removed.
 
-use super::support::{project, run_err, run_ok, stdout, stop_at_work, sweep, write, Stopped};
+use super::support::{
+    project, run_err, run_ok, stdout, stop_at_work, sweep, sweep_bench, write, Stopped,
+};
 use nix::sys::signal::Signal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -208,20 +210,27 @@ fn no_output_flag_of_any_command_replaces_what_sweep_reads_or_owns() {
             }),
         ),
         (
-            "bench report --dir",
+            "sweep-bench report --dir",
             Box::new(move |p| {
                 strings(&[
-                    "bench", "report", "--runs", "2", "--lines", "10", "--dir", p,
+                    "sweep-bench",
+                    "report",
+                    "--runs",
+                    "2",
+                    "--lines",
+                    "10",
+                    "--dir",
+                    p,
                 ])
             }),
         ),
         (
-            "bench history --dir",
-            Box::new(move |p| strings(&["bench", "history", "--rows", "10", "--dir", p])),
+            "sweep-bench history --dir",
+            Box::new(move |p| strings(&["sweep-bench", "history", "--rows", "10000", "--dir", p])),
         ),
         (
-            "bench plan --dir",
-            Box::new(move |p| strings(&["bench", "plan", "--runs", "2", "--dir", p])),
+            "sweep-bench plan --dir",
+            Box::new(move |p| strings(&["sweep-bench", "plan", "--runs", "2", "--dir", p])),
         ),
     ];
     let before = snapshot(d);
@@ -229,7 +238,12 @@ fn no_output_flag_of_any_command_replaces_what_sweep_reads_or_owns() {
     for (flags, targets) in [(&file_flags, &files[..]), (&dir_flags, &dirs[..])] {
         for (name, args) in flags.iter() {
             for (target, says) in targets {
-                let o = sweep(d).args(args(target)).output().unwrap();
+                // The benchmarks of sweep's own tooling are `sweep-bench`'s.
+                let o = match args(target).split_first() {
+                    Some((bin, rest)) if bin == "sweep-bench" => sweep_bench(d).args(rest).output(),
+                    _ => sweep(d).args(args(target)).output(),
+                }
+                .unwrap();
                 let err = String::from_utf8_lossy(&o.stderr);
                 // The manifest `sweep check` reads is its input, too.
                 let input = *target == "s.toml" && err.contains("is the input");
@@ -417,12 +431,12 @@ fn every_long_command_stops_at_a_signal_and_leaves_nothing_behind() {
         temporaries(d)
     );
 
-    // sweep bench report: its synthetic study (a temporary folder) goes.
+    // sweep-bench report: its synthetic study (a temporary folder) goes.
     std::fs::create_dir(d.join("bench")).unwrap();
     let bench = || {
-        let mut cmd = sweep(d);
+        let mut cmd = sweep_bench(d);
         cmd.args([
-            "bench", "report", "--runs", "300", "--lines", "2000", "--dir", "bench",
+            "report", "--runs", "300", "--lines", "2000", "--dir", "bench",
         ]);
         cmd
     };

@@ -35,6 +35,13 @@ pub fn sweep(root: &Path) -> Command {
     c
 }
 
+/// The `sweep-bench` binary (benchmarks of sweep's own tooling), run in `root`.
+pub fn sweep_bench(root: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sweep-bench"));
+    c.current_dir(root);
+    c
+}
+
 /// `sweep submit <manifest> --executor slurm`, which must succeed; its stdout.
 pub fn submit_slurm(root: &Path, manifest: &Path) -> String {
     stdout(&run_ok(

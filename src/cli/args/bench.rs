@@ -6,28 +6,6 @@ use super::*;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
-    /// Dataset load time and time per sample for the four loaders; writes plots/bench/data-loading.{png,svg}.
-    #[command(
-        after_help = "Example:\n  scripts/fetch-assets.sh && sweep bench data --samples 1000 --seq-len 2048"
-    )]
-    Data(DataBenchCli),
-    /// Pretokenization throughput against the raw tokenizer, and its peak memory at 1x and 5x the corpus.
-    #[command(
-        after_help = "Example:\n  scripts/fetch-assets.sh --5x && sweep bench pretokenize --threads 2"
-    )]
-    Pretokenize {
-        #[arg(long)]
-        dataset: Option<PathBuf>,
-        #[arg(long, default_value = crate::config::DEFAULT_TOKENIZER)]
-        tokenizer: PathBuf,
-        #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
-        seq_len: usize,
-        #[arg(long, default_value_t = 2, value_parser = count(1, MAX_THREADS))]
-        threads: usize,
-        /// Alternating runs of raw and ours; the best of each counts.
-        #[arg(long, default_value_t = 3, value_parser = count(1, MAX_REPEATS))]
-        repeats: usize,
-    },
     /// The train step of the CPU presets in f32 and bf16-mixed: tokens/s, GFLOP/s, share of the matmul peak.
     #[command(
         after_help = "Examples:\n  sweep bench train --threads 1\n  sweep bench train --threads 2 --steps 10\n  sweep bench train --device cuda --layers 8      (a GPU build on a GPU machine)"
@@ -68,27 +46,6 @@ pub enum BenchCmd {
         #[arg(long)]
         work: String,
     },
-    /// Aggregating a large sweep: read, summarise and write the tables of N runs x M log lines.
-    #[command(after_help = "Example:\n  sweep bench report --runs 1000 --lines 1000")]
-    Report {
-        #[arg(long, default_value_t = 1000, value_parser = count(1, MAX_BENCH_RUNS))]
-        runs: usize,
-        /// Log lines per run (runs × lines at most 10 million: ~3 GB of logs).
-        #[arg(long, default_value_t = 1000, value_parser = count(1, MAX_BENCH_LINES))]
-        lines: usize,
-        /// Where the synthetic study is written.
-        #[arg(long, default_value = "results")]
-        dir: PathBuf,
-    },
-    /// The performance history at scale: `sweep history` and `sweep check --history` over a results/history.sqlite of N measurements.
-    #[command(after_help = "Example:\n  sweep bench history --rows 1000000")]
-    History {
-        #[arg(long, default_value_t = 1_000_000, value_parser = count(1, 100_000_000))]
-        rows: usize,
-        /// Where the synthetic history is written.
-        #[arg(long, default_value = "results")]
-        dir: PathBuf,
-    },
     /// sweep's own kernels (RMSNorm, SwiGLU, RoPE, the loss, the embedding's gradient) against their references: error, time, GB/s, and the composed ops they replace.
     #[command(after_help = "Examples:
   sweep bench kernels
@@ -97,48 +54,6 @@ pub enum BenchCmd {
     /// Matmul throughput on this CPU, f32 (candle) and bf16 (sweep's kernel): what CPU MFU is measured against.
     #[command(after_help = "Example:\n  sweep bench peak")]
     Peak,
-    /// The local executor with many short runs: a study of N command runs of S seconds, P at a time, timed whole beside the floor its runs set.
-    #[command(after_help = "Example:\n  sweep bench local --runs 200 --parallel 32 --seconds 1")]
-    Local {
-        #[arg(long, default_value_t = 200, value_parser = count(1, 10_000))]
-        runs: usize,
-        #[arg(long, default_value_t = 32, value_parser = count(1, 1024))]
-        parallel: usize,
-        /// Each run's time (it sleeps).
-        #[arg(long, default_value_t = 1.0)]
-        seconds: f64,
-        /// Where the temporary project is written.
-        #[arg(long, default_value = "results")]
-        dir: PathBuf,
-    },
-    /// Plan + render of a large sweep, phase by phase.
-    #[command(after_help = "Example:\n  sweep bench plan --runs 10000")]
-    Plan {
-        #[arg(long, default_value_t = 10_000, value_parser = count(1, MAX_BENCH_RUNS))]
-        runs: usize,
-        /// Where the temporary project is written (its file system is measured too).
-        #[arg(long, default_value = "results")]
-        dir: PathBuf,
-    },
-}
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct DataBenchCli {
-    /// Text dataset (default: assets/data/corpus.parquet when fetched, else the bundled one).
-    #[arg(long)]
-    pub dataset: Option<PathBuf>,
-    #[arg(long, default_value = crate::config::DEFAULT_TOKENIZER)]
-    pub tokenizer: PathBuf,
-    #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
-    pub seq_len: usize,
-    #[arg(long, default_value_t = 1000, value_parser = count(1, 10_000_000))]
-    pub samples: usize,
-    /// Only the loaders whose name contains this (repeatable), e.g. `--loader pretokenized`.
-    #[arg(long = "loader")]
-    pub only: Vec<String>,
-    /// Runs of each loader and of the raw tokenizer; the best counts.
-    #[arg(long, default_value_t = 3, value_parser = count(1, MAX_REPEATS))]
-    pub repeats: usize,
 }
 
 /// `sweep bench train`.

@@ -327,12 +327,9 @@ const MAX_TOKENS: u64 = 1 << 24;
 const MAX_BENCH_STEPS: u64 = 100_000;
 /// Ranks `sweep bench ddp` starts on this machine.
 const MAX_BENCH_RANKS: u64 = 256;
-/// Runs of the synthetic studies `sweep bench plan` and `bench report` write.
-const MAX_BENCH_RUNS: u64 = 100_000;
-const MAX_BENCH_LINES: u64 = 1_000_000;
 
 /// A whole number in `least..=most` for a flag.
-fn count(least: u64, most: u64) -> clap::builder::RangedU64ValueParser<usize> {
+pub fn count(least: u64, most: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(least..=most)
 }
 

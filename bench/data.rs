@@ -2,14 +2,14 @@
 //! time per sample over N samples at seq 2048, for each loader; plus the raw
 //! tokenizer's cost on the very documents the on-the-fly loaders consumed.
 
-use super::timed;
-use crate::config::{DataOrder, DatasetType, PretokenizedFormat};
-use crate::data::pretokenize::{self, PretokenizeArgs};
-use crate::data::{DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer};
-use crate::report::plot::{bars::StackedBars, save};
+use crate::timed;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use sweep::config::{DataOrder, DatasetType, PretokenizedFormat};
+use sweep::data::pretokenize::{self, PretokenizeArgs};
+use sweep::data::{DataSpec, SampleStream, SourceSpec, SpecialTokens, TextTokenizer};
+use sweep::report::plot::{bars::StackedBars, save};
 
 pub struct DataBenchArgs {
     pub dataset: PathBuf,
@@ -191,7 +191,7 @@ fn python_peer(
             PretokenizedFormat::TokenList,
         ));
     }
-    let out = crate::util::process::output_stoppable(&mut cmd)
+    let out = sweep::util::process::output_stoppable(&mut cmd)
         .map_err(|e| anyhow::anyhow!("python3 does not start ({e})"))?;
     if !out.status.success() {
         anyhow::bail!(
@@ -209,7 +209,7 @@ fn python_peer(
 /// Seconds the tokenizer alone needs for the first `docs` documents.
 fn raw_tokenizer_cost(a: &DataBenchArgs, docs: usize) -> Result<f64> {
     let tok = TextTokenizer::load(&a.tokenizer, &SpecialTokens::default())?;
-    let text = crate::data::text::TextFile::open(&a.dataset, "text")?;
+    let text = sweep::data::text::TextFile::open(&a.dataset, "text")?;
     let mut texts = Vec::new();
     for rg in 0..text.file.row_groups() {
         let chunk = text.read(rg)?;

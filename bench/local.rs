@@ -35,13 +35,13 @@ pub fn run(
         seconds.is_finite() && (0.0..=600.0).contains(&seconds),
         "--seconds must be from 0 to 600"
     );
-    let project = crate::util::fs::scratch_dir_in(dir)?;
+    let project = sweep::util::fs::scratch_dir_in(dir)?;
     let manifest = project.path().join("bench-local.toml");
     std::fs::write(&manifest, manifest_text(runs, parallel, seconds))?;
-    let sweep = std::env::current_exe().context("finding the sweep binary")?;
+    let sweep = crate::sweep_binary()?;
     let start = Instant::now();
     // A stop signal to the benchmark stops the submit, and its runs, too.
-    let out = crate::util::process::output_stoppable(
+    let out = sweep::util::process::output_stoppable(
         std::process::Command::new(sweep)
             .arg("-C")
             .arg(project.path())

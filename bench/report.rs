@@ -2,9 +2,9 @@
 //! each, read, summarised with polars and written as tables (charts left out:
 //! a thousand loss curves on one figure is not a figure).
 
-use super::timed;
-use crate::report::{self, ReportOptions, Source};
+use crate::timed;
 use anyhow::Result;
+use sweep::report::{self, ReportOptions, Source};
 
 pub struct ReportBench {
     pub runs: usize,
@@ -14,10 +14,10 @@ pub struct ReportBench {
 }
 
 pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBench> {
-    let root = crate::util::fs::scratch_dir_in(dir)?;
+    let root = sweep::util::fs::scratch_dir_in(dir)?;
     let study = root.path().join("results").join("bench-report");
     let (r, setup) = timed(|| -> Result<()> {
-        crate::util::fs::make_dir(&study)?;
+        sweep::util::fs::make_dir(&study)?;
         for i in 0..runs {
             // Made inside the study only: once a stop signal removed the
             // scratch folder, nothing makes it again.
@@ -29,9 +29,9 @@ pub fn run(runs: usize, lines: usize, dir: &std::path::Path) -> Result<ReportBen
                 "created_at": "2026-01-01T00:00:00Z", "params": { "batch_size": 1 + i % 4, "seed": i }, "jobs": [],
             });
             std::fs::write(d.join("run.json"), serde_json::to_vec(&record)?)?;
-            let mut log = crate::train::run::record::MetricsLog::open(&d)?;
+            let mut log = sweep::train::run::record::MetricsLog::open(&d)?;
             for s in 1..=lines {
-                log.write(crate::train::run::record::StepMetrics {
+                log.write(sweep::train::run::record::StepMetrics {
                     step: s,
                     loss: 10.0 / (1.0 + s as f64 / 100.0),
                     lr: 0.001,

@@ -1,10 +1,10 @@
 //! Plan + render of a large sweep: the cost of `sweep render` on 10,000 runs.
 
-use super::timed;
-use crate::manifest::Manifest;
-use crate::plan::{render, Plan};
+use crate::timed;
 use anyhow::{ensure, Result};
 use std::fmt::Write;
+use sweep::manifest::Manifest;
+use sweep::plan::{render, Plan};
 
 pub struct PlanBench {
     pub runs: usize,
@@ -45,13 +45,13 @@ pub fn manifest_text(runs: usize) -> String {
 pub fn run(
     runs: usize,
     dir: &std::path::Path,
-    opts: &crate::plan::PlanOptions,
+    opts: &sweep::plan::PlanOptions,
 ) -> Result<PlanBench> {
     ensure!(
         runs >= 100 && runs.is_multiple_of(100),
         "--runs must be a multiple of 100"
     );
-    let dir = crate::util::fs::scratch_dir_in(dir)?;
+    let dir = sweep::util::fs::scratch_dir_in(dir)?;
     let path = dir.path().join("bench.toml");
     std::fs::write(&path, manifest_text(runs))?;
     let (m, load) = timed(|| Manifest::load(&path, dir.path()));
@@ -60,9 +60,9 @@ pub fn run(
     ensure!(plan.runs.len() == runs, "planned {} runs", plan.runs.len());
     let (rendered, render_t) = timed(|| render::render(&plan));
     let rendered = rendered?;
-    let before = super::cpu_times();
+    let before = crate::cpu_times();
     let (w, write_t) = timed(|| render::write(&rendered));
-    let after = super::cpu_times();
+    let after = crate::cpu_times();
     w?;
     // The second render finds every file unchanged.
     let (again, rerender_t) = timed(|| -> Result<()> {

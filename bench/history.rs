@@ -2,9 +2,9 @@
 //! (studies of 20 configurations × 5 repeats, 100 attempts each), then what
 //! `sweep history` and `sweep check --history` read from it, timed.
 
-use super::timed;
-use crate::report::history::{self, Entry, Filter, History};
+use crate::timed;
 use anyhow::Result;
+use sweep::report::history::{self, Entry, Filter, History};
 
 pub struct HistoryBench {
     pub rows: usize,
@@ -23,15 +23,16 @@ pub struct HistoryBench {
 const CONFIGURATIONS: usize = 20;
 const REPEATS: usize = 5;
 const ATTEMPTS: usize = 100;
+/// Measurements of one synthetic study; the check reads study 0's.
+pub const PER_STUDY: usize = CONFIGURATIONS * REPEATS * ATTEMPTS;
 
 pub fn run(rows: usize, dir: &std::path::Path) -> Result<HistoryBench> {
-    let tmp = crate::util::fs::scratch_dir_in(dir)?;
+    let tmp = sweep::util::fs::scratch_dir_in(dir)?;
     let path = tmp.path().join(history::FILE);
-    let per_study = CONFIGURATIONS * REPEATS * ATTEMPTS;
-    let studies = rows.div_ceil(per_study).max(1);
+    let studies = rows.div_ceil(PER_STUDY).max(1);
     let (made, setup) = timed(|| -> Result<()> {
         let mut h = History::open(&path)?;
-        let mut batch = Vec::with_capacity(per_study);
+        let mut batch = Vec::with_capacity(PER_STUDY);
         let mut left = rows;
         for s in 0..studies {
             batch.clear();

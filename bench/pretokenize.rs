@@ -1,12 +1,12 @@
 //! Pretokenization throughput against the raw tokenizer, and its peak memory
 //! on inputs of growing size.
 
-use super::timed;
-use crate::config::PretokenizedFormat;
-use crate::data::pretokenize::{self, PretokenizeArgs};
-use crate::data::{SpecialTokens, TextTokenizer};
+use crate::timed;
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
+use sweep::config::PretokenizedFormat;
+use sweep::data::pretokenize::{self, PretokenizeArgs};
+use sweep::data::{SpecialTokens, TextTokenizer};
 
 pub struct PretokBench {
     pub threads: usize,
@@ -31,7 +31,7 @@ pub fn run(
     rss_inputs: &[PathBuf],
 ) -> Result<PretokBench> {
     let tok = TextTokenizer::load(tokenizer, &SpecialTokens::default())?;
-    let text = crate::data::text::TextFile::open(dataset, "text")?;
+    let text = sweep::data::text::TextFile::open(dataset, "text")?;
     let chunks: Vec<_> = (0..text.file.row_groups())
         .map(|rg| text.read(rg))
         .collect::<Result<_>>()?;
@@ -42,7 +42,7 @@ pub fn run(
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()?;
-    let out = crate::util::fs::scratch_dir_in(&std::env::temp_dir())?;
+    let out = sweep::util::fs::scratch_dir_in(&std::env::temp_dir())?;
     let args = |formats: Vec<PretokenizedFormat>| PretokenizeArgs {
         input: dataset.to_path_buf(),
         text_column: "text".into(),
@@ -111,8 +111,8 @@ pub fn run(
 
 /// Runs `sweep pretokenize` on `input` as a child and returns its peak RSS.
 fn peak_rss_mb(input: &Path, tokenizer: &Path, seq_len: usize, threads: usize) -> Result<f64> {
-    let out = crate::util::fs::scratch_dir_in(&std::env::temp_dir())?;
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    let out = sweep::util::fs::scratch_dir_in(&std::env::temp_dir())?;
+    let mut cmd = std::process::Command::new(crate::sweep_binary()?);
     cmd.arg("pretokenize")
         .arg("--input")
         .arg(input)
@@ -128,7 +128,7 @@ fn peak_rss_mb(input: &Path, tokenizer: &Path, seq_len: usize, threads: usize) -
         ])
         .arg(out.path())
         .stdout(std::process::Stdio::null());
-    let child = crate::util::process::spawn_stoppable(&mut cmd)?;
+    let child = sweep::util::process::spawn_stoppable(&mut cmd)?;
     // The child's own high-water mark (VmHWM), polled until it exits: the
     // rusage of a child counts the parent's pages it was forked with, which
     // are this benchmark's.
@@ -150,7 +150,7 @@ fn peak_rss_mb(input: &Path, tokenizer: &Path, seq_len: usize, threads: usize) -
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
-    crate::util::process::forget_child(child.id());
+    sweep::util::process::forget_child(child.id());
     if !status.success() {
         bail!("sweep pretokenize {} failed ({status})", input.display());
     }
