@@ -3,6 +3,7 @@
 //! id (past a site's notices), a refusal for a submit limit, or a job SLURM
 //! queued though sbatch failed.
 
+use crate::manifest::slurm_options::SLURM_OPTIONS;
 use crate::util::process::output;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
@@ -102,31 +103,8 @@ fn overriding_env(script: &str, set: impl Fn(&str) -> bool) -> Vec<&'static str>
             crate::util::slurm::options(crate::util::slurm::Tool::Sbatch, rest).unwrap_or_default()
         });
     for option in options {
-        names.extend_from_slice(match option.as_str() {
-            "account" => &["SBATCH_ACCOUNT"][..],
-            "constraint" => &["SBATCH_CONSTRAINT"],
-            "exclusive" => &["SBATCH_EXCLUSIVE"],
-            "gpus" => &["SBATCH_GPUS"],
-            "gpus-per-node" => &["SBATCH_GPUS_PER_NODE"],
-            "gres" => &["SBATCH_GRES"],
-            "job-name" => &["SBATCH_JOB_NAME"],
-            "mem" => &[
-                "SBATCH_MEM_PER_NODE",
-                "SBATCH_MEM_PER_CPU",
-                "SBATCH_MEM_PER_GPU",
-            ],
-            "requeue" | "no-requeue" => &["SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"],
-            "open-mode" => &["SBATCH_OPEN_MODE"],
-            // The job's one log holds both streams.
-            "output" => &["SBATCH_OUTPUT", "SBATCH_ERROR"],
-            "error" => &["SBATCH_ERROR"],
-            "partition" => &["SBATCH_PARTITION"],
-            "qos" => &["SBATCH_QOS"],
-            "reservation" => &["SBATCH_RESERVATION"],
-            "signal" => &["SBATCH_SIGNAL"],
-            "time" => &["SBATCH_TIMELIMIT"],
-            _ => &[],
-        });
+        let row = SLURM_OPTIONS.iter().find(|o| o.name == option);
+        names.extend_from_slice(row.map_or(&[], |o| o.env));
     }
     names.sort_unstable();
     names.dedup();

@@ -7,9 +7,9 @@ mod diagnostic;
 mod groups;
 mod isolate;
 mod keys;
-mod owned_options;
 mod report;
 mod schema;
+pub mod slurm_options;
 mod source;
 mod validate;
 mod watchdog;
@@ -25,7 +25,6 @@ pub use groups::{
     check_roles, group_collides, memory_unit, step_unit, Roles, StepUnit, KNOWN_GROUPS,
     REPORT_COLUMNS, STAT_SUFFIXES, TIME_UNITS,
 };
-pub use owned_options::{check as check_owned_options, RANK_VARIABLES};
 pub use report::{
     Fault, PerRun, ReportSpec, DEFAULT_SKIP_FIRST, MAX_FLOPS_PER_TOKEN, MAX_PEAK_FLOPS,
     MAX_TOKENS_PER_STEP,
@@ -35,6 +34,7 @@ pub use schema::{
     PretokenizeStageSpec, SlurmSpec, SlurmTime, StagesSpec, TemplateChoice, DEFAULT_MAX_RUNS,
     SIGNAL_GRACE,
 };
+pub use slurm_options::{check as check_owned_options, RANK_VARIABLES};
 pub use source::{join_key, ManifestText};
 pub use watchdog::{parse_watch_duration, Stall, WatchdogSpec};
 

@@ -367,6 +367,11 @@ impl SlurmTime {
     pub fn seconds(&self) -> u64 {
         self.seconds
     }
+
+    /// As written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
 }
 
 impl Serialize for SlurmTime {

@@ -302,17 +302,17 @@ impl Validator<'_, '_> {
         self.check_report(&file.report, file.command.is_some());
         self.check_environment(&file.environment);
         for (i, line) in file.slurm.extra_sbatch.iter().enumerate() {
-            if let Some((why, help)) = super::owned_options::sbatch_line_fault(line, &file.slurm) {
+            if let Some((why, help)) = super::slurm_options::sbatch_line_fault(line, &file.slurm) {
                 self.at_value_help(&format!("slurm.extra_sbatch[{i}]"), why, help);
             }
         }
         for (i, arg) in file.slurm.srun_args.iter().enumerate() {
-            if let Some((why, help)) = super::owned_options::srun_arg_fault(arg, &file.slurm) {
+            if let Some((why, help)) = super::slurm_options::srun_arg_fault(arg, &file.slurm) {
                 self.at_value_help(&format!("slurm.srun_args[{i}]"), why, help);
             }
         }
         if let Some((i, why, help)) =
-            super::owned_options::srun_program_fault(&file.slurm.srun_args)
+            super::slurm_options::srun_program_fault(&file.slurm.srun_args)
         {
             self.at_value_help(&format!("slurm.srun_args[{i}]"), why, help);
         }
@@ -322,7 +322,7 @@ impl Validator<'_, '_> {
                     &join_key("slurm.env", k),
                     format!("`{k}` is not a valid environment variable name"),
                 );
-            } else if let Some((why, help)) = super::owned_options::env_fault(k) {
+            } else if let Some((why, help)) = super::slurm_options::env_fault(k) {
                 let d = self.source.at_key(&join_key("slurm.env", k), why);
                 self.err(d.with_help(help));
             }

@@ -5,6 +5,7 @@
 //! run (`sweep plan`).
 
 use super::{Plan, Run};
+use crate::manifest::slurm_options::{InBlock, SLURM_OPTIONS};
 use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
 
 /// What a packed block asks for beyond its runs' own time: each run's start
@@ -70,7 +71,7 @@ impl Allocation {
         })
     }
 
-    /// The `#SBATCH` lines of the allocation (those of [`RESOURCE_FLAGS`]).
+    /// The `#SBATCH` lines of the allocation (its options of [`SLURM_OPTIONS`]).
     pub fn sbatch_lines(&self) -> Vec<String> {
         let mut lines = vec![
             format!("#SBATCH --time={}", slurm_time(self.time_s)),
@@ -90,27 +91,22 @@ impl Allocation {
     }
 }
 
-/// The `#SBATCH` options a packed block's own allocation replaces in the
-/// header its runs share (and `--output`, which names a run's directory).
-pub const RESOURCE_FLAGS: [&str; 7] = [
-    "--time=",
-    "--nodes=",
-    "--ntasks-per-node=",
-    "--gpus-per-node=",
-    "--cpus-per-task=",
-    "--mem=",
-    "--output=",
-];
-
 /// A block's job header: the `#SBATCH` lines its runs share, with the
-/// allocation's sizes and time in place of the run's own.
+/// allocation's sizes and time in place of the run's own (and no log: the
+/// block's script names its own).
 pub fn block_header(run_header: &[String], allocation: &Allocation) -> Vec<String> {
+    let replaced = |line: &str| {
+        let rest = line.trim_start_matches("#SBATCH");
+        let names = crate::util::slurm::options(crate::util::slurm::Tool::Sbatch, rest);
+        names.unwrap_or_default().iter().any(|n| {
+            SLURM_OPTIONS
+                .iter()
+                .any(|o| o.name == n && o.in_block != InBlock::Shared)
+        })
+    };
     let mut lines: Vec<String> = run_header
         .iter()
-        .filter(|l| {
-            let opt = l.trim_start_matches("#SBATCH").trim_start();
-            !RESOURCE_FLAGS.iter().any(|f| opt.starts_with(f))
-        })
+        .filter(|l| !replaced(l))
         .cloned()
         .collect();
     lines.extend(allocation.sbatch_lines());
@@ -174,19 +170,18 @@ pub fn blocks(plan: &Plan) -> Vec<PackedBlock> {
 
 /// The keys of `[slurm]` that runs packed into one job must share: they
 /// are asked of the scheduler once, for the whole block.
-const SHARED: [&str; 9] = [
-    "account",
-    "partition",
-    "qos",
-    "constraint",
-    "environment",
-    "job_name",
-    "extra_sbatch",
-    "requeue",
-    "signal_grace",
-];
+fn shared_keys() -> Vec<&'static str> {
+    let mut keys: Vec<&str> = SLURM_OPTIONS
+        .iter()
+        .filter(|o| o.in_block == InBlock::Shared)
+        .filter_map(|o| o.key)
+        .chain(["extra_sbatch"])
+        .collect();
+    keys.dedup();
+    keys
+}
 
-/// A packed study's runs: each block's runs share [`SHARED`], and every
+/// A packed study's runs: each block's runs share [`shared_keys`], and every
 /// `mem` reads (the largest is the block's).
 pub(super) fn check(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     if !m.slurm.pack {
@@ -207,10 +202,10 @@ pub(super) fn check(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     }
     // Each run's shared keys, serialised once; each block's first run's
     // stand for the block.
+    let keys = shared_keys();
     let shared = |s: &SlurmSpec| -> Vec<serde_json::Value> {
         let v = serde_json::to_value(s).unwrap_or_default();
-        SHARED
-            .iter()
+        keys.iter()
             .map(|k| v.get(*k).cloned().unwrap_or_default())
             .collect()
     };
@@ -220,10 +215,10 @@ pub(super) fn check(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
         let Some(b) = r.block else { continue };
         let mine = shared(&r.slurm);
         let (head, theirs) = first.entry(b.block).or_insert_with(|| (r, mine.clone()));
-        let Some(k) = (0..SHARED.len()).find(|&k| mine[k] != theirs[k]) else {
+        let Some(k) = (0..keys.len()).find(|&k| mine[k] != theirs[k]) else {
             continue;
         };
-        let key = SHARED[k];
+        let key = keys[k];
         let d = m.locate(&format!("slurm.{key}"));
         return Err(crate::manifest::Diagnostic {
             message: format!(

@@ -62,6 +62,8 @@ struct ScriptContext<'a> {
     run: RunInfo<'a>,
     job_name: String,
     slurm: &'a SlurmSpec,
+    /// The options the header writes ([`crate::manifest::slurm_options`]).
+    sbatch: Vec<(&'static str, minijinja::Value)>,
     /// A run of a packed block (`[slurm] pack`): its job step takes its own
     /// size, time and first node out of the block's allocation.
     packed: bool,
@@ -214,6 +216,15 @@ impl Templates {
     ) -> Result<String, Diagnostics> {
         let name = Self::resolve(slurm);
         let file = self.file_of(&name);
+        let job_name = slurm
+            .job_name
+            .clone()
+            .unwrap_or_else(|| plan.manifest.name.clone());
+        let sbatch = crate::manifest::slurm_options::header(&crate::manifest::slurm_options::Job {
+            spec: slurm,
+            name: &job_name,
+            dir: run.dir,
+        });
         let ctx = ScriptContext {
             sweep_version: env!("CARGO_PKG_VERSION"),
             sweep_bin,
@@ -224,11 +235,9 @@ impl Templates {
                 .unwrap_or_default(),
             kind,
             run,
-            job_name: slurm
-                .job_name
-                .clone()
-                .unwrap_or_else(|| plan.manifest.name.clone()),
+            job_name,
             slurm,
+            sbatch,
             packed: slurm.pack && kind == UnitKind::Run,
             command: minijinja::Value::from_safe_string(launch.command.clone()),
             launch,

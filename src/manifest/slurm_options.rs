@@ -1,74 +1,263 @@
-//! The sbatch and srun options and the variables sweep's job scripts set
-//! themselves, which a study's `[slurm] extra_sbatch`, `srun_args` and `env`
-//! may not set again: the later of two lines or arguments wins, so such an
-//! entry would undo sweep's unseen (and a variable the launcher sets after
-//! it never reaches the program). One rule for `[slurm]` and for every
-//! run's (an axis's).
+//! The sbatch and srun options sweep's job scripts set, in one table: the
+//! header's `#SBATCH` lines are written from it, a study's `[slurm]
+//! extra_sbatch` and `srun_args` may not set them again (the later of two
+//! lines or arguments wins, so such an entry would undo sweep's unseen),
+//! sbatch's `SBATCH_*` input variables for them are left out of its
+//! environment, and packed blocks take them from their allocation or ask
+//! their runs to share them. Also the variables a study's `env` may not set.
 
 use super::schema::SlurmSpec;
 use crate::util::slurm::{first_operand, is_long_option, options, Tool};
+use minijinja::Value;
+use std::path::Path;
 
-/// An option sweep's job scripts give sbatch or srun: its long name, the
-/// `[slurm]` key that sets it, and whether a study's `[slurm]` has it
-/// written.
-struct SweepOption {
-    name: &'static str,
-    key: Option<&'static str>,
-    written: fn(&SlurmSpec) -> bool,
+/// One job of a study, as the header writes it.
+pub struct Job<'a> {
+    pub spec: &'a SlurmSpec,
+    pub name: &'a str,
+    /// Its directory, where its log goes.
+    pub dir: &'a Path,
 }
 
-const fn always(_: &SlurmSpec) -> bool {
+/// How a packed block (`[slurm] pack`) treats an option of its runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum InBlock {
+    /// The block's runs must share it: the block's job asks for it once.
+    Shared,
+    /// The block's allocation gives its own (the largest of its runs', the
+    /// sum of their times).
+    Allocation,
+    /// The block's script writes its own (its log).
+    Own,
+}
+
+/// An sbatch or srun option sweep's scripts set, or one whose input
+/// variable would override an `#SBATCH` line.
+pub struct SlurmOption {
+    /// The long name.
+    pub name: &'static str,
+    /// The `[slurm]` key that sets it.
+    pub key: Option<&'static str>,
+    /// The header's value for a job ("" for a flag), where it writes one.
+    header: fn(&Job) -> Option<Value>,
+    /// Set by sweep however the header reads: `--error` (the log holds
+    /// both streams), `--ntasks`, an array's or a dependency's.
+    always: bool,
+    /// Whether the run's srun line sets it.
+    srun: fn(&SlurmSpec) -> bool,
+    pub in_block: InBlock,
+    /// sbatch's input variables for it, which win over the script's line.
+    pub env: &'static [&'static str],
+}
+
+impl SlurmOption {
+    /// Whether `tool`'s invocation in a job of `spec` has it set by sweep.
+    fn set_by_sweep(&self, tool: Tool, spec: &SlurmSpec) -> bool {
+        let unnamed = Job {
+            spec,
+            name: "",
+            dir: Path::new(""),
+        };
+        match tool {
+            Tool::Sbatch => self.always || (self.header)(&unnamed).is_some(),
+            Tool::Srun => (self.srun)(spec),
+        }
+    }
+}
+
+fn unwritten(_: &Job) -> Option<Value> {
+    None
+}
+fn never(_: &SlurmSpec) -> bool {
+    false
+}
+fn always(_: &SlurmSpec) -> bool {
     true
 }
-
-const fn o(
-    name: &'static str,
-    key: Option<&'static str>,
-    written: fn(&SlurmSpec) -> bool,
-) -> SweepOption {
-    SweepOption { name, key, written }
+fn packed(s: &SlurmSpec) -> bool {
+    s.pack
+}
+fn text(s: &Option<String>) -> Option<Value> {
+    s.as_deref().map(Value::from)
+}
+fn flag(on: bool) -> Option<Value> {
+    on.then(|| Value::from(""))
 }
 
-/// What `templates/_header.sbatch.j2` (and the arrays and blocks `sweep
-/// submit` writes) set. A later `#SBATCH` line of the same option wins over
-/// sweep's, so an `extra_sbatch` entry naming one would undo it unseen: a
-/// time limit other than the plan's, a log outside the run's directory
+const fn row(name: &'static str, key: Option<&'static str>) -> SlurmOption {
+    SlurmOption {
+        name,
+        key,
+        header: unwritten,
+        always: false,
+        srun: never,
+        in_block: InBlock::Shared,
+        env: &[],
+    }
+}
+
+/// Every option sweep's scripts set, in the header's order (adding one the
+/// header writes: a row here, its key in `SlurmSpec`, docs/manifest.md).
+/// A time limit other than the plan's, a log outside the run's directory
 /// (which the report, the live view and the watchdog read), a stderr apart
-/// from it, an array or dependency of its own.
-const SWEEP_SBATCH: [SweepOption; 21] = [
-    o("job-name", Some("job_name"), always),
-    o("output", None, always),
-    // Never written, and so never to be: `--output` holds stderr too.
-    o("error", None, always),
-    o("open-mode", None, always),
-    o("time", Some("time"), always),
-    o("nodes", Some("nodes"), always),
-    o("ntasks-per-node", Some("ntasks_per_node"), always),
-    o("ntasks", Some("ntasks_per_node"), always),
-    o("requeue", Some("requeue"), always),
-    o("no-requeue", Some("requeue"), always),
-    o("array", None, always),
-    o("dependency", None, always),
-    o("gpus-per-node", Some("gpus_per_node"), |s| {
-        s.gpus_per_node > 0
-    }),
-    o("cpus-per-task", Some("cpus_per_task"), |s| {
-        s.cpus_per_task.is_some()
-    }),
-    o("mem", Some("mem"), |s| s.mem.is_some()),
-    o("account", Some("account"), |s| s.account.is_some()),
-    o("partition", Some("partition"), |s| s.partition.is_some()),
-    o("qos", Some("qos"), |s| s.qos.is_some()),
-    o("constraint", Some("constraint"), |s| s.constraint.is_some()),
-    o("environment", Some("environment"), |s| {
-        s.environment.is_some()
-    }),
-    // Written with `--requeue`; the built-in trainer's runs have a
-    // grace by default.
-    o("signal", Some("signal_grace"), |s| {
-        s.requeue && s.signal_grace.is_some()
-    }),
+/// from it, ranks other than the run's: each would undo what sweep records.
+pub const SLURM_OPTIONS: [SlurmOption; 25] = [
+    SlurmOption {
+        header: |j| Some(Value::from(j.name)),
+        env: &["SBATCH_JOB_NAME"],
+        ..row("job-name", Some("job_name"))
+    },
+    SlurmOption {
+        header: |j| {
+            let dir = crate::template::shell_quote(&j.dir.display().to_string());
+            Some(Value::from_safe_string(format!("{dir}/%x-%j.out")))
+        },
+        srun: always,
+        in_block: InBlock::Own,
+        env: &["SBATCH_OUTPUT", "SBATCH_ERROR"],
+        ..row("output", None)
+    },
+    SlurmOption {
+        always: true,
+        srun: always,
+        env: &["SBATCH_ERROR"],
+        ..row("error", None)
+    },
+    SlurmOption {
+        header: |_| Some(Value::from("append")),
+        env: &["SBATCH_OPEN_MODE"],
+        ..row("open-mode", None)
+    },
+    SlurmOption {
+        header: |j| Some(Value::from(j.spec.time.text())),
+        srun: packed,
+        in_block: InBlock::Allocation,
+        env: &["SBATCH_TIMELIMIT"],
+        ..row("time", Some("time"))
+    },
+    SlurmOption {
+        header: |j| Some(Value::from(j.spec.nodes.get())),
+        srun: always,
+        in_block: InBlock::Allocation,
+        ..row("nodes", Some("nodes"))
+    },
+    SlurmOption {
+        header: |j| Some(Value::from(j.spec.ntasks_per_node.get())),
+        srun: always,
+        in_block: InBlock::Allocation,
+        ..row("ntasks-per-node", Some("ntasks_per_node"))
+    },
+    SlurmOption {
+        always: true,
+        srun: always,
+        in_block: InBlock::Allocation,
+        ..row("ntasks", Some("ntasks_per_node"))
+    },
+    SlurmOption {
+        header: |j| (j.spec.gpus_per_node > 0).then(|| Value::from(j.spec.gpus_per_node)),
+        srun: |s| s.pack && s.gpus_per_node > 0,
+        in_block: InBlock::Allocation,
+        env: &["SBATCH_GPUS_PER_NODE"],
+        ..row("gpus-per-node", Some("gpus_per_node"))
+    },
+    SlurmOption {
+        header: |j| j.spec.cpus_per_task.map(Value::from),
+        srun: |s| s.pack && s.cpus_per_task.is_some(),
+        in_block: InBlock::Allocation,
+        ..row("cpus-per-task", Some("cpus_per_task"))
+    },
+    SlurmOption {
+        header: |j| text(&j.spec.mem),
+        in_block: InBlock::Allocation,
+        env: &[
+            "SBATCH_MEM_PER_NODE",
+            "SBATCH_MEM_PER_CPU",
+            "SBATCH_MEM_PER_GPU",
+        ],
+        ..row("mem", Some("mem"))
+    },
+    SlurmOption {
+        header: |j| text(&j.spec.account),
+        env: &["SBATCH_ACCOUNT"],
+        ..row("account", Some("account"))
+    },
+    SlurmOption {
+        header: |j| text(&j.spec.partition),
+        env: &["SBATCH_PARTITION"],
+        ..row("partition", Some("partition"))
+    },
+    SlurmOption {
+        header: |j| text(&j.spec.qos),
+        env: &["SBATCH_QOS"],
+        ..row("qos", Some("qos"))
+    },
+    SlurmOption {
+        header: |j| text(&j.spec.constraint),
+        env: &["SBATCH_CONSTRAINT"],
+        ..row("constraint", Some("constraint"))
+    },
+    SlurmOption {
+        header: |j| text(&j.spec.environment),
+        ..row("environment", Some("environment"))
+    },
+    SlurmOption {
+        header: |j| flag(j.spec.requeue),
+        always: true,
+        env: &["SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"],
+        ..row("requeue", Some("requeue"))
+    },
+    // Written with `--requeue`; the built-in trainer's runs have a grace by
+    // default.
+    SlurmOption {
+        header: |j| match (j.spec.requeue, j.spec.signal_grace) {
+            (true, Some(grace)) => Some(Value::from(format!("USR1@{grace}"))),
+            _ => None,
+        },
+        env: &["SBATCH_SIGNAL"],
+        ..row("signal", Some("signal_grace"))
+    },
+    SlurmOption {
+        header: |j| flag(!j.spec.requeue),
+        always: true,
+        env: &["SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"],
+        ..row("no-requeue", Some("requeue"))
+    },
+    SlurmOption {
+        always: true,
+        ..row("array", None)
+    },
+    SlurmOption {
+        always: true,
+        ..row("dependency", None)
+    },
+    // A packed run's job step: its first node in the block's allocation.
+    SlurmOption {
+        srun: packed,
+        ..row("relative", None)
+    },
+    // Not sweep's, but their variables would override an `extra_sbatch` line.
+    SlurmOption {
+        env: &["SBATCH_EXCLUSIVE"],
+        ..row("exclusive", None)
+    },
+    SlurmOption {
+        env: &["SBATCH_GRES"],
+        ..row("gres", None)
+    },
+    SlurmOption {
+        env: &["SBATCH_RESERVATION"],
+        ..row("reservation", None)
+    },
 ];
+
+/// A job's `#SBATCH` options as the header writes them: (name, value),
+/// the value "" for a flag.
+pub fn header(job: &Job) -> Vec<(&'static str, Value)> {
+    SLURM_OPTIONS
+        .iter()
+        .filter_map(|o| Some((o.name, (o.header)(job)?)))
+        .collect()
+}
 
 /// Options that change what sbatch itself does, not the job: with one,
 /// `sweep submit` would wait for each job to end in turn, or get no job.
@@ -80,56 +269,26 @@ const SBATCH_ACTIONS: [(&str, &str); 5] = [
     ("version", "makes sbatch print its version: no job is queued"),
 ];
 
-/// What the launch line of `templates/_launch.sh.j2` gives srun, before a
-/// study's `srun_args`: the run's ranks (which the report divides by and the
-/// data's slices follow), and for a packed run its place in the block's
-/// allocation and its time limit. Its output sweep never sets, and no more
-/// may `srun_args`: the run's lines stay in its job log, which the report,
-/// the live view and the watchdog read.
-const SWEEP_SRUN: [SweepOption; 9] = [
-    o("nodes", Some("nodes"), always),
-    o("ntasks", Some("ntasks_per_node"), always),
-    o("ntasks-per-node", Some("ntasks_per_node"), always),
-    o("output", None, always),
-    o("error", None, always),
-    o("time", Some("time"), |s| s.pack),
-    o("relative", None, |s| s.pack),
-    o("gpus-per-node", Some("gpus_per_node"), |s| {
-        s.pack && s.gpus_per_node > 0
-    }),
-    o("cpus-per-task", Some("cpus_per_task"), |s| {
-        s.pack && s.cpus_per_task.is_some()
-    }),
-];
-
 /// Whether `tool` reads the option written as `name` as `option`: its
 /// very name, or — sbatch and srun take an option's unambiguous start for
 /// it (`--part=debug`) — its start, where `name` is no option of its own.
 fn reads_as(tool: Tool, name: &str, option: &str) -> bool {
     let whole = || {
         is_long_option(tool, name)
-            || SWEEP_SBATCH
-                .iter()
-                .chain(&SWEEP_SRUN)
-                .any(|o| o.name == name)
+            || SLURM_OPTIONS.iter().any(|o| o.name == name)
             || SBATCH_ACTIONS.iter().any(|(o, _)| *o == name)
     };
     option == name || (option.starts_with(name) && !whole())
 }
 
-/// The first option of `table` written in `spec`'s jobs that one of
+/// The first option sweep gives `tool` in `spec`'s jobs that one of
 /// `names` (the options of an entry, as written: `time`, `tim`) sets, and
 /// how it says it.
-fn owned<'t>(
-    tool: Tool,
-    names: &[String],
-    table: &'t [SweepOption],
-    spec: &SlurmSpec,
-) -> Option<(&'t SweepOption, String)> {
+fn owned(tool: Tool, names: &[String], spec: &SlurmSpec) -> Option<(&'static SlurmOption, String)> {
     names.iter().find_map(|name| {
-        let mut set = table
+        let mut set = SLURM_OPTIONS
             .iter()
-            .filter(|o| (o.written)(spec) && reads_as(tool, name, o.name));
+            .filter(|o| o.set_by_sweep(tool, spec) && reads_as(tool, name, o.name));
         let option = set.next()?;
         let sets = match (option.name == name, set.next()) {
             (true, _) => format!("sets `--{}`", option.name),
@@ -143,7 +302,7 @@ fn owned<'t>(
 }
 
 /// What to do instead of setting `option`.
-fn instead(option: &SweepOption) -> String {
+fn instead(option: &SlurmOption) -> String {
     match (option.key, option.name) {
         (Some(key), _) => format!("set `{key}` in [slurm] (or sweep `slurm.{key}`) instead"),
         (None, "output" | "error") => "leave it out: a run's lines, stderr too, stay in its job log, which the report, the live view and the watchdog read (and whose end the report quotes when a run fails)".into(),
@@ -153,7 +312,7 @@ fn instead(option: &SweepOption) -> String {
 
 /// Why an `extra_sbatch` entry cannot be written as `#SBATCH <entry>` in
 /// a job of `spec`, and what to write instead: it is no option, or one
-/// sweep's scripts set there ([`SWEEP_SBATCH`]).
+/// sweep's scripts set there ([`SLURM_OPTIONS`]).
 pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String)> {
     if !line.trim_start().starts_with('-') {
         return Some((
@@ -182,7 +341,7 @@ pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String
             "leave it out: it is sbatch's option, not the job's".into(),
         ));
     }
-    let (option, sets) = owned(Tool::Sbatch, &names, &SWEEP_SBATCH, spec)?;
+    let (option, sets) = owned(Tool::Sbatch, &names, spec)?;
     Some((
         format!("`{line}` {sets}, which sweep's job scripts already set (a later `#SBATCH` line would override theirs)"),
         instead(option),
@@ -191,13 +350,13 @@ pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String
 
 /// Why a `srun_args` entry cannot be given to the run's srun in a job of
 /// `spec`, and what to do instead: it sets what sweep's launch line sets,
-/// or moves the run's output ([`SWEEP_SRUN`]).
+/// or moves the run's output ([`SLURM_OPTIONS`]).
 pub fn srun_arg_fault(arg: &str, spec: &SlurmSpec) -> Option<(String, String)> {
     let names = match options(Tool::Srun, arg) {
         Ok(names) => names,
         Err(why) => return Some((why, "give srun's options as `man srun` spells them".into())),
     };
-    let (option, sets) = owned(Tool::Srun, &names, &SWEEP_SRUN, spec)?;
+    let (option, sets) = owned(Tool::Srun, &names, spec)?;
     Some((
         format!("`{arg}` {sets}, which sweep gives the run's srun itself (the later argument would override it)"),
         instead(option),
