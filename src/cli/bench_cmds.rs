@@ -8,6 +8,7 @@ use anyhow::Result;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use strum::VariantArray;
 
 pub fn run(cmd: BenchCmd, root: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     check_outputs(&cmd)?;
@@ -331,7 +332,10 @@ fn peak() -> Result<()> {
     let cores = crate::config::runtime::cores();
     use crate::train::network::ops::linear::bf16_gemm::Bf16Kernel;
     use crate::train::run::peak::{refresh, Kernel};
-    let bf16 = Bf16Kernel::ALL.into_iter().filter(|k| k.available());
+    let bf16 = Bf16Kernel::VARIANTS
+        .iter()
+        .copied()
+        .filter(|k| k.available());
     let kernels: Vec<Kernel> = [Kernel::F32]
         .into_iter()
         .chain(bf16.map(Kernel::Bf16))

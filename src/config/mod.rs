@@ -47,9 +47,20 @@ pub const LAUNCH_EXIT: i32 = 96;
 pub const DEFAULT_TOKENIZER: &str = "assets/tokenizers/mistral-7b/tokenizer.json";
 
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    Default,
+    clap::ValueEnum,
+    strum::IntoStaticStr,
 )]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum DatasetType {
     /// One document per sample, truncated or right-padded to seq+1 tokens.
     #[default]
@@ -60,18 +71,26 @@ pub enum DatasetType {
 
 impl DatasetType {
     pub fn as_str(self) -> &'static str {
-        match self {
-            DatasetType::Padded => "padded",
-            DatasetType::PaddingFree => "padding-free",
-        }
+        self.into()
     }
 }
 
 /// Which samples each rank of a data-parallel run trains on.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    Default,
+    clap::ValueEnum,
+    strum::IntoStaticStr,
 )]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum DataOrder {
     /// One sample sequence over the whole dataset, the same whatever the
     /// world size: the global batch of a step is the same samples on 1 rank
@@ -87,10 +106,7 @@ pub enum DataOrder {
 
 impl DataOrder {
     pub fn as_str(self) -> &'static str {
-        match self {
-            DataOrder::Global => "global",
-            DataOrder::Contiguous => "contiguous",
-        }
+        self.into()
     }
 
     /// Runs planned before the order could be chosen read the global order
@@ -101,8 +117,20 @@ impl DataOrder {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 pub enum PretokenizedFormat {
     /// `input_ids` + `attention_mask`, seq+1 per document (padded runs).
     Padded,
@@ -119,18 +147,7 @@ impl PretokenizedFormat {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            PretokenizedFormat::Padded => "padded",
-            PretokenizedFormat::TokenList => "token-list",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "padded" => Some(PretokenizedFormat::Padded),
-            "token-list" => Some(PretokenizedFormat::TokenList),
-            _ => None,
-        }
+        self.into()
     }
 }
 

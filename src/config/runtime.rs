@@ -13,6 +13,7 @@ use anyhow::{bail, Result};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use strum::VariantArray;
 
 /// Which CPU kernel multiplies bf16-mixed's operands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,8 +32,20 @@ pub enum CpuKernels {
 
 /// Which implementation the ops with CUDA kernels use on a GPU: the
 /// process's `SWEEP_CUDA_KERNELS`, or a run's `kernels` (a study's axis).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum CudaKernels {
     /// sweep's kernels (`src/train/network/kernels/`) that pass their self-check
     /// when the device opens and are faster than their composed twins at
@@ -49,15 +62,9 @@ pub enum CudaKernels {
 }
 
 impl CudaKernels {
-    pub const ALL: [CudaKernels; 3] = [CudaKernels::Auto, CudaKernels::Own, CudaKernels::Composed];
-
     /// Its name in the variable, the manifest and messages.
     pub fn name(self) -> &'static str {
-        match self {
-            CudaKernels::Auto => "auto",
-            CudaKernels::Own => "own",
-            CudaKernels::Composed => "composed",
-        }
+        self.into()
     }
 }
 
@@ -215,9 +222,12 @@ impl RuntimeOptions {
                 "SWEEP_CPU_KERNELS",
                 &["auto", "amx", "avx512-bf16", "portable"],
             )?],
-            cuda_kernels: CudaKernels::ALL[choice(
+            cuda_kernels: CudaKernels::VARIANTS[choice(
                 "SWEEP_CUDA_KERNELS",
-                &CudaKernels::ALL.map(CudaKernels::name),
+                &CudaKernels::VARIANTS
+                    .iter()
+                    .map(|k| k.name())
+                    .collect::<Vec<_>>(),
             )?],
             cuda_pool: [CudaPool::Keep, CudaPool::Release]
                 [choice("SWEEP_CUDA_POOL", &["keep", "release"])?],

@@ -80,8 +80,9 @@ impl Meta {
         };
         let format = get("format")?;
         Ok(Meta {
-            format: PretokenizedFormat::parse(&format)
-                .ok_or_else(|| anyhow!("unknown format `{format}` in {}", path.display()))?,
+            format: format
+                .parse::<PretokenizedFormat>()
+                .map_err(|_| anyhow!("unknown format `{format}` in {}", path.display()))?,
             tokenizer: get("tokenizer")?,
             tokenizer_sha256: get("tokenizer_sha256")?,
             sequence_length: num("sequence_length")? as usize,

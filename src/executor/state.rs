@@ -3,8 +3,9 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE")]
 pub enum State {
     /// Rendered, never submitted.
     Unsubmitted,
@@ -71,21 +72,7 @@ impl State {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            State::Unsubmitted => "UNSUBMITTED",
-            State::Pending => "PENDING",
-            State::Running => "RUNNING",
-            State::Completed => "COMPLETED",
-            State::Failed => "FAILED",
-            State::Cancelled => "CANCELLED",
-            State::Timeout => "TIMEOUT",
-            State::OutOfMemory => "OUT_OF_MEMORY",
-            State::Preempted => "PREEMPTED",
-            State::NodeFail => "NODE_FAIL",
-            State::Hung => "HUNG",
-            State::Interrupted => "INTERRUPTED",
-            State::Unknown => "UNKNOWN",
-        }
+        self.into()
     }
 }
 

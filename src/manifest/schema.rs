@@ -101,8 +101,20 @@ pub enum ExecutorKind {
 /// `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
 /// `MASTER_PORT`). Left out: none for one rank, else the executor's own
 /// (`srun` on SLURM, `mpirun` on this machine). docs/manifest.md.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantNames,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Launcher {
     /// The command runs once, as written, with no rank variables: it starts
     /// its own processes, if any.
@@ -117,17 +129,8 @@ pub enum Launcher {
 }
 
 impl Launcher {
-    pub const NAMES: [&'static str; 4] = ["none", "srun", "mpirun", "torchrun"];
-
     pub fn as_str(self) -> &'static str {
-        Self::NAMES[self as usize]
-    }
-
-    pub fn parse(s: &str) -> Option<Launcher> {
-        use Launcher::*;
-        [None, Srun, Mpirun, Torchrun]
-            .into_iter()
-            .find(|l| l.as_str() == s)
+        self.into()
     }
 }
 
@@ -147,6 +150,7 @@ pub struct SlurmSpec {
     pub cpus_per_task: Option<u32>,
     pub mem: Option<String>,
     pub constraint: Option<String>,
+    pub reservation: Option<String>,
     /// CSCS container engine environment (`--environment=`).
     pub environment: Option<String>,
     /// Job name; the study name by default.
@@ -191,6 +195,7 @@ impl Default for SlurmSpec {
             cpus_per_task: None,
             mem: None,
             constraint: None,
+            reservation: None,
             environment: None,
             job_name: None,
             extra_sbatch: Vec::new(),

@@ -245,8 +245,9 @@ pub const SLURM_OPTIONS: [SlurmOption; 25] = [
         ..row("gres", None)
     },
     SlurmOption {
+        header: |j| text(&j.spec.reservation),
         env: &["SBATCH_RESERVATION"],
-        ..row("reservation", None)
+        ..row("reservation", Some("reservation"))
     },
 ];
 

@@ -172,8 +172,9 @@ impl StudyRecord {
 }
 
 /// A training (or any-command) run, or a stage job that runs wait for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum UnitKind {
     Stage,
     Run,
@@ -181,10 +182,7 @@ pub enum UnitKind {
 
 impl UnitKind {
     pub fn as_str(self) -> &'static str {
-        match self {
-            UnitKind::Stage => "stage",
-            UnitKind::Run => "run",
-        }
+        self.into()
     }
 
     /// The record file of a directory of this kind.

@@ -130,7 +130,8 @@ pub const WITH_INTERVALS: [Metric; 4] = [
 ];
 
 /// A statistic over a run's steady-state points.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "lowercase")]
 pub enum Stat {
     Mean,
     Median,
@@ -140,16 +141,8 @@ pub enum Stat {
 }
 
 impl Stat {
-    pub const ALL: [Stat; 5] = [Stat::Mean, Stat::Median, Stat::Std, Stat::P5, Stat::P95];
-
     pub fn name(self) -> &'static str {
-        match self {
-            Stat::Mean => "mean",
-            Stat::Median => "median",
-            Stat::Std => "std",
-            Stat::P5 => "p5",
-            Stat::P95 => "p95",
-        }
+        self.into()
     }
 }
 
@@ -226,6 +219,7 @@ pub const CONFIGURATION_NAME: &str = "configuration_name";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strum::VariantArray;
 
     /// Every column the report makes of its own is one the manifest keeps
     /// foreign groups from making (`manifest::REPORT_COLUMNS`), and every
@@ -277,7 +271,7 @@ mod tests {
             index: 0,
             name: "g".into(),
         };
-        let mut made: Vec<String> = Stat::ALL.iter().map(|&s| m.col(s)).collect();
+        let mut made: Vec<String> = Stat::VARIANTS.iter().map(|&s| m.col(s)).collect();
         made.extend([m.ci_low(), m.ci_high()]);
         for c in made {
             let suffix = &c[1..];

@@ -26,8 +26,11 @@ use serde::Serialize;
 use std::path::PathBuf;
 
 /// The verdict on one configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::VariantArray,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Verdict {
     Regressed,
     Improved,
@@ -42,24 +45,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 6] = [
-        Verdict::Regressed,
-        Verdict::Improved,
-        Verdict::Unchanged,
-        Verdict::Inconclusive,
-        Verdict::Failed,
-        Verdict::New,
-    ];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Regressed => "regressed",
-            Verdict::Improved => "improved",
-            Verdict::Unchanged => "unchanged",
-            Verdict::Inconclusive => "inconclusive",
-            Verdict::Failed => "failed",
-            Verdict::New => "new",
-        }
+        self.into()
     }
 
     /// Whether it fails a check (exit status 1, a JUnit failure).

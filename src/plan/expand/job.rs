@@ -76,17 +76,23 @@ impl Shared<'_> {
             }
             return Ok(None);
         };
-        let launcher = value.as_str().and_then(Launcher::parse).ok_or_else(|| {
+        let names = <Launcher as strum::VariantNames>::VARIANTS;
+        let parsed = value.as_str().and_then(|s| s.parse::<Launcher>().ok());
+        let launcher = parsed.ok_or_else(|| {
             let hint = match value
                 .as_str()
-                .and_then(|s| did_you_mean(s, Launcher::NAMES))
+                .and_then(|s| did_you_mean(s, names.iter().copied()))
             {
                 Some(n) => format!(" (did you mean `{n}`?)"),
                 None => String::new(),
             };
             let msg = format!(
                 "`launcher = {value}` is not a launcher{hint}: use one of {}",
-                Launcher::NAMES.map(|n| format!("\"{n}\"")).join(", ")
+                names
+                    .iter()
+                    .map(|n| format!("\"{n}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             self.error_in(&a.params, Some("launcher"), &msg)
         })?;

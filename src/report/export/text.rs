@@ -6,6 +6,7 @@ use crate::report::judge::Verdict;
 use crate::report::stats::Basis;
 use crate::util::text::{cell, note};
 use anyhow::Result;
+use strum::VariantArray;
 
 pub struct Text;
 
@@ -85,7 +86,7 @@ fn text(c: &Check) -> String {
             Basis::WithinRuns.describe()
         ));
     }
-    let counts: Vec<String> = Verdict::ALL
+    let counts: Vec<String> = Verdict::VARIANTS
         .iter()
         .map(|&v| format!("{} {}", c.count(v), v.as_str()))
         .collect();

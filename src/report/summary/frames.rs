@@ -2,6 +2,7 @@
 //! run's information, each run's statistics, and their groups.
 
 use super::*;
+use strum::VariantArray;
 
 /// Every point of every run as one frame: `order` (the run's position),
 /// `log_index`, `step`, then a column per [`Field`] (named as the field, but
@@ -121,7 +122,7 @@ pub(super) fn stat(metric: &Measure, s: Stat) -> Expr {
 pub(super) fn stats(measures: &[Measure], f: impl Fn(&Measure, Stat) -> Expr) -> Vec<Expr> {
     measures
         .iter()
-        .flat_map(|m| Stat::ALL.iter().map(move |&s| (m, s)))
+        .flat_map(|m| Stat::VARIANTS.iter().map(move |&s| (m, s)))
         .map(|(m, s)| f(m, s))
         .collect()
 }

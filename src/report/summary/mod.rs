@@ -22,6 +22,7 @@ use frames::*;
 use indexmap::IndexMap;
 use polars::prelude::*;
 use speedups::*;
+use strum::VariantArray;
 
 #[derive(Debug, Clone, Default)]
 pub struct SummaryOptions {
@@ -397,7 +398,7 @@ fn check_extras(extras: &[String], params: &[String]) -> Result<()> {
             index: 0,
             name: x.clone(),
         };
-        let mut cols: Vec<String> = Stat::ALL.iter().map(|&s| m.col(s)).collect();
+        let mut cols: Vec<String> = Stat::VARIANTS.iter().map(|&s| m.col(s)).collect();
         cols.extend([m.ci_low(), m.ci_high(), x.clone()]);
         let clash = cols.iter().find(|col| {
             frame.contains(&col.as_str())

@@ -16,8 +16,11 @@ use std::collections::BTreeMap;
 /// The phase of the step, as the trainer splits it (the head's forward
 /// falls in the backward phase: it runs slice by slice with its backward).
 /// Written by its [`Pass::name`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, strum::IntoStaticStr,
+)]
 #[serde(into = "&'static str")]
+#[strum(serialize_all = "lowercase")]
 pub enum Pass {
     Forward,
     Backward,
@@ -25,8 +28,11 @@ pub enum Pass {
 }
 
 /// What the time went to. Written by its [`Op::name`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, strum::IntoStaticStr,
+)]
 #[serde(into = "&'static str")]
+#[strum(serialize_all = "lowercase")]
 pub enum Op {
     /// Matrix products of the linear layers and the head, their gradients.
     Linear,
@@ -47,40 +53,13 @@ pub enum Op {
 
 impl Pass {
     pub fn name(self) -> &'static str {
-        match self {
-            Pass::Forward => "forward",
-            Pass::Backward => "backward",
-            Pass::Optimizer => "optimizer",
-        }
+        self.into()
     }
 }
 
 impl Op {
     pub fn name(self) -> &'static str {
-        match self {
-            Op::Linear => "linear",
-            Op::Attention => "attention",
-            Op::Norm => "norm",
-            Op::Rope => "rope",
-            Op::SwiGlu => "swiglu",
-            Op::Loss => "loss",
-            Op::Embedding => "embedding",
-            Op::Clip => "clip",
-            Op::AdamW => "adamw",
-            Op::Other => "other",
-        }
-    }
-}
-
-impl From<Pass> for &'static str {
-    fn from(p: Pass) -> &'static str {
-        p.name()
-    }
-}
-
-impl From<Op> for &'static str {
-    fn from(o: Op) -> &'static str {
-        o.name()
+        self.into()
     }
 }
 

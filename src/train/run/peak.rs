@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
+use strum::VariantArray;
 
 /// Which matrix-product kernel a peak is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +58,7 @@ impl Kernel {
             return vec![Kernel::F32];
         }
         let used = bf16_gemm::selected();
-        let faster = Bf16Kernel::ALL.iter().take_while(|k| **k != used);
+        let faster = Bf16Kernel::VARIANTS.iter().take_while(|k| **k != used);
         faster
             .filter(|k| k.available())
             .chain([&used])

@@ -53,7 +53,19 @@ pub fn fused(t: &Tensor) -> bool {
 /// in-place gradients and sums, and candle-flash-attn's forward. Each is
 /// checked against its twin when a CUDA device opens ([`selfcheck`]); one
 /// that fails is not used on that device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum Kernel {
     RmsNorm,
     SiluMul,
@@ -61,43 +73,20 @@ pub enum Kernel {
     CrossEntropy,
     Embedding,
     Softmax,
+    #[strum(serialize = "weight_gradient")]
     WeightGrad,
     GradNorm,
+    #[strum(serialize = "adamw")]
     AdamW,
+    #[strum(serialize = "flash_attention")]
     Flash,
     Accumulate,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 11] = [
-        Kernel::RmsNorm,
-        Kernel::SiluMul,
-        Kernel::Rope,
-        Kernel::CrossEntropy,
-        Kernel::Embedding,
-        Kernel::Softmax,
-        Kernel::WeightGrad,
-        Kernel::GradNorm,
-        Kernel::AdamW,
-        Kernel::Flash,
-        Kernel::Accumulate,
-    ];
-
     /// Its name in messages and in the run's metrics.
     pub fn name(self) -> &'static str {
-        match self {
-            Kernel::RmsNorm => "rms_norm",
-            Kernel::SiluMul => "silu_mul",
-            Kernel::Rope => "rope",
-            Kernel::CrossEntropy => "cross_entropy",
-            Kernel::Embedding => "embedding",
-            Kernel::Softmax => "softmax",
-            Kernel::WeightGrad => "weight_gradient",
-            Kernel::GradNorm => "grad_norm",
-            Kernel::AdamW => "adamw",
-            Kernel::Flash => "flash_attention",
-            Kernel::Accumulate => "accumulate",
-        }
+        self.into()
     }
 
     /// Whether it is sweep's own CUDA kernel (what `SWEEP_CUDA_KERNELS`

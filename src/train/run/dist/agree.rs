@@ -7,6 +7,7 @@ use crate::train::network::ops::selfcheck::{Failure, Timing};
 use crate::train::network::ops::{self, Kernel};
 use anyhow::Result;
 use candle_core::{DType, Device};
+use strum::VariantArray;
 
 /// The kernels another rank left out, left out here too, so that every
 /// rank runs the same code: ranks whose kernels differ round differently,
@@ -20,7 +21,7 @@ pub fn on_kernels(
     if comm.is_single() {
         return Ok(Vec::new());
     }
-    let mine: Vec<f32> = Kernel::ALL
+    let mine: Vec<f32> = Kernel::VARIANTS
         .iter()
         .map(|k| failures.iter().any(|f| f.kernel == *k) as u8 as f32)
         .collect();
@@ -32,7 +33,7 @@ pub fn on_kernels(
         )?)?
         .to_dtype(DType::F32)?
         .to_vec1::<f32>()?;
-    let others: Vec<Failure> = Kernel::ALL
+    let others: Vec<Failure> = Kernel::VARIANTS
         .iter()
         .zip(all.iter().zip(&mine))
         .filter(|(_, (all, mine))| **all > 0.0 && **mine == 0.0)
@@ -64,7 +65,7 @@ pub fn on_timings(
     if comm.is_single() {
         return Ok(timings.to_vec());
     }
-    let n = Kernel::ALL.len();
+    let n = Kernel::VARIANTS.len();
     // Per kernel: timed here (1), its seconds, its twin's.
     let mut mine = vec![0f32; 3 * n];
     for t in timings {
@@ -78,7 +79,7 @@ pub fn on_timings(
         .to_dtype(DType::F32)?
         .to_vec1::<f32>()?;
     let ranks = comm.ranks().world_size as f32;
-    Ok(Kernel::ALL
+    Ok(Kernel::VARIANTS
         .iter()
         .filter(|k| all[**k as usize] == ranks && !left_out.iter().any(|f| f.kernel == **k))
         .map(|&kernel| Timing {
@@ -115,7 +116,7 @@ mod tests {
             tolerance: 1.6e-2,
             why: "max relative error 5.00e-1".into(),
         };
-        let mut theirs = vec![0f32; Kernel::ALL.len()];
+        let mut theirs = vec![0f32; Kernel::VARIANTS.len()];
         theirs[Kernel::RmsNorm as usize] = 1.0;
         theirs[Kernel::GradNorm as usize] = 1.0;
         let others = on_kernels(&peer(theirs), &Device::Cpu, std::slice::from_ref(&mine)).unwrap();
@@ -146,7 +147,7 @@ mod tests {
             t(Kernel::Rope, 1.0, 1.0),
             t(Kernel::AdamW, 1.0, 3.0),
         ];
-        let n = Kernel::ALL.len();
+        let n = Kernel::VARIANTS.len();
         let mut theirs = vec![0f32; 3 * n];
         // The peer timed softmax (its twin much faster there) and rope.
         for (k, own, twin) in [(Kernel::Softmax, 1.0, 0.5), (Kernel::Rope, 1.0, 1.0)] {

@@ -13,6 +13,7 @@ use crate::config::runtime::CpuKernels;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
+use strum::VariantArray;
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -27,22 +28,18 @@ const NC: usize = 512;
 /// (m + n) · 512 values whatever k is.
 const PORTABLE_KC: usize = 512;
 
-/// Which implementation multiplies bf16 operands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which implementation multiplies bf16 operands, fastest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
 pub enum Bf16Kernel {
+    #[strum(serialize = "AMX")]
     Amx,
+    #[strum(serialize = "AVX-512 BF16")]
     Avx512Bf16,
+    #[strum(serialize = "portable")]
     Portable,
 }
 
 impl Bf16Kernel {
-    /// Fastest first.
-    pub const ALL: [Bf16Kernel; 3] = [
-        Bf16Kernel::Amx,
-        Bf16Kernel::Avx512Bf16,
-        Bf16Kernel::Portable,
-    ];
-
     /// Whether this CPU (and OS) can run it.
     pub fn available(self) -> bool {
         match self {
@@ -54,11 +51,7 @@ impl Bf16Kernel {
 
     /// Its name in words: "AMX", "AVX-512 BF16", "portable".
     pub fn name(self) -> &'static str {
-        match self {
-            Bf16Kernel::Amx => "AMX",
-            Bf16Kernel::Avx512Bf16 => "AVX-512 BF16",
-            Bf16Kernel::Portable => "portable",
-        }
+        self.into()
     }
 }
 
@@ -99,7 +92,7 @@ pub fn choose(asked: CpuKernels) -> Bf16Kernel {
         CpuKernels::Avx512Bf16 => 1,
         CpuKernels::Portable => 2,
     };
-    Bf16Kernel::ALL[ceiling..]
+    Bf16Kernel::VARIANTS[ceiling..]
         .iter()
         .copied()
         .find(|k| k.available())
@@ -594,8 +587,9 @@ mod tests {
     /// The kernels this CPU can run (the portable one everywhere); those it
     /// cannot are said.
     fn kernels() -> Vec<Bf16Kernel> {
-        let (can, cannot): (Vec<Bf16Kernel>, Vec<Bf16Kernel>) =
-            Bf16Kernel::ALL.into_iter().partition(|k| k.available());
+        let (can, cannot): (Vec<Bf16Kernel>, Vec<Bf16Kernel>) = Bf16Kernel::VARIANTS
+            .into_iter()
+            .partition(|k| k.available());
         for k in cannot {
             eprintln!(
                 "the {} kernel is not tested: this CPU (or OS) lacks it",
@@ -607,7 +601,7 @@ mod tests {
 
     #[test]
     fn a_kernel_asked_for_is_used_where_the_cpu_has_it() {
-        let best = Bf16Kernel::ALL.into_iter().find(|k| k.available()).unwrap();
+        let best = *Bf16Kernel::VARIANTS.iter().find(|k| k.available()).unwrap();
         assert_eq!(choose(CpuKernels::Auto), best);
         assert_eq!(choose(CpuKernels::Portable), Bf16Kernel::Portable);
         let avx = choose(CpuKernels::Avx512Bf16);
