@@ -6,7 +6,6 @@
 use super::{Omissions, Point};
 use crate::train::run::record::{parse_log, EventKind, Record};
 use std::sync::Arc;
-use strum::VariantArray;
 
 /// One logging interval of a data-parallel run: each rank's compute
 /// seconds per step, and where the ranks ran.
@@ -115,9 +114,7 @@ pub fn parse(bytes: &[u8]) -> Parsed {
                 use crate::train::network::ops::Kernel;
                 let sane = |s: f64| (0.0..=MAX_COMPUTE_S).contains(&s);
                 // One of sweep's kernels by name: a note of bounded length.
-                let kernel = Kernel::VARIANTS
-                    .into_iter()
-                    .find(|k| Some(k.name()) == e.detail.as_deref());
+                let kernel = e.detail.as_deref().and_then(|d| d.parse::<Kernel>().ok());
                 match kernel {
                     Some(k) if sane(e.value) && sane(e.threshold) => {
                         timings.retain(|t| t.0 != k.name());

@@ -63,6 +63,7 @@ pub fn fused(t: &Tensor) -> bool {
     PartialOrd,
     Ord,
     strum::IntoStaticStr,
+    strum::EnumString,
     strum::VariantArray,
 )]
 #[strum(serialize_all = "snake_case")]

@@ -587,9 +587,8 @@ mod tests {
     /// The kernels this CPU can run (the portable one everywhere); those it
     /// cannot are said.
     fn kernels() -> Vec<Bf16Kernel> {
-        let (can, cannot): (Vec<Bf16Kernel>, Vec<Bf16Kernel>) = Bf16Kernel::VARIANTS
-            .into_iter()
-            .partition(|k| k.available());
+        let (can, cannot): (Vec<Bf16Kernel>, Vec<Bf16Kernel>) =
+            Bf16Kernel::VARIANTS.iter().partition(|k| k.available());
         for k in cannot {
             eprintln!(
                 "the {} kernel is not tested: this CPU (or OS) lacks it",
