@@ -1403,8 +1403,8 @@ fn a_configuration_whose_speed_depends_on_its_place_in_the_block_is_flagged() {
         r#"name = "places"
 executor = "local"
 command = """
-before=$(( $(cat ../ran.txt 2>/dev/null | wc -l) % 4 ))
-echo x >> ../ran.txt
+before=$(( $(cat "$SWEEP_RUN_DIR/../ran.txt" 2>/dev/null | wc -l) % 4 ))
+echo x >> "$SWEEP_RUN_DIR/../ran.txt"
 speed=$(( 1000 + 150 * {{ repeat }} ))
 slow=$([ "{{ cfg }}" = d ] && echo "0.03 * $before" || echo 0)
 for s in 1 2 3 4 5 6; do
