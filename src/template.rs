@@ -1,5 +1,5 @@
 //! The minijinja environment shared by manifests (derived values, run names,
-//! command lines) and job scripts.
+//! command lines), job scripts and pages.
 //!
 //! Scripts (`*.sbatch*`, `*.sh*`) and command lines auto-escape every value as
 //! a shell word, so nothing rendered into a script can split or inject, and
@@ -8,6 +8,7 @@
 //! its own. A template marks text that manifest validation has already
 //! checked (`#SBATCH` options, variable names) with `|safe`; `|shquote` makes
 //! one shell word of anything, line breaks included (a `bash -c` script).
+//! Pages (`*.html`) write every value as HTML text ([`esc`]).
 
 use minijinja::value::Value;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
@@ -50,21 +51,27 @@ impl Engine {
             let shell = [".sbatch", ".sh", "command"]
                 .iter()
                 .any(|s| name.contains(s));
-            if shell {
-                AutoEscape::Custom(SH.into())
-            } else {
-                AutoEscape::None
+            match (shell, name.ends_with(".html")) {
+                (true, _) => AutoEscape::Custom(SH.into()),
+                (_, true) => AutoEscape::Html,
+                _ => AutoEscape::None,
             }
         });
-        env.set_formatter(|out, state, value| {
-            if matches!(state.auto_escape(), AutoEscape::Custom(name) if name == SH)
-                && !value.is_safe()
-            {
-                out.write_str(&shell_quote(&shell_text(value)?))
-                    .map_err(Error::from)
-            } else {
-                minijinja::escape_formatter(out, state, value)
+        env.set_formatter(|out, state, value| match state.auto_escape() {
+            _ if value.is_safe() => minijinja::escape_formatter(out, state, value),
+            AutoEscape::Custom(name) if name == SH => out
+                .write_str(&shell_quote(&shell_text(value)?))
+                .map_err(Error::from),
+            // A page writes nothing for a missing value.
+            AutoEscape::Html => {
+                let text = match value.as_str() {
+                    Some(s) => s.to_string(),
+                    None if value.is_none() || value.is_undefined() => String::new(),
+                    None => value.to_string(),
+                };
+                out.write_str(&esc(&text)).map_err(Error::from)
             }
+            _ => minijinja::escape_formatter(out, state, value),
         });
         env.add_filter("shquote", |v: Value| {
             Value::from_safe_string(shell_quote(&display(&v)))
@@ -116,9 +123,10 @@ impl Engine {
         self.add(name, &escape_for_quotes(source))
     }
 
-    /// Steps one render may take ([`VALUE_FUEL`] unless set).
-    pub fn set_fuel(&mut self, steps: u64) {
-        self.env.set_fuel(Some(steps));
+    /// Steps one render may take ([`VALUE_FUEL`] unless set; `None`: no
+    /// bound, for sweep's own templates).
+    pub fn set_fuel(&mut self, steps: Option<u64>) {
+        self.env.set_fuel(steps);
     }
 
     pub fn render(&self, name: &str, ctx: &Value) -> Result<String, Error> {
@@ -174,6 +182,24 @@ impl Engine {
         };
         vars.is_ok_and(|v| v.contains(name))
     }
+}
+
+/// Text as HTML: `<`, `>`, `&` and quotes escaped, control characters
+/// written as escapes (they have no place in a page and some none in XML).
+pub fn esc(s: &str) -> String {
+    let printable = crate::util::text::printable(s);
+    let mut out = String::with_capacity(printable.len());
+    for c in printable.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A template context from anything serialisable.

@@ -33,7 +33,7 @@ struct Values<'a> {
 
 fn render((name, text): (&str, &str), ctx: &Values) -> Result<String> {
     let mut engine = Engine::new();
-    engine.set_fuel(crate::template::GROUP_SCRIPT_FUEL);
+    engine.set_fuel(Some(crate::template::GROUP_SCRIPT_FUEL));
     engine
         .add(name, text)
         .and_then(|()| engine.render(name, &crate::template::context(ctx)))

@@ -93,7 +93,7 @@ impl Templates {
             engine: Engine::new(),
             files: Vec::new(),
         };
-        t.engine.set_fuel(crate::template::SCRIPT_FUEL);
+        t.engine.set_fuel(Some(crate::template::SCRIPT_FUEL));
         for (_, file, text) in BUILTIN {
             let path = dir.join(file);
             let source = match read_template(&path) {

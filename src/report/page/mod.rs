@@ -21,7 +21,7 @@ pub use study::StudyPage;
 
 use super::judge::Verdict;
 use super::plot::Chart;
-use minijinja::{AutoEscape, Environment};
+use crate::template::Engine;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -82,39 +82,19 @@ const TEMPLATES: [(&str, &str); 7] = [
     ("sort.js", include_str!("../../../templates/page/sort.js")),
 ];
 
-/// The pages' templates, HTML-escaped through [`esc`].
-fn pages() -> &'static Environment<'static> {
-    static PAGES: OnceLock<Environment<'static>> = OnceLock::new();
+/// The pages' templates (HTML-escaped by the one engine, through [`esc`]).
+fn pages() -> &'static Engine {
+    static PAGES: OnceLock<Engine> = OnceLock::new();
     PAGES.get_or_init(|| {
-        let mut env = Environment::new();
-        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-        env.set_syntax(
-            minijinja::syntax::SyntaxConfig::builder()
-                .trim_blocks(true)
-                .lstrip_blocks(true)
-                .build()
-                .expect("default delimiters are valid"),
-        );
-        env.set_auto_escape_callback(|name| match name.ends_with(".html") {
-            true => AutoEscape::Html,
-            false => AutoEscape::None,
-        });
-        env.set_formatter(|out, state, value| {
-            if matches!(state.auto_escape(), AutoEscape::Html) && !value.is_safe() {
-                let text = match value.as_str() {
-                    Some(s) => s.to_string(),
-                    None if value.is_none() || value.is_undefined() => String::new(),
-                    None => value.to_string(),
-                };
-                return out.write_str(&esc(&text)).map_err(minijinja::Error::from);
-            }
-            minijinja::escape_formatter(out, state, value)
-        });
+        let mut engine = Engine::new();
+        // A page is as long as its study: no bound on its steps.
+        engine.set_fuel(None);
         for (name, text) in TEMPLATES {
-            env.add_template(name, text)
+            engine
+                .add(name, text)
                 .unwrap_or_else(|e| panic!("the built-in template {name}: {e:#}"));
         }
-        env
+        engine
     })
 }
 
@@ -122,8 +102,7 @@ fn pages() -> &'static Environment<'static> {
 /// and tested: a failure to render is a bug, said as one.
 fn render(name: &str, ctx: impl Serialize) -> String {
     pages()
-        .get_template(name)
-        .and_then(|t| t.render(crate::template::context(&ctx)))
+        .render(name, &crate::template::context(&ctx))
         .unwrap_or_else(|e| panic!("rendering the built-in {name}: {e:#}"))
 }
 
@@ -235,23 +214,7 @@ fn inline_svg(svg: &str) -> Option<String> {
     Some(svg[i..].replacen(" xmlns=\"http://www.w3.org/2000/svg\"", "", 1))
 }
 
-/// Text as HTML: `<`, `>`, `&` and quotes escaped, control characters
-/// written as escapes (they have no place in a page and some none in XML).
-pub fn esc(s: &str) -> String {
-    let printable = crate::util::text::printable(s);
-    let mut out = String::with_capacity(printable.len());
-    for c in printable.chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use crate::template::esc;
 
 #[cfg(test)]
 mod tests {
