@@ -3,25 +3,102 @@
 //! (`memory`, `throughput`, `step_time`) make of the groups they name, with
 //! the units a group's name (or figure) says.
 
-/// The named groups a `line_pattern` may use that mean a field the report
-/// knows (the keys of `metrics.jsonl`); every other group is a field of its
-/// own. The report's `Field` list is checked equal to it by a test.
-pub const KNOWN_GROUPS: [&str; 14] = [
-    "step",
-    "loss",
-    "tokens_per_second",
-    "training_tokens_pct",
-    "mfu_pct",
-    "tflops",
-    "step_time_s",
-    "elapsed_s",
-    "global_tokens_per_second",
-    "world_size",
-    "batch_size",
-    "peak_memory_mb",
-    "watts",
-    "joules_per_token",
-];
+/// A field of a log the report knows: a key of `metrics.jsonl` and a named
+/// group a `line_pattern` may use (besides `step`); every other group is a
+/// field of its own. Adding one: its variant and arms here, its slot in the
+/// report's `Point` (`report::ingest`), and the trainer's record if it logs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::VariantArray)]
+pub enum Field {
+    // Summarised per run, in the summary's order (see [`Field::shown`]).
+    TokensPerSecond,
+    MfuPct,
+    Tflops,
+    TrainingTokensPct,
+    PeakMemoryMb,
+    JoulesPerToken,
+    Watts,
+    Loss,
+    StepTimeS,
+    ElapsedS,
+    GlobalTokensPerSecond,
+    WorldSize,
+    BatchSize,
+}
+
+impl Field {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Field::TokensPerSecond => "tokens_per_second",
+            Field::MfuPct => "mfu_pct",
+            Field::Tflops => "tflops",
+            Field::TrainingTokensPct => "training_tokens_pct",
+            Field::PeakMemoryMb => "peak_memory_mb",
+            Field::JoulesPerToken => "joules_per_token",
+            Field::Watts => "watts",
+            Field::Loss => "loss",
+            Field::StepTimeS => "step_time_s",
+            Field::ElapsedS => "elapsed_s",
+            Field::GlobalTokensPerSecond => "global_tokens_per_second",
+            Field::WorldSize => "world_size",
+            Field::BatchSize => "batch_size",
+        }
+    }
+
+    pub fn named(name: &str) -> Option<Field> {
+        use strum::VariantArray;
+        Field::VARIANTS.iter().copied().find(|f| f.name() == name)
+    }
+
+    /// What a run can log: finite, and far beyond any real device (a
+    /// million H100s' tokens/s, a thousand times the peak FLOPs of the
+    /// wrongest MFU, a century of training) but below what only a corrupt
+    /// or hostile log holds. Values outside are left out and reported.
+    pub fn plausible(self) -> std::ops::RangeInclusive<f64> {
+        match self {
+            Field::Loss => 0.0..=1e6,
+            Field::TokensPerSecond | Field::GlobalTokensPerSecond => 0.0..=1e12,
+            Field::TrainingTokensPct => 0.0..=100.0 + 1e-9,
+            Field::MfuPct => 0.0..=1e5,
+            Field::Tflops => 0.0..=1e9,
+            Field::StepTimeS | Field::ElapsedS => 0.0..=3.2e9,
+            Field::WorldSize => 1.0..=1e8,
+            Field::BatchSize => 0.0..=1e9,
+            // An exabyte.
+            Field::PeakMemoryMb => 0.0..=1e12,
+            // A megawatt a device; a megajoule a token.
+            Field::Watts | Field::JoulesPerToken => 0.0..=1e6,
+        }
+    }
+
+    /// The summary's heading and decimals of a field it summarises per run
+    /// (statistics, intervals, a column each); `None` for the others.
+    pub fn shown(self) -> Option<(&'static str, usize)> {
+        Some(match self {
+            Field::TokensPerSecond => ("Tokens/sec", 2),
+            Field::MfuPct => ("MFU %", 2),
+            Field::Tflops => ("TFLOPs", 2),
+            Field::TrainingTokensPct => ("Training tokens %", 2),
+            Field::PeakMemoryMb => ("Peak memory (MB)", 0),
+            Field::JoulesPerToken => ("Joules/token", 4),
+            Field::Watts => ("Watts", 0),
+            _ => return None,
+        })
+    }
+
+    /// The fields the summary summarises, in its order.
+    pub fn summarised() -> impl Iterator<Item = Field> {
+        use strum::VariantArray;
+        Field::VARIANTS
+            .iter()
+            .copied()
+            .filter(|f| f.shown().is_some())
+    }
+}
+
+/// Whether a `line_pattern`'s group means a field the report knows.
+pub fn is_known_group(group: &str) -> bool {
+    group == "step" || Field::named(group).is_some()
+}
 
 /// The report's own columns besides the known fields' and their
 /// statistics' (`report::columns` checks in a test that these are all of
@@ -76,9 +153,9 @@ pub fn group_collides(group: &str, axes: &[&str]) -> Option<String> {
     let made = std::iter::once(group.to_string())
         .chain(STAT_SUFFIXES.iter().map(|s| format!("{group}{s}")));
     for col in made {
-        let known = KNOWN_GROUPS
+        let known = STAT_SUFFIXES
             .iter()
-            .any(|k| STAT_SUFFIXES.iter().any(|s| format!("{k}{s}") == col));
+            .any(|s| col.strip_suffix(s).is_some_and(is_known_group));
         if REPORT_COLUMNS.contains(&col.as_str()) || known {
             return Some(format!(
                 "the group `{group}` would make a column `{col}`, which the report makes itself: name the group otherwise"
@@ -200,7 +277,7 @@ pub fn check_roles(re: &regex::Regex, roles: &Roles) -> Result<(), (&'static str
                 ),
             ));
         }
-        if is_known(g) {
+        if is_known_group(g) {
             return Err((
                 key,
                 format!(
@@ -262,8 +339,4 @@ fn matches_a_bare_figure(pattern: &str, name: &str) -> bool {
     let inner = &pattern[span.start.offset..span.end.offset];
     regex::Regex::new(&format!("^(?:{inner})$"))
         .is_ok_and(|alone| ["5", "5.33"].iter().any(|f| alone.is_match(f)))
-}
-
-fn is_known(group: &str) -> bool {
-    KNOWN_GROUPS.contains(&group)
 }

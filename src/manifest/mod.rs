@@ -22,7 +22,7 @@ use crate::util::fs::read_regular;
 use crate::util::text::{describe_char, forbidden_char};
 pub use diagnostic::{did_you_mean, Diagnostic, Diagnostics};
 pub use groups::{
-    check_roles, group_collides, memory_unit, step_unit, Roles, StepUnit, KNOWN_GROUPS,
+    check_roles, group_collides, is_known_group, memory_unit, step_unit, Field, Roles, StepUnit,
     REPORT_COLUMNS, STAT_SUFFIXES, TIME_UNITS,
 };
 pub use report::{

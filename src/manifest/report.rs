@@ -3,7 +3,7 @@
 //! and the one place their rules are written (the manifest's checks and
 //! `sweep report --import`'s flags both ask [`ReportSpec::faults`]).
 
-use super::groups::{check_roles, group_collides, Roles, KNOWN_GROUPS};
+use super::groups::{check_roles, group_collides, is_known_group, Roles};
 use serde::{Deserialize, Serialize};
 
 /// `[report]`: how `sweep report` summarises the sweep.
@@ -232,7 +232,7 @@ impl ReportSpec {
         let roles = self.roles();
         re.capture_names()
             .flatten()
-            .filter(|g| !KNOWN_GROUPS.contains(g) && !roles.names(g))
+            .filter(|g| !is_known_group(g) && !roles.names(g))
             .filter_map(|g| group_collides(g, axes))
             .map(|why| Fault::value("line_pattern", why))
             .collect()
@@ -269,10 +269,10 @@ impl ReportSpec {
             ));
         }
         for (i, c) in self.charts.iter().enumerate() {
-            if !groups.contains(&c.as_str()) || KNOWN_GROUPS.contains(&c.as_str()) {
+            if !groups.contains(&c.as_str()) || is_known_group(c) {
                 let others: Vec<&str> = groups
                     .iter()
-                    .filter(|g| !KNOWN_GROUPS.contains(g))
+                    .filter(|g| !is_known_group(g))
                     .copied()
                     .collect();
                 out.push(Fault::value(

@@ -3,7 +3,7 @@
 //! loss against step and wall time; throughput and MFU over time; scaling
 //! with the number of GPUs when a sweep varies it.
 
-use super::columns::{self as c, Metric};
+use super::columns as c;
 use super::ingest::{Field, Point};
 use super::plot::{bars::Bars, lines::Lines, save, Chart};
 use super::summary::{MetricStats, Summary};
@@ -26,26 +26,26 @@ pub fn render(s: &Summary, dir: &Path, study: &str, extras: &[String]) -> Result
     let known = [
         (
             "throughput",
-            Metric::TokensPerSecond,
+            Field::TokensPerSecond,
             "Throughput per device",
             "tokens per second",
         ),
-        ("mfu", Metric::MfuPct, "Model FLOPs utilisation", "MFU (%)"),
+        ("mfu", Field::MfuPct, "Model FLOPs utilisation", "MFU (%)"),
         (
             "tflops",
-            Metric::Tflops,
+            Field::Tflops,
             "Achieved TFLOPs per device",
             "TFLOP/s",
         ),
         (
             "peak-memory",
-            Metric::PeakMemoryMb,
+            Field::PeakMemoryMb,
             "Peak memory per device",
             "MB",
         ),
         (
             "energy",
-            Metric::JoulesPerToken,
+            Field::JoulesPerToken,
             "Energy per token per device",
             "joules per token",
         ),
@@ -234,7 +234,7 @@ fn batch_size_bars(s: &Summary, study: &str) -> Option<Bars> {
                 order.len() - 1
             }
         };
-        let tps = r.metric(Metric::TokensPerSecond);
+        let tps = r.metric(Field::TokensPerSecond);
         if let Some(v) = tps.mean {
             groups
                 .entry(idx)

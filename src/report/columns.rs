@@ -2,52 +2,11 @@
 //! the aggregated columns (`tokens_per_second_mean`, ...) and constants for
 //! the rest. Tables, exports and charts name columns only through these.
 
-use super::ingest::{Field, Point};
+pub use super::ingest::Field;
+use super::ingest::Point;
 
-/// A per-step metric that the summary aggregates per run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
-    TokensPerSecond,
-    MfuPct,
-    Tflops,
-    TrainingTokensPct,
-    /// Peak memory per device: the most any logged step had reached.
-    PeakMemoryMb,
-    /// Energy per token and power, of a device.
-    JoulesPerToken,
-    Watts,
-}
-
-impl Metric {
-    pub const ALL: [Metric; 7] = [
-        Metric::TokensPerSecond,
-        Metric::MfuPct,
-        Metric::Tflops,
-        Metric::TrainingTokensPct,
-        Metric::PeakMemoryMb,
-        Metric::JoulesPerToken,
-        Metric::Watts,
-    ];
-
-    /// The field of a log point it is read from.
-    pub fn field(self) -> Field {
-        match self {
-            Metric::TokensPerSecond => Field::TokensPerSecond,
-            Metric::MfuPct => Field::MfuPct,
-            Metric::Tflops => Field::Tflops,
-            Metric::TrainingTokensPct => Field::TrainingTokensPct,
-            Metric::PeakMemoryMb => Field::PeakMemoryMb,
-            Metric::JoulesPerToken => Field::JoulesPerToken,
-            Metric::Watts => Field::Watts,
-        }
-    }
-
-    /// The column of the points frame (and the key in `metrics.jsonl`).
-    pub fn name(self) -> &'static str {
-        self.field().name()
-    }
-
-    /// The summary column of one statistic of this metric.
+impl Field {
+    /// The summary column of one statistic of this field.
     pub fn col(self, stat: Stat) -> String {
         format!("{}_{}", self.name(), stat.name())
     }
@@ -58,7 +17,7 @@ impl Metric {
 /// columns of its own name (`mem_gb_mean`, ..., `mem_gb_ci95_low`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Measure {
-    Known(Metric),
+    Known(Field),
     /// `Point::extra[index]`.
     Extra {
         index: usize,
@@ -69,8 +28,7 @@ pub enum Measure {
 impl Measure {
     /// The known metrics, then the extra fields `extras` (in their order).
     pub fn all(extras: &[String]) -> Vec<Measure> {
-        Metric::ALL
-            .into_iter()
+        Field::summarised()
             .map(Measure::Known)
             .chain(
                 extras
@@ -115,18 +73,18 @@ impl Measure {
     /// Its value at a log point.
     pub fn of(&self, p: &Point) -> Option<f64> {
         match self {
-            Measure::Known(m) => m.field().of(p),
+            Measure::Known(m) => m.of(p),
             Measure::Extra { index, .. } => p.extra.get(*index).copied().flatten(),
         }
     }
 }
 
 /// The metrics whose means get confidence intervals.
-pub const WITH_INTERVALS: [Metric; 4] = [
-    Metric::TokensPerSecond,
-    Metric::MfuPct,
-    Metric::Tflops,
-    Metric::PeakMemoryMb,
+pub const WITH_INTERVALS: [Field; 4] = [
+    Field::TokensPerSecond,
+    Field::MfuPct,
+    Field::Tflops,
+    Field::PeakMemoryMb,
 ];
 
 /// A statistic over a run's steady-state points.
@@ -226,7 +184,7 @@ mod tests {
     /// statistic's suffix is one it knows.
     #[test]
     fn the_manifest_knows_every_column_of_the_report() {
-        use crate::manifest::{KNOWN_GROUPS, REPORT_COLUMNS, STAT_SUFFIXES};
+        use crate::manifest::{is_known_group, REPORT_COLUMNS, STAT_SUFFIXES};
         for c in [
             RUN,
             LOG_INDEX,
@@ -263,7 +221,7 @@ mod tests {
             CONFIGURATION_NAME,
         ] {
             assert!(
-                REPORT_COLUMNS.contains(&c) || KNOWN_GROUPS.contains(&c),
+                REPORT_COLUMNS.contains(&c) || is_known_group(c),
                 "{c} is not in manifest::REPORT_COLUMNS"
             );
         }
@@ -287,9 +245,9 @@ mod tests {
     #[test]
     fn aggregated_columns_are_metric_underscore_stat() {
         assert_eq!(
-            Metric::TokensPerSecond.col(Stat::Mean),
+            Field::TokensPerSecond.col(Stat::Mean),
             "tokens_per_second_mean"
         );
-        assert_eq!(Metric::MfuPct.col(Stat::P95), "mfu_pct_p95");
+        assert_eq!(Field::MfuPct.col(Stat::P95), "mfu_pct_p95");
     }
 }

@@ -14,7 +14,7 @@
 //!   says about how many runs a side would decide at that spread;
 //! - `failed`: a run did not complete; `new`: nothing to compare with.
 
-use super::columns::Metric;
+use super::columns::Field;
 use super::history::{self, UNKNOWN_SYSTEM};
 use super::ingest::RunLog;
 use super::stats::{holm, mean_ci95, ratio_of_runs, Basis, MeanCi, RatioCi, RunSample, ALPHA};
@@ -489,8 +489,8 @@ pub fn compare(
             Row {
                 a: mean_ci95(&ra.tps_samples),
                 b: mean_ci95(&rb.tps_samples),
-                a_mean: ra.metric(Metric::TokensPerSecond).mean,
-                b_mean: rb.metric(Metric::TokensPerSecond).mean,
+                a_mean: ra.metric(Field::TokensPerSecond).mean,
+                b_mean: rb.metric(Field::TokensPerSecond).mean,
                 judged: Judged {
                     configuration: ra.name.clone(),
                     ..judged

@@ -5,7 +5,7 @@
 
 use super::shown::{self, number as f};
 use super::{Exporter, Tables};
-use crate::report::columns::{Metric, Stat};
+use crate::report::columns::{Field, Stat};
 use crate::report::judge::{Comparison, Verdict, NOTHING_DIFFERS};
 use crate::report::summary::Summary;
 use anyhow::Result;
@@ -89,7 +89,7 @@ impl Exporter<Tables<'_>> for Markdown {
             "| Configuration | median | std | p5 | p95 | points | warm-up points dropped |\n|---|---:|---:|---:|---:|---:|---:|"
         )?;
         for r in &s.rows {
-            let tps = r.metric(Metric::TokensPerSecond);
+            let tps = r.metric(Field::TokensPerSecond);
             writeln!(
                 out,
                 "| {} | {} | {} | {} | {} | {} | {} |",

@@ -5,7 +5,7 @@
 //! have (MFU of a program that logs no FLOPs, peak memory of a CPU run) is
 //! left out rather than shown as a column of dashes.
 
-use crate::report::columns::Metric;
+use crate::report::columns::Field;
 use crate::report::stats::{ratio_text, MeanCi, RatioCi};
 use crate::report::summary::{MetricStats, Row, Summary};
 
@@ -101,25 +101,15 @@ pub fn columns(s: &Summary) -> Vec<Shown> {
     if any(&|r| r.members.len() > 1) {
         push("Runs", &|r| plain(Some(r.members.len() as f64), 0));
     }
-    // Tokens/sec is the comparison every study makes: always shown.
-    push("Tokens/sec", &|r| {
-        stats(r.metric(Metric::TokensPerSecond), 2)
-    });
-    for (metric, header, digits) in [
-        (Metric::MfuPct, "MFU %", 2),
-        (Metric::Tflops, "TFLOPs", 2),
-        (Metric::TrainingTokensPct, "Training tokens %", 2),
-        (Metric::PeakMemoryMb, "Peak memory (MB)", 0),
-        (Metric::JoulesPerToken, "Joules/token", 4),
-        (Metric::Watts, "Watts", 0),
-    ] {
-        if any(&|r| r.metric(metric).mean.is_some()) {
-            match metric {
-                Metric::TrainingTokensPct => {
-                    push(header, &|r| plain(r.metric(metric).mean, digits))
-                }
-                _ => push(header, &|r| stats(r.metric(metric), digits)),
-            }
+    for f in Field::summarised() {
+        let (header, digits) = f.shown().unwrap_or_default();
+        // Tokens/sec is the comparison every study makes: always shown.
+        if f != Field::TokensPerSecond && !any(&|r| r.metric(f).mean.is_some()) {
+            continue;
+        }
+        match f {
+            Field::TrainingTokensPct => push(header, &|r| plain(r.metric(f).mean, digits)),
+            _ => push(header, &|r| stats(r.metric(f), digits)),
         }
     }
     for (i, name) in s.extras.iter().enumerate() {

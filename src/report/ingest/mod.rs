@@ -15,7 +15,6 @@ use crate::plan::record::Configuration;
 use crate::train::run::record::StepMetrics;
 use crate::util::fs::ReadError;
 use indexmap::IndexMap;
-use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 /// The largest log file read (a metrics file of a million steps is ~300 MB).
@@ -52,7 +51,7 @@ impl Point {
     /// Calls `each` with every figure of this point, and `other`'s beside it.
     fn beside(&mut self, other: &Point, mut each: impl FnMut(&mut Option<f64>, Option<f64>)) {
         let mut theirs = other.clone();
-        for f in Field::ALL {
+        for &f in <Field as strum::VariantArray>::VARIANTS {
             each(f.slot(self), *f.slot(&mut theirs));
         }
         for (mine, theirs) in self.extra.iter_mut().zip(&other.extra) {
@@ -84,61 +83,10 @@ impl Point {
 /// log (or a unit no table can show) writes numbers.
 pub const MAX_EXTRA: f64 = 1e15;
 
-/// The measured fields of a [`Point`], in one list: their names (the keys of
-/// `metrics.jsonl`, the named groups of a `line_pattern`) and the values a
-/// real run can log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Field {
-    Loss,
-    TokensPerSecond,
-    TrainingTokensPct,
-    MfuPct,
-    Tflops,
-    StepTimeS,
-    ElapsedS,
-    GlobalTokensPerSecond,
-    WorldSize,
-    BatchSize,
-    PeakMemoryMb,
-    Watts,
-    JoulesPerToken,
-}
+pub use crate::manifest::Field;
 
+/// A [`Point`]'s figure of each field.
 impl Field {
-    pub const ALL: [Field; 13] = [
-        Field::Loss,
-        Field::TokensPerSecond,
-        Field::TrainingTokensPct,
-        Field::MfuPct,
-        Field::Tflops,
-        Field::StepTimeS,
-        Field::ElapsedS,
-        Field::GlobalTokensPerSecond,
-        Field::WorldSize,
-        Field::BatchSize,
-        Field::PeakMemoryMb,
-        Field::Watts,
-        Field::JoulesPerToken,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Field::Loss => "loss",
-            Field::TokensPerSecond => "tokens_per_second",
-            Field::TrainingTokensPct => "training_tokens_pct",
-            Field::MfuPct => "mfu_pct",
-            Field::Tflops => "tflops",
-            Field::StepTimeS => "step_time_s",
-            Field::ElapsedS => "elapsed_s",
-            Field::GlobalTokensPerSecond => "global_tokens_per_second",
-            Field::WorldSize => "world_size",
-            Field::BatchSize => "batch_size",
-            Field::PeakMemoryMb => "peak_memory_mb",
-            Field::Watts => "watts",
-            Field::JoulesPerToken => "joules_per_token",
-        }
-    }
-
     pub fn of(self, p: &Point) -> Option<f64> {
         match self {
             Field::Loss => p.loss,
@@ -172,27 +120,6 @@ impl Field {
             Field::PeakMemoryMb => &mut p.peak_memory_mb,
             Field::Watts => &mut p.watts,
             Field::JoulesPerToken => &mut p.joules_per_token,
-        }
-    }
-
-    /// What a run can log: finite, and far beyond any real device (a
-    /// million H100s' tokens/s, a thousand times the peak FLOPs of the
-    /// wrongest MFU, a century of training) but below what only a corrupt
-    /// or hostile log holds. Values outside are left out and reported.
-    pub fn plausible(self) -> RangeInclusive<f64> {
-        match self {
-            Field::Loss => 0.0..=1e6,
-            Field::TokensPerSecond | Field::GlobalTokensPerSecond => 0.0..=1e12,
-            Field::TrainingTokensPct => 0.0..=100.0 + 1e-9,
-            Field::MfuPct => 0.0..=1e5,
-            Field::Tflops => 0.0..=1e9,
-            Field::StepTimeS | Field::ElapsedS => 0.0..=3.2e9,
-            Field::WorldSize => 1.0..=1e8,
-            Field::BatchSize => 0.0..=1e9,
-            // An exabyte.
-            Field::PeakMemoryMb => 0.0..=1e12,
-            // A megawatt a device; a megajoule a token.
-            Field::Watts | Field::JoulesPerToken => 0.0..=1e6,
         }
     }
 }
@@ -275,7 +202,7 @@ impl Omissions {
 
     /// Clears (and counts) each value of `p` a run cannot log.
     pub fn screen_figures(&mut self, line: usize, p: &mut Point) {
-        for f in Field::ALL {
+        for &f in <Field as strum::VariantArray>::VARIANTS {
             let slot = f.slot(p);
             if let Some(v) = *slot {
                 if !f.plausible().contains(&v) {

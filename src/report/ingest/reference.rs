@@ -141,12 +141,7 @@ pub fn parse(name: &str, bytes: &[u8], file: &std::path::Path) -> RunLog {
             step_time_s: step_time,
             elapsed_s: elapsed,
             global_tokens_per_second: num("gtps"),
-            world_size: None,
-            batch_size: None,
-            peak_memory_mb: None,
-            watts: None,
-            joules_per_token: None,
-            extra: Vec::new(),
+            ..Point::default()
         };
         run.points.extend(omitted.screen(n, point));
     }

@@ -24,7 +24,7 @@ pub(super) fn points_frame(runs: &[RunLog], extras: &[String]) -> Result<DataFra
         ),
         Column::new(c::STEP.into(), all().map(|p| p.step).collect::<Vec<_>>()),
     ];
-    for f in Field::ALL {
+    for &f in <Field as strum::VariantArray>::VARIANTS {
         let name = match f {
             Field::BatchSize => c::TRAINED_BATCH_SIZE,
             f => f.name(),

@@ -13,7 +13,7 @@
 mod frames;
 mod speedups;
 
-use super::columns::{self as c, Measure, Metric, Stat};
+use super::columns::{self as c, Measure, Stat};
 use super::ingest::{Field, RunLog};
 use super::stats::{holm_judged, mean_ci95, paired_ratio_ci95, ratio_ci95, RatioCi};
 use crate::executor::State;
@@ -129,7 +129,7 @@ pub struct Row {
     pub warmup_points: usize,
     /// Parameter values as the table prints them.
     pub params: IndexMap<String, String>,
-    /// Statistics of each measure: [`Metric::ALL`]'s, then the extra fields'.
+    /// Statistics of each measure: [`Field::ALL`]'s, then the extra fields'.
     metrics: Vec<MetricStats>,
     pub final_loss: Option<f64>,
     pub wall_time_s: Option<f64>,
@@ -199,21 +199,23 @@ impl Speedup {
 }
 
 impl Row {
-    pub fn metric(&self, m: Metric) -> &MetricStats {
-        let i = Metric::ALL.iter().position(|&x| x == m).expect("in ALL");
+    pub fn metric(&self, m: Field) -> &MetricStats {
+        let i = Field::summarised()
+            .position(|x| x == m)
+            .expect("a summarised field");
         &self.metrics[i]
     }
 
     /// The statistics of extra field `i` ([`Summary::extras`]).
     pub fn extra(&self, i: usize) -> Option<&MetricStats> {
-        self.metrics.get(Metric::ALL.len() + i)
+        self.metrics.get(Field::summarised().count() + i)
     }
 
     /// The peak FLOP/s per device its MFU is measured against (TFLOP/s),
     /// as its figures imply: every row's own (a precision's, a device's).
     pub fn mfu_peak_tflops(&self) -> Option<f64> {
-        let tflops = self.metric(Metric::Tflops).mean?;
-        let mfu = self.metric(Metric::MfuPct).mean.filter(|m| *m > 0.0)?;
+        let tflops = self.metric(Field::Tflops).mean?;
+        let mfu = self.metric(Field::MfuPct).mean.filter(|m| *m > 0.0)?;
         Some(100.0 * tflops / mfu).filter(|p| p.is_finite())
     }
 
@@ -351,13 +353,13 @@ pub fn summarize(runs: Vec<RunLog>, opts: &SummaryOptions) -> Result<Summary> {
 /// Every run's [`RunFigures`], from the per-run table (the same means the
 /// summary's rows average) and its steady-state points.
 fn run_figures(per_run: &DataFrame, runs: &[RunLog]) -> Result<Vec<RunFigures>> {
-    let mean = |m: Metric| number_column(per_run, &m.col(Stat::Mean));
-    let tps = mean(Metric::TokensPerSecond)?;
-    let tps_std = number_column(per_run, &Metric::TokensPerSecond.col(Stat::Std))?;
+    let mean = |m: Field| number_column(per_run, &m.col(Stat::Mean));
+    let tps = mean(Field::TokensPerSecond)?;
+    let tps_std = number_column(per_run, &Field::TokensPerSecond.col(Stat::Std))?;
     let (mfu, tflops, memory) = (
-        mean(Metric::MfuPct)?,
-        mean(Metric::Tflops)?,
-        mean(Metric::PeakMemoryMb)?,
+        mean(Field::MfuPct)?,
+        mean(Field::Tflops)?,
+        mean(Field::PeakMemoryMb)?,
     );
     let first = number_column(per_run, c::FIRST_STEADY)?;
     Ok(runs
@@ -380,7 +382,7 @@ fn run_figures(per_run: &DataFrame, runs: &[RunLog]) -> Result<Vec<RunFigures>> 
         .collect())
 }
 
-const TPS: Measure = Measure::Known(Metric::TokensPerSecond);
+const TPS: Measure = Measure::Known(Field::TokensPerSecond);
 
 /// Extra fields become columns `<name>`, `<name>_mean`, ...: none may take
 /// the name of a column the tables already have.

@@ -135,7 +135,7 @@ pub(super) fn add_comparisons(
             cis.iter().map(|ci| ci.map(|c| c.high)).collect::<Vec<_>>(),
         ))?;
     }
-    let tps = number_column(table, &Metric::TokensPerSecond.col(Stat::Mean))?;
+    let tps = number_column(table, &Field::TokensPerSecond.col(Stat::Mean))?;
     let base = match &opts.baseline {
         Some(b) => Some(baseline_row(
             &text_column(table, c::RUN)?,
@@ -160,7 +160,7 @@ pub(super) fn add_comparisons(
         // The rows' comparisons with the baseline are one family: the
         // verdicts are Holm's, the intervals each comparison's own. Runs of
         // a blocked design are compared block by block (paired).
-        let run_means = number_column(per_run, &Metric::TokensPerSecond.col(Stat::Mean))?;
+        let run_means = number_column(per_run, &Field::TokensPerSecond.col(Stat::Mean))?;
         let ratios = (0..h)
             .map(|i| {
                 let (mine, base) = pairs[i]?;
@@ -212,7 +212,7 @@ pub(super) fn add_comparisons(
 /// configuration was run at one scale only).
 pub(super) fn add_scaling(table: &mut DataFrame, axes: &[String]) -> Result<()> {
     let h = table.height();
-    let tps = number_column(table, &Metric::TokensPerSecond.col(Stat::Mean))?;
+    let tps = number_column(table, &Field::TokensPerSecond.col(Stat::Mean))?;
     let world: Vec<f64> = number_column(table, c::WORLD_SIZE)?
         .into_iter()
         .map(|w| w.unwrap_or(1.0))
