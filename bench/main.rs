@@ -138,6 +138,8 @@ fn main() -> ExitCode {
     // SAFETY: restoring a signal's default disposition at start-up, before
     // any thread is spawned: a closed pipe ends the program quietly.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // As `sweep bench` measures: the figures in docs/performance.md are so.
+    sweep::cli::keep_freed_memory();
     let outcome = RuntimeOptions::from_env()
         .map(RuntimeOptions::install)
         .and_then(|rt| {

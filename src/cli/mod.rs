@@ -184,7 +184,7 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
 /// `mi_option_purge_delay` in mimalloc 3's `mi_option_e` (mimalloc.h).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Training (`sweep train`, `sweep bench`) never hands freed memory back to
+/// Training (`sweep train`, the benchmarks) never hands freed memory back to
 /// the OS: every train step frees and allocates the same large activations
 /// and gradients again, and purged pages come back through page faults the
 /// kernel must zero (~10% of the step on the speed-goal model); its peak RSS
@@ -192,7 +192,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// many sizes and keep mimalloc's default, which returns them. (The binary
 /// makes mimalloc its allocator: glibc malloc spends a large share of the
 /// train step in page faults.)
-fn keep_freed_memory() {
+pub fn keep_freed_memory() {
     // SAFETY: setting an option is thread-safe and valid at any time.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }
