@@ -17,7 +17,6 @@ pub enum Field {
     PeakMemoryMb,
     JoulesPerToken,
     Watts,
-    GradNorm,
     Loss,
     StepTimeS,
     ElapsedS,
@@ -36,7 +35,6 @@ impl Field {
             Field::PeakMemoryMb => "peak_memory_mb",
             Field::JoulesPerToken => "joules_per_token",
             Field::Watts => "watts",
-            Field::GradNorm => "grad_norm",
             Field::Loss => "loss",
             Field::StepTimeS => "step_time_s",
             Field::ElapsedS => "elapsed_s",
@@ -57,7 +55,7 @@ impl Field {
     /// or hostile log holds. Values outside are left out and reported.
     pub fn plausible(self) -> std::ops::RangeInclusive<f64> {
         match self {
-            Field::Loss | Field::GradNorm => 0.0..=1e6,
+            Field::Loss => 0.0..=1e6,
             Field::TokensPerSecond | Field::GlobalTokensPerSecond => 0.0..=1e12,
             Field::TrainingTokensPct => 0.0..=100.0 + 1e-9,
             Field::MfuPct => 0.0..=1e5,
@@ -83,7 +81,6 @@ impl Field {
             Field::PeakMemoryMb => ("Peak memory (MB)", 0),
             Field::JoulesPerToken => ("Joules/token", 4),
             Field::Watts => ("Watts", 0),
-            Field::GradNorm => ("Gradient norm", 3),
             _ => return None,
         })
     }

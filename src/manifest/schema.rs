@@ -150,7 +150,6 @@ pub struct SlurmSpec {
     pub cpus_per_task: Option<u32>,
     pub mem: Option<String>,
     pub constraint: Option<String>,
-    pub reservation: Option<String>,
     /// CSCS container engine environment (`--environment=`).
     pub environment: Option<String>,
     /// Job name; the study name by default.
@@ -195,7 +194,6 @@ impl Default for SlurmSpec {
             cpus_per_task: None,
             mem: None,
             constraint: None,
-            reservation: None,
             environment: None,
             job_name: None,
             extra_sbatch: Vec::new(),

@@ -245,9 +245,8 @@ pub const SLURM_OPTIONS: [SlurmOption; 25] = [
         ..row("gres", None)
     },
     SlurmOption {
-        header: |j| text(&j.spec.reservation),
         env: &["SBATCH_RESERVATION"],
-        ..row("reservation", Some("reservation"))
+        ..row("reservation", None)
     },
 ];
 

@@ -42,7 +42,6 @@ pub struct Point {
     /// tokens per second (where the run measured them: [`crate::train::run::energy`]).
     pub watts: Option<f64>,
     pub joules_per_token: Option<f64>,
-    pub grad_norm: Option<f64>,
     /// Fields of a foreign log that no [`Field`] is (a `line_pattern`'s other
     /// named groups), in the order its pattern names them.
     pub extra: Vec<Option<f64>>,
@@ -103,7 +102,6 @@ impl Field {
             Field::PeakMemoryMb => p.peak_memory_mb,
             Field::Watts => p.watts,
             Field::JoulesPerToken => p.joules_per_token,
-            Field::GradNorm => p.grad_norm,
         }
     }
 
@@ -122,7 +120,6 @@ impl Field {
             Field::PeakMemoryMb => &mut p.peak_memory_mb,
             Field::Watts => &mut p.watts,
             Field::JoulesPerToken => &mut p.joules_per_token,
-            Field::GradNorm => &mut p.grad_norm,
         }
     }
 }
@@ -146,7 +143,6 @@ impl From<&StepMetrics> for Point {
             peak_memory_mb: Some(m.peak_memory_mb).filter(|&mb| mb > 0.0),
             watts: m.watts,
             joules_per_token: m.joules_per_token,
-            grad_norm: Some(m.grad_norm),
             extra: Vec::new(),
         }
     }
