@@ -42,6 +42,18 @@ struct Cli {
     command: Cmd,
 }
 
+/// The text both data cases read, and how it is cut.
+#[derive(clap::Args, Debug)]
+struct Text {
+    /// Text dataset (default: assets/data/corpus.parquet when fetched, else the bundled one).
+    #[arg(long)]
+    dataset: Option<PathBuf>,
+    #[arg(long, default_value = DEFAULT_TOKENIZER)]
+    tokenizer: PathBuf,
+    #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
+    seq_len: usize,
+}
+
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Dataset load time and time per sample for the four loaders; writes plots/bench/data-loading.{png,svg}.
@@ -49,13 +61,8 @@ enum Cmd {
         after_help = "Example:\n  scripts/fetch-assets.sh && sweep-bench data --samples 1000 --seq-len 2048"
     )]
     Data {
-        /// Text dataset (default: assets/data/corpus.parquet when fetched, else the bundled one).
-        #[arg(long)]
-        dataset: Option<PathBuf>,
-        #[arg(long, default_value = DEFAULT_TOKENIZER)]
-        tokenizer: PathBuf,
-        #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
-        seq_len: usize,
+        #[command(flatten)]
+        text: Text,
         #[arg(long, default_value_t = 1000, value_parser = count(1, 10_000_000))]
         samples: usize,
         /// Only the loaders whose name contains this (repeatable), e.g. `--loader pretokenized`.
@@ -70,12 +77,8 @@ enum Cmd {
         after_help = "Example:\n  scripts/fetch-assets.sh --5x && sweep-bench pretokenize --threads 2"
     )]
     Pretokenize {
-        #[arg(long)]
-        dataset: Option<PathBuf>,
-        #[arg(long, default_value = DEFAULT_TOKENIZER)]
-        tokenizer: PathBuf,
-        #[arg(long, alias = "sequence-length", default_value_t = 2048, value_parser = count(1, MAX_SEQ))]
-        seq_len: usize,
+        #[command(flatten)]
+        text: Text,
         #[arg(long, default_value_t = 2, value_parser = count(1, MAX_THREADS))]
         threads: usize,
         /// Alternating runs of raw and ours; the best of each counts.
@@ -161,16 +164,14 @@ fn dispatch(cmd: Cmd, rt: &RuntimeOptions) -> Result<()> {
     let root = std::env::current_dir().context("finding the working directory")?;
     match cmd {
         Cmd::Data {
-            dataset,
-            tokenizer,
-            seq_len,
+            text,
             samples,
             only,
             repeats,
         } => data(data::DataBenchArgs {
-            dataset: dataset.unwrap_or_else(|| data::default_dataset(&root)),
-            tokenizer,
-            seq_len,
+            dataset: text.dataset.unwrap_or_else(|| data::default_dataset(&root)),
+            tokenizer: text.tokenizer,
+            seq_len: text.seq_len,
             samples,
             work_dir: root.join("results/bench/data"),
             plots: root.join("plots/bench"),
@@ -179,12 +180,10 @@ fn dispatch(cmd: Cmd, rt: &RuntimeOptions) -> Result<()> {
             scripts: sweep::layout::repository(&root, "scripts/python-loaders.py").join("scripts"),
         }),
         Cmd::Pretokenize {
-            dataset,
-            tokenizer,
-            seq_len,
+            text,
             threads,
             repeats,
-        } => pretokenize(dataset, tokenizer, seq_len, threads, repeats, &root),
+        } => pretokenize(text, threads, repeats, &root),
         Cmd::Report { runs, lines, dir } => {
             sweep::util::outputs::check_dir("--dir", &dir)?;
             report(runs, lines, dir)
@@ -347,14 +346,12 @@ fn data(args: data::DataBenchArgs) -> Result<()> {
 }
 
 /// `sweep-bench pretokenize`: pretokenization throughput and peak memory.
-fn pretokenize(
-    dataset: Option<PathBuf>,
-    tokenizer: PathBuf,
-    seq_len: usize,
-    threads: usize,
-    repeats: usize,
-    root: &Path,
-) -> Result<()> {
+fn pretokenize(text: Text, threads: usize, repeats: usize, root: &Path) -> Result<()> {
+    let Text {
+        dataset,
+        tokenizer,
+        seq_len,
+    } = text;
     let dataset = dataset.unwrap_or_else(|| data::default_dataset(root));
     let five = root.join("assets/data/corpus-5x.parquet");
     let rss_inputs: Vec<_> = [dataset.clone(), five]
