@@ -108,10 +108,8 @@ pub const SLURM_OPTIONS: [SlurmOption; 25] = [
         ..row("job-name", Some("job_name"))
     },
     SlurmOption {
-        header: |j| {
-            let dir = crate::template::shell_quote(&j.dir.display().to_string());
-            Some(Value::from_safe_string(format!("{dir}/%x-%j.out")))
-        },
+        // One value, quoted by the engine, which refuses a line break in it.
+        header: |j| Some(Value::from(format!("{}/%x-%j.out", j.dir.display()))),
         srun: always,
         in_block: InBlock::Own,
         env: &["SBATCH_OUTPUT", "SBATCH_ERROR"],
