@@ -275,7 +275,7 @@ mod tests {
 
     #[test]
     fn sbatch_variables_that_override_the_scripts_options_are_found() {
-        let script = "#!/bin/bash\n#SBATCH --partition=gpu\n#SBATCH -t 10\n#SBATCH --output=/r/%x-%j.out\n#SBATCH --mem 64G\n#SBATCH --requeue\n# SBATCH --qos=x\necho '#SBATCH --account=a'\n";
+        let script = "#!/bin/bash\n#SBATCH --partition=gpu\n#SBATCH -t 10\n#SBATCH --output=/r/%x-%j.out\n#SBATCH --mem 64G\n#SBATCH --requeue\n#SBATCH --gpus=4\n# SBATCH --qos=x\necho '#SBATCH --account=a'\n";
         let set = [
             "SBATCH_PARTITION",
             "SBATCH_TIMELIMIT",
@@ -284,11 +284,13 @@ mod tests {
             "SBATCH_MEM_PER_CPU",
             "SBATCH_ACCOUNT",
             "SBATCH_QOS",
+            "SBATCH_GPUS",
         ];
         assert_eq!(
             overriding_env(script, |n| set.contains(&n)),
             [
                 "SBATCH_ERROR",
+                "SBATCH_GPUS",
                 "SBATCH_MEM_PER_CPU",
                 "SBATCH_NO_REQUEUE",
                 "SBATCH_PARTITION",

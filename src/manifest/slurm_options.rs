@@ -101,7 +101,7 @@ const fn row(name: &'static str, key: Option<&'static str>) -> SlurmOption {
 /// A time limit other than the plan's, a log outside the run's directory
 /// (which the report, the live view and the watchdog read), a stderr apart
 /// from it, ranks other than the run's: each would undo what sweep records.
-pub const SLURM_OPTIONS: [SlurmOption; 25] = [
+pub const SLURM_OPTIONS: [SlurmOption; 26] = [
     SlurmOption {
         header: |j| Some(Value::from(j.name)),
         env: &["SBATCH_JOB_NAME"],
@@ -237,6 +237,10 @@ pub const SLURM_OPTIONS: [SlurmOption; 25] = [
     SlurmOption {
         env: &["SBATCH_EXCLUSIVE"],
         ..row("exclusive", None)
+    },
+    SlurmOption {
+        env: &["SBATCH_GPUS"],
+        ..row("gpus", None)
     },
     SlurmOption {
         env: &["SBATCH_GRES"],

@@ -171,13 +171,16 @@ pub fn blocks(plan: &Plan) -> Vec<PackedBlock> {
 /// The keys of `[slurm]` that runs packed into one job must share: they
 /// are asked of the scheduler once, for the whole block.
 fn shared_keys() -> Vec<&'static str> {
-    let mut keys: Vec<&str> = SLURM_OPTIONS
+    let mut keys: Vec<&str> = Vec::new();
+    let shared = SLURM_OPTIONS
         .iter()
-        .filter(|o| o.in_block == InBlock::Shared)
-        .filter_map(|o| o.key)
-        .chain(["extra_sbatch"])
-        .collect();
-    keys.dedup();
+        .filter(|o| o.in_block == InBlock::Shared);
+    // `requeue` is two options' key (`--requeue`, `--no-requeue`).
+    for key in shared.filter_map(|o| o.key).chain(["extra_sbatch"]) {
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
     keys
 }
 
