@@ -29,7 +29,15 @@ phase() {
 }
 say_phases() {
     [ ${#phases[@]} -eq 0 ] || printf 'test.sh: %s\n' "${phases[@]}" "$(printf '%5d s  in all' $SECONDS)" >&2
+    disk_free "at the end"
 }
+# The suite needs ~15–20 GB beside the clone (its builds, PyTorch, the tests'
+# studies): a run out of disk fails in whatever test wrote last, so it says so.
+disk_free() {
+    printf 'test.sh: disk free %s: %s here, %s in %s\n' "$1" "$(df -h --output=avail . | tail -1 | tr -d ' ')" \
+        "$(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ')" "${TMPDIR:-/tmp}" >&2
+}
+disk_free "at the start"
 
 scripts/setup.sh debian
 phase "Debian packages"

@@ -614,6 +614,8 @@ dataset_type = "padding-free"
 sequence_length = 256
 training_steps = 2
 logging_frequency = 1
+# Twelve runs' weights and optimizer states would be ~4 GB of disk.
+checkpoint_at_end = false
 [sweep]
 name = "{{{{ precision }}}}-{{{{ recompute }}}}-bs{{{{ batch_size }}}}"
 [sweep.grid]
