@@ -58,13 +58,15 @@ done
 
 log() { echo "check-gpu-offline: $*" >&2; }
 
-# NVRTC 13.0 (the version the trainer is built against) and cuobjdump.
+# NVRTC 13.0 (the version the trainer is built against), cuobjdump and the
+# disassembler it calls for a kernel's instructions.
 DEST=${SWEEP_CUDA_DIR:-$PWD/.cuda}/offline
 REQUIREMENTS='nvidia-cuda-nvrtc==13.0.88 --hash=sha256:ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575
-nvidia-cuda-cuobjdump==13.2.78 --hash=sha256:394087411405b846bf43aa52ca2ff603bbe18b3b8a1257cda0903e23c17bdbf3'
+nvidia-cuda-cuobjdump==13.2.78 --hash=sha256:394087411405b846bf43aa52ca2ff603bbe18b3b8a1257cda0903e23c17bdbf3
+nvidia-cuda-nvdisasm==13.2.78 --hash=sha256:b4ebcd3c5046bf8039ac52675b9dbefd843600969649ecaab0a42b0713a61dae'
 stamp=$(printf '%s' "$REQUIREMENTS" | sha256sum | cut -c1-16)
 if [[ ! -f $DEST/.installed || $(cat "$DEST/.installed") != "$stamp" ]]; then
-    log "downloading NVRTC and cuobjdump (~90 MB) into $DEST"
+    log "downloading NVRTC, cuobjdump and nvdisasm (~95 MB) into $DEST"
     rm -rf "$DEST"
     mkdir -p "$DEST/wheels"
     printf '%s\n' "$REQUIREMENTS" >"$DEST/requirements.txt"
@@ -73,7 +75,7 @@ if [[ ! -f $DEST/.installed || $(cat "$DEST/.installed") != "$stamp" ]]; then
     for w in "$DEST"/wheels/*.whl; do
         unzip -q -o "$w" 'nvidia/*' -d "$DEST"
     done
-    chmod +x "$DEST"/nvidia/cu13/bin/cuobjdump
+    chmod +x "$DEST"/nvidia/cu13/bin/cuobjdump "$DEST"/nvidia/cu13/bin/nvdisasm
     echo "$stamp" >"$DEST/.installed"
 fi
 export SWEEP_NVRTC=$DEST/nvidia/cu13/lib/libnvrtc.so.13

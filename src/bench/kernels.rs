@@ -15,7 +15,6 @@ use crate::config::DeviceKind;
 use crate::train::network::ops::check::{
     self, dtype_name, errors, flat_f32, prepare, tolerance, Case, Shapes,
 };
-use crate::train::network::ops::composed_here;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
@@ -148,7 +147,7 @@ fn check_and_time(case: &Case, dtype: DType, device: &Device, repeats: usize) ->
         .map(|t| Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?.copy()?))
         .collect::<Result<_>>()?;
     let want = if device.is_cpu() {
-        flat_f32(&composed_here(|| (case.run)(&reference_inputs))?)?
+        flat_f32(&case.run_twin(&reference_inputs)?)?
     } else {
         flat_f32(&(case.run)(&reference_inputs)?)?
     };
@@ -262,7 +261,7 @@ mod tests {
             vocab: Some(300),
         };
         let report = run(&work, &Default::default())?;
-        assert_eq!(report.rows.len(), 23);
+        assert_eq!(report.rows.len(), 24);
         for r in &report.rows {
             assert!(r.ok, "{} {}: {:e}", r.op, r.shape, r.max_rel_err);
             assert!(r.kernel_ms > 0.0 && r.composed_ms > 0.0, "{}", r.op);

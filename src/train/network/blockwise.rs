@@ -283,7 +283,7 @@ impl Attention {
                 // Heads first and contiguous, as the cache holds q, k and v.
                 let d_o = d_attended.to_dtype(q.dtype())?.reshape((b, t, nh, d))?;
                 let d_o = rope::heads_first(&d_o, None)?;
-                let (dq, dk, dv) = attention::tiled_backward(&q, &k, &v, &d_o, true, None)?;
+                let (dq, dk, dv) = attention::fused_backward(&q, &k, &v, &d_o, true)?;
                 let dtype = h.dtype();
                 (
                     dq.to_dtype(dtype)?,

@@ -115,6 +115,28 @@ __device__ __forceinline__ void online_add(float& m, float& s, float x) {
     }
 }
 
+// One warp's tensor-core product (mma.sync m16n8k16): c (16 × 8, f32) +=
+// a (16 × 16, row-major) × b (16 × 8, column-major), a and b bf16 pairs with
+// the lower index in the low half. Lane = 4·group + i holds, as PTX lays
+// them out: a's rows group and group + 8 at columns 2i and 2i + 8 (a[0]:
+// (group, 2i), a[1]: (group + 8, 2i), a[2]: (group, 2i + 8), a[3]: both);
+// b's rows 2i (b0) and 2i + 8 (b1) at column group; c's rows group (c[0],
+// c[1]) and group + 8 (c[2], c[3]) at columns 2i, 2i + 1. Every lane of the
+// warp calls it. The host emulation (emulate.hpp) computes it from these
+// layouts, so a kernel that indexes a fragment wrongly fails there too.
+// Below sm_80 there is none: the product is left out, and the self-check
+// at the device's opening finds the kernel wrong and leaves it out.
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+#endif
+
 // The index of this thread in a grid-stride loop, and the stride.
 __device__ __forceinline__ u64 grid_index() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 grid_stride() { return (u64)blockDim.x * gridDim.x; }

@@ -37,11 +37,17 @@ struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
 
+// A lane's operands of mma_bf16, as the warp gathers them.
+struct MmaFragments {
+    unsigned a[4], b[2];
+};
+
 // What a thread of the running block sees.
 struct BlockState {
     std::unique_ptr<std::barrier<>> all;
     std::vector<std::unique_ptr<std::barrier<>>> warps;
     std::vector<float> slots; // one per thread, for shuffles
+    std::vector<MmaFragments> mma; // one per thread, for mma_bf16
 };
 
 inline thread_local dim3 threadIdx, blockIdx;
@@ -58,6 +64,41 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
     const float other = block_state->slots[(t & ~31u) | ((t % 32) ^ (unsigned)lane_mask)];
     warp.arrive_and_wait();
     return other;
+}
+
+// mma.sync m16n8k16 (common.cuh gives the layouts) as a warp collective:
+// each lane puts its fragments in the warp's slots, and computes its four
+// outputs from the lanes that PTX says hold each operand. Products of bf16
+// values are exact in f32; they are summed in k's order and then added to c.
+inline void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const unsigned t = threadIdx.x, base = t & ~31u, lane = t % 32;
+    std::barrier<>& warp = *block_state->warps[t / 32];
+    MmaFragments& mine = block_state->mma[t];
+    for (int r = 0; r < 4; ++r) mine.a[r] = a[r];
+    mine.b[0] = b0;
+    mine.b[1] = b1;
+    warp.arrive_and_wait();
+    auto half = [](unsigned word, unsigned k) {
+        const unsigned bits = (word >> (16 * (k % 2))) & 0xffffu;
+        float f;
+        const unsigned u = bits << 16;
+        std::memcpy(&f, &u, sizeof f);
+        return f;
+    };
+    const std::vector<MmaFragments>& all = block_state->mma;
+    float out[4];
+    for (unsigned i = 0; i < 4; ++i) {
+        const unsigned row = lane / 4 + 8 * (i / 2), col = 2 * (lane % 4) + i % 2;
+        float sum = 0.0f;
+        for (unsigned k = 0; k < 16; ++k) {
+            const unsigned a_word = all[base + 4 * (row % 8) + (k % 8) / 2].a[row / 8 + 2 * (k / 8)];
+            const unsigned b_word = all[base + 4 * col + (k % 8) / 2].b[k / 8];
+            sum += half(a_word, k) * half(b_word, k);
+        }
+        out[i] = sum;
+    }
+    warp.arrive_and_wait();
+    for (unsigned i = 0; i < 4; ++i) c[i] += out[i];
 }
 
 inline float __int_as_float(int i) {
@@ -97,6 +138,7 @@ inline void emulate_launch(dim3 grid, dim3 block, const std::function<void()>& b
             state.warps.push_back(std::make_unique<std::barrier<>>(in_warp));
         }
         state.slots.assign(threads, 0.0f);
+        state.mma.assign(threads, MmaFragments{});
         poison_shared();
     };
     std::vector<std::thread> team;

@@ -30,6 +30,7 @@ macro_rules! source {
 }
 
 pub const ADAMW: KernelSource = source!("adamw");
+pub const ATTENTION: KernelSource = source!("attention");
 pub const CROSS_ENTROPY: KernelSource = source!("cross_entropy");
 pub const EMBEDDING: KernelSource = source!("embedding");
 pub const GRAD_NORM: KernelSource = source!("grad_norm");
@@ -39,8 +40,9 @@ pub const SILU_MUL: KernelSource = source!("silu_mul");
 pub const SOFTMAX: KernelSource = source!("softmax");
 
 /// Every source.
-pub const SOURCES: [&KernelSource; 8] = [
+pub const SOURCES: [&KernelSource; 9] = [
     &ADAMW,
+    &ATTENTION,
     &CROSS_ENTROPY,
     &EMBEDDING,
     &GRAD_NORM,
@@ -185,6 +187,49 @@ pub const KERNELS: &[Kernel] = &[
             F32,
             F32,
             F32,
+            F32,
+        ],
+    },
+    Kernel {
+        source: &ATTENTION,
+        name: "attention_bwd_dq",
+        bf16: true,
+        // q, k, v, d_o, dq, lse, delta, t, d, heads, kv_heads, causal, scale
+        params: &[
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(PF32),
+            Ptr(PF32),
+            U32,
+            U32,
+            U32,
+            U32,
+            U32,
+            F32,
+        ],
+    },
+    Kernel {
+        source: &ATTENTION,
+        name: "attention_bwd_dkdv",
+        bf16: true,
+        // q, k, v, d_o, lse, delta, dk, dv, t, d, heads, kv_heads, causal, scale
+        params: &[
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(Own),
+            Ptr(PF32),
+            Ptr(PF32),
+            Ptr(Own),
+            Ptr(Own),
+            U32,
+            U32,
+            U32,
+            U32,
+            U32,
             F32,
         ],
     },

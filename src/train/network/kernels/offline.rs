@@ -180,6 +180,8 @@ struct Compiled {
 /// Runs `cuobjdump` with `args` on a file; its standard output.
 fn cuobjdump(tool: &Path, args: &[&str], file: &Path) -> Result<String, String> {
     let out = std::process::Command::new(tool)
+        // Its disassembler (for -sass) lies beside it.
+        .env("NVDISASM_PATH", tool.parent().unwrap_or(Path::new(".")))
         .args(args)
         .arg(file)
         .output()
@@ -356,6 +358,16 @@ fn every_kernel_compiles_as_the_trainer_compiles_it_and_matches_its_signature() 
                     source.module
                 ));
             }
+            // Tensor-core products (mma_bf16) compiled in, not left out.
+            if source.module == super::ATTENTION.module {
+                let sass = cuobjdump(&tool, &["-sass"], &file).unwrap();
+                for function in sass.split("Function : ").skip(1) {
+                    if !function.contains("HMMA") {
+                        let name = function.lines().next().unwrap_or("");
+                        problems.push(format!("{name} (sm_{code}): no tensor-core product (HMMA)"));
+                    }
+                }
+            }
             for (entry, args) in &want {
                 if let Some((_, c)) = compiled.iter().find(|(n, _)| n == entry) {
                     let found = faults(&format!("{entry} (sm_{code})"), args, c);
@@ -372,7 +384,7 @@ fn every_kernel_compiles_as_the_trainer_compiles_it_and_matches_its_signature() 
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    assert!(checked >= 2 * 27, "only {checked} entry points checked");
+    assert!(checked >= 2 * 31, "only {checked} entry points checked");
 }
 
 #[test]

@@ -13,6 +13,7 @@
 
 use super::linear::matmul;
 use super::softmax::{self, softmax};
+use crate::train::network::kernels::{u32_of, LaunchPlan, Mem, Ty, Value, ATTENTION};
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
@@ -278,6 +279,163 @@ pub fn tiled_backward(
     Ok((dq, total(dk)?, total(dv)?))
 }
 
+/// Attention's gradients as [`tiled_backward`] gives them, by sweep's
+/// fused kernels on a GPU (`attention.cu`: FlashAttention-2's backward on
+/// tensor cores, the scores never in memory) where they may run there
+/// ([`super::own_kernel`] of [`super::Kernel::AttentionBackward`]: not fallen
+/// back, and faster than the tiled backward when the device opened) and take
+/// these shapes; the tiled backward everywhere else, the CPU included.
+pub fn fused_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    d_o: &Tensor,
+    causal: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if q.device().is_cuda() && super::own_kernel(super::Kernel::AttentionBackward, &[q, k, v, d_o])
+    {
+        let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Attention);
+        let (b, h, t, d) = q.dims4()?;
+        let kv = k.dim(1)?;
+        if fused_shapes((b, h, kv, t, d)).is_ok() {
+            let (q, k) = (q.contiguous()?, k.contiguous()?);
+            let op = FusedBackward {
+                v: v.contiguous()?,
+                d_o: d_o.contiguous()?,
+                causal,
+            };
+            let all = q.apply_op2_no_bwd(&k, &op)?;
+            let (nq, nkv) = (b * h * t * d, b * kv * t * d);
+            return Ok((
+                all.narrow(0, 0, nq)?.reshape((b, h, t, d))?,
+                all.narrow(0, nq, nkv)?.reshape((b, kv, t, d))?,
+                all.narrow(0, nq + nkv, nkv)?.reshape((b, kv, t, d))?,
+            ));
+        }
+    }
+    tiled_backward(q, k, v, d_o, causal, None)
+}
+
+/// Why the fused kernels cannot take these shapes (B, H, KV, T, D), if
+/// they cannot: a head dimension that is no multiple of 16 up to 128 (its
+/// fragments), query heads that are no multiple of the KV heads.
+pub fn fused_shapes(
+    (b, h, kv, t, d): (usize, usize, usize, usize, usize),
+) -> std::result::Result<(), String> {
+    if d == 0 || d % 16 != 0 || d > 128 {
+        return Err(format!(
+            "head dimension {d}: the fused attention backward takes multiples of 16 up to 128"
+        ));
+    }
+    if kv == 0 || h % kv != 0 {
+        return Err(format!("{h} query heads over {kv} KV heads"));
+    }
+    u32_of(b * h, "batch × heads")?;
+    u32_of(b * h * t * d, "the queries' values")?;
+    Ok(())
+}
+
+/// The fused backward's launches on q, k, v, d_o (operands 0–3, heads
+/// first, contiguous): one output [dq; dk; dv], the rows' log-sum-exp and
+/// Σ P∘dP in two scratch buffers between its two kernels.
+pub fn fused_backward_plan(
+    (b, h, kv, t, d): (usize, usize, usize, usize, usize),
+    own: Ty,
+    causal: bool,
+) -> std::result::Result<LaunchPlan, String> {
+    fused_shapes((b, h, kv, t, d))?;
+    let (nq, nkv) = (b * h * t * d, b * kv * t * d);
+    let mut plan = LaunchPlan::default();
+    let out = plan.output(own, nq + 2 * nkv);
+    let lse = plan.scratch(Ty::F32, b * h * t);
+    let delta = plan.scratch(Ty::F32, b * h * t);
+    let blocks = u32_of(t.div_ceil(ATTENTION_ROWS), "the sequence's blocks")?;
+    let sizes = [t, d, h, kv].map(|n| Value::U32(n as u32));
+    let scale = Value::F32(1.0 / (d as f32).sqrt());
+    let operand = |i| Value::Ptr(Mem::Operand(i), 0);
+    let mut args = vec![operand(0), operand(1), operand(2), operand(3)];
+    args.extend([Value::Ptr(out, 0), Value::Ptr(lse, 0), Value::Ptr(delta, 0)]);
+    args.extend(sizes);
+    args.extend([Value::U32(u32::from(causal)), scale]);
+    plan.launch(
+        &ATTENTION,
+        "attention_bwd_dq",
+        own,
+        (blocks, (b * h) as u32),
+        args,
+    )?;
+    let mut args = vec![operand(0), operand(1), operand(2), operand(3)];
+    args.extend([Value::Ptr(lse, 0), Value::Ptr(delta, 0)]);
+    args.extend([Value::Ptr(out, nq), Value::Ptr(out, nq + nkv)]);
+    args.extend(sizes);
+    args.extend([Value::U32(u32::from(causal)), scale]);
+    plan.launch(
+        &ATTENTION,
+        "attention_bwd_dkdv",
+        own,
+        (blocks, (b * kv) as u32),
+        args,
+    )?;
+    Ok(plan)
+}
+
+/// Query rows (or keys) a block of the fused kernels takes (`ATT_ROWS`).
+const ATTENTION_ROWS: usize = 128;
+
+/// [`fused_backward`]'s kernels as an op on (q, k), with v and d_o held.
+#[cfg(feature = "cuda")]
+struct FusedBackward {
+    v: Tensor,
+    d_o: Tensor,
+    causal: bool,
+}
+
+#[cfg(feature = "cuda")]
+impl candle_core::CustomOp2 for FusedBackward {
+    fn name(&self) -> &'static str {
+        "sweep-attention-fused-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!(
+            "the fused attention backward runs on GPUs only (the CPU takes the tiled one)"
+        )
+    }
+
+    fn cuda_fwd(
+        &self,
+        q: &candle_core::CudaStorage,
+        ql: &Layout,
+        k: &candle_core::CudaStorage,
+        kl: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cuda;
+        let (b, h, t, d) = ql.shape().dims4()?;
+        let kv = kl.shape().dims4()?.1;
+        let plan = fused_backward_plan((b, h, kv, t, d), cuda::ty(q)?, self.causal)
+            .map_err(candle_core::Error::Msg)?;
+        let (v, vl) = self.v.storage_and_layout();
+        let (d_o, dol) = self.d_o.storage_and_layout();
+        let operands = [
+            cuda::Operand::of(q, ql)?,
+            cuda::Operand::of(k, kl)?,
+            cuda::Operand::of(cuda::on_gpu(&v, "attention's v")?, vl)?,
+            cuda::Operand::of(cuda::on_gpu(&d_o, "attention's output gradient")?, dol)?,
+        ];
+        let dev = cuda::device(q);
+        let all = cuda::execute(&dev, &plan, &operands)?.remove(0);
+        let n = plan.outputs[0].1;
+        Ok((all.into_storage(dev), Shape::from(n)))
+    }
+}
+
 /// x [B, H, T, Q] (contiguous) at positions first..first + len, as a
 /// contiguous [B, H, len, Q]: one 2-D copy (candle's `copy2d`: B·H rows of
 /// len·Q values, T·Q apart). Through `narrow` and `contiguous` the same copy
@@ -399,6 +557,62 @@ mod tests {
     use crate::train::network::ops::{rope, softmax};
     use candle_core::DType;
     use candle_core::Var;
+
+    /// Shapes of the fused kernels' emulation: (batch, heads, KV heads,
+    /// positions, head dimension, causal) — positions that fill no tile or
+    /// block (a block takes 128, a tile 32), past one block, head
+    /// dimensions 16 to 128, grouped queries, and a non-causal case.
+    const FUSED_SHAPES: [(usize, usize, usize, usize, usize, bool); 4] = [
+        (1, 2, 1, 37, 64, true),
+        (1, 2, 2, 130, 16, true),
+        (1, 1, 1, 19, 128, true),
+        (2, 2, 1, 33, 32, false),
+    ];
+
+    /// The fused kernels under the host emulation of CUDA (their tensor-core
+    /// products by the fragments' layouts) against the tiled backward on the
+    /// CPU, on inputs rounded to bf16: within the tolerance of the chained
+    /// bf16 products (P and dS are rounded between them), for f32 and bf16
+    /// storage. The two storages hold the same values and compute the same
+    /// sums, so each bf16 store is exactly the f32 result rounded.
+    #[test]
+    fn the_fused_backward_equals_the_tiled_one_under_emulation() -> Result<()> {
+        use crate::train::network::ops::testing::{assert_rounded, buffer, emulate, tensor};
+        for (n, &(b, h, kv, t, d, causal)) in FUSED_SHAPES.iter().enumerate() {
+            let bf16 = |x: Tensor| x.to_dtype(DType::BF16)?.to_dtype(DType::F32);
+            let q = bf16(rand(&[b, h, t, d], 1))?;
+            let k = bf16(rand(&[b, kv, t, d], 2))?;
+            let v = bf16(rand(&[b, kv, t, d], 3))?;
+            let d_o = bf16(rand(&[b, h, t, d], 4))?;
+            let inputs = [&q, &k, &v, &d_o];
+            let run = |own: Ty, race: bool| {
+                let plan = fused_backward_plan((b, h, kv, t, d), own, causal).unwrap();
+                let operands: Vec<_> = inputs.iter().map(|x| buffer(x, own)).collect();
+                emulate(&plan, &operands, race).map(|(out, _)| out.into_iter().next().unwrap())
+            };
+            let Some(f32s) = run(Ty::F32, n == 3) else {
+                return Ok(());
+            };
+            let bf16s = run(Ty::Bf16, false).unwrap();
+            let (nq, nkv) = (b * h * t * d, b * kv * t * d);
+            let all = tensor(&f32s, &[nq + 2 * nkv]);
+            assert_rounded(&bf16s, &all, 0.0, 0.0);
+            let (dq, dk, dv) = tiled_backward(&q, &k, &v, &d_o, causal, None)?;
+            for (name, want, first) in [("dq", dq, 0), ("dk", dk, nq), ("dv", dv, nq + nkv)] {
+                let got = all
+                    .narrow(0, first, want.elem_count())?
+                    .reshape(want.shape())?;
+                let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+                let err = max_diff(&got, &want)? / scale;
+                assert!(
+                    err < 3.2e-2,
+                    "{name} at {:?}: relative error {err:e}",
+                    FUSED_SHAPES[n]
+                );
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn a_tiles_positions_are_copied_as_narrow_makes_them() -> Result<()> {

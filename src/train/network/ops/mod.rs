@@ -127,6 +127,7 @@ pub enum Kernel {
     #[strum(serialize = "flash_attention")]
     Flash,
     Accumulate,
+    AttentionBackward,
 }
 
 impl Kernel {

@@ -10,7 +10,7 @@
 //! runs on the CPU in the tests. docs/gpu.md, "the self-check".
 
 use super::check::{self, dtype_name, errors, flat_f32, prepare, tolerance, Case, Shapes};
-use super::{composed_here, Kernel};
+use super::Kernel;
 use crate::config::runtime::CudaKernels;
 use crate::config::{ModelConfig, ModelOverrides};
 use anyhow::{bail, Result};
@@ -130,11 +130,11 @@ pub fn run(cases: &[Case], device: &Device) -> Vec<Failure> {
                 device.synchronize()?;
                 flat_f32(&out)
             })();
-            let want = composed_here(|| -> Result<Vec<f32>> {
-                let out = (case.run)(&prepare(case, device, dtype)?)?;
+            let want = (|| -> Result<Vec<f32>> {
+                let out = case.run_twin(&prepare(case, device, dtype)?)?;
                 device.synchronize()?;
                 flat_f32(&out)
-            });
+            })();
             let tol = tolerance(case, dtype);
             let fail = |rel_err, why: String| Failure {
                 kernel: case.kernel,
@@ -746,7 +746,8 @@ mod tests {
     fn every_own_kernel_is_timed_on_the_cpu() {
         let clock = |c: &Case, dtype, twin| check::time(c, &Device::Cpu, dtype, 1, twin);
         let timings = time(&cases(&Device::Cpu).unwrap(), DType::F32, &[], &clock);
-        let timed: Vec<Kernel> = timings.iter().map(|t| t.kernel).collect();
+        let mut timed: Vec<Kernel> = timings.iter().map(|t| t.kernel).collect();
+        timed.sort();
         let own: Vec<Kernel> = Kernel::VARIANTS
             .iter()
             .copied()

@@ -41,19 +41,49 @@ pub fn cases(s: &Shapes) -> Result<Vec<Case>> {
             "attention backward",
             format!("[{batch}, {h}/{kv}, {seq}, {q}]"),
             (3 * h + 4 * kv) * s.tokens() * q,
-            vec![
-                random(&[batch, h, seq, q], 19, 1.0)?,
-                random(&[batch, kv, seq, q], 20, 1.0)?,
-                random(&[batch, kv, seq, q], 21, 1.0)?,
-                random(&[batch, h, seq, q], 22, 1.0)?,
-            ],
-            Box::new(move |t| {
-                let (dq, dk, dv) = tiled_backward(&t[0], &t[1], &t[2], &t[3], true, None)?;
+            backward_inputs(s)?,
+            Box::new(tiled),
+        )
+    });
+    // The fused kernels against the tiled backward they replace (with its
+    // own kernels): chosen when the device opens only where faster.
+    cases.push(Case {
+        flops: cases[cases.len() - 1].flops,
+        chained: true,
+        // Products on bf16 operands in f32 storage too.
+        mixed: true,
+        twin: Some(Box::new(tiled)),
+        ..Case::new(
+            Kernel::AttentionBackward,
+            "attention backward, fused",
+            format!("[{batch}, {h}/{kv}, {seq}, {q}]"),
+            (3 * h + 4 * kv) * s.tokens() * q,
+            backward_inputs(s)?,
+            Box::new(|t| {
+                let (dq, dk, dv) = fused_backward(&t[0], &t[1], &t[2], &t[3], true)?;
                 Ok(vec![dq, dk, dv])
             }),
         )
     });
     Ok(cases)
+}
+
+/// The backward's inputs: q [B, H, T, Q], k, v [B, KV, T, Q], d_o [B, H, T, Q].
+fn backward_inputs(s: &Shapes) -> Result<Vec<candle_core::Tensor>> {
+    let (batch, seq) = (s.batch, s.seq);
+    let (h, kv, q) = (s.cfg.n_heads, s.cfg.n_kv_heads, s.cfg.head_dim());
+    Ok(vec![
+        random(&[batch, h, seq, q], 19, 1.0)?,
+        random(&[batch, kv, seq, q], 20, 1.0)?,
+        random(&[batch, kv, seq, q], 21, 1.0)?,
+        random(&[batch, h, seq, q], 22, 1.0)?,
+    ])
+}
+
+/// The tiled backward on a case's inputs.
+fn tiled(t: &[candle_core::Tensor]) -> anyhow::Result<Vec<candle_core::Tensor>> {
+    let (dq, dk, dv) = tiled_backward(&t[0], &t[1], &t[2], &t[3], true, None)?;
+    Ok(vec![dq, dk, dv])
 }
 
 /// The softmax's cases for `sweep bench kernels`: attention's softmax on the last tile
