@@ -331,8 +331,13 @@ pub fn fused_shapes(
     if kv == 0 || h % kv != 0 {
         return Err(format!("{h} query heads over {kv} KV heads"));
     }
-    u32_of(b * h, "batch × heads")?;
-    u32_of(b * h * t * d, "the queries' values")?;
+    // A grid's second dimension holds at most 65,535 blocks.
+    if b * h > 65_535 {
+        return Err(format!(
+            "{b} sequences × {h} heads: more than a grid's 65,535 rows of blocks"
+        ));
+    }
+    u32_of(t, "positions")?;
     Ok(())
 }
 
@@ -568,6 +573,23 @@ mod tests {
         (1, 1, 1, 19, 128, true),
         (2, 2, 1, 33, 32, false),
     ];
+
+    /// Shapes the fused kernels cannot take go to the tiled backward.
+    #[test]
+    fn the_fused_kernels_refuse_what_they_cannot_take() {
+        assert!(fused_shapes((8, 16, 4, 2048, 128)).is_ok());
+        assert!(fused_shapes((2, 4, 2, 37, 16)).is_ok());
+        for bad in [
+            (1, 4, 2, 32, 8),
+            (1, 4, 2, 32, 144),
+            (1, 4, 2, 32, 0),
+            (1, 4, 3, 32, 64),
+            (1, 4, 0, 32, 64),
+            (2_048, 64, 8, 32, 64),
+        ] {
+            assert!(fused_shapes(bad).is_err(), "{bad:?}");
+        }
+    }
 
     /// The fused kernels under the host emulation of CUDA (their tensor-core
     /// products by the fragments' layouts) against the tiled backward on the
