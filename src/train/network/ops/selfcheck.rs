@@ -662,6 +662,41 @@ mod tests {
         assert!(e.contains("unset SWEEP_CUDA_KERNELS"), "{e}");
     }
 
+    /// A case with a twin of its own (the fused attention backward's: the
+    /// tiled backward) is checked and timed against that twin, not against
+    /// the op with every kernel composed: a kernel that disagrees with it
+    /// fails, and timing its twin runs it.
+    #[test]
+    fn a_case_with_a_twin_is_held_to_that_twin() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static TWIN_RAN: AtomicUsize = AtomicUsize::new(0);
+        let case = |offset: f64| Case {
+            twin: Some(Box::new(|t: &[Tensor]| {
+                TWIN_RAN.fetch_add(1, Ordering::Relaxed);
+                Ok(vec![(&t[0] + 1.0)?])
+            })),
+            ..Case::new(
+                Kernel::AttentionBackward,
+                "planted",
+                "[4]".into(),
+                4,
+                vec![random(&[4], 1, 1.0).unwrap()],
+                Box::new(move |t| Ok(vec![(&t[0] + offset)?])),
+            )
+        };
+        assert!(run(&[case(1.0)], &Device::Cpu).is_empty());
+        let failures = run(&[case(0.0)], &Device::Cpu);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(failures[0].kernel, Kernel::AttentionBackward);
+        let before = TWIN_RAN.load(Ordering::Relaxed);
+        check::time(&case(1.0), &Device::Cpu, DType::F32, 1, true).unwrap();
+        assert_eq!(
+            TWIN_RAN.load(Ordering::Relaxed) - before,
+            2,
+            "a warm-up and one timed call"
+        );
+    }
+
     /// The choice at a device's opening, on planted times: the slower path
     /// is never chosen (a tie keeps the kernel), and a kernel that is wrong
     /// is never timed nor chosen, however fast its planted time; the times
