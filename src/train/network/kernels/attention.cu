@@ -21,15 +21,21 @@ constexpr u32 ATT_PAD = ATT_DMAX + 8; // a staged row's stride: fewer bank confl
 
 // Two values of x from element i as a bf16 pair (the lower index in the
 // low half, as the fragments want them).
-template <typename T> __device__ __forceinline__ u32 bf16_pair(const T* x, u64 i) {
-    return (u32)f32_to_bf16(load(x, i)) | ((u32)f32_to_bf16(load(x, i + 1)) << 16);
+__device__ __forceinline__ u32 bf16_pair(const float* x, u64 i) {
+    return (u32)f32_to_bf16(x[i]) | ((u32)f32_to_bf16(x[i + 1]) << 16);
+}
+__device__ __forceinline__ u32 bf16_pair(const bf16* x, u64 i) {
+    if (((u64)(x + i) & 3u) == 0) return *(const u32*)(x + i); // stored as the pair already
+    return (u32)x[i] | ((u32)x[i + 1] << 16);
 }
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
 }
-// Staged values (bf16 bits) at (row, col) and (row, col + 1), and down a column.
+// Staged values (bf16 bits) at (row, col) and (row, col + 1), col even: one
+// 4-byte load (the staged arrays are 16-byte aligned, a row 272 bytes); and
+// down a column, two loads.
 __device__ __forceinline__ u32 across(const bf16 (*s)[ATT_PAD], u32 row, u32 col) {
-    return (u32)s[row][col] | ((u32)s[row][col + 1] << 16);
+    return *(const u32*)&s[row][col];
 }
 __device__ __forceinline__ u32 down(const bf16 (*s)[ATT_PAD], u32 row, u32 col) {
     return (u32)s[row][col] | ((u32)s[row + 1][col] << 16);
@@ -37,8 +43,17 @@ __device__ __forceinline__ u32 down(const bf16 (*s)[ATT_PAD], u32 row, u32 col) 
 
 // Rows first..first + ATT_TILE of a [T, D] matrix into `s` as bf16, zeros
 // past T; the whole block takes part.
+// bf16 rows move 16 bytes at a time where x is 16-byte aligned (d is a
+// multiple of 16: so is a row).
 template <typename T>
 __device__ __forceinline__ void stage(bf16 (*s)[ATT_PAD], const T* x, u32 first, u32 t, u32 d) {
+    if (sizeof(T) == 2 && aligned16(x)) {
+        for (u32 i = threadIdx.x; i < ATT_TILE * d / 8; i += blockDim.x) {
+            const u32 r = i * 8 / d, c = i * 8 % d;
+            *(Vec16*)&s[r][c] = first + r < t ? ((const Vec16*)(x + (u64)(first + r) * d))[c / 8] : Vec16{};
+        }
+        return;
+    }
     for (u32 i = threadIdx.x; i < ATT_TILE * d; i += blockDim.x) {
         const u32 r = i / d, c = i % d;
         s[r][c] = first + r < t ? f32_to_bf16(load(x, (u64)(first + r) * d + c)) : (bf16)0;
@@ -124,8 +139,8 @@ __device__ __forceinline__ void write_rows(T* x, const float (&acc)[ATT_DMAX / 8
 template <typename T>
 __device__ void attention_bwd_dq(const T* q, const T* k, const T* v, const T* d_o, T* dq, float* lse, float* delta,
                                  u32 t, u32 d, u32 heads, u32 kv_heads, u32 causal, float scale) {
-    __shared__ bf16 ks[ATT_TILE][ATT_PAD];
-    __shared__ bf16 vs[ATT_TILE][ATT_PAD];
+    __shared__ __align__(16) bf16 ks[ATT_TILE][ATT_PAD];
+    __shared__ __align__(16) bf16 vs[ATT_TILE][ATT_PAD];
     const u32 lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;
     const u32 head = blockIdx.y, kv = head / heads * kv_heads + head % heads / (heads / kv_heads);
     const u64 qoff = (u64)head * t * d, koff = (u64)kv * t * d;
@@ -211,8 +226,8 @@ template <typename T>
 __device__ void attention_bwd_dkdv(const T* q, const T* k, const T* v, const T* d_o, const float* lse,
                                    const float* delta, T* dk, T* dv, u32 t, u32 d, u32 heads, u32 kv_heads,
                                    u32 causal, float scale) {
-    __shared__ bf16 qs[ATT_TILE][ATT_PAD];
-    __shared__ bf16 os[ATT_TILE][ATT_PAD];
+    __shared__ __align__(16) bf16 qs[ATT_TILE][ATT_PAD];
+    __shared__ __align__(16) bf16 os[ATT_TILE][ATT_PAD];
     __shared__ float lse_s[ATT_TILE];
     __shared__ float delta_s[ATT_TILE];
     const u32 lane = threadIdx.x % 32, g = lane / 4, quad = lane % 4;

@@ -24,6 +24,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static __attribute__((section("emu_shared")))
+#define __align__(n) __attribute__((aligned(n)))
 
 extern "C" char __start_emu_shared[] __attribute__((weak));
 extern "C" char __stop_emu_shared[] __attribute__((weak));
