@@ -32,13 +32,9 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
 }
 // Staged values (bf16 bits) at (row, col) and (row, col + 1), col even: one
-// 4-byte load (the staged arrays are 16-byte aligned, a row 272 bytes); and
-// down a column, two loads.
+// 4-byte load (the staged arrays are 16-byte aligned, a row 272 bytes).
 __device__ __forceinline__ u32 across(const bf16 (*s)[ATT_PAD], u32 row, u32 col) {
     return *(const u32*)&s[row][col];
-}
-__device__ __forceinline__ u32 down(const bf16 (*s)[ATT_PAD], u32 row, u32 col) {
-    return (u32)s[row][col] | ((u32)s[row + 1][col] << 16);
 }
 
 // Rows first..first + ATT_TILE of a [T, D] matrix into `s` as bf16, zeros
@@ -102,7 +98,7 @@ __device__ __forceinline__ void times_staged_t(float (&acc)[ATT_TILE / 8][4], co
 // fragments of two n-tiles are the A fragment of one k-step.
 __device__ __forceinline__ void add_times_staged(float (&out)[ATT_DMAX / 8][4], const float (&x)[ATT_TILE / 8][4],
                                                  const bf16 (*s)[ATT_PAD], u32 d) {
-    const u32 lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const u32 lane = threadIdx.x % 32;
 #pragma unroll
     for (u32 kk = 0; kk < ATT_TILE / 16; ++kk) {
         const u32 a[4] = {pack_bf16(x[2 * kk][0], x[2 * kk][1]), pack_bf16(x[2 * kk][2], x[2 * kk][3]),
@@ -110,7 +106,10 @@ __device__ __forceinline__ void add_times_staged(float (&out)[ATT_DMAX / 8][4], 
 #pragma unroll
         for (u32 n = 0; n < ATT_DMAX / 8; ++n) {
             if (n * 8 >= d) break;
-            mma_bf16(out[n], a, down(s, kk * 16 + 2 * q, n * 8 + g), down(s, kk * 16 + 2 * q + 8, n * 8 + g));
+            // Rows kk·16 … + 15 at columns n·8 … + 7, down their columns.
+            u32 b0, b1;
+            ldmatrix_x2_trans(b0, b1, &s[kk * 16 + lane % 16][n * 8]);
+            mma_bf16(out[n], a, b0, b1);
         }
     }
 }

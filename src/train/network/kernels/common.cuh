@@ -135,6 +135,20 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
+// ldmatrix.sync.m8n8.x2.trans of 16-bit values: lanes 0–7 give the shared
+// addresses of the 8 rows of a first 8 × 8 matrix, lanes 8–15 those of a
+// second (16-byte aligned; the other lanes' are not read); lane = 4·group + i
+// gets, of each, rows 2i and 2i + 1 at column group (the lower row in the
+// low half): the B fragment (b0, b1) of mma_bf16 from a row-major k × n tile.
+__device__ __forceinline__ void ldmatrix_x2_trans(u32& r0, u32& r1, const bf16* row) {
+#if __CUDA_ARCH__ >= 800
+    u32 at;
+    asm("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }" : "=r"(at) : "l"(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r0), "=r"(r1)
+                 : "r"(at));
+#endif
+}
 #endif
 
 // The index of this thread in a grid-stride loop, and the stride.

@@ -41,6 +41,7 @@ struct dim3 {
 // A lane's operands of mma_bf16, as the warp gathers them.
 struct MmaFragments {
     unsigned a[4], b[2];
+    const unsigned short* row; // ldmatrix_x2_trans's
 };
 
 // What a thread of the running block sees.
@@ -100,6 +101,25 @@ inline void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigne
     }
     warp.arrive_and_wait();
     for (unsigned i = 0; i < 4; ++i) c[i] += out[i];
+}
+
+// ldmatrix.sync.m8n8.x2.trans (common.cuh gives the layout) as a warp
+// collective: each lane puts its row's address in the warp's slots and takes
+// its values from the rows lanes 0–15 gave.
+inline void ldmatrix_x2_trans(unsigned& r0, unsigned& r1, const unsigned short* row) {
+    const unsigned t = threadIdx.x, base = t & ~31u, lane = t % 32;
+    std::barrier<>& warp = *block_state->warps[t / 32];
+    block_state->mma[t].row = row;
+    warp.arrive_and_wait();
+    const std::vector<MmaFragments>& all = block_state->mma;
+    const unsigned col = lane / 4, r = 2 * (lane % 4);
+    auto pair = [&](unsigned m) {
+        return (unsigned)all[base + 8 * m + r].row[col] | (unsigned)all[base + 8 * m + r + 1].row[col] << 16;
+    };
+    const unsigned a = pair(0), b = pair(1);
+    warp.arrive_and_wait();
+    r0 = a;
+    r1 = b;
 }
 
 inline float __int_as_float(int i) {

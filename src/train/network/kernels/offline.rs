@@ -358,13 +358,16 @@ fn every_kernel_compiles_as_the_trainer_compiles_it_and_matches_its_signature() 
                     source.module
                 ));
             }
-            // Tensor-core products (mma_bf16) compiled in, not left out.
+            // Tensor-core products and their loads (mma_bf16,
+            // ldmatrix_x2_trans) compiled in, not left out.
             if source.module == super::ATTENTION.module {
                 let sass = cuobjdump(&tool, &["-sass"], &file).unwrap();
                 for function in sass.split("Function : ").skip(1) {
-                    if !function.contains("HMMA") {
-                        let name = function.lines().next().unwrap_or("");
-                        problems.push(format!("{name} (sm_{code}): no tensor-core product (HMMA)"));
+                    let name = function.lines().next().unwrap_or("");
+                    for (op, what) in [("HMMA", "tensor-core product"), ("LDSM", "ldmatrix")] {
+                        if !function.contains(op) {
+                            problems.push(format!("{name} (sm_{code}): no {what} ({op})"));
+                        }
                     }
                 }
             }
