@@ -854,7 +854,7 @@ fn bench_kernels_checks_every_kernel_and_writes_its_figures() {
     assert!(text.contains("attention backward"), "{text}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 23, "{report}");
+    assert_eq!(rows.len(), 24, "{report}");
     // Each row also as it was measured, so that a run cut off leaves them.
     let progress = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -862,7 +862,7 @@ fn bench_kernels_checks_every_kernel_and_writes_its_figures() {
             .lines()
             .filter(|l| l.starts_with("bench kernels: ") && l.contains("(ok)"))
             .count(),
-        23,
+        24,
         "{progress}"
     );
     // The work rate of the ops made of products.

@@ -292,8 +292,12 @@ pub fn fused_backward(
     d_o: &Tensor,
     causal: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    // bf16 alone: flash attention's inputs on a GPU (the f32 entry points
+    // exist for the emulation's comparison of the two storages).
     #[cfg(feature = "cuda")]
-    if q.device().is_cuda() && super::own_kernel(super::Kernel::AttentionBackward, &[q, k, v, d_o])
+    if q.device().is_cuda()
+        && q.dtype() == DType::BF16
+        && super::own_kernel(super::Kernel::AttentionBackward, &[q, k, v, d_o])
     {
         let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Attention);
         let (b, h, t, d) = q.dims4()?;

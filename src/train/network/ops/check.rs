@@ -103,6 +103,18 @@ pub fn dtypes(case: &Case, device: &Device) -> Vec<DType> {
     }
 }
 
+/// The dtype a case is timed in on `device` for a run computing in `run`:
+/// that one, or where the case does not run in it there, the one it does
+/// (flash attention's backward takes bf16 on a GPU whatever the precision).
+pub fn timed_dtype(case: &Case, device: &Device, run: DType) -> DType {
+    let dtypes = dtypes(case, device);
+    if dtypes.contains(&run) {
+        run
+    } else {
+        dtypes[0]
+    }
+}
+
 /// A dtype's name in tables and messages.
 pub fn dtype_name(dtype: DType) -> &'static str {
     match dtype {

@@ -252,9 +252,15 @@ pub fn slower(timings: &[Timing]) -> Vec<Kernel> {
 pub type Clock<'a> = &'a dyn Fn(&Case, DType, bool) -> Result<f64>;
 
 /// Times each of sweep's kernels in `cases` but those `left_out` against
-/// its twin, in `dtype`. A kernel one of whose cases cannot run while timed
-/// (out of memory at the run's tokens) is left untimed: it keeps its path.
-pub fn time(cases: &[Case], dtype: DType, left_out: &[Kernel], clock: Clock) -> Vec<Timing> {
+/// its twin, each case in `dtype_of` it. A kernel one of whose cases cannot
+/// run while timed (out of memory at the run's tokens) is left untimed: it
+/// keeps its path.
+pub fn time(
+    cases: &[Case],
+    dtype_of: &dyn Fn(&Case) -> DType,
+    left_out: &[Kernel],
+    clock: Clock,
+) -> Vec<Timing> {
     let mut timings: Vec<Timing> = Vec::new();
     let mut untimed: Vec<Kernel> = Vec::new();
     for case in cases {
@@ -262,6 +268,7 @@ pub fn time(cases: &[Case], dtype: DType, left_out: &[Kernel], clock: Clock) -> 
         if !k.own() || left_out.contains(&k) || untimed.contains(&k) {
             continue;
         }
+        let dtype = dtype_of(case);
         match clock(case, dtype, false).and_then(|own| Ok((own, clock(case, dtype, true)?))) {
             Ok((own_s, composed_s)) => match timings.iter_mut().find(|t| t.kernel == k) {
                 Some(t) => {
@@ -369,12 +376,14 @@ fn check_and_time(
             f.kernel.name()
         );
     }
-    let timed: Vec<Case> = here(timed()?)
-        .into_iter()
-        .filter(|c| check::dtypes(c, device).contains(&dtype))
-        .collect();
+    let timed = here(timed()?);
     let started = std::time::Instant::now();
-    let timings = time(&timed, dtype, &kernels, clock);
+    let timings = time(
+        &timed,
+        &|c| check::timed_dtype(c, device, dtype),
+        &kernels,
+        clock,
+    );
     if !timings.is_empty() {
         eprintln!(
             "sweep train: {} kernels timed against their composed twins at the run's shapes in {:.1} s",
@@ -780,7 +789,7 @@ mod tests {
     #[test]
     fn every_own_kernel_is_timed_on_the_cpu() {
         let clock = |c: &Case, dtype, twin| check::time(c, &Device::Cpu, dtype, 1, twin);
-        let timings = time(&cases(&Device::Cpu).unwrap(), DType::F32, &[], &clock);
+        let timings = time(&cases(&Device::Cpu).unwrap(), &|_| DType::F32, &[], &clock);
         let mut timed: Vec<Kernel> = timings.iter().map(|t| t.kernel).collect();
         timed.sort();
         let own: Vec<Kernel> = Kernel::VARIANTS

@@ -50,8 +50,8 @@ pub fn cases(s: &Shapes) -> Result<Vec<Case>> {
     cases.push(Case {
         flops: cases[cases.len() - 1].flops,
         chained: true,
-        // Products on bf16 operands in f32 storage too.
-        mixed: true,
+        // Flash attention's inputs are bf16 on a GPU, in every precision.
+        gpu_f32: false,
         twin: Some(Box::new(tiled)),
         ..Case::new(
             Kernel::AttentionBackward,
