@@ -360,32 +360,20 @@ pub fn fused_backward_plan(
     let lse = plan.scratch(Ty::F32, b * h * t);
     let delta = plan.scratch(Ty::F32, b * h * t);
     let blocks = u32_of(t.div_ceil(ATTENTION_ROWS), "the sequence's blocks")?;
-    let sizes = [t, d, h, kv].map(|n| Value::U32(n as u32));
     let scale = Value::F32(1.0 / (d as f32).sqrt());
-    let operand = |i| Value::Ptr(Mem::Operand(i), 0);
-    let mut args = vec![operand(0), operand(1), operand(2), operand(3)];
-    args.extend([Value::Ptr(out, 0), Value::Ptr(lse, 0), Value::Ptr(delta, 0)]);
-    args.extend(sizes);
-    args.extend([Value::U32(u32::from(causal)), scale]);
-    plan.launch(
-        &ATTENTION,
-        "attention_bwd_dq",
-        own,
-        (blocks, (b * h) as u32),
-        args,
-    )?;
-    let mut args = vec![operand(0), operand(1), operand(2), operand(3)];
-    args.extend([Value::Ptr(lse, 0), Value::Ptr(delta, 0)]);
-    args.extend([Value::Ptr(out, nq), Value::Ptr(out, nq + nkv)]);
-    args.extend(sizes);
-    args.extend([Value::U32(u32::from(causal)), scale]);
-    plan.launch(
-        &ATTENTION,
-        "attention_bwd_dkdv",
-        own,
-        (blocks, (b * kv) as u32),
-        args,
-    )?;
+    let dq = [Value::Ptr(out, 0), Value::Ptr(lse, 0), Value::Ptr(delta, 0)];
+    let (dk, dv) = (Value::Ptr(out, nq), Value::Ptr(out, nq + nkv));
+    let dkdv = [Value::Ptr(lse, 0), Value::Ptr(delta, 0), dk, dv];
+    for (name, written, heads) in [
+        ("attention_bwd_dq", &dq[..], b * h),
+        ("attention_bwd_dkdv", &dkdv[..], b * kv),
+    ] {
+        let mut args: Vec<Value> = (0..4).map(|i| Value::Ptr(Mem::Operand(i), 0)).collect();
+        args.extend_from_slice(written);
+        args.extend([t, d, h, kv].map(|n| Value::U32(n as u32)));
+        args.extend([Value::U32(u32::from(causal)), scale]);
+        plan.launch(&ATTENTION, name, own, (blocks, heads as u32), args)?;
+    }
     Ok(plan)
 }
 
