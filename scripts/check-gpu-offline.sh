@@ -30,9 +30,9 @@
 # --kernels runs only step 1 (seconds once built: for a kernel change);
 # --feature-sets only steps 2 and 3 (scripts/test.sh runs it beside the
 # integration tests: minutes of compiling that needs no cluster).
-# --fetch only downloads what the checks need (NVRTC, cuobjdump and the
+# --fetch only downloads what the checks need (NVRTC, cuobjdump, nvdisasm and the
 # offline toolkit) and exits: scripts/test.sh runs it beside the build.
-# NVRTC and cuobjdump come from NVIDIA's PyPI wheels, pinned by sha256 (no
+# NVRTC, cuobjdump and nvdisasm come from NVIDIA's PyPI wheels, pinned by sha256 (no
 # CUDA toolkit); step 2 uses the offline toolkit of scripts/cuda-toolkit.sh.
 # Exits non-zero on any failure.
 set -euo pipefail
