@@ -117,7 +117,7 @@ impl Block {
 /// activations, and whether matrix products round their operands to bf16
 /// (bf16-mixed: f32 weights and optimizer state, bf16 products, as autocast).
 pub fn dtypes(precision: Precision, device: &Device) -> Result<(DType, bool)> {
-    Ok(match (precision, device.is_cpu()) {
+    Ok(match (precision, !super::ops::gpu_path(device)) {
         (Precision::F32, _) => (DType::F32, false),
         (Precision::Bf16, false) => (DType::BF16, false),
         (Precision::Bf16, true) => anyhow::bail!("`precision = \"bf16\"` needs a GPU: candle's CPU matmul has no bf16 kernels; use \"bf16-mixed\" (or \"f32\") on the CPU"),

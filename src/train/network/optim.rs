@@ -5,8 +5,8 @@
 //! composed twin, is [`super::ops::adamw`]; the norm [`super::ops::grad_norm`].
 
 use super::grads::Grads;
-use super::ops::adamw;
 use super::ops::grad_norm::Clipping;
+use super::ops::{self, adamw};
 use super::params::Params;
 use crate::config::{LrSchedule, TrainConfig};
 use anyhow::{anyhow, Result};
@@ -74,7 +74,7 @@ impl AdamW {
     ) -> Result<AdamW> {
         let slots = vars
             .map(|(name, var, decay)| {
-                let host = var.device().is_cpu() && var.dtype() == DType::F32;
+                let host = !ops::gpu_path(var.device()) && var.dtype() == DType::F32;
                 let moments = if host {
                     Moments::Host {
                         m: vec![0.0; var.elem_count()],
@@ -146,7 +146,6 @@ impl AdamW {
             eps: self.eps,
             wd,
         };
-        #[cfg(feature = "cuda")]
         let mut device_clip: Option<Tensor> = None;
         for slot in &mut self.slots {
             let g = grads
@@ -155,7 +154,6 @@ impl AdamW {
             let h = hyper(if slot.decay { self.weight_decay } else { 0.0 });
             let p = slot.var.as_tensor();
             match &mut slot.moments {
-                #[cfg(feature = "cuda")]
                 Moments::Device { m, v } if adamw::Update::applies(p, g, m, v) => {
                     // On the device once per step (uploaded when computed on the host).
                     let clip = match &device_clip {

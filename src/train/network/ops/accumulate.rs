@@ -38,10 +38,12 @@ pub fn add(buf: &mut Tensor, g: &Tensor) -> Result<()> {
     if own && super::in_place(buf, &[g]) {
         return buf.inplace_op2(&g.contiguous()?, &Add);
     }
-    #[cfg(feature = "cuda")]
-    if own && buf.device().is_cuda() && buf.is_contiguous() && i32::try_from(g.elem_count()).is_ok()
+    if own
+        && super::gpu_path(buf.device())
+        && buf.is_contiguous()
+        && i32::try_from(g.elem_count()).is_ok()
     {
-        return buf.inplace_op2(&g.contiguous()?, &on_gpu::Axpy);
+        return buf.inplace_op2(&g.contiguous()?, &Axpy);
     }
     *buf = (&*buf + g.to_dtype(buf.dtype())?)?;
     Ok(())
@@ -104,6 +106,57 @@ impl InplaceOp2 for Add {
     }
 }
 
+/// buf += g on a GPU: cuBLAS's `axpy` ([`on_gpu`]); on the emulated device
+/// a host reference of the same call (f32 arithmetic, one rounding).
+struct Axpy;
+
+impl InplaceOp2 for Axpy {
+    fn name(&self) -> &'static str {
+        "sweep-add-into-cublas"
+    }
+
+    fn cpu_fwd(
+        &self,
+        buf: &mut CpuStorage,
+        bl: &Layout,
+        g: &CpuStorage,
+        gl: &Layout,
+    ) -> Result<()> {
+        let n = gl.shape().elem_count();
+        let (Some((b0, b1)), Some((g0, g1))) = (bl.contiguous_offsets(), gl.contiguous_offsets())
+        else {
+            bail!("cuBLAS axpy takes contiguous tensors")
+        };
+        if !super::emulating() || b1 - b0 != n || g1 - g0 != n {
+            bail!("cuBLAS axpy: {n} values into {:?} on a GPU", bl.shape());
+        }
+        match (buf, g) {
+            (CpuStorage::F32(b), CpuStorage::F32(g)) => b[b0..b1]
+                .iter_mut()
+                .zip(&g[g0..g1])
+                .for_each(|(b, g)| *b += g),
+            (CpuStorage::BF16(b), CpuStorage::BF16(g)) => {
+                for (b, g) in b[b0..b1].iter_mut().zip(&g[g0..g1]) {
+                    *b = half::bf16::from_f32(b.to_f32() + g.to_f32());
+                }
+            }
+            _ => bail!("cuBLAS axpy adds f32 into f32 or bf16 into bf16"),
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        buf: &mut candle_core::CudaStorage,
+        bl: &Layout,
+        g: &candle_core::CudaStorage,
+        gl: &Layout,
+    ) -> Result<()> {
+        on_gpu::run(buf, bl, g, gl)
+    }
+}
+
 /// buf += g on CUDA: cuBLAS's `cublasAxpyEx` (alpha 1 in f32, f32
 /// arithmetic, bf16 or f32 storage), on candle's stream.
 #[cfg(feature = "cuda")]
@@ -112,9 +165,7 @@ mod on_gpu {
     use candle_core::cuda::cudarc::cublas::sys;
     use candle_core::cuda::cudarc::driver::{DevicePtr, DevicePtrMut};
     use candle_core::cuda::CudaDType;
-    use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result};
-
-    pub struct Axpy;
+    use candle_core::{bail, CudaStorage, DType, Layout, Result};
 
     fn axpy<T: CudaDType>(
         buf: &mut CudaStorage,
@@ -159,37 +210,13 @@ mod on_gpu {
         .map_err(|e| cuda::typed(e, format!("cuBLAS axpy of {n} values")))
     }
 
-    impl InplaceOp2 for Axpy {
-        fn name(&self) -> &'static str {
-            "sweep-add-into-cublas"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            bail!("cuBLAS's axpy runs on CUDA tensors")
-        }
-
-        fn cuda_fwd(
-            &self,
-            buf: &mut CudaStorage,
-            bl: &Layout,
-            g: &CudaStorage,
-            gl: &Layout,
-        ) -> Result<()> {
-            match (cuda::dtype(buf), cuda::dtype(g)) {
-                (DType::F32, DType::F32) => {
-                    axpy::<f32>(buf, bl, g, gl, sys::cudaDataType::CUDA_R_32F)
-                }
-                (DType::BF16, DType::BF16) => {
-                    axpy::<half::bf16>(buf, bl, g, gl, sys::cudaDataType::CUDA_R_16BF)
-                }
-                (b, g) => bail!("cuBLAS axpy of {g:?} into {b:?}"),
+    pub fn run(buf: &mut CudaStorage, bl: &Layout, g: &CudaStorage, gl: &Layout) -> Result<()> {
+        match (cuda::dtype(buf), cuda::dtype(g)) {
+            (DType::F32, DType::F32) => axpy::<f32>(buf, bl, g, gl, sys::cudaDataType::CUDA_R_32F),
+            (DType::BF16, DType::BF16) => {
+                axpy::<half::bf16>(buf, bl, g, gl, sys::cudaDataType::CUDA_R_16BF)
             }
+            (b, g) => bail!("cuBLAS axpy of {g:?} into {b:?}"),
         }
     }
 }

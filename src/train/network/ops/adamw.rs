@@ -12,8 +12,7 @@ use crate::train::network::kernels::{grid_stride, LaunchPlan, Mem, Ty, Value, AD
 use candle_core::{CpuStorage, InplaceOp2, Layout, Result, Tensor, Var};
 use std::cell::RefCell;
 
-#[cfg(feature = "cuda")]
-pub use cuda_update::Update;
+pub use gpu_update::Update;
 
 /// The constants of one update.
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +74,6 @@ pub fn composed(
 
 /// The CUDA kernel, where it applies ([`Update::applies`]): `clip` is
 /// [norm, scale] in f32 on the device.
-#[cfg(feature = "cuda")]
 pub fn device(
     p: &Tensor,
     g: &Tensor,
@@ -129,7 +127,7 @@ pub(super) fn update_case(t: &[Tensor], scale: f32) -> Result<Vec<Tensor>> {
     let (p, g) = (&t[0], &t[1]);
     let (m, v) = (t[2].copy()?, t[3].abs()?);
     let own = own_kernel(Kernel::AdamW, &[p, g, &m, &v]);
-    if own && p.device().is_cpu() {
+    if own && !super::gpu_path(p.device()) {
         if scale.is_nan() {
             return Ok(vec![p.clone(), m, v]);
         }
@@ -139,7 +137,6 @@ pub(super) fn update_case(t: &[Tensor], scale: f32) -> Result<Vec<Tensor>> {
         let back = |x: Vec<f32>| Tensor::from_vec(x, p.shape(), p.device());
         return Ok(vec![p.clone(), back(mv)?, back(vv)?]);
     }
-    #[cfg(feature = "cuda")]
     if own {
         let clip = Tensor::new(&[1.0f32, scale], p.device())?;
         device(p, g, &m, &v, &h, clip)?;
@@ -200,10 +197,11 @@ impl InplaceOp2 for HostUpdate<'_> {
     }
 }
 
-#[cfg(feature = "cuda")]
-mod cuda_update {
-    use super::super::cuda;
-    use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp2, Layout, Result, Tensor};
+mod gpu_update {
+    use super::super::store::{Span, Store};
+    #[cfg(feature = "cuda")]
+    use candle_core::CudaStorage;
+    use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Result, Tensor};
 
     /// The update of one parameter (`self` of `inplace_op2`, with its gradient),
     /// its moments updated in place too.
@@ -220,7 +218,7 @@ mod cuda_update {
     impl Update {
         /// Whether the fused pass applies: CUDA, f32 or bf16, everything contiguous.
         pub fn applies(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> bool {
-            p.device().is_cuda()
+            crate::train::network::ops::gpu_path(p.device())
                 && crate::train::network::ops::own_kernel(
                     crate::train::network::ops::Kernel::AdamW,
                     &[p, g, m, v],
@@ -240,14 +238,18 @@ mod cuda_update {
 
         fn cpu_fwd(
             &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
+            p: &mut CpuStorage,
+            pl: &Layout,
+            g: &CpuStorage,
+            gl: &Layout,
         ) -> Result<()> {
-            candle_core::bail!("the fused AdamW runs on CUDA tensors")
+            if !crate::train::network::ops::emulating() {
+                candle_core::bail!("the fused AdamW runs on CUDA tensors");
+            }
+            self.gpu(p, pl, g, gl)
         }
 
+        #[cfg(feature = "cuda")]
         fn cuda_fwd(
             &self,
             p: &mut CudaStorage,
@@ -255,38 +257,43 @@ mod cuda_update {
             g: &CudaStorage,
             gl: &Layout,
         ) -> Result<()> {
-            let (m, ml) = self.m.storage_and_layout();
-            let (v, vl) = self.v.storage_and_layout();
-            let (m, v) = (
-                cuda::on_gpu(&m, "the AdamW moments")?,
-                cuda::on_gpu(&v, "the AdamW moments")?,
-            );
+            self.gpu(p, pl, g, gl)
+        }
+    }
+
+    impl Update {
+        fn gpu<S: Store>(&self, p: &mut S, pl: &Layout, g: &S, gl: &Layout) -> Result<()> {
+            let dev = p.device();
             let (c, cl) = self.clip.storage_and_layout();
-            let c = cuda::on_gpu(&c, "the clip scale")?;
+            let c = S::held(&c, "the clip scale")?;
             if cl.shape().elem_count() != 2 || self.clip.dtype() != DType::F32 {
                 candle_core::bail!("the fused AdamW takes [norm, scale] in f32");
             }
-            // The moments are written through views of shared references:
-            // they are this optimizer's own tensors, used by nothing else
-            // while the kernel runs, on candle's single stream.
-            let operands = [
-                cuda::Operand::of(p, pl)?,
-                cuda::Operand::of(g, gl)?,
-                cuda::Operand::of(m, ml)?,
-                cuda::Operand::of(v, vl)?,
-                cuda::Operand::of(c, cl)?,
-            ];
-            let n = operands[0].len();
-            if operands[1..4]
-                .iter()
-                .any(|o| o.len() != n || o.ty() != operands[0].ty())
-            {
-                candle_core::bail!("the fused AdamW got tensors of different sizes or dtypes");
-            }
-            let plan =
-                super::plan(n, operands[0].ty(), self.hyper).map_err(candle_core::Error::Msg)?;
-            cuda::execute(&cuda::device(p), &plan, &operands)?;
-            Ok(())
+            // The moments: the optimizer's own tensors, written in place.
+            S::with_mut(&self.m, |m, ml| {
+                S::with_mut(&self.v, |v, vl| {
+                    let operands = [
+                        p.operand_mut(pl)?,
+                        g.operand(gl)?,
+                        m.operand_mut(ml)?,
+                        v.operand_mut(vl)?,
+                        c.operand(cl)?,
+                    ];
+                    let n = operands[0].len();
+                    if operands[1..4]
+                        .iter()
+                        .any(|o| o.len() != n || o.ty() != operands[0].ty())
+                    {
+                        candle_core::bail!(
+                            "the fused AdamW got tensors of different sizes or dtypes"
+                        );
+                    }
+                    let plan = super::plan(n, operands[0].ty(), self.hyper)
+                        .map_err(candle_core::Error::Msg)?;
+                    S::execute(&dev, &plan, &operands)?;
+                    Ok(())
+                })
+            })
         }
     }
 }

@@ -13,6 +13,7 @@
 
 use super::linear::matmul;
 use super::softmax::{self, softmax};
+use super::store::Store;
 use crate::train::network::kernels::{u32_of, LaunchPlan, Mem, Ty, Value, ATTENTION};
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -117,7 +118,8 @@ impl CustomOp3 for FlashAttention {
     }
 
     /// The reference forward (f32 loops): the CPU's flash attention, which
-    /// the GPU's is checked against.
+    /// the GPU's is checked against (in bf16 on the emulated device, as
+    /// candle-flash-attn's: bf16 in and out).
     fn cpu_fwd(
         &self,
         s1: &CpuStorage,
@@ -127,8 +129,12 @@ impl CustomOp3 for FlashAttention {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        use super::f32s;
-        let (q, k, v) = (f32s(s1, l1)?, f32s(s2, l2)?, f32s(s3, l3)?);
+        use super::f32_values;
+        let (q, k, v) = (
+            f32_values(s1, l1)?,
+            f32_values(s2, l2)?,
+            f32_values(s3, l3)?,
+        );
         let (b, t, h, d) = l1.shape().dims4()?;
         let kv = l2.shape().dims4()?.2;
         let rep = h / kv;
@@ -160,7 +166,13 @@ impl CustomOp3 for FlashAttention {
                 }
             }
         }
-        Ok((CpuStorage::F32(o), l1.shape().clone()))
+        let o = match s1 {
+            CpuStorage::BF16(_) => {
+                CpuStorage::BF16(o.into_iter().map(half::bf16::from_f32).collect())
+            }
+            _ => CpuStorage::F32(o),
+        };
+        Ok((o, l1.shape().clone()))
     }
 
     #[cfg(feature = "flash-attn")]
@@ -294,8 +306,7 @@ pub fn fused_backward(
 ) -> Result<(Tensor, Tensor, Tensor)> {
     // bf16 alone: flash attention's inputs on a GPU (the f32 entry points
     // exist for the emulation's comparison of the two storages).
-    #[cfg(feature = "cuda")]
-    if q.device().is_cuda()
+    if super::gpu_path(q.device())
         && q.dtype() == DType::BF16
         && super::own_kernel(super::Kernel::AttentionBackward, &[q, k, v, d_o])
     {
@@ -381,14 +392,12 @@ pub fn fused_backward_plan(
 const ATTENTION_ROWS: usize = 128;
 
 /// [`fused_backward`]'s kernels as an op on (q, k), with v and d_o held.
-#[cfg(feature = "cuda")]
 struct FusedBackward {
     v: Tensor,
     d_o: Tensor,
     causal: bool,
 }
 
-#[cfg(feature = "cuda")]
 impl candle_core::CustomOp2 for FusedBackward {
     fn name(&self) -> &'static str {
         "sweep-attention-fused-backward"
@@ -396,16 +405,20 @@ impl candle_core::CustomOp2 for FusedBackward {
 
     fn cpu_fwd(
         &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
+        q: &CpuStorage,
+        ql: &Layout,
+        k: &CpuStorage,
+        kl: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!(
-            "the fused attention backward runs on GPUs only (the CPU takes the tiled one)"
-        )
+        if !super::emulating() {
+            candle_core::bail!(
+                "the fused attention backward runs on GPUs only (the CPU takes the tiled one)"
+            );
+        }
+        self.gpu(q, ql, k, kl)
     }
 
+    #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
         q: &candle_core::CudaStorage,
@@ -413,23 +426,26 @@ impl candle_core::CustomOp2 for FusedBackward {
         k: &candle_core::CudaStorage,
         kl: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use super::cuda;
+        self.gpu(q, ql, k, kl)
+    }
+}
+
+impl FusedBackward {
+    fn gpu<S: Store>(&self, q: &S, ql: &Layout, k: &S, kl: &Layout) -> Result<(S, Shape)> {
         let (b, h, t, d) = ql.shape().dims4()?;
         let kv = kl.shape().dims4()?.1;
-        let plan = fused_backward_plan((b, h, kv, t, d), cuda::ty(q)?, self.causal)
+        let plan = fused_backward_plan((b, h, kv, t, d), q.ty()?, self.causal)
             .map_err(candle_core::Error::Msg)?;
         let (v, vl) = self.v.storage_and_layout();
         let (d_o, dol) = self.d_o.storage_and_layout();
         let operands = [
-            cuda::Operand::of(q, ql)?,
-            cuda::Operand::of(k, kl)?,
-            cuda::Operand::of(cuda::on_gpu(&v, "attention's v")?, vl)?,
-            cuda::Operand::of(cuda::on_gpu(&d_o, "attention's output gradient")?, dol)?,
+            q.operand(ql)?,
+            k.operand(kl)?,
+            S::held(&v, "attention's v")?.operand(vl)?,
+            S::held(&d_o, "attention's output gradient")?.operand(dol)?,
         ];
-        let dev = cuda::device(q);
-        let all = cuda::execute(&dev, &plan, &operands)?.remove(0);
-        let n = plan.outputs[0].1;
-        Ok((all.into_storage(dev), Shape::from(n)))
+        let all = S::execute(&q.device(), &plan, &operands)?.remove(0);
+        Ok((all, Shape::from(plan.outputs[0].1)))
     }
 }
 
@@ -521,10 +537,9 @@ fn add_to_keys(
 ) -> Result<()> {
     // The attention backward's own check (its Softmax case) and the
     // in-place cuBLAS products' (WeightGrad) both stand behind this path.
-    #[cfg(feature = "cuda")]
     if work == DType::F32
         && super::own_kernel(super::Kernel::Softmax, &[a, b])
-        && a.device().is_cuda()
+        && super::gpu_path(a.device())
         && super::on_gpu(super::Kernel::WeightGrad)
     {
         if sum.is_none() {
@@ -534,7 +549,6 @@ fn add_to_keys(
             return super::linear::add_batched_product(total, a, b);
         }
     }
-    let _ = shape; // (used on GPUs only)
     let part = a.t()?.matmul(b)?.to_dtype(work)?;
     match sum {
         None => *sum = Some(part),

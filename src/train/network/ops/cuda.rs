@@ -20,6 +20,7 @@ use candle_core::{bail, CudaStorage, DType, Layout, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::store::{Span, Store};
 use crate::train::network::kernels::{self, Arg, KernelSource, Ty};
 
 /// The CUBIN of a source for a GPU architecture, compiled once per process
@@ -362,7 +363,7 @@ fn alloc<T: DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, n: usize) -> Result<
 
 /// The device of a storage.
 pub fn device(s: &CudaStorage) -> CudaDevice {
-    s.device().clone()
+    BackendStorage::device(s).clone()
 }
 
 /// The dtype of a storage.
@@ -377,11 +378,6 @@ pub fn ty(s: &CudaStorage) -> Result<Ty> {
         DType::BF16 => Ok(Ty::Bf16),
         dt => bail!("sweep's CUDA kernels take f32 or bf16, not {dt:?}"),
     }
-}
-
-/// A size as the kernels' 32-bit count ([`kernels::u32_of`]).
-pub fn u32_of(n: usize, what: &str) -> Result<u32> {
-    kernels::u32_of(n, what).map_err(candle_core::Error::Msg)
 }
 
 /// x × y blocks of [`kernels::THREADS`] threads.
@@ -430,9 +426,10 @@ impl<'a> Operand<'a> {
             dt => bail!("sweep's CUDA kernels take f32, bf16 or u32, not {dt:?}"),
         })
     }
+}
 
-    /// Its number of values.
-    pub fn len(&self) -> usize {
+impl Span for Operand<'_> {
+    fn len(&self) -> usize {
         match self {
             Operand::F32(v) => v.len(),
             Operand::Bf16(v) => v.len(),
@@ -440,13 +437,79 @@ impl<'a> Operand<'a> {
         }
     }
 
-    /// Its storage type.
-    pub fn ty(&self) -> Ty {
+    fn ty(&self) -> Ty {
         match self {
             Operand::F32(_) => Ty::F32,
             Operand::Bf16(_) => Ty::Bf16,
             Operand::U32(_) => Ty::U32,
         }
+    }
+}
+
+impl Store for CudaStorage {
+    type Device = CudaDevice;
+    type Operand<'a> = Operand<'a>;
+
+    fn device(&self) -> CudaDevice {
+        device(self)
+    }
+
+    fn ty(&self) -> Result<Ty> {
+        ty(self)
+    }
+
+    fn operand<'a>(&'a self, l: &Layout) -> Result<Operand<'a>> {
+        Operand::of(self, l)
+    }
+
+    fn operand_mut<'a>(&'a mut self, l: &Layout) -> Result<Operand<'a>> {
+        Operand::of(self, l)
+    }
+
+    fn held<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaStorage> {
+        on_gpu(s, what)
+    }
+
+    fn with_mut<R>(
+        t: &candle_core::Tensor,
+        f: impl FnOnce(&mut Self, &Layout) -> Result<R>,
+    ) -> Result<R> {
+        super::store::with_mut(t, f)
+    }
+
+    fn execute(
+        dev: &CudaDevice,
+        plan: &kernels::LaunchPlan,
+        operands: &[Operand<'_>],
+    ) -> Result<Vec<Self>> {
+        Ok(execute(dev, plan, operands)?
+            .into_iter()
+            .map(|o| o.into_storage(dev.clone()))
+            .collect())
+    }
+
+    fn gemm(
+        g: &super::linear::Gemm,
+        c: (&mut Self, &Layout),
+        a: (&Self, &Layout),
+        b: (&Self, &Layout),
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        super::linear::cublas::on_gpu::gemm(g, c, a, b, what)
+    }
+}
+
+impl candle_core::InplaceOp1 for super::store::WithMut<'_, CudaStorage> {
+    fn name(&self) -> &'static str {
+        "sweep-with-mut"
+    }
+
+    fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout) -> Result<()> {
+        bail!("a GPU op's tensor is on the CPU")
+    }
+
+    fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> Result<()> {
+        (self.0.borrow_mut())(s, l)
     }
 }
 

@@ -89,7 +89,8 @@ impl<'a> Rows<'a> {
     /// The ids for a table on `device`: grouped and uploaded where its
     /// kernel runs.
     pub fn new(ids: &'a [u32], device: &candle_core::Device) -> Result<Rows<'a>> {
-        let upload = device.is_cuda() && !ids.is_empty() && super::on_gpu(super::Kernel::Embedding);
+        let upload =
+            super::gpu_path(device) && !ids.is_empty() && super::on_gpu(super::Kernel::Embedding);
         let grouped = match upload {
             true => {
                 let g = Grouping::of(ids);
@@ -116,7 +117,6 @@ impl<'a> From<&'a [u32]> for Rows<'a> {
 /// before them, and the kernel's grouping is made on the host anyway.
 pub fn add_rows(buf: &mut Tensor, ids: &Rows, dy: &Tensor) -> Result<()> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Embedding);
-    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     let (grouped, ids) = (ids.grouped.as_ref(), ids.ids);
     let (rows, d) = buf.dims2()?;
     if dy.elem_count() != ids.len() * d {
@@ -132,12 +132,11 @@ pub fn add_rows(buf: &mut Tensor, ids: &Rows, dy: &Tensor) -> Result<()> {
     if super::in_place(buf, &[dy]) && super::own_kernel(super::Kernel::Embedding, &[dy]) {
         return buf.inplace_op2(&dy.contiguous()?, &AddRows { ids });
     }
-    #[cfg(feature = "cuda")]
-    if buf.device().is_cuda()
+    if super::gpu_path(buf.device())
         && buf.is_contiguous()
         && super::own_kernel(super::Kernel::Embedding, &[buf, dy])
     {
-        return cuda_rows::add_rows(buf, ids, grouped, dy);
+        return gpu_rows::add_rows(buf, ids, grouped, dy);
     }
     let ids = Tensor::from_slice(ids, ids.len(), buf.device())?;
     let g = backward(buf, &ids, dy)?;
@@ -177,7 +176,6 @@ impl InplaceOp2 for AddRows<'_> {
 
 /// [order: positions sorted by token, stably] [starts: distinct + 1]
 /// [tokens: the distinct ids], as one vector of u32.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 /// The positions of a step's tokens grouped by token: what the CUDA kernel
 /// walks (`kernels/embedding.cu`): the positions sorted by token (stably),
 /// each token's first index into them (and the end), the tokens.
@@ -187,7 +185,6 @@ struct Grouping {
     distinct: usize,
 }
 
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 impl Grouping {
     fn of(ids: &[u32]) -> Grouping {
         let mut order: Vec<u32> = (0..ids.len() as u32).collect();
@@ -218,11 +215,13 @@ impl Grouping {
 /// that token's rows in position order and adds the sum into the buffer.
 /// The same bits every run, which the bit-identical NCCL and resume tests
 /// rely on (candle's `index_add` gives no such promise).
-#[cfg(feature = "cuda")]
-mod cuda_rows {
-    use super::super::cuda;
+mod gpu_rows {
+    use super::super::store::{Span, Store};
     use super::Grouping;
-    use candle_core::{bail, CpuStorage, CudaStorage, InplaceOp3, Layout, Result, Tensor};
+    use crate::train::network::kernels::u32_of;
+    #[cfg(feature = "cuda")]
+    use candle_core::CudaStorage;
+    use candle_core::{bail, CpuStorage, InplaceOp3, Layout, Result, Tensor};
 
     /// Ids and shapes checked by [`super::add_rows`]; their grouping as
     /// uploaded (words, distinct ids), else grouped and uploaded here.
@@ -246,9 +245,9 @@ mod cuda_rows {
             }
         };
         let op = AddRows {
-            n: cuda::u32_of(ids.len(), "tokens")?,
-            u: cuda::u32_of(distinct, "distinct tokens")?,
-            d: cuda::u32_of(d, "width")?,
+            n: u32_of(ids.len(), "tokens").map_err(candle_core::Error::Msg)?,
+            u: u32_of(distinct, "distinct tokens").map_err(candle_core::Error::Msg)?,
+            d: u32_of(d, "width").map_err(candle_core::Error::Msg)?,
         };
         buf.inplace_op3(&dy.contiguous()?, &plan, &op)
     }
@@ -266,16 +265,20 @@ mod cuda_rows {
 
         fn cpu_fwd(
             &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
+            buf: &mut CpuStorage,
+            bl: &Layout,
+            dy: &CpuStorage,
+            dyl: &Layout,
+            plan: &CpuStorage,
+            pl: &Layout,
         ) -> Result<()> {
-            bail!("the grouped row sum runs on CUDA tensors")
+            if !super::super::emulating() {
+                bail!("the grouped row sum runs on CUDA tensors");
+            }
+            launch(self, buf, bl, dy, dyl, plan, pl)
         }
 
+        #[cfg(feature = "cuda")]
         fn cuda_fwd(
             &self,
             buf: &mut CudaStorage,
@@ -289,22 +292,22 @@ mod cuda_rows {
         }
     }
 
-    fn launch(
+    fn launch<S: Store>(
         op: &AddRows,
-        buf: &mut CudaStorage,
+        buf: &mut S,
         bl: &Layout,
-        dy: &CudaStorage,
+        dy: &S,
         dyl: &Layout,
-        grouping: &CudaStorage,
+        grouping: &S,
         gl: &Layout,
     ) -> Result<()> {
         let (n, u, d) = (op.n as usize, op.u as usize, op.d as usize);
-        let plan = super::plan(n, u, d, cuda::ty(buf)?).map_err(candle_core::Error::Msg)?;
-        let dev = cuda::device(buf);
+        let plan = super::plan(n, u, d, buf.ty()?).map_err(candle_core::Error::Msg)?;
+        let dev = buf.device();
         let operands = [
-            cuda::Operand::of(buf, bl)?,
-            cuda::Operand::of(dy, dyl)?,
-            cuda::Operand::of(grouping, gl)?,
+            buf.operand_mut(bl)?,
+            dy.operand(dyl)?,
+            grouping.operand(gl)?,
         ];
         if operands[2].len() != n + 2 * u + 1
             || operands[1].len() != n * d
@@ -312,7 +315,7 @@ mod cuda_rows {
         {
             bail!("the grouped row sum's plan does not match its operands");
         }
-        cuda::execute(&dev, &plan, &operands)?;
+        S::execute(&dev, &plan, &operands)?;
         Ok(())
     }
 }

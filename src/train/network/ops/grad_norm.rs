@@ -3,26 +3,30 @@
 //! pass over each gradient and a last kernel that writes [norm, scale], which
 //! the fused AdamW ([`super::adamw`]) reads from device memory.
 
-use crate::train::network::kernels::{u32_of, LaunchPlan, Mem, Ty, Value, GRAD_NORM};
+use crate::train::network::kernels::{u32_of, LaunchPlan, Mem, Ty, Value, GRAD_NORM, THREADS};
 use candle_core::{DType, Result, Tensor};
 
-/// Blocks per gradient of the sum of squares: four per SM of an H100 (1,024
-/// threads, each with a 16-byte load in flight: about the bytes in flight
-/// HBM3 needs to stream at full bandwidth); each writes one partial.
+/// Blocks per gradient of the sum of squares at most: four per SM of an
+/// H100 (1,024 threads, each with a 16-byte load in flight: about the bytes
+/// in flight HBM3 needs to stream at full bandwidth); each writes one partial.
 const NORM_BLOCKS: usize = 528;
+
+/// Values per thread below which a gradient takes fewer blocks (a norm's
+/// weight of 2,048 values takes one, not 528 mostly idle).
+const PER_THREAD: usize = 8;
 
 /// The norm and the clip scale on a GPU: gradients of `lens` values
 /// (operands 0.., each of storage type `own`) into [norm, scale] (the
-/// operand after them, f32): each gradient's sum of squares by
+/// operand after them, f32): each gradient's sum of squares by up to
 /// `NORM_BLOCKS` blocks, one partial each, then one block sums the
 /// partials in order and writes the pair.
 pub fn plan(lens: &[usize], own: Ty, max_norm: f32) -> std::result::Result<LaunchPlan, String> {
     plan_on(lens, own, max_norm, NORM_BLOCKS)
 }
 
-/// [`plan`] on a grid of `blocks` blocks per gradient (the emulation's tests
-/// run the trainer's grid once and a small one otherwise: each emulated block
-/// is 256 host threads).
+/// [`plan`] on a grid of up to `blocks` blocks per gradient (the emulation's
+/// tests run the trainer's grid once and a small one otherwise: each
+/// emulated block is 256 host threads).
 fn plan_on(
     lens: &[usize],
     own: Ty,
@@ -30,20 +34,26 @@ fn plan_on(
     blocks: usize,
 ) -> std::result::Result<LaunchPlan, String> {
     let mut plan = LaunchPlan::default();
-    let count = lens.len() * blocks;
+    let per: Vec<usize> = lens
+        .iter()
+        .map(|&n| n.div_ceil(THREADS as usize * PER_THREAD).clamp(1, blocks))
+        .collect();
+    let count: usize = per.iter().sum();
     let partial = plan.scratch(Ty::F32, count);
-    for (i, &n) in lens.iter().enumerate() {
+    let mut at = 0;
+    for (i, (&n, &b)) in lens.iter().zip(&per).enumerate() {
         plan.launch(
             &GRAD_NORM,
             "sum_squares",
             own,
-            (u32_of(blocks, "blocks of the gradient norm")?, 1),
+            (u32_of(b, "blocks of the gradient norm")?, 1),
             vec![
                 Value::Ptr(Mem::Operand(i), 0),
                 Value::U64(n as u64),
-                Value::Ptr(partial, i * blocks),
+                Value::Ptr(partial, at),
             ],
         )?;
+        at += b;
     }
     plan.launch(
         &GRAD_NORM,
@@ -122,11 +132,10 @@ impl Clipping {
 /// CUDA `sum_all` reduces a whole tensor in one thread block, which took
 /// half of an 8B-shaped model's step on an H100), in f32, read once.
 pub fn clipping(grads: &[&Tensor], max_norm: f64) -> Result<Clipping> {
-    #[cfg(feature = "cuda")]
-    if grads.first().is_some_and(|g| g.device().is_cuda())
+    if grads.first().is_some_and(|g| super::gpu_path(g.device()))
         && super::own_kernel(super::Kernel::GradNorm, grads)
     {
-        let out = cuda_norm::norm_and_scale(grads, max_norm as f32)?;
+        let out = gpu_norm::norm_and_scale(grads, max_norm as f32)?;
         return Ok(Clipping::Device(out));
     }
     let sums = grads
@@ -145,11 +154,12 @@ pub fn clipping(grads: &[&Tensor], max_norm: f64) -> Result<Clipping> {
     Ok(Clipping::from_norm((total as f64).sqrt(), max_norm))
 }
 
-/// [`clipping`] on CUDA tensors, without a read of the host.
-#[cfg(feature = "cuda")]
-mod cuda_norm {
-    use super::super::cuda;
-    use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp1, Layout, Result, Tensor};
+/// [`clipping`] on a GPU's tensors, without a read of the host.
+mod gpu_norm {
+    use super::super::store::{Span, Store};
+    #[cfg(feature = "cuda")]
+    use candle_core::CudaStorage;
+    use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Tensor};
 
     /// The global L2 norm of `grads` (all f32 or all bf16, on one GPU) and the
     /// clip scale for `max_norm`, as [norm, scale] in f32 on the device.
@@ -177,28 +187,38 @@ mod cuda_norm {
             "sweep-grad-norm"
         }
 
-        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> Result<()> {
-            candle_core::bail!("the device gradient norm runs on CUDA tensors")
+        fn cpu_fwd(&self, out: &mut CpuStorage, ol: &Layout) -> Result<()> {
+            if !crate::train::network::ops::emulating() {
+                candle_core::bail!("the device gradient norm runs on CUDA tensors");
+            }
+            self.gpu(out, ol)
         }
 
+        #[cfg(feature = "cuda")]
         fn cuda_fwd(&self, out: &mut CudaStorage, ol: &Layout) -> Result<()> {
-            let dev = cuda::device(out);
+            self.gpu(out, ol)
+        }
+    }
+
+    impl NormAndScale {
+        fn gpu<S: Store>(&self, out: &mut S, ol: &Layout) -> Result<()> {
+            let dev = out.device();
             let stored: Vec<_> = self.grads.iter().map(|g| g.storage_and_layout()).collect();
             let mut operands = Vec::with_capacity(stored.len() + 1);
             for (s, l) in &stored {
-                operands.push(cuda::Operand::of(cuda::on_gpu(s, "a gradient")?, l)?);
+                operands.push(S::held(s, "a gradient")?.operand(l)?);
             }
             let own = match operands.first() {
                 Some(o) if operands.iter().all(|g| g.ty() == o.ty()) => o.ty(),
                 _ => candle_core::bail!("the gradients' norm takes gradients of one dtype"),
             };
             let lens: Vec<usize> = operands.iter().map(|o| o.len()).collect();
-            operands.push(cuda::Operand::of(out, ol)?);
+            operands.push(out.operand_mut(ol)?);
             if operands.last().map(|o| o.len()) != Some(2) {
                 candle_core::bail!("the gradient norm writes [norm, scale]");
             }
             let plan = super::plan(&lens, own, self.max_norm).map_err(candle_core::Error::Msg)?;
-            cuda::execute(&dev, &plan, &operands)?;
+            S::execute(&dev, &plan, &operands)?;
             Ok(())
         }
     }

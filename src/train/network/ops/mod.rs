@@ -65,6 +65,7 @@ pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub mod embedding;
+pub(crate) mod emulated;
 pub mod exp;
 pub mod grad_norm;
 pub mod linear;
@@ -73,6 +74,7 @@ pub mod rope;
 pub mod selfcheck;
 pub mod silu_mul;
 pub mod softmax;
+pub(crate) mod store;
 
 pub use crate::config::runtime::CudaKernels;
 use candle_core::{bail, CpuStorage, DType, Layout, Result, Tensor};
@@ -90,7 +92,19 @@ pub(crate) fn work_dtype(t: &Tensor) -> DType {
 
 /// Whether the fused CPU kernels apply (contiguous f32 on the CPU).
 pub fn fused(t: &Tensor) -> bool {
-    t.device().is_cpu() && t.dtype() == DType::F32
+    !gpu_path(t.device()) && t.dtype() == DType::F32
+}
+
+/// Whether ops on `device` take their GPU paths: on a GPU, and in the tests
+/// on the emulated device ([`emulated`]: CPU tensors, the plans run by the
+/// host emulation of CUDA).
+pub fn gpu_path(device: &candle_core::Device) -> bool {
+    device.is_cuda() || emulating()
+}
+
+/// Whether this thread's CPU tensors are on the emulated device (tests only).
+pub(crate) fn emulating() -> bool {
+    emulated::active()
 }
 
 /// The kernels an op may run instead of its composed twin: sweep's own
@@ -180,11 +194,11 @@ pub fn own_kernel(kernel: Kernel, operands: &[&Tensor]) -> bool {
         return true;
     }
     let dtype = first.dtype();
-    cfg!(feature = "cuda")
+    (cfg!(feature = "cuda") || cfg!(test))
         && matches!(dtype, DType::F32 | DType::BF16)
         && operands
             .iter()
-            .all(|t| t.device().is_cuda() && t.dtype() == dtype)
+            .all(|t| gpu_path(t.device()) && t.dtype() == dtype)
         && on_gpu(kernel)
 }
 
@@ -225,8 +239,7 @@ pub fn cuda_kernels() -> CudaKernels {
 
 /// Whether the in-place CPU kernels apply to a buffer and its operands.
 pub(crate) fn in_place(buf: &Tensor, operands: &[&Tensor]) -> bool {
-    let f32_cpu = |t: &Tensor| t.device().is_cpu() && t.dtype() == DType::F32;
-    f32_cpu(buf) && buf.is_contiguous() && operands.iter().all(|t| f32_cpu(t))
+    fused(buf) && buf.is_contiguous() && operands.iter().all(|t| fused(t))
 }
 
 /// The contiguous f32 data of a CPU storage.
@@ -237,6 +250,17 @@ pub(crate) fn f32s<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&v[a..b]),
         None => bail!("expected contiguous data"),
+    }
+}
+
+/// The contiguous values of an f32 or bf16 CPU storage, as f32.
+pub(crate) fn f32_values<'a>(s: &'a CpuStorage, l: &Layout) -> Result<std::borrow::Cow<'a, [f32]>> {
+    match s {
+        CpuStorage::BF16(v) => match l.contiguous_offsets() {
+            Some((a, b)) => Ok(v[a..b].iter().map(|x| x.to_f32()).collect()),
+            None => bail!("expected contiguous data"),
+        },
+        _ => Ok(f32s(s, l)?.into()),
     }
 }
 
@@ -300,30 +324,50 @@ pub(crate) mod testing {
     /// (one bf16 step, 2^-8 relative). f32 buffers pass (their tolerance is
     /// the caller's).
     pub fn assert_rounded(got: &Buffer, want: &Tensor, rel: f32, abs: f32) {
-        if got.ty != Ty::Bf16 {
-            return;
-        }
         let want: Vec<f32> = want.flatten_all().unwrap().to_vec1().unwrap();
+        if let Err(e) = rounded(got, &want, rel, abs) {
+            panic!("{e}");
+        }
+    }
+
+    /// [`assert_rounded`]'s rule, as a result.
+    pub fn rounded(
+        got: &Buffer,
+        want: &[f32],
+        rel: f32,
+        abs: f32,
+    ) -> std::result::Result<(), String> {
+        if got.ty != Ty::Bf16 {
+            return Ok(());
+        }
         let got: Vec<half::bf16> = got
             .bytes
             .chunks_exact(2)
             .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])))
             .collect();
-        assert_eq!(got.len(), want.len(), "values stored");
-        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        if got.len() != want.len() {
+            return Err(format!(
+                "{} values stored, {} expected",
+                got.len(),
+                want.len()
+            ));
+        }
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let r = half::bf16::from_f32(w);
             if g.to_bits() == r.to_bits() || (g.is_nan() && w.is_nan()) {
                 continue;
             }
             let neighbours = g.to_bits().abs_diff(r.to_bits()) == 1;
             let tie = (g.to_f32() + r.to_f32()) / 2.0;
-            assert!(
-                neighbours && (w - tie).abs() <= rel * w.abs() + abs,
-                "value {i}: stored {g} ({:#06x}), its twin's {w:e} rounds to {r} ({:#06x})",
-                g.to_bits(),
-                r.to_bits()
-            );
+            if !(neighbours && (w - tie).abs() <= rel * w.abs() + abs) {
+                return Err(format!(
+                    "value {i}: stored {g} ({:#06x}), its twin's {w:e} rounds to {r} ({:#06x})",
+                    g.to_bits(),
+                    r.to_bits()
+                ));
+            }
         }
+        Ok(())
     }
 
     /// A CPU tensor's values as an emulator buffer of storage type `ty`

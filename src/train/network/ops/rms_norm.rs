@@ -1,8 +1,7 @@
 //! RMSNorm: y = x / sqrt(mean(x^2) + eps) * w, over the last dimension.
 //! CUDA kernels: `src/train/network/kernels/rms_norm.cu`.
 
-#[cfg(feature = "cuda")]
-use super::cuda;
+use super::store::Store;
 use super::{f32s, own_kernel, rows_per_task, work_dtype};
 use crate::train::network::kernels::{
     column_blocks, u32_of, warp_per_row, LaunchPlan, Mem, Ty, Value, RMS_NORM,
@@ -65,6 +64,15 @@ struct RmsNorm {
     eps: f32,
 }
 
+impl RmsNorm {
+    fn gpu<S: Store>(&self, x: &S, xl: &Layout, w: &S, wl: &Layout) -> Result<(S, Shape)> {
+        let (rows, d) = rows_and_width(xl, wl)?;
+        let plan = forward_plan(rows, d, x.ty()?, self.eps).map_err(candle_core::Error::Msg)?;
+        let y = S::execute(&x.device(), &plan, &[x.operand(xl)?, w.operand(wl)?])?.remove(0);
+        Ok((y, xl.shape().clone()))
+    }
+}
+
 fn inv_rms(x: &[f32], eps: f32) -> f32 {
     let ss: f32 = x.iter().map(|v| v * v).sum();
     1.0 / (ss / x.len() as f32 + eps).sqrt()
@@ -82,6 +90,9 @@ impl CustomOp2 for RmsNorm {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if super::emulating() {
+            return self.gpu(s1, l1, s2, l2);
+        }
         let (x, w) = (f32s(s1, l1)?, f32s(s2, l2)?);
         let d = w.len();
         let mut y = vec![0f32; x.len()];
@@ -107,18 +118,33 @@ impl CustomOp2 for RmsNorm {
         w: &CudaStorage,
         wl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let (rows, d) = rows_and_width(xl, wl)?;
-        let plan =
-            forward_plan(rows, d, cuda::ty(x)?, self.eps).map_err(candle_core::Error::Msg)?;
-        let dev = cuda::device(x);
-        let operands = [cuda::Operand::of(x, xl)?, cuda::Operand::of(w, wl)?];
-        let y = cuda::execute(&dev, &plan, &operands)?.remove(0);
-        Ok((y.into_storage(dev), xl.shape().clone()))
+        self.gpu(x, xl, w, wl)
     }
 }
 
 struct RmsNormBwd {
     eps: f32,
+}
+
+impl RmsNormBwd {
+    fn gpu<S: Store>(
+        &self,
+        x: &S,
+        xl: &Layout,
+        w: &S,
+        wl: &Layout,
+        dy: &S,
+        dyl: &Layout,
+    ) -> Result<(S, Shape)> {
+        let (rows, d) = rows_and_width(xl, wl)?;
+        if dyl.shape().elem_count() != rows * d {
+            candle_core::bail!("RMSNorm backward: x, w and dy do not agree in shape");
+        }
+        let plan = backward_plan(rows, d, x.ty()?, self.eps).map_err(candle_core::Error::Msg)?;
+        let operands = [x.operand(xl)?, w.operand(wl)?, dy.operand(dyl)?];
+        let out = S::execute(&x.device(), &plan, &operands)?.remove(0);
+        Ok((out, Shape::from((rows + 1, d))))
+    }
 }
 
 impl CustomOp3 for RmsNormBwd {
@@ -135,6 +161,9 @@ impl CustomOp3 for RmsNormBwd {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if super::emulating() {
+            return self.gpu(s1, l1, s2, l2, s3, l3);
+        }
         let (x, w, dy) = (f32s(s1, l1)?, f32s(s2, l2)?, f32s(s3, l3)?);
         let d = w.len();
         let rows = x.len() / d;
@@ -182,25 +211,11 @@ impl CustomOp3 for RmsNormBwd {
         dy: &CudaStorage,
         dyl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let (rows, d) = rows_and_width(xl, wl)?;
-        if dyl.shape().elem_count() != rows * d {
-            candle_core::bail!("RMSNorm backward: x, w and dy do not agree in shape");
-        }
-        let plan =
-            backward_plan(rows, d, cuda::ty(x)?, self.eps).map_err(candle_core::Error::Msg)?;
-        let dev = cuda::device(x);
-        let operands = [
-            cuda::Operand::of(x, xl)?,
-            cuda::Operand::of(w, wl)?,
-            cuda::Operand::of(dy, dyl)?,
-        ];
-        let out = cuda::execute(&dev, &plan, &operands)?.remove(0);
-        Ok((out.into_storage(dev), Shape::from((rows + 1, d))))
+        self.gpu(x, xl, w, wl, dy, dyl)
     }
 }
 
 /// Rows of x and the width of w (its last dimension).
-#[cfg(feature = "cuda")]
 fn rows_and_width(xl: &Layout, wl: &Layout) -> Result<(usize, usize)> {
     let d = wl.shape().elem_count();
     let n = xl.shape().elem_count();

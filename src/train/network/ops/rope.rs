@@ -3,8 +3,7 @@
 //! (attention layout), which saves a copy each way. CUDA kernel:
 //! `src/train/network/kernels/rope.cu`.
 
-#[cfg(feature = "cuda")]
-use super::cuda;
+use super::store::Store;
 use super::{f32s, own_kernel};
 use crate::train::network::kernels::{grid_stride, u32_of, LaunchPlan, Mem, Ty, Value, ROPE};
 #[cfg(feature = "cuda")]
@@ -21,9 +20,7 @@ pub struct RopeTables {
     sin: Tensor,
     /// In f32 on the model's device, for the CUDA kernel (the reference
     /// rotates in f32 whatever the model's dtype).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     cos32: Tensor,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     sin32: Tensor,
     cos_v: Arc<Vec<f32>>,
     sin_v: Arc<Vec<f32>>,
@@ -154,8 +151,11 @@ impl CustomOp1 for Rope {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = f32s(s, l)?;
         let (d0, d1, d2, q) = l.shape().dims4()?;
+        if super::emulating() {
+            return Ok((rope_gpu(self, s, l)?, Shape::from((d0, d2, d1, q))));
+        }
+        let x = f32s(s, l)?;
         // forward: (b, t, h) in; backward: (b, h, t) in. Output swaps dims 1 and 2.
         let (b, t_dim, h_dim) = if self.forward {
             (d0, d1, d2)
@@ -197,7 +197,7 @@ impl CustomOp1 for Rope {
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, x: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
         let (d0, d1, d2, q) = l.shape().dims4()?;
-        let y = rope_cuda(self, x, l)?;
+        let y = rope_gpu(self, x, l)?;
         Ok((y, Shape::from((d0, d2, d1, q))))
     }
 }
@@ -246,9 +246,8 @@ pub fn plan(
     Ok(plan)
 }
 
-/// [`plan`] on candle's stream, its tables checked to cover the positions.
-#[cfg(feature = "cuda")]
-fn rope_cuda(op: &Rope, x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
+/// [`plan`] on a GPU's storages, its tables checked to cover the positions.
+fn rope_gpu<S: Store>(op: &Rope, x: &S, l: &Layout) -> Result<S> {
     let (d0, d1, d2, q) = l.shape().dims4()?;
     // The positions run along dim 1 going forward, dim 2 coming back.
     let positions = if op.forward { d1 } else { d2 };
@@ -261,25 +260,18 @@ fn rope_cuda(op: &Rope, x: &CudaStorage, l: &Layout) -> Result<CudaStorage> {
             );
         }
     }
-    let plan = plan(
-        (d0, d1, d2, q),
-        cuda::ty(x)?,
-        op.forward,
-        op.tables.is_some(),
-    )
-    .map_err(candle_core::Error::Msg)?;
-    let dev = cuda::device(x);
+    let plan = plan((d0, d1, d2, q), x.ty()?, op.forward, op.tables.is_some())
+        .map_err(candle_core::Error::Msg)?;
     let tables = op
         .tables
         .as_ref()
         .map(|r| (r.cos32.storage_and_layout(), r.sin32.storage_and_layout()));
-    let mut operands = vec![cuda::Operand::of(x, l)?];
+    let mut operands = vec![x.operand(l)?];
     if let Some(((c, cl), (s, sl))) = &tables {
-        operands.push(cuda::Operand::of(cuda::on_gpu(c, "the RoPE tables")?, cl)?);
-        operands.push(cuda::Operand::of(cuda::on_gpu(s, "the RoPE tables")?, sl)?);
+        operands.push(S::held(c, "the RoPE tables")?.operand(cl)?);
+        operands.push(S::held(s, "the RoPE tables")?.operand(sl)?);
     }
-    let y = cuda::execute(&dev, &plan, &operands)?.remove(0);
-    Ok(y.into_storage(dev))
+    Ok(S::execute(&x.device(), &plan, &operands)?.remove(0))
 }
 
 #[cfg(test)]

@@ -1,8 +1,7 @@
 //! The SwiGLU gate: silu(a) * b, in one pass each way. CUDA kernels:
 //! `src/train/network/kernels/silu_mul.cu`.
 
-#[cfg(feature = "cuda")]
-use super::cuda;
+use super::store::{Span, Store};
 use super::{f32s, own_kernel, work_dtype};
 use crate::train::network::kernels::{grid_stride, LaunchPlan, Mem, Ty, Value, SILU_MUL};
 #[cfg(feature = "cuda")]
@@ -67,6 +66,9 @@ impl CustomOp2 for SiluMul {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if super::emulating() {
+            return Ok((run_gpu(s1, l1, s2, l2, None)?, l1.shape().clone()));
+        }
         let (a, b) = (f32s(s1, l1)?, f32s(s2, l2)?);
         let mut y = vec![0f32; a.len()];
         y.par_chunks_mut(CHUNK)
@@ -87,7 +89,7 @@ impl CustomOp2 for SiluMul {
         b: &CudaStorage,
         bl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let y = run_cuda(a, al, b, bl, None)?;
+        let y = run_gpu(a, al, b, bl, None)?;
         Ok((y, al.shape().clone()))
     }
 }
@@ -108,6 +110,10 @@ impl CustomOp3 for SiluMulBwd {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if super::emulating() {
+            let n = l1.shape().elem_count();
+            return Ok((run_gpu(s1, l1, s2, l2, Some((s3, l3)))?, Shape::from(2 * n)));
+        }
         let (a, b, dy) = (f32s(s1, l1)?, f32s(s2, l2)?, f32s(s3, l3)?);
         let n = a.len();
         let mut out = vec![0f32; 2 * n];
@@ -142,7 +148,7 @@ impl CustomOp3 for SiluMulBwd {
         dyl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = al.shape().elem_count();
-        let out = run_cuda(a, al, b, bl, Some((dy, dyl)))?;
+        let out = run_gpu(a, al, b, bl, Some((dy, dyl)))?;
         Ok((out, Shape::from(2 * n)))
     }
 }
@@ -170,27 +176,24 @@ pub fn plan(n: usize, own: Ty, backward: bool) -> std::result::Result<LaunchPlan
     Ok(plan)
 }
 
-/// [`plan`] on candle's stream.
-#[cfg(feature = "cuda")]
-fn run_cuda(
-    a: &CudaStorage,
+/// [`plan`] on a GPU's storages.
+fn run_gpu<S: Store>(
+    a: &S,
     al: &Layout,
-    b: &CudaStorage,
+    b: &S,
     bl: &Layout,
-    dy: Option<(&CudaStorage, &Layout)>,
-) -> Result<CudaStorage> {
+    dy: Option<(&S, &Layout)>,
+) -> Result<S> {
     let n = al.shape().elem_count();
-    let mut operands = vec![cuda::Operand::of(a, al)?, cuda::Operand::of(b, bl)?];
+    let mut operands = vec![a.operand(al)?, b.operand(bl)?];
     if let Some((dy, dyl)) = dy {
-        operands.push(cuda::Operand::of(dy, dyl)?);
+        operands.push(dy.operand(dyl)?);
     }
     if operands.iter().any(|o| o.len() != n) {
         candle_core::bail!("SwiGLU: the operands differ in size");
     }
-    let plan = plan(n, cuda::ty(a)?, dy.is_some()).map_err(candle_core::Error::Msg)?;
-    let dev = cuda::device(a);
-    let out = cuda::execute(&dev, &plan, &operands)?.remove(0);
-    Ok(out.into_storage(dev))
+    let plan = plan(n, a.ty()?, dy.is_some()).map_err(candle_core::Error::Msg)?;
+    Ok(S::execute(&a.device(), &plan, &operands)?.remove(0))
 }
 
 #[cfg(test)]

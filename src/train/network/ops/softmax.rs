@@ -4,8 +4,7 @@
 //! positions from `first`): a causal row sees keys 0..=position, and only
 //! those are computed. CUDA kernels: `src/train/network/kernels/softmax.cu`.
 
-#[cfg(feature = "cuda")]
-use super::cuda;
+use super::store::Store;
 use super::{f32s, own_kernel, rows_per_task, work_dtype};
 use crate::train::network::kernels::{block_per_row, u32_of, LaunchPlan, Mem, Ty, Value, SOFTMAX};
 #[cfg(feature = "cuda")]
@@ -118,6 +117,16 @@ struct Softmax {
 }
 
 impl Softmax {
+    fn gpu<S: Store>(&self, s: &S, l: &Layout) -> Result<(S, Shape)> {
+        let (rows, keys) = rows_and_keys(l);
+        let shape = (self.period, self.first, self.causal);
+        // The kernel takes an f32 scale.
+        let plan = forward_plan(rows, keys, s.ty()?, shape, self.scale as f32)
+            .map_err(candle_core::Error::Msg)?;
+        let p = S::execute(&s.device(), &plan, &[s.operand(l)?])?.remove(0);
+        Ok((p, l.shape().clone()))
+    }
+
     /// The composed twin: candle's softmax over the scaled scores with a
     /// mask (any device and dtype).
     fn composed(&self, scores: &Tensor) -> Result<Tensor> {
@@ -192,6 +201,9 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        if super::emulating() {
+            return self.gpu(s, l);
+        }
         let x = f32s(s, l)?;
         let mut y = vec![0f32; x.len()];
         self.cpu(x, l.shape().dims(), &mut y);
@@ -200,14 +212,7 @@ impl CustomOp1 for Softmax {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (rows, keys) = rows_and_keys(l);
-        let shape = (self.period, self.first, self.causal);
-        // The kernel takes an f32 scale.
-        let plan = forward_plan(rows, keys, cuda::ty(s)?, shape, self.scale as f32)
-            .map_err(candle_core::Error::Msg)?;
-        let dev = cuda::device(s);
-        let p = cuda::execute(&dev, &plan, &[cuda::Operand::of(s, l)?])?.remove(0);
-        Ok((p.into_storage(dev), l.shape().clone()))
+        self.gpu(s, l)
     }
 }
 
@@ -217,6 +222,18 @@ struct SoftmaxBwd {
 }
 
 impl SoftmaxBwd {
+    fn gpu<S: Store>(&self, p: &S, pl: &Layout, dp: &S, dpl: &Layout) -> Result<(S, Shape)> {
+        let (rows, keys) = rows_and_keys(pl);
+        if dpl.shape().elem_count() != pl.shape().elem_count() {
+            candle_core::bail!("softmax backward: P and dP differ in size");
+        }
+        let plan =
+            backward_plan(rows, keys, p.ty()?, self.scale).map_err(candle_core::Error::Msg)?;
+        let operands = [p.operand(pl)?, dp.operand(dpl)?];
+        let ds = S::execute(&p.device(), &plan, &operands)?.remove(0);
+        Ok((ds, pl.shape().clone()))
+    }
+
     /// The CPU kernel: dS from P and dP of shape `dims` [..., R, K].
     fn cpu(&self, p: &[f32], dp: &[f32], dims: &[usize], ds: &mut [f32]) {
         let keys = dims[dims.len() - 1];
@@ -250,6 +267,9 @@ impl CustomOp2 for SoftmaxBwd {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if super::emulating() {
+            return self.gpu(s1, l1, s2, l2);
+        }
         let (p, dp) = (f32s(s1, l1)?, f32s(s2, l2)?);
         let mut ds = vec![0f32; p.len()];
         self.cpu(p, dp, l1.shape().dims(), &mut ds);
@@ -264,21 +284,35 @@ impl CustomOp2 for SoftmaxBwd {
         dp: &CudaStorage,
         dpl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let (rows, keys) = rows_and_keys(pl);
-        if dpl.shape().elem_count() != pl.shape().elem_count() {
-            candle_core::bail!("softmax backward: P and dP differ in size");
-        }
-        let plan =
-            backward_plan(rows, keys, cuda::ty(p)?, self.scale).map_err(candle_core::Error::Msg)?;
-        let dev = cuda::device(p);
-        let operands = [cuda::Operand::of(p, pl)?, cuda::Operand::of(dp, dpl)?];
-        let ds = cuda::execute(&dev, &plan, &operands)?.remove(0);
-        Ok((ds.into_storage(dev), pl.shape().clone()))
+        self.gpu(p, pl, dp, dpl)
     }
 }
 
 /// (P, dS) from the scores and dP: the GPU's one pass ([`forward_backward`]).
 struct SoftmaxFwdBwd(Softmax);
+
+impl SoftmaxFwdBwd {
+    fn gpu<S: Store>(&self, s: &S, sl: &Layout, dp: &S, dpl: &Layout) -> Result<(S, Shape)> {
+        let (rows, keys) = rows_and_keys(sl);
+        if dpl.shape() != sl.shape() {
+            candle_core::bail!("softmax forward and backward: S and dP differ in shape");
+        }
+        let Softmax {
+            scale,
+            period,
+            first,
+            causal,
+        } = self.0;
+        let plan =
+            forward_backward_plan(rows, keys, s.ty()?, (period, first, causal), scale as f32)
+                .map_err(candle_core::Error::Msg)?;
+        let operands = [s.operand(sl)?, dp.operand(dpl)?];
+        let both = S::execute(&s.device(), &plan, &operands)?.remove(0);
+        let mut dims = vec![2];
+        dims.extend_from_slice(sl.shape().dims());
+        Ok((both, Shape::from(dims)))
+    }
+}
 
 impl CustomOp2 for SoftmaxFwdBwd {
     fn name(&self) -> &'static str {
@@ -293,6 +327,9 @@ impl CustomOp2 for SoftmaxFwdBwd {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if super::emulating() {
+            return self.gpu(s1, l1, s2, l2);
+        }
         let (x, dp) = (f32s(s1, l1)?, f32s(s2, l2)?);
         if x.len() != dp.len() {
             candle_core::bail!("softmax forward and backward: S and dP differ in size");
@@ -318,35 +355,11 @@ impl CustomOp2 for SoftmaxFwdBwd {
         dp: &CudaStorage,
         dpl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let (rows, keys) = rows_and_keys(sl);
-        if dpl.shape() != sl.shape() {
-            candle_core::bail!("softmax forward and backward: S and dP differ in shape");
-        }
-        let Softmax {
-            scale,
-            period,
-            first,
-            causal,
-        } = self.0;
-        let plan = forward_backward_plan(
-            rows,
-            keys,
-            cuda::ty(s)?,
-            (period, first, causal),
-            scale as f32,
-        )
-        .map_err(candle_core::Error::Msg)?;
-        let dev = cuda::device(s);
-        let operands = [cuda::Operand::of(s, sl)?, cuda::Operand::of(dp, dpl)?];
-        let both = cuda::execute(&dev, &plan, &operands)?.remove(0);
-        let mut dims = vec![2];
-        dims.extend_from_slice(sl.shape().dims());
-        Ok((both.into_storage(dev), Shape::from(dims)))
+        self.gpu(s, sl, dp, dpl)
     }
 }
 
 /// (rows, keys) of scores [..., R, K].
-#[cfg(feature = "cuda")]
 fn rows_and_keys(l: &Layout) -> (usize, usize) {
     let keys = *l.shape().dims().last().unwrap_or(&1);
     (l.shape().elem_count() / keys.max(1), keys)

@@ -10,8 +10,7 @@
 //! for the block-wise passes. The tests hold it to the loss composed from
 //! candle ops (`oracle::cross_entropy`, tests only).
 
-#[cfg(feature = "cuda")]
-use super::cuda;
+use super::store::{Span, Store};
 use super::{f32s, fused, own_kernel, work_dtype};
 use crate::data::samples::IGNORE;
 use crate::train::network::kernels::{
@@ -19,7 +18,6 @@ use crate::train::network::kernels::{
 };
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
-#[cfg(any(test, feature = "cuda"))]
 use candle_core::DType;
 use candle_core::{bail, CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -99,7 +97,7 @@ pub struct Labels<'a> {
 impl<'a> Labels<'a> {
     /// The labels for logits on `device`: uploaded where its kernel runs.
     pub fn new(host: &'a [i64], device: &candle_core::Device) -> Result<Labels<'a>> {
-        let upload = device.is_cuda() && super::on_gpu(super::Kernel::CrossEntropy);
+        let upload = super::gpu_path(device) && super::on_gpu(super::Kernel::CrossEntropy);
         let device = match upload {
             true => Some(Tensor::from_vec(kernel_labels(host), host.len(), device)?),
             false => None,
@@ -142,7 +140,6 @@ fn kernel_labels(host: &[i64]) -> Vec<u32> {
 /// on the CPU in f32 one pass each way; elsewhere `computed_by_slices`.
 pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(Tensor, Tensor)> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Loss);
-    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     let (labels, uploaded) = (labels.host, labels.device.as_ref());
     check_labels(&logits, labels)?;
     if own_kernel(super::Kernel::CrossEntropy, &[&logits]) && fused(&logits) {
@@ -154,9 +151,8 @@ pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(T
         let loss = both.narrow(0, n, 1)?.narrow(1, 0, 1)?.reshape(())?;
         return Ok((loss, both.narrow(0, 0, n)?.reshape((n, v))?));
     }
-    #[cfg(feature = "cuda")]
     if own_kernel(super::Kernel::CrossEntropy, &[&logits]) {
-        return cuda_in_place(logits.contiguous()?, labels, uploaded, divisor);
+        return in_place_on_gpu(logits.contiguous()?, labels, uploaded, divisor);
     }
     // Its f32 temporaries a CPU head's slice at a time (256 MB), on any device.
     let (n, v) = logits.dims2()?;
@@ -166,8 +162,7 @@ pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(T
 /// [`loss_and_grad`] on CUDA: d logits written over the logits, each row's
 /// loss into an f32 vector summed on the device; the labels as `uploaded`
 /// holds them, else uploaded here.
-#[cfg(feature = "cuda")]
-fn cuda_in_place(
+fn in_place_on_gpu(
     logits: Tensor,
     labels: &[i64],
     uploaded: Option<&Tensor>,
@@ -192,22 +187,30 @@ fn cuda_in_place(
 
 /// The CUDA kernel's op: the logits (in place) and the labels (u32, ignored
 /// as u32::MAX) in, each row's loss into `row_loss`.
-#[cfg(feature = "cuda")]
 struct LossAndGrad {
     row_loss: Tensor,
     scale: f32,
 }
 
-#[cfg(feature = "cuda")]
 impl candle_core::InplaceOp2 for LossAndGrad {
     fn name(&self) -> &'static str {
         "sweep-loss-and-grad"
     }
 
-    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
-        bail!("the in-place loss runs on CUDA tensors")
+    fn cpu_fwd(
+        &self,
+        s: &mut CpuStorage,
+        l: &Layout,
+        labels: &CpuStorage,
+        ll: &Layout,
+    ) -> Result<()> {
+        if !super::emulating() {
+            bail!("the in-place loss runs on CUDA tensors");
+        }
+        loss_and_grad_gpu(s, l, labels, ll, &self.row_loss, self.scale)
     }
 
+    #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
         logits: &mut CudaStorage,
@@ -215,7 +218,7 @@ impl candle_core::InplaceOp2 for LossAndGrad {
         labels: &CudaStorage,
         labl: &Layout,
     ) -> Result<()> {
-        loss_and_grad_cuda(logits, ll, labels, labl, &self.row_loss, self.scale)
+        loss_and_grad_gpu(logits, ll, labels, labl, &self.row_loss, self.scale)
     }
 }
 
@@ -241,31 +244,29 @@ pub fn plan(n: usize, v: usize, own: Ty, scale: f32) -> std::result::Result<Laun
     Ok(plan)
 }
 
-#[cfg(feature = "cuda")]
-fn loss_and_grad_cuda(
-    logits: &mut CudaStorage,
+fn loss_and_grad_gpu<S: Store>(
+    logits: &mut S,
     ll: &Layout,
-    labels: &CudaStorage,
+    labels: &S,
     labl: &Layout,
     row_loss: &Tensor,
     scale: f32,
 ) -> Result<()> {
     let (n, v) = ll.shape().dims2()?;
-    let plan = plan(n, v, cuda::ty(logits)?, scale).map_err(candle_core::Error::Msg)?;
-    let dev = cuda::device(logits);
-    let (losses, lossl) = row_loss.storage_and_layout();
-    // The row losses are this op's own tensor, used by nothing else until
-    // the kernel is done (one stream): written through its view.
-    let operands = [
-        cuda::Operand::of(logits, ll)?,
-        cuda::Operand::of(labels, labl)?,
-        cuda::Operand::of(cuda::on_gpu(&losses, "the row losses")?, lossl)?,
-    ];
-    if operands[1].len() != n || operands[2].len() != n {
-        bail!("{n} rows of logits but {} labels", operands[1].len());
-    }
-    cuda::execute(&dev, &plan, &operands)?;
-    Ok(())
+    let plan = plan(n, v, logits.ty()?, scale).map_err(candle_core::Error::Msg)?;
+    let dev = logits.device();
+    S::with_mut(row_loss, |losses, lossl| {
+        let operands = [
+            logits.operand_mut(ll)?,
+            labels.operand(labl)?,
+            losses.operand_mut(lossl)?,
+        ];
+        if operands[1].len() != n || operands[2].len() != n {
+            bail!("{n} rows of logits but {} labels", operands[1].len());
+        }
+        S::execute(&dev, &plan, &operands)?;
+        Ok(())
+    })
 }
 
 /// The loss and d logits in one op on the CPU: per row, one exponential per

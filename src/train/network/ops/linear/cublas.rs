@@ -13,11 +13,17 @@
 //! inside its operand; on a GPU the same reach is checked against the
 //! buffers before each launch.
 
+use super::Gradient;
+use crate::train::network::kernels::Ty;
+use crate::train::network::ops::store::Store;
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+use candle_core::{bail, CpuStorage, DType, InplaceOp3, Layout, Result, Tensor};
+
 /// One cuBLAS GEMM, column-major: for each of `batch` matrices,
 /// C += op(A)·op(B) with op(A) m × k, op(B) k × n, C m × n; A's element
 /// (r, c) at `r + c·lda` (+ `stride_a` a matrix), and so on.
 #[derive(Debug, Clone, Copy, PartialEq)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct Gemm {
     pub transa: bool,
     pub transb: bool,
@@ -33,7 +39,6 @@ pub(crate) struct Gemm {
     pub batch: usize,
 }
 
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 impl Gemm {
     /// buf [out, in] += dyᵀ·x with dy [tokens, out], x [tokens, in], all
     /// row-major; A is x, B is dy. Row-major buf is column-major bufᵀ
@@ -102,6 +107,34 @@ impl Gemm {
         }
     }
 
+    /// The call as cuBLAS's documentation defines it, on the host (the
+    /// tests' and the emulated device's reference), in f64; every element
+    /// it reaches must lie inside its slice.
+    pub fn on_host(&self, a: &[f64], b: &[f64], c: &mut [f64]) {
+        let (reach_a, reach_b, reach_c) = self.reach();
+        assert!(reach_a <= a.len() && reach_b <= b.len() && reach_c <= c.len());
+        for i in 0..self.batch {
+            let (a, b) = (&a[i * self.stride_a..], &b[i * self.stride_b..]);
+            for col in 0..self.n {
+                for row in 0..self.m {
+                    let mut s = 0.0;
+                    for p in 0..self.k {
+                        let x = a[match self.transa {
+                            true => p + row * self.lda,
+                            false => row + p * self.lda,
+                        }];
+                        let y = b[match self.transb {
+                            true => col + p * self.ldb,
+                            false => p + col * self.ldb,
+                        }];
+                        s += x * y;
+                    }
+                    c[i * self.stride_c + row + col * self.ldc] += s;
+                }
+            }
+        }
+    }
+
     /// How many elements of A, B and C the call reaches: one past the last
     /// (0 for an empty product).
     pub fn reach(&self) -> (usize, usize, usize) {
@@ -130,36 +163,181 @@ impl Gemm {
     }
 }
 
-#[cfg(feature = "cuda")]
-pub(super) use on_gpu::{add_gradient, AddBatchedProduct};
+/// [`super::add_gradient`] on a GPU, in place: the weight's gradient buf
+/// [out, in] += dyᵀ·x or the input's acc [N, in] += dy·w. With `bf16`
+/// (bf16-mixed: f32 buffers and activations) the operands go to cuBLAS in
+/// bf16 and the sum stays in f32, as autocast's products do; f32 arithmetic
+/// in every case (CUBLAS_COMPUTE_32F, no TF32).
+pub(super) fn add_gradient(
+    which: Gradient,
+    buf: &mut Tensor,
+    dy: &Tensor,
+    other: &Tensor,
+    bf16: bool,
+) -> Result<()> {
+    let operands = if bf16 { DType::BF16 } else { buf.dtype() };
+    let dy = dy.to_dtype(operands)?.contiguous()?;
+    let other = other.to_dtype(operands)?.contiguous()?;
+    buf.inplace_op3(&dy, &other, &AddGradient(which))
+}
+
+struct AddGradient(Gradient);
+
+impl AddGradient {
+    fn gpu<S: Store>(
+        &self,
+        buf: (&mut S, &Layout),
+        dy: (&S, &Layout),
+        other: (&S, &Layout),
+    ) -> Result<()> {
+        let (bl, dyl, ol) = (buf.1, dy.1, other.1);
+        let rows = self.0.rows(bl.dims(), dyl.dims(), ol.dims())?;
+        let ((n, out), inp) = (dyl.shape().dims2()?, ol.shape().dims2()?.1);
+        // A is x or w, B is dy (see the descriptions).
+        let (g, what) = match self.0 {
+            Gradient::Weight => (Gemm::weight_gradient(out, inp, n), "weight"),
+            Gradient::Input => (Gemm::input_gradient(out, inp, n), "input"),
+        };
+        let what = || format!("cuBLAS {what} gradient [{rows}, {inp}] over {n} tokens");
+        S::gemm(&g, buf, other, dy, &what)
+    }
+}
+
+impl InplaceOp3 for AddGradient {
+    fn name(&self) -> &'static str {
+        "sweep-add-gradient-cublas"
+    }
+
+    fn cpu_fwd(
+        &self,
+        buf: &mut CpuStorage,
+        bl: &Layout,
+        dy: &CpuStorage,
+        dyl: &Layout,
+        other: &CpuStorage,
+        ol: &Layout,
+    ) -> Result<()> {
+        if !crate::train::network::ops::emulating() {
+            bail!("the cuBLAS gradients run on CUDA tensors");
+        }
+        self.gpu((buf, bl), (dy, dyl), (other, ol))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        buf: &mut CudaStorage,
+        bl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+        other: &CudaStorage,
+        ol: &Layout,
+    ) -> Result<()> {
+        self.gpu((buf, bl), (dy, dyl), (other, ol))
+    }
+}
+
+/// [`super::add_batched_product`]: sum [.., T, d] (f32), a [.., M, keys],
+/// b [.., M, d].
+pub struct AddBatchedProduct;
+
+/// The leading dimensions' count and the last two of a layout.
+fn batched(l: &Layout, what: &str) -> Result<(usize, usize, usize)> {
+    let dims = l.shape().dims();
+    if dims.len() < 2 || !l.is_contiguous() {
+        bail!("{what} of a batched product: {dims:?}, contiguous, at least 2 dimensions");
+    }
+    let r = dims.len();
+    Ok((dims[..r - 2].iter().product(), dims[r - 2], dims[r - 1]))
+}
+
+impl AddBatchedProduct {
+    fn gpu<S: Store>(
+        &self,
+        sum: (&mut S, &Layout),
+        a: (&S, &Layout),
+        b: (&S, &Layout),
+    ) -> Result<()> {
+        let (sl, al, bl) = (sum.1, a.1, b.1);
+        let (batch, t, d) = batched(sl, "the sum")?;
+        let (a_batch, rows, keys) = batched(al, "aᵀ")?;
+        let (b_batch, b_rows, b_d) = batched(bl, "b")?;
+        if (a_batch, b_batch, b_rows, b_d) != (batch, batch, rows, d) || keys > t {
+            bail!(
+                "sum {:?}[.., :keys, :] += aᵀ·b with a {:?} and b {:?}",
+                sl.shape().dims(),
+                al.shape().dims(),
+                bl.shape().dims()
+            );
+        }
+        if sum.0.ty()? != Ty::F32 {
+            bail!("the batched product sums into f32");
+        }
+        let g = Gemm::batched_sum(batch, t, d, rows, keys);
+        let what = || format!("cuBLAS batched product: {batch} × [{keys}, {d}] over {rows} rows");
+        S::gemm(&g, sum, b, a, &what)
+    }
+}
+
+impl InplaceOp3 for AddBatchedProduct {
+    fn name(&self) -> &'static str {
+        "sweep-add-batched-product-cublas"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sum: &mut CpuStorage,
+        sl: &Layout,
+        a: &CpuStorage,
+        al: &Layout,
+        b: &CpuStorage,
+        bl: &Layout,
+    ) -> Result<()> {
+        if !crate::train::network::ops::emulating() {
+            bail!("the cuBLAS batched product runs on CUDA tensors");
+        }
+        self.gpu((sum, sl), (a, al), (b, bl))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sum: &mut CudaStorage,
+        sl: &Layout,
+        a: &CudaStorage,
+        al: &Layout,
+        b: &CudaStorage,
+        bl: &Layout,
+    ) -> Result<()> {
+        self.gpu((sum, sl), (a, al), (b, bl))
+    }
+}
 
 #[cfg(feature = "cuda")]
-mod on_gpu {
-    use super::super::Gradient;
+pub(crate) mod on_gpu {
     use super::Gemm;
     use crate::train::network::ops::cuda;
     use candle_core::cuda::cudarc::cublas::result::{gemm_ex, gemm_strided_batched_ex};
     use candle_core::cuda::cudarc::cublas::sys;
     use candle_core::cuda::cudarc::driver::{DevicePtr, DevicePtrMut};
     use candle_core::cuda::CudaDType;
-    use candle_core::{bail, CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
+    use candle_core::{bail, CudaStorage, DType, Layout, Result};
 
-    /// [`super::super::add_gradient`] on CUDA, in place: the weight's
-    /// gradient buf [out, in] += dyᵀ·x or the input's acc [N, in] += dy·w.
-    /// With `bf16` (bf16-mixed: f32 buffers and activations) the operands go
-    /// to cuBLAS in bf16 and the sum stays in f32, as autocast's products do;
-    /// f32 arithmetic in every case (CUBLAS_COMPUTE_32F, no TF32).
-    pub fn add_gradient(
-        which: Gradient,
-        buf: &mut Tensor,
-        dy: &Tensor,
-        other: &Tensor,
-        bf16: bool,
+    /// C += op(A)·op(B) by cuBLAS, in the storages' types: an f32 or bf16
+    /// sum of f32 or bf16 operands.
+    pub fn gemm(
+        g: &Gemm,
+        c: (&mut CudaStorage, &Layout),
+        a: (&CudaStorage, &Layout),
+        b: (&CudaStorage, &Layout),
+        what: &dyn Fn() -> String,
     ) -> Result<()> {
-        let operands = if bf16 { DType::BF16 } else { buf.dtype() };
-        let dy = dy.to_dtype(operands)?.contiguous()?;
-        let other = other.to_dtype(operands)?.contiguous()?;
-        buf.inplace_op3(&dy, &other, &AddGradient(which))
+        match (cuda::dtype(c.0), cuda::dtype(a.0)) {
+            (DType::F32, DType::F32) => run::<f32, f32>(g, c, a, b, what),
+            (DType::F32, DType::BF16) => run::<f32, half::bf16>(g, c, a, b, what),
+            (DType::BF16, DType::BF16) => run::<half::bf16, half::bf16>(g, c, a, b, what),
+            (c, ab) => bail!("{}: a {c:?} sum of {ab:?} operands", what()),
+        }
     }
 
     fn cuda_type(dtype: DType) -> Result<sys::cudaDataType> {
@@ -270,151 +448,14 @@ mod on_gpu {
         }
         .map_err(|e| cuda::typed(e, what()))
     }
-
-    struct AddGradient(Gradient);
-
-    impl InplaceOp3 for AddGradient {
-        fn name(&self) -> &'static str {
-            "sweep-add-gradient-cublas"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            bail!("the cuBLAS gradients run on CUDA tensors")
-        }
-
-        fn cuda_fwd(
-            &self,
-            buf: &mut CudaStorage,
-            bl: &Layout,
-            dy: &CudaStorage,
-            dyl: &Layout,
-            other: &CudaStorage,
-            ol: &Layout,
-        ) -> Result<()> {
-            let rows = self.0.rows(bl.dims(), dyl.dims(), ol.dims())?;
-            let ((n, out), inp) = (dyl.shape().dims2()?, ol.shape().dims2()?.1);
-            // A is x or w, B is dy (see the descriptions).
-            let (g, what) = match self.0 {
-                Gradient::Weight => (Gemm::weight_gradient(out, inp, n), "weight"),
-                Gradient::Input => (Gemm::input_gradient(out, inp, n), "input"),
-            };
-            let what = || format!("cuBLAS {what} gradient [{rows}, {inp}] over {n} tokens");
-            let (c, a, b) = ((buf, bl), (other, ol), (dy, dyl));
-            match (cuda::dtype(c.0), cuda::dtype(a.0)) {
-                (DType::F32, DType::F32) => run::<f32, f32>(&g, c, a, b, &what),
-                (DType::F32, DType::BF16) => run::<f32, half::bf16>(&g, c, a, b, &what),
-                (DType::BF16, DType::BF16) => run::<half::bf16, half::bf16>(&g, c, a, b, &what),
-                (c, ab) => bail!("a {c:?} gradient from {ab:?} operands"),
-            }
-        }
-    }
-
-    /// [`super::super::add_batched_product`]: sum [.., T, d] (f32),
-    /// a [.., M, keys], b [.., M, d].
-    pub struct AddBatchedProduct;
-
-    /// The leading dimensions' count and the last two of a layout.
-    fn batched(l: &Layout, what: &str) -> Result<(usize, usize, usize)> {
-        let dims = l.shape().dims();
-        if dims.len() < 2 || !l.is_contiguous() {
-            bail!("{what} of a batched product: {dims:?}, contiguous, at least 2 dimensions");
-        }
-        let r = dims.len();
-        Ok((dims[..r - 2].iter().product(), dims[r - 2], dims[r - 1]))
-    }
-
-    impl InplaceOp3 for AddBatchedProduct {
-        fn name(&self) -> &'static str {
-            "sweep-add-batched-product-cublas"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            bail!("the cuBLAS batched product runs on CUDA tensors")
-        }
-
-        fn cuda_fwd(
-            &self,
-            sum: &mut CudaStorage,
-            sl: &Layout,
-            a: &CudaStorage,
-            al: &Layout,
-            b: &CudaStorage,
-            bl: &Layout,
-        ) -> Result<()> {
-            let (batch, t, d) = batched(sl, "the sum")?;
-            let (a_batch, rows, keys) = batched(al, "aᵀ")?;
-            let (b_batch, b_rows, b_d) = batched(bl, "b")?;
-            if (a_batch, b_batch, b_rows, b_d) != (batch, batch, rows, d) || keys > t {
-                bail!(
-                    "sum {:?}[.., :keys, :] += aᵀ·b with a {:?} and b {:?}",
-                    sl.shape().dims(),
-                    al.shape().dims(),
-                    bl.shape().dims()
-                );
-            }
-            if cuda::dtype(sum) != DType::F32 {
-                bail!("the batched product sums into f32");
-            }
-            let g = Gemm::batched_sum(batch, t, d, rows, keys);
-            let what =
-                || format!("cuBLAS batched product: {batch} × [{keys}, {d}] over {rows} rows");
-            let (c, a, b) = ((sum, sl), (b, bl), (a, al));
-            match cuda::dtype(a.0) {
-                DType::F32 => run::<f32, f32>(&g, c, a, b, &what),
-                DType::BF16 => run::<f32, half::bf16>(&g, c, a, b, &what),
-                dt => bail!("the batched product takes f32 or bf16 operands, not {dt:?}"),
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::Gemm;
 
-    /// cuBLAS's GEMM as its documentation defines it, on the host, with
-    /// every index checked against the call's own reach.
     fn run_host(g: &Gemm, a: &[f64], b: &[f64], c: &mut [f64]) {
-        let (reach_a, reach_b, reach_c) = g.reach();
-        assert!(reach_a <= a.len() && reach_b <= b.len() && reach_c <= c.len());
-        for i in 0..g.batch {
-            let (a, b) = (&a[i * g.stride_a..], &b[i * g.stride_b..]);
-            for col in 0..g.n {
-                for row in 0..g.m {
-                    let mut s = 0.0;
-                    for p in 0..g.k {
-                        let x = a[if g.transa {
-                            p + row * g.lda
-                        } else {
-                            row + p * g.lda
-                        }];
-                        let y = b[if g.transb {
-                            col + p * g.ldb
-                        } else {
-                            p + col * g.ldb
-                        }];
-                        s += x * y;
-                    }
-                    c[i * g.stride_c + row + col * g.ldc] += s;
-                }
-            }
-        }
+        g.on_host(a, b, c)
     }
 
     /// Values that tell every element from every other.

@@ -12,8 +12,9 @@ use super::{f32s_any, fused};
 use bf16_gemm::View;
 
 pub mod bf16_gemm;
-mod cublas;
+pub(crate) mod cublas;
 use candle_core::{bail, CpuStorage, CustomOp2, DType, InplaceOp3, Layout, Result, Shape, Tensor};
+pub(crate) use cublas::Gemm;
 
 /// x [N, in] · wᵀ, w [out, in]; bf16 operands when `bf16`.
 pub fn linear(x: &Tensor, w: &Tensor, bf16: bool) -> Result<Tensor> {
@@ -25,11 +26,15 @@ pub fn matmul(a: &Tensor, b: &Tensor, bf16: bool) -> Result<Tensor> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Linear);
     if bf16 && fused(a) && fused(b) {
         a.apply_op2(b, Bf16Matmul)
-    } else if bf16 && a.dtype() == DType::F32 && !a.device().is_cpu() {
+    } else if bf16 && a.dtype() == DType::F32 && super::gpu_path(a.device()) {
         // The casts are differentiable: gradients come back as f32.
         a.to_dtype(DType::BF16)?
             .matmul(&b.to_dtype(DType::BF16)?)?
             .to_dtype(DType::F32)
+    } else if a.dtype() == DType::BF16 && super::emulating() {
+        // The emulated device's cuBLAS: bf16 operands, f32 sums, bf16 out.
+        let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+        f32(a)?.matmul(&f32(b)?)?.to_dtype(DType::BF16)
     } else {
         a.matmul(b)
     }
@@ -153,8 +158,7 @@ pub(super) fn add_gradient(
     {
         return buf.inplace_op3(dy, other, &AddGradient(which));
     }
-    #[cfg(feature = "cuda")]
-    if buf.device().is_cuda()
+    if super::gpu_path(buf.device())
         && buf.is_contiguous()
         && super::own_kernel(super::Kernel::WeightGrad, &[buf, dy, other])
     {
@@ -173,7 +177,6 @@ pub(super) fn add_gradient(
 /// cuBLAS GEMM with beta = 1 written into the sum (f32 arithmetic), instead of
 /// a product tensor, its cast to f32 and an add over a strided slice.
 /// Attention's backward sums dK and dV over its tiles of queries this way.
-#[cfg(feature = "cuda")]
 pub fn add_batched_product(sum: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
     sum.inplace_op3(a, b, &cublas::AddBatchedProduct)
 }
