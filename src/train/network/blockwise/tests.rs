@@ -229,3 +229,140 @@ fn each_blocks_cache_is_freed_after_its_backward() -> Result<()> {
     }
     Ok(())
 }
+
+/// The model of [`spec`] with heads of 16 (the fused attention backward's
+/// smallest) over 24 positions, bf16 products where `bf16`.
+fn wide_spec(attention: AttentionKind, bf16: bool) -> ModelSpec {
+    let o = ModelOverrides {
+        dim: Some(64),
+        n_layers: Some(2),
+        n_heads: Some(4),
+        n_kv_heads: Some(2),
+        vocab_size: Some(50),
+        multiple_of: Some(16),
+        ..Default::default()
+    };
+    ModelSpec {
+        cfg: ModelConfig::resolve("tiny", &o).unwrap(),
+        max_seq: 24,
+        bf16_matmuls: bf16,
+        ..spec(DType::F32, Recompute::None, attention)
+    }
+}
+
+/// What [`three_steps`] gives: each step's loss, the first step's
+/// gradients and the parameters after, by name.
+struct Steps {
+    losses: Vec<f64>,
+    grads: Vec<(String, Tensor)>,
+    params: Vec<(String, Tensor)>,
+}
+
+/// Three optimizer steps of `s`'s model as the trainer takes them (forward,
+/// backward, clip, AdamW).
+fn three_steps(s: &ModelSpec) -> Result<Steps> {
+    use crate::train::network::optim::AdamW;
+    let params = s.init_params(3)?;
+    let model = Llama::new(&params, s)?;
+    let cfg = crate::config::TrainConfig {
+        learning_rate: 1e-2,
+        grad_clip: 0.5,
+        ..Default::default()
+    };
+    let mut opt = AdamW::new(&params, &cfg)?;
+    let mut grads = Grads::buffers_for(&params)?;
+    let (mut losses, mut first) = (Vec::new(), Vec::new());
+    // Copies: the trainer's buffers are written in place by the next steps.
+    let f32s = |t: &Tensor| t.to_dtype(DType::F32)?.copy();
+    for seed in 1..=3 {
+        let (ids, labels) = batch(2, 24, seed);
+        grads.zero()?;
+        losses.push(model.forward_backward(ids.tokens(), &labels, 40.0, &mut grads)?);
+        if seed == 1 {
+            for (name, _) in params.iter() {
+                first.push((name.clone(), f32s(grads.get(name).expect("a gradient"))?));
+            }
+        }
+        let clipping = grads.clipping(cfg.grad_clip)?;
+        opt.step(&grads, cfg.learning_rate, &clipping)?;
+    }
+    let params = params
+        .iter()
+        .map(|(name, v)| Ok((name.clone(), f32s(v.as_tensor())?)))
+        .collect::<Result<_>>()?;
+    Ok(Steps {
+        losses,
+        grads: first,
+        params,
+    })
+}
+
+/// The largest |a − b| / max |b| of two named sets of tensors, and where.
+fn worst_of(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Result<(f32, String)> {
+    let mut worst = (0.0, String::new());
+    for ((name, a), (_, b)) in a.iter().zip(b) {
+        let scale = b.abs()?.max_all()?.to_scalar::<f32>()?;
+        // (max_diff sees NaNs, which candle's max passes over)
+        let err = crate::train::network::ops::testing::max_diff(a, b)? / scale;
+        if err.is_nan() || err > worst.0 {
+            worst = (err, name.clone());
+        }
+    }
+    Ok(worst)
+}
+
+/// A whole training step on the emulated device: every op's GPU path and
+/// glue on the same buffers as on a GPU, each plan run by the host
+/// emulation of CUDA under AddressSanitizer, cuBLAS and flash attention's
+/// forward by host references, the head in three slices; three steps
+/// against the CPU trainer's, in f32 (eager attention) and bf16-mixed
+/// (flash attention, the fused backward).
+#[test]
+fn three_steps_under_emulation_follow_the_cpu_trainer() -> Result<()> {
+    use crate::train::network::kernels::emulator::Flavor;
+    use crate::train::network::ops::emulated;
+    // (attention, bf16 products, tolerances of the losses, the first
+    // gradients and the parameters after; in bf16 AdamW's first steps move
+    // each parameter by ±lr whatever its gradient's size, so the signs of
+    // the smallest gradients decide them: not compared).
+    for (dtype, attention, bf16, tol) in [
+        (DType::F32, AttentionKind::Eager, false, [1e-6, 1e-5, 2e-3]),
+        (
+            DType::F32,
+            AttentionKind::Flash,
+            true,
+            [1e-3, 3e-2, f64::INFINITY],
+        ),
+        (
+            DType::BF16,
+            AttentionKind::Flash,
+            false,
+            [1e-3, 3e-2, f64::INFINITY],
+        ),
+    ] {
+        let s = wide_spec(attention, bf16);
+        let want = three_steps(&s)?;
+        let on_device = ModelSpec { dtype, ..s };
+        let Some(got) = emulated::on(Flavor::Address, || three_steps(&on_device)) else {
+            return Ok(());
+        };
+        let got = got?;
+        for (step, (g, w)) in got.losses.iter().zip(&want.losses).enumerate() {
+            assert!(
+                (g - w).abs() <= tol[0] * w.abs(),
+                "{attention:?}, bf16 {bf16}: step {step}'s loss {g} against the CPU's {w}"
+            );
+        }
+        for (what, got, want, tol) in [
+            ("gradient", &got.grads, &want.grads, tol[1]),
+            ("parameter after", &got.params, &want.params, tol[2]),
+        ] {
+            let (err, name) = worst_of(got, want)?;
+            assert!(
+                err as f64 <= tol,
+                "{attention:?}, bf16 {bf16}: `{name}`'s {what} off by {err:e} (relative)"
+            );
+        }
+    }
+    Ok(())
+}
