@@ -15,10 +15,8 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 
 const SH: &str = "sh";
 
-/// How many steps one render may take: a template is user input, and a loop
-/// of loops (`range(10000)` three deep) would otherwise run for hours. A
-/// manifest's values (a derived value, a run name, a command line) take tens
-/// of steps; a run's job script a few thousand.
+/// How many steps one render may take (a template is user input: loops
+/// three deep would run for hours); a value takes tens, a job script thousands.
 pub const VALUE_FUEL: u64 = 100_000;
 pub const SCRIPT_FUEL: u64 = 1_000_000;
 /// An array's or a block's script, one line per run (rendered once).
@@ -114,11 +112,8 @@ impl Engine {
     }
 
     /// Adds a command line: like [`Engine::add`], but a value written inside
-    /// quotes (`--data "{{ dataset }}"`, `--tag '{{ tag }}'`) is escaped for
-    /// those quotes rather than quoted again, so it reaches the program as
-    /// the text between them. Researchers quote out of habit; a second pair
-    /// of quotes would work for a plain value and split or keep its quotes
-    /// the day a value holds a space.
+    /// quotes (`--data "{{ dataset }}"`) is escaped for those quotes, not
+    /// quoted again (which would break the day a value holds a space).
     pub fn add_command(&mut self, name: &str, source: &str) -> Result<(), Error> {
         self.add(name, &escape_for_quotes(source))
     }
@@ -514,15 +509,10 @@ pub fn shell_quote(s: &str) -> String {
     }
 }
 
-/// The shell line that starts a job's program (under `bash -c`). A single
-/// simple command is `exec`ed, so that signals from SLURM (SIGUSR1 before
-/// the time limit, SIGTERM on preemption) reach the program itself rather
-/// than a shell that would die of them — through `env` where it starts
-/// with variable assignments (`OMP_NUM_THREADS=4 python3 train.py`: `exec`
-/// takes no assignments), and not at all for a shell builtin, which `exec`
-/// cannot start. A compound command line runs as written, under `pipefail`:
-/// a program that fails before a pipe (`train.py | tee log`) fails the run,
-/// not only the last command of the pipe.
+/// The shell line that starts a job's program (under `bash -c`): one simple
+/// command is `exec`ed (through `env` after assignments; builtins not) so
+/// SLURM's signals reach the program, not a shell; a compound line runs
+/// under `pipefail` (`train.py | tee log` fails with train.py).
 pub fn launch_line(command: &str) -> String {
     let compound = command.contains(['\n', ';', '&', '|', '(', '`']) || command.contains("$(");
     if compound {
@@ -540,10 +530,8 @@ pub fn launch_line(command: &str) -> String {
     }
 }
 
-/// Whether bash runs `word` itself, as a builtin or a reserved word
-/// (`compgen -b`, `compgen -k` of bash 5.2): `exec` cannot start it, and a
-/// line that begins with one (`exec python3 …`, `command python3 …`,
-/// `time …`) runs as written.
+/// Whether bash runs `word` itself (bash 5.2's `compgen -b` and `-k`):
+/// `exec` cannot start it, so a line beginning with one runs as written.
 fn is_builtin(word: &str) -> bool {
     const BASH: [&str; 80] = [
         ".",

@@ -18,11 +18,9 @@ use crate::config::RuntimeOptions;
 use crate::manifest::Diagnostics;
 use crate::util::stdout::outln;
 
-/// What clap has to say instead of a command: its help or version on
-/// standard output (exit 0), a usage error on standard error (exit 2). clap's
-/// own `exit` ignores a write that fails; here `sweep --help > /dev/full` is
-/// an error like any command's output that cannot be written, and a pipe
-/// closed early (`sweep --help | head -1`) ends it quietly.
+/// What clap has to say instead of a command: help or version on stdout
+/// (exit 0), a usage error on stderr (exit 2); unlike clap's own `exit`, a
+/// write that fails is an error (a closed pipe ends it quietly).
 pub fn said_by_clap(e: &clap::Error) -> ExitCode {
     use std::io::Write;
     let code = ExitCode::from(e.exit_code().clamp(0, 255) as u8);
@@ -184,14 +182,9 @@ fn dispatch(cmd: Cmd, root: &std::path::Path, rt: &RuntimeOptions) -> anyhow::Re
 /// `mi_option_purge_delay` in mimalloc 3's `mi_option_e` (mimalloc.h).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// Training (`sweep train`, the benchmarks) never hands freed memory back to
-/// the OS: every train step frees and allocates the same large activations
-/// and gradients again, and purged pages come back through page faults the
-/// kernel must zero (~10% of the step on the speed-goal model); its peak RSS
-/// is the same either way. Streaming commands (pretokenize) free buffers of
-/// many sizes and keep mimalloc's default, which returns them. (The binary
-/// makes mimalloc its allocator: glibc malloc spends a large share of the
-/// train step in page faults.)
+/// Training never hands freed memory back to the OS: each step allocates
+/// the same large buffers again, and purged pages come back as zeroed page
+/// faults (docs/performance.md); streaming commands keep mimalloc's default.
 pub fn keep_freed_memory() {
     // SAFETY: setting an option is thread-safe and valid at any time.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };

@@ -92,11 +92,9 @@ impl DatasetType {
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
 pub enum DataOrder {
-    /// One sample sequence over the whole dataset, the same whatever the
-    /// world size: the global batch of a step is the same samples on 1 rank
-    /// or 64, each rank training on its slice (Megatron's sampler). Runs of
-    /// a scaling study see the same data, and a run resumes on another world
-    /// size where it left off.
+    /// One sample sequence over the whole dataset whatever the world size,
+    /// each rank training on its slice (Megatron's sampler): a scaling
+    /// study's runs see the same data.
     #[default]
     Global,
     /// Each rank reads its own contiguous range of documents, as the
@@ -288,9 +286,7 @@ impl Default for MonitorConfig {
 }
 
 /// The most tokens one device may train on per step (batch × sequence ×
-/// accumulation): 2^28, 268 million, 16 times a 16M-token global batch on
-/// one device. A step's token ids are held in memory at once (12 bytes a
-/// token: 3.2 GB at this bound).
+/// accumulation), held in memory at once: 2^28 (3.2 GB of ids).
 pub const MAX_TOKENS_PER_STEP: usize = 1 << 28;
 
 // The largest values a run's counts may take: beyond them a value is a typo,

@@ -71,14 +71,9 @@ pub fn model_config_with(
 }
 
 /// Switches off a tokenizer.json's own truncation and padding, saying so:
-/// sweep cuts and pads samples itself ([`crate::data::samples`]), from each
-/// document's whole ids. Left on, a `truncation` saved with the file (a
-/// fine-tuning pipeline's `max_length`) cut every document to that length,
-/// in silence — a padding-free stream of 8-token documents from a
-/// `max_length` of 8 — and a `padding` padded only the batches that
-/// pretokenizing encodes, so its files differed from on-the-fly
-/// tokenization. transformers' tokenizers, too, use neither unless a call
-/// asks for it.
+/// sweep cuts and pads samples itself ([`crate::data::samples`]); a saved
+/// `max_length` would cut every document silently (transformers' calls
+/// too use neither unless asked).
 fn drop_own_shaping(inner: &mut tokenizers::Tokenizer, path: &Path) {
     let mut dropped = Vec::new();
     if let Some(t) = inner.get_truncation() {
@@ -232,10 +227,8 @@ impl TextTokenizer {
 
     /// Many documents at once, in parallel on the current rayon pool.
     pub fn documents_ids(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
-        // An `Encoding` keeps each token's string, offsets and masks, ~50
-        // times its id: a batch of a whole row group held hundreds of MB at
-        // once. Batches of this many documents bound that, with enough of
-        // them for the pool's threads.
+        // An `Encoding` is ~50 times its ids: batches this size bound the
+        // memory, with enough of them for the pool's threads.
         const DOCS_PER_BATCH: usize = 64;
         let mut out = Vec::with_capacity(texts.len());
         for batch in texts.chunks(DOCS_PER_BATCH) {

@@ -179,13 +179,9 @@ fn replicated_share(cfg: &TrainConfig, model: &ModelConfig) -> f64 {
     model.total_params() as f64 * param_bytes
 }
 
-/// One rank's parameters, gradients, master values and moments. ZeRO-1
-/// keeps 1/N of the moments, a 1/N copy of the parameters (the master
-/// values it updates) and a 1/N block of the summed gradients; ZeRO-2 also
-/// drops each gradient buffer once its sum is scattered, so that at the
-/// backward's peak only the embedding table's gradient (summed last, by
-/// rows) and a bucket in flight remain — unless micro-batches accumulate,
-/// which keep every buffer until the last.
+/// One rank's parameters, gradients, master values and moments, as `zero`
+/// shares them out (docs/data-parallelism.md: ZeRO-2 drops each gradient
+/// buffer once scattered, unless micro-batches accumulate).
 fn states_by_kind(cfg: &TrainConfig, model: &ModelConfig, world_size: usize) -> States {
     let one = replicated_share(cfg, model);
     let share = one / world_size.max(1) as f64;
@@ -230,10 +226,8 @@ fn estimate_with_slices(
     } else {
         4.0
     };
-    // Parameters, their gradient buffers, two moments (as `zero` shares
-    // them out); on the composed path bf16-mixed keeps bf16 weights for its
-    // products, and accumulation makes a new sum of the gradients (the
-    // fused path adds in place).
+    // On the composed path bf16-mixed keeps bf16 weights for its products,
+    // and accumulation makes a new sum (the fused path adds in place).
     let by_kind = states_by_kind(cfg, model, world_size);
     let mut states =
         (by_kind.parameters + by_kind.gradients + by_kind.master + by_kind.moments) as f64;

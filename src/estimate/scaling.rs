@@ -77,12 +77,8 @@ pub enum Traffic {
     /// Every gradient, in buckets of [`BUCKET_BYTES`] (PyTorch DDP: the
     /// reference study's logs, on which the constants were fitted).
     Dense,
-    /// sweep's trainer: the other gradients in buckets that close at a
-    /// block's end (at least [`MIN_BUCKET_BYTES`], at most
-    /// [`BUCKET_BYTES`]), the last one block 0's; then the token
-    /// embedding's by rows — first the ranks' marks of the rows they used
-    /// (one f32 per row of the vocabulary), then those rows (at most the
-    /// step's tokens over all ranks).
+    /// sweep's trainer: buckets closing at a block's end, the last block 0's;
+    /// then the embedding's used rows (the ranks' marks, then the rows).
     Builtin,
 }
 
@@ -219,12 +215,9 @@ impl Fitted {
         } else {
             hw.inter_node_gbps
         }?;
-        // A ring all-reduce is a reduce-scatter and an all-gather, each
-        // moving (w − 1)/w of the bytes. ZeRO (`zero` ≥ 1) sums the buckets
-        // by the reduce-scatter alone during the backward pass and gathers
-        // every updated parameter — the embedding's table whole — after the
-        // optimizer, where nothing hides it: the same bytes for the buckets,
-        // the gather exposed.
+        // A ring all-reduce is a reduce-scatter and an all-gather, (w − 1)/w
+        // of the bytes each; ZeRO's gather of the parameters comes after the
+        // optimizer, where nothing hides it.
         let half = (w - 1) as f64 / w as f64;
         let ring = if cfg.zero > 0 { half } else { 2.0 * half };
         let seconds = |bytes: f64| ring * bytes / (gbps * 1e9);

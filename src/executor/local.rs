@@ -592,14 +592,9 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
     })
 }
 
-/// The job's program under a shell that writes `<job id> <$?>` into the run
-/// directory's `exit_code` as it exits (as the SLURM job scripts do), and
-/// that outlives a stop signal until its program has ended, so that it
-/// records the program's own status. With `sweep` (the sweep binary, for a
-/// run), the shell records what the run runs on first (`sweep fingerprint`,
-/// into its `environment.json`) and adds the host's load as it ends
-/// (`--end`), as the job script does: in the job, beside the others, not in
-/// the loop that starts them (its load sample takes a quarter second).
+/// The job's program under a shell that outlives a stop signal and writes
+/// `<job id> <$?>` into `exit_code` (as the SLURM job scripts do); with
+/// `sweep`, it also records the host's fingerprint and load at both ends.
 fn recording_exit(program: &Command, dir: &Path, job_id: &str, sweep: Option<&Path>) -> Command {
     const SCRIPT: &str = r#"dir=$1 ref=$2 sweep=$3; shift 3
 trap 'rc=$?; printf "%s %s\n" "$ref" "$rc" >"$dir/.exit_code.tmp" && mv -f "$dir/.exit_code.tmp" "$dir/exit_code"' EXIT
@@ -716,10 +711,8 @@ fn exit_status(exit: std::process::ExitStatus) -> Status {
     }
 }
 
-/// The state of a local job, checking that its process (or, while pending,
-/// the `sweep` that owns it) still exists. A job whose `sweep` is gone is
-/// read from what it left in its directory: its recorded exit status, or
-/// INTERRUPTED when it never started or was killed without recording one.
+/// The state of a local job: live while its process (or pending `sweep`)
+/// exists, else its recorded exit status, or INTERRUPTED.
 pub fn status(dir: &Path, job_id: &str) -> Status {
     let Some(s) = LocalState::load(dir) else {
         return Status::new(State::Unknown).with_reason("no local.json in the run directory");
@@ -754,10 +747,8 @@ pub fn peek_state(dir: &Path) -> Option<State> {
     LocalState::load(dir).map(|s| s.state)
 }
 
-/// What a job left running in its process group once its shell exited (a
-/// `cmd &` nobody waited for, a worker that outlived its parent) is stopped,
-/// as SLURM stops a job's processes when its script ends: none of it may take
-/// cores from the next run, which it would slow unseen. Said in the job's log.
+/// Stops what a job left running in its process group (as SLURM does when
+/// a script ends: it would slow the next run unseen); said in the job's log.
 fn stop_leftovers(pgid: u32, dir: &Path) {
     let Some(stopped) = stop_group(pgid) else {
         return;

@@ -17,18 +17,10 @@ pub fn mpirun(ranks: u32, argv: &[&str]) -> Result<Command> {
         .env("WORLD_SIZE", ranks.to_string())
         .env_remove("RANK")
         .env_remove("LOCAL_RANK");
-    // Open MPI: more ranks than cores is allowed, rayon threads are not
-    // pinned to one core, root (containers, CI) may run it, a rank waiting
-    // in MPI yields its core (the thread that sums gradients during the
-    // backward pass shares the cores with the compute), and the
-    // shared-memory transport copies large messages in one step where this
-    // machine lets one process read another's memory (else through shared
-    // buffers: the single-copy mechanism fails inside many VMs and
-    // containers). Inside a SLURM allocation of several nodes (`sbatch
-    // --nodes=2 --wrap "sweep run --executor local …"`) the ranks stay on
-    // this machine: Open MPI would read the allocation and start one rank
-    // a node through srun. A setting already in the environment wins. MPICH
-    // ignores these.
+    // Open MPI on one machine: oversubscribed, unpinned, as root, yielding
+    // while waiting (the summing thread shares the cores), single-copy only
+    // where cross-memory attach works, and never through an allocation's
+    // srun. A setting already in the environment wins; MPICH ignores these.
     let unset = |key: &str| std::env::var_os(key).is_none();
     for (key, value) in [
         ("OMPI_MCA_ras", "^slurm"),

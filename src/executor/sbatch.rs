@@ -86,14 +86,9 @@ pub fn sbatch(args: &[String], script: &Path, dry_run: bool) -> Result<Answer> {
     }
 }
 
-/// The `SBATCH_*` variables of sweep's environment that would override an
-/// option the script's `#SBATCH` lines set: sbatch takes its input
-/// variables over the script's lines, so an `SBATCH_PARTITION` or
-/// `SBATCH_TIMELIMIT` in a login shell's profile would run a study elsewhere
-/// than its manifest (and its records) say, an `SBATCH_OUTPUT` or
-/// `SBATCH_ERROR` put a job's log where sweep never reads it. A variable for
-/// an option the script leaves unset (a default `SBATCH_ACCOUNT`) applies.
-/// `set`: whether a variable is set.
+/// The `SBATCH_*` variables set (`set`) that would override an option the
+/// script's `#SBATCH` lines set (sbatch prefers them: a profile's
+/// `SBATCH_PARTITION` would run a study elsewhere than its records say).
 fn overriding_env(script: &str, set: impl Fn(&str) -> bool) -> Vec<&'static str> {
     let mut names = Vec::new();
     let options = script
@@ -112,14 +107,9 @@ fn overriding_env(script: &str, set: impl Fn(&str) -> bool) -> Vec<&'static str>
     names
 }
 
-/// The variables of the SLURM allocation sweep runs in (`salloc`, an
-/// interactive `srun --pty bash`, a job), which sbatch would pass on to every
-/// job's environment (`--export=ALL`): they describe that allocation, not the
-/// job's, and an `srun` in the job reads them — `SLURM_MEM_PER_CPU` beside
-/// the job's own `SLURM_MEM_PER_NODE` is `srun: fatal: … mutually
-/// exclusive`, an `SRUN_CPUS_PER_TASK` gives each run the allocation's
-/// cores. Outside an allocation (no `SLURM_JOB_ID`), none; the user's own
-/// settings (`SLURM_CONF`, `SLURM_CLUSTERS`, `SLURM_TIME_FORMAT`) are kept.
+/// The variables of the allocation sweep runs in, which `--export=ALL` would
+/// pass to every job's `srun` (`SLURM_MEM_PER_CPU` beside the job's own is
+/// fatal); none outside one; the user's settings (`SLURM_CONF`, ...) kept.
 fn allocation_env(names: &[String]) -> Vec<&str> {
     const KEPT: [&str; 4] = [
         "SLURM_CONF",
@@ -147,13 +137,9 @@ fn say_once(what: &str, line: impl FnOnce() -> String) {
     }
 }
 
-/// The limit SLURM names where it refuses a job because of the jobs one
-/// has queued already (`QOSMaxSubmitJobPerUserLimit`,
-/// `QOSMaxSubmitJobPerAccountLimit`, `AssocMaxSubmitJobLimit`,
-/// `AssocGrpSubmitJobsLimit`, `QOSGrpSubmitJobsLimit`). The policy line
-/// after it ("Job violates accounting/QOS policy (job submit limit, user's
-/// size and/or time limits)") is the same for limits no wait lifts (a time
-/// over the QOS's), so the name decides.
+/// The limit SLURM names where it refuses a job for the jobs already queued
+/// (`QOSMaxSubmitJobPerUserLimit`, ...): the name decides, as the policy
+/// line is the same for limits no wait lifts.
 fn submit_limit(stderr: &str) -> Option<&str> {
     stderr
         .split(|c: char| !c.is_ascii_alphanumeric())
@@ -179,11 +165,9 @@ fn parse_queued_for(out: &str, script: &Path) -> Option<String> {
         .map(|id| id.to_string())
 }
 
-/// The job id in what `sbatch --parsable` printed: `<id>` or, on a cluster
-/// of a federation, `<id>;<cluster>`, on its last line. Some sites' sbatch
-/// (a wrapper, a submit plugin) prints notices before it on standard
-/// output, or drops `--parsable` (`Submitted batch job <id>`): the job is
-/// queued all the same, and its id must not be lost.
+/// The job id in what `sbatch --parsable` printed (`<id>` or `<id>;<cluster>`
+/// on its last line), or in `Submitted batch job <id>` where a site's
+/// wrapper prints notices or drops `--parsable`.
 fn parse_job_id(out: &str) -> Option<&str> {
     let last = out.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
     let id = match last.strip_prefix("Submitted batch job ") {

@@ -74,12 +74,9 @@ pub fn array(
     )
 }
 
-/// Block `block`'s script: the allocation's header, then each run's own
-/// `job.sbatch` in the block's order, with the records that tell each run's
-/// state (`started`, then the run's `exit_code`). A run that fails does not
-/// end the block; a requeued block (the same job started again) skips the
-/// runs that completed in it and starts the others afresh (a run
-/// interrupted on SIGUSR1 resumes from its checkpoint).
+/// Block `block`'s script: the allocation's header, then each run's
+/// `job.sbatch` in order with its state records; a failed run does not end
+/// the block, and a requeued block skips the runs it completed.
 pub fn block(
     study_dir: &Path,
     block: u32,
@@ -96,10 +93,8 @@ pub fn block(
     write(study_dir, crate::layout::BLOCKS_DIR, &stem, &text, dry_run)
 }
 
-/// Writes a script as `results/<study>/<dir>/<stem>-<hash>.sbatch`, named
-/// by its content so that submitting the same again reuses it; makes the
-/// study's `logs/` its jobs log into. Returns the path (on a dry run,
-/// without writing).
+/// Writes a script as `results/<study>/<dir>/<stem>-<hash>.sbatch` (named by
+/// its content: the same is reused) and makes `logs/`; returns the path.
 fn write(study_dir: &Path, dir: &str, stem: &str, text: &str, dry_run: bool) -> Result<PathBuf> {
     let id = crate::util::hash::sha256_bytes(text.as_bytes());
     let scripts = study_dir.join(dir);

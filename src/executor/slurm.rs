@@ -14,14 +14,9 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// What runs must share to go out as one array: their `#SBATCH` header and
-/// the array throttle. Whatever stage they wait for, runs that share these
-/// go out together, in the plan's order (repeats interleaved, or block by
-/// block), the array waiting for every stage its runs need: split by stage,
-/// the runs without one would all run first and the others after them —
-/// the studied axis confounded with the hour.
-/// Runs share an array when they share their header, throttle and the
-/// nodes they leave out.
+/// What runs must share to go out as one array: header, throttle, excluded
+/// nodes — not their stage (split by stage, the studied axis would be
+/// confounded with the hour: the array waits for every stage its runs need).
 type ArrayKey = (Vec<String>, Option<u32>, Vec<String>);
 
 /// One `sbatch` call.
@@ -74,11 +69,8 @@ impl Executor for SlurmExecutor {
             .collect())
     }
 
-    /// Records each cancel in its run directory, then cancels the jobs:
-    /// SLURM soon forgets a job that never started, and then only the
-    /// record says how it ended. Recorded first, so that a `sweep run`
-    /// holding runs back sees the cancel before the jobs' end makes room
-    /// for them; taken back where `scancel` fails.
+    /// Records each cancel in its run directory (SLURM soon forgets a job
+    /// that never started), before `scancel` frees room; taken back where it fails.
     fn cancel(&self, jobs: &[(&str, &Path)]) -> Result<()> {
         let ids: Vec<String> = jobs.iter().map(|(id, _)| id.to_string()).collect();
         for (id, dir) in jobs {
@@ -92,10 +84,8 @@ impl Executor for SlurmExecutor {
     }
 }
 
-/// Submits what `decisions` says, stages first; records every job id in its
-/// unit's record, and says so (`on`), as soon as sbatch returns it. Where
-/// SLURM refuses more jobs for a limit on the jobs one may have queued at
-/// once, the rest is held back, said in what it returns.
+/// Submits what `decisions` says, stages first, recording each job id as
+/// sbatch returns it; past SLURM's queued-jobs limit the rest is held back.
 pub fn submit(
     study_dir: &Path,
     units: &mut [Unit],
@@ -211,13 +201,9 @@ fn after(dep: &[String]) -> Vec<String> {
     after_and(dep, None)
 }
 
-/// `--dependency` for the jobs `dep` names (`afterok`) and, where given, a
-/// job to wait for however it ends (`afterany`): one option, as sbatch
-/// keeps only the last `--dependency` it is given. A job waiting for a stage
-/// that fails is cancelled by SLURM (`--kill-on-invalid-dep=yes`): without
-/// it, on a cluster that does not set `kill_invalid_depend` (SLURM's
-/// default), it would stay PENDING (DependencyNeverSatisfied) for ever, and
-/// `sweep run` with it.
+/// One `--dependency` (sbatch keeps only the last): `afterok` on `dep`,
+/// `afterany` on `any`; with `--kill-on-invalid-dep=yes`, else a failed
+/// stage leaves its dependants PENDING for ever where SLURM's default holds.
 fn after_and(dep: &[String], any: Option<&str>) -> Vec<String> {
     let mut parts = Vec::new();
     if !dep.is_empty() {
@@ -591,11 +577,8 @@ pub(crate) fn parse_squeue(out: &str) -> HashMap<String, Status> {
     map
 }
 
-/// `sacct` knows jobs long after squeue forgets them, where accounting runs;
-/// without slurmdbd it fails, and the exit-code files are the fallback.
-/// Asked about a thousand jobs at a time: the ids of a large study's jobs,
-/// as one argument, would pass the kernel's limit on one (128 KiB; `Argument
-/// list too long`) and every state would go unasked.
+/// `sacct` (where accounting runs; else the exit-code files), a thousand
+/// jobs a call: one argument of every id would pass the kernel's 128 KiB.
 fn sacct(ids: &[&str]) -> HashMap<String, Status> {
     ids.chunks(1000).flat_map(sacct_some).collect()
 }

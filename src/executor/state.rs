@@ -23,11 +23,8 @@ pub enum State {
     /// nodes that stopped first; the job's record in `run.json` and `watchdog.log` in the
     /// run directory hold the evidence.
     Hung,
-    /// Stopped by an interrupt of the `sweep` that ran it (Ctrl-C, SIGTERM,
-    /// SIGHUP), never started because that `sweep` ended first, or stopped
-    /// after writing a checkpoint with nobody left to restart it. Not a
-    /// failure: the next `sweep run`/`submit` runs it again (from its
-    /// checkpoint, where it wrote one).
+    /// Stopped (or never started) by an interrupt of the `sweep` that ran
+    /// it. Not a failure: the next `sweep run`/`submit` runs it again.
     Interrupted,
     /// Submitted, but neither the scheduler nor the run directory knows how it ended.
     Unknown,
@@ -92,10 +89,8 @@ pub struct Status {
     pub signal: Option<i32>,
     pub reason: Option<String>,
     pub job_id: Option<String>,
-    /// How long the job ran, in whole seconds, where the executor knows:
-    /// the local executor from its record of the start and the end, SLURM
-    /// from `sacct` (where accounting runs). The report's wall time of a run
-    /// whose log has no clock.
+    /// How long the job ran, in whole seconds, where the executor knows
+    /// (the report's wall time of a run whose log has no clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_s: Option<u64>,
 }

@@ -146,9 +146,7 @@ pub const STAT_SUFFIXES: [&str; 7] = [
 ];
 
 /// Why a foreign group of a line pattern cannot have columns of its own:
-/// one it would make (`<group>`, `<group>_mean`, ...) is one the report
-/// makes already, or an axis's (`axes`: their keys). Its statistics would
-/// be lost, or the report fail once every job ran.
+/// one it would make (`<group>_mean`, ...) is the report's or an axis's.
 pub fn group_collides(group: &str, axes: &[&str]) -> Option<String> {
     let made = std::iter::once(group.to_string())
         .chain(STAT_SUFFIXES.iter().map(|s| format!("{group}{s}")));
@@ -256,10 +254,8 @@ pub fn memory_unit(group: &str) -> Option<f64> {
     unit_of(group, &MEMORY_UNITS)
 }
 
-/// Why `roles` do not fit a line pattern's named groups (a role naming no
-/// group, or a known field, a memory group without a unit in its name, a
-/// step-time group without a unit in its name or in what it matches), with
-/// the role's key (`memory`, `throughput`).
+/// Why `roles` do not fit a line pattern's named groups (no such group, a
+/// known field, no unit), with the role's key (`memory`, `throughput`).
 pub fn check_roles(re: &regex::Regex, roles: &Roles) -> Result<(), (&'static str, String)> {
     let groups: Vec<&str> = re.capture_names().flatten().collect();
     for (key, group) in [

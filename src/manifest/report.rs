@@ -213,9 +213,7 @@ impl Fault {
 
 impl ReportSpec {
     /// What is wrong with the settings that read a program's log and find
-    /// its FLOPs: the groups they name against the line_pattern's (an
-    /// invalid pattern is said where it is parsed), and what TFLOP/s and
-    /// MFU would come from.
+    /// its FLOPs (groups against the line_pattern's; where TFLOP/s and MFU come from).
     pub fn faults(&self) -> Vec<Fault> {
         let mut out = self.group_faults();
         out.extend(self.flops_faults());

@@ -218,10 +218,8 @@ pub const SIGNAL_GRACE: u32 = 120;
 /// file system's 255-byte names still hold.
 const MAX_JOB_NAME: usize = 200;
 
-/// Why SLURM could not start a job of this name: its log is the run
-/// directory's `%x-%j.out`, and a `/` in the name (`%x`) names a directory
-/// that is not there, a name past [`MAX_JOB_NAME`] a file no file system
-/// holds: every job would fail to launch, with no log to say why.
+/// Why SLURM could not start a job of this name (its log is `%x-%j.out`: a
+/// `/` or a name past [`MAX_JOB_NAME`] fails every launch, with no log).
 fn job_name_fault(name: &str) -> Option<String> {
     if name.trim().is_empty() {
         return Some("`job_name` is empty: leave it out for the study's name".into());

@@ -394,11 +394,8 @@ pub const RANK_VARIABLES: [&str; 7] = [
     "NODE_RANK",
 ];
 
-/// The job's own variables (`templates/_prologue.sh.j2`, the local
-/// executor's): the run's directory, where its log, exit status and records
-/// go, the job it runs as, and the local executor's count of its restarts.
-/// Exported after them, a study's value would send those elsewhere: the
-/// run would end with no status sweep can find.
+/// The job's own variables (`templates/_prologue.sh.j2`): a study's value
+/// exported after them would send the run's log and status elsewhere.
 const SCRIPT_VARIABLES: [&str; 4] = ["RUN_DIR", "JOB_REF", "SWEEP_RUN_DIR", "SWEEP_RESTART_COUNT"];
 
 /// Why `[slurm] env` may not set `name`, and what to do instead.
@@ -427,10 +424,8 @@ pub fn env_fault(name: &str) -> Option<(String, String)> {
     ))
 }
 
-/// Every `extra_sbatch` and `srun_args` entry of a run's `[slurm]` left to
-/// it (an axis may change what its `[slurm]` writes; `env` is no axis, and
-/// [`env_fault`] is asked of the manifest's): the key at fault and why,
-/// else nothing.
+/// The key at fault and why, where an `extra_sbatch` or `srun_args` entry
+/// of a run's `[slurm]` sets what sweep's scripts set.
 pub fn check(spec: &SlurmSpec) -> Result<(), (&'static str, String)> {
     let sbatch = spec
         .extra_sbatch

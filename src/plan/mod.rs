@@ -74,11 +74,8 @@ impl Run {
         u32::try_from(self.slurm.tasks()).unwrap_or(u32::MAX)
     }
 
-    /// How the run's processes start under `executor`: the built-in
-    /// trainer's ranks by `srun` on SLURM and `mpirun` on this machine (one
-    /// rank here: no launcher); a command's by its `launcher`, else none for
-    /// one rank, else the executor's own. An error says why a launcher
-    /// cannot start the run there.
+    /// How the run's processes start under `executor` (the trainer's ranks by
+    /// `srun` or `mpirun`; a command's by its `launcher`), or why they cannot.
     pub fn launcher_on(&self, executor: ExecutorKind) -> Result<Launcher, String> {
         let several = self.world_size() > 1;
         use ExecutorKind::{Local, Slurm};

@@ -116,10 +116,8 @@ pub struct StudyRecord {
     /// The study's current attempt (`sweep run --again` counts them).
     #[serde(default = "first_attempt")]
     pub attempt: u32,
-    /// The current attempt's id, drawn at random when the attempt begins
-    /// (the study's first render, `--again`): the runs rendered in it carry
-    /// it, and the history pools them as one attempt by it. A study moved
-    /// away and run again begins a new attempt, whatever its count says.
+    /// The current attempt's id, drawn when it begins: its runs carry it, and
+    /// the history pools them by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_id: Option<String>,
     /// A blocked design's seed (`[sweep] order_seed`): what its orders are
@@ -194,10 +192,8 @@ impl UnitKind {
     }
 }
 
-/// What a run is a repeat of: the configuration its repeats share (the
-/// id of the run's identity without the repeat number) and its name (the
-/// name of its runs without a repeat suffix; with a name template that
-/// writes the repeat itself, the name of its first repeat).
+/// What a run is a repeat of: its repeats' shared configuration id and name
+/// (without the repeat suffix, or its first repeat's).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Configuration {
     pub id: String,
@@ -246,11 +242,9 @@ pub struct RunRecord {
     /// Its block and place in a blocked design (runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<DesignSlot>,
-    /// This run's measurement: an id drawn at random when its directory is
-    /// made afresh (its first render, `--again`, `--replace-changed`) and
-    /// kept for as long as the directory lives (runs only). The history
-    /// records a measurement once per id: a study moved, copied or renamed
-    /// records nothing twice, and a run made afresh is a new measurement.
+    /// This run's measurement id, drawn when its directory is made afresh and
+    /// kept while it lives: the history records each once (a copied study
+    /// records nothing twice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_id: Option<String>,
     /// The study attempt it was rendered in (`study.json`'s `attempt_id`):
@@ -296,10 +290,8 @@ impl RunRecord {
         self.jobs.last()
     }
 
-    /// The run's measurement id and its study attempt's, as the history
-    /// keys them. A record written before sweep drew them has ids derived
-    /// from what it does hold (run id, creation time and first job; study
-    /// and attempt count), the same for every copy of it.
+    /// The run's measurement id and its study attempt's, as the history keys
+    /// them (derived from what an older record holds where it has none).
     pub fn attempt_ids(&self) -> (String, String) {
         let derived = |text: String| {
             format!(
@@ -325,10 +317,8 @@ impl RunRecord {
     }
 }
 
-/// The words of a job's record file in a run directory (`exit_code`:
-/// `<job id> <$?>`, written by the job's shell under both executors;
-/// `cancelled`: `<job id>`), when it names `job_id`: a record an earlier
-/// job left is never taken for this one's.
+/// The words of a job's record file (`exit_code`: `<job id> <$?>`;
+/// `cancelled`: `<job id>`) when it names `job_id`, not an earlier job.
 pub fn job_record(dir: &Path, file: &str, job_id: &str) -> Option<Vec<String>> {
     // A record is a line; anything longer is not one of ours.
     let bytes = crate::util::fs::read_regular(&dir.join(file), 4096, None).ok()?;

@@ -133,12 +133,9 @@ fn log_pattern(plan: &Plan) -> Option<regex::Regex> {
     }
 }
 
-/// Whether the run a directory holds (`old`) failed before its first
-/// metric: its last job exited with an error (its `exit_code`; a requeue's
-/// 99 is no end), and it left no metrics, no checkpoint and no log line its
-/// study's line pattern matches. Nothing of it is a measurement: a changed
-/// command renders the run afresh without `--replace-changed` (its directory
-/// is moved aside, kept whole, as that does).
+/// Whether the run a directory holds (`old`) failed before its first metric
+/// (an error exit, not a requeue's 99; no metrics, checkpoint or matched log
+/// line): nothing of it is a measurement, so a changed run replaces it.
 fn failed_empty(dir: &Path, old: &RunRecord, pattern: Option<&regex::Regex>) -> bool {
     let Some(job) = old.jobs.last() else {
         return false;
@@ -316,10 +313,8 @@ fn render_stage(
     })
 }
 
-/// The study's current attempt, as its `study.json` counts them (1 for a
-/// study not rendered yet), and its id (a new one for a study not rendered
-/// yet, or whose record has none). A record that cannot be read is an
-/// error: its count would be lost.
+/// The study's current attempt and its id, as `study.json` records them (1
+/// and a new id before the first render); an unreadable record is an error.
 fn current_attempt(plan: &Plan) -> Result<(u32, String), Diagnostics> {
     match StudyRecord::load(&plan.study_dir) {
         Ok(rec) => Ok(match rec {
@@ -578,11 +573,8 @@ fn fresh_dir(parent: &Path) -> Result<PathBuf> {
 }
 
 /// Starts the study's next attempt (`sweep run --again`): moves every run
-/// directory of the plan, kept whole, to
-/// `results/<study>/attempts/<attempt>/<run>` and counts one more attempt
-/// in `study.json`, so that rendering makes every run afresh. Returns the
-/// attempt moved aside and where it went. Stopped half-way, it is run again
-/// safely: what was moved stays moved.
+/// directory to `results/<study>/attempts/<attempt>/<run>` and counts one
+/// more attempt; returns the attempt and where it went. Safe to run again.
 pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
     let (attempt, _) = current_attempt(plan).map_err(anyhow::Error::new)?;
     // A count read from a file: its next one may not exist.

@@ -358,12 +358,9 @@ pub fn verdicts(
         .collect()
 }
 
-/// About how many runs a side would turn an inconclusive ratio into a
-/// decision at the spread observed: the interval's half-width (log scale)
-/// shrinks as 1/√n, and it must shrink below the distance to 1 (a
-/// significant change beyond the threshold) or to the threshold's edge (an
-/// equivalence), whichever is nearer. None where neither can be reached
-/// (the ratio sits on the threshold) or beyond 1000 runs.
+/// About how many runs a side would decide an inconclusive ratio at the
+/// spread observed (the half-width shrinks as 1/√n to the nearer of 1 and
+/// the threshold's edge); None if unreachable or beyond 1000 runs.
 fn runs_to_decide(r: &RatioCi, runs: usize, threshold_pct: f64) -> Option<usize> {
     let half = (r.high / r.low).ln() / 2.0;
     let d = r.ratio.ln().abs();
@@ -381,9 +378,8 @@ fn runs_to_decide(r: &RatioCi, runs: usize, threshold_pct: f64) -> Option<usize>
 
 // Two studies side by side (`sweep compare A B`).
 
-/// One configuration present on both sides: each side's mean tokens/s
-/// with its interval, and B judged against A (its `ratio` is B's speedup
-/// over A).
+/// One configuration on both sides: each side's mean tokens/s with its
+/// interval, and B judged against A (`ratio`: B's speedup).
 #[derive(Debug, Clone)]
 pub struct Row {
     pub a: Option<MeanCi>,
@@ -529,8 +525,7 @@ pub fn compare(
 }
 
 /// The fields in which each configuration's runs differ between the sides
-/// (its first run on each side stands for it: repeats share their
-/// configuration), merged where several configurations differ alike.
+/// (its first run stands for it), merged where several differ alike.
 fn differences(
     both: &[(&summary::Row, &summary::Row)],
     sa: &Summary,

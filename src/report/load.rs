@@ -211,11 +211,8 @@ pub(super) fn command_pattern(
         .transpose()
 }
 
-/// Each planned run's state, from the record `render` wrote in its
-/// directory (`run.json`, with its jobs), and whether the directory's files
-/// are that run's: a run not yet rendered is unsubmitted, and a directory
-/// that holds another run (of an earlier version of the manifest) or an
-/// unreadable record says so, its files left unread.
+/// Each planned run's state from its `run.json`, and its record where the
+/// directory's files are that run's (another run's are left unread).
 fn planned_states(plan: &Plan) -> Vec<(Status, Option<RunRecord>)> {
     use executor::State;
     let loaded: Vec<Result<RunRecord, Status>> = plan
@@ -271,9 +268,8 @@ fn devices(plan: &Plan) -> Vec<String> {
     out
 }
 
-/// Every run directory (with a `run.json`) of `results/<study>`. A
-/// directory whose `run.json` cannot be read is a run of its own, listed
-/// among the problems with why.
+/// Every run directory (with a `run.json`) of `results/<study>`; one whose
+/// record cannot be read is a run listed among the problems.
 fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     let study = dir_study_name(dir);
     let (mut found, mut broken) = run_dirs(dir)?;
@@ -353,9 +349,8 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
 /// A run directory found, with its record.
 type Found = (RunRecord, PathBuf);
 
-/// The run directories of a results directory: each with its record, and
-/// those whose record cannot be read (or is gone while their logs are
-/// there) as runs that say why.
+/// The run directories of a results directory with their records, and those
+/// whose record cannot be read (or is gone) as runs that say why.
 fn run_dirs(dir: &Path) -> Result<(Vec<Found>, Vec<RunLog>)> {
     let mut found: Vec<Found> = Vec::new();
     let mut broken: Vec<RunLog> = Vec::new();
@@ -477,10 +472,8 @@ fn has_run_logs(dir: &Path) -> bool {
     })
 }
 
-/// The runs of imported files: their stems (`lsai_1n_bs8.out` is
-/// `lsai_1n_bs8`) where those are distinct, else each file's path relative
-/// to the files' common directory, without its extension (twelve
-/// `node*/local.out` are `node1/local`, `node2/local`, ...).
+/// The runs of imported files: their stems where distinct, else their paths
+/// from the common directory without extension (`node1/local`, ...).
 fn import_names(paths: &[PathBuf]) -> Vec<String> {
     let stem = |p: &Path| {
         p.file_stem()
@@ -517,9 +510,8 @@ fn import_names(paths: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
-/// Foreign log files, one run each (named after the file), and their paths.
-/// A file that cannot be read is a run with its reason, listed among the
-/// report's problems.
+/// Foreign log files, one run each (named after the file), and their paths;
+/// one that cannot be read is a run with its reason.
 fn load_import(
     glob: &str,
     format: LogFormat,
@@ -600,9 +592,8 @@ fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
     }
 }
 
-/// What a run's `environment.json` tells the report: where it ran (its
-/// allocation's nodes, for a blocked design's note) and how busy its host
-/// was without it.
+/// What a run's `environment.json` tells the report: its nodes and how busy
+/// its host was without it.
 fn environment(run: &mut RunLog) {
     let Some(dir) = &run.dir else { return };
     let Ok(Some(f)) = crate::executor::fingerprint::Fingerprint::load(dir) else {
@@ -696,10 +687,8 @@ fn read_run(name: &str, dir: &Path, study_dir: &Path, status: Status, figures: F
     run
 }
 
-/// A command run's points: each `*.out` log of its directory read with the
-/// pattern. Where a completed run's log never matched, the reason says what
-/// the log says instead (a pattern that does not fit the program's lines is
-/// the likely cause) rather than "no metrics".
+/// A command run's points from its `*.out` logs; where a completed run's log
+/// never matched, the reason quotes what it says instead.
 fn read_pattern_logs(
     run: &mut RunLog,
     dir: &Path,
@@ -732,9 +721,7 @@ fn read_pattern_logs(
             Err(why) => run.issues.push(why),
         }
     }
-    // A log the pattern never matched: say so, with what the log
-    // says instead (a pattern that does not fit the program's lines
-    // is the likely cause), rather than "no metrics".
+    // A log the pattern never matched: quote what it says instead.
     let completed = run.status.state == crate::executor::State::Completed;
     let none = run.points.is_empty() && completed && run.issues.is_empty();
     if let Some((log, (count, first))) = missed.filter(|_| none) {

@@ -28,9 +28,8 @@ pub struct ReportOptions {
     pub skip_first: Option<usize>,
     pub baseline: Option<String>,
     pub group_by: Vec<String>,
-    /// Where summary.{md,csv,parquet}, report.html and the charts (in
-    /// `plots/` inside it) go (default: `results/<study>`, charts in
-    /// `plots/<study>`).
+    /// Where the report's files and its `plots/` go (default:
+    /// `results/<study>`, charts in `plots/<study>`).
     pub out: Option<PathBuf>,
     pub plots: bool,
     /// Runs are still going: the page reloads itself.
@@ -67,9 +66,8 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
     s.problems.extend(spec.stale);
     let (own, plots) = places(root, source, &study, &opts.group_by);
     let out = opts.out.clone().unwrap_or_else(|| own.clone());
-    // Written elsewhere (`--out`), the whole report goes there, charts too:
-    // a study that cannot be written (a colleague's, a read-only snapshot)
-    // is reported into a folder of one's own.
+    // With `--out` the whole report goes there, charts too (a read-only
+    // study is reported into a folder of one's own).
     let plots = match &opts.out {
         Some(out) => out.join(PLOTS_DIR),
         None => plots,
@@ -138,9 +136,8 @@ pub fn run(root: &Path, source: &Source, opts: &ReportOptions) -> Result<Report>
 /// The folder of a report's charts under `--out`.
 pub const PLOTS_DIR: &str = "plots";
 
-/// Whether a report's folder may be written, checked before anything is: a
-/// read-only study is said as such, with the way round it, not as the first
-/// temporary file that could not be made. `asked`: the folder is `--out`'s.
+/// Whether a report's folder may be written, checked first so that a
+/// read-only study is said as such (`asked`: the folder is `--out`'s).
 fn writable(dir: &Path, asked: bool) -> Result<()> {
     let Err((existing, why)) = crate::util::fs::writable(dir) else {
         return Ok(());
@@ -159,10 +156,8 @@ fn writable(dir: &Path, asked: bool) -> Result<()> {
     )
 }
 
-/// Where a report goes: the study's own directory (a results directory
-/// given: that one, wherever it is; an imported study's: `results/<name>`)
-/// and its plots. A grouping asked for on the command line writes beside
-/// the study's main report (`grouped/<keys>`), never over it.
+/// Where a report and its plots go: the study's directory (or the one
+/// given), a command-line grouping beside it (`grouped/<keys>`), never over it.
 fn places(root: &Path, source: &Source, study: &str, group_by: &[String]) -> (PathBuf, PathBuf) {
     let grouped = (!group_by.is_empty()).then(|| crate::util::name::sanitize(&group_by.join("+")));
     let main = match source {
@@ -179,15 +174,12 @@ fn places(root: &Path, source: &Source, study: &str, group_by: &[String]) -> (Pa
     }
 }
 
-/// What recording a report into the history did: (its file, measurements
-/// added, the history open) or why it could not; none where nothing is
-/// recorded (imported logs, a live page).
+/// What recording into the history did (file, measurements added, the
+/// history open) or why it could not; none for imports and live pages.
 type Recorded = Option<Result<(PathBuf, history::Recorded, Option<history::History>), String>>;
 
-/// Each configuration's past where the history has one, and how the latest
-/// attempt compares (as `sweep check --history`), for the page: from the
-/// history recorded into, else (it could not be written: a read-only one)
-/// from the history as it is.
+/// Each configuration's past in the history, and how the latest attempt
+/// compares (as `sweep check --history`), for the page.
 fn past(
     study: &str,
     s: &summary::Summary,
@@ -247,9 +239,8 @@ fn check_outputs(
     Ok(())
 }
 
-/// How a command study's running jobs say their progress in their logs
-/// (its `[report] line_pattern`), for the live view; none for the trainer's
-/// studies, which write `metrics.jsonl`.
+/// A command study's `[report] line_pattern`, for the live view (none for
+/// the trainer's studies: they write `metrics.jsonl`).
 pub fn progress_pattern(plan: &crate::plan::Plan) -> Option<ingest::pattern::Pattern> {
     match &plan.manifest.mode {
         crate::manifest::Mode::Command(_) => load::command_pattern(&plan.manifest.report).ok()?,

@@ -81,9 +81,8 @@ pub struct RatioCi {
     pub p_value: f64,
 }
 
-/// The interval of mean(a) / mean(b) for independent samples: on the log
-/// scale the ratio's variance is the sum of the relative variances of the
-/// two means (delta method), with Welch–Satterthwaite degrees of freedom.
+/// The interval of mean(a) / mean(b) for independent samples: the delta
+/// method on the log scale, Welch–Satterthwaite degrees of freedom.
 pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
     if a.len() < 2 || b.len() < 2 {
         return None;
@@ -103,9 +102,8 @@ pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
     )
 }
 
-/// ma / mb from the relative variances of the two means (`ra`, `rb`) and
-/// their degrees of freedom: the delta method on the log scale with
-/// Welch–Satterthwaite degrees of freedom.
+/// ma / mb from the two means' relative variances (`ra`, `rb`) and degrees
+/// of freedom, as [`ratio_ci95`].
 fn welch_ratio(ma: f64, ra: f64, dfa: f64, mb: f64, rb: f64, dfb: f64) -> Option<RatioCi> {
     let se = (ra + rb).sqrt();
     if se == 0.0 {
@@ -141,15 +139,10 @@ fn ratio_from_se(ratio: f64, se: f64, df: f64) -> Option<RatioCi> {
     })
 }
 
-/// The ratio of two configurations from a blocked design, paired by block:
-/// `pairs[k]` is (configuration's mean, baseline's mean) in block k, both
-/// measured in the same allocation and hour. A t-interval on the mean of
-/// the per-block log-ratios: a block's speed (its node, its hour) scales
-/// both members alike, so it cancels in each log-ratio instead of adding
-/// to the spread, as it does in the unpaired [`ratio_ci95`] (which treats
-/// the two sides as independent samples). The log scale makes the
-/// multiplicative effect additive and keeps the interval of a ratio
-/// positive. None below two blocks.
+/// The ratio of two configurations of a blocked design, paired by block
+/// (`pairs[k]`: both means in block k): a t-interval on the mean per-block
+/// log-ratio, in which a block's speed cancels (unlike [`ratio_ci95`]).
+/// None below two blocks.
 pub fn paired_ratio_ci95(pairs: &[(f64, f64)]) -> Option<RatioCi> {
     if pairs.len() < 2
         || pairs
@@ -245,12 +238,8 @@ pub(crate) fn two_sided_p(t: f64, df: f64) -> f64 {
         .unwrap_or(1.0)
 }
 
-/// Holm's step-down adjustment of a family of p-values (the comparisons of
-/// a study against its baseline): the smallest is multiplied by the number
-/// of tests m, the next by m − 1, …, each kept at least as large as the one
-/// before and at most 1. Controls the chance of any false "significant" in
-/// the family at the level used, whatever their dependence. `None`s (rows
-/// without a comparison) stay `None` and do not count in m.
+/// Holm's step-down adjustment of a family of p-values (a study's
+/// comparisons with its baseline); `None`s stay and do not count.
 pub fn holm(p: &[Option<f64>]) -> Vec<Option<f64>> {
     let mut order: Vec<usize> = (0..p.len()).filter(|&i| p[i].is_some()).collect();
     order.sort_by(|&a, &b| p[a].unwrap().total_cmp(&p[b].unwrap()));

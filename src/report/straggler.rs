@@ -67,9 +67,8 @@ impl Straggler {
     }
 }
 
-/// The stragglers of one run (none for a single rank or a log without rank
-/// times). The first interval is left out when there are others: it holds
-/// the warm-up, which ranks go through at their own pace.
+/// The stragglers of one run (none for one rank or no rank times), its
+/// first interval (the warm-up) left out when there are others.
 pub fn find(run: &RunLog) -> Vec<Straggler> {
     let intervals: &[_] = match run.ranks.len() {
         0 => return Vec::new(),

@@ -118,17 +118,9 @@ fn units_of(plan: &Plan, rendered: &render::Rendered) -> Result<(Vec<Unit>, Vec<
 }
 
 /// Renders the plan and writes the run directories under the study's lock,
-/// which it returns held (what was rendered is then what is on disk).
-/// Rendering merges each run's record on disk (every job submitted so
-/// far), so it happens under the lock too — and once before it, so that an
-/// error in the plan's templates writes nothing, not even the lock (0.1 s
-/// for 10,000 runs).
-///
-/// With `replace_changed`, the directories of runs that would now run
-/// something else (they hold another run's jobs or outputs) are moved aside
-/// first, and those runs start afresh. With `again`,
-/// the study's finished attempt is recorded and moved aside, and every run
-/// starts afresh as the next one.
+/// returned held (rendered once before taking it, so a template's error
+/// writes nothing). `replace_changed` moves aside runs that would now run
+/// something else; `again` records and moves aside the finished attempt.
 fn write_under_lock(
     plan: &Plan,
     verb: &str,

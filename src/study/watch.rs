@@ -407,12 +407,9 @@ fn poll(
 }
 
 /// How often the scheduler is asked for the study's jobs, `watched_for`
-/// into the watching. Local jobs' states are files: every 2 s. SLURM's are
-/// a `squeue` (and an `sacct` for the jobs it forgot) that a production
-/// controller answers for every user: every 5 s for the first two minutes,
-/// so that a run failing at its start shows at once, then every 30 s —
-/// sites ask that jobs be polled once a minute or less, not every few
-/// seconds for the hours a study runs.
+/// into the watching: local jobs every 2 s; SLURM's every 5 s for two
+/// minutes (a failing start shows at once), then every 30 s (sites ask for
+/// a minute or less, and `squeue` loads a controller every user shares).
 fn ask_every(kind: crate::manifest::ExecutorKind, watched_for: Duration) -> Duration {
     match kind {
         crate::manifest::ExecutorKind::Local => Duration::from_secs(2),
@@ -467,21 +464,15 @@ fn waiting(held: &Option<Waiting>) -> usize {
 }
 
 /// How long to wait before asking the scheduler again after `failures`
-/// failed queries in a row, failing for `failing_for`; `None` once it has
-/// failed for ten minutes. A busy `slurmctld` times out (`slurm_load_jobs
-/// error: Socket timed out`) now and then on a large cluster: a sweep
-/// followed overnight must not end at the first time out, nor ask a
-/// struggling controller every two seconds.
+/// failed queries in a row; `None` after ten minutes of failing (a busy
+/// `slurmctld` times out now and then: neither give up nor hammer it).
 fn retry_after(failures: u32, failing_for: Duration) -> Option<Duration> {
     const GIVE_UP: Duration = Duration::from_secs(600);
     (failing_for < GIVE_UP).then(|| Duration::from_secs((2u64 << failures.min(5)).min(60)))
 }
 
-/// Takes the study's lock again (if submitting let it go) for the report,
-/// which is of the attempt this sweep followed: a `sweep run --again` that
-/// began the next one while the lock was free (SLURM jobs, once they had
-/// all ended) has recorded and kept it. Returns the attempt begun since,
-/// if one was.
+/// Takes the study's lock again for the report of the attempt this sweep
+/// followed; returns the attempt a `sweep run --again` began meanwhile, if any.
 fn hold_for_report(
     sub: &mut Submission,
     followed: &(u32, Option<String>),

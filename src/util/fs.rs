@@ -6,10 +6,9 @@ use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Writes `bytes` to `path` through a temporary file in the same directory,
-/// then renames it into place: readers see the old file or the new one, never a
-/// torn one. No fsync: this guards against crashes of the writer, not power
-/// loss, and every writer here can simply run again. The directory must exist.
+/// Writes `bytes` to `path` through a temporary file renamed into place:
+/// never a torn file. No fsync (a crash of the writer, not power loss: every
+/// writer here can run again). The directory must exist.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     refuse_special(path)?;
     let mut tmp = temp_beside(path, ".tmp-")?;
@@ -18,21 +17,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     persist(tmp.into_temp_path(), path)
 }
 
-/// Every temporary file and folder this process made and has not renamed
-/// into place: what a stop signal removes before the process exits
-/// ([`super::signals::exit_on_stop`]). Entries of temporaries dropped (and
-/// so removed) stay, harmlessly: removing them again finds nothing.
+/// Every temporary this process made and has not renamed into place: what
+/// a stop signal removes before exiting ([`super::signals::exit_on_stop`]).
 static TEMPORARIES: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
 fn temporaries() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     TEMPORARIES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Removes every temporary this process still has and keeps any other
-/// thread from making or renaming one from then on (for a process about to
-/// exit); returns how many it removed. `freeze` runs once no temporary is
-/// half made (the list is held) and before any is removed: it stops the
-/// threads that could make a removed folder again.
+/// Removes every temporary this process still has, and bars other threads
+/// from making one (the process is about to exit); returns how many. `freeze`
+/// runs with the list held, before any removal (it stops their makers).
 pub fn remove_temporaries(freeze: impl FnOnce()) -> usize {
     let list = temporaries();
     freeze();
@@ -141,11 +136,9 @@ pub fn temp_beside_as(
     Ok(tmp)
 }
 
-/// A temporary file beside `target` for an output written over a long time
-/// (a Parquet file row group by row group), locked (flock) for as long as
-/// the returned lock is open, so that [`remove_stale_temps`] tells one a
-/// killed process left behind from one being written now. Keep the lock
-/// open until the file is renamed into place.
+/// A temporary file beside `target` for an output written over a long time,
+/// flocked while the returned lock is open (so [`remove_stale_temps`] tells
+/// a dead writer's from a live one's); keep it until the rename.
 pub fn locked_temp_beside(
     target: &Path,
     prefix: &str,
@@ -390,11 +383,9 @@ pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Ve
     Ok(bytes)
 }
 
-/// A file a user names (a manifest, a run's configuration, a template, a
-/// tokenizer), read whole: a regular file of at most `limit` bytes, so that
-/// `/dev/zero` is refused rather than read until memory runs out, and a FIFO
-/// rather than waited on forever. The error names it: "the manifest x.toml
-/// is a FIFO, not a regular file".
+/// A file a user names, read whole: a regular file of at most `limit` bytes
+/// (`/dev/zero` and FIFOs refused); the error names it ("the manifest x.toml
+/// is a FIFO, not a regular file").
 pub fn read_input(what: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
     read_regular(path, limit, None).map_err(|e| anyhow::anyhow!("{what} {} {e}", path.display()))
 }

@@ -45,11 +45,9 @@ impl DirLock {
         DirLock::take(&study_dir.join(LOCK_FILE), what, waiting, None)
     }
 
-    /// Takes the lock of a run directory for its trainer: two trainers of one
-    /// run (a job started by hand beside the queued one, a requeued job whose
-    /// old instance has not exited yet) would write one log and one set of
-    /// checkpoints. A holder is waited for up to `patience` (an old instance
-    /// writing its last checkpoint), then this is an error that names it.
+    /// Takes the lock of a run directory for its trainer (two trainers would
+    /// write one log and checkpoints): a holder is waited for up to
+    /// `patience`, then named in the error.
     pub fn run(
         run_dir: &Path,
         what: &str,

@@ -173,11 +173,8 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// The absolute path `path` names once its links and `..` are resolved: the
-/// longest part that exists is resolved by the file system (links
-/// followed), the rest — which does not exist, so holds no link — by its
-/// components. A dangling link at the end stays itself (a rename replaces
-/// the link).
+/// The absolute path `path` names once its links and `..` are resolved (the
+/// part that exists by the file system, the rest by its components).
 pub fn resolve(path: &Path) -> PathBuf {
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let parts: Vec<Component> = abs.components().collect();

@@ -146,12 +146,9 @@ pub fn find_in_path(name: &str) -> Option<std::path::PathBuf> {
         })
 }
 
-/// Whether one process may read another's memory here (Linux's
-/// cross-memory attach, `process_vm_readv`): tried on a forked child, which
-/// holds this process's memory at the same addresses. Seccomp filters,
-/// missing ptrace rights and Yama's restrictions make it fail; Yama's
-/// relational scope lets a process read only its descendants (MPI's ranks
-/// are siblings), so any scope but 0 counts as no.
+/// Whether one process may read another's memory here (`process_vm_readv`,
+/// tried on a forked child); Yama's scope other than 0 counts as no (MPI's
+/// ranks are siblings, not descendants).
 pub fn cross_memory_attach() -> bool {
     if std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").is_ok_and(|s| s.trim() != "0")
     {

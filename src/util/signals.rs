@@ -12,10 +12,8 @@ pub use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 /// cancel and preemption too), the terminal closing.
 pub const INTERRUPTS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 
-/// `signals` less SIGHUP where the process began ignoring it (`nohup`):
-/// the user asked for a closed terminal to stop nothing, so no handler of
-/// sweep's takes it, and the jobs sweep starts inherit the ignoring. Which
-/// ones were ignored is read once, before sweep installs any handler.
+/// `signals` less SIGHUP where the process began ignoring it (`nohup`: a
+/// closed terminal stops nothing, sweep's jobs included), read once.
 fn wanted(signals: &[i32]) -> Vec<i32> {
     static IGNORED: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
     let ignored = IGNORED.get_or_init(|| {
@@ -93,14 +91,10 @@ impl StopSignals {
     }
 }
 
-/// For a command that writes only through temporaries renamed into place
-/// (reports, checks, pretokenizing, imports, benchmarks): from now on, the
-/// first of [`INTERRUPTS`] stops the processes it started, parks every
-/// other thread where it is, removes its temporaries and exits the process
-/// at once with 128 + the signal (130 for Ctrl-C, 143 for SIGTERM),
-/// whatever its threads are doing — a loop deep in a library need not look
-/// at a flag. What was renamed into place stays whole; a history
-/// transaction not yet committed is rolled back by SQLite.
+/// For a command that writes only through temporaries renamed into place:
+/// from now on the first of [`INTERRUPTS`] stops its children, parks its
+/// other threads, removes its temporaries and exits with 128 + the signal,
+/// whatever the threads are doing (SQLite rolls back an open transaction).
 pub fn exit_on_stop() -> Result<()> {
     install_parking()?;
     let mut signals = signal_hook::iterator::Signals::new(wanted(&INTERRUPTS))
@@ -117,10 +111,8 @@ pub fn exit_on_stop() -> Result<()> {
 }
 
 /// Until dropped, the first of some signals ends the process as
-/// [`exit_on_stop`] does, with its own words and exit status: for the phase
-/// of a command before it checks its [`StopSignals`] (a trainer building its
-/// model and opening its data, which writes nothing a stop must finish and
-/// can take minutes that a stop checked between steps would wait out).
+/// [`exit_on_stop`] does, with its own words and status: for a command's
+/// phase before it checks its [`StopSignals`] (a trainer starting).
 pub struct ExitUntilDropped {
     handle: signal_hook::iterator::Handle,
     armed: Arc<std::sync::Mutex<bool>>,
@@ -240,11 +232,8 @@ fn install_parking() -> Result<()> {
     Ok(())
 }
 
-/// Stops every other thread of this process where it is, so that none
-/// makes anything again once the stop removed it (a worker's
-/// `create_dir_all` would make a removed scratch folder anew, and the
-/// process would exit leaving it). Waits up to a second for each to park:
-/// a thread that blocks the signal (a C library's own) is left running.
+/// Stops every other thread where it is, so none makes anew what the stop
+/// removes; waits up to a second for each (one blocking the signal runs on).
 fn park_other_threads() {
     // SAFETY: plain system calls without arguments.
     let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };

@@ -7,12 +7,8 @@
 use std::net::{IpAddr, ToSocketAddrs};
 use std::process::Command;
 
-/// A SLURM command (`squeue`, `sinfo`, `sacct`, `scancel`) without the
-/// user's own defaults for it: an `SQUEUE_PARTITION`, `SQUEUE_ACCOUNT` or
-/// `SINFO_PARTITION` in a login profile filters what it lists (a study's jobs
-/// in another partition would read as gone, their runs as ended), an
-/// `SCANCEL_PARTITION` what it cancels, `SCANCEL_INTERACTIVE` asks about
-/// each job.
+/// A SLURM command without the user's `SQUEUE_*`, `SINFO_*`, `SCANCEL_*`
+/// defaults (a profile's partition filter would hide a study's jobs).
 pub fn query(tool: &str) -> Command {
     let prefix = format!("{}_", tool.to_ascii_uppercase());
     let mut cmd = Command::new(tool);

@@ -64,11 +64,8 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     )
 }
 
-/// A line of a log without the terminal's escape sequences in it: colours
-/// and styles (`ESC [ 1;36 m`), cursor moves, titles and links (`ESC ] …
-/// BEL`). A logger made to colour its output (`FORCE_COLOR`, rich's
-/// highlighting of every number) writes them between a line's words and
-/// figures, where a pattern written for the plain text would not match.
+/// A line of a log without the terminal's escape sequences in it (colours,
+/// cursor moves, titles, links), which would stop a pattern matching.
 pub fn without_escapes(s: Cow<'_, str>) -> Cow<'_, str> {
     if !s.contains('\x1b') {
         return s;

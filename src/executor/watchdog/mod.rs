@@ -124,13 +124,9 @@ pub fn run(o: WatchOptions) -> Result<ExitCode> {
 /// outlives.
 const OUTLIVED: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1];
 
-/// A stop signal the watchdog received, passed on to a launcher that did
-/// not receive it too. The launcher starts in the watchdog's process group,
-/// and what stops a job signals that group (the local executor, a
-/// terminal's Ctrl-C) or every process of the job (SLURM): it has the
-/// signal already, and a second one would reach a program's handler twice
-/// (a checkpoint begun again) or make srun abort its step. A launcher that
-/// left the group (`setsid`) gets it from the watchdog.
+/// A stop signal the watchdog received, passed on only to a launcher that
+/// left its process group (`setsid`): the others have it already, and a
+/// second would reach a handler twice or make srun abort its step.
 fn pass_on(child: &Child, sig: i32) {
     let launcher = Pid::from_raw(child.id() as i32);
     let apart =
@@ -210,10 +206,8 @@ fn stop_hung(
     Ok(ExitCode::from(HUNG_EXIT as u8))
 }
 
-/// SIGTERM to the run's processes on this node (the launcher and all it
-/// started, by the token they inherit: not the job's shell, which would
-/// end on it), SIGKILL to those left after [`GRACE`] (a stopped process
-/// ends only so). `srun` passes both on to the run's tasks on every node.
+/// SIGTERM to the run's processes on this node (by the token they inherit,
+/// not the job's shell), SIGKILL after [`GRACE`]; `srun` passes both on.
 fn end(child: &mut Child, token: &str) {
     // The launcher by its pid only while it is not reaped (a pid reaped is
     // free to be another process's).

@@ -95,11 +95,8 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
     })
 }
 
-/// Each run to resolve, in the plan's order: (repeat, configuration, its
-/// block). Repeats interleaved — every configuration once, then every one
-/// again — so that a slow drift of a shared machine spreads over all of
-/// them; in a blocked design each repeat is a block with an order of its
-/// own.
+/// Each run to resolve in the plan's order, (repeat, configuration, block):
+/// repeats interleaved so that a shared machine's drift spreads over all.
 fn run_order<'c>(
     m: &Manifest,
     combos: &'c [Vec<usize>],
@@ -167,10 +164,8 @@ fn check_baseline(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     Ok(())
 }
 
-/// Block `r`'s order of `n` configurations: a permutation drawn from
-/// (`seed`, `r`) by Fisher–Yates on ChaCha8, whose output is fixed by its
-/// specification (rand's own shuffles may change between versions), so a
-/// seed gives the same orders on any machine and any sweep version.
+/// Block `r`'s order of `n` configurations: Fisher–Yates on ChaCha8 from
+/// (`seed`, `r`), the same on any machine and version (unlike rand's shuffles).
 pub(super) fn block_order(seed: u64, r: u32, n: usize) -> Vec<usize> {
     use rand_chacha::rand_core::{RngCore, SeedableRng};
     let mut key = [0u8; 32];
@@ -555,10 +550,8 @@ impl<'a> Shared<'a> {
         check_train(table, self.features).map_err(|(key, msg)| self.error_in(params, key, &msg))
     }
 
-    /// An error in one run's configuration, located at the axis value that
-    /// causes it on its own, else at the key at fault. An error at the key
-    /// where `[defaults]` alone fails is that error, the same for every run:
-    /// it is said once (without the run), rather than once per run.
+    /// An error in one run's configuration, at the axis value that causes
+    /// it, else at the key (said once where `[defaults]` alone fails).
     fn error_in(
         &self,
         params: &IndexMap<String, Json>,

@@ -153,10 +153,8 @@ pub(super) enum Found {
     Unmarked,
 }
 
-/// Reads the header of what is at `path`: nothing, an empty file, a sweep
-/// history, or a database to look into; anything else is an error that
-/// says what it is. A header another sweep is writing this moment reads
-/// short or zero: it is read again, for up to a fifth of a second.
+/// Reads the header of what is at `path` (nothing, empty, a history, a
+/// database to look into; else an error), again for up to 0.2 s if short.
 pub(super) fn sniff(path: &Path) -> Result<Found> {
     use crate::util::fs::ReadError;
     use std::io::{Read, Seek};

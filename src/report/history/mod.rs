@@ -314,11 +314,8 @@ impl History {
             conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
             Ok(verdict)
         };
-        // Two sweeps opening a new history at once: switching it to WAL
-        // takes the file's exclusive lock, and SQLite answers "locked" at
-        // once, without its busy handler, where waiting could deadlock.
-        // Retried, from a clean state, for as long as a busy recording is
-        // waited for.
+        // Two sweeps opening a new history at once: the switch to WAL answers
+        // "locked" without SQLite's busy handler; retried as a busy write is.
         let deadline = std::time::Instant::now() + BUSY;
         let outcome = loop {
             match setup() {
@@ -395,13 +392,9 @@ impl History {
         self.record_all(entries, &[])
     }
 
-    /// [`History::record`], and the failures beside the measurements in the
-    /// same transaction (each once, by run measurement and job). A
-    /// measurement already recorded (by its attempt id) keeps what was
-    /// measured: where its points are the same and only what the report
-    /// derives from them differs (tokens/s from step times, TFLOP/s, MFU:
-    /// `[report]` FLOPs set after a first report), those are recomputed, its
-    /// attempt's sums with them.
+    /// [`History::record`], and the failures in the same transaction (each
+    /// once). A measurement already recorded keeps its points; only what the
+    /// report derives from them (tokens/s, TFLOP/s, MFU) is recomputed.
     pub fn record_all(&mut self, entries: &[Entry], failures: &[Failure]) -> Result<Recorded> {
         let path = self.path.clone();
         let fail = |e: rusqlite::Error| match is_read_only(&e) {

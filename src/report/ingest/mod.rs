@@ -374,10 +374,8 @@ pub(crate) fn attempt_log(logs: &[PathBuf], job: Option<&str>) -> Option<PathBuf
         .cloned()
 }
 
-/// The line a job's shell writes as each start of a run begins (the local
-/// executor's, and the SLURM job scripts' prologue, a requeue's too): `sweep:
-/// local job for <name> (<id>) started at …, restart N`, `sweep: run <name>
-/// (<id>) job … at …, restart N`.
+/// The line a job's shell writes as each start of a run begins (`sweep:
+/// local job for <name> …` or `sweep: run <name> … job …`).
 fn is_start_line(line: &[u8]) -> bool {
     static START: std::sync::OnceLock<regex::bytes::Regex> = std::sync::OnceLock::new();
     START
@@ -390,10 +388,8 @@ fn is_start_line(line: &[u8]) -> bool {
         .is_match(line)
 }
 
-/// The part of a job log its run's last start wrote (what follows its last
-/// start line), and how many earlier starts it holds: a run started again
-/// (after an interrupt, a HUNG retry, a requeue) appends to its log, and
-/// no figure may average two attempts. A log with no start line is all one.
+/// What a job log's last start wrote, and how many starts came before (a
+/// restarted run appends to its log; no figure may average two attempts).
 pub fn this_attempt(log: &[u8]) -> (&[u8], usize) {
     let mut starts = 0usize;
     let mut from = 0;
@@ -522,14 +518,9 @@ pub fn read_log(path: &Path, within: Option<&Path>) -> Result<Vec<u8>, String> {
     })
 }
 
-/// The lines of a text log as text, each with its line number: a line with
-/// bytes that are not UTF-8 is decoded with replacement characters, and
-/// flagged so that a reader that would use it can leave it out and say so.
-/// A carriage return ends a line too: a progress bar (tqdm's, Lightning's)
-/// redraws itself with `\r`, so that a whole epoch of updates — each with
-/// its step and figures — is one line of the file; each update is a line
-/// here, numbered as the file's line it is on.
-/// A line longer than [`MAX_LINE`] is read by its first `MAX_LINE` bytes.
+/// The lines of a text log with their line numbers, flagged where not UTF-8
+/// (decoded with replacements). A carriage return ends a line too (a progress
+/// bar's updates); a line is read up to [`MAX_LINE`] bytes.
 pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow<'_, str>, bool)> {
     bytes
         .split(|&b| b == b'\n')
@@ -544,11 +535,8 @@ pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow
         })
 }
 
-/// The most of one line read as text. A progress line is a few hundred
-/// bytes; a longer one (a dumped tensor, binary output) is read by its start,
-/// so that a log of one huge line does not take several times its size in
-/// memory (each byte that is not UTF-8 becomes a 3-byte replacement
-/// character).
+/// The most of one line read as text: a longer one (a dumped tensor) is read
+/// by its start, so a log of one huge line cannot take several times its size.
 pub const MAX_LINE: usize = 64 << 10;
 
 #[cfg(test)]

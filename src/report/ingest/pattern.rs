@@ -79,16 +79,10 @@ impl Pattern {
     }
 }
 
-/// The points of a log's bytes, and what was left out of them.
-///
-/// Where the pattern has a `step` group, lines in a row that say the same
-/// step are that step drawn again (a progress bar redrawn after a message,
-/// or with the step's loss once it is known): one point, the newer figures
-/// over the older — but the log's last line only adds what the step lacks
-/// (a progress bar closed shows its last step once more, with its overall
-/// rate). A line that says no step (an alternative of the pattern: Hugging
-/// Face's `{'loss': …}` beside its progress bar) belongs to the last step
-/// said, or is a point of its own at that step where its figures differ.
+/// The points of a log's bytes, and what was left out of them. Lines in a
+/// row with the same step are one point, newer figures over older (the
+/// last line only fills gaps: a closed progress bar repeats its last step);
+/// a line with no step belongs to the last step said (docs/report.md).
 pub fn parse(pattern: &Pattern, bytes: &[u8]) -> (Vec<Point>, Omissions) {
     let mut points: Vec<Point> = Vec::new();
     let mut omitted = Omissions::with_extras(&pattern.extras);

@@ -4,12 +4,9 @@
 
 use super::*;
 
-/// What a row's interval is computed over: its member runs' steady-state
-/// means when it has several (repeats, groups), else its one run's
-/// steady-state log points. `per_run` has one row per run, in run order.
 /// A configuration's and the baseline's run means paired by block, where
-/// every run of both has a block and they share two or more; none
-/// otherwise (the comparison is then unpaired).
+/// every run of both has one and they share two or more (`per_run`: a row a
+/// run); none otherwise (the comparison is unpaired).
 pub(super) fn blocked_pairs(
     mine: &[usize],
     base: &[usize],
@@ -205,11 +202,9 @@ pub(super) fn add_comparisons(
     Ok(())
 }
 
-/// Whole-job throughput and weak-scaling efficiency. `global_tokens_per_second`
-/// is the logged figure, else per-device tokens/s × world size;
-/// `scaling_efficiency_pct` compares per-device tokens/s with the smallest
-/// world size among the rows that differ only in scale (null where a
-/// configuration was run at one scale only).
+/// Whole-job throughput (logged, else per device × world size) and
+/// weak-scaling efficiency against the smallest world size of the rows
+/// that differ only in scale (null at one scale).
 pub(super) fn add_scaling(table: &mut DataFrame, axes: &[String]) -> Result<()> {
     let h = table.height();
     let tps = number_column(table, &Field::TokensPerSecond.col(Stat::Mean))?;

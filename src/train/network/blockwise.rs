@@ -480,9 +480,7 @@ impl Llama {
     }
 
     /// The summed cross-entropy of `ids` [B, T] against `labels` divided by
-    /// `divisor`, by the forward pass alone (validation): each block's
-    /// intermediates go as the next block starts, and the head runs a slice
-    /// of rows at a time through the same loss kernel as training.
+    /// `divisor`, by the forward pass alone (validation).
     pub fn loss(&self, ids: &Tensor, labels: &[i64], divisor: f64) -> Result<f64> {
         let (b, t) = ids.dims2()?;
         let seq = Seq {
@@ -509,10 +507,8 @@ impl Llama {
         Ok(loss)
     }
 
-    /// The final norm's output through the output head and the loss, a
-    /// slice of rows at a time: the loss (a scalar on the device) and the
-    /// gradient of the head's input; the output weight's gradient goes to
-    /// `grads`. Each slice's logits become their own gradient.
+    /// The head and the loss, a slice of rows at a time: the loss (on the
+    /// device) and the head input's gradient; the weight's goes to `grads`.
     fn head(
         &self,
         x: &Tensor,

@@ -9,15 +9,9 @@ pub use crate::config::runtime::CudaPool;
 use anyhow::Result;
 use candle_core::Device;
 
-/// CUDA device `ordinal` (a rank's local rank: where each task sees one GPU
-/// alone, as SLURM's `--gpus-per-task` gives it, that one), its memory pool
-/// set as `pool` says (`SWEEP_CUDA_POOL`).
-///
-/// All of sweep's GPU work is queued on candle's one stream by the thread
-/// that opens the device, and so runs in that thread's order: cudarc's
-/// tracking of each allocation's uses across streams (two CUDA events per
-/// allocation) is turned off, and the kernels' executor refuses another
-/// thread ([`crate::train::network::ops::cuda::claim_gpu_thread`]).
+/// CUDA device `ordinal` (a rank's local rank, or the one GPU its task sees),
+/// its memory pool as `pool` says. All GPU work goes on candle's one stream
+/// from this thread, so cudarc's cross-stream tracking is turned off.
 #[cfg(feature = "cuda")]
 pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
     use anyhow::Context;
@@ -94,13 +88,10 @@ pub fn built_for() -> Option<(i32, i32)> {
     Some((cap / 10, cap % 10))
 }
 
-/// Whether a GPU of compute capability `device`, a driver for CUDA
-/// `driver`, NVRTC `nvrtc` (compiling sweep's kernels to the device's
-/// machine code) and flash-attention kernels `built` for one architecture
-/// work together: the driver must be of NVRTC's CUDA major version or newer
-/// (it loads their code), and machine code runs on its own major
-/// architecture at its minor or a later one. Else one message naming all
-/// three and what to do. Unknown versions are taken to fit.
+/// Whether a GPU (`device`), its driver, NVRTC and flash attention's
+/// kernels (`built`) work together: the driver at NVRTC's CUDA major or
+/// newer, machine code on its major architecture at its minor or later.
+/// Else one message naming all three; unknown versions fit.
 pub fn fit(
     driver: Option<(i32, i32)>,
     nvrtc: Option<(i32, i32)>,
@@ -305,10 +296,8 @@ pub fn memory_used_mb(device: &Device) -> Result<Option<f64>> {
     }
 }
 
-/// Whether an error is the device running out of memory: CUDA's allocator
-/// (or cuBLAS's) refusing, found by the errors' types anywhere in the chain.
-/// On the CPU an allocation that fails aborts the process instead (SIGABRT),
-/// and the kernel's OOM killer sends SIGKILL: callers read the exit status.
+/// Whether an error is the device running out of memory, by the errors'
+/// types in the chain (on the CPU, callers read SIGABRT or SIGKILL instead).
 pub fn is_out_of_memory(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
         cause

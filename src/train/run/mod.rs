@@ -105,19 +105,10 @@ fn lock_run(run_dir: &Path) -> Result<crate::util::lock::DirLock> {
     Ok(lock)
 }
 
-/// The threads for the CPU kernels: the configuration, else SWEEP_THREADS or
-/// SLURM_CPUS_PER_TASK, else every core ([`RuntimeOptions::threads`]). Set
-/// before any kernel runs, from the thread that trains.
-///
-/// That thread is one of the pool's `n` (as OpenMP's main thread is one of
-/// its team): its kernels' parallel loops start on it, where a pool of its
-/// own would be handed each loop and wake the caller at its end — on one
-/// thread, two context switches per op and the op on another core's cache:
-/// the bf16-mixed step 6–9% slower (`sweep bench train --threads 1`,
-/// docs/performance.md). No other thread of a trainer gives the pool work
-/// (the data loader tokenizes one document at a time, with the tokenizer's
-/// own padding off; the all-reduce thread calls MPI), so a trainer that
-/// waits on one of them cannot leave a loop unserved.
+/// The threads for the CPU kernels ([`RuntimeOptions::threads`]), set from
+/// the thread that trains, which is one of the pool's (as OpenMP's main
+/// thread: no hand-off per op; docs/performance.md). No other thread of a
+/// trainer gives the pool work, so none can leave a loop unserved.
 pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
     let n = rt.threads(configured);
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
@@ -130,10 +121,8 @@ pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
     n
 }
 
-/// The signals that ask a run to stop — SIGUSR1 (SLURM, before the time
-/// limit), SIGTERM (preemption, cancel), SIGINT (Ctrl-C), SIGHUP (the
-/// terminal closed) — as they arrive. A second one does not end the process:
-/// it may be writing its checkpoint.
+/// The signals that ask a run to stop (SIGUSR1, SIGTERM, SIGINT, SIGHUP) as
+/// they arrive; a second does not end the process (it may be checkpointing).
 struct Stop(StopSignals);
 
 impl Stop {
@@ -146,10 +135,8 @@ impl Stop {
         Ok(Stop(StopSignals::install(&Self::SIGNALS)?))
     }
 
-    /// Until the guard is dropped, a stop ends the trainer at once: building
-    /// the model, compiling and checking kernels, opening (tokenizing) the
-    /// data and reading a checkpoint write nothing a stop must finish, and
-    /// take up to minutes that a stop checked between steps would wait out.
+    /// Until the guard is dropped, a stop ends the trainer at once: starting
+    /// writes nothing a stop must finish, and may take minutes.
     fn while_starting() -> Result<ExitUntilDropped> {
         ExitUntilDropped::install(&Self::SIGNALS, REQUEUE_EXIT, |sig| {
             format!(
@@ -206,10 +193,8 @@ struct Start {
     monitor: Monitor,
 }
 
-/// Opens the data and restores the latest checkpoint, if any: parameters,
-/// optimizer, data position, the monitor's window, and the gradient
-/// accumulation that keeps the global batch on this world size (set on the
-/// trainer's configuration, which the loop reads).
+/// Opens the data and restores the latest checkpoint, if any, with the
+/// gradient accumulation that keeps the global batch on this world size.
 fn resume(t: &mut Trainer, run_dir: &Path) -> Result<Start> {
     let mut start = Start {
         first: 1,

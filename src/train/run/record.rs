@@ -160,11 +160,9 @@ impl Record {
         }
     }
 
-    /// One line (without its newline). An object with an `event` key is an
-    /// event, one with `hosts` a placement, any other a step; the error says
-    /// what is wrong with the line. The kind is told by the key's bytes (a
-    /// step has no text values that could hold them), so that each line is
-    /// parsed once, straight into its record: the report reads millions.
+    /// One line (without its newline): an `event` key makes an event, `hosts`
+    /// a placement, else a step — told by the key's bytes, so each line is
+    /// parsed once (the report reads millions).
     pub fn parse(line: &[u8]) -> Result<Record, String> {
         std::str::from_utf8(line)
             .map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
@@ -192,10 +190,8 @@ impl Record {
     }
 }
 
-/// A log's bytes as records: every complete line parsed, each record with
-/// its (1-based) line number, and the numbers and reasons of the lines that
-/// do not parse. A last line without its newline is a record still being
-/// written: `torn`, not parsed.
+/// A log's bytes as records with their line numbers, the lines that do not
+/// parse and why, and a last line still being written (`torn`).
 #[derive(Debug, Default)]
 pub struct ParsedLog {
     pub records: Vec<(usize, Record)>,
@@ -265,12 +261,8 @@ impl MetricsLog {
         Ok(())
     }
 
-    /// After a resume: drops the records of steps after `step` (the resumed
-    /// run logs them again) and a torn last line, so the log continues
-    /// without duplicated steps. Everything else stays, byte for byte: a
-    /// line that does not parse is kept for the report to list. Only a log
-    /// that does not exist counts as empty; a log that cannot be read is an
-    /// error and is left as it is.
+    /// After a resume: drops the steps after `step` (logged again) and a torn
+    /// last line; all else stays byte for byte. An unreadable log is an error.
     pub fn truncate_after(&mut self, step: usize) -> Result<()> {
         // A log of a gigabyte is millions of steps: more is not a log.
         let bytes = match crate::util::fs::read_regular(&self.path, 1 << 30, None) {

@@ -247,15 +247,10 @@ impl Trainer {
         }
     }
 
-    /// One optimizer step over this rank's micro-batches: forward and
-    /// backward, gradients summed over the ranks, clipping on the global
-    /// norm, AdamW. The loss is normalised by the training tokens of all
-    /// ranks together, so N ranks at batch B train like one rank at N·B on
-    /// the same samples.
-    ///
-    /// With `stop`, a stop signal between two micro-batches abandons the step
-    /// (the parameters are untouched) with `Interrupted`; only
-    /// a single rank may leave a step early.
+    /// One optimizer step over this rank's micro-batches: passes, gradients
+    /// summed over the ranks, clipping, AdamW; the loss over all ranks'
+    /// tokens (N ranks at B train as one at N·B). With `stop` (one rank
+    /// only), a stop between micro-batches abandons the step: `Interrupted`.
     pub fn step(
         &mut self,
         micro: &[Batch],

@@ -220,20 +220,13 @@ pub fn tile_rows(b: usize, h: usize, t: usize, dtype: DType) -> usize {
     }
 }
 
-/// Attention's gradients by recomputation, a tile of `tile` query positions
-/// at a time (`None`: [`tile_rows`] of the shapes), from q [B, H, T, Q], k, v [B, KV, T, Q] and the output's
-/// gradient d_o [B, H, T, Q] (heads first; views are fine). Per tile, with
-/// the queries of each KV head's group stacked ([B, KV, rep·tile, Q]: K and
-/// V are never copied per query head) against the keys up to the tile's
-/// last position (causal) or all of them:
-/// S = Q Kᵀ; P = softmax(S·scale) (masked); dP = dO Vᵀ;
-/// dS = scale·P∘(dP − rowsum(P∘dP)); dQ = dS K; dK += dSᵀ Q; dV += Pᵀ dO.
-///
-/// The products run in the inputs' dtype (bf16 on a GPU: tensor cores), the
-/// softmax and its backward in f32 arithmetic (sweep's kernels), dK and dV
-/// summed over tiles in f32 (f64 for f64). No atomics, a fixed tile order:
-/// the same bits every run. Returns dq [B, H, T, Q], dk, dv [B, KV, T, Q] in
-/// q's dtype.
+/// Attention's gradients by recomputation, `tile` query positions at a time
+/// (`None`: [`tile_rows`]), from q, d_o [B, H, T, Q] and k, v [B, KV, T, Q]
+/// (heads first), each KV head's queries stacked: per tile, S = Q Kᵀ;
+/// P = softmax(S·scale); dP = dO Vᵀ; dS = scale·P∘(dP − rowsum(P∘dP));
+/// dQ = dS K; dK += dSᵀ Q; dV += Pᵀ dO — products in the inputs' dtype, the
+/// rest and the sums in f32, a fixed order (the same bits every run).
+/// Returns dq, dk, dv in q's dtype.
 pub fn tiled_backward(
     q: &Tensor,
     k: &Tensor,
@@ -450,11 +443,8 @@ impl FusedBackward {
 }
 
 /// x [B, H, T, Q] (contiguous) at positions first..first + len, as a
-/// contiguous [B, H, len, Q]: one 2-D copy (candle's `copy2d`: B·H rows of
-/// len·Q values, T·Q apart). Through `narrow` and `contiguous` the same copy
-/// was candle's general strided one, which on an H100 moved a tile of
-/// queries at 0.35 TB/s (46 µs for ref-1b's 256 positions at batch 8: two a
-/// tile, 12 ms a step).
+/// contiguous [B, H, len, Q] by one 2-D copy (`narrow` + `contiguous` took
+/// candle's strided copy: 12 ms of ref-1b's step on an H100).
 fn positions(x: &Tensor, first: usize, len: usize) -> Result<Tensor> {
     let (_, _, t, _) = x.dims4()?;
     if first + len > t {

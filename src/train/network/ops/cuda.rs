@@ -24,12 +24,8 @@ use super::store::{Span, Store};
 use crate::train::network::kernels::{self, Arg, KernelSource, Ty};
 
 /// The CUBIN of a source for a GPU architecture, compiled once per process
-/// (an error is kept too: it would not compile better the second time).
-///
-/// CUBIN, not PTX: a driver refuses PTX newer than itself (driver 580 JITs
-/// PTX only up to CUDA 13.0), and the NVRTC a GPU machine offers may be newer
-/// than its driver (it comes with Python packages), while a CUBIN from a
-/// newer NVRTC of the same major version loads (minor version compatibility).
+/// (errors too). CUBIN, not PTX: a driver refuses PTX newer than itself,
+/// but loads a newer NVRTC's CUBIN of its major version.
 fn cubin(source: &KernelSource, arch: (i32, i32)) -> Result<&'static [u8]> {
     type Cache =
         Mutex<HashMap<(&'static str, i32, i32), std::result::Result<&'static [u8], String>>>;
@@ -315,10 +311,8 @@ fn driver_error(e: DriverError, what: &str) -> candle_core::Error {
     typed(e, format!("loading sweep's `{what}` kernels"))
 }
 
-/// A driver or cuBLAS error as candle's own typed error, with what was being
-/// done: out-of-memory stays recognisable by its type
-/// ([`crate::train::network::device::is_out_of_memory`]: the batch-size search and
-/// the trainer's exit status rely on it), which a message would lose.
+/// A driver or cuBLAS error as candle's typed error with what was being done:
+/// out-of-memory stays recognisable by its type ([`crate::train::network::device::is_out_of_memory`]).
 pub fn typed(e: impl Into<CudaError>, doing: String) -> candle_core::Error {
     candle_core::Error::from(e.into()).context(doing)
 }
@@ -389,15 +383,12 @@ fn blocks(x: u32, y: u32) -> LaunchConfig {
     }
 }
 
-/// Launches a kernel whose arguments are pushed, once they are checked
-/// against its signature (a launch that pushes other arguments fails here,
-/// before `cuLaunchKernel`).
+/// Launches a kernel once its pushed arguments are checked against its
+/// signature; an empty grid (an empty input) launches nothing.
 ///
 /// # Safety
 /// Every index the kernel reaches under `cfg` is inside the memory passed
 /// to it.
-/// An empty grid (an empty input: no row, no token) launches nothing, where
-/// CUDA would refuse the configuration.
 pub unsafe fn launch(args: &mut Launch<'_>, cfg: LaunchConfig, what: &str) -> Result<()> {
     args.check()?;
     let (x, y, z) = cfg.grid_dim;
@@ -593,10 +584,8 @@ fn gpu_thread() -> bool {
         .is_none_or(|t| *t == std::thread::current().id())
 }
 
-/// Runs a plan ([`kernels::LaunchPlan`]) on candle's stream: allocates its outputs
-/// and scratch buffers, then launches each kernel with its arguments (each
-/// launch held to its kernel's signature first); returns the outputs.
-/// Operands the plan writes are written in place.
+/// Runs a plan ([`kernels::LaunchPlan`]) on candle's stream: its outputs
+/// and scratch allocated, each launch held to its signature; returns the outputs.
 pub fn execute(
     dev: &CudaDevice,
     plan: &kernels::LaunchPlan,

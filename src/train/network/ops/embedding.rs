@@ -75,9 +75,7 @@ impl CustomOp2 for Lookup {
 }
 
 /// A micro-batch's token ids as [`add_rows`] takes them: the host's, and
-/// where the CUDA kernel takes them, their grouping by token
-/// (`Grouping`) on the device, uploaded with the ids at the start of the
-/// pass rather than at the end of its backward.
+/// where the GPU's kernel runs, their grouping uploaded at the pass's start.
 #[derive(Debug, Clone)]
 pub struct Rows<'a> {
     pub ids: &'a [u32],
@@ -110,11 +108,8 @@ impl<'a> From<&'a [u32]> for Rows<'a> {
 }
 
 /// buf [V, D] rows `ids` += rows of dy [N, D], in the order of `ids` (the
-/// same sums every run): an embedding's gradient, without a V × D temporary
-/// on the in-place path; elsewhere summed in f32 and rounded once
-/// ([`super::embedding::backward`]). The ids are the host's: on a GPU,
-/// reading them back from the device would wait for all the work queued
-/// before them, and the kernel's grouping is made on the host anyway.
+/// same sums every run), in place where a kernel takes it; elsewhere summed
+/// in f32 and rounded once ([`backward`]). The ids are the host's.
 pub fn add_rows(buf: &mut Tensor, ids: &Rows, dy: &Tensor) -> Result<()> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Embedding);
     let (grouped, ids) = (ids.grouped.as_ref(), ids.ids);
@@ -174,11 +169,9 @@ impl InplaceOp2 for AddRows<'_> {
     }
 }
 
-/// [order: positions sorted by token, stably] [starts: distinct + 1]
-/// [tokens: the distinct ids], as one vector of u32.
-/// The positions of a step's tokens grouped by token: what the CUDA kernel
-/// walks (`kernels/embedding.cu`): the positions sorted by token (stably),
-/// each token's first index into them (and the end), the tokens.
+/// The positions of a step's tokens grouped by token, as the CUDA kernel
+/// walks them: [positions sorted by token, stably] [starts: distinct + 1]
+/// [the distinct ids], one vector of u32.
 struct Grouping {
     words: Vec<u32>,
     len: usize,
@@ -210,11 +203,9 @@ impl Grouping {
     }
 }
 
-/// [`add_rows`] on CUDA without atomics (`kernels/embedding.cu`): the host
-/// groups the positions by token, and one thread per (token, column) sums
-/// that token's rows in position order and adds the sum into the buffer.
-/// The same bits every run, which the bit-identical NCCL and resume tests
-/// rely on (candle's `index_add` gives no such promise).
+/// [`add_rows`] on a GPU without atomics: one thread per (token, column)
+/// sums the token's rows in position order, the same bits every run (which
+/// candle's `index_add` does not promise).
 mod gpu_rows {
     use super::super::store::{Span, Store};
     use super::Grouping;

@@ -14,14 +14,8 @@
 pub mod accumulate;
 pub mod adamw;
 pub mod attention;
-/// Every op's cases ([`super::check::Case`]) in one list: what `sweep bench
-/// kernels` times and the CUDA self-check runs. A file an op, apart from
-/// the op's own (which holds its passes and kernels, nothing else), so that
-/// no op imports another's.
-///
-/// Adding a kernel: its `.cu` and row in `kernels/`, its op's file (launch,
-/// CPU kernel, twin, emulation test), its cases' file here, and its
-/// [`super::Kernel`] (docs/extending.md).
+/// Every op's cases ([`super::check::Case`]): what `sweep bench kernels`
+/// times and the CUDA self-check runs, a file an op (docs/extending.md).
 pub mod cases {
     mod accumulate;
     mod adamw;
@@ -107,11 +101,9 @@ pub(crate) fn emulating() -> bool {
     emulated::active()
 }
 
-/// The kernels an op may run instead of its composed twin: sweep's own
-/// (`src/train/network/kernels/`, and on the CPU the fused kernels), cuBLAS's
-/// in-place gradients and sums, and candle-flash-attn's forward. Each is
-/// checked against its twin when a CUDA device opens ([`selfcheck`]); one
-/// that fails is not used on that device.
+/// The kernels an op may run instead of its composed twin (sweep's own,
+/// cuBLAS's in-place products, candle-flash-attn's forward), each checked
+/// against it when a CUDA device opens ([`selfcheck`]).
 #[derive(
     Debug,
     Clone,

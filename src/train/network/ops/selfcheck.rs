@@ -83,9 +83,7 @@ pub fn cases(device: &Device) -> Result<Vec<Case>> {
 }
 
 /// The most tokens a case at a run's shapes takes when checked, and when
-/// timed, and the most rows of a table (the embedding's, the gradient
-/// norm's: rows, not widths): the check's cost bounded (docs/gpu.md gives
-/// it at ref-8b's shapes).
+/// timed, and the most rows of a table (the check's cost: docs/gpu.md).
 pub const RUN_TOKENS: usize = 128;
 pub const TIMED_TOKENS: usize = 2048;
 pub const RUN_TABLE_ROWS: usize = 8_192;
@@ -251,10 +249,8 @@ pub fn slower(timings: &[Timing]) -> Vec<Kernel> {
 /// (`true`): [`check::time`] on the device; planted in the tests.
 pub type Clock<'a> = &'a dyn Fn(&Case, DType, bool) -> Result<f64>;
 
-/// Times each of sweep's kernels in `cases` but those `left_out` against
-/// its twin, each case in `dtype_of` it. A kernel one of whose cases cannot
-/// run while timed (out of memory at the run's tokens) is left untimed: it
-/// keeps its path.
+/// Times each of sweep's kernels in `cases` but those `left_out` against its
+/// twin, in `dtype_of` each case; one that cannot run while timed keeps its path.
 pub fn time(
     cases: &[Case],
     dtype_of: &dyn Fn(&Case) -> DType,

@@ -132,11 +132,8 @@ pub struct Resume<'a> {
 }
 
 impl TrainState {
-    /// Checks that this checkpoint belongs to the run about to resume from
-    /// it (`model`, `training_steps`, the tokenizer's `vocab`) and that
-    /// every value it records is one a trainer can have written: a damaged
-    /// or foreign state is an error naming `dir`, never an allocation, a
-    /// wrapped count or a hang.
+    /// Checks that this checkpoint belongs to the run about to resume from it
+    /// and holds only values a trainer can write: else an error naming `dir`.
     pub fn check(&self, model: &ModelIdentity, training_steps: usize, dir: &Path) -> Result<()> {
         let at = dir.display();
         if let Some(m) = self.model.as_ref().filter(|m| *m != model) {
@@ -297,13 +294,9 @@ fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join(DIR).join(format!("step-{step:08}"))
 }
 
-/// Writes a checkpoint of every rank's state: in the contiguous order ranks
-/// other than 0 leave their data position beside the checkpoints and rank 0
-/// gathers them into its `state.json`; rank 0 writes the model (identical on
-/// every rank) and the optimizer's moments, or, when `sharded` (ZeRO), every
-/// rank its own share of them, which rank 0 moves in. Every rank returns once
-/// the checkpoint is complete, so a rank that exits afterwards (to be
-/// requeued) cannot leave it half-written.
+/// Writes a checkpoint of every rank's state: rank 0 the model, the moments
+/// (or under ZeRO every rank its share) and the ranks' data positions. Every
+/// rank returns once it is complete, so none can leave it half-written.
 pub fn save_all_ranks(
     run_dir: &Path,
     params: &Params,

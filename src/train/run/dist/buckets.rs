@@ -9,15 +9,11 @@ use crate::train::network::grads::Grads;
 use anyhow::{bail, Context, Result};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
-/// How a step's gradients travel: consecutive tensors, in the order the
-/// backward pass finishes them, packed into buckets of at most
-/// [`BUCKET_BYTES`] (a larger tensor travels alone). A bucket also ends
-/// where the backward pass moves to the next stage (block) once it holds
-/// [`MIN_BUCKET_BYTES`]: it starts as soon as its stage is done instead of
-/// waiting for the next, and the last bucket — the one no computing is left
-/// to hide — is the last block's gradient, not several blocks'. Overlapped
-/// and blocking sums use the same buckets in the same order, so they make
-/// the same calls with the same data: the same sums, bit for bit.
+/// How a step's gradients travel: consecutive tensors in the order the
+/// backward pass finishes them, in buckets of at most [`BUCKET_BYTES`], each
+/// ending at a block's end once it holds [`MIN_BUCKET_BYTES`] (so the last,
+/// unhidden, bucket is one block's). Overlapped and blocking sums use the
+/// same buckets: the same sums, bit for bit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Buckets {
     /// Each bucket's tensors, as positions in the order given.
@@ -51,11 +47,8 @@ impl Buckets {
 }
 
 /// A bucket's two f32 buffers on the host (CPU ranks): the gradients are
-/// views of one, their sum lands in the other, and the two swap every step
-/// — PyTorch DDP's gradients as bucket views, double-buffered because MPI
-/// sums into a second buffer. Nothing is packed, unpacked or allocated per
-/// step (each was a copy of every gradient byte, and fresh pages to fault
-/// in, on the cores the backward pass runs on).
+/// views of one, MPI sums into the other, and they swap every step (PyTorch
+/// DDP's bucket views): nothing packed or allocated per step.
 struct Pair {
     flats: [Tensor; 2],
     /// The buffer the gradients are views of.
@@ -177,14 +170,10 @@ fn size_of_tensor(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }
 
-/// The gradients in the order the backward pass finishes them — the head,
-/// the blocks from the last, the embeddings — and their buckets: planned
-/// once per run, the same on every rank.
-///
-/// The token embedding's gradient is finished by the backward pass's last op,
-/// so nothing is left to hide its sum behind, and it is large (a vocabulary
-/// of rows: half of `small`'s bytes). Only the rows of the step's tokens can
-/// be non-zero, so it travels as those rows (`sum_rows`), outside the buckets.
+/// The gradients in the order the backward pass finishes them, and their
+/// buckets: planned once per run, the same on every rank. The token
+/// embedding's (finished last, and large) travels as its used rows
+/// ([`sum_rows`]), outside the buckets.
 pub struct GradientLayout {
     names: Vec<String>,
     /// When each tensor is finished.
@@ -199,10 +188,8 @@ pub struct GradientLayout {
     shards: Option<Shards>,
 }
 
-/// ZeRO's side of the layout: every bucket, and the embedding's table, is
-/// reduce-scattered — summed, each rank receiving its block of the sum, the
-/// bucket padded with zeros to a multiple of the world size — instead of
-/// all-reduced.
+/// ZeRO's side of the layout: every bucket and the embedding's table
+/// reduce-scattered (padded to a multiple of the world size), not all-reduced.
 pub struct Shards {
     /// 1: the ranks keep their gradient buffers from step to step (the
     /// buckets' views); 2: each buffer is dropped once its sum is scattered.
@@ -295,10 +282,8 @@ impl GradientLayout {
         self.shards.as_ref()
     }
 
-    /// The bytes the sums need beside the gradient buffers, kept from step
-    /// to step: each all-reduced bucket's second buffer (the gradients are
-    /// views of the first), or under ZeRO this rank's blocks (a scattered
-    /// bucket is the gradients' own buffer).
+    /// The bytes the sums keep beside the gradient buffers: each bucket's
+    /// second buffer, or under ZeRO this rank's blocks.
     pub fn sum_bytes(&self) -> usize {
         match &self.shards {
             Some(sh) => sh.sums.iter().map(size_of_tensor).sum(),
@@ -464,10 +449,8 @@ impl GradientSum<'_> {
         Ok(())
     }
 
-    /// Every gradient summed over the ranks, in place (or, under ZeRO, this
-    /// rank's blocks of the sums in the layout's [`Shards`]): waits for the
-    /// background's buckets, or sums the same buckets now (the same calls on
-    /// the same buffers).
+    /// Every gradient summed over the ranks in place (under ZeRO, this rank's
+    /// blocks): the background's buckets waited for, or the same summed now.
     pub fn finish(mut self, comm: &dyn Collective, grads: &mut Grads) -> Result<()> {
         if comm.is_single() && self.layout.shards.is_none() {
             return Ok(());
@@ -511,13 +494,8 @@ impl GradientSum<'_> {
 }
 
 /// Sums a table's gradient over all ranks where only the rows some rank
-/// marked in `used` can be non-zero (exactly +0.0 elsewhere, as an
-/// embedding's gradient is outside its inputs' rows): the ranks first agree
-/// on the union of their rows (a sum of marks), then sum those rows alone
-/// and write them back in place. Every other row is +0.0 on every rank, so
-/// its sum is too: the result is the full sum's, bit for bit, for a
-/// fraction of the bytes (a step of `small` at 4 × 256 tokens per rank
-/// uses ~400 of 32,000 rows).
+/// marked in `used` can be non-zero: the union of the rows first, then those
+/// rows alone, in place — the full sum's bits for a fraction of the bytes.
 pub fn sum_rows(comm: &dyn Collective, table: &mut Tensor, used: &[bool]) -> Result<()> {
     let (rows, dim) = table.dims2()?;
     let device = table.device();

@@ -185,12 +185,8 @@ pub fn connect(ranks: Ranks, device: &Device, rt: &RuntimeOptions) -> Result<Box
     bail!("{} ranks on GPUs need a build with the `nccl` feature (scripts/build-gpu.sh; see docs/data-parallelism.md)", ranks.world_size)
 }
 
-/// The most a bucket of gradients holds (PyTorch DDP's default): few enough
-/// calls to amortise latency, small enough to bound the extra memory of the
-/// concatenated copy. A bucket closes earlier, at a block's end once it
-/// holds [`buckets::MIN_BUCKET_BYTES`], and the token embedding's gradient
-/// travels by rows; the scaling forecast counts whole 25 MiB buckets, as
-/// PyTorch sends them.
+/// The most a bucket of gradients holds (PyTorch DDP's default): few calls,
+/// bounded extra memory. The scaling forecast counts whole 25 MiB buckets.
 pub const BUCKET_BYTES: usize = crate::estimate::scaling::BUCKET_BYTES;
 
 /// How a bucket is summed: whole on every rank (all-reduce), or each rank

@@ -15,10 +15,8 @@ pub struct Mpi {
     ranks: Ranks,
     world: SimpleCommunicator,
     library: String,
-    /// The thread that sums buckets during the backward pass, on a
-    /// duplicate of `world`, when MPI lets a second thread call it (never at
-    /// the same time as the first): one for the engine's life, so that MPI
-    /// sees the same two threads all run long, not a new one every step.
+    /// The thread that sums buckets during the backward pass, on a duplicate
+    /// of `world`, where MPI allows: one for the engine's life.
     summer: Option<Summer>,
     /// Sum buckets after the backward pass even where MPI allows a thread
     /// (`SWEEP_BLOCKING_ALLREDUCE`, to compare: the sums are the same, bit
@@ -30,12 +28,9 @@ pub struct Mpi {
 
 impl Mpi {
     pub fn init(ranks: Ranks, blocking: bool) -> Result<Mpi> {
-        // ZeRO's reduce-scatter: Open MPI 4.1 picks a reduce to one rank and a
-        // scatter for a few ranks, which sends each bucket whole; recursive
-        // halving sends half, as the forecast assumes (docs/performance.md:
-        // 63% of a step exposed at 0.5 Gbit/s, 50% with it). Read at
-        // MPI_Init, before which this process's other threads read no
-        // environment; a setting already there wins.
+        // ZeRO's reduce-scatter by recursive halving (Open MPI 4.1's default
+        // for few ranks sends each bucket whole: docs/performance.md), set
+        // before MPI_Init reads it; a setting already there wins.
         for (key, value) in [
             ("OMPI_MCA_coll_tuned_use_dynamic_rules", "1"),
             ("OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm", "3"),

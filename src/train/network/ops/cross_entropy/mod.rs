@@ -85,9 +85,8 @@ fn computed_by_slices(
 }
 
 /// A micro-batch's labels as [`loss_and_grad`] takes them: the host's
-/// (−100: ignored), and where the CUDA kernel takes them, the same as u32
-/// (ignored: u32::MAX) on the device, uploaded once with the token ids at
-/// the start of the pass rather than a slice at a time in the middle of it.
+/// (−100: ignored), and where the GPU's kernel runs, as u32 (ignored:
+/// u32::MAX) uploaded once at the pass's start.
 #[derive(Debug, Clone)]
 pub struct Labels<'a> {
     pub host: &'a [i64],
@@ -269,10 +268,8 @@ fn loss_and_grad_gpu<S: Store>(
     })
 }
 
-/// The loss and d logits in one op on the CPU: per row, one exponential per
-/// logit (stored, then scaled by 1/Σ), where the separate forward and
-/// backward ops took three. Output [N + 1, V]: d logits, then a row whose
-/// first value is the loss (summed over rows in order, divided by `divisor`).
+/// The loss and d logits in one op on the CPU (one exponential per logit):
+/// [N + 1, V], d logits then a row whose first value is the loss.
 struct LossAndGradCpu {
     labels: Arc<Vec<i64>>,
     divisor: f32,

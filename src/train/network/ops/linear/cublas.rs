@@ -163,11 +163,8 @@ impl Gemm {
     }
 }
 
-/// [`super::add_gradient`] on a GPU, in place: the weight's gradient buf
-/// [out, in] += dyᵀ·x or the input's acc [N, in] += dy·w. With `bf16`
-/// (bf16-mixed: f32 buffers and activations) the operands go to cuBLAS in
-/// bf16 and the sum stays in f32, as autocast's products do; f32 arithmetic
-/// in every case (CUBLAS_COMPUTE_32F, no TF32).
+/// [`super::add_gradient`] on a GPU, in place; with `bf16` the operands go
+/// to cuBLAS in bf16 and the sum stays f32 (as autocast), f32 arithmetic.
 pub(super) fn add_gradient(
     which: Gradient,
     buf: &mut Tensor,

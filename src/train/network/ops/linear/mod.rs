@@ -171,12 +171,9 @@ pub(super) fn add_gradient(
     super::accumulate::add(buf, &product)
 }
 
-/// sum[.., :keys, :] += aᵀ · b for every matrix of the leading dimensions,
-/// with a [.., M, keys], b [.., M, d] (both contiguous, f32 or bf16) and the
-/// sum [.., T, d] (contiguous f32, T ≥ keys): on a GPU one strided-batched
-/// cuBLAS GEMM with beta = 1 written into the sum (f32 arithmetic), instead of
-/// a product tensor, its cast to f32 and an add over a strided slice.
-/// Attention's backward sums dK and dV over its tiles of queries this way.
+/// sum[.., :keys, :] += aᵀ · b for every matrix of the leading dimensions
+/// (a [.., M, keys], b [.., M, d], sum [.., T, d] in f32, all contiguous):
+/// one strided-batched cuBLAS GEMM into the sum (attention's dK and dV).
 pub fn add_batched_product(sum: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
     sum.inplace_op3(a, b, &cublas::AddBatchedProduct)
 }
