@@ -9,19 +9,24 @@ use crate::train::network::params::Params;
 use candle_core::backprop::GradStore;
 use candle_core::Device;
 
-fn spec(dtype: DType, recompute: Recompute, attention: AttentionKind) -> ModelSpec {
-    // Grouped queries (4 heads over 2 KV heads), 3 blocks, vocabulary 50.
+/// A model of width `dim` and `blocks` blocks with grouped queries (4 heads
+/// over 2 KV heads) and a vocabulary of 50.
+fn shape(dim: usize, blocks: usize) -> ModelConfig {
     let o = ModelOverrides {
-        dim: Some(16),
-        n_layers: Some(3),
+        dim: Some(dim),
+        n_layers: Some(blocks),
         n_heads: Some(4),
         n_kv_heads: Some(2),
         vocab_size: Some(50),
         multiple_of: Some(16),
         ..Default::default()
     };
+    ModelConfig::resolve("tiny", &o).unwrap()
+}
+
+fn spec(dtype: DType, recompute: Recompute, attention: AttentionKind) -> ModelSpec {
     ModelSpec {
-        cfg: ModelConfig::resolve("tiny", &o).unwrap(),
+        cfg: shape(16, 3),
         attention,
         max_seq: 8,
         device: Device::Cpu,
@@ -233,17 +238,8 @@ fn each_blocks_cache_is_freed_after_its_backward() -> Result<()> {
 /// The model of [`spec`] with one block and heads of 16 (the fused attention
 /// backward's smallest) over 16 positions, bf16 products where `bf16`.
 fn wide_spec(attention: AttentionKind, bf16: bool) -> ModelSpec {
-    let o = ModelOverrides {
-        dim: Some(64),
-        n_layers: Some(1),
-        n_heads: Some(4),
-        n_kv_heads: Some(2),
-        vocab_size: Some(50),
-        multiple_of: Some(16),
-        ..Default::default()
-    };
     ModelSpec {
-        cfg: ModelConfig::resolve("tiny", &o).unwrap(),
+        cfg: shape(64, 1),
         max_seq: 16,
         bf16_matmuls: bf16,
         ..spec(DType::F32, Recompute::None, attention)
