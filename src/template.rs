@@ -1,22 +1,14 @@
-//! The minijinja environment shared by manifests (derived values, run names,
-//! command lines), job scripts and pages.
-//!
-//! Scripts (`*.sbatch*`, `*.sh*`) and command lines auto-escape every value as
-//! a shell word, so nothing rendered into a script can split or inject, and
-//! refuse a value holding a line break or another control character: quoting
-//! does not protect an `#SBATCH` line, where a newline starts a directive of
-//! its own. A template marks text that manifest validation has already
-//! checked (`#SBATCH` options, variable names) with `|safe`; `|shquote` makes
-//! one shell word of anything, line breaks included (a `bash -c` script).
-//! Pages (`*.html`) write every value as HTML text ([`esc`]).
+//! The minijinja environment of manifests (derived values, run names, command lines), job
+//! scripts and pages. Scripts and command lines escape every value as one shell word and refuse
+//! control characters (a newline would start an `#SBATCH` directive of its own); `|safe` marks
+//! what validation checked, `|shquote` quotes anything. Pages write values as HTML text ([`esc`]).
 
 use minijinja::value::Value;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 
 const SH: &str = "sh";
 
-/// How many steps one render may take (a template is user input: loops
-/// three deep would run for hours); a value takes tens, a job script thousands.
+/// How many steps one render may take: a template is user input (three nested loops run hours).
 pub const VALUE_FUEL: u64 = 100_000;
 pub const SCRIPT_FUEL: u64 = 1_000_000;
 /// An array's or a block's script, one line per run (rendered once).
@@ -74,9 +66,7 @@ impl Engine {
         env.add_filter("shquote", |v: Value| {
             Value::from_safe_string(shell_quote(&display(&v)))
         });
-        // A value written inside quotes in a command line (see
-        // `add_command`): escaped for those quotes, so that it stays the
-        // text between them whatever it holds.
+        // A value inside quotes in a command line (see `add_command`): escaped to stay their text.
         env.add_filter(IN_SINGLE_QUOTES, |v: Value| -> Result<Value, Error> {
             if v.is_safe() {
                 return Ok(v);
@@ -93,8 +83,8 @@ impl Engine {
                 "a value inside backquotes (`…{{ x }}…`) cannot be quoted safely: bash reads backslashes and backquotes there twice; write the substitution as $( … ), where the value is one word",
             ))
         });
-        // A here-document's body: bash expands `$`, backquotes and
-        // backslashes there (not quotes); under a quoted delimiter nothing.
+        // A here-document's body: bash expands `$`, backquotes and backslashes (under a quoted
+        // delimiter, nothing).
         env.add_filter(IN_HEREDOC, |v: Value| backslashed(v, &['\\', '$', '`']));
         env.add_filter(IN_HEREDOC_AS_WRITTEN, |v: Value| -> Result<Value, Error> {
             Ok(Value::from_safe_string(shell_text(&v)?))
@@ -111,15 +101,13 @@ impl Engine {
             .add_template_owned(name.to_string(), source.to_string())
     }
 
-    /// Adds a command line: like [`Engine::add`], but a value written inside
-    /// quotes (`--data "{{ dataset }}"`) is escaped for those quotes, not
-    /// quoted again (which would break the day a value holds a space).
+    /// Adds a command line: a value written inside quotes (`--data "{{ dataset }}"`) is escaped
+    /// for those quotes, not quoted again.
     pub fn add_command(&mut self, name: &str, source: &str) -> Result<(), Error> {
         self.add(name, &escape_for_quotes(source))
     }
 
-    /// Steps one render may take ([`VALUE_FUEL`] unless set; `None`: no
-    /// bound, for sweep's own templates).
+    /// Steps one render may take ([`VALUE_FUEL`] unless set; `None` for sweep's own templates).
     pub fn set_fuel(&mut self, steps: Option<u64>) {
         self.env.set_fuel(steps);
     }
@@ -142,8 +130,7 @@ impl Engine {
         self.env.template_from_str(src).map(|_| ())
     }
 
-    /// Evaluates a derived value: a string with `{{ }}` renders as a template
-    /// (giving a string), anything else is an expression (keeping its type).
+    /// Evaluates a derived value: `{{ }}` renders (a string), anything else is an expression.
     pub fn eval(&self, src: &str, ctx: &Value) -> Result<Value, Error> {
         if is_template(src) {
             self.env.render_str(src, ctx).map(Value::from)
@@ -161,12 +148,10 @@ impl Engine {
 }
 
 impl Engine {
-    /// Whether a template or expression reads the variable `name` (by its
-    /// syntax tree, not its text); one that does not compile reads nothing.
+    /// Whether a template or expression reads the variable `name`, by its syntax tree.
     pub fn uses(&self, src: &str, name: &str) -> bool {
         let vars = if is_template(src) {
-            // A template borrows its source for the environment's lifetime:
-            // a local environment (same delimiters) reads it.
+            // A template borrows its source for the environment's lifetime: a local environment reads it.
             let env = Environment::new();
             env.template_from_str(src)
                 .map(|t| t.undeclared_variables(false))
@@ -179,8 +164,7 @@ impl Engine {
     }
 }
 
-/// Text as HTML: `<`, `>`, `&` and quotes escaped, control characters
-/// written as escapes (they have no place in a page and some none in XML).
+/// Text as HTML: `<`, `>`, `&` and quotes escaped, control characters as escapes.
 pub fn esc(s: &str) -> String {
     let printable = crate::util::text::printable(s);
     let mut out = String::with_capacity(printable.len());
@@ -206,12 +190,10 @@ fn is_template(src: &str) -> bool {
     src.contains("{{") || src.contains("{%")
 }
 
-/// A value as the text a script may hold: one value (not a table), on one
-/// line.
+/// A value as a script may hold it: one value, on one line.
 fn shell_text(value: &Value) -> Result<String, Error> {
     if value.kind() == minijinja::value::ValueKind::Map {
-        // `{{ run }}` for `{{ run.name }}`: a dump of the table would reach
-        // the program as one garbled word.
+        // `{{ run }}` for `{{ run.name }}`: a table's dump would be one garbled word.
         let fields: Vec<String> = value
             .try_iter()
             .map(|keys| keys.map(|k| k.to_string()).collect())
@@ -239,9 +221,8 @@ fn shell_text(value: &Value) -> Result<String, Error> {
     Ok(s)
 }
 
-/// `v` with a backslash before each of the characters `special` (those
-/// bash reads inside double quotes, or a here-document), where it is not
-/// safe already.
+/// `v` with a backslash before each of `special` (what bash reads inside double quotes or a
+/// here-document), where not safe already.
 fn backslashed(v: Value, special: &[char]) -> Result<Value, Error> {
     if v.is_safe() {
         return Ok(v);
@@ -262,9 +243,7 @@ const IN_BACKQUOTES: &str = "in_backquotes";
 const IN_HEREDOC: &str = "in_heredoc";
 const IN_HEREDOC_AS_WRITTEN: &str = "in_heredoc_as_written";
 
-/// Where bash is in a command line: the contexts open at a point, the
-/// innermost last. A command substitution starts afresh inside double
-/// quotes (`"$(printf '%s' {{ v }})"` reads the value bare, as a word).
+/// Where bash is in a command line, innermost last. `$( )` starts afresh inside double quotes.
 #[derive(Clone, Copy, PartialEq)]
 enum Context {
     Single,
@@ -274,15 +253,10 @@ enum Context {
     Backquotes,
 }
 
-/// Rewrites each `{{ expr }}` that stands inside shell quotes in a command
-/// template to `{{ (expr)|in_single_quotes }}` or `|in_double_quotes`, and
-/// one inside backquotes to `|in_backquotes`, which refuses it (bash reads
-/// backslashes and backquotes there twice: no quoting holds), and one in a
-/// here-document's body to the filter for it. Quotes, `$( … )`, backquotes
-/// and here-documents are followed through the template's text as bash
-/// reads it (backslashes, comments); tags and `{% %}` blocks are passed
-/// over, so a quote opened in one branch of an `if` is not seen. Lines are
-/// kept, so errors keep their line numbers.
+/// Rewrites each `{{ expr }}` inside shell quotes to `{{ (expr)|in_single_quotes }}` (or double
+/// quotes, or a here-document's filter); inside backquotes to `|in_backquotes`, which refuses it.
+/// Quotes, `$( )`, backquotes and here-documents are followed as bash reads them; tags are passed
+/// over (a quote opened in one branch of an `if` is not seen). Lines keep their numbers.
 fn escape_for_quotes(src: &str) -> String {
     let mut out = String::with_capacity(src.len());
     let mut open: Vec<Context> = Vec::new();
@@ -353,9 +327,7 @@ fn escape_for_quotes(src: &str) -> String {
     out
 }
 
-/// The minijinja tag `rest` starts with, whole, and its opening (`{{`,
-/// `{%`, `{#`); `None` where it starts with none, or one left unclosed
-/// (minijinja says where).
+/// The minijinja tag `rest` starts with, and its opening; `None` for none or one left unclosed.
 fn tag_at(rest: &str) -> Option<(&str, &'static str)> {
     let tag = ["{{", "{%", "{#"]
         .into_iter()
@@ -386,9 +358,7 @@ fn filtered(whole: &str, tag: &str, filter: Option<&str>) -> String {
     format!("{{{{{open} ({inner})|{filter} {shut}}}}}")
 }
 
-/// A here-document (`<<EOF`, `<<-'EOF'`): its body's lines run to the one
-/// that is its delimiter. Where the delimiter is quoted the body is taken
-/// as written; else bash expands `$`, backquotes and backslashes in it.
+/// A here-document (`<<EOF`, `<<-'EOF'`): a quoted delimiter takes the body as written.
 struct Heredoc {
     delimiter: String,
     literal: bool,
@@ -397,8 +367,7 @@ struct Heredoc {
 }
 
 impl Heredoc {
-    /// The here-document whose `<<` precedes `rest`, and how much of
-    /// `rest` its operator and delimiter take.
+    /// The here-document whose `<<` precedes `rest`, and the length of its operator and delimiter.
     fn begun(rest: &str) -> Option<(Heredoc, usize)> {
         let tabs = rest.starts_with('-');
         let after = &rest[usize::from(tabs)..];
@@ -424,9 +393,7 @@ impl Heredoc {
     }
 }
 
-/// The bodies of `heredocs`, in order, from `rest` (the line after their
-/// operators) into `out`, each `{{ }}` in them escaped for the body; what
-/// follows the last.
+/// The bodies of `heredocs` from `rest` into `out`, each `{{ }}` escaped for the body; what follows.
 fn heredoc_bodies<'a>(mut rest: &'a str, heredocs: Vec<Heredoc>, out: &mut String) -> &'a str {
     for h in heredocs {
         while !rest.is_empty() {
@@ -469,8 +436,7 @@ fn heredoc_bodies<'a>(mut rest: &'a str, heredocs: Vec<Heredoc>, out: &mut Strin
     rest
 }
 
-/// Where `close` ends the tag that `rest` starts with, past any string
-/// literal inside the tag.
+/// Where `close` ends the tag `rest` starts with, past string literals.
 fn tag_end(rest: &str, close: &str) -> Option<usize> {
     let mut in_string: Option<char> = None;
     let mut chars = rest.char_indices().skip(2);
@@ -509,10 +475,8 @@ pub fn shell_quote(s: &str) -> String {
     }
 }
 
-/// The shell line that starts a job's program (under `bash -c`): one simple
-/// command is `exec`ed (through `env` after assignments; builtins not) so
-/// SLURM's signals reach the program, not a shell; a compound line runs
-/// under `pipefail` (`train.py | tee log` fails with train.py).
+/// The shell line starting a job's program: one simple command is `exec`ed (so SLURM's signals
+/// reach it); a compound line runs under `pipefail` (`train.py | tee log` fails with train.py).
 pub fn launch_line(command: &str) -> String {
     let compound = command.contains(['\n', ';', '&', '|', '(', '`']) || command.contains("$(");
     if compound {
@@ -530,8 +494,7 @@ pub fn launch_line(command: &str) -> String {
     }
 }
 
-/// Whether bash runs `word` itself (bash 5.2's `compgen -b` and `-k`):
-/// `exec` cannot start it, so a line beginning with one runs as written.
+/// Whether bash runs `word` itself: `exec` cannot start it.
 fn is_builtin(word: &str) -> bool {
     const BASH: [&str; 80] = [
         ".",

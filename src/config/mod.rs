@@ -1,8 +1,5 @@
-//! What one run executes: the schema shared by a manifest's `[defaults]`, the
-//! `config.toml` written into every run directory, and `sweep train`.
-//!
-//! Every field has a default except `dataset`, so a manifest only states what
-//! it changes. Unknown keys are rejected everywhere.
+//! What one run executes: the schema of a manifest's `[defaults]`, each run's `config.toml` and
+//! `sweep train`. Every field but `dataset` has a default; unknown keys are rejected.
 
 pub mod hints;
 pub mod model;
@@ -12,9 +9,7 @@ mod validate;
 pub(crate) use validate::check_range;
 pub use validate::ConfigError;
 
-/// Whether the built-in trainer sums gradient buckets while its backward pass
-/// runs on `device` (what the scaling forecast assumes of it): with MPI
-/// between CPU ranks it does; NCCL sums them after the backward pass.
+/// Whether the trainer sums gradient buckets during the backward pass on `device` (MPI does; NCCL after).
 pub fn trainer_overlaps_allreduce(device: DeviceKind) -> bool {
     device == DeviceKind::Cpu
 }
@@ -26,21 +21,16 @@ pub use runtime::RuntimeOptions;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// The trainer's exit code for "checkpoint written on a signal: run me again".
-/// Job scripts requeue the job on it; the local executor restarts the run.
+/// The trainer's exit code for "checkpoint written on a signal: requeue me".
 pub const REQUEUE_EXIT: i32 = 99;
 
-/// The trainer's exit code for "the device ran out of memory" (CUDA's
-/// allocator refused), so that callers (the batch-size search) tell it from
-/// other failures without reading its log.
+/// The trainer's exit code for "the device ran out of memory", told apart without reading its log.
 pub const OUT_OF_MEMORY_EXIT: i32 = 98;
 
-/// `sweep watchdog`'s exit code for "the run stopped making progress and I
-/// stopped it": the run is HUNG.
+/// `sweep watchdog`'s exit code for "the run stopped making progress": HUNG.
 pub const HUNG_EXIT: i32 = 97;
 
-/// The launch doctor's exit code for "the run's nodes cannot meet": the
-/// run is FAILED, its reason the node and what it could not do.
+/// The launch doctor's exit code for "the run's nodes cannot meet": FAILED.
 pub const LAUNCH_EXIT: i32 = 96;
 
 /// Where the bundled default tokenizer lives, relative to the project root.
@@ -92,13 +82,11 @@ impl DatasetType {
 #[serde(rename_all = "kebab-case")]
 #[strum(serialize_all = "kebab-case")]
 pub enum DataOrder {
-    /// One sample sequence over the whole dataset whatever the world size,
-    /// each rank training on its slice (Megatron's sampler): a scaling
-    /// study's runs see the same data.
+    /// One sample order over the dataset whatever the world size, each rank its slice (Megatron's):
+    /// a scaling study's runs see the same data.
     #[default]
     Global,
-    /// Each rank reads its own contiguous range of documents, as the
-    /// reference study does: what a step trains on depends on the world size.
+    /// Each rank reads its own contiguous documents, as the reference does.
     Contiguous,
 }
 
@@ -107,9 +95,7 @@ impl DataOrder {
         self.into()
     }
 
-    /// Runs planned before the order could be chosen read the global order
-    /// when single-rank (the same samples either way), so the default is
-    /// left out of a run's configuration and its id stays as it was.
+    /// Left out of a run's configuration at its default, so ids planned before it stay.
     pub fn is_default(&self) -> bool {
         *self == DataOrder::default()
     }
@@ -156,8 +142,7 @@ pub enum Precision {
     F32,
     /// bf16 parameters, gradients and optimizer state (GPUs; the reference study).
     Bf16,
-    /// f32 weights and optimizer, matrix products with bf16 operands and f32
-    /// accumulation (the CPU's autocast: AMX or AVX-512 BF16 where the CPU has it, else a portable kernel).
+    /// f32 weights and optimizer, products with bf16 operands and f32 sums (the CPU's autocast).
     Bf16Mixed,
 }
 
@@ -189,9 +174,8 @@ pub enum AttentionKind {
     Flash,
 }
 
-/// Sequences per device and micro-batch: a number, or `"max"`, the largest
-/// that trains on the device, found by `sweep train` when the job starts
-/// (real steps at growing sizes; `memory_limit_gb` bounds it on a CPU).
+/// Sequences per device and micro-batch: a number, or `"max"`, the largest that trains,
+/// found by `sweep train` when the job starts (`memory_limit_gb` bounds it on a CPU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchSize {
     Fixed(usize),
@@ -252,9 +236,7 @@ pub enum Recompute {
     /// Keep every activation the backward pass needs.
     #[default]
     None,
-    /// Keep only each block's input and run the block again in the backward
-    /// pass: activation memory of one block instead of all, for a third more
-    /// compute in the blocks.
+    /// Keep only each block's input and rerun the block in the backward pass.
     Blocks,
 }
 
@@ -285,12 +267,10 @@ impl Default for MonitorConfig {
     }
 }
 
-/// The most tokens one device may train on per step (batch × sequence ×
-/// accumulation), held in memory at once: 2^28 (3.2 GB of ids).
+/// The most tokens one device may hold per step (batch × sequence × accumulation): 2^28.
 pub const MAX_TOKENS_PER_STEP: usize = 1 << 28;
 
-// The largest values a run's counts may take: beyond them a value is a typo,
-// and the allocations, loops and thread pools they size exhaust the machine.
+// Limits on a run's counts: beyond them a value is a typo that would exhaust the machine.
 /// Tokens per sequence: a million.
 pub const MAX_SEQUENCE_LENGTH: usize = 1 << 20;
 /// Sequences per device and micro-batch.
@@ -356,10 +336,8 @@ fn is_zero(z: &u8) -> bool {
     *z == 0
 }
 
-/// Special-token overrides (token strings) from the manifest or the command
-/// line; by default a tokenizer's own are used. A manifest spells them
-/// `bos_token`, `eos_token` and `pad_token` among the data keys
-/// ([`TrainConfig::specials`]).
+/// Special-token overrides from the manifest (`bos_token`, `eos_token`, `pad_token`) or the
+/// command line; by default the tokenizer's own.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SpecialTokens {
     pub bos: Option<String>,
@@ -367,8 +345,7 @@ pub struct SpecialTokens {
     pub pad: Option<String>,
 }
 
-/// The built-in trainer's configuration: `[defaults]` in a manifest, one
-/// `config.toml` per run.
+/// The built-in trainer's configuration: `[defaults]` in a manifest, `config.toml` in a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
@@ -384,16 +361,14 @@ pub struct TrainConfig {
     pub pad_token: Option<String>,
     pub dataset_type: DatasetType,
     pub pretokenized: bool,
-    /// The pretokenized file to read when `pretokenized = true`. The planner
-    /// fills it with its pretokenize stage's output unless the manifest sets it.
+    /// The pretokenized file (`pretokenized = true`); the planner's pretokenize output by default.
     pub pretokenized_path: Option<PathBuf>,
     pub sequence_length: usize,
     /// Documents held out for validation, taken from the end of the dataset.
     pub validation_documents: usize,
     /// Batches prepared ahead of the train step by the background loader.
     pub prefetch: usize,
-    /// With several ranks: one global sample order (the default) or the
-    /// reference's contiguous shard per rank.
+    /// With several ranks: one global sample order or the reference's shard per rank.
     #[serde(skip_serializing_if = "DataOrder::is_default")]
     pub data_order: DataOrder,
 
@@ -406,16 +381,13 @@ pub struct TrainConfig {
     pub attention: AttentionKind,
     pub recompute: Recompute,
     pub device: DeviceKind,
-    /// Which CUDA kernels the run takes (`SWEEP_CUDA_KERNELS`'s values),
-    /// to compare them as an axis; unset: the process's variable.
+    /// Which CUDA kernels the run takes (`SWEEP_CUDA_KERNELS`'s values); unset: the process's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernels: Option<runtime::CudaKernels>,
 
     // --- optimisation
     pub batch_size: BatchSize,
-    /// ZeRO stage over the data-parallel ranks: 0 every rank holds the whole
-    /// optimizer state, 1 each rank its shard of AdamW's moments, 2 also only
-    /// its shard of the summed gradients (docs/data-parallelism.md).
+    /// ZeRO stage: 0 whole optimizer state per rank, 1 AdamW's moments sharded, 2 gradients too.
     #[serde(skip_serializing_if = "is_zero")]
     pub zero: u8,
     pub gradient_accumulation: usize,
@@ -435,8 +407,7 @@ pub struct TrainConfig {
     pub logging_frequency: usize,
     /// Save a checkpoint every this many steps (0: only on SIGUSR1/SIGTERM and at the end).
     pub checkpoint_every: usize,
-    /// Save one after the last step too. Throughput studies of large models
-    /// turn it off: an 8B model's weights and AdamW state are ~100 GB a run.
+    /// Save one after the last step too (an 8B model's is ~100 GB: throughput studies turn it off).
     pub checkpoint_at_end: bool,
     /// Validation loss every this many steps (0: off).
     pub validation_every: usize,
@@ -447,8 +418,7 @@ pub struct TrainConfig {
     pub gpu: Option<String>,
     /// Peak FLOP/s per device; overrides the table (and the CPU measurement).
     pub peak_flops: Option<f64>,
-    /// On a CPU, the resident memory `batch_size = "max"` may use, in GB
-    /// (default: 80% of what is available when the job starts).
+    /// On a CPU, the memory `batch_size = "max"` may use, in GB (default: 80% of what is free).
     pub memory_limit_gb: Option<f64>,
     pub monitor: MonitorConfig,
 }
@@ -505,9 +475,7 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// The special-token overrides. (Three flat keys, not a nested struct:
-    /// they are manifest keys, and serde's `flatten` cannot be combined with
-    /// the `deny_unknown_fields` that catches misspelt keys.)
+    /// The special-token overrides (flat keys: serde's `flatten` defeats `deny_unknown_fields`).
     pub fn specials(&self) -> SpecialTokens {
         SpecialTokens {
             bos: self.bos_token.clone(),
@@ -542,9 +510,8 @@ impl TrainConfig {
         Ok(cfg)
     }
 
-    /// How many steps write a metrics line: the first, every
-    /// `logging_frequency`-th, every validation step and the last (as the
-    /// trainer's schedule logs them; a test keeps the two equal).
+    /// How many steps write a metrics line: the first, every `logging_frequency`-th, every
+    /// validation step and the last.
     pub fn logged_steps(&self) -> usize {
         let n = self.training_steps;
         let multiples = |k: usize| n.checked_div(k).unwrap_or(0);
@@ -567,8 +534,7 @@ impl TrainConfig {
         count
     }
 
-    /// Sequences per micro-batch; an unresolved `max` counts as 1 (planning's
-    /// lower bound). `sweep train` resolves `max` before training.
+    /// Sequences per micro-batch; an unresolved `max` counts as 1 (planning's lower bound).
     pub fn batch(&self) -> usize {
         self.batch_size.fixed().unwrap_or(1)
     }

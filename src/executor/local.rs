@@ -1,12 +1,8 @@
-//! The local executor: runs jobs as child processes on this machine, N at a
-//! time, stages before the runs that need them. Each job logs to
-//! `<dir>/local.out`, records its state in `<dir>/local.json`, and its own
-//! shell writes its exit status into `<dir>/exit_code` as it exits — so how
-//! a job ended is known even when the `sweep` that started it was killed.
-//! Ctrl-C, SIGTERM and SIGHUP stop the children cleanly: SIGTERM to each
-//! job's process group (the trainer checkpoints on it), SIGKILL after a
-//! grace period; the runs stopped or not yet started are INTERRUPTED, and
-//! the next `sweep run` continues them.
+//! The local executor: jobs as child processes, N at a time, stages first. Each job logs to
+//! `local.out`, records its state in `local.json`, and its shell writes its exit status into
+//! `exit_code`, so how it ended is known even if sweep was killed. A stop signal sends SIGTERM
+//! to each job's group, SIGKILL after a grace; what did not finish is INTERRUPTED, and the
+//! next `sweep run` continues it.
 
 use super::{ended, job_env, Decision, Event, Executor, State, Status, Submitted, Unit, UnitKind};
 use crate::manifest::{ExecutorKind, Launcher};
@@ -38,8 +34,7 @@ struct LocalState {
     state: State,
     /// The job's process (also its process group).
     pid: Option<u32>,
-    /// When that process started (clock ticks after boot, from
-    /// `/proc/<pid>/stat`): a later process given the same pid is not it.
+    /// When that process started (`/proc/<pid>/stat`): a later process with its pid is not it.
     #[serde(default)]
     pid_start: Option<u64>,
     /// The `sweep` process that runs the job.
@@ -52,15 +47,13 @@ struct LocalState {
     /// Set by `sweep cancel`: the job must not be started or restarted.
     #[serde(default)]
     cancel_requested: bool,
-    /// How many times the run started before in this directory (requeued,
-    /// or run again after an interrupt or a failure): `SWEEP_RESTART_COUNT`.
+    /// How many times the run started before in this directory: `SWEEP_RESTART_COUNT`.
     #[serde(default)]
     restarts: u32,
 }
 
 impl LocalState {
-    /// How many times the run in `dir` has started so far: its record's
-    /// count, plus the start it records if it did start.
+    /// How many times the run in `dir` has started so far.
     fn starts_before(dir: &Path) -> u32 {
         LocalState::load(dir).map_or(0, |s| {
             s.restarts.saturating_add(u32::from(s.started_at.is_some()))
@@ -125,8 +118,7 @@ pub struct Outcome {
     pub kind: UnitKind,
     pub status: Status,
     pub seconds: f64,
-    /// For a unit that did not complete, the last line of its log: usually
-    /// the error, so that a failed sweep says why without opening files.
+    /// For a unit that did not complete, its log's last line: usually the error.
     pub last_log_line: Option<String>,
 }
 
@@ -161,8 +153,7 @@ impl Executor for LocalExecutor {
             }
             return Ok(Submitted::default());
         }
-        // Every run can start here, or nothing starts: every rank of a
-        // local run is a process on this machine.
+        // Every rank of a local run is a process here: every run fits, or nothing starts.
         for u in units
             .iter()
             .zip(decisions)
@@ -177,8 +168,7 @@ impl Executor for LocalExecutor {
                     launch.world_size
                 );
             }
-            // Every run's launcher is found before the first starts: a study
-            // that sweeps `launcher` fails before it began, not halfway.
+            // Every launcher is found first: a study sweeping `launcher` fails before it began.
             let (tool, install) = match launch.launcher {
                 Launcher::Torchrun => ("torchrun", "install PyTorch (pip install torch) where sweep runs, or activate its environment"),
                 Launcher::Mpirun => ("mpirun", "install Open MPI (apt-get install openmpi-bin) or MPICH"),
@@ -208,9 +198,8 @@ impl Executor for LocalExecutor {
     }
 }
 
-/// Runs the units the decisions say to submit, until all are done or a
-/// stop signal arrives; reports every start and end, and ticks about once a
-/// second. Returns the outcomes and the signal that stopped it, if one did.
+/// Runs the units to submit until all are done or a stop signal arrives; returns the outcomes
+/// and that signal.
 pub fn run(
     units: &mut [Unit],
     decisions: &[Decision],
@@ -267,8 +256,7 @@ struct Pool {
 }
 
 impl Pool {
-    /// Queues every unit to submit, recording it as PENDING at once so
-    /// `sweep status` shows it; stages that need no run count as done.
+    /// Queues every unit to submit as PENDING at once, for `sweep status`.
     fn new(units: &mut [Unit], decisions: &[Decision], opts: LocalOptions) -> Result<Pool> {
         let threads = if opts.threads > 0 {
             opts.threads
@@ -299,8 +287,7 @@ impl Pool {
                 {
                     done[i] = Some(*s)
                 }
-                // Still running under a `sweep` that was killed: followed
-                // until it ends, for the runs that wait for it.
+                // Still running under a killed `sweep`: followed until it ends.
                 Decision::Skip(_) if u.kind == UnitKind::Stage => elsewhere.push(i),
                 _ => {}
             }
@@ -351,8 +338,7 @@ impl Pool {
         self.outcomes.push(o);
     }
 
-    /// Starts queued units whose stage is done, up to `parallel` at a time;
-    /// cancels those whose stage failed or that `sweep cancel` marked.
+    /// Starts queued units whose stage is done, `parallel` at a time; cancels the rest that must be.
     fn start_ready(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
         self.follow_elsewhere(units)?;
         let mut waiting = VecDeque::new();
@@ -391,8 +377,7 @@ impl Pool {
         Ok(())
     }
 
-    /// Collects the jobs that exited; one that checkpointed on a signal
-    /// (exit 99) starts again, like SLURM's requeue.
+    /// Collects exited jobs; one that checkpointed on a signal (exit 99) starts again.
     fn reap(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
         for (mut r, status) in self.take_exited()? {
             let dir = &units[r.unit].dir;
@@ -413,8 +398,7 @@ impl Pool {
             r.state.state = match status.state {
                 State::Completed => State::Completed,
                 _ if cancelled => State::Cancelled,
-                // Signalled by someone else than this sweep: it did not
-                // complete, and nobody asked for it.
+                // Signalled by someone else: it did not complete.
                 st => st,
             };
             r.state.exit_code = status.exit_code;
@@ -430,8 +414,7 @@ impl Pool {
         Ok(())
     }
 
-    /// The running jobs that have exited, taken out of `running`, with how
-    /// they ended.
+    /// The running jobs that have exited, with how they ended.
     fn take_exited(&mut self) -> Result<Vec<Exited>> {
         let mut exited = Vec::new();
         let mut k = 0;
@@ -447,10 +430,8 @@ impl Pool {
         Ok(exited)
     }
 
-    /// A stop signal: SIGTERM to every job's process group, SIGKILL after
-    /// the grace period. What was stopped, or had not started yet, is
-    /// INTERRUPTED: the next `sweep run` runs it again (a trainer that wrote
-    /// its checkpoint continues from it).
+    /// A stop signal: SIGTERM to every job's group, SIGKILL after the grace; what did not finish
+    /// is INTERRUPTED, for the next `sweep run`.
     fn stop_all(&mut self, units: &[Unit], why: &str, on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
         for r in self.running.iter() {
             let _ = killpg(Pid::from_raw(r.child.id() as i32), Signal::SIGTERM);
@@ -492,11 +473,8 @@ impl Pool {
     }
 }
 
-/// What names a SLURM task. A job of the local executor is none, even where
-/// sweep itself runs inside an allocation (`sbatch --ntasks=4 --wrap "sweep
-/// run --executor local …"`): there these name sweep's own task, and the
-/// trainer of a one-rank run would take itself for rank 0 of 4 and wait for
-/// the other three.
+/// What names a SLURM task: unset for a local job, even inside an allocation, where it would
+/// name sweep's own task and a one-rank trainer would wait for ranks that never come.
 const SLURM_TASK_VARIABLES: &[&str] = &[
     "SLURM_PROCID",
     "SLURM_LOCALID",
@@ -510,8 +488,7 @@ const SLURM_TASK_VARIABLES: &[&str] = &[
 ];
 
 fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> Result<Running> {
-    // A run started before in its directory is restarted, whichever sweep
-    // started it (a requeue now, or a re-run after an interrupt).
+    // A run started before in its directory is a restart, whichever sweep started it.
     let restarts = LocalState::starts_before(&u.dir);
     let log_path = u.dir.join(LOG_FILE);
     let mut log = std::fs::OpenOptions::new()
@@ -559,8 +536,7 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
     for v in SLURM_TASK_VARIABLES {
         cmd.env_remove(v);
     }
-    // The run's share of the cores, unless `[slurm] env` says otherwise:
-    // its variables come after, as a job script exports them on SLURM.
+    // The run's share of the cores, unless `[slurm] env` says otherwise (it comes after).
     cmd.env("SWEEP_THREADS", threads.to_string())
         .env("RAYON_NUM_THREADS", threads.to_string())
         .env("OMP_NUM_THREADS", threads.to_string())
@@ -569,8 +545,7 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
-        // Its own process group: Ctrl-C in the terminal reaches sweep only,
-        // and sweep stops each job's whole tree.
+        // Its own process group: Ctrl-C reaches sweep only, and sweep stops each job's tree.
         .process_group(0);
     let child = cmd
         .spawn()
@@ -592,9 +567,8 @@ fn start(u: &Unit, index: usize, threads: usize, owner: u32, requeues: u32) -> R
     })
 }
 
-/// The job's program under a shell that outlives a stop signal and writes
-/// `<job id> <$?>` into `exit_code` (as the SLURM job scripts do); with
-/// `sweep`, it also records the host's fingerprint and load at both ends.
+/// The program under a shell that outlives a stop signal and writes `<job id> <$?>` into
+/// `exit_code`; with `sweep`, the host's fingerprint and load at both ends too.
 fn recording_exit(program: &Command, dir: &Path, job_id: &str, sweep: Option<&Path>) -> Command {
     const SCRIPT: &str = r#"dir=$1 ref=$2 sweep=$3; shift 3
 trap 'rc=$?; printf "%s %s\n" "$ref" "$rc" >"$dir/.exit_code.tmp" && mv -f "$dir/.exit_code.tmp" "$dir/exit_code"' EXIT
@@ -612,8 +586,7 @@ exit $rc"#;
     starting(c, program)
 }
 
-/// `c`, given `program` as its last arguments and `program`'s changes to
-/// the environment as its own: a wrapper that starts it.
+/// `c` as a wrapper starting `program`, with `program`'s environment changes.
 fn starting(mut c: Command, program: &Command) -> Command {
     c.arg(program.get_program()).args(program.get_args());
     for (key, value) in program.get_envs() {
@@ -625,8 +598,7 @@ fn starting(mut c: Command, program: &Command) -> Command {
     c
 }
 
-/// The program started by `sweep watchdog`, which stops it when the run
-/// stops making progress (as the SLURM job script does).
+/// The program started by `sweep watchdog`, which stops it when it stops making progress.
 fn watched(program: Command, watch: &Watch, dir: &Path, job_id: &str) -> Result<Command> {
     let sweep = std::env::current_exe().context("finding the sweep binary for the watchdog")?;
     let mut c = Command::new(sweep);
@@ -639,8 +611,7 @@ fn watched(program: Command, watch: &Watch, dir: &Path, job_id: &str) -> Result<
     Ok(starting(c, &program))
 }
 
-/// A TCP port free on this machine now, for a run's rendezvous
-/// (`MASTER_PORT`): runs side by side each get their own.
+/// A TCP port free now, for a run's `MASTER_PORT`.
 fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
         .context("finding a free port for a run's MASTER_PORT")?;
@@ -671,9 +642,7 @@ fn outcome(u: &Unit, s: &LocalState, seconds: f64) -> Outcome {
     }
 }
 
-/// The last non-empty line of a log (of its last 4 KiB; a progress bar's
-/// redrawn update is a line), cut to 300 characters, its terminal escapes
-/// and control characters made harmless: it is printed on the terminal.
+/// The last non-empty line of a log's last 4 KiB, cut to 300 characters and made safe to print.
 fn last_line(path: &Path) -> Option<String> {
     let tail = crate::util::fs::read_tail(path, 4096).ok()?;
     let tail = String::from_utf8_lossy(&tail);
@@ -697,8 +666,7 @@ fn to_status(s: &LocalState) -> Status {
     }
 }
 
-/// How the job's shell exited, read as its `$?` (the recording shell
-/// exits with its program's status: 128 + N for signal N).
+/// How the job's shell exited, as its `$?` (128 + N for signal N).
 fn exit_status(exit: std::process::ExitStatus) -> Status {
     use std::os::unix::process::ExitStatusExt;
     match (exit.code(), exit.signal()) {
@@ -711,8 +679,7 @@ fn exit_status(exit: std::process::ExitStatus) -> Status {
     }
 }
 
-/// The state of a local job: live while its process (or pending `sweep`)
-/// exists, else its recorded exit status, or INTERRUPTED.
+/// A local job's state: live while its process exists, else its exit status, or INTERRUPTED.
 pub fn status(dir: &Path, job_id: &str) -> Status {
     let Some(s) = LocalState::load(dir) else {
         return Status::new(State::Unknown).with_reason("no local.json in the run directory");
@@ -741,14 +708,12 @@ pub fn status(dir: &Path, job_id: &str) -> Status {
     .with_job(job_id)
 }
 
-/// The state a local job's record shows, without checking its process
-/// (for live views, many times a second).
+/// The state a local job's record shows, without checking its process.
 pub fn peek_state(dir: &Path) -> Option<State> {
     LocalState::load(dir).map(|s| s.state)
 }
 
-/// Stops what a job left running in its process group (as SLURM does when
-/// a script ends: it would slow the next run unseen); said in the job's log.
+/// Stops what a job left in its process group (as SLURM does), said in the job's log.
 fn stop_leftovers(pgid: u32, dir: &Path) {
     let Some(stopped) = stop_group(pgid) else {
         return;
@@ -775,8 +740,7 @@ fn cancel_requested(dir: &Path) -> bool {
     LocalState::load(dir).is_some_and(|s| s.cancel_requested)
 }
 
-/// Stops a local job from another process (`sweep cancel`): marks it so its
-/// `sweep` neither starts nor restarts it, then signals a running one.
+/// `sweep cancel` of a local job: marked so it never (re)starts, then signalled if running.
 pub fn cancel(dir: &Path) -> Result<()> {
     let Some(mut s) = LocalState::load(dir) else {
         return Ok(());

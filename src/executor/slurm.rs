@@ -1,8 +1,6 @@
-//! The SLURM executor: `sbatch --parsable`, one job array per group of runs
-//! that share a job header and throttle (tasks in the plan's order), or one
-//! job per block where blocks are packed; `afterok` on every stage job its
-//! runs need, and one `squeue` call for the state of
-//! the whole sweep.
+//! The SLURM executor: `sbatch --parsable`, one job array per group of runs sharing a header
+//! and throttle (or one job per packed block), `afterok` on the stage jobs its runs need, and
+//! one `squeue` for the whole sweep's states.
 
 use super::sbatch::{sbatch, Answer};
 use super::{Decision, Event, Executor, Held, State, Status, Submitted, Unit, UnitKind};
@@ -14,9 +12,8 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// What runs must share to go out as one array: header, throttle, excluded
-/// nodes — not their stage (split by stage, the studied axis would be
-/// confounded with the hour: the array waits for every stage its runs need).
+/// What runs share to go out as one array: header, throttle, excluded nodes — not their stage
+/// (split by stage, the studied axis would be confounded with the hour).
 type ArrayKey = (Vec<String>, Option<u32>, Vec<String>);
 
 /// One `sbatch` call.
@@ -29,12 +26,10 @@ pub struct Sbatch {
     pub array: bool,
     /// The block it runs, packed (`[slurm] pack`).
     pub block: Option<u32>,
-    /// The job ids it waits for: its stages' (`afterok`), and the array
-    /// before it where a throttled group larger than the cluster's
-    /// MaxArraySize goes out as several (`afterany`).
+    /// The job ids it waits for: its stages' (`afterok`), and the array before it where a throttled
+    /// group past MaxArraySize goes out as several (`afterany`).
     pub depends_on: Vec<String>,
-    /// The stages whose jobs those are, by name (what a dry run, without
-    /// ids, can say).
+    /// The stages whose jobs those are, by name (what a dry run can say).
     pub after_stages: Vec<String>,
 }
 
@@ -69,8 +64,7 @@ impl Executor for SlurmExecutor {
             .collect())
     }
 
-    /// Records each cancel in its run directory (SLURM soon forgets a job
-    /// that never started), before `scancel` frees room; taken back where it fails.
+    /// Records each cancel in its run directory (SLURM forgets unstarted jobs) before `scancel`.
     fn cancel(&self, jobs: &[(&str, &Path)]) -> Result<()> {
         let ids: Vec<String> = jobs.iter().map(|(id, _)| id.to_string()).collect();
         for (id, dir) in jobs {
@@ -84,8 +78,8 @@ impl Executor for SlurmExecutor {
     }
 }
 
-/// Submits what `decisions` says, stages first, recording each job id as
-/// sbatch returns it; past SLURM's queued-jobs limit the rest is held back.
+/// Submits what `decisions` says, stages first, recording each job id; past SLURM's submit
+/// limit the rest is held back.
 pub fn submit(
     study_dir: &Path,
     units: &mut [Unit],
@@ -118,14 +112,12 @@ struct Sending<'a> {
     on: &'a mut dyn FnMut(Event<'_>),
     /// By unit: submitted by this call.
     sent: Vec<bool>,
-    /// The submit limit SLURM named once it refused a job: nothing more is
-    /// sent.
+    /// The submit limit SLURM named once it refused a job: nothing more is sent.
     limit: Option<String>,
 }
 
 impl Sending<'_> {
-    /// The job id sbatch answered, or `None` where SLURM refused the job
-    /// for its submit limit: then nothing more is sent.
+    /// The job id sbatch answered, or `None` where SLURM refused it for its submit limit.
     fn queued(&mut self, answer: Answer) -> Option<String> {
         match answer {
             Answer::Queued(id) => Some(id),
@@ -145,8 +137,7 @@ impl Sending<'_> {
     }
 }
 
-/// The stages due; returns every stage's job that runs may wait for:
-/// stage index -> job id (new or still pending/running).
+/// Submits the stages due; every stage's job runs may wait for, by stage index.
 fn submit_stages(
     units: &mut [Unit],
     decisions: &[Decision],
@@ -166,8 +157,7 @@ fn submit_stages(
                 if !s.dry_run {
                     units[i].record_job(ExecutorKind::Slurm, id.clone())?;
                 }
-                // A dry run has no id: the stage's name keeps its runs apart
-                // from another stage's, as its id would.
+                // A dry run has no id: the stage's name keeps its runs apart, as its id would.
                 let dep = if s.dry_run {
                     units[i].name.clone()
                 } else {
@@ -201,9 +191,8 @@ fn after(dep: &[String]) -> Vec<String> {
     after_and(dep, None)
 }
 
-/// One `--dependency` (sbatch keeps only the last): `afterok` on `dep`,
-/// `afterany` on `any`; with `--kill-on-invalid-dep=yes`, else a failed
-/// stage leaves its dependants PENDING for ever where SLURM's default holds.
+/// One `--dependency` (sbatch keeps only the last): `afterok` on `dep`, `afterany` on `any`,
+/// with `--kill-on-invalid-dep=yes` (else a failed stage leaves dependants PENDING for ever).
 fn after_and(dep: &[String], any: Option<&str>) -> Vec<String> {
     let mut parts = Vec::new();
     if !dep.is_empty() {
@@ -268,8 +257,7 @@ fn submit_blocks(
     Ok(())
 }
 
-/// The other runs: those that share their #SBATCH header and throttle as
-/// one array, a run alone as its own job.
+/// The other runs: those sharing header and throttle as one array, a run alone as a job.
 fn submit_arrays(
     units: &mut [Unit],
     decisions: &[Decision],
@@ -286,17 +274,15 @@ fn submit_arrays(
             .or_default()
             .push(i);
     }
-    // An array's task indices run below the cluster's MaxArraySize: a larger
-    // group goes out as several arrays, each after the one before where a
-    // throttle holds (`%N` is per array: chained, N stays the most at once).
+    // Task indices stay below MaxArraySize: a larger group goes out as several arrays, each after
+    // the one before where a throttle holds (`%N` is per array).
     let max = match s.dry_run || groups.values().all(|m| m.len() < 2) {
         true => crate::util::slurm::DEFAULT_MAX_ARRAY_SIZE,
         false => crate::util::slurm::max_array_size(),
     };
     let going = throttled_going(units, decisions, &groups);
     for (key, members) in groups {
-        // A throttled group whose earlier array still runs (submitted
-        // before, or held back by a submit limit till now) waits for it.
+        // A throttled group whose earlier array still runs waits for it.
         let mut previous: Option<String> = going.get(&key).cloned();
         let (head, throttle, exclude) = key;
         let mut arrays: std::collections::VecDeque<&[usize]> = members.chunks(max).collect();
@@ -312,9 +298,7 @@ fn submit_arrays(
             };
             match submit_array(units, chunk, job, stage_jobs, s)? {
                 Answer::Queued(id) => previous = Some(id),
-                // Each task counts as a job against the limit: the first
-                // half may fit where the whole does not (the plan's order
-                // kept: the second half goes after it, or is held).
+                // Each task counts against the limit: the first half may fit where the whole does not.
                 Answer::Full(_) if chunk.len() > 1 => {
                     let (first, second) = chunk.split_at(chunk.len().div_ceil(2));
                     arrays.push_front(second);
@@ -328,9 +312,8 @@ fn submit_arrays(
     Ok(())
 }
 
-/// The newest job still pending or running of each throttled group in
-/// `groups` (its array's own id): `%N` bounds one array's tasks at once, so
-/// a group's next array waits for it, or the group would run twice N.
+/// The newest job still going of each throttled group: its next array waits for it, or the
+/// group would run twice N at once.
 fn throttled_going(
     units: &[Unit],
     decisions: &[Decision],
@@ -359,8 +342,7 @@ fn throttled_going(
     going.into_iter().map(|(k, (_, id))| (k, id)).collect()
 }
 
-/// What one array of a group shares: its `#SBATCH` header, throttle and
-/// nodes left out, and the array before it to wait for, if any.
+/// What one array of a group shares: header, throttle, nodes left out, the array to wait for.
 struct ArrayJob<'a> {
     head: &'a [String],
     throttle: Option<u32>,
@@ -368,8 +350,7 @@ struct ArrayJob<'a> {
     after: Option<&'a str>,
 }
 
-/// One array of the runs `members` (a run alone: its own job), after the
-/// stages they need and, where given, after the array before it.
+/// One array of `members` (a run alone: its own job), after its stages and the array before.
 fn submit_array(
     units: &mut [Unit],
     members: &[usize],
@@ -429,9 +410,8 @@ fn waited(dep: Vec<String>, after: Option<&str>, dry_run: bool) -> Vec<String> {
     }
 }
 
-/// The nodes a run that hung leaves out when it runs again: those its
-/// watchdog named, unless the cluster (its partition) then has too few
-/// nodes left for it.
+/// The nodes a run that hung leaves out when it runs again: those its watchdog named, unless
+/// its partition would then have too few.
 fn left_out(u: &Unit) -> Vec<String> {
     let Some(job) = u.record.last_job() else {
         return Vec::new();
@@ -486,9 +466,8 @@ fn cluster_nodes(partition: Option<&str>) -> Vec<String> {
     nodes
 }
 
-/// The job ids `members` wait for (`afterok`): every stage one of them
-/// needs that is still to finish, in the order the stages were planned; and
-/// those stages' names (what a dry run, without ids, can say).
+/// The job ids `members` wait for (`afterok`): every unfinished stage they need, in plan order,
+/// and those stages' names.
 fn waits_for(
     units: &[Unit],
     members: &[usize],
@@ -517,8 +496,7 @@ fn header(script: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every state SLURM still knows for these jobs: one `squeue` for all of the
-/// user's jobs, then one `sacct` (when accounting runs) for those it forgot.
+/// Every state SLURM still knows for these jobs: one `squeue`, then one `sacct` for the rest.
 pub fn query(ids: &[&str]) -> Result<HashMap<String, Status>> {
     let out = output(crate::util::slurm::query("squeue").args([
         "--me",
@@ -550,9 +528,7 @@ pub(crate) fn parse_squeue(out: &str) -> HashMap<String, Status> {
             continue;
         };
         let reason = parts.collect::<Vec<_>>().join(" ");
-        // A job SLURM could not launch never ran: the code it carries
-        // (`0:53`) is neither its exit status nor a signal; the reason says
-        // what happened.
+        // A job SLURM could not launch never ran: its code (`0:53`) is neither status nor signal.
         let (code, signal) = match reason.as_str() {
             "JobLaunchFailure" => (None, None),
             _ => parse_exit(exit),
@@ -577,8 +553,7 @@ pub(crate) fn parse_squeue(out: &str) -> HashMap<String, Status> {
     map
 }
 
-/// `sacct` (where accounting runs; else the exit-code files), a thousand
-/// jobs a call: one argument of every id would pass the kernel's 128 KiB.
+/// `sacct` (else the exit-code files), a thousand ids a call (the kernel's 128 KiB of arguments).
 fn sacct(ids: &[&str]) -> HashMap<String, Status> {
     ids.chunks(1000).flat_map(sacct_some).collect()
 }
@@ -641,8 +616,7 @@ pub(crate) fn parse_exit(s: &str) -> (Option<i32>, Option<i32>) {
     }
 }
 
-/// The state of a job the scheduler no longer lists, from what it (or
-/// `sweep cancel`) recorded in its run directory.
+/// The state of a job the scheduler forgot, from what its run directory recorded.
 pub fn status_from_exit_file(dir: &Path, job_id: &str) -> Status {
     super::ended::recorded(dir, job_id).unwrap_or_else(|| {
         Status::new(State::Unknown).with_reason(format!(
@@ -651,9 +625,8 @@ pub fn status_from_exit_file(dir: &Path, job_id: &str) -> Status {
     })
 }
 
-/// A partition's time limit as `sinfo` gives it: the partition's name (the
-/// cluster's default where `partition` is `None`) and its limit in seconds
-/// (`None`: unlimited). `Ok(None)` where the cluster has no such partition.
+/// A partition's name and time limit in seconds (`None`: unlimited) as `sinfo` gives them (the
+/// default partition where `partition` is `None`); `Ok(None)` where there is no such partition.
 pub fn partition_limit(partition: Option<&str>) -> Result<Option<(String, Option<u64>)>> {
     let out = output(crate::util::slurm::query("sinfo").args(["--noheader", "--format=%P %l"]))
         .context("asking SLURM for its partitions' time limits (sinfo)")?;

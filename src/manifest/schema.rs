@@ -1,5 +1,4 @@
-//! The manifest's sections as serde types. Unknown keys are rejected
-//! everywhere; every field except the study `name` has a default.
+//! The manifest's sections as serde types: unknown keys rejected, every field but `name` defaulted.
 
 use super::report::ReportSpec;
 use anyhow::{bail, Result};
@@ -14,8 +13,7 @@ pub(crate) struct ManifestFile {
     pub name: String,
     #[serde(default)]
     pub description: String,
-    /// A command template for sweeps over any program; without it, runs use
-    /// the built-in trainer and `[defaults]` is its configuration.
+    /// A command template for any program; without it, the built-in trainer runs `[defaults]`.
     pub command: Option<String>,
     /// The executor `sweep submit`/`sweep run` use when `--executor` is not given.
     pub executor: Option<ExecutorKind>,
@@ -64,8 +62,7 @@ pub(crate) struct SweepFile {
     /// Repeat k trains with `seed + k` instead of the same seed.
     #[serde(default)]
     pub seed_per_repeat: bool,
-    /// How the runs are ordered: repeats interleaved (the default), or
-    /// randomized blocks.
+    /// How the runs are ordered: repeats interleaved (the default), or randomized blocks.
     pub design: Option<Design>,
     /// The seed of the blocks' orders (default 0).
     pub order_seed: Option<u64>,
@@ -75,18 +72,15 @@ pub(crate) struct SweepFile {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Design {
-    /// Every configuration once, then every one again (repeat by repeat),
-    /// in the sweep's order.
+    /// Every configuration once, then every one again, in the sweep's order.
     #[default]
     Interleaved,
-    /// Randomized blocks: a block is one run of every configuration
-    /// (`repeats` blocks), in an order of its own drawn from `order_seed`.
+    /// Randomized blocks: one run of every configuration per block, ordered from `order_seed`.
     Blocks,
 }
 
-/// The largest sweep expanded unless the manifest raises `[sweep] max_runs`:
-/// far above any real study, far below what exhausts memory (a run costs a
-/// few KB in memory and three files on disk).
+/// The largest sweep expanded unless `[sweep] max_runs` raises it: far above a real study,
+/// far below what exhausts memory.
 pub const DEFAULT_MAX_RUNS: u64 = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -96,11 +90,8 @@ pub enum ExecutorKind {
     Slurm,
 }
 
-/// How a `command` run's processes are started (`[defaults] launcher`), and
-/// so which rank variables they see: none at all, or all six (`RANK`,
-/// `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`,
-/// `MASTER_PORT`). Left out: none for one rank, else the executor's own
-/// (`srun` on SLURM, `mpirun` on this machine). docs/manifest.md.
+/// How a `command` run's processes start (`[defaults] launcher`), and so which rank variables
+/// they see; left out: none for one rank, else the executor's own (docs/manifest.md).
 #[derive(
     Debug,
     Clone,
@@ -116,15 +107,13 @@ pub enum ExecutorKind {
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
 pub enum Launcher {
-    /// The command runs once, as written, with no rank variables: it starts
-    /// its own processes, if any.
+    /// The command runs once, as written, with no rank variables.
     None,
     /// One process per task, started by SLURM's `srun`.
     Srun,
     /// One process per task, started by `mpirun`.
     Mpirun,
-    /// PyTorch's `torchrun`, once per node, starting one process per task
-    /// on its node with its rendezvous at the first node.
+    /// PyTorch's `torchrun`, once per node, one process per task, rendezvous at the first node.
     Torchrun,
 }
 
@@ -134,8 +123,7 @@ impl Launcher {
     }
 }
 
-/// `[slurm]`: what every job asks of the scheduler. Axes may vary any of these
-/// keys as `slurm.<key>`.
+/// `[slurm]`: what every job asks of the scheduler; axes vary them as `slurm.<key>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SlurmSpec {
@@ -164,20 +152,14 @@ pub struct SlurmSpec {
     pub srun_args: Vec<String>,
     /// At most this many tasks of a job array run at once (`%N`).
     pub array_throttle: Option<u32>,
-    /// `auto` (single- or multi-node by `nodes`), `single-node`, `multi-node`,
-    /// or a template file path.
+    /// `auto` (by `nodes`), `single-node`, `multi-node`, or a template file path.
     pub template: TemplateChoice,
-    /// Seconds before the time limit at which SLURM sends SIGUSR1 to the
-    /// run's processes. Unset: [`SIGNAL_GRACE`] for the built-in trainer
-    /// (it checkpoints and requeues), none for a `command`, whose program
-    /// SIGUSR1 kills unless it handles it (Lightning's auto-requeue does:
-    /// such a study sets it).
+    /// Seconds before the time limit at which SLURM sends SIGUSR1. Unset: [`SIGNAL_GRACE`] for the
+    /// trainer (it checkpoints and requeues), none for a `command` (SIGUSR1 would kill it).
     pub signal_grace: Option<u32>,
     pub requeue: bool,
     pub master_port: u16,
-    /// A blocked design's blocks each as one job (`[slurm] pack`): one
-    /// allocation for the block's largest run, its runs one after another
-    /// as job steps. One choice for the whole study (not an axis).
+    /// A blocked design's blocks each as one job: one allocation, its runs as job steps.
     pub pack: bool,
 }
 
@@ -210,16 +192,13 @@ impl Default for SlurmSpec {
     }
 }
 
-/// The trainer's warning before its time limit (`slurm.signal_grace`): time
-/// to write a checkpoint and requeue.
+/// The trainer's warning before its time limit: time to checkpoint and requeue.
 pub const SIGNAL_GRACE: u32 = 120;
 
-/// The longest job name whose log, `<job name>-<job id>_<task>.out`, a
-/// file system's 255-byte names still hold.
+/// The longest job name whose log, `<job name>-<job id>_<task>.out`, fits a 255-byte file name.
 const MAX_JOB_NAME: usize = 200;
 
-/// Why SLURM could not start a job of this name (its log is `%x-%j.out`: a
-/// `/` or a name past [`MAX_JOB_NAME`] fails every launch, with no log).
+/// Why SLURM could not start a job of this name (a `/`, or too long for its log's name).
 fn job_name_fault(name: &str) -> Option<String> {
     if name.trim().is_empty() {
         return Some("`job_name` is empty: leave it out for the study's name".into());
@@ -238,15 +217,12 @@ fn job_name_fault(name: &str) -> Option<String> {
 }
 
 impl SlurmSpec {
-    /// Every count of the section within what a cluster has, and a job
-    /// name its log can be named after: the key at fault and why, else
-    /// nothing.
+    /// Every count within what a cluster has, and a usable job name: else the key at fault and why.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         if let Some(why) = self.job_name.as_deref().and_then(job_name_fault) {
             return Err(("job_name", why));
         }
-        // Nodes and tasks have checks of their own: their product must fit a
-        // job, and beyond any cluster's size they plan with a warning.
+        // Nodes and tasks are checked elsewhere: their product must fit a job.
         let counts: [(&'static str, u64, u64, u64); 5] = [
             ("gpus_per_node", self.gpus_per_node.into(), 0, 64),
             (
@@ -286,8 +262,7 @@ impl SlurmSpec {
     }
 }
 
-/// The job-script template a job uses: one of the built-in ones (or the
-/// project's `templates/` copy of it), or a file of the user's own.
+/// The job-script template: a built-in one (or the project's copy), or the user's own file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TemplateChoice {
     /// `single-node` on one node, `multi-node` on several.
@@ -348,9 +323,8 @@ impl<'de> Deserialize<'de> for TemplateChoice {
     }
 }
 
-/// A SLURM time limit, parsed when it is read: as written (what `#SBATCH
-/// --time` gets) and in seconds. A manifest whose time does not parse, in
-/// `[slurm]` or on an axis, is refused where it is written.
+/// A SLURM time limit, as written (for `#SBATCH --time`) and in seconds, refused where written
+/// when it does not parse.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlurmTime {
     text: String,
@@ -388,8 +362,7 @@ impl<'de> Deserialize<'de> for SlurmTime {
     }
 }
 
-/// The longest time limit written: a year (SLURM's own limit is lower on
-/// every cluster; beyond this a value is a typo).
+/// The longest time limit written: a year (beyond it, a typo).
 const MAX_TIME_SECONDS: u64 = 366 * 86400;
 
 /// SLURM's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`.
@@ -449,18 +422,14 @@ impl Default for LocalSpec {
     }
 }
 
-/// `[environment]`: what every job records of the machine it ran on
-/// besides what sweep finds itself (`environment.json` in its run
-/// directory), and the system its measurements are grouped under in the
-/// history. Never part of a run's identity.
+/// `[environment]`: what jobs record beyond what sweep finds (`environment.json`), and the
+/// system the history groups them under. Never part of a run's identity.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvironmentSpec {
-    /// The system's name in the history (default: SLURM's cluster name and
-    /// partition, `<cluster>/<partition>`; on the local executor `local/<host>`).
+    /// The system's name in the history (default `<cluster>/<partition>`, or `local/<host>`).
     pub system: Option<String>,
-    /// name -> shell command, run once per job; its output is recorded
-    /// (e.g. `torch = "python -c 'import torch; print(torch.__version__)'"`).
+    /// name -> shell command run once per job; its output is recorded.
     pub probes: IndexMap<String, String>,
 }
 
@@ -474,8 +443,7 @@ pub struct StagesSpec {
     pub pretokenize: PretokenizeStageSpec,
 }
 
-/// The pretokenize stage: one job per distinct (dataset, tokenizer, sequence
-/// length, format), run before the training jobs that read its output.
+/// The pretokenize stage: one job per distinct (dataset, tokenizer, length, format).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PretokenizeStageSpec {

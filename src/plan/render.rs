@@ -1,6 +1,5 @@
-//! Plan -> run directories. Everything is rendered in memory first (so a
-//! template error writes nothing), then written file by file, only where the
-//! content changed: re-rendering is idempotent and never touches outputs.
+//! Plan -> run directories: rendered in memory first (a template error writes nothing), then
+//! written only where content changed (re-rendering is idempotent).
 
 use super::record::{ManifestRef, RunRecord, StudyRecord, UnitKind};
 use super::templates::Templates;
@@ -32,10 +31,8 @@ pub struct Rendered {
     pub stages: Vec<RenderedDir>,
     /// What `results/<study>` records of the manifest (`study.json`).
     pub study: StudyRecord,
-    /// Runs whose directories hold another run that failed before its
-    /// first metric (`failed_empty`): rendered afresh, their directories
-    /// to be moved aside before they are written
-    /// ([`move_failed_empty_aside`]).
+    /// Runs whose directories hold another run that failed before its first metric: rendered
+    /// afresh, their directories moved aside first ([`move_failed_empty_aside`]).
     pub failed_empty: Vec<String>,
 }
 
@@ -45,14 +42,12 @@ pub struct WriteSummary {
     pub files_unchanged: usize,
 }
 
-/// What rendering does with a run whose directory holds another run (its
-/// record has jobs or its directory outputs, under another id).
+/// What rendering does with a run whose directory holds another run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnChanged {
     /// An error that lists every such run and what changed in it.
     Refuse,
-    /// Render it afresh: the caller moves the old directory aside first
-    /// ([`move_changed_aside`]).
+    /// Render it afresh: the caller moves the old directory aside first ([`move_changed_aside`]).
     Replace,
 }
 
@@ -133,9 +128,8 @@ fn log_pattern(plan: &Plan) -> Option<regex::Regex> {
     }
 }
 
-/// Whether the run a directory holds (`old`) failed before its first metric
-/// (an error exit, not a requeue's 99; no metrics, checkpoint or matched log
-/// line): nothing of it is a measurement, so a changed run replaces it.
+/// Whether the run a directory holds failed before its first metric (an error exit, no metrics,
+/// checkpoint or matched line): not a measurement, so a changed run replaces it.
 fn failed_empty(dir: &Path, old: &RunRecord, pattern: Option<&regex::Regex>) -> bool {
     let Some(job) = old.jobs.last() else {
         return false;
@@ -163,8 +157,7 @@ fn failed_empty(dir: &Path, old: &RunRecord, pattern: Option<&regex::Regex>) -> 
     })
 }
 
-/// What every record rendered now starts from: the manifest, the commit,
-/// the time and the attempt.
+/// What every record rendered now starts from: manifest, commit, time and attempt.
 struct Fresh {
     study: String,
     manifest: ManifestRef,
@@ -219,9 +212,8 @@ impl Fresh {
     }
 }
 
-/// A run's directory as rendering leaves it: its configuration, job script
-/// and record (what the record on disk knows kept); and the record on disk
-/// where the directory holds another run.
+/// A run's directory as rendering leaves it (configuration, job script, record), and the record
+/// on disk where the directory holds another run.
 fn render_run(
     plan: &Plan,
     run: &super::Run,
@@ -287,8 +279,7 @@ fn render_stage(
         fresh.record(&s.id, &s.name, UnitKind::Stage, params, None),
     )? {
         Merged::Record(r) => *r,
-        // Named by its id, a stage's directory holds another stage
-        // only when its record was edited.
+        // A stage's directory, named by its id, holds another stage only when its record was edited.
         Merged::Changed(_) => {
             let d = Diagnostic::new(
                 s.dir.join(UnitKind::Stage.record_file()),
@@ -313,8 +304,7 @@ fn render_stage(
     })
 }
 
-/// The study's current attempt and its id, as `study.json` records them (1
-/// and a new id before the first render); an unreadable record is an error.
+/// The study's current attempt and id from `study.json` (1 and a new id before the first render).
 fn current_attempt(plan: &Plan) -> Result<(u32, String), Diagnostics> {
     match StudyRecord::load(&plan.study_dir) {
         Ok(rec) => Ok(match rec {
@@ -331,9 +321,8 @@ fn current_attempt(plan: &Plan) -> Result<(u32, String), Diagnostics> {
     }
 }
 
-/// A run's `config.toml`: the trainer's configuration, or an any-command
-/// run's command and parameters. A value that TOML cannot hold is an error
-/// here, never an empty file.
+/// A run's `config.toml`: the trainer's configuration, or a command run's command and
+/// parameters; a value TOML cannot hold is an error, never an empty file.
 fn config_toml(plan: &Plan, run: &super::Run) -> Result<String, Diagnostics> {
     let m = &plan.manifest;
     let body = match &run.job {
@@ -378,22 +367,19 @@ fn config_toml(plan: &Plan, run: &super::Run) -> Result<String, Diagnostics> {
 
 /// What an existing directory makes of a freshly rendered record.
 enum Merged {
-    /// The record to write: the fresh one, or the same run's (its creation
-    /// time, commit and jobs kept).
+    /// The record to write: the fresh one, or the same run's (creation, commit and jobs kept).
     Record(Box<RunRecord>),
     /// The directory holds the jobs or outputs of another run (this record).
     Changed(Box<RunRecord>),
 }
 
-/// Keeps what an existing record knows (creation time, commit, jobs) when the
-/// run is the same (its id); says when the directory holds a different run.
+/// Keeps what an existing record of the same run knows; says when it is a different run.
 fn merge(dir: &Path, fresh: RunRecord) -> Result<Merged, Diagnostics> {
     let file = fresh.kind.record_file();
     // One failed open per new run is cheaper than a stat first.
     let old = match RunRecord::read(&dir.join(file), None) {
         Ok(old) => old,
-        // A record that cannot be read may hold the run's job ids:
-        // replacing it would lose them, and with them the run's state.
+        // A record that cannot be read may hold the run's job ids: replacing it would lose its state.
         Err(e) => {
             let d = Diagnostic::new(dir.join(file), format!("{e:#}")).with_help(
                 "it records the run's jobs: repair it, or move the run directory away to start the run afresh",
@@ -417,22 +403,19 @@ fn merge(dir: &Path, fresh: RunRecord) -> Result<Merged, Diagnostics> {
         sweep_version: old.sweep_version,
         jobs: old.jobs,
         attempt: old.attempt,
-        // The directory's measurement goes on (a record written before
-        // the ids were drawn gets them now).
+        // The directory's measurement goes on.
         attempt_id: old.attempt_id.or(fresh.attempt_id),
         study_attempt_id: old.study_attempt_id.or(fresh.study_attempt_id),
         ..fresh
     })))
 }
 
-/// A run whose directory holds another run's jobs or outputs, and how the
-/// manifest changed it (its identity, field by field).
+/// A run whose directory holds another run's jobs or outputs, and its identity's changes.
 struct Changed {
     name: String,
     /// (dotted key, as it was, as it is now).
     fields: Vec<(String, String, String)>,
-    /// Its record is an earlier build's, without an identity: what it
-    /// holds cannot be told apart from this run.
+    /// Its record is an earlier build's, without an identity: it cannot be told apart.
     earlier: bool,
 }
 
@@ -449,8 +432,7 @@ impl Changed {
         }
     }
 
-    /// One error for all of them: which fields changed in how many runs,
-    /// and the ways forward.
+    /// One error for all of them: which fields changed in how many runs, and the ways forward.
     fn diagnostic(plan: &Plan, mut changed: Vec<Changed>) -> Diagnostic {
         changed.sort_by(|a, b| a.name.cmp(&b.name));
         let mut by_field: indexmap::IndexMap<&str, (usize, &str, &str)> = indexmap::IndexMap::new();
@@ -485,8 +467,7 @@ impl Changed {
             _ => String::new(),
         };
         let m = &plan.manifest;
-        // At the first changed key where the manifest writes it (a command
-        // run's values are `params.<key>` in its config.toml).
+        // At the first changed key where the manifest writes it (a command's is `params.<key>`).
         let mut d = match by_field.keys().next() {
             Some(k) => m.locate(k.strip_prefix("params.").unwrap_or(k)),
             None => m.source.at_key("sweep", ""),
@@ -506,16 +487,14 @@ impl Changed {
     }
 }
 
-/// Moves aside the directory of every run of the plan that holds another
-/// run's jobs or outputs (to `results/<study>/replaced/<time>/<run>`, kept
-/// whole), so that the run starts afresh; returns where each went.
+/// Moves aside, whole, each directory holding another run's jobs or outputs (to
+/// `results/<study>/replaced/<time>/<run>`), so the run starts afresh; where each went.
 pub fn move_changed_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
     move_aside(plan, |_, _| true)
 }
 
-/// [`move_changed_aside`] for the runs whose directories hold another run
-/// that failed before its first metric (`failed_empty`, judged again
-/// here: the caller holds the study's lock now).
+/// [`move_changed_aside`] for directories holding a run that failed before its first metric
+/// (judged again here, under the study's lock).
 pub fn move_failed_empty_aside(plan: &Plan) -> Result<Vec<(String, PathBuf)>> {
     let pattern = log_pattern(plan);
     move_aside(plan, |dir, old| failed_empty(dir, old, pattern.as_ref()))
@@ -549,9 +528,7 @@ fn move_aside(
     Ok(moved)
 }
 
-/// A new directory in `parent` named by the time (`20261125T101500Z`, then
-/// `…Z-2`, `…Z-3` for more in the same second): made here, so no other
-/// sweep's is reused.
+/// A new directory in `parent` named by the time (`20261125T101500Z`, then `…Z-2`), made here.
 fn fresh_dir(parent: &Path) -> Result<PathBuf> {
     crate::util::fs::make_dir(parent)?;
     let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
@@ -572,9 +549,8 @@ fn fresh_dir(parent: &Path) -> Result<PathBuf> {
     )
 }
 
-/// Starts the study's next attempt (`sweep run --again`): moves every run
-/// directory to `results/<study>/attempts/<attempt>/<run>` and counts one
-/// more attempt; returns the attempt and where it went. Safe to run again.
+/// Starts the study's next attempt (`sweep run --again`): every run directory moves to
+/// `attempts/<attempt>/<run>`; returns the attempt and where it went. Safe to run again.
 pub fn start_next_attempt(plan: &Plan) -> Result<(u32, PathBuf)> {
     let (attempt, _) = current_attempt(plan).map_err(anyhow::Error::new)?;
     // A count read from a file: its next one may not exist.
@@ -622,9 +598,8 @@ fn has_outputs(dir: &Path) -> bool {
     })
 }
 
-/// Writes the rendered directories (in parallel), touching only changed files.
-/// A directory that did not exist yet gets its files without reading first:
-/// on a slow file system every avoidable lookup counts.
+/// Writes the rendered directories in parallel, touching only changed files (new directories
+/// without reading first: on a slow file system every lookup counts).
 pub fn write(rendered: &Rendered) -> Result<WriteSummary> {
     let dir = &rendered.study.dir;
     crate::util::fs::make_dir(dir)?;

@@ -35,8 +35,7 @@ pub enum Verdict {
     Regressed,
     Improved,
     Unchanged,
-    /// The interval is too wide to tell a change of the threshold's size
-    /// from none.
+    /// The interval is too wide to tell a change of the threshold's size from none.
     Inconclusive,
     /// A run of its latest attempt did not complete (or measured nothing).
     Failed,
@@ -73,14 +72,11 @@ pub struct Judged {
     pub ratio: Option<RatioCi>,
     pub basis: Option<Basis>,
     pub p_value_holm: Option<f64>,
-    /// For an inconclusive verdict: about how many runs a side would decide
-    /// at the spread observed.
+    /// For an inconclusive verdict: about how many runs a side would decide at this spread.
     pub runs_to_decide: Option<usize>,
-    /// For a regression: what differs between its runs' fingerprints and
-    /// the reference's.
+    /// For a regression: what differs between its runs' fingerprints and the reference's.
     pub differences: Vec<String>,
-    /// For a regression or a failure: the stragglers among its runs' ranks
-    /// (a slow node slows every rank of a data-parallel run), described.
+    /// For a regression or a failure: the stragglers among its runs' ranks.
     pub stragglers: Vec<String>,
 }
 
@@ -158,8 +154,7 @@ pub fn sides(s: &Summary) -> Vec<Side> {
         .collect()
 }
 
-/// A completed run's sample; none for a run that did not complete or
-/// measured nothing.
+/// A completed run's sample; none for a run that measured nothing.
 fn sample(r: &RunLog, f: &RunFigures) -> Option<RunSample> {
     (r.status.state == State::Completed).then_some(())?;
     Some(RunSample {
@@ -169,8 +164,7 @@ fn sample(r: &RunLog, f: &RunFigures) -> Option<RunSample> {
     })
 }
 
-/// Each side's counterpart among `theirs`, by position: the same identity,
-/// else the same name.
+/// Each side's counterpart among `theirs`: the same identity, else the same name.
 pub fn pair(now: &[Side], theirs: &[Side]) -> Vec<Option<usize>> {
     now.iter()
         .map(|s| {
@@ -182,8 +176,7 @@ pub fn pair(now: &[Side], theirs: &[Side]) -> Vec<Option<usize>> {
         .collect()
 }
 
-/// The reference of one configuration: its runs' samples, how many
-/// attempts they come from, and their fingerprints.
+/// One configuration's reference: its runs' samples, their attempts and fingerprints.
 pub struct Found {
     pub samples: Vec<RunSample>,
     pub attempts: usize,
@@ -191,8 +184,7 @@ pub struct Found {
 }
 
 impl Found {
-    /// Another study's side as a reference (one attempt); none without a
-    /// measurement.
+    /// Another study's side as a reference; none without a measurement.
     pub fn study(side: &Side) -> Option<Found> {
         (!side.samples.is_empty()).then(|| Found {
             samples: side.samples.clone(),
@@ -202,8 +194,7 @@ impl Found {
     }
 }
 
-/// The verdicts: ratios and intervals per configuration, Holm's correction
-/// over those compared, the threshold, and what differs where one regressed.
+/// The verdicts: ratios and intervals, Holm's correction, the threshold, and what differs.
 pub fn judge(now: &[Side], found: Vec<Option<Found>>, threshold_pct: f64) -> Vec<Judged> {
     let ratios: Vec<Option<(RatioCi, Basis)>> = now
         .iter()
@@ -325,11 +316,8 @@ fn note(
     n
 }
 
-/// The verdict of each ratio (none: no comparison), Holm-corrected over the
-/// ratios given: significant at 5% and beyond the threshold is `regressed`
-/// or `improved`; the whole interval within ± the threshold `unchanged`;
-/// anything else `inconclusive`. Returns (verdict, adjusted p, the ratio
-/// with `significant` as decided).
+/// The verdict of each ratio, Holm-corrected over those given (the module's rules), with the
+/// adjusted p and the ratio's `significant` as decided.
 pub fn verdicts(
     ratios: &[Option<RatioCi>],
     threshold_pct: f64,
@@ -358,9 +346,8 @@ pub fn verdicts(
         .collect()
 }
 
-/// About how many runs a side would decide an inconclusive ratio at the
-/// spread observed (the half-width shrinks as 1/√n to the nearer of 1 and
-/// the threshold's edge); None if unreachable or beyond 1000 runs.
+/// About how many runs a side would decide an inconclusive ratio (the half-width shrinks as
+/// 1/√n); None if unreachable or beyond 1000.
 fn runs_to_decide(r: &RatioCi, runs: usize, threshold_pct: f64) -> Option<usize> {
     let half = (r.high / r.low).ln() / 2.0;
     let d = r.ratio.ln().abs();
@@ -378,8 +365,7 @@ fn runs_to_decide(r: &RatioCi, runs: usize, threshold_pct: f64) -> Option<usize>
 
 // Two studies side by side (`sweep compare A B`).
 
-/// One configuration on both sides: each side's mean tokens/s with its
-/// interval, and B judged against A (`ratio`: B's speedup).
+/// One configuration on both sides: each side's tokens/s with its interval, B judged against A.
 #[derive(Debug, Clone)]
 pub struct Row {
     pub a: Option<MeanCi>,
@@ -389,9 +375,8 @@ pub struct Row {
     pub judged: Judged,
 }
 
-/// A field in which the runs compared differ between A and B: a
-/// configuration field of their identity (`learning_rate`, `slurm.nodes`),
-/// or what rendered them (`sweep version`, `git commit`).
+/// A field in which the compared runs differ: of their identity (`learning_rate`), or what
+/// rendered them (`sweep version`, `git commit`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Difference {
     pub field: String,
@@ -416,30 +401,25 @@ pub struct Comparison {
     pub b: String,
     pub threshold_pct: f64,
     pub rows: Vec<Row>,
-    /// What differs between the two sides' runs of a configuration, as their
-    /// records say (none known for imported logs).
+    /// What differs between the sides' runs, as their records say (none for imported logs).
     pub differences: Vec<Difference>,
     /// Configurations found on one side only.
     pub only_a: Vec<String>,
     pub only_b: Vec<String>,
-    /// Each side's report problems (runs that failed, logs left out in part
-    /// or whole), as `sweep report` lists them.
+    /// Each side's report problems, as `sweep report` lists them.
     pub problems_a: Vec<Problem>,
     pub problems_b: Vec<Problem>,
-    /// Each side's blocked design, where it has one: its blocks' nodes and
-    /// position check.
+    /// Each side's blocked design, where it has one.
     pub design_a: Option<super::blocks::Design>,
     pub design_b: Option<super::blocks::Design>,
-    /// The files written, the chart and the project's commit, once written
-    /// ([`super::compare`]).
+    /// The files written, once written ([`super::compare`]).
     pub files: Vec<PathBuf>,
     pub chart: Option<super::plot::Chart>,
     pub git_commit: Option<String>,
 }
 
-/// The comparison of two summaries, configuration by configuration (paired
-/// as [`pair`] pairs them): B's speedup over A with its interval, judged as
-/// a check of B against A is.
+/// Two summaries compared configuration by configuration ([`pair`]): B's speedup over A,
+/// judged as a check of B against A is.
 pub fn compare(
     name_a: &str,
     sa: &Summary,
@@ -524,8 +504,7 @@ pub fn compare(
     })
 }
 
-/// The fields in which each configuration's runs differ between the sides
-/// (its first run stands for it), merged where several differ alike.
+/// The fields in which each configuration's runs differ between the sides, merged where alike.
 fn differences(
     both: &[(&summary::Row, &summary::Row)],
     sa: &Summary,

@@ -1,7 +1,5 @@
-//! Reading a study: the runs a manifest plans, a results directory (a
-//! study's own or one copied from elsewhere) or imported logs, each run
-//! with its state, record and points, and the report settings that come
-//! with them.
+//! Reading a study: a manifest's planned runs, a results directory or imported logs, each run
+//! with its state, record and points, and the report settings that come with them.
 
 use super::{flops, ingest, page, summary};
 use crate::executor::{self, State, Status};
@@ -25,8 +23,7 @@ pub enum LogFormat {
 
 /// Where the runs come from.
 pub enum Source {
-    /// A manifest's plan, made by the caller: it names the runs and their
-    /// directories.
+    /// A manifest's plan: it names the runs and their directories.
     Plan(Box<Plan>),
     /// `results/<study>`: every run directory in it.
     ResultsDir(PathBuf),
@@ -34,15 +31,13 @@ pub enum Source {
     Import {
         glob: String,
         format: LogFormat,
-        /// `--pattern` and what its groups mean, as a command study's
-        /// `[report]` says it.
+        /// `--pattern` and what its groups mean, as a command study's `[report]` says.
         report: Box<ReportSpec>,
         name: String,
     },
 }
 
-/// A results directory's study: its name (it names `plots/<study>`: whatever
-/// the directory is called, one plain name).
+/// A results directory's study name (one plain name: it names `plots/<study>`).
 pub(crate) fn dir_study_name(dir: &Path) -> String {
     dir.canonicalize()
         .ok()
@@ -60,15 +55,13 @@ pub(crate) struct Spec {
     pub(crate) provenance: page::Provenance,
     /// Log files named by the user (`--import`): no output may replace one.
     pub(crate) inputs: Vec<PathBuf>,
-    /// Run directories left by an earlier version of the manifest: listed
-    /// among the problems, never averaged in.
+    /// Run directories left by an earlier manifest: problems, never averaged in.
     pub(crate) stale: Vec<summary::Problem>,
     /// The foreign log fields the line pattern names (`Point::extra`).
     pub(crate) extras: Vec<String>,
     /// Those of them charted.
     pub(crate) charts: Vec<String>,
-    /// The study's directory (canonical), where it has one: its history
-    /// is beside it.
+    /// The study's canonical directory, where it has one (its history is beside it).
     pub(crate) dir: Option<PathBuf>,
 }
 
@@ -93,8 +86,7 @@ pub(crate) fn load(source: &Source) -> Result<(String, Vec<RunLog>, Spec)> {
     }
 }
 
-/// Log files a user names, read as `report` says (`--pattern` and the
-/// flags of `[report]`'s keys): one run each.
+/// Log files a user names, one run each, read as `report` says.
 fn load_imported(
     glob: &str,
     format: LogFormat,
@@ -200,8 +192,7 @@ fn load_planned(plan: &Plan) -> Result<(String, Vec<RunLog>, Spec)> {
     Ok((plan.manifest.name.clone(), runs, spec))
 }
 
-/// How a command study's logs are read: its `[report] line_pattern` with
-/// its roles (none: `metrics.jsonl`, for programs that write sweep's own).
+/// How a command study's logs are read: `[report] line_pattern` with its roles, or `metrics.jsonl`.
 pub(super) fn command_pattern(
     rs: &crate::manifest::ReportSpec,
 ) -> Result<Option<ingest::pattern::Pattern>> {
@@ -211,8 +202,7 @@ pub(super) fn command_pattern(
         .transpose()
 }
 
-/// Each planned run's state from its `run.json`, and its record where the
-/// directory's files are that run's (another run's are left unread).
+/// Each planned run's state from `run.json`, and its record where the files are that run's.
 fn planned_states(plan: &Plan) -> Vec<(Status, Option<RunRecord>)> {
     use executor::State;
     let loaded: Vec<Result<RunRecord, Status>> = plan
@@ -244,8 +234,7 @@ fn planned_states(plan: &Plan) -> Vec<(Status, Option<RunRecord>)> {
         .collect()
 }
 
-/// Where a plan's runs train, as their configurations say: `cpu`, `cuda
-/// (H100)`, with the SLURM partition when one is named.
+/// Where a plan's runs train: `cpu`, `cuda (H100)`, with the SLURM partition when named.
 fn devices(plan: &Plan) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in &plan.runs {
@@ -268,16 +257,13 @@ fn devices(plan: &Plan) -> Vec<String> {
     out
 }
 
-/// Every run directory (with a `run.json`) of `results/<study>`; one whose
-/// record cannot be read is a run listed among the problems.
+/// Every run directory of `results/<study>`; one whose record cannot be read is a problem.
 fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
     let study = dir_study_name(dir);
     let (mut found, mut broken) = run_dirs(dir)?;
-    // The manifest that last rendered the directory says which runs are
-    // its own and how to report them.
+    // The manifest that last rendered the directory says which runs are its own.
     let record = StudyRecord::load(dir)?;
-    // Folders with logs but no record are a study's runs that lost theirs
-    // only in a study's directory: `/`, with its `/tmp` of logs, is none.
+    // Logs without a record count only in a study's directory: `/`, with `/tmp`'s logs, is none.
     if found.is_empty() && (broken.is_empty() || record.is_none()) {
         bail!(
             "{} holds no run directories (run.json){}; give the manifest or `sweep render` first",
@@ -349,8 +335,7 @@ fn load_results_dir(dir: &Path) -> Result<(String, Vec<RunLog>, Spec)> {
 /// A run directory found, with its record.
 type Found = (RunRecord, PathBuf);
 
-/// The run directories of a results directory with their records, and those
-/// whose record cannot be read (or is gone) as runs that say why.
+/// A results directory's run directories with their records, and runs that say why not.
 fn run_dirs(dir: &Path) -> Result<(Vec<Found>, Vec<RunLog>)> {
     let mut found: Vec<Found> = Vec::new();
     let mut broken: Vec<RunLog> = Vec::new();
@@ -368,8 +353,7 @@ fn run_dirs(dir: &Path) -> Result<(Vec<Found>, Vec<RunLog>)> {
         match RunRecord::load_within(&path, dir) {
             Ok(Some(r)) if r.kind == UnitKind::Run => found.push((r, path)),
             Ok(Some(_)) => {}
-            // A run directory whose record is gone (a directory sweep never
-            // made holds no logs it reads either): named, counted missing.
+            // A run directory whose record is gone: named, counted missing.
             Ok(None) if has_run_logs(&path) => broken.push(RunLog::unreadable(
                 name,
                 format!(
@@ -384,9 +368,8 @@ fn run_dirs(dir: &Path) -> Result<(Vec<Found>, Vec<RunLog>)> {
     Ok((found, broken))
 }
 
-/// Leaves out the runs the study's manifest no longer renders (an earlier
-/// version's) and counts those it rendered whose directory is gone: each a
-/// problem of the report.
+/// Leaves out runs the manifest no longer renders and counts rendered ones whose directory is
+/// gone: each a problem.
 fn keep_current(found: &mut Vec<Found>, rec: &StudyRecord) -> Vec<summary::Problem> {
     let mut stale = Vec::new();
     // Runs the study rendered whose directory (or record) is gone.
@@ -424,10 +407,8 @@ fn keep_current(found: &mut Vec<Found>, rec: &StudyRecord) -> Vec<summary::Probl
     stale
 }
 
-/// Why a SLURM job that failed left no log in its run directory, where it
-/// did not: SLURM opens the log on the node before the script runs, so a
-/// node that cannot write there fails the job at its launch
-/// (`JobLaunchFailure`) with nothing written to say why.
+/// Why a failed SLURM job left no log: SLURM opens it on the node before the script runs, so
+/// a node that cannot write there fails the launch silently.
 fn no_log(run: &RunLog) -> Option<String> {
     let job = run.status.job_id.as_deref()?;
     let failed = matches!(run.status.state, State::Failed | State::Unknown);
@@ -441,8 +422,7 @@ fn no_log(run: &RunLog) -> Option<String> {
     ))
 }
 
-/// What a log the pattern never matched holds: its lines, and the first
-/// few the program wrote (sweep's own `sweep: ` lines left out).
+/// What a log the pattern never matched holds: its line count and its first lines.
 fn unmatched(bytes: &[u8]) -> (usize, Vec<String>) {
     let mut count = 0;
     let mut first = Vec::new();
@@ -458,8 +438,7 @@ fn unmatched(bytes: &[u8]) -> (usize, Vec<String>) {
     (count, first)
 }
 
-/// Whether a directory holds what a run writes (its metrics or a job's
-/// log): a run's directory whose record is gone.
+/// Whether a directory holds what a run writes: a run whose record is gone.
 fn has_run_logs(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|entries| {
         entries.flatten().any(|e| {
@@ -472,8 +451,7 @@ fn has_run_logs(dir: &Path) -> bool {
     })
 }
 
-/// The runs of imported files: their stems where distinct, else their paths
-/// from the common directory without extension (`node1/local`, ...).
+/// Imported runs' names: their stems where distinct, else paths from the common directory.
 fn import_names(paths: &[PathBuf]) -> Vec<String> {
     let stem = |p: &Path| {
         p.file_stem()
@@ -510,8 +488,7 @@ fn import_names(paths: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
-/// Foreign log files, one run each (named after the file), and their paths;
-/// one that cannot be read is a run with its reason.
+/// Foreign log files, one run each; one that cannot be read is a run with its reason.
 fn load_import(
     glob: &str,
     format: LogFormat,
@@ -577,8 +554,7 @@ fn load_import(
     Ok((runs, paths))
 }
 
-/// Run states from the executors; a scheduler that cannot be asked makes
-/// them unknown rather than failing the report.
+/// Run states from the executors; a scheduler that cannot be asked makes them unknown.
 fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
     match executor::record_statuses(records) {
         Ok(s) => s,
@@ -592,8 +568,7 @@ fn states_or_unknown(records: &[(&RunRecord, &Path)]) -> Vec<Status> {
     }
 }
 
-/// What a run's `environment.json` tells the report: its nodes and how busy
-/// its host was without it.
+/// What `environment.json` tells the report: nodes, and how busy the host was without the run.
 fn environment(run: &mut RunLog) {
     let Some(dir) = &run.dir else { return };
     let Ok(Some(f)) = crate::executor::fingerprint::Fingerprint::load(dir) else {
@@ -619,8 +594,7 @@ enum Figures<'a> {
     Metrics,
     /// The run's logs, by a command study's line pattern.
     Pattern(&'a ingest::pattern::Pattern),
-    /// A command study without a line pattern: a `metrics.jsonl` it wrote
-    /// itself, if any.
+    /// A command study without a line pattern: its own `metrics.jsonl`, if any.
     Unread,
 }
 
@@ -687,8 +661,7 @@ fn read_run(name: &str, dir: &Path, study_dir: &Path, status: Status, figures: F
     run
 }
 
-/// A command run's points from its `*.out` logs; where a completed run's log
-/// never matched, the reason quotes what it says instead.
+/// A command run's points from its `*.out` logs; a completed run's log that never matched says so.
 fn read_pattern_logs(
     run: &mut RunLog,
     dir: &Path,
@@ -697,8 +670,7 @@ fn read_pattern_logs(
 ) {
     let (logs, faults) = ingest::list_job_logs(dir);
     run.issues.extend(faults);
-    // The figures are the current attempt's alone: its job's log, from its
-    // last start (earlier attempts' logs and lines are kept, not read).
+    // The current attempt's figures alone: its job's log from its last start.
     let mut missed = None;
     let log = ingest::attempt_log(&logs, run.status.job_id.as_deref());
     if let Some(l) = &log {

@@ -1,7 +1,5 @@
-//! `sweep run` ([`run`]): following a study's jobs until nothing is pending
-//! or running — submitting what is due, polling the scheduler, rewriting
-//! the live page as runs end; what it sees goes to a [`Follow`] (the
-//! terminal's live view) — then reporting it.
+//! `sweep run` ([`run`]): follows a study's jobs until nothing is pending or running (submitting
+//! what is due, polling, rewriting the live page), then reports it.
 
 use super::Submission;
 use crate::executor::{self, local, Event, State, UnitKind};
@@ -33,19 +31,16 @@ fn current_attempt(sub: &Submission) -> Result<(u32, Option<String>)> {
 pub enum Ran {
     /// A stop signal ended it before the sweep did.
     Stopped(Stopped),
-    /// Another sweep began attempt `now` once the runs of attempt
-    /// `followed` had ended: that attempt is recorded, not reported here.
+    /// Another sweep began attempt `now` once `followed` had ended: recorded, not reported here.
     Superseded { followed: u32, now: u32 },
-    /// Every run ended and the study was reported; `all_done`: every run
-    /// completed.
+    /// Every run ended and the study was reported; `all_done`: every run completed.
     Reported {
         report: Box<report::Report>,
         all_done: bool,
     },
 }
 
-/// `sweep run`: submits what is due, follows the sweep (`view`) until
-/// nothing is pending or running, then reports it.
+/// `sweep run`: submits what is due, follows it until nothing is pending or running, reports.
 pub fn run(
     root: &Path,
     sub: &mut Submission,
@@ -79,8 +74,7 @@ pub fn run(
 pub enum Stopped {
     /// A stop signal ended the local jobs (INTERRUPTED now).
     LocalJobs(i32, Vec<crate::executor::local::Outcome>),
-    /// A stop signal ended the watching; the jobs go on without it. With
-    /// the count of runs SLURM held back, not submitted yet.
+    /// A stop signal ended the watching (the jobs go on), with the runs SLURM held back.
     Watching(i32, usize),
 }
 
@@ -105,9 +99,8 @@ impl Stopped {
     }
 }
 
-/// Submits the due units, then follows everything pending or running — what
-/// this submitted, and jobs an earlier `sweep` left going — until nothing
-/// is. Returns why it stopped early, if it did.
+/// Submits the due units, then follows everything pending or running until nothing is;
+/// why it stopped early, if it did.
 fn watch(
     sub: &mut Submission,
     view: &mut dyn Follow,
@@ -125,10 +118,8 @@ fn watch(
             Waiting::new(h, began)
         });
     }
-    // Submitting SLURM jobs is over: another sweep may submit this study
-    // while their jobs run (for hours). Local runs have ended here: the
-    // lock is kept until the report is written; and while SLURM holds
-    // runs back, this sweep is still submitting them.
+    // SLURM jobs submitted: another sweep may submit this study while they run. Local runs have
+    // ended here (the lock is kept until the report); runs SLURM holds back are still to submit.
     if sub.kind == crate::manifest::ExecutorKind::Slurm && held.is_none() {
         sub.lock = None;
     }
@@ -144,9 +135,7 @@ fn held_line(held: &executor::Held) -> String {
     )
 }
 
-/// Runs SLURM held back, and when to offer them again: once one of the
-/// study's jobs has ended since the last offer (its place in the queue is
-/// free), else every few minutes (the user's other jobs end too).
+/// Runs SLURM held back, offered again once one of the study's jobs ended, else every few minutes.
 struct Waiting {
     held: executor::Held,
     offered: Instant,
@@ -173,9 +162,7 @@ impl Waiting {
         ended > *self.ended.get_or_insert(ended) || self.offered.elapsed() >= Self::AGAIN
     }
 
-    /// Whether `sweep cancel` cancelled the study's jobs since this sweep
-    /// began: what it holds back is then never sent (its jobs ending would
-    /// otherwise make room for them).
+    /// Whether `sweep cancel` cancelled the study's jobs since this sweep began: held runs are dropped.
     fn cancelled(&self, units: &[executor::Unit]) -> bool {
         units
             .iter()
@@ -199,9 +186,8 @@ fn say_waiting(
     }
 }
 
-/// The runs SLURM `held` back, given the study's states now: dropped if
-/// `sweep cancel` cancelled the study meanwhile; offered again once due.
-/// Returns whether they were offered.
+/// The runs SLURM `held` back: dropped if the study was cancelled, offered again once due;
+/// whether they were offered.
 fn offered_held(
     sub: &mut Submission,
     held: &mut Option<Waiting>,
@@ -234,8 +220,7 @@ fn offered_held(
     Ok(true)
 }
 
-/// Offers SLURM the runs it held back (a run whose stage has failed since
-/// is left out, and said); returns what it holds back still.
+/// Offers SLURM the runs it held back (a run whose stage failed is left out, and said).
 fn offer_held(
     sub: &mut Submission,
     held: &executor::Held,
@@ -279,8 +264,7 @@ fn submit(
         .iter()
         .map(|d| *d == executor::Decision::Submit)
         .collect();
-    // Units left alone keep the state they had; the others are read back
-    // from their directories (many times a second: no process checks).
+    // Units left alone keep their state; the others are read back from their directories.
     let current = |i: usize| {
         if submitted[i] {
             local::peek_state(&dirs[i]).unwrap_or(State::Pending)
@@ -316,9 +300,8 @@ fn submit(
     )
 }
 
-/// Polls the whole sweep (one scheduler query per round) until nothing is
-/// pending or running, offering SLURM what it `held` back as jobs end.
-/// Returns the signal that stopped the watching, if one did.
+/// Polls the sweep (one scheduler query a round) until nothing is pending or running; the
+/// signal that stopped it, if one did.
 fn poll(
     sub: &mut Submission,
     view: &mut dyn Follow,
@@ -326,8 +309,7 @@ fn poll(
     mut held: Option<Waiting>,
 ) -> Result<Option<Stopped>> {
     let stop = StopSignals::install_interactive(&signals::INTERRUPTS)?;
-    // Checked often, waited on rarely: a signal is answered at once (the
-    // signal returned).
+    // Checked often, waited on rarely: a signal is answered at once.
     let wait = |d: Duration| -> Option<i32> {
         let end = Instant::now() + d;
         while Instant::now() < end {
@@ -346,8 +328,7 @@ fn poll(
     let (began, mut asked) = (Instant::now(), None::<Instant>);
     let mut said_held = std::collections::HashSet::new();
     loop {
-        // Between two questions to the scheduler, the view is redrawn (the
-        // running runs' progress, from their logs) with the states known.
+        // Between two scheduler queries the view is redrawn with the states known.
         if asked.is_some_and(|t| t.elapsed() < ask_every(sub.kind, began.elapsed())) {
             view.states(&before);
             page.tick();
@@ -406,10 +387,8 @@ fn poll(
     }
 }
 
-/// How often the scheduler is asked for the study's jobs, `watched_for`
-/// into the watching: local jobs every 2 s; SLURM's every 5 s for two
-/// minutes (a failing start shows at once), then every 30 s (sites ask for
-/// a minute or less, and `squeue` loads a controller every user shares).
+/// How often the scheduler is asked: local jobs every 2 s; SLURM every 5 s for two minutes
+/// (a failing start shows at once), then every 30 s (`squeue` loads a shared controller).
 fn ask_every(kind: crate::manifest::ExecutorKind, watched_for: Duration) -> Duration {
     match kind {
         crate::manifest::ExecutorKind::Local => Duration::from_secs(2),
@@ -420,8 +399,7 @@ fn ask_every(kind: crate::manifest::ExecutorKind, watched_for: Duration) -> Dura
     }
 }
 
-/// Why the pending runs wait, by the scheduler's reasons, most common
-/// first: `Priority ×3, Resources`.
+/// Why the pending runs wait, most common first: `Priority ×3, Resources`.
 fn waiting_for(statuses: &[executor::Status]) -> String {
     let mut reasons: Vec<(&str, usize)> = Vec::new();
     for s in statuses.iter().filter(|s| s.state == State::Pending) {
@@ -444,8 +422,7 @@ fn waiting_for(statuses: &[executor::Status]) -> String {
         .join(", ")
 }
 
-/// Pending jobs that never start by themselves (held by the user, an
-/// administrator, or SLURM after a launch failed), with the reason.
+/// Pending jobs that never start by themselves (held), with the reason.
 fn held_jobs(statuses: &[executor::Status]) -> Vec<(String, String)> {
     statuses
         .iter()
@@ -463,16 +440,14 @@ fn waiting(held: &Option<Waiting>) -> usize {
     held.as_ref().map_or(0, |w| w.held.units.len())
 }
 
-/// How long to wait before asking the scheduler again after `failures`
-/// failed queries in a row; `None` after ten minutes of failing (a busy
-/// `slurmctld` times out now and then: neither give up nor hammer it).
+/// The wait before asking the scheduler again after `failures` failed queries; `None` after
+/// ten minutes of failing (a busy `slurmctld` times out now and then).
 fn retry_after(failures: u32, failing_for: Duration) -> Option<Duration> {
     const GIVE_UP: Duration = Duration::from_secs(600);
     (failing_for < GIVE_UP).then(|| Duration::from_secs((2u64 << failures.min(5)).min(60)))
 }
 
-/// Takes the study's lock again for the report of the attempt this sweep
-/// followed; returns the attempt a `sweep run --again` began meanwhile, if any.
+/// Takes the study's lock again for the report; the attempt a `--again` began meanwhile, if any.
 fn hold_for_report(
     sub: &mut Submission,
     followed: &(u32, Option<String>),
@@ -494,8 +469,7 @@ fn all_done(sub: &Submission) -> Result<bool> {
         .all(|(s, u)| u.kind == UnitKind::Stage || s.state == State::Completed))
 }
 
-/// The report `sweep run` writes: the manifest's settings, with plots;
-/// `live` while runs go on (the page reloads itself).
+/// The report `sweep run` writes: the manifest's settings, with plots; `live` while runs go on.
 pub fn report_options(live: bool) -> report::ReportOptions {
     report::ReportOptions {
         skip_first: None,
@@ -507,9 +481,8 @@ pub fn report_options(live: bool) -> report::ReportOptions {
     }
 }
 
-/// `report.html` rewritten as runs end while the sweep is watched (it
-/// reloads itself meanwhile), at most every few seconds. A report that
-/// cannot be written yet (no run has metrics) is no reason to stop watching.
+/// `report.html` rewritten as runs end, at most every few seconds; a report that cannot be
+/// written yet is no reason to stop watching.
 pub struct LivePage {
     root: PathBuf,
     /// The plan followed (the manifest may change on disk meanwhile).
@@ -546,8 +519,7 @@ impl LivePage {
         (self.last, self.pending) = (Some(Instant::now()), false);
     }
 
-    /// Watching stopped before the sweep ended: a page written live stops
-    /// reloading (it is a snapshot now; `sweep report` renders it again).
+    /// Watching stopped early: the live page stops reloading (a snapshot now).
     pub fn settle(&mut self) {
         if self.last.is_some() {
             let _ = report::run(&self.root, &self.source, &report_options(false));

@@ -1,11 +1,7 @@
-//! A process that dies of a fault says where first: on SIGSEGV, SIGBUS,
-//! SIGILL or SIGFPE, `sweep` writes the signal, the faulting address, the
-//! thread and its stack to stderr (a rank's job log: nobody keeps a rank's
-//! core file, and Rust prints nothing), then dies of the same signal, as
-//! it would have. The handler allocates nothing until every frame's
-//! address is written (the fault may be in the allocator); naming the
-//! frames, which allocates, runs under an alarm ([`NAMING_LIMIT_S`]). The
-//! handler that was there before (Rust's, for a stack overflow) runs after.
+//! A process dying of a fault says where first: on SIGSEGV, SIGBUS, SIGILL or SIGFPE, the
+//! signal, address, thread and stack go to stderr (a rank's job log: nobody keeps its core
+//! file), then it dies of the same signal. Nothing is allocated until every frame's address is
+//! written; naming frames runs under an alarm. A handler installed before ours runs after.
 
 use super::raw_stderr::RawStderr;
 use super::signals::name;
@@ -28,24 +24,18 @@ const FATAL: [i32; 4] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE
 const MAX_FRAMES: usize = 64;
 /// Seconds the frames' names may take before the process dies without them.
 pub const NAMING_LIMIT_S: u32 = 20;
-/// The alternate signal stack given to the threads that run sweep's code
-/// (the main thread, the compute pool's): the report's naming needs more
-/// than the few kilobytes Rust gives each thread for its stack-overflow
-/// handler.
+/// The alternate signal stack of sweep's threads: naming needs more than Rust's few kilobytes.
 const ALT_STACK_BYTES: usize = 1 << 20;
 
-/// The handlers that were installed before ours, by signal (index in
-/// [`FATAL`]): set once by [`install`], before our handler can run.
+/// The handlers installed before ours, by index in [`FATAL`]: set once by [`install`].
 static PREVIOUS: OnceLock<[Option<Action>; 4]> = OnceLock::new();
-/// The thread reporting a fault (0: none). Another thread's fault waits for
-/// the process to end rather than interleave its report; a fault of the
-/// reporting thread itself (its report faulted) ends the process.
+/// The thread reporting a fault (0: none). Another thread's fault waits for the process to end;
+/// the reporter's own fault ends it.
 static REPORTER: AtomicI32 = AtomicI32::new(0);
 /// The signal being reported, for the alarm's handler.
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
 
-/// Reports faults from now on, in every thread. Call once, early, before
-/// other threads start.
+/// Reports faults from now on, in every thread. Call once, before other threads start.
 pub fn install() {
     let mut previous = [None; 4];
     for (old, &sig) in previous.iter_mut().zip(&FATAL) {
@@ -61,8 +51,7 @@ pub fn install() {
         // Installed already: the "previous" handlers would be ours.
         return;
     }
-    // The handler's first walk must not bind the unwinder's functions
-    // lazily on a small signal stack: walk once now.
+    // The first walk must not bind the unwinder lazily on a small signal stack: walk once now.
     // SAFETY: no other thread walks stacks yet.
     unsafe { backtrace::trace_unsynchronized(|_| false) };
     roomy_signal_stack();
@@ -72,8 +61,7 @@ pub fn install() {
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_fault as *const () as usize;
-            // On the thread's alternate stack where it has one (Rust's
-            // threads do): a stack overflow is a SIGSEGV too.
+            // On the alternate stack where there is one: a stack overflow is a SIGSEGV too.
             action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
             libc::sigemptyset(&mut action.sa_mask);
             libc::sigaction(sig, &action, std::ptr::null_mut());
@@ -81,13 +69,10 @@ pub fn install() {
     }
 }
 
-/// Gives the calling thread an alternate signal stack roomy enough for a
-/// report. Call from each thread that runs sweep's code (the compute pool's
-/// start handler does); [`install`] does for its own.
+/// Gives the calling thread an alternate signal stack roomy enough for a report (the compute
+/// pool's start handler calls it).
 pub fn roomy_signal_stack() {
-    // SAFETY: a fresh anonymous mapping becomes this thread's alternate
-    // stack; it is never unmapped (the thread's life is the process's, and
-    // Rust unmaps only the stack it made itself).
+    // SAFETY: a fresh anonymous mapping becomes this thread's alternate stack, never unmapped.
     unsafe {
         let stack = libc::mmap(
             std::ptr::null_mut(),
@@ -122,8 +107,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
             unsafe { libc::signal(sig, libc::SIG_DFL) };
             return;
         }
-        // Another thread is reporting its fault: this one waits for the
-        // end that report brings.
+        // Another thread is reporting: this one waits for the end that report brings.
         loop {
             // SAFETY: pause has no preconditions.
             unsafe { libc::pause() };
@@ -148,8 +132,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
     out.flush();
     let mut frames = [0usize; MAX_FRAMES];
     let mut n = 0;
-    // SAFETY: the unsynchronized trace is the one meant for signal
-    // handlers; one thread at a time gets here (REPORTER).
+    // SAFETY: the unsynchronized trace is meant for signal handlers; one thread gets here.
     unsafe {
         backtrace::trace_unsynchronized(|frame| {
             frames[n] = frame.ip() as usize;
@@ -173,8 +156,7 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
     hand_on(sig, info, context, sent);
 }
 
-/// Each frame's function and source line, under an alarm: naming reads
-/// the binary's debug information and allocates.
+/// Each frame's function and source line, under an alarm (naming allocates).
 fn name_frames(frames: &[usize], out: &mut RawStderr) {
     // SAFETY: a plain handler for SIGALRM, then the alarm.
     unsafe {
@@ -188,12 +170,10 @@ fn name_frames(frames: &[usize], out: &mut RawStderr) {
     out.flush();
     for (i, &ip) in frames.iter().enumerate() {
         let mut named = 0;
-        // SAFETY: only this thread resolves symbols now (REPORTER), and the
-        // process ends right after.
+        // SAFETY: only this thread resolves symbols now, and the process ends right after.
         unsafe {
             backtrace::resolve_unsynchronized(ip as *mut c_void, |sym| {
-                // An address's functions, innermost first: those inlined
-                // into the one that holds the address, then that one.
+                // An address's functions, innermost first.
                 let _ = match named {
                     0 => write!(out, "    #{i:<2} "),
                     _ => write!(out, "        in "),
@@ -231,16 +211,14 @@ extern "C" fn on_alarm(_: libc::c_int) {
         "sweep: naming the frames took over {NAMING_LIMIT_S} s; the addresses above are the stack"
     );
     out.flush();
-    // SAFETY: the default action, then the signal to the whole process
-    // (the faulting thread, blocked in its handler, blocks it itself).
+    // SAFETY: the default action, then the signal to the whole process.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
         libc::kill(libc::getpid(), sig);
     }
 }
 
-/// Passes the fault on: to the handler that was there before ours, else to
-/// the default action (the process dies of the signal).
+/// Passes the fault on: to the previous handler, else the default action.
 fn hand_on(sig: i32, info: *mut libc::siginfo_t, context: *mut c_void, sent: bool) {
     let i = FATAL.iter().position(|&s| s == sig).unwrap_or(0);
     let previous = PREVIOUS.get().and_then(|p| p[i]).map(|a| a.0);
@@ -265,16 +243,14 @@ fn hand_on(sig: i32, info: *mut libc::siginfo_t, context: *mut c_void, sent: boo
         }
     }
     if sent {
-        // A signal sent by a process does not come back on return as a
-        // fault does: send it again, to the default action.
-        // SAFETY: as above; the signal is delivered once the handler returns.
+        // A sent signal does not come back on return as a fault does: send it again.
+        // SAFETY: as above; it is delivered once the handler returns.
         unsafe {
             libc::signal(sig, libc::SIG_DFL);
             libc::raise(sig);
         }
     }
-    // A fault: returning runs the faulting instruction again, which faults
-    // again, now under the default action (or the previous handler's).
+    // A fault: returning reruns the instruction, which faults again under the default action.
 }
 
 fn gettid() -> i32 {
@@ -300,8 +276,7 @@ fn thread_name(out: &mut RawStderr) {
 
 /// ` in LIBRARY+0xOFFSET`, where the loader knows the address.
 fn library(out: &mut RawStderr, ip: usize) {
-    // SAFETY: dladdr fills `info` for an address; its strings belong to
-    // the loader and stay valid while the library is loaded.
+    // SAFETY: dladdr fills `info`; its strings stay valid while the library is loaded.
     unsafe {
         let mut info: libc::Dl_info = std::mem::zeroed();
         if libc::dladdr(ip as *const c_void, &mut info) == 0 || info.dli_fname.is_null() {

@@ -1,13 +1,7 @@
-//! The performance history: `results/history.sqlite`, one SQLite file per
-//! project. Every report records its completed runs' measurements in one
-//! transaction, each once, keyed by the run's attempt id: a study reported
-//! again, moved or copied adds nothing; one run afresh is recorded anew; a
-//! killed report leaves the history as it was, and concurrent reports wait
-//! for SQLite's lock. `sweep history` reads it back; `sweep check --history`
-//! takes references from it. Sweep writes only into a file with its own
-//! application id and exact schema (a contract: docs/report.md, "The
-//! history"): anything else is refused and left byte for byte; reading
-//! never writes.
+//! The performance history, `results/history.sqlite`: every report records its completed runs'
+//! measurements once each, keyed by attempt id, in one transaction (a killed report changes
+//! nothing; concurrent ones wait for SQLite's lock). Sweep writes only into a file with its own
+//! application id and schema (docs/report.md, "The history"); anything else is left as it is.
 
 use super::ingest::RunLog;
 use super::stats::{mean_ci95_of, MeanCi};
@@ -33,16 +27,14 @@ pub const UNKNOWN_SYSTEM: &str = "unknown";
 /// One run's measurements, as a row of `measurements`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Entry {
-    /// The run's measurement ([`crate::plan::record::RunRecord::attempt_ids`]):
-    /// what a measurement is recorded once by.
+    /// The run's measurement ([`crate::plan::record::RunRecord::attempt_ids`]): recorded once by it.
     pub attempt_id: String,
     /// The study attempt it was measured in: the runs pooled as one attempt.
     pub study_attempt_id: String,
     pub study: String,
     /// The run's identity hash (its repeat included).
     pub run_id: String,
-    /// The study's attempt count when it ran (a label: `--again` counts
-    /// on, a study run afresh counts from 1 again).
+    /// The study's attempt count when it ran (`--again` counts on, afresh counts from 1).
     pub attempt: u32,
     pub run: String,
     /// The identity hash its repeats share: what the history compares by.
@@ -67,8 +59,7 @@ pub struct Entry {
     pub fingerprint: Option<Fingerprint>,
 }
 
-/// The history file beside a study directory (`results/<study>` ->
-/// `results/history.sqlite`).
+/// The history file beside a study directory (`results/<study>` -> `results/history.sqlite`).
 pub fn path_for(study_dir: &Path) -> PathBuf {
     let dir = study_dir
         .canonicalize()
@@ -76,8 +67,7 @@ pub fn path_for(study_dir: &Path) -> PathBuf {
     crate::util::fs::parent_dir(&dir).join(FILE)
 }
 
-/// What recording did: measurements new to the history, and those already
-/// in it whose derived figures were recomputed.
+/// What recording did: measurements new, and measurements whose derived figures were recomputed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Recorded {
     pub new: usize,
@@ -98,9 +88,8 @@ impl std::fmt::Display for Recorded {
     }
 }
 
-/// Recomputes the derived figures of the measurement `e` stands for,
-/// already in the history, where its points are `e`'s and its figures
-/// differ; its attempt's sums follow. Whether it changed.
+/// Recomputes the derived figures of a recorded measurement whose points are `e`'s and whose
+/// figures differ (its attempt's sums follow); whether it changed.
 fn rederive(tx: &rusqlite::Transaction, e: &Entry) -> rusqlite::Result<bool> {
     type Stored = (i64, f64, Option<f64>, Option<f64>, Option<f64>, Option<f64>);
     let stored: Option<Stored> = tx
@@ -177,9 +166,8 @@ fn rederive(tx: &rusqlite::Transaction, e: &Entry) -> rusqlite::Result<bool> {
     Ok(true)
 }
 
-/// The completed runs of a summary as history entries (runs without a
-/// record — imported logs — or without a throughput are not measurements
-/// the history can key).
+/// The completed runs of a summary as entries (imported logs and runs without a throughput
+/// are not measurements the history can key).
 pub fn entries(study: &str, s: &Summary) -> Vec<Entry> {
     let now = crate::util::now_rfc3339();
     s.runs
@@ -235,8 +223,7 @@ pub fn fingerprint_of(r: &RunLog) -> Option<Fingerprint> {
     Fingerprint::load(r.dir.as_deref()?).ok().flatten()
 }
 
-/// The measurements a check is about (a study's latest attempt): left out
-/// of their own reference, however the history recorded them.
+/// The measurements a check is about: left out of their own reference.
 #[derive(Debug, Clone, Default)]
 pub struct Now {
     /// The study attempts its runs were rendered in.
@@ -258,9 +245,8 @@ pub struct History {
 }
 
 impl History {
-    /// Opens the history for recording, creating it where there is none
-    /// (or an empty file). A file that is not a sweep history of this
-    /// version is refused, untouched.
+    /// Opens the history for recording, creating it where there is none; a file that is not a
+    /// sweep history of this version is refused, untouched.
     pub fn open(path: &Path) -> Result<History> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if let Err(e) = std::fs::create_dir_all(dir) {
@@ -286,10 +272,8 @@ impl History {
         }
         conn.busy_timeout(BUSY)
             .map_err(|e| not_readable(path, &e))?;
-        // What the file is, decided under SQLite's write lock; a new (or
-        // empty) file gets the whole schema and sweep's application id in
-        // one transaction. Nothing else is written until it is known to be
-        // sweep's history: not even the switch to write-ahead mode.
+        // What the file is, decided under SQLite's write lock; nothing is written (not even the
+        // switch to WAL) until it is known to be sweep's history.
         let setup = || -> rusqlite::Result<Contents> {
             conn.execute_batch("BEGIN IMMEDIATE")?;
             let mut verdict = verify(&conn)?;
@@ -309,13 +293,11 @@ impl History {
             conn.execute_batch("COMMIT")?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
-            // Reads straight from the mapped file (a history of a million
-            // runs is ~300 MB): `sweep history` of everything scans it.
+            // Read straight from the mapped file: a million runs' history is ~300 MB.
             conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
             Ok(verdict)
         };
-        // Two sweeps opening a new history at once: the switch to WAL answers
-        // "locked" without SQLite's busy handler; retried as a busy write is.
+        // Two sweeps creating one history: the switch to WAL answers "locked" without the busy handler.
         let deadline = std::time::Instant::now() + BUSY;
         let outcome = loop {
             match setup() {
@@ -342,13 +324,11 @@ impl History {
         }
     }
 
-    /// The history for reading; `None` where there is none yet. Nothing is
-    /// written: a read-only file, folder or file system is read as it is.
+    /// The history for reading; `None` where there is none. Nothing is written.
     pub fn open_existing(path: &Path) -> Result<Option<History>> {
         match sniff(path)? {
             Found::Nothing => return Ok(None),
-            // A history another sweep is creating has its first pages in
-            // its write-ahead log; a bare empty file holds nothing.
+            // A history being created has its first pages in its WAL; a bare empty file holds nothing.
             Found::Empty if !wal_of(path).exists() => return Ok(None),
             Found::Empty | Found::Ours | Found::Unmarked => {}
         }
@@ -363,8 +343,7 @@ impl History {
         };
         let read = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let plain = open(&path.to_string_lossy(), read);
-        // Where SQLite cannot make its shared-memory file (a read-only
-        // folder), the file is read as immutable: no lock, no side file.
+        // Where SQLite cannot make its shared-memory file (a read-only folder), read as immutable.
         let opened = match plain {
             Err(e) if is_read_only(&e) => {
                 open(&immutable_uri(path), read | OpenFlags::SQLITE_OPEN_URI).map_err(|_| e)
@@ -386,15 +365,13 @@ impl History {
         &self.path
     }
 
-    /// Records entries in one transaction; returns how many were new and
-    /// how many were recomputed ([`History::record_all`]).
+    /// Records entries in one transaction ([`History::record_all`]).
     pub fn record(&mut self, entries: &[Entry]) -> Result<Recorded> {
         self.record_all(entries, &[])
     }
 
-    /// [`History::record`], and the failures in the same transaction (each
-    /// once). A measurement already recorded keeps its points; only what the
-    /// report derives from them (tokens/s, TFLOP/s, MFU) is recomputed.
+    /// [`History::record`], and the failures in the same transaction. A recorded measurement keeps
+    /// its points; only what the report derives from them is recomputed.
     pub fn record_all(&mut self, entries: &[Entry], failures: &[Failure]) -> Result<Recorded> {
         let path = self.path.clone();
         let fail = |e: rusqlite::Error| match is_read_only(&e) {
@@ -479,9 +456,7 @@ impl History {
         Ok(added)
     }
 
-    /// Each configuration's attempts (per system), oldest first, with
-    /// their runs pooled: what `sweep history` shows. One row read per
-    /// attempt (the `attempts` table the trigger keeps).
+    /// Each configuration's attempts per system, oldest first, runs pooled: `sweep history`.
     pub fn attempts(&self, filter: &Filter) -> Result<Vec<Attempt>> {
         let fail = |e: rusqlite::Error| anyhow::anyhow!("reading {}: {e}", self.path.display());
         let (filter_sql, values) = filter.sql();
@@ -541,9 +516,8 @@ impl History {
         Ok(out)
     }
 
-    /// The runs of a configuration's last `last` attempts on `system`
-    /// (newest first), other than the measurements `now` names: the
-    /// reference `sweep check --history` pools, each measurement once.
+    /// The runs of a configuration's last `last` attempts on `system`, newest first, other than
+    /// those `now` names: the reference `sweep check --history` pools.
     pub fn reference(
         &self,
         configuration_id: &str,
@@ -600,8 +574,7 @@ impl History {
                         tflops_mean: r.get(17)?,
                         step_time_s_mean: r.get(18)?,
                         peak_memory_mb_mean: r.get(19)?,
-                        // A fingerprint that no longer parses is only a
-                        // comparison less.
+                        // A fingerprint that no longer parses is only a comparison less.
                         fingerprint: fingerprint.and_then(|f| serde_json::from_str(&f).ok()),
                     })
                 },
@@ -611,9 +584,7 @@ impl History {
     }
 }
 
-/// The interval of an attempt's tokens/s: over its runs' means when it has
-/// two or more, else over its one run's steady-state points (as the
-/// report's table has it).
+/// An attempt's tokens/s interval: over its runs' means with two or more, else one run's points.
 fn interval(n: i64, mean: f64, sum_sq: f64, one_std: Option<f64>, points: i64) -> Option<MeanCi> {
     if n >= 2 {
         let nf = n as f64;
@@ -638,8 +609,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// The `WHERE` clause of the filters given (only those, so that SQLite
-    /// can use an index), and their values.
+    /// The `WHERE` clause of the filters given (only those, so SQLite can use an index).
     fn sql(&self) -> (String, Vec<&str>) {
         let mut conditions: Vec<&str> = Vec::new();
         let mut values: Vec<&str> = Vec::new();
@@ -728,9 +698,8 @@ pub fn text(attempts: &[Attempt]) -> String {
     t.to_string()
 }
 
-/// Records a summary's completed runs in the history beside its study;
-/// returns the file, how many runs were new, and the history still open
-/// (none where there is no file: nothing was measured yet).
+/// Records a summary's completed runs beside its study: the file, the counts, and the history
+/// still open (none where nothing was measured yet).
 pub fn record(
     study_dir: &Path,
     study: &str,

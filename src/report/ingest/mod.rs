@@ -1,10 +1,7 @@
-//! Logs -> runs with their log points, whatever wrote them: our trainer's
-//! `metrics.jsonl`, the reference study's log lines, or any program's lines
-//! matched by a regex from the manifest. Nothing here is fatal to a report,
-//! and nothing is left out silently: a file that cannot be read, a line that
-//! does not parse and a value no run can log are each recorded with the run
-//! ([`RunLog::issues`]) and listed among the report's problems, while the
-//! rest of the log is used.
+//! Logs -> runs with their points, whatever wrote them: our `metrics.jsonl`, the reference
+//! study's lines, or any program's lines matched by a manifest's regex. Nothing here is fatal
+//! and nothing is dropped silently: what cannot be read is recorded with the run
+//! ([`RunLog::issues`]) and listed among the report's problems, and the rest is used.
 
 pub mod jsonl;
 pub mod pattern;
@@ -38,12 +35,10 @@ pub struct Point {
     pub batch_size: Option<f64>,
     /// The most memory one device held so far, MB (2^20 bytes).
     pub peak_memory_mb: Option<f64>,
-    /// A device's average power over the interval, and those watts over its
-    /// tokens per second (where the run measured them: [`crate::train::run::energy`]).
+    /// A device's average power over the interval, and watts per token/s ([`crate::train::run::energy`]).
     pub watts: Option<f64>,
     pub joules_per_token: Option<f64>,
-    /// Fields of a foreign log that no [`Field`] is (a `line_pattern`'s other
-    /// named groups), in the order its pattern names them.
+    /// A foreign log's fields that no [`Field`] is (a `line_pattern`'s other groups), in its order.
     pub extra: Vec<Option<f64>>,
 }
 
@@ -79,8 +74,7 @@ impl Point {
     }
 }
 
-/// The largest magnitude a foreign field may log: beyond it, only a corrupt
-/// log (or a unit no table can show) writes numbers.
+/// The largest magnitude a foreign field may log: beyond it, only a corrupt log writes numbers.
 pub const MAX_EXTRA: f64 = 1e15;
 
 pub use crate::manifest::Field;
@@ -148,9 +142,7 @@ impl From<&StepMetrics> for Point {
     }
 }
 
-/// What readers left out of one log file, summarised for the report's
-/// problems: lines that do not parse, and values outside
-/// [`Field::plausible`] (counted per field).
+/// What readers left out of one log file: unparsed lines, values outside [`Field::plausible`].
 #[derive(Debug, Default)]
 pub struct Omissions {
     lines: Vec<(usize, String)>,
@@ -160,8 +152,7 @@ pub struct Omissions {
     extras: Vec<String>,
     /// The step of the last point kept.
     last_step: Option<f64>,
-    /// Points whose step repeats or goes back: (count, first line, its
-    /// step, the step before it).
+    /// Points whose step repeats or goes back: (count, first line, its step, the step before).
     backward: Option<(usize, usize, f64, f64)>,
 }
 
@@ -183,8 +174,7 @@ impl Omissions {
         self.lines.push((line, why.into()));
     }
 
-    /// Keeps the point if its step is a step; clears (and counts) each value
-    /// a run cannot log. Returns the point to keep.
+    /// Keeps the point if its step is a step; clears (and counts) each value a run cannot log.
     pub fn screen(&mut self, line: usize, mut p: Point) -> Option<Point> {
         if !(p.step.is_finite() && p.step >= 0.0 && p.step <= 1e15) {
             self.bad_line(line, format!("step {} is not a step number", p.step));
@@ -272,8 +262,7 @@ impl Omissions {
 pub struct RunLog {
     pub name: String,
     pub params: IndexMap<String, serde_json::Value>,
-    /// What the run repeats, when the planner recorded it (imported logs:
-    /// none; each is a configuration of its own).
+    /// What the run repeats, when the planner recorded it (imported logs: none).
     pub configuration: Option<Configuration>,
     /// The run's directory, when it has one (imported logs: none).
     pub dir: Option<PathBuf>,
@@ -282,18 +271,13 @@ pub struct RunLog {
     /// Why the run has no (or incomplete) results, when that is known.
     pub reason: Option<String>,
     pub points: Vec<Point>,
-    /// A last line still being written (no newline yet): normal while the
-    /// run is running, a problem once it is not.
+    /// A last line still being written: normal while running, a problem once stopped.
     pub torn: bool,
-    /// What was left out of the run's logs and why (files that could not be
-    /// read, lines that do not parse, implausible values), and how it ran
-    /// otherwise than asked (a kernel that fell back on its GPU).
+    /// What was left out of the run's logs and why, and how it ran otherwise than asked.
     pub issues: Vec<String>,
-    /// `sweep plan`'s forecast efficiency against one device alone (100 for
-    /// one rank), where the planner made one.
+    /// `sweep plan`'s forecast efficiency against one device (100 for one rank).
     pub forecast_pct: Option<f64>,
-    /// What the run's id is the hash of (its whole configuration), where
-    /// the planner recorded it: what comparisons tell studies apart by.
+    /// What the run's id hashes (its whole configuration): what tells studies apart.
     pub identity: Option<serde_json::Value>,
     /// The sweep that rendered it, where its record says.
     pub built: Option<Built>,
@@ -301,28 +285,20 @@ pub struct RunLog {
     pub id: Option<String>,
     /// Which measurement of its study it is (`sweep run --again`).
     pub attempt: u32,
-    /// Data-parallel runs of our trainer: each rank's compute time per
-    /// logging interval, and its host (what finds a straggler).
+    /// Data-parallel runs: each rank's compute time per interval and its host (stragglers).
     pub ranks: Vec<jsonl::RankInterval>,
-    /// Its block and place in a blocked design (`[sweep] design =
-    /// "blocks"`): the runs of one block are compared with each other.
+    /// Its block and place in a blocked design: a block's runs are compared with each other.
     pub block: Option<crate::plan::record::DesignSlot>,
-    /// The nodes it ran on (its allocation's, as its job recorded them),
-    /// where a blocked design's report says where each block ran.
+    /// The nodes it ran on, as its job recorded them.
     pub nodes: Vec<String>,
-    /// The host its job started on, and how busy that was without the run
-    /// as it started and ended (`environment.json`): what tells why its
-    /// repeats differ.
+    /// The host its job started on, and how busy it was without the run (`environment.json`).
     pub host: Option<String>,
     pub load: Vec<crate::executor::fingerprint::Load>,
-    /// The end of its log, where it stopped without completing: what the
-    /// program (or its job script) said last.
+    /// The end of its log, where it stopped without completing.
     pub log_tail: Option<LogTail>,
 }
 
-/// A run directory's job logs ([`crate::layout::is_job_log`]), sorted by
-/// name, and what kept it from being listed (a directory not made yet has
-/// none).
+/// A run directory's job logs, sorted, and what kept them from being listed.
 pub(crate) fn list_job_logs(dir: &Path) -> (Vec<PathBuf>, Vec<String>) {
     let (mut logs, mut faults) = (Vec::new(), Vec::new());
     let listing = |e: std::io::Error| format!("listing {}: {e}", dir.display());
@@ -343,9 +319,8 @@ pub(crate) fn list_job_logs(dir: &Path) -> (Vec<PathBuf>, Vec<String>) {
     (logs, faults)
 }
 
-/// Of a run directory's job logs, the one the attempt of `job` writes:
-/// `local.out` for a local job, `<name>-<job>.out` for a SLURM job (or
-/// array task); else the log written last.
+/// Of a run directory's job logs, the one the attempt of `job` writes: `local.out`, or
+/// `<name>-<job>.out` for a SLURM job; else the log written last.
 pub(crate) fn attempt_log(logs: &[PathBuf], job: Option<&str>) -> Option<PathBuf> {
     let name = |p: &Path| {
         p.file_name()
@@ -374,8 +349,7 @@ pub(crate) fn attempt_log(logs: &[PathBuf], job: Option<&str>) -> Option<PathBuf
         .cloned()
 }
 
-/// The line a job's shell writes as each start of a run begins (`sweep:
-/// local job for <name> …` or `sweep: run <name> … job …`).
+/// The line a job's shell writes as each start of a run begins.
 fn is_start_line(line: &[u8]) -> bool {
     static START: std::sync::OnceLock<regex::bytes::Regex> = std::sync::OnceLock::new();
     START
@@ -388,14 +362,12 @@ fn is_start_line(line: &[u8]) -> bool {
         .is_match(line)
 }
 
-/// What a job log's last start wrote, and how many starts came before (a
-/// restarted run appends to its log; no figure may average two attempts).
+/// What a job log's last start wrote, and how many starts came before (no figure averages two).
 pub fn this_attempt(log: &[u8]) -> (&[u8], usize) {
     let mut starts = 0usize;
     let mut from = 0;
     let mut at = 0;
-    // A carriage return ends a line too: a progress bar killed mid-line
-    // leaves none, and the next start follows its last update.
+    // A carriage return ends a line too: a progress bar killed mid-line leaves no newline.
     for line in log.split_inclusive(|&b| b == b'\n' || b == b'\r') {
         at += line.len();
         if is_start_line(line.strip_suffix(b"\n").unwrap_or(line)) {
@@ -411,15 +383,12 @@ pub fn this_attempt(log: &[u8]) -> (&[u8], usize) {
 pub struct LogTail {
     /// The log's file name.
     pub name: String,
-    /// Its last lines: at most 12, from its last 4 KiB, without terminal
-    /// colours, a progress bar's updates each a line.
+    /// Its last lines: at most 12 from its last 4 KiB, uncoloured, a progress bar's updates each a line.
     pub last: String,
 }
 
 impl LogTail {
-    /// The last lines of the log of `job`, the attempt whose end is
-    /// reported: `local.out` for a local job, `<name>-<job>.out` for a SLURM
-    /// job (or array task); else the log written last.
+    /// The last lines of the log of `job` ([`attempt_log`]).
     pub fn read(dir: &Path, job: Option<&str>) -> Option<LogTail> {
         let path = attempt_log(&list_job_logs(dir).0, job)?;
         let bytes = crate::util::fs::read_tail(&path, 4096).ok()?;
@@ -450,12 +419,10 @@ pub struct Built {
     pub git_commit: Option<String>,
     /// When it was rendered.
     pub created_at: String,
-    /// The run's measurement and its study attempt, as the history keys
-    /// them ([`crate::plan::record::RunRecord::attempt_ids`]).
+    /// The run's measurement and study attempt, as the history keys them.
     pub attempt_id: String,
     pub study_attempt_id: String,
-    /// Why its last job was stopped, where sweep's watchdog or launch
-    /// doctor stopped it.
+    /// Why its last job was stopped, where sweep's watchdog or launch doctor stopped it.
     pub last_stop: Option<crate::plan::record::Stop>,
 }
 
@@ -508,9 +475,8 @@ impl RunLog {
     }
 }
 
-/// A log file's bytes, read as [`crate::util::fs::read_regular`] does (a
-/// regular file of at most [`MAX_LOG_BYTES`], inside `within` when given);
-/// the reason, naming the file, when it cannot be read.
+/// A log file's bytes ([`crate::util::fs::read_regular`], at most [`MAX_LOG_BYTES`]), or the
+/// reason, naming the file.
 pub fn read_log(path: &Path, within: Option<&Path>) -> Result<Vec<u8>, String> {
     crate::util::fs::read_regular(path, MAX_LOG_BYTES, within).map_err(|e| match e {
         ReadError::NotFound => format!("{} does not exist", path.display()),
@@ -518,9 +484,8 @@ pub fn read_log(path: &Path, within: Option<&Path>) -> Result<Vec<u8>, String> {
     })
 }
 
-/// The lines of a text log with their line numbers, flagged where not UTF-8
-/// (decoded with replacements). A carriage return ends a line too (a progress
-/// bar's updates); a line is read up to [`MAX_LINE`] bytes.
+/// A text log's lines with their numbers, flagged where not UTF-8. A carriage return ends a
+/// line too; a line is read up to [`MAX_LINE`] bytes.
 pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow<'_, str>, bool)> {
     bytes
         .split(|&b| b == b'\n')
@@ -535,8 +500,7 @@ pub fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, std::borrow::Cow
         })
 }
 
-/// The most of one line read as text: a longer one (a dumped tensor) is read
-/// by its start, so a log of one huge line cannot take several times its size.
+/// The most of one line read as text: a longer one (a dumped tensor) is read by its start.
 pub const MAX_LINE: usize = 64 << 10;
 
 #[cfg(test)]

@@ -1,14 +1,7 @@
-//! Runs -> tables, with polars: every log point of every run in one frame,
-//! the first K points of each run skipped (warm-up, as the reference study
-//! did), then per run the mean, median, std and 5th/95th percentiles of
-//! throughput, MFU, TFLOPs and training-token share, the final loss and the
-//! wall time; a configuration's repeats (or, on request, groups of runs) as
-//! one row; intervals, speedups against a baseline and scaling.
-//!
-//! The result is the table as a frame (its columns are what CSV, Parquet and
-//! JSON carry) and the same rows typed ([`Row`]): what the markdown table,
-//! the charts and comparisons read. Runs are told apart by their position,
-//! never by their names, which imported logs may repeat.
+//! Runs -> tables, with polars: every log point of every run in one frame, the first K points
+//! skipped as warm-up, then per run and per configuration (or group) the statistics, intervals,
+//! speedups and scaling. The result is the frame (what CSV, Parquet and JSON carry) and the same
+//! rows typed ([`Row`]). Runs are told apart by position, never by names, which logs may repeat.
 
 mod frames;
 mod speedups;
@@ -37,9 +30,7 @@ pub struct SummaryOptions {
 }
 
 pub struct Summary {
-    /// One row per run, configuration or group: `run`, `state`, `runs`,
-    /// `points`, `<metric>_<stat>`, intervals, `final_loss`, `wall_time_s`,
-    /// `speedup`, scaling, then parameters.
+    /// One row per run, configuration or group (columns: docs/report.md).
     pub table: DataFrame,
     /// The table's rows, typed.
     pub rows: Vec<Row>,
@@ -47,23 +38,17 @@ pub struct Summary {
     pub runs: Vec<RunLog>,
     /// Parameter columns of the table, in order.
     pub params: Vec<String>,
-    /// The parameters that distinguish configurations (a sweep's axes; for
-    /// imported logs, the parameters that vary): what charts group and label by.
+    /// The parameters that tell configurations apart (for imported logs, those that vary).
     pub axes: Vec<String>,
-    /// The axis that is the per-device batch size, if one is: the trainer's
-    /// `batch_size`, or a command's parameter named `…batch_size` (not a
-    /// global batch).
+    /// The per-device batch-size axis, if any (`batch_size`, or a parameter named `…batch_size`).
     pub batch_axis: Option<String>,
-    /// Runs without usable points, that did not complete, or with something
-    /// left out of their logs, with the reason.
+    /// Runs without usable points, incomplete, or with something left out of their logs.
     pub problems: Vec<Problem>,
-    /// What would make the figures more useful (e.g. more repeats), for the
-    /// lines after the table.
+    /// What would make the figures more useful (e.g. more repeats).
     pub hints: Vec<String>,
     /// The extra fields summarised (each row's [`Row::extra`]), in order.
     pub extras: Vec<String>,
-    /// Each run's own steady-state figures, by position in `runs` (what
-    /// the history records).
+    /// Each run's own steady-state figures, by position in `runs` (what the history records).
     pub figures: Vec<RunFigures>,
     /// Ranks of data-parallel runs slower than their peers, by run.
     pub stragglers: Vec<super::straggler::Straggler>,
@@ -72,8 +57,7 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// How a blocked design's speedups were found, in a sentence (none for
-    /// other designs): paired by block, or — one block — not paired.
+    /// How a blocked design's speedups were found, in a sentence: paired by block or not.
     pub fn pairing(&self) -> Option<String> {
         Some(match self.blocks()? {
             1 => "Randomized blocks (1): one block cannot be paired — each speedup's interval is \
@@ -87,8 +71,7 @@ impl Summary {
         })
     }
 
-    /// The number of blocks, where the runs come from a blocked design
-    /// (with two or more, their speedups are paired by block).
+    /// The number of blocks of a blocked design (with two or more, speedups are paired by block).
     pub fn blocks(&self) -> Option<usize> {
         let blocks: std::collections::BTreeSet<u32> = self
             .runs
@@ -99,8 +82,7 @@ impl Summary {
     }
 }
 
-/// One run's figures over its steady state: the means its configuration's
-/// row averages, and the spread and count its interval needs.
+/// One run's steady-state figures: the means its row averages, and its interval's spread and count.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RunFigures {
     /// Steady-state log points with a throughput.
@@ -139,16 +121,13 @@ pub struct Row {
     pub scaling_efficiency_pct: Option<f64>,
     /// The same ratio as `sweep plan`'s scaling forecast has it.
     pub forecast_efficiency_pct: Option<f64>,
-    /// The batch each run trained at, as its metrics say (the largest of
-    /// its runs').
+    /// The batch each run trained at, as its metrics say (the largest of its runs').
     pub trained_batch_size: Option<f64>,
-    /// The smallest and largest batch its runs trained at, when they differ
-    /// (a group over batch sizes).
+    /// The smallest and largest batch its runs trained at, when they differ.
     pub trained_batch_range: Option<(f64, f64)>,
     /// Against the baseline (none without one, or for rows without throughput).
     pub speedup: Option<Speedup>,
-    /// What the row's tokens/s interval was computed from (its repeats'
-    /// means, or its one run's steady-state points): for comparisons.
+    /// What the row's tokens/s interval came from (repeats' means, or one run's points).
     pub tps_samples: Vec<f64>,
 }
 
@@ -181,18 +160,15 @@ impl MetricStats {
 pub struct Speedup {
     pub ratio: f64,
     pub ci95: Option<(f64, f64)>,
-    /// The p-value of "no difference", and Holm's adjustment of it over the
-    /// study's comparisons with the baseline.
+    /// The p-value of "no difference", Holm-adjusted over the study's comparisons.
     pub p_value: Option<f64>,
     pub p_value_holm: Option<f64>,
-    /// Whether the Holm-adjusted p-value is below 0.05; none for the
-    /// baseline itself.
+    /// Whether the Holm-adjusted p-value is below 0.05; none for the baseline.
     pub significant: Option<bool>,
 }
 
 impl Speedup {
-    /// As tables and charts print it: `1.07x [1.02, 1.12]`, with `≈` when
-    /// its interval holds 1.
+    /// As tables print it: `1.07x [1.02, 1.12]`, with `≈` when its interval holds 1.
     pub fn text(&self) -> String {
         super::stats::ratio_text(self.ratio, self.ci95, self.significant != Some(false))
     }
@@ -211,8 +187,7 @@ impl Row {
         self.metrics.get(Field::summarised().count() + i)
     }
 
-    /// The peak FLOP/s per device its MFU is measured against (TFLOP/s),
-    /// as its figures imply: every row's own (a precision's, a device's).
+    /// The peak per device its MFU is measured against (TFLOP/s), as its own figures imply.
     pub fn mfu_peak_tflops(&self) -> Option<f64> {
         let tflops = self.metric(Field::Tflops).mean?;
         let mfu = self.metric(Field::MfuPct).mean.filter(|m| *m > 0.0)?;
@@ -235,10 +210,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// `run: state, reason`, safe to print (names and reasons come from
-    /// files) and bounded (a reason quoting a huge record is cut). A state
-    /// may carry its own reason (`UNKNOWN (<why run.json does not read>)`),
-    /// so it is bounded as a note, not cut as a table cell.
+    /// `run: state, reason`, safe to print and bounded as a note (a state may carry a reason).
     pub fn describe(&self) -> String {
         use crate::util::text::{cell, note};
         format!(
@@ -350,8 +322,7 @@ pub fn summarize(runs: Vec<RunLog>, opts: &SummaryOptions) -> Result<Summary> {
     })
 }
 
-/// Every run's [`RunFigures`], from the per-run table (the same means the
-/// summary's rows average) and its steady-state points.
+/// Every run's [`RunFigures`], from the per-run table and its steady-state points.
 fn run_figures(per_run: &DataFrame, runs: &[RunLog]) -> Result<Vec<RunFigures>> {
     let mean = |m: Field| number_column(per_run, &m.col(Stat::Mean));
     let tps = mean(Field::TokensPerSecond)?;
@@ -384,8 +355,7 @@ fn run_figures(per_run: &DataFrame, runs: &[RunLog]) -> Result<Vec<RunFigures>> 
 
 const TPS: Measure = Measure::Known(Field::TokensPerSecond);
 
-/// Extra fields become columns `<name>`, `<name>_mean`, ...: none may take
-/// the name of a column the tables already have.
+/// Extra fields become columns `<name>`, `<name>_mean`, ...: none may take a table's name.
 fn check_extras(extras: &[String], params: &[String]) -> Result<()> {
     let frame = [
         c::ORDER,
@@ -416,9 +386,8 @@ fn check_extras(extras: &[String], params: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The log points a run skips as warm-up: `skip_first`, unless that leaves
-/// it no point with a throughput; then only its first point (the one that
-/// pays for compilation and caches), and [`short_runs`] says so.
+/// The points a run skips as warm-up: `skip_first`, unless that leaves none with a throughput;
+/// then only its first ([`short_runs`] says so).
 fn skip_of(run: &RunLog, skip_first: usize) -> usize {
     let measured = run
         .points
@@ -431,8 +400,7 @@ fn skip_of(run: &RunLog, skip_first: usize) -> usize {
     }
 }
 
-/// Runs whose log is too short for the warm-up skip, with what their
-/// figures use instead: a short study never gives a blank table silently.
+/// Runs too short for the warm-up skip: a short study never gives a blank table silently.
 fn short_runs(runs: &[RunLog], skip_first: usize) -> Vec<Problem> {
     runs.iter()
         .filter(|r| skip_of(r, skip_first) != skip_first)
@@ -456,8 +424,7 @@ fn short_runs(runs: &[RunLog], skip_first: usize) -> Vec<Problem> {
         .collect()
 }
 
-/// Two repeats give an interval from one degree of freedom, Student's t of
-/// 12.7 at 95%: say what three or more give.
+/// Two repeats give Student's t of 12.7 at 95%: say what three or more give.
 fn repeats_hint(rows: &[Row]) -> Option<String> {
     rows.iter().any(|r| r.members.len() == 2).then(|| {
         "rows of 2 repeats have wide 95% intervals (Student's t with 1 degree of freedom: \
@@ -469,10 +436,8 @@ fn repeats_hint(rows: &[Row]) -> Option<String> {
 /// Repeats whose throughputs differ by more than this ratio are said.
 const REPEATS_DIFFER: f64 = 1.3;
 
-/// Where a row's repeats differ by more than 30% in tokens/s: by how much,
-/// and the likely cause as their environments recorded it — other
-/// processes on the host as a run started or ended, different hosts — or
-/// that they recorded none.
+/// Where a row's repeats differ by over 30% in tokens/s: by how much, and the likely cause
+/// their environments recorded (other load, different hosts), or that they recorded none.
 fn repeats_differ(
     name: &str,
     members: &[usize],
@@ -548,9 +513,7 @@ fn repeats_differ(
 /// Cores other processes kept busy that a repeat's load says, at least.
 const BUSY_CORES: f64 = 0.5;
 
-/// The most other load a run's samples show: the cores busy while its
-/// program did not run, and the load average beyond the host's cores (a
-/// host at load 161 on 2 cores was busy whatever a quarter second saw).
+/// The most other load a run's samples show: cores busy outside its program, and load beyond cores.
 fn other_load(samples: &[crate::executor::fingerprint::Load]) -> Option<f64> {
     samples
         .iter()
@@ -558,8 +521,7 @@ fn other_load(samples: &[crate::executor::fingerprint::Load]) -> Option<f64> {
         .max_by(f64::total_cmp)
 }
 
-/// Where a run's steady state starts: after its skip ([`skip_of`]) and the
-/// warm-up points detected after it (from tokens/s).
+/// Where a run's steady state starts: after its skip and the warm-up points detected after it.
 fn warmup(run: &RunLog, skip_first: usize) -> usize {
     let tps: Vec<f64> = run
         .points
@@ -593,8 +555,7 @@ fn state_of(members: &[usize], runs: &[RunLog]) -> String {
     }
 }
 
-/// The parameters whose value differs between rows (for imported logs, whose
-/// axes are not declared): what charts group and label by.
+/// The parameters whose value differs between rows (imported logs declare no axes).
 fn varying(table: &DataFrame, params: &[String]) -> Vec<String> {
     params
         .iter()
@@ -614,8 +575,7 @@ fn varying(table: &DataFrame, params: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// The table's rows, typed, read once: a missing column is an error here,
-/// not an empty cell in a chart.
+/// The table's rows, typed: a missing column is an error here, not an empty cell in a chart.
 fn rows(
     table: &DataFrame,
     params: &[String],
@@ -722,8 +682,7 @@ fn batch_range(members: &[usize], runs: &[RunLog]) -> Option<(f64, f64)> {
     (lo < hi).then_some((lo, hi))
 }
 
-/// Runs without points, that did not complete, or with something left out
-/// of their logs (a last line still torn once the run stopped included).
+/// Runs without points, incomplete, or with something left out of their logs.
 fn problems(runs: &[RunLog]) -> Vec<Problem> {
     runs.iter()
         .filter_map(|r| {
@@ -735,11 +694,9 @@ fn problems(runs: &[RunLog]) -> Vec<Problem> {
             if complete && r.issues.is_empty() && torn.is_none() {
                 return None;
             }
-            // The state's own reason is said with the state already
-            // (`PENDING (Priority)`).
+            // The state says its own reason already (`PENDING (Priority)`).
             let said = r.status.describe();
-            // What the program said last, for a run that stopped short: the
-            // reason a scheduler's state (`NonZeroExitCode`) does not give.
+            // What the program said last: the reason a scheduler's state does not give.
             let log_end = r.log_tail.as_ref().and_then(|t| {
                 Some(format!(
                     "{} ends: {}",

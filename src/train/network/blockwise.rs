@@ -1,14 +1,9 @@
-//! The model's forward and backward written out, one block at a time (the
-//! shape of llm.c's): the forward keeps a planned cache per block, the
-//! backward walks the blocks in reverse, drops each block's cache once its
-//! backward is done, and hands every weight's gradient over as it is made.
-//! candle's autograd takes no part (the weights are detached, [`super::params`]):
-//! it is the oracle the tests compare against. [`Llama::loss`] is the
-//! forward alone, for validation. A block's cache: its input, q, k and v
-//! after RoPE (eager attention's probabilities too), the attention output,
-//! the residual and the `w1`/`w3` products; the norms and SwiGLU are
-//! recomputed, and with `recompute = "blocks"` the whole block. Each op's
-//! backward lives beside its forward in [`super::ops`].
+//! The model's forward and backward written out a block at a time (llm.c's shape): the forward
+//! keeps a planned cache per block, the backward walks the blocks in reverse, frees each cache
+//! once used and hands every weight's gradient over as it is made. candle's autograd takes no
+//! part (weights are detached): it is the tests' oracle. A cache holds the block's input, q, k,
+//! v after RoPE, the attention output, the residual and the `w1`/`w3` products; the rest is
+//! recomputed (with `recompute = "blocks"`, all of it). Each op's backward is in [`super::ops`].
 
 use super::grads::Grads;
 use super::model::{Attention, Block, Llama, Mlp};
@@ -18,10 +13,8 @@ use crate::config::{AttentionKind, Recompute};
 use anyhow::Result;
 use candle_core::{DType, Tensor};
 
-/// A micro-batch's token ids, [batch, seq] in row order, as the host holds
-/// them: the forward pass uploads them, and the embedding's gradient groups
-/// them where they are (on a GPU, reading them back would wait for all the
-/// work queued before).
+/// A micro-batch's token ids, [batch, seq], as the host holds them: the embedding's gradient
+/// groups them there (reading them back from a GPU would wait for its queue).
 #[derive(Clone, Copy, Debug)]
 pub struct Tokens<'a> {
     ids: &'a [u32],
@@ -40,22 +33,18 @@ impl<'a> Tokens<'a> {
     }
 }
 
-/// What attention's backward needs: q, k and v after the rotary embedding,
-/// in the layout its forward took.
+/// What attention's backward needs: q, k and v after RoPE, in its forward's layout.
 enum AttentionCache {
-    /// Heads first: q [B, H, T, Q], k and v [B, KV, T, Q].
-    /// And the probabilities P, as PyTorch's eager attention keeps them
-    /// (recomputing them cost the CPU trainer 3–5% of its step).
+    /// Heads first: q [B, H, T, Q], k and v [B, KV, T, Q], and the probabilities P as PyTorch's
+    /// eager attention keeps them (recomputing them cost the CPU 3–5% of a step).
     Eager {
         q: Tensor,
         k: Tensor,
         v: Tensor,
         p: Tensor,
     },
-    /// Heads first too, contiguous and in the kernel's dtype: the tiled
-    /// backward ([`attention::tiled_backward`], which recomputes the rest)
-    /// copies a tile's positions of such a tensor as one 2-D copy, where a
-    /// view of flash's layout [B, T, H, Q] took candle's strided copy.
+    /// Heads first, contiguous, in the kernel's dtype: the tiled backward copies a tile as one
+    /// 2-D copy (flash's [B, T, H, Q] view took candle's strided copy).
     Flash { q: Tensor, k: Tensor, v: Tensor },
 }
 
@@ -94,9 +83,7 @@ impl BlockCache {
     }
 }
 
-/// How the caches' memory went during one pass (for tests and the memory
-/// model): the bytes of all caches alive after the forward pass, and after
-/// each block's backward (last block first).
+/// The bytes of all caches alive after the forward pass and after each block's backward.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CacheTrace {
     pub after_forward: usize,
@@ -105,20 +92,16 @@ pub struct CacheTrace {
 
 /// What a caller may want from inside a pass.
 pub struct Probe<'a> {
-    /// Called where the pass holds the most: every block's cache and the
-    /// gradient of the head's input (the memory sampled there is the peak).
+    /// Called where the pass holds the most (every cache and the head input's gradient).
     pub at_peak: &'a mut dyn FnMut() -> Result<()>,
-    /// Wait for the device at the end of the forward pass, so that its time
-    /// can be told from the backward's (benchmarks; it costs a sync).
+    /// Wait for the device at the forward's end, to time it apart (benchmarks; it costs a sync).
     pub sync_forward: bool,
-    /// Called as the backward pass finishes parameters' gradients (for this
-    /// pass): the gradients may be summed across ranks from then on while
-    /// the rest of the backward runs.
+    /// Called as the backward finishes parameters' gradients: they may be summed across ranks
+    /// while the rest runs.
     pub on_ready: &'a mut dyn FnMut(Finished, &mut Grads) -> Result<()>,
 }
 
-/// Which parameters' gradients a backward pass has just finished, in the
-/// order it finishes them.
+/// Which parameters' gradients a backward pass has just finished, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finished {
     /// The output head and the final norm.
@@ -148,8 +131,7 @@ impl Block {
 }
 
 impl Llama {
-    /// Every weight by the stage of the backward pass that finishes its
-    /// gradient, in that order (what gradient buckets are planned from).
+    /// Every weight by the backward stage that finishes its gradient (gradient buckets' plan).
     pub fn stages(&self) -> Vec<(Finished, Vec<&Tensor>)> {
         let mut stages = vec![(Finished::Head, vec![&self.output, &self.norm])];
         for (i, block) in self.blocks.iter().enumerate().rev() {
@@ -160,8 +142,7 @@ impl Llama {
     }
 }
 
-/// The positions a pass runs over: `b` sequences of `t` tokens, and the
-/// rotary tables for them.
+/// The positions a pass runs over: `b` sequences of `t` tokens, and their rotary tables.
 #[derive(Clone, Copy)]
 pub(super) struct Seq<'a> {
     pub b: usize,
@@ -169,16 +150,14 @@ pub(super) struct Seq<'a> {
     pub rope: &'a rope::RopeTables,
 }
 
-/// One forward and backward pass: the loss, how the caches' memory went,
-/// and the forward pass's share of the time.
+/// One forward and backward pass: the loss, the caches' memory and the forward's share of time.
 pub struct Pass {
     pub loss: f64,
     pub trace: CacheTrace,
     pub forward_s: f64,
 }
 
-/// x [N, in] · wᵀ backwards: dx = dy · w is returned, dw = dyᵀ · x added
-/// into w's gradient buffer.
+/// x [N, in] · wᵀ backwards: dx = dy · w returned, dw = dyᵀ · x added into w's gradient.
 fn linear_backward(
     x: &Tensor,
     w: &Tensor,
@@ -190,9 +169,8 @@ fn linear_backward(
     Ok(matmul(dy, w, bf16)?)
 }
 
-/// [`linear_backward`] of a layer whose input feeds others too: its input's
-/// gradient is added into `sum`, theirs (one GEMM into it, no product
-/// tensor and no add of one).
+/// [`linear_backward`] of a layer whose input feeds others too: dx is added into `sum` by
+/// one GEMM.
 fn linear_backward_into(
     sum: &mut Tensor,
     (x, w, dy): (&Tensor, &Tensor, &Tensor),
@@ -245,8 +223,7 @@ impl Attention {
         Ok((linear(&attended, &self.wo, self.bf16)?, cache, attended))
     }
 
-    /// The flash kernel wants bf16 on a GPU: with bf16-mixed (f32
-    /// activations) its inputs are cast for it, as autocast does.
+    /// The flash kernel wants bf16 on a GPU: bf16-mixed inputs are cast for it, as autocast does.
     fn flash_input(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
         let x = x.contiguous()?;
         let cast = self.bf16 && dtype == DType::F32 && ops::gpu_path(x.device());
@@ -349,8 +326,7 @@ impl Block {
         Ok((y, saved))
     }
 
-    /// The gradient of the block's input from that of its output; the
-    /// cache is consumed (and with it freed).
+    /// The gradient of the block's input from its output's; the cache is consumed.
     fn backward(
         &self,
         cache: BlockCache,
@@ -389,9 +365,8 @@ impl Block {
 }
 
 impl Llama {
-    /// The summed cross-entropy of `tokens` against `labels` (−100:
-    /// ignored) divided by `divisor`, by the explicit block-wise passes;
-    /// every parameter's gradient is added into its buffer in `grads`.
+    /// The summed cross-entropy of `tokens` against `labels` (−100 ignored) over `divisor`; every
+    /// parameter's gradient is added into `grads`.
     pub fn forward_backward(
         &self,
         tokens: Tokens<'_>,
@@ -425,9 +400,7 @@ impl Llama {
             t: tokens.seq,
             rope: &self.rope,
         };
-        // Everything the pass takes from the host, uploaded before its work
-        // is queued: the ids, the labels and the ids' grouping for the
-        // embedding's gradient.
+        // Everything taken from the host is uploaded before the pass's work is queued.
         let device = self.embeddings.device();
         let ids = Tensor::from_slice(tokens.ids, tokens.ids.len(), device)?;
         let labels = cross_entropy::Labels::new(labels, device)?;
@@ -469,8 +442,7 @@ impl Llama {
         }
         grads.add_rows(&self.embeddings, &rows, &dx)?;
         (probe.on_ready)(Finished::Embeddings, grads)?;
-        // Read once the backward is queued: on a GPU, reading it earlier
-        // would leave the device idle while the host waits.
+        // Read once the backward is queued: earlier, a GPU would idle while the host waits.
         let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         Ok(Pass {
             loss,
@@ -479,8 +451,7 @@ impl Llama {
         })
     }
 
-    /// The summed cross-entropy of `ids` [B, T] against `labels` divided by
-    /// `divisor`, by the forward pass alone (validation).
+    /// The summed cross-entropy of `ids` [B, T] over `divisor`, forward only (validation).
     pub fn loss(&self, ids: &Tensor, labels: &[i64], divisor: f64) -> Result<f64> {
         let (b, t) = ids.dims2()?;
         let seq = Seq {
@@ -507,8 +478,7 @@ impl Llama {
         Ok(loss)
     }
 
-    /// The head and the loss, a slice of rows at a time: the loss (on the
-    /// device) and the head input's gradient; the weight's goes to `grads`.
+    /// The head and the loss a slice of rows at a time: the loss and the head input's gradient.
     fn head(
         &self,
         x: &Tensor,
@@ -547,8 +517,7 @@ impl Llama {
     }
 }
 
-/// Rows of logits the head computes at once on `device` (in the tests'
-/// emulated device, a third of them: a GPU's slices hold 2^28 values).
+/// Rows of logits the head computes at once (a GPU's slices hold 2^28 values; emulated: a third).
 fn head_rows(n: usize, vocab: usize, device: &candle_core::Device) -> usize {
     let rows = cross_entropy::head_rows(n, vocab, ops::gpu_path(device));
     match ops::emulating() {

@@ -1,16 +1,8 @@
-//! `sweep train --config <run>/config.toml`: what every sweep run executes.
-//!
-//! Resolves `batch_size = "max"`, builds the [`Trainer`], resumes from the
-//! latest checkpoint and trains to the last step, delegating the log to a
-//! [`Reporter`] and the checkpoints to `save_checkpoint`. A stop signal
-//! (SIGUSR1 before the time limit, SIGTERM, Ctrl-C) ends the step, writes a
-//! checkpoint and exits with [`REQUEUE_EXIT`]; a device out of memory exits
-//! with [`OUT_OF_MEMORY_EXIT`]. Rank 0 holds the run directory's lock (a
-//! second trainer waits up to [`TRAIN_LOCK_PATIENCE`]) and alone writes
-//! metrics and checkpoints; every rank runs this loop on its slice of each
-//! global batch ([`dist`]). Beside it: `trainer` (one step), `schedule`,
-//! `monitor`, [`metrics`] and [`record`] (the log), [`energy`], [`peak`],
-//! `checkpoint`, [`max_batch`] and `stacks` (for the watchdog).
+//! `sweep train --config <run>/config.toml`: what every sweep run executes. Resolves
+//! `batch_size = "max"`, builds the [`Trainer`], resumes from the latest checkpoint and trains
+//! to the last step. A stop signal ends the step, checkpoints and exits with [`REQUEUE_EXIT`];
+//! a device out of memory exits with [`OUT_OF_MEMORY_EXIT`]. Rank 0 holds the run's lock and
+//! alone writes metrics and checkpoints; every rank trains its slice of each batch ([`dist`]).
 
 mod checkpoint;
 pub mod dist;
@@ -40,9 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-/// `sweep train`: the run's exit code says how it ended (0, [`REQUEUE_EXIT`]
-/// after a stop signal, [`OUT_OF_MEMORY_EXIT`] when the device ran out of
-/// memory); any other error is returned.
+/// `sweep train`: the exit code says how it ended (0, [`REQUEUE_EXIT`], [`OUT_OF_MEMORY_EXIT`]).
 pub fn run(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     match run_to_end(config, rt) {
         Err(e) if device::is_out_of_memory(&e) => {
@@ -54,8 +44,7 @@ pub fn run(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
     }
 }
 
-/// How long a trainer waits for another of the same run to exit: a requeued
-/// job's old instance writing its last checkpoint takes seconds.
+/// How long a trainer waits for another of its run to exit (a requeued job's old instance).
 pub const TRAIN_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 fn run_to_end(config: &Path, rt: &RuntimeOptions) -> Result<ExitCode> {
@@ -105,10 +94,8 @@ fn lock_run(run_dir: &Path) -> Result<crate::util::lock::DirLock> {
     Ok(lock)
 }
 
-/// The threads for the CPU kernels ([`RuntimeOptions::threads`]), set from
-/// the thread that trains, which is one of the pool's (as OpenMP's main
-/// thread: no hand-off per op; docs/performance.md). No other thread of a
-/// trainer gives the pool work, so none can leave a loop unserved.
+/// The threads for the CPU kernels, set from the training thread, one of the pool's (as OpenMP's
+/// main thread: no hand-off per op; docs/performance.md).
 pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
     let n = rt.threads(configured);
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
@@ -121,8 +108,7 @@ pub fn init_threads(configured: usize, rt: &RuntimeOptions) -> usize {
     n
 }
 
-/// The signals that ask a run to stop (SIGUSR1, SIGTERM, SIGINT, SIGHUP) as
-/// they arrive; a second does not end the process (it may be checkpointing).
+/// The stop signals as they arrive; a second does not end the process (it may be checkpointing).
 struct Stop(StopSignals);
 
 impl Stop {
@@ -135,8 +121,7 @@ impl Stop {
         Ok(Stop(StopSignals::install(&Self::SIGNALS)?))
     }
 
-    /// Until the guard is dropped, a stop ends the trainer at once: starting
-    /// writes nothing a stop must finish, and may take minutes.
+    /// Until the guard is dropped, a stop ends the trainer at once: starting writes nothing.
     fn while_starting() -> Result<ExitUntilDropped> {
         ExitUntilDropped::install(&Self::SIGNALS, REQUEUE_EXIT, |sig| {
             format!(
@@ -187,14 +172,12 @@ struct Start {
     elapsed: f64,
     /// The data stream, at the position of the step before `first`.
     stream: SampleStream,
-    /// That position (`None` before step 1): what a stop before the first
-    /// step completes checkpoints.
+    /// That position (`None` before step 1), for a stop before the first step.
     position: Option<crate::data::LoaderState>,
     monitor: Monitor,
 }
 
-/// Opens the data and restores the latest checkpoint, if any, with the
-/// gradient accumulation that keeps the global batch on this world size.
+/// Opens the data and restores the latest checkpoint, with the accumulation for this world size.
 fn resume(t: &mut Trainer, run_dir: &Path) -> Result<Start> {
     let mut start = Start {
         first: 1,
@@ -237,8 +220,7 @@ fn resume(t: &mut Trainer, run_dir: &Path) -> Result<Start> {
     Ok(start)
 }
 
-/// The device's peak FLOP/s, and where the figure comes from (a CPU's is
-/// measured on first use).
+/// The device's peak FLOP/s and where it comes from (a CPU's is measured on first use).
 fn peak_flops(t: &Trainer) -> Result<(f64, String)> {
     let driver_name = (!t.device.is_cpu())
         .then(|| device::name(&t.device))
@@ -246,8 +228,7 @@ fn peak_flops(t: &Trainer) -> Result<(f64, String)> {
     metrics::peak_flops(&t.cfg, driver_name.as_deref(), t.threads)
 }
 
-/// The counters and the metrics log (rank 0 writes it), after saying what is
-/// trained against what peak; with several ranks, where each runs.
+/// The counters and the metrics log (rank 0 writes it).
 fn open_reporter(
     t: &Trainer,
     run_dir: &Path,
@@ -281,17 +262,15 @@ fn open_reporter(
     Ok(reporter)
 }
 
-/// Under a watchdog: this rank's progress after each step, its stacks on
-/// request.
+/// Under a watchdog: this rank's progress after each step, its stacks on request.
 fn watched(t: &Trainer, run_dir: &Path) -> Result<Option<Heartbeat>> {
     let beat = Heartbeat::open(run_dir, t.ranks().rank);
     self::stacks::install(run_dir, t.ranks().rank)?;
     Ok(beat)
 }
 
-/// Whether every rank stops after this step, and the signal that reached
-/// this one: they all stop at the same step, even when a signal reached only
-/// some of them yet.
+/// Whether every rank stops after this step (all at the same step, even when a signal reached
+/// only some), and the signal that reached this one.
 fn agree_to_stop(t: &Trainer, stop: &Stop) -> Result<(bool, Option<&'static str>)> {
     let signal = stop.take();
     let [stopping] = dist::sum_scalars(&*t.comm, [signal.is_some() as u8 as f64], &t.device)?;
@@ -325,9 +304,8 @@ fn train(
     let schedule = schedule::Schedule::new(&cfg);
     let mut memory = device::PeakMemory::default();
     let mut saved = first - 1;
-    // One rank stops between micro-batches at once; several ranks agree at
-    // the end of a step (a rank that left mid-step would leave the others
-    // waiting in the gradient sum).
+    // One rank stops between micro-batches; several agree at a step's end (a rank leaving mid-step
+    // would leave the others waiting in the gradient sum).
     let stop_early = (t.ranks().world_size == 1).then_some(&stop.0);
 
     for step in first..=cfg.training_steps {
@@ -399,9 +377,8 @@ fn train(
     finish(t, elapsed)
 }
 
-/// Step `step` at learning rate `lr` over the next micro-batches, returned
-/// with its outcome; `None` where a stop signal interrupted it (between
-/// micro-batches or inside the step).
+/// Step `step` at `lr` over the next micro-batches, with its outcome; `None` where a stop
+/// signal interrupted it.
 fn step_or_stop(
     t: &mut Trainer,
     loader: &mut DataLoader,
@@ -426,8 +403,7 @@ fn step_or_stop(
     }
 }
 
-/// Each rank's compute time so far, gathered (every rank calls this at the
-/// same step); none with one rank.
+/// Each rank's compute time so far, gathered (every rank calls it at the same step).
 fn rank_compute_times(t: &Trainer, reporter: &Reporter) -> Result<Vec<f64>> {
     if t.ranks().world_size > 1 {
         dist::gather_scalar(&*t.comm, reporter.compute_s(), &t.device)
@@ -436,8 +412,7 @@ fn rank_compute_times(t: &Trainer, reporter: &Reporter) -> Result<Vec<f64>> {
     }
 }
 
-/// After the last step: every rank holds the same parameters (checked), and
-/// the run says it is done.
+/// After the last step: every rank holds the same parameters (checked); the run is done.
 fn finish(t: &Trainer, elapsed: f64) -> Result<ExitCode> {
     let ranks = t.ranks();
     if ranks.world_size > 1 {
@@ -465,9 +440,8 @@ fn finish(t: &Trainer, elapsed: f64) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A stop signal between the micro-batches of a step (one rank): the step
-/// is abandoned, the last completed one checkpointed (unless it is saved
-/// already, or there is none), and the run exits to be started again.
+/// A stop between a step's micro-batches (one rank): the step is abandoned, the last completed
+/// one checkpointed unless saved, and the run exits to be started again.
 #[allow(clippy::too_many_arguments)]
 fn stop_mid_step(
     t: &Trainer,
@@ -500,9 +474,8 @@ fn model_identity(t: &Trainer) -> checkpoint::ModelIdentity {
     }
 }
 
-/// The checkpoint every rank resumes from: the newest whole one, as the
-/// first rank finds it (saying which newer ones it skipped, and why); the
-/// other ranks take the same step.
+/// The checkpoint every rank resumes from: the newest whole one as the first rank finds it
+/// (saying which newer ones it skipped, and why).
 fn resume_point(t: &Trainer, run_dir: &Path) -> Result<Option<(PathBuf, checkpoint::TrainState)>> {
     let ranks = t.ranks();
     let chosen = if ranks.is_main() {
@@ -532,8 +505,7 @@ fn resume_point(t: &Trainer, run_dir: &Path) -> Result<Option<(PathBuf, checkpoi
     if ranks.world_size == 1 {
         return Ok(chosen);
     }
-    // Its step + 1 (0: none), from the first rank to all: exact in an f64
-    // for any step a run can reach.
+    // Its step + 1 (0: none), from the first rank to all: exact in an f64.
     let mine = chosen.as_ref().map_or(0.0, |(_, s)| s.step as f64 + 1.0);
     let [step] = dist::sum_scalars(&*t.comm, [mine], &t.device)?;
     match (chosen, step as usize) {
@@ -543,9 +515,8 @@ fn resume_point(t: &Trainer, run_dir: &Path) -> Result<Option<(PathBuf, checkpoi
     }
 }
 
-/// A checkpoint after `step`: parameters, optimizer state, the data position
-/// (`position`, after the step's last micro-batch; in the contiguous order every rank's) and the monitor's window;
-/// with several ranks, after checking that they hold the same parameters.
+/// A checkpoint after `step`: parameters, optimizer state, data position and the monitor's
+/// window; with several ranks, after checking they hold the same parameters.
 fn save_checkpoint(
     t: &Trainer,
     cfg: &TrainConfig,

@@ -1,8 +1,5 @@
-//! One rank's trainer: the model, its data and its optimizer, built from a
-//! run's configuration, and one optimizer step (forward and backward over
-//! the micro-batches, gradients summed across ranks, clipping, AdamW).
-//! The process around it — threads, signals, resuming, the step loop — is
-//! [`super::run`].
+//! One rank's trainer: model, data and optimizer from a run's configuration, and one optimizer
+//! step. The process around it (threads, signals, resuming, the loop) is [`super::run`].
 
 use super::dist::{self, Collective, GradientLayout, GradientSum, Ranks, Sharded};
 use crate::config::{BatchSize, DeviceKind, RuntimeOptions, TrainConfig};
@@ -36,23 +33,17 @@ pub struct Trainer {
     pub grads: Grads,
     /// The order and buckets in which gradients are summed across ranks.
     pub layout: GradientLayout,
-    /// Wait for the device at the end of each forward pass, so that
-    /// `Phases` splits a step truly (`sweep bench train`); training does
-    /// not (it would idle a GPU).
+    /// Wait for the device after each forward pass, so `Phases` splits a step truly (benchmarks).
     pub sync_forward: bool,
-    /// The kernels that failed their self-check when the GPU opened, whose
-    /// ops run their composed twins ([`ops::selfcheck`]).
+    /// The kernels that failed their self-check at device open ([`ops::selfcheck`]).
     pub fallbacks: Vec<ops::selfcheck::Failure>,
-    /// The other kernels' times against their twins' at the run's shapes
-    /// (summed over the ranks), which chose their paths.
+    /// The other kernels' times against their twins' at the run's shapes, which chose their paths.
     pub kernel_timings: Vec<ops::selfcheck::Timing>,
-    /// A bf16-mixed run on a CPU whose bf16 kernel is slower than its f32
-    /// GEMM multiplies in f32: the two peaks (FLOP/s), bf16's first.
+    /// A bf16-mixed CPU run whose bf16 kernel is slower than f32's: the two peaks, bf16's first.
     pub f32_products: Option<(f64, f64)>,
 }
 
-/// AdamW over the whole model on every rank, or over this rank's share of
-/// it (`zero` ≥ 1).
+/// AdamW over the whole model on every rank, or over this rank's share (`zero` ≥ 1).
 pub enum Optimizer {
     Replicated(AdamW),
     Sharded(Sharded),
@@ -75,8 +66,7 @@ impl Optimizer {
     }
 }
 
-/// The bytes one rank keeps from step to step (the trainer's own
-/// accounting of its buffers, not the process's resident memory).
+/// The bytes one rank keeps between steps (the trainer's accounting, not resident memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateBytes {
     /// The whole model's parameters (every rank computes with all of them).
@@ -91,8 +81,7 @@ pub struct StateBytes {
     pub moments: usize,
 }
 
-/// Where a step's time went, in seconds. Without [`Trainer::sync_forward`]
-/// a GPU's forward work may end inside `backward_s`.
+/// Where a step's time went, in seconds (without `sync_forward`, a GPU's forward may end late).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Phases {
     /// The forward passes of the step's micro-batches.
@@ -118,16 +107,14 @@ pub struct StepOutcome {
 }
 
 impl Trainer {
-    /// A trainer for the rank the launcher's environment names, with the
-    /// process's options (kernels, memory pool, data-parallel engine).
+    /// A trainer for the rank the launcher's environment names.
     pub fn new(cfg: TrainConfig, threads: usize, rt: &RuntimeOptions) -> Result<Trainer> {
         let tok = Arc::new(TextTokenizer::load(&cfg.tokenizer, &cfg.specials())?);
         let model = cfg.model_config()?.with_vocabulary(tok.vocab_size())?;
         Trainer::with_model(cfg, model, tok, threads, rt)
     }
 
-    /// A trainer of `model_cfg`, whose vocabulary the caller resolved
-    /// (`sweep bench train` trains on synthetic ids of its own vocabulary).
+    /// A trainer of `model_cfg`, whose vocabulary the caller resolved (`sweep bench train`).
     pub fn with_model(
         cfg: TrainConfig,
         model_cfg: crate::config::ModelConfig,
@@ -145,8 +132,7 @@ impl Trainer {
         };
         let (dtype, mut bf16_matmuls) =
             crate::train::network::model::dtypes(cfg.precision, &device)?;
-        // bf16-mixed is never slower than f32: where this CPU's bf16 kernel
-        // is, the products are f32's (said, and recorded in the run's log).
+        // bf16-mixed is never slower than f32: where this CPU's bf16 kernel is, products are f32's.
         let mut f32_products = None;
         if bf16_matmuls && device.is_cpu() {
             f32_products = super::peak::f32_is_faster(rt.cpu_kernels, threads)?;
@@ -156,8 +142,7 @@ impl Trainer {
             }
         }
         let comm = dist::connect(ranks, &device, rt)?;
-        // Every rank runs the kernels every rank passed (replicas that
-        // rounded differently would drift apart).
+        // Every rank runs the kernels every rank passed (replicas rounding differently would drift).
         let ops::selfcheck::Opened {
             mut failures,
             timings,
@@ -247,10 +232,8 @@ impl Trainer {
         }
     }
 
-    /// One optimizer step over this rank's micro-batches: passes, gradients
-    /// summed over the ranks, clipping, AdamW; the loss over all ranks'
-    /// tokens (N ranks at B train as one at N·B). With `stop` (one rank
-    /// only), a stop between micro-batches abandons the step: `Interrupted`.
+    /// One optimizer step over this rank's micro-batches; the loss over all ranks' tokens. With
+    /// `stop` (one rank), a stop between micro-batches abandons it: `Interrupted`.
     pub fn step(
         &mut self,
         micro: &[Batch],
@@ -262,9 +245,8 @@ impl Trainer {
         let t0 = Instant::now();
         let [global] = dist::sum_scalars(&*self.comm, [local as f64], &self.device)?;
         let mut comm_s = t0.elapsed().as_secs_f64();
-        // The last micro-batch's backward pass hands each bucket of finished
-        // gradients to the engine's background thread, where it has one;
-        // what is left to wait for afterwards is the exposed communication.
+        // The last backward hands finished buckets to the engine's thread, where it has one; what is
+        // waited for afterwards is the exposed communication.
         let passes = Instant::now();
         let alone = self.comm.is_single();
         let (partial, forward_s, finish_s) =
@@ -294,9 +276,8 @@ impl Trainer {
         }
         let (grad_norm, gather_s) = match &mut self.opt {
             Optimizer::Replicated(opt) => {
-                // On a GPU the norm and the clip scale stay on the device: AdamW
-                // reads the scale there, and the host reads the norm once, after
-                // the update is queued (a non-finite norm changes nothing).
+                // On a GPU the norm and clip scale stay on the device; the host reads the norm after the
+                // update is queued (a non-finite norm changes nothing).
                 let clipping = grads.clipping(self.cfg.grad_clip)?;
                 (opt.step(grads, lr, &clipping)?, 0.0)
             }
@@ -336,8 +317,7 @@ impl Trainer {
         Ok(sum / count.max(1) as f64)
     }
 
-    /// Checks that every rank holds the same parameters (a digest of rank
-    /// 0's, broadcast and compared); returns the digest.
+    /// Checks every rank holds the same parameters (rank 0's digest, broadcast); returns it.
     pub fn check_replicas(&self) -> Result<String> {
         use sha2::Digest;
         let mut h = sha2::Sha256::new();
@@ -365,10 +345,8 @@ impl Trainer {
     }
 }
 
-/// The forward and backward passes of a step's micro-batches into `grads`,
-/// telling `sum` which gradients the last one's backward pass has finished,
-/// and checking `stop` between micro-batches: the loss's share of this rank,
-/// and the seconds in forward passes.
+/// The passes of a step's micro-batches into `grads`, telling `sum` what the last backward
+/// finished and checking `stop` between them: this rank's loss share and forward seconds.
 fn forward_backward(
     model: &Llama,
     grads: &mut Grads,
@@ -405,8 +383,7 @@ fn forward_backward(
     Ok((loss, forward_s))
 }
 
-/// Every rank starts from rank 0's parameters (the same seed gives the same
-/// ones, but a broadcast makes it so whatever the device's kernels do).
+/// Every rank starts from rank 0's parameters, whatever the device's kernels do.
 fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
     if comm.is_single() {
         return Ok(());
@@ -418,8 +395,7 @@ fn broadcast_params(comm: &dyn Collective, params: &Params) -> Result<()> {
     Ok(())
 }
 
-/// Says once which CPU kernel multiplies bf16-mixed's operands, and why
-/// when it is not the fastest kind: the portable one, or f32's.
+/// Says once which CPU kernel multiplies bf16-mixed's operands, and why not the fastest.
 fn announce_bf16_kernel(rt: &RuntimeOptions, f32_products: Option<(f64, f64)>) {
     use crate::config::runtime::CpuKernels;
     use ops::linear::bf16_gemm::{self, Bf16Kernel};
@@ -451,8 +427,7 @@ fn announce_bf16_kernel(rt: &RuntimeOptions, f32_products: Option<(f64, f64)>) {
     }
 }
 
-/// GPU `local_rank`, its memory pool as the options say, once its kernels
-/// passed their self-check (those that did not: their failures).
+/// GPU `local_rank`, its memory pool as asked, once its kernels passed their self-check.
 #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn cuda_device(
     local_rank: usize,

@@ -1,15 +1,8 @@
-//! Attention for training.
-//!
-//! - `eager`: Q·Kᵀ, a fused causal softmax, P·V, all differentiable. Grouped
-//!   queries are stacked per KV head ([B, KV, rep·T, Q]) and multiplied with
-//!   K and V directly, without copying K/V per query head.
-//! - `FlashAttention`: the training op of the `flash-attn` feature. Its
-//!   forward is candle-flash-attn's kernel on CUDA (a reference computation on
-//!   the CPU); candle-flash-attn ships no backward, so `bwd` recomputes
-//!   attention a tile of query positions at a time ([`tiled_backward`]:
-//!   products in the inputs' dtype, causal tiles skipping the keys they do
-//!   not see). The CPU forward lets the tests check that backward against
-//!   autograd.
+//! Attention for training. `eager`: Q·Kᵀ, a fused causal softmax, P·V, differentiable; grouped
+//! queries stacked per KV head ([B, KV, rep·T, Q]), K and V never copied per query head.
+//! `FlashAttention` (the `flash-attn` feature): candle-flash-attn's forward on CUDA (a reference
+//! on the CPU); it ships no backward, so `bwd` recomputes attention a tile of queries at a time
+//! ([`tiled_backward`]), or runs sweep's fused kernels ([`fused_backward`]).
 
 use super::linear::matmul;
 use super::softmax::{self, softmax};
@@ -18,8 +11,7 @@ use crate::train::network::kernels::{u32_of, LaunchPlan, Mem, Ty, Value, ATTENTI
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-/// q [B, H, T, Q]; k, v [B, KV, T, Q] (heads first). Returns [B, H, T, Q].
-/// `bf16`: the two products with bf16 operands (the CPU's bf16-mixed precision).
+/// q [B, H, T, Q]; k, v [B, KV, T, Q]. Returns [B, H, T, Q]; `bf16`: products in bf16.
 pub fn eager(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, bf16: bool) -> Result<Tensor> {
     Ok(eager_keeping_probabilities(q, k, v, causal, bf16)?.0)
 }
@@ -41,12 +33,9 @@ pub fn eager_keeping_probabilities(
     Ok((matmul(&p, v, bf16)?.reshape((b, h, t, d))?, p))
 }
 
-/// The gradients of [`eager`] for q, k and v (heads first) from the gradient
-/// of its output, without autograd, from the forward's probabilities `p`
-/// (or, without them, recomputed from q and k as flash attention's backward
-/// does): P = softmax(Q Kᵀ·scale); dV = Pᵀ dO; dP = dO Vᵀ; dS = P∘(dP − rowsum(P∘dP))·scale;
-/// dQ = dS K; dK = dSᵀ Q. With the queries of a KV head's group stacked
-/// ([B, KV, rep·T, Q]), the products sum dK and dV over the group by themselves.
+/// The gradients of [`eager`] for q, k, v from its output's, from the forward's probabilities
+/// `p` (or recomputed): dV = Pᵀ dO; dP = dO Vᵀ; dS = P∘(dP − rowsum(P∘dP))·scale; dQ = dS K;
+/// dK = dSᵀ Q. Stacked queries make the products sum dK and dV over a group by themselves.
 pub fn eager_backward(
     q: &Tensor,
     k: &Tensor,
@@ -75,10 +64,8 @@ pub fn eager_backward(
     Ok((dq, dk, dv))
 }
 
-/// Flash attention in its own layout: q [B, T, H, Q], k, v [B, T, KV, Q].
-/// Where its kernel is not to run ([`super::own_kernel`]: composed here, or
-/// fallen back after its self-check on this GPU), its twin: [`eager`]
-/// attention, heads first.
+/// Flash attention in its own layout, q [B, T, H, Q], k, v [B, T, KV, Q]; where its kernel is
+/// not to run ([`super::own_kernel`]), [`eager`] attention.
 pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Attention);
     if !super::own_kernel(super::Kernel::Flash, &[q, k, v]) {
@@ -103,9 +90,8 @@ pub fn flash(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool) -> Result<Tensor>
     )
 }
 
-/// Flash attention's forward: candle-flash-attn's on CUDA, a reference on
-/// the CPU. It has no backward: [`tiled_backward`] recomputes it (the output
-/// is not needed: rowsum(P∘dP) over a tile's full rows equals rowsum(dO∘O)).
+/// Flash attention's forward (candle-flash-attn's on CUDA); its backward is [`tiled_backward`]
+/// (no output needed: rowsum(P∘dP) over a tile's full rows equals rowsum(dO∘O)).
 #[derive(Debug, Clone, Copy)]
 pub struct FlashAttention {
     pub scale: f32,
@@ -117,9 +103,8 @@ impl CustomOp3 for FlashAttention {
         "sweep-flash-attention"
     }
 
-    /// The reference forward (f32 loops): the CPU's flash attention, which
-    /// the GPU's is checked against (in bf16 on the emulated device, as
-    /// candle-flash-attn's: bf16 in and out).
+    /// The reference forward in f32 loops, which the GPU's is checked against (bf16 in and out
+    /// on the emulated device).
     fn cpu_fwd(
         &self,
         s1: &CpuStorage,
@@ -196,16 +181,11 @@ impl CustomOp3 for FlashAttention {
     }
 }
 
-/// Bytes of one score-sized tensor of a tile of [`tiled_backward`] (scores,
-/// probabilities, their gradients and the scores' gradients are alive
-/// together: four of these at most).
+/// Bytes of one score-sized tensor of a tile (four are alive together at most).
 const TILE_BYTES: usize = 1 << 28;
 
-/// Query positions per tile of [`tiled_backward`] for B×H heads over T
-/// positions: about T/8 (causal tiles skip the keys past their last query:
-/// 8 tiles do ~56% of the full products' work), fewer where a tile's
-/// [B, H, tile, T] scores would pass `TILE_BYTES`; a multiple of 64 (the
-/// GEMMs' own tile) when at least 64.
+/// Query positions per tile for B×H heads over T positions: about T/8 (8 causal tiles do ~56%
+/// of the full work), fewer where scores would pass `TILE_BYTES`; a multiple of 64 from 64.
 pub fn tile_rows(b: usize, h: usize, t: usize, dtype: DType) -> usize {
     let per_row = [h, t, dtype.size_in_bytes()]
         .iter()
@@ -220,13 +200,9 @@ pub fn tile_rows(b: usize, h: usize, t: usize, dtype: DType) -> usize {
     }
 }
 
-/// Attention's gradients by recomputation, `tile` query positions at a time
-/// (`None`: [`tile_rows`]), from q, d_o [B, H, T, Q] and k, v [B, KV, T, Q]
-/// (heads first), each KV head's queries stacked: per tile, S = Q Kᵀ;
-/// P = softmax(S·scale); dP = dO Vᵀ; dS = scale·P∘(dP − rowsum(P∘dP));
-/// dQ = dS K; dK += dSᵀ Q; dV += Pᵀ dO — products in the inputs' dtype, the
-/// rest and the sums in f32, a fixed order (the same bits every run).
-/// Returns dq, dk, dv in q's dtype.
+/// Attention's gradients by recomputation, `tile` queries at a time (`None`: [`tile_rows`]):
+/// per tile, S = Q Kᵀ; P = softmax(S·scale); then as [`eager_backward`] — products in the
+/// inputs' dtype, the rest and the sums in f32 in a fixed order. Returns dq, dk, dv in q's dtype.
 pub fn tiled_backward(
     q: &Tensor,
     k: &Tensor,
@@ -284,12 +260,9 @@ pub fn tiled_backward(
     Ok((dq, total(dk)?, total(dv)?))
 }
 
-/// Attention's gradients as [`tiled_backward`] gives them, by sweep's
-/// fused kernels on a GPU (`attention.cu`: FlashAttention-2's backward on
-/// tensor cores, the scores never in memory) where they may run there
-/// ([`super::own_kernel`] of [`super::Kernel::AttentionBackward`]: not fallen
-/// back, and faster than the tiled backward when the device opened) and take
-/// these shapes; the tiled backward everywhere else, the CPU included.
+/// [`tiled_backward`]'s gradients by sweep's fused kernels on a GPU (`attention.cu`:
+/// FlashAttention-2's backward on tensor cores) where [`super::own_kernel`] allows and the
+/// shapes fit; the tiled backward everywhere else.
 pub fn fused_backward(
     q: &Tensor,
     k: &Tensor,
@@ -297,8 +270,7 @@ pub fn fused_backward(
     d_o: &Tensor,
     causal: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    // bf16 alone: flash attention's inputs on a GPU (the f32 entry points
-    // exist for the emulation's comparison of the two storages).
+    // bf16 alone on a GPU (the f32 entry points are for the emulation's comparison).
     if super::gpu_path(q.device())
         && q.dtype() == DType::BF16
         && super::own_kernel(super::Kernel::AttentionBackward, &[q, k, v, d_o])
@@ -325,9 +297,8 @@ pub fn fused_backward(
     tiled_backward(q, k, v, d_o, causal, None)
 }
 
-/// Why the fused kernels cannot take these shapes (B, H, KV, T, D), if
-/// they cannot: a head dimension that is no multiple of 16 up to 128 (its
-/// fragments), query heads that are no multiple of the KV heads.
+/// Why the fused kernels cannot take these shapes, if not: a head dimension no multiple of 16
+/// up to 128, or query heads no multiple of KV heads.
 pub fn fused_shapes(
     (b, h, kv, t, d): (usize, usize, usize, usize, usize),
 ) -> std::result::Result<(), String> {
@@ -349,9 +320,8 @@ pub fn fused_shapes(
     Ok(())
 }
 
-/// The fused backward's launches on q, k, v, d_o (operands 0–3, heads
-/// first, contiguous): one output [dq; dk; dv], the rows' log-sum-exp and
-/// Σ P∘dP in two scratch buffers between its two kernels.
+/// The fused backward's launches on q, k, v, d_o (heads first, contiguous): one output
+/// [dq; dk; dv], and two scratch buffers (log-sum-exp, Σ P∘dP) between its two kernels.
 pub fn fused_backward_plan(
     (b, h, kv, t, d): (usize, usize, usize, usize, usize),
     own: Ty,
@@ -442,9 +412,8 @@ impl FusedBackward {
     }
 }
 
-/// x [B, H, T, Q] (contiguous) at positions first..first + len, as a
-/// contiguous [B, H, len, Q] by one 2-D copy (`narrow` + `contiguous` took
-/// candle's strided copy: 12 ms of ref-1b's step on an H100).
+/// x [B, H, T, Q] at positions first..first + len, contiguous, by one 2-D copy (candle's
+/// strided copy took 12 ms of ref-1b's step on an H100).
 fn positions(x: &Tensor, first: usize, len: usize) -> Result<Tensor> {
     let (_, _, t, _) = x.dims4()?;
     if first + len > t {
@@ -463,8 +432,7 @@ struct Positions {
 }
 
 impl Positions {
-    /// The output's shape, and the copy from a contiguous input: rows,
-    /// values a row, the input's row stride and its first value.
+    /// The output's shape and the copy: rows, values a row, the input's row stride, its first value.
     fn plan(&self, l: &Layout) -> Result<(Shape, [usize; 4])> {
         let (b, h, t, q) = l.shape().dims4()?;
         if !l.is_contiguous() || self.first + self.len > t {
@@ -479,8 +447,7 @@ impl Positions {
         Ok(((b, h, self.len, q).into(), copy))
     }
 
-    /// The copy on either backend: every value it reads lies in the
-    /// input's contiguous range (rows·t·q values from its start).
+    /// The copy on either backend: every value read lies in the input's contiguous range.
     fn run<S>(&self, s: &S, l: &Layout) -> Result<(S, Shape)>
     where
         S: BackendStorage,
@@ -513,11 +480,8 @@ impl CustomOp1 for Positions {
     }
 }
 
-/// sum [B, KV, T, Q] [.., :keys, :] += aᵀ·b (a [B, KV, rows, keys], b [B,
-/// KV, rows, Q]) in `work`. On a GPU in f32, one batched cuBLAS product
-/// written into the sum (from zeros); elsewhere the product in the operands'
-/// dtype, cast to `work` and added, the first part (every key's) becoming
-/// the sum.
+/// sum [B, KV, T, Q] [.., :keys, :] += aᵀ·b in `work`: on a GPU in f32, one batched cuBLAS
+/// product into the sum; elsewhere the product in the operands' dtype, cast and added.
 fn add_to_keys(
     sum: &mut Option<Tensor>,
     a: &Tensor,
@@ -525,8 +489,7 @@ fn add_to_keys(
     shape: (usize, usize, usize, usize),
     work: DType,
 ) -> Result<()> {
-    // The attention backward's own check (its Softmax case) and the
-    // in-place cuBLAS products' (WeightGrad) both stand behind this path.
+    // The attention backward's check (Softmax) and cuBLAS's in-place products' both guard this.
     if work == DType::F32
         && super::own_kernel(super::Kernel::Softmax, &[a, b])
         && super::gpu_path(a.device())

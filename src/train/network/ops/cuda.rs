@@ -1,12 +1,7 @@
-//! Compiling and launching the trainer's own CUDA kernels
-//! (`src/train/network/kernels/*.cu`). NVRTC compiles each source once per process
-//! and GPU architecture, to CUBIN, behind `common.cuh`, when an op first
-//! needs it: no CUDA toolkit at build time. Every launch is held to its
-//! kernel's signature in [`crate::train::network::kernels::KERNELS`] before
-//! `cuLaunchKernel`, and `scripts/check-gpu-offline.sh` compiles the same
-//! programs with the same options offline and holds the CUBINs to the same
-//! table, so that a source that does not compile, a parameter added on one
-//! side only, spills and shared-memory overuse are caught without a GPU.
+//! Compiling and launching the trainer's own CUDA kernels (`kernels/*.cu`): NVRTC compiles
+//! each source to CUBIN once per process and architecture when first needed (no toolkit at
+//! build time). Each launch is held to its signature in [`crate::train::network::kernels::KERNELS`];
+//! `scripts/check-gpu-offline.sh` holds the same CUBINs to the same table without a GPU.
 //! The kernels run on candle's stream, in order with candle's own.
 
 use candle_core::backend::BackendStorage;
@@ -23,9 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::store::{Span, Store};
 use crate::train::network::kernels::{self, Arg, KernelSource, Ty};
 
-/// The CUBIN of a source for a GPU architecture, compiled once per process
-/// (errors too). CUBIN, not PTX: a driver refuses PTX newer than itself,
-/// but loads a newer NVRTC's CUBIN of its major version.
+/// A source's CUBIN for an architecture, compiled once per process. CUBIN, not PTX: a driver
+/// refuses PTX newer than itself but loads a newer NVRTC's CUBIN of its major version.
 fn cubin(source: &KernelSource, arch: (i32, i32)) -> Result<&'static [u8]> {
     type Cache =
         Mutex<HashMap<(&'static str, i32, i32), std::result::Result<&'static [u8], String>>>;
@@ -38,8 +32,7 @@ fn cubin(source: &KernelSource, arch: (i32, i32)) -> Result<&'static [u8]> {
         .entry((source.module, arch.0, arch.1))
         .or_insert_with(|| {
             compile_cubin(&kernels::program(source), arch)
-                // Leaked once per source, architecture and process: the
-                // device keeps the module.
+                // Leaked once per source, architecture and process: the device keeps the module.
                 .map(|bin| &*Box::leak(bin.into_boxed_slice()))
                 .map_err(|e| {
                     format!(
@@ -59,8 +52,7 @@ fn compile_cubin(text: &str, (major, minor): (i32, i32)) -> std::result::Result<
     let src = std::ffi::CString::new(text).map_err(|e| e.to_string())?;
     let prog = result::create_program(&src, None).map_err(|e| format!("{e:?}"))?;
     let options = kernels::nvrtc_options((major, minor));
-    // SAFETY: `prog` was created above and is destroyed once, at the end;
-    // the CUBIN buffer holds the size NVRTC reports for it.
+    // SAFETY: `prog` was created above and is destroyed once; the buffer holds NVRTC's size.
     let out = unsafe {
         match result::compile_program(prog, &options) {
             Err(e) => {
@@ -106,8 +98,7 @@ impl Stored for u32 {
     const TY: Ty = Ty::U32;
 }
 
-/// What a value pushed as a kernel argument is, held against the kernel's
-/// signature ([`kernels::KERNELS`]) before the launch.
+/// A kernel argument, held against its signature ([`kernels::KERNELS`]) before the launch.
 pub trait Pushed {
     fn arg(&self) -> Arg;
 }
@@ -157,8 +148,7 @@ impl<T: Pushed + ?Sized> Describe for &mut T {
     }
 }
 
-/// A kernel loaded on a device, launched on candle's stream, with the
-/// arguments its signature takes.
+/// A kernel loaded on a device, launched on candle's stream.
 pub struct Kernel {
     stream: Arc<CudaStream>,
     func: CudaFunction,
@@ -197,8 +187,7 @@ impl<'a> Launch<'a> {
         self
     }
 
-    /// Whether what was pushed is the kernel's signature: its number of
-    /// arguments, in order, each of its type.
+    /// Whether what was pushed is the kernel's signature: count, order and types.
     fn check(&self) -> Result<()> {
         if self.got != self.want {
             bail!(
@@ -219,8 +208,7 @@ fn describe(args: &[Arg]) -> String {
         .join(", ")
 }
 
-/// Every kernel's entry points compiled (NVRTC) and loaded on the device at
-/// once, when it opens: what would otherwise fall into the first step's time.
+/// Every kernel compiled and loaded as the device opens, not in the first step's time.
 pub fn load_all(dev: &CudaDevice) -> Result<()> {
     for k in kernels::KERNELS {
         for (_, ty) in k.entry_points() {
@@ -234,8 +222,7 @@ pub fn load_all(dev: &CudaDevice) -> Result<()> {
     Ok(())
 }
 
-/// `name_f32` or `name_bf16` of a source, loaded on the device (each source
-/// once per device), with its signature from [`kernels::KERNELS`].
+/// `name_f32` or `name_bf16` of a source, loaded (once per device), with its signature.
 pub fn function(
     dev: &CudaDevice,
     source: &KernelSource,
@@ -311,8 +298,7 @@ fn driver_error(e: DriverError, what: &str) -> candle_core::Error {
     typed(e, format!("loading sweep's `{what}` kernels"))
 }
 
-/// A driver or cuBLAS error as candle's typed error with what was being done:
-/// out-of-memory stays recognisable by its type ([`crate::train::network::device::is_out_of_memory`]).
+/// A driver or cuBLAS error as candle's typed error (out-of-memory stays recognisable).
 pub fn typed(e: impl Into<CudaError>, doing: String) -> candle_core::Error {
     candle_core::Error::from(e.into()).context(doing)
 }
@@ -338,8 +324,7 @@ pub fn view_mut<'a, T: CudaDType>(
     Ok(s.as_cuda_slice_mut::<T>()?.slice_mut(span(l)?))
 }
 
-/// The CUDA storage of a tensor's storage (a tensor an op holds, beside
-/// the operands candle hands it).
+/// The CUDA storage of a tensor an op holds (beside the operands candle hands it).
 pub fn on_gpu<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaStorage> {
     match s {
         candle_core::Storage::Cuda(s) => Ok(s),
@@ -347,9 +332,8 @@ pub fn on_gpu<'a>(s: &'a candle_core::Storage, what: &str) -> Result<&'a CudaSto
     }
 }
 
-/// Uninitialised device memory for `n` values (every kernel writing into it
-/// writes every element); one value for none, as the driver refuses an
-/// allocation of 0 bytes (the output of an empty input, never read).
+/// Uninitialised device memory for `n` values (every writer writes all); one value for none,
+/// as the driver refuses 0 bytes.
 fn alloc<T: DeviceRepr + ValidAsZeroBits>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: the callers' kernels write all n values before anything reads them.
     unsafe { dev.alloc::<T>(n.max(1)) }
@@ -383,12 +367,10 @@ fn blocks(x: u32, y: u32) -> LaunchConfig {
     }
 }
 
-/// Launches a kernel once its pushed arguments are checked against its
-/// signature; an empty grid (an empty input) launches nothing.
+/// Launches a kernel once its arguments match its signature; an empty grid launches nothing.
 ///
 /// # Safety
-/// Every index the kernel reaches under `cfg` is inside the memory passed
-/// to it.
+/// Every index the kernel reaches under `cfg` is inside the memory passed to it.
 pub unsafe fn launch(args: &mut Launch<'_>, cfg: LaunchConfig, what: &str) -> Result<()> {
     args.check()?;
     let (x, y, z) = cfg.grid_dim;
@@ -530,8 +512,7 @@ impl Owned {
     }
 }
 
-/// A pointer argument: a view from an element offset of an operand or an
-/// allocated buffer.
+/// A pointer argument: a view from an element offset of an operand or a buffer.
 enum Pointer<'a> {
     F32(CudaView<'a, f32>),
     Bf16(CudaView<'a, half::bf16>),
@@ -567,8 +548,7 @@ impl<'a> Pointer<'a> {
     }
 }
 
-/// The thread that opened the CUDA device: all of sweep's GPU work is
-/// queued on candle's one stream by it, in its order.
+/// The thread that opened the CUDA device: all GPU work is queued on candle's stream by it.
 static GPU_THREAD: std::sync::OnceLock<std::thread::ThreadId> = std::sync::OnceLock::new();
 
 /// Makes this thread, which opened the device, the one that queues GPU work.
@@ -576,16 +556,14 @@ pub fn claim_gpu_thread() {
     let _ = GPU_THREAD.set(std::thread::current().id());
 }
 
-/// Whether this thread may queue GPU work: the one that opened the device
-/// (or any, before a device was opened: the tests' own devices).
+/// Whether this thread may queue GPU work (any, before a device was opened: the tests').
 fn gpu_thread() -> bool {
     GPU_THREAD
         .get()
         .is_none_or(|t| *t == std::thread::current().id())
 }
 
-/// Runs a plan ([`kernels::LaunchPlan`]) on candle's stream: its outputs
-/// and scratch allocated, each launch held to its signature; returns the outputs.
+/// Runs a plan ([`kernels::LaunchPlan`]) on candle's stream; returns its outputs.
 pub fn execute(
     dev: &CudaDevice,
     plan: &kernels::LaunchPlan,
@@ -645,10 +623,8 @@ pub fn execute(
             };
         }
         let entry = l.entry();
-        // SAFETY: the plan's launch: its arguments are checked against the
-        // kernel's signature by `launch`, and each plan bounds what its
-        // kernels touch by the sizes it passes (the emulator's tests run
-        // every plan under AddressSanitizer).
+        // SAFETY: `launch` checks the arguments against the signature, and each plan bounds what its
+        // kernels touch by the sizes it passes (every plan runs under AddressSanitizer in the tests).
         unsafe { launch(&mut b, blocks(l.grid.0, l.grid.1), &entry) }?;
     }
     Ok(outputs)

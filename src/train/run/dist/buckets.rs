@@ -1,6 +1,5 @@
-//! How a step's gradients are summed across ranks: in buckets, in the order
-//! the backward pass finishes them, during the backward pass where the
-//! engine has a thread for it ([`super::Background`]), else after it — and
+//! How a step's gradients are summed across ranks: in buckets, in the order the backward
+//! finishes them, during it where the engine has a thread ([`super::Background`]), else after;
 //! the token embedding's by rows ([`sum_rows`]).
 
 use super::{Background, Collective, Reduce, BUCKET_BYTES};
@@ -9,24 +8,20 @@ use crate::train::network::grads::Grads;
 use anyhow::{bail, Context, Result};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
-/// How a step's gradients travel: consecutive tensors in the order the
-/// backward pass finishes them, in buckets of at most [`BUCKET_BYTES`], each
-/// ending at a block's end once it holds [`MIN_BUCKET_BYTES`] (so the last,
-/// unhidden, bucket is one block's). Overlapped and blocking sums use the
-/// same buckets: the same sums, bit for bit.
+/// Consecutive tensors in backward order, in buckets of at most [`BUCKET_BYTES`], each ending
+/// at a block's end once past [`MIN_BUCKET_BYTES`]. Overlapped and blocking sums share buckets:
+/// the same sums, bit for bit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Buckets {
     /// Each bucket's tensors, as positions in the order given.
     pub groups: Vec<std::ops::Range<usize>>,
 }
 
-/// A stage's gradients smaller than this wait for the next stage's (fewer,
-/// larger calls where a block is tiny); the scaling forecast counts it.
+/// A stage's gradients smaller than this wait for the next stage's (the forecast counts it).
 pub use crate::estimate::scaling::MIN_BUCKET_BYTES;
 
 impl Buckets {
-    /// `tensors`: each one's stage (when the backward pass finishes it, in
-    /// order) and bytes.
+    /// `tensors`: each one's backward stage and bytes.
     pub fn plan(tensors: &[(usize, usize)], bucket_bytes: usize) -> Buckets {
         let mut groups = Vec::new();
         let (mut start, mut size) = (0, 0);
@@ -46,9 +41,8 @@ impl Buckets {
     }
 }
 
-/// A bucket's two f32 buffers on the host (CPU ranks): the gradients are
-/// views of one, MPI sums into the other, and they swap every step (PyTorch
-/// DDP's bucket views): nothing packed or allocated per step.
+/// A bucket's two f32 host buffers (CPU ranks): gradients are views of one, MPI sums into the
+/// other, and they swap every step (PyTorch DDP's bucket views).
 struct Pair {
     flats: [Tensor; 2],
     /// The buffer the gradients are views of.
@@ -64,8 +58,7 @@ impl Pair {
         })
     }
 
-    /// ZeRO-1's: the gradients are views of the padded bucket, and `block`
-    /// (this rank's block of their sum) receives the reduce-scatter.
+    /// ZeRO-1's: gradients are views of the padded bucket; `block` receives the reduce-scatter.
     fn scattered(padded: usize, block: &Tensor) -> Result<Pair> {
         Ok(Pair {
             flats: [
@@ -76,9 +69,7 @@ impl Pair {
         })
     }
 
-    /// The buffer holding the bucket's gradients (copied in where they are
-    /// not views of it: the first step, a dtype other than f32) and the one
-    /// the sums go to.
+    /// The buffer holding the bucket's gradients (copied in where not views of it) and the sums'.
     fn send_recv(&self, tensors: &[&Tensor]) -> Result<(Tensor, Tensor)> {
         let send = &self.flats[self.current];
         let mut offset = 0;
@@ -91,8 +82,7 @@ impl Pair {
         Ok((send.clone(), self.flats[1 - self.current].clone()))
     }
 
-    /// Once the sums are in: the gradients become views of them (copies in
-    /// their dtype where it is not f32), and the buffers swap roles.
+    /// Once summed: the gradients become views of the sums, and the buffers swap roles.
     fn swap(&mut self, tensors: &mut [&mut Tensor], how: Reduce) -> Result<()> {
         // A scatter's gradients stay views of the bucket they were sent from.
         if how == Reduce::All {
@@ -127,8 +117,7 @@ fn is_view(t: &Tensor, flat: &Tensor, offset: usize) -> bool {
     }
 }
 
-/// Sums `tensors` over all ranks in place, concatenated into buckets of at
-/// most `bucket_bytes` (a tensor larger than that travels alone).
+/// Sums `tensors` over all ranks in place, in buckets of at most `bucket_bytes`.
 pub fn all_reduce_in_buckets(
     comm: &dyn Collective,
     tensors: &mut [&mut Tensor],
@@ -144,8 +133,7 @@ pub fn all_reduce_in_buckets(
     Ok(())
 }
 
-/// Sums one bucket's tensors over all ranks in place, as one concatenated
-/// all-reduce.
+/// Sums one bucket's tensors over all ranks in place, as one all-reduce.
 fn sum_bucket(comm: &dyn Collective, bucket: &mut [&mut Tensor]) -> Result<()> {
     let flat = bucket
         .iter()
@@ -170,10 +158,8 @@ fn size_of_tensor(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }
 
-/// The gradients in the order the backward pass finishes them, and their
-/// buckets: planned once per run, the same on every rank. The token
-/// embedding's (finished last, and large) travels as its used rows
-/// ([`sum_rows`]), outside the buckets.
+/// The gradients in backward order and their buckets, planned once, the same on every rank;
+/// the token embedding's travels as its used rows ([`sum_rows`]).
 pub struct GradientLayout {
     names: Vec<String>,
     /// When each tensor is finished.
@@ -188,14 +174,11 @@ pub struct GradientLayout {
     shards: Option<Shards>,
 }
 
-/// ZeRO's side of the layout: every bucket and the embedding's table
-/// reduce-scattered (padded to a multiple of the world size), not all-reduced.
+/// ZeRO's side: every group reduce-scattered (padded to a multiple of the world size).
 pub struct Shards {
-    /// 1: the ranks keep their gradient buffers from step to step (the
-    /// buckets' views); 2: each buffer is dropped once its sum is scattered.
+    /// 1: gradient buffers kept between steps; 2: each dropped once its sum is scattered.
     pub stage: u8,
-    /// This rank's block of each group's sum, [`block_len`] long (zero past
-    /// the group's end): f32 on the host, the gradients' dtype on a GPU.
+    /// This rank's block of each group's sum, [`block_len`] long (zero past the group's end).
     pub sums: Vec<Tensor>,
 }
 
@@ -205,8 +188,7 @@ pub fn block_len(len: usize, world: usize) -> usize {
 }
 
 impl GradientLayout {
-    /// The layout of `grads` over the model's stages (`Llama::stages`):
-    /// each stage's gradients in the order the model lists them.
+    /// The layout of `grads` over the model's stages (`Llama::stages`).
     pub fn new(grads: &Grads, stages: &[(Finished, Vec<&Tensor>)]) -> Result<GradientLayout> {
         let (mut names, mut finished, mut sizes) = (Vec::new(), Vec::new(), Vec::new());
         for (stage, (f, weights)) in stages.iter().enumerate() {
@@ -241,8 +223,7 @@ impl GradientLayout {
         })
     }
 
-    /// The groups of gradients summed together, by parameter name: the
-    /// buckets, then the embedding's table where it travels by rows.
+    /// The groups of gradients summed together, by name: the buckets, then the embedding's table.
     pub fn groups(&self) -> Vec<&[String]> {
         let mut groups: Vec<&[String]> = self
             .buckets
@@ -256,8 +237,7 @@ impl GradientLayout {
         groups
     }
 
-    /// Sums by ZeRO `stage` (1 or 2) from now on: this rank's blocks of the
-    /// sums in [`GradientLayout::shards`].
+    /// Sums by ZeRO `stage` (1 or 2) from now on, into [`GradientLayout::shards`].
     pub fn shard(&mut self, stage: u8, world: usize, grads: &Grads) -> Result<()> {
         let mut sums = Vec::new();
         for group in self.groups() {
@@ -282,8 +262,7 @@ impl GradientLayout {
         self.shards.as_ref()
     }
 
-    /// The bytes the sums keep beside the gradient buffers: each bucket's
-    /// second buffer, or under ZeRO this rank's blocks.
+    /// The bytes the sums keep beside the gradients: second buffers, or this rank's blocks.
     pub fn sum_bytes(&self) -> usize {
         match &self.shards {
             Some(sh) => sh.sums.iter().map(size_of_tensor).sum(),
@@ -322,8 +301,7 @@ impl GradientLayout {
         let how = self.reduce();
         let stage = self.shards.as_ref().map_or(0, |s| s.stage);
         if !on_host {
-            // A GPU's buckets: concatenated, summed, and the sums written back
-            // (all-reduce) or kept as this rank's block (scatter).
+            // A GPU's buckets: concatenated, summed, written back (all-reduce) or kept (scatter).
             let mut tensors = grads.ordered_mut(names)?;
             match &self.shards {
                 None => sum_bucket(comm, &mut tensors)?,
@@ -407,8 +385,7 @@ pub struct GradientSum<'a> {
     ready: Vec<bool>,
     /// Buckets handed to the background so far.
     started: usize,
-    /// The rows of the token embedding that the step's inputs use: the
-    /// only rows its gradient can have non-zero.
+    /// The token embedding's rows the step's inputs use: the only ones with non-zero gradients.
     tokens: Vec<bool>,
 }
 
@@ -424,8 +401,7 @@ impl GradientSum<'_> {
         }
     }
 
-    /// The backward pass of the step's last micro-batch has finished these
-    /// gradients: start summing every bucket that is now complete.
+    /// The last micro-batch's backward finished these gradients: start every complete bucket.
     pub fn finished(
         &mut self,
         f: Finished,
@@ -449,8 +425,7 @@ impl GradientSum<'_> {
         Ok(())
     }
 
-    /// Every gradient summed over the ranks in place (under ZeRO, this rank's
-    /// blocks): the background's buckets waited for, or the same summed now.
+    /// Every gradient summed in place (under ZeRO, this rank's blocks).
     pub fn finish(mut self, comm: &dyn Collective, grads: &mut Grads) -> Result<()> {
         if comm.is_single() && self.layout.shards.is_none() {
             return Ok(());
@@ -493,9 +468,8 @@ impl GradientSum<'_> {
     }
 }
 
-/// Sums a table's gradient over all ranks where only the rows some rank
-/// marked in `used` can be non-zero: the union of the rows first, then those
-/// rows alone, in place — the full sum's bits for a fraction of the bytes.
+/// Sums a table's gradient where only rows some rank marked in `used` can be non-zero: the
+/// union of rows first, then those rows alone — the full sum's bits for a fraction of the bytes.
 pub fn sum_rows(comm: &dyn Collective, table: &mut Tensor, used: &[bool]) -> Result<()> {
     let (rows, dim) = table.dims2()?;
     let device = table.device();
