@@ -1,13 +1,7 @@
-//! What the environment tunes in a `sweep` process, read once at start-up.
-//!
-//! The variables below change how a process computes, never what a run is
-//! (they are not part of a run's identity): which kernels, what the CUDA
-//! memory pool keeps, extra checks, which binary job scripts call. `sweep`
-//! reads them all when it starts ([`RuntimeOptions::from_env`]); a bad value
-//! is an error naming the variable, before any work. The options are passed
-//! to what uses them; the kernels that candle calls without a context read
-//! the installed copy ([`RuntimeOptions::current`]). `docs/running.md` lists
-//! them in one table, which a test keeps equal to [`VARIABLES`].
+//! What the environment tunes in a `sweep` process, read once at start-up: how it computes,
+//! never what a run is (kernels, the CUDA pool, extra checks, the job scripts' binary). A bad
+//! value is an error naming the variable. candle's kernels read the installed copy
+//! ([`RuntimeOptions::current`]); `docs/running.md`'s table is kept equal to [`VARIABLES`].
 
 use anyhow::{bail, Result};
 use std::ffi::OsString;
@@ -25,13 +19,11 @@ pub enum CpuKernels {
     Amx,
     /// AVX-512 BF16 where the CPU has it, not AMX (to compare them).
     Avx512Bf16,
-    /// The portable kernel, whatever the CPU has (what CPUs without AVX-512
-    /// BF16 run: to test it, or to compare).
+    /// The portable kernel whatever the CPU has (to test it, or to compare).
     Portable,
 }
 
-/// Which implementation the ops with CUDA kernels use on a GPU: the
-/// process's `SWEEP_CUDA_KERNELS`, or a run's `kernels` (a study's axis).
+/// Which implementation ops with CUDA kernels use: `SWEEP_CUDA_KERNELS`, or a run's `kernels`.
 #[derive(
     Debug,
     Clone,
@@ -47,17 +39,13 @@ pub enum CpuKernels {
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
 pub enum CudaKernels {
-    /// sweep's kernels (`src/train/network/kernels/`) that pass their self-check
-    /// when the device opens and are faster than their composed twins at
-    /// the run's shapes; the twin of any other (said on stderr and recorded
-    /// in the run's metrics).
+    /// sweep's kernels that pass their self-check at device open and beat their composed twins at
+    /// the run's shapes; the twin of any other (said, and recorded in the metrics).
     #[default]
     Auto,
-    /// sweep's kernels, all of them: a kernel that fails its self-check
-    /// stops the run instead of falling back.
+    /// All of sweep's kernels: one failing its self-check stops the run.
     Own,
-    /// The composed twins, from candle's kernels: to measure the difference,
-    /// or to rule a kernel out when a GPU run goes wrong.
+    /// The composed twins (candle's kernels): to measure, or to rule a kernel out.
     Composed,
 }
 
@@ -71,12 +59,10 @@ impl CudaKernels {
 /// What the CUDA memory pool does with the memory the trainer frees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CudaPool {
-    /// Keeps it for the next allocation (PyTorch's caching allocator does the
-    /// same): memory in use is then the pool's reserve.
+    /// Keeps it for the next allocation, as PyTorch's caching allocator does.
     #[default]
     Keep,
-    /// Hands it back to the driver at every synchronisation (the driver's
-    /// own default, release threshold 0): each step allocates afresh.
+    /// Hands it back to the driver at every synchronisation: each step allocates afresh.
     Release,
 }
 
@@ -89,24 +75,19 @@ pub struct RuntimeOptions {
     pub cuda_kernels: CudaKernels,
     /// `SWEEP_CUDA_POOL`.
     pub cuda_pool: CudaPool,
-    /// `SWEEP_CHECK_REPLICAS`: compare every rank's parameters after every
-    /// step (not only at the end).
+    /// `SWEEP_CHECK_REPLICAS`: compare every rank's parameters after every step.
     pub check_replicas: bool,
-    /// `SWEEP_BLOCKING_ALLREDUCE`: sum gradient buckets after the backward
-    /// pass instead of during it.
+    /// `SWEEP_BLOCKING_ALLREDUCE`: sum gradient buckets after the backward pass.
     pub blocking_allreduce: bool,
-    /// `SWEEP_ENGINE_AT_ONE`: go through the data-parallel engine at world
-    /// size 1, to measure what it costs.
+    /// `SWEEP_ENGINE_AT_ONE`: the data-parallel engine at world size 1, to measure its cost.
     pub engine_at_one: bool,
     /// `SWEEP_BIN`: the `sweep` job scripts run, instead of this binary.
     pub sweep_bin: Option<PathBuf>,
-    /// `SWEEP_THREADS` (set by the local executor), else SLURM's
-    /// `SLURM_CPUS_PER_TASK`: threads for CPU work when a run says none.
+    /// `SWEEP_THREADS`, else `SLURM_CPUS_PER_TASK`: threads when a run says none.
     pub threads: Option<usize>,
 }
 
-/// One variable: its name, the values it takes (the first is the default)
-/// and what it does. The table in `docs/running.md` says the same.
+/// One variable: its name, values (the first the default) and what it does.
 pub struct Variable {
     pub name: &'static str,
     pub values: &'static str,
@@ -161,8 +142,7 @@ pub const VARIABLES: &[Variable] = &[
 static INSTALLED: OnceLock<RuntimeOptions> = OnceLock::new();
 
 impl RuntimeOptions {
-    /// The options from this process's environment; a bad value is an error
-    /// naming the variable and what it takes.
+    /// The options from this process's environment; a bad value is an error naming it.
     pub fn from_env() -> Result<RuntimeOptions> {
         Self::from_vars(|k| std::env::var_os(k))
     }
@@ -239,22 +219,19 @@ impl RuntimeOptions {
         })
     }
 
-    /// Makes these the options of the process (once, at start-up; a second
-    /// call changes nothing) and returns them.
+    /// Makes these the process's options (once; a second call changes nothing).
     pub fn install(self) -> &'static RuntimeOptions {
         INSTALLED.get_or_init(|| self)
     }
 
-    /// The installed options; a process that installed none (a library
-    /// user, a unit test) reads its environment, a bad value counting as
-    /// the default.
+    /// The installed options; without any (a library user, a unit test) the environment's, a bad
+    /// value counting as the default.
     pub fn current() -> &'static RuntimeOptions {
         INSTALLED.get_or_init(|| Self::from_env().unwrap_or_default())
     }
 
-    /// Threads for CPU work: `configured` if positive, else
-    /// [`RuntimeOptions::threads`], else every core; at most
-    /// [`super::MAX_THREADS`].
+    /// Threads for CPU work: `configured` if positive, else [`RuntimeOptions::threads`], else every
+    /// core; at most [`super::MAX_THREADS`].
     pub fn threads(&self, configured: usize) -> usize {
         match configured {
             0 => self.threads.unwrap_or_else(cores),

@@ -1,15 +1,9 @@
-//! The four loaders: padded or padding-free, from text tokenized on the fly or
-//! from a pretokenized file. They differ only in where a document's ids come
-//! from (`Documents`); sample construction is shared (`samples`).
-//!
-//! A stream reads a range of documents in order, wraps around at its end and
-//! skips empty documents. With several ranks ([`DataOrder`]): `global` (the
-//! default) has every rank follow the one sample sequence and keep its slice
-//! of each micro-batch, so a step's samples and the position after it are
-//! the same at any world size (one [`LoaderState`], resumable anywhere);
-//! `contiguous` gives each rank its own range of documents ([`shard`]), as
-//! the reference study does. A background thread keeps `prefetch` batches
-//! ready, as contiguous integer buffers.
+//! The four loaders: padded or padding-free, from text tokenized on the fly or a pretokenized
+//! file; they differ only in where ids come from (`Documents`). A stream reads documents in
+//! order, wraps around, skips empty ones. With several ranks ([`DataOrder`]): `global` has every
+//! rank follow one sample sequence and keep its slice (the same samples at any world size, one
+//! [`LoaderState`]); `contiguous` gives each rank its own range ([`shard`]), as the reference
+//! does. A background thread keeps `prefetch` batches ready.
 
 use super::pretokenized::{Docs, PretokFile, Scratch};
 use super::samples::{self, TokenBuffer};
@@ -47,8 +41,7 @@ pub struct DataSpec {
     pub holdout: usize,
 }
 
-/// Where a loader stands: enough to resume exactly (stored in checkpoints).
-/// In the global order it is the same on every rank after a micro-batch.
+/// Where a loader stands, enough to resume exactly; in the global order the same on every rank.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LoaderState {
     pub epoch: u64,
@@ -65,8 +58,7 @@ pub fn shard(docs: usize, rank: usize, world: usize) -> Range<usize> {
     (rank * docs / world)..((rank + 1) * docs / world)
 }
 
-/// Where a cursor's documents come from, each kind with the row group it
-/// has at hand.
+/// Where a cursor's documents come from, with the row group at hand.
 enum Documents {
     /// Text tokenized as it is read.
     Text {
@@ -76,8 +68,7 @@ enum Documents {
         /// Tokens of the current document.
         tokens: Vec<u32>,
     },
-    /// A pretokenized file: row groups are decoded one ahead on a helper
-    /// thread, so decoding overlaps with building samples.
+    /// A pretokenized file: the next row group is decoded on a helper thread.
     Pretok {
         file: Arc<PretokFile>,
         docs: Option<(usize, Docs)>,
@@ -148,8 +139,7 @@ impl DocCursor {
         }
     }
 
-    /// Moves on to the next document (wrapping around at the end of the
-    /// range); returns its index.
+    /// Moves on to the next document (wrapping around); returns its index.
     fn step(&mut self) -> usize {
         if self.next >= self.range.end {
             self.next = self.range.start;
@@ -159,10 +149,8 @@ impl DocCursor {
         self.next - 1
     }
 
-    /// Whether the next document has more than `empty_len` ids, without
-    /// tokenizing all of it: a padded sample of another rank needs no more.
-    /// A text whose first few hundred bytes already give a token has one;
-    /// only a text whose beginning gives none is tokenized whole.
+    /// Whether the next document has more than `empty_len` ids, tokenizing only its start where
+    /// that already gives a token (another rank's padded sample needs no more).
     fn next_doc_has_tokens(&mut self, empty_len: usize) -> Result<bool> {
         if !matches!(self.source, Documents::Text { .. }) {
             return Ok(self.next_doc()?.len() > empty_len);
@@ -226,9 +214,8 @@ impl DocCursor {
     }
 }
 
-/// Makes row group `rg` of a pretokenized file the current one (taking it
-/// from the read-ahead when that is the one being decoded) and starts
-/// decoding the row group after it, within `range`, on a helper thread.
+/// Makes row group `rg` current (from the read-ahead when it is that one) and starts decoding
+/// the next within `range` on a helper thread.
 fn load_row_group(
     file: &Arc<PretokFile>,
     rg: usize,
@@ -271,8 +258,7 @@ fn load_row_group(
     Ok(())
 }
 
-/// Which samples of a stream's sequence a rank keeps: of every
-/// `world × batch`, the `batch` from `rank × batch` on.
+/// Which samples a rank keeps: of every `world × batch`, the `batch` from `rank × batch` on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Slice {
     rank: usize,
@@ -283,8 +269,7 @@ impl Slice {
     const ALL: Slice = Slice { rank: 0, world: 1 };
 }
 
-/// Samples from a range of documents: one rank's, or the whole sequence of
-/// which a rank keeps its slice.
+/// Samples from a range of documents: one rank's, or the sequence a rank keeps its slice of.
 pub struct SampleStream {
     cursor: DocCursor,
     slice: Slice,
@@ -297,8 +282,7 @@ pub struct SampleStream {
 }
 
 impl SampleStream {
-    /// A stream over this rank's training samples: its slice of the global
-    /// sequence, or its shard's.
+    /// A stream over this rank's training samples.
     pub fn open(spec: &DataSpec) -> Result<SampleStream> {
         let source = open_documents(spec)?;
         let mut s = Self::over(spec, source, 0..0)?;
@@ -374,8 +358,7 @@ impl SampleStream {
         self.advance(Some((inputs, labels)))
     }
 
-    /// Passes over the next `n` samples of the sequence (other ranks'):
-    /// their documents are read, nothing is copied.
+    /// Passes over the next `n` samples (other ranks'): read, not copied.
     fn skip(&mut self, n: usize) -> Result<()> {
         for _ in 0..n {
             self.advance(None)?;
@@ -383,10 +366,8 @@ impl SampleStream {
         Ok(())
     }
 
-    /// The next sample of the sequence, into `out` when given; returns its
-    /// training tokens (0 when skipped). Documents without tokens are
-    /// skipped; a whole pass over the range without one is an error rather
-    /// than a hang.
+    /// The next sample, into `out` when given; its training tokens (0 when skipped). A whole pass
+    /// without tokens is an error, not a hang.
     fn advance(&mut self, out: Option<(&mut [u32], &mut [i64])>) -> Result<usize> {
         self.samples += 1;
         let empty_len = usize::from(self.bos.is_some());
@@ -528,8 +509,7 @@ pub struct Batch {
     pub state: LoaderState,
 }
 
-/// This rank's next `batch_size` samples: in the global order, its slice of
-/// the next `world × batch_size`, the position after all of them.
+/// This rank's next `batch_size` samples (in the global order, its slice of `world ×` them).
 pub fn next_batch(stream: &mut SampleStream, batch_size: usize) -> Result<Batch> {
     let seq = stream.seq_len();
     let Slice { rank, world } = stream.slice;

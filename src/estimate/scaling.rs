@@ -1,41 +1,27 @@
-//! The scaling forecast of a data-parallel run: how long summing the
-//! gradients takes against how long the step computes, before anything is
-//! queued. Compute is the step's FLOPs at the expected MFU; the all-reduce
-//! a ring over the slowest link, with a hop's latency per call; the
-//! backward pass hides what it can of the bandwidth time (never the last
-//! bucket, the embedding's rows or the latencies); efficiency is compute
-//! over compute plus what stays exposed. Which bytes travel is the
-//! trainer's ([`Traffic`]). The two constants ([`FITTED`]) were fitted to
-//! the reference study's PyTorch DDP logs: docs/data-parallelism.md gives
-//! the model, what it leaves out, and its errors.
+//! The scaling forecast of a data-parallel run, before anything is queued: compute is the
+//! step's FLOPs at the expected MFU; the all-reduce a ring over the slowest link with a hop's
+//! latency per call; the backward hides what it can (never the last bucket, the embedding's
+//! rows or latencies). The constants ([`FITTED`]) fit the reference's PyTorch DDP logs:
+//! docs/data-parallelism.md gives the model, what it leaves out, and its errors.
 
 use crate::config::model::ModelConfig;
 use crate::config::{DeviceKind, PlanHints, Precision, TrainConfig};
 use serde::Serialize;
 
-/// The largest bucket: PyTorch DDP's, whose logs the forecast was calibrated
-/// on, and the built-in trainer's (`train::dist::buckets`), whose buckets
-/// also close at a block's end ([`MIN_BUCKET_BYTES`]; [`Traffic`]).
+/// The largest bucket: PyTorch DDP's (the calibration's) and the built-in trainer's.
 pub const BUCKET_BYTES: usize = 25 << 20;
-/// sweep's trainer closes a bucket where the backward pass moves to the next
-/// block once it holds this much (`train::dist::buckets`).
+/// The trainer closes a bucket at a block's end once it holds this much.
 pub const MIN_BUCKET_BYTES: usize = 1 << 20;
 /// The forecast's two fitted constants.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fitted {
-    /// The MFU (in sweep's FLOP count) of a step's device work when its
-    /// kernels bound it: how fast the backward window over which
-    /// communication hides passes at the most.
+    /// The MFU of a step's device work when kernels bound it: how fast the backward window passes.
     pub kernel_mfu: f64,
-    /// The latency of one ring hop of one bucket (NCCL's tests show a few
-    /// microseconds on such networks; the fit also takes in each bucket's
-    /// launch and synchronisation).
+    /// The latency of one ring hop of one bucket (with each bucket's launch and synchronisation).
     pub hop_latency_s: f64,
 }
 
-/// Fitted to the reference study's eight PyTorch DDP logs (the bandwidths
-/// are the device table's): these logs are the forecast's calibration data,
-/// and the docs show how it forecasts each of them when fitted on the others.
+/// Fitted to the reference study's eight PyTorch DDP logs (docs/data-parallelism.md).
 pub const FITTED: Fitted = Fitted {
     kernel_mfu: 0.21,
     hop_latency_s: 16e-6,
@@ -48,8 +34,7 @@ const BACKWARD_SHARE: f64 = 2.0 / 3.0;
 /// One run's forecast, per optimizer step and device.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Forecast {
-    /// The whole all-reduce of the gradients (under ZeRO their
-    /// reduce-scatter and the parameters' all-gather), hidden or not.
+    /// The whole all-reduce (under ZeRO, reduce-scatter and all-gather), hidden or not.
     pub allreduce_s: f64,
     /// The forward and backward passes at the expected MFU.
     pub compute_s: f64,
@@ -74,11 +59,9 @@ pub struct ParallelJob {
 /// How a trainer's gradients travel.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Traffic {
-    /// Every gradient, in buckets of [`BUCKET_BYTES`] (PyTorch DDP: the
-    /// reference study's logs, on which the constants were fitted).
+    /// Every gradient in buckets of [`BUCKET_BYTES`] (PyTorch DDP, as the constants were fitted).
     Dense,
-    /// sweep's trainer: buckets closing at a block's end, the last block 0's;
-    /// then the embedding's used rows (the ranks' marks, then the rows).
+    /// sweep's trainer: buckets closing at a block's end, then the embedding's used rows.
     Builtin,
 }
 
@@ -92,9 +75,8 @@ struct Volume {
     after: f64,
     /// All-reduce calls.
     calls: f64,
-    /// When the backward pass has finished each part of `bucketed`, in
-    /// order: (the share of its work done by then, bytes). `None`: evenly
-    /// over it (PyTorch's buckets, as the constants were fitted).
+    /// When the backward has finished each part of `bucketed`: (work done by then, bytes);
+    /// `None`: evenly (PyTorch's buckets).
     ready: Option<Vec<(f64, f64)>>,
 }
 
@@ -132,8 +114,7 @@ impl Traffic {
                 } else {
                     (layers * block / min).ceil()
                 };
-                // The backward pass goes from the head (its gradient first)
-                // down the blocks; each part's work as in flops_per_token.
+                // The backward goes from the head down the blocks; each part's work as in flops_per_token.
                 let per_token = model.flops_per_token(seq);
                 let head_share = 6.0 * dim * vocab / per_token;
                 let block_share = (1.0 - head_share) / layers;
@@ -164,9 +145,8 @@ pub struct Hardware {
 }
 
 impl Hardware {
-    /// The run's GPU from the device table, with the configuration's peak
-    /// and the plan's bandwidth hints over it; none for a CPU run or a GPU
-    /// the table lacks (unless they give every figure).
+    /// The run's GPU from the device table with the configuration's peak and the hints' bandwidths;
+    /// none for a CPU or an unknown GPU (unless the hints give every figure).
     pub fn of(cfg: &TrainConfig, hints: &PlanHints) -> Option<Hardware> {
         let row = match cfg.device {
             DeviceKind::Cuda => cfg.gpu.as_deref().and_then(super::devices::lookup),
@@ -181,9 +161,8 @@ impl Hardware {
 }
 
 impl Fitted {
-    /// The forecast of `cfg` (a fixed batch) on `job` at the hints' expected
-    /// MFU with these constants ([`FITTED`]: the ones sweep uses); none for
-    /// a single rank.
+    /// The forecast of `cfg` on `job` at the hints' expected MFU with these constants; none for
+    /// one rank.
     pub fn forecast(
         self,
         cfg: &TrainConfig,
@@ -201,8 +180,7 @@ impl Fitted {
         let flops = tokens * model.flops_per_token(cfg.sequence_length);
         let mfu = hints.expected_mfu_pct.unwrap_or(DEFAULT_EXPECTED_MFU_PCT) / 100.0;
         let compute_s = flops / (hw.peak_flops * mfu);
-        // Gradients are summed in the parameters' type on GPUs (bf16 for bf16
-        // runs), in f32 otherwise.
+        // Gradients are summed in the parameters' type on GPUs, in f32 otherwise.
         let element = match (cfg.device, cfg.precision) {
             (DeviceKind::Cuda, Precision::Bf16) => 2.0,
             _ => 4.0,
@@ -215,9 +193,8 @@ impl Fitted {
         } else {
             hw.inter_node_gbps
         }?;
-        // A ring all-reduce is a reduce-scatter and an all-gather, (w − 1)/w
-        // of the bytes each; ZeRO's gather of the parameters comes after the
-        // optimizer, where nothing hides it.
+        // A ring all-reduce is a reduce-scatter and an all-gather, (w − 1)/w of the bytes each;
+        // ZeRO's gather comes after the optimizer, where nothing hides it.
         let half = (w - 1) as f64 / w as f64;
         let ring = if cfg.zero > 0 { half } else { 2.0 * half };
         let seconds = |bytes: f64| ring * bytes / (gbps * 1e9);
@@ -230,8 +207,7 @@ impl Fitted {
         let latency_s = 2.0 * (w - 1) as f64 * calls * self.hop_latency_s;
         let exposed_bucketed_s = if job.overlaps {
             let window = BACKWARD_SHARE * flops / (hw.peak_flops * mfu.max(self.kernel_mfu));
-            // The link sends each part once it is ready and the parts before
-            // it are sent; what is left when the backward pass ends is exposed.
+            // Each part is sent once ready and the parts before it are sent; the rest is exposed.
             let unhidden = match &v.ready {
                 Some(parts) => {
                     let sent = parts.iter().fold(0.0f64, |link_free, &(done, bytes)| {

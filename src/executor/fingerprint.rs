@@ -1,9 +1,6 @@
-//! What a run ran on: its environment fingerprint (`environment.json` in
-//! the run directory), written by the job itself as it starts (`sweep
-//! fingerprint`, from the job script's prologue), so that a supervisor that
-//! crashed loses nothing. The history records it beside the run's figures,
-//! and `sweep check` says what changed between a slowed run and its
-//! reference.
+//! What a run ran on: `environment.json`, written by the job itself as it starts (`sweep
+//! fingerprint`), so a crashed supervisor loses nothing. The history records it beside the
+//! figures; `sweep check` says what changed between a slowed run and its reference.
 
 use crate::layout::ENVIRONMENT_JSON;
 use crate::manifest::EnvironmentSpec;
@@ -44,8 +41,8 @@ pub struct Build {
 pub struct Fingerprint {
     /// When the job took it (RFC 3339, UTC): when the run ran.
     pub taken_at: String,
-    /// What the history groups measurements by: `[environment] system`,
-    /// else `<SLURM cluster>/<partition>`, else `local/<host>`.
+    /// What the history groups by: `[environment] system`, else `<cluster>/<partition>`, else
+    /// `local/<host>`.
     pub system: String,
     /// The host the job's script ran on (its first node).
     pub host: String,
@@ -66,21 +63,16 @@ pub struct Fingerprint {
     pub mpi: Option<String>,
     /// The Linux kernel release.
     pub kernel: Option<String>,
-    /// The GPU and MPI libraries this sweep loaded (those of its features:
-    /// CUDA runtime, cuBLAS, NVRTC, NCCL, MPI), by name, each the file the
-    /// loader chose — its name carries the full version
-    /// (`/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5`). What any other
-    /// program loads (PyTorch's cuDNN) is a probe's to record.
+    /// The GPU and MPI libraries this sweep loaded, by name, each the file the loader chose (its
+    /// name carries the version). Other programs' libraries are a probe's to record.
     #[serde(default)]
     pub libraries: IndexMap<String, String>,
     pub sweep: Build,
-    /// The manifest's `[environment] probes`: name -> output (`exit N:
-    /// output` when it failed, `timed out` when it hung).
+    /// `[environment] probes`: name -> output (`exit N: output` failed, `timed out` hung).
     pub probes: IndexMap<String, String>,
     /// How busy the machine was as the job started, before its program ran.
     pub load_at_start: Option<Load>,
-    /// ... and as it ended, after its program exited (`sweep fingerprint
-    /// --end`): what else ran beside the run.
+    /// ... and as it ended (`sweep fingerprint --end`): what else ran beside the run.
     pub load_at_end: Option<Load>,
 }
 
@@ -89,8 +81,7 @@ pub struct Fingerprint {
 pub struct Load {
     /// `/proc/loadavg`: over 1, 5 and 15 minutes.
     pub load_average: [f64; 3],
-    /// Cores the other processes kept busy over a quarter second
-    /// (`/proc/stat`), taken while the run's program is not running.
+    /// Cores other processes kept busy over a quarter second, while the run's program is not running.
     pub busy_cores: f64,
     /// Cores of the host.
     pub cores: usize,
@@ -106,8 +97,7 @@ impl Load {
                 .skip(1)
                 .filter_map(|x| x.parse().ok())
                 .collect();
-            // user nice system idle iowait irq softirq steal: idle and
-            // iowait are not busy.
+            // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
             let total: u64 = v.iter().take(8).sum();
             let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
             Some((total - idle, total))
@@ -139,8 +129,7 @@ impl Load {
 }
 
 impl Fingerprint {
-    /// Takes the fingerprint of this machine for the run in `dir`: what its
-    /// `run.json` asks to probe, and the rest found here.
+    /// This machine's fingerprint: what `spec` asks to probe, and the rest found here.
     pub fn take(spec: &EnvironmentSpec, commit: Option<String>) -> Fingerprint {
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let host = crate::util::process::host_name();
@@ -205,9 +194,8 @@ impl Fingerprint {
         }
     }
 
-    /// `environment.json` of a run directory: `None` where the job wrote
-    /// none (it has not started, or its script does not call `sweep
-    /// fingerprint`); an error naming the file where it cannot be read.
+    /// A run directory's `environment.json`: `None` where the job wrote none; an error naming the
+    /// file where it cannot be read.
     pub fn load(dir: &Path) -> Result<Option<Fingerprint>> {
         use crate::util::fs::{read_regular, ReadError};
         let path = dir.join(ENVIRONMENT_JSON);
@@ -220,8 +208,7 @@ impl Fingerprint {
         }
     }
 
-    /// What a comparison tells fingerprints apart by: (label, value), one
-    /// pair per value (a run on two GPUs has two `gpu` pairs).
+    /// What a comparison tells fingerprints apart by: (label, value), one pair per value.
     fn facts(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
         let mut one = |label: &str, v: &Option<String>| {
@@ -263,9 +250,7 @@ impl Fingerprint {
     }
 }
 
-/// Writes this machine's fingerprint into the run directory `dir`
-/// (atomically; a requeued job's replaces its earlier one). What the run
-/// asks to probe is in its `run.json`.
+/// Writes this machine's fingerprint into run directory `dir` atomically (probes from `run.json`).
 pub fn write(dir: &Path) -> Result<Fingerprint> {
     let record = RunRecord::read(&dir.join(crate::layout::RUN_JSON), None)?;
     let (spec, commit) = match record {
@@ -279,8 +264,7 @@ pub fn write(dir: &Path) -> Result<Fingerprint> {
     Ok(f)
 }
 
-/// Adds the host's load as the job ends to the run's `environment.json`
-/// (none where the job wrote none: nothing to add to).
+/// Adds the host's load as the job ends to `environment.json`, where there is one.
 pub fn write_end(dir: &Path) -> Result<Option<Load>> {
     let Some(mut f) = Fingerprint::load(dir)? else {
         return Ok(None);
@@ -292,8 +276,7 @@ pub fn write_end(dir: &Path) -> Result<Option<Load>> {
     Ok(f.load_at_end)
 }
 
-/// A program's output when it ran and succeeded in time; `None` otherwise
-/// (absent, failed, hung: the field stays unknown).
+/// A program's output when it succeeded in time; `None` otherwise.
 fn probe(cmd: &mut Command) -> Option<String> {
     match output_within(cmd, PROBE_LIMIT, PROBE_BYTES * 100) {
         Ok(Bounded {
@@ -326,8 +309,7 @@ fn run_probe(command: &str) -> String {
     }
 }
 
-/// The libraries of the GPU and MPI stacks, by the start of their file
-/// names (cuBLASLt before cuBLAS: the longer name first).
+/// The GPU and MPI libraries by the start of their file names (longer names first).
 const LIBRARIES: &[&str] = &[
     "libcudart",
     "libcublasLt",
@@ -339,8 +321,7 @@ const LIBRARIES: &[&str] = &[
     "libmpi",
 ];
 
-/// The [`LIBRARIES`] a process has mapped (`/proc/<pid>/maps`), by name,
-/// with the path of the file mapped (the loader's choice, links resolved).
+/// The [`LIBRARIES`] a process has mapped (`/proc/<pid>/maps`), with their files' paths.
 fn libraries_in(maps: &str) -> IndexMap<String, String> {
     let mut out = IndexMap::new();
     for line in maps.lines() {
@@ -396,10 +377,8 @@ fn nvidia_smi() -> (Vec<Gpu>, Option<String>, Option<String>) {
     (gpus, driver, cuda)
 }
 
-/// What differs between the fingerprints of the runs measured now and of
-/// their reference, as `sweep check` lists it beside a regression:
-/// `driver 580.65 → 580.82`, `node nid001234 new in the list`. Runs without
-/// a fingerprint add nothing.
+/// What differs between the fingerprints of runs now and their reference (`driver 580.65 →
+/// 580.82`), as `sweep check` lists it beside a regression.
 pub fn differences(now: &[&Fingerprint], before: &[&Fingerprint]) -> Vec<String> {
     if now.is_empty() || before.is_empty() {
         return Vec::new();

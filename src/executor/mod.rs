@@ -1,8 +1,6 @@
-//! Runs -> jobs. Two executors share one state model: SLURM (sbatch, job
-//! arrays, afterok dependencies) and local (child processes on this machine).
-//! Submission is idempotent: what is completed, pending or running is never
-//! submitted again; interrupted runs are (they continue); failed runs only
-//! with `--retry-failed`.
+//! Runs -> jobs. Two executors share one state model: SLURM and local. Submission is
+//! idempotent: completed, pending or running runs are never submitted again; interrupted ones
+//! are (they continue); failed ones only with `--retry-failed`.
 
 pub mod doctor;
 pub mod ended;
@@ -42,8 +40,7 @@ pub struct Unit {
     pub stage: Option<usize>,
     pub record: RunRecord,
     pub script: String,
-    /// Its `[slurm]` settings: the job's variables, the array throttle, and
-    /// the sizes of a packed block's allocation.
+    /// Its `[slurm]` settings: variables, array throttle, a packed block's allocation.
     pub slurm: crate::manifest::SlurmSpec,
     /// The block this run is packed into (`[slurm] pack`).
     pub pack: Option<u32>,
@@ -61,8 +58,7 @@ impl Unit {
         self.record_job_in(executor, job_id, None)
     }
 
-    /// [`Unit::record_job`] for a job that runs it as a step of a packed
-    /// block (`block`) or on its own (`None`).
+    /// [`Unit::record_job`] for a job running it as a step of a packed `block`, or alone.
     pub fn record_job_in(
         &mut self,
         executor: ExecutorKind,
@@ -169,9 +165,8 @@ pub struct Submitted {
     pub held: Option<Held>,
 }
 
-/// Units held back: SLURM refused more jobs for a limit on the jobs one may
-/// have queued at once (a QOS's or an account's `MaxSubmitJobs`; each task
-/// of an array counts). They stay unsubmitted until jobs have ended.
+/// Units held back: SLURM refused more jobs for a `MaxSubmitJobs` limit (each array task
+/// counts). They stay unsubmitted until jobs have ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Held {
     /// The limit SLURM named (`QOSMaxSubmitJobPerUserLimit`).
@@ -180,9 +175,8 @@ pub struct Held {
     pub units: Vec<usize>,
 }
 
-/// An executor: where jobs run. `submit` sends (SLURM) or runs (local) the
-/// units that `decisions` marks; `statuses` and `cancel` act on jobs it ran
-/// before, by id and run directory.
+/// Where jobs run: `submit` sends or runs the units `decisions` marks; `statuses` and `cancel`
+/// act on jobs by id and run directory.
 pub trait Executor {
     fn submit(
         &self,
@@ -193,8 +187,7 @@ pub trait Executor {
         on: &mut dyn FnMut(Event<'_>),
     ) -> Result<Submitted>;
 
-    /// The state of each job, `jobs[i]` = (job id, run directory), with one
-    /// scheduler query for all of them.
+    /// The state of each job (job id, run directory), with one scheduler query for all.
     fn statuses(&self, jobs: &[(&str, &std::path::Path)]) -> Result<Vec<Status>>;
 
     fn cancel(&self, jobs: &[(&str, &std::path::Path)]) -> Result<()>;
@@ -208,8 +201,7 @@ pub fn for_kind(kind: ExecutorKind, local: local::LocalOptions) -> Box<dyn Execu
     }
 }
 
-/// Groups the indices of `records` by the executor of their last job (those
-/// never submitted are left out), and calls `f` once per executor.
+/// Groups `records` by the executor of their last job and calls `f` once per executor.
 fn by_executor<T>(
     records: &[(&RunRecord, &std::path::Path)],
     mut f: impl FnMut(&dyn Executor, &[usize], &[(&str, &std::path::Path)]) -> Result<T>,
@@ -244,8 +236,7 @@ pub fn record_statuses(records: &[(&RunRecord, &std::path::Path)]) -> Result<Vec
     let mut out = vec![Status::new(State::Unsubmitted); records.len()];
     by_executor(records, |exec, idx, jobs| {
         for ((&i, s), (job, dir)) in idx.iter().zip(exec.statuses(jobs)?).zip(jobs) {
-            // The scheduler knows a packed block's job; the run's directory
-            // says where the block is with it.
+            // The scheduler knows a packed block's job; the run's directory says where the block is.
             out[i] = match records[i].0.last_job().and_then(|j| j.block) {
                 Some(b) => packed::run_status(&s, dir, job, b),
                 None => s.with_job(job),
@@ -271,8 +262,7 @@ pub enum Decision {
     Cached,
 }
 
-/// Decides what to submit: the idempotency rules in one place. `units` holds
-/// the stages first, so stage `s` of the plan is unit `s`.
+/// Decides what to submit: the idempotency rules in one place (stage `s` is unit `s`).
 pub fn decide(
     units: &[Unit],
     status: &[Status],
@@ -318,9 +308,8 @@ fn block_runs_of_failed_stages(units: &[Unit], d: &mut [Decision]) {
     }
 }
 
-/// What to do once jobs have ended and SLURM may take what it held back:
-/// the held units are submitted (a run whose stage has failed since is
-/// blocked); every other unit is left as it is now, ended or going.
+/// Once jobs have ended: the held units are submitted (a run whose stage failed is blocked);
+/// every other unit is left as it is.
 pub fn decide_held(units: &[Unit], status: &[Status], held: &Held) -> Vec<Decision> {
     let mut d: Vec<Decision> = status
         .iter()
@@ -336,14 +325,11 @@ pub fn decide_held(units: &[Unit], status: &[Status], held: &Held) -> Vec<Decisi
     d
 }
 
-/// The environment every local job gets besides the manifest's variables
-/// (which come last and win), as the job script's prologue exports it.
+/// The environment every local job gets before the manifest's variables (which win).
 pub fn job_env(unit: &Unit) -> Vec<(String, String)> {
     let mut env = vec![("SWEEP_RUN_DIR".to_string(), unit.dir.display().to_string())];
-    // Python block-buffers what it prints into a file (a job's log): a
-    // script's progress lines would reach the log 8 KB at a time, minutes
-    // apart for slow steps, and the watchdog would call the run hung between
-    // two bursts. Unbuffered, unless the environment already says.
+    // Python block-buffers output into a file: progress would reach the log minutes apart and
+    // the watchdog would call the run hung. Unbuffered, unless the environment says otherwise.
     if std::env::var_os("PYTHONUNBUFFERED").is_none() {
         env.push(("PYTHONUNBUFFERED".to_string(), "1".to_string()));
     }

@@ -1,10 +1,7 @@
-//! The sbatch and srun options sweep's job scripts set, in one table: the
-//! header's `#SBATCH` lines are written from it, a study's `[slurm]
-//! extra_sbatch` and `srun_args` may not set them again (the later of two
-//! lines or arguments wins, so such an entry would undo sweep's unseen),
-//! sbatch's `SBATCH_*` input variables for them are left out of its
-//! environment, and packed blocks take them from their allocation or ask
-//! their runs to share them. Also the variables a study's `env` may not set.
+//! The sbatch and srun options sweep's job scripts set, in one table: the header is written
+//! from it; `extra_sbatch` and `srun_args` may not set them again (the later line wins, undoing
+//! sweep's unseen); their `SBATCH_*` variables are left out of sbatch's environment; packed
+//! blocks take them from their allocation. Also the variables a study's `env` may not set.
 
 use super::schema::SlurmSpec;
 use crate::util::slurm::{first_operand, is_long_option, options, Tool};
@@ -24,15 +21,13 @@ pub struct Job<'a> {
 pub enum InBlock {
     /// The block's runs must share it: the block's job asks for it once.
     Shared,
-    /// The block's allocation gives its own (the largest of its runs', the
-    /// sum of their times).
+    /// The block's allocation gives its own (the largest of its runs', the sum of their times).
     Allocation,
     /// The block's script writes its own (its log).
     Own,
 }
 
-/// An sbatch or srun option sweep's scripts set, or one whose input
-/// variable would override an `#SBATCH` line.
+/// An option sweep's scripts set, or one whose input variable would override an `#SBATCH` line.
 pub struct SlurmOption {
     /// The long name.
     pub name: &'static str,
@@ -40,8 +35,7 @@ pub struct SlurmOption {
     pub key: Option<&'static str>,
     /// The header's value for a job ("" for a flag), where it writes one.
     header: fn(&Job) -> Option<Value>,
-    /// Set by sweep however the header reads: `--error` (the log holds
-    /// both streams), `--ntasks`, an array's or a dependency's.
+    /// Set by sweep whatever the header reads (`--error`, `--ntasks`, an array's, a dependency's).
     always: bool,
     /// Whether the run's srun line sets it.
     srun: fn(&SlurmSpec) -> bool,
@@ -96,11 +90,8 @@ const fn row(name: &'static str, key: Option<&'static str>) -> SlurmOption {
     }
 }
 
-/// Every option sweep's scripts set, in the header's order (adding one the
-/// header writes: a row here, its key in `SlurmSpec`, docs/manifest.md).
-/// A time limit other than the plan's, a log outside the run's directory
-/// (which the report, the live view and the watchdog read), a stderr apart
-/// from it, ranks other than the run's: each would undo what sweep records.
+/// Every option sweep's scripts set, in the header's order (docs/extending.md: adding one).
+/// Each would undo what sweep records if set again.
 pub const SLURM_OPTIONS: [SlurmOption; 26] = [
     SlurmOption {
         header: |j| Some(Value::from(j.name)),
@@ -204,8 +195,7 @@ pub const SLURM_OPTIONS: [SlurmOption; 26] = [
         env: &["SBATCH_REQUEUE", "SBATCH_NO_REQUEUE"],
         ..row("requeue", Some("requeue"))
     },
-    // Written with `--requeue`; the built-in trainer's runs have a grace by
-    // default.
+    // Written with `--requeue`; the trainer's runs have a grace by default.
     SlurmOption {
         header: |j| match (j.spec.requeue, j.spec.signal_grace) {
             (true, Some(grace)) => Some(Value::from(format!("USR1@{grace}"))),
@@ -252,8 +242,7 @@ pub const SLURM_OPTIONS: [SlurmOption; 26] = [
     },
 ];
 
-/// A job's `#SBATCH` options as the header writes them: (name, value),
-/// the value "" for a flag.
+/// A job's `#SBATCH` options as the header writes them: (name, value; "" for a flag).
 pub fn header(job: &Job) -> Vec<(&'static str, Value)> {
     SLURM_OPTIONS
         .iter()
@@ -261,8 +250,7 @@ pub fn header(job: &Job) -> Vec<(&'static str, Value)> {
         .collect()
 }
 
-/// Options that change what sbatch itself does, not the job: with one,
-/// `sweep submit` would wait for each job to end in turn, or get no job.
+/// Options that change what sbatch does, not the job (it would wait for each job, or get none).
 const SBATCH_ACTIONS: [(&str, &str); 5] = [
     ("wait", "makes sbatch wait for the job to end: `sweep submit` would wait for each job in turn (`sweep run` submits a study and follows its jobs)"),
     ("test-only", "makes sbatch only say when the job would start: no job is queued"),
@@ -271,9 +259,8 @@ const SBATCH_ACTIONS: [(&str, &str); 5] = [
     ("version", "makes sbatch print its version: no job is queued"),
 ];
 
-/// Whether `tool` reads the option written as `name` as `option`: its
-/// very name, or — sbatch and srun take an option's unambiguous start for
-/// it (`--part=debug`) — its start, where `name` is no option of its own.
+/// Whether `tool` reads `name` as `option`: its name, or its unambiguous start (`--part=debug`)
+/// where `name` is no option of its own.
 fn reads_as(tool: Tool, name: &str, option: &str) -> bool {
     let whole = || {
         is_long_option(tool, name)
@@ -283,9 +270,7 @@ fn reads_as(tool: Tool, name: &str, option: &str) -> bool {
     option == name || (option.starts_with(name) && !whole())
 }
 
-/// The first option sweep gives `tool` in `spec`'s jobs that one of
-/// `names` (the options of an entry, as written: `time`, `tim`) sets, and
-/// how it says it.
+/// The first option sweep gives `tool` in `spec`'s jobs that one of `names` sets, and how.
 fn owned(tool: Tool, names: &[String], spec: &SlurmSpec) -> Option<(&'static SlurmOption, String)> {
     names.iter().find_map(|name| {
         let mut set = SLURM_OPTIONS
@@ -312,9 +297,8 @@ fn instead(option: &SlurmOption) -> String {
     }
 }
 
-/// Why an `extra_sbatch` entry cannot be written as `#SBATCH <entry>` in
-/// a job of `spec`, and what to write instead: it is no option, or one
-/// sweep's scripts set there ([`SLURM_OPTIONS`]).
+/// Why an `extra_sbatch` entry cannot be `#SBATCH <entry>` in a job of `spec` (no option, or
+/// one sweep sets), and what to write instead.
 pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String)> {
     if !line.trim_start().starts_with('-') {
         return Some((
@@ -350,9 +334,8 @@ pub fn sbatch_line_fault(line: &str, spec: &SlurmSpec) -> Option<(String, String
     ))
 }
 
-/// Why a `srun_args` entry cannot be given to the run's srun in a job of
-/// `spec`, and what to do instead: it sets what sweep's launch line sets,
-/// or moves the run's output ([`SLURM_OPTIONS`]).
+/// Why a `srun_args` entry cannot be given to the run's srun (it sets what sweep's launch line
+/// sets, or moves the output), and what to do instead.
 pub fn srun_arg_fault(arg: &str, spec: &SlurmSpec) -> Option<(String, String)> {
     let names = match options(Tool::Srun, arg) {
         Ok(names) => names,
@@ -365,9 +348,8 @@ pub fn srun_arg_fault(arg: &str, spec: &SlurmSpec) -> Option<(String, String)> {
     ))
 }
 
-/// The first `srun_args` entry where srun's options end (each entry is
-/// one argument): srun would run it, and what follows, as the program
-/// instead of the run's command. Its index, why, and what to do.
+/// The first `srun_args` entry where srun's options end: srun would run it as the program.
+/// Its index, why, and what to do.
 pub fn srun_program_fault(args: &[String]) -> Option<(usize, String, String)> {
     let at = first_operand(Tool::Srun, args)?;
     let why = match args[at].as_str() {
@@ -381,9 +363,7 @@ pub fn srun_program_fault(args: &[String]) -> Option<(usize, String, String)> {
     ))
 }
 
-/// The variables a launcher gives every process it starts; a run without
-/// a launcher sees none of them, whatever the environment it was started
-/// from held (`plan::launch` sets and unsets them).
+/// The variables a launcher gives every process; a run without one sees none of them.
 pub const RANK_VARIABLES: [&str; 7] = [
     "RANK",
     "LOCAL_RANK",
@@ -394,8 +374,7 @@ pub const RANK_VARIABLES: [&str; 7] = [
     "NODE_RANK",
 ];
 
-/// The job's own variables (`templates/_prologue.sh.j2`): a study's value
-/// exported after them would send the run's log and status elsewhere.
+/// The job's own variables (`_prologue.sh.j2`): a study's would send its log elsewhere.
 const SCRIPT_VARIABLES: [&str; 4] = ["RUN_DIR", "JOB_REF", "SWEEP_RUN_DIR", "SWEEP_RESTART_COUNT"];
 
 /// Why `[slurm] env` may not set `name`, and what to do instead.
@@ -424,8 +403,7 @@ pub fn env_fault(name: &str) -> Option<(String, String)> {
     ))
 }
 
-/// The key at fault and why, where an `extra_sbatch` or `srun_args` entry
-/// of a run's `[slurm]` sets what sweep's scripts set.
+/// The key at fault and why, where `extra_sbatch` or `srun_args` sets what sweep's scripts set.
 pub fn check(spec: &SlurmSpec) -> Result<(), (&'static str, String)> {
     let sbatch = spec
         .extra_sbatch

@@ -1,7 +1,5 @@
-//! Manifest -> runs. Expands the sweep (grid x zip, minus exclusions),
-//! computes derived values, resolves every run's configuration, gives each run
-//! a stable id, a name and a directory, and finds the stage jobs runs depend on.
-//! Everything here is in memory; `render` writes it out.
+//! Manifest -> runs, in memory: the sweep expanded (grid x zip, minus exclusions), derived
+//! values, each run's configuration, id, name and directory, and the stage jobs it needs.
 
 mod expand;
 pub mod identity;
@@ -33,15 +31,13 @@ pub enum Job {
 
 #[derive(Debug, Clone)]
 pub struct Run {
-    /// The hash of the run's identity ([`identity`]): what it trains or
-    /// measures, and its repeat.
+    /// The hash of the run's identity ([`identity`]): what it trains or measures, and its repeat.
     pub id: String,
     /// The whole hash the id is cut from.
     pub digest: String,
     /// What was hashed (recorded in `run.json`).
     pub identity: serde_json::Value,
-    /// The id identity version 1 gave the run (8 hex digits): a directory
-    /// that records it holds this run.
+    /// The id identity version 1 gave the run: a directory recording it holds this run.
     pub name: String,
     /// The name as written, where making it a directory name changed it.
     pub sanitized_from: Option<String>,
@@ -60,22 +56,18 @@ pub struct Run {
     pub dir: PathBuf,
     /// Its block and place in a blocked design.
     pub block: Option<record::DesignSlot>,
-    /// The built-in trainer's model shape, resolved once when the run is
-    /// planned (a preset without a vocabulary of its own takes its
-    /// tokenizer's); none for commands, or where the tokenizer cannot be
-    /// read (the trainer then says why).
+    /// The trainer's model shape, resolved at planning (a preset's vocabulary from its tokenizer);
+    /// none for commands, or where the tokenizer cannot be read (the trainer then says why).
     pub model: Option<ModelConfig>,
 }
 
 impl Run {
-    /// Processes training together: `nodes × ntasks_per_node` (planning
-    /// refuses runs where it does not fit in a u32).
+    /// Processes training together: `nodes × ntasks_per_node`.
     pub fn world_size(&self) -> u32 {
         u32::try_from(self.slurm.tasks()).unwrap_or(u32::MAX)
     }
 
-    /// How the run's processes start under `executor` (the trainer's ranks by
-    /// `srun` or `mpirun`; a command's by its `launcher`), or why they cannot.
+    /// How the run's processes start under `executor`, or why they cannot.
     pub fn launcher_on(&self, executor: ExecutorKind) -> Result<Launcher, String> {
         let several = self.world_size() > 1;
         use ExecutorKind::{Local, Slurm};
@@ -97,8 +89,7 @@ impl Run {
         }
     }
 
-    /// What starts the run's processes under `executor`, and the line each
-    /// of them runs.
+    /// What starts the run's processes under `executor`, and the line each runs.
     pub fn launch_on(
         &self,
         executor: ExecutorKind,
@@ -110,8 +101,7 @@ impl Run {
         Ok(launch.watched(self.watch.clone()))
     }
 
-    /// Estimated peak memory per device (built-in trainer runs), against
-    /// the GPU's as the plan's hints and the device table give it.
+    /// Estimated peak memory per device (trainer runs), against the GPU's.
     pub fn memory(&self, hints: &PlanHints) -> Option<Memory> {
         match &self.job {
             Job::Train(cfg) => Some(Memory::of(
@@ -124,9 +114,7 @@ impl Run {
         }
     }
 
-    /// The scaling forecast of a data-parallel built-in trainer run (none for
-    /// one rank, `batch_size = "max"`, CPU runs without `peak_flops` and
-    /// bandwidths, or a GPU the device table lacks).
+    /// The scaling forecast of a data-parallel trainer run, where its figures are known.
     pub fn scaling(&self, hints: &PlanHints) -> Option<crate::estimate::scaling::Forecast> {
         use crate::estimate::scaling;
         let Job::Train(cfg) = &self.job else {
@@ -143,9 +131,8 @@ impl Run {
         scaling::FITTED.forecast(cfg, hints, model, hw, job)
     }
 
-    /// At `zero` = 0, 1 and 2: the largest batch per device that fits its
-    /// GPU (None: not even batch 1) and the states per rank, for a
-    /// data-parallel built-in trainer run on a GPU of known size.
+    /// At `zero` = 0, 1 and 2: the largest batch per device that fits (None: not even 1) and the
+    /// states per rank, for a data-parallel trainer run on a GPU of known size.
     pub fn fits_by_zero(
         &self,
         hints: &PlanHints,
@@ -267,17 +254,14 @@ pub struct Plan {
     pub study_dir: PathBuf,
     /// The `sweep` binary job scripts run.
     pub sweep_bin: String,
-    /// What the plan accepts but a user should hear about (absurd sizes,
-    /// memory that cannot be checked), one line each.
+    /// What the plan accepts but a user should hear about, one line each.
     pub warnings: Vec<String>,
 }
 
-/// How to plan, decided by the command line and the environment once, by
-/// the caller: planning itself reads neither.
+/// How to plan, decided once by the caller: planning reads no command line or environment.
 #[derive(Debug, Clone)]
 pub struct PlanOptions {
-    /// Plan runs estimated not to fit their GPU's memory (`--allow-oom`, and
-    /// commands that only look at runs) instead of refusing them.
+    /// Plan runs estimated not to fit their GPU (`--allow-oom`) instead of refusing them.
     pub allow_oom: bool,
     /// The `sweep` binary job scripts run.
     pub sweep_bin: String,
@@ -286,9 +270,7 @@ pub struct PlanOptions {
 }
 
 impl PlanOptions {
-    /// This binary, or the options' `SWEEP_BIN` (a build elsewhere, e.g. the
-    /// cluster's GPU build inside its container, assumed to have every
-    /// feature since it cannot be asked from here).
+    /// This binary, or `SWEEP_BIN` (a build elsewhere, assumed to have every feature).
     pub fn new(allow_oom: bool, rt: &crate::config::RuntimeOptions) -> PlanOptions {
         let (sweep_bin, features) = match &rt.sweep_bin {
             Some(bin) => (bin.display().to_string(), crate::config::Features::ALL),
@@ -307,9 +289,8 @@ impl PlanOptions {
     }
 }
 
-/// A built-in trainer run's estimated peak memory per device, against the
-/// memory of its GPU (`gpu_memory_gb`, else the `gpu`'s row of the device
-/// table). CPU runs and GPUs the table lacks have no device size.
+/// A trainer run's estimated peak memory per device, against its GPU's (`gpu_memory_gb`, else
+/// the device table's).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Memory {
     pub estimate_bytes: u64,
@@ -362,14 +343,12 @@ impl Plan {
     /// Expands a manifest into runs. Errors point into the manifest.
     pub fn new(manifest: Manifest, opts: &PlanOptions) -> Result<Plan, Diagnostics> {
         let plan = expand::plan(manifest, opts)?;
-        // A template that does not exist or does not parse is an error of
-        // the plan, not of the first render.
+        // A template that does not exist or parse is the plan's error, not the first render's.
         templates::Templates::load(&plan)?;
         Ok(plan)
     }
 
-    /// The upper bound of node- and GPU-hours: every job runs to its limit
-    /// (a packed block to the sum of its runs' limits and its margin).
+    /// The upper bound of node- and GPU-hours: every job runs to its limit.
     pub fn totals(&self) -> Totals {
         let l = pack::load(self, self.manifest.slurm.pack);
         Totals {

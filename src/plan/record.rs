@@ -1,6 +1,5 @@
-//! `run.json` (and `stage.json`): who a run is, where it came from, and every
-//! job that was submitted for it. The executors append job ids; rendering
-//! never drops them.
+//! `run.json` (and `stage.json`): who a run is, where it came from, every job submitted for it.
+//! The executors append job ids; rendering never drops them.
 
 use crate::layout::{RUN_JSON, STAGE_JSON};
 use crate::manifest::ExecutorKind;
@@ -15,19 +14,15 @@ pub struct JobRecord {
     /// SLURM job id (`123` or `123_4` for an array task) or `local-<pid>`.
     pub job_id: String,
     pub submitted_at: String,
-    /// The block whose packed job (`job_id`, shared by the block's runs)
-    /// runs this run as one of its steps (`[slurm] pack`).
+    /// The block whose packed job (`[slurm] pack`) runs this run as one of its steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<u32>,
-    /// Written by the job itself when sweep's watchdog or launch doctor
-    /// ended it: why, and where.
+    /// Written by the job itself when sweep's watchdog or launch doctor ended it: why, and where.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<Stop>,
 }
 
-/// How one of sweep's own job-side tools ended a job (docs/running.md,
-/// "When a run hangs"): the watchdog (the run is HUNG) or the launch doctor
-/// (FAILED before any rank started).
+/// How sweep's watchdog (HUNG) or launch doctor (FAILED) ended a job (docs/running.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stop {
     pub by: StoppedBy,
@@ -36,14 +31,12 @@ pub struct Stop {
     /// The ranks that stopped first (the watchdog's).
     #[serde(default)]
     pub ranks: Vec<usize>,
-    /// The nodes named: where those ranks ran, or the node that could not
-    /// take part. What `--retry-failed` leaves out on SLURM.
+    /// The nodes named: where those ranks ran, or the node that could not take part.
     #[serde(default)]
     pub nodes: Vec<String>,
     /// When (RFC 3339, milliseconds).
     pub at: String,
-    /// The watchdog's: seconds without progress when its limit ran out
-    /// (since the start, for `startup`), and that limit.
+    /// The watchdog's: seconds without progress when its limit ran out, and that limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,9 +50,8 @@ pub enum StoppedBy {
     LaunchDoctor,
 }
 
-/// Records in the run's `run.json` that job `job_id` was stopped. The job
-/// writes it once, as it ends; `sweep` writes the record only to add a job
-/// it submits, re-reading it first, so neither loses the other's.
+/// Records in `run.json` that job `job_id` was stopped; `sweep` re-reads the record before
+/// adding a job, so neither loses the other's.
 pub fn record_stop(dir: &Path, job_id: &str, stop: Stop) -> Result<()> {
     let mut record = RunRecord::read(&dir.join(RUN_JSON), None)?
         .with_context(|| format!("{} has no run.json", dir.display()))?;
@@ -91,8 +83,7 @@ pub struct ManifestRef {
 }
 
 /// What a study directory records of the manifest that last rendered it
-/// ([`crate::layout::STUDY_JSON`]): a report of the directory reads its
-/// settings and tells its runs from directories an earlier version left.
+/// ([`crate::layout::STUDY_JSON`]): its report settings and its own runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StudyRecord {
     /// The study directory it is written in (not written).
@@ -109,19 +100,16 @@ pub struct StudyRecord {
     pub axes: Vec<String>,
     /// The ids of the runs it plans.
     pub runs: Vec<String>,
-    /// A `command` study's whole `[report]`: how its logs are read (the
-    /// line pattern and its roles) and its FLOPs computed.
+    /// A `command` study's whole `[report]`: how its logs are read and its FLOPs computed.
     #[serde(default)]
     pub command_report: Option<crate::manifest::ReportSpec>,
     /// The study's current attempt (`sweep run --again` counts them).
     #[serde(default = "first_attempt")]
     pub attempt: u32,
-    /// The current attempt's id, drawn when it begins: its runs carry it, and
-    /// the history pools them by it.
+    /// The current attempt's id: its runs carry it, and the history pools them by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_id: Option<String>,
-    /// A blocked design's seed (`[sweep] order_seed`): what its orders are
-    /// drawn from (none for the interleaved design).
+    /// A blocked design's seed (`[sweep] order_seed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order_seed: Option<u64>,
 }
@@ -149,8 +137,7 @@ impl StudyRecord {
         }
     }
 
-    /// `study.json` of a study directory; `None` where it has none (a study
-    /// rendered before it was written).
+    /// A study directory's `study.json`; `None` where it has none.
     pub fn load(study_dir: &Path) -> Result<Option<StudyRecord>> {
         use crate::util::fs::{read_regular, ReadError};
         let path = study_dir.join(crate::layout::STUDY_JSON);
@@ -192,17 +179,15 @@ impl UnitKind {
     }
 }
 
-/// What a run is a repeat of: its repeats' shared configuration id and name
-/// (without the repeat suffix, or its first repeat's).
+/// What a run is a repeat of: its repeats' shared configuration id and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Configuration {
     pub id: String,
     pub name: String,
 }
 
-/// Where a run stands in a blocked design (`[sweep] design = "blocks"`):
-/// its block (one run of every configuration; the repeat) and its place in
-/// the block's order, both from 1.
+/// Where a run stands in a blocked design: its block (the repeat) and its place in the block's
+/// order, both from 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesignSlot {
     pub block: u32,
@@ -226,14 +211,12 @@ pub struct RunRecord {
     /// The stage this run waits for (its directory name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depends_on: Option<String>,
-    /// What the run's id is the hash of ([`super::identity`]; runs only,
-    /// from identity version 2 on).
+    /// What the run's id hashes ([`super::identity`]; runs only, identity version 2 on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<serde_json::Value>,
     #[serde(default)]
     pub jobs: Vec<JobRecord>,
-    /// Which measurement of the study this is: 1, then one more for each
-    /// `sweep run --again` (runs only).
+    /// Which measurement of the study this is: 1, then one more each `sweep run --again`.
     #[serde(default = "first_attempt")]
     pub attempt: u32,
     /// The manifest's `[environment]`, for the job's `sweep fingerprint`.
@@ -242,13 +225,11 @@ pub struct RunRecord {
     /// Its block and place in a blocked design (runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<DesignSlot>,
-    /// This run's measurement id, drawn when its directory is made afresh and
-    /// kept while it lives: the history records each once (a copied study
-    /// records nothing twice).
+    /// This run's measurement id, drawn when its directory is made afresh: the history records
+    /// each once (a copied study records nothing twice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_id: Option<String>,
-    /// The study attempt it was rendered in (`study.json`'s `attempt_id`):
-    /// the runs the history pools as one attempt (runs only).
+    /// The study attempt it was rendered in: the runs the history pools as one attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub study_attempt_id: Option<String>,
 }
@@ -261,9 +242,8 @@ fn first_attempt() -> u32 {
 const MAX_RECORD_BYTES: u64 = 64 << 20;
 
 impl RunRecord {
-    /// The `run.json` of a directory found inside `study`: `None` where it
-    /// has none; an error where it is not a regular file inside `study` or
-    /// not a record.
+    /// The `run.json` of a directory inside `study`: `None` where it has none; an error where it
+    /// is not a regular file inside `study` or not a record.
     pub fn load_within(dir: &Path, study: &Path) -> Result<Option<RunRecord>> {
         Self::read(&dir.join(RUN_JSON), Some(study))
     }
@@ -290,8 +270,7 @@ impl RunRecord {
         self.jobs.last()
     }
 
-    /// The run's measurement id and its study attempt's, as the history keys
-    /// them (derived from what an older record holds where it has none).
+    /// The run's measurement id and its attempt's, as the history keys them.
     pub fn attempt_ids(&self) -> (String, String) {
         let derived = |text: String| {
             format!(
@@ -317,8 +296,7 @@ impl RunRecord {
     }
 }
 
-/// The words of a job's record file (`exit_code`: `<job id> <$?>`;
-/// `cancelled`: `<job id>`) when it names `job_id`, not an earlier job.
+/// The words of a job's record file (`exit_code`, `cancelled`) when it names `job_id`.
 pub fn job_record(dir: &Path, file: &str, job_id: &str) -> Option<Vec<String>> {
     // A record is a line; anything longer is not one of ours.
     let bytes = crate::util::fs::read_regular(&dir.join(file), 4096, None).ok()?;
@@ -335,8 +313,7 @@ pub fn exit_status(dir: &Path, job_id: &str) -> Option<i32> {
         .ok()
 }
 
-/// A new attempt id: 128 random bits in hex, unique across every study,
-/// copy and machine for all practical purposes.
+/// A new attempt id: 128 random bits in hex.
 pub fn new_attempt_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }

@@ -1,14 +1,12 @@
-//! File writes that never leave a half-written file behind, and reads of
-//! files that anyone may have put in a results directory that never block,
-//! never exhaust memory and never follow a link out of the directory.
+//! Writes that never leave a half-written file, and reads of files anyone may have put in a
+//! results directory that never block, never exhaust memory, never follow a link out.
 
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Writes `bytes` to `path` through a temporary file renamed into place:
-/// never a torn file. No fsync (a crash of the writer, not power loss: every
-/// writer here can run again). The directory must exist.
+/// Writes `bytes` to `path` through a temporary renamed into place: never a torn file. No
+/// fsync (every writer here can run again after a crash).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     refuse_special(path)?;
     let mut tmp = temp_beside(path, ".tmp-")?;
@@ -17,17 +15,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     persist(tmp.into_temp_path(), path)
 }
 
-/// Every temporary this process made and has not renamed into place: what
-/// a stop signal removes before exiting ([`super::signals::exit_on_stop`]).
+/// Every temporary not yet renamed into place: what a stop signal removes.
 static TEMPORARIES: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
 fn temporaries() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     TEMPORARIES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Removes every temporary this process still has, and bars other threads
-/// from making one (the process is about to exit); returns how many. `freeze`
-/// runs with the list held, before any removal (it stops their makers).
+/// Removes every temporary and bars new ones (the process is about to exit); returns how many.
+/// `freeze` runs with the list held, before any removal.
 pub fn remove_temporaries(freeze: impl FnOnce()) -> usize {
     let list = temporaries();
     freeze();
@@ -40,17 +36,14 @@ pub fn remove_temporaries(freeze: impl FnOnce()) -> usize {
         };
         removed += gone as usize;
     }
-    // Held until the process exits: nothing is renamed into place after
-    // its temporaries were removed.
+    // Held until exit: nothing is renamed into place after the temporaries went.
     std::mem::forget(list);
     removed
 }
 
-/// A temporary folder inside `dir` (a benchmark's synthetic project),
-/// removed when dropped, or by a stop signal.
+/// A temporary folder inside `dir`, removed when dropped or by a stop signal.
 pub fn scratch_dir_in(dir: &Path) -> Result<tempfile::TempDir> {
-    // Made under the list's lock: a stop signal between its making and its
-    // listing would leave it behind.
+    // Made under the list's lock: a stop signal in between would leave it behind.
     let mut list = temporaries();
     let tmp = tempfile::Builder::new()
         .prefix(".sweep-scratch-")
@@ -80,9 +73,7 @@ impl std::fmt::Display for NotRegular {
 
 impl std::error::Error for NotRegular {}
 
-/// A directory, device, FIFO or socket at `path` itself is never replaced
-/// by a file renamed over it (a link is: the rename replaces the link, not
-/// what it names).
+/// A directory, device, FIFO or socket at `path` is never replaced by a rename (a link is).
 fn refuse_special(path: &Path) -> Result<(), NotRegular> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if !m.file_type().is_file() && !m.file_type().is_symlink() => Err(NotRegular {
@@ -93,12 +84,10 @@ fn refuse_special(path: &Path) -> Result<(), NotRegular> {
     }
 }
 
-/// Renames a finished temporary file onto `target`, unless a directory,
-/// device, FIFO or socket is there.
+/// Renames a finished temporary onto `target`, unless a special file is there.
 pub fn persist(tmp: tempfile::TempPath, target: &Path) -> Result<()> {
     refuse_special(target)?;
-    // Renamed under the list's lock: a stop signal removes the temporary
-    // before or finds it gone, never half-way.
+    // Renamed under the list's lock: never half-way for a stop signal.
     let mut list = temporaries();
     let path = tmp.to_path_buf();
     tmp.persist(target)
@@ -109,14 +98,12 @@ pub fn persist(tmp: tempfile::TempPath, target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A temporary file beside `target`, readable by others once renamed (temp
-/// files are created private).
+/// A temporary beside `target`, readable by others once renamed.
 pub fn temp_beside(target: &Path, prefix: &str) -> Result<tempfile::NamedTempFile> {
     temp_beside_as(target, prefix, "")
 }
 
-/// [`temp_beside`], its name ending in `suffix` (a writer that picks the
-/// format by the extension).
+/// [`temp_beside`], its name ending in `suffix` (for writers that pick the format by it).
 pub fn temp_beside_as(
     target: &Path,
     prefix: &str,
@@ -136,9 +123,8 @@ pub fn temp_beside_as(
     Ok(tmp)
 }
 
-/// A temporary file beside `target` for an output written over a long time,
-/// flocked while the returned lock is open (so [`remove_stale_temps`] tells
-/// a dead writer's from a live one's); keep it until the rename.
+/// A temporary beside `target` for a long write, flocked while the lock is open (so
+/// [`remove_stale_temps`] tells a dead writer's); keep it until the rename.
 pub fn locked_temp_beside(
     target: &Path,
     prefix: &str,
@@ -146,8 +132,7 @@ pub fn locked_temp_beside(
     use std::os::fd::AsRawFd;
     let (file, path) = temp_beside(target, prefix)?.into_parts();
     let lock = file.try_clone()?;
-    // SAFETY: flock on a descriptor this function owns. A file created a
-    // moment ago by this process: nobody else holds its lock.
+    // SAFETY: flock on a descriptor this function owns, of a file it just created.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         anyhow::bail!(
             "locking {}: {}",
@@ -158,8 +143,7 @@ pub fn locked_temp_beside(
     Ok((file, path, lock))
 }
 
-/// Removes the temporary files `prefix*` in `dir` that no process is writing
-/// (their lock is free: the process that made them was killed); returns them.
+/// Removes the temporaries `prefix*` in `dir` whose lock is free (their maker was killed).
 pub fn remove_stale_temps(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
@@ -187,8 +171,7 @@ pub fn remove_stale_temps(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     removed
 }
 
-/// Like [`write_atomic`], but leaves the file (and its mtime) alone when it
-/// already holds exactly these bytes. Returns whether it wrote.
+/// [`write_atomic`], leaving a file already holding these bytes alone; whether it wrote.
 pub fn write_if_changed(path: &Path, bytes: &[u8]) -> Result<bool> {
     match std::fs::read(path) {
         Ok(old) if old == bytes => Ok(false),
@@ -225,8 +208,7 @@ pub enum ReadError {
         size: u64,
         limit: u64,
     },
-    /// A symbolic link (or a path through one) that resolves outside the
-    /// directory the file belongs to.
+    /// A link (or a path through one) that resolves outside the file's directory.
     Outside {
         target: PathBuf,
         dir: PathBuf,
@@ -282,9 +264,8 @@ fn io(e: std::io::Error) -> ReadError {
     }
 }
 
-/// Opens a file without blocking (a FIFO with no writer would block `open`
-/// forever), with `extra` open flags, and checks after opening that it is a
-/// regular file (what was checked is what is read).
+/// Opens a file without blocking (a FIFO with no writer would block `open`), with `extra`
+/// flags, then checks it is a regular file (what was checked is what is read).
 pub fn open_regular(
     path: &Path,
     extra: i32,
@@ -304,9 +285,7 @@ pub fn open_regular(
     Ok((file, meta))
 }
 
-/// Whether `dir` may be written, or where it does not exist yet the folder
-/// it would be made in (access(2): a read-only file system, or no write
-/// permission for this user): else that folder and why not.
+/// Whether `dir` (or the folder it would be made in) may be written: else that folder and why.
 pub fn writable(dir: &Path) -> std::result::Result<(), (PathBuf, std::io::Error)> {
     use std::os::unix::ffi::OsStrExt;
     let Some(existing) = dir.ancestors().find(|d| d.exists()) else {
@@ -322,9 +301,7 @@ pub fn writable(dir: &Path) -> std::result::Result<(), (PathBuf, std::io::Error)
     }
 }
 
-/// Makes a directory and its parents. Where something other than a directory
-/// stands in the way (`--out /dev/null`, a file named like the folder), the
-/// error says what and where, not "File exists".
+/// Makes a directory and its parents; where something else stands in the way, says what.
 pub fn make_dir(dir: &Path) -> Result<()> {
     let Err(e) = std::fs::create_dir_all(dir) else {
         return Ok(());
@@ -351,10 +328,8 @@ pub fn make_dir(dir: &Path) -> Result<()> {
     }
 }
 
-/// The bytes of a regular file of at most `limit` bytes. The file is opened
-/// without blocking (a FIFO with no writer would block `open` forever) and
-/// checked after opening (what was checked is what is read). With `within`,
-/// the path, resolved through every link, must lie inside that directory.
+/// The bytes of a regular file of at most `limit` bytes, opened as [`open_regular`]; with
+/// `within`, its resolved path must lie inside that directory.
 pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Vec<u8>, ReadError> {
     use std::io::Read;
     if let Some(dir) = within {
@@ -383,24 +358,19 @@ pub fn read_regular(path: &Path, limit: u64, within: Option<&Path>) -> Result<Ve
     Ok(bytes)
 }
 
-/// A file a user names, read whole: a regular file of at most `limit` bytes
-/// (`/dev/zero` and FIFOs refused); the error names it ("the manifest x.toml
-/// is a FIFO, not a regular file").
+/// A file a user names, read whole: a regular file of at most `limit` bytes, the error naming it.
 pub fn read_input(what: &str, path: &Path, limit: u64) -> Result<Vec<u8>> {
     read_regular(path, limit, None).map_err(|e| anyhow::anyhow!("{what} {} {e}", path.display()))
 }
 
-/// A file a user names, opened for reading as [`read_input`] reads one: a
-/// regular file, opened without blocking.
+/// A file a user names, opened as [`read_input`] reads one.
 pub fn open_input(what: &str, path: &Path) -> Result<std::fs::File> {
     open_regular(path, 0)
         .map(|(file, _)| file)
         .map_err(|e| anyhow::anyhow!("{what} {} {e}", path.display()))
 }
 
-/// The last `bytes` bytes of a regular file (all of it when shorter),
-/// opened without blocking, as [`read_regular`] opens files, and never
-/// through a symbolic link (what it reads goes on a page others see).
+/// The last `bytes` bytes of a regular file, never through a link (it goes on a page).
 pub fn read_tail(path: &Path, bytes: u64) -> Result<Vec<u8>, ReadError> {
     use std::io::{Read, Seek, SeekFrom};
     let (mut file, meta) = open_regular(path, libc::O_NOFOLLOW)?;

@@ -1,6 +1,5 @@
-//! Stop signals caught as flags, for loops that check them between units of
-//! work (a training step, a micro-batch, a row group, a poll of the jobs),
-//! so that whatever is half done is finished or cleaned up before exiting.
+//! Stop signals caught as flags, for loops that check them between units of work, so that what
+//! is half done is finished or cleaned up before exiting.
 
 use anyhow::{Context, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,12 +7,10 @@ use std::sync::Arc;
 
 pub use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 
-/// The signals that end an interactive command: Ctrl-C, `kill` (SLURM's
-/// cancel and preemption too), the terminal closing.
+/// The signals that end an interactive command: Ctrl-C, `kill` (SLURM's too), a closed terminal.
 pub const INTERRUPTS: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
 
-/// `signals` less SIGHUP where the process began ignoring it (`nohup`: a
-/// closed terminal stops nothing, sweep's jobs included), read once.
+/// `signals` less SIGHUP where the process began ignoring it (`nohup`).
 fn wanted(signals: &[i32]) -> Vec<i32> {
     static IGNORED: std::sync::OnceLock<Vec<i32>> = std::sync::OnceLock::new();
     let ignored = IGNORED.get_or_init(|| {
@@ -41,14 +38,12 @@ fn wanted(signals: &[i32]) -> Vec<i32> {
 pub struct StopSignals(Arc<AtomicUsize>);
 
 impl StopSignals {
-    /// Catches `signals` from now on: they no longer end the process (a
-    /// trainer writing its checkpoint must not die of SLURM's second signal).
+    /// Catches `signals`: they no longer end the process (a checkpoint must survive SLURM's second).
     pub fn install(signals: &[i32]) -> Result<StopSignals> {
         Self::with(signals, false)
     }
 
-    /// Catches the first of `signals`; a second one ends the process as it
-    /// would have without a handler (an impatient second Ctrl-C).
+    /// Catches the first of `signals`; a second ends the process (an impatient second Ctrl-C).
     pub fn install_interactive(signals: &[i32]) -> Result<StopSignals> {
         Self::with(signals, true)
     }
@@ -91,10 +86,8 @@ impl StopSignals {
     }
 }
 
-/// For a command that writes only through temporaries renamed into place:
-/// from now on the first of [`INTERRUPTS`] stops its children, parks its
-/// other threads, removes its temporaries and exits with 128 + the signal,
-/// whatever the threads are doing (SQLite rolls back an open transaction).
+/// For a command that writes only through temporaries: the first of [`INTERRUPTS`] stops its
+/// children, parks its threads, removes its temporaries and exits with 128 + the signal.
 pub fn exit_on_stop() -> Result<()> {
     install_parking()?;
     let mut signals = signal_hook::iterator::Signals::new(wanted(&INTERRUPTS))
@@ -110,9 +103,8 @@ pub fn exit_on_stop() -> Result<()> {
     Ok(())
 }
 
-/// Until dropped, the first of some signals ends the process as
-/// [`exit_on_stop`] does, with its own words and status: for a command's
-/// phase before it checks its [`StopSignals`] (a trainer starting).
+/// Until dropped, the first of some signals ends the process as [`exit_on_stop`] does, with its
+/// own words and status (a trainer starting).
 pub struct ExitUntilDropped {
     handle: signal_hook::iterator::Handle,
     armed: Arc<std::sync::Mutex<bool>>,
@@ -163,15 +155,13 @@ impl Drop for ExitUntilDropped {
     }
 }
 
-/// Ends the process for a stop signal: stops the processes it started,
-/// parks every other thread where it is, removes its temporaries, says
-/// `said` (and what it removed) on stderr and exits with `code`.
+/// Ends the process for a stop signal: stops its children, parks other threads, removes its
+/// temporaries, says `said` on stderr and exits with `code`.
 fn end_process(said: String, code: i32) -> ! {
     STOPPING.store(true, Ordering::SeqCst);
     super::process::stop_children();
-    // Past this point the other threads are parked, and may hold
-    // any lock (the allocator's, stderr's): should the removal
-    // wait on one, the alarm ends the process rather than hang.
+    // The parked threads may hold any lock: should the removal wait on one, the alarm ends the
+    // process rather than hang.
     // SAFETY: arming the alarm; SIGALRM's default action ends the process.
     unsafe { libc::alarm(STOP_LIMIT_S) };
     let removed = super::fs::remove_temporaries(park_other_threads);
@@ -184,16 +174,13 @@ fn end_process(said: String, code: i32) -> ! {
         }
         let _ = writeln!(out);
     }
-    // Not through stderr's lock, which a parked thread may hold
-    // (after SIGHUP descriptor 2 is /dev/null).
+    // Not through stderr's lock, which a parked thread may hold.
     out.flush();
-    // SAFETY: ends the process without running destructors,
-    // which parked threads hold.
+    // SAFETY: ends the process without running destructors, which parked threads hold.
     unsafe { libc::_exit(code) };
 }
 
-/// How long a stop may take to remove its temporaries before the alarm
-/// ends the process (SLURM's KillWait is 30 s by default).
+/// How long a stop may take before the alarm ends the process (SLURM's KillWait is 30 s).
 const STOP_LIMIT_S: u32 = 20;
 
 /// The real-time signal that parks a thread for good.
@@ -207,17 +194,14 @@ static PARKED: AtomicUsize = AtomicUsize::new(0);
 extern "C" fn park(_: libc::c_int) {
     PARKED.fetch_add(1, Ordering::SeqCst);
     loop {
-        // SAFETY: pause is async-signal-safe; every signal is blocked
-        // while this handler runs, so it never returns.
+        // SAFETY: pause is async-signal-safe; every signal is blocked here, so it never returns.
         unsafe { libc::pause() };
     }
 }
 
-/// Installs [`park`] for [`parking_signal`], every signal blocked while it
-/// runs (a parked thread runs no other handler).
+/// Installs [`park`] for [`parking_signal`], every signal blocked while it runs.
 fn install_parking() -> Result<()> {
-    // SAFETY: a zeroed sigaction filled in here, installed for a real-time
-    // signal nothing else in sweep uses.
+    // SAFETY: a zeroed sigaction for a real-time signal nothing else in sweep uses.
     let r = unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = park as *const () as usize;
@@ -232,8 +216,7 @@ fn install_parking() -> Result<()> {
     Ok(())
 }
 
-/// Stops every other thread where it is, so none makes anew what the stop
-/// removes; waits up to a second for each (one blocking the signal runs on).
+/// Stops every other thread where it is, so none remakes what the stop removes (a second each).
 fn park_other_threads() {
     // SAFETY: plain system calls without arguments.
     let (pid, me) = unsafe { (libc::getpid(), libc::gettid()) };
@@ -249,8 +232,7 @@ fn park_other_threads() {
             if tid == me || signalled.contains(&tid) {
                 continue;
             }
-            // SAFETY: a signal to a thread of this process; one that has
-            // ended since it was listed is refused (ESRCH) and not counted.
+            // SAFETY: a signal to a thread of this process; one ended since is refused (ESRCH).
             if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, parking_signal()) } == 0 {
                 signalled.push(tid);
                 new += 1;
@@ -268,9 +250,8 @@ fn park_other_threads() {
 /// Set once [`exit_on_stop`]'s thread is stopping the process.
 static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Waits for the process's end where a stop signal is ending it: the work
-/// the stop broke (a child process it stopped) must not end the process
-/// first, with another status and a confusing error.
+/// Waits for the process's end where a stop signal is ending it, so the work the stop broke
+/// does not end it first with another status.
 pub fn yield_to_stop() {
     if STOPPING.load(Ordering::SeqCst) {
         loop {
@@ -279,9 +260,7 @@ pub fn yield_to_stop() {
     }
 }
 
-/// `SIGTERM` for 15, and so on for the signals sweep handles: those that
-/// stop it and the faults [`super::crash`] reports. Allocates nothing (a
-/// signal handler calls it).
+/// `SIGTERM` for 15, and so on for the signals sweep handles; allocates nothing (handlers call it).
 pub fn name(sig: i32) -> &'static str {
     match sig {
         SIGINT => "SIGINT (Ctrl-C)",
@@ -296,12 +275,10 @@ pub fn name(sig: i32) -> &'static str {
     }
 }
 
-/// Points standard output and error at /dev/null: after SIGHUP the terminal
-/// is gone, and a write to it would fail (Rust's `eprintln!` panics on that)
-/// in the middle of stopping jobs cleanly.
+/// Points stdout and stderr at /dev/null: after SIGHUP a write to the terminal fails (and
+/// `eprintln!` panics) in the middle of stopping jobs.
 pub fn detach_from_terminal() {
-    // SAFETY: open/dup2/close on descriptors this process owns; a failure
-    // leaves the descriptors as they were.
+    // SAFETY: open/dup2/close on this process's descriptors; a failure leaves them as they were.
     unsafe {
         let fd = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
         if fd >= 0 {
