@@ -1,11 +1,7 @@
-//! How much memory one device needs to train a run with the built-in
-//! trainer, estimated at plan time from the configuration alone, in parts
-//! counted from what the trainer keeps: states (parameters, gradients,
-//! AdamW's moments, by precision), activations (the block-wise forward's
-//! caches, every block's at once; one block's under recomputation), the
-//! logits and their gradient, and what the process holds whatever the
-//! batch. The factors come from measured `peak_memory_mb` (the tests check
-//! the CPU's; the GPU's from an H100): docs/memory.md.
+//! One device's memory for a trainer run, estimated at plan time from its configuration: states
+//! (parameters, gradients, moments, by precision), activations (every block's caches; one
+//! block's under recomputation), the logits and what the process holds whatever the batch.
+//! The factors come from measured `peak_memory_mb` (docs/memory.md).
 
 use crate::config::model::ModelConfig;
 use crate::config::{AttentionKind, DeviceKind, Precision, Recompute, TrainConfig};
@@ -14,8 +10,7 @@ use serde::Serialize;
 /// Bytes, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct MemoryEstimate {
-    /// Parameters, gradients and the optimizer's state (`by_kind`) and the
-    /// copies some paths keep besides.
+    /// Parameters, gradients and optimizer state (`by_kind`), and copies some paths keep.
     pub states: u64,
     pub by_kind: States,
     pub activations: u64,
@@ -24,8 +19,7 @@ pub struct MemoryEstimate {
 }
 
 impl MemoryEstimate {
-    /// The sum, saturating: an absurd configuration's estimate is huge, never
-    /// wrapped around to something that "fits".
+    /// The sum, saturating: an absurd configuration's estimate never wraps into one that "fits".
     pub fn total(&self) -> u64 {
         self.states
             .saturating_add(self.activations)
@@ -46,9 +40,8 @@ pub struct States {
     pub moments: u64,
 }
 
-/// Logit values the output head computes at once, so that the [tokens,
-/// vocabulary] logits never exist. Larger on a GPU, where each slice's GEMM
-/// into the head's weight gradient moves that whole gradient (docs/memory.md).
+/// Logit values the head computes at once, so [tokens, vocabulary] never exists (larger on a
+/// GPU: docs/memory.md).
 pub const fn head_slice_values(gpu: bool) -> usize {
     if gpu {
         1 << 28
@@ -57,8 +50,7 @@ pub const fn head_slice_values(gpu: bool) -> usize {
     }
 }
 
-/// Rows of logits the head computes at once for a vocabulary (at most
-/// `tokens`, at least one).
+/// Rows of logits the head computes at once (at most `tokens`, at least one).
 pub fn head_rows(tokens: usize, vocab: usize, gpu: bool) -> usize {
     rows_per_slice(head_slice_values(gpu), tokens, vocab)
 }
@@ -70,19 +62,16 @@ fn rows_per_slice(slice: usize, tokens: usize, vocab: usize) -> usize {
 
 /// The measured constants of one execution path.
 struct Path {
-    /// Activation elements kept per token per layer: a·D + b·KV + c·F
-    /// (+ e·H·T with eager attention).
+    /// Activation elements kept per token per layer: a·D + b·KV + c·F (+ e·H·T eager).
     per_d: f64,
     per_kv: f64,
     per_f: f64,
     per_head_position: f64,
-    /// Multiplies the counted activations: gradients in flight and the
-    /// allocator's slack on top of what is kept.
+    /// Multiplies the counted activations: gradients in flight and the allocator's slack.
     act_factor: f64,
     /// Whether `recompute = "blocks"` shows in the peak.
     recompute_saves: bool,
-    /// [tokens, vocabulary] f32 tensors alive at the peak; 0: one slice
-    /// of the head's logits ([`head_rows`]) in the activations' dtype.
+    /// [tokens, vocabulary] f32 tensors alive at the peak; 0: one head slice.
     logit_copies: f64,
     fixed_bytes: f64,
     /// bf16-mixed keeps bf16 copies of the weights (2 bytes a parameter).
@@ -91,9 +80,7 @@ struct Path {
     norm_copies: f64,
 }
 
-/// The CPU's fused f32 kernels under the block-wise passes: x, q, k, v, the
-/// attention output, the mid residual and the two FFN products per layer
-/// (and eager attention's probabilities). Fitted to 24 CPU runs (docs/memory.md).
+/// The CPU's fused f32 kernels under the block-wise passes; fitted to 24 CPU runs.
 const FUSED: Path = Path {
     per_d: 4.0,
     per_kv: 2.0,
@@ -107,11 +94,8 @@ const FUSED: Path = Path {
     norm_copies: 0.0,
 };
 
-/// The GPU's block-wise passes with sweep's CUDA kernels: the CPU's caches,
-/// the loss in slices, the CUDA context and cuBLAS's workspace in `fixed`,
-/// a transient of the largest gradient for its norm. Fitted to five bf16
-/// runs on an H100 (docs/memory.md); recomputation and bf16-mixed count as
-/// on the CPU until measured.
+/// The GPU's block-wise passes with sweep's CUDA kernels; fitted to five bf16 H100 runs
+/// (recomputation and bf16-mixed count as on the CPU until measured).
 const BLOCKWISE_GPU: Path = Path {
     per_d: 4.0,
     per_kv: 2.0,
@@ -125,9 +109,8 @@ const BLOCKWISE_GPU: Path = Path {
     norm_copies: 2.0,
 };
 
-/// Composed candle ops (the CPU in bf16), whose RMSNorm, RoPE and SwiGLU
-/// keep several intermediates: measured on an H100 under autograd, an
-/// overestimate for the CPU until runs there refit it (docs/memory.md).
+/// Composed candle ops (the CPU in bf16): measured on an H100 under autograd, an overestimate
+/// for the CPU until refitted.
 const COMPOSED: Path = Path {
     per_d: 30.0,
     per_kv: 14.0,
@@ -141,8 +124,7 @@ const COMPOSED: Path = Path {
     norm_copies: 8.0,
 };
 
-/// The memory of the run's GPU: the `gpu_memory_gb` hint, else its `gpu`'s
-/// row of the device table; `None` on a CPU or for a GPU the table lacks.
+/// The run's GPU memory: `gpu_memory_gb`, else the device table's; `None` on a CPU.
 pub fn device_bytes(cfg: &TrainConfig, hints: &crate::config::PlanHints) -> Option<u64> {
     let gb = match cfg.device {
         DeviceKind::Cpu => None,
@@ -156,14 +138,12 @@ pub fn device_bytes(cfg: &TrainConfig, hints: &crate::config::PlanHints) -> Opti
     Some((gb * 1e9) as u64)
 }
 
-/// The peak memory of one device (one rank) training `cfg` on `model`; a
-/// `batch_size = "max"` counts as 1 (the least it must fit).
+/// One device's peak memory training `cfg` on `model` (`batch_size = "max"` counts as 1).
 pub fn estimate(cfg: &TrainConfig, model: &ModelConfig) -> MemoryEstimate {
     estimate_on(cfg, model, 1)
 }
 
-/// [`estimate`] for one of `world_size` data-parallel ranks (what `zero`
-/// shares out depends on it).
+/// [`estimate`] for one of `world_size` data-parallel ranks (`zero` shares by it).
 pub fn estimate_on(cfg: &TrainConfig, model: &ModelConfig, world_size: usize) -> MemoryEstimate {
     let slices = head_slice_values(cfg.device == DeviceKind::Cuda);
     estimate_with_slices(cfg, model, slices, world_size)
@@ -179,9 +159,7 @@ fn replicated_share(cfg: &TrainConfig, model: &ModelConfig) -> f64 {
     model.total_params() as f64 * param_bytes
 }
 
-/// One rank's parameters, gradients, master values and moments, as `zero`
-/// shares them out (docs/data-parallelism.md: ZeRO-2 drops each gradient
-/// buffer once scattered, unless micro-batches accumulate).
+/// One rank's parameters, gradients, master values and moments, as `zero` shares them out.
 fn states_by_kind(cfg: &TrainConfig, model: &ModelConfig, world_size: usize) -> States {
     let one = replicated_share(cfg, model);
     let share = one / world_size.max(1) as f64;
@@ -206,8 +184,7 @@ fn states_by_kind(cfg: &TrainConfig, model: &ModelConfig, world_size: usize) -> 
     }
 }
 
-/// [`estimate`] for a head computing `slice` logit values at once (the
-/// tests hold the estimate to peaks measured with an earlier slice).
+/// [`estimate`] with a head computing `slice` logit values at once (for earlier measurements).
 fn estimate_with_slices(
     cfg: &TrainConfig,
     model: &ModelConfig,
@@ -226,8 +203,7 @@ fn estimate_with_slices(
     } else {
         4.0
     };
-    // On the composed path bf16-mixed keeps bf16 weights for its products,
-    // and accumulation makes a new sum (the fused path adds in place).
+    // Composed bf16-mixed keeps bf16 weights, and accumulation a new sum (fused adds in place).
     let by_kind = states_by_kind(cfg, model, world_size);
     let mut states =
         (by_kind.parameters + by_kind.gradients + by_kind.master + by_kind.moments) as f64;
@@ -237,8 +213,7 @@ fn estimate_with_slices(
     if !fused && cfg.gradient_accumulation > 1 {
         states += replicated_share(cfg, model);
     }
-    // The optimizer's transients: copies of the largest gradient (the
-    // embedding's or the output head's) for the gradient norm.
+    // The optimizer's transients: copies of the largest gradient for the norm.
     let largest = (model.vocab_size * model.dim) as f64;
     let transients = path.norm_copies * largest;
 

@@ -1,7 +1,5 @@
-//! `[report]`: how a study's runs are summarised and, for a `command`
-//! study, how its program's log is read and its FLOPs found — the settings
-//! and the one place their rules are written (the manifest's checks and
-//! `sweep report --import`'s flags both ask [`ReportSpec::faults`]).
+//! `[report]`: how runs are summarised and, for a `command` study, how its log is read and its
+//! FLOPs found; the rules in one place ([`ReportSpec::faults`]: manifest and `--import` alike).
 
 use super::groups::{check_roles, group_collides, is_known_group, Roles};
 use serde::{Deserialize, Serialize};
@@ -16,49 +14,33 @@ pub struct ReportSpec {
     pub skip_first: usize,
     /// Axes to group runs by; all axes when empty.
     pub group_by: Vec<String>,
-    /// For any-command sweeps: a regex with named groups (step, loss,
-    /// tokens_per_second, mfu_pct, tflops, ...) that matches the program's log lines.
+    /// A regex with named groups (step, loss, tokens_per_second, ...) matching the program's lines.
     pub line_pattern: Option<String>,
-    /// The line_pattern group that is the peak memory per device, its unit
-    /// at the end of its name (`mem_gb`, `mem_gib`, `mem_mb`, `mem_bytes`).
+    /// The group that is peak memory per device, its unit ending its name (`mem_gb`, `mem_mb`).
     pub memory: Option<String>,
     /// The line_pattern group that is tokens per second per device.
     pub throughput: Option<String>,
-    /// The line_pattern group that is a step's time, its unit at the end
-    /// of its name (`time_ms`, `step_s`) or in each figure (`4.98it/s`):
-    /// with `tokens_per_step`, what tokens per second are computed from.
+    /// The group that is a step's time, its unit ending its name (`time_ms`) or in each figure
+    /// (`4.98it/s`): with `tokens_per_step`, tokens/s.
     pub step_time: Option<String>,
-    /// Tokens one process trains per step: a number, or an expression over
-    /// the run's values (`"batch_size * block_size"`), evaluated for each
-    /// run when it is planned.
+    /// Tokens one process trains per step: a number or an expression over the run's values.
     pub tokens_per_step: Option<PerRun>,
-    /// Other line_pattern groups to chart (a bar per configuration, as
-    /// throughput is).
+    /// Other groups to chart (a bar per configuration).
     pub charts: Vec<String>,
-    /// For any-command sweeps whose program logs no FLOPs: training FLOPs
-    /// per token, so that the report computes TFLOP/s (and, with `gpu`, MFU)
-    /// from tokens/s; a number, or an expression over the run's values
-    /// evaluated per run (`"6 * 124e6 + 12 * 12 * 768 * block_size"`). A
-    /// run's parameter of the same name wins.
+    /// Training FLOPs per token for programs logging none, for TFLOP/s (and with `gpu`, MFU): a
+    /// number or an expression over the run's values (a parameter of this name wins).
     pub flops_per_token: Option<PerRun>,
-    /// Instead of `flops_per_token`: a built-in model preset and the
-    /// sequence length the program trains (runs' parameters win).
+    /// Instead of `flops_per_token`: a built-in preset and the program's sequence length.
     pub model: Option<String>,
     pub sequence_length: Option<usize>,
-    /// The device the program trains on (a name the device table knows): its
-    /// dense bf16 peak is what MFU is measured against. A run's `gpu`
-    /// parameter wins.
+    /// The device (from the device table) whose dense bf16 peak MFU is measured against.
     pub gpu: Option<String>,
-    /// Instead of `gpu`: the peak FLOP/s of one process's device (a CPU's
-    /// as `sweep bench peak` measures it, or any device's from its
-    /// datasheet); a number, or an expression over the run's values. A
-    /// run's `peak_flops` parameter wins.
+    /// Instead of `gpu`: one process's device peak FLOP/s, a number or an expression.
     pub peak_flops: Option<PerRun>,
 }
 
-/// A `[report]` figure of each run: a number, or an expression over the
-/// run's values that planning evaluates for every run into its parameter of
-/// the key's name (after its id: a report setting is no new measurement).
+/// A figure of each run: a number, or an expression planning evaluates into the run's parameter
+/// of the key's name (after its id: a report setting is no new measurement).
 #[derive(Debug, Clone, PartialEq)]
 pub enum PerRun {
     Number(f64),
@@ -117,13 +99,11 @@ impl<'de> Deserialize<'de> for PerRun {
     }
 }
 
-/// Log points a report skips at the start of every run unless told otherwise
-/// (warm-up: compilation, caches, the allocator).
+/// Log points skipped at the start of every run by default (compilation, caches, allocator).
 pub const DEFAULT_SKIP_FIRST: usize = 5;
 
 impl ReportSpec {
-    /// The figures each run is given (a command study's): the keys and
-    /// what they are, in the order they are computed.
+    /// The figures each run is given: keys and values, in the order computed.
     pub fn per_run(&self) -> Vec<(&'static str, &PerRun)> {
         [
             (super::TOKENS_PER_STEP, &self.tokens_per_step),
@@ -175,9 +155,8 @@ impl Default for ReportSpec {
     }
 }
 
-/// A `[report]` setting that cannot be: its key (`step_time`, `charts[1]`),
-/// whether its value (rather than the key being there) is at fault, why,
-/// and what to do where that is not plain.
+/// A `[report]` setting that cannot be: its key, whether its value is at fault, why, and what
+/// to do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fault {
     pub key: String,
@@ -212,17 +191,14 @@ impl Fault {
 }
 
 impl ReportSpec {
-    /// What is wrong with the settings that read a program's log and find
-    /// its FLOPs (groups against the line_pattern's; where TFLOP/s and MFU come from).
+    /// What is wrong with the settings that read a log and find its FLOPs.
     pub fn faults(&self) -> Vec<Fault> {
         let mut out = self.group_faults();
         out.extend(self.flops_faults());
         out
     }
 
-    /// Each group of the line_pattern that stands for no known field makes
-    /// columns of its own: none may be the report's or one of `axes`
-    /// ([`group_collides`]).
+    /// The line_pattern's other groups become columns: none may be the report's or one of `axes`.
     pub fn collisions(&self, axes: &[&str]) -> Vec<Fault> {
         let Some(re) = self.pattern() else {
             return Vec::new();

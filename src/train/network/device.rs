@@ -1,17 +1,13 @@
-//! The device a run trains on: opening it, its name (for the peak-FLOPs
-//! table and the report) and the memory it holds. On CUDA both come from the
-//! driver; the memory is what the driver reports in use on the device (this
-//! process's allocations, its memory pool's reserve and workspaces),
-//! sampled after each backward pass, when activations and gradients are
-//! both alive.
+//! The device a run trains on: opening it, its name and its memory. On CUDA the memory is what
+//! the driver reports in use (allocations, the pool's reserve, workspaces), sampled after each
+//! backward pass.
 
 pub use crate::config::runtime::CudaPool;
 use anyhow::Result;
 use candle_core::Device;
 
-/// CUDA device `ordinal` (a rank's local rank, or the one GPU its task sees),
-/// its memory pool as `pool` says. All GPU work goes on candle's one stream
-/// from this thread, so cudarc's cross-stream tracking is turned off.
+/// CUDA device `ordinal`, its pool as `pool` says. All GPU work goes on candle's one stream from
+/// this thread, so cudarc's cross-stream tracking is off.
 #[cfg(feature = "cuda")]
 pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
     use anyhow::Context;
@@ -42,8 +38,7 @@ pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
             anyhow::anyhow!("reading CUDA device {ordinal}'s compute capability: {e:?}")
         })?;
         fit(driver_cuda(), nvrtc_cuda(), cc, built_for()).map_err(anyhow::Error::msg)?;
-        // SAFETY: one stream, one thread (above): nothing to synchronise
-        // between streams.
+        // SAFETY: one stream, one thread: nothing to synchronise between streams.
         unsafe { context.disable_event_tracking() };
     }
     crate::train::network::ops::cuda::claim_gpu_thread();
@@ -53,8 +48,7 @@ pub fn cuda(ordinal: usize, pool: CudaPool) -> Result<Device> {
     Ok(device)
 }
 
-/// The CUDA version the driver supports (`cuDriverGetVersion`), where it
-/// says.
+/// The CUDA version the driver supports, where it says.
 #[cfg(feature = "cuda")]
 fn driver_cuda() -> Option<(i32, i32)> {
     use candle_core::cuda::cudarc::driver::sys;
@@ -64,8 +58,7 @@ fn driver_cuda() -> Option<(i32, i32)> {
     ok.then_some((v / 1000, v % 1000 / 10))
 }
 
-/// The CUDA version of the NVRTC that compiles sweep's kernels (linked
-/// with the binary), where it says.
+/// The CUDA version of the NVRTC linked in, where it says.
 #[cfg(feature = "cuda")]
 fn nvrtc_cuda() -> Option<(i32, i32)> {
     use candle_core::cuda::cudarc::nvrtc::sys;
@@ -76,10 +69,8 @@ fn nvrtc_cuda() -> Option<(i32, i32)> {
     ok.then_some((major, minor))
 }
 
-/// The architecture this build's flash-attention kernels were compiled
-/// for (`scripts/build-gpu.sh --cap`, as `CUDA_COMPUTE_CAP`): `(9, 0)` for
-/// 90. None without them (sweep's own kernels are compiled for the device
-/// it opens).
+/// The architecture this build's flash-attention kernels target (`(9, 0)` for 90); None
+/// without them.
 pub fn built_for() -> Option<(i32, i32)> {
     if !cfg!(feature = "flash-attn") {
         return None;
@@ -88,10 +79,8 @@ pub fn built_for() -> Option<(i32, i32)> {
     Some((cap / 10, cap % 10))
 }
 
-/// Whether a GPU (`device`), its driver, NVRTC and flash attention's
-/// kernels (`built`) work together: the driver at NVRTC's CUDA major or
-/// newer, machine code on its major architecture at its minor or later.
-/// Else one message naming all three; unknown versions fit.
+/// Whether a GPU, its driver, NVRTC and flash attention's kernels work together (the driver at
+/// NVRTC's major or newer, machine code for the GPU's); else one message naming all three.
 pub fn fit(
     driver: Option<(i32, i32)>,
     nvrtc: Option<(i32, i32)>,
@@ -146,16 +135,14 @@ pub fn cuda(ordinal: usize, _pool: CudaPool) -> Result<Device> {
     Ok(Device::new_cuda(ordinal)?)
 }
 
-/// The default memory pool of a CUDA device (where cudarc's stream-ordered
-/// allocations come from).
+/// The default memory pool of a CUDA device.
 #[cfg(feature = "cuda")]
 fn default_pool(
     d: &candle_core::CudaDevice,
 ) -> Result<candle_core::cuda::cudarc::driver::sys::CUmemoryPool> {
     use candle_core::cuda::cudarc::driver::sys;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: the device handle is the context's own; `pool` receives the
-    // default pool's handle.
+    // SAFETY: the context's own device handle; `pool` receives the default pool's handle.
     unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, d.cuda_stream().context().cu_device()) }
         .result()
         .map_err(|e| {
@@ -164,8 +151,7 @@ fn default_pool(
     Ok(pool)
 }
 
-/// Raises the release threshold of the device's default memory pool to its
-/// maximum, so that freed memory stays in the pool across synchronisations.
+/// Raises the pool's release threshold to its maximum: freed memory stays across syncs.
 #[cfg(feature = "cuda")]
 fn keep_freed_memory(device: &Device) -> Result<()> {
     use candle_core::cuda::cudarc::driver::sys;
@@ -186,10 +172,8 @@ fn keep_freed_memory(device: &Device) -> Result<()> {
     .map_err(|e| anyhow::anyhow!("setting the CUDA memory pool's release threshold: {e:?}"))
 }
 
-/// Hands the memory the pool keeps unused back to the driver, once the work
-/// queued has finished (only then are its frees observed): the bytes handed
-/// back. The pool's reserve serves the pool's own allocations only; cuBLAS's
-/// and NCCL's, and a fragmented request, need it back.
+/// Hands the pool's unused memory back to the driver once queued work has finished; the bytes.
+/// The reserve serves the pool only: cuBLAS's and NCCL's allocations need it back.
 #[cfg(feature = "cuda")]
 pub fn release_pool(device: &Device) -> Result<u64> {
     use candle_core::cuda::cudarc::driver::sys;
@@ -226,10 +210,8 @@ pub fn release_pool(_device: &Device) -> Result<u64> {
     Ok(0)
 }
 
-/// `attempt`, run once more when it ran out of device memory and the memory
-/// pool had kept some to hand back (as PyTorch's caching allocator empties
-/// itself and retries when an allocation fails). Only `alone` (a single
-/// rank): one rank cannot run a step's collectives again by itself.
+/// `attempt` once more after an out-of-memory where the pool had some to hand back (as
+/// PyTorch's allocator does); only `alone`: one rank cannot rerun a step's collectives.
 pub fn once_more_after_release<T>(
     device: &Device,
     alone: bool,
@@ -280,8 +262,7 @@ pub fn peak_memory_mb() -> f64 {
     crate::util::process::proc_kb("/proc/self/status", "VmHWM").map_or(0.0, |kb| kb as f64 / 1024.0)
 }
 
-/// Memory in use on a GPU, in MB; `None` on the CPU (see
-/// [`peak_memory_mb`] for the process's peak there).
+/// Memory in use on a GPU, in MB; `None` on the CPU ([`peak_memory_mb`]).
 pub fn memory_used_mb(device: &Device) -> Result<Option<f64>> {
     match device {
         #[cfg(feature = "cuda")]
@@ -296,8 +277,7 @@ pub fn memory_used_mb(device: &Device) -> Result<Option<f64>> {
     }
 }
 
-/// Whether an error is the device running out of memory, by the errors'
-/// types in the chain (on the CPU, callers read SIGABRT or SIGKILL instead).
+/// Whether an error is the device out of memory, by the chain's types.
 pub fn is_out_of_memory(err: &anyhow::Error) -> bool {
     err.chain().any(|cause| {
         cause

@@ -1,17 +1,8 @@
-//! The CPU's peak: the matrix-product throughput the trainer's own kernels
-//! reach on this machine and thread count (what MFU is measured against on a
-//! CPU): candle's f32 GEMM for `f32`; for `bf16-mixed` the best of the bf16
-//! kernels this CPU has (AMX, AVX-512 BF16, portable) and of the f32 GEMM,
-//! which a bf16-mixed run uses where it is the faster ([`f32_is_faster`]).
-//! Measured once and cached per CPU model, kernel and thread count, with
-//! the date (`~/.cache/sweep/cpu-peak.json`); `sweep bench peak` refreshes
-//! it for every thread count. No datasheet figure is used: a VM's cores and
-//! clocks are not the datasheet's.
-//!
-//! The peak is the machine's, not the moment's: a measurement whose threads
-//! were kept off their cores by other work (a test suite, a neighbour's
-//! job) is timed by the CPU time its threads got rather than by the clock,
-//! so a busy machine does not cache a peak that a later quiet run exceeds.
+//! The CPU's peak, what MFU is measured against there: the matrix-product rate of the trainer's
+//! own kernels on this machine and thread count (f32: candle's GEMM; bf16-mixed: the best of the
+//! bf16 kernels and the f32 GEMM). Cached per CPU model, kernel and threads in
+//! `~/.cache/sweep/cpu-peak.json`; `sweep bench peak` refreshes it. No datasheet (a VM's is
+//! not). On a busy machine a round is timed by its threads' CPU time, not the clock.
 
 use crate::config::runtime::CpuKernels;
 use crate::train::network::ops::linear::bf16_gemm::{self, Bf16Kernel, View};
@@ -50,9 +41,7 @@ impl Kernel {
         }
     }
 
-    /// The kernels a run of this precision may multiply with, whose best
-    /// is its peak: for bf16-mixed, the bf16 kernel in use and those this
-    /// CPU has that are faster, and the f32 GEMM.
+    /// The kernels a run of this precision may multiply with, whose best is its peak.
     pub fn for_precision(bf16: bool) -> Vec<Kernel> {
         if !bf16 {
             return vec![Kernel::F32];
@@ -68,8 +57,7 @@ impl Kernel {
     }
 }
 
-/// `cpu-peak.json`: one measured peak per CPU model, kernel and thread
-/// count. A cache in another format is measured again, never misread.
+/// `cpu-peak.json`; a cache in another format is measured again, never misread.
 #[derive(Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Cache {
@@ -84,21 +72,17 @@ struct Peak {
     cpu: String,
     kernel: String,
     threads: usize,
-    /// The share of its threads' wall time they spent on a core (1 on a
-    /// quiet machine); below [`QUIET`] the rate is per CPU-second.
+    /// The share of wall time its threads spent on a core; below [`QUIET`], per CPU-second.
     cpu_share: f64,
     /// When it was measured (RFC 3339, UTC).
     measured_at: String,
 }
 
-/// A measurement whose threads ran at least this share of its wall time
-/// had the machine to itself: timed by the clock, as the trainer is.
+/// A measurement whose threads ran this share of the wall time had the machine to itself.
 const QUIET: f64 = 0.9;
 
-/// One timed round: its rate in FLOP/s and the share of the wall time its
-/// `threads` spent on a core. On a busy machine (share below [`QUIET`]) the
-/// rate is taken over the CPU time the threads got, which is what the
-/// kernel does when it has its cores.
+/// One round's FLOP/s and the share of wall time its `threads` ran; below [`QUIET`] the rate
+/// is over the CPU time they got.
 fn round_rate(flops: f64, wall_s: f64, cpu_s: f64, threads: usize) -> (f64, f64) {
     let share = cpu_s / (wall_s * threads as f64).max(1e-12);
     let seconds = if share >= QUIET || cpu_s <= 0.0 {
@@ -109,8 +93,7 @@ fn round_rate(flops: f64, wall_s: f64, cpu_s: f64, threads: usize) -> (f64, f64)
     (flops / seconds.max(1e-12), share)
 }
 
-/// CPU seconds the pool's threads have run so far (each thread's own
-/// clock, so the rest of the process does not count).
+/// CPU seconds the pool's threads have run (each thread's own clock).
 fn pool_cpu_seconds(pool: &rayon::ThreadPool) -> f64 {
     pool.broadcast(|_| {
         let mut t = libc::timespec {
@@ -140,9 +123,8 @@ fn cpu_model() -> String {
     crate::util::process::cpu_model().unwrap_or_else(|| "unknown cpu".into())
 }
 
-/// The cache's key: the CPU, the architecture sweep was built for (a build
-/// for another one, run under emulation, sees the host's CPU name), the
-/// kernel and the threads.
+/// The cache's key: CPU, build architecture (an emulated build sees the host's CPU), kernel,
+/// threads.
 fn key(kernel: Kernel, threads: usize) -> String {
     format!(
         "{}/{}{}/{threads}",
@@ -152,11 +134,8 @@ fn key(kernel: Kernel, threads: usize) -> String {
     )
 }
 
-/// Best FLOP/s over square products of 256, 512 and 1024, three rounds each,
-/// on a pool of `threads` (candle splits its products by
-/// `RAYON_NUM_THREADS`, which the trainer sets to the same count; the pool
-/// bounds both kernels to it whatever the process's global pool is), with
-/// the share of its wall time the best round's threads ran.
+/// Best FLOP/s over square products of 256, 512 and 1024, three rounds each, on a pool of
+/// `threads`, with the best round's share of wall time on a core.
 fn measure(kernel: Kernel, threads: usize) -> Result<(f64, f64)> {
     let threads = threads.max(1);
     let pool = rayon::ThreadPoolBuilder::new()
@@ -188,8 +167,7 @@ fn measure(kernel: Kernel, threads: usize) -> Result<(f64, f64)> {
         pool.install(&mut product)?; // warm up
         let reps = (2_000_000_000 / (2 * n * n * n)).max(2);
         for _ in 0..3 {
-            // The clock spans both readings of the threads' clocks, so no
-            // CPU time is counted that the wall time does not hold.
+            // The clock spans both readings of the threads' clocks.
             let t = Instant::now();
             let cpu = pool_cpu_seconds(&pool);
             pool.install(|| (0..reps).try_for_each(|_| product()))?;
@@ -219,8 +197,7 @@ pub fn cpu_peak(kernel: Kernel, threads: usize) -> Result<f64> {
     }
 }
 
-/// The peak a run of this precision is measured against: the best of
-/// [`Kernel::for_precision`]'s, and which kernel gave it.
+/// The peak a run of this precision is measured against, and which kernel gave it.
 pub fn precision_peak(bf16: bool, threads: usize) -> Result<(f64, Kernel)> {
     let mut best = (0.0, Kernel::F32);
     for k in Kernel::for_precision(bf16) {
@@ -237,9 +214,7 @@ fn best_of(a: (f64, Kernel), b: (f64, Kernel)) -> (f64, Kernel) {
     }
 }
 
-/// For a bf16-mixed run left to choose its kernel (`SWEEP_CPU_KERNELS=auto`):
-/// the bf16 kernel's and the f32 GEMM's peaks where the f32 GEMM is the
-/// faster on this CPU and thread count (the run then multiplies in f32).
+/// For a bf16-mixed run left to choose (`auto`): bf16's and f32's peaks where f32 is faster.
 pub fn f32_is_faster(asked: CpuKernels, threads: usize) -> Result<Option<(f64, f64)>> {
     f32_products(asked, || {
         let bf16 = cpu_peak(Kernel::Bf16(bf16_gemm::selected()), threads)?;
@@ -247,9 +222,7 @@ pub fn f32_is_faster(asked: CpuKernels, threads: usize) -> Result<Option<(f64, f
     })
 }
 
-/// Whether a bf16-mixed run multiplies in f32, given how its peaks
-/// (bf16's, f32's) are had: only where it was left to choose (else nothing
-/// is measured), and the f32 GEMM is the faster.
+/// Whether a bf16-mixed run multiplies in f32: only when left to choose and f32 is faster.
 fn f32_products(
     asked: CpuKernels,
     peaks: impl FnOnce() -> Result<(f64, f64)>,

@@ -1,8 +1,6 @@
-//! `metrics.jsonl`, a run's log: one JSON object per line, each a
-//! [`Record`] — a logged step or an event. The trainer writes it through
-//! [`MetricsLog`]; every reader (the report, the live view, the batch-size
-//! search, resuming) reads its lines with [`Record::parse`] or [`parse_log`],
-//! so a step line and an event line are told apart in one place.
+//! `metrics.jsonl`, a run's log: one JSON [`Record`] per line, a step or an event. Every reader
+//! parses lines with [`Record::parse`] or [`parse_log`], so steps and events are told apart in
+//! one place.
 
 use crate::util::fs::ReadError;
 use anyhow::{bail, Context, Result};
@@ -39,22 +37,18 @@ pub struct StepMetrics {
     pub peak_memory_mb: f64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub val_loss: Option<f64>,
-    /// The main rank's GPU over the interval: its average watts, and those
-    /// over its tokens per second ([`super::energy`]; absent without a meter).
+    /// The main rank's GPU watts over the interval, and watts per token/s ([`super::energy`]).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub watts: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub joules_per_token: Option<f64>,
-    /// Data parallelism: each rank's seconds per step outside the gradient
-    /// sum's waits (forward, backward, optimizer, its data) over the
-    /// interval, by rank; what tells a straggler from its peers.
+    /// Each rank's seconds per step outside the gradient sum's waits, by rank: what finds a straggler.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub rank_compute_s: Vec<f64>,
 }
 
-/// Where each rank of a data-parallel run trains, from a step on: logged
-/// when the ranks start (and again after a resume, which may land on
-/// other nodes), so every later step's `rank_compute_s` names its hosts.
+/// Where each rank trains from a step on: logged at start and after a resume (which may land
+/// elsewhere), so later `rank_compute_s` name their hosts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Placement {
     /// The first step trained there.
@@ -67,16 +61,14 @@ fn one() -> usize {
     1
 }
 
-/// What else `metrics.jsonl` records besides steps: something a run should
-/// know about, at a step, with the value that crossed a threshold.
+/// What `metrics.jsonl` records besides steps: an event at a step, with the value that crossed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub step: usize,
     pub event: EventKind,
     pub value: f64,
     pub threshold: f64,
-    /// What the numbers are about, in words, where the kind alone does not
-    /// say (which kernel fell back, and why).
+    /// What the numbers are about, where the kind alone does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
@@ -90,20 +82,15 @@ pub enum EventKind {
     GradientExplosion,
     /// The loss stopped improving.
     Plateau,
-    /// The measured MFU exceeds 100%: the peak FLOPs is too low for this
-    /// device (a noisy CPU measurement, a wrong `gpu` or `peak_flops`).
+    /// The measured MFU exceeds 100%: the peak is too low for this device.
     MfuAbovePeak,
-    /// A kernel failed its self-check when the GPU opened: its ops ran
-    /// their composed twins (`value`: its relative error against the twin,
+    /// A kernel failed its self-check and its ops ran their twins (`value`: its relative error,
     /// −1 where it failed to run or wrote a NaN; `threshold`: the tolerance).
     KernelFallback,
-    /// A kernel timed against its composed twin at the run's shapes when
-    /// the GPU opened (`value`: its seconds; `threshold`: the twin's, summed
-    /// over the ranks); the faster ran.
+    /// A kernel timed against its twin at device open (`value`: its seconds; `threshold`: the
+    /// twin's); the faster ran.
     KernelTiming,
-    /// A bf16-mixed run on a CPU whose bf16 kernel is slower than its f32
-    /// GEMM multiplied in f32 (`value`: the bf16 kernel's peak FLOP/s;
-    /// `threshold`: the f32 GEMM's).
+    /// A bf16-mixed CPU run multiplied in f32 (`value`: bf16's peak; `threshold`: f32's).
     F32Products,
 }
 
@@ -160,9 +147,8 @@ impl Record {
         }
     }
 
-    /// One line (without its newline): an `event` key makes an event, `hosts`
-    /// a placement, else a step — told by the key's bytes, so each line is
-    /// parsed once (the report reads millions).
+    /// One line: an `event` key makes an event, `hosts` a placement, else a step — told by bytes,
+    /// so each line is parsed once.
     pub fn parse(line: &[u8]) -> Result<Record, String> {
         std::str::from_utf8(line)
             .map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
@@ -190,8 +176,7 @@ impl Record {
     }
 }
 
-/// A log's bytes as records with their line numbers, the lines that do not
-/// parse and why, and a last line still being written (`torn`).
+/// A log's records with line numbers, lines that do not parse and why, and a torn last line.
 #[derive(Debug, Default)]
 pub struct ParsedLog {
     pub records: Vec<(usize, Record)>,
@@ -235,8 +220,7 @@ fn split_torn(bytes: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// `metrics.jsonl`: one JSON object per logged step (and per monitor event),
-/// flushed as written.
+/// `metrics.jsonl`: one JSON object per step or event, flushed as written.
 pub struct MetricsLog {
     file: std::fs::File,
     pub path: PathBuf,
@@ -261,8 +245,7 @@ impl MetricsLog {
         Ok(())
     }
 
-    /// After a resume: drops the steps after `step` (logged again) and a torn
-    /// last line; all else stays byte for byte. An unreadable log is an error.
+    /// After a resume: drops steps after `step` and a torn last line; all else stays byte for byte.
     pub fn truncate_after(&mut self, step: usize) -> Result<()> {
         // A log of a gigabyte is millions of steps: more is not a log.
         let bytes = match crate::util::fs::read_regular(&self.path, 1 << 30, None) {
@@ -283,8 +266,7 @@ impl MetricsLog {
     }
 }
 
-/// The lines of a log to keep when resuming after `step`: all but the
-/// records of later steps and a torn last line.
+/// The lines to keep when resuming after `step`.
 fn kept_through(bytes: &[u8], step: usize) -> Vec<u8> {
     let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
         return Vec::new();

@@ -1,21 +1,13 @@
-//! Fused kernels with hand-written backward passes, for the ops where
-//! candle's own drop gradients or spend most of their time allocating
-//! intermediates and launching one small kernel per arithmetic step.
-//!
-//! Each op's file holds its whole story: the CPU kernel (f32, rayon), the
-//! launch of its CUDA kernel (`src/train/network/kernels/<op>.cu`, with the
-//! CPU kernel as its reference) and a composed twin from candle ops, which
-//! runs on other devices and dtypes and which the tests check the kernels
-//! against. Their cases for `sweep bench kernels` and the self-check live in
-//! [`cases`], the rule that judges them in [`check`]. The ops: [`embedding`],
-//! [`rms_norm`], [`rope`], [`attention`] (with [`softmax`]), [`linear`],
-//! [`silu_mul`], [`cross_entropy`], [`grad_norm`], [`adamw`], [`accumulate`].
+//! Fused kernels with hand-written backward passes, where candle's ops drop gradients or spend
+//! their time allocating intermediates and launching small kernels. Each op's file holds its
+//! CPU kernel (f32, rayon), its CUDA launch (`kernels/<op>.cu`, the CPU kernel its reference)
+//! and a composed twin from candle ops the tests check both against. Their cases are in
+//! [`cases`], the rule that judges them in [`check`].
 
 pub mod accumulate;
 pub mod adamw;
 pub mod attention;
-/// Every op's cases ([`super::check::Case`]): what `sweep bench kernels`
-/// times and the CUDA self-check runs, a file an op (docs/extending.md).
+/// Every op's cases: what `sweep bench kernels` times and the self-check runs (docs/extending.md).
 pub mod cases {
     mod accumulate;
     mod adamw;
@@ -36,8 +28,7 @@ pub mod cases {
         all_with(s, s)
     }
 
-    /// [`all`], the loss's at `loss`'s shapes (its vocabulary is a width, where
-    /// the tables' rows of `s` may be fewer).
+    /// [`all`], the loss's at `loss`'s shapes (its vocabulary is a width).
     pub fn all_with(s: &Shapes, loss: &Shapes) -> Result<Vec<Case>> {
         let mut cases = Vec::new();
         cases.extend(rms_norm::cases(s)?);
@@ -73,9 +64,8 @@ pub(crate) mod store;
 pub use crate::config::runtime::CudaKernels;
 use candle_core::{bail, CpuStorage, DType, Layout, Result, Tensor};
 
-/// The dtype an op's backward computes in off the fused path: f64 for f64
-/// tensors (the tests' oracle precision), else f32 (reductions of bf16
-/// values lose too much).
+/// The dtype an op's backward computes in off the fused path: f64 for f64 (the oracle), else
+/// f32 (bf16 reductions lose too much).
 pub(crate) fn work_dtype(t: &Tensor) -> DType {
     if t.dtype() == DType::F64 {
         DType::F64
@@ -89,9 +79,7 @@ pub fn fused(t: &Tensor) -> bool {
     !gpu_path(t.device()) && t.dtype() == DType::F32
 }
 
-/// Whether ops on `device` take their GPU paths: on a GPU, and in the tests
-/// on the emulated device ([`emulated`]: CPU tensors, the plans run by the
-/// host emulation of CUDA).
+/// Whether ops on `device` take their GPU paths: on a GPU, or the tests' emulated device.
 pub fn gpu_path(device: &candle_core::Device) -> bool {
     device.is_cuda() || emulating()
 }
@@ -101,9 +89,8 @@ pub(crate) fn emulating() -> bool {
     emulated::active()
 }
 
-/// The kernels an op may run instead of its composed twin (sweep's own,
-/// cuBLAS's in-place products, candle-flash-attn's forward), each checked
-/// against it when a CUDA device opens ([`selfcheck`]).
+/// The kernels an op may run instead of its composed twin, each checked against it when a CUDA
+/// device opens ([`selfcheck`]).
 #[derive(
     Debug,
     Clone,
@@ -142,9 +129,7 @@ impl Kernel {
         self.into()
     }
 
-    /// Whether it is sweep's own CUDA kernel (what `SWEEP_CUDA_KERNELS`
-    /// chooses): all but candle-flash-attn's, which `attention = "flash"`
-    /// chose.
+    /// Whether it is sweep's own kernel (`SWEEP_CUDA_KERNELS` chooses): all but candle-flash-attn's.
     pub fn own(self) -> bool {
         self != Kernel::Flash
     }
@@ -154,8 +139,7 @@ impl Kernel {
     }
 }
 
-/// The kernels that failed their self-check on this process's GPU (bits of
-/// [`Kernel`]): their ops take the composed twins there.
+/// The kernels that failed their self-check on this GPU (bits of [`Kernel`]).
 static FALLEN_BACK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Makes `kernels` take their composed twins on GPUs from now on.
@@ -164,17 +148,15 @@ pub(crate) fn fall_back(kernels: &[Kernel]) {
     FALLEN_BACK.fetch_or(bits, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether `kernel` runs on a GPU: chosen by `SWEEP_CUDA_KERNELS` (sweep's
-/// own) and not fallen back.
+/// Whether `kernel` runs on a GPU: chosen by `SWEEP_CUDA_KERNELS` and not fallen back.
 pub fn on_gpu(kernel: Kernel) -> bool {
     let fallen = FALLEN_BACK.load(std::sync::atomic::Ordering::Relaxed) & kernel.bit() != 0;
     let left_out = kernel.own() && cuda_kernels() == CudaKernels::Composed;
     !(fallen || left_out)
 }
 
-/// Whether an op runs `kernel` on these operands: the CPU's in f32, or the
-/// CUDA one when all of them are f32 or all bf16 on a GPU and [`on_gpu`]
-/// says so.
+/// Whether an op runs `kernel` on these operands: the CPU's in f32, or the CUDA one when all
+/// are f32 or all bf16 on a GPU and [`on_gpu`] says so.
 pub fn own_kernel(kernel: Kernel, operands: &[&Tensor]) -> bool {
     let Some(first) = operands.first() else {
         return false;
@@ -195,14 +177,11 @@ pub fn own_kernel(kernel: Kernel, operands: &[&Tensor]) -> bool {
 }
 
 thread_local! {
-    /// Set by [`composed_here`]: the ops called on this thread take their
-    /// composed twins, on every device.
+    /// Set by [`composed_here`]: this thread's ops take their composed twins.
     static COMPOSED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs `f` with the ops that have their own kernels taking their composed
-/// twins instead (on this thread): what `sweep bench kernels` compares the
-/// kernels with.
+/// Runs `f` with ops taking their composed twins on this thread (`sweep bench kernels`).
 pub fn composed_here<T>(f: impl FnOnce() -> T) -> T {
     let before = COMPOSED_HERE.with(|c| c.replace(true));
     let out = f();
@@ -213,15 +192,13 @@ pub fn composed_here<T>(f: impl FnOnce() -> T) -> T {
 /// A run's `kernels`, where it set one: over the process's option.
 static RUN_KERNELS: std::sync::OnceLock<CudaKernels> = std::sync::OnceLock::new();
 
-/// Makes a run's `kernels` the choice of this process (once: a process
-/// trains one run).
+/// Makes a run's `kernels` this process's choice (once: a process trains one run).
 pub(crate) fn set_run_kernels(k: CudaKernels) {
     let _ = RUN_KERNELS.set(k);
 }
 
-/// Which implementation the ops with CUDA kernels use: the run's `kernels`,
-/// else the process's option (`SWEEP_CUDA_KERNELS`), read where candle
-/// calls an op.
+/// Which implementation the ops with CUDA kernels use: the run's `kernels`, else
+/// `SWEEP_CUDA_KERNELS`.
 pub fn cuda_kernels() -> CudaKernels {
     RUN_KERNELS
         .get()

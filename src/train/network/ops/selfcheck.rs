@@ -1,13 +1,8 @@
-//! The self-check a CUDA device gets when it opens, before the run's first
-//! step: every kernel an op may use there against its composed twin on the
-//! same device, on tiny shapes (every tail and partial block) and at the
-//! run's own ([`run_cases`]), each case synchronised so a launch's error is
-//! its own. A kernel outside [`check::tolerance`], that wrote a NaN or
-//! failed to run takes its composed twin on that device (said, recorded in
-//! the run's metrics, shown in the report); under `auto` every other one is
-//! then timed against its twin at the run's shapes and the faster runs, so
-//! a kernel written without a GPU never makes a run slower. The same code
-//! runs on the CPU in the tests. docs/gpu.md, "the self-check".
+//! The self-check a CUDA device gets as it opens: every kernel an op may use against its
+//! composed twin, on tiny shapes (every tail and partial block) and the run's own, each case
+//! synchronised. A kernel out of [`check::tolerance`], writing a NaN or failing takes its twin
+//! there (said, recorded, reported); under `auto` the others are timed against their twins and
+//! the faster runs, so a kernel written blind never makes a run slower. docs/gpu.md.
 
 use super::check::{self, dtype_name, errors, flat_f32, prepare, tolerance, Case, Shapes};
 use super::Kernel;
@@ -20,8 +15,7 @@ use candle_core::{DType, Device};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failure {
     pub kernel: Kernel,
-    /// The case (`rms_norm forward`, ...) and its dtype (none: the kernel
-    /// failed on another rank's GPU: the ranks' agreement, `run::dist::agree`).
+    /// The case (`rms_norm forward`, ...) and dtype (none: it failed on another rank's GPU).
     pub case: &'static str,
     /// The shapes it failed at, where it ran.
     pub shape: Option<String>,
@@ -52,9 +46,8 @@ impl Failure {
     }
 }
 
-/// The shapes of the self-check: a model of width 64 (4 heads of 16, 2 KV
-/// heads), 2 sequences of 32 tokens, a vocabulary of 320 — every kernel's
-/// tails and partial blocks, in a few hundred kilobytes.
+/// The self-check's shapes: width 64 (4 heads of 16, 2 KV heads), 2 sequences of 32, a
+/// vocabulary of 320: every tail and partial block, in a few hundred kilobytes.
 pub fn tiny_model() -> Result<ModelConfig> {
     let mut cfg = ModelConfig::resolve(
         "tiny",
@@ -82,16 +75,13 @@ pub fn cases(device: &Device) -> Result<Vec<Case>> {
     })
 }
 
-/// The most tokens a case at a run's shapes takes when checked, and when
-/// timed, and the most rows of a table (the check's cost: docs/gpu.md).
+/// The most tokens of a case at a run's shapes, checked or timed (docs/gpu.md).
 pub const RUN_TOKENS: usize = 128;
 pub const TIMED_TOKENS: usize = 2048;
 pub const RUN_TABLE_ROWS: usize = 8_192;
 
-/// Every case at a run's shapes: its widths, heads, head dimension and
-/// vocabulary, one layer, on one sequence of up to `most_tokens` of its
-/// `seq` tokens; the loss over the whole vocabulary (a width), the tables'
-/// rows capped at [`RUN_TABLE_ROWS`].
+/// Every case at a run's shapes (widths, heads, vocabulary), one layer, one sequence of up to
+/// `most_tokens`; tables' rows capped at [`RUN_TABLE_ROWS`].
 pub fn run_cases(
     device: &Device,
     run: &ModelConfig,
@@ -115,14 +105,12 @@ pub fn run_cases(
     crate::train::network::ops::cases::all_with(&shapes(&tables), &shapes(&cfg))
 }
 
-/// Runs each case in its dtypes on `device`: the kernel, then its composed
-/// twin, on the same inputs. The failures, in the cases' order.
+/// Runs each case in its dtypes: the kernel, then its twin, on the same inputs; the failures.
 pub fn run(cases: &[Case], device: &Device) -> Vec<Failure> {
     let mut failures = Vec::new();
     for case in cases {
         for dtype in check::dtypes(case, device) {
-            // The kernel first, on memory nothing else wrote yet this pass:
-            // an output left unwritten does not read as its twin's.
+            // The kernel first, on fresh memory: an unwritten output does not read as its twin's.
             let got = (|| -> Result<Vec<f32>> {
                 let out = (case.run)(&prepare(case, device, dtype)?)?;
                 device.synchronize()?;
@@ -149,8 +137,7 @@ pub fn run(cases: &[Case], device: &Device) -> Vec<Failure> {
                     .is_some_and(crate::train::network::device::is_out_of_memory)
             };
             if oom(&got) || oom(&want) {
-                // The device's memory, not the kernel: it passed the tiny
-                // shapes, and is kept.
+                // The device's memory, not the kernel: it passed the tiny shapes, and is kept.
                 eprintln!(
                     "sweep train: note: {} {} at {} not checked: out of the device's memory",
                     case.kernel.name(),
@@ -179,8 +166,7 @@ pub fn run(cases: &[Case], device: &Device) -> Vec<Failure> {
     failures
 }
 
-/// The kernels to leave out on this device, from the self-check's
-/// failures: each that failed, once, in [`Kernel`]'s order — or, under
+/// The kernels to leave out on this device: each that failed, once — or, under
 /// `SWEEP_CUDA_KERNELS=own`, an error naming them.
 pub fn decide(policy: CudaKernels, failures: &[Failure]) -> Result<Vec<Kernel>> {
     let mut kernels: Vec<Kernel> = failures.iter().map(|f| f.kernel).collect();
@@ -202,9 +188,8 @@ pub fn decide(policy: CudaKernels, failures: &[Failure]) -> Result<Vec<Kernel>> 
     Ok(kernels)
 }
 
-/// A kernel's time and its composed twin's at a run's shapes in the run's
-/// dtype: each case's median of [`REPEATS`] after a warm-up, summed over
-/// the kernel's cases, in seconds.
+/// A kernel's and its twin's times at a run's shapes: each case's median of [`REPEATS`],
+/// summed over the kernel's cases, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Timing {
     pub kernel: Kernel,
@@ -215,8 +200,7 @@ pub struct Timing {
 pub const REPEATS: usize = 3;
 
 impl Timing {
-    /// Whether the run takes the twin: only where it is faster, so that a
-    /// kernel written without a GPU never makes a run slower.
+    /// Whether the run takes the twin: only where faster (a blind kernel never slows a run).
     pub fn twin_is_faster(&self) -> bool {
         self.composed_s < self.own_s
     }
@@ -245,12 +229,11 @@ pub fn slower(timings: &[Timing]) -> Vec<Kernel> {
         .collect()
 }
 
-/// How long a case takes in a dtype by its kernel (`false`) or its twin
-/// (`true`): [`check::time`] on the device; planted in the tests.
+/// How long a case takes by its kernel (`false`) or twin (`true`); planted in the tests.
 pub type Clock<'a> = &'a dyn Fn(&Case, DType, bool) -> Result<f64>;
 
-/// Times each of sweep's kernels in `cases` but those `left_out` against its
-/// twin, in `dtype_of` each case; one that cannot run while timed keeps its path.
+/// Times each kernel in `cases` but `left_out` against its twin; one failing while timed keeps
+/// its path.
 pub fn time(
     cases: &[Case],
     dtype_of: &dyn Fn(&Case) -> DType,
@@ -291,20 +274,16 @@ pub fn time(
     timings
 }
 
-/// What a device's opening found: the kernels that failed their check, and
-/// under `SWEEP_CUDA_KERNELS=auto` each other kernel's time against its
-/// twin's (the ranks agree on both before the slower paths are left out).
+/// What a device's opening found: failed kernels, and under `auto` each other's time against
+/// its twin's (the ranks agree on both).
 #[derive(Debug, Default)]
 pub struct Opened {
     pub failures: Vec<Failure>,
     pub timings: Vec<Timing>,
 }
 
-/// The self-check of a device just opened: compiles every module, checks
-/// every kernel this process may use there, makes those that fail take
-/// their composed twins (said on stderr), and under `auto` times the others
-/// at the run's shapes in `dtype`. An error under `SWEEP_CUDA_KERNELS=own`
-/// when some fail.
+/// The self-check of a device just opened: compiles every module, checks every kernel, makes
+/// failures take their twins and under `auto` times the rest in `dtype`. An error under `own`.
 pub fn at_open(
     device: &Device,
     policy: CudaKernels,
@@ -316,8 +295,7 @@ pub fn at_open(
     if let Device::Cuda(d) = device {
         super::cuda::load_all(d)?;
     }
-    // Made once the checked cases are freed: at an 8B model's shapes each
-    // set holds gigabytes.
+    // Made once the checked cases are freed: at 8B shapes each set holds gigabytes.
     let timed = || match policy {
         CudaKernels::Auto => run_cases(device, run_model, seq, TIMED_TOKENS),
         _ => Ok(Vec::new()),
@@ -390,8 +368,7 @@ fn check_and_time(
     Ok(Opened { failures, timings })
 }
 
-/// Makes the kernels whose twins were faster take them (the ranks' summed
-/// times), each said on stderr.
+/// Makes the kernels whose twins were faster (summed over ranks) take them, said on stderr.
 pub fn take_faster(timings: &[Timing]) {
     let twins = slower(timings);
     super::fall_back(&twins);

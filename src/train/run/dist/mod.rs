@@ -1,11 +1,6 @@
-//! Data parallelism: one process per rank, each training on its slice of
-//! every global batch (`crate::data::loader`), gradients summed across ranks
-//! by a real engine in every step ([`GradientSum`]) — MPI between CPU ranks
-//! (feature `mpi`), NCCL between GPUs (feature `nccl`). World size 1 needs
-//! neither.
-//!
-//! Ranks are started by the launcher (`srun`, or `mpirun` for the local
-//! executor); this module only reads who it is and connects.
+//! Data parallelism: one process per rank, each training its slice of every batch, gradients
+//! summed by a real engine ([`GradientSum`]): MPI between CPU ranks (`mpi`), NCCL between GPUs
+//! (`nccl`). The launcher starts the ranks; this module reads who it is and connects.
 
 pub mod agree;
 pub(crate) mod buckets;
@@ -31,9 +26,8 @@ pub struct Ranks {
     pub local_rank: usize,
 }
 
-/// The environment variables that name a rank, in the order they are
-/// trusted: sweep's job scripts and torchrun (`RANK`), OpenMPI's and
-/// MPICH's launchers, then `srun` itself.
+/// The variables that name a rank, in the order trusted: sweep's scripts and torchrun
+/// (`RANK`), OpenMPI's and MPICH's launchers, then `srun`.
 const LAUNCHERS: &[(&str, &str, &str)] = &[
     ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
     (
@@ -93,31 +87,26 @@ impl Ranks {
     }
 }
 
-/// A collective-communication engine over the job's ranks. Every rank calls
-/// the same operations in the same order; a rank that has died makes the
-/// others' calls fail or the launcher stop the job (never a silent hang:
-/// `srun --kill-on-bad-exit`, `mpirun`'s own abort on a dead rank).
+/// A collective engine over the job's ranks: every rank calls the same operations in the same
+/// order; a dead rank makes the others' calls fail or the launcher stop the job (never a hang).
 pub trait Collective {
     fn ranks(&self) -> Ranks;
     /// The engine, for logs ("MPI (Open MPI v4.1.4)", "NCCL 2.27").
     fn describe(&self) -> String;
     /// The element-wise sum over all ranks of a 1-D tensor, on every rank.
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
-    /// The sum over all ranks of `send` (1-D) written into `recv`, a
-    /// contiguous tensor of the same length and dtype that shares no storage
-    /// with it — directly where the engine can.
+    /// The sum over ranks of `send` (1-D) into `recv`, contiguous, same length and dtype, no shared
+    /// storage.
     fn all_reduce_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
         Ok(recv.slice_set(&self.all_reduce_sum(send)?, 0, 0)?)
     }
-    /// This rank's block of the sum over all ranks of `send` (1-D, the world
-    /// size × `recv`'s length), written into `recv` (ZeRO's reduce-scatter).
+    /// This rank's block of the sum of `send` (world size × `recv`'s length) into `recv` (ZeRO).
     fn reduce_scatter_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
         let n = recv.elem_count();
         let sum = self.all_reduce_sum(send)?;
         Ok(recv.slice_set(&sum.narrow(0, self.ranks().rank * n, n)?, 0, 0)?)
     }
-    /// Every rank's `send` (1-D, as long on every rank), by rank, written
-    /// into `recv` (the world size × as long; ZeRO's all-gather).
+    /// Every rank's `send` (equal lengths), by rank, into `recv` (ZeRO's all-gather).
     fn all_gather_into(&self, send: &Tensor, recv: &Tensor) -> Result<()> {
         let n = send.elem_count();
         let slots = recv.zeros_like()?;
@@ -128,10 +117,8 @@ pub trait Collective {
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
     /// Stops every rank of the job after an error on this one.
     fn abort(&self, code: i32);
-    /// A thread that sums f32 buckets in the order they are handed over
-    /// while the caller goes on computing (the backward pass), if the engine
-    /// has one; the caller makes no other collective call until it has
-    /// [`Background::finish`]ed.
+    /// A thread summing f32 buckets in order while the caller computes, if the engine has one; no
+    /// other collective call until [`Background::finish`].
     fn background(&self) -> Option<Box<dyn Background>> {
         None
     }
@@ -167,8 +154,7 @@ impl Collective for Single {
     }
 }
 
-/// Connects to the job's other ranks with the engine for `device` (through
-/// it at world size 1 too when the options say `engine_at_one`).
+/// Connects to the job's ranks with `device`'s engine (at world size 1 too with `engine_at_one`).
 pub fn connect(ranks: Ranks, device: &Device, rt: &RuntimeOptions) -> Result<Box<dyn Collective>> {
     if ranks.world_size == 1 && !rt.engine_at_one {
         return Ok(Box::new(Single));
@@ -185,12 +171,10 @@ pub fn connect(ranks: Ranks, device: &Device, rt: &RuntimeOptions) -> Result<Box
     bail!("{} ranks on GPUs need a build with the `nccl` feature (scripts/build-gpu.sh; see docs/data-parallelism.md)", ranks.world_size)
 }
 
-/// The most a bucket of gradients holds (PyTorch DDP's default): few calls,
-/// bounded extra memory. The scaling forecast counts whole 25 MiB buckets.
+/// The most a bucket holds (PyTorch DDP's default): few calls, bounded memory.
 pub const BUCKET_BYTES: usize = crate::estimate::scaling::BUCKET_BYTES;
 
-/// How a bucket is summed: whole on every rank (all-reduce), or each rank
-/// receiving its block of the sum (reduce-scatter, ZeRO).
+/// How a bucket is summed: whole on every rank, or each rank its block (reduce-scatter, ZeRO).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reduce {
     All,
@@ -199,15 +183,13 @@ pub enum Reduce {
 
 /// Sums f32 buckets over all ranks on a thread of its own.
 pub trait Background {
-    /// Starts summing the next bucket, `send`, into `recv` (after every
-    /// bucket handed over before); neither is touched until [`Background::finish`].
+    /// Starts summing `send` into `recv` after the buckets before; both untouched until `finish`.
     fn start(&mut self, send: Tensor, recv: Tensor, how: Reduce) -> Result<()>;
     /// Returns once every bucket started is summed.
     fn finish(self: Box<Self>) -> Result<()>;
 }
 
-/// The sums of a few numbers over all ranks (token counts, losses, votes),
-/// in f64 so that counts stay exact.
+/// The sums of a few numbers over all ranks, in f64 so counts stay exact.
 pub fn sum_scalars<const N: usize>(
     comm: &dyn Collective,
     xs: [f64; N],
@@ -226,9 +208,7 @@ pub fn barrier(comm: &dyn Collective, device: &Device) -> Result<()> {
     sum_scalars(comm, [0.0], device).map(|_| ())
 }
 
-/// Every rank's `mine` (as long on every rank), one after another by rank,
-/// on every rank: each rank fills its own slots of the whole and the sum
-/// over the ranks gathers them.
+/// Every rank's `mine` by rank on every rank: each fills its own slots and the sum gathers them.
 fn gather(comm: &dyn Collective, mine: &[f64], device: &Device) -> Result<Vec<f64>> {
     let Ranks {
         rank, world_size, ..
