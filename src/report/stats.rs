@@ -1,12 +1,7 @@
-//! How sure a throughput figure is: 95% confidence intervals of means
-//! (Student's t), of ratios of means (the delta method on the log scale with
-//! Welch's degrees of freedom — the interval of a speedup), a verdict from
-//! the ratio's interval, and the warm-up at the start of a run.
-//!
-//! The samples are the repeats of a configuration (their steady-state
-//! means), or with a single run its steady-state log points, which are
-//! correlated in time: intervals over one run's points are narrower than the
-//! run-to-run spread they stand in for, which repeats measure.
+//! How sure a throughput figure is: 95% intervals of means (Student's t) and of ratios of means
+//! (delta method on the log scale, Welch's degrees of freedom), verdicts, and a run's warm-up.
+//! Samples are a configuration's repeats, or one run's steady-state points, which are
+//! correlated in time: narrower than the run-to-run spread they stand in for.
 
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
@@ -44,8 +39,7 @@ pub fn mean_ci95(xs: &[f64]) -> Option<MeanCi> {
     mean_ci95_of(mean, var, xs.len())
 }
 
-/// The 95% interval of a mean from its summary statistics: `n` samples of
-/// variance `var` (n − 1); none below two samples.
+/// The 95% interval of a mean of `n` samples of variance `var`; none below two.
 pub fn mean_ci95_of(mean: f64, var: f64, n: usize) -> Option<MeanCi> {
     if n < 2 || !(mean.is_finite() && var.is_finite()) {
         return None;
@@ -59,8 +53,7 @@ pub fn mean_ci95_of(mean: f64, var: f64, n: usize) -> Option<MeanCi> {
     })
 }
 
-/// A ratio as every table, chart and page prints it: `1.07x [1.02, 1.12]`,
-/// `≈` first where it is not significant (its interval holds 1).
+/// A ratio as every table prints it: `1.07x [1.02, 1.12]`, `≈` first where not significant.
 pub fn ratio_text(ratio: f64, interval: Option<(f64, f64)>, significant: bool) -> String {
     let approx = if significant { "" } else { "≈" };
     match interval {
@@ -69,9 +62,8 @@ pub fn ratio_text(ratio: f64, interval: Option<(f64, f64)>, significant: bool) -
     }
 }
 
-/// mean(a) / mean(b) with its 95% interval, whether the interval leaves out
-/// 1 (a real difference at the 5% level, for this comparison alone), and
-/// the two-sided p-value of "the ratio is 1" (from the same t statistic).
+/// mean(a) / mean(b) with its 95% interval, whether it leaves out 1, and the two-sided p-value
+/// of "the ratio is 1".
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RatioCi {
     pub ratio: f64,
@@ -81,8 +73,7 @@ pub struct RatioCi {
     pub p_value: f64,
 }
 
-/// The interval of mean(a) / mean(b) for independent samples: the delta
-/// method on the log scale, Welch–Satterthwaite degrees of freedom.
+/// The interval of mean(a) / mean(b) for independent samples.
 pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
     if a.len() < 2 || b.len() < 2 {
         return None;
@@ -102,8 +93,7 @@ pub fn ratio_ci95(a: &[f64], b: &[f64]) -> Option<RatioCi> {
     )
 }
 
-/// ma / mb from the two means' relative variances (`ra`, `rb`) and degrees
-/// of freedom, as [`ratio_ci95`].
+/// ma / mb from the means' relative variances and degrees of freedom, as [`ratio_ci95`].
 fn welch_ratio(ma: f64, ra: f64, dfa: f64, mb: f64, rb: f64, dfb: f64) -> Option<RatioCi> {
     let se = (ra + rb).sqrt();
     if se == 0.0 {
@@ -113,8 +103,7 @@ fn welch_ratio(ma: f64, ra: f64, dfa: f64, mb: f64, rb: f64, dfb: f64) -> Option
     ratio_from_se(ma / mb, se, df)
 }
 
-/// A ratio's interval from the standard error of its logarithm and the
-/// degrees of freedom of that error.
+/// A ratio's interval from its logarithm's standard error and degrees of freedom.
 fn ratio_from_se(ratio: f64, se: f64, df: f64) -> Option<RatioCi> {
     if !(ratio.is_finite() && ratio > 0.0 && se.is_finite() && df.is_finite()) {
         return None;
@@ -139,10 +128,8 @@ fn ratio_from_se(ratio: f64, se: f64, df: f64) -> Option<RatioCi> {
     })
 }
 
-/// The ratio of two configurations of a blocked design, paired by block
-/// (`pairs[k]`: both means in block k): a t-interval on the mean per-block
-/// log-ratio, in which a block's speed cancels (unlike [`ratio_ci95`]).
-/// None below two blocks.
+/// Two configurations of a blocked design paired by block: a t-interval on the mean per-block
+/// log-ratio, in which a block's speed cancels. None below two blocks.
 pub fn paired_ratio_ci95(pairs: &[(f64, f64)]) -> Option<RatioCi> {
     if pairs.len() < 2
         || pairs
@@ -157,8 +144,7 @@ pub fn paired_ratio_ci95(pairs: &[(f64, f64)]) -> Option<RatioCi> {
     ratio_from_se(mean.exp(), (var / n).sqrt(), n - 1.0)
 }
 
-/// One run as a sample of its configuration: its steady-state mean, and
-/// the spread and count of the points behind it.
+/// One run as a sample: its steady-state mean, and its points' spread and count.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RunSample {
     pub mean: f64,
@@ -171,12 +157,10 @@ pub struct RunSample {
 pub enum Basis {
     /// Two or more runs on each side: their means (Welch, on the log scale).
     Runs,
-    /// One run on one side: its mean against the other side's runs, with
-    /// their run-to-run spread standing for its own (a prediction
-    /// interval, the other side's degrees of freedom).
+    /// One run on one side: against the other side's runs, their spread standing for its own
+    /// (a prediction interval).
     OneRun,
-    /// One run on each side: the runs' own step-to-step spread, which is
-    /// narrower than the run-to-run spread it stands in for.
+    /// One run on each side: their step-to-step spread, narrower than run-to-run.
     WithinRuns,
 }
 
@@ -192,10 +176,8 @@ impl Basis {
     }
 }
 
-/// mean(now) / mean(reference) over runs, with its 95% interval and the
-/// two-sided p-value of "no change": what `sweep check` decides on. The
-/// run is the unit (its steady-state mean one sample), as the repeats of a
-/// study are.
+/// mean(now) / mean(reference) over runs (each run's mean one sample), with its interval and
+/// the p-value of "no change": what `sweep check` decides on.
 pub fn ratio_of_runs(now: &[RunSample], reference: &[RunSample]) -> Option<(RatioCi, Basis)> {
     let means = |s: &[RunSample]| s.iter().map(|r| r.mean).collect::<Vec<_>>();
     match (now.len(), reference.len()) {
@@ -238,8 +220,7 @@ pub(crate) fn two_sided_p(t: f64, df: f64) -> f64 {
         .unwrap_or(1.0)
 }
 
-/// Holm's step-down adjustment of a family of p-values (a study's
-/// comparisons with its baseline); `None`s stay and do not count.
+/// Holm's step-down adjustment of a family of p-values; `None`s stay and do not count.
 pub fn holm(p: &[Option<f64>]) -> Vec<Option<f64>> {
     let mut order: Vec<usize> = (0..p.len()).filter(|&i| p[i].is_some()).collect();
     order.sort_by(|&a, &b| p[a].unwrap().total_cmp(&p[b].unwrap()));
@@ -257,8 +238,7 @@ pub fn holm(p: &[Option<f64>]) -> Vec<Option<f64>> {
 /// The level at which a (Holm-adjusted) p-value is a significant difference.
 pub const ALPHA: f64 = 0.05;
 
-/// Ratios of one family judged together: each one's `significant` after
-/// Holm's correction over those present, with its adjusted p-value.
+/// Ratios of one family judged together: `significant` after Holm, with the adjusted p.
 pub fn holm_judged(ratios: Vec<Option<RatioCi>>) -> Vec<Option<(RatioCi, f64)>> {
     let p: Vec<Option<f64>> = ratios.iter().map(|r| r.map(|r| r.p_value)).collect();
     ratios
@@ -272,10 +252,8 @@ pub fn holm_judged(ratios: Vec<Option<RatioCi>>) -> Vec<Option<(RatioCi, f64)>> 
         .collect()
 }
 
-/// How many points at the start of a run are warm-up: the leading points
-/// that are outliers below the rest (slower than the median by more than
-/// three scaled median absolute deviations, or 10% when the run is steadier
-/// than that), up to half of the run.
+/// How many points at a run's start are warm-up: leading outliers below the rest (slower than
+/// the median by three scaled MADs, or 10% for steadier runs), up to half the run.
 pub fn warmup_len(xs: &[f64]) -> usize {
     if xs.len() < 4 {
         return 0;

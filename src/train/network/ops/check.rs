@@ -1,11 +1,6 @@
-//! The cases `sweep bench kernels` checks and times, and that the
-//! self-check at a CUDA device's opening runs on tiny shapes
-//! ([`super::selfcheck`]): each op's in a file of its own under
-//! [`super::cases`] (apart from the op's passes and kernels), on random data
-//! of a model's shapes; [`super::cases::all`] lists them in the order the
-//! table shows. The one rule that
-//! compares a kernel's outputs with its reference's is here too
-//! ([`errors`], [`tolerance`]).
+//! The cases `sweep bench kernels` checks and times and the device-open self-check runs
+//! ([`super::selfcheck`]), each op's in its own file under [`super::cases`], on random data of a
+//! model's shapes; and the one rule comparing a kernel with its reference ([`errors`], [`tolerance`]).
 
 use super::Kernel;
 use crate::config::ModelConfig;
@@ -32,8 +27,7 @@ impl Shapes<'_> {
 /// Runs an op on its inputs.
 pub type OpFn = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>>;
 
-/// An op under test: inputs made once, run by the kernel or the composed
-/// twin ([`super::composed_here`]), its outputs compared in f32.
+/// An op under test: inputs made once, run by the kernel or its twin, outputs compared in f32.
 pub struct Case {
     /// The kernel it checks (what falls back when it fails).
     pub kernel: Kernel,
@@ -45,17 +39,14 @@ pub struct Case {
     pub flops: f64,
     /// Whether its bf16 path chains rounded products (a wider tolerance).
     pub chained: bool,
-    /// Whether it rounds its operands to bf16 whatever their dtype (the
-    /// bf16-mixed weight gradient): bf16's tolerance in f32 too.
+    /// Whether it rounds operands to bf16 whatever their dtype (bf16-mixed): bf16's tolerance.
     pub mixed: bool,
-    /// Whether it runs in f32 on a GPU too (candle-flash-attn has bf16
-    /// kernels only).
+    /// Whether it runs in f32 on a GPU too (candle-flash-attn is bf16 only).
     pub gpu_f32: bool,
     /// The inputs on the CPU in f32 (rounded to the measured dtype later).
     pub inputs: Vec<Tensor>,
     pub run: OpFn,
-    /// The path the kernel replaces, where that is not the op with every
-    /// kernel composed: what it is checked and timed against.
+    /// The path the kernel replaces, where not the op fully composed: its check and timing twin.
     pub twin: Option<OpFn>,
 }
 
@@ -93,8 +84,7 @@ impl Case {
     }
 }
 
-/// The dtypes a case runs in on `device`: f32 on the CPU (its kernels'
-/// dtype); on a GPU bf16, and f32 where the kernel has it.
+/// The dtypes a case runs in: f32 on the CPU; bf16 on a GPU, and f32 where the kernel has it.
 pub fn dtypes(case: &Case, device: &Device) -> Vec<DType> {
     match (device.is_cpu(), case.gpu_f32) {
         (true, _) => vec![DType::F32],
@@ -103,9 +93,8 @@ pub fn dtypes(case: &Case, device: &Device) -> Vec<DType> {
     }
 }
 
-/// The dtype a case is timed in on `device` for a run computing in `run`:
-/// that one, or where the case does not run in it there, the one it does
-/// (flash attention's backward takes bf16 on a GPU whatever the precision).
+/// The dtype a case is timed in for a run computing in `run`: that one, or the one it runs in
+/// there (flash's backward takes bf16 on a GPU).
 pub fn timed_dtype(case: &Case, device: &Device, run: DType) -> DType {
     let dtypes = dtypes(case, device);
     if dtypes.contains(&run) {
@@ -124,12 +113,9 @@ pub fn dtype_name(dtype: DType) -> &'static str {
     }
 }
 
-/// Relative error allowed for a case in a dtype: f32 arithmetic either way;
-/// bf16 storage (or bf16 operands, `mixed`) rounds each output once (2^-8
-/// relative) and the reference does not. Ops that chain several bf16
-/// products (`chained`: the attention backward rounds its scores,
-/// probabilities and their gradients to bf16 between its five products, as
-/// flash attention's backward does) get twice that.
+/// Relative error allowed: f32 arithmetic either way; bf16 storage or operands round each
+/// output once (2^-8), the reference does not. Ops chaining bf16 products (`chained`: the
+/// attention backward, as flash's) get twice that.
 pub fn tolerance(case: &Case, dtype: DType) -> f64 {
     let dtype = if case.mixed { DType::BF16 } else { dtype };
     match (dtype, case.chained) {
@@ -139,8 +125,7 @@ pub fn tolerance(case: &Case, dtype: DType) -> f64 {
     }
 }
 
-/// The inputs of a case on the device in the dtype; ops that write into
-/// their inputs (the loss, the embedding's buffer) get fresh copies.
+/// A case's inputs on the device; ops writing their inputs (the loss, embedding) get copies.
 pub fn prepare(case: &Case, device: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     case.inputs
         .iter()
@@ -148,8 +133,7 @@ pub fn prepare(case: &Case, device: &Device, dtype: DType) -> Result<Vec<Tensor>
         .collect()
 }
 
-/// The median of `repeats` timed calls after one untimed warm-up; `call`
-/// makes one call and returns the seconds it took.
+/// The median of `repeats` timed calls after one untimed warm-up (`call` returns seconds).
 pub fn median_after_warmup(repeats: usize, mut call: impl FnMut() -> Result<f64>) -> Result<f64> {
     call()?;
     let mut times = (0..repeats.max(1))
@@ -159,9 +143,8 @@ pub fn median_after_warmup(repeats: usize, mut call: impl FnMut() -> Result<f64>
     Ok(times[times.len() / 2])
 }
 
-/// The median time of `repeats` calls of a case, by its kernel or its
-/// composed twin, after one warm-up, each on fresh inputs, waiting for the
-/// device after each.
+/// The median time of `repeats` calls of a case by its kernel or twin, after a warm-up, each
+/// on fresh inputs, waiting for the device.
 pub fn time(
     case: &Case,
     device: &Device,
@@ -198,8 +181,7 @@ pub fn flat_f32(outputs: &[Tensor]) -> Result<Vec<f32>> {
     Ok(all)
 }
 
-/// (max abs error, max abs error / max |reference|); a NaN anywhere is an
-/// infinite error.
+/// (max abs error, max abs error / max |reference|); a NaN is an infinite error.
 pub fn errors(got: &[f32], want: &[f32]) -> Result<(f64, f64)> {
     if got.len() != want.len() {
         bail!(
@@ -226,8 +208,7 @@ pub fn errors(got: &[f32], want: &[f32]) -> Result<(f64, f64)> {
 pub fn random(shape: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
     use rayon::prelude::*;
     let n: usize = shape.iter().product();
-    // Chunks of their own seed, made in parallel: the same values whatever
-    // the threads (a check at a run's shapes makes a billion).
+    // Chunks of their own seed, in parallel: the same values whatever the threads.
     const CHUNK: usize = 1 << 16;
     let mut v = vec![0f32; n];
     v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {

@@ -1,17 +1,9 @@
-//! The products sweep hands to cuBLAS itself, each with beta = 1 written
-//! into a sum it keeps (candle's matmul covers every other product):
-//! - a linear layer's weight gradient, buf [out, in] += dyᵀ·x, and its input
-//!   gradient into a sum of them, acc [N, in] += dy·w (`cublasGemmEx`);
-//! - attention's backward, sum[.., :keys, :] += aᵀ·b for every matrix of
-//!   the leading dimensions (`cublasGemmStridedBatchedEx`).
-//!
-//! Each is first a [`Gemm`]: the call in cuBLAS's column-major terms, made
-//! from the row-major shapes by a plain function. That is where such a call
-//! goes wrong (a leading dimension, a stride, a transpose), so the tests run
-//! every description on the host, as cuBLAS defines the operation, against
-//! the product it stands for, and require every element it reaches to lie
-//! inside its operand; on a GPU the same reach is checked against the
-//! buffers before each launch.
+//! The products sweep hands cuBLAS itself, each with beta = 1 into a sum it keeps: a linear
+//! layer's weight gradient, buf [out, in] += dyᵀ·x, and input gradient, acc [N, in] += dy·w
+//! (`cublasGemmEx`); attention's backward, sum[.., :keys, :] += aᵀ·b (`...StridedBatchedEx`).
+//! Each is first a [`Gemm`] in cuBLAS's column-major terms, where such a call goes wrong (a
+//! leading dimension, a stride, a transpose): the tests run each on the host against the
+//! product it stands for, every element it reaches inside its operand (checked on a GPU too).
 
 use super::Gradient;
 use crate::train::network::kernels::Ty;
@@ -20,9 +12,8 @@ use crate::train::network::ops::store::Store;
 use candle_core::CudaStorage;
 use candle_core::{bail, CpuStorage, DType, InplaceOp3, Layout, Result, Tensor};
 
-/// One cuBLAS GEMM, column-major: for each of `batch` matrices,
-/// C += op(A)·op(B) with op(A) m × k, op(B) k × n, C m × n; A's element
-/// (r, c) at `r + c·lda` (+ `stride_a` a matrix), and so on.
+/// One cuBLAS GEMM, column-major: per matrix of `batch`, C += op(A)·op(B), op(A) m × k, op(B)
+/// k × n; A's (r, c) at `r + c·lda` (+ `stride_a` a matrix), and so on.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Gemm {
     pub transa: bool,
@@ -40,11 +31,8 @@ pub(crate) struct Gemm {
 }
 
 impl Gemm {
-    /// buf [out, in] += dyᵀ·x with dy [tokens, out], x [tokens, in], all
-    /// row-major; A is x, B is dy. Row-major buf is column-major bufᵀ
-    /// [in, out]: bufᵀ += xᵀ·dy, x read as column-major [in, tokens] (no
-    /// transpose, ld in) and dy as column-major [out, tokens] transposed
-    /// (ld out).
+    /// buf [out, in] += dyᵀ·x (row-major): as column-major bufᵀ [in, out] += xᵀ·dy, x read as
+    /// [in, tokens] (ld in), dy as [out, tokens] transposed (ld out).
     pub fn weight_gradient(out: usize, inp: usize, tokens: usize) -> Gemm {
         Gemm {
             transa: false,
@@ -62,11 +50,8 @@ impl Gemm {
         }
     }
 
-    /// acc [tokens, in] += dy·w with dy [tokens, out], w [out, in], all
-    /// row-major; A is w, B is dy. Row-major acc is column-major accᵀ
-    /// [in, tokens]: += wᵀ·dyᵀ, w read as column-major [in, out] (no
-    /// transpose, ld in) and dy as column-major [out, tokens] (no transpose,
-    /// ld out).
+    /// acc [tokens, in] += dy·w (row-major): as column-major accᵀ [in, tokens] += wᵀ·dyᵀ, w read as
+    /// [in, out] (ld in), dy as [out, tokens] (ld out).
     pub fn input_gradient(out: usize, inp: usize, tokens: usize) -> Gemm {
         Gemm {
             transa: false,
@@ -84,12 +69,9 @@ impl Gemm {
         }
     }
 
-    /// `sum[i, :keys, :] += a[i]ᵀ·b[i]` for i < batch, with sum [batch, t, d],
-    /// a [batch, rows, keys] and b [batch, rows, d], all row-major; A is b,
-    /// B is a. Row-major `sum[i][:keys]` (row stride d, t·d apart) is
-    /// column-major [d, keys]: += bᵀ·a, b read as column-major [d, rows]
-    /// (no transpose, ld d) and a as column-major [keys, rows] transposed
-    /// (ld keys).
+    /// `sum[i, :keys, :] += a[i]ᵀ·b[i]`, sum [batch, t, d], a [batch, rows, keys], b [batch, rows,
+    /// d] (row-major): as column-major [d, keys] += bᵀ·a, b as [d, rows] (ld d), a as [keys, rows]
+    /// transposed (ld keys).
     pub fn batched_sum(batch: usize, t: usize, d: usize, rows: usize, keys: usize) -> Gemm {
         Gemm {
             transa: false,
@@ -107,9 +89,8 @@ impl Gemm {
         }
     }
 
-    /// The call as cuBLAS's documentation defines it, on the host (the
-    /// tests' and the emulated device's reference), in f64; every element
-    /// it reaches must lie inside its slice.
+    /// The call as cuBLAS defines it, on the host in f64 (the tests' and emulation's reference);
+    /// every element it reaches must lie inside its slice.
     pub fn on_host(&self, a: &[f64], b: &[f64], c: &mut [f64]) {
         let (reach_a, reach_b, reach_c) = self.reach();
         assert!(reach_a <= a.len() && reach_b <= b.len() && reach_c <= c.len());
@@ -135,8 +116,7 @@ impl Gemm {
         }
     }
 
-    /// How many elements of A, B and C the call reaches: one past the last
-    /// (0 for an empty product).
+    /// How many elements of A, B and C the call reaches (0 for an empty product).
     pub fn reach(&self) -> (usize, usize, usize) {
         let end = |rows: usize, cols: usize, ld: usize, stride: usize| {
             if rows == 0 || cols == 0 || self.batch == 0 {
@@ -163,8 +143,7 @@ impl Gemm {
     }
 }
 
-/// [`super::add_gradient`] on a GPU, in place; with `bf16` the operands go
-/// to cuBLAS in bf16 and the sum stays f32 (as autocast), f32 arithmetic.
+/// [`super::add_gradient`] on a GPU, in place; `bf16`: bf16 operands, f32 sum (as autocast).
 pub(super) fn add_gradient(
     which: Gradient,
     buf: &mut Tensor,
@@ -234,8 +213,7 @@ impl InplaceOp3 for AddGradient {
     }
 }
 
-/// [`super::add_batched_product`]: sum [.., T, d] (f32), a [.., M, keys],
-/// b [.., M, d].
+/// [`super::add_batched_product`]: sum [.., T, d] (f32), a [.., M, keys], b [.., M, d].
 pub struct AddBatchedProduct;
 
 /// The leading dimensions' count and the last two of a layout.
@@ -320,8 +298,7 @@ pub(crate) mod on_gpu {
     use candle_core::cuda::CudaDType;
     use candle_core::{bail, CudaStorage, DType, Layout, Result};
 
-    /// C += op(A)·op(B) by cuBLAS, in the storages' types: an f32 or bf16
-    /// sum of f32 or bf16 operands.
+    /// C += op(A)·op(B) by cuBLAS: an f32 or bf16 sum of f32 or bf16 operands.
     pub fn gemm(
         g: &Gemm,
         c: (&mut CudaStorage, &Layout),
@@ -351,9 +328,8 @@ pub(crate) mod on_gpu {
         })
     }
 
-    /// Runs `g` on candle's stream with alpha = beta = 1 in f32 arithmetic:
-    /// C (`c`, of type `C`) += op(A)·op(B) (`a`, `b`, of type `AB`), after
-    /// checking that each operand holds every element `g` reaches.
+    /// Runs `g` on candle's stream, alpha = beta = 1, f32 arithmetic, after checking each operand
+    /// holds every element `g` reaches.
     fn run<C: CudaDType, AB: CudaDType>(
         g: &Gemm,
         c: (&mut CudaStorage, &Layout),
@@ -388,10 +364,8 @@ pub(crate) mod on_gpu {
         let (c_ptr, _c) = cv.device_ptr_mut(&stream);
         let one = 1.0f32;
         let one = (&one as *const f32).cast();
-        // SAFETY: each operand holds every element the call reaches (checked
-        // above), with the types passed, and the views outlive the call on
-        // their stream; alpha and beta are f32 host values, as
-        // CUBLAS_COMPUTE_32F takes them.
+        // SAFETY: each operand holds every element reached (checked above) with the types passed, the
+        // views outlive the call on their stream; alpha and beta are f32 host values (COMPUTE_32F).
         unsafe {
             if g.batch == 1 {
                 gemm_ex(

@@ -1,13 +1,7 @@
-//! The bf16 product on Intel AMX (Sapphire Rapids and later): `tdpbf16ps`
-//! multiplies a 16 x 32 tile of bf16 by a 32 x 16 one into 16 x 16 f32
-//! sums, eight times the work of AVX-512 BF16's `vdpbf16ps` per
-//! instruction. A is packed as rows of bf16 pairs along k (a tile row is 16
-//! pairs, 64 bytes), B as today's panels of 32 columns of pairs (the tile
-//! layout AMX wants for its right operand); a block of 32 x 32 of C keeps
-//! its four tiles over the whole of k and is written once. Rows of C run in
-//! parallel; each task configures the tiles and releases them. Linux hands
-//! the tile state to a process that asks (`arch_prctl`), once.
-//! Measured in docs/performance.md ("bf16 on AMX").
+//! The bf16 product on Intel AMX: `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 32 x 16 one
+//! into 16 x 16 f32 sums, eight times `vdpbf16ps`'s work. A is packed as rows of bf16 pairs
+//! along k, B as panels of 32 columns of pairs (AMX's right-operand layout); a 32 x 32 block of
+//! C keeps its four tiles over all of k. Measured in docs/performance.md ("bf16 on AMX").
 
 use super::{pack_panel, View};
 use rayon::prelude::*;
@@ -20,15 +14,13 @@ const STEP: usize = 16;
 /// Rows of C one parallel task computes.
 const MC: usize = 128;
 
-/// Whether the CPU has AMX-BF16 and the OS let this process use its tiles
-/// (asked once; the packing needs AVX-512 BF16, which such CPUs have).
+/// Whether the CPU has AMX-BF16 and the OS lets this process use its tiles (asked once).
 pub fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| super::avx512_bf16_available() && tiles::enable())
 }
 
-/// C (m x n, row-major) = A · B with bf16 operands and f32 sums, every
-/// element of C written once. Needs [`available`].
+/// C (m x n, row-major) = A · B, bf16 operands, f32 sums, each written once. Needs [`available`].
 pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [MaybeUninit<f32>]) {
     assert!(available(), "the AMX kernel needs AMX-BF16");
     let kpp = k.div_ceil(2).next_multiple_of(STEP);
@@ -49,9 +41,8 @@ pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [MaybeUninit
                     let out = &mut c_rows[i0 * n + j0..];
                     if mr == BLOCK && nr == BLOCK {
                         assert!(out.len() >= (BLOCK - 1) * n + BLOCK);
-                        // SAFETY: the panels hold 32 rows and 32 columns of
-                        // kpp pairs (a multiple of STEP); C holds 32 rows of
-                        // 32 at stride n (asserted); tiles configured above.
+                        // SAFETY: the panels hold 32 rows and columns of kpp pairs (a multiple of STEP); C holds 32
+                        // rows of 32 at stride n (asserted); tiles configured above.
                         unsafe { tiles::block(apanel, bpanel, kpp, out.as_mut_ptr().cast(), n) };
                     } else {
                         // SAFETY: as above, into a 32 x 32 buffer.
@@ -68,8 +59,7 @@ pub fn gemm(m: usize, n: usize, k: usize, a: View, b: View, c: &mut [MaybeUninit
         });
 }
 
-/// A as rows of bf16 pairs along k: row r's kpp pairs at r · kpp, rows
-/// padded to a multiple of 32 and pairs past k with zeros.
+/// A as rows of bf16 pairs along k, rows padded to a multiple of 32, pairs past k zero.
 fn pack_rows(a: View, m: usize, k: usize, kpp: usize) -> Vec<u32> {
     let len = m.next_multiple_of(BLOCK) * kpp;
     let mut data: Vec<u32> = Vec::with_capacity(len);
@@ -95,8 +85,7 @@ fn pack_rows_into(a: View, m: usize, k: usize, kpp: usize, out: &mut [MaybeUnini
                 }
                 return;
             }
-            // k strided: 16 pairs of the panel's 32 rows at a time, as the
-            // other kernel packs them (pairs, then rows), turned.
+            // k strided: 16 pairs of the panel's 32 rows at a time, as the other kernel packs them, turned.
             let mut pairs = [MaybeUninit::new(0u32); STEP * BLOCK];
             for s in 0..kpp / STEP {
                 let k0 = s * 2 * STEP;
@@ -116,8 +105,7 @@ fn pack_rows_into(a: View, m: usize, k: usize, kpp: usize, out: &mut [MaybeUnini
         });
 }
 
-/// B as panels of 32 columns: kpp pairs along k of 32 lanes each (zeros
-/// past k and past n).
+/// B as panels of 32 columns: kpp pairs of 32 lanes each (zeros past k and n).
 fn pack_columns(b: View, k: usize, n: usize, kpp: usize) -> Vec<u32> {
     let len = n.div_ceil(BLOCK) * kpp * BLOCK;
     let mut data: Vec<u32> = Vec::with_capacity(len);
@@ -176,8 +164,7 @@ mod simd {
 mod tiles {
     use std::arch::asm;
 
-    /// CPUID's AMX-BF16 and AMX-TILE, and Linux's leave for this process to
-    /// use the tile data (without it the first tile instruction faults).
+    /// CPUID's AMX-BF16 and AMX-TILE, and Linux's leave to use tile data (else the first faults).
     pub fn enable() -> bool {
         let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
         let cpu = leaf7.edx & (1 << 22) != 0 && leaf7.edx & (1 << 24) != 0;
@@ -197,8 +184,7 @@ mod tiles {
     #[repr(C, align(64))]
     struct Config([u8; 64]);
 
-    /// The tiles of this thread configured, until dropped (`tilerelease`:
-    /// a thread that holds none saves no tile state when it is switched out).
+    /// This thread's tiles configured until dropped (`tilerelease`: no tile state saved after).
     pub struct Configured(());
 
     impl Configured {
