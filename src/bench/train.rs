@@ -1,9 +1,6 @@
-//! The train step alone (synthetic batches, no data loading): tokens per
-//! second, achieved FLOP/s, and their share of the device's peak — on the
-//! CPU the matmul peak of the same kernel on the same threads (candle's f32
-//! GEMM, or sweep's bf16 kernel for `bf16-mixed`), on a GPU its dense bf16
-//! peak from the table — with the time split into forward, backward and
-//! optimizer, and the peak memory.
+//! The train step alone (synthetic batches): tokens/s, FLOP/s and their share of the peak (on
+//! the CPU the same kernel's matmul peak on the same threads, on a GPU the table's dense bf16),
+//! the time split into forward, backward and optimizer, and peak memory.
 
 use crate::config::{
     AttentionKind, BatchSize, DeviceKind, ModelConfig, ModelOverrides, Precision, Recompute,
@@ -53,8 +50,7 @@ pub struct TrainRow {
     pub backward_s: f64,
     pub optimizer_s: f64,
     pub peak_memory_mb: f64,
-    /// The device's average power over the timed steps, where it has an
-    /// energy counter ([`crate::train::run::energy`]).
+    /// The device's average power over the timed steps, where it has a counter.
     pub watts: Option<f64>,
     /// The device as the driver names it (`cpu` on the CPU).
     pub device_name: String,
@@ -71,15 +67,12 @@ pub struct Settings {
     /// The accelerator's name in the peak table, where the driver's differs.
     pub gpu: Option<String>,
     pub recompute: Recompute,
-    /// One more step after the timed ones, recorded op by op
-    /// ([`crate::train::network::parts`]; not in the timed figures).
+    /// One more step after the timed ones, recorded op by op (not in the timed figures).
     pub parts: bool,
 }
 
-/// One case as `sweep bench train --json` writes it, in the keys of
-/// `scripts/torch-gpu-baseline.py`'s rows (so `scripts/gpu-check.sh` can set
-/// them side by side in bench.json); a case that failed has `error` and no
-/// figures.
+/// One case as `--json` writes it, in `scripts/torch-gpu-baseline.py`'s keys (so gpu-check sets
+/// them side by side); a failed case has `error` and no figures.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct JsonRow {
     pub implementation: &'static str,
@@ -183,10 +176,8 @@ fn case(
     }
 }
 
-/// The presets as the quickstart trains them, and the CPU speed-goal model
-/// (`small`, vocab 8192, seq 256, batch 8: 82.6 MFLOP per token),
-/// in f32 and in bf16-mixed (with the CPU's bf16 kernel: AVX-512 BF16 or
-/// the portable one, `SWEEP_CPU_KERNELS`).
+/// The presets as the quickstart trains them and the CPU speed-goal model (`small`, vocab 8192,
+/// seq 256, batch 8), in f32 and bf16-mixed.
 pub fn default_cases() -> Vec<TrainCase> {
     vec![
         case("tiny (quickstart shape)", "tiny", 32000, 512, 2, false),
@@ -196,10 +187,8 @@ pub fn default_cases() -> Vec<TrainCase> {
     ]
 }
 
-/// The GPU cases, as the reference study trained: `ref-1b` at batch 8 (and 2)
-/// and sequence 2048 (its DDP model), and `ref-8b`'s layer shapes with `layers` of
-/// its 32 layers (all of them need more than an 80 GB GPU holds) at batch 1
-/// and 2, in bf16 with flash attention; `ref-1b` also with eager attention.
+/// The GPU cases as the reference trained: `ref-1b` at batch 8 (and 2), sequence 2048, and
+/// `layers` of `ref-8b`'s 32 layers at batch 1 and 2, bf16 flash; `ref-1b` eager too.
 pub fn gpu_cases(layers: usize) -> Vec<TrainCase> {
     let gpu = |label: String, preset: &str, n_layers: Option<usize>, batch, attention| TrainCase {
         label,
@@ -238,9 +227,8 @@ pub fn gpu_cases(layers: usize) -> Vec<TrainCase> {
     ]
 }
 
-/// The peak FLOP/s MFU is measured against on `device`: on the CPU the
-/// matmul peak of the kernel the case multiplies with, on a GPU the table's
-/// (a `gpu` name overrides the driver's, `device_name`).
+/// The peak MFU is measured against: on the CPU the case's kernel's matmul peak, on a GPU the
+/// table's (`gpu` overrides the driver's name).
 fn peak(c: &TrainCase, device_name: &str, threads: usize, gpu: Option<&str>) -> Result<f64> {
     Ok(match c.device {
         DeviceKind::Cpu => {
@@ -267,9 +255,8 @@ pub struct Failed {
     pub error: anyhow::Error,
 }
 
-/// Times every case as `settings` say; `tokenizer` is the one the trainer
-/// holds (the ids are synthetic). A case that fails is reported and the
-/// next one runs: one too large for the device should not hide the others.
+/// Times every case; `tokenizer` is the trainer's (ids are synthetic). A failing case is
+/// reported and the next runs.
 pub fn run(
     cases: Vec<TrainCase>,
     settings: &Settings,
@@ -333,16 +320,13 @@ fn time_case(
     }
     let device = t.device.clone();
     let row = measure(t, case, settings, vocab);
-    // The memory pool keeps what the case freed, failed or not: handed back,
-    // so that the next case's peak is its own (seen on an H100: the cases
-    // after the largest read its 40 GB).
+    // The pool keeps what the case freed: handed back so the next case's peak is its own.
     crate::train::network::device::release_pool(&device)?;
     row
 }
 
-/// `settings.steps` timed steps of `t` after two warm-up steps, and one
-/// recorded op by op with `settings.parts` (`t` is consumed: its memory is
-/// freed when this returns).
+/// `settings.steps` timed steps after two warm-ups, and one op by op with `parts` (`t` freed
+/// on return).
 fn measure(mut t: Trainer, case: TrainCase, settings: &Settings, vocab: usize) -> Result<TrainRow> {
     let steps = settings.steps;
     let device_name = crate::train::network::device::name(&t.device)?;

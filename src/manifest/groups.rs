@@ -1,12 +1,8 @@
-//! A line pattern's named groups: those that mean a field the report knows,
-//! the columns no other group may make, and what the roles of `[report]`
-//! (`memory`, `throughput`, `step_time`) make of the groups they name, with
-//! the units a group's name (or figure) says.
+//! A line pattern's named groups: those meaning a field the report knows, the columns no other
+//! group may make, and what `[report]`'s roles make of the groups they name, with their units.
 
-/// A field of a log the report knows: a key of `metrics.jsonl` and a named
-/// group a `line_pattern` may use (besides `step`); every other group is a
-/// field of its own. Adding one: its variant and arms here, its slot in the
-/// report's `Point` (`report::ingest`), and the trainer's record if it logs it.
+/// A field the report knows: a `metrics.jsonl` key and a `line_pattern` group name; every other
+/// group is a field of its own. Adding one: docs/extending.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::VariantArray)]
 pub enum Field {
     // Summarised per run, in the summary's order (see [`Field::shown`]).
@@ -49,10 +45,8 @@ impl Field {
         Field::VARIANTS.iter().copied().find(|f| f.name() == name)
     }
 
-    /// What a run can log: finite, and far beyond any real device (a
-    /// million H100s' tokens/s, a thousand times the peak FLOPs of the
-    /// wrongest MFU, a century of training) but below what only a corrupt
-    /// or hostile log holds. Values outside are left out and reported.
+    /// What a run can log: finite, far beyond any real device but below what only a corrupt or
+    /// hostile log holds; values outside are left out and reported.
     pub fn plausible(self) -> std::ops::RangeInclusive<f64> {
         match self {
             Field::Loss => 0.0..=1e6,
@@ -70,8 +64,7 @@ impl Field {
         }
     }
 
-    /// The summary's heading and decimals of a field it summarises per run
-    /// (statistics, intervals, a column each); `None` for the others.
+    /// The summary's heading and decimals of a field it summarises per run.
     pub fn shown(self) -> Option<(&'static str, usize)> {
         Some(match self {
             Field::TokensPerSecond => ("Tokens/sec", 2),
@@ -100,9 +93,7 @@ pub fn is_known_group(group: &str) -> bool {
     group == "step" || Field::named(group).is_some()
 }
 
-/// The report's own columns besides the known fields' and their
-/// statistics' (`report::columns` checks in a test that these are all of
-/// them): no foreign group may make one of them.
+/// The report's own columns besides the fields' statistics (a test checks the list is whole).
 pub const REPORT_COLUMNS: [&str; 27] = [
     "run",
     "log_index",
@@ -133,8 +124,7 @@ pub const REPORT_COLUMNS: [&str; 27] = [
     "_forecast_vs_one_device",
 ];
 
-/// The suffixes of a measure's statistic columns: a group `mem_gb` makes
-/// `mem_gb_mean`, ..., `mem_gb_ci95_high`.
+/// The suffixes of a measure's statistic columns (`mem_gb_mean`, ..., `mem_gb_ci95_high`).
 pub const STAT_SUFFIXES: [&str; 7] = [
     "_mean",
     "_median",
@@ -145,8 +135,7 @@ pub const STAT_SUFFIXES: [&str; 7] = [
     "_ci95_high",
 ];
 
-/// Why a foreign group of a line pattern cannot have columns of its own:
-/// one it would make (`<group>_mean`, ...) is the report's or an axis's.
+/// Why a foreign group cannot have columns of its own: one would be the report's or an axis's.
 pub fn group_collides(group: &str, axes: &[&str]) -> Option<String> {
     let made = std::iter::once(group.to_string())
         .chain(STAT_SUFFIXES.iter().map(|s| format!("{group}{s}")));
@@ -178,8 +167,7 @@ pub struct Roles {
     pub memory: Option<String>,
     /// The group that is tokens per second per device.
     pub throughput: Option<String>,
-    /// The group that is a step's time (its unit in its name, or in each
-    /// figure it matches).
+    /// The group that is a step's time (its unit in its name or each figure).
     pub step_time: Option<String>,
 }
 
@@ -202,8 +190,7 @@ pub const TIME_UNITS: [(&str, f64); 6] = [
     ("_min", 60.0),
 ];
 
-/// Rates a step-time group's name may end in (steps per unit of time), and
-/// seconds per unit: a figure `v` is a step of `seconds / v`.
+/// Rate suffixes of a step-time group (steps per unit) and seconds per unit.
 pub const RATE_UNITS: [(&str, f64); 3] = [("_per_s", 1.0), ("_per_sec", 1.0), ("_per_min", 60.0)];
 
 /// How a step-time group's figures become seconds per step.
@@ -211,15 +198,13 @@ pub const RATE_UNITS: [(&str, f64); 3] = [("_per_s", 1.0), ("_per_sec", 1.0), ("
 pub enum StepUnit {
     /// Seconds per unit of the figure: the name ends in a time (`time_ms`).
     Time(f64),
-    /// Steps per this many seconds: the name ends in a rate (`it_per_s`,
-    /// Hugging Face's `train_steps_per_second`).
+    /// Steps per this many seconds (`it_per_s`, `train_steps_per_second`).
     Rate(f64),
     /// Each figure says its own unit (`5.33ms`, `4.98it/s`).
     InFigure,
 }
 
-/// The unit of a step-time group, from the end of its name (a rate first:
-/// `it_per_s` also ends in `_s`).
+/// A step-time group's unit, from its name's end (a rate first: `it_per_s` ends in `_s`).
 pub fn step_unit(group: &str) -> StepUnit {
     match unit_of(group, &RATE_UNITS) {
         Some(s) => StepUnit::Rate(s),
@@ -236,8 +221,7 @@ fn unit_of(group: &str, units: &[(&str, f64)]) -> Option<f64> {
         .map(|&(_, factor)| factor)
 }
 
-/// Units a memory group's name may end in, and MB (2^20 bytes, as
-/// `peak_memory_mb`) per unit: SI prefixes decimal, IEC binary.
+/// Memory group suffixes and MB (2^20 bytes) per unit: SI decimal, IEC binary.
 pub const MEMORY_UNITS: [(&str, f64); 8] = [
     ("_bytes", 1.0 / 1048576.0),
     ("_kb", 1e3 / 1048576.0),
@@ -254,8 +238,7 @@ pub fn memory_unit(group: &str) -> Option<f64> {
     unit_of(group, &MEMORY_UNITS)
 }
 
-/// Why `roles` do not fit a line pattern's named groups (no such group, a
-/// known field, no unit), with the role's key (`memory`, `throughput`).
+/// Why `roles` do not fit a line pattern's groups, with the role's key.
 pub fn check_roles(re: &regex::Regex, roles: &Roles) -> Result<(), (&'static str, String)> {
     let groups: Vec<&str> = re.capture_names().flatten().collect();
     for (key, group) in [
@@ -305,8 +288,7 @@ pub fn check_roles(re: &regex::Regex, roles: &Roles) -> Result<(), (&'static str
     Ok(())
 }
 
-/// Whether the named group `name` of `pattern` can match a figure alone
-/// (`5`, `5.33`): then what it matches says no unit.
+/// Whether group `name` of `pattern` can match a bare figure (then it says no unit).
 fn matches_a_bare_figure(pattern: &str, name: &str) -> bool {
     use regex_syntax::ast::{self, Ast, GroupKind, Span, Visitor};
     struct Find<'a>(&'a str, Option<Span>);

@@ -1,8 +1,6 @@
-//! A study's verbs, whatever prints them: plan it, render it under its
-//! lock, start a new attempt, decide what to submit, submit or run it
-//! ([`watch`] follows it), its state, cancel it. `cli` parses the command
-//! line, calls these and prints what they return; what they say while they
-//! work (waiting for the lock, a directory moved aside) goes to `say`.
+//! A study's verbs, whatever prints them: plan, render under its lock, start a new attempt,
+//! decide, submit or run ([`watch`]), state, cancel. `cli` parses, calls these and prints what
+//! they return; what they say while working goes to `say`.
 
 pub mod watch;
 
@@ -33,9 +31,8 @@ pub struct Request {
 /// Where a command says what it does while it works.
 pub type Say<'a> = &'a mut dyn FnMut(&str);
 
-/// The manifest's plan, its warnings said. `allow_oom`: runs estimated not
-/// to fit their GPU are planned anyway (`--allow-oom`, and commands that
-/// only look at runs); otherwise they are an error.
+/// The manifest's plan, its warnings said; runs estimated not to fit their GPU are an error
+/// unless `allow_oom`.
 pub fn load_plan(
     root: &Path,
     manifest: &Path,
@@ -44,8 +41,7 @@ pub fn load_plan(
     say: Say,
 ) -> Result<Plan> {
     if let Ok(Some(study)) = crate::plan::record::StudyRecord::load(manifest) {
-        // `sweep status results/x`: the study's results are not its manifest,
-        // but they say which manifest made them.
+        // `sweep status results/x`: the results are not a manifest, but name the one that made them.
         anyhow::bail!(
             "{} holds a study's results; this command reads the study's manifest: {}",
             manifest.display(),
@@ -60,9 +56,8 @@ pub fn load_plan(
     Ok(plan)
 }
 
-/// A packed study's blocks against its partition's time limit, as `sinfo`
-/// gives it: an error where a block asks for more. Without `sinfo` (a plan
-/// made off the cluster) it is said and left to `sweep submit`.
+/// A packed study's blocks against its partition's time limit (`sinfo`): an error where a block
+/// asks more. Without `sinfo` it is said and left to `sweep submit`.
 pub fn check_packed_time(plan: &Plan, say: Say) -> Result<()> {
     if !plan.manifest.slurm.pack {
         return Ok(());
@@ -95,8 +90,7 @@ pub fn render(
     Ok(written)
 }
 
-/// Plans, renders and collects the current state of every unit (for the
-/// commands that look: nothing is written).
+/// Plans, renders and reads every unit's state, writing nothing (for commands that look).
 pub fn prepare(
     root: &Path,
     manifest: &Path,
@@ -117,10 +111,9 @@ fn units_of(plan: &Plan, rendered: &render::Rendered) -> Result<(Vec<Unit>, Vec<
     Ok((units, status))
 }
 
-/// Renders the plan and writes the run directories under the study's lock,
-/// returned held (rendered once before taking it, so a template's error
-/// writes nothing). `replace_changed` moves aside runs that would now run
-/// something else; `again` records and moves aside the finished attempt.
+/// Renders the plan and writes the run directories under the study's lock, returned held
+/// (rendered first, so a template error writes nothing); `replace_changed` and `again` move
+/// runs aside.
 fn write_under_lock(
     plan: &Plan,
     verb: &str,
@@ -158,9 +151,8 @@ fn write_under_lock(
     Ok((rendered, written, lock))
 }
 
-/// `--again`: refuses while runs of the study are still going; records the
-/// finished attempt's runs in the history (nothing is moved when that
-/// fails); moves the attempt aside.
+/// `--again`: refused while runs still go; records the finished attempt in the history, then
+/// moves it aside (nothing moves when recording fails).
 fn start_again(plan: &Plan, manifest: &Path, say: Say) -> Result<()> {
     let rendered = render::render_with(plan, render::OnChanged::Replace)?;
     let (units, status) = units_of(plan, &rendered)?;
@@ -196,9 +188,8 @@ fn start_again(plan: &Plan, manifest: &Path, say: Say) -> Result<()> {
     Ok(())
 }
 
-/// The study's lock for a command that writes it (`sweep <verb> <manifest>`):
-/// a second `sweep` writing the same study waits, saying for whom, so that no
-/// run is rendered or submitted twice at once.
+/// The study's lock for a writing command: a second `sweep` waits, saying for whom, so nothing
+/// is rendered or submitted twice at once.
 pub fn lock_study(plan: &Plan, verb: &str, manifest: &Path, say: Say) -> Result<DirLock> {
     let what = format!("sweep {verb} {}", manifest.display());
     let (lock, how) = DirLock::study(&plan.study_dir, &what, |holder| {
@@ -230,8 +221,7 @@ pub fn lock_study(plan: &Plan, verb: &str, manifest: &Path, say: Say) -> Result<
     Ok(lock)
 }
 
-/// What `submit` and `run` act on: the rendered sweep, the executor, and
-/// what to do with each unit given its current state.
+/// What `submit` and `run` act on: the rendered sweep, the executor, and each unit's decision.
 pub struct Submission {
     pub plan: Plan,
     pub units: Vec<Unit>,
@@ -240,14 +230,12 @@ pub struct Submission {
     pub executor: Box<dyn Executor>,
     pub kind: ExecutorKind,
     pub decisions: Vec<Decision>,
-    /// The study's lock, held while this process submits (on the local
-    /// executor: runs) its jobs.
+    /// The study's lock, held while this process submits or runs its jobs.
     pub lock: Option<DirLock>,
 }
 
 impl Submission {
-    /// Plans, renders under the lock and decides. `verb`: the command
-    /// (`submit`, `run`), for a second `sweep` to name.
+    /// Plans, renders under the lock and decides; `verb` names the command to a second `sweep`.
     pub fn new(
         root: &Path,
         req: &Request,
@@ -350,8 +338,7 @@ pub fn interrupted_note(
     what
 }
 
-/// Whether a stage's output exists and its metadata matches the stage's
-/// inputs (the pretokenize stage's cache key); anything else runs it again.
+/// Whether a stage's output exists and its metadata matches the stage's inputs.
 fn stage_ready(plan: &Plan, u: &Unit) -> bool {
     let Some(s) = plan.stages.iter().find(|s| s.dir == u.dir) else {
         return false;

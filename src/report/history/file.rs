@@ -1,7 +1,5 @@
-//! The history's file: what SQLite is asked to create, and whether a file
-//! is sweep's history of this version — checked before anything is written
-//! (a foreign or earlier database is refused, never changed) — and the
-//! errors that say what it is instead.
+//! The history's file: its schema, and whether a file is sweep's history of this version
+//! (checked before anything is written: another database is refused, never changed).
 
 use crate::layout::{HISTORY_APPLICATION_ID as APPLICATION_ID, HISTORY_SQLITE as FILE};
 use anyhow::{bail, Context, Result};
@@ -9,20 +7,14 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The schema's version (`meta.schema_version`): a file of any other
-/// version is refused, never converted.
+/// The schema's version: a file of any other is refused, never converted.
 pub const SCHEMA_VERSION: i64 = 4;
-/// How long a writer waits for another one (a report of thousands of runs
-/// records in well under a second).
+/// How long a writer waits for another (a thousand-run report records in under a second).
 pub(super) const BUSY: Duration = Duration::from_secs(60);
 
-// Rows are stored in the order the history is read in (a configuration's
-// attempts together, WITHOUT ROWID): `sweep history` aggregates them in
-// one pass without sorting, and a configuration's reference is one range.
-// A measurement is unique by its attempt id. A fingerprint is stored once
-// however many runs share it. `attempts` holds each attempt's runs summed
-// (a million runs are ~200,000 attempts), kept by a trigger: whatever
-// inserts a measurement adds it to its attempt, in the same transaction.
+// Rows are stored in reading order (WITHOUT ROWID): `sweep history` aggregates in one pass and
+// a reference is one range. `attempts` holds each attempt's sums, kept by a trigger in the
+// inserting transaction (a million runs are ~200,000 attempts).
 pub(super) const SCHEMA: &str = "
 CREATE TABLE meta (
     key   TEXT PRIMARY KEY,
@@ -137,24 +129,19 @@ pub(super) fn is_read_only(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// What is at a history's path, seen from its first bytes before SQLite
-/// opens it (opening another program's database could already change it).
+/// What is at a history's path, from its first bytes before SQLite opens it.
 pub(super) enum Found {
     Nothing,
-    /// An empty file: a history another sweep is creating, or a file nobody
-    /// wrote yet.
+    /// An empty file: a history being created, or a file nobody wrote yet.
     Empty,
     /// A SQLite database carrying sweep's application id.
     Ours,
-    /// A SQLite database without an application id, not in write-ahead
-    /// mode: an empty one (a history being created: sweep sets its id in
-    /// the transaction that creates its tables, and switches to write-ahead
-    /// mode after), or another program's — told apart under SQLite's lock.
+    /// A SQLite database without an application id, not in WAL mode: a history being created, or
+    /// another program's (told apart under SQLite's lock).
     Unmarked,
 }
 
-/// Reads the header of what is at `path` (nothing, empty, a history, a
-/// database to look into; else an error), again for up to 0.2 s if short.
+/// Reads the header at `path` (again for up to 0.2 s if short).
 pub(super) fn sniff(path: &Path) -> Result<Found> {
     use crate::util::fs::ReadError;
     use std::io::{Read, Seek};
@@ -196,9 +183,8 @@ pub(super) fn sniff(path: &Path) -> Result<Found> {
     }
 }
 
-/// What a SQLite database without sweep's application id is, read without
-/// a lock or a write (`immutable`): an earlier sweep's history, or another
-/// program's database.
+/// What a database without sweep's id is, read without lock or write: an earlier sweep's
+/// history, or another program's.
 pub(super) fn foreign(path: &Path, id: i32) -> String {
     let seen = (|| -> rusqlite::Result<(Vec<String>, Option<String>)> {
         let conn = Connection::open_with_flags(
@@ -253,9 +239,7 @@ pub(super) fn foreign(path: &Path, id: i32) -> String {
     }
 }
 
-/// `file:` URI of a path, opened `immutable`: no lock, no side file, no
-/// write — for a history on a read-only file system or folder, and for
-/// looking at a file that is not sweep's.
+/// A path's `file:` URI opened `immutable`: no lock, side file or write.
 pub(super) fn immutable_uri(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
@@ -272,8 +256,7 @@ pub(super) fn immutable_uri(path: &Path) -> String {
     uri
 }
 
-/// The schema sweep creates, as SQLite lists it (`sqlite_master`): what a
-/// history must hold exactly.
+/// The schema sweep creates, as `sqlite_master` lists it: what a history must hold exactly.
 pub(super) fn expected_schema() -> &'static [SchemaRow] {
     static EXPECTED: std::sync::OnceLock<Vec<SchemaRow>> = std::sync::OnceLock::new();
     EXPECTED.get_or_init(|| {
@@ -306,8 +289,7 @@ pub(super) enum Contents {
     Wrong(String),
 }
 
-/// Whether an open database is a sweep history of this version: its
-/// application id, its schema exactly, its version; else what it is.
+/// Whether an open database is this version's sweep history; else what it is.
 pub(super) fn verify(conn: &Connection) -> rusqlite::Result<Contents> {
     let id: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
     if id != APPLICATION_ID {
@@ -386,8 +368,7 @@ pub(super) fn refused(path: &Path, contents: Contents) -> anyhow::Error {
     }
 }
 
-/// Why recording into `path` failed where it is read-only: which of the
-/// file and its folder this user cannot write, and that nothing is lost.
+/// Why recording into a read-only `path` failed, and that nothing is lost.
 pub(super) fn read_only(path: &Path, why: &dyn std::fmt::Display) -> anyhow::Error {
     let writable = |p: &Path| {
         use std::os::unix::ffi::OsStrExt;
@@ -422,8 +403,7 @@ pub(super) fn wal_of(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// A history SQLite could not open or read, and that was not refused for
-/// what it is.
+/// A history SQLite could not open or read, not refused for what it is.
 pub(super) fn not_readable(path: &Path, e: &dyn std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("{} cannot be read as sweep's history ({e})", path.display())
 }
