@@ -1,14 +1,11 @@
-//! What SLURM says about an allocation's nodes — their names and the
-//! address another node reaches each by (the launch doctor's master; where
-//! the ranks of a step meet once out of `MPI_Init`) — and about the
-//! cluster's limits (how large a job array may be); its queries without
-//! the user's own defaults for them.
+//! What SLURM says about an allocation's nodes (names, and the address another node reaches
+//! each by) and the cluster's limits; its queries without the user's own defaults.
 
 use std::net::{IpAddr, ToSocketAddrs};
 use std::process::Command;
 
-/// A SLURM command without the user's `SQUEUE_*`, `SINFO_*`, `SCANCEL_*`
-/// defaults (a profile's partition filter would hide a study's jobs).
+/// A SLURM command without the user's `SQUEUE_*`, `SINFO_*`, `SCANCEL_*` defaults (a
+/// profile's partition filter would hide a study's jobs).
 pub fn query(tool: &str) -> Command {
     let prefix = format!("{}_", tool.to_ascii_uppercase());
     let mut cmd = Command::new(tool);
@@ -20,17 +17,15 @@ pub fn query(tool: &str) -> Command {
     cmd
 }
 
-/// The program that reads an option: an `#SBATCH` line's, or an argument of
-/// the run's `srun`.
+/// The program reading an option: an `#SBATCH` line's sbatch, or the run's `srun`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tool {
     Sbatch,
     Srun,
 }
 
-/// Whether an option takes a value: in the next word or glued on
-/// (`Required`: `-t 10`, `-t10`, `--time 10`), or only glued on (`Optional`:
-/// `-K1`, `--exclusive=user`), or none (`No`).
+/// Whether an option takes a value: next word or glued (`-t 10`, `-t10`), only glued
+/// (`-K1`, `--exclusive=user`), or none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Takes {
     Required,
@@ -48,9 +43,8 @@ enum Of {
     Srun,
 }
 
-/// sbatch's and srun's one-letter options (22.05's `man sbatch`, `man
-/// srun`): the long ones they stand for, whether they take a value, and
-/// whose they are (`-W` is both's, and means another thing in each).
+/// sbatch's and srun's one-letter options (22.05's man pages): their long names, values, and
+/// whose (`-W` is both's, meaning different things).
 const SHORT: [(char, &str, Takes, Of); 44] = [
     ('A', "account", Required, Of::Both),
     ('B', "extra-node-info", Required, Of::Both),
@@ -98,9 +92,8 @@ const SHORT: [(char, &str, Takes, Of); 44] = [
     ('Z', "no-allocate", No, Of::Srun),
 ];
 
-/// Long options that take no value of their own in the next word (none,
-/// or one only after `=`), beyond the one-letter ones' long names: a word
-/// after one is the next option or the program.
+/// Long options taking no value in the next word: a word after one is the next option or the
+/// program.
 const LONG_WITHOUT_VALUE: [&str; 19] = [
     "contiguous",
     "exclusive",
@@ -134,32 +127,22 @@ fn short_options(tool: Tool) -> impl Iterator<Item = (char, &'static str, Takes)
     })
 }
 
-/// Whether `name` is the whole name of one of `tool`'s long options that
-/// its one-letter options stand for, rather than the start of a longer one
-/// (`gpus` against `gpus-per-node`).
+/// Whether `name` is a whole long option name of `tool`'s, not the start of a longer one.
 pub fn is_long_option(tool: Tool, name: &str) -> bool {
     short_options(tool).any(|(_, long, _)| long == name)
 }
 
-/// The long name of every option `text` gives `tool`, read as sbatch reads
-/// an `#SBATCH` line and srun its arguments (getopt): shell words, each an
-/// option with its value glued on or in the next word (`--time=10`,
-/// `--time 10`, `-t 10`, `-t10`), or a cluster of one-letter options whose
-/// last may take the rest as its value (`-vo /x` and `-lN2` set `output`
-/// and `nodes`). A long name is as written: the reading of an abbreviation
-/// (`--part`) is the caller's. The options end at the first word that is
-/// none (getopt would stop there too, or take it for the program). `Err`:
-/// text that is no shell words (an open quote), or a one-letter option
-/// `tool` does not have.
+/// The long name of every option `text` gives `tool`, read as getopt reads them: values glued
+/// or in the next word, clusters of one-letter options whose last may take the rest (`-lN2`
+/// sets `nodes`). Abbreviations are the caller's; options end at the first word that is none.
+/// `Err`: no shell words (an open quote), or a one-letter option `tool` lacks.
 pub fn options(tool: Tool, text: &str) -> Result<Vec<String>, String> {
     let words = shlex::split(text)
         .ok_or_else(|| format!("`{text}` cannot be read as words (an open quote)"))?;
     read(tool, &words).map(|r| r.names)
 }
 
-/// The index of the first of `words` (arguments as the program gets
-/// them) that `tool` takes for no option nor an option's value: where its
-/// options end (srun runs it as its program), or `--`.
+/// The index of the first word `tool` takes for no option or value: its program, or `--`.
 pub fn first_operand(tool: Tool, words: &[String]) -> Option<usize> {
     read(tool, words).ok()?.operand
 }
@@ -239,8 +222,7 @@ fn name(tool: Tool) -> &'static str {
 /// SLURM's own default MaxArraySize: an array's indices run below it.
 pub const DEFAULT_MAX_ARRAY_SIZE: usize = 1001;
 
-/// The most tasks one job array may have on this cluster (its
-/// `MaxArraySize`; SLURM's default where `scontrol show config` cannot say).
+/// The most tasks a job array may have here (`MaxArraySize`, else SLURM's default).
 pub fn max_array_size() -> usize {
     Command::new("scontrol")
         .args(["show", "config"])
@@ -281,9 +263,8 @@ pub fn hostnames(list: &str) -> Result<Vec<String>, String> {
     Ok(nodes)
 }
 
-/// The address other nodes reach `node` by, never a loopback one: its
-/// name's, else SLURM's `NodeAddr` for it (a name that resolves to
-/// 127.0.1.1 on its own node, as many images write `/etc/hosts`).
+/// The address other nodes reach `node` by, never a loopback: its name's, else SLURM's
+/// `NodeAddr` (images often map a node's name to 127.0.1.1).
 pub fn node_address(node: &str) -> Result<IpAddr, String> {
     let resolved: Vec<IpAddr> = (node, 0)
         .to_socket_addrs()

@@ -1,13 +1,7 @@
-//! `sweep watchdog`: starts a run's launcher (`srun`, `mpirun`, or the
-//! command itself) inside the job, SLURM's or the local executor's, and
-//! stops the run when it stops making progress. Progress is a new record:
-//! a line of the job's log that matches the command's `line_pattern`, or a
-//! new step of every rank of the built-in trainer (`progress/rank-<r>`).
-//! When none comes for `[watchdog] stall` (or no first one within
-//! `startup`), it gathers the evidence (`evidence`), stops the run
-//! (SIGTERM, then SIGKILL, to every process of it), records why in the
-//! job's entry of `run.json` with the evidence in `watchdog.log`, and exits
-//! [`HUNG_EXIT`]: the run is HUNG. Otherwise it exits as the launcher did.
+//! `sweep watchdog`: starts a run's launcher inside the job and stops the run when it stops
+//! making progress (a log line matching `line_pattern`, or a new step of every trainer rank).
+//! With none for `[watchdog] stall` (or `startup`), it gathers evidence, stops the run, records
+//! why in `run.json` and `watchdog.log`, and exits [`HUNG_EXIT`]; else as the launcher did.
 //! docs/running.md, "When a run hangs".
 
 mod evidence;
@@ -62,14 +56,12 @@ impl Limit {
     }
 }
 
-/// Runs the launcher under watch; the exit code is the launcher's, or
-/// [`HUNG_EXIT`] when the watchdog stopped it.
+/// Runs the launcher under watch: its exit code, or [`HUNG_EXIT`].
 pub fn run(o: WatchOptions) -> Result<ExitCode> {
     let Some(program) = o.argv.first() else {
         bail!("sweep watchdog: no launcher to start (give it after `--`)");
     };
-    // It writes into the directory (progress/, watchdog.log, run.json):
-    // only into a run's, never into one a mistyped `--dir` names.
+    // It writes into the directory: only a run's, never one a mistyped `--dir` names.
     match crate::plan::record::RunRecord::read(&o.dir.join(crate::layout::RUN_JSON), None) {
         Ok(Some(_)) => {}
         Ok(None) => bail!(
@@ -91,8 +83,7 @@ pub fn run(o: WatchOptions) -> Result<ExitCode> {
         std::process::id()
     );
     let mut progress = Progress::new(&o.dir, o.pattern.clone());
-    // The watchdog outlives the signals that stop a job, to pass on how
-    // its launcher ended (a checkpoint's exit 99, above all).
+    // The watchdog outlives the signals that stop a job, to pass on the launcher's exit.
     let stop = crate::util::signals::StopSignals::install(&OUTLIVED)?;
     let mut child = Command::new(program)
         .args(&o.argv[1..])
@@ -107,8 +98,7 @@ pub fn run(o: WatchOptions) -> Result<ExitCode> {
         }
         if let Some(sig) = stop.take() {
             pass_on(&child, sig);
-            // A run that stops (checkpointing, say) makes no progress: it is
-            // waited for, never called hung.
+            // A stopping run makes no progress (it checkpoints): waited for, never hung.
             stopping = true;
         }
         progress.poll();
@@ -119,14 +109,11 @@ pub fn run(o: WatchOptions) -> Result<ExitCode> {
     }
 }
 
-/// The signals that stop a job (and SLURM's time-limit warning), which
-/// the launcher answers (the trainer with a checkpoint) and the watchdog
-/// outlives.
+/// The signals stopping a job (and SLURM's warning), answered by the launcher, outlived here.
 const OUTLIVED: [i32; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1];
 
-/// A stop signal the watchdog received, passed on only to a launcher that
-/// left its process group (`setsid`): the others have it already, and a
-/// second would reach a handler twice or make srun abort its step.
+/// A stop signal passed on only to a launcher that left its process group: the others have it,
+/// and a second would make srun abort its step.
 fn pass_on(child: &Child, sig: i32) {
     let launcher = Pid::from_raw(child.id() as i32);
     let apart =
@@ -152,9 +139,7 @@ fn due(o: &WatchOptions, p: &Progress, running: Duration) -> Option<Limit> {
     }
 }
 
-/// `[watchdog] stall` in seconds, given the intervals between progress
-/// records so far: `auto` is the larger of 10 × their median and 5
-/// minutes.
+/// `[watchdog] stall` in seconds; `auto`: the larger of 10 × the median interval and 5 minutes.
 pub fn stall_limit(stall: Stall, intervals: &[f64]) -> Option<u64> {
     match stall {
         Stall::Off => None,
@@ -167,8 +152,7 @@ pub fn stall_limit(stall: Stall, intervals: &[f64]) -> Option<u64> {
     }
 }
 
-/// The evidence first, while every process is as it hung; then the
-/// launcher stopped, and the run recorded HUNG.
+/// The evidence first, while every process is as it hung; then the stop, recorded HUNG.
 fn stop_hung(
     o: &WatchOptions,
     token: &str,
@@ -206,11 +190,9 @@ fn stop_hung(
     Ok(ExitCode::from(HUNG_EXIT as u8))
 }
 
-/// SIGTERM to the run's processes on this node (by the token they inherit,
-/// not the job's shell), SIGKILL after [`GRACE`]; `srun` passes both on.
+/// SIGTERM to the run's processes here (by their inherited token), SIGKILL after [`GRACE`].
 fn end(child: &mut Child, token: &str) {
-    // The launcher by its pid only while it is not reaped (a pid reaped is
-    // free to be another process's).
+    // The launcher by its pid only while unreaped (a reaped pid may be another process's).
     let signal_all = |sig: Signal, launcher: Option<u32>| {
         for pid in evidence::probe_pids(token).into_iter().chain(launcher) {
             let _ = kill(Pid::from_raw(pid as i32), sig);

@@ -1,5 +1,4 @@
-//! The expansion itself: combinations, derived values, configurations, ids,
-//! names and stages.
+//! The expansion: combinations, derived values, configurations, ids, names and stages.
 
 mod checks;
 mod job;
@@ -95,8 +94,7 @@ pub(super) fn plan(m: Manifest, opts: &super::PlanOptions) -> Result<Plan, Diagn
     })
 }
 
-/// Each run to resolve in the plan's order, (repeat, configuration, block):
-/// repeats interleaved so that a shared machine's drift spreads over all.
+/// Each run in plan order, (repeat, configuration, block): repeats interleaved against drift.
 fn run_order<'c>(
     m: &Manifest,
     combos: &'c [Vec<usize>],
@@ -119,8 +117,7 @@ fn run_order<'c>(
         .collect()
 }
 
-/// The report's baseline names a configuration of the plan (not one
-/// repeat of it).
+/// The report's baseline names a configuration of the plan.
 fn check_baseline(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     let Some(b) = &m.report.baseline else {
         return Ok(());
@@ -164,8 +161,8 @@ fn check_baseline(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     Ok(())
 }
 
-/// Block `r`'s order of `n` configurations: Fisher–Yates on ChaCha8 from
-/// (`seed`, `r`), the same on any machine and version (unlike rand's shuffles).
+/// Block `r`'s order of `n` configurations: Fisher–Yates on ChaCha8 from (`seed`, `r`), the
+/// same on any machine and version.
 pub(super) fn block_order(seed: u64, r: u32, n: usize) -> Vec<usize> {
     use rand_chacha::rand_core::{RngCore, SeedableRng};
     let mut key = [0u8; 32];
@@ -188,8 +185,7 @@ pub(super) fn block_order(seed: u64, r: u32, n: usize) -> Vec<usize> {
     order
 }
 
-/// Row indices, one per axis, for every combination that no rule excludes.
-/// The first axis varies slowest.
+/// Row indices, one per axis, of every combination no rule excludes; the first axis slowest.
 fn combinations(m: &Manifest) -> Vec<Vec<usize>> {
     let lens: Vec<usize> = m.axes.iter().map(|a| a.rows.len()).collect();
     let total: usize = lens.iter().product();
@@ -232,16 +228,13 @@ struct Shared<'a> {
     train_fields: Vec<String>,
     /// What the binary that job scripts run was built with.
     features: Features,
-    /// Where `[defaults]` alone fails as a trainer configuration, if it
-    /// does: the key at fault (`None` for a type error).
+    /// Where `[defaults]` alone fails as a trainer configuration: the key (`None`: a type error).
     defaults_error: Option<Option<&'static str>>,
-    /// Whether the run-name template writes `repeat` itself (else repeats
-    /// get a `-r<k>` suffix).
+    /// Whether the name template writes `repeat` (else repeats get `-r<k>`).
     name_uses_repeat: bool,
 }
 
-/// One run's values as they are assembled: the axis and derived values that
-/// distinguish it, its `[defaults]`-shaped table and its `[slurm]` table.
+/// One run's values as assembled: its axis and derived values, `[defaults]` and `[slurm]` tables.
 struct Assembly {
     params: IndexMap<String, Json>,
     table: toml::Table,
@@ -289,9 +282,7 @@ impl<'a> Shared<'a> {
         })
     }
 
-    /// A run's name (with `-r<repeat>` where the template does not write
-    /// the repeat), its configuration's name, and the name as written where
-    /// it had to be made safe.
+    /// A run's name, its configuration's name, and the name as written where it was made safe.
     fn names(
         &self,
         ctx: &Json,
@@ -305,8 +296,7 @@ impl<'a> Shared<'a> {
         let (name, config_name) = match (repeated, self.name_uses_repeat) {
             (false, _) => (rendered.clone(), rendered),
             (true, false) => (format!("{rendered}-r{repeat}"), rendered),
-            // The template writes the repeat itself: the configuration is
-            // named after its first repeat.
+            // The template writes the repeat: the configuration is named after its first repeat.
             (true, true) => {
                 let mut first = ctx.clone();
                 first["repeat"] = json!(0);
@@ -322,8 +312,7 @@ impl<'a> Shared<'a> {
         let repeated = m.repeats > 1;
         let mut slurm = self.slurm(&a)?;
 
-        // The context of derived values, names and commands: the configuration,
-        // `slurm`, `study`, and the derived values computed so far.
+        // The context of derived values, names and commands.
         let mut train = match &m.mode {
             Mode::Train(_) => Some(self.train_config(&a.table, &a.params)?),
             Mode::Command(_) => None,
@@ -432,9 +421,8 @@ impl<'a> Shared<'a> {
         a
     }
 
-    /// Evaluates the derived values in order into `ctx` and the run's
-    /// parameters; those that name a trainer key go into its table. Returns
-    /// whether the trainer configuration changed.
+    /// Evaluates the derived values into `ctx` and the run's parameters (trainer keys into its
+    /// table); whether the trainer configuration changed.
     fn derive(
         &self,
         a: &mut Assembly,
@@ -484,9 +472,7 @@ impl<'a> Shared<'a> {
         Ok(changed)
     }
 
-    /// A `[report]` figure for one run ([`crate::manifest::PerRun`]): its
-    /// number, or its expression evaluated over the run's values, within
-    /// the key's bounds.
+    /// A `[report]` figure for one run: its number or evaluated expression, within bounds.
     fn per_run_figure(
         &self,
         key: &str,
@@ -550,8 +536,7 @@ impl<'a> Shared<'a> {
         check_train(table, self.features).map_err(|(key, msg)| self.error_in(params, key, &msg))
     }
 
-    /// An error in one run's configuration, at the axis value that causes
-    /// it, else at the key (said once where `[defaults]` alone fails).
+    /// An error in one run's configuration, at the axis value causing it, else at the key.
     fn error_in(
         &self,
         params: &IndexMap<String, Json>,
@@ -587,8 +572,7 @@ impl<'a> Shared<'a> {
         Box::new(d)
     }
 
-    /// Whether one axis value, set alone into `[defaults]` or `[slurm]`,
-    /// gives a valid configuration (`None`: it has no TOML form).
+    /// Whether one axis value alone gives a valid configuration (`None`: no TOML form).
     fn fine_alone(&self, key: &str, value: &Json) -> Option<bool> {
         let value = json_to_toml(value).ok()?;
         Some(match key.strip_prefix("slurm.") {
@@ -611,8 +595,7 @@ impl<'a> Shared<'a> {
         ))
     }
 
-    /// The run name as the template (or the axis values) write it, before
-    /// it is made a directory name.
+    /// The run name as written, before it is made a directory name.
     fn name_as_written(
         &self,
         ctx: &Json,
@@ -667,9 +650,7 @@ impl<'a> Shared<'a> {
     }
 }
 
-/// A trainer configuration as names and derived values see it: every key,
-/// those a config leaves out at their default (so that run ids stay as they
-/// were) included.
+/// A trainer configuration as names and derived values see it: every key, defaults included.
 fn config_context(cfg: &TrainConfig) -> Json {
     let mut v = serde_json::to_value(cfg).expect("config serialises");
     let left_out = [

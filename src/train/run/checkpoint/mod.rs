@@ -1,11 +1,7 @@
-//! Checkpoints: model and optimizer state (safetensors), a small JSON with
-//! the step, the data loader's position, the monitor's state and the model
-//! it belongs to, and, written last, a table of contents (`checkpoint.json`:
-//! every file with its size and hash). Written into a temporary directory
-//! renamed into place, so a checkpoint exists completely or not at all.
-//! At start the newest checkpoint that is whole — every file as its table
-//! says — is resumed from; a damaged newer one is skipped with a note that
-//! names it and why, and the one before is taken.
+//! Checkpoints: model and optimizer state (safetensors), a JSON of step, data position, monitor
+//! state and model, and last a table of contents (`checkpoint.json`: every file's size and hash),
+//! written into a temporary directory renamed into place. The newest whole checkpoint is
+//! resumed from; a damaged newer one is skipped, named, with why.
 
 use super::dist::{self, Collective, Ranks};
 use super::monitor::MonitorState;
@@ -31,19 +27,16 @@ const OPTIMIZER: &str = "optimizer.safetensors";
 /// Rank r's moments, in a checkpoint of a ZeRO run: `optimizer-rank-<r>.safetensors`.
 const SHARD_PREFIX: &str = "optimizer-rank-";
 const STATE: &str = "state.json";
-/// The table of contents, written last: its presence and agreement with the
-/// files make a checkpoint whole.
+/// The table of contents, written last: it and the files agreeing make a checkpoint whole.
 const CONTENTS: &str = "checkpoint.json";
 
 fn shard_file(rank: usize) -> String {
     format!("{SHARD_PREFIX}{rank}.safetensors")
 }
 
-/// The largest `state.json` read: its loader buffer holds at most the rest
-/// of one document ([`MAX_BUFFER_TOKENS`]).
+/// The largest `state.json` read (its buffer holds at most one document's rest).
 const MAX_STATE_BYTES: u64 = 1 << 30;
-/// The most tokens a saved padding-free buffer may hold: the rest of one
-/// document, which no real document comes near.
+/// The most tokens a saved padding-free buffer may hold: the rest of one document.
 const MAX_BUFFER_TOKENS: usize = 1 << 26;
 /// The most ranks a checkpoint may say wrote it.
 const MAX_WORLD_SIZE: usize = 1 << 20;
@@ -77,23 +70,19 @@ pub struct TrainState {
     /// The data positions of ranks 1, 2, … (contiguous order only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub other_ranks: Vec<LoaderState>,
-    /// How the ranks shared the data (checkpoints from before the global
-    /// order were contiguous).
+    /// How the ranks shared the data (older checkpoints: contiguous).
     #[serde(default = "contiguous")]
     pub data_order: DataOrder,
-    /// Samples per step over all ranks: world size × batch × accumulation
-    /// (0: not recorded, from before elastic resume).
+    /// Samples per step over all ranks (0: not recorded, from before elastic resume).
     #[serde(default)]
     pub global_batch: usize,
-    /// The model whose parameters these are (checkpoints from before it was
-    /// recorded have none, and are checked by their tensors' shapes alone).
+    /// The model these parameters belong to (older checkpoints: checked by shapes alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ModelIdentity>,
     pub monitor: MonitorState,
     /// Seconds of training before this checkpoint (the metrics' elapsed_s continues from it).
     pub elapsed_s: f64,
-    /// ZeRO: the moments are in one file per rank, this many
-    /// ([`shard_file`]); 0: in one file.
+    /// ZeRO: the moments are in this many files, one per rank ([`shard_file`]); 0: one file.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub optimizer_shards: usize,
     pub sweep_version: String,
@@ -121,8 +110,7 @@ fn contiguous() -> DataOrder {
     DataOrder::Contiguous
 }
 
-/// How a job continues from a checkpoint: its rank's data position and the
-/// gradient accumulation that keeps the checkpoint's global batch.
+/// How a job continues: its rank's data position and the accumulation keeping the global batch.
 #[derive(Debug)]
 pub struct Resume<'a> {
     pub loader: &'a LoaderState,
@@ -132,8 +120,7 @@ pub struct Resume<'a> {
 }
 
 impl TrainState {
-    /// Checks that this checkpoint belongs to the run about to resume from it
-    /// and holds only values a trainer can write: else an error naming `dir`.
+    /// Checks this checkpoint belongs to the run resuming and holds only values a trainer writes.
     pub fn check(&self, model: &ModelIdentity, training_steps: usize, dir: &Path) -> Result<()> {
         let at = dir.display();
         if let Some(m) = self.model.as_ref().filter(|m| *m != model) {
@@ -193,11 +180,9 @@ impl TrainState {
         Ok(())
     }
 
-    /// How the job of `ranks` (at `batch` samples per rank and micro-batch,
-    /// `accumulation` micro-batches per step, reading in `order`) continues
-    /// from this checkpoint. A global position (or one rank's) continues on
-    /// any world size, with the accumulation that keeps the global batch;
-    /// per-rank shards continue only on as many ranks.
+    /// How the job of `ranks` continues from this checkpoint: a global position (or one rank's) on
+    /// any world size, with the accumulation keeping the global batch; per-rank shards only on as
+    /// many ranks.
     pub fn resume(
         &self,
         ranks: Ranks,
@@ -207,8 +192,7 @@ impl TrainState {
         dir: &Path,
     ) -> Result<Resume<'_>> {
         let same = self.world_size == ranks.world_size && self.data_order == order;
-        // A single rank's range is every training document: the same
-        // position as the global order's.
+        // A single rank's range is every document: the global order's position.
         let shared = |order: DataOrder, world: usize| order == DataOrder::Global || world == 1;
         if same {
             let loader = match ranks.rank {
@@ -294,9 +278,8 @@ fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join(DIR).join(format!("step-{step:08}"))
 }
 
-/// Writes a checkpoint of every rank's state: rank 0 the model, the moments
-/// (or under ZeRO every rank its share) and the ranks' data positions. Every
-/// rank returns once it is complete, so none can leave it half-written.
+/// Writes a checkpoint of every rank's state (rank 0 the model; the moments, or each rank its
+/// share under ZeRO; the data positions). Every rank returns once it is complete.
 pub fn save_all_ranks(
     run_dir: &Path,
     params: &Params,
@@ -309,8 +292,7 @@ pub fn save_all_ranks(
     let root = run_dir.join(DIR);
     let rank_file = |r: usize| root.join(format!(".rank-{r}-step-{:08}.json", state.step));
     let shard_path = |r: usize| root.join(format!(".rank-{r}-step-{:08}.safetensors", state.step));
-    // In the global order every rank stands at the same position: rank 0's
-    // is everyone's.
+    // In the global order every rank stands at rank 0's position.
     let per_rank = state.data_order == DataOrder::Contiguous && ranks.world_size > 1;
     if !ranks.is_main() && (per_rank || sharded) {
         crate::util::fs::make_dir(&root)?;
@@ -358,8 +340,7 @@ pub fn save_all_ranks(
     Ok(dest)
 }
 
-/// Where a checkpoint's moments come from: rank 0's optimizer, whole, or
-/// its share and the files of ranks 1, 2, … (ZeRO).
+/// Where a checkpoint's moments come from: rank 0's optimizer, or every rank's share (ZeRO).
 enum Moments<'a> {
     Whole(&'a AdamW),
     Shards(&'a AdamW, Vec<PathBuf>),
