@@ -1,12 +1,7 @@
-//! Data-parallel scaling of the built-in trainer on this machine: the same
-//! per-rank work (model, batch, real text) at 1 and at N ranks, each rank a
-//! process with its own threads; per-device and whole-job tokens/s, weak
-//! scaling efficiency, and the share of the step spent summing gradients
-//! across ranks. The ranks are the trainer's own (`Trainer::step`, MPI),
-//! started by `mpirun` like the local executor starts them, or by `srun` on
-//! SLURM nodes ([`Launch::Nodes`]). Beside each measured world size, the
-//! plan's scaling forecast for it ([`forecast`]) where the link's bandwidth
-//! is given: the one check of the forecast against a link of known speed.
+//! Data-parallel scaling of the trainer on this machine: the same per-rank work at 1 and N
+//! ranks (processes by `mpirun`, or `srun` on SLURM nodes); per-device and job tokens/s, weak
+//! scaling efficiency and the share of the step summing gradients. Beside each world size,
+//! the plan's forecast for it ([`forecast`]) where the link's bandwidth is given.
 
 use crate::config::{
     AttentionKind, DeviceKind, Features, ModelOverrides, Precision, RuntimeOptions, TrainConfig,
@@ -47,14 +42,12 @@ pub struct DdpRow {
     pub comm_s: f64,
     /// The engine that summed gradients, as it describes itself.
     pub engine: String,
-    /// Whether the ranks went through the engine (one rank alone does not,
-    /// unless `--engine-at-one`).
+    /// Whether the ranks went through the engine (one rank does not, unless `--engine-at-one`).
     pub through_engine: bool,
     /// The ZeRO stage (its all-gather counts in `comm_s`).
     #[serde(default)]
     pub zero: u8,
-    /// FLOPs of one rank's step, and the peak its MFU is measured against
-    /// (the trainer's: the measured CPU peak, or the GPU's table entry).
+    /// FLOPs of one rank's step, and the trainer's peak its MFU is measured against.
     pub flops_per_step: f64,
     pub peak_flops: f64,
 }
@@ -64,8 +57,7 @@ pub struct DdpRow {
 pub enum Launch {
     /// `mpirun` on this machine.
     Local,
-    /// `srun --mpi=pmix` over this many SLURM nodes (a world size spread
-    /// evenly over them; one rank on one node).
+    /// `srun --mpi=pmix` over this many SLURM nodes (ranks spread evenly).
     Nodes(usize),
 }
 
@@ -80,8 +72,7 @@ impl Launch {
 }
 
 impl DdpRow {
-    /// How the row is labelled: its world size, and whether one rank went
-    /// through the engine.
+    /// The row's label: its world size, and whether one rank went through the engine.
     pub fn label(&self) -> String {
         match (self.ranks, self.through_engine, self.zero) {
             (1, true, _) => "1 (engine)".into(),
@@ -91,8 +82,7 @@ impl DdpRow {
     }
 }
 
-/// The run every rank trains: f32 on the CPU; on a GPU, bf16 with flash
-/// attention when built in, as the reference study trains.
+/// The run every rank trains: f32 on the CPU; on a GPU bf16 with flash attention when built in.
 fn config(w: &DdpWork) -> TrainConfig {
     let root = &w.root;
     let (precision, attention) = match w.device {
@@ -118,8 +108,7 @@ fn config(w: &DdpWork) -> TrainConfig {
     }
 }
 
-/// One rank of a benchmark (run by `mpirun`, or alone for one rank): two
-/// warm-up steps, then `steps` timed ones; rank 0 prints its row as JSON.
+/// One rank: two warm-up steps, then `steps` timed; rank 0 prints its row as JSON.
 pub fn rank(w: &DdpWork, rt: &RuntimeOptions) -> Result<()> {
     let threads = crate::train::init_threads(w.threads, rt);
     let mut t = Trainer::new(config(w), threads, rt)?;
@@ -128,9 +117,7 @@ pub fn rank(w: &DdpWork, rt: &RuntimeOptions) -> Result<()> {
     let (mut step_s, mut comm_s) = (0.0, 0.0);
     for step in 1..=w.steps + 2 {
         let batch = crate::data::loader::next_batch(&mut stream, w.batch)?;
-        // The step is timed from the moment every rank has its batch: a
-        // rank slower to read its samples would otherwise make the others'
-        // first sum of the step wait, and count as communication.
+        // Timed once every rank has its batch: a slow reader would otherwise count as communication.
         crate::train::run::dist::barrier(&*t.comm, &t.device)?;
         let started = Instant::now();
         let out = t.step(&[batch], optim::lr_at(step, &t.cfg), &mut memory, None)?;
@@ -166,10 +153,8 @@ pub fn rank(w: &DdpWork, rt: &RuntimeOptions) -> Result<()> {
     Ok(())
 }
 
-/// Runs `w` at every world size of `world_sizes` (locally: 1 in this
-/// process's child, more through `mpirun`; on nodes: each through `srun`)
-/// and returns rank 0's rows; `engine_at_one` adds a run of one rank
-/// through the engine (its cost without peers).
+/// Runs `w` at every world size (locally through `mpirun`, on nodes through `srun`); rank 0's
+/// rows. `engine_at_one` adds one rank through the engine (its cost without peers).
 pub fn run(
     w: &DdpWork,
     world_sizes: &[usize],
@@ -226,8 +211,7 @@ pub fn run(
     Ok(rows)
 }
 
-/// `srun` of `ranks` ranks over `nodes` nodes (as many on each), one CPU
-/// per thread, the step failing as a whole when a rank fails.
+/// `srun` of `ranks` over `nodes` (as many on each), the step failing as a whole with a rank.
 fn srun(
     ranks: usize,
     nodes: usize,
@@ -256,19 +240,15 @@ fn srun(
     Ok(c)
 }
 
-/// The link bandwidths the forecast is given (GB/s per device, as `[plan]`
-/// `intra_node_gbps` and `inter_node_gbps`).
+/// The link bandwidths given the forecast (GB/s per device, as `[plan]`'s).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Links {
     pub intra_node_gbps: Option<f64>,
     pub inter_node_gbps: Option<f64>,
 }
 
-/// The plan's scaling forecast ([`crate::estimate::scaling`]) of `row`'s world
-/// size as launched, with the compute of the measured one-rank `base` (its
-/// MFU as `expected_mfu_pct`, as the forecast's docs advise) and the
-/// given bandwidth of the link the ranks sum over; none for one rank or
-/// where that bandwidth is not given.
+/// The plan's forecast of `row`'s world size with the one-rank `base`'s compute (its MFU as
+/// `expected_mfu_pct`) and the link's bandwidth; none for one rank or without the bandwidth.
 pub fn forecast(
     w: &DdpWork,
     base: &DdpRow,

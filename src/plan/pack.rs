@@ -1,16 +1,12 @@
-//! Packed blocks (`[slurm] pack = true`): each block of a blocked design as
-//! one SLURM job — one allocation sized for the block's largest run, asking
-//! for the sum of its runs' time limits plus a margin, its runs started one
-//! after another as job steps — and what packing costs against a job per
-//! run (`sweep plan`).
+//! Packed blocks (`[slurm] pack = true`): each block of a blocked design as one SLURM job sized
+//! for its largest run, asking the sum of its runs' times plus a margin, its runs as job steps;
+//! and what packing costs against a job per run (`sweep plan`).
 
 use super::{Plan, Run};
 use crate::manifest::slurm_options::{InBlock, SLURM_OPTIONS};
 use crate::manifest::{Diagnostics, Manifest, SlurmSpec};
 
-/// What a packed block asks for beyond its runs' own time: each run's start
-/// (modules, container, data staging) and the block's own, at least five
-/// minutes or a tenth of the sum.
+/// What a packed block asks beyond its runs' time: at least five minutes or a tenth of the sum.
 pub fn margin_s(sum_s: u64) -> u64 {
     (sum_s / 10).max(MIN_MARGIN_S)
 }
@@ -18,8 +14,7 @@ pub fn margin_s(sum_s: u64) -> u64 {
 /// The least margin of a packed block (seconds).
 pub const MIN_MARGIN_S: u64 = 300;
 
-/// The allocation a packed block asks for: every count the largest any of
-/// its runs asks for, the time their sum plus [`margin_s`].
+/// A packed block's allocation: every count its largest run asks, the time their sum + margin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
     pub nodes: u32,
@@ -91,9 +86,8 @@ impl Allocation {
     }
 }
 
-/// A block's job header: the `#SBATCH` lines its runs share, with the
-/// allocation's sizes and time in place of the run's own (and no log: the
-/// block's script names its own).
+/// A block's job header: its runs' shared `#SBATCH` lines with the allocation's sizes and time
+/// (and no log: the block's script names its own).
 pub fn block_header(run_header: &[String], allocation: &Allocation) -> Vec<String> {
     let replaced = |line: &str| {
         let rest = line.trim_start_matches("#SBATCH");
@@ -119,8 +113,7 @@ pub fn slurm_time(s: u64) -> String {
     format!("{d}-{h:02}:{m:02}:{s:02}")
 }
 
-/// `--mem` in MB: a whole number with an optional unit K, M (the default),
-/// G or T. `0` asks for all of a node's memory: the largest.
+/// `--mem` in MB: a whole number with unit K, M (default), G or T; `0` (all) is the largest.
 pub fn mem_mb(s: &str) -> Option<u64> {
     let s = s.trim();
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
@@ -138,8 +131,7 @@ pub fn mem_mb(s: &str) -> Option<u64> {
     n.checked_mul(per)
 }
 
-/// One packed block of the plan: its number, its runs (indices into
-/// `plan.runs`, in the block's order) and its allocation.
+/// One packed block: its number, its runs in block order, and its allocation.
 #[derive(Debug, Clone)]
 pub struct PackedBlock {
     pub block: u32,
@@ -168,8 +160,7 @@ pub fn blocks(plan: &Plan) -> Vec<PackedBlock> {
         .collect()
 }
 
-/// The keys of `[slurm]` that runs packed into one job must share: they
-/// are asked of the scheduler once, for the whole block.
+/// The `[slurm]` keys runs packed into one job must share.
 fn shared_keys() -> Vec<&'static str> {
     let mut keys: Vec<&str> = Vec::new();
     let shared = SLURM_OPTIONS
@@ -184,8 +175,7 @@ fn shared_keys() -> Vec<&'static str> {
     keys
 }
 
-/// A packed study's runs: each block's runs share [`shared_keys`], and every
-/// `mem` reads (the largest is the block's).
+/// A packed study's runs: each block's share [`shared_keys`], and every `mem` reads.
 pub(super) fn check(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     if !m.slurm.pack {
         return Ok(());
@@ -203,8 +193,7 @@ pub(super) fn check(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
             }
         }
     }
-    // Each run's shared keys, serialised once; each block's first run's
-    // stand for the block.
+    // Each run's shared keys, serialised once; a block's first run's stand for it.
     let keys = shared_keys();
     let shared = |s: &SlurmSpec| -> Vec<serde_json::Value> {
         let v = serde_json::to_value(s).unwrap_or_default();
@@ -238,8 +227,7 @@ pub(super) fn check(m: &Manifest, runs: &[Run]) -> Result<(), Diagnostics> {
     Ok(())
 }
 
-/// Every packed block within the partition's time limit (`limit_s`;
-/// `None` is unlimited), or why not.
+/// Every packed block within the partition's time limit (`None`: unlimited), or why not.
 pub fn check_limit(plan: &Plan, partition: &str, limit_s: Option<u64>) -> Result<(), String> {
     let Some(limit) = limit_s else { return Ok(()) };
     let over: Vec<PackedBlock> = blocks(plan)
@@ -265,8 +253,7 @@ pub fn check_limit(plan: &Plan, partition: &str, limit_s: Option<u64>) -> Result
 /// Jobs at their time limits: how many, and their node- and GPU-hours.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Load {
-    /// Jobs the scheduler starts (array tasks counted one by one): each
-    /// waits in the queue for its allocation and pays its start.
+    /// Jobs the scheduler starts (array tasks one by one): each waits and pays its start.
     pub jobs: usize,
     pub node_hours: f64,
     pub gpu_hours: f64,
@@ -281,8 +268,7 @@ impl Load {
     }
 }
 
-/// The plan's jobs with a job per run (`packed = false`) or a job per
-/// block; stages are jobs of their own in both.
+/// The plan's jobs with a job per run or per block; stages are jobs in both.
 pub fn load(plan: &Plan, packed: bool) -> Load {
     let mut l = Load::default();
     let mut add = |s: &SlurmSpec| l.add(s.nodes.get(), s.gpus_per_node, s.time.seconds());
@@ -307,11 +293,9 @@ pub struct Cost {
     pub submissions: usize,
 }
 
-/// The plan's cost with a job per run (arrays of runs that share their
-/// job's header) and with packed blocks.
+/// The plan's cost with a job per run and with packed blocks.
 pub fn costs(plan: &Plan) -> (Cost, Cost) {
-    // Runs go out as one array per header and throttle (the executor's
-    // rule); the header is the shared keys and the sizes.
+    // Runs go out as one array per header and throttle (the executor's rule).
     let arrays: std::collections::HashSet<String> = plan
         .runs
         .iter()

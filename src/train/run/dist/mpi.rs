@@ -1,6 +1,4 @@
-//! MPI between CPU ranks (OpenMPI or MPICH through the `mpi` crate). The
-//! ranks come from the launcher (`srun --mpi=pmix`, `mpirun`); MPI's own
-//! numbering must agree with what the environment said.
+//! MPI between CPU ranks (the `mpi` crate); MPI's numbering must agree with the launcher's.
 
 use super::{Background, Collective, Ranks, Reduce};
 use anyhow::{bail, Context, Result};
@@ -15,12 +13,9 @@ pub struct Mpi {
     ranks: Ranks,
     world: SimpleCommunicator,
     library: String,
-    /// The thread that sums buckets during the backward pass, on a duplicate
-    /// of `world`, where MPI allows: one for the engine's life.
+    /// The thread summing buckets during the backward pass, on a duplicate of `world`.
     summer: Option<Summer>,
-    /// Sum buckets after the backward pass even where MPI allows a thread
-    /// (`SWEEP_BLOCKING_ALLREDUCE`, to compare: the sums are the same, bit
-    /// for bit).
+    /// Sum buckets after the backward pass (`SWEEP_BLOCKING_ALLREDUCE`: the same sums, bit for bit).
     blocking: bool,
     // Last: dropping it finalizes MPI, after everything that uses it.
     _universe: Universe,
@@ -28,9 +23,8 @@ pub struct Mpi {
 
 impl Mpi {
     pub fn init(ranks: Ranks, blocking: bool) -> Result<Mpi> {
-        // ZeRO's reduce-scatter by recursive halving (Open MPI 4.1's default
-        // for few ranks sends each bucket whole: docs/performance.md), set
-        // before MPI_Init reads it; a setting already there wins.
+        // ZeRO's reduce-scatter by recursive halving (Open MPI 4.1 sends each bucket whole for few
+        // ranks: docs/performance.md), set before MPI_Init; a setting already there wins.
         for (key, value) in [
             ("OMPI_MCA_coll_tuned_use_dynamic_rules", "1"),
             ("OMPI_MCA_coll_tuned_reduce_scatter_block_algorithm", "3"),
@@ -39,9 +33,7 @@ impl Mpi {
                 std::env::set_var(key, value);
             }
         }
-        // The main thread calls MPI, and during the backward pass a thread
-        // of its own that sums gradient buckets ([`Mpi::background`]), never
-        // both at once: serialized.
+        // The main thread and the summing thread call MPI, never both at once: serialized.
         let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Serialized)
             .context("MPI was already initialised in this process")?;
         let world = universe.world();
@@ -185,23 +177,19 @@ impl Collective for Mpi {
 /// A communicator moved to the thread that sums buckets.
 struct Handle(SimpleCommunicator);
 
-// SAFETY: MPI was initialised with MPI_THREAD_SERIALIZED, which lets any
-// thread use a communicator as long as no two call MPI at once: the summing
-// thread calls MPI only between a step's first bucket and its `finish`,
-// during which the main thread makes no MPI call (`Background`'s contract),
-// and the channel orders the two threads' calls.
+// SAFETY: under MPI_THREAD_SERIALIZED any thread may call MPI while no other does: the summing
+// thread calls it only between a step's first bucket and `finish`, when the main thread makes
+// no MPI call (`Background`'s contract), and the channel orders the two.
 unsafe impl Send for Handle {}
 
-/// What the summing thread is asked: a bucket to sum, or to answer once
-/// every bucket before is summed (with the first error since the last answer).
+/// A bucket to sum, or a request to answer once every earlier bucket is summed.
 enum Job {
     Sum(Tensor, Tensor, Reduce),
     Finish(mpsc::Sender<Result<()>>),
 }
 
-/// The summing thread: blocking all-reduces, in order, on a communicator
-/// of its own — the progress thread that lets them overlap the main
-/// thread's computing.
+/// The summing thread: blocking all-reduces in order on its own communicator, overlapping the
+/// main thread's compute.
 struct Summer {
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -242,8 +230,7 @@ impl Summer {
 }
 
 impl Drop for Summer {
-    /// Ends the thread before MPI is finalised (the engine's fields drop
-    /// in order, MPI's last).
+    /// Ends the thread before MPI is finalised.
     fn drop(&mut self) {
         drop(self.tx.take());
         if let Some(thread) = self.thread.take() {
@@ -286,8 +273,7 @@ impl Background for MpiBackground {
 }
 
 impl Drop for MpiBackground {
-    /// A step left early (an error mid-pass) still waits for its buckets:
-    /// the main thread's next MPI call must not meet the summing thread's.
+    /// A step left early still waits for its buckets: the next MPI calls must not meet.
     fn drop(&mut self) {
         if self.open {
             let _ = self.wait();
@@ -314,9 +300,8 @@ enum Kind {
     Gather,
 }
 
-/// An MPI collective from the f32 data of the second tensor into the
-/// first's storage, as an in-place op: candle holds the destination's write
-/// lock meanwhile.
+/// An MPI collective from the second tensor's f32 data into the first's storage, as an in-place
+/// op (candle holds the write lock).
 struct Collect<'a>(&'a SimpleCommunicator, Kind);
 
 impl candle_core::InplaceOp2 for Collect<'_> {

@@ -1,11 +1,7 @@
-//! The linear layer and the model's other matrix products: [`matmul`] /
-//! [`linear`] in the tensors' dtype, or with bf16 products (`bf16-mixed`:
-//! the CPU's [`bf16_gemm`], cuBLAS's bf16 GEMM on a GPU, as autocast does);
-//! [`add_product`] (`buf += dyᵀ·x`) and [`add_input_gradient`] (`acc += dy·w`)
-//! as one GEMM with beta = 1 into the buffer, reading transposed operands
-//! through their strides. Why in place: no product tensor and add (on an
-//! H100 the add took a third of the product's time), and no gradients made
-//! between a backward pass's transients, which fragmented the CPU heap
+//! The model's matrix products: [`matmul`] / [`linear`] in the tensors' dtype or with bf16
+//! products (`bf16-mixed`: [`bf16_gemm`] on the CPU, cuBLAS on a GPU); [`add_product`] and
+//! [`add_input_gradient`] as one GEMM with beta = 1 into the buffer, in place: no product
+//! tensor and add (a third of the product's time on an H100), no heap fragmentation
 //! (docs/trainer.md).
 
 use super::{f32s_any, fused};
@@ -42,8 +38,7 @@ pub fn matmul(a: &Tensor, b: &Tensor, bf16: bool) -> Result<Tensor> {
 
 struct Bf16Matmul;
 
-/// The data offset of every matrix of a (possibly batched) layout, in
-/// row-major order of the leading (batch) dimensions.
+/// The data offset of every matrix of a (batched) layout, in row-major order.
 fn matrix_offsets(l: &Layout) -> Vec<usize> {
     let dims = l.shape().dims();
     let lead = &dims[..dims.len() - 2];
@@ -96,8 +91,7 @@ impl CustomOp2 for Bf16Matmul {
             };
             bf16_gemm::gemm_uninit(m, n, k, av, bv, c);
         }
-        // SAFETY: `gemm_uninit` wrote each matrix of C whole (none when it
-        // is empty).
+        // SAFETY: `gemm_uninit` wrote each matrix of C whole.
         unsafe { c.set_len(len) };
         let mut dims = da.to_vec();
         dims[r - 1] = n;
@@ -105,21 +99,18 @@ impl CustomOp2 for Bf16Matmul {
     }
 }
 
-/// buf [out, in] += dyᵀ · x, with dy [N, out] and x [N, in] (a linear
-/// layer's weight gradient); `bf16`: the product with bf16 operands.
+/// buf [out, in] += dyᵀ · x (a weight gradient); `bf16`: bf16 operands.
 pub fn add_product(buf: &mut Tensor, dy: &Tensor, x: &Tensor, bf16: bool) -> Result<()> {
     add_gradient(Gradient::Weight, buf, dy, x, bf16)
 }
 
-/// acc [N, in] += dy [N, out] · w [out, in] (a linear layer's input
-/// gradient, added to a sum of them); `bf16`: the product with bf16 operands.
+/// acc [N, in] += dy [N, out] · w [out, in] (an input gradient); `bf16`: bf16 operands.
 pub fn add_input_gradient(acc: &mut Tensor, dy: &Tensor, w: &Tensor, bf16: bool) -> Result<()> {
     add_gradient(Gradient::Input, acc, dy, w, bf16)
 }
 
-/// Which of a linear layer's gradients a GEMM adds into a buffer: the
-/// weight's, buf [out, in] += dyᵀ · x, or the input's, buf [N, in] += dy · w.
-/// `other` is x or w, [N, in] or [out, in].
+/// Which gradient a GEMM adds into a buffer: the weight's (buf += dyᵀ · x) or the input's
+/// (buf += dy · w); `other` is x or w.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Gradient {
     Weight,
@@ -171,21 +162,17 @@ pub(super) fn add_gradient(
     super::accumulate::add(buf, &product)
 }
 
-/// sum[.., :keys, :] += aᵀ · b for every matrix of the leading dimensions
-/// (a [.., M, keys], b [.., M, d], sum [.., T, d] in f32, all contiguous):
-/// one strided-batched cuBLAS GEMM into the sum (attention's dK and dV).
+/// sum[.., :keys, :] += aᵀ · b per matrix (sum f32, all contiguous): one strided-batched cuBLAS
+/// GEMM (attention's dK and dV).
 pub fn add_batched_product(sum: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
     sum.inplace_op3(a, b, &cublas::AddBatchedProduct)
 }
 
-/// c (m × n, contiguous row-major) = lhs · rhs (m × k times k × n), plus
-/// c's values where `accumulate`, by the `gemm` crate's f32 kernels (the
-/// ones candle uses) on the current rayon pool. Each operand is its first
-/// element with its column and row strides.
+/// c (m × n, contiguous) = lhs · rhs (+ c where `accumulate`) by the `gemm` crate's f32 kernels
+/// on the current rayon pool; each operand its first element and strides.
 ///
 /// # Safety
-/// Every element the shapes and strides reach lies inside its allocation,
-/// and c aliases neither operand.
+/// Every element reached lies inside its allocation, and c aliases neither operand.
 pub(crate) unsafe fn gemm_f32(
     (m, n, k): (usize, usize, usize),
     c: *mut f32,
@@ -270,16 +257,13 @@ impl InplaceOp3 for AddGradient {
             dy[l2.start_offset()..].as_ptr(),
             other[l3.start_offset()..].as_ptr(),
         );
-        // Weight: lhs = dyᵀ read through dy's strides (lhs(i, p) = dy[p, i]),
-        // over the N rows; input: lhs = dy as it is, over the `out` columns.
-        // rhs is x or w through its own strides.
+        // Weight: lhs = dyᵀ through dy's strides, over N rows; input: lhs = dy, over `out` columns.
         let (k, lhs) = match self.0 {
             Gradient::Weight => (n, (dy, sd[0], sd[1])),
             Gradient::Input => (out, (dy, sd[1], sd[0])),
         };
-        // SAFETY: dst is the contiguous rows × in buffer (`in_place`: row
-        // stride `inp`); both operands lie inside their slices (checked
-        // above) and dst aliases neither (a separate storage, write-locked).
+        // SAFETY: dst is the contiguous rows × in buffer; both operands lie inside their slices
+        // (checked above) and dst aliases neither (a separate, write-locked storage).
         unsafe {
             gemm_f32(
                 (rows, inp, k),
