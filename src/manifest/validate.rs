@@ -1,11 +1,9 @@
-//! The checks a manifest passes before it becomes a [`Manifest`]: its
-//! sections, characters, sizes, names, report and environment settings;
-//! every error at its file, line and key.
+//! The checks a manifest passes before it becomes a [`Manifest`], every error at its file,
+//! line and key.
 
 use super::*;
 
-/// Checks one manifest's document, collecting every error before it gives
-/// up, each at its key.
+/// Checks one manifest's document, collecting every error, each at its key.
 pub(super) struct Validator<'a, 'i> {
     pub(super) source: &'a ManifestText,
     pub(super) doc: &'a DeTable<'i>,
@@ -38,11 +36,9 @@ impl Validator<'_, '_> {
         self.err(d);
     }
 
-    /// Every key the file's structure refuses (each misspelt key, each
-    /// wrong type), found alone; when only keys inside sections fail, the
-    /// rest is validated too, so one round shows every independent error.
-    /// `first` is serde's error for the whole document: what is said when no
-    /// key fails alone (a missing key).
+    /// Every key the file's structure refuses (misspelt, wrong type), found alone; when only keys
+    /// inside sections fail, the rest is validated too. `first`: serde's error for the document,
+    /// said when no key fails alone (a missing key).
     pub(super) fn key_errors(
         &mut self,
         doc: &Spanned<DeTable<'_>>,
@@ -59,8 +55,7 @@ impl Validator<'_, '_> {
             let d = self.source.from_toml_error(&f.error, explain_key);
             self.err(d);
         }
-        // A wrong top-level key (`comand`, `[sweeep]`) changes what every
-        // other check would mean: stop there rather than report its echoes.
+        // A wrong top-level key changes what every other check means: stop rather than echo it.
         if found.iter().any(|f| f.path.len() < 2) {
             return;
         }
@@ -115,11 +110,9 @@ impl Validator<'_, '_> {
         }
     }
 
-    /// `[report]`'s keys for foreign logs: roles and charts name groups of
-    /// the line_pattern, and what computes FLOPs is a number, a preset and a
-    /// device the tables know. The built-in trainer logs all of it itself.
-    /// `[environment]`: a system name a history can group by (one line of
-    /// printable text), and probes with plain names and a command each.
+    /// `[report]`'s keys for foreign logs (roles and charts name pattern groups; FLOPs from a
+    /// number, preset or known device), and `[environment]` (a one-line system name, probes with
+    /// plain names).
     pub(super) fn check_environment(&mut self, e: &EnvironmentSpec) {
         if let Some(system) = &e.system {
             let bad = system.trim().is_empty()
@@ -152,8 +145,7 @@ impl Validator<'_, '_> {
         }
     }
 
-    /// Each foreign group of the line pattern makes columns of its own: none
-    /// may be the report's or an axis's.
+    /// The pattern's foreign groups make columns of their own: none may be the report's or an axis's.
     pub(super) fn check_pattern_groups(&mut self, r: &ReportSpec, axes: &[Axis]) {
         let keys: Vec<&str> = axes
             .iter()
@@ -206,8 +198,7 @@ impl Validator<'_, '_> {
         self.report_faults(r.faults());
     }
 
-    /// `max_runs` and `repeats`, or None (with the error) where they are out
-    /// of bounds.
+    /// `max_runs` and `repeats`, or None (with the error) where out of bounds.
     pub(super) fn runs_and_repeats(
         &mut self,
         sweep: &schema::SweepFile,
@@ -258,8 +249,7 @@ impl Validator<'_, '_> {
         Some((max_runs, repeats))
     }
 
-    /// The bounded counts of the other sections, the log pattern, sbatch
-    /// options and environment names.
+    /// The bounded counts of the other sections, the log pattern, sbatch options, environment names.
     pub(super) fn check_sections(&mut self, file: &ManifestFile) {
         // Counts that size thread pools, allocations and loops, bounded here.
         for (path, v, least, most) in [
@@ -393,8 +383,7 @@ impl Validator<'_, '_> {
         })
     }
 
-    /// `[plan]`, validated; a hint key in `[defaults]` is an error (it
-    /// changes no run: `[plan]` holds it).
+    /// `[plan]`, validated; a hint key in `[defaults]` is an error (`[plan]` holds it).
     pub(super) fn hints(&mut self, defaults: &toml::Table, plan: &PlanHints) -> PlanHints {
         for key in hints::KEYS
             .into_iter()
@@ -412,9 +401,8 @@ impl Validator<'_, '_> {
         plan.clone()
     }
 
-    /// Every key and string value of the file against [`forbidden_char`]:
-    /// values reach `#SBATCH` lines and shell lines of job scripts, where a
-    /// line break starts a directive or command of its own whatever the quoting.
+    /// Every key and string against [`forbidden_char`]: in `#SBATCH` and shell lines a line break
+    /// starts a directive or command of its own whatever the quoting.
     pub(super) fn check_characters(&mut self) {
         let mut found = Vec::new();
         walk_strings(self.doc, "", &mut found);
@@ -441,8 +429,7 @@ impl Validator<'_, '_> {
         }
     }
 
-    /// Counts the runs from the axis lengths (saturating: the count of a huge
-    /// grid does not fit any integer) and refuses more than `max_runs`.
+    /// Counts the runs from the axis lengths (saturating) and refuses more than `max_runs`.
     pub(super) fn check_size(&mut self, axes: &[Axis], max_runs: u64, repeats: u32) -> bool {
         let count = axes.iter().fold(u128::from(repeats), |n, a| {
             n.saturating_mul(a.rows.len() as u128)
@@ -530,8 +517,7 @@ impl Validator<'_, '_> {
     }
 }
 
-/// Flattens nested tables into dotted keys: `{slurm = {nodes = [..]}}` and
-/// `"slurm.nodes" = [..]` both give `slurm.nodes`. Returns (key, path, value).
+/// Flattens nested tables into dotted keys (`{slurm = {nodes = ..}}` and `"slurm.nodes"` alike).
 pub(super) fn flatten(
     table: &toml::Table,
     prefix: &str,
@@ -553,9 +539,8 @@ pub(super) fn flatten(
     out
 }
 
-/// The values that may span lines: the command template (passed to `bash -c`
-/// as one quoted word), the description, and the run-name and derived-value
-/// templates (what they produce is checked per run).
+/// The values that may span lines: the command (one quoted `bash -c` word), the description,
+/// and name and derived-value templates (checked per run).
 pub(super) const MULTILINE_KEYS: &[&str] =
     &["command", "description", "sweep.name", "sweep.derived"];
 

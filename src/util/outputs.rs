@@ -1,16 +1,11 @@
-//! The one rule for every file a command writes where its user pointed it
-//! (`--junit`, `--html`, `--json FILE`, `--out`, `--dir`, and the files a
-//! report or comparison writes there): it never replaces a file sweep reads
-//! or owns — the command's inputs, a history, a manifest or any TOML file,
-//! anything inside a study's, run's or stage's directory, a file git tracks
-//! — and two outputs of one command never are one file. Paths are compared
-//! after resolving links and `..`, and files by device and inode, so no other
-//! name for a protected file passes.
+//! The one rule for every file a command writes where its user pointed it: it never replaces a
+//! file sweep reads or owns (inputs, a history, any TOML file, anything in a study's, run's or
+//! stage's directory, a file git tracks), and two outputs are never one file. Paths are
+//! compared resolved, files by device and inode, so no other name passes.
 
 use std::path::{Component, Path, PathBuf};
 
-/// One output of a command: the flag that named it (for the error) and the
-/// file it will write.
+/// One output of a command: the flag that named it and its file.
 #[derive(Debug, Clone, Copy)]
 pub struct Output<'a> {
     pub flag: &'a str,
@@ -23,12 +18,10 @@ impl<'a> Output<'a> {
     }
 }
 
-/// What a command may write into that the rule otherwise protects: its
-/// own kind of sweep directory.
+/// What a command may write into that the rule otherwise protects: its own kind of directory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Allow {
-    /// A study's stage directory (`results/<study>/stages/<stage>`):
-    /// `sweep pretokenize`, which the stage's job runs, writes its files there.
+    /// A study's stage directory: `sweep pretokenize` (the stage's job) writes there.
     pub stage: bool,
 }
 
@@ -82,8 +75,7 @@ impl std::fmt::Display for OutputError {
 
 impl std::error::Error for OutputError {}
 
-/// Checks every output of a command together (see the module's rule);
-/// `inputs` are the files it reads.
+/// Checks every output of a command together; `inputs` are the files it reads.
 pub fn check(outputs: &[Output], inputs: &[&Path], allow: Allow) -> Result<(), OutputError> {
     // Each output checked so far: where it resolves to, what is there.
     let mut seen: Vec<(PathBuf, Option<(u64, u64)>)> = Vec::new();
@@ -105,8 +97,7 @@ pub fn check(outputs: &[Output], inputs: &[&Path], allow: Allow) -> Result<(), O
     Ok(())
 }
 
-/// Checks a file sweep writes in its own place (a study's report in its
-/// directory): nothing special is there, and it is none of the inputs.
+/// Checks a file sweep writes in its own place: nothing special there, none of the inputs.
 pub fn check_own(path: &Path, inputs: &[&Path]) -> Result<(), OutputError> {
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(()); // a new path (or a dangling link, which rename replaces)
@@ -166,15 +157,13 @@ pub fn check_one(o: &Output, inputs: &[&Path], allow: Allow) -> Result<(), Outpu
     Ok(())
 }
 
-/// The device and inode of what `path` names, through links; None when
-/// nothing is there.
+/// The device and inode `path` names, through links; None when nothing is there.
 fn identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// The absolute path `path` names once its links and `..` are resolved (the
-/// part that exists by the file system, the rest by its components).
+/// The absolute path `path` names with links and `..` resolved (the missing part by components).
 pub fn resolve(path: &Path) -> PathBuf {
     let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let parts: Vec<Component> = abs.components().collect();
@@ -196,9 +185,8 @@ pub fn resolve(path: &Path) -> PathBuf {
     abs
 }
 
-/// Whether a resolved path is a history (a SQLite file with sweep's
-/// application id, or `results/history.sqlite` of any project), or one of the
-/// files SQLite keeps beside one; what it is, in words.
+/// Whether a resolved path is a history (sweep's application id, or `results/history.sqlite`)
+/// or one of SQLite's side files; what it is, in words.
 fn history_file(resolved: &Path) -> Option<String> {
     let name = resolved.file_name()?.to_string_lossy().into_owned();
     let base = ["-wal", "-shm", "-journal"]
@@ -245,10 +233,8 @@ impl DirKind {
     }
 }
 
-/// The innermost directory above a resolved path that sweep owns: a run's
-/// (its `run.json`), a stage's (`stage.json`), a study's (`study.json`, or
-/// any directory directly under the project's `results/`: imported studies
-/// and comparisons have no record).
+/// The innermost directory above a resolved path that sweep owns: a run's, a stage's, or a
+/// study's (`study.json`, or any directory directly under `results/`).
 fn sweep_directory(resolved: &Path) -> Option<(PathBuf, DirKind)> {
     // sweep runs in its project's root (`-C`).
     let results = std::env::current_dir()
@@ -278,8 +264,7 @@ fn sweep_directory_in(resolved: &Path, results: Option<&Path>) -> Option<(PathBu
     None
 }
 
-/// The checkout whose git tracks a resolved, existing path; None where git
-/// is missing or does not track it.
+/// The checkout whose git tracks a resolved path; None where git is missing or does not.
 fn tracked_by_git(resolved: &Path) -> Option<PathBuf> {
     let dir = resolved.parent()?;
     let name = resolved.file_name()?;
@@ -307,8 +292,7 @@ fn tracked_by_git(resolved: &Path) -> Option<PathBuf> {
     ))
 }
 
-/// Checks a folder a command makes its own files in (`--dir`): a folder
-/// or a new path, outside every directory sweep owns.
+/// Checks a folder a command makes its files in (`--dir`): outside every sweep directory.
 pub fn check_dir(flag: &str, dir: &Path) -> Result<(), OutputError> {
     if let Ok(m) = std::fs::metadata(dir) {
         if !m.is_dir() {
@@ -339,8 +323,7 @@ pub fn check_dir(flag: &str, dir: &Path) -> Result<(), OutputError> {
     }
 }
 
-/// Checks `path` as the one output of a command that reads `inputs` (see
-/// [`check`]), then writes it atomically, making its folder.
+/// Checks `path` as a command's one output ([`check`]), then writes it atomically.
 pub fn write(flag: &str, path: &Path, bytes: &[u8], inputs: &[&Path]) -> anyhow::Result<()> {
     check(&[Output::new(flag, path)], inputs, Allow::default())?;
     write_checked(path, bytes)

@@ -1,11 +1,7 @@
-//! What the watchdog gathers before it stops a run, while every process is
-//! as it hung: each rank's last report (which ranks stopped first, on which
-//! nodes), the run's processes on every node of the job (state, what each
-//! waits in, their stacks where one can be had: the built-in trainer writes
-//! its threads' on SIGUSR2, a Python program's through `py-spy dump` where
-//! it is installed), and the last lines of the job's log. Other nodes are
-//! asked through `srun --overlap`, one task per node, running
-//! `sweep watchdog --probe`.
+//! What the watchdog gathers before stopping a run, while every process is as it hung: each
+//! rank's last report, the run's processes on every node (state, wait channel, stacks: the
+//! trainer's on SIGUSR2, Python's by `py-spy dump`), the job log's last lines. Other nodes are
+//! asked by `srun --overlap` running `sweep watchdog --probe`.
 
 use super::progress::Progress;
 use super::Limit;
@@ -50,8 +46,7 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Stopped (SIGSTOP, a debugger) or in uninterruptible sleep (a wedged
-    /// file system, a device): a process that cannot go on by itself.
+    /// Stopped or in uninterruptible sleep: a process that cannot go on by itself.
     fn stuck(&self) -> bool {
         matches!(self.state.as_str(), "T" | "t" | "D")
     }
@@ -114,10 +109,8 @@ pub fn gather(
     }
 }
 
-/// The ranks that stopped first and their nodes, and that in words: the
-/// ranks whose processes are stuck; else, for the trainer, those whose
-/// last report is the oldest (or that never reported); else the nodes
-/// where the run's processes are.
+/// The ranks that stopped first and their nodes, in words: stuck processes' ranks; else the
+/// trainer's ranks with the oldest report; else the nodes with the run's processes.
 fn blame(
     procs: &[Proc],
     beats: Option<&(Vec<Beat>, Option<usize>)>,
@@ -237,8 +230,7 @@ fn state_words(state: &str) -> &'static str {
     }
 }
 
-/// The run's processes on every node of the job: this one directly, the
-/// others through `srun`.
+/// The run's processes on every node: this one directly, the others through `srun`.
 fn processes(run_dir: &Path, token: &str) -> Vec<Proc> {
     let mut procs = probe(token);
     let here = crate::util::process::host_name();
@@ -271,9 +263,7 @@ fn job_nodes() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `sweep watchdog --probe` on each of `nodes`, one task per node, beside
-/// the run's own job step; a node that does not answer in time is named in
-/// the log instead.
+/// `sweep watchdog --probe` on each of `nodes` beside the run's step; a silent node is named.
 fn probe_nodes(run_dir: &Path, token: &str, nodes: &[String]) -> Vec<Proc> {
     let Ok(job) = std::env::var("SLURM_JOB_ID") else {
         return Vec::new();
@@ -316,8 +306,7 @@ fn probe_nodes(run_dir: &Path, token: &str, nodes: &[String]) -> Vec<Proc> {
     procs
 }
 
-/// The processes on this machine whose environment carries the watchdog
-/// `token` (every process of its run), with their environments.
+/// The processes here whose environment carries `token` (every process of the run).
 fn carrying(token: &str) -> Vec<(u32, Vec<u8>)> {
     let needle = format!("{}={token}", heartbeat::ENV);
     let me = std::process::id();
@@ -340,9 +329,8 @@ pub fn probe_pids(token: &str) -> Vec<u32> {
     carrying(token).into_iter().map(|(pid, _)| pid).collect()
 }
 
-/// This node's processes of the watchdog `token`'s run (every process
-/// whose environment carries it), with a stack dump where `py-spy` can
-/// take one. What `sweep watchdog --probe` prints, one JSON line each.
+/// This node's processes of `token`'s run, with `py-spy` stacks where it can: what `sweep
+/// watchdog --probe` prints, a JSON line each.
 pub fn probe(token: &str) -> Vec<Proc> {
     let host = crate::util::process::host_name();
     let mut procs = Vec::new();
@@ -357,9 +345,7 @@ pub fn probe(token: &str) -> Vec<Proc> {
         let rank = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
             .iter()
             .find_map(|k| text(k)?.parse::<usize>().ok());
-        // The node SLURM started it on, where it says: a machine whose
-        // nodes share one process table (a test cluster of namespaces)
-        // shows every node's processes to every probe.
+        // The node SLURM started it on: a test cluster of namespaces shares one process table.
         let host = text("SLURMD_NODENAME").map_or_else(|| host.clone(), str::to_string);
         let read =
             |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
@@ -388,8 +374,7 @@ pub fn probe(token: &str) -> Vec<Proc> {
     procs
 }
 
-/// `py-spy dump` of a Python process that is not stopped, where py-spy is
-/// installed.
+/// `py-spy dump` of a running Python process, where py-spy is installed.
 fn python_stack(p: &Proc) -> Option<String> {
     let program = p.command.split_whitespace().next()?;
     let python = Path::new(program)
@@ -415,8 +400,7 @@ fn python_stack(p: &Proc) -> Option<String> {
     (!text.trim().is_empty()).then_some(text)
 }
 
-/// SIGUSR2 to the built-in trainer's ranks on this node (each node's probe
-/// asks its own), then a short wait for their stacks.
+/// SIGUSR2 to the trainer's ranks on this node, then a short wait for their stacks.
 pub fn ask_for_stacks(procs: &[Proc]) {
     let here = crate::util::process::host_name();
     let mut asked = false;
