@@ -1,10 +1,7 @@
-//! Pretokenized Parquet files: the two formats, their metadata, a writer that
-//! produces one row group per call and renames into place when done, and a
-//! reader that gives documents back as token ids.
-//!
-//! - padded: `input_ids` and `attention_mask`, seq+1 per document: BOS, the
-//!   document's first tokens, then padding on the right;
-//! - token-list: `tokens`, every token of the document (BOS first), never truncated.
+//! Pretokenized Parquet files: the two formats, their metadata, a writer (a row group per call,
+//! renamed into place when done) and a reader giving documents back as ids. Padded: `input_ids`
+//! and `attention_mask`, seq+1 per document, BOS first, right-padded; token-list: `tokens`,
+//! every token (BOS first), never truncated.
 
 use super::text::ParquetFile;
 use crate::config::PretokenizedFormat;
@@ -22,8 +19,7 @@ use parquet::file::serialized_reader::SerializedFileReader;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// What a pretokenized file was made from; stored as Parquet key-value
-/// metadata (readable by pyarrow and polars) and compared before reuse.
+/// What a pretokenized file was made from: Parquet key-value metadata, compared before reuse.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Meta {
     pub format: PretokenizedFormat,
@@ -99,8 +95,7 @@ impl Meta {
         })
     }
 
-    /// Why a file with this metadata cannot stand in for `want` (None: it can).
-    /// Counts, versions and times do not matter; inputs and layout do.
+    /// Why a file with this metadata cannot stand in for `want`: inputs and layout matter.
     pub fn mismatch(&self, want: &Meta) -> Option<String> {
         let checks: [(&str, String, String); 7] = [
             (
@@ -172,9 +167,8 @@ impl Docs {
     }
 }
 
-/// An open pretokenized file. Row groups are decoded with parquet's column
-/// reader straight into flat buffers: three times faster than Arrow's list
-/// arrays, and decoding is the hot path of the pretokenized loaders.
+/// An open pretokenized file, decoded by parquet's column reader into flat buffers (three times
+/// Arrow's list arrays: this is the loaders' hot path).
 pub struct PretokFile {
     pub file: ParquetFile,
     pub meta: Meta,
@@ -232,8 +226,7 @@ impl PretokFile {
         self.file.rows()
     }
 
-    /// The documents of one row group as ids: everything for token-list, the
-    /// unpadded part (attention mask = 1) for padded.
+    /// One row group's documents as ids (padded: the masked part only).
     pub fn read(&self, rg: usize) -> Result<Docs> {
         let mut docs = Docs::default();
         self.read_into(rg, &mut docs, &mut Scratch::default())?;
@@ -273,8 +266,7 @@ impl PretokFile {
             PretokenizedFormat::TokenList => {
                 // A record starts at repetition level 0; definition level 0 is an empty list.
                 if s.def.iter().all(|&d| d > 0) {
-                    // No empty lists (the usual case): levels and values line up,
-                    // so scan blocks of repetition levels for record starts.
+                    // No empty lists (the usual case): scan blocks of repetition levels for record starts.
                     const BLOCK: usize = 64;
                     for (b, block) in s.rep.chunks(BLOCK).enumerate() {
                         if block.contains(&0) {
@@ -336,19 +328,16 @@ impl PretokFile {
     }
 }
 
-/// The most documents in one row group (of a pretokenized file, or one
-/// imported): a row group is built in memory before it is written.
+/// The most documents in one row group (built in memory before it is written).
 pub const MAX_ROW_GROUP_SIZE: usize = 1_000_000;
 
-/// The most token ids one padded row group holds (documents × (seq + 1)):
-/// 5 bytes an id in memory, 1.3 GB at this bound.
+/// The most ids one padded row group holds: 5 bytes each in memory, 1.3 GB here.
 pub const MAX_ROW_GROUP_TOKENS: usize = 1 << 28;
 
 /// What a pretokenized file is called while it is written, beside its target.
 pub const TEMP_PREFIX: &str = ".pretokenize-";
 
-/// Writes a pretokenized file row group by row group into a temporary file
-/// beside the target, which `finish` renames into place.
+/// Writes a pretokenized file row group by row group into a temporary `finish` renames.
 pub struct PretokWriter {
     format: PretokenizedFormat,
     seq_plus_one: usize,
@@ -374,8 +363,7 @@ impl PretokWriter {
         let dir = crate::util::fs::parent_dir(target);
         crate::util::fs::make_dir(dir)?;
         let (file, tmp, lock) = crate::util::fs::locked_temp_beside(target, TEMP_PREFIX)?;
-        // Everything but the counts goes into the Arrow schema, so that
-        // pyarrow's and polars' schema metadata show it ...
+        // Everything but the counts goes into the Arrow schema, for pyarrow's and polars' metadata ...
         let schema_meta = meta
             .to_kv()
             .into_iter()
@@ -403,8 +391,7 @@ impl PretokWriter {
             }
             .with_metadata(schema_meta),
         );
-        // The mask is runs of ones then zeros: delta encoding stores it in next to
-        // nothing without hashing 2049 values per document into a dictionary.
+        // The mask is runs of ones then zeros: delta encoding stores it in next to nothing.
         let mask = parquet::schema::types::ColumnPath::from(vec![
             "attention_mask".to_string(),
             "list".to_string(),

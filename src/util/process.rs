@@ -11,10 +11,8 @@ pub fn host_name() -> String {
         .unwrap_or_default()
 }
 
-/// The CPU's model name: `/proc/cpuinfo`'s on x86-64; on aarch64, whose
-/// `/proc/cpuinfo` has part numbers only, the name `lscpu` gives them
-/// ("Neoverse-V2", the GH200's Grace). Found once per process (the CPU
-/// peak's cache asks at every lookup).
+/// The CPU's model name: `/proc/cpuinfo`'s on x86-64, `lscpu`'s on aarch64 ("Neoverse-V2");
+/// found once per process.
 pub fn cpu_model() -> Option<String> {
     static MODEL: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     MODEL.get_or_init(find_cpu_model).clone()
@@ -33,8 +31,7 @@ fn find_cpu_model() -> Option<String> {
     })
 }
 
-/// Runs a command to completion and returns its stdout; a non-zero exit is an
-/// error carrying the command line and its stderr.
+/// Runs a command and returns its stdout; a non-zero exit is an error with its line and stderr.
 pub fn output(cmd: &mut Command) -> Result<String> {
     let shown = format!("{cmd:?}");
     let out = cmd
@@ -50,18 +47,15 @@ pub fn output(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The process groups of the programs a command started and waits for:
-/// what a stop signal stops before the command exits
-/// ([`super::signals::exit_on_stop`]).
+/// The process groups of the programs a command waits for: what a stop signal stops first.
 static CHILDREN: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 
 fn children() -> std::sync::MutexGuard<'static, Vec<i32>> {
     CHILDREN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Starts `cmd` in a process group of its own (a launcher's ranks with it),
-/// which a stop signal to sweep stops too. Call [`forget_child`] once it has
-/// ended.
+/// Starts `cmd` in its own process group, which a stop signal to sweep stops too; call
+/// [`forget_child`] once it has ended.
 pub fn spawn_stoppable(cmd: &mut Command) -> std::io::Result<std::process::Child> {
     use std::os::unix::process::CommandExt;
     let mut list = children();
@@ -75,8 +69,7 @@ pub fn forget_child(pid: u32) {
     children().retain(|&p| p != pid as i32);
 }
 
-/// Runs `cmd` to completion as [`std::process::Command::output`] does, in
-/// a process group a stop signal to sweep stops too.
+/// [`std::process::Command::output`] in a group a stop signal to sweep stops too.
 pub fn output_stoppable(cmd: &mut Command) -> std::io::Result<std::process::Output> {
     use std::process::Stdio;
     let child = spawn_stoppable(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))?;
@@ -86,8 +79,7 @@ pub fn output_stoppable(cmd: &mut Command) -> std::io::Result<std::process::Outp
     out
 }
 
-/// Sends SIGTERM to the process group of every child still running (a
-/// process about to exit; none is started afterwards).
+/// SIGTERM to every running child's process group (the process is about to exit).
 pub fn stop_children() {
     let list = children();
     for &pid in list.iter() {
@@ -97,8 +89,7 @@ pub fn stop_children() {
     std::mem::forget(list);
 }
 
-/// A "Name:   1234 kB" field of a /proc file (`/proc/self/status`,
-/// `/proc/<pid>/status`, `/proc/meminfo`), in kB; None when absent.
+/// A "Name:   1234 kB" field of a /proc file, in kB; None when absent.
 pub fn proc_kb(file: &str, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(file).ok()?;
     text.lines()
@@ -109,8 +100,7 @@ pub fn proc_kb(file: &str, field: &str) -> Option<u64> {
         .ok()
 }
 
-/// The commit of the git checkout that holds `dir`, with `-dirty` when it has
-/// uncommitted changes; None outside a checkout or without git.
+/// The commit of the checkout holding `dir` (`-dirty` with changes); None without one or git.
 pub fn git_commit(dir: &Path) -> Option<String> {
     let head = Command::new("git")
         .arg("-C")
@@ -146,9 +136,8 @@ pub fn find_in_path(name: &str) -> Option<std::path::PathBuf> {
         })
 }
 
-/// Whether one process may read another's memory here (`process_vm_readv`,
-/// tried on a forked child); Yama's scope other than 0 counts as no (MPI's
-/// ranks are siblings, not descendants).
+/// Whether one process may read another's memory (`process_vm_readv` on a forked child); Yama's
+/// scope other than 0 counts as no (MPI's ranks are siblings).
 pub fn cross_memory_attach() -> bool {
     if std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").is_ok_and(|s| s.trim() != "0")
     {
@@ -156,9 +145,8 @@ pub fn cross_memory_attach() -> bool {
     }
     static PROBE: u64 = 0x5eed_c0de_cafe_f00d;
     let mut read = 0u64;
-    // SAFETY: the child calls only async-signal-safe functions (pause,
-    // _exit) before it is killed, as a child forked from a process with
-    // threads must; the iovecs point at 8 live bytes each.
+    // SAFETY: the child calls only async-signal-safe functions (pause, _exit), as a child forked
+    // from a threaded process must; the iovecs point at 8 live bytes each.
     unsafe {
         let pid = libc::fork();
         if pid < 0 {
@@ -206,16 +194,13 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// What [`stop_group`] stopped: the group's live processes, and whether
-/// SIGTERM was not enough.
+/// What [`stop_group`] stopped, and whether SIGTERM was not enough.
 pub struct Stopped {
     pub pids: Vec<u32>,
     pub killed: bool,
 }
 
-/// Stops what lives in process group `pgid`: SIGTERM, then SIGKILL to what is
-/// left 2 s later. `None` when the group is empty — the common case, which
-/// costs one call, not a walk of /proc.
+/// Stops process group `pgid`: SIGTERM, SIGKILL 2 s later. `None` when empty (one call).
 pub fn stop_group(pgid: u32) -> Option<Stopped> {
     use nix::sys::signal::{killpg, Signal};
     let group = nix::unistd::Pid::from_raw(pgid as i32);

@@ -1,12 +1,7 @@
-//! The largest batch size a run's configuration trains at, found with real
-//! training steps (`sweep bench max-batch`, and `batch_size = "max"` when
-//! `sweep train` starts). Each trial is `sweep train` on
-//! a copy of the configuration with another `batch_size`, in a child process:
-//! out of device memory (CUDA) or over the memory budget (`--memory-limit`,
-//! the process's resident memory, checked as it runs) means too large. The
-//! search starts at the plan's memory estimate, doubles until a batch fails,
-//! then halves the gap; every trial's tokens/s comes back, so the
-//! throughput-against-batch curve comes with the answer.
+//! The largest batch a configuration trains at, by real steps (`sweep bench max-batch`, and
+//! `batch_size = "max"`): each trial is `sweep train` in a child with another `batch_size`; out of
+//! device memory or over the resident-memory budget means too large. The search starts at the
+//! plan's estimate, doubles until a failure, then bisects; every trial's tokens/s comes back.
 
 use crate::config::{BatchSize, DeviceKind, TrainConfig};
 use crate::estimate::memory;
@@ -24,8 +19,7 @@ pub const MB: f64 = (1 << 20) as f64;
 pub struct SearchOptions {
     /// A run's `config.toml` (what `sweep render` writes).
     pub config: PathBuf,
-    /// Bytes of resident memory a trial may use (on the CPU; default 80% of
-    /// what is available now).
+    /// Resident memory a trial may use (CPU; default 80% of what is free).
     pub memory_limit: Option<u64>,
     /// Training steps per trial (the first is not timed).
     pub steps: usize,
@@ -61,9 +55,8 @@ pub fn run(opts: &SearchOptions) -> Result<Search> {
     search(&base, opts.memory_limit, opts.steps, opts.max)
 }
 
-/// The search for a configuration: `limit` bytes of resident memory per
-/// trial (on a CPU, default 80% of what is available; a GPU runs until its
-/// allocator fails).
+/// The search: `limit` bytes of resident memory per trial (CPU default: 80% of what is free; a
+/// GPU runs until its allocator fails).
 pub fn search(base: &TrainConfig, limit: Option<u64>, steps: usize, max: usize) -> Result<Search> {
     if steps < 2 {
         bail!("at least 2 steps per trial: the first is not timed");
@@ -129,10 +122,8 @@ pub fn search(base: &TrainConfig, limit: Option<u64>, steps: usize, max: usize) 
     })
 }
 
-/// How a trial that ran out of memory ends: the trainer's own exit code for
-/// it (CUDA's allocator refused), SIGABRT (a CPU allocation failed and the
-/// process aborted) or SIGKILL (the kernel's out-of-memory killer; the
-/// budget's own kill is recorded before it).
+/// How an out-of-memory trial ends: the trainer's exit code for it, SIGABRT (a CPU allocation
+/// failed) or SIGKILL (the kernel's OOM killer).
 fn ran_out_of_memory(status: std::process::ExitStatus) -> bool {
     use std::os::unix::process::ExitStatusExt;
     status.code() == Some(crate::config::OUT_OF_MEMORY_EXIT)
@@ -160,8 +151,7 @@ fn trial(
     let config = run.join("config.toml");
     std::fs::write(&config, cfg.to_toml())?;
     let log = run.join("train.log");
-    // In a process group of its own that a stop of the search stops too:
-    // a trial left running would hold the memory the next one is measured in.
+    // In its own process group, stopped with the search: a leftover trial would hold the memory.
     let mut child = spawn_stoppable(
         Command::new(exe)
             .arg("train")
@@ -218,8 +208,7 @@ fn trial(
     })
 }
 
-/// Waits for a trial to end: its exit status, or the outcome of its passing
-/// the memory budget (it is killed then).
+/// Waits for a trial: its exit status, or the outcome of passing the memory budget (killed).
 fn watch_trial(
     child: &mut std::process::Child,
     limit: Option<u64>,
@@ -280,8 +269,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok((n * scale as f64) as u64)
 }
 
-/// `max-batch.json`: the answer of a run's `batch_size = "max"` search and
-/// its trials, kept so that a requeued run resumes at the same size.
+/// `max-batch.json`: the answer and its trials, so a requeued run resumes at the same size.
 #[derive(Debug, Serialize, Deserialize)]
 struct Saved {
     batch_size: usize,
@@ -301,8 +289,7 @@ struct SavedTrial {
 
 pub const SAVED_FILE: &str = "max-batch.json";
 
-/// The run's `batch_size = "max"`: searched once, when the run first starts;
-/// later starts read the answer from `max-batch.json`.
+/// The run's `batch_size = "max"`: searched at its first start, then read from `max-batch.json`.
 pub fn resolve(cfg: &TrainConfig, run_dir: &Path) -> Result<usize> {
     let path = run_dir.join(SAVED_FILE);
     match crate::util::fs::read_regular(&path, 1 << 20, None) {

@@ -1,15 +1,12 @@
-//! What every logged step measures: throughput, MFU and TFLOPs from one
-//! table of peak FLOPs per device, the counters between two log lines, and
-//! the process's peak memory. The log itself is [`super::record`].
+//! What every logged step measures: throughput, MFU and TFLOPs against one peak table, the
+//! counters between log lines, peak memory. The log itself is [`super::record`].
 
 use super::record::{Event, EventKind, MetricsLog, Placement, StepMetrics};
 use crate::config::{Precision, TrainConfig};
 use anyhow::{bail, Result};
 
-/// Peak FLOP/s of one device and where the number comes from: `peak_flops`
-/// in the configuration, else its `gpu` name, else the name the CUDA driver
-/// gives the device (`driver_name`, `None` on the CPU) looked up in
-/// [`crate::estimate::devices::ACCELERATORS`], else, on the CPU, the measured peak of this machine.
+/// Peak FLOP/s of one device and its source: `peak_flops`, else `gpu`, else the driver's name
+/// in [`crate::estimate::devices::ACCELERATORS`], else (CPU) this machine's measured peak.
 pub fn peak_flops(
     cfg: &TrainConfig,
     driver_name: Option<&str>,
@@ -51,9 +48,8 @@ pub struct Throughput {
     pub tflops: f64,
 }
 
-/// Tokens/s, MFU and TFLOPs of an interval. An MFU above 100% is reported as
-/// measured (the caller records an [`EventKind::MfuAbovePeak`] event): the
-/// throughput is right even when the peak it is divided by is not.
+/// Tokens/s, MFU and TFLOPs of an interval; an MFU over 100% is reported as measured (the
+/// throughput is right even when the peak is not).
 pub fn throughput(tokens: u64, seconds: f64, flops_per_token: f64, peak: f64) -> Throughput {
     let tps = tokens as f64 / seconds.max(1e-12);
     let (tflops, mfu_pct) = crate::estimate::flops(tps, flops_per_token, Some(peak));
@@ -64,8 +60,7 @@ pub fn throughput(tokens: u64, seconds: f64, flops_per_token: f64, peak: f64) ->
     }
 }
 
-/// The counters between two log lines, owned by the run loop and emptied at
-/// every log line.
+/// The counters between two log lines, emptied at every line.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Interval {
     /// Tokens fed to this rank, padding included.
@@ -73,9 +68,7 @@ pub struct Interval {
     /// Tokens with a training label.
     pub training_tokens: u64,
     pub seconds: f64,
-    /// Of `seconds`, those spent waiting in collectives (the exposed part
-    /// of the gradient sum, the scalar sums): what a straggler makes its
-    /// peers wait.
+    /// Of `seconds`, those waiting in collectives: what a straggler makes its peers wait.
     pub comm_seconds: f64,
     pub steps: usize,
 }
@@ -108,10 +101,8 @@ impl Interval {
     }
 }
 
-/// What one rank reports as it trains (a metrics processor, in
-/// torchtitan's words): the counters between two log lines, the peak FLOPs
-/// MFU is measured against, and on the main rank (the only one with a log)
-/// the log lines, monitor events and their echo on stderr.
+/// What one rank reports as it trains: counters, the peak MFU is measured against, and on the
+/// main rank the log lines, events and their echo on stderr.
 pub struct Reporter {
     log: Option<MetricsLog>,
     interval: Interval,
@@ -134,8 +125,7 @@ pub struct LoggedStep {
     pub elapsed_s: f64,
     pub peak_memory_mb: f64,
     pub val_loss: Option<f64>,
-    /// Every rank's [`Interval::compute_s`], by rank (data parallelism
-    /// only; gathered by the caller, which holds the ranks' connection).
+    /// Every rank's [`Interval::compute_s`], by rank (gathered by the caller).
     pub rank_compute_s: Vec<f64>,
 }
 
@@ -176,8 +166,7 @@ impl Reporter {
         }
     }
 
-    /// One step's tokens (padding included), training tokens, time and
-    /// the part of it spent waiting for other ranks.
+    /// One step's tokens (padding included), training tokens, time and time waiting for ranks.
     pub fn count(&mut self, tokens: u64, training_tokens: u64, seconds: f64, comm_seconds: f64) {
         self.interval
             .add(tokens, training_tokens, seconds, comm_seconds);
@@ -188,9 +177,8 @@ impl Reporter {
         self.interval.compute_s()
     }
 
-    /// Records what the GPU's opening found, from `step`: the kernels that
-    /// fell back (the main rank's; the others said so on stderr) and each
-    /// other kernel's time against its twin's.
+    /// Records what the GPU's opening found from `step`: kernels that fell back and the others'
+    /// times against their twins'.
     pub fn device_opened(
         &mut self,
         step: usize,
@@ -220,8 +208,7 @@ impl Reporter {
         Ok(())
     }
 
-    /// Records that this bf16-mixed run multiplies in f32 (the bf16
-    /// kernel's and the f32 GEMM's peaks), from `step`.
+    /// Records that this bf16-mixed run multiplies in f32, from `step`.
     pub fn f32_products(&mut self, step: usize, peaks: Option<(f64, f64)>) -> Result<()> {
         let (Some(log), Some((bf16, f32))) = (&mut self.log, peaks) else {
             return Ok(());
@@ -235,8 +222,7 @@ impl Reporter {
         })
     }
 
-    /// The ranks' hosts from `step` on (written by the main rank).
-    /// Also said in the job's log, where a reader looks first.
+    /// The ranks' hosts from `step` on, also said in the job's log.
     pub fn placement(&mut self, step: usize, hosts: Vec<String>) -> Result<()> {
         let Some(log) = &mut self.log else {
             return Ok(());
@@ -267,8 +253,7 @@ impl Reporter {
         Ok(())
     }
 
-    /// A log line: the throughput since the last one and the step's figures.
-    /// Every rank empties its counters; the main rank writes.
+    /// A log line: throughput since the last and the step's figures (every rank empties, main writes).
     pub fn log(&mut self, s: LoggedStep) -> Result<()> {
         let i = self.interval.take();
         let Some(log) = &mut self.log else {
