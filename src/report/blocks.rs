@@ -1,24 +1,15 @@
-//! What a blocked design (`[sweep] design = "blocks"`) lets the report say
-//! beyond its paired speedups: where each block ran, and whether a
-//! configuration's speed depends on its place in the block — warm caches
-//! or a file cache the run before filled, a GPU heating up, a neighbour's
-//! job starting — which a random order per block turns from a bias into
-//! noise, and which this check makes visible.
-//!
-//! The check, per configuration: each run's mean tokens/s as a log, less
-//! the mean log of its block's other runs (what the block's node and hour
-//! add to every run in it), regressed on the run's place in its block over the
-//! blocks; the slope in percent per place with its t-interval, and its
-//! p-value, Holm-adjusted over the configurations. A configuration is
-//! flagged where that is significant at 5% and its first-to-last-place
-//! effect reaches [`FLAG_PCT`].
+//! What a blocked design lets the report say beyond its paired speedups: where each block ran,
+//! and whether a configuration's speed depends on its place in the block (warm caches, a GPU
+//! heating, a neighbour's job), which a random order per block turns from bias into noise.
+//! Per configuration: each run's log mean tokens/s less its block's other runs' mean log,
+//! regressed on its place; the slope in percent per place with its t-interval and Holm-adjusted
+//! p-value, flagged where significant at 5% with a first-to-last effect of [`FLAG_PCT`] or more.
 
 use super::ingest::RunLog;
 use super::stats::{holm, t975, two_sided_p, ALPHA};
 use std::collections::BTreeMap;
 
-/// The first-to-last-place effect below which a significant slope is not
-/// flagged: smaller than the run-to-run noise of a shared cluster.
+/// The first-to-last effect below which a significant slope is not flagged (a cluster's noise).
 pub const FLAG_PCT: f64 = 1.0;
 
 /// Where one block ran.
@@ -65,8 +56,7 @@ impl PositionEffect {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Design {
     pub places: Vec<Place>,
-    /// One per configuration with enough blocks (three, at two or more
-    /// places), in the order configurations are first seen.
+    /// One per configuration with three blocks at two or more places, in first-seen order.
     pub effects: Vec<PositionEffect>,
 }
 
@@ -91,8 +81,7 @@ impl Design {
             .join("; ")
     }
 
-    /// The position check in a sentence: the flagged configurations, or
-    /// that none is (with the largest effect seen).
+    /// The position check in a sentence: the flagged configurations, or none (the largest effect).
     pub fn effects_line(&self) -> Option<String> {
         let flagged: Vec<String> = self.flagged().map(PositionEffect::describe).collect();
         if !flagged.is_empty() {
@@ -114,8 +103,7 @@ impl Design {
     }
 }
 
-/// The design of `runs` (`means[i]`: run i's mean tokens/s), or `None`
-/// where no run has a block.
+/// The design of `runs` (`means[i]`: run i's mean tokens/s); `None` where no run has a block.
 pub fn design(runs: &[RunLog], means: &[Option<f64>]) -> Option<Design> {
     let mut places: BTreeMap<u32, Place> = BTreeMap::new();
     for r in runs {
@@ -157,9 +145,8 @@ pub fn design(runs: &[RunLog], means: &[Option<f64>]) -> Option<Design> {
         let (Some((b, pos, y)), Some(c)) = (l, &r.configuration) else {
             continue;
         };
-        // Against the block's other runs: its own shift left out of what
-        // it is measured against (else a quarter of it, in blocks of four,
-        // would hide in the block's mean).
+        // Against the block's other runs: its own shift left out (else a quarter of it would hide in
+        // a block of four's mean).
         let (sum, n) = block_sum[b];
         if n < 2 {
             continue;
@@ -224,8 +211,7 @@ fn slope(pts: &[(f64, f64)]) -> Option<Fit> {
     if !se.is_finite() {
         return None;
     }
-    // A perfect fit: the slope is exact (zero but for rounding, or not).
-    // (Percent units: a millionth of a percent is rounding.)
+    // A perfect fit: the slope is exact (in percent, a millionth is rounding).
     let p = match (sse / nf).sqrt() > 1e-6 {
         true => two_sided_p(b / se, df),
         false if b.abs() < 1e-6 => 1.0,

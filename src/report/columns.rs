@@ -1,6 +1,5 @@
-//! The summary's column names, in one place: a metric × statistic type for
-//! the aggregated columns (`tokens_per_second_mean`, ...) and constants for
-//! the rest. Tables, exports and charts name columns only through these.
+//! The summary's column names in one place: metric × statistic (`tokens_per_second_mean`) and
+//! constants for the rest. Tables, exports and charts name columns only through these.
 
 pub use super::ingest::Field;
 use super::ingest::Point;
@@ -12,9 +11,8 @@ impl Field {
     }
 }
 
-/// What the summary gives statistics of: a metric it knows, or a field only
-/// a foreign log's line pattern names (`mem_gb`), summarised the same way in
-/// columns of its own name (`mem_gb_mean`, ..., `mem_gb_ci95_low`).
+/// What the summary gives statistics of: a known metric, or a foreign log's field (`mem_gb`),
+/// summarised the same way (`mem_gb_mean`, ...).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Measure {
     Known(Field),
@@ -115,8 +113,7 @@ pub const ELAPSED_S: &str = Field::ElapsedS.name();
 pub const GLOBAL_TOKENS_PER_SECOND: &str = Field::GlobalTokensPerSecond.name();
 /// Ranks training together (1 when a log does not say).
 pub const WORLD_SIZE: &str = Field::WorldSize.name();
-/// Sequences per device and micro-batch as trained (what `batch_size =
-/// "max"` became), from the metrics' `batch_size`.
+/// Sequences per device and micro-batch as trained (what `"max"` became).
 pub const TRAINED_BATCH_SIZE: &str = "trained_batch_size";
 // The summary table: one row per run or group.
 pub const ORDER: &str = "order";
@@ -131,8 +128,7 @@ pub const SPEEDUP_CI95_LOW: &str = "speedup_ci95_low";
 pub const SPEEDUP_CI95_HIGH: &str = "speedup_ci95_high";
 /// The two-sided p-value of "the speedup is 1", comparison by comparison.
 pub const SPEEDUP_P_VALUE: &str = "speedup_p_value";
-/// The same, adjusted with Holm's method over the study's comparisons with
-/// its baseline.
+/// The same, Holm-adjusted over the study's comparisons with its baseline.
 pub const SPEEDUP_P_VALUE_HOLM: &str = "speedup_p_value_holm";
 /// Whether the Holm-adjusted p-value is below 0.05 (null for the baseline).
 pub const SIGNIFICANT: &str = "significant";
@@ -140,22 +136,17 @@ pub const SIGNIFICANT: &str = "significant";
 pub const REPEATS: &str = "repeats";
 /// Leading log points dropped as warm-up (after the fixed skip).
 pub const WARMUP_POINTS: &str = "warmup_points";
-/// Per-device tokens/s at this world size ÷ at the smallest world size of
-/// the same configuration, in percent (weak scaling).
+/// Per-device tokens/s here ÷ at the configuration's smallest world size, in percent.
 pub const SCALING_EFFICIENCY_PCT: &str = "scaling_efficiency_pct";
-/// The same ratio as `sweep plan`'s scaling forecast has it, beside the
-/// measured one (built-in trainer runs on devices the forecast knows).
+/// The same ratio as `sweep plan`'s forecast has it, beside the measured one.
 pub const FORECAST_EFFICIENCY_PCT: &str = "forecast_efficiency_pct";
-/// The peak FLOP/s per device (TFLOP/s) a row's MFU is measured against:
-/// its device's, for its precision (TFLOPs ÷ MFU).
+/// The peak per device (TFLOP/s) a row's MFU is measured against (TFLOPs ÷ MFU).
 pub const MFU_PEAK_TFLOPS: &str = "mfu_peak_tflops";
-/// Helper: how long a run's job ran by its executor's clock (the wall time
-/// of a run whose log has no `elapsed_s`).
+/// Helper: a run's job time by its executor's clock (wall time without `elapsed_s`).
 pub const JOB_RUN_S: &str = "_job_run_s";
 /// Helper: the forecast's efficiency against one device alone.
 pub const FORECAST_VS_ONE_DEVICE: &str = "_forecast_vs_one_device";
-/// The parameters that set the world size (and the time limit that goes
-/// with it): a configuration is the same across scales when only these differ.
+/// The parameters setting the world size (and its time limit): a configuration across scales.
 pub const SCALE_PARAMS: [&str; 8] = [
     WORLD_SIZE,
     "nodes",

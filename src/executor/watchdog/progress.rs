@@ -1,8 +1,6 @@
-//! What counts as progress, read as it comes: a command's log lines that
-//! match its `line_pattern` (the job's log is the watchdog's own standard
-//! output, which the launcher's processes share), or the built-in
-//! trainer's ranks, each reporting its steps in `progress/rank-<r>`; the
-//! run has progressed when its slowest rank has.
+//! What counts as progress, read as it comes: a command's log lines matching its `line_pattern`
+//! (the job's log is the watchdog's own stdout), or the trainer's ranks' steps in
+//! `progress/rank-<r>`; the run has progressed when its slowest rank has.
 
 use crate::util::heartbeat::{self, Beat};
 use std::io::{Read, Seek, SeekFrom};
@@ -11,8 +9,7 @@ use std::time::{Duration, Instant};
 
 /// The intervals kept for `auto`'s median (the latest ones).
 const KEEP: usize = 1000;
-/// The most of the log read in one look: a log that grows faster is read
-/// over several.
+/// The most of the log read in one look (a faster-growing log is read over several).
 const READ_MAX: u64 = 16 << 20;
 
 pub struct Progress {
@@ -29,8 +26,7 @@ enum Feed {
     Lines(Lines),
     Ranks {
         dir: PathBuf,
-        /// The world's size, where the job says it (`WORLD_SIZE`): until
-        /// every rank reported, the run has not started.
+        /// The world's size, where the job says it: until every rank reported, the run has not started.
         world: Option<usize>,
         /// The slowest rank's step, last seen.
         step: u64,
@@ -102,8 +98,7 @@ impl Progress {
         }
     }
 
-    /// `n` records seen at `now`: each one interval of the time since the
-    /// last, shared.
+    /// `n` records seen at `now`, sharing the time since the last.
     fn seen(&mut self, n: u64, now: Instant) {
         if let Some(last) = self.last {
             let each = (now - last).as_secs_f64() / n as f64;
@@ -126,9 +121,7 @@ impl Progress {
         self.intervals.clone()
     }
 
-    /// The progress so far in words: "step 12", "3 progress lines" (never
-    /// a line of the log itself: the job's log is where this is said, and
-    /// a quoted progress line would be read as one).
+    /// The progress so far in words ("step 12"), never a log line (it would read as progress).
     pub fn so_far(&self) -> Option<String> {
         match &self.source {
             Feed::Lines(_) if self.records == 1 => Some("1 progress line".into()),
@@ -164,8 +157,7 @@ impl Progress {
     }
 }
 
-/// The slowest rank's last step: 0 until every rank of the world (or, not
-/// knowing its size, every rank that reported) finished a step.
+/// The slowest rank's last step: 0 until every rank (known, or reported) finished one.
 fn slowest(beats: &[Beat], world: Option<usize>) -> u64 {
     let expected = world.unwrap_or(beats.len()).max(1);
     if beats.len() < expected {
@@ -175,15 +167,11 @@ fn slowest(beats: &[Beat], world: Option<usize>) -> u64 {
 }
 
 impl Lines {
-    /// Matching lines among those ended since the last look. A carriage
-    /// return ends a line too: a progress bar (tqdm's, Lightning's) redraws
-    /// each update with `\r` and ends the file's line only at an epoch's
-    /// end, so that waiting for `\n` would see no progress for an epoch and
-    /// call a run that trains hung.
+    /// Matching lines ended since the last look. A carriage return ends a line too: a progress bar
+    /// redraws with `\r` and ends its line only at an epoch's end.
     fn read(&mut self) -> u64 {
         let Some(log) = &self.log else { return 0 };
-        // Whatever replaced the log (a FIFO would block the read for ever)
-        // is not opened: a file only.
+        // A file only: whatever replaced the log (a FIFO would block for ever) is not opened.
         let Ok((mut f, meta)) = crate::util::fs::open_regular(log, 0) else {
             return 0;
         };
@@ -235,8 +223,7 @@ impl Lines {
     }
 }
 
-/// The file this process's standard output goes to, where it is one (a
-/// job's log: SLURM's `--output`, the local executor's `local.out`).
+/// The file this process's stdout goes to, where it is one (the job's log).
 fn own_log() -> Option<PathBuf> {
     let path = std::fs::read_link("/proc/self/fd/1").ok()?;
     std::fs::metadata(&path)
