@@ -1,14 +1,7 @@
-//! Cross-entropy summed over the labels that are not -100 and divided by
-//! `divisor` (the count of such labels in the whole optimizer step, so that
-//! gradient accumulation equals one large batch).
-//!
-//! Off the CPU's f32 path the logits are [B·T, 131072] for the reference
-//! models: gigabytes. Composing log-softmax from candle ops keeps three more
-//! such tensors alive for the backward pass, and their gradients on top.
-//! [`loss_and_grad`] instead computes the loss and its gradient at once, in
-//! f32, a slice of rows at a time (one kernel on CUDA, one pass on the CPU),
-//! for the block-wise passes. The tests hold it to the loss composed from
-//! candle ops (`oracle::cross_entropy`, tests only).
+//! Cross-entropy over labels other than -100, divided by `divisor` (such labels in the whole
+//! step, so accumulation equals one large batch). The reference's logits are [B·T, 131072]:
+//! composed log-softmax keeps three more such tensors and their gradients, so
+//! [`loss_and_grad`] computes loss and gradient at once in f32, a slice of rows at a time.
 
 use super::store::{Span, Store};
 use super::{f32s, fused, own_kernel, work_dtype};
@@ -40,8 +33,7 @@ fn check_labels(logits: &Tensor, labels: &[i64]) -> Result<()> {
 
 pub use crate::estimate::memory::head_rows;
 
-/// The loss (a scalar in f32, f64 for f64 logits) and its gradient for the
-/// logits (in their dtype), a slice of `rows` rows at a time.
+/// The loss (f32, f64 for f64 logits) and its gradient, `rows` rows at a time.
 fn computed_by_slices(
     logits: &Tensor,
     labels: &[i64],
@@ -56,8 +48,7 @@ fn computed_by_slices(
         .iter()
         .map(|&l| if l == IGNORE { 0 } else { l as u32 })
         .collect();
-    // Per row: 1/divisor where the label counts, 0 where it is ignored (in
-    // f64 and then the work dtype: f64 logits keep 1/divisor to the last bit).
+    // Per row: 1/divisor where the label counts, else 0 (via f64: f64 logits keep every bit).
     let weight: Vec<f64> = labels
         .iter()
         .map(|&l| if l == IGNORE { 0.0 } else { 1.0 / divisor })
@@ -84,9 +75,8 @@ fn computed_by_slices(
     Ok((loss, grad))
 }
 
-/// A micro-batch's labels as [`loss_and_grad`] takes them: the host's
-/// (−100: ignored), and where the GPU's kernel runs, as u32 (ignored:
-/// u32::MAX) uploaded once at the pass's start.
+/// A micro-batch's labels: the host's (−100 ignored), and for the GPU kernel as u32
+/// (u32::MAX ignored) uploaded once per pass.
 #[derive(Debug, Clone)]
 pub struct Labels<'a> {
     pub host: &'a [i64],
@@ -131,12 +121,9 @@ fn kernel_labels(host: &[i64]) -> Vec<u32> {
         .collect()
 }
 
-/// The cross-entropy (a scalar tensor on the logits' device,
-/// f32 or f64 for f64 logits: reading it is left to the caller, once per
-/// pass) and its gradient for the logits, without autograd (the block-wise
-/// backward's head). The logits are consumed: on CUDA the gradient is
-/// written over them, one kernel computing both (`kernels/cross_entropy.cu`);
-/// on the CPU in f32 one pass each way; elsewhere `computed_by_slices`.
+/// The cross-entropy (a scalar on the logits' device, read by the caller once per pass) and its
+/// gradient, without autograd. The logits are consumed: on CUDA the gradient is written over
+/// them by one kernel; on the CPU in f32 one pass each way; elsewhere `computed_by_slices`.
 pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(Tensor, Tensor)> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Loss);
     let (labels, uploaded) = (labels.host, labels.device.as_ref());
@@ -158,9 +145,7 @@ pub fn loss_and_grad(logits: Tensor, labels: &Labels, divisor: f64) -> Result<(T
     computed_by_slices(&logits, labels, divisor, head_rows(n, v, false))
 }
 
-/// [`loss_and_grad`] on CUDA: d logits written over the logits, each row's
-/// loss into an f32 vector summed on the device; the labels as `uploaded`
-/// holds them, else uploaded here.
+/// [`loss_and_grad`] on CUDA: d logits over the logits, each row's loss summed on the device.
 fn in_place_on_gpu(
     logits: Tensor,
     labels: &[i64],
@@ -184,8 +169,7 @@ fn in_place_on_gpu(
     Ok(((row_loss.sum_all()? / divisor)?, logits))
 }
 
-/// The CUDA kernel's op: the logits (in place) and the labels (u32, ignored
-/// as u32::MAX) in, each row's loss into `row_loss`.
+/// The CUDA kernel's op: logits (in place) and u32 labels in, each row's loss out.
 struct LossAndGrad {
     row_loss: Tensor,
     scale: f32,
@@ -221,10 +205,8 @@ impl candle_core::InplaceOp2 for LossAndGrad {
     }
 }
 
-/// The loss and its gradient on a GPU: logits [n, v] (operand 0, the
-/// gradient written over them, scaled by `scale`), labels (operand 1, u32,
-/// ignored as u32::MAX) and each row's loss into operand 2 (f32): a block
-/// per row.
+/// Loss and gradient on a GPU, a block per row: logits [n, v] (operand 0, the gradient written
+/// over them times `scale`), u32 labels (1), each row's f32 loss (2).
 pub fn plan(n: usize, v: usize, own: Ty, scale: f32) -> std::result::Result<LaunchPlan, String> {
     let mut plan = LaunchPlan::default();
     plan.launch(
@@ -268,8 +250,7 @@ fn loss_and_grad_gpu<S: Store>(
     })
 }
 
-/// The loss and d logits in one op on the CPU (one exponential per logit):
-/// [N + 1, V], d logits then a row whose first value is the loss.
+/// Loss and d logits in one CPU op: [N + 1, V], d logits then a row whose first value is the loss.
 struct LossAndGradCpu {
     labels: Arc<Vec<i64>>,
     divisor: f32,
@@ -295,8 +276,7 @@ impl CustomOp1 for LossAndGradCpu {
                     return 0.0;
                 }
                 let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                // The exponentials, then their sum: apart, the first loop
-                // vectorizes (the sum's order is fixed).
+                // The exponentials, then their sum: apart, the first loop vectorizes.
                 for (d, &x) in d.iter_mut().zip(row) {
                     *d = super::exp::exp(x - max);
                 }
