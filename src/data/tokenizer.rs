@@ -1,10 +1,7 @@
-//! Any Hugging Face `tokenizer.json`, with its special tokens found from the
-//! tokenizer itself, a `tokenizer_config.json` beside it, or the manifest.
-//!
-//! A document's ids are always built the same way, whatever the tokenizer's
-//! post-processor does: its BOS (when it has one), then the text's tokens
-//! without special tokens. That is what pretokenized files store and what the
-//! on-the-fly loaders produce, so the two agree by construction.
+//! Any Hugging Face `tokenizer.json`, special tokens from the tokenizer, a
+//! `tokenizer_config.json` beside it, or the manifest. A document's ids are always its BOS (if
+//! any) then its text's tokens, whatever the post-processor does: pretokenized files and the
+//! on-the-fly loaders agree by construction.
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -33,8 +30,7 @@ const BOS_NAMES: &[&str] = &[
 const EOS_NAMES: &[&str] = &["</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[EOS]"];
 const PAD_NAMES: &[&str] = &["<pad>", "<|pad|>", "[PAD]", "<|finetune_right_pad_id|>"];
 
-/// The vocabulary size of a tokenizer file (added tokens included); `None`
-/// when the file cannot be read as a tokenizer (~0.1 s to parse).
+/// A tokenizer file's vocabulary size (added tokens included); `None` where it is none.
 pub fn vocab_size_of(path: &Path) -> Option<usize> {
     let bytes = crate::util::fs::read_regular(path, MAX_TOKENIZER_BYTES, None).ok()?;
     tokenizers::Tokenizer::from_bytes(bytes)
@@ -45,18 +41,13 @@ pub fn vocab_size_of(path: &Path) -> Option<usize> {
 /// The largest tokenizer.json read (the largest published ones are tens of MB).
 const MAX_TOKENIZER_BYTES: u64 = 1 << 30;
 
-/// A run's model with its vocabulary, as the trainer builds it
-/// ([`ModelConfig::with_vocabulary`]): a preset without one reads the
-/// tokenizer's (planning needs no tokenizer file for the others; the trainer
-/// checks theirs against it).
-///
-/// [`ModelConfig::with_vocabulary`]: crate::config::ModelConfig::with_vocabulary
+/// A run's model with its vocabulary, as the trainer builds it: a preset without one reads the
+/// tokenizer's.
 pub fn model_config(cfg: &crate::config::TrainConfig) -> Result<crate::config::ModelConfig> {
     model_config_with(cfg, vocab_size_of)
 }
 
-/// [`model_config`] with the tokenizers' sizes from `vocab_size` (planning
-/// asks once per file, not once per run).
+/// [`model_config`] with the tokenizers' sizes from `vocab_size` (once per file when planning).
 pub fn model_config_with(
     cfg: &crate::config::TrainConfig,
     mut vocab_size: impl FnMut(&Path) -> Option<usize>,
@@ -70,10 +61,8 @@ pub fn model_config_with(
     model.with_vocabulary(tokenizer)
 }
 
-/// Switches off a tokenizer.json's own truncation and padding, saying so:
-/// sweep cuts and pads samples itself ([`crate::data::samples`]); a saved
-/// `max_length` would cut every document silently (transformers' calls
-/// too use neither unless asked).
+/// Switches off a tokenizer.json's own truncation and padding, saying so: sweep shapes samples
+/// itself, and a saved `max_length` would cut every document silently.
 fn drop_own_shaping(inner: &mut tokenizers::Tokenizer, path: &Path) {
     let mut dropped = Vec::new();
     if let Some(t) = inner.get_truncation() {
@@ -85,8 +74,7 @@ fn drop_own_shaping(inner: &mut tokenizers::Tokenizer, path: &Path) {
     if dropped.is_empty() {
         return;
     }
-    // Neither call can fail with None (the tokenizers crate checks only a
-    // truncation's stride against its length).
+    // Neither call can fail with None.
     let _ = inner.with_truncation(None);
     inner.with_padding(None);
     eprintln!(
@@ -149,8 +137,7 @@ impl TextTokenizer {
         Ok(t)
     }
 
-    /// The id of one special token: the override, else tokenizer_config.json,
-    /// else the post-processor's template, else a well-known name.
+    /// One special token's id: the override, tokenizer_config.json, the template, a known name.
     fn special(
         &self,
         kind: &str,
@@ -199,8 +186,7 @@ impl TextTokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    /// The id written at padding positions: pad, else EOS, else 0. Which one
-    /// does not matter for training: padding is masked by position.
+    /// The id at padding positions: pad, else EOS, else 0 (padding is masked by position).
     pub fn pad_id(&self) -> u32 {
         self.pad.or(self.eos).unwrap_or(0)
     }
@@ -227,8 +213,7 @@ impl TextTokenizer {
 
     /// Many documents at once, in parallel on the current rayon pool.
     pub fn documents_ids(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>> {
-        // An `Encoding` is ~50 times its ids: batches this size bound the
-        // memory, with enough of them for the pool's threads.
+        // An `Encoding` is ~50 times its ids: small batches bound the memory, enough for the threads.
         const DOCS_PER_BATCH: usize = 64;
         let mut out = Vec::with_capacity(texts.len());
         for batch in texts.chunks(DOCS_PER_BATCH) {
@@ -260,8 +245,7 @@ fn read_config(path: &Path) -> Option<serde_json::Value> {
         .ok()
 }
 
-/// The first special token of a TemplateProcessing post-processor's single
-/// template (Mistral's `<s> $A`).
+/// The first special token of a TemplateProcessing's single template (Mistral's `<s> $A`).
 fn template_bos(json: &serde_json::Value) -> Option<String> {
     let pp = json.get("post_processor")?;
     let pp = if pp.get("type")?.as_str()? == "Sequence" {

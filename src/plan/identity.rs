@@ -1,23 +1,15 @@
-//! A run's identity: what changes what it trains or measures, and nothing
-//! else — never its name, the manifest's description, the plan's hints
-//! (`[plan]`) or where its files go. The hash of the identity is the run's id:
-//! `sweep submit` runs again exactly the runs whose identity is new.
+//! A run's identity: what changes what it trains or measures, never its name, description,
+//! hints or paths. Its hash is the run's id: `sweep submit` runs exactly the new identities.
 
 use crate::config::TrainConfig;
 use crate::util::hash::canonical_sha256;
 use serde_json::{json, Value};
 
-/// What counts as identity, by version: a new version changes every id (a
-/// run directory of an earlier version holds "another run": rendering says
-/// how the manifest changed it, and `--replace-changed` moves it aside).
-///
-/// Version 2: the trainer's configuration where it departs from the
-/// defaults, the job's shape, the `[local]` settings of local studies, the
-/// repeat; ids of 16 hex digits.
+/// What counts as identity, by version: a new version changes every id. Version 2: the
+/// trainer's departures from the defaults, the job's shape, `[local]` settings, the repeat.
 pub const VERSION: u32 = 2;
 
-/// Hex digits of an id: 64 bits, so that two of the at most 10^6 runs of a
-/// study share one with a chance of about 3·10^-8.
+/// Hex digits of an id: 64 bits (two of a study's 10^6 runs collide with chance ~3·10^-8).
 pub const ID_HEX: usize = 16;
 
 /// What a run computes from.
@@ -31,12 +23,9 @@ pub enum Work<'a> {
 /// Everything that makes a run what it is.
 pub struct RunIdentity<'a> {
     pub work: Work<'a>,
-    /// The job's shape (nodes, tasks, GPUs) and any other `[slurm]` key an
-    /// axis varies (a partition, a time limit).
+    /// The job's shape and any other `[slurm]` key an axis varies.
     pub world: Value,
-    /// `[local]` `threads` and `parallel` of a study the local executor
-    /// runs: the cores each run gets and the runs it shares them with change
-    /// what it measures.
+    /// `[local]` `threads` and `parallel` of a local study: they change what it measures.
     pub local: Option<(usize, usize)>,
 }
 
@@ -44,11 +33,9 @@ pub struct RunIdentity<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hashed {
     pub id: String,
-    /// The whole hash: two runs with one id and two digests are a
-    /// collision, not one run twice.
+    /// The whole hash: one id with two digests is a collision, not one run twice.
     pub digest: String,
-    /// What was hashed (recorded in `run.json`, so that a later change can be
-    /// told field by field).
+    /// What was hashed (in `run.json`, so a later change is told field by field).
     pub value: Value,
 }
 
@@ -80,8 +67,7 @@ impl RunIdentity<'_> {
     }
 }
 
-/// The configuration where it departs from the defaults, field by field
-/// (nested tables too): a field added in a later version, at its default,
+/// The configuration's departures from the defaults, field by field: a new field at its default
 /// changes no id.
 fn departures(cfg: &TrainConfig) -> Value {
     let mine = serde_json::to_value(cfg).expect("a configuration serialises");
@@ -106,9 +92,7 @@ fn diff(mine: Value, base: &Value) -> Option<Value> {
     }
 }
 
-/// The fields in which two recorded identities differ, as a manifest names
-/// them (`learning_rate`, `architecture.n_layers`, `slurm.nodes`,
-/// `[local] threads`), with both values.
+/// The fields in which two identities differ, as a manifest names them, with both values.
 pub fn differences(old: &Value, new: &Value) -> Vec<(String, String, String)> {
     changed_fields(old, new)
         .into_iter()
@@ -117,8 +101,7 @@ pub fn differences(old: &Value, new: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// The dotted keys whose values differ between two objects (nested objects
-/// compared key by key), with both values (`(unset)` where one lacks it).
+/// The dotted keys whose values differ between two objects, with both (`(unset)` where absent).
 pub fn changed_fields(old: &Value, new: &Value) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     walk("", old, new, &mut out);

@@ -1,14 +1,7 @@
-//! Token embedding whose gradient is summed in f32. candle's `index_select`
-//! backward adds each token's gradient into the table with `index_add` in the
-//! table's dtype: in bf16 a frequent token's row loses most of its updates
-//! once the sum is 256 times larger than one of them. This op looks rows up
-//! like `index_select` and, backwards, adds into an f32 table and rounds once.
-//!
-//! The trainer's backward adds the gradient into the table's buffer in place
-//! instead ([`add_rows`]): on the CPU row by row in the ids' order, on a GPU
-//! by sweep's kernel (`kernels/embedding.cu`) grouped by token without
-//! atomics; both give the same sums every run. Between ranks the gradient
-//! travels as the rows the step used (`dist::buckets::sum_rows`).
+//! Token embedding whose gradient is summed in f32: candle's `index_select` backward adds in the
+//! table's dtype, and in bf16 a frequent token's row loses its updates once the sum is 256 times
+//! one of them. The trainer adds into the table's buffer in place ([`add_rows`]): on the CPU in
+//! the ids' order, on a GPU grouped by token without atomics; the same sums every run.
 
 use super::accumulate;
 use crate::train::network::kernels::{
@@ -27,9 +20,8 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     table.apply_op2(ids, Lookup)
 }
 
-/// The gradient of the table from the gradient of the looked-up rows,
-/// without autograd: rows added into a table in f32 (f64 for f64), in the
-/// order of `ids` (the same sum every run), rounded once to the table's dtype.
+/// The table's gradient from the looked-up rows', without autograd: added in f32 (f64 for f64)
+/// in the order of `ids`, rounded once to the table's dtype.
 pub fn backward(table: &Tensor, ids: &Tensor, dy: &Tensor) -> Result<Tensor> {
     let work = super::work_dtype(table);
     let sum = Tensor::zeros(table.shape(), work, table.device())?.index_add(
@@ -74,8 +66,7 @@ impl CustomOp2 for Lookup {
     }
 }
 
-/// A micro-batch's token ids as [`add_rows`] takes them: the host's, and
-/// where the GPU's kernel runs, their grouping uploaded at the pass's start.
+/// A micro-batch's ids as [`add_rows`] takes them: the host's, and their grouping for the GPU.
 #[derive(Debug, Clone)]
 pub struct Rows<'a> {
     pub ids: &'a [u32],
@@ -84,8 +75,7 @@ pub struct Rows<'a> {
 }
 
 impl<'a> Rows<'a> {
-    /// The ids for a table on `device`: grouped and uploaded where its
-    /// kernel runs.
+    /// The ids for a table on `device`: grouped and uploaded where its kernel runs.
     pub fn new(ids: &'a [u32], device: &candle_core::Device) -> Result<Rows<'a>> {
         let upload =
             super::gpu_path(device) && !ids.is_empty() && super::on_gpu(super::Kernel::Embedding);
@@ -107,9 +97,8 @@ impl<'a> From<&'a [u32]> for Rows<'a> {
     }
 }
 
-/// buf [V, D] rows `ids` += rows of dy [N, D], in the order of `ids` (the
-/// same sums every run), in place where a kernel takes it; elsewhere summed
-/// in f32 and rounded once ([`backward`]). The ids are the host's.
+/// buf [V, D] rows `ids` += rows of dy [N, D] in the order of `ids`, in place where a kernel
+/// takes it; elsewhere summed in f32 and rounded once ([`backward`]).
 pub fn add_rows(buf: &mut Tensor, ids: &Rows, dy: &Tensor) -> Result<()> {
     let _part = crate::train::network::parts::op(crate::train::network::parts::Op::Embedding);
     let (grouped, ids) = (ids.grouped.as_ref(), ids.ids);
@@ -169,9 +158,8 @@ impl InplaceOp2 for AddRows<'_> {
     }
 }
 
-/// The positions of a step's tokens grouped by token, as the CUDA kernel
-/// walks them: [positions sorted by token, stably] [starts: distinct + 1]
-/// [the distinct ids], one vector of u32.
+/// A step's positions grouped by token, as the kernel walks them: [positions sorted stably by
+/// token] [starts: distinct + 1] [the distinct ids], one u32 vector.
 struct Grouping {
     words: Vec<u32>,
     len: usize,
@@ -203,9 +191,8 @@ impl Grouping {
     }
 }
 
-/// [`add_rows`] on a GPU without atomics: one thread per (token, column)
-/// sums the token's rows in position order, the same bits every run (which
-/// candle's `index_add` does not promise).
+/// [`add_rows`] on a GPU without atomics: a thread per (token, column) sums in position order,
+/// the same bits every run (candle's `index_add` does not promise it).
 mod gpu_rows {
     use super::super::store::{Span, Store};
     use super::Grouping;
@@ -214,8 +201,7 @@ mod gpu_rows {
     use candle_core::CudaStorage;
     use candle_core::{bail, CpuStorage, InplaceOp3, Layout, Result, Tensor};
 
-    /// Ids and shapes checked by [`super::add_rows`]; their grouping as
-    /// uploaded (words, distinct ids), else grouped and uploaded here.
+    /// Ids and shapes checked by [`super::add_rows`]; their grouping as uploaded, else made here.
     pub fn add_rows(
         buf: &mut Tensor,
         ids: &[u32],
@@ -311,12 +297,9 @@ mod gpu_rows {
     }
 }
 
-/// The grouped row sum on a GPU: the buffer [rows, d] (operand 0, added
-/// into), dy [n, d] (operand 1) and the grouping of n positions into u
-/// tokens (operand 2, u32, `Grouping`'s words): block (t, c) sums token t's
-/// rows of dy in position order for its columns and adds them into the
-/// token's row (positions below n and tokens below the buffer's rows,
-/// checked by [`add_rows`]).
+/// The grouped row sum: buffer [rows, d] (operand 0, added into), dy [n, d] (1) and the grouping
+/// of n positions into u tokens (2, `Grouping`'s words): block (t, c) sums token t's rows of dy
+/// in position order for its columns (bounds checked by [`add_rows`]).
 pub fn plan(n: usize, u: usize, d: usize, own: Ty) -> std::result::Result<LaunchPlan, String> {
     let mut plan = LaunchPlan::default();
     let (n32, u32v, d32) = (

@@ -1,32 +1,22 @@
-//! The global gradient norm and the clip scale: on the host with tensor
-//! ops, or on a GPU with sweep's kernels (`kernels/grad_norm.cu`) in one
-//! pass over each gradient and a last kernel that writes [norm, scale], which
-//! the fused AdamW ([`super::adamw`]) reads from device memory.
+//! The global gradient norm and clip scale: with tensor ops on the host, or on a GPU by sweep's
+//! kernels in one pass per gradient and a last kernel writing [norm, scale] for AdamW to read.
 
 use crate::train::network::kernels::{u32_of, LaunchPlan, Mem, Ty, Value, GRAD_NORM, THREADS};
 use candle_core::{DType, Result, Tensor};
 
-/// Blocks per gradient of the sum of squares at most: four per SM of an
-/// H100 (1,024 threads, each with a 16-byte load in flight: about the bytes
-/// in flight HBM3 needs to stream at full bandwidth); each writes one partial.
+/// Blocks per gradient at most: four per H100 SM, about the bytes in flight HBM3 needs.
 const NORM_BLOCKS: usize = 528;
 
-/// Values per thread below which a gradient takes fewer blocks (a norm's
-/// weight of 2,048 values takes one, not 528 mostly idle).
+/// Values per thread below which a gradient takes fewer blocks (a norm's weight takes one).
 const PER_THREAD: usize = 8;
 
-/// The norm and the clip scale on a GPU: gradients of `lens` values
-/// (operands 0.., each of storage type `own`) into [norm, scale] (the
-/// operand after them, f32): each gradient's sum of squares by up to
-/// `NORM_BLOCKS` blocks, one partial each, then one block sums the
-/// partials in order and writes the pair.
+/// The norm and scale on a GPU: gradients of `lens` values (operands 0..) into [norm, scale]
+/// (the next operand, f32): up to `NORM_BLOCKS` partials each, summed in order by one block.
 pub fn plan(lens: &[usize], own: Ty, max_norm: f32) -> std::result::Result<LaunchPlan, String> {
     plan_on(lens, own, max_norm, NORM_BLOCKS)
 }
 
-/// [`plan`] on a grid of up to `blocks` blocks per gradient (the emulation's
-/// tests run the trainer's grid once and a small one otherwise: each
-/// emulated block is 256 host threads).
+/// [`plan`] on up to `blocks` blocks per gradient (emulated blocks are 256 host threads each).
 fn plan_on(
     lens: &[usize],
     own: Ty,
@@ -70,15 +60,13 @@ fn plan_on(
     Ok(plan)
 }
 
-/// The global gradient norm and the factor the update scales the gradients
-/// by: `max_norm / norm` where `max_norm` > 0 and the norm exceeds it, else
-/// 1; NaN where the norm is not finite (the update then changes nothing).
+/// The global norm and the gradients' scale: `max_norm / norm` where the norm exceeds
+/// `max_norm` > 0, else 1; NaN where the norm is not finite (the update changes nothing).
 pub enum Clipping {
     /// Computed on the host (the CPU, or ops without sweep's kernels).
     Host { norm: f64, scale: f64 },
-    /// [norm, scale] in f32 on the GPU, computed and read by the update
-    /// there: the host reads it once, after the update is queued
-    /// ([`Clipping::norm`]), instead of waiting for the backward to end.
+    /// [norm, scale] on the GPU, read by the update there; the host reads it after the update is
+    /// queued, not waiting for the backward.
     Device(Tensor),
 }
 
@@ -125,12 +113,9 @@ impl Clipping {
     }
 }
 
-/// The global L2 norm over `grads` and the clip scale for `max_norm`: on a
-/// GPU with sweep's kernels in one pass over each gradient and a last
-/// kernel that writes [norm, scale] (no read of the host); elsewhere with
-/// tensor ops, each gradient first summed along its last dimension (candle's
-/// CUDA `sum_all` reduces a whole tensor in one thread block, which took
-/// half of an 8B-shaped model's step on an H100), in f32, read once.
+/// The global L2 norm and clip scale: on a GPU by sweep's kernels (no host read); elsewhere by
+/// tensor ops, each gradient first summed along its last dimension (candle's CUDA `sum_all`
+/// uses one block: half an 8B model's step on an H100), in f32, read once.
 pub fn clipping(grads: &[&Tensor], max_norm: f64) -> Result<Clipping> {
     if grads.first().is_some_and(|g| super::gpu_path(g.device()))
         && super::own_kernel(super::Kernel::GradNorm, grads)
@@ -161,8 +146,7 @@ mod gpu_norm {
     use candle_core::CudaStorage;
     use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Result, Tensor};
 
-    /// The global L2 norm of `grads` (all f32 or all bf16, on one GPU) and the
-    /// clip scale for `max_norm`, as [norm, scale] in f32 on the device.
+    /// The global L2 norm of `grads` (all f32 or bf16, one GPU) and clip scale, on the device.
     pub fn norm_and_scale(grads: &[&Tensor], max_norm: f32) -> Result<Tensor> {
         let Some(first) = grads.first() else {
             candle_core::bail!("no gradients to take the norm of");
