@@ -5,6 +5,8 @@ use crate::report::columns as c;
 use crate::report::judge::{Comparison, Row};
 use anyhow::Result;
 use polars::prelude::*;
+use polars_io::csv::write::CsvWriter;
+use polars_io::SerWriter;
 
 pub struct Csv;
 

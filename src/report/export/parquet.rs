@@ -2,7 +2,7 @@
 
 use super::{Exporter, Tables};
 use anyhow::Result;
-use polars::prelude::*;
+use polars_io::parquet::write::ParquetWriter;
 
 pub struct Parquet;
 
