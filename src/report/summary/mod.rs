@@ -30,7 +30,7 @@ pub struct SummaryOptions {
 }
 
 pub struct Summary {
-    /// One row per run, configuration or group (columns: docs/report.md).
+    /// One row per run, configuration or group, its columns named in [`super::columns`].
     pub table: DataFrame,
     /// The table's rows, typed.
     pub rows: Vec<Row>,
