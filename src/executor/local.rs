@@ -338,7 +338,8 @@ impl Pool {
         self.outcomes.push(o);
     }
 
-    /// Starts queued units whose stage is done, `parallel` at a time; cancels the rest that must be.
+    /// Starts queued units whose stage is done, `parallel` at a time; cancels those whose stage
+    /// failed or that `sweep cancel` marked.
     fn start_ready(&mut self, units: &[Unit], on: &mut dyn FnMut(Event<'_>)) -> Result<()> {
         self.follow_elsewhere(units)?;
         let mut waiting = VecDeque::new();
